@@ -1,0 +1,128 @@
+"""`ActivationCache`: a read-only mapping from hook name to the activation recorded there.
+
+It holds activations and nothing else: no reference to the model (so keeping a cache never
+keeps a model alive) and no analysis (that lives in the `analysis` package, which takes
+the model and the cache as explicit arguments).
+"""
+
+from collections.abc import Iterator, Mapping
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from hookedattn import names as _names
+
+CacheKey = str | tuple
+
+
+class ActivationCache(Mapping[str, Tensor]):
+    """Activations by hook name, in the order the forward pass produced them.
+
+    Index with a full name (`cache["blocks.0.attn.hook_pattern"]`) or with shorthand:
+    `cache["pattern", 0]`, `cache["resid_pre", -1]`, `cache["scale", 1, "ln2"]`,
+    `cache["scale"]` (the final norm). Gradients from `run_with_cache(incl_bwd=True)` are
+    stored under `name + "_grad"`.
+    """
+
+    def __init__(
+        self, activations: Mapping[str, Tensor], n_layers: int, has_batch_dim: bool = True
+    ) -> None:
+        self._data: dict[str, Tensor] = dict(activations)
+        self.n_layers = n_layers
+        self.has_batch_dim = has_batch_dim
+
+    # ------------------------------------------------------------ mapping protocol
+    def __getitem__(self, key: CacheKey) -> Tensor:
+        name = self._full_name(key)
+        try:
+            return self._data[name]
+        except KeyError:
+            raise KeyError(self._missing_message(key, name)) from None
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return self._full_name(key) in self._data
+        except (KeyError, ValueError):
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("an ActivationCache is read-only; build a new one to change it")
+
+    def __delitem__(self, key: object) -> None:
+        raise TypeError("an ActivationCache is read-only; build a new one to change it")
+
+    # ---------------------------------------------------------------- conversions
+    def to(self, device: str | torch.device) -> "ActivationCache":
+        """A new cache with every tensor moved to `device`."""
+        moved = {name: t.to(device) for name, t in self._data.items()}
+        return ActivationCache(moved, self.n_layers, self.has_batch_dim)
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        """A new cache with the batch axis (of size 1) removed from every tensor."""
+        if not self.has_batch_dim:
+            raise ValueError("this cache has no batch axis left to remove")
+        sizes = {t.shape[0] for t in self._data.values()}
+        if sizes - {1}:
+            raise ValueError(f"remove_batch_dim needs a batch of 1, got batch sizes {sizes}")
+        squeezed = {name: t[0] for name, t in self._data.items()}
+        return ActivationCache(squeezed, self.n_layers, has_batch_dim=False)
+
+    def stack(self, name: str, layer_type: str | None = None) -> Float[Tensor, "layer ..."]:
+        """One activation stacked across layers: `stack("pattern")` is `[layer batch ...]`.
+
+        `name` is a short name (`"pattern"`, `"resid_pre"`, ...); the per-block norms also
+        need which one: `stack("scale", "ln2")`.
+        """
+        if self.n_layers == 0:
+            raise ValueError(f"a model with 0 layers has no per-layer {name!r} to stack")
+        keys = [(name, layer) if layer_type is None else (name, layer, layer_type)
+                for layer in range(self.n_layers)]
+        return torch.stack([self[key] for key in keys])
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache, counting each underlying storage once."""
+        storages = {}
+        for t in self._data.values():
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    # ----------------------------------------------------------------------- repr
+    def __repr__(self) -> str:
+        if not self._data:
+            return "ActivationCache(empty)"
+        width = max(len(n) for n in self._data)
+        dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in self._data.values()})
+        devices = sorted({str(t.device) for t in self._data.values()})
+        lines = [
+            f"ActivationCache: {len(self._data)} activations, "
+            f"{self.nbytes() / 2**20:.2f} MB, {'/'.join(dtypes)} on {'/'.join(devices)}"
+            + ("" if self.has_batch_dim else ", batch axis removed")
+        ]
+        for name, t in self._data.items():
+            size = t.numel() * t.element_size() / 2**20
+            lines.append(f"  {name:<{width}}  {str(tuple(t.shape)):<22} {size:8.3f} MB")
+        return "\n".join(lines)
+
+    # -------------------------------------------------------------------- helpers
+    def _full_name(self, key: object) -> str:
+        if isinstance(key, str) and key in self._data:
+            return key
+        if isinstance(key, str) and key.endswith("_grad"):
+            return self._full_name(key.removesuffix("_grad")) + "_grad"
+        if not isinstance(key, str | tuple):
+            raise KeyError(f"cache keys are hook names or (name, layer) tuples, got {key!r}")
+        return _names.expand_key(key, self.n_layers)
+
+    def _missing_message(self, key: CacheKey, name: str) -> str:
+        where = "" if key == name else f" (from {key!r})"
+        return f"{name!r}{where} is not in this cache. " + _names.unknown_name_message(
+            name, self._data
+        ).replace("in this model", "in this cache")

@@ -1,0 +1,119 @@
+"""Recording activations during a forward: the machinery behind `run_with_cache`."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hookedattn import names as _names
+from hookedattn.cache import ActivationCache
+from hookedattn.hook_points import HookedRootModule, HookPoint
+
+NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
+PosSlice = int | slice | Sequence[int] | None
+
+
+def select_hook_points(model: HookedRootModule, names_filter: NamesFilter) -> list[HookPoint]:
+    """The hook points a `names_filter` selects; unknown names are a `KeyError`."""
+    if names_filter is None:
+        return list(model.hook_dict.values())
+    if isinstance(names_filter, str):
+        names_filter = [names_filter]
+    if callable(names_filter):
+        return [p for name, p in model.hook_dict.items() if names_filter(name)]
+    if not isinstance(names_filter, Sequence):
+        raise TypeError(
+            f"names_filter must be None, a name, a list of names or a predicate, "
+            f"got {type(names_filter).__name__}"
+        )
+    points = []
+    for name in names_filter:
+        full = name if "." in name else _names.get_act_name(name)
+        if full not in model.hook_dict:
+            raise KeyError(_names.unknown_name_message(name, model.hook_dict))
+        points.append(model.hook_dict[full])
+    return points
+
+
+def _pos_index(pos_slice: PosSlice) -> slice | Tensor | None:
+    if pos_slice is None:
+        return None
+    if isinstance(pos_slice, bool):
+        raise TypeError("pos_slice must be an int, a slice or a list of ints, not a bool")
+    if isinstance(pos_slice, int):
+        # Keep the axis (size 1) so that every cached tensor keeps its named shape.
+        return slice(pos_slice, pos_slice + 1) if pos_slice != -1 else slice(-1, None)
+    if isinstance(pos_slice, slice):
+        return pos_slice
+    return torch.as_tensor(list(pos_slice), dtype=torch.long)
+
+
+def run_with_cache(
+    model: HookedRootModule,
+    model_args: tuple,
+    model_kwargs: dict,
+    *,
+    names_filter: NamesFilter = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    remove_batch_dim: bool = False,
+    incl_bwd: bool = False,
+    pos_slice: PosSlice = None,
+) -> tuple[Any, ActivationCache]:
+    """Run `model(*model_args, **model_kwargs)` recording the selected activations."""
+    points = select_hook_points(model, names_filter)
+    index = _pos_index(pos_slice)
+    # Our forward never writes to an activation in place, but a user's hook may. Only then
+    # can a recorded tensor change after the fact, so only then is it copied.
+    must_copy = any(not h.is_cache for h in model.attached_hooks())
+    store: dict[str, Tensor] = {}
+
+    def record(name: str, x: Tensor) -> None:
+        t = x.detach()
+        if index is not None:
+            axis = _names.pos_axis(name.removesuffix("_grad"))
+            t = t[(slice(None),) * axis + (index,)]
+        if remove_batch_dim:
+            if t.shape[0] != 1:
+                raise ValueError(
+                    f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"
+                )
+            t = t[0]
+        t = t.to(device=device, dtype=dtype)
+        if must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            t = t.clone()
+        store[name] = t
+
+    def save_activation(x: Tensor, hook: HookPoint) -> None:
+        record(hook.name, x)
+
+    def save_gradient(grad: Tensor, hook: HookPoint) -> None:
+        record(hook.name + "_grad", grad)
+
+    handles = [p.add_hook(save_activation, _is_cache=True) for p in points]
+    if incl_bwd:
+        handles += [p.add_hook(save_gradient, dir="bwd", _is_cache=True) for p in points]
+    try:
+        output = model(*model_args, **model_kwargs)
+        if incl_bwd:
+            _differentiate(model, output)
+    finally:
+        for handle in handles:
+            handle.remove()
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", 0)
+    return output, ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim)
+
+
+def _differentiate(model: HookedRootModule, output: Any) -> None:
+    """Backpropagate from a scalar output without touching the parameters' `.grad`."""
+    if not isinstance(output, Tensor) or output.numel() != 1:
+        shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
+        raise ValueError(
+            f"incl_bwd=True differentiates the output, which must be a scalar; got {shape}. "
+            f"Use return_type='loss', or differentiate a metric yourself."
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not output.requires_grad:
+        raise ValueError("incl_bwd=True needs gradients: do not run under torch.no_grad()")
+    torch.autograd.grad(output, params, allow_unused=True)

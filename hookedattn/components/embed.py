@@ -1,0 +1,46 @@
+"""Token embedding, learned positional embedding and unembedding."""
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from hookedattn.config import HookedTransformerConfig
+
+
+def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
+    """An uninitialised parameter; `HookedTransformer.init_weights` fills it."""
+    return nn.Parameter(torch.empty(*shape, dtype=cfg.dtype, device=cfg.device))
+
+
+class Embed(nn.Module):
+    """Token ids to vectors: row `t` of `W_E: [d_vocab d_model]` for token `t`."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_E = _param(cfg.d_vocab, cfg.d_model, cfg=cfg)
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_E[tokens]
+
+
+class PosEmbed(nn.Module):
+    """Positions to vectors: row `p` of `W_pos: [n_ctx d_model]` for position `p`."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_pos = _param(cfg.n_ctx, cfg.d_model, cfg=cfg)
+
+    def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_pos[positions]
+
+
+class Unembed(nn.Module):
+    """The residual stream to logits: `x @ W_U + b_U`, `W_U: [d_model d_vocab_out]`."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_U = _param(cfg.d_model, cfg.d_vocab_out, cfg=cfg)
+        self.b_U = _param(cfg.d_vocab_out, cfg=cfg)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab_out"]:
+        return x @ self.W_U + self.b_U

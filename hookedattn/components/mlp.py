@@ -1,0 +1,44 @@
+"""The MLP sublayer: `act(x @ W_in + b_in) @ W_out + b_out`, each neuron a column of W_in."""
+
+import math
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.components.embed import _param
+from hookedattn.config import HookedTransformerConfig
+from hookedattn.hook_points import HookPoint
+
+
+def gelu_new(x: Tensor) -> Tensor:
+    """GPT-2's tanh approximation of GELU."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu,
+    "gelu": nn.functional.gelu,
+    "gelu_new": gelu_new,
+    "silu": nn.functional.silu,
+}
+
+
+class MLP(nn.Module):
+    """Two linear maps with a nonlinearity between; `hook_pre` and `hook_post` are `[batch pos d_mlp]`."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+        self.b_in = _param(cfg.d_mlp, cfg=cfg)
+        self.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
+        self.b_out = _param(cfg.d_model, cfg=cfg)
+        self.act_fn = ACTIVATIONS[cfg.act_fn]
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_in + self.b_in)
+        post = self.hook_post(self.act_fn(pre))
+        return post @ self.W_out + self.b_out

@@ -1,0 +1,312 @@
+"""Hook points and the hook system (TransformerLens's `HookPoint` and `HookedRootModule`).
+
+A `HookPoint` is an identity module with a name. An activation passes through it on its
+own line of a forward (`q = self.hook_q(q)`), which is the place where it can be read,
+cached or replaced. With nothing attached, calling a hook point is one Python attribute
+test: it skips `nn.Module.__call__` (and torch's hook dispatch) altogether, so a model
+with hundreds of them runs at the speed of one without.
+
+Hooks are functions `fn(activation, hook=hook_point)`. Returning a tensor replaces the
+activation (same shape and dtype, checked); returning None keeps it. A backward hook
+receives the gradient of the activation and may return a replacement gradient. Unlike
+TransformerLens, a backward hook is attached to the autograd graph when the forward runs,
+so `run_with_hooks(..., bwd_hooks=...)` followed by `.backward()` calls it even though the
+hook is no longer attached to the hook point by then.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from torch import Tensor, nn
+
+from hookedattn import names as _names
+
+HookFn = Callable[..., Tensor | None]
+NameOrFilter = str | Callable[[str], bool]
+Direction = Literal["fwd", "bwd"]
+
+
+@dataclasses.dataclass(eq=False)
+class LensHandle:
+    """One hook attached to one hook point; `remove()` detaches it (idempotent)."""
+
+    hook_point: "HookPoint"
+    fn: HookFn
+    dir: Direction
+    is_permanent: bool
+    # Caching hooks are bookkeeping, not edits: while only they are attached, the cache
+    # can keep activations without copying them (nothing can write to them in place).
+    is_cache: bool = False
+
+    def remove(self) -> None:
+        """Detach this hook from its hook point; a second call does nothing."""
+        self.hook_point._remove(self)
+
+
+class HookPoint(nn.Module):
+    """An identity function with a name, where hooks read or replace an activation.
+
+    `name` is set by the enclosing `HookedRootModule`. `ctx` is a dict that hooks may use
+    to keep state between calls (cleared by `clear_context`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name: str = "<unnamed hook point>"
+        self.ctx: dict[str, Any] = {}
+        self._fwd: list[LensHandle] = []
+        self._bwd: list[LensHandle] = []
+        self._active = False
+
+    def __call__(self, x: Tensor) -> Tensor:
+        # The fast path: with no hook attached, a hook point is a single attribute test.
+        if not self._active:
+            return x
+        return self._run_hooks(x)
+
+    forward = __call__
+
+    def layer(self) -> int | None:
+        """The block this hook point belongs to, or None outside the blocks."""
+        return _names.layer_of(self.name)
+
+    @property
+    def fwd_hooks(self) -> tuple[LensHandle, ...]:
+        """Forward hooks attached here, in the order they run."""
+        return tuple(self._fwd)
+
+    @property
+    def bwd_hooks(self) -> tuple[LensHandle, ...]:
+        """Backward hooks attached here, in the order they are registered on the graph."""
+        return tuple(self._bwd)
+
+    def add_hook(
+        self,
+        fn: HookFn,
+        dir: Direction = "fwd",
+        is_permanent: bool = False,
+        prepend: bool = False,
+        *,
+        _is_cache: bool = False,
+    ) -> LensHandle:
+        """Attach `fn` here; `prepend=True` runs it before the hooks already attached."""
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+        handle = LensHandle(self, fn, dir, is_permanent, _is_cache)
+        hooks = self._fwd if dir == "fwd" else self._bwd
+        hooks.insert(0, handle) if prepend else hooks.append(handle)
+        self._active = True
+        return handle
+
+    def remove_hooks(
+        self, dir: Direction | Literal["both"] = "fwd", including_permanent: bool = False
+    ) -> None:
+        """Detach this point's hooks in direction `dir` (permanent ones only if asked)."""
+        for handle in [*self._fwd, *self._bwd]:
+            if dir in ("both", handle.dir) and (including_permanent or not handle.is_permanent):
+                self._remove(handle)
+
+    def clear_context(self) -> None:
+        """Empty `ctx`."""
+        self.ctx.clear()
+
+    def _remove(self, handle: LensHandle) -> None:
+        hooks = self._fwd if handle.dir == "fwd" else self._bwd
+        if handle in hooks:
+            hooks.remove(handle)
+        self._active = bool(self._fwd or self._bwd)
+
+    def _run_hooks(self, x: Tensor) -> Tensor:
+        for handle in tuple(self._fwd):
+            out = handle.fn(x, hook=self)
+            if out is not None:
+                x = self._checked_replacement(x, out, handle.fn)
+        if self._bwd and x.requires_grad:
+            for handle in tuple(self._bwd):
+                x.register_hook(_GradientHook(handle.fn, self))
+        return x
+
+    def _checked_replacement(self, old: Tensor, new: object, fn: HookFn) -> Tensor:
+        fn_name = getattr(fn, "__name__", repr(fn))
+        if not isinstance(new, Tensor):
+            raise TypeError(
+                f"hook {fn_name} at {self.name} returned {type(new).__name__}; a hook must "
+                f"return a tensor (to replace the activation) or None (to keep it)"
+            )
+        if new.shape != old.shape or new.dtype != old.dtype:
+            raise ValueError(
+                f"hook {fn_name} at {self.name} returned a tensor of shape "
+                f"{tuple(new.shape)} and dtype {new.dtype}; the activation there has shape "
+                f"{tuple(old.shape)} and dtype {old.dtype}"
+            )
+        return new
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _GradientHook:
+    """Calls a backward hook with the gradient of the activation at `hook_point`."""
+
+    fn: HookFn
+    hook_point: HookPoint
+
+    def __call__(self, grad: Tensor) -> Tensor | None:
+        out = self.fn(grad, hook=self.hook_point)
+        if out is None:
+            return None
+        return self.hook_point._checked_replacement(grad, out, self.fn)
+
+
+class HookedRootModule(nn.Module):
+    """A module whose `HookPoint`s are named and addressable by name or by filter.
+
+    Subclasses build their modules, then call `setup()`, which names every hook point
+    after its path (`blocks.0.attn.hook_q`) and fills `hook_dict` and `mod_dict`.
+    """
+
+    hook_dict: dict[str, HookPoint]
+    mod_dict: dict[str, nn.Module]
+
+    def setup(self) -> None:
+        """Name every hook point by its module path and index them."""
+        self.mod_dict = {}
+        self.hook_dict = {}
+        for name, module in self.named_modules():
+            if name == "":
+                continue
+            self.mod_dict[name] = module
+            if isinstance(module, HookPoint):
+                module.name = name
+                self.hook_dict[name] = module
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every hook point, in the order the forward pass reaches them."""
+        return list(self.hook_dict.values())
+
+    # ----------------------------------------------------------------- attaching
+    def add_hook(
+        self,
+        name: NameOrFilter,
+        hook: HookFn,
+        dir: Direction = "fwd",
+        is_permanent: bool = False,
+        prepend: bool = False,
+    ) -> list[LensHandle]:
+        """Attach `hook` at the hook point `name`, or at every point a filter accepts.
+
+        Returns the handles, one per hook point reached; an unknown name is a `KeyError`
+        naming the closest valid names, raised before anything is attached.
+        """
+        points = self._resolve(name)
+        return [p.add_hook(hook, dir, is_permanent, prepend) for p in points]
+
+    def add_perma_hook(self, name: NameOrFilter, hook: HookFn, dir: Direction = "fwd"):
+        """Attach a hook that `reset_hooks()` keeps (TransformerLens's `add_perma_hook`)."""
+        return self.add_hook(name, hook, dir, is_permanent=True)
+
+    def reset_hooks(self, including_permanent: bool = False, clear_contexts: bool = True):
+        """Detach every hook (and permanent ones too if asked); clear hook contexts."""
+        for point in self.hook_dict.values():
+            point.remove_hooks("both", including_permanent=including_permanent)
+            if clear_contexts:
+                point.clear_context()
+
+    def remove_all_hook_fns(self, direction="both", including_permanent=False) -> None:
+        """TransformerLens's name for detaching hooks without clearing contexts."""
+        for point in self.hook_dict.values():
+            point.remove_hooks(direction, including_permanent=including_permanent)
+
+    def clear_contexts(self) -> None:
+        """Empty every hook point's `ctx`."""
+        for point in self.hook_dict.values():
+            point.clear_context()
+
+    def attached_hooks(self) -> list[LensHandle]:
+        """Every hook attached anywhere in the model (permanent ones included)."""
+        return [h for p in self.hook_dict.values() for h in (*p._fwd, *p._bwd)]
+
+    @contextlib.contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        bwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+    ) -> Iterator["HookedRootModule"]:
+        """Attach hooks for the duration of a `with` block.
+
+        Levels nest: on exit each level detaches only the hooks it attached, also when the
+        block raises. With `reset_hooks_end=False` the hooks stay attached after the block.
+        All names are checked before anything is attached.
+        """
+        planned = [
+            (point, fn, dir)
+            for dir, pairs in (("fwd", fwd_hooks), ("bwd", bwd_hooks))
+            for name, fn in _pairs(pairs, dir)
+            for point in self._resolve(name)
+        ]
+        handles = [point.add_hook(fn, dir) for point, fn, dir in planned]
+        try:
+            yield self
+        finally:
+            if reset_hooks_end:
+                for handle in handles:
+                    handle.remove()
+            if clear_contexts:
+                self.clear_contexts()
+
+    def run_with_hooks(
+        self,
+        *model_args: Any,
+        fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        bwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+        **model_kwargs: Any,
+    ) -> Any:
+        """Run the forward with hooks attached, and detach them afterwards.
+
+        Backward hooks are attached to the graph of this forward, so calling `.backward()`
+        on the output afterwards still reaches them.
+        """
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
+            return self(*model_args, **model_kwargs)
+
+    # ----------------------------------------------------------------- resolving
+    def _resolve(self, name: NameOrFilter) -> list[HookPoint]:
+        if isinstance(name, str):
+            full = _names.get_act_name(name) if "." not in name else name
+            if full not in self.hook_dict:
+                raise KeyError(_names.unknown_name_message(name, self.hook_dict))
+            return [self.hook_dict[full]]
+        if callable(name):
+            return [p for n, p in self.hook_dict.items() if name(n)]
+        raise TypeError(
+            f"a hook target is a hook name or a filter function of names, got {name!r}"
+        )
+
+
+def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:
+    """Validate a list of `(name_or_filter, fn)` pairs before any hook is attached."""
+    if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
+        raise TypeError(f"{dir}_hooks must be a list of (name, fn) pairs, not one pair")
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and callable(pair[1])):
+            raise TypeError(f"each of {dir}_hooks must be a (name_or_filter, fn) pair, got {pair!r}")
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def is_hook_point(module: nn.Module) -> bool:
+    """Whether `module` is a `HookPoint`."""
+    return isinstance(module, HookPoint)
+
+
+__all__ = ["HookPoint", "HookedRootModule", "LensHandle", "is_hook_point"]

@@ -1,0 +1,313 @@
+"""`HookedTransformer`: a GPT-style decoder built from hook points.
+
+    resid  = W_E[tokens] + W_pos[positions]          (hook_embed, hook_pos_embed)
+    resid  = block(resid)  for each block             (see components/block.py)
+    logits = ln_final(resid) @ W_U + b_U
+
+`forward` is that, and nothing else; caching and editing happen at the hook points.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from hookedattn import caching, weights_io
+from hookedattn.cache import ActivationCache
+from hookedattn.components.block import AttnOnlyBlock, Block
+from hookedattn.components.embed import Embed, PosEmbed, Unembed
+from hookedattn.components.norm import make_norm
+from hookedattn.config import HookedTransformerConfig
+from hookedattn.hook_points import HookedRootModule, HookPoint
+from hookedattn.kv_cache import KeyValueCache
+from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.masks import AttentionContext, attention_context, causal_blocked
+
+ReturnType = Literal["logits", "loss", "both"] | None
+Resid = Float[Tensor, "batch pos d_model"]
+Logits = Float[Tensor, "batch pos d_vocab_out"]
+
+
+class LogitsAndLoss(NamedTuple):
+    """What `forward(..., return_type="both")` returns; unpacks as `logits, loss`."""
+
+    logits: Logits
+    loss: Tensor
+
+
+class HookedTransformer(HookedRootModule):
+    """A decoder-only transformer whose every activation passes through a named hook point.
+
+    Build one from a `HookedTransformerConfig` (random weights, seeded by `cfg.seed`), or
+    load one with `HookedTransformer.load(path)`. Weights are in circuits notation and are
+    also exposed stacked across layers: `model.W_Q` is `[layer head d_model d_head]`.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, tokenizer: Any = None) -> None:
+        super().__init__()
+        if not isinstance(cfg, HookedTransformerConfig):
+            raise TypeError(f"cfg must be a HookedTransformerConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [batch pos d_model]
+        if cfg.positional_embedding_type == "standard":
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()
+            self.embed_tokens = self._token_and_position_embedding
+        else:  # rotary models rotate q and k instead; "none" has no positional signal
+            self.embed_tokens = self._token_embedding
+        block_type = AttnOnlyBlock if cfg.attn_only else Block
+        self.blocks = nn.ModuleList([block_type(cfg) for _ in range(cfg.n_layers)])
+        self.ln_final = make_norm(cfg)
+        self.unembed = Unembed(cfg)
+        self.register_buffer("causal_blocked", causal_blocked(cfg.n_ctx, cfg.device), persistent=False)
+        self.init_weights()
+        self.setup()
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | Resid | str | list[str],
+        return_type: ReturnType = "logits",
+        *,
+        loss_per_token: bool = False,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        tokens: Int[Tensor, "batch pos"] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        past_kv_cache: KeyValueCache | None = None,
+    ) -> Any:
+        """Run the model.
+
+        `input` is token ids `[batch pos]` (or `[pos]`), or, with `start_at_layer=L`, the
+        residual stream `[batch pos d_model]` entering block L (how a hand-made `X_IN` goes
+        in; give `tokens=` too for a loss). With `stop_at_layer=L` the residual stream
+        entering block L is returned and `return_type` is ignored. `return_type`: "logits",
+        "loss" (mean next-token cross-entropy, or per token with `loss_per_token`), "both"
+        (a `LogitsAndLoss`), or None.
+        """
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(
+                f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}"
+            )
+        if start_at_layer is None:
+            tokens = self._as_tokens(input)
+            context = self._context(tokens.shape, attention_mask, past_kv_cache)
+            resid = self.embed_tokens(tokens, context.positions)
+        else:
+            resid = self._as_resid(input)
+            context = self._context(resid.shape[:2], attention_mask, past_kv_cache)
+        for layer in range(self.cfg.n_layers)[start_at_layer:stop_at_layer]:
+            past = None if past_kv_cache is None else past_kv_cache[layer]
+            resid = self.blocks[layer](resid, context.blocked, context.positions, past)
+        if stop_at_layer is not None:
+            return resid
+        logits = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        if tokens is None:
+            raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
+        loss = lm_cross_entropy_loss(logits, tokens, attention_mask, per_token=loss_per_token)
+        return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
+
+    def _token_and_position_embedding(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
+        return self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))
+
+    def _token_embedding(self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]) -> Resid:
+        return self.hook_embed(self.embed(tokens))
+
+    def _context(
+        self,
+        shape: Sequence[int],
+        attention_mask: Tensor | None,
+        past_kv_cache: KeyValueCache | None,
+    ) -> AttentionContext:
+        batch, n_new = shape
+        return attention_context(self.causal_blocked, batch, n_new, attention_mask, past_kv_cache)
+
+    # ------------------------------------------------------------------ caching
+    def run_with_cache(
+        self,
+        *model_args: Any,
+        names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        pos_slice: int | slice | Sequence[int] | None = None,
+        **model_kwargs: Any,
+    ) -> tuple[Any, ActivationCache]:
+        """Run the model and record activations: returns `(output, ActivationCache)`.
+
+        `names_filter`: None (every hook point), a name, a list of names, or a predicate on
+        names; only the chosen activations are kept alive. `device`/`dtype` move or cast
+        them as they are recorded; `pos_slice` keeps only some positions (the query
+        position for scores and patterns; an int keeps its axis, of size 1).
+        `remove_batch_dim` needs a batch of 1. `incl_bwd=True` also differentiates the
+        output, which must then be a scalar (use `return_type="loss"`), and stores each
+        gradient under `name + "_grad"` (parameter `.grad`s are left untouched). Cached
+        tensors never change afterwards: they are copied only when a hook that could edit
+        them in place is attached.
+        """
+        return caching.run_with_cache(
+            self,
+            model_args,
+            model_kwargs,
+            names_filter=names_filter,
+            device=device,
+            dtype=dtype,
+            remove_batch_dim=remove_batch_dim,
+            incl_bwd=incl_bwd,
+            pos_slice=pos_slice,
+        )
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Normal(0, init_range) for weight matrices, zero biases, unit norm gains.
+
+        Drawn in float32 from a generator seeded by `cfg.seed` (the global RNG when None)
+        and then cast, so models of different dtypes from one seed hold the same weights.
+        """
+        generator = None
+        if self.cfg.seed is not None:
+            generator = torch.Generator().manual_seed(self.cfg.seed)
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("W_"):
+                values = torch.randn(param.shape, generator=generator) * self.cfg.init_range
+                param.copy_(values.to(param.dtype))
+            elif leaf == "w":
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+    def _stacked(self, module: str, weight: str) -> Tensor:
+        if self.cfg.n_layers == 0:
+            raise ValueError(f"a model with 0 layers has no {weight}")
+        if module == "mlp" and self.cfg.attn_only:
+            raise ValueError(f"an attention-only model has no {weight}")
+        return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
+
+    W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
+    W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
+    b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")
+    W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="`[layer head d_model d_head]`")
+    W_K = property(lambda self: self._stacked("attn", "W_K"), doc="`[layer head d_model d_head]`")
+    W_V = property(lambda self: self._stacked("attn", "W_V"), doc="`[layer head d_model d_head]`")
+    W_O = property(lambda self: self._stacked("attn", "W_O"), doc="`[layer head d_head d_model]`")
+    b_Q = property(lambda self: self._stacked("attn", "b_Q"), doc="`[layer head d_head]`")
+    b_K = property(lambda self: self._stacked("attn", "b_K"), doc="`[layer head d_head]`")
+    b_V = property(lambda self: self._stacked("attn", "b_V"), doc="`[layer head d_head]`")
+    b_O = property(lambda self: self._stacked("attn", "b_O"), doc="`[layer d_model]`")
+    W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="`[layer d_model d_mlp]`")
+    b_in = property(lambda self: self._stacked("mlp", "b_in"), doc="`[layer d_mlp]`")
+    W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="`[layer d_mlp d_model]`")
+    b_out = property(lambda self: self._stacked("mlp", "b_out"), doc="`[layer d_model]`")
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        """Learned positional embedding `[n_ctx d_model]` (standard positional embeddings only)."""
+        if self.cfg.positional_embedding_type != "standard":
+            raise ValueError(
+                f"a model with positional_embedding_type="
+                f"{self.cfg.positional_embedding_type!r} has no W_pos"
+            )
+        return self.pos_embed.W_pos
+
+    def to(self, *args: Any, **kwargs: Any) -> "HookedTransformer":
+        """`nn.Module.to`, keeping `cfg.dtype` and `cfg.device` true to the weights."""
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        super().to(*args, **kwargs)
+        changes = {}
+        if dtype is not None:
+            changes["dtype"] = dtype
+        if device is not None:
+            changes["device"] = str(device)
+        if changes:
+            self.cfg = dataclasses.replace(self.cfg, **changes)
+            self._propagate_cfg()
+        return self
+
+    def _propagate_cfg(self) -> None:
+        # Buffers derived from the config (rotary tables) follow the weights' dtype.
+        for module in self.modules():
+            if hasattr(module, "cos"):
+                module.cos = module.cos.to(self.cfg.dtype)
+                module.sin = module.sin.to(self.cfg.dtype)
+
+    def copy(self) -> "HookedTransformer":
+        """An independent deep copy (weights, config and attached hooks)."""
+        return copy.deepcopy(self)
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, path: str | Path) -> Path:
+        """Write `model.safetensors` and `config.json` into the directory `path`."""
+        return weights_io.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | None = None) -> "HookedTransformer":
+        """Rebuild a model saved with `save` (no pickle: loading cannot run code)."""
+        return weights_io.load(cls, path, device=device)
+
+    # ------------------------------------------------------------------ input checks
+    def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:
+        if isinstance(input, str | list) and (isinstance(input, str) or _all_str(input)):
+            return self._tokenize(input)
+        if not isinstance(input, Tensor):
+            raise TypeError(f"expected token ids as a tensor, got {type(input).__name__}")
+        if input.dtype.is_floating_point or input.dtype == torch.bool:
+            raise TypeError(
+                f"expected integer token ids, got a {input.dtype} tensor of shape "
+                f"{tuple(input.shape)}; to feed a residual stream use start_at_layer="
+            )
+        if input.ndim == 1:
+            input = input[None]
+        if input.ndim != 2:
+            raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
+        if input.numel():
+            low, high = int(input.min()), int(input.max())
+            if low < 0 or high >= self.cfg.d_vocab:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"token id {bad} is out of range: ids must be in 0..{self.cfg.d_vocab - 1} "
+                    f"(d_vocab={self.cfg.d_vocab})"
+                )
+        if input.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence too long: {input.shape[1]} positions exceed the model's "
+                f"n_ctx={self.cfg.n_ctx}"
+            )
+        return input.to(self.cfg.device)
+
+    def _as_resid(self, input: Any) -> Resid:
+        shape = (self.cfg.d_model,)
+        if not isinstance(input, Tensor) or input.ndim != 3 or tuple(input.shape[2:]) != shape:
+            got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+            raise ValueError(
+                f"with start_at_layer the input is the residual stream [batch pos "
+                f"d_model={self.cfg.d_model}], got {got}"
+            )
+        return input
+
+    def _tokenize(self, text: str | list[str]) -> Int[Tensor, "batch pos"]:
+        if self.tokenizer is None:
+            raise ValueError(
+                "this model has no tokenizer, so it cannot read strings; pass token ids, "
+                "or build the model with tokenizer="
+            )
+        return self.to_tokens(text)
+
+
+def _all_str(items: list) -> bool:
+    return bool(items) and all(isinstance(i, str) for i in items)

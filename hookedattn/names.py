@@ -1,0 +1,134 @@
+"""Hook names: the one place that spells them and expands shorthand.
+
+Full names follow TransformerLens 3.x (`blocks.0.attn.hook_pattern`). Shorthand is a short
+name plus a layer and, for the per-block norms, which one: `("pattern", 0)`,
+`("resid_pre", -1)`, `("scale", 1, "ln2")`; `"scale"` alone is the final norm's scale.
+Nothing outside this module parses a hook-name string.
+"""
+
+import difflib
+import re
+from collections.abc import Iterable
+
+# short name -> (template, what the layer_type argument may be)
+_BLOCK = "blocks.{layer}.hook_{name}"
+_ATTN = "blocks.{layer}.attn.hook_{name}"
+_MLP = "blocks.{layer}.mlp.hook_{name}"
+_NORM = "blocks.{layer}.{layer_type}.hook_{name}"
+
+_TEMPLATES: dict[str, str] = {
+    **{n: _BLOCK for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")},
+    **{n: _BLOCK for n in ("mlp_in", "attn_in", "q_input", "k_input", "v_input")},
+    **{n: _ATTN for n in ("q", "k", "v", "z", "result", "rot_q", "rot_k")},
+    **{n: _ATTN for n in ("attn_scores", "pattern")},
+    **{n: _MLP for n in ("pre", "post")},
+    **{n: _NORM for n in ("scale", "normalized")},
+}
+# TransformerLens's aliases for the same activations.
+_ALIASES: dict[str, str] = {
+    "attn": "pattern",
+    "attn_logits": "attn_scores",
+    "attn_weights": "pattern",
+    "mlp_pre": "pre",
+    "mlp_post": "post",
+    "resid": "resid_post",
+}
+_GLOBAL: dict[str, str] = {
+    "embed": "hook_embed",
+    "pos_embed": "hook_pos_embed",
+    "ln_final_scale": "ln_final.hook_scale",
+    "ln_final_normalized": "ln_final.hook_normalized",
+}
+NORM_SITES: tuple[str, ...] = ("ln1", "ln2")
+_LAYER_RE = re.compile(r"^blocks\.(\d+)\.")
+
+
+def short_names() -> list[str]:
+    """Every short name that `get_act_name` expands, aliases included."""
+    return sorted({*_TEMPLATES, *_ALIASES, *_GLOBAL})
+
+
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Expand a short activation name to a full hook name (TransformerLens's `get_act_name`).
+
+    `get_act_name("pattern", 0)` is `"blocks.0.attn.hook_pattern"`;
+    `get_act_name("scale", 1, "ln2")` is `"blocks.1.ln2.hook_scale"`;
+    `get_act_name("scale")` is the final norm's `"ln_final.hook_scale"`.
+    A full name is returned unchanged. `layer` must already be non-negative here; the
+    cache resolves negative layers because it knows how many there are.
+    """
+    if "." in name or name.startswith("hook_"):
+        return name
+    name = _ALIASES.get(name, name)
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    if name not in _TEMPLATES:
+        raise KeyError(f"unknown activation name {name!r}{_suggest(name, short_names())}")
+    if layer is None:
+        if name in ("scale", "normalized"):
+            return f"ln_final.hook_{name}"
+        raise ValueError(f"{name!r} lives in every block: give a layer, e.g. ({name!r}, 0)")
+    if not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer must be a non-negative int here, got {layer!r}")
+    template = _TEMPLATES[name]
+    if template is _NORM:
+        if layer_type not in NORM_SITES:
+            raise ValueError(
+                f"{name!r} of layer {layer} needs the norm: ({name!r}, {layer}, 'ln1') or "
+                f"({name!r}, {layer}, 'ln2'); got layer_type={layer_type!r}"
+            )
+    elif layer_type is not None:
+        raise ValueError(f"layer_type is only for 'scale' and 'normalized', not {name!r}")
+    return template.format(layer=layer, name=name, layer_type=layer_type)
+
+
+def expand_key(key: str | tuple, n_layers: int) -> str:
+    """Expand a cache key (a full name or a shorthand tuple) to a full hook name.
+
+    Negative layers count from the end, as in Python indexing: `("resid_pre", -1)` is the
+    last block's `resid_pre`.
+    """
+    if isinstance(key, str):
+        return get_act_name(key)
+    if not isinstance(key, tuple) or not 1 <= len(key) <= 3 or not isinstance(key[0], str):
+        raise KeyError(
+            f"cache keys are a hook name or (name, layer[, 'ln1'|'ln2']), got {key!r}"
+        )
+    name, layer, layer_type = (*key, None, None)[:3]
+    if layer is not None:
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise KeyError(f"layer must be an int, got {layer!r} in key {key!r}")
+        if not -n_layers <= layer < n_layers:
+            raise KeyError(f"layer {layer} out of range for a model with {n_layers} layers")
+        layer %= n_layers
+    return get_act_name(name, layer, layer_type)
+
+
+def layer_of(name: str) -> int | None:
+    """The block index of a hook name, or None for names outside the blocks."""
+    match = _LAYER_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def pos_axis(name: str) -> int:
+    """The position axis of the activation at `name` (with the batch axis first).
+
+    Attention scores and patterns are `[batch head query_pos key_pos]`: their position is
+    the query position. Everything else is `[batch pos ...]`.
+    """
+    return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
+
+
+def _suggest(name: str, valid: Iterable[str]) -> str:
+    """A `; did you mean ...` hint with the valid names closest to `name`."""
+    close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.4)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def unknown_name_message(name: str, valid: Iterable[str]) -> str:
+    """The message for a hook name that does not exist, with the closest valid names."""
+    valid = list(valid)
+    hint = _suggest(name, valid)
+    if not hint:
+        hint = f"; valid names include {', '.join(repr(v) for v in valid[:6])}, ..."
+    return f"no hook point named {name!r} in this model{hint}"
