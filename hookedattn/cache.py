@@ -82,8 +82,10 @@ class ActivationCache(Mapping[str, Tensor]):
         """
         if self.n_layers == 0:
             raise ValueError(f"a model with 0 layers has no per-layer {name!r} to stack")
-        keys = [(name, layer) if layer_type is None else (name, layer, layer_type)
-                for layer in range(self.n_layers)]
+        keys = [
+            (name, layer) if layer_type is None else (name, layer, layer_type)
+            for layer in range(self.n_layers)
+        ]
         return torch.stack([self[key] for key in keys])
 
     def nbytes(self) -> int:
@@ -108,7 +110,7 @@ class ActivationCache(Mapping[str, Tensor]):
         ]
         for name, t in self._data.items():
             size = t.numel() * t.element_size() / 2**20
-            lines.append(f"  {name:<{width}}  {str(tuple(t.shape)):<22} {size:8.3f} MB")
+            lines.append(f"  {name:<{width}}  {tuple(t.shape)!s:<22} {size:8.3f} MB")
         return "\n".join(lines)
 
     # -------------------------------------------------------------------- helpers

@@ -136,8 +136,7 @@ class HookedTransformerConfig:
                 set_("rotary_dim", self.d_head)
             if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head:
                 raise ValueError(
-                    f"rotary_dim must be even and in 1..d_head={self.d_head}, "
-                    f"got {self.rotary_dim}"
+                    f"rotary_dim must be even and in 1..d_head={self.d_head}, got {self.rotary_dim}"
                 )
         if self.d_vocab_out is None:
             set_("d_vocab_out", self.d_vocab)

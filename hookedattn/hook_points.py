@@ -287,9 +287,7 @@ class HookedRootModule(nn.Module):
             return [self.hook_dict[full]]
         if callable(name):
             return [p for n, p in self.hook_dict.items() if name(n)]
-        raise TypeError(
-            f"a hook target is a hook name or a filter function of names, got {name!r}"
-        )
+        raise TypeError(f"a hook target is a hook name or a filter function of names, got {name!r}")
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:
@@ -299,7 +297,9 @@ def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:
     out = []
     for pair in pairs:
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and callable(pair[1])):
-            raise TypeError(f"each of {dir}_hooks must be a (name_or_filter, fn) pair, got {pair!r}")
+            raise TypeError(
+                f"each of {dir}_hooks must be a (name_or_filter, fn) pair, got {pair!r}"
+            )
         out.append((pair[0], pair[1]))
     return out
 

@@ -28,7 +28,9 @@ class KeyValueCacheEntry:
         self,
         new_keys: Float[Tensor, "batch new_pos head d_head"],
         new_values: Float[Tensor, "batch new_pos head d_head"],
-    ) -> tuple[Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head"]]:
+    ) -> tuple[
+        Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head"]
+    ]:
         """Past and new keys and values together; stored unless the cache is frozen."""
         keys = torch.cat([self.past_keys, new_keys], dim=1)
         values = torch.cat([self.past_values, new_values], dim=1)

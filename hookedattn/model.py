@@ -66,7 +66,9 @@ class HookedTransformer(HookedRootModule):
         self.blocks = nn.ModuleList([block_type(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = make_norm(cfg)
         self.unembed = Unembed(cfg)
-        self.register_buffer("causal_blocked", causal_blocked(cfg.n_ctx, cfg.device), persistent=False)
+        self.register_buffer(
+            "causal_blocked", causal_blocked(cfg.n_ctx, cfg.device), persistent=False
+        )
         self.init_weights()
         self.setup()
 
@@ -123,7 +125,9 @@ class HookedTransformer(HookedRootModule):
     ) -> Resid:
         return self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))
 
-    def _token_embedding(self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]) -> Resid:
+    def _token_embedding(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
         return self.hook_embed(self.embed(tokens))
 
     def _context(
@@ -274,7 +278,9 @@ class HookedTransformer(HookedRootModule):
         if input.ndim == 1:
             input = input[None]
         if input.ndim != 2:
-            raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
+            raise ValueError(
+                f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}"
+            )
         if input.numel():
             low, high = int(input.min()), int(input.max())
             if low < 0 or high >= self.cfg.d_vocab:

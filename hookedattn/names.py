@@ -91,9 +91,7 @@ def expand_key(key: str | tuple, n_layers: int) -> str:
     if isinstance(key, str):
         return get_act_name(key)
     if not isinstance(key, tuple) or not 1 <= len(key) <= 3 or not isinstance(key[0], str):
-        raise KeyError(
-            f"cache keys are a hook name or (name, layer[, 'ln1'|'ln2']), got {key!r}"
-        )
+        raise KeyError(f"cache keys are a hook name or (name, layer[, 'ln1'|'ln2']), got {key!r}")
     name, layer, layer_type = (*key, None, None)[:3]
     if layer is not None:
         if not isinstance(layer, int) or isinstance(layer, bool):

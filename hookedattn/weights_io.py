@@ -26,7 +26,9 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, or does not match its config."""
 
 
-def save(model: "HookedTransformer", path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+def save(
+    model: "HookedTransformer", path: str | Path, metadata: dict[str, Any] | None = None
+) -> Path:
     """Write `config.json` (plus optional `metadata`) and `model.safetensors` into `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -85,14 +85,18 @@ class Attention(nn.Module):
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         scores = einsum(
-            q, k, "batch query_pos head d_head, batch key_pos head d_head "
+            q,
+            k,
+            "batch query_pos head d_head, batch key_pos head d_head "
             "-> batch head query_pos key_pos",
         )
         scores = self.hook_attn_scores((scores / self.attn_scale).masked_fill(blocked, -torch.inf))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(
             einsum(
-                pattern, v, "batch head query_pos key_pos, batch key_pos head d_head "
+                pattern,
+                v,
+                "batch head query_pos key_pos, batch key_pos head d_head "
                 "-> batch query_pos head d_head",
             )
         )
@@ -102,13 +106,24 @@ class Attention(nn.Module):
         return q, k
 
     def _rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return self.hook_rot_q(self.rotary(q, positions)), self.hook_rot_k(self.rotary(k, positions))
+        return self.hook_rot_q(self.rotary(q, positions)), self.hook_rot_k(
+            self.rotary(k, positions)
+        )
 
-    def _write_summed(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
-        return einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos d_model") + self.b_O
+    def _write_summed(
+        self, z: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        return (
+            einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos d_model")
+            + self.b_O
+        )
 
-    def _write_per_head(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
+    def _write_per_head(
+        self, z: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos d_model"]:
         result = self.hook_result(
-            einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+            einsum(
+                z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"
+            )
         )
         return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O

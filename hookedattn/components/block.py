@@ -55,7 +55,9 @@ class AttnOnlyBlock(nn.Module):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv))
+        attn_out = self.hook_attn_out(
+            self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv)
+        )
         return self.hook_resid_post(resid_pre + attn_out)
 
     # The residual stream as q/k/v input: one shared copy, or one per head so that each
@@ -80,7 +82,7 @@ class AttnOnlyBlock(nn.Module):
 
 
 class Block(AttnOnlyBlock):
-    """`resid_mid = resid_pre + attn(ln1(resid_pre))`; `resid_post = resid_mid + mlp(ln2(resid_mid))`."""
+    """`resid_mid = resid_pre + attn(ln1(resid_pre))`, `resid_post = resid_mid + mlp(ln2(...))`."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__(cfg)
@@ -104,7 +106,9 @@ class Block(AttnOnlyBlock):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv))
+        attn_out = self.hook_attn_out(
+            self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv)
+        )
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
         return self.hook_resid_post(resid_mid + mlp_out)

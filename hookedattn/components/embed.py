@@ -42,5 +42,7 @@ class Unembed(nn.Module):
         self.W_U = _param(cfg.d_model, cfg.d_vocab_out, cfg=cfg)
         self.b_U = _param(cfg.d_vocab_out, cfg=cfg)
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab_out"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_vocab_out"]:
         return x @ self.W_U + self.b_U

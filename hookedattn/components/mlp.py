@@ -26,7 +26,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 class MLP(nn.Module):
-    """Two linear maps with a nonlinearity between; `hook_pre` and `hook_post` are `[batch pos d_mlp]`."""
+    """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()

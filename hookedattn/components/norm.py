@@ -26,7 +26,9 @@ class LayerNormPre(nn.Module):
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos *head d_model"]
+    ) -> Float[Tensor, "batch pos *head d_model"]:
         x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale)
@@ -40,7 +42,9 @@ class LayerNorm(LayerNormPre):
         self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype, device=cfg.device))
         self.b = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype, device=cfg.device))
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos *head d_model"]
+    ) -> Float[Tensor, "batch pos *head d_model"]:
         x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale * self.w + self.b)
@@ -55,7 +59,9 @@ class RMSNormPre(nn.Module):
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos *head d_model"]
+    ) -> Float[Tensor, "batch pos *head d_model"]:
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale)
 
@@ -67,7 +73,9 @@ class RMSNorm(RMSNormPre):
         super().__init__(cfg)
         self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype, device=cfg.device))
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos *head d_model"]
+    ) -> Float[Tensor, "batch pos *head d_model"]:
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale * self.w)
 
