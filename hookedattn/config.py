@@ -9,13 +9,9 @@ import dataclasses
 import difflib
 import json
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-
-ActFn = Literal["relu", "gelu", "gelu_new", "silu"]
-NormalizationType = Literal["LN", "LNPre", "RMS", "RMSPre"]
-PositionalEmbeddingType = Literal["standard", "rotary", "none"]
 
 ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
@@ -56,10 +52,12 @@ class HookedTransformerConfig:
     n_heads: int | None = None
     d_head: int | None = None
     d_mlp: int | None = None
-    act_fn: ActFn = "gelu"
+    # Choices are plain `str` here (see ACT_FNS etc.) so that a bad value gets our error,
+    # naming the closest valid choice, rather than a generic type-check failure.
+    act_fn: str = "gelu"
     attn_only: bool = False
-    normalization_type: NormalizationType | None = "LN"
-    positional_embedding_type: PositionalEmbeddingType = "standard"
+    normalization_type: str | None = "LN"
+    positional_embedding_type: str = "standard"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
     d_vocab_out: int | None = None
@@ -69,7 +67,7 @@ class HookedTransformerConfig:
     use_split_qkv_input: bool = False
     use_hook_mlp_in: bool = False
     use_attn_in: bool = False
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | str = torch.float32
     device: str = "cpu"
     seed: int | None = None
     init_range: float | None = None
@@ -142,7 +140,9 @@ class HookedTransformerConfig:
             set_("d_vocab_out", self.d_vocab)
         if isinstance(self.dtype, str):
             if self.dtype not in DTYPES:
-                raise ValueError(f"unknown dtype {self.dtype!r}: {_closest(self.dtype, DTYPES)}")
+                raise ValueError(
+                    f"unknown dtype {self.dtype!r}: {_closest(self.dtype, tuple(DTYPES))}"
+                )
             set_("dtype", DTYPES[self.dtype])
         if self.dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

@@ -234,8 +234,8 @@ class HookedRootModule(nn.Module):
     @contextlib.contextmanager
     def hooks(
         self,
-        fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
-        bwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        fwd_hooks: Sequence = (),  # of (name_or_filter, fn) pairs; checked by _pairs
+        bwd_hooks: Sequence = (),
         reset_hooks_end: bool = True,
         clear_contexts: bool = False,
     ) -> Iterator["HookedRootModule"]:
@@ -264,8 +264,8 @@ class HookedRootModule(nn.Module):
     def run_with_hooks(
         self,
         *model_args: Any,
-        fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
-        bwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        fwd_hooks: Sequence = (),  # of (name_or_filter, fn) pairs; checked by _pairs
+        bwd_hooks: Sequence = (),
         reset_hooks_end: bool = True,
         clear_contexts: bool = False,
         **model_kwargs: Any,

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -28,7 +28,6 @@ from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.masks import AttentionContext, attention_context, causal_blocked
 
-ReturnType = Literal["logits", "loss", "both"] | None
 Resid = Float[Tensor, "batch pos d_model"]
 Logits = Float[Tensor, "batch pos d_vocab_out"]
 
@@ -75,14 +74,16 @@ class HookedTransformer(HookedRootModule):
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        input: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | Resid | str | list[str],
-        return_type: ReturnType = "logits",
+        # Loose annotations on purpose: bad input gets our own error, which names the
+        # expected shape or values, rather than a generic type-check failure.
+        input: Tensor | str | list[str],
+        return_type: str | None = "logits",
         *,
         loss_per_token: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
-        tokens: Int[Tensor, "batch pos"] | None = None,
-        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        tokens: Tensor | None = None,
+        attention_mask: Tensor | None = None,
         past_kv_cache: KeyValueCache | None = None,
     ) -> Any:
         """Run the model.

@@ -1,0 +1,263 @@
+"""The model against an independent, hook-free forward written with plain torch ops.
+
+The reference follows the seed worklog's recipe (one `[d_model, n_heads * d_head]` matrix
+per projection, `view` + `transpose` to split heads, concatenate, one output matrix), so it
+shares no code and no layout with the model.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hookedattn import HookedTransformer, HookedTransformerConfig, LogitsAndLoss
+
+
+def make_model(dtype=torch.float64, **overrides) -> HookedTransformer:
+    fields = dict(
+        n_layers=2, d_model=24, n_heads=3, d_head=8, n_ctx=16, d_vocab=37, d_mlp=48, seed=0
+    )
+    fields.update(overrides)
+    model = HookedTransformer(HookedTransformerConfig(dtype=dtype, **fields))
+    with torch.no_grad():  # non-trivial biases and norm weights, so that they are tested
+        generator = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            if not name.split(".")[-1].startswith("W_"):
+                p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model
+
+
+def reference_forward(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    cfg = model.cfg
+    batch, seq = tokens.shape
+    H, D = cfg.n_heads, cfg.d_head
+
+    def norm(x, module):
+        if cfg.normalization_type is None:
+            return x
+        if cfg.normalization_type.startswith("LN"):
+            x = x - x.mean(-1, keepdim=True)
+        x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.eps)
+        if hasattr(module, "w"):
+            x = x * module.w
+        if hasattr(module, "b"):
+            x = x + module.b
+        return x
+
+    def rotate(x):  # x: [batch, heads, seq, d_head], GPT-NeoX rotate-half
+        r = cfg.rotary_dim
+        inv = cfg.rotary_base ** (-torch.arange(r // 2, dtype=torch.float64) / (r // 2))
+        ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+        xr, xp = x[..., :r], x[..., r:]
+        x1, x2 = xr[..., : r // 2], xr[..., r // 2 :]
+        return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
+
+    x = model.embed.W_E[tokens]
+    if cfg.positional_embedding_type == "standard":
+        x = x + model.pos_embed.W_pos[:seq]
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
+    for block in model.blocks:
+        attn = block.attn
+        h = norm(x, block.ln1)
+        w_q = attn.W_Q.permute(1, 0, 2).reshape(cfg.d_model, H * D)
+        w_k = attn.W_K.permute(1, 0, 2).reshape(cfg.d_model, H * D)
+        w_v = attn.W_V.permute(1, 0, 2).reshape(cfg.d_model, H * D)
+        q = (h @ w_q + attn.b_Q.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
+        k = (h @ w_k + attn.b_K.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
+        v = (h @ w_v + attn.b_V.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
+        if cfg.positional_embedding_type == "rotary":
+            q, k = rotate(q), rotate(k)
+        scores = (q @ k.transpose(-2, -1)) / cfg.attn_scale
+        weights = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        heads = (weights @ v).transpose(1, 2).contiguous().view(batch, seq, H * D)
+        x = x + heads @ attn.W_O.reshape(H * D, cfg.d_model) + attn.b_O
+        if not cfg.attn_only:
+            mlp = block.mlp
+            pre = norm(x, block.ln2) @ mlp.W_in + mlp.b_in
+            act = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}.get(cfg.act_fn)
+            if act is None:  # gelu_new
+                act = lambda t: 0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3)))
+            x = x + act(pre) @ mlp.W_out + mlp.b_out
+    return norm(x, model.ln_final) @ model.unembed.W_U + model.unembed.b_U
+
+
+VARIANTS = [
+    {},
+    {"attn_only": True},
+    {"normalization_type": "RMS"},
+    {"normalization_type": "LNPre", "act_fn": "relu"},
+    {"normalization_type": "RMSPre", "act_fn": "silu"},
+    {"normalization_type": None, "act_fn": "gelu_new"},
+    {"positional_embedding_type": "rotary"},
+    {"positional_embedding_type": "rotary", "rotary_dim": 4, "attn_only": True},
+    {"positional_embedding_type": "none"},
+    {"n_layers": 0},
+    {"use_attn_result": True, "use_split_qkv_input": True, "use_hook_mlp_in": True},
+    {"use_attn_in": True},
+    {"d_head": 5, "n_heads": 2},
+    {"d_vocab_out": 11},
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_forward_matches_independent_reference_float64(overrides):
+    model = make_model(**overrides)
+    tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(model(tokens), reference_forward(model, tokens), rtol=1e-10, atol=1e-10)
+
+
+def test_forward_matches_reference_float32():
+    model = make_model(dtype=torch.float32)
+    tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(model(tokens), reference_forward(model, tokens), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_forward_runs_in_every_dtype(dtype):
+    model = make_model(dtype=dtype)
+    logits = model(torch.arange(9)[None])
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+def test_one_seed_gives_the_same_weights_in_float32_and_float64():
+    w32 = make_model(dtype=torch.float32).W_Q
+    w64 = make_model(dtype=torch.float64).W_Q
+    assert torch.equal(w32.to(torch.float64), w64.to(torch.float32).to(torch.float64))
+
+
+def test_seed_leaves_global_rng_untouched():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    make_model()
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_cached_run_equals_plain_forward_bit_for_bit():
+    model = make_model(dtype=torch.float32, use_attn_result=True)
+    tokens = torch.randint(0, 37, (2, 12))
+    logits, _ = model.run_with_cache(tokens)
+    assert torch.equal(logits, model(tokens))
+
+
+def test_one_dimensional_tokens_are_a_batch_of_one():
+    model = make_model()
+    tokens = torch.randint(0, 37, (7,))
+    assert torch.equal(model(tokens), model(tokens[None]))
+
+
+def test_loss_is_mean_next_token_cross_entropy():
+    model = make_model()
+    tokens = torch.randint(0, 37, (2, 10))
+    logits = model(tokens)
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, 37), tokens[:, 1:].reshape(-1))
+    torch.testing.assert_close(model(tokens, return_type="loss"), expected)
+
+
+def test_loss_per_token_has_one_loss_per_prediction():
+    model = make_model()
+    tokens = torch.randint(0, 37, (2, 10))
+    per_token = model(tokens, return_type="loss", loss_per_token=True)
+    assert per_token.shape == (2, 9)
+    torch.testing.assert_close(per_token.mean(), model(tokens, return_type="loss"))
+
+
+def test_return_type_both_unpacks_as_logits_and_loss():
+    model = make_model()
+    tokens = torch.randint(0, 37, (2, 10))
+    out = model(tokens, return_type="both")
+    assert isinstance(out, LogitsAndLoss)
+    logits, loss = out
+    assert torch.equal(logits, model(tokens))
+    assert torch.equal(loss, model(tokens, return_type="loss"))
+
+
+def test_return_type_none_returns_none():
+    assert make_model()(torch.arange(5), return_type=None) is None
+
+
+def test_unknown_return_type_is_rejected():
+    with pytest.raises(ValueError, match="'logit'"):
+        make_model()(torch.arange(5), return_type="logit")
+
+
+def test_stop_then_start_at_layer_equals_full_forward():
+    model = make_model(n_layers=3)
+    tokens = torch.randint(0, 37, (2, 8))
+    resid = model(tokens, stop_at_layer=1)
+    assert resid.shape == (2, 8, 24)
+    torch.testing.assert_close(model(resid, start_at_layer=1), model(tokens), rtol=0, atol=0)
+
+
+def test_stop_at_layer_returns_the_cached_resid_pre():
+    model = make_model(n_layers=3)
+    tokens = torch.randint(0, 37, (2, 8))
+    _, cache = model.run_with_cache(tokens)
+    assert torch.equal(model(tokens, stop_at_layer=2), cache["resid_pre", 2])
+    assert torch.equal(model(tokens, stop_at_layer=-1), cache["resid_pre", 2])
+
+
+def test_start_at_layer_loss_needs_tokens():
+    model = make_model()
+    tokens = torch.randint(0, 37, (2, 8))
+    resid = model(tokens, stop_at_layer=1)
+    with pytest.raises(ValueError, match="tokens="):
+        model(resid, start_at_layer=1, return_type="loss")
+    loss = model(resid, start_at_layer=1, return_type="loss", tokens=tokens)
+    torch.testing.assert_close(loss, model(tokens, return_type="loss"))
+
+
+def test_start_at_layer_rejects_a_wrong_residual_shape():
+    with pytest.raises(ValueError, match="d_model=24"):
+        make_model()(torch.zeros(2, 8, 23, dtype=torch.float64), start_at_layer=1)
+
+
+def test_zero_layer_model_is_embed_norm_unembed():
+    model = make_model(n_layers=0)
+    tokens = torch.randint(0, 37, (2, 5))
+    _, cache = model.run_with_cache(tokens)
+    assert list(cache) == [
+        "hook_embed", "hook_pos_embed", "ln_final.hook_scale", "ln_final.hook_normalized"
+    ]
+
+
+def test_stacked_weights_have_circuits_shapes():
+    model = make_model()
+    assert model.W_Q.shape == (2, 3, 24, 8)
+    assert model.W_O.shape == (2, 3, 8, 24)
+    assert model.b_Q.shape == (2, 3, 8)
+    assert model.b_O.shape == (2, 24)
+    assert model.W_in.shape == (2, 24, 48)
+    assert model.W_out.shape == (2, 48, 24)
+    assert model.W_E.shape == (37, 24)
+    assert model.W_pos.shape == (16, 24)
+    assert model.W_U.shape == (24, 37)
+    assert torch.equal(model.W_K[1, 2], model.blocks[1].attn.W_K[2])
+
+
+def test_stacked_mlp_weights_of_an_attention_only_model_are_an_error():
+    with pytest.raises(ValueError, match="attention-only"):
+        make_model(attn_only=True).W_in
+
+
+def test_w_pos_of_a_rotary_model_is_an_error():
+    with pytest.raises(ValueError, match="rotary"):
+        make_model(positional_embedding_type="rotary").W_pos
+
+
+def test_to_dtype_keeps_the_config_true():
+    model = make_model(dtype=torch.float32, positional_embedding_type="rotary").to(torch.float64)
+    assert model.cfg.dtype == torch.float64
+    assert model.blocks[0].attn.rotary.cos.dtype == torch.float64
+    assert model(torch.arange(5)).dtype == torch.float64
+
+
+def test_gradients_flow_to_every_parameter():
+    model = make_model(use_attn_result=True)
+    model(torch.randint(0, 37, (2, 8)), return_type="loss").backward()
+    unused = [n for n, p in model.named_parameters() if p.grad is None]
+    assert unused == []
