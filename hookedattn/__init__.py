@@ -18,10 +18,13 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 
 from hookedattn.cache import ActivationCache
 from hookedattn.config import HookedTransformerConfig
+from hookedattn.generation import Generated, GenerationStep, Sampling
 from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.model import HookedTransformer, LogitsAndLoss
 from hookedattn.names import get_act_name
+from hookedattn.tokenization import TokenizedText
+from hookedattn.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
 from hookedattn.weights_io import CheckpointError
 
 # TransformerLens's names for the same things, so that code ports by changing imports.
@@ -29,7 +32,12 @@ HookedTransformerKeyValueCache = KeyValueCache
 
 __all__ = [
     "ActivationCache",
+    "ByteTokenizer",
+    "CharTokenizer",
     "CheckpointError",
+    "Generated",
+    "GenerationStep",
+    "HFTokenizer",
     "HookPoint",
     "HookedRootModule",
     "HookedTransformer",
@@ -39,5 +47,8 @@ __all__ = [
     "KeyValueCacheEntry",
     "LensHandle",
     "LogitsAndLoss",
+    "Sampling",
+    "TokenizedText",
+    "Tokenizer",
     "get_act_name",
 ]

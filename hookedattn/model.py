@@ -17,12 +17,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn import caching, weights_io
+from hookedattn import caching, generation, hf_import, tokenization, weight_views, weights_io
 from hookedattn.cache import ActivationCache
 from hookedattn.components.block import AttnOnlyBlock, Block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.components.norm import make_norm
 from hookedattn.config import HookedTransformerConfig
+from hookedattn.factored_matrix import FactoredMatrix
 from hookedattn.hook_points import HookedRootModule, HookPoint
 from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
@@ -100,6 +101,8 @@ class HookedTransformer(HookedRootModule):
                 f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}"
             )
         if start_at_layer is None:
+            if tokenization.is_text(input):
+                input, attention_mask = self._text_input(input, attention_mask, past_kv_cache)
             tokens = self._as_tokens(input)
             context = self._context(tokens.shape, attention_mask, past_kv_cache)
             resid = self.embed_tokens(tokens, context.positions)
@@ -176,6 +179,72 @@ class HookedTransformer(HookedRootModule):
             pos_slice=pos_slice,
         )
 
+    # ------------------------------------------------------------------ text in, text out
+    def tokenize(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: tokenization.PaddingSide = "right",
+    ) -> tokenization.TokenizedText:
+        """Token ids and attention mask `[batch pos]` of a string or a list of strings.
+
+        The mask marks padding with 0; pass both on (`model(t.tokens,
+        attention_mask=t.attention_mask)`) and every real token gets the result it would
+        get alone. Strings passed to the forward get their mask the same way.
+        """
+        return tokenization.tokenize(self, input, prepend_bos, padding_side)
+
+    def to_tokens(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: tokenization.PaddingSide = "right",
+    ) -> Int[Tensor, "batch pos"]:
+        """Token ids `[batch pos]` of a string or a list of strings, padded on `padding_side`.
+
+        BOS is prepended (by default, when the tokenizer has one); with left padding it
+        sits after the padding, before the prompt. The mask of a padded batch comes from
+        `tokenize`.
+        """
+        return tokenization.tokenize(self, input, prepend_bos, padding_side).tokens
+
+    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None) -> list:
+        """Each token as a string: a list for a string or one sequence of ids `[pos]`/`[1
+        pos]`, and a list of lists for a list of strings."""
+        return tokenization.to_str_tokens(self, input, prepend_bos)
+
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """The text of `[pos]` token ids (a string) or of `[batch pos]` (one per row)."""
+        return tokenization.to_string(self, tokens)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token."""
+        return tokenization.to_single_token(self, string)
+
+    def get_token_position(
+        self,
+        single_token: str | int,
+        input: str | Tensor | list[int],
+        mode: str = "first",
+        prepend_bos: bool | None = None,
+    ) -> int:
+        """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
+        return tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
+
+    def generate(
+        self, input: str | list[str] | Tensor = "", max_new_tokens: int = 10, **kwargs: Any
+    ) -> Any:
+        """Continue a prompt token by token, with a KV cache (`hookedattn.generation`).
+
+        Keywords: `do_sample=False` (greedy; TransformerLens samples by default),
+        `temperature`, `top_k`, `top_p`, `stop_at_eos=True`, `eos_token_id`,
+        `use_past_kv_cache=True`, `prepend_bos`, `attention_mask` (left-padded token ids),
+        `return_type` ("input": text for text, tokens for tokens; "str"; "tokens"),
+        `generator` (a `torch.Generator` for sampling). Batches of strings are left-padded.
+        Hooks attached to the model run at every step.
+        """
+        return generation.generate(self, input, max_new_tokens, **kwargs)
+
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -230,6 +299,33 @@ class HookedTransformer(HookedRootModule):
             )
         return self.pos_embed.W_pos
 
+    # Circuit views (hookedattn/weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's QK circuit `W_Q @ W_K.T`, factored: `[layer head d_model d_model]`."""
+        return weight_views.QK(self)
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's OV circuit `W_V @ W_O`, factored: `[layer head d_model d_model]`."""
+        return weight_views.OV(self)
+
+    @property
+    def W_E_pos(self) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
+        """`W_E` and `W_pos` stacked: `[d_vocab + n_ctx, d_model]`."""
+        return weight_views.W_E_pos(self)
+
+    @property
+    def all_head_labels(self) -> list[str]:
+        """`"L{layer}H{head}"` for every head, in `[layer head]` order."""
+        return weight_views.all_head_labels(self)
+
+    def tokens_to_residual_directions(
+        self, tokens: weight_views.Tokens
+    ) -> Float[Tensor, "*tokens d_model"]:
+        """The unembedding direction `W_U[:, t]` of each token, `[*tokens d_model]`."""
+        return weight_views.tokens_to_residual_directions(self, tokens)
+
     def to(self, *args: Any, **kwargs: Any) -> "HookedTransformer":
         """`nn.Module.to`, keeping `cfg.dtype` and `cfg.device` true to the weights."""
         device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
@@ -264,6 +360,22 @@ class HookedTransformer(HookedRootModule):
     def load(cls, path: str | Path, device: str | None = None) -> "HookedTransformer":
         """Rebuild a model saved with `save` (no pickle: loading cannot run code)."""
         return weights_io.load(cls, path, device=device)
+
+    @classmethod
+    def from_hf(
+        cls,
+        hf_model: Any,
+        *,
+        tokenizer: Any = None,
+        dtype: torch.dtype | str | None = None,
+        device: str | None = None,
+    ) -> "HookedTransformer":
+        """Import a `transformers` `GPT2LMHeadModel`, or a local directory holding one.
+
+        Needs the optional `transformers` (`pip install hookedattn[hf]`); nothing is
+        downloaded. See `hookedattn.hf_import`.
+        """
+        return hf_import.from_hf(cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
 
     # ------------------------------------------------------------------ input checks
     def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:
@@ -314,6 +426,13 @@ class HookedTransformer(HookedRootModule):
                 "or build the model with tokenizer="
             )
         return self.to_tokens(text)
+
+    def _text_input(
+        self, text: str | list[str], attention_mask: Any, past_kv_cache: KeyValueCache | None
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"] | None]:
+        # Continuing after cached positions, no BOS goes in the middle of the sequence.
+        continuing = past_kv_cache is not None and past_kv_cache.length > 0
+        return tokenization.text_input(self, text, attention_mask, continuing)
 
 
 def _all_str(items: list) -> bool:
