@@ -144,11 +144,17 @@ def test_repr_lists_names_shapes_dtype_and_size():
 def test_names_filter_forms():
     model = make_model()
     _, by_name = model.run_with_cache(TOKENS, names_filter="blocks.0.attn.hook_pattern")
-    _, by_list = model.run_with_cache(TOKENS, names_filter=["hook_embed", "blocks.0.hook_resid_post"])
+    _, by_list = model.run_with_cache(
+        TOKENS, names_filter=["hook_embed", "blocks.0.hook_resid_post"]
+    )
     _, by_pred = model.run_with_cache(TOKENS, names_filter=lambda n: n.endswith("scale"))
     assert list(by_name) == ["blocks.0.attn.hook_pattern"]
     assert list(by_list) == ["hook_embed", "blocks.0.hook_resid_post"]
-    assert list(by_pred) == ["blocks.0.ln1.hook_scale", "blocks.0.ln2.hook_scale", "ln_final.hook_scale"]
+    assert list(by_pred) == [
+        "blocks.0.ln1.hook_scale",
+        "blocks.0.ln2.hook_scale",
+        "ln_final.hook_scale",
+    ]
 
 
 def test_names_filter_with_an_unknown_name_is_an_error():
@@ -201,7 +207,10 @@ def test_a_later_in_place_edit_does_not_reach_the_cache():
         stash["z"].mul_(0)  # an edit, at a later hook point, of a tensor already cached
 
     with model.hooks(
-        fwd_hooks=[("blocks.0.attn.hook_z", keep), ("blocks.0.hook_attn_out", zero_earlier_activation)]
+        fwd_hooks=[
+            ("blocks.0.attn.hook_z", keep),
+            ("blocks.0.hook_attn_out", zero_earlier_activation),
+        ]
     ):
         _, cache = model.run_with_cache(TOKENS, names_filter="blocks.0.attn.hook_z")
     assert (stash["z"] == 0).all()
@@ -286,6 +295,8 @@ def test_incl_bwd_needs_a_scalar_output():
 def test_nbytes_counts_shared_storage_once():
     model = make_model(n_layers=2)
     _, cache = model.run_with_cache(TOKENS)
-    distinct = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
+    distinct = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()
+    }
     assert cache.nbytes() == sum(distinct.values())
     assert cache.nbytes() < sum(t.numel() * t.element_size() for t in cache.values())

@@ -22,7 +22,9 @@ def attached(model):
 def test_returning_none_keeps_the_activation():
     model = make_model()
     seen = []
-    out = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: seen.append(z.shape))])
+    out = model.run_with_hooks(
+        TOKENS, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: seen.append(z.shape))]
+    )
     assert seen == [(2, 6, 2, 8)]
     assert torch.equal(out, model(TOKENS))
 
@@ -50,7 +52,9 @@ def test_hook_receives_its_hook_point():
         names.append(hook.name)
         layers.append(hook.layer())
 
-    model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_resid_pre", record), ("hook_embed", record)])
+    model.run_with_hooks(
+        TOKENS, fwd_hooks=[("blocks.1.hook_resid_pre", record), ("hook_embed", record)]
+    )
     assert names == ["hook_embed", "blocks.1.hook_resid_pre"]
     assert layers == [None, 1]
 
@@ -59,7 +63,8 @@ def test_filter_function_selects_hook_points():
     model = make_model()
     names = []
     model.run_with_hooks(
-        TOKENS, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: names.append(hook.name))]
+        TOKENS,
+        fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: names.append(hook.name))],
     )
     assert names == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
 
@@ -161,7 +166,9 @@ def test_add_hook_returns_removable_handles():
 def test_unknown_hook_name_names_the_closest_valid_ones():
     model = make_model()
     with pytest.raises(KeyError, match="blocks.0.attn.hook_pattern"):
-        model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_patern", lambda x, hook: None)])
+        model.run_with_hooks(
+            TOKENS, fwd_hooks=[("blocks.0.attn.hook_patern", lambda x, hook: None)]
+        )
     assert attached(model) == []
 
 
@@ -169,9 +176,11 @@ def test_a_bad_name_late_in_the_list_attaches_nothing():
     model = make_model()
     good = ("hook_embed", lambda x, hook: None)
     bad = ("blocks.9.hook_resid_pre", lambda x, hook: None)
-    with pytest.raises(KeyError, match="blocks.9.hook_resid_pre"):
-        with model.hooks(fwd_hooks=[good, bad]):
-            pass
+    with (
+        pytest.raises(KeyError, match="blocks.9.hook_resid_pre"),
+        model.hooks(fwd_hooks=[good, bad]),
+    ):
+        pass
     assert attached(model) == []
 
 
@@ -187,7 +196,9 @@ def test_hook_returning_a_wrong_shape_names_the_hook_and_both_shapes():
     def squash(x, hook):
         return x[:, :, 0]
 
-    with pytest.raises(ValueError, match=r"squash at blocks\.0\.hook_resid_post.*\(2, 6\).*\(2, 6, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"squash at blocks\.0\.hook_resid_post.*\(2, 6\).*\(2, 6, 16\)"
+    ):
         model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_resid_post", squash)])
     assert attached(model) == []
 
@@ -239,7 +250,9 @@ def test_run_with_hooks_backward_hooks_fire_after_the_call():
     model = make_model()
     calls = []
     out = model.run_with_hooks(
-        TOKENS, return_type="loss", bwd_hooks=[("hook_embed", lambda g, hook: calls.append(hook.name))]
+        TOKENS,
+        return_type="loss",
+        bwd_hooks=[("hook_embed", lambda g, hook: calls.append(hook.name))],
     )
     assert attached(model) == []
     out.backward()

@@ -79,7 +79,9 @@ def reference_forward(model: HookedTransformer, tokens: torch.Tensor) -> torch.T
             pre = norm(x, block.ln2) @ mlp.W_in + mlp.b_in
             act = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}.get(cfg.act_fn)
             if act is None:  # gelu_new
-                act = lambda t: 0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3)))
+                act = lambda t: (
+                    0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3)))
+                )
             x = x + act(pre) @ mlp.W_out + mlp.b_out
     return norm(x, model.ln_final) @ model.unembed.W_U + model.unembed.b_U
 
@@ -102,17 +104,23 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize(
+    "overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default"
+)
 def test_forward_matches_independent_reference_float64(overrides):
     model = make_model(**overrides)
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(model(tokens), reference_forward(model, tokens), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        model(tokens), reference_forward(model, tokens), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_forward_matches_reference_float32():
     model = make_model(dtype=torch.float32)
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(model(tokens), reference_forward(model, tokens), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        model(tokens), reference_forward(model, tokens), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -221,7 +229,10 @@ def test_zero_layer_model_is_embed_norm_unembed():
     tokens = torch.randint(0, 37, (2, 5))
     _, cache = model.run_with_cache(tokens)
     assert list(cache) == [
-        "hook_embed", "hook_pos_embed", "ln_final.hook_scale", "ln_final.hook_normalized"
+        "hook_embed",
+        "hook_pos_embed",
+        "ln_final.hook_scale",
+        "ln_final.hook_normalized",
     ]
 
 

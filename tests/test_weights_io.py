@@ -15,7 +15,8 @@ def make_model(**overrides) -> HookedTransformer:
 
 
 @pytest.mark.parametrize(
-    "overrides", [{}, {"attn_only": True, "positional_embedding_type": "rotary"}, {"dtype": "float64"}]
+    "overrides",
+    [{}, {"attn_only": True, "positional_embedding_type": "rotary"}, {"dtype": "float64"}],
 )
 def test_save_then_load_rebuilds_the_same_model(tmp_path, overrides):
     model = make_model(**overrides)
