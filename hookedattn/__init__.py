@@ -18,11 +18,19 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 
 from hookedattn.cache import ActivationCache
 from hookedattn.config import HookedTransformerConfig
+from hookedattn.factored_matrix import SVD, FactoredMatrix
 from hookedattn.generation import Generated, GenerationStep, Sampling
 from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.model import HookedTransformer, LogitsAndLoss
 from hookedattn.names import get_act_name
+from hookedattn.processing import (
+    center_unembed,
+    center_writing_weights,
+    fold_layer_norm,
+    fold_value_biases,
+    process_weights,
+)
 from hookedattn.tokenization import TokenizedText
 from hookedattn.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
 from hookedattn.weights_io import CheckpointError
@@ -31,10 +39,12 @@ from hookedattn.weights_io import CheckpointError
 HookedTransformerKeyValueCache = KeyValueCache
 
 __all__ = [
+    "SVD",
     "ActivationCache",
     "ByteTokenizer",
     "CharTokenizer",
     "CheckpointError",
+    "FactoredMatrix",
     "Generated",
     "GenerationStep",
     "HFTokenizer",
@@ -50,5 +60,10 @@ __all__ = [
     "Sampling",
     "TokenizedText",
     "Tokenizer",
+    "center_unembed",
+    "center_writing_weights",
+    "fold_layer_norm",
+    "fold_value_biases",
     "get_act_name",
+    "process_weights",
 ]
