@@ -15,7 +15,7 @@ Hooks attached to the model (`with model.hooks(...)`) run at every step.
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -23,8 +23,6 @@ from torch import Tensor
 
 from hookedattn import tokenization
 from hookedattn.kv_cache import KeyValueCache
-
-ReturnType = Literal["input", "str", "tokens"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +115,7 @@ class Generated:
 
 
 def _checked_prompt(
-    model: Any, tokens: Tensor, attention_mask: Tensor | None, max_new_tokens: int
+    model: Any, tokens: Tensor, attention_mask: Tensor | None, max_new_tokens: Any
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
     tokens = model._as_tokens(tokens)
     batch, n_prompt = tokens.shape
@@ -153,10 +151,10 @@ def _checked_prompt(
 @torch.no_grad()
 def generation_steps(
     model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    tokens: Tensor,
+    attention_mask: Tensor | None = None,
     *,
-    max_new_tokens: int,
+    max_new_tokens: Any,
     sampling: Sampling = Sampling(),
     use_past_kv_cache: bool = True,
     stop_at_eos: bool = False,
@@ -197,10 +195,10 @@ def generation_steps(
 
 def generate_tokens(
     model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    tokens: Tensor,
+    attention_mask: Tensor | None = None,
     *,
-    max_new_tokens: int = 10,
+    max_new_tokens: Any = 10,
     sampling: Sampling = Sampling(),
     use_past_kv_cache: bool = True,
     stop_at_eos: bool = False,
@@ -238,8 +236,8 @@ def generate_tokens(
 
 def generate(
     model: Any,
-    input: str | list[str] | Int[Tensor, "batch pos"] | Int[Tensor, " pos"] = "",
-    max_new_tokens: int = 10,
+    input: Any = "",
+    max_new_tokens: Any = 10,
     *,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -249,8 +247,8 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     use_past_kv_cache: bool = True,
     prepend_bos: bool | None = None,
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
-    return_type: ReturnType = "input",
+    attention_mask: Tensor | None = None,
+    return_type: str = "input",
     generator: torch.Generator | None = None,
 ) -> Any:
     """`HookedTransformer.generate`: continue a prompt by `max_new_tokens` tokens."""

@@ -182,9 +182,9 @@ class HookedTransformer(HookedRootModule):
     # ------------------------------------------------------------------ text in, text out
     def tokenize(
         self,
-        input: str | list[str],
+        input: Any,
         prepend_bos: bool | None = None,
-        padding_side: tokenization.PaddingSide = "right",
+        padding_side: str = "right",
     ) -> tokenization.TokenizedText:
         """Token ids and attention mask `[batch pos]` of a string or a list of strings.
 
@@ -196,9 +196,9 @@ class HookedTransformer(HookedRootModule):
 
     def to_tokens(
         self,
-        input: str | list[str],
+        input: Any,
         prepend_bos: bool | None = None,
-        padding_side: tokenization.PaddingSide = "right",
+        padding_side: str = "right",
     ) -> Int[Tensor, "batch pos"]:
         """Token ids `[batch pos]` of a string or a list of strings, padded on `padding_side`.
 
@@ -217,23 +217,21 @@ class HookedTransformer(HookedRootModule):
         """The text of `[pos]` token ids (a string) or of `[batch pos]` (one per row)."""
         return tokenization.to_string(self, tokens)
 
-    def to_single_token(self, string: str) -> int:
+    def to_single_token(self, string: Any) -> int:
         """The id of a string that is exactly one token."""
         return tokenization.to_single_token(self, string)
 
     def get_token_position(
         self,
-        single_token: str | int,
-        input: str | Tensor | list[int],
+        single_token: Any,
+        input: Any,
         mode: str = "first",
         prepend_bos: bool | None = None,
     ) -> int:
         """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
         return tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
-    def generate(
-        self, input: str | list[str] | Tensor = "", max_new_tokens: int = 10, **kwargs: Any
-    ) -> Any:
+    def generate(self, input: Any = "", max_new_tokens: Any = 10, **kwargs: Any) -> Any:
         """Continue a prompt token by token, with a KV cache (`hookedattn.generation`).
 
         Keywords: `do_sample=False` (greedy; TransformerLens samples by default),

@@ -9,16 +9,13 @@ so every real token of a padded batch gets the result it would get alone.
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.tokenizers import Tokenizer, as_tokenizer
-
-PaddingSide = Literal["right", "left"]
-Text = str | list[str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +61,9 @@ def _bos(tokenizer: Tokenizer, prepend_bos: bool | None) -> list[int]:
 
 def tokenize(
     model: Any,
-    text: Text,
+    text: Any,
     prepend_bos: bool | None = None,
-    padding_side: PaddingSide = "right",
+    padding_side: str = "right",
 ) -> TokenizedText:
     """Token ids and attention mask of a string or a batch of strings, padded to one length.
 
@@ -110,7 +107,7 @@ def _check_vocab(model: Any, tokenizer: Tokenizer, rows: list[list[int]]) -> Non
 
 
 def text_input(
-    model: Any, text: Text, attention_mask: Tensor | None, continuing: bool
+    model: Any, text: Any, attention_mask: Any, continuing: bool
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"] | None]:
     """Tokens and mask for strings passed to the forward (right-padded).
 
@@ -173,9 +170,7 @@ def to_str_tokens(
     return [tokenizer.str_token(t) for t in _token_row(input)]
 
 
-def to_string(
-    model: Any, tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"] | list[int]
-) -> str | list[str]:
+def to_string(model: Any, tokens: Any) -> str | list[str]:
     """The text of token ids: a string for `[pos]` (or a list of ints), one per row for
     `[batch pos]`. Special tokens are written by name, as TransformerLens does."""
     tokenizer = tokenizer_of(model)
@@ -186,7 +181,7 @@ def to_string(
     return tokenizer.decode(_token_row(tokens))
 
 
-def to_single_token(model: Any, string: str) -> int:
+def to_single_token(model: Any, string: Any) -> int:
     """The id of a string that is exactly one token; a `ValueError` shows its tokens if not."""
     tokenizer = tokenizer_of(model)
     ids = tokenizer.encode(string)
@@ -198,9 +193,9 @@ def to_single_token(model: Any, string: str) -> int:
 
 def get_token_position(
     model: Any,
-    single_token: str | int,
-    input: str | Tensor | list[int],
-    mode: Literal["first", "last"] = "first",
+    single_token: Any,
+    input: Any,
+    mode: str = "first",
     prepend_bos: bool | None = None,
 ) -> int:
     """The position of `single_token` in `input` (a string, tokenized with `prepend_bos`,
