@@ -1,0 +1,92 @@
+"""Rules of the project that code review alone would let slip."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hookedattn", "analysis")
+
+
+def python_files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("path", python_files("hookedattn"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_hookedattn_never_imports_analysis(path):
+    assert "analysis" not in imported_modules(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    python_files("hookedattn", "analysis", "scripts"),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_nothing_imports_scripts_or_tests(path):
+    assert not imported_modules(path) & {"scripts", "tests"}
+
+
+@pytest.mark.parametrize("path", python_files(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_postponed_annotations(path):
+    # `from __future__ import annotations` turns annotations into strings, which defeats
+    # jaxtyping's runtime shape checks.
+    assert "from __future__ import annotations" not in path.read_text()
+
+
+# Overrides of torch.nn.Module methods, documented by the class and by torch.
+INHERITED = {"forward", "extra_repr"}
+
+
+def public_definitions_without_docstring(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    missing = []
+
+    def visit(node, prefix=""):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                public = not child.name.startswith("_") and not (prefix and child.name in INHERITED)
+                if public and ast.get_docstring(child) is None:
+                    missing.append(f"{prefix}{child.name}")
+                if isinstance(child, ast.ClassDef) and public:
+                    visit(child, prefix=f"{child.name}.")
+
+    visit(tree)
+    return missing
+
+
+@pytest.mark.parametrize("path", python_files(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_public_function_and_class_has_a_docstring(path):
+    assert public_definitions_without_docstring(path) == []
+
+
+def test_readme_hook_names_are_generated_from_the_code():
+    generated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "hook_names.py")],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- hook-names:start -->")[1].split("<!-- hook-names:end -->")[0]
+    assert section.strip() == generated, "run: python scripts/hook_names.py --write-readme"
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart")[1].split("```bash")[1].split("```")[0]
+    commands = [line for line in quickstart.strip().splitlines() if line.strip()]
+    assert len(commands) == 2
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
+    assert "-c constraints.txt" in commands[0]
