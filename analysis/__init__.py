@@ -4,4 +4,48 @@ Pure functions of `(model, cache)`: they never mutate their inputs, never attach
 their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
-__all__: list[str] = []
+from analysis.attribution import LogitAttribution, direct_logit_attribution
+from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.head_detectors import (
+    HeadScores,
+    detect_head,
+    duplicate_token_scores,
+    induction_scores,
+    prev_token_scores,
+)
+from analysis.head_results import SourceContributions, head_results, head_source_contributions
+from analysis.logit_lens import LogitLens, logit_lens
+from analysis.normalization import apply_ln_to_stack
+from analysis.pattern_ablation import (
+    frozen_pattern_hooks,
+    pattern_preserving_ablation,
+    pattern_preserving_hooks,
+)
+from analysis.resid_stack import AccumulatedResid, Decomposition, DecompositionError
+from analysis.tables import Table
+
+__all__: list[str] = [
+    # issue 5: decomposition, attribution, head detectors
+    "AccumulatedResid",
+    "Decomposition",
+    "DecompositionError",
+    "HeadScores",
+    "LogitAttribution",
+    "LogitLens",
+    "SourceContributions",
+    "Table",
+    "accumulated_resid",
+    "apply_ln_to_stack",
+    "decompose_resid",
+    "detect_head",
+    "direct_logit_attribution",
+    "duplicate_token_scores",
+    "frozen_pattern_hooks",
+    "head_results",
+    "head_source_contributions",
+    "induction_scores",
+    "logit_lens",
+    "pattern_preserving_ablation",
+    "pattern_preserving_hooks",
+    "prev_token_scores",
+]

@@ -1,0 +1,152 @@
+"""The residual stream as a sum of what every earlier part of the model wrote into it.
+
+    resid_pre[L] = embed + pos_embed + Σ_{l<L} (attn_out[l] + mlp_out[l])
+    attn_out[l]  = Σ_h result_{l,h} + b_O[l]
+    mlp_out[l]   = Σ_n post_{l,n} · W_out[l][n] + b_out[l]
+
+`decompose_resid` returns those terms at the granularity asked for, labelled, so that
+they add up to the cached stream (to float rounding: `check=True` verifies it);
+`accumulated_resid` returns the stream itself at each point up to one.
+"""
+
+import torch
+from einops import einsum, rearrange
+from jaxtyping import Float
+from torch import Tensor
+
+from analysis._reading import activation, head_label, neuron_label, weight
+from analysis.head_results import head_results
+from analysis.resid_stack import AccumulatedResid, Decomposition, check_sums_to
+from hookedattn.cache import ActivationCache
+from hookedattn.model import HookedTransformer
+from hookedattn.names import get_act_name
+
+GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron")
+_Parts = list[tuple[tuple[str, ...], Float[Tensor, "component batch pos d_model"]]]
+
+
+def resolve_point(model: HookedTransformer, layer: int | None, site: str) -> tuple[str, int]:
+    """`(site, layer)` of a residual-stream point, with the final stream as `resid_post`
+    of the last block (`layer=None`, or `resid_pre` of `n_layers`, as in TransformerLens).
+    """
+    n_layers = model.cfg.n_layers
+    if n_layers == 0:
+        raise ValueError("a model with 0 layers has no residual stream hook points")
+    if site not in ("resid_pre", "resid_mid", "resid_post"):
+        raise ValueError(f"site must be 'resid_pre', 'resid_mid' or 'resid_post', got {site!r}")
+    if layer is None or (site == "resid_pre" and layer == n_layers):
+        if site == "resid_mid":
+            raise ValueError("resid_mid lives inside a block: give its layer")
+        return "resid_post", n_layers - 1
+    if not isinstance(layer, int) or isinstance(layer, bool) or not -n_layers <= layer < n_layers:
+        extra = f" (or {n_layers}, the final stream, for resid_pre)" if site == "resid_pre" else ""
+        raise ValueError(f"layer must be an int in 0..{n_layers - 1}{extra}, got {layer!r}")
+    if site == "resid_mid" and model.cfg.attn_only:
+        raise ValueError("an attention-only model has no resid_mid: its blocks have no MLP")
+    return site, layer % n_layers
+
+
+def _broadcast(
+    bias: Float[Tensor, " d_model"], like: Float[Tensor, "batch pos d_model"]
+) -> Float[Tensor, "1 batch pos d_model"]:
+    return torch.broadcast_to(weight(bias, like), like.shape)[None]
+
+
+def _attn_parts(
+    model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
+) -> _Parts:
+    if granularity == "sublayer":
+        return [((f"L{layer}_attn",), activation(cache, ("attn_out", layer))[None])]
+    results = head_results(model, cache, layer)
+    heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
+    labels = tuple(head_label(layer, h) for h in range(heads.shape[0]))
+    bias = _broadcast(model.blocks[layer].attn.b_O, heads[0])
+    return [(labels, heads), ((f"L{layer}_attn_bias",), bias)]
+
+
+def _mlp_parts(
+    model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
+) -> _Parts:
+    if granularity != "neuron":
+        return [((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]
+    post = activation(cache, ("post", layer))
+    mlp = model.blocks[layer].mlp
+    neurons = einsum(
+        post, weight(mlp.W_out, post), "batch pos d_mlp, d_mlp d_model -> d_mlp batch pos d_model"
+    )
+    labels = tuple(neuron_label(layer, n) for n in range(neurons.shape[0]))
+    return [(labels, neurons), ((f"L{layer}_mlp_bias",), _broadcast(mlp.b_out, neurons[0]))]
+
+
+def decompose_resid(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int | None = None,
+    site: str = "resid_pre",
+    granularity: str = "sublayer",
+    *,
+    check: bool = False,
+) -> Decomposition:
+    """The residual stream at one point as the labelled sum of what wrote into it.
+
+    The point is `(site, layer)`: `resid_pre` of block `layer` (the default; `layer =
+    n_layers` is the final stream), `resid_mid` or `resid_post` of it; `layer=None` is the
+    final stream, the one `ln_final` reads. `granularity`:
+
+    - `"sublayer"`: `embed`, `pos_embed`, `L0_attn`, `L0_mlp`, ... (the cached
+      `attn_out`/`mlp_out`, biases included);
+    - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart;
+    - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart.
+
+    `pos_embed` is there for models with learned positions only. With `check=True` the
+    sum is compared with the cached stream, and a `DecompositionError` names the largest
+    error if it is beyond the dtype's rounding.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    site, layer = resolve_point(model, layer, site)
+    parts: _Parts = [(("embed",), activation(cache, "embed")[None])]
+    if model.cfg.positional_embedding_type == "standard":
+        parts.append((("pos_embed",), activation(cache, "pos_embed")[None]))
+    n_whole = layer + 1 if site == "resid_post" else layer
+    for block in range(n_whole):
+        parts += _attn_parts(model, cache, block, granularity)
+        if model.cfg.has_mlp:
+            parts += _mlp_parts(model, cache, block, granularity)
+    if site == "resid_mid":
+        parts += _attn_parts(model, cache, layer, granularity)
+    labels = tuple(label for part_labels, _ in parts for label in part_labels)
+    components = torch.cat([tensor for _, tensor in parts])
+    if check:
+        target = activation(cache, get_act_name(site, layer))
+        check_sums_to(components, target, f"the decomposition of {get_act_name(site, layer)}")
+    return Decomposition(components, labels, site, layer)
+
+
+def accumulated_resid(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int | None = None,
+    *,
+    incl_mid: bool = False,
+) -> AccumulatedResid:
+    """The residual stream at each block boundary up to `resid_pre` of `layer`.
+
+    Entries `L0_resid_pre`, `L1_resid_pre`, ..., and `final` (the stream `ln_final`
+    reads) when `layer` is None or `n_layers`; with `incl_mid`, each block's
+    `L{l}_resid_mid` between them. The entries are the cached streams themselves.
+    """
+    n_layers = model.cfg.n_layers
+    site, last = resolve_point(model, layer, "resid_pre")
+    stop = n_layers if site == "resid_post" else last
+    keys: list[tuple[str, tuple[str, int]]] = []
+    for block in range(stop):
+        keys.append((f"L{block}_resid_pre", ("resid_pre", block)))
+        if incl_mid and model.cfg.has_mlp:
+            keys.append((f"L{block}_resid_mid", ("resid_mid", block)))
+    if site == "resid_post":
+        keys.append(("final", ("resid_post", n_layers - 1)))
+    else:
+        keys.append((f"L{stop}_resid_pre", ("resid_pre", stop)))
+    streams = torch.stack([activation(cache, key) for _, key in keys])
+    return AccumulatedResid(streams, tuple(label for label, _ in keys), site, last)

@@ -1,0 +1,192 @@
+"""What each attention head writes into the residual stream, and from which source position.
+
+A layer's attention output is a sum over heads, and each head's write is a sum over the
+source positions it attends to (the seed worklog's
+`residual["sat"] = x_in["sat"] + Σ_j A[sat, j] x_in[j] W_OV`):
+
+    attn_out[dest]        = Σ_h result_h[dest] + b_O
+    result_h[dest]        = z_h[dest] @ W_O[h]
+                          = Σ_src A_h[dest, src] · (x[src] @ W_V[h] + b_V[h]) @ W_O[h]
+
+where `x` is the value input, the layer's `ln1`-normalised stream (`hook_v` is
+`x @ W_V[h] + b_V[h]`, bias included). Because each pattern row sums to one, `b_V[h] @ W_O[h]`
+is written once per head whatever the pattern; it flows through the head, and is part of
+its result, unlike `b_O`, which belongs to no head.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+from einops import einsum, rearrange, reduce
+from jaxtyping import Float
+from torch import Tensor
+
+from analysis._reading import activation, head_label, parse_head, weight
+from analysis.normalization import NormSite, normalize
+from analysis.tables import Table
+from hookedattn.cache import ActivationCache
+from hookedattn.model import HookedTransformer
+
+
+def _layer(model: HookedTransformer, layer: int) -> int:
+    n_layers = model.cfg.n_layers
+    if not isinstance(layer, int) or isinstance(layer, bool) or not -n_layers <= layer < n_layers:
+        raise ValueError(f"layer must be an int in 0..{n_layers - 1} (or negative), got {layer!r}")
+    return layer % n_layers
+
+
+def head_results(
+    model: HookedTransformer, cache: ActivationCache, layer: int
+) -> Float[Tensor, "batch pos head d_model"]:
+    """Each head's write into the residual stream, `z_h @ W_O[h]`, at one layer.
+
+    Read from `hook_result` when the cache has it (models built with `use_attn_result`),
+    computed from `hook_z` otherwise. Summed over heads, plus `b_O`, it is `attn_out`.
+    """
+    layer = _layer(model, layer)
+    if ("result", layer) in cache:
+        return activation(cache, ("result", layer))
+    if ("z", layer) not in cache:
+        raise KeyError(
+            f"head_results of layer {layer} needs blocks.{layer}.attn.hook_result or "
+            f"blocks.{layer}.attn.hook_z in the cache; neither is there (was a "
+            f"names_filter used?)"
+        )
+    z = activation(cache, ("z", layer))
+    W_O = weight(model.blocks[layer].attn.W_O, z)
+    return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+
+
+def head_values(
+    model: HookedTransformer, cache: ActivationCache, layer: int
+) -> Float[Tensor, "batch pos head d_head"]:
+    """The values `x @ W_V[h] + b_V[h]` of one layer: `hook_v` if cached, else recomputed.
+
+    Recomputed from the cached `resid_pre` through the block's `ln1` (the value input of
+    an unpatched forward); when the cache has `hook_v`, that is what the model used.
+    """
+    layer = _layer(model, layer)
+    if ("v", layer) in cache:
+        return activation(cache, ("v", layer))
+    x = normalize(model, NormSite("ln1", layer), activation(cache, ("resid_pre", layer)))
+    attn = model.blocks[layer].attn
+    v = einsum(
+        x, weight(attn.W_V, x), "batch pos d_model, head d_model d_head -> batch pos head d_head"
+    )
+    return v + weight(attn.b_V, x)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SourceContributions:
+    """What each head of one layer moved from each source position to each destination.
+
+    `contributions[b, h, i, j]` is `A_h[dest, src] · v_h[src] @ W_O[h]` for destination
+    `query_positions[i]` and source `j`; summed over sources it is the head's result
+    (`sum_sources()` equals `head_results` at those positions). `pattern` holds the
+    attention weights `A_h[dest, src]` alongside.
+    """
+
+    contributions: Float[Tensor, "batch head query_pos key_pos d_model"]
+    pattern: Float[Tensor, "batch head query_pos key_pos"]
+    layer: int
+    query_positions: tuple[int, ...]
+
+    def __getitem__(self, head: str | int) -> Float[Tensor, "batch query_pos key_pos d_model"]:
+        """One head's contributions, by label (`"L1H2"`) or by head index."""
+        if isinstance(head, str):
+            layer, index = parse_head(head, self.layer + 1, self.contributions.shape[1])
+            if layer != self.layer:
+                raise KeyError(f"{head!r} is not in layer {self.layer}")
+            head = index
+        return self.contributions[:, head]
+
+    def sum_sources(self) -> Float[Tensor, "batch query_pos head d_model"]:
+        """Each head's result at the destination positions (the sum over sources)."""
+        return reduce(
+            self.contributions,
+            "batch head query_pos key_pos d_model -> batch query_pos head d_model",
+            "sum",
+        )
+
+    def top(self, k: int = 10, batch: int = 0, query_pos: int | None = None) -> Table:
+        """The `k` (head, source) pairs that wrote the most (by norm) into one destination."""
+        dest = self.query_positions[-1] if query_pos is None else query_pos
+        if dest not in self.query_positions:
+            raise ValueError(
+                f"destination {dest} was not computed; available: {self.query_positions}"
+            )
+        i = self.query_positions.index(dest)
+        norms = self.contributions[batch, :, i].norm(dim=-1)  # [head key_pos]
+        weights = self.pattern[batch, :, i]
+        order = norms.flatten().argsort(descending=True)[:k].tolist()
+        n_src = norms.shape[1]
+        rows = tuple(
+            (
+                head_label(self.layer, j // n_src),
+                j % n_src,
+                float(weights.flatten()[j]),
+                float(norms.flatten()[j]),
+            )
+            for j in order
+        )
+        title = f"top {k} writes into pos {dest} (batch {batch}) by layer {self.layer} heads"
+        return Table(("head", "src", "attention", "norm"), rows, title)
+
+    def __repr__(self) -> str:
+        batch, heads, _, n_src, d_model = self.contributions.shape
+        return (
+            f"SourceContributions(layer {self.layer}, {heads} heads, destinations "
+            f"{list(self.query_positions)}, {n_src} sources, batch={batch}, d_model={d_model})"
+        )
+
+
+def head_source_contributions(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int,
+    query_pos: int | Sequence[int] | None = None,
+    *,
+    max_elements: int = 2**28,
+) -> SourceContributions:
+    """Per head, per source position: what one layer moved into the destination(s).
+
+    `query_pos` is one destination, a list of them, or None for all (a
+    `[batch head query_pos key_pos d_model]` tensor, refused beyond `max_elements`).
+    Needs `hook_pattern` and either `hook_v` or `hook_resid_pre` of the layer.
+    """
+    layer = _layer(model, layer)
+    pattern = activation(cache, ("pattern", layer))
+    v = head_values(model, cache, layer)
+    n_query, n_key = pattern.shape[-2:]
+    if v.shape[1] != n_key:
+        raise ValueError(
+            f"the pattern of layer {layer} has {n_key} key positions but the values have "
+            f"{v.shape[1]} (a cache made with pos_slice or a KV cache cannot be decomposed)"
+        )
+    positions = _positions(query_pos, n_query)
+    pattern = pattern[:, :, list(positions)]
+    size = pattern.numel() * model.cfg.d_model
+    if size > max_elements:
+        raise ValueError(
+            f"{size:,} elements (batch × head × query_pos × key_pos × d_model) exceed "
+            f"max_elements={max_elements:,}; ask for fewer destinations with query_pos="
+        )
+    written = einsum(
+        v,
+        weight(model.blocks[layer].attn.W_O, v),
+        "batch key_pos head d_head, head d_head d_model -> batch head key_pos d_model",
+    )
+    contributions = rearrange(pattern, "batch head q k -> batch head q k 1") * rearrange(
+        written, "batch head k d_model -> batch head 1 k d_model"
+    )
+    return SourceContributions(contributions, pattern, layer, positions)
+
+
+def _positions(query_pos: int | Sequence[int] | None, n: int) -> tuple[int, ...]:
+    if query_pos is None:
+        return tuple(range(n))
+    chosen = [query_pos] if isinstance(query_pos, int) else list(query_pos)
+    for p in chosen:
+        if not isinstance(p, int) or isinstance(p, bool) or not -n <= p < n:
+            raise ValueError(f"query_pos {p!r} is out of range for {n} positions")
+    return tuple(p % n for p in chosen)
