@@ -5,6 +5,9 @@ their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
 from analysis.attribution import LogitAttribution, direct_logit_attribution
+from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
+from analysis.composition import CompositionScores, composition_scores
+from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
 from analysis.head_detectors import (
     HeadScores,
@@ -23,6 +26,7 @@ from analysis.pattern_ablation import (
 )
 from analysis.resid_stack import AccumulatedResid, Decomposition, DecompositionError
 from analysis.tables import Table
+from hookedattn.factored_matrix import SVD, FactoredMatrix
 
 __all__: list[str] = [
     # issue 5: decomposition, attribution, head detectors
@@ -48,4 +52,18 @@ __all__: list[str] = [
     "pattern_preserving_ablation",
     "pattern_preserving_hooks",
     "prev_token_scores",
+]
+
+# issue 4: circuits, composition, copying
+__all__ += [
+    "SVD",
+    "CompositionScores",
+    "CopyingScores",
+    "FactoredMatrix",
+    "composition_scores",
+    "copying_scores",
+    "full_ov_circuit",
+    "full_qk_circuit",
+    "ov_circuit",
+    "qk_circuit",
 ]

@@ -1,0 +1,138 @@
+"""Composition scores between heads (Elhage et al. 2021, "Analyzing a Two-Layer Model").
+
+An earlier head writes `x @ OV_1` into the residual stream; a later head can read that
+write with its queries, its keys or its values. In the paper's column-vector notation
+(`W_OV = W_O W_V`, `W_QK = W_Q^T W_K`, scores `x_q^T W_QK x_k`) the three compositions are
+
+    Q-composition   ||W_QK^2T W_OV^1||_F / (||W_QK^2T||_F ||W_OV^1||_F)
+    K-composition   ||W_QK^2  W_OV^1||_F / (||W_QK^2||_F  ||W_OV^1||_F)
+    V-composition   ||W_OV^2  W_OV^1||_F / (||W_OV^2||_F  ||W_OV^1||_F)
+
+In this package's row-vector notation (`OV = W_V @ W_O`, `QK = W_Q @ W_K.T`, scores
+`x_q @ QK @ x_k.T`) the products are the transposes, with the same norms:
+
+    Q: OV_1 @ QK_2     (head 1's output as head 2's query: (y OV_1) QK_2 x_k^T)
+    K: OV_1 @ QK_2.T   (head 1's output as head 2's key:   x_q QK_2 (y OV_1)^T)
+    V: OV_1 @ OV_2     (head 1's output as head 2's value: (y OV_1) OV_2)
+
+These are also TransformerLens's `all_composition_scores`. Each is computed from the
+factors, `OV_1 = A_1 B_1` and the later matrix `A_2 B_2`: with `A_1 = Q_1 R_1` and
+`B_2^T = Q_2 R_2` (QR), `||A_1 B_1 A_2 B_2||_F = ||R_1 B_1 A_2 R_2^T||_F`, a
+`d_head x d_head` matrix per pair of heads, never a `d_model x d_model` one. Biases and norms
+are not part of the circuits: run `hookedattn.process_weights` first so that the norms'
+gains are in the weights.
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from hookedattn.model import HookedTransformer
+
+Kind = Literal["Q", "K", "V"]
+KINDS: tuple[str, ...] = ("Q", "K", "V")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompositionScores:
+    """Scores `[layer head layer head]`: entry `[l1, h1, l2, h2]` is how much head `(l2, h2)`
+    reads (through `kind`) what head `(l1, h1)` writes; zero unless `l1 < l2`.
+
+    `baseline` is the mean score of random matrices of the same shapes and `baseline_std`
+    its standard deviation (seeded Monte Carlo, `n_samples` draws, see
+    `composition_scores`): scores several `baseline_std` above `baseline` are compositions
+    that random weights would not show.
+    """
+
+    kind: str
+    scores: Float[Tensor, "layer head layer head"]
+    baseline: float
+    baseline_std: float
+    n_samples: int
+
+    def __repr__(self) -> str:
+        shape = " ".join(str(n) for n in self.scores.shape)
+        return (
+            f"CompositionScores(kind={self.kind!r}, scores=[{shape}], "
+            f"max={float(self.scores.max()):.4f}, "
+            f"baseline={self.baseline:.4f}±{self.baseline_std:.4f})"
+        )
+
+
+def composition_scores(
+    model: "HookedTransformer", kind: Kind, *, n_samples: int = 256, seed: int = 0
+) -> CompositionScores:
+    """Q-, K- or V-composition of every earlier head with every later head (module doc).
+
+    The baseline is a seeded Monte-Carlo estimate, not an analytic one: for random
+    Gaussian `W_V, W_O, W_Q, W_K` of this model's shapes the mean *square* score is exactly
+    `1 / d_model` (the product of two independently rotated matrices), but the mean score,
+    and its spread, which is what tells a significant score from noise, depend on
+    `d_head` and have no simple closed form. The three kinds share one baseline (their
+    random matrices have the same distribution). `seed` seeds a private RNG state: the
+    global torch RNG is left as it was.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
+    with torch.no_grad():  # scores of the weights, not a graph through them
+        A_1, B_1 = _upcast(model.W_V), _upcast(model.W_O)
+        A_2, B_2 = _later_factors(model, kind)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    scores = A_1.new_zeros(n_layers, n_heads, n_layers, n_heads)
+    for layer in range(n_layers - 1):
+        later = slice(layer + 1, None)
+        earlier = (A_1[layer, :, None, None], B_1[layer, :, None, None])  # [head 1 1 ...]
+        scores[layer, :, later] = _scores(*earlier, A_2[None, later], B_2[None, later])
+    mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
+    return CompositionScores(kind, scores.to(model.W_V.dtype), mean, std, n_samples)
+
+
+def _later_factors(
+    model: "HookedTransformer", kind: str
+) -> tuple[Float[Tensor, "layer head d_model d_head"], Float[Tensor, "layer head d_head d_model"]]:
+    """Factors `A_2, B_2` of the later head's matrix: QK, QK.T or OV."""
+    if kind == "Q":
+        return _upcast(model.W_Q), _upcast(model.W_K).mT
+    if kind == "K":
+        return _upcast(model.W_K), _upcast(model.W_Q).mT
+    return _upcast(model.W_V), _upcast(model.W_O)
+
+
+def _scores(
+    A_1: Float[Tensor, "*lead_1 d_model d_head"],
+    B_1: Float[Tensor, "*lead_1 d_head d_model"],
+    A_2: Float[Tensor, "*lead_2 d_model d_head"],
+    B_2: Float[Tensor, "*lead_2 d_head d_model"],
+) -> Tensor:
+    """`||A_1 B_1 A_2 B_2|| / (||A_1 B_1|| ||A_2 B_2||)`, leading dims broadcast, from factors.
+
+    With `A_1 = Q_1 R_1` and `B_2^T = Q_2 R_2`, `||A_1 X|| = ||R_1 X||` and `||X B_2|| =
+    ||X R_2^T||`: every norm is of a matrix with `d_head` rows or columns.
+    """
+    R_1 = torch.linalg.qr(A_1, mode="r").R
+    R_2 = torch.linalg.qr(B_2.mT, mode="r").R
+    written = R_1 @ B_1  # [... d_head d_model]: what the earlier head can write
+    read = A_2 @ R_2.mT  # [... d_model d_head]: what the later head reads
+    product = torch.linalg.matrix_norm(written @ read)
+    return product / (torch.linalg.matrix_norm(written) * torch.linalg.matrix_norm(read))
+
+
+def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int) -> tuple[float, float]:
+    """Mean and standard deviation of the score of independent Gaussian factors."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model)]
+        A_1, B_1, A_2, B_2 = (torch.randn(n_samples, *s, dtype=torch.float64) for s in shapes)
+    scores = _scores(A_1, B_1, A_2, B_2)
+    return float(scores.mean()), float(scores.std())
+
+
+def _upcast(x: Tensor) -> Tensor:
+    # QR has no 16-bit kernels.
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -1,0 +1,167 @@
+"""Copying and eigenvalue scores (Elhage et al. 2021, "Detecting Copying Behavior").
+
+A head copies when attending to a token raises the logit of that same token: its full OV
+circuit `W_E @ OV @ W_U` (source token x output logit) then has mostly positive
+eigenvalues. The paper's summary of the spectrum is
+
+    score = sum(eigenvalues) / sum(|eigenvalues|)    in [-1, 1]
+
+1 for a head whose full circuit is positive (the identity on token space), -1 for minus
+the identity. The same summary of the full QK circuit `W_E @ QK @ W_E.T` says whether a
+query token attends to keys of the same token (positive) or avoids them (negative).
+
+The full circuits are `d_vocab x d_vocab`, but a product `A @ B` and `B @ A` share their
+nonzero eigenvalues, so the score is computed from a `d_head x d_head` matrix per head:
+
+    OV: (W_O W_U)(W_E W_V) = W_O (W_U W_E) W_V
+    QK: (W_K^T W_E^T)(W_E W_Q) = W_K^T (W_E^T W_E) W_Q
+
+`W_U W_E` (or `W_E^T W_E`) is `d_model x d_model` and computed once. As in the paper (and
+TransformerLens), biases and norms are not part of the circuit: run
+`hookedattn.process_weights` first to put the norms' gains and centring into the
+weights (the norms' scale, a positive number, does not change the score).
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from hookedattn.model import HookedTransformer
+
+Circuit = Literal["OV", "QK"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyingScores:
+    """Per-head `sum(eigenvalues) / sum(|eigenvalues|)` of a full circuit, `[layer head]`.
+
+    `baseline` is the expected score of random matrices of the same shapes, exactly 0
+    (negating `W_O`, or `W_K`, negates the score and leaves the distribution unchanged);
+    `baseline_std` is its standard deviation over `n_samples` seeded draws, the scale on
+    which a score is large. A head whose spectrum is all zero scores NaN.
+    """
+
+    circuit: str
+    scores: Float[Tensor, "layer head"]
+    baseline: float
+    baseline_std: float
+    n_samples: int
+
+    def __repr__(self) -> str:
+        shape = " ".join(str(n) for n in self.scores.shape)
+        return (
+            f"CopyingScores(circuit={self.circuit!r}, scores=[{shape}], "
+            f"baseline={self.baseline:.1f}±{self.baseline_std:.4f})"
+        )
+
+
+def copying_scores(
+    model: "HookedTransformer", circuit: Circuit = "OV", *, n_samples: int = 128, seed: int = 0
+) -> CopyingScores:
+    """The copying score of every head's full OV circuit, or the same score of its full QK.
+
+    The baseline spread is a seeded Monte-Carlo estimate over Gaussian `W_E, W_U, W_V,
+    W_O` (`W_Q, W_K`) of this model's shapes, each draw sampled exactly but without a
+    `d_vocab`-sized matrix: `W_E = O T` (QR) with `T` the Bartlett factor of the Wishart
+    matrix `W_E^T W_E`, and `W_U O` is again Gaussian, so `W_U W_E ~ G T` and
+    `W_E^T W_E = T^T T` with `T` a `d_model x d_model` triangular matrix. `seed` seeds a
+    private RNG state: the global torch RNG is left as it was.
+    """
+    if circuit not in ("OV", "QK"):
+        raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
+    if circuit == "OV" and model.cfg.d_vocab != model.cfg.d_vocab_out:
+        raise ValueError(
+            f"the full OV circuit is square only when d_vocab == d_vocab_out; this model has "
+            f"d_vocab={model.cfg.d_vocab}, d_vocab_out={model.cfg.d_vocab_out}"
+        )
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
+    with torch.no_grad():  # scores of the weights, not a graph through them
+        small = _small_matrices(model, circuit)
+        scores = _eigenvalue_score(small).to(model.W_E.dtype)
+    std = _random_std(
+        circuit, model.cfg.d_vocab, model.cfg.d_model, model.cfg.d_head, n_samples, seed
+    )
+    return CopyingScores(circuit, scores, 0.0, std, n_samples)
+
+
+def _small_matrices(
+    model: "HookedTransformer", circuit: str
+) -> Float[Tensor, "layer head d_head d_head"]:
+    """`B @ A` of each head's full circuit `A @ B`: same nonzero spectrum, `d_head` square."""
+    W_E = _upcast(model.W_E)
+    if circuit == "OV":
+        middle = _upcast(model.W_U) @ W_E
+        left, right = _upcast(model.W_O), _upcast(model.W_V)
+    else:
+        middle = W_E.mT @ W_E
+        left, right = _upcast(model.W_K).mT, _upcast(model.W_Q)
+    return einsum(
+        left,
+        middle,
+        right,
+        "layer head d_head_l d_model_l, d_model_l d_model_r, layer head d_model_r d_head_r "
+        "-> layer head d_head_l d_head_r",
+    )
+
+
+def _eigenvalue_score(small: Float[Tensor, "*batch n n"]) -> Float[Tensor, "*batch"]:
+    """`sum(eig) / sum(|eig|)`; the numerator is the trace, which is real and exact."""
+    eigenvalues = torch.linalg.eigvals(small)
+    return small.diagonal(dim1=-2, dim2=-1).sum(-1) / eigenvalues.abs().sum(-1)
+
+
+def _random_std(
+    circuit: str, d_vocab: int, d_model: int, d_head: int, n_samples: int, seed: int
+) -> float:
+    """Standard deviation of the score over random Gaussian weights of these shapes."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        scores = [
+            _random_scores(circuit, d_vocab, d_model, d_head, min(_CHUNK, n_samples - start))
+            for start in range(0, n_samples, _CHUNK)
+        ]
+    return float(torch.cat(scores).std())
+
+
+def _random_scores(
+    circuit: str, d_vocab: int, d_model: int, d_head: int, n: int
+) -> Float[Tensor, " sample"]:
+    """Scores of `n` heads with Gaussian weights, through `d_model`-sized matrices only."""
+    gaussian = lambda *shape: torch.randn(n, *shape, dtype=torch.float64)
+    T = _wishart_factor(d_vocab, d_model, n)  # W_E ~ O T
+    if circuit == "OV":  # W_O (W_U W_E) W_V ~ W_O G T W_V
+        G = gaussian(d_model, T.shape[-2])
+        small = gaussian(d_head, d_model) @ G @ (T @ gaussian(d_model, d_head))
+    else:  # W_K^T (W_E^T W_E) W_Q ~ (T W_K)^T (T W_Q)
+        small = (T @ gaussian(d_model, d_head)).mT @ (T @ gaussian(d_model, d_head))
+    return _eigenvalue_score(small)
+
+
+_CHUNK = 16  # draws at a time: bounds memory at 16 d_model x d_model matrices
+
+
+def _wishart_factor(n_dof: int, dim: int, n_samples: int) -> Float[Tensor, "sample rows dim"]:
+    """`T` with `T^T T` distributed as `Z^T Z` for a Gaussian `Z: [n_dof dim]`.
+
+    For `n_dof >= dim`, Bartlett's decomposition: upper triangular, `T_ii^2 ~
+    chi^2(n_dof - i)` (0-based `i`) and standard normal entries above the diagonal; it is
+    the `R` of the QR decomposition `Z = O R`, independent of the Haar-distributed `O`.
+    For `n_dof < dim`, `Z` itself (it is then the smaller of the two).
+    """
+    if n_dof < dim:
+        return torch.randn(n_samples, n_dof, dim, dtype=torch.float64)
+    dof = torch.arange(n_dof, n_dof - dim, -1, dtype=torch.float64)
+    diagonal = torch.distributions.Chi2(dof).sample((n_samples,)).sqrt()
+    upper = torch.randn(n_samples, dim, dim, dtype=torch.float64).triu(1)
+    return upper + torch.diag_embed(diagonal)
+
+
+def _upcast(x: Tensor) -> Tensor:
+    # eig has no 16-bit kernels.
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
