@@ -17,7 +17,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn import caching, generation, hf_import, tokenization, weight_views, weights_io
+from hookedattn import (
+    caching,
+    generation,
+    hf_import,
+    pretrained,
+    tokenization,
+    weight_views,
+    weights_io,
+)
 from hookedattn.cache import ActivationCache
 from hookedattn.components.block import AttnOnlyBlock, Block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
@@ -358,6 +366,28 @@ class HookedTransformer(HookedRootModule):
     def load(cls, path: str | Path, device: str | None = None) -> "HookedTransformer":
         """Rebuild a model saved with `save` (no pickle: loading cannot run code)."""
         return weights_io.load(cls, path, device=device)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name: str,
+        *,
+        checkpoint_index: int | None = None,
+        checkpoint_value: int | None = None,
+        device: str | None = None,
+    ) -> "HookedTransformer":
+        """Load a shipped model (offline, from package data), with its `ByteTokenizer`.
+
+        `hookedattn.list_pretrained()` lists the names; `checkpoint_value` (a training step)
+        or `checkpoint_index` loads an intermediate checkpoint. See `hookedattn.pretrained`.
+        """
+        return pretrained.load_pretrained(
+            cls,
+            model_name,
+            checkpoint_index=checkpoint_index,
+            checkpoint_value=checkpoint_value,
+            device=device,
+        )
 
     @classmethod
     def from_hf(

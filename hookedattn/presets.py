@@ -1,0 +1,83 @@
+"""The recipes of the shipped models: a model config and a `TrainConfig` for each.
+
+`python scripts/train.py --preset NAME --ship` trains one from scratch and writes it into
+the package (`hookedattn/pretrained/NAME/`); the shipped `config.json` records the preset,
+so `tests/test_pretrained.py` can check that every shipped model is what its recipe makes.
+
+All models read bytes (`ByteTokenizer`, 259 ids with `<bos>`, `<eos>`, `<pad>`), have a
+context of 128 tokens, a 64-wide residual stream and, per layer, 8 heads of width 16. They
+have no layer norm: every circuit of the report (`W_E W_Q W_K^T W_E^T`, `W_E W_OV W_U`,
+compositions) is then exact, not an approximation around a folded norm; at two layers
+training is stable without one.
+"""
+
+import dataclasses
+
+from hookedattn.config import HookedTransformerConfig
+from hookedattn.corpus import VOCAB_SIZE
+from hookedattn.train import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named recipe: what to build, how to train it, which checkpoints to ship."""
+
+    name: str
+    description: str
+    model: HookedTransformerConfig
+    train: TrainConfig
+    shipped_checkpoints: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"Preset({self.name!r}: {self.description})"
+
+
+def _model(name: str, n_layers: int, d_mlp: int | None = None) -> HookedTransformerConfig:
+    return HookedTransformerConfig(
+        n_layers=n_layers,
+        d_model=64,
+        n_heads=8,
+        d_head=16,
+        n_ctx=128,
+        d_vocab=VOCAB_SIZE,
+        d_mlp=d_mlp,
+        attn_only=d_mlp is None,
+        act_fn="gelu",
+        normalization_type=None,
+        seed=0,
+        model_name=name,
+    )
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "attn-only-0l",
+            "0 layers: logits from the current token alone, a bigram model",
+            _model("attn-only-0l", 0),
+            # Text only: a bigram model of the text is what it is meant to become.
+            TrainConfig(steps=1000, synthetic_fraction=0.0),
+        ),
+        Preset(
+            "attn-only-1l",
+            "1 attention-only layer: skip-trigrams and copying, no induction",
+            _model("attn-only-1l", 1),
+            TrainConfig(),
+        ),
+        Preset(
+            "attn-only-2l",
+            "2 attention-only layers: an induction circuit (previous-token + induction head)",
+            _model("attn-only-2l", 2),
+            # Evaluated and saved often, to see the induction bump form.
+            TrainConfig(eval_every=25, checkpoint_every=25),
+            shipped_checkpoints=(100, 200, 300, 400, 600, 1000),
+        ),
+        Preset(
+            "gelu-2l",
+            "2 layers with GELU MLPs (d_mlp 256)",
+            _model("gelu-2l", 2, d_mlp=256),
+            TrainConfig(),
+        ),
+    )
+}
