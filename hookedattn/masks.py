@@ -34,7 +34,8 @@ def attention_context(
     causal: Bool[Tensor, "n_ctx n_ctx"],
     batch: int,
     n_new: int,
-    attention_mask: Int[Tensor, "batch pos"] | None,
+    # Loose on purpose: a mask of the wrong dtype or shape gets `_check_mask`'s error.
+    attention_mask: Tensor | None,
     past_kv_cache: KeyValueCache | None,
 ) -> AttentionContext:
     """The mask and positions for `n_new` tokens following a KV cache (if any)."""
@@ -52,6 +53,7 @@ def attention_context(
     blocked = causal[past : past + n_new, : past + n_new]
     if attention_mask is not None:
         _check_mask(attention_mask, batch, n_new)
+        attention_mask = attention_mask.long()  # booleans too, from here on 0/1 ids
     if past_kv_cache is not None:
         new = attention_mask if attention_mask is not None else _ones(batch, n_new, causal.device)
         full_mask = past_kv_cache.extend_mask(new)
