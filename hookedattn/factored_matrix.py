@@ -140,7 +140,8 @@ class FactoredMatrix:
             raise TypeError(_operand_message("@", other))
         if other.ndim == 1:
             self._check_inner(self.rdim, other.shape[0], other.shape)
-            return self._A @ (self._B @ other)
+            # As a column [rdim 1], so that leading dimensions broadcast as matrices do.
+            return (self._A @ (self._B @ other[:, None]))[..., 0]
         self._check_inner(self.rdim, other.shape[-2], other.shape)
         if self.mdim <= self.rdim:
             return FactoredMatrix(self._A, self._B @ other)
@@ -154,7 +155,7 @@ class FactoredMatrix:
             raise TypeError(_operand_message("@", other))
         if other.ndim == 1:
             self._check_inner(other.shape[0], self.ldim, other.shape)
-            return (other @ self._A) @ self._B
+            return ((other[None, :] @ self._A) @ self._B)[..., 0, :]
         self._check_inner(other.shape[-1], self.ldim, other.shape)
         if self.mdim <= self.ldim:
             return FactoredMatrix(other @ self._A, self._B)

@@ -67,7 +67,7 @@ def tokens_to_residual_directions(
 ) -> Float[Tensor, "*tokens d_model"]:
     """The unembedding direction of each token: column `W_U[:, t]`, shaped `[*tokens d_model]`.
 
-    `tokens` is a token id, a string (one token, through `model.to_single_token`), a list
+    `tokens` is a token id, a string (exactly one token: `model.to_single_token`), a list
     of either, or an integer tensor of any shape; the result has the shape of `tokens`
     plus a `d_model` axis (`[d_model]` for a single token). The dot product of the final
     residual stream, after `ln_final`, with this direction is the token's logit minus
@@ -101,11 +101,10 @@ def _one_token(model: "HookedTransformer", token: object) -> int:
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     if isinstance(token, str):
-        to_single_token = getattr(model, "to_single_token", None)
-        if model.tokenizer is None or to_single_token is None:
+        if model.tokenizer is None:
             raise ValueError(
                 f"cannot look up the string {token!r}: this model has no tokenizer; "
                 "pass token ids instead"
             )
-        return int(to_single_token(token))
+        return model.to_single_token(token)
     raise TypeError(f"a token must be an int or a str, got {type(token).__name__}")
