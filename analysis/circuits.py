@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from hookedattn.cache import ActivationCache
 from hookedattn.factored_matrix import FactoredMatrix
+from hookedattn.names import expand_key
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
@@ -84,7 +85,7 @@ def full_qk_circuit(
     `fold_ln_scale`: see the module docstring. Divide by `cfg.attn_scale` for scores.
     """
     layers, heads = _indices(model, layer, head)
-    embed = _embedding(model, include_positional)
+    embed = _embedding(model, include_positional, fold_ln_scale)
     queries = _read(model, embed, model.W_Q, layers, heads, fold_ln_scale)
     keys = _read(model, embed, model.W_K, layers, heads, fold_ln_scale)
     return _squeeze(FactoredMatrix(queries, keys.mT), layer, head)
@@ -105,7 +106,7 @@ def full_ov_circuit(
     `fold_ln_scale`: see the module docstring.
     """
     layers, heads = _indices(model, layer, head)
-    embed = _embedding(model, include_positional)
+    embed = _embedding(model, include_positional, fold_ln_scale)
     values = _read(model, embed, model.W_V, layers, heads, fold_ln_scale)
     W_O = model.W_O[layers][:, heads]
     if fold_ln_scale is not None:
@@ -152,8 +153,10 @@ def _squeeze(fm: FactoredMatrix, layer: int | None, head: int | None) -> Factore
 
 
 def _embedding(
-    model: "HookedTransformer", include_positional: bool
+    model: "HookedTransformer", include_positional: bool, fold_ln_scale: ActivationCache | None
 ) -> Float[Tensor, "src d_model"]:
+    if fold_ln_scale is not None and model.cfg.normalization_type is None:
+        raise ValueError("fold_ln_scale was given, but this model has no normalisation layers")
     return model.W_E_pos if include_positional else model.W_E
 
 
@@ -190,8 +193,6 @@ def _linearised(
     scale: Tensor | float = 1.0,
 ) -> Float[Tensor, "... d_model"]:
     """`rows` through `norm` with its divisor frozen at `scale`, and its bias dropped."""
-    if model.cfg.normalization_type is None:
-        raise ValueError("fold_ln_scale was given, but this model has no normalisation layers")
     if model.cfg.normalization_type in _CENTRING_NORMS:
         rows = rows - rows.mean(dim=-1, keepdim=True)
     gain = getattr(norm, "w", None)
@@ -200,13 +201,14 @@ def _linearised(
 
 def _mean_scale(cache: ActivationCache, *key: object) -> Tensor:
     """The mean of a norm's `hook_scale`: one number, or one per head for per-head inputs."""
-    try:
-        scale = cache[key if len(key) > 1 else key[0]]
-    except KeyError as error:
+    key = key if len(key) > 1 else key[0]
+    if key not in cache:
         raise KeyError(
-            f"fold_ln_scale needs the norm scales in the cache: {error.args[0]} "
-            f"(run_with_cache with a names_filter that keeps the 'hook_scale' activations)"
-        ) from None
+            f"fold_ln_scale needs {expand_key(key, cache.n_layers)!r}, which this cache does "
+            f"not hold: run_with_cache with a names_filter that keeps the 'hook_scale' "
+            f"activations"
+        )
+    scale = cache[key]
     has_head_axis = scale.ndim == (4 if cache.has_batch_dim else 3)
     if has_head_axis:
         return scale.flatten(0, -3).mean(dim=0)[..., 0]
