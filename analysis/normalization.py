@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from analysis._reading import activation, weight
-from analysis.resid_stack import Decomposition, check_sums_to
+from analysis.resid_stack import Decomposition, ResidStack, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
 from hookedattn.names import get_act_name
@@ -101,7 +101,7 @@ def normalize(
 def apply_ln_to_stack(
     model: HookedTransformer,
     cache: ActivationCache,
-    decomposition: Decomposition,
+    decomposition: ResidStack,
     *,
     check: bool = False,
 ) -> Decomposition:
