@@ -24,7 +24,7 @@ gains are in the weights.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -33,7 +33,6 @@ from torch import Tensor
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
 
-Kind = Literal["Q", "K", "V"]
 KINDS: tuple[str, ...] = ("Q", "K", "V")
 
 
@@ -64,7 +63,7 @@ class CompositionScores:
 
 
 def composition_scores(
-    model: "HookedTransformer", kind: Kind, *, n_samples: int = 256, seed: int = 0
+    model: "HookedTransformer", kind: str, *, n_samples: int = 256, seed: int = 0
 ) -> CompositionScores:
     """Q-, K- or V-composition of every earlier head with every later head (module doc).
 

@@ -23,7 +23,7 @@ weights (the norms' scale, a positive number, does not change the score).
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from einops import einsum
@@ -32,8 +32,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
-
-Circuit = Literal["OV", "QK"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +59,7 @@ class CopyingScores:
 
 
 def copying_scores(
-    model: "HookedTransformer", circuit: Circuit = "OV", *, n_samples: int = 128, seed: int = 0
+    model: "HookedTransformer", circuit: str = "OV", *, n_samples: int = 128, seed: int = 0
 ) -> CopyingScores:
     """The copying score of every head's full OV circuit, or the same score of its full QK.
 
