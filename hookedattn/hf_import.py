@@ -34,7 +34,8 @@ _ACT_FNS = {
 }
 # Buffers older `transformers` versions kept in GPT-2's state dict: the causal mask, which
 # we build ourselves, so they carry no weights.
-_MASK_BUFFERS = ("attn.bias", "attn.masked_bias")
+_MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
 def _transformers() -> Any:
@@ -91,11 +92,11 @@ def _load_directory(path: Path) -> tuple[Any, Any]:
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     _check_config_architecture(config)
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None  # a directory of weights alone: the model works on token ids
-    return hf_model, tokenizer
+    # Only where tokenizer files were saved: `AutoTokenizer` would otherwise build an empty
+    # one. A directory of weights alone gives a model that works on token ids.
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        return hf_model, None
+    return hf_model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def _check_architecture(hf_model: Any) -> None:
