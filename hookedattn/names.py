@@ -117,6 +117,32 @@ def pos_axis(name: str) -> int:
     return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
 
 
+# The axes of each activation, batch first, in the glossary's names (hookedattn/__init__.py).
+_AXES: dict[str, str] = {
+    **{
+        n: "batch pos d_model"
+        for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_in")
+    },
+    **{n: "batch pos d_model" for n in ("embed", "pos_embed", "normalized")},
+    **{n: "batch pos head d_model" for n in ("attn_in", "q_input", "k_input", "v_input")},
+    "result": "batch pos head d_model",
+    **{n: "batch pos head d_head" for n in ("q", "k", "v", "z", "rot_q", "rot_k")},
+    **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
+    **{n: "batch pos d_mlp" for n in ("pre", "post")},
+}
+
+
+def axis_names(name: str) -> tuple[str, ...]:
+    """The axes of the activation (or its gradient) at the full hook name `name`, batch first.
+
+    `axis_names("blocks.0.attn.hook_pattern")` is `("batch", "head", "query_pos", "key_pos")`.
+    A norm reading a per-head input (`use_split_qkv_input`, `use_attn_in`) has a `head` axis
+    after `pos` that this does not list; names without a fixed layout (`hook_scale`) give `()`.
+    """
+    short = name.removesuffix("_grad").rsplit(".", 1)[-1].removeprefix("hook_")
+    return tuple(_AXES.get(short, "").split())
+
+
 def _suggest(name: str, valid: Iterable[str]) -> str:
     """A `; did you mean ...` hint with the valid names closest to `name`."""
     close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.4)

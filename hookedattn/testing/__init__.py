@@ -1,0 +1,33 @@
+"""Assertions for test suites that pin down facts about a model, and the pytest plugin.
+
+    from hookedattn.testing import assert_residual_identities, assert_no_hooks
+
+    _, cache = model.run_with_cache(tokens)
+    assert_residual_identities(model, cache)   # every residual-stream identity holds
+    assert_no_hooks(model)                     # nothing left attached by the test
+
+Every helper fails with an `AssertionError` that says which activation or component, at
+which position, the largest error and the tolerance it broke. Tolerances by dtype come
+from `hookedattn.tolerances` (re-exported here). Nothing here imports pytest; the fixtures
+live in `hookedattn.testing.pytest_plugin`, which pytest loads by itself once hookedattn is
+installed (see `pytest_hookedattn.py` for why the entry point is a separate module).
+"""
+
+from hookedattn.testing.caches import assert_close_cache
+from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
+from hookedattn.testing.hooks import assert_no_hooks, describe_handles
+from hookedattn.testing.identities import IdentityCheck, assert_residual_identities
+from hookedattn.tolerances import TOLERANCES, Tolerance, tolerance
+
+__all__ = [
+    "TOLERANCES",
+    "DecompositionLike",
+    "IdentityCheck",
+    "Tolerance",
+    "assert_close_cache",
+    "assert_decomposes",
+    "assert_no_hooks",
+    "assert_residual_identities",
+    "describe_handles",
+    "tolerance",
+]
