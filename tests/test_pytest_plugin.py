@@ -1,0 +1,240 @@
+"""The pytest plugin, loaded as a user's suite loads it: by its entry point, in a fresh pytest.
+
+A small user suite (below) runs once in a subprocess, with jaxtyping's shape checks on as in
+our own configuration; each test here reads one outcome from its JUnit report.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from jaxtyping import TypeCheckError
+
+from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing.guards import HookRecorder, SharedModels
+
+PLUGIN = "hookedattn.testing.pytest_plugin"
+
+# As in our own configuration: shape checks on hookedattn.
+INI = """
+[pytest]
+addopts = -p no:cacheprovider --jaxtyping-packages=hookedattn,beartype.beartype
+"""
+
+CONFTEST = """
+import pytest
+
+LOADS = []
+
+
+@pytest.fixture(scope="session")
+def hookedattn_shared_models():
+    # The plugin's session store, with tiny models in place of the shipped ones.
+    from hookedattn.testing.guards import SharedModels, tiny_model
+
+    def load(name):
+        LOADS.append(name)
+        return tiny_model(seed=len(name))
+
+    return SharedModels(load)
+"""
+
+USER_SUITE = """
+import pytest
+import torch
+from jaxtyping import TypeCheckError
+
+from conftest import LOADS
+
+SEEN = {}
+
+
+def test_factory_gives_one_model_per_test(make_tiny_model):
+    a, b = make_tiny_model(), make_tiny_model()
+    assert torch.equal(a.W_E, b.W_E)
+    SEEN["weights"] = a.W_E.clone()
+
+
+def test_factory_gives_another_model_to_another_test(make_tiny_model):
+    assert not torch.equal(make_tiny_model().W_E, SEEN["weights"])
+
+
+def test_factory_takes_config_fields(make_tiny_model):
+    model = make_tiny_model(attn_only=True, n_layers=1, dtype=torch.float32)
+    assert model.cfg.attn_only and model.cfg.n_layers == 1
+    assert model.W_E.dtype == torch.float32
+
+
+def test_scoped_hooks_pass(no_leaked_hooks, make_tiny_model):
+    model = make_tiny_model()
+    hook = ("blocks.0.hook_resid_pre", lambda x, hook: None)
+    model.run_with_hooks(torch.tensor([[1, 2, 3]]), fwd_hooks=[hook])
+
+
+def test_leaks_a_hook(no_leaked_hooks, make_tiny_model):
+    model = make_tiny_model()
+
+    def leaky_ablation(z, hook):
+        return torch.zeros_like(z)
+
+    model.add_hook("blocks.0.attn.hook_z", leaky_ablation)
+    SEEN["leaky"] = model
+
+
+def test_the_leaked_hook_was_detached():
+    assert SEEN["leaky"].attached_hooks() == []
+
+
+def test_pretrained_first_use(pretrained):
+    SEEN["shared"] = pretrained("tiny-a")
+
+
+def test_pretrained_is_loaded_once(pretrained):
+    assert pretrained("tiny-a") is SEEN["shared"]
+    assert LOADS == ["tiny-a"]
+
+
+def test_edits_shared_weights(pretrained):
+    pretrained("tiny-a").blocks[1].attn.W_Q.data.zero_()
+
+
+def test_shared_weights_were_restored(pretrained):
+    assert pretrained("tiny-a").blocks[1].attn.W_Q.abs().sum() > 0
+
+
+def test_leaves_a_hook_on_the_shared_model(pretrained):
+    pretrained("tiny-a").add_hook("hook_embed", lambda x, hook: None)
+
+
+def test_shared_model_has_no_hooks_left(pretrained):
+    assert pretrained("tiny-a").attached_hooks() == []
+
+
+def test_shape_checks_are_on(make_tiny_model):
+    with pytest.raises(TypeCheckError):
+        make_tiny_model().unembed(torch.zeros(3, 16, dtype=torch.float64))
+"""
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory) -> dict[str, str]:
+    """Run the user suite in a fresh pytest; outcome (and message) per test name."""
+    root = tmp_path_factory.mktemp("user_suite")
+    (root / "pytest.ini").write_text(INI)
+    (root / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (root / "test_user.py").write_text(textwrap.dedent(USER_SUITE))
+    report = root / "report.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", f"--junitxml={report}", "test_user.py"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.exists(), completed.stdout + completed.stderr
+    return _outcomes(report)
+
+
+def _outcomes(report: Path) -> dict[str, str]:
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        problems = [c for c in case if c.tag in ("failure", "error", "skipped")]
+        outcomes[case.get("name")] = (
+            "passed"
+            if not problems
+            else "\n".join(f"{p.tag}: {p.get('message', '')}\n{p.text or ''}" for p in problems)
+        )
+    return outcomes
+
+
+PASSING = [
+    "test_factory_gives_one_model_per_test",
+    "test_factory_gives_another_model_to_another_test",
+    "test_factory_takes_config_fields",
+    "test_scoped_hooks_pass",
+    "test_the_leaked_hook_was_detached",
+    "test_pretrained_first_use",
+    "test_pretrained_is_loaded_once",
+    "test_shared_weights_were_restored",
+    "test_shared_model_has_no_hooks_left",
+    "test_shape_checks_are_on",
+]
+
+
+@pytest.mark.parametrize("name", PASSING)
+def test_user_suite_passes(user_run, name):
+    assert user_run[name] == "passed"
+
+
+def test_a_leaked_hook_fails_the_test_naming_it(user_run):
+    outcome = user_run["test_leaks_a_hook"]
+    assert outcome.startswith("error: failed on teardown")
+    assert "the test left hooks attached (now detached)" in outcome
+    assert "fwd hook test_leaks_a_hook.<locals>.leaky_ablation (test_user.py:" in outcome
+    assert "at blocks.0.attn.hook_z" in outcome
+
+
+def test_editing_a_shared_model_fails_the_test(user_run):
+    outcome = user_run["test_edits_shared_weights"]
+    assert outcome.startswith("error: failed on teardown")
+    assert "weights of 'tiny-a' changed: blocks.1.attn.W_Q" in outcome
+
+
+def test_a_hook_left_on_a_shared_model_fails_the_test(user_run):
+    outcome = user_run["test_leaves_a_hook_on_the_shared_model"]
+    assert "hooks left attached to 'tiny-a'" in outcome
+    assert "at hook_embed" in outcome
+
+
+# ----------------------------------------------------------------- in this process
+def test_shape_checks_stay_on_in_our_suite_with_the_plugin_loaded(request):
+    if not request.config.getoption("jaxtyping_packages", None):
+        pytest.skip("this run has no --jaxtyping-packages")
+    assert request.config.pluginmanager.has_plugin(PLUGIN)
+    model = HookedTransformer(
+        HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=10, d_mlp=16)
+    )
+    with pytest.raises(TypeCheckError):
+        model.unembed(torch.zeros(3, 8))  # [pos d_model], not [batch pos d_model]
+
+
+def test_the_entry_point_imports_neither_hookedattn_nor_torch():
+    code = (
+        "import sys, pytest_hookedattn; sys.exit(bool({'hookedattn', 'torch'} & set(sys.modules)))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_hook_recorder_sees_hooks_on_models_built_inside_it():
+    with HookRecorder() as recorder:
+        model = HookedTransformer(
+            HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=10, d_mlp=16)
+        )
+        with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: None)]):
+            pass
+        kept = model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: None)
+    assert len(recorder.added) == 2
+    assert recorder.leaked() == kept
+
+
+def test_shared_models_restore_weights_and_report_nothing_when_untouched():
+    shared = SharedModels(
+        lambda name: HookedTransformer(
+            HookedTransformerConfig(
+                n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=10, d_mlp=16, seed=0
+            )
+        )
+    )
+    key, model = shared.get("m")
+    assert shared.check_and_restore(key) == []
+    before = model.W_E.clone()
+    model.W_E.data.add_(1.0)
+    assert len(shared.check_and_restore(key)) == 1
+    assert torch.equal(model.W_E, before)
