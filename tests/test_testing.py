@@ -295,6 +295,26 @@ def test_a_component_counted_twice_is_recognised():
         assert_decomposes(doubled, target, [*labels, "L0_mlp again"])
 
 
+def test_an_analysis_decomposition_is_checked_by_its_labels():
+    import analysis
+
+    model = make_model()
+    model.blocks[1].attn.b_O.data.normal_(generator=torch.Generator().manual_seed(1))
+    _, cache = model.run_with_cache(TOKENS)
+    decomposition = analysis.decompose_resid(model, cache, granularity="head")
+    assert_decomposes(decomposition, cache["resid_post", -1])
+    keep = [i for i, label in enumerate(decomposition.labels) if label != "L1_attn_bias"]
+    without_bias = dataclasses.replace(
+        decomposition,
+        components=decomposition.components[keep],
+        labels=tuple(decomposition.labels[i] for i in keep),
+    )
+    with pytest.raises(AssertionError) as failure:
+        assert_decomposes(without_bias, cache["resid_post", -1])
+    assert "at batch " in str(failure.value)  # a Decomposition's axes are named
+    assert "a constant term (a bias such as b_O, b_out or b_U) is missing?" in str(failure.value)
+
+
 def test_decomposition_shapes_and_labels_are_checked():
     parts = torch.zeros(3, 2, 5)
     with pytest.raises(ValueError, match=r"but the target has shape \(2, 4\)"):
