@@ -178,6 +178,12 @@ def test_a_cache_with_nothing_to_check_fails():
         assert_residual_identities(model, cache)
 
 
+def test_a_model_without_layers_has_no_identities_to_fail():
+    model = make_model(n_layers=0)
+    _, cache = model.run_with_cache(TOKENS)
+    assert assert_residual_identities(model, cache).checked == ()
+
+
 def test_pos_slice_and_kv_cache_runs_check_what_they_can():
     model = make_model()
     _, sliced = model.run_with_cache(TOKENS, pos_slice=-1)
