@@ -1,0 +1,184 @@
+"""What can be patched: components (an activation in one layer, one head, one position).
+
+A *kind* is a short hook name (`"resid_pre"`, `"z"`, `"pattern"`, ...). A `Component` is
+one kind in one layer, optionally narrowed to one head and one position. Patching a
+component replaces that region of the activation and nothing else, so a sweep over every
+component of a kind is a list of `Component`s, and a batched sweep is a stack of their
+masks (`component_masks`), one row per patched variant.
+
+Each head's output is patched at `z` (`[batch pos head d_head]`): the attention write
+`sum_h z_h @ W_O[h]` is linear, so replacing `z_h` replaces head h's output exactly, and
+`z` exists in every model (`result` only with `use_attn_result`).
+"""
+
+import dataclasses
+import difflib
+import itertools
+from collections.abc import Sequence
+
+import torch
+from einops import rearrange
+from jaxtyping import Bool
+from torch import Tensor
+
+from hookedattn import HookedTransformer
+from hookedattn.names import get_act_name
+
+# The axes after the batch axis of the activation at each kind of hook point.
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    **{k: ("pos", "d_model") for k in ("resid_pre", "resid_mid", "resid_post")},
+    **{k: ("pos", "d_model") for k in ("attn_out", "mlp_out", "mlp_in")},
+    **{k: ("pos", "head", "d_model") for k in ("attn_in", "q_input", "k_input", "v_input")},
+    **{k: ("pos", "head", "d_head") for k in ("q", "k", "v", "z", "rot_q", "rot_k")},
+    "result": ("pos", "head", "d_model"),
+    **{k: ("head", "pos", "key_pos") for k in ("attn_scores", "pattern")},
+    **{k: ("pos", "d_mlp") for k in ("pre", "post")},
+}
+HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One patchable region: activation `name` of block `layer`, one head and/or position.
+
+    `Component("z", 1, head=3)` is head 1.3's output at every position;
+    `Component("resid_pre", 0, pos=4)` is the residual stream entering block 0 at
+    position 4; `Component("pattern", 1, head=0, pos=7)` is head 1.0's attention from
+    query position 7. `head=None` / `pos=None` mean all heads / all positions.
+    """
+
+    name: str
+    layer: int
+    head: int | None = None
+    pos: int | None = None
+
+    @property
+    def hook_name(self) -> str:
+        """The full hook name, e.g. `blocks.1.attn.hook_z`."""
+        return get_act_name(self.name, self.layer)
+
+    def label(self) -> str:
+        """A short label for plots and reprs: `z L1H3`, `resid_pre L0 @4`."""
+        where = f"L{self.layer}" + ("" if self.head is None else f"H{self.head}")
+        return f"{self.name} {where}" + ("" if self.pos is None else f" @{self.pos}")
+
+
+def available_kinds(model: HookedTransformer) -> list[str]:
+    """The kinds this model can patch, in the order the forward reaches them."""
+    if model.cfg.n_layers == 0:
+        return []
+    present = [k for k in LAYOUTS if get_act_name(k, 0) in model.hook_dict]
+    order = list(model.hook_dict)
+    return sorted(present, key=lambda k: order.index(get_act_name(k, 0)))
+
+
+def check_kind(model: HookedTransformer, kind: str) -> str:
+    """`kind` if this model has it; otherwise a `ValueError` naming the kinds it has."""
+    kinds = available_kinds(model)
+    if kind in kinds:
+        return kind
+    if kind in LAYOUTS:
+        why = _why_missing(model, kind)
+        raise ValueError(f"this model has no {kind!r} ({why}); kinds it has: {', '.join(kinds)}")
+    close = difflib.get_close_matches(str(kind), kinds, n=3, cutoff=0.4)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise ValueError(f"unknown component kind {kind!r}{hint}; kinds: {', '.join(kinds)}")
+
+
+def _why_missing(model: HookedTransformer, kind: str) -> str:
+    cfg = model.cfg
+    if kind in ("mlp_out", "mlp_in", "pre", "post", "resid_mid") and cfg.attn_only:
+        return "it is attention-only"
+    if kind in ("rot_q", "rot_k"):
+        return "it has no rotary embedding"
+    flags = {"result": "use_attn_result", "mlp_in": "use_hook_mlp_in", "attn_in": "use_attn_in"}
+    flag = flags.get(kind, "use_split_qkv_input")
+    return f"it was built without {flag}=True"
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentGrid:
+    """Every component of one kind, in row-major order of `axes` (e.g. `layer pos head`)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    labels: tuple[tuple[str, ...], ...]
+    components: tuple[Component, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The size of each axis."""
+        return tuple(len(tick) for tick in self.labels)
+
+
+def component_grid(
+    model: HookedTransformer, kind: str, n_pos: int, by_pos: bool | None = None
+) -> ComponentGrid:
+    """Every component of `kind`: `[layer pos]` / `[layer]`, `[layer head]` / `[layer pos head]`.
+
+    `by_pos=None` patches the residual-stream kinds one position at a time and the head
+    kinds at every position at once (TransformerLens's defaults).
+    """
+    check_kind(model, kind)
+    is_head = kind in HEAD_KINDS
+    by_pos = (not is_head) if by_pos is None else by_pos
+    sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": model.cfg.n_heads}
+    axes = ("layer",) + (("pos",) if by_pos else ()) + (("head",) if is_head else ())
+    components = tuple(
+        Component(kind, **dict(zip(axes, index, strict=True)))
+        for index in itertools.product(*(range(sizes[a]) for a in axes))
+    )
+    labels = tuple(tuple(str(i) for i in range(sizes[a])) for a in axes)
+    return ComponentGrid(kind, axes, labels, components)
+
+
+def check_component(model: HookedTransformer, component: Component, n_pos: int) -> Component:
+    """`component` if it names a region of this model for `n_pos` positions, else an error."""
+    if not isinstance(component, Component):
+        raise TypeError(f"expected a Component, got {type(component).__name__}")
+    check_kind(model, component.name)
+    cfg = model.cfg
+    if not 0 <= component.layer < cfg.n_layers:
+        raise ValueError(f"{component}: layer must be in 0..{cfg.n_layers - 1}")
+    if component.head is not None:
+        if component.name not in HEAD_KINDS:
+            raise ValueError(f"{component}: {component.name!r} has no head axis; use head=None")
+        if not 0 <= component.head < cfg.n_heads:
+            raise ValueError(f"{component}: head must be in 0..{cfg.n_heads - 1}")
+    if component.pos is not None and not 0 <= component.pos < n_pos:
+        raise ValueError(f"{component}: pos must be in 0..{n_pos - 1} for {n_pos} positions")
+    return component
+
+
+def component_masks(
+    components: Sequence[Component], hook_name: str, shape: Sequence[int]
+) -> Bool[Tensor, "variant 1 ..."]:
+    """Row i: where component i lies in the activation at `hook_name` (all False elsewhere).
+
+    `shape` is the activation's shape after the batch axis; axes other than position and
+    head have size 1 in the mask and broadcast.
+    """
+    kind = next(c.name for c in components if c.hook_name == hook_name)
+    layout = LAYOUTS[kind]
+    match = torch.tensor([c.hook_name == hook_name for c in components])
+    match = match.reshape(-1, *([1] * len(layout)))
+    for axis_name in ("pos", "head"):
+        if axis_name not in layout:
+            continue
+        axis = layout.index(axis_name)
+        wanted = torch.tensor([_index(getattr(c, axis_name)) for c in components])
+        positions = torch.arange(shape[axis])
+        hit = (positions[None, :] == wanted[:, None]) | (wanted[:, None] < 0)
+        match = match & _at_axis(hit, axis, len(layout))
+    return rearrange(match, "variant ... -> variant 1 ...")
+
+
+def _index(i: int | None) -> int:
+    return -1 if i is None else i
+
+
+def _at_axis(hit: Bool[Tensor, "variant size"], axis: int, ndim: int) -> Tensor:
+    """`hit` reshaped so that its second axis is axis `axis` of an `ndim`-axis layout."""
+    shape = [hit.shape[0]] + [1] * ndim
+    shape[1 + axis] = hit.shape[1]
+    return hit.reshape(shape)
