@@ -72,8 +72,8 @@ class CorpusManifest:
 class ByteCorpus:
     """The train and held-out splits as byte tensors (file after file), and their manifest."""
 
-    train: Int[Tensor, " byte"]
-    heldout: Int[Tensor, " byte"]
+    train: Int[Tensor, " train_bytes"]
+    heldout: Int[Tensor, " heldout_bytes"]
     manifest: CorpusManifest
 
     def __repr__(self) -> str:
@@ -162,6 +162,6 @@ def repeated_random_tokens(
     return _with_bos(segments.gather(1, index))
 
 
-def _with_bos(body: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+def _with_bos(body: Int[Tensor, "batch body_pos"]) -> Int[Tensor, "batch pos"]:
     bos = torch.full((body.shape[0], 1), BOS, dtype=torch.long)
     return torch.cat([bos, body.long()], dim=1)

@@ -72,7 +72,15 @@ def pretrained_info(name: str, directory: str | Path = PRETRAINED_DIR) -> Pretra
     history = metadata.get("history", [])
     training = {
         key: metadata[key]
-        for key in ("command", "step", "tokens_seen", "train_seconds", "threads", "train_config")
+        for key in (
+            "command",
+            "step",
+            "tokens_seen",
+            "train_seconds",
+            "cpu_seconds",
+            "threads",
+            "train_config",
+        )
         if key in metadata
     }
     training["final_eval"] = history[-1] if history else {}

@@ -14,6 +14,7 @@ is what resuming needs. The presets of the shipped models are in `hookedattn.pre
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,12 +108,16 @@ class TrainResult:
     tokens_seen: int
     history: tuple[Evaluation, ...]
     train_seconds: float
+    cpu_seconds: float
     resumed_from: int | None
 
     def __repr__(self) -> str:
         resumed = f", resumed from step {self.resumed_from}" if self.resumed_from else ""
         last = f", {self.history[-1]!r}" if self.history else ""
-        return f"TrainResult({self.step} steps, {self.train_seconds:.0f} s{resumed}{last})"
+        return (
+            f"TrainResult({self.step} steps, {self.train_seconds:.0f} s wall, "
+            f"{self.cpu_seconds:.0f} s CPU{resumed}{last})"
+        )
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -186,12 +191,14 @@ def train(
     """
     run_dir = None if run_dir is None else Path(run_dir)
     optimizer = make_optimizer(model, cfg)
-    state = _RunState(step=0, history=[], train_seconds=0.0)
+    state = _RunState(step=0, history=[], train_seconds=0.0, cpu_seconds=0.0)
     resumed_from = None
     latest = None if run_dir is None else latest_checkpoint(run_dir)
     if latest is not None:
         state = _resume(model, optimizer, cfg, latest)
         resumed_from = state.step
+        if progress:
+            print(f"resuming from {latest}", file=sys.stderr)
     tokens_per_step = cfg.batch_size * model.cfg.n_ctx
     bar = Progress(cfg.steps, start=state.step, unit_scale=tokens_per_step, enabled=progress)
 
@@ -201,7 +208,7 @@ def train(
             if on_checkpoint is not None:
                 on_checkpoint(state.step, path)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     model.train()
     try:
         while state.step < cfg.steps:
@@ -209,7 +216,8 @@ def train(
             loss = _train_step(model, optimizer, corpus, cfg, step)
             state.step = step
             state.train_seconds += time.perf_counter() - started
-            started = time.perf_counter()
+            state.cpu_seconds += time.process_time() - cpu_started
+            started, cpu_started = time.perf_counter(), time.process_time()
             bar.update(step, loss=loss, lr=learning_rate(step, cfg))
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 state.history.append(evaluate(model, corpus, cfg, step))
@@ -228,6 +236,7 @@ def train(
         tokens_seen=state.step * tokens_per_step,
         history=tuple(state.history),
         train_seconds=state.train_seconds,
+        cpu_seconds=state.cpu_seconds,
         resumed_from=resumed_from,
     )
 
@@ -256,6 +265,7 @@ class _RunState:
     step: int
     history: list[Evaluation]
     train_seconds: float
+    cpu_seconds: float
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -296,6 +306,7 @@ def save_checkpoint(
         "step": state.step,
         "tokens_seen": state.step * cfg.batch_size * model.cfg.n_ctx,
         "train_seconds": round(state.train_seconds, 1),
+        "cpu_seconds": round(state.cpu_seconds, 1),
         "train_config": cfg.to_dict(),
         "history": [dataclasses.asdict(e) for e in state.history],
     }
@@ -353,4 +364,9 @@ def _resume(
         keys = [k for k in tensors if k.startswith(name + "/")]
         optimizer.state[param] = {k.split("/", 1)[1]: tensors[k] for k in keys}
     history = [Evaluation(**e) for e in record.get("history", [])]
-    return _RunState(record["step"], history, float(record.get("train_seconds", 0.0)))
+    return _RunState(
+        step=record["step"],
+        history=history,
+        train_seconds=float(record.get("train_seconds", 0.0)),
+        cpu_seconds=float(record.get("cpu_seconds", 0.0)),
+    )

@@ -8,7 +8,9 @@ the final model and the recipe's chosen checkpoints into `hookedattn/pretrained/
 same command again after an interruption (Ctrl-C, a kill) and it resumes from the newest
 checkpoint. `--set FIELD=VALUE` overrides a field of the model config or the TrainConfig
 (for a quick trial: `--set steps=20 --set d_model=16`). Use `--threads` to fix the thread
-count: results are bit-for-bit reproducible for a given thread count on a given CPU.
+count: results are bit-for-bit reproducible for a given thread count on a given CPU. The
+default is one thread: these models are too small for a second one to pay, and on a busy
+machine threads that wait for each other spin instead of computing.
 """
 
 import argparse
@@ -26,6 +28,7 @@ import torch
 from hookedattn import HookedTransformer, weights_io
 from hookedattn.corpus import load_stdlib_corpus
 from hookedattn.presets import PRESETS, Preset
+from hookedattn.pretrained import write_index
 from hookedattn.train import TrainConfig, checkpoint_dir, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--ship", action="store_true", help="copy the result into the package")
     parser.add_argument("--ship-dir", type=Path, default=SHIP_DIR)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--corpus-root", type=Path, help="default: the stdlib of this Python")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
@@ -83,6 +86,7 @@ def ship(preset: Preset, run_dir: Path, ship_dir: Path, final_step: int) -> Path
     for step in preset.shipped_checkpoints:
         if step < final_step:
             _copy_model(checkpoint_dir(run_dir, step), target / "checkpoints" / f"step-{step:06d}")
+    write_index(ship_dir)
     return target
 
 
