@@ -24,6 +24,7 @@ from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.model import HookedTransformer, LogitsAndLoss
 from hookedattn.names import get_act_name
+from hookedattn.pretrained import PretrainedInfo, list_pretrained
 from hookedattn.processing import (
     center_unembed,
     center_writing_weights,
@@ -57,6 +58,7 @@ __all__ = [
     "KeyValueCacheEntry",
     "LensHandle",
     "LogitsAndLoss",
+    "PretrainedInfo",
     "Sampling",
     "TokenizedText",
     "Tokenizer",
@@ -65,5 +67,6 @@ __all__ = [
     "fold_layer_norm",
     "fold_value_biases",
     "get_act_name",
+    "list_pretrained",
     "process_weights",
 ]
