@@ -1,0 +1,168 @@
+"""Reporting for `scripts/bench.py`: the machine, cache sizes, resident memory, Markdown."""
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+BARE = "bare"
+
+
+def cache_stats(items: list[tuple[str, Tensor]]) -> dict:
+    """Names, bytes summed over names, and bytes counting each storage once."""
+    storages: dict[int, int] = {}
+    for _, t in items:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return {
+        "names": len(items),
+        "bytes_summed_over_names": sum(t.numel() * t.element_size() for _, t in items),
+        "distinct_storages": len(storages),
+        "bytes_distinct_storages": sum(storages.values()),
+    }
+
+
+def status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    try:  # Linux: writing 5 to clear_refs resets VmHWM to the current resident size
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def machine_info(root: Path) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        tl_version = version("transformer_lens")
+    except Exception:
+        tl_version = None
+    commit = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "cores_available": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "transformer_lens": tl_version,
+        "git_commit": commit or None,
+        "load_average_start": list(os.getloadavg()),
+    }
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    r = row["ratio"]
+    return f"x{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}), {row['median_s'] * 1e3:.1f} ms"
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        "# Benchmark: hookedattn against a bare plain-torch model",
+        "",
+        f"Machine: {m['cpu']}, {m['cores_available']} cores available, torch {m['torch']} "
+        f"({m['torch_threads']} threads), Python {m['python']}, transformer_lens "
+        f"{m['transformer_lens'] or 'not installed'}; commit {m['git_commit']}. Load average "
+        f"{m['load_average_start'][0]:.1f} at the start, "
+        f"{m['load_average_end'][0]:.1f} at the end.",
+        "",
+        "Each cell: median over interleaved rounds of (time / time of the bare reference in "
+        "the same round), min-max in brackets, then the median time per call. "
+        f"{report['settings']['rounds']} rounds; all runs under `torch.no_grad()`."
+        + (
+            " **Quick run: tiny settings, not a measurement.**"
+            if report["settings"]["quick"]
+            else ""
+        ),
+        "",
+        "## Targets (median ratio against the bare reference)",
+        "",
+        "| setting | measure | target | measured | met |",
+        "|---|---|---|---|---|",
+    ]
+    for t in report["targets"]:
+        measured = "not measured" if t["measured"] is None else f"{t['measured']:.2f}"
+        met = {None: "-", True: "yes", False: "**no**"}[t["met"]]
+        lines.append(f"| {t['setting']} | {t['measure']} | <= {t['target']} | {measured} | {met} |")
+    settings = report["settings"]["described"]
+    for section in dict.fromkeys(r["section"] for r in report["results"]):
+        rows = [r for r in report["results"] if r["section"] == section]
+        contenders = list(dict.fromkeys(r["contender"] for r in rows if r["contender"] != BARE))
+        lines += ["", f"## {section}", ""]
+        lines.append("| setting | measure | bare (ms) | " + " | ".join(contenders) + " |")
+        lines.append("|---|---|---|" + "---|" * len(contenders))
+        for setting in dict.fromkeys(r["setting"] for r in rows):
+            here = [r for r in rows if r["setting"] == setting]
+            bare = next(r for r in here if r["contender"] == BARE)
+            for measure in dict.fromkeys(r["measure"] for r in here if r["contender"] != BARE):
+                cells = [
+                    _cell(
+                        next(
+                            (r for r in here if (r["measure"], r["contender"]) == (measure, c)),
+                            None,
+                        )
+                    )
+                    for c in contenders
+                ]
+                lines.append(
+                    f"| {setting} | {measure} | {bare['median_s'] * 1e3:.1f} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+    if report["memory"]:
+        lines += [
+            "",
+            "## memory (one run in a fresh process; peak resident memory above the "
+            "resident memory before the run)",
+            "",
+            "| setting | mode | peak extra (MB) | cache: names | summed over names (MB) | "
+            "distinct storages (MB) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in report["memory"]:
+            c = r.get("cache")
+            cache = (
+                f"{c['names']} | {c['bytes_summed_over_names'] / 2**20:.1f} | "
+                f"{c['bytes_distinct_storages'] / 2**20:.1f} ({c['distinct_storages']})"
+                if c
+                else "- | - | -"
+            )
+            lines.append(
+                f"| {r['setting']} | {r['mode']} | {r['peak_extra_bytes'] / 2**20:.1f} | {cache} |"
+            )
+    lines += ["", "## settings", ""] + [f"- {k}: {v}" for k, v in settings.items()]
+    if report["skipped"]:
+        lines += ["", "## not measured", ""]
+        lines += [f"- {s['section']}: {s['measure']}: {s['reason']}" for s in report["skipped"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,604 @@
+"""Side-by-side speed and memory benchmark: hookedattn against a bare plain-torch model.
+
+Every measure is a ratio against a bare reference written here with the same weights (one
+fused qkv matmul, `scaled_dot_product_attention`, no hooks, no checks): the "physical
+limit" on this machine. Contenders run interleaved in the same rounds (A B C, then C B A,
+...), so a slow spell on a shared machine hits them all; each round gives one ratio per
+contender, and we report the median and min-max of those ratios and of the times. Before
+timing, each contender's output is checked against the reference's.
+
+When `transformer_lens` is installed (the optional `bench` extra) its numbers are another
+column on the same weights. Sections that need parts of hookedattn not present yet are
+skipped with a note; nothing is ever estimated.
+
+    python scripts/bench.py            # full run, writes docs/benchmarks/latest.{json,md}
+    python scripts/bench.py --quick    # tiny settings, a smoke run of every section
+
+Only torch and the standard library are used beyond hookedattn itself; the reference
+reshapes with plain torch on purpose (it is how one writes the fastest version by hand).
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
+from _bench_report import (  # noqa: E402
+    cache_stats,
+    machine_info,
+    markdown,
+    reset_peak_rss,
+    status_bytes,
+)
+
+from hookedattn import HookedTransformer  # noqa: E402
+
+SCHEMA_VERSION = 1
+BARE, OURS, TL = "bare", "hookedattn", "transformer_lens"
+
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A model shape and the batch it runs on."""
+
+    key: str
+    description: str
+    cfg: dict
+    batch: int
+    pos: int
+
+
+def _cfg(n_layers, d_model, n_heads, d_vocab, n_ctx, attn_only=False, act_fn="gelu") -> dict:
+    mlp = {} if attn_only else {"d_mlp": 4 * d_model}
+    return dict(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_vocab=d_vocab,
+        n_ctx=n_ctx,
+        attn_only=attn_only,
+        act_fn=act_fn,
+        normalization_type="LN",
+        seed=0,
+        **mlp,
+    )
+
+
+FULL = {
+    "a": Setting(
+        "a", "2L d256 8h vocab 5000, MLP, batch 8x128", _cfg(2, 256, 8, 5000, 128), 8, 128
+    ),
+    "b": Setting(
+        "b",
+        "GPT-2 small shape: 12L d768 12h vocab 50257, batch 4x128",
+        _cfg(12, 768, 12, 50257, 1024, act_fn="gelu_new"),
+        4,
+        128,
+    ),
+    "s64": Setting("s64", "2L d64 4h vocab 100, MLP, batch 8x64", _cfg(2, 64, 4, 100, 64), 8, 64),
+    "s512": Setting(
+        "s512", "2L d512 8h vocab 5000, MLP, batch 8x256", _cfg(2, 512, 8, 5000, 256), 8, 256
+    ),
+}
+QUICK = {
+    "a": Setting("a", "tiny: 2L d32 4h vocab 50, batch 2x16", _cfg(2, 32, 4, 50, 32), 2, 16),
+    "b": Setting(
+        "b",
+        "tiny: 3L d48 4h vocab 60, batch 2x16",
+        _cfg(3, 48, 4, 60, 32, act_fn="gelu_new"),
+        2,
+        16,
+    ),
+    "s64": Setting("s64", "tiny: 2L d16 2h vocab 20, batch 2x8", _cfg(2, 16, 2, 20, 8), 2, 8),
+    "s512": Setting("s512", "tiny: 2L d32 4h vocab 40, batch 2x16", _cfg(2, 32, 4, 40, 16), 2, 16),
+}
+
+# (section, setting, measure, contender) -> target on the median ratio against the bare model.
+TARGETS = [
+    ("forward", "a", "forward, no hooks attached", 1.05, "issue 8"),
+    ("forward", "b", "forward, no hooks attached", 1.02, "issue 8"),
+    ("forward", "a", "run_with_cache, everything", 1.25, "issue 8"),
+    ("forward", "a", "no-op hook on every hook point", 1.15, "issue 8"),
+    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2"),
+    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2"),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "issue 8"),
+    ("analysis", "b", "composition scores, all head pairs", 1.5, "issue 8"),
+    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8"),
+]
+
+# ----------------------------------------------------------------------------- timing
+
+
+@dataclasses.dataclass
+class Contender:
+    """One thing to time: `fn()` runs it once; `output()` is what we check against the bare."""
+
+    name: str
+    fn: Callable[[], Any]
+
+
+def _sample(fn: Callable[[], Any], inner: int) -> float:
+    gc.collect()  # cheap: `interleave` froze the objects that existed before timing
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - start) / inner
+    finally:
+        gc.enable()
+
+
+def interleave(contenders: list[Contender], rounds: int, min_sample_s: float) -> dict:
+    """Time contenders in alternating order (A B C, C B A, ...); the first is the reference.
+
+    Returns, per contender, its per-call times and its per-round ratio to the reference.
+    """
+    gc.collect()
+    gc.freeze()  # the models and imported libraries: millions of objects no sample creates
+    try:
+        inner = {}
+        for c in contenders:
+            c.fn()  # warm-up: first-call allocations, lazy inits
+            once = min(_sample(c.fn, 1) for _ in range(3))
+            inner[c.name] = max(1, math.ceil(min_sample_s / max(once, 1e-9)))
+        times: dict[str, list[float]] = {c.name: [] for c in contenders}
+        for r in range(rounds):
+            for c in contenders if r % 2 == 0 else reversed(contenders):
+                times[c.name].append(_sample(c.fn, inner[c.name]))
+    finally:
+        gc.unfreeze()
+    ref = times[contenders[0].name]
+    out = {}
+    for c in contenders:
+        ratios = [t / t_ref for t, t_ref in zip(times[c.name], ref, strict=True)]
+        out[c.name] = {
+            "median_s": statistics.median(times[c.name]),
+            "min_s": min(times[c.name]),
+            "max_s": max(times[c.name]),
+            "ratio": {
+                "median": statistics.median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+            },
+            "inner": inner[c.name],
+            "rounds": rounds,
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------- contenders
+
+
+RESID = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+
+
+def _is_resid(name: str) -> bool:
+    return name.endswith(RESID)
+
+
+def _noop(x: Tensor, hook: Any) -> None:
+    return None
+
+
+def forward_measures(model: Any, tokens: Tensor, one_name: str) -> dict[str, Callable]:
+    """The forward-pass measures, written once for both toolkits (their APIs match)."""
+    every = [(lambda name: True, _noop)]
+    return {
+        "forward, no hooks attached": lambda: model(tokens),
+        "run_with_cache, everything": lambda: model.run_with_cache(tokens),
+        "run_with_cache, residual stream only": lambda: model.run_with_cache(
+            tokens, names_filter=_is_resid
+        ),
+        f"run_with_cache, one name ({one_name})": lambda: model.run_with_cache(
+            tokens, names_filter=one_name
+        ),
+        "no-op hook on every hook point": lambda: model.run_with_hooks(tokens, fwd_hooks=every),
+    }
+
+
+def _logits(out: Any) -> Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _agrees(out: Any, ref: Tensor) -> bool:
+    return torch.allclose(_logits(out), ref, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+class Run:
+    """Options, and the rows, notes and memory records of one benchmark run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quick = args.quick
+        self.settings = QUICK if args.quick else FULL
+        self.rounds = args.rounds or (3 if args.quick else 9)
+        self.min_sample_s = 0.002 if args.quick else 0.05
+        self.use_tl = not args.no_transformer_lens
+        self.rows: list[dict] = []
+        self.skipped: list[dict] = []
+        self.memory: list[dict] = []
+        self.extra: dict[str, Any] = {}
+
+    def skip(self, section: str, measure: str, reason: str) -> None:
+        print(f"  skipped: {measure}: {reason}")
+        self.skipped.append({"section": section, "measure": measure, "reason": reason})
+
+    def time_group(self, section: str, setting: str, group: dict[tuple[str, str], Callable]):
+        """Time `{(measure, contender): fn}` in one interleaved group; the first is the ref."""
+        contenders = [Contender(f"{c}|{m}", fn) for (m, c), fn in group.items()]
+        results = interleave(contenders, self.rounds, self.min_sample_s)
+        for (measure, contender), c in zip(group, contenders, strict=True):
+            row = {"section": section, "setting": setting, "measure": measure}
+            self.rows.append(row | {"contender": contender} | results[c.name])
+            ratio = results[c.name]["ratio"]
+            print(
+                f"  {contender:>16}  {measure:<48} {results[c.name]['median_s'] * 1e3:9.2f} ms"
+                f"  x{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
+            )
+
+    def tl_model(self, model: HookedTransformer, ref: Tensor, tokens: Tensor) -> Any:
+        if not self.use_tl:
+            return None
+        tl = transformer_lens_model(model)
+        if tl is None:
+            return None
+        with torch.no_grad():
+            if not _agrees(tl(tokens), ref):
+                print("  transformer_lens disagrees with the bare model on these weights; left out")
+                return None
+        return tl
+
+
+def forward_section(run: Run, key: str) -> None:
+    setting = run.settings[key]
+    print(f"forward [{key}] {setting.description}")
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    bare = BareTransformer(model)
+    one_name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    with torch.no_grad():
+        ref = bare(tokens)
+        group = {("plain forward (bare reference)", BARE): lambda: bare(tokens)}
+        tl = run.tl_model(model, ref, tokens)
+        toolkits = [(OURS, model)] + ([(TL, tl)] if tl is not None else [])
+        for contender, m in toolkits:
+            for measure, fn in forward_measures(m, tokens, one_name).items():
+                if not _agrees(fn(), ref):
+                    raise AssertionError(
+                        f"{contender} {measure}: logits differ from the bare model"
+                    )
+                group[(measure, contender)] = fn
+        run.time_group("forward", key, group)
+
+
+def compile_section(run: Run, key: str) -> None:
+    setting = run.settings[key]
+    print(f"torch.compile [{key}] {setting.description}")
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    bare = BareTransformer(model)
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
+    names += [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    compiled_forward = torch.compile(model)
+    compiled_cache = torch.compile(lambda t: model.run_with_cache(t, names_filter=names))
+    with torch.no_grad():
+        ref = bare(tokens)
+        seconds = {}
+        for label, fn in (("forward", compiled_forward), ("run_with_cache", compiled_cache)):
+            start = time.perf_counter()
+            out = fn(tokens)
+            seconds[label] = time.perf_counter() - start
+            if not _agrees(out, ref):
+                raise AssertionError(f"compiled {label} differs from the bare model")
+        print(f"  compile time (first call): {seconds}")
+        run.extra["compile_seconds"] = {key: seconds}
+        run.time_group(
+            "compile",
+            key,
+            {
+                ("plain forward (bare reference)", BARE): lambda: bare(tokens),
+                ("forward, no hooks (eager)", OURS): lambda: model(tokens),
+                ("forward, no hooks (compiled)", OURS): lambda: compiled_forward(tokens),
+                ("run_with_cache, fixed names (eager)", OURS): lambda: model.run_with_cache(
+                    tokens, names_filter=names
+                ),
+                ("run_with_cache, fixed names (compiled)", OURS): lambda: compiled_cache(tokens),
+            },
+        )
+
+
+def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) -> None:
+    setting = run.settings[key]
+    n_new, prompt = (8, 4) if run.quick else (n_new, prompt)
+    print(f"generation [{key}] greedy {n_new} tokens after {prompt}, batch 1")
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    tokens = tokens[:1, :prompt]
+    bare = BareTransformer(model)
+    with torch.no_grad():
+        ref = bare.generate(tokens, n_new, use_cache=True)
+        if not torch.equal(ref, bare.generate(tokens, n_new, use_cache=False)):
+            raise AssertionError("the bare model's cached and uncached generations differ")
+        tl = run.tl_model(model, bare(tokens), tokens)
+        for use_cache, label in ((True, "KV cache"), (False, "no KV cache")):
+            measure = f"greedy {n_new} tokens, {label}"
+            group = {(measure, BARE): lambda u=use_cache: bare.generate(tokens, n_new, u)}
+            if use_cache:
+                group[(f"{measure} (forward + KeyValueCache loop)", OURS)] = _our_kv_loop(
+                    model, tokens, n_new
+                )
+            if hasattr(model, "generate"):
+                group[(measure, OURS)] = _our_generate(model, tokens, n_new, use_cache)
+            else:
+                run.skip("generation", f"{measure}: hookedattn", "model.generate (issue 3) missing")
+            if tl is not None:
+                group[(measure, TL)] = lambda u=use_cache: tl.generate(
+                    tokens,
+                    max_new_tokens=n_new,
+                    do_sample=False,
+                    use_past_kv_cache=u,
+                    stop_at_eos=False,
+                    verbose=False,
+                    return_type="tokens",
+                )
+            for (_, contender), fn in group.items():
+                if not torch.equal(fn(), ref):
+                    raise AssertionError(f"{contender} generates other tokens than the bare model")
+            run.time_group("generation", key, group)
+
+
+def _our_generate(model: HookedTransformer, tokens: Tensor, n_new: int, use_cache: bool):
+    return lambda: model.generate(
+        tokens,
+        max_new_tokens=n_new,
+        do_sample=False,
+        use_past_kv_cache=use_cache,
+        stop_at_eos=False,
+        return_type="tokens",
+    )
+
+
+def _our_kv_loop(model: HookedTransformer, tokens: Tensor, n_new: int) -> Callable[[], Tensor]:
+    """Greedy decoding written directly against the core's forward and `KeyValueCache`."""
+    from hookedattn import KeyValueCache
+
+    def run() -> Tensor:
+        cache = KeyValueCache.empty(model.cfg, tokens.shape[0])
+        out, step = tokens, tokens
+        for _ in range(n_new):
+            step = model(step, past_kv_cache=cache)[:, -1:].argmax(-1)
+            out = torch.cat([out, step], dim=1)
+        return out
+
+    return run
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+MEMORY_MODES = (
+    "plain forward (bare reference)",
+    "hookedattn forward",
+    "hookedattn run_with_cache, everything",
+    "transformer_lens forward",
+    "transformer_lens run_with_cache, everything",
+)
+
+
+def memory_probe(spec: dict) -> dict:
+    """Run one mode once in this (fresh) process and report its peak resident memory."""
+    setting, mode = Setting(**spec["setting"]), spec["mode"]
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    subject = transformer_lens_model(model) if mode.startswith(TL) else model
+    if subject is None:
+        return {"mode": mode, "error": "transformer_lens is not installed"}
+    bare = BareTransformer(model)
+    fn = {
+        "plain forward (bare reference)": bare,
+        f"{OURS} forward": subject,
+        f"{OURS} run_with_cache, everything": subject.run_with_cache,
+        f"{TL} forward": subject,
+        f"{TL} run_with_cache, everything": subject.run_with_cache,
+    }[mode]
+    with torch.no_grad():
+        fn(tokens[:1, :2])  # first-call allocations happen here, not in the measurement
+        gc.collect()
+        baseline = status_bytes("VmRSS")
+        if not reset_peak_rss() or baseline is None:
+            return {"mode": mode, "error": "peak resident memory cannot be reset here"}
+        out = fn(tokens)
+        peak = status_bytes("VmHWM")
+    result = {"mode": mode, "peak_extra_bytes": peak - baseline, "baseline_bytes": baseline}
+    if isinstance(out, tuple):
+        cache = out[1]
+        result["cache"] = cache_stats(list(cache.items()))
+    return result
+
+
+def memory_section(run: Run, key: str) -> None:
+    setting = run.settings[key]
+    print(f"memory [{key}] {setting.description}")
+    for mode in MEMORY_MODES:
+        if mode.startswith(TL) and not run.use_tl:
+            continue
+        spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
+        proc = subprocess.run(
+            [sys.executable, __file__, "--memory-probe", spec],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory probe {mode} failed:\n{proc.stderr[-2000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if "error" in result:
+            run.skip("memory", mode, result["error"])
+            continue
+        run.memory.append({"setting": key} | result)
+        cache = result.get("cache")
+        detail = (
+            f"; cache {cache['bytes_distinct_storages'] / 2**20:.1f} MB in "
+            f"{cache['distinct_storages']} storages for {cache['names']} names "
+            f"({cache['bytes_summed_over_names'] / 2**20:.1f} MB summed over names)"
+            if cache
+            else ""
+        )
+        print(f"  {mode:<44} peak +{result['peak_extra_bytes'] / 2**20:8.1f} MB{detail}")
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def _missing(module: str, attr: str) -> str | None:
+    """None if `module.attr` exists, else why not (the section waits for it)."""
+    try:
+        mod = __import__(module, fromlist=[attr])
+    except ImportError as error:
+        return f"{module} cannot be imported ({error})"
+    return None if hasattr(mod, attr) else f"{module}.{attr} does not exist yet"
+
+
+def analysis_section(run: Run, key: str) -> None:
+    print(f"analysis [{key}] {run.settings[key].description}")
+    needs = {
+        "composition scores, all head pairs": ("analysis.composition", "composition_scores", 4),
+        "factored SVD of one OV circuit": ("hookedattn.factored_matrix", "FactoredMatrix", 4),
+        "full residual decomposition": ("analysis.decomposition", "decompose_resid", 5),
+        "head results": ("analysis.head_results", "stack_head_results", 5),
+        "activation patching of every head x position": ("analysis.patching", "patch_heads", 7),
+    }
+    for measure, (module, attr, issue) in needs.items():
+        why = _missing(module, attr)
+        run.skip("analysis", measure, f"waits for issue {issue}: {why or 'not wired in yet'}")
+
+
+def shipped_section(run: Run) -> None:
+    print("forward [c] the shipped 2-layer attention-only model")
+    if not hasattr(HookedTransformer, "from_pretrained"):
+        run.skip("forward", "setting c", "waits for issue 6: HookedTransformer.from_pretrained")
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _target_rows(run: Run) -> list[dict]:
+    out = []
+    for section, setting, measure, target, source in TARGETS:
+        found = [
+            r
+            for r in run.rows
+            if (r["section"], r["setting"], r["measure"], r["contender"])
+            == (section, setting, measure, OURS)
+        ]
+        measured = found[0]["ratio"]["median"] if found else None
+        met = None if measured is None else measured <= target
+        out.append(
+            {
+                "section": section,
+                "setting": setting,
+                "measure": measure,
+                "target": target,
+                "source": source,
+                "measured": measured,
+                "met": met,
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+SECTIONS = ("forward", "compile", "generation", "memory", "analysis")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny settings, few rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
+    parser.add_argument("--settings", default=None, help="forward settings, e.g. a,b,s64,s512")
+    parser.add_argument("--no-transformer-lens", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's own); 1 gives stable ratios on a busy machine",
+    )
+    parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_probe is not None:
+        print(json.dumps(memory_probe(json.loads(args.memory_probe))))
+        return 0
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    run = Run(args)
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")
+    machine = machine_info(ROOT)
+    print(json.dumps(machine))
+    if machine["load_average_start"][0] > (machine["cores_available"] or 1):
+        print("warning: the machine is busy; ratios are noisy (try --threads 1)")
+    if "forward" in sections:
+        for key in (args.settings or "s64,s512,a,b").split(","):
+            forward_section(run, key)
+        shipped_section(run)
+    if "compile" in sections:
+        if args.no_compile or run.quick:
+            run.skip("compile", "torch.compile", "not in --quick runs (compiling takes minutes)")
+        else:
+            compile_section(run, "a")
+    if "generation" in sections:
+        generation_section(run, "a")
+    if "memory" in sections:
+        for key in ("a",) if run.quick else ("a", "b"):
+            memory_section(run, key)
+    if "analysis" in sections:
+        analysis_section(run, "b")
+    machine["load_average_end"] = list(os.getloadavg())
+    report = {
+        "schema": SCHEMA_VERSION,
+        "machine": machine,
+        "settings": {
+            "quick": run.quick,
+            "rounds": run.rounds,
+            "min_sample_s": run.min_sample_s,
+            "grad": "torch.no_grad()",
+            "described": {k: s.description for k, s in run.settings.items()},
+        },
+        "targets": _target_rows(run),
+        "results": run.rows,
+        "memory": run.memory,
+        "skipped": run.skipped,
+        "extra": run.extra,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out_dir / "latest.md").write_text(markdown(report))
+    print(f"wrote {args.out_dir / 'latest.json'} and {args.out_dir / 'latest.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
