@@ -27,6 +27,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
+from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
@@ -80,14 +81,21 @@ def composition_scores(
     if n_samples < 2:
         raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
     with torch.no_grad():  # scores of the weights, not a graph through them
-        A_1, B_1 = _upcast(model.W_V), _upcast(model.W_O)
-        A_2, B_2 = _later_factors(model, kind)
+        written = _written(_upcast(model.W_V), _upcast(model.W_O))
+        read = _read(*_later_factors(model, kind))
+    written_norm, read_norm = _norm(written), _norm(read)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    scores = A_1.new_zeros(n_layers, n_heads, n_layers, n_heads)
+    scores = written.new_zeros(n_layers, n_heads, n_layers, n_heads)
     for layer in range(n_layers - 1):
         later = slice(layer + 1, None)
-        earlier = (A_1[layer, :, None, None], B_1[layer, :, None, None])  # [head 1 1 ...]
-        scores[layer, :, later] = _scores(*earlier, A_2[None, later], B_2[None, later])
+        # One matrix product per earlier layer: every head of it against every later head.
+        overlap = einsum(
+            written[layer],
+            read[later],
+            "head r_1 d_model, layer_2 head_2 d_model r_2 -> head layer_2 head_2 r_1 r_2",
+        )
+        denominator = written_norm[layer][:, None, None] * read_norm[later]
+        scores[layer, :, later] = _norm(overlap) / denominator
     mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
     return CompositionScores(kind, scores.to(model.W_V.dtype), mean, std, n_samples)
 
@@ -103,23 +111,22 @@ def _later_factors(
     return _upcast(model.W_V), _upcast(model.W_O)
 
 
-def _scores(
-    A_1: Float[Tensor, "*lead_1 d_model d_head"],
-    B_1: Float[Tensor, "*lead_1 d_head d_model"],
-    A_2: Float[Tensor, "*lead_2 d_model d_head"],
-    B_2: Float[Tensor, "*lead_2 d_head d_model"],
-) -> Tensor:
-    """`||A_1 B_1 A_2 B_2|| / (||A_1 B_1|| ||A_2 B_2||)`, leading dims broadcast, from factors.
+def _written(
+    A: Float[Tensor, "*lead d_model d_head"], B: Float[Tensor, "*lead d_head d_model"]
+) -> Float[Tensor, "*lead r d_model"]:
+    """`R B` with `A = Q R` (QR): `||A B X||_F = ||R B X||_F` for every `X`."""
+    return torch.linalg.qr(A, mode="r").R @ B
 
-    With `A_1 = Q_1 R_1` and `B_2^T = Q_2 R_2`, `||A_1 X|| = ||R_1 X||` and `||X B_2|| =
-    ||X R_2^T||`: every norm is of a matrix with `d_head` rows or columns.
-    """
-    R_1 = torch.linalg.qr(A_1, mode="r").R
-    R_2 = torch.linalg.qr(B_2.mT, mode="r").R
-    written = R_1 @ B_1  # [... d_head d_model]: what the earlier head can write
-    read = A_2 @ R_2.mT  # [... d_model d_head]: what the later head reads
-    product = torch.linalg.matrix_norm(written @ read)
-    return product / (torch.linalg.matrix_norm(written) * torch.linalg.matrix_norm(read))
+
+def _read(
+    A: Float[Tensor, "*lead d_model d_head"], B: Float[Tensor, "*lead d_head d_model"]
+) -> Float[Tensor, "*lead d_model r"]:
+    """`A R^T` with `B^T = Q R` (QR): `||X A B||_F = ||X A R^T||_F` for every `X`."""
+    return A @ torch.linalg.qr(B.mT, mode="r").R.mT
+
+
+def _norm(x: Tensor) -> Tensor:
+    return torch.linalg.matrix_norm(x)
 
 
 def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int) -> tuple[float, float]:
@@ -128,7 +135,8 @@ def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int) -> tu
         torch.manual_seed(seed)
         shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model)]
         A_1, B_1, A_2, B_2 = (torch.randn(n_samples, *s, dtype=torch.float64) for s in shapes)
-    scores = _scores(A_1, B_1, A_2, B_2)
+    written, read = _written(A_1, B_1), _read(A_2, B_2)
+    scores = _norm(written @ read) / (_norm(written) * _norm(read))
     return float(scores.mean()), float(scores.std())
 
 

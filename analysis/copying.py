@@ -64,11 +64,11 @@ def copying_scores(
     """The copying score of every head's full OV circuit, or the same score of its full QK.
 
     The baseline spread is a seeded Monte-Carlo estimate over Gaussian `W_E, W_U, W_V,
-    W_O` (`W_Q, W_K`) of this model's shapes, each draw sampled exactly but without a
-    `d_vocab`-sized matrix: `W_E = O T` (QR) with `T` the Bartlett factor of the Wishart
-    matrix `W_E^T W_E`, and `W_U O` is again Gaussian, so `W_U W_E ~ G T` and
-    `W_E^T W_E = T^T T` with `T` a `d_model x d_model` triangular matrix. `seed` seeds a
-    private RNG state: the global torch RNG is left as it was.
+    W_O` (`W_Q, W_K`) of this model's shapes. Each draw is sampled exactly, but through
+    `d_head`-sized matrices only (Bartlett factors of Wishart matrices stand in for the
+    `d_vocab`- and `d_model`-sized Gaussians; see `_random_scores`), so it costs
+    `O(d_head^3)` whatever the vocabulary. `seed` seeds a private RNG state: the global
+    torch RNG is left as it was.
     """
     if circuit not in ("OV", "QK"):
         raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
@@ -130,18 +130,30 @@ def _random_std(
 def _random_scores(
     circuit: str, d_vocab: int, d_model: int, d_head: int, n: int
 ) -> Float[Tensor, " sample"]:
-    """Scores of `n` heads with Gaussian weights, through `d_model`-sized matrices only."""
+    """Scores of `n` heads with Gaussian weights, through `d_head`-sized matrices only.
+
+    Write `F(n, k)` for a factor `C` with `C^T C ~ Z^T Z`, `Z` a Gaussian `[n k]`
+    (`_wishart_factor`). Given `W_V`, the rows of `W_E W_V` are Gaussian with covariance
+    `W_V^T W_V = C_v^T C_v`, so `W_E W_V ~ Z_e C_v`; likewise `W_O W_U ~ C_o^T Z_u`; and
+    `Z_u Z_e ~ G T` with `G` Gaussian and `T = F(d_vocab, .)` (QR of `Z_e`, then `Z_u Q` is
+    Gaussian). So `W_O W_U W_E W_V ~ C_o^T G T C_v`. For QK, `[W_E W_K, W_E W_Q] ~ Z C`
+    with `C = F(d_model, 2 d_head)`, and `(W_E W_K)^T (W_E W_Q) ~ (T C_K)^T (T C_Q)`.
+    """
     gaussian = lambda *shape: torch.randn(n, *shape, dtype=torch.float64)
-    T = _wishart_factor(d_vocab, d_model, n)  # W_E ~ O T
-    if circuit == "OV":  # W_O (W_U W_E) W_V ~ W_O G T W_V
-        G = gaussian(d_model, T.shape[-2])
-        small = gaussian(d_head, d_model) @ G @ (T @ gaussian(d_model, d_head))
-    else:  # W_K^T (W_E^T W_E) W_Q ~ (T W_K)^T (T W_Q)
-        small = (T @ gaussian(d_model, d_head)).mT @ (T @ gaussian(d_model, d_head))
+    if circuit == "OV":
+        C_o = _wishart_factor(d_model, d_head, n)  # W_O W_O^T = C_o^T C_o
+        C_v = _wishart_factor(d_model, d_head, n)  # W_V^T W_V = C_v^T C_v
+        T = _wishart_factor(d_vocab, C_v.shape[-2], n)  # Z_e = Q T
+        small = C_o.mT @ gaussian(C_o.shape[-2], T.shape[-2]) @ T @ C_v
+    else:
+        C = _wishart_factor(d_model, 2 * d_head, n)  # [W_K W_Q]^T [W_K W_Q] = C^T C
+        T = _wishart_factor(d_vocab, C.shape[-2], n)  # Z = Q T
+        keys, queries = (T @ C).split(d_head, dim=-1)
+        small = keys.mT @ queries
     return _eigenvalue_score(small)
 
 
-_CHUNK = 16  # draws at a time: bounds memory at 16 d_model x d_model matrices
+_CHUNK = 4096  # draws at a time: a few [d_head d_head] matrices each
 
 
 def _wishart_factor(n_dof: int, dim: int, n_samples: int) -> Float[Tensor, "sample rows dim"]:
