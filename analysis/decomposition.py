@@ -119,7 +119,9 @@ def decompose_resid(
     components = torch.cat([tensor for _, tensor in parts])
     if check:
         target = activation(cache, get_act_name(site, layer))
-        check_sums_to(components, target, f"the decomposition of {get_act_name(site, layer)}")
+        check_sums_to(
+            components, target, f"the decomposition of {get_act_name(site, layer)}", model.cfg.dtype
+        )
     return Decomposition(components, labels, site, layer)
 
 

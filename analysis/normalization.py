@@ -143,7 +143,8 @@ def apply_ln_to_stack(
             labels = (*labels, f"{norm.label}_bias")
         if check:
             target = _per_head_first(activation(cache, norm.hook("normalized")))
-            check_sums_to(components, target, f"{decomposition.hook_name} through {norm.name}")
+            what = f"{decomposition.hook_name} through {norm.name}"
+            check_sums_to(components, target, what, model.cfg.dtype)
     return Decomposition(components, labels, decomposition.site, decomposition.layer, norm.name)
 
 

@@ -135,14 +135,23 @@ class AccumulatedResid(ResidStack):
         return f"AccumulatedResid up to {self.hook_name}"
 
 
-def check_sums_to(components: Stack, target: Float[Tensor, "batch pos d_model"], what: str) -> None:
+def check_sums_to(
+    components: Stack,
+    target: Float[Tensor, "batch pos d_model"],
+    what: str,
+    computed_in: torch.dtype | None = None,
+) -> None:
     """Raise `DecompositionError` unless `components` add up to `target` within rounding.
 
-    The bound is the tolerance of the dtype, relative to the sum of the components'
-    magnitudes (the size of the rounding errors a sum can make), not to the target alone,
-    which cancellation can make small.
+    The bound is the tolerance of the dtype the activations were computed in
+    (`computed_in`, the model's; a cache recorded in float64 from a float32 model still
+    carries float32 rounding) or of the components', whichever is coarser, relative to
+    the sum of the components' magnitudes (the size of the rounding errors a sum can
+    make), not to the target alone, which cancellation can make small.
     """
-    tol = tolerance(components.dtype)
+    dtypes = [components.dtype] + ([computed_in] if computed_in is not None else [])
+    coarsest = max(dtypes, key=lambda dtype: torch.finfo(dtype).eps)
+    tol = tolerance(coarsest)
     total = components.sum(0)
     error = (total - target).abs()
     bound = tol.atol + tol.rtol * components.abs().sum(0)
@@ -154,5 +163,5 @@ def check_sums_to(components: Stack, target: Float[Tensor, "batch pos d_model"],
         f"{what} does not add up: largest error {float(error.max()):.3g} "
         f"(at batch {int(batch)}, pos {int(pos)}, d_model {int(dim)}: "
         f"{float(error[batch, pos, dim]):.3g} > bound {float(bound[batch, pos, dim]):.3g}, "
-        f"{str(components.dtype).removeprefix('torch.')} tolerance {tol})"
+        f"{str(coarsest).removeprefix('torch.')} tolerance {tol})"
     )

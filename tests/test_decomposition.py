@@ -149,6 +149,13 @@ def test_check_raises_with_the_largest_error():
         decompose_resid(model, bad, 1, check=True)
 
 
+def test_a_float64_cache_of_a_float32_model_is_checked_at_float32_rounding():
+    model = _model("LN", dtype=torch.float32)
+    _, cache = model.run_with_cache(torch.arange(6)[None], dtype=torch.float64)
+    decomp = decompose_resid(model, cache, granularity="neuron", check=True)
+    assert decomp.components.dtype == torch.float64
+
+
 def test_cache_without_batch_axis_reads_as_a_batch_of_one():
     model = _model("LN")
     tokens = torch.arange(5)[None]
