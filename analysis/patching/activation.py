@@ -5,7 +5,7 @@ from typing import Literal
 from torch import Tensor
 
 from analysis.patching.components import component_grid
-from analysis.patching.engine import DEFAULT_MEMORY_BUDGET, base_run, sweep
+from analysis.patching.engine import base_run, sweep
 from analysis.patching.inputs import Metric, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
@@ -23,7 +23,7 @@ def activation_patch(
     *,
     by_pos: bool | None = None,
     direction: Direction = "denoising",
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    memory_budget: int | None = None,
 ) -> PatchingResult:
     """Patch each component of `kind` on its own and record `metric` for every prompt.
 
@@ -35,8 +35,9 @@ def activation_patch(
 
     `direction="denoising"` runs the corrupted prompts with one clean activation patched
     in; `"noising"` the reverse. The variants are stacked along the batch axis, in passes
-    of at most about `memory_budget` bytes, and give the numbers the one-by-one loop
-    (TransformerLens's `patching` module) gives.
+    of at most about `memory_budget` bytes (default `default_memory_budget(model)`), each
+    starting at the patched layer and position, and give the numbers of the one-by-one
+    loop (TransformerLens's `patching` module).
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     if direction not in ("denoising", "noising"):

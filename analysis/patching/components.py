@@ -35,6 +35,18 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     **{k: ("pos", "d_mlp") for k in ("pre", "post")},
 }
 HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
+# A block mixes positions only where queries read keys and values. A patch at position p
+# of a kind downstream of the keys and values (or on the query side) changes the block's
+# output at position p alone; a patch of the residual stream, keys or values does not.
+LOCAL_KINDS: frozenset[str] = frozenset(LAYOUTS) - {
+    "resid_pre",
+    "attn_in",
+    "k_input",
+    "v_input",
+    "k",
+    "v",
+    "rot_k",
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,12 +24,19 @@ from einops import rearrange, repeat
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from analysis.patching.components import Component, component_masks
+from analysis.patching.components import LOCAL_KINDS, Component, component_masks
 from analysis.patching.inputs import Metric, metric_values
 from hookedattn import ActivationCache, HookedTransformer, KeyValueCache, KeyValueCacheEntry
 from hookedattn.names import get_act_name, pos_axis
 
-DEFAULT_MEMORY_BUDGET = 256 * 2**20  # bytes of activations alive in one stacked pass
+
+def default_memory_budget(model: HookedTransformer) -> int:
+    """Bytes of activations one stacked pass may hold, unless the caller says otherwise.
+
+    On a CPU, passes whose activations stay within the caches run fastest (measured:
+    16-32 MiB beat 256 MiB by 1.5-2x on a 2-layer model); an accelerator wants big passes.
+    """
+    return 32 * 2**20 if torch.device(model.cfg.device).type == "cpu" else 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +106,7 @@ def run_variants(
     edits: Sequence[Edit],
     start_layer: int = 0,
     start_pos: int = 0,
+    local_end: int | None = None,
     record: Sequence[str] = (),
 ) -> VariantRun:
     """One forward pass of `n_variants` edited copies of `base`, from a layer and position.
@@ -106,39 +114,80 @@ def run_variants(
     Every edit must lie in block `start_layer` or later and at position `start_pos` or
     later (or the variants would differ before the pass starts). Recording needs
     `start_pos == 0`, since earlier positions are not run.
+
+    `local_end`: the edits lie in block `start_layer` only, each at one position before
+    `local_end`, downstream of where the block mixes positions (see `LOCAL_KINDS`). Then
+    the block's output changes at positions `start_pos..local_end-1` only, so the block
+    runs on those alone and the pass goes on from its output and the unpatched rest.
     """
-    assert not (record and start_pos), "recording needs every position"
-    resid = repeat(
-        base.cache[get_act_name("resid_pre", start_layer)][:, start_pos:],
-        "batch pos d_model -> (variant batch) pos d_model",
-        variant=n_variants,
-    )
-    past = _frozen_prefix(model, base.cache, n_variants, start_layer, start_pos)
+    assert not (record and (start_pos or local_end)), "recording needs every position"
     recorded: dict[str, Tensor] = {}
 
     def keep(activation: Tensor, hook) -> None:
         recorded[hook.name] = _by_variant(activation, n_variants)
 
-    hooks = [(e.hook, _edit_hook(e, n_variants, start_pos)) for e in edits]
+    end = base.tokens.shape[1] if local_end is None else local_end
+    hooks = [(e.hook, _edit_hook(e, n_variants, start_pos, end)) for e in edits]
     hooks += [(name, keep) for name in record]
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(resid, start_at_layer=start_layer, past_kv_cache=past)
+    resid = _rows(base, start_layer, start_pos, end, n_variants)
+    with torch.no_grad():
+        if local_end is None:
+            past = _frozen_prefix(model, base.cache, n_variants, start_layer, start_pos)
+            with model.hooks(fwd_hooks=hooks):
+                logits = model(resid, start_at_layer=start_layer, past_kv_cache=past)
+            return VariantRun(_splice(base.logits, logits, start_pos, n_variants), recorded)
+        past = _frozen_prefix(model, base.cache, n_variants, start_layer, start_pos, 1)
+        with model.hooks(fwd_hooks=hooks):
+            resid = model(
+                resid, start_at_layer=start_layer, stop_at_layer=start_layer + 1, past_kv_cache=past
+            )
+        next_layer = start_layer + 1
+        if next_layer < model.cfg.n_layers:
+            rest = _rows(base, next_layer, local_end, base.tokens.shape[1], n_variants)
+            resid = torch.cat([resid, rest], dim=1)
+        # With no block left, positions no longer mix: the rows after the window keep
+        # their unpatched logits.
+        past = _frozen_prefix(model, base.cache, n_variants, next_layer, start_pos)
+        logits = model(resid, start_at_layer=next_layer, past_kv_cache=past)
+    return VariantRun(_splice(base.logits, logits, start_pos, n_variants), recorded)
+
+
+def _rows(base: BaseRun, layer: int, start: int, end: int, n_variants: int) -> Tensor:
+    """The unpatched residual stream entering `layer` at positions `start..end-1`, per variant."""
+    return repeat(
+        base.cache[get_act_name("resid_pre", layer)][:, start:end],
+        "batch pos d_model -> (variant batch) pos d_model",
+        variant=n_variants,
+    )
+
+
+def _splice(
+    base_logits: Float[Tensor, "batch pos d_vocab_out"],
+    logits: Float[Tensor, "variant_batch run_pos d_vocab_out"],
+    start_pos: int,
+    n_variants: int,
+) -> Float[Tensor, "variant batch pos d_vocab_out"]:
+    """Each variant's logits: unpatched outside `start_pos..`, `logits` there."""
     logits = _by_variant(logits, n_variants)
-    if start_pos:
-        earlier = base.logits[:, :start_pos].expand(n_variants, -1, -1, -1)
-        logits = torch.cat([earlier, logits], dim=2)
-    return VariantRun(logits, recorded)
+    end = start_pos + logits.shape[2]
+    if start_pos == 0 and end == base_logits.shape[1]:
+        return logits
+    expand = lambda x: x.expand(n_variants, -1, -1, -1)
+    return torch.cat([expand(base_logits[:, :start_pos]), logits, expand(base_logits[:, end:])], 2)
 
 
 def _by_variant(x: Tensor, n_variants: int) -> Tensor:
     return rearrange(x, "(variant batch) ... -> variant batch ...", variant=n_variants)
 
 
-def _edit_hook(edit: Edit, n_variants: int, start_pos: int) -> Callable:
-    axis = pos_axis(edit.hook)  # of a [batch ...] activation
-    mask = _from_pos(edit.mask, axis + 1, start_pos)
+def _edit_hook(edit: Edit, n_variants: int, start: int, end: int) -> Callable:
+    """A hook applying `edit` in a pass over positions `start..end-1`."""
+    axis = pos_axis(edit.hook) + 1  # of a [variant batch ...] tensor
+    mask = _window(edit.mask, axis, start, end)
     source = edit.source if edit.source.ndim == mask.ndim else edit.source[None]
-    source = _from_pos(source, axis + 1, start_pos)
+    source = _window(source, axis, start, end)
+    if axis == 3:  # scores and patterns: their key axis ends where the pass ends
+        source = source[..., :end]
 
     def patch(activation: Tensor, hook) -> Tensor:
         patched = torch.where(mask, source, _by_variant(activation, n_variants))
@@ -147,11 +196,11 @@ def _edit_hook(edit: Edit, n_variants: int, start_pos: int) -> Callable:
     return patch
 
 
-def _from_pos(x: Tensor, axis: int, start_pos: int) -> Tensor:
-    """Positions `start_pos..` of `x` along `axis` (a broadcast axis of size 1 stays)."""
-    if not start_pos or x.shape[axis] == 1:
+def _window(x: Tensor, axis: int, start: int, end: int) -> Tensor:
+    """Positions `start..end-1` of `x` along `axis` (a broadcast axis of size 1 stays)."""
+    if x.shape[axis] == 1 or (start, end) == (0, x.shape[axis]):
         return x
-    return x.narrow(axis, start_pos, x.shape[axis] - start_pos)
+    return x.narrow(axis, start, end - start)
 
 
 def _frozen_prefix(
@@ -160,12 +209,16 @@ def _frozen_prefix(
     n_variants: int,
     start_layer: int,
     start_pos: int,
+    n_blocks: int | None = None,
 ) -> KeyValueCache | None:
-    """The unpatched keys and values of positions `..start_pos`, shared by every variant."""
-    if not start_pos:
+    """The unpatched keys and values of positions `..start_pos`, shared by every variant,
+    for `n_blocks` blocks from `start_layer` (all the rest by default)."""
+    n_layers = model.cfg.n_layers
+    stop = n_layers if n_blocks is None else start_layer + n_blocks
+    if not start_pos or start_layer >= n_layers:
         return None
     entries = {}
-    for layer in range(start_layer, model.cfg.n_layers):
+    for layer in range(start_layer, stop):
         keys, values = (
             repeat(
                 cache[name][:, :start_pos],
@@ -175,10 +228,12 @@ def _frozen_prefix(
             for name in (_key_name(model, layer), get_act_name("v", layer))
         )
         entries[layer] = KeyValueCacheEntry(keys, values, frozen=True)
-    # Blocks before start_layer do not run, so their entries are never read.
-    filled = [entries[max(layer, start_layer)] for layer in range(model.cfg.n_layers)]
-    mask = torch.ones(n_variants * cache[get_act_name("v", start_layer)].shape[0], start_pos)
-    return KeyValueCache(filled, mask.to(torch.long), frozen=True)
+    # Blocks outside start_layer..stop-1 do not run, so their entries are never read.
+    filled = [entries[min(max(layer, start_layer), stop - 1)] for layer in range(n_layers)]
+    name = get_act_name("v", start_layer)
+    batch = cache[name].shape[0]
+    mask = torch.ones(n_variants * batch, start_pos, dtype=torch.long, device=cache[name].device)
+    return KeyValueCache(filled, mask, frozen=True)
 
 
 # --------------------------------------------------------------------- sweeps
@@ -207,32 +262,56 @@ def plan_chunks(
     components: Sequence[Component],
     batch: int,
     n_pos: int,
-    memory_budget: int,
+    memory_budget: int | None = None,
 ) -> list[list[int]]:
     """Indices of `components`, cut into stacked passes that fit `memory_budget` bytes.
 
     Sorted by (layer, position) so that each pass starts as late as it can; a pass never
     mixes layers. A single variant larger than the budget still runs, alone.
     """
+    memory_budget = default_memory_budget(model) if memory_budget is None else memory_budget
     if memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
     order = sorted(range(len(components)), key=lambda i: _start(components[i]))
     chunks: list[list[int]] = []
+    local = False  # whether every patch of the last chunk is local
     for i in order:
-        layer = components[i].layer
+        component = components[i]
+        is_local = _local_end([component]) is not None
         if chunks:
-            first_layer, first_pos = _start(components[chunks[-1][0]])
-            size = (len(chunks[-1]) + 1) * batch
-            cost = size * bytes_per_sequence(model, n_pos - first_pos, n_pos)
-            if layer == first_layer and cost <= memory_budget:
+            first = components[chunks[-1][0]]
+            run_end = component.pos + 1 if local and is_local else None
+            cost = (len(chunks[-1]) + 1) * batch * _bytes_per_variant(model, first, run_end, n_pos)
+            if first.layer == component.layer and cost <= memory_budget:
                 chunks[-1].append(i)
+                local = local and is_local
                 continue
         chunks.append([i])
+        local = is_local
     return chunks
+
+
+def _bytes_per_variant(
+    model: HookedTransformer, first: Component, local_end: int | None, n_pos: int
+) -> int:
+    """Bytes of one sequence in a pass starting at `first`, local up to `local_end` if given."""
+    start_layer, start_pos = _start(first)
+    n_run = n_pos - start_pos
+    if local_end is not None and start_layer + 1 == model.cfg.n_layers:
+        n_run = local_end - start_pos  # no block after the window's: the window alone runs
+    return bytes_per_sequence(model, n_run, n_pos)
 
 
 def _start(component: Component) -> tuple[int, int]:
     return component.layer, component.pos or 0
+
+
+def _local_end(components: Sequence[Component]) -> int | None:
+    """Where the window of changed positions ends, if the patches change their block's
+    output only at their own positions (see `run_variants`); else None."""
+    if all(c.name in LOCAL_KINDS and c.pos is not None for c in components):
+        return max(c.pos for c in components) + 1
+    return None
 
 
 def sweep(
@@ -241,7 +320,7 @@ def sweep(
     sources: Mapping[str, Tensor],
     components: Sequence[Component],
     metric: Metric,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    memory_budget: int | None = None,
 ) -> Float[Tensor, "component batch"]:
     """The metric with each component of `base` replaced by `sources[its hook name]`.
 
@@ -257,6 +336,7 @@ def sweep(
             for hook in hooks
         ]
         layer, pos = _start(chosen[0])
-        logits = run_variants(model, base, len(chosen), edits, layer, pos).logits
+        local_end = _local_end(chosen)
+        logits = run_variants(model, base, len(chosen), edits, layer, pos, local_end).logits
         out[chunk] = torch.stack([metric_values(metric, variant) for variant in logits])
     return out
