@@ -121,17 +121,47 @@ def test_shape_checks_are_on(make_tiny_model):
 """
 
 
+SHIPPED_SUITE = """
+import pytest
+
+from hookedattn.pretrained import list_pretrained
+from hookedattn.testing import assert_residual_identities
+
+NAMES = [info.name for info in list_pretrained()]
+LOADED = {}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_shipped_model_has_its_fixture(request, pretrained, name):
+    model = request.getfixturevalue("pretrained_" + name.replace("-", "_"))
+    assert model.cfg.model_name == name
+    assert pretrained(name) is model
+    LOADED[name] = model
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_model_is_loaded_once_and_its_identities_hold(pretrained, name):
+    model = pretrained(name)
+    assert model is LOADED[name]
+    _, cache = model.run_with_cache(model.to_tokens("def f(x):\\n    return x + 1\\n"))
+    assert_residual_identities(model, cache)
+"""
+
+
 @pytest.fixture(scope="module")
 def user_run(tmp_path_factory) -> dict[str, str]:
     """Run the user suite in a fresh pytest; outcome (and message) per test name."""
     root = tmp_path_factory.mktemp("user_suite")
     (root / "pytest.ini").write_text(INI)
-    (root / "conftest.py").write_text(textwrap.dedent(CONFTEST))
-    (root / "test_user.py").write_text(textwrap.dedent(USER_SUITE))
+    (root / "stand_in").mkdir()  # shared models replaced by tiny ones
+    (root / "stand_in" / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (root / "stand_in" / "test_user.py").write_text(textwrap.dedent(USER_SUITE))
+    (root / "shipped").mkdir()  # the real shipped models
+    (root / "shipped" / "test_shipped.py").write_text(textwrap.dedent(SHIPPED_SUITE))
     report = root / "report.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", f"--junitxml={report}", "test_user.py"],
+        [sys.executable, "-m", "pytest", f"--junitxml={report}", "stand_in", "shipped"],
         cwd=root,
         env=env,
         capture_output=True,
@@ -177,7 +207,7 @@ def test_a_leaked_hook_fails_the_test_naming_it(user_run):
     outcome = user_run["test_leaks_a_hook"]
     assert outcome.startswith("error: failed on teardown")
     assert "the test left hooks attached (now detached)" in outcome
-    assert "fwd hook test_leaks_a_hook.<locals>.leaky_ablation (test_user.py:" in outcome
+    assert "fwd hook test_leaks_a_hook.<locals>.leaky_ablation (stand_in/test_user.py:" in outcome
     assert "at blocks.0.attn.hook_z" in outcome
 
 
@@ -191,6 +221,17 @@ def test_a_hook_left_on_a_shared_model_fails_the_test(user_run):
     outcome = user_run["test_leaves_a_hook_on_the_shared_model"]
     assert "hooks left attached to 'tiny-a'" in outcome
     assert "at hook_embed" in outcome
+
+
+@pytest.mark.parametrize("test", ["has_its_fixture", "is_loaded_once_and_its_identities_hold"])
+def test_every_shipped_model_works_through_the_fixtures(user_run, test):
+    from hookedattn.pretrained import list_pretrained
+
+    names = [info.name for info in list_pretrained()]
+    assert names
+    for name in names:
+        outcome = next(o for n, o in user_run.items() if n.endswith(f"{test}[{name}]"))
+        assert outcome == "passed", (name, outcome)
 
 
 # ----------------------------------------------------------------- in this process
