@@ -7,6 +7,7 @@ the model and its inputs as it found them.
 
 from analysis.patching.activation import activation_patch
 from analysis.patching.components import Component, available_kinds
+from analysis.patching.path import path_patch
 from analysis.patching.result import PatchingComparison, PatchingResult, compare_patching
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "activation_patch",
     "available_kinds",
     "compare_patching",
+    "path_patch",
 ]

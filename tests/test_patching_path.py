@@ -1,0 +1,155 @@
+"""Path patching on a hand-built linear model whose every path is known."""
+
+import pytest
+import torch
+
+from analysis.patching import Component, activation_patch, path_patch
+from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.tolerances import tolerance
+
+TOL = tolerance(torch.float64).as_kwargs()
+WEIGHTS = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)  # what S reads per token
+CLEAN = torch.tensor([[0, 2, 1, 3, 2], [1, 1, 0, 2, 3]])
+CORRUPTED = torch.tensor([[3, 1, 2, 0, 0], [2, 0, 3, 1, 1]])
+A, B, C, D, E = slice(0, 4), 4, 5, 6, 7  # residual subspaces: token, S, M, R, R2
+
+
+def hand_built() -> HookedTransformer:
+    """Three attention-only layers, no norms, uniform causal attention (W_Q = W_K = 0):
+
+    S  = head 0.0 reads the token (weighted by WEIGHTS) and writes B;
+    M  = head 1.0 reads B and writes 2x into C;
+    R  = head 2.0 reads B and writes D;      R2 = head 2.1 reads C and writes E;
+    the logit of token 0 reads D + 3 E. Every other weight is zero.
+    """
+    cfg = HookedTransformerConfig(
+        n_layers=3, d_model=10, n_heads=2, d_head=2, n_ctx=8, d_vocab=4, attn_only=True,
+        normalization_type=None, positional_embedding_type="none", dtype=torch.float64,
+    )  # fmt: skip
+    model = HookedTransformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embed.W_E[:, A] = torch.eye(4, dtype=torch.float64)
+        wire = [(0, 0, A, B, WEIGHTS, 1.0), (1, 0, B, C, 1.0, 2.0), (2, 0, B, D, 1.0, 1.0)]
+        wire += [(2, 1, C, E, 1.0, 1.0)]
+        for layer, head, reads, writes, w_v, w_o in wire:
+            attn = model.blocks[layer].attn
+            attn.W_V[head, reads, 0] = w_v
+            attn.W_O[head, 0, writes] = w_o
+        model.unembed.W_U[D, 0] = 1.0
+        model.unembed.W_U[E, 0] = 3.0
+    return model
+
+
+def metric(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1, 0]
+
+
+def prefix_mean(x: torch.Tensor) -> torch.Tensor:
+    """Uniform causal attention: position i averages positions 0..i."""
+    return x.cumsum(-1) / torch.arange(1, x.shape[-1] + 1)
+
+
+def paths(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last position's D and 3 E, by hand."""
+    b = prefix_mean(WEIGHTS[tokens])
+    d = prefix_mean(b)[:, -1]
+    e = 3 * prefix_mean(prefix_mean(2 * b))[:, -1]
+    return d, e
+
+
+S = Component("z", 0, head=0)
+
+
+def run(receivers, senders=(S,), **kwargs):
+    model = hand_built()
+    return path_patch(model, CLEAN, CORRUPTED, metric, receivers, list(senders), **kwargs)
+
+
+def test_baselines_are_the_two_paths_summed():
+    result = run(Component("v", 2, head=0))
+    torch.testing.assert_close(result.clean, sum(paths(CLEAN)), **TOL)
+    torch.testing.assert_close(result.corrupted, sum(paths(CORRUPTED)), **TOL)
+
+
+def test_path_to_the_receivers_values_carries_only_its_own_route():
+    (_, e_clean), (d_corrupted, _) = paths(CLEAN), paths(CORRUPTED)
+    result = run(Component("v", 2, head=0))
+    torch.testing.assert_close(result.per_prompt[0], d_corrupted + e_clean, **TOL)
+
+
+def test_path_through_an_intermediate_head_is_cut_by_freezing():
+    # R2 hears S only through M, which step 1 freezes: no effect at all.
+    result = run(Component("v", 2, head=1))
+    torch.testing.assert_close(result.per_prompt[0], result.clean, **TOL)
+
+
+def test_path_to_the_intermediate_head_carries_the_route_through_it():
+    (d_clean, _), (_, e_corrupted) = paths(CLEAN), paths(CORRUPTED)
+    result = run(Component("v", 1, head=0))
+    torch.testing.assert_close(result.per_prompt[0], d_clean + e_corrupted, **TOL)
+
+
+def test_paths_that_do_not_exist_have_no_effect():
+    for receiver in (Component("k", 2, head=0), Component("resid_post", 2)):
+        result = run(receiver)
+        torch.testing.assert_close(result.per_prompt[0], result.clean, **TOL)
+
+
+def test_the_two_routes_add_up_to_patching_the_sender():
+    model = hand_built()
+    whole = activation_patch(model, CLEAN, CORRUPTED, metric, "z", direction="noising")
+    via_r = run(Component("v", 2, head=0)).per_prompt[0]
+    via_m = run(Component("v", 1, head=0)).per_prompt[0]
+    clean = whole.clean
+    torch.testing.assert_close(via_r - clean + via_m - clean, whole.per_prompt[0, 0] - clean, **TOL)
+
+
+def test_denoising_is_the_mirror_image():
+    (d_clean, _), (_, e_corrupted) = paths(CLEAN), paths(CORRUPTED)
+    result = run(Component("v", 2, head=0), direction="denoising")
+    torch.testing.assert_close(result.per_prompt[0], d_clean + e_corrupted, **TOL)
+
+
+def test_every_head_as_sender_in_one_call_matches_each_alone():
+    model = hand_built()
+    receivers = [Component("v", 2, head=0), Component("v", 1, head=0)]
+    sweep = path_patch(model, CLEAN, CORRUPTED, metric, receivers, "z", memory_budget=1)
+    assert sweep.axes == ("layer", "head") and sweep.shape == (3, 2)
+    for layer in range(3):
+        for head in range(2):
+            alone = run(receivers, [Component("z", layer, head=head)])
+            torch.testing.assert_close(sweep.per_prompt[layer, head], alone.per_prompt[0], **TOL)
+
+
+def test_frozen_mlps_leave_only_the_direct_path_to_the_logits():
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=2, n_ctx=8, d_vocab=11, d_mlp=32, seed=0,
+        dtype=torch.float64,
+    )  # fmt: skip
+    model = HookedTransformer(cfg)
+    g = torch.Generator().manual_seed(0)
+    clean, corrupted = (torch.randint(0, 11, (2, 5), generator=g) for _ in range(2))
+    sender, last = Component("z", 0, head=1), Component("resid_post", 1)
+    result = path_patch(model, clean, corrupted, metric, last, [sender], freeze_mlps=True)
+    _, clean_cache = model.run_with_cache(clean)
+    _, corrupted_cache = model.run_with_cache(corrupted)
+    z = "blocks.0.attn.hook_z"
+    delta = (corrupted_cache[z] - clean_cache[z])[:, :, 1] @ model.W_O[0, 1]
+    logits = model.run_with_hooks(
+        clean, fwd_hooks=[("blocks.1.hook_resid_post", lambda x, hook: x + delta)]
+    )
+    torch.testing.assert_close(result.per_prompt[0], metric(logits), **TOL)
+
+
+def test_leaves_no_hooks_and_checks_its_components():
+    model = hand_built()
+    path_patch(model, CLEAN, CORRUPTED, metric, Component("v", 2, head=0))
+    assert model.attached_hooks() == []
+    with pytest.raises(ValueError, match="head must be in 0..1"):
+        path_patch(model, CLEAN, CORRUPTED, metric, Component("v", 2, head=5))
+    with pytest.raises(ValueError, match="it is attention-only"):
+        path_patch(model, CLEAN, CORRUPTED, metric, Component("mlp_out", 1))
+    with pytest.raises(ValueError, match="clean tokens have shape"):
+        path_patch(model, CLEAN, CORRUPTED[:1], metric, Component("v", 2, head=0))
