@@ -7,7 +7,7 @@ axis of these weights: concatenating the heads' `z` and multiplying by one
 `[n_heads * d_head, d_model]` matrix is the same as summing `z_h @ W_O[h]` over heads,
 which is why each head's write can be read on its own (`hook_result`).
 
-    scores  = q k^T / attn_scale, masked       (hook_attn_scores, the QK circuit)
+    scores  = q k^T / attn_scale + mask        (hook_attn_scores, the QK circuit; mask: 0 or -inf)
     pattern = softmax over key positions       (hook_pattern)
     z       = pattern @ v                      (hook_z)
     out     = sum_h z_h @ W_O[h] + b_O         (per head: hook_result; the OV circuit)
@@ -90,7 +90,7 @@ class Attention(nn.Module):
             "batch query_pos head d_head, batch key_pos head d_head "
             "-> batch head query_pos key_pos",
         )
-        scores = self.hook_attn_scores((scores / self.attn_scale).masked_fill(blocked, -torch.inf))
+        scores = self.hook_attn_scores(scores / self.attn_scale + _mask(blocked, scores.dtype))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(
             einsum(
@@ -127,3 +127,16 @@ class Attention(nn.Module):
             )
         )
         return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O
+
+
+def _mask(
+    blocked: Bool[Tensor, "#batch 1 query_pos key_pos"], dtype: torch.dtype
+) -> Float[Tensor, "#batch 1 query_pos key_pos"]:
+    """`-inf` where a key is blocked, 0 elsewhere: adding it is `masked_fill(blocked, -inf)`.
+
+    The same numbers, but an add over `[batch head query_pos key_pos]` costs a fraction of a
+    broadcast `masked_fill`, which was a tenth of a small model's forward.
+    """
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
+        blocked, -torch.inf
+    )

@@ -12,6 +12,13 @@ def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=cfg.dtype, device=cfg.device))
 
 
+def affine(
+    x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_in d_out"], b: Float[Tensor, " d_out"]
+) -> Float[Tensor, "... d_out"]:
+    """`x @ W + b` in one call: the bias is added inside the matmul, not in a second pass."""
+    return nn.functional.linear(x, W.T, b)
+
+
 class Embed(nn.Module):
     """Token ids to vectors: row `t` of `W_E: [d_vocab d_model]` for token `t`."""
 
@@ -45,4 +52,4 @@ class Unembed(nn.Module):
     def forward(
         self, x: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_vocab_out"]:
-        return x @ self.W_U + self.b_U
+        return affine(x, self.W_U, self.b_U)
