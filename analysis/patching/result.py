@@ -132,7 +132,7 @@ class PatchingComparison:
 
     @property
     def correlation(self) -> float:
-        """Pearson correlation of the two normalised maps."""
+        """Pearson correlation of the two normalised maps (NaN where one is constant)."""
         both = torch.stack([self.approx.normalised.flatten(), self.exact.normalised.flatten()])
         return float(torch.corrcoef(both)[0, 1])
 
