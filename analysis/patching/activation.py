@@ -1,7 +1,5 @@
 """Activation patching: every component of one kind, patched one at a time, batched."""
 
-from typing import Literal
-
 from torch import Tensor
 
 from analysis.patching.components import component_grid
@@ -9,8 +7,6 @@ from analysis.patching.engine import base_run, sweep
 from analysis.patching.inputs import Metric, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
-
-Direction = Literal["denoising", "noising"]
 
 
 def activation_patch(
@@ -22,7 +18,7 @@ def activation_patch(
     kind: str = "z",
     *,
     by_pos: bool | None = None,
-    direction: Direction = "denoising",
+    direction: str = "denoising",  # or "noising"
     memory_budget: int | None = None,
 ) -> PatchingResult:
     """Patch each component of `kind` on its own and record `metric` for every prompt.
