@@ -4,6 +4,7 @@ Pure functions of `(model, cache)`: they never mutate their inputs, never attach
 their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
+from analysis.ablations import ablate, ablation_hooks
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
 from analysis.composition import CompositionScores, composition_scores
@@ -19,11 +20,23 @@ from analysis.head_detectors import (
 from analysis.head_results import SourceContributions, head_results, head_source_contributions
 from analysis.logit_lens import LogitLens, logit_lens
 from analysis.normalization import apply_ln_to_stack
+from analysis.patching import (
+    Component,
+    PatchingComparison,
+    PatchingResult,
+    PatchingResults,
+    activation_patch,
+    attribution_patch,
+    available_kinds,
+    compare_patching,
+    path_patch,
+)
 from analysis.pattern_ablation import (
     frozen_pattern_hooks,
     pattern_preserving_ablation,
     pattern_preserving_hooks,
 )
+from analysis.plots import heatmap
 from analysis.resid_stack import AccumulatedResid, Decomposition, DecompositionError
 from analysis.tables import Table
 from hookedattn.factored_matrix import SVD, FactoredMatrix
@@ -66,4 +79,20 @@ __all__ += [
     "full_qk_circuit",
     "ov_circuit",
     "qk_circuit",
+]
+
+# issue 7: patching, ablations, plots
+__all__ += [
+    "Component",
+    "PatchingComparison",
+    "PatchingResult",
+    "PatchingResults",
+    "ablate",
+    "ablation_hooks",
+    "activation_patch",
+    "attribution_patch",
+    "available_kinds",
+    "compare_patching",
+    "heatmap",
+    "path_patch",
 ]
