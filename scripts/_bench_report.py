@@ -6,40 +6,6 @@ import subprocess
 from pathlib import Path
 
 import torch
-from torch import Tensor
-
-BARE = "bare"
-
-
-def cache_stats(items: list[tuple[str, Tensor]]) -> dict:
-    """Names, bytes summed over names, and bytes counting each storage once."""
-    storages: dict[int, int] = {}
-    for _, t in items:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return {
-        "names": len(items),
-        "bytes_summed_over_names": sum(t.numel() * t.element_size() for _, t in items),
-        "distinct_storages": len(storages),
-        "bytes_distinct_storages": sum(storages.values()),
-    }
-
-
-def status_bytes(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> bool:
-    try:  # Linux: writing 5 to clear_refs resets VmHWM to the current resident size
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def machine_info(root: Path) -> dict:
@@ -97,8 +63,10 @@ def markdown(report: dict) -> str:
         f"{m['load_average_start'][0]:.1f} at the start, "
         f"{m['load_average_end'][0]:.1f} at the end.",
         "",
-        "Each cell: median over interleaved rounds of (time / time of the bare reference in "
-        "the same round), min-max in brackets, then the median time per call. "
+        "Each group of rows is timed together, interleaved; its first row is the reference "
+        "(the bare plain-torch model, or for patching the one-forward-per-patch loop). Each "
+        "cell: median over rounds of (time / time of the reference in the same round), "
+        "min-max in brackets, then the median time per call. "
         f"{report['settings']['rounds']} rounds; all runs under `torch.no_grad()`."
         + (
             " **Quick run: tiny settings, not a measurement.**"
@@ -106,7 +74,7 @@ def markdown(report: dict) -> str:
             else ""
         ),
         "",
-        "## Targets (median ratio against the bare reference)",
+        "## Targets (median ratio against the reference)",
         "",
         "| setting | measure | target | measured | met |",
         "|---|---|---|---|---|",
@@ -118,28 +86,30 @@ def markdown(report: dict) -> str:
     settings = report["settings"]["described"]
     for section in dict.fromkeys(r["section"] for r in report["results"]):
         rows = [r for r in report["results"] if r["section"] == section]
-        contenders = list(dict.fromkeys(r["contender"] for r in rows if r["contender"] != BARE))
+        columns = list(dict.fromkeys(r["contender"] for r in rows if not r["reference"]))
         lines += ["", f"## {section}", ""]
-        lines.append("| setting | measure | bare (ms) | " + " | ".join(contenders) + " |")
-        lines.append("|---|---|---|" + "---|" * len(contenders))
-        for setting in dict.fromkeys(r["setting"] for r in rows):
-            here = [r for r in rows if r["setting"] == setting]
-            bare = next(r for r in here if r["contender"] == BARE)
-            for measure in dict.fromkeys(r["measure"] for r in here if r["contender"] != BARE):
+        lines.append("| setting | measure | reference | " + " | ".join(columns) + " |")
+        lines.append("|---|---|---|" + "---|" * len(columns))
+        for group in dict.fromkeys(r["group"] for r in rows):
+            here = [r for r in rows if r["group"] == group]
+            ref = here[0]
+            blank = " |" * len(columns)
+            lines.append(
+                f"| {ref['setting']} | {ref['measure']} ({ref['contender']}) | "
+                f"{ref['median_s'] * 1e3:.1f} ms ({ref['min_s'] * 1e3:.1f}-"
+                f"{ref['max_s'] * 1e3:.1f}) |{blank}"
+            )
+            for measure in dict.fromkeys(r["measure"] for r in here[1:]):
                 cells = [
                     _cell(
                         next(
-                            (r for r in here if (r["measure"], r["contender"]) == (measure, c)),
+                            (r for r in here[1:] if (r["measure"], r["contender"]) == (measure, c)),
                             None,
                         )
                     )
-                    for c in contenders
+                    for c in columns
                 ]
-                lines.append(
-                    f"| {setting} | {measure} | {bare['median_s'] * 1e3:.1f} | "
-                    + " | ".join(cells)
-                    + " |"
-                )
+                lines.append(f"| {ref['setting']} | {measure} | | " + " | ".join(cells) + " |")
     if report["memory"]:
         lines += [
             "",

@@ -22,10 +22,10 @@ import argparse
 import dataclasses
 import gc
 import json
+import logging
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,14 +38,10 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import _bench_analysis as analyses  # noqa: E402
+from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
-from _bench_report import (  # noqa: E402
-    cache_stats,
-    machine_info,
-    markdown,
-    reset_peak_rss,
-    status_bytes,
-)
+from _bench_report import machine_info, markdown  # noqa: E402
 
 from hookedattn import HookedTransformer  # noqa: E402
 
@@ -122,6 +118,8 @@ TARGETS = [
     ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "issue 8"),
     ("analysis", "b", "composition scores, all head pairs", 1.5, "issue 8"),
     ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8"),
+    # against the loop of one forward per patch: at least 10x faster
+    ("analysis", "c", "activation patching, every head x position", 0.1, "issue 8"),
 ]
 
 # ----------------------------------------------------------------------------- timing
@@ -135,14 +133,20 @@ class Contender:
     fn: Callable[[], Any]
 
 
+# "wall": elapsed time. "cpu": CPU time of this process, which on a machine shared with other
+# jobs leaves out the time spent waiting for a core (meaningful with --threads 1).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def _sample(fn: Callable[[], Any], inner: int) -> float:
     gc.collect()  # cheap: `interleave` froze the objects that existed before timing
     gc.disable()
     try:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - start) / inner
+        return (clock() - start) / inner
     finally:
         gc.enable()
 
@@ -244,13 +248,21 @@ class Run:
         print(f"  skipped: {measure}: {reason}")
         self.skipped.append({"section": section, "measure": measure, "reason": reason})
 
-    def time_group(self, section: str, setting: str, group: dict[tuple[str, str], Callable]):
+    def time_group(
+        self,
+        section: str,
+        setting: str,
+        group: dict[tuple[str, str], Callable],
+        rounds: int | None = None,
+    ) -> None:
         """Time `{(measure, contender): fn}` in one interleaved group; the first is the ref."""
         contenders = [Contender(f"{c}|{m}", fn) for (m, c), fn in group.items()]
-        results = interleave(contenders, self.rounds, self.min_sample_s)
+        results = interleave(contenders, rounds or self.rounds, self.min_sample_s)
+        group_id = len({r["group"] for r in self.rows})
         for (measure, contender), c in zip(group, contenders, strict=True):
-            row = {"section": section, "setting": setting, "measure": measure}
-            self.rows.append(row | {"contender": contender} | results[c.name])
+            row = {"section": section, "setting": setting, "measure": measure, "group": group_id}
+            row |= {"contender": contender, "reference": c is contenders[0]}
+            self.rows.append(row | results[c.name])
             ratio = results[c.name]["ratio"]
             print(
                 f"  {contender:>16}  {measure:<48} {results[c.name]['median_s'] * 1e3:9.2f} ms"
@@ -270,10 +282,16 @@ class Run:
         return tl
 
 
-def forward_section(run: Run, key: str) -> None:
-    setting = run.settings[key]
+def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
+    model, setting = shipped if shipped else (None, run.settings[key])
     print(f"forward [{key}] {setting.description}")
-    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    if model is None:
+        model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    else:
+        generator = torch.Generator().manual_seed(1)
+        tokens = torch.randint(
+            0, model.cfg.d_vocab, (setting.batch, setting.pos), generator=generator
+        )
     bare = BareTransformer(model)
     one_name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     with torch.no_grad():
@@ -391,109 +409,23 @@ def _our_kv_loop(model: HookedTransformer, tokens: Tensor, n_new: int) -> Callab
     return run
 
 
-# ----------------------------------------------------------------------------- memory
-
-
-MEMORY_MODES = (
-    "plain forward (bare reference)",
-    "hookedattn forward",
-    "hookedattn run_with_cache, everything",
-    "transformer_lens forward",
-    "transformer_lens run_with_cache, everything",
-)
-
-
-def memory_probe(spec: dict) -> dict:
-    """Run one mode once in this (fresh) process and report its peak resident memory."""
-    setting, mode = Setting(**spec["setting"]), spec["mode"]
-    model, tokens = build(setting.cfg, setting.batch, setting.pos)
-    subject = transformer_lens_model(model) if mode.startswith(TL) else model
-    if subject is None:
-        return {"mode": mode, "error": "transformer_lens is not installed"}
-    bare = BareTransformer(model)
-    fn = {
-        "plain forward (bare reference)": bare,
-        f"{OURS} forward": subject,
-        f"{OURS} run_with_cache, everything": subject.run_with_cache,
-        f"{TL} forward": subject,
-        f"{TL} run_with_cache, everything": subject.run_with_cache,
-    }[mode]
-    with torch.no_grad():
-        fn(tokens[:1, :2])  # first-call allocations happen here, not in the measurement
-        gc.collect()
-        baseline = status_bytes("VmRSS")
-        if not reset_peak_rss() or baseline is None:
-            return {"mode": mode, "error": "peak resident memory cannot be reset here"}
-        out = fn(tokens)
-        peak = status_bytes("VmHWM")
-    result = {"mode": mode, "peak_extra_bytes": peak - baseline, "baseline_bytes": baseline}
-    if isinstance(out, tuple):
-        cache = out[1]
-        result["cache"] = cache_stats(list(cache.items()))
-    return result
-
-
-def memory_section(run: Run, key: str) -> None:
-    setting = run.settings[key]
-    print(f"memory [{key}] {setting.description}")
-    for mode in MEMORY_MODES:
-        if mode.startswith(TL) and not run.use_tl:
-            continue
-        spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
-        proc = subprocess.run(
-            [sys.executable, __file__, "--memory-probe", spec],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory probe {mode} failed:\n{proc.stderr[-2000:]}")
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        if "error" in result:
-            run.skip("memory", mode, result["error"])
-            continue
-        run.memory.append({"setting": key} | result)
-        cache = result.get("cache")
-        detail = (
-            f"; cache {cache['bytes_distinct_storages'] / 2**20:.1f} MB in "
-            f"{cache['distinct_storages']} storages for {cache['names']} names "
-            f"({cache['bytes_summed_over_names'] / 2**20:.1f} MB summed over names)"
-            if cache
-            else ""
-        )
-        print(f"  {mode:<44} peak +{result['peak_extra_bytes'] / 2**20:8.1f} MB{detail}")
-
-
-# ----------------------------------------------------------------------------- analysis
-
-
-def _missing(module: str, attr: str) -> str | None:
-    """None if `module.attr` exists, else why not (the section waits for it)."""
+def shipped_model(run: Run) -> tuple[HookedTransformer, Setting] | None:
+    """The shipped 2-layer attention-only model, or None (with a note) before it exists."""
     try:
-        mod = __import__(module, fromlist=[attr])
-    except ImportError as error:
-        return f"{module} cannot be imported ({error})"
-    return None if hasattr(mod, attr) else f"{module}.{attr} does not exist yet"
-
-
-def analysis_section(run: Run, key: str) -> None:
-    print(f"analysis [{key}] {run.settings[key].description}")
-    needs = {
-        "composition scores, all head pairs": ("analysis.composition", "composition_scores", 4),
-        "factored SVD of one OV circuit": ("hookedattn.factored_matrix", "FactoredMatrix", 4),
-        "full residual decomposition": ("analysis.decomposition", "decompose_resid", 5),
-        "head results": ("analysis.head_results", "stack_head_results", 5),
-        "activation patching of every head x position": ("analysis.patching", "patch_heads", 7),
-    }
-    for measure, (module, attr, issue) in needs.items():
-        why = _missing(module, attr)
-        run.skip("analysis", measure, f"waits for issue {issue}: {why or 'not wired in yet'}")
-
-
-def shipped_section(run: Run) -> None:
-    print("forward [c] the shipped 2-layer attention-only model")
-    if not hasattr(HookedTransformer, "from_pretrained"):
-        run.skip("forward", "setting c", "waits for issue 6: HookedTransformer.from_pretrained")
+        from hookedattn.pretrained import list_pretrained
+    except ImportError:
+        run.skip("forward", "setting c", "waits for issue 6: hookedattn.pretrained")
+        return None
+    infos = [i for i in list_pretrained() if i.config.n_layers == 2 and i.config.attn_only]
+    if not infos:
+        names = [i.name for i in list_pretrained()]
+        run.skip("forward", "setting c", f"no 2-layer attention-only model shipped yet ({names})")
+        return None
+    model = HookedTransformer.from_pretrained(infos[0].name)
+    model.eval()
+    batch, pos = (2, 8) if run.quick else (8, min(128, model.cfg.n_ctx))
+    cfg = dataclasses.asdict(model.cfg)
+    return model, Setting("c", f"shipped {infos[0].name}, batch {batch}x{pos}", cfg, batch, pos)
 
 
 # ----------------------------------------------------------------------------- report
@@ -538,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default=None, help="forward settings, e.g. a,b,s64,s512")
     parser.add_argument("--no-transformer-lens", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument(
         "--threads",
         type=int,
@@ -549,8 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_probe is not None:
         print(json.dumps(memory_probe(json.loads(args.memory_probe))))
         return 0
+    logging.disable(logging.WARNING)  # TransformerLens warns once per cached head result
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    global clock
+    clock = CLOCKS[args.clock]
     run = Run(args)
     sections = args.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
@@ -560,10 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(machine))
     if machine["load_average_start"][0] > (machine["cores_available"] or 1):
         print("warning: the machine is busy; ratios are noisy (try --threads 1)")
+    shipped = shipped_model(run) if {"forward", "analysis"} & set(sections) else None
     if "forward" in sections:
         for key in (args.settings or "s64,s512,a,b").split(","):
             forward_section(run, key)
-        shipped_section(run)
+        if shipped is not None:
+            forward_section(run, "c", shipped)
     if "compile" in sections:
         if args.no_compile or run.quick:
             run.skip("compile", "torch.compile", "not in --quick runs (compiling takes minutes)")
@@ -573,9 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         generation_section(run, "a")
     if "memory" in sections:
         for key in ("a",) if run.quick else ("a", "b"):
-            memory_section(run, key)
+            memory_section(run, key, run.settings[key])
     if "analysis" in sections:
-        analysis_section(run, "b")
+        analyses.analysis_section(run, shipped)
     machine["load_average_end"] = list(os.getloadavg())
     report = {
         "schema": SCHEMA_VERSION,
@@ -584,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": run.quick,
             "rounds": run.rounds,
             "min_sample_s": run.min_sample_s,
+            "clock": args.clock,
             "grad": "torch.no_grad()",
             "described": {k: s.description for k, s in run.settings.items()},
         },

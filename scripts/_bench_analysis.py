@@ -1,0 +1,345 @@
+"""Analysis measures of `scripts/bench.py`, each against a bare plain-torch reference.
+
+Every function returns a `Group`: the reference first, then hookedattn's call and, when a
+TransformerLens model is given, its call on the same weights. `value(output)` maps each
+output to numbers that must agree with the reference's before anything is timed.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from _bench_reference import BareTransformer, build
+from torch import Tensor
+
+from hookedattn import HookedTransformer
+
+BARE, OURS, TL = "bare", "hookedattn", "transformer_lens"
+
+
+@dataclasses.dataclass
+class Entry:
+    """One contender of a group: `fn()` is timed; `value(fn())` is checked."""
+
+    measure: str
+    contender: str
+    fn: Callable[[], Any]
+    value: Callable[[Any], Tensor] = lambda out: out
+
+
+@dataclasses.dataclass
+class Group:
+    """Entries timed together; the first is the reference. Outputs agree to `rtol`."""
+
+    entries: list[Entry]
+    rtol: float = 1e-4
+
+    def check(self) -> None:
+        """Raise if any contender's numbers differ from the reference's."""
+        ref = self.entries[0].value(self.entries[0].fn()).double()
+        for e in self.entries[1:]:
+            got = e.value(e.fn()).double()
+            scale = ref.abs().max().clamp(min=1e-12)
+            if got.shape != ref.shape or (got - ref).abs().max() > self.rtol * scale:
+                raise AssertionError(f"{e.contender} {e.measure}: differs from the reference")
+
+
+# ------------------------------------------------------------------ composition scores
+
+
+def bare_composition_scores(model: HookedTransformer, kind: str) -> Tensor:
+    """`||OV_1 @ M_2||_F / (||OV_1||_F ||M_2||_F)` for every earlier/later pair of heads.
+
+    With `OV_1 = V O` and `M_2 = A B`: `||V O A B||_F = ||R_V O A R_B^T||_F` where `R` is the
+    Cholesky factor of the `d_head x d_head` Gram matrix, so every pair costs one
+    `d_head x d_model x d_head` product. Those products are the whole cost; nothing else
+    could be skipped.
+    """
+    attn = [b.attn for b in model.blocks]
+    W_V, W_O, W_Q, W_K = (
+        torch.stack([getattr(a, w) for a in attn]) for w in ("W_V", "W_O", "W_Q", "W_K")
+    )
+    A, B = {"Q": (W_Q, W_K.mT), "K": (W_K, W_Q.mT), "V": (W_V, W_O)}[kind]
+    written = torch.linalg.cholesky(W_V.mT @ W_V).mT @ W_O  # [layer head d_head d_model]
+    read = A @ torch.linalg.cholesky(B @ B.mT)  # [layer head d_model d_head]
+    written_norm, read_norm = (torch.linalg.matrix_norm(x) for x in (written, read))
+    n_layers, n_heads = W_V.shape[:2]
+    scores = torch.zeros(n_layers, n_heads, n_layers, n_heads)
+    for layer in range(n_layers - 1):
+        overlap = torch.einsum("hrd,lgds->hlgrs", written[layer], read[layer + 1 :])
+        denominator = written_norm[layer][:, None, None] * read_norm[layer + 1 :]
+        scores[layer, :, layer + 1 :] = torch.linalg.matrix_norm(overlap) / denominator
+    return scores
+
+
+def composition(model: HookedTransformer, tl: Any, kind: str = "Q") -> Group:
+    from analysis.composition import composition_scores
+
+    measure = "composition scores, all head pairs"
+    entries = [
+        Entry(measure, BARE, lambda: bare_composition_scores(model, kind)),
+        Entry(measure, OURS, lambda: composition_scores(model, kind), lambda out: out.scores),
+        Entry(
+            f"{measure}, 2-sample random baseline",
+            OURS,
+            lambda: composition_scores(model, kind, n_samples=2),
+            lambda out: out.scores,
+        ),
+    ]
+    if tl is not None:
+        entries.append(Entry(measure, TL, lambda: tl.all_composition_scores(kind)))
+    return Group(entries, rtol=1e-3)
+
+
+# ------------------------------------------------------------------ factored SVD
+
+
+def bare_full_ov_svd(model: HookedTransformer, layer: int, head: int) -> Tensor:
+    """Singular values of `W_E W_V[h] W_O[h] W_U` from QR factors of its two thin factors."""
+    attn = model.blocks[layer].attn
+    A = model.embed.W_E @ attn.W_V[head]  # [d_vocab d_head]
+    B = attn.W_O[head] @ model.unembed.W_U  # [d_head d_vocab_out]
+    Q_a, R_a = torch.linalg.qr(A)
+    Q_b, R_b = torch.linalg.qr(B.T)
+    U, S, Vh = torch.linalg.svd(R_a @ R_b.T)
+    return Q_a @ U, S, Q_b @ Vh.T
+
+
+def factored_svd(model: HookedTransformer, tl: Any, layer: int = 0, head: int = 0) -> Group:
+    from analysis.circuits import full_ov_circuit
+
+    measure = "factored SVD of one OV circuit"
+    entries = [
+        Entry(measure, BARE, lambda: bare_full_ov_svd(model, layer, head), lambda out: out[1]),
+        Entry(measure, OURS, lambda: full_ov_circuit(model, layer, head).svd(), lambda out: out.S),
+    ]
+    if tl is not None:
+        entries.append(
+            Entry(
+                measure,
+                TL,
+                lambda: (tl.W_E @ tl.OV[layer, head] @ tl.W_U).svd(),
+                lambda out: out[1],
+            )
+        )
+    return Group(entries, rtol=1e-3)
+
+
+# ------------------------------------------------------------------ decomposition
+
+
+def bare_decomposition(model: HookedTransformer, cache: Any) -> Tensor:
+    """Embeddings, every head's write, each layer's `b_O` and MLP output, stacked."""
+    parts = [cache["hook_embed"][None], cache["hook_pos_embed"][None]]
+    for layer, block in enumerate(model.blocks):
+        z = cache[f"blocks.{layer}.attn.hook_z"]
+        parts.append(torch.einsum("bphd,hdm->hbpm", z, block.attn.W_O))
+        parts.append(block.attn.b_O.expand_as(parts[0]))
+        if not model.cfg.attn_only:
+            parts.append(cache[f"blocks.{layer}.hook_mlp_out"][None])
+    return torch.cat(parts)
+
+
+def decomposition(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
+    from analysis.decomposition import decompose_resid
+
+    _, cache = model.run_with_cache(tokens)
+    measure = "full residual decomposition (heads, biases, MLPs)"
+    entries = [
+        Entry(measure, BARE, lambda: bare_decomposition(model, cache), lambda out: out.sum(0)),
+        Entry(
+            measure,
+            OURS,
+            lambda: decompose_resid(model, cache, None, granularity="head"),
+            lambda out: out.components.sum(0),
+        ),
+    ]
+    if tl is not None:
+        _, tl_cache = tl.run_with_cache(tokens)
+        entries.append(
+            Entry(
+                measure,
+                TL,
+                lambda: tl_cache.get_full_resid_decomposition(expand_neurons=False),
+                lambda out: out.sum(0),
+            )
+        )
+    return Group(entries)
+
+
+def head_results(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
+    from analysis.head_results import head_results as ours
+
+    _, cache = model.run_with_cache(tokens)
+    layers = range(model.cfg.n_layers)
+    measure = "head results, every layer"
+
+    def bare() -> Tensor:
+        return torch.stack(
+            [
+                torch.einsum("bphd,hdm->bphm", cache[f"blocks.{i}.attn.hook_z"], b.attn.W_O)
+                for i, b in enumerate(model.blocks)
+            ]
+        )
+
+    entries = [
+        Entry(measure, BARE, bare, lambda out: out.sum(3)),
+        Entry(
+            measure,
+            OURS,
+            lambda: torch.stack([ours(model, cache, i) for i in layers]),
+            lambda o: o.sum(3),
+        ),
+    ]
+    if tl is not None:
+        _, tl_cache = tl.run_with_cache(tokens)
+        n_heads = model.cfg.n_heads
+        entries.append(
+            Entry(
+                measure,
+                TL,
+                lambda: tl_cache.stack_head_results(layer=-1),
+                lambda out: out.unflatten(0, (-1, n_heads)).sum(1),
+            )
+        )
+    return Group(entries)
+
+
+# ------------------------------------------------------------------ patching
+
+
+def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor) -> Group:
+    """Patch every head's `z` at every position from the clean run into the corrupted one."""
+    from analysis.patching import activation_patch
+
+    answer, wrong = clean[:, -1], corrupted[:, -1]
+
+    def metric(logits: Tensor) -> Tensor:  # logit difference at the last position, per prompt
+        last = logits[:, -1]
+        return last.gather(1, answer[:, None])[:, 0] - last.gather(1, wrong[:, None])[:, 0]
+
+    _, clean_cache = model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_z"))
+    n_layers, n_heads, n_pos = model.cfg.n_layers, model.cfg.n_heads, clean.shape[1]
+
+    def loop() -> Tensor:
+        out = torch.empty(n_layers, n_pos, n_heads)
+        for layer in range(n_layers):
+            name = f"blocks.{layer}.attn.hook_z"
+            for pos in range(n_pos):
+                for head in range(n_heads):
+
+                    def patch(z: Tensor, hook: Any, pos: int = pos, head: int = head) -> Tensor:
+                        z[:, pos, head] = clean_cache[hook.name][:, pos, head]
+                        return z
+
+                    logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])
+                    out[layer, pos, head] = metric(logits).mean()
+        return out
+
+    measure = "activation patching, every head x position"
+    entries = [
+        Entry(f"{measure} (loop: one forward per patch)", OURS, loop),
+        Entry(
+            measure,
+            OURS,
+            lambda: activation_patch(model, clean, corrupted, metric, "z", by_pos=True),
+            lambda out: out.per_prompt.mean(-1),
+        ),
+    ]
+    if tl is not None:
+        from transformer_lens import patching as tl_patching
+
+        tl_patching.tqdm = lambda items, **kwargs: items  # no progress bar in the timing
+
+        _, tl_clean = tl.run_with_cache(clean)
+        entries.append(
+            Entry(
+                measure,
+                TL,
+                lambda: tl_patching.get_act_patch_attn_head_out_by_pos(
+                    tl, corrupted, tl_clean, lambda logits: metric(logits).mean()
+                ),
+            )
+        )
+    return Group(entries, rtol=1e-3)
+
+
+# ------------------------------------------------------------------ sections
+
+
+def _missing(need: str) -> str | None:
+    """None if `need` (`module.attr`) exists, else why not: the measure waits for it."""
+    module, attr = need.rsplit(".", 1)
+    try:
+        mod = __import__(module, fromlist=[attr])
+    except ImportError as error:
+        return f"{module} cannot be imported ({error})"
+    return None if hasattr(mod, attr) else f"{need} does not exist yet"
+
+
+def _time(run: Any, key: str, label: str, need: str, make: Callable[[], Group]) -> None:
+    """Check and time one group once the code it measures exists."""
+    why = _missing(need)
+    if why is not None:
+        run.skip("analysis", label, f"waits for {why}")
+        return
+    group = make()
+    group.check()
+    entries = {(e.measure, e.contender): e.fn for e in group.entries}
+    run.time_group("analysis", key, entries, rounds=max(3, run.rounds // 3))
+
+
+def analysis_section(run: Any, shipped: tuple | None) -> None:
+    """Circuits on setting b (GPT-2 small's shape), cache analyses on a, patching on c."""
+    setting = run.settings["b"]
+    print(f"analysis [b] {setting.description}")
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    with torch.no_grad():
+        tl = run.tl_model(model, BareTransformer(model)(tokens), tokens)
+        _time(
+            run,
+            "b",
+            "composition scores",
+            "analysis.composition.composition_scores",
+            lambda: composition(model, tl),
+        )
+        _time(run, "b", "factored SVD", "analysis.circuits.full_ov_circuit",
+              lambda: factored_svd(model, tl))  # fmt: skip
+    setting = run.settings["a"]
+    print(f"analysis [a] {setting.description}")
+    model, tokens = build(setting.cfg, setting.batch, setting.pos)
+    with torch.no_grad():
+        tl = run.tl_model(model, BareTransformer(model)(tokens), tokens)
+        _time(
+            run,
+            "a",
+            "residual decomposition",
+            "analysis.decomposition.decompose_resid",
+            lambda: decomposition(model, tl, tokens),
+        )
+        _time(run, "a", "head results", "analysis.head_results.head_results",
+              lambda: head_results(model, tl, tokens))  # fmt: skip
+    print("analysis [c] activation patching of every head x position")
+    if shipped is not None:
+        model = shipped[0]
+    elif run.quick:  # exercise the code on random weights; a full run waits for the model
+        model, _ = build(_cfg_attn_only_tiny(), 1, 1)
+    else:
+        run.skip("analysis", "activation patching", "waits for the shipped 2-layer model")
+        return
+    generator = torch.Generator().manual_seed(2)
+    batch, pos = (2, 6) if run.quick else (4, 16)
+    clean = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=generator)
+    corrupted = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=generator)
+    with torch.no_grad():
+        tl = run.tl_model(model, BareTransformer(model)(clean), clean)
+        _time(run, "c", "activation patching", "analysis.patching.activation_patch",
+              lambda: patching(model, tl, clean, corrupted))  # fmt: skip
+
+
+def _cfg_attn_only_tiny() -> dict:
+    return dict(
+        n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, attn_only=True,
+        normalization_type="LN", seed=0,
+    )  # fmt: skip

@@ -1,0 +1,120 @@
+"""Memory measures of `scripts/bench.py`: cache sizes and peak resident memory.
+
+Each mode runs once in a fresh process (`bench.py --memory-probe`), so that memory the
+allocator kept from earlier runs cannot hide a peak.
+"""
+
+import dataclasses
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from _bench_reference import BareTransformer, build, transformer_lens_model
+from torch import Tensor
+
+OURS, TL = "hookedattn", "transformer_lens"
+BENCH = Path(__file__).resolve().parent / "bench.py"
+
+
+def cache_stats(items: list[tuple[str, Tensor]]) -> dict:
+    """Names, bytes summed over names, and bytes counting each storage once."""
+    storages: dict[int, int] = {}
+    for _, t in items:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return {
+        "names": len(items),
+        "bytes_summed_over_names": sum(t.numel() * t.element_size() for _, t in items),
+        "distinct_storages": len(storages),
+        "bytes_distinct_storages": sum(storages.values()),
+    }
+
+
+def status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    try:  # Linux: writing 5 to clear_refs resets VmHWM to the current resident size
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+MEMORY_MODES = (
+    "plain forward (bare reference)",
+    "hookedattn forward",
+    "hookedattn run_with_cache, everything",
+    "transformer_lens forward",
+    "transformer_lens run_with_cache, everything",
+)
+
+
+def memory_probe(spec: dict) -> dict:
+    """Run one mode once in this (fresh) process and report its peak resident memory."""
+    setting, mode = spec["setting"], spec["mode"]
+    model, tokens = build(setting["cfg"], setting["batch"], setting["pos"])
+    subject = transformer_lens_model(model) if mode.startswith(TL) else model
+    if subject is None:
+        return {"mode": mode, "error": "transformer_lens is not installed"}
+    bare = BareTransformer(model)
+    fn = {
+        "plain forward (bare reference)": bare,
+        f"{OURS} forward": subject,
+        f"{OURS} run_with_cache, everything": subject.run_with_cache,
+        f"{TL} forward": subject,
+        f"{TL} run_with_cache, everything": subject.run_with_cache,
+    }[mode]
+    with torch.no_grad():
+        fn(tokens[:1, :2])  # first-call allocations happen here, not in the measurement
+        gc.collect()
+        baseline = status_bytes("VmRSS")
+        if not reset_peak_rss() or baseline is None:
+            return {"mode": mode, "error": "peak resident memory cannot be reset here"}
+        out = fn(tokens)
+        peak = status_bytes("VmHWM")
+    result = {"mode": mode, "peak_extra_bytes": peak - baseline, "baseline_bytes": baseline}
+    if isinstance(out, tuple):
+        cache = out[1]
+        result["cache"] = cache_stats(list(cache.items()))
+    return result
+
+
+def memory_section(run: Any, key: str, setting: Any) -> None:
+    print(f"memory [{key}] {setting.description}")
+    for mode in MEMORY_MODES:
+        if mode.startswith(TL) and not run.use_tl:
+            continue
+        spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
+        proc = subprocess.run(
+            [sys.executable, str(BENCH), "--memory-probe", spec],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory probe {mode} failed:\n{proc.stderr[-2000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if "error" in result:
+            run.skip("memory", mode, result["error"])
+            continue
+        run.memory.append({"setting": key} | result)
+        cache = result.get("cache")
+        detail = (
+            f"; cache {cache['bytes_distinct_storages'] / 2**20:.1f} MB in "
+            f"{cache['distinct_storages']} storages for {cache['names']} names "
+            f"({cache['bytes_summed_over_names'] / 2**20:.1f} MB summed over names)"
+            if cache
+            else ""
+        )
+        print(f"  {mode:<44} peak +{result['peak_extra_bytes'] / 2**20:8.1f} MB{detail}")
