@@ -81,7 +81,9 @@ def run_with_cache(
                 )
             t = t[0]
         t = t.to(device=device, dtype=dtype)
-        if must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            t = t.clone()  # a slice (pos_slice): keep its positions, not the whole activation
+        elif must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             t = t.clone()
         store[name] = t
 

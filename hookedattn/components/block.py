@@ -78,7 +78,11 @@ class AttnOnlyBlock(nn.Module):
         return q_in, k_in, v_in
 
     def _copy_per_head(self, resid: Resid) -> Float[Tensor, "batch pos head d_model"]:
-        return repeat(resid, "batch pos d_model -> batch pos head d_model", head=self.n_heads)
+        # `repeat` returns a broadcast view of `resid` (stride 0 over heads); without the
+        # clone an in-place edit of one head's input would write into the stream itself.
+        return repeat(
+            resid, "batch pos d_model -> batch pos head d_model", head=self.n_heads
+        ).clone()
 
 
 class Block(AttnOnlyBlock):
