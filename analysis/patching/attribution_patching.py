@@ -145,8 +145,10 @@ def _region_sums(
 
     Returns `[*axes batch]` without the layer axis.
     """
-    # Masked attention scores are -inf in both runs: there is no change there, not NaN.
-    delta = torch.where(source == patched, 0.0, source - patched)
+    delta = source - patched
+    if "key_pos" in LAYOUTS[kind]:
+        # Masked attention scores are -inf in both runs: no change there, not NaN.
+        delta = delta.nan_to_num_(nan=0.0)
     layout = " ".join(LAYOUTS[kind])
     kept = " ".join(a for a in axes if a != "layer")
     return reduce(delta * grad, f"batch {layout} -> {kept} batch", "sum")

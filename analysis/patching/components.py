@@ -13,6 +13,7 @@ Each head's output is patched at `z` (`[batch pos head d_head]`): the attention 
 
 import dataclasses
 import difflib
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -64,7 +65,7 @@ class Component:
     head: int | None = None
     pos: int | None = None
 
-    @property
+    @functools.cached_property
     def hook_name(self) -> str:
         """The full hook name, e.g. `blocks.1.attn.hook_z`."""
         return get_act_name(self.name, self.layer)
@@ -79,16 +80,16 @@ def available_kinds(model: HookedTransformer) -> list[str]:
     """The kinds this model can patch, in the order the forward reaches them."""
     if model.cfg.n_layers == 0:
         return []
-    present = [k for k in LAYOUTS if get_act_name(k, 0) in model.hook_dict]
-    order = list(model.hook_dict)
-    return sorted(present, key=lambda k: order.index(get_act_name(k, 0)))
+    order = {name: i for i, name in enumerate(model.hook_dict)}
+    present = {k: order[get_act_name(k, 0)] for k in LAYOUTS if get_act_name(k, 0) in order}
+    return sorted(present, key=present.__getitem__)
 
 
 def check_kind(model: HookedTransformer, kind: str) -> str:
     """`kind` if this model has it; otherwise a `ValueError` naming the kinds it has."""
-    kinds = available_kinds(model)
-    if kind in kinds:
+    if kind in LAYOUTS and model.cfg.n_layers and get_act_name(kind, 0) in model.hook_dict:
         return kind
+    kinds = available_kinds(model)
     if kind in LAYOUTS:
         why = _why_missing(model, kind)
         raise ValueError(f"this model has no {kind!r} ({why}); kinds it has: {', '.join(kinds)}")
@@ -115,12 +116,19 @@ class ComponentGrid:
     kind: str
     axes: tuple[str, ...]
     labels: tuple[tuple[str, ...], ...]
-    components: tuple[Component, ...]
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The size of each axis."""
         return tuple(len(tick) for tick in self.labels)
+
+    @functools.cached_property
+    def components(self) -> tuple[Component, ...]:
+        """One `Component` per cell of the grid, in row-major order."""
+        return tuple(
+            Component(self.kind, **dict(zip(self.axes, index, strict=True)))
+            for index in itertools.product(*(range(n) for n in self.shape))
+        )
 
 
 def component_grid(
@@ -136,12 +144,8 @@ def component_grid(
     by_pos = (not is_head) if by_pos is None else by_pos
     sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": model.cfg.n_heads}
     axes = ("layer",) + (("pos",) if by_pos else ()) + (("head",) if is_head else ())
-    components = tuple(
-        Component(kind, **dict(zip(axes, index, strict=True)))
-        for index in itertools.product(*(range(sizes[a]) for a in axes))
-    )
     labels = tuple(tuple(str(i) for i in range(sizes[a])) for a in axes)
-    return ComponentGrid(kind, axes, labels, components)
+    return ComponentGrid(kind, axes, labels)
 
 
 def check_component(model: HookedTransformer, component: Component, n_pos: int) -> Component:

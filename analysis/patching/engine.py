@@ -257,6 +257,9 @@ def bytes_per_sequence(model: HookedTransformer, n_run: int, n_pos: int) -> int:
     return itemsize * (n_run * per_position + n_pos * cfg.d_vocab_out + prefix)
 
 
+_SMALL_PASS_ROWS = 2048  # below this many rows, a pass costs about its Python overhead
+
+
 def plan_chunks(
     model: HookedTransformer,
     components: Sequence[Component],
@@ -267,7 +270,10 @@ def plan_chunks(
     """Indices of `components`, cut into stacked passes that fit `memory_budget` bytes.
 
     Sorted by (layer, position) so that each pass starts as late as it can; a pass never
-    mixes layers. A single variant larger than the budget still runs, alone.
+    mixes layers. A single variant larger than the budget still runs, alone. A pass runs
+    every variant from its first variant's position, so a later variant joins it only
+    while that wastes at most 1/8 of the rows, or while the pass is too small for the
+    waste to cost more than a pass of its own.
     """
     memory_budget = default_memory_budget(model) if memory_budget is None else memory_budget
     if memory_budget <= 0:
@@ -281,8 +287,12 @@ def plan_chunks(
         if chunks:
             first = components[chunks[-1][0]]
             run_end = component.pos + 1 if local and is_local else None
-            cost = (len(chunks[-1]) + 1) * batch * _bytes_per_variant(model, first, run_end, n_pos)
-            if first.layer == component.layer and cost <= memory_budget:
+            size = len(chunks[-1]) + 1
+            cost = size * batch * _bytes_per_variant(model, first, run_end, n_pos)
+            start = first.pos or 0
+            little_waste = 8 * ((component.pos or 0) - start) <= n_pos - start
+            small = size * batch * (n_pos - start) <= _SMALL_PASS_ROWS
+            if first.layer == component.layer and cost <= memory_budget and (little_waste or small):
                 chunks[-1].append(i)
                 local = local and is_local
                 continue
