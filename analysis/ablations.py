@@ -118,6 +118,7 @@ def _ablating(
         if component.pos is not None and component.pos >= n_pos:
             raise ValueError(f"cannot ablate {component.label()}: the run has {n_pos} positions")
         region = component_masks([component], hook.name, activation.shape[1:])[0]
+        region = region.to(activation.device)
         if method == "zero":
             # Masked attention scores stay -inf: zero there would unmask the future.
             return torch.where(region & activation.isfinite(), 0.0, activation)

@@ -183,7 +183,7 @@ def _by_variant(x: Tensor, n_variants: int) -> Tensor:
 def _edit_hook(edit: Edit, n_variants: int, start: int, end: int) -> Callable:
     """A hook applying `edit` in a pass over positions `start..end-1`."""
     axis = pos_axis(edit.hook) + 1  # of a [variant batch ...] tensor
-    mask = _window(edit.mask, axis, start, end)
+    mask = _window(edit.mask.to(edit.source.device), axis, start, end)
     source = edit.source if edit.source.ndim == mask.ndim else edit.source[None]
     source = _window(source, axis, start, end)
     if axis == 3:  # scores and patterns: their key axis ends where the pass ends
