@@ -287,7 +287,8 @@ def _time(run: Any, key: str, label: str, need: str, make: Callable[[], Group]) 
     group = make()
     group.check()
     entries = {(e.measure, e.contender): e.fn for e in group.entries}
-    run.time_group("analysis", key, entries, rounds=max(3, run.rounds // 3))
+    # Analyses take seconds per call on setting b: fewer rounds than the forward.
+    run.time_group("analysis", key, entries, rounds=min(run.rounds, max(3, run.rounds // 3)))
 
 
 def analysis_section(run: Any, shipped: tuple | None) -> None:

@@ -1,0 +1,84 @@
+"""`scripts/bench.py --quick` runs every section on tiny settings and writes its JSON schema.
+
+A smoke test of the benchmark script in a subprocess (nothing imports `scripts/`); it
+checks the report's structure, never a timing.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("bench")
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--rounds", "2"]
+    command += ["--threads", "1", "--no-transformer-lens", "--out-dir", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "latest.json").read_text()), (out / "latest.md").read_text()
+
+
+def test_the_report_names_the_machine_and_the_run(report):
+    data, _ = report
+    assert data["schema"] == 1
+    machine = data["machine"]
+    for key in ("cpu", "logical_cores", "torch", "python", "git_commit", "load_average_end"):
+        assert key in machine
+    assert machine["torch_threads"] == 1
+    assert machine["transformer_lens"] is None or isinstance(machine["transformer_lens"], str)
+    assert data["settings"]["quick"] is True
+    assert data["settings"]["rounds"] == 2
+
+
+def test_every_section_reports_groups_led_by_their_reference(report):
+    data, _ = report
+    rows = data["results"]
+    assert {r["section"] for r in rows} >= {"forward", "generation", "analysis"}
+    for group in {r["group"] for r in rows}:
+        members = [r for r in rows if r["group"] == group]
+        assert [r["reference"] for r in members] == [True] + [False] * (len(members) - 1)
+        assert members[0]["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    for r in rows:
+        assert r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
+        assert r["rounds"] == 2 and r["inner"] >= 1
+        assert r["contender"] in ("bare", "hookedattn", "transformer_lens")
+
+
+def test_forward_measures_cover_every_setting_of_both_issues(report):
+    data, _ = report
+    forward = [r for r in data["results"] if r["section"] == "forward"]
+    for setting in ("s64", "s512", "a", "b"):
+        measures = {r["measure"] for r in forward if r["setting"] == setting}
+        assert "plain forward (bare reference)" in measures
+        assert "forward, no hooks attached" in measures
+        assert "run_with_cache, everything" in measures
+        assert "no-op hook on every hook point" in measures
+        assert any(m.startswith("run_with_cache, one name") for m in measures)
+
+
+def test_memory_records_the_cache_bytes_once_per_storage(report):
+    data, _ = report
+    modes = {m["mode"]: m for m in data["memory"]}
+    cached = modes["hookedattn run_with_cache, everything"]["cache"]
+    assert cached["bytes_distinct_storages"] <= cached["bytes_summed_over_names"]
+    assert cached["distinct_storages"] <= cached["names"]
+    assert all(m["peak_extra_bytes"] >= 0 for m in data["memory"])
+
+
+def test_targets_and_skipped_measures_are_listed_with_reasons(report):
+    data, markdown = report
+    assert len(data["targets"]) >= 9
+    for target in data["targets"]:
+        assert target["met"] in (True, False, None)
+        assert (target["measured"] is None) == (target["met"] is None)
+    for skipped in data["skipped"]:
+        assert skipped["reason"]
+    assert "| setting | measure | reference |" in markdown
+    assert data["machine"]["cpu"] in markdown
