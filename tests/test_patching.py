@@ -204,3 +204,9 @@ def test_kind_the_model_lacks_is_an_error_naming_the_kinds_it_has():
         activation_patch(model, CLEAN, CORRUPTED, logit_diff, "mlp_out")
     with pytest.raises(ValueError, match=r"unknown component kind 'atn_out'.*'attn_out'"):
         activation_patch(model, CLEAN, CORRUPTED, logit_diff, "atn_out")
+
+
+def test_unknown_direction_is_an_error():
+    model = make_model()
+    with pytest.raises(ValueError, match="direction must be 'denoising' or 'noising'"):
+        activation_patch(model, CLEAN, CORRUPTED, logit_diff, direction="backwards")
