@@ -423,7 +423,7 @@ class HookedTransformer(HookedRootModule):
                 f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}"
             )
         if input.numel():
-            low, high = int(input.min()), int(input.max())
+            low, high = (int(bound) for bound in torch.aminmax(input))  # one pass, not two
             if low < 0 or high >= self.cfg.d_vocab:
                 bad = low if low < 0 else high
                 raise ValueError(

@@ -85,12 +85,12 @@ class Attention(nn.Module):
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         scores = einsum(
-            q,
+            q / self.attn_scale,  # scaling q is a pass over d_head, not over every key
             k,
             "batch query_pos head d_head, batch key_pos head d_head "
             "-> batch head query_pos key_pos",
         )
-        scores = self.hook_attn_scores(scores / self.attn_scale + _mask(blocked, scores.dtype))
+        scores = self.hook_attn_scores(scores + _mask(blocked, scores.dtype))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(
             einsum(
