@@ -50,13 +50,12 @@ class PretrainedInfo:
 
     def __repr__(self) -> str:
         cfg = self.config
-        shape = f"{cfg.n_layers}L {'attn-only' if cfg.attn_only else f'd_mlp={cfg.d_mlp}'}"
+        kind = "attn-only" if cfg.attn_only else f"d_mlp={cfg.d_mlp}"
+        heads = f"{cfg.n_heads} heads, " if cfg.n_layers else ""
+        shape = f"{cfg.n_layers}L {kind}, d_model={cfg.d_model}, {heads}n_ctx={cfg.n_ctx}"
         final = self.training.get("final_eval", {})
         loss = f", held-out loss {final['heldout_loss']:.3f}" if final else ""
-        return (
-            f"{self.name}: {shape}, d_model={cfg.d_model}, {cfg.n_heads} heads, "
-            f"n_ctx={cfg.n_ctx}, {len(self.checkpoints)} checkpoints{loss}"
-        )
+        return f"{self.name}: {shape}, {len(self.checkpoints)} checkpoints{loss}"
 
 
 def list_pretrained(directory: str | Path = PRETRAINED_DIR) -> list[PretrainedInfo]:

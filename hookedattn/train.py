@@ -45,7 +45,7 @@ class TrainConfig:
     repeated random tokens with a period drawn from `synthetic_period` (inclusive).
     """
 
-    steps: int = 1500
+    steps: int = 4000
     batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 100
@@ -53,7 +53,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0
-    synthetic_fraction: float = 0.25
+    synthetic_fraction: float = 0.5
     synthetic_period: tuple[int, int] = (8, 63)
     eval_every: int = 50
     eval_seqs: int = 64

@@ -1,0 +1,123 @@
+"""Inspect the shipped models from the shell: `python -m hookedattn COMMAND`.
+
+    python -m hookedattn list                                   the shipped models
+    python -m hookedattn predict attn-only-2l "def f(self):" -k 5   top next-token predictions
+    python -m hookedattn cache attn-only-2l "import os"             every activation's shape
+    python -m hookedattn cache attn-only-2l "import os" pattern 1   one activation's values
+
+MODEL is a shipped name (see `list`) or the path of a directory written by
+`HookedTransformer.save` / `scripts/train.py`; `--checkpoint STEP` picks a shipped model's
+intermediate checkpoint. Activation names are full hook names or shorthand (`pattern 1` is
+`blocks.1.attn.hook_pattern`), as `ActivationCache` takes them.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from hookedattn.model import HookedTransformer
+from hookedattn.names import expand_key
+from hookedattn.pretrained import list_pretrained
+from hookedattn.tokenizers import ByteTokenizer
+
+
+def _load(model: str, checkpoint: int | None) -> HookedTransformer:
+    path = Path(model)
+    if path.is_dir():
+        if checkpoint is not None:
+            raise ValueError("--checkpoint picks a shipped model's checkpoint, not a directory's")
+        loaded = HookedTransformer.load(path)
+        if loaded.tokenizer is None and loaded.cfg.d_vocab >= ByteTokenizer().vocab_size:
+            loaded.tokenizer = ByteTokenizer()
+        return loaded
+    return HookedTransformer.from_pretrained(model, checkpoint_value=checkpoint)
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    """Print each shipped model with its shape, checkpoints and training command."""
+    for info in list_pretrained():
+        print(repr(info))
+        print(f"    {info.description}")
+        print(f"    checkpoints at steps {', '.join(map(str, info.checkpoints))}")
+        print(f"    reproduce: {info.training.get('command', '?')} --ship")
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    """Print the prompt's tokens and the top-k next tokens with their probabilities."""
+    model = _load(args.model, args.checkpoint)
+    tokens = model.to_tokens(args.prompt)
+    with torch.no_grad():
+        logits = model(tokens)[0, -1]
+    probs = logits.double().softmax(-1)
+    top = probs.topk(min(args.k, probs.numel()))
+    print(f"{args.model}: {tokens.shape[1]} tokens {model.to_str_tokens(tokens[0])}")
+    print(f"top {len(top.values)} next tokens:")
+    for rank, (p, token) in enumerate(zip(top.values, top.indices, strict=True), start=1):
+        shown = repr(model.tokenizer.str_token(int(token)))
+        logit = float(logits[token])
+        print(f"  {rank:>2}. {shown:<8} id {int(token):>3}  p = {float(p):.4f}  logit {logit:+.3f}")
+
+
+def cmd_cache(args: argparse.Namespace) -> None:
+    """Print the cache summary, or one activation's shape and values."""
+    model = _load(args.model, args.checkpoint)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(args.prompt, return_type=None)
+    if args.name is None:
+        print(repr(cache))
+        return
+    key = _cache_key(args.name, args.layer, args.sublayer)
+    value = cache[key]
+    full_name = expand_key(key, model.cfg.n_layers)
+    torch.set_printoptions(precision=args.precision, linewidth=120, sci_mode=False)
+    print(f"{full_name}: shape {list(value.shape)}, dtype {value.dtype}")
+    print(value[0] if args.squeeze and value.shape[0] == 1 else value)
+
+
+def _cache_key(name: str, layer: int | None, sublayer: str | None) -> str | tuple:
+    parts: list = [name]
+    if layer is not None:
+        parts.append(layer)
+    if sublayer is not None:
+        parts.append(sublayer)
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m hookedattn`."""
+    top = argparse.ArgumentParser(prog="python -m hookedattn", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list the shipped models").set_defaults(run=cmd_list)
+    predict = commands.add_parser("predict", help="top next-token predictions for a prompt")
+    cache = commands.add_parser("cache", help="cache summary, or one activation, for a prompt")
+    for sub in (predict, cache):
+        sub.add_argument("model", help="a shipped model name or a checkpoint directory")
+        sub.add_argument("prompt")
+        sub.add_argument("--checkpoint", type=int, metavar="STEP")
+    predict.add_argument("-k", type=int, default=10, help="how many predictions (default 10)")
+    predict.set_defaults(run=cmd_predict)
+    cache.add_argument("name", nargs="?", help="hook name or shorthand, e.g. pattern")
+    cache.add_argument("layer", nargs="?", type=int)
+    cache.add_argument("sublayer", nargs="?", help="e.g. ln2 for `scale 1 ln2`")
+    cache.add_argument("--precision", type=int, default=3)
+    cache.add_argument("--squeeze", action="store_true", help="drop a batch axis of size 1")
+    cache.set_defaults(run=cmd_cache)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; errors (unknown model or name, bad prompt) print and return 2."""
+    args = parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (KeyError, ValueError, TypeError, FileNotFoundError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
