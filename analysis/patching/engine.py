@@ -17,6 +17,7 @@ budget; a chunk starts at its first variant's layer and position.
 """
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -257,7 +258,10 @@ def bytes_per_sequence(model: HookedTransformer, n_run: int, n_pos: int) -> int:
     return itemsize * (n_run * per_position + n_pos * cfg.d_vocab_out + prefix)
 
 
-_SMALL_PASS_ROWS = 2048  # below this many rows, a pass costs about its Python overhead
+# What one stacked pass costs beyond its rows (two forwards' Python and dispatch), in
+# rows run. Tuned on a 2-layer model on a CPU (0, 32, 128, 512, 1024 tried): wasted rows
+# cost more than extra passes there, so passes rarely span positions.
+_PASS_COST_ROWS = 128
 
 
 def plan_chunks(
@@ -270,46 +274,84 @@ def plan_chunks(
     """Indices of `components`, cut into stacked passes that fit `memory_budget` bytes.
 
     Sorted by (layer, position) so that each pass starts as late as it can; a pass never
-    mixes layers. A single variant larger than the budget still runs, alone. A pass runs
-    every variant from its first variant's position, so a later variant joins it only
-    while that wastes at most 1/8 of the rows, or while the pass is too small for the
-    waste to cost more than a pass of its own.
+    mixes layers. A pass runs every variant from its first variant's position, so the
+    patches at the next position join it only while the rows that wastes cost less than
+    a pass of their own. A single variant larger than the budget still runs, alone.
     """
     memory_budget = default_memory_budget(model) if memory_budget is None else memory_budget
     if memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
     order = sorted(range(len(components)), key=lambda i: _start(components[i]))
     chunks: list[list[int]] = []
-    local = False  # whether every patch of the last chunk is local
-    for i in order:
-        component = components[i]
-        is_local = _local_end([component]) is not None
-        if chunks:
-            first = components[chunks[-1][0]]
-            run_end = component.pos + 1 if local and is_local else None
-            size = len(chunks[-1]) + 1
-            cost = size * batch * _bytes_per_variant(model, first, run_end, n_pos)
-            start = first.pos or 0
-            little_waste = 8 * ((component.pos or 0) - start) <= n_pos - start
-            small = size * batch * (n_pos - start) <= _SMALL_PASS_ROWS
-            if first.layer == component.layer and cost <= memory_budget and (little_waste or small):
-                chunks[-1].append(i)
-                local = local and is_local
-                continue
-        chunks.append([i])
-        local = is_local
+    for _, group in itertools.groupby(order, key=lambda i: _start(components[i])):
+        for piece in _fitting(model, components, list(group), batch, n_pos, memory_budget):
+            if chunks:
+                merged = chunks[-1] + piece
+                parts = (chunks[-1], piece)
+                fits = _bytes(model, components, merged, batch, n_pos) <= memory_budget
+                extra = _pass_rows(model, components, merged, batch, n_pos) - sum(
+                    _pass_rows(model, components, part, batch, n_pos) for part in parts
+                )
+                same_layer = components[chunks[-1][0]].layer == components[piece[0]].layer
+                if same_layer and fits and extra <= _PASS_COST_ROWS:
+                    chunks[-1] = merged
+                    continue
+            chunks.append(piece)
     return chunks
 
 
-def _bytes_per_variant(
-    model: HookedTransformer, first: Component, local_end: int | None, n_pos: int
+def _fitting(
+    model: HookedTransformer,
+    components: Sequence[Component],
+    group: list[int],
+    batch: int,
+    n_pos: int,
+    memory_budget: int,
+) -> list[list[int]]:
+    """`group` (patches starting at one layer and position) in pieces that fit the budget."""
+    per_variant = _bytes(model, components, group[:1], batch, n_pos)
+    size = max(1, memory_budget // per_variant)
+    return [group[i : i + size] for i in range(0, len(group), size)]
+
+
+def _extent(
+    model: HookedTransformer, components: Sequence[Component], chunk: list[int], n_pos: int
+) -> tuple[int, int, int, bool]:
+    """A pass's layer, first position, positions run by its first block, and whether the
+    blocks after it run too."""
+    chosen = [components[i] for i in chunk]
+    layer, start = _start(chosen[0])
+    local_end = _local_end(chosen)
+    later = model.cfg.n_layers - layer - 1
+    window = n_pos - start if local_end is None else local_end - start
+    return layer, start, window, local_end is None or later > 0
+
+
+def _pass_rows(
+    model: HookedTransformer,
+    components: Sequence[Component],
+    chunk: list[int],
+    batch: int,
+    n_pos: int,
 ) -> int:
-    """Bytes of one sequence in a pass starting at `first`, local up to `local_end` if given."""
-    start_layer, start_pos = _start(first)
-    n_run = n_pos - start_pos
-    if local_end is not None and start_layer + 1 == model.cfg.n_layers:
-        n_run = local_end - start_pos  # no block after the window's: the window alone runs
-    return bytes_per_sequence(model, n_run, n_pos)
+    """Rows a pass runs: positions times blocks, plus the positions it unembeds."""
+    layer, start, window, goes_on = _extent(model, components, chunk, n_pos)
+    later = model.cfg.n_layers - layer - 1
+    per_prompt = window + ((n_pos - start) * (later + 1) if goes_on else window)
+    return len(chunk) * batch * per_prompt
+
+
+def _bytes(
+    model: HookedTransformer,
+    components: Sequence[Component],
+    chunk: list[int],
+    batch: int,
+    n_pos: int,
+) -> int:
+    """Estimated peak bytes of a pass (see `bytes_per_sequence`)."""
+    _, start, window, goes_on = _extent(model, components, chunk, n_pos)
+    n_run = n_pos - start if goes_on else window
+    return len(chunk) * batch * bytes_per_sequence(model, n_run, n_pos)
 
 
 def _start(component: Component) -> tuple[int, int]:
