@@ -10,7 +10,10 @@ shorter, without changing any number:
   from the unpatched run's `resid_pre` (`start_at_layer`);
 - a patch at position p leaves positions 0..p-1 as they were, so the pass runs positions
   p.. only, reading the earlier keys and values of the unpatched run from a frozen
-  `KeyValueCache`, and the earlier logits are the unpatched ones.
+  `KeyValueCache`, and the earlier logits are the unpatched ones;
+- a patch downstream of where its block mixes positions (a head's output, an MLP, ...)
+  changes that block's output at its own position only, so the block runs on the
+  patched positions alone (`LOCAL_KINDS`); in the last block nothing else runs.
 
 Variants are sorted by (layer, position) and cut into chunks whose estimated memory fits a
 budget; a chunk starts at its first variant's layer and position.
