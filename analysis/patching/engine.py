@@ -3,7 +3,7 @@
 A sweep patches one component per variant. Instead of one forward pass per variant, the
 variants are stacked along the batch axis (`(variant batch)`) and each hook point replaces,
 in every variant at once, the region that variant patches (`torch.where` with a
-`[variant 1 ...]` mask). Two facts about a causal transformer make each stacked pass
+`[variant 1 ...]` mask). Three facts about a causal transformer make each stacked pass
 shorter, without changing any number:
 
 - a patch in block L leaves blocks 0..L-1 as they were, so the pass starts at block L
