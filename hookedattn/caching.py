@@ -80,8 +80,9 @@ def run_with_cache(
                     f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"
                 )
             t = t[0]
-        t = t.to(device=device, dtype=dtype)
-        if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        if device is not None or dtype is not None:
+            t = t.to(device=device, dtype=dtype)
+        if index is not None and t.untyped_storage().nbytes() > t.numel() * t.element_size():
             t = t.clone()  # a slice (pos_slice): keep its positions, not the whole activation
         elif must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             t = t.clone()

@@ -99,7 +99,7 @@ class HookPoint(nn.Module):
         handle = LensHandle(self, fn, dir, is_permanent, _is_cache)
         hooks = self._fwd if dir == "fwd" else self._bwd
         hooks.insert(0, handle) if prepend else hooks.append(handle)
-        self._active = True
+        self._update_active()
         return handle
 
     def remove_hooks(
@@ -118,7 +118,12 @@ class HookPoint(nn.Module):
         hooks = self._fwd if handle.dir == "fwd" else self._bwd
         if handle in hooks:
             hooks.remove(handle)
-        self._active = bool(self._fwd or self._bwd)
+        self._update_active()
+
+    def _update_active(self) -> None:
+        # object.__setattr__, not nn.Module's: that one looks for parameters, buffers and
+        # submodules on every assignment, and run_with_cache flips this flag twice per point.
+        object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
 
     def _run_hooks(self, x: Tensor) -> Tensor:
         for handle in tuple(self._fwd):
