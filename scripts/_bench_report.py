@@ -67,7 +67,9 @@ def markdown(report: dict) -> str:
         "(the bare plain-torch model, or for patching the one-forward-per-patch loop). Each "
         "cell: median over rounds of (time / time of the reference in the same round), "
         "min-max in brackets, then the median time per call. "
-        f"{report['settings']['rounds']} rounds; all runs under `torch.no_grad()`."
+        f"{report['settings']['rounds']} rounds, {report['settings']['clock']} clock "
+        "(cpu: this process's CPU time, which leaves out waiting for a core on a shared "
+        "machine); all runs under `torch.no_grad()`."
         + (
             " **Quick run: tiny settings, not a measurement.**"
             if report["settings"]["quick"]
