@@ -209,12 +209,14 @@ def train(
                 on_checkpoint(state.step, path)
 
     started, cpu_started = time.perf_counter(), time.process_time()
+    mid_step = False  # weights and optimizer state may disagree while a step runs
     model.train()
     try:
         while state.step < cfg.steps:
             step = state.step + 1
+            mid_step = True
             loss = _train_step(model, optimizer, corpus, cfg, step)
-            state.step = step
+            state.step, mid_step = step, False
             state.train_seconds += time.perf_counter() - started
             state.cpu_seconds += time.process_time() - cpu_started
             started, cpu_started = time.perf_counter(), time.process_time()
@@ -225,8 +227,11 @@ def train(
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 checkpoint()
     except KeyboardInterrupt:
-        bar.note(f"interrupted after step {state.step}; saving a checkpoint to resume from")
-        checkpoint()
+        if mid_step:
+            bar.note(f"interrupted during step {state.step + 1}: resume from the last checkpoint")
+        else:
+            bar.note(f"interrupted after step {state.step}: saving a checkpoint to resume from")
+            checkpoint()
         raise
     finally:
         bar.close()

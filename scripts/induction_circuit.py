@@ -14,6 +14,7 @@ this file measures.
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from analysis import (
     composition_scores,
     copying_scores,
     decompose_resid,
+    detect_head,
     direct_logit_attribution,
     induction_scores,
     pattern_preserving_ablation,
@@ -50,6 +52,7 @@ BIGRAM_SHARE = 0.9  # the 0-layer model gets >= 90% of the way from unigram to b
 
 PERIOD = 63  # repeated random sequences: <bos>, then 63 random bytes, twice (127 tokens)
 N_SEQ = 64
+N_WINDOWS = 512  # held-out windows: the late-minus-early difference needs this many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +115,13 @@ class Circuit:
     copying: object  # CopyingScores
     composition: dict  # kind -> CompositionScores
     clean: RepeatLosses
+    induction_heads: tuple[int, ...]  # every layer-1 head whose induction score > MAJORITY
     ablated: dict  # layer-1 head -> RepeatLosses with that head pattern-preservingly ablated
+    ablated_all: RepeatLosses  # with every induction head ablated at once
+    prev_offsets: tuple[float, ...]  # the prev head's attention at offsets 0, 1, 2, 3, 4 back
+    k_partners: tuple[int, ...]  # layer-0 heads whose K-composition into it is well above random
     induction_without_prev: float  # the induction head's score with the prev head zeroed
+    induction_without_partners: float  # ... with every one of `k_partners` zeroed
     attribution: dict  # component label -> mean direct logit attribution (second copy)
     attribution_first: dict  # same on the first copy
     qk_match: float  # fraction of bytes whose composed-QK row peaks on the diagonal
@@ -131,12 +139,16 @@ def find_circuit(model: HookedTransformer, tokens: Tensor) -> Circuit:
     induction = induction_scores(model, cache=cache, tokens=tokens)
     composition = {kind: composition_scores(processed, kind) for kind in "QKV"}
     head = int(induction.scores[1].argmax())
-    partner = int(composition["K"].scores[0, :, 1, head].argmax())
+    k_scores, k = composition["K"].scores[0, :, 1, head], composition["K"]
+    partner = int(k_scores.argmax())
+    partners = tuple(int(i) for i in (k_scores > k.baseline + SIGMAS * k.baseline_std).nonzero())
+    heads = tuple(h for h in range(model.cfg.n_heads) if induction[1, h] > MAJORITY) or (head,)
     ablated = {}
     with torch.no_grad():
         for h in range(model.cfg.n_heads):
             ablated_logits = pattern_preserving_ablation(model, tokens, (1, h))
             ablated[h] = repeat_losses(ablated_logits, tokens)
+        all_logits = pattern_preserving_ablation(model, tokens, [(1, h) for h in heads])
     return Circuit(
         induction_head=head,
         prev_head=partner,
@@ -145,16 +157,39 @@ def find_circuit(model: HookedTransformer, tokens: Tensor) -> Circuit:
         copying=copying_scores(processed, "OV"),
         composition=composition,
         clean=repeat_losses(logits, tokens),
+        induction_heads=heads,
         ablated=ablated,
-        induction_without_prev=_induction_without(model, tokens, partner, head),
+        ablated_all=repeat_losses(all_logits, tokens),
+        prev_offsets=offset_profile(model, cache, tokens, partner),
+        k_partners=partners,
+        induction_without_prev=_induction_without(model, tokens, [partner], head),
+        induction_without_partners=_induction_without(model, tokens, list(partners), head),
         attribution=_attribution(model, cache, tokens, second=True),
         attribution_first=_attribution(model, cache, tokens, second=False),
         **_weight_circuits(processed, partner, head),
     )
 
 
-def _induction_without(model: HookedTransformer, tokens: Tensor, prev: int, head: int) -> float:
-    """The induction head's score when layer-0 head `prev` writes nothing (patterns free).
+def offset_profile(
+    model: HookedTransformer, cache: object, tokens: Tensor, head: int, n_offsets: int = 5
+) -> tuple[float, ...]:
+    """Mean attention of layer-0 `head` to the token `k` back, for k = 0 .. n_offsets - 1."""
+
+    def target(k: int):
+        def offset(tokens: Tensor) -> Tensor:
+            batch, n = tokens.shape
+            return torch.ones(n - k).diag(-k).expand(batch, n, n)
+
+        offset.__name__ = f"{k} back"
+        return offset
+
+    return tuple(detect_head(model, target(k), cache, tokens)[0, head] for k in range(n_offsets))
+
+
+def _induction_without(
+    model: HookedTransformer, tokens: Tensor, prev: list[int], head: int
+) -> float:
+    """The induction head's score when layer-0 heads `prev` write nothing (patterns free).
 
     Pattern-preserving ablation would freeze the induction head's pattern, hiding exactly
     what K-composition does; here every later pattern is recomputed.
@@ -272,11 +307,21 @@ class Dynamics:
     text_icl: tuple[float, ...]  # held-out late-minus-early loss
     history: dict  # the training run's own evaluations, every few steps
 
+    def history_window(self) -> tuple[int, int]:
+        """The steps of the run's evaluations where the repeat ICL first passes 10% and 90%
+        of its rise from the first evaluation to the largest."""
+        steps, first, second = (self.history[k] for k in ("step", "repeat_first", "repeat_second"))
+        icl = [a - b for a, b in zip(first, second, strict=True)]
+        low, high = icl[0], max(icl)
+        start = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.1 * (high - low))
+        end = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.9 * (high - low))
+        return start, end
+
     def rise_window(self, values: tuple[float, ...]) -> tuple[int, int]:
-        """The checkpoints between which `values` first crosses halfway from min to max."""
-        half = (min(values) + max(values)) / 2
-        i = next(i for i, v in enumerate(values) if v >= half)
-        return self.steps[max(i - 1, 0)], self.steps[i]
+        """The two consecutive checkpoints between which `values` rises the most."""
+        rises = [b - a for a, b in itertools.pairwise(values)]
+        i = max(range(len(rises)), key=rises.__getitem__)
+        return self.steps[i], self.steps[i + 1]
 
 
 def dynamics(name: str, tokens: Tensor, windows: Tensor) -> Dynamics:
@@ -308,8 +353,10 @@ class Finding:
 
 
 THRESHOLD_NOTES = [
-    f"A *previous-token* or *induction head* puts more than {MAJORITY} of its attention on "
-    f"its target token (a majority); uniform causal attention puts about 1/position there.",
+    f"An *induction head* puts more than {MAJORITY} of its attention on its target token (a "
+    f"majority); uniform causal attention puts about 1/position there. A *previous-token "
+    f"head*: strictly, the same majority on the previous token; in its weak form, the head "
+    f"of its layer with the highest previous-token score, whose attention peaks one back.",
     f"A score is *well above* a random baseline when it exceeds the baseline's mean by more "
     f"than {SIGMAS:.0f} of its standard deviations (composition: Monte-Carlo over Gaussian "
     f"matrices of the model's shapes; copying: 0, by symmetry, with the same spread).",
@@ -317,13 +364,13 @@ THRESHOLD_NOTES = [
     f"predicted by its frequency in the first copy). *Not* (the one-layer model): no lower "
     f"than that order-blind loss.",
     f"*Most* of the in-context learning: more than {MOST} of the first-minus-second-copy "
-    f"loss difference.",
+    f"loss difference. *The induction heads*: every layer-1 head with a score above {MAJORITY}.",
     f"The 0-layer model *approximates bigram statistics*: at least {BIGRAM_SHARE:.0%} of the "
     f"way from the unigram loss to the bigram loss, on the same held-out predictions.",
     "Late context *lower than early*: the mean difference is negative by more than "
     f"{SIGMAS:.0f} standard errors over the held-out windows.",
-    "*The same window*: the induction score and the in-context-learning score first cross "
-    "half their range (over the checkpoints) between the same two checkpoints.",
+    "*The same window*: the induction score and the in-context-learning score rise the most "
+    "between the same two consecutive checkpoints.",
 ]
 
 
@@ -347,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     say("loading the shipped models and the held-out text")
     models = {name: HookedTransformer.from_pretrained(name) for name in _MODELS}
     corpus = load_stdlib_corpus()
-    windows = heldout_windows(corpus.heldout, N_SEQ, models["attn-only-2l"].cfg.n_ctx)
+    windows = heldout_windows(corpus.heldout, N_WINDOWS, models["attn-only-2l"].cfg.n_ctx)
     tokens = repeated_tokens()
     say("locating the induction circuit (head scores, composition, ablations)")
     two = models["attn-only-2l"]
@@ -372,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         dynamics=dyn,
         induction_window=dyn.rise_window(dyn.induction),
         icl_window=dyn.rise_window(dyn.repeat_icl),
+        history_window=dyn.history_window(),
+        majority=MAJORITY,
         steps=info.training["step"],
         command=info.training["command"],
         torch_version=torch.__version__,
@@ -414,6 +463,8 @@ class _Results:
     dynamics: Dynamics
     induction_window: tuple[int, int]
     icl_window: tuple[int, int]
+    history_window: tuple[int, int]
+    majority: float
     steps: int
     command: str
     torch_version: str
@@ -427,8 +478,11 @@ def _findings(r: _Results) -> list[Finding]:
     p, h = c.prev_head, c.induction_head
     k, q, v = (float(c.composition[kind].scores[0, p, 1, h]) for kind in "KQV")
     k_base = c.composition["K"]
-    removed = 1 - c.ablated[h].icl / c.clean.icl
+    removed = 1 - c.ablated_all.icl / c.clean.icl
+    heads = ", ".join(f"L1H{i}" for i in c.induction_heads)
     n_heads = r.one_layer_copying.scores.shape[1]
+    peak = max(range(len(c.prev_offsets)), key=c.prev_offsets.__getitem__)
+    strongest = int(c.prev_scores.scores[0].argmax()) == p
     return [
         Finding(
             "0 layers: bigram statistics",
@@ -452,7 +506,14 @@ def _findings(r: _Results) -> list[Finding]:
             c.induction[1, h] > MAJORITY,
         ),
         Finding(
-            f"its top K-partner L0H{p} is a previous-token head",
+            f"its top K-partner L0H{p} is the layer's previous-token head",
+            f"score {c.prev_scores[0, p]:.3f}; attention peaks {peak} back",
+            f"uniform {c.prev_scores.baseline:.3f}",
+            "top score in L0, peak 1 back",
+            strongest and peak == 1,
+        ),
+        Finding(
+            f"... holding a majority of L0H{p}'s attention (strict)",
             f"{c.prev_scores[0, p]:.3f}",
             f"uniform {c.prev_scores.baseline:.3f}",
             f"> {MAJORITY}",
@@ -494,7 +555,7 @@ def _findings(r: _Results) -> list[Finding]:
             r.text_icl.icl_score < -SIGMAS * r.text_icl.icl_stderr,
         ),
         Finding(
-            f"ablating L1H{h} removes most ICL",
+            f"ablating the induction heads ({heads}) removes most ICL",
             f"{removed:.0%} removed",
             f"ICL {c.clean.icl:.3f} nats",
             f"> {MOST:.0%}",

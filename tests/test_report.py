@@ -1,0 +1,44 @@
+"""scripts/induction_circuit.py end to end: the report folder, and a folder it cannot write."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "induction_circuit.py"
+FIGURES = (
+    "attention_patterns.png",
+    "head_scores.png",
+    "composition.png",
+    "logit_attribution.png",
+    "icl_curve.png",
+    "circuits.png",
+    "training_dynamics.png",
+)
+
+
+def _run(out):
+    command = [sys.executable, str(SCRIPT), "--out", str(out)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_the_report_folder_holds_the_markdown_and_every_figure(tmp_path):
+    out = tmp_path / "report"
+    done = _run(out)
+    assert done.returncode == 0, done.stderr
+    assert str(out / "report.md") in done.stdout
+    text = (out / "report.md").read_text()
+    for name in FIGURES:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"]({name})" in text, name
+    for section in ("## Findings", "QK circuit", "OV circuit", "## Thresholds"):
+        assert section in text
+    assert "[5/5]" in done.stderr  # the stages show progress
+
+
+def test_a_folder_that_cannot_be_written_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = _run(blocker / "report")
+    assert done.returncode == 2
+    assert "cannot write the report to" in done.stderr and "Traceback" not in done.stderr
