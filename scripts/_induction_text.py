@@ -69,8 +69,9 @@ def write_report(out: Path, r: object) -> Path:
         f"and on the second copy {c.clean.second:.2f}. A model that knew *which* bytes "
         f"occurred but not in what order could get to {c.clean.order_blind:.2f} "
         f"(each byte predicted by its frequency in the first copy). The one-layer model "
-        f"gets {r.one_layer.second:.2f} on the second copy: its heads can copy tokens "
-        f"from the context, but not the one that comes *next*. On held-out stdlib files "
+        f"gets {r.one_layer.second:.2f} on the second copy, {r.one_layer.first:.2f} on the "
+        f"first: without a second layer its heads cannot find the byte that came *next* "
+        f"last time. On held-out stdlib files "
         f"the two-layer model's loss late in the context (tokens 97-127) is "
         f"{-r.text_icl.icl_score:.3f} ± {r.text_icl.icl_stderr:.3f} nats lower than early "
         f"(tokens 9-24): identifiers and phrases recur within a file.",
@@ -119,8 +120,8 @@ def write_report(out: Path, r: object) -> Path:
         f"(rows) for a key whose *previous* byte is the column byte. Its largest entry in a "
         f"row is on the diagonal for {c.qk_match:.0%} of the printable bytes (chance: "
         f'1/95 = 1.1%): the query asks "was the token before you the same as me?". The '
-        f"direct path `W_E @ QK_{H} @ W_E.T`, without {P}, has no such diagonal "
-        f"(second and third panels).\n\n"
+        f"direct path `W_E @ QK_{H} @ W_E.T`, without {P}, peaks there for "
+        f"{c.qk_direct_match:.0%} (second and third panels).\n\n"
         f"![circuits](circuits.png)\n\n"
         f"{P}'s own QK circuit is positional: `W_pos @ QK_{P} @ W_pos.T` (first panel) "
         f"favours recent keys, and peaks exactly one back for {c.prev_position:.0%} of query "
@@ -175,7 +176,7 @@ def write_report(out: Path, r: object) -> Path:
         f"and {r.induction_window[1]}, the in-context-learning score between "
         f"{r.icl_window[0]} and {r.icl_window[1]}. The training run's own evaluations "
         f"(every 25 steps, lines in the figure) place the rise of the in-context learning "
-        f"between steps {r.history_window[0]} and {r.history_window[1]} (10% to 90% of it). "
+        f"between steps {r.history_window[0]} and {r.history_window[1]} (20% to 80% of it). "
         f"The held-out loss rises a little meanwhile, the *induction bump*. The in-context "
         f"learning saturates soon after (the loss on the second copy cannot go below 0) "
         f"while the attention keeps sharpening: an earlier version of this test, which "
@@ -191,8 +192,9 @@ def write_report(out: Path, r: object) -> Path:
         f"**1 layer.** Copying scores of its heads' full OV circuits: "
         + ", ".join(f"H{i} {v:.2f}" for i, v in enumerate(r.one_layer_copying.scores[0].tolist()))
         + f" (random: 0 ± {r.one_layer_copying.baseline_std:.2f}); "
-        f"{r.n_copying}/8 are copying heads. Copying without induction lowers the "
-        f"second-copy loss only to {r.one_layer.second:.2f}.",
+        f"{r.n_copying}/8 are copying heads: attending to a byte raises that byte's logit. "
+        f"On random bytes, where attending to any earlier byte is a guess, that is worth "
+        f"little: {r.one_layer.second:.2f} nats on the second copy.",
         "## The worklog's questions\n\n"
         f"**What is the attention weight trying to tell us?** Which earlier position this "
         f"head moves information *from*, and nothing about what it moves. {P}'s weights say "

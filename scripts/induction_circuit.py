@@ -125,6 +125,7 @@ class Circuit:
     attribution: dict  # component label -> mean direct logit attribution (second copy)
     attribution_first: dict  # same on the first copy
     qk_match: float  # fraction of bytes whose composed-QK row peaks on the diagonal
+    qk_direct_match: float  # the same for the direct path (no composition)
     ov_copy: float  # fraction of bytes whose OV row peaks on the diagonal
     prev_position: float  # fraction of positions whose positional QK peaks one back
     matrices: dict  # name -> 2-d tensor, for the figures
@@ -233,6 +234,7 @@ def _weight_circuits(model: HookedTransformer, prev: int, head: int) -> dict:
     diagonal = torch.arange(len(printable))
     return {
         "qk_match": float((composed.argmax(-1) == diagonal).float().mean()),
+        "qk_direct_match": float((direct.argmax(-1) == diagonal).float().mean()),
         "ov_copy": float((ov.argmax(-1) == diagonal).float().mean()),
         "prev_position": float((best_key == torch.arange(len(best_key))).float().mean()),
         "matrices": {"positional": positional, "composed": composed, "direct": direct, "ov": ov},
@@ -308,13 +310,14 @@ class Dynamics:
     history: dict  # the training run's own evaluations, every few steps
 
     def history_window(self) -> tuple[int, int]:
-        """The steps of the run's evaluations where the repeat ICL first passes 10% and 90%
-        of its rise from the first evaluation to the largest."""
+        """The steps of the run's evaluations where the repeat ICL first passes 20% and 80%
+        of its rise from the first evaluation to the largest (10% is within the noise of
+        the slow rise before the bump)."""
         steps, first, second = (self.history[k] for k in ("step", "repeat_first", "repeat_second"))
         icl = [a - b for a, b in zip(first, second, strict=True)]
         low, high = icl[0], max(icl)
-        start = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.1 * (high - low))
-        end = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.9 * (high - low))
+        start = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.2 * (high - low))
+        end = next(s for s, v in zip(steps, icl, strict=True) if v >= low + 0.8 * (high - low))
         return start, end
 
     def rise_window(self, values: tuple[float, ...]) -> tuple[int, int]:
