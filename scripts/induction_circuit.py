@@ -51,7 +51,7 @@ MOST = 0.5  # "most" of the in-context learning: more than half of it
 BIGRAM_SHARE = 0.9  # the 0-layer model gets >= 90% of the way from unigram to bigram loss
 
 PERIOD = 63  # repeated random sequences: <bos>, then 63 random bytes, twice (127 tokens)
-N_SEQ = 64
+N_SEQ = 32
 N_WINDOWS = 512  # held-out windows: the late-minus-early difference needs this many
 
 
@@ -257,8 +257,9 @@ LATE = slice(96, 127)  # predictions of tokens 97..127: nearly the whole context
 
 def text_losses(model: HookedTransformer, windows: Tensor) -> TextLosses:
     """Loss per position on held-out windows, and late-minus-early with its error."""
-    with torch.no_grad():
-        loss = model(windows, return_type="loss", loss_per_token=True)
+    with torch.no_grad():  # in chunks: small batches stay in the CPU's caches
+        chunks = windows.split(64)
+        loss = torch.cat([model(c, return_type="loss", loss_per_token=True) for c in chunks])
     difference = loss[:, LATE].mean(1) - loss[:, EARLY].mean(1)
     return TextLosses(
         per_position=loss.mean(0),
