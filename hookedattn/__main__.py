@@ -12,6 +12,7 @@ intermediate checkpoint. Activation names are full hook names or shorthand (`pat
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.run(args)
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python's documented remedy)
+        return 0
     except (KeyError, ValueError, TypeError, FileNotFoundError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"error: {message}", file=sys.stderr)

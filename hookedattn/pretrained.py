@@ -55,7 +55,8 @@ class PretrainedInfo:
         shape = f"{cfg.n_layers}L {kind}, d_model={cfg.d_model}, {heads}n_ctx={cfg.n_ctx}"
         final = self.training.get("final_eval", {})
         loss = f", held-out loss {final['heldout_loss']:.3f}" if final else ""
-        return f"{self.name}: {shape}, {len(self.checkpoints)} checkpoints{loss}"
+        plural = "s" if len(self.checkpoints) > 1 else ""
+        return f"{self.name}: {shape}, {len(self.checkpoints)} checkpoint{plural}{loss}"
 
 
 def list_pretrained(directory: str | Path = PRETRAINED_DIR) -> list[PretrainedInfo]:
