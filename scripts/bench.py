@@ -524,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             "min_sample_s": run.min_sample_s,
             "clock": args.clock,
             "grad": "torch.no_grad()",
-            "described": {k: s.description for k, s in run.settings.items()},
+            "described": {k: s.description for k, s in run.settings.items()}
+            | ({"c": shipped[1].description} if shipped else {}),
         },
         "targets": _target_rows(run),
         "results": run.rows,
