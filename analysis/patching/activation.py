@@ -3,6 +3,11 @@
 from torch import Tensor
 
 from analysis.patching.components import component_grid
+from analysis.patching.declared import (
+    check_metric_reads,
+    declared_positions,
+    sweep_declared,
+)
 from analysis.patching.engine import base_run, sweep
 from analysis.patching.inputs import Metric, paired_tokens
 from analysis.patching.result import PatchingResult
@@ -20,6 +25,8 @@ def activation_patch(
     by_pos: bool | None = None,
     direction: str = "denoising",  # or "noising"
     memory_budget: int | None = None,
+    # An int or a sequence of ints, loosely annotated so that bad input gets our message.
+    metric_positions: object = None,
 ) -> PatchingResult:
     """Patch each component of `kind` on its own and record `metric` for every prompt.
 
@@ -34,6 +41,11 @@ def activation_patch(
     of at most about `memory_budget` bytes (default `default_memory_budget(model)`), each
     starting at the patched layer and position, and give the numbers of the one-by-one
     loop (TransformerLens's `patching` module).
+
+    `metric_positions` (e.g. `-1`, or `[4, -1]`) declares the positions whose logits the
+    metric reads; then each pass computes only what those need (`analysis.patching.declared`):
+    the metric gets logits exact there and NaN elsewhere, and a `ValueError` names any
+    other position it reads. The numbers are those of the full computation.
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     if direction not in ("denoising", "noising"):
@@ -43,7 +55,15 @@ def activation_patch(
     clean = base_run(model, clean_tokens, metric, hooks)
     corrupted = base_run(model, corrupted_tokens, metric, hooks)
     target, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
-    per_prompt = sweep(model, target, source.cache, grid.components, metric, memory_budget)
+    if metric_positions is None:
+        per_prompt = sweep(model, target, source.cache, grid.components, metric, memory_budget)
+    else:
+        declared = declared_positions(metric_positions, clean_tokens.shape[1])
+        for run in (clean, corrupted):
+            check_metric_reads(metric, run, declared, metric_positions)
+        per_prompt = sweep_declared(
+            model, target, source.cache, grid.components, metric, declared, memory_budget
+        )
     return PatchingResult(
         method="activation patching",
         direction=direction,

@@ -16,12 +16,14 @@ shorter, without changing any number:
   patched positions alone (`LOCAL_KINDS`); in the last block nothing else runs.
 
 Variants are sorted by (layer, position) and cut into chunks whose estimated memory fits a
-budget; a chunk starts at its first variant's layer and position.
+budget; a chunk starts at its first variant's layer and position. When the caller declares
+which positions' logits the metric reads (`metric_positions`), `declared.py` and
+`side_by_side.py` run less still.
 """
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from einops import rearrange, repeat
@@ -249,16 +251,26 @@ def bytes_per_sequence(model: HookedTransformer, n_run: int, n_pos: int) -> int:
     to the metric; and the frozen keys and values of the positions not run.
     """
     cfg = model.cfg
-    per_position = (
+    per_position = row_floats(model, n_pos) + 3 * cfg.d_vocab_out
+    prefix = 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * (n_pos - n_run)
+    return itemsize(model) * (n_run * per_position + n_pos * cfg.d_vocab_out + prefix)
+
+
+def row_floats(model: HookedTransformer, n_keys: int) -> int:
+    """Numbers one position holds at the peak of a block attending to `n_keys` keys
+    (residual stream, q/k/v/z, scores and pattern, MLP hidden layer), with some slack."""
+    cfg = model.cfg
+    return (
         8 * cfg.d_model
         + 6 * cfg.n_heads * cfg.d_head
-        + 3 * cfg.n_heads * n_pos
+        + 3 * cfg.n_heads * n_keys
         + 3 * (cfg.d_mlp or 0)
-        + 3 * cfg.d_vocab_out
     )
-    prefix = 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * (n_pos - n_run)
-    itemsize = torch.empty((), dtype=cfg.dtype).element_size()
-    return itemsize * (n_run * per_position + n_pos * cfg.d_vocab_out + prefix)
+
+
+def itemsize(model: HookedTransformer) -> int:
+    """Bytes of one number in the model's dtype."""
+    return torch.empty((), dtype=model.cfg.dtype).element_size()
 
 
 # What one stacked pass costs beyond its rows (two forwards' Python and dispatch), in
@@ -281,40 +293,42 @@ def plan_chunks(
     patches at the next position join it only while the rows that wastes cost less than
     a pass of their own. A single variant larger than the budget still runs, alone.
     """
-    memory_budget = default_memory_budget(model) if memory_budget is None else memory_budget
+    return merge_passes(
+        components,
+        range(len(components)),
+        lambda chunk: _bytes(model, components, chunk, batch, n_pos),
+        lambda chunk: _pass_rows(model, components, chunk, batch, n_pos),
+        memory_budget=default_memory_budget(model) if memory_budget is None else memory_budget,
+    )
+
+
+def merge_passes(
+    components: Sequence[Component],
+    indices: Iterable[int],
+    bytes_of: Callable[[list[int]], int],
+    rows_of: Callable[[list[int]], int],
+    memory_budget: int,
+) -> list[list[int]]:
+    """`indices` of `components` in passes (see `plan_chunks`), given what a pass of some
+    of them costs: `bytes_of(chunk)` at its peak and `rows_of(chunk)` rows run."""
     if memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
-    order = sorted(range(len(components)), key=lambda i: _start(components[i]))
+    order = sorted(indices, key=lambda i: _start(components[i]))
     chunks: list[list[int]] = []
     for _, group in itertools.groupby(order, key=lambda i: _start(components[i])):
-        for piece in _fitting(model, components, list(group), batch, n_pos, memory_budget):
+        group = list(group)
+        size = max(1, memory_budget // bytes_of(group[:1]))
+        for piece in (group[i : i + size] for i in range(0, len(group), size)):
             if chunks:
                 merged = chunks[-1] + piece
-                parts = (chunks[-1], piece)
-                fits = _bytes(model, components, merged, batch, n_pos) <= memory_budget
-                extra = _pass_rows(model, components, merged, batch, n_pos) - sum(
-                    _pass_rows(model, components, part, batch, n_pos) for part in parts
-                )
+                fits = bytes_of(merged) <= memory_budget
+                extra = rows_of(merged) - rows_of(chunks[-1]) - rows_of(piece)
                 same_layer = components[chunks[-1][0]].layer == components[piece[0]].layer
                 if same_layer and fits and extra <= _PASS_COST_ROWS:
                     chunks[-1] = merged
                     continue
             chunks.append(piece)
     return chunks
-
-
-def _fitting(
-    model: HookedTransformer,
-    components: Sequence[Component],
-    group: list[int],
-    batch: int,
-    n_pos: int,
-    memory_budget: int,
-) -> list[list[int]]:
-    """`group` (patches starting at one layer and position) in pieces that fit the budget."""
-    per_variant = _bytes(model, components, group[:1], batch, n_pos)
-    size = max(1, memory_budget // per_variant)
-    return [group[i : i + size] for i in range(0, len(group), size)]
 
 
 def _extent(

@@ -29,9 +29,19 @@ from analysis.patching.components import (
     component_grid,
     component_masks,
 )
+from analysis.patching.declared import (
+    check_metric_reads,
+    declared_metric,
+    declared_positions,
+    pass_shape,
+    run_declared,
+)
 from analysis.patching.engine import (
     BaseRun,
     Edit,
+    _by_variant,
+    _edit_hook,
+    _rows,
     base_run,
     bytes_per_sequence,
     default_memory_budget,
@@ -56,6 +66,8 @@ def path_patch(
     direction: str = "noising",
     freeze_mlps: bool = False,
     memory_budget: int | None = None,
+    # An int or a sequence of ints, loosely annotated so that bad input gets our message.
+    metric_positions: object = None,
 ) -> PatchingResult:
     """The metric with each sender's path to `receivers` patched (see the module docstring).
 
@@ -63,6 +75,11 @@ def path_patch(
     `Component`s (a `[sender]` result). `receivers` is one `Component` or several, e.g.
     `Component("k", 1, head=0)` for head 1.0's keys, or `Component("resid_post", n - 1)`
     for the direct path to the logits. `metric` maps logits to one value per prompt.
+
+    `metric_positions` (e.g. `-1`) declares the positions whose logits the metric reads,
+    as in `activation_patch`: both steps then stop at the last of them, the first after
+    the last receiver's block, and the second runs the last block's queries and the
+    unembedding at those positions only. The numbers are those of the full computation.
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     if direction not in ("denoising", "noising"):
@@ -87,6 +104,11 @@ def path_patch(
         hooks |= {get_act_name("mlp_out", layer) for layer in range(model.cfg.n_layers)}
     clean = base_run(model, clean_tokens, metric, sorted(hooks))
     corrupted = base_run(model, corrupted_tokens, metric, sorted(hooks))
+    declared = None
+    if metric_positions is not None:
+        declared = declared_positions(metric_positions, n_pos)
+        for run in (clean, corrupted):
+            check_metric_reads(metric, run, declared, metric_positions)
     base, other = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     budget = default_memory_budget(model) if memory_budget is None else memory_budget
     per_variant = _bytes_per_variant(model, base, receivers)
@@ -94,8 +116,8 @@ def path_patch(
     rows = []
     for start in range(0, len(sender_list), size):
         chunk = sender_list[start : start + size]
-        recorded = _receiver_inputs(model, base, other, chunk, receivers, freeze_mlps)
-        rows.append(_through_receivers(model, base, receivers, recorded, len(chunk), metric))
+        recorded = _receiver_inputs(model, base, other, chunk, receivers, freeze_mlps, declared)
+        rows.append(_through_receivers(model, base, receivers, recorded, chunk, metric, declared))
     per_prompt = torch.cat(rows).reshape(*(len(t) for t in labels), -1)
     name = f"{kind} -> {', '.join(r.label() for r in receivers)}"
     return PatchingResult(
@@ -110,8 +132,10 @@ def _receiver_inputs(
     senders: Sequence[Component],
     receivers: Sequence[Component],
     freeze_mlps: bool,
+    declared: Sequence[int] | None,
 ) -> dict[str, Tensor]:
-    """Step 1: the receivers' activations, per sender, with everything else frozen."""
+    """Step 1: the receivers' activations, per sender, with everything else frozen (with
+    `declared` positions, only up to the last of them)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     start = min(s.layer for s in senders)
     free = _unfrozen_heads(senders, receivers, n_layers, n_heads)
@@ -126,7 +150,36 @@ def _receiver_inputs(
         source = other.cache[hook]
         edits.append(Edit(hook, component_masks(senders, hook, source.shape[1:]), source))
     record = list(dict.fromkeys(r.hook_name for r in receivers))
-    return run_variants(model, base, len(senders), edits, start, record=record).recorded
+    if declared is None:
+        return run_variants(model, base, len(senders), edits, start, record=record).recorded
+    stop = max(r.layer for r in receivers) + 1
+    return _record(model, base, len(senders), edits, start, stop, declared[-1] + 1, record)
+
+
+def _record(
+    model: HookedTransformer,
+    base: BaseRun,
+    n_variants: int,
+    edits: Sequence[Edit],
+    start_layer: int,
+    stop_layer: int,
+    end: int,
+    record: Sequence[str],
+) -> dict[str, Tensor]:
+    """The activations at `record`, per variant, of positions `..end-1` of a pass from
+    block `start_layer` to `stop_layer` (a receiver's activation at a later position, or
+    after its block, never reaches the declared positions)."""
+    recorded: dict[str, Tensor] = {}
+
+    def keep(activation: Tensor, hook) -> None:
+        recorded[hook.name] = _by_variant(activation, n_variants)
+
+    hooks = [(e.hook, _edit_hook(e, n_variants, 0, end)) for e in edits]
+    hooks += [(name, keep) for name in record]
+    resid = _rows(base, start_layer, 0, end, n_variants)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        model(resid, start_at_layer=start_layer, stop_at_layer=stop_layer)
+    return recorded
 
 
 def _unfrozen_heads(
@@ -156,8 +209,9 @@ def _through_receivers(
     base: BaseRun,
     receivers: Sequence[Component],
     recorded: dict[str, Tensor],
-    n_variants: int,
+    senders: Sequence[Component],
     metric: Metric,
+    declared: Sequence[int] | None,
 ) -> Float[Tensor, "variant batch"]:
     """Step 2: the base run with only the receivers' activations replaced."""
     edits = []
@@ -165,6 +219,13 @@ def _through_receivers(
         here = [r for r in receivers if r.hook_name == hook]
         where = component_masks(here, hook, values.shape[2:]).any(dim=0, keepdim=True)
         edits.append(Edit(hook, where, values))
+    n_variants = len(senders)
+    if declared is not None:
+        shape = pass_shape(model.cfg.n_layers, receivers, declared)
+        logits = run_declared(model, base, n_variants, edits, shape, declared)
+        labels = [s.label() for s in senders]
+        n_pos = base.tokens.shape[1]
+        return declared_metric(metric, logits, declared, n_pos, labels, base.metric)
     start = min(r.layer for r in receivers)
     logits = run_variants(model, base, n_variants, edits, start).logits
     return torch.stack([metric_values(metric, variant) for variant in logits])

@@ -1,0 +1,217 @@
+"""Patching with `metric_positions`: only what the declared positions need, same numbers."""
+
+import functools
+
+import pytest
+import torch
+
+from analysis.patching import Component, activation_patch, available_kinds, path_patch
+from analysis.patching.components import component_grid
+from analysis.patching.declared import reaches
+from analysis.patching.side_by_side import eligible, plan_side_by_side
+from hookedattn import HookedTransformer, HookedTransformerConfig
+
+BATCH, N_POS, D_VOCAB = 2, 5, 11
+EXACT = dict(rtol=0.0, atol=1e-10)
+
+MODELS = {
+    "2 layers, LN, MLP": dict(),
+    "3 layers, RMS, per-head inputs": dict(
+        n_layers=3, normalization_type="RMS", use_attn_in=True, use_hook_mlp_in=True
+    ),
+    "attention-only, no norm": dict(attn_only=True, d_mlp=None, normalization_type=None),
+    "3 layers, rotary, split qkv": dict(
+        n_layers=3, positional_embedding_type="rotary", use_attn_result=True,
+        use_split_qkv_input=True,
+    ),
+    # No room in the context after the shared keys: every pass stacks variants on the batch.
+    "2 layers, context full": dict(n_ctx=N_POS, use_attn_result=True),
+}  # fmt: skip
+
+
+@functools.cache
+def make_model(name: str) -> HookedTransformer:
+    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=16, d_vocab=D_VOCAB, d_mlp=32, seed=0)
+    settings.update(MODELS[name])
+    return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **settings))
+
+
+def make_tokens(seed: int) -> torch.Tensor:
+    return torch.randint(0, D_VOCAB, (BATCH, N_POS), generator=torch.Generator().manual_seed(seed))
+
+
+CLEAN, CORRUPTED = make_tokens(1), make_tokens(2)
+ANSWERS = torch.tensor([3, 7])
+
+
+def logit_diff_at(*positions: int):
+    """The summed logit difference (answer minus token 0) at `positions`, per prompt."""
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(BATCH)
+        return sum(logits[rows, p, ANSWERS] - logits[:, p, 0] for p in positions)
+
+    return metric
+
+
+# (what the metric reads, what is declared): one position, two, and more than it reads.
+DECLARATIONS = {"last": ((-1,), -1), "two": ((1, -1), [1, -1]), "superset": ((2,), [0, 2, 3])}
+
+
+def assert_every_kind_matches(model, direction, declaration):
+    reads, declared = DECLARATIONS[declaration]
+    metric = logit_diff_at(*reads)
+    for kind in available_kinds(model):
+        for by_pos in (True, False):
+            kwargs = dict(kind=kind, by_pos=by_pos, direction=direction)
+            full = activation_patch(model, CLEAN, CORRUPTED, metric, **kwargs)
+            fast = activation_patch(
+                model, CLEAN, CORRUPTED, metric, metric_positions=declared, **kwargs
+            )
+            torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+            torch.testing.assert_close(fast.clean, full.clean, **EXACT)
+
+
+@pytest.mark.parametrize("declaration", ["last", "two"])
+@pytest.mark.parametrize("direction", ["denoising", "noising"])
+@pytest.mark.parametrize("model_name", [m for m in MODELS if m != "2 layers, context full"])
+def test_every_kind_gives_the_numbers_of_the_full_computation(model_name, direction, declaration):
+    assert_every_kind_matches(make_model(model_name), direction, declaration)
+
+
+def test_every_kind_gives_the_same_numbers_stacked_on_the_batch_axis():
+    assert_every_kind_matches(make_model("2 layers, context full"), "denoising", "two")
+
+
+def test_declaring_more_positions_than_the_metric_reads_changes_nothing():
+    assert_every_kind_matches(make_model("3 layers, RMS, per-head inputs"), "noising", "superset")
+
+
+@pytest.mark.parametrize("memory_budget", [1, 20_000, 10**9])
+def test_every_chunking_gives_the_same_numbers(memory_budget):
+    model = make_model("3 layers, RMS, per-head inputs")
+    metric = logit_diff_at(1, -1)
+    for kind in ("z", "resid_pre", "k", "pattern", "mlp_out"):
+        full = activation_patch(model, CLEAN, CORRUPTED, metric, kind, by_pos=True)
+        fast = activation_patch(
+            model, CLEAN, CORRUPTED, metric, kind, by_pos=True, metric_positions=[1, -1],
+            memory_budget=memory_budget,
+        )  # fmt: skip
+        torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+
+
+def test_both_ways_of_running_a_pass_are_exercised():
+    # Side by side where the context has room after the shared keys (and no rotary),
+    # stacked on the batch axis otherwise.
+    model = make_model("2 layers, LN, MLP")
+    component = Component("z", 0, head=1, pos=2)
+    assert eligible(model, component, (4,))
+    assert not eligible(make_model("2 layers, context full"), component, (4,))
+    assert not eligible(make_model("3 layers, rotary, split qkv"), Component("z", 2, 0, 2), (4,))
+    # Side-by-side passes hold variants at several positions.
+    components = component_grid(model, "z", N_POS, by_pos=True).components
+    chunks = plan_side_by_side(model, components, range(len(components)), BATCH, (4,), 10**9)
+    assert any(len({components[i].pos for i in chunk}) > 1 for chunk in chunks)
+
+
+def test_patches_that_cannot_reach_the_declared_positions_keep_the_unpatched_metric():
+    model = make_model("2 layers, LN, MLP")
+    result = activation_patch(
+        model, CLEAN, CORRUPTED, logit_diff_at(2), "z", by_pos=True, metric_positions=2
+    )
+    grid = component_grid(model, "z", N_POS, by_pos=True)
+    unreached = [i for i, c in enumerate(grid.components) if not reaches(c, (2,), 2)]
+    # After position 2, and in the last block anywhere but position 2.
+    assert {(c.layer, c.pos) for c in (grid.components[i] for i in unreached)} == {
+        (0, 3), (0, 4), (1, 0), (1, 1), (1, 3), (1, 4)
+    }  # fmt: skip
+    per_prompt = result.per_prompt.reshape(len(grid.components), BATCH)
+    assert all(torch.equal(per_prompt[i], result.corrupted) for i in unreached)
+
+
+def test_a_metric_reading_an_undeclared_position_is_an_error_naming_it():
+    model = make_model("2 layers, LN, MLP")
+    with pytest.raises(ValueError, match=r"also reads the logits at positions \[1, 3\].*"):
+        activation_patch(model, CLEAN, CORRUPTED, logit_diff_at(1, 3, -1), "z", metric_positions=-1)
+    with pytest.raises(ValueError, match=r"metric_positions=\[1, 3, 4\] or None"):
+        path_patch(
+            model, CLEAN, CORRUPTED, logit_diff_at(1, 3, -1), Component("k", 1, head=0),
+            metric_positions=-1,
+        )  # fmt: skip
+
+
+def test_a_metric_reading_undeclared_positions_only_when_patched_is_caught():
+    model = make_model("2 layers, LN, MLP")
+    calls = []
+
+    def sneaky(logits: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        # Four unpatched calls (a base run and a check, per run) read the last position.
+        extra = 0 if len(calls) <= 4 else logits[:, 0, 0]
+        return logit_diff_at(-1)(logits) + extra
+
+    with pytest.raises(ValueError, match=r"gave NaN with z L\d+H\d+ @\d patched"):
+        activation_patch(model, CLEAN, CORRUPTED, sneaky, "z", by_pos=True, metric_positions=-1)
+    assert model.attached_hooks() == []
+
+
+@pytest.mark.parametrize("model_name", ["2 layers, LN, MLP", "3 layers, rotary, split qkv"])
+def test_hooks_attached_to_the_model_still_act(model_name):
+    model = make_model(model_name).copy()
+    last = model.cfg.n_layers - 1
+
+    def damp(values: torch.Tensor, hook) -> torch.Tensor:
+        return values * 0.5
+
+    model.add_hook(f"blocks.{last}.attn.hook_v", damp)
+    model.add_hook(f"blocks.{last - 1}.hook_attn_out", damp)
+    metric = logit_diff_at(-1)
+    for kind in ("z", "resid_pre", "k"):
+        full = activation_patch(model, CLEAN, CORRUPTED, metric, kind, by_pos=True)
+        fast = activation_patch(
+            model, CLEAN, CORRUPTED, metric, kind, by_pos=True, metric_positions=-1
+        )
+        torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+        assert not torch.allclose(fast.clean, metric(make_model(model_name)(CLEAN)))
+    assert len(model.attached_hooks()) == 2
+
+
+RECEIVERS = [
+    Component("k", 1, head=0),
+    Component("v", 1, head=1, pos=2),
+    Component("q", 1, head=0, pos=4),
+    Component("resid_post", 1),
+    Component("z", 0, head=1, pos=1),
+]
+
+
+@pytest.mark.parametrize("direction", ["denoising", "noising"])
+@pytest.mark.parametrize("model_name", ["2 layers, LN, MLP", "3 layers, rotary, split qkv"])
+def test_path_patching_gives_the_numbers_of_the_full_computation(model_name, direction):
+    model = make_model(model_name)
+    for receiver in RECEIVERS:
+        for reads, declared in DECLARATIONS.values():
+            metric = logit_diff_at(*reads)
+            kwargs = dict(direction=direction, senders="z", freeze_mlps=True)
+            full = path_patch(model, CLEAN, CORRUPTED, metric, receiver, **kwargs)
+            fast = path_patch(
+                model, CLEAN, CORRUPTED, metric, receiver, metric_positions=declared, **kwargs
+            )
+            torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+
+
+@pytest.mark.parametrize(
+    ("metric_positions", "error", "message"),
+    [
+        (5, ValueError, r"5 is not a position of 5 tokens \(valid: -5\.\.4\)"),
+        ([], ValueError, "metric_positions is empty"),
+        (1.0, TypeError, "a position or a sequence of positions"),
+        ([True], TypeError, "must hold ints"),
+    ],
+)
+def test_bad_metric_positions_are_errors(metric_positions, error, message):
+    model = make_model("2 layers, LN, MLP")
+    with pytest.raises(error, match=message):
+        activation_patch(
+            model, CLEAN, CORRUPTED, logit_diff_at(-1), metric_positions=metric_positions
+        )
