@@ -142,20 +142,20 @@ def declared_metric(
     """`metric` of each variant's logits, NaN outside the declared positions; a
     `ValueError` if that gives NaN where the `unpatched` metric is not NaN, since then
     the metric read an undeclared position."""
-    values = []
-    for variant, label in zip(logits, labels, strict=True):
-        full = variant.new_full((variant.shape[0], n_pos, variant.shape[-1]), torch.nan)
-        full[:, list(declared)] = variant
-        value = metric_values(metric, full)
-        if bool((value.isnan() & ~unpatched.isnan()).any()):
-            raise ValueError(
-                f"the metric gave NaN with {label} patched, on logits that are NaN outside "
-                f"metric_positions {list(declared)}: it reads another position (on the "
-                f"unpatched runs it did not). Declare every position it reads, or pass "
-                f"metric_positions=None"
-            )
-        values.append(value)
-    return torch.stack(values)
+    n_variants, batch, _, d_vocab = logits.shape
+    full = logits.new_full((n_variants, batch, n_pos, d_vocab), torch.nan)
+    full[:, :, list(declared)] = logits
+    values = torch.stack([metric_values(metric, variant) for variant in full])
+    read_nan = values.isnan() & ~unpatched.isnan()
+    if bool(read_nan.any()):
+        label = labels[int(read_nan.any(dim=1).nonzero()[0])]
+        raise ValueError(
+            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
+            f"metric_positions {list(declared)}: it reads another position (on the "
+            f"unpatched runs it did not). Declare every position it reads, or pass "
+            f"metric_positions=None"
+        )
+    return values
 
 
 # ------------------------------------------------------------------ what a pass runs

@@ -60,8 +60,8 @@ def eligible(model: HookedTransformer, component: Component, declared: Sequence[
 
 # Rows one pass runs per prompt, at most. Each row's scores span the shared keys and every
 # row of the pass, so past a point rows cost more than passes; measured on the shipped
-# 2-layer model (16, 24, 32, 64, 128 tried: 32 ran fastest, 64 a half slower).
-_MAX_ROWS = 32
+# 2-layer model (16 to 128 tried, with 8 prompts of 64 tokens and 4 of 16: 64 was best).
+_MAX_ROWS = 64
 
 
 def plan_side_by_side(
@@ -146,13 +146,19 @@ def run_side_by_side(
     column = {p: i for i, p in enumerate(declared)}
     logits = base.logits[:, list(declared)].repeat(len(chosen), 1, 1, 1)
     wanted = [i for i, (_, p) in enumerate(rows) if p in column]
+    # Unembedding every row costs less than a second call while most rows are wanted.
+    unembed_all = 2 * len(wanted) >= len(rows)
     with torch.no_grad():
         with model.hooks(fwd_hooks=hooks):
-            resid = model(resid, start_at_layer=layer, stop_at_layer=n_layers, past_kv_cache=past)
-        if wanted:
-            out = model(resid[:, wanted], start_at_layer=n_layers)
-            columns = [column[rows[i][1]] for i in wanted]
-            logits[row_variant[wanted], :, columns] = out.movedim(1, 0)
+            out = model(
+                resid,
+                start_at_layer=layer,
+                stop_at_layer=None if unembed_all else n_layers,
+                past_kv_cache=past,
+            )
+        out = out[:, wanted] if unembed_all else model(out[:, wanted], start_at_layer=n_layers)
+    columns = [column[rows[i][1]] for i in wanted]
+    logits[row_variant[wanted], :, columns] = out.movedim(1, 0)
     return logits
 
 
