@@ -91,10 +91,16 @@ def run_with_cache(
     def save_activation(x: Tensor, hook: HookPoint) -> None:
         record(hook.name, x)
 
+    def save_reference(x: Tensor, hook: HookPoint) -> None:
+        # What `record` does without options and without editing hooks, in one step.
+        store[hook.name] = x.detach()
+
     def save_gradient(grad: Tensor, hook: HookPoint) -> None:
         record(hook.name + "_grad", grad)
 
-    handles = [p.add_hook(save_activation, _is_cache=True) for p in points]
+    plain = index is None and device is None and dtype is None
+    save = save_reference if plain and not (remove_batch_dim or must_copy) else save_activation
+    handles = [p.add_hook(save, _is_cache=True) for p in points]
     if incl_bwd:
         handles += [p.add_hook(save_gradient, dir="bwd", _is_cache=True) for p in points]
     try:

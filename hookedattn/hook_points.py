@@ -189,6 +189,15 @@ class HookedRootModule(nn.Module):
             if isinstance(module, HookPoint):
                 module.name = name
                 self.hook_dict[name] = module
+        # An idle hook point's cost is mostly reading it off its parent: a submodule lives
+        # in `_modules`, reached through nn.Module.__getattr__ (Python) after the ordinary
+        # lookup fails. A copy of the reference in the parent's instance dict is found
+        # first. nn.Module.__setattr__ drops the copy when the attribute is reassigned; a
+        # hook point added otherwise is named only by `setup()`, which refreshes the copy.
+        for module in self.modules():
+            for child_name, child in module._modules.items():
+                if isinstance(child, HookPoint):
+                    module.__dict__[child_name] = child
 
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in the order the forward pass reaches them."""

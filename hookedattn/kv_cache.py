@@ -16,13 +16,48 @@ from torch import Tensor
 from hookedattn.config import HookedTransformerConfig
 
 
-@dataclasses.dataclass
 class KeyValueCacheEntry:
-    """One layer's past keys and values, `[batch pos head d_head]` (keys after rotation)."""
+    """One layer's past keys and values, `[batch pos head d_head]` (keys after rotation).
 
-    past_keys: Float[Tensor, "batch pos head d_head"]
-    past_values: Float[Tensor, "batch pos head d_head"]
-    frozen: bool = False
+    Appending stores the new positions in buffers with room to spare (doubled when full),
+    so that a generation step copies its own token, not the whole past again;
+    `past_keys` and `past_values` are views of the filled part. Tensors given to the
+    constructor are never written to: the first append copies them into a buffer.
+    """
+
+    def __init__(
+        self,
+        past_keys: Float[Tensor, "batch pos head d_head"],
+        past_values: Float[Tensor, "batch pos head d_head"],
+        frozen: bool = False,
+    ) -> None:
+        self.frozen = frozen
+        self._set(past_keys, past_values)
+
+    def _set(self, keys: Tensor, values: Tensor) -> None:
+        self._keys, self._values = keys, values
+        self._length = keys.shape[1]
+        self._owned = False  # whether the buffers are ours to write into
+
+    @property
+    def past_keys(self) -> Float[Tensor, "batch pos head d_head"]:
+        """The keys of the positions so far."""
+        return self._keys.narrow(1, 0, self._length)
+
+    @past_keys.setter
+    def past_keys(self, keys: Float[Tensor, "batch pos head d_head"]) -> None:
+        """Replace the past keys (read, never written to)."""
+        self._set(keys, self.past_values)
+
+    @property
+    def past_values(self) -> Float[Tensor, "batch pos head d_head"]:
+        """The values of the positions so far."""
+        return self._values.narrow(1, 0, self._length)
+
+    @past_values.setter
+    def past_values(self, values: Float[Tensor, "batch pos head d_head"]) -> None:
+        """Replace the past values (read, never written to)."""
+        self._set(self.past_keys, values)
 
     def append(
         self,
@@ -32,11 +67,38 @@ class KeyValueCacheEntry:
         Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head"]
     ]:
         """Past and new keys and values together; stored unless the cache is frozen."""
-        keys = torch.cat([self.past_keys, new_keys], dim=1)
-        values = torch.cat([self.past_values, new_values], dim=1)
-        if not self.frozen:
-            self.past_keys, self.past_values = keys, values
-        return keys, values
+        if self.frozen:
+            return (
+                torch.cat([self.past_keys, new_keys], dim=1),
+                torch.cat([self.past_values, new_values], dim=1),
+            )
+        start, end = self._length, self._length + new_keys.shape[1]
+        if not self._owned or end > self._keys.shape[1]:
+            self._keys = _grown(self.past_keys, new_keys, max(end, 2 * start))
+            self._values = _grown(self.past_values, new_values, max(end, 2 * start))
+            self._owned = True
+        self._keys.narrow(1, start, end - start).copy_(new_keys)
+        self._values.narrow(1, start, end - start).copy_(new_values)
+        self._length = end
+        return self.past_keys, self.past_values
+
+    def __repr__(self) -> str:
+        batch, pos, head, d_head = self.past_keys.shape
+        frozen = ", frozen" if self.frozen else ""
+        return f"KeyValueCacheEntry(batch={batch}, pos={pos}, head={head}, d_head={d_head}{frozen})"
+
+
+def _grown(
+    past: Float[Tensor, "batch pos head d_head"],
+    new: Float[Tensor, "batch new_pos head d_head"],
+    capacity: int,
+) -> Float[Tensor, "batch capacity head d_head"]:
+    """A buffer of `capacity` positions holding `past` (new positions are written after)."""
+    batch, n_past, head, d_head = past.shape
+    dtype = torch.promote_types(past.dtype, new.dtype)
+    buffer = torch.empty(batch, capacity, head, d_head, dtype=dtype, device=new.device)
+    buffer.narrow(1, 0, n_past).copy_(past)
+    return buffer
 
 
 @dataclasses.dataclass

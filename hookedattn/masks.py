@@ -1,7 +1,9 @@
 """Which keys each query may attend to, and the position of every token.
 
 Computed once per forward and shared by every layer. Without padding the mask is a slice of
-the causal mask and positions are `0..pos-1` (offset by the length of a KV cache). With an
+the causal mask and positions are `0..pos-1` (offset by the length of a KV cache).
+Attention adds the mask to its scores (0 where a key may be read, `-inf` where not), so
+it is built here in the scores' dtype, once, rather than by each layer. With an
 `attention_mask`, padding keys are blocked and positions count real tokens only, so a
 left-padded prompt gets the same positions as the prompt run alone. A padding query may
 attend to itself (and to earlier real tokens), so that no row of the pattern is empty and
@@ -11,7 +13,7 @@ softmax never yields NaN; no real token ever reads a padding position.
 import dataclasses
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from hookedattn.kv_cache import KeyValueCache
@@ -21,7 +23,7 @@ from hookedattn.kv_cache import KeyValueCache
 class AttentionContext:
     """What every attention layer of one forward needs besides its input."""
 
-    blocked: Bool[Tensor, "#batch 1 query_pos key_pos"]  # True: may not attend
+    mask: Float[Tensor, "#batch 1 query_pos key_pos"]  # 0: may attend; -inf: may not
     positions: Int[Tensor, "batch query_pos"]
 
 
@@ -37,8 +39,9 @@ def attention_context(
     # Loose on purpose: a mask of the wrong dtype or shape gets `_check_mask`'s error.
     attention_mask: Tensor | None,
     past_kv_cache: KeyValueCache | None,
+    dtype: torch.dtype,
 ) -> AttentionContext:
-    """The mask and positions for `n_new` tokens following a KV cache (if any)."""
+    """The mask (in `dtype`) and positions for `n_new` tokens following a KV cache (if any)."""
     n_ctx = causal.shape[0]
     past = 0 if past_kv_cache is None else past_kv_cache.length
     if past + n_new > n_ctx:
@@ -63,7 +66,7 @@ def attention_context(
         full_mask = None
     if full_mask is None or bool(full_mask.all()):
         positions = torch.arange(past, past + n_new, device=causal.device).expand(batch, n_new)
-        return AttentionContext(blocked[None, None], positions)
+        return AttentionContext(additive_mask(blocked, dtype)[None, None], positions)
     if not bool(full_mask.any(dim=1).all()):
         empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
         raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
@@ -71,7 +74,20 @@ def attention_context(
     is_pad_key = (full_mask == 0)[:, None, None, :]
     query_abs = torch.arange(past, past + n_new, device=causal.device)[:, None]
     is_self = query_abs == torch.arange(past + n_new, device=causal.device)[None, :]
-    return AttentionContext(blocked | (is_pad_key & ~is_self), positions)
+    return AttentionContext(additive_mask(blocked | (is_pad_key & ~is_self), dtype), positions)
+
+
+def additive_mask(
+    blocked: Bool[Tensor, "*batch query_pos key_pos"], dtype: torch.dtype
+) -> Float[Tensor, "*batch query_pos key_pos"]:
+    """`-inf` where a key is blocked, 0 elsewhere: adding it is `masked_fill(blocked, -inf)`.
+
+    The same numbers, but an add over `[batch head query_pos key_pos]` costs a fraction of a
+    broadcast `masked_fill`, which was a tenth of a small model's forward.
+    """
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
+        blocked, -torch.inf
+    )
 
 
 def _ones(batch: int, n: int, device: torch.device) -> Int[Tensor, "batch pos"]:

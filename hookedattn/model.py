@@ -112,14 +112,14 @@ class HookedTransformer(HookedRootModule):
             if tokenization.is_text(input):
                 input, attention_mask = self._text_input(input, attention_mask, past_kv_cache)
             tokens = self._as_tokens(input)
-            context = self._context(tokens.shape, attention_mask, past_kv_cache)
+            context = self._context(tokens.shape, attention_mask, past_kv_cache, self.W_E.dtype)
             resid = self.embed_tokens(tokens, context.positions)
         else:
             resid = self._as_resid(input)
-            context = self._context(resid.shape[:2], attention_mask, past_kv_cache)
+            context = self._context(resid.shape[:2], attention_mask, past_kv_cache, resid.dtype)
         for layer in range(self.cfg.n_layers)[start_at_layer:stop_at_layer]:
             past = None if past_kv_cache is None else past_kv_cache[layer]
-            resid = self.blocks[layer](resid, context.blocked, context.positions, past)
+            resid = self.blocks[layer](resid, context.mask, context.positions, past)
         if stop_at_layer is not None:
             return resid
         logits = self.unembed(self.ln_final(resid))
@@ -147,9 +147,12 @@ class HookedTransformer(HookedRootModule):
         shape: Sequence[int],
         attention_mask: Tensor | None,
         past_kv_cache: KeyValueCache | None,
+        dtype: torch.dtype,
     ) -> AttentionContext:
         batch, n_new = shape
-        return attention_context(self.causal_blocked, batch, n_new, attention_mask, past_kv_cache)
+        return attention_context(
+            self.causal_blocked, batch, n_new, attention_mask, past_kv_cache, dtype
+        )
 
     # ------------------------------------------------------------------ caching
     def run_with_cache(

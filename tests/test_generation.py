@@ -171,6 +171,22 @@ def test_stop_at_eos_pads_finished_sequences_and_stops_when_all_are(plain_model)
     assert out.n_new == max(finished_at)
 
 
+@pytest.mark.parametrize("use_past_kv_cache", [True, False])
+def test_a_row_that_finishes_first_pads_an_unpadded_batch(model, use_past_kv_cache):
+    # Without padding in the prompt the steps run without a mask until a row finishes.
+    prompts = [[256, 104, 101], [256, 120, 121]]
+    expected = [greedy_reference(model, p, 8) for p in prompts]
+    eos = next(t for t in expected[0] if t not in expected[1])  # row 0 stops, row 1 not
+    out = generate_tokens(
+        model, torch.tensor(prompts), None, max_new_tokens=8, stop_at_eos=True,
+        eos_token_ids=[eos], pad_token_id=258, use_past_kv_cache=use_past_kv_cache,
+    )  # fmt: skip
+    stop = expected[0].index(eos) + 1
+    assert out.tokens[0, 3:].tolist() == expected[0][:stop] + [258] * (8 - stop)
+    assert out.attention_mask[0, 3:].tolist() == [1] * stop + [0] * (8 - stop)
+    assert out.tokens[1, 3:].tolist() == expected[1]
+
+
 def test_generate_stops_at_the_tokenizers_eos(plain_model):
     eos = ByteTokenizer().eos_token_id
     direction = 50 * plain_model.W_U[:, eos]  # make EOS the only likely token

@@ -13,9 +13,8 @@ which is why each head's write can be read on its own (`hook_result`).
     out     = sum_h z_h @ W_O[h] + b_O         (per head: hook_result; the OV circuit)
 """
 
-import torch
-from einops import einsum, reduce
-from jaxtyping import Bool, Float, Int
+from einops import einsum, reduce, repeat
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.components.embed import _param
@@ -74,13 +73,13 @@ class Attention(nn.Module):
         query_input: AttnInput,
         key_input: AttnInput,
         value_input: AttnInput,
-        blocked: Bool[Tensor, "#batch 1 query_pos key_pos"],
+        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
         positions: Int[Tensor, "batch query_pos"],
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
-        q = self.hook_q(einsum(query_input, self.W_Q, self._in_pattern) + self.b_Q)
-        k = self.hook_k(einsum(key_input, self.W_K, self._in_pattern) + self.b_K)
-        v = self.hook_v(einsum(value_input, self.W_V, self._in_pattern) + self.b_V)
+        q = self.hook_q(self.project(query_input, self.W_Q) + self.b_Q)
+        k = self.hook_k(self.project(key_input, self.W_K) + self.b_K)
+        v = self.hook_v(self.project(value_input, self.W_V) + self.b_V)
         q, k = self.apply_positions(q, k, positions)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
@@ -90,7 +89,7 @@ class Attention(nn.Module):
             "batch query_pos head d_head, batch key_pos head d_head "
             "-> batch head query_pos key_pos",
         )
-        scores = self.hook_attn_scores(scores + _mask(blocked, scores.dtype))
+        scores = self.hook_attn_scores(scores + mask)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(
             einsum(
@@ -101,6 +100,22 @@ class Attention(nn.Module):
             )
         )
         return self.write(z)
+
+    def project(
+        self, x: AttnInput, W: Float[Tensor, "head d_model d_head"]
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        """`x @ W[h]` for every head `h`: the heads' queries, keys or values.
+
+        From a shared input, one product over all heads needs `W` laid out as `[d_model
+        (head d_head)]`, which einsum copies at every call. For a few tokens (a generation
+        step) that copy costs more than the product, so the heads then go as a batch of
+        products that read `W` in place, over a broadcast view (not a copy) of `x`: the
+        same sums, possibly rounded in another order.
+        """
+        if self._in_pattern is _SHARED_IN and x.shape[0] * x.shape[1] * 8 <= x.shape[-1]:
+            x = repeat(x, "batch pos d_model -> batch pos head d_model", head=W.shape[0])
+            return einsum(x, W, _PER_HEAD_IN)
+        return einsum(x, W, self._in_pattern)
 
     def _unrotated(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
@@ -127,16 +142,3 @@ class Attention(nn.Module):
             )
         )
         return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O
-
-
-def _mask(
-    blocked: Bool[Tensor, "#batch 1 query_pos key_pos"], dtype: torch.dtype
-) -> Float[Tensor, "#batch 1 query_pos key_pos"]:
-    """`-inf` where a key is blocked, 0 elsewhere: adding it is `masked_fill(blocked, -inf)`.
-
-    The same numbers, but an add over `[batch head query_pos key_pos]` costs a fraction of a
-    broadcast `masked_fill`, which was a tenth of a small model's forward.
-    """
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
-        blocked, -torch.inf
-    )

@@ -10,7 +10,7 @@ exist (`hook_q_input`..., `hook_attn_in`, `hook_mlp_in`) is decided when the blo
 """
 
 from einops import repeat
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.components.attention import Attention, AttnInput
@@ -50,13 +50,13 @@ class AttnOnlyBlock(nn.Module):
     def forward(
         self,
         resid_pre: Resid,
-        blocked: Bool[Tensor, "#batch 1 query_pos key_pos"],
+        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
         positions: Int[Tensor, "batch pos"],
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.hook_attn_out(
-            self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv)
+            self.attn(*self.attn_inputs(resid_pre), mask, positions, past_kv)
         )
         return self.hook_resid_post(resid_pre + attn_out)
 
@@ -105,13 +105,13 @@ class Block(AttnOnlyBlock):
     def forward(
         self,
         resid_pre: Resid,
-        blocked: Bool[Tensor, "#batch 1 query_pos key_pos"],
+        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
         positions: Int[Tensor, "batch pos"],
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.hook_attn_out(
-            self.attn(*self.attn_inputs(resid_pre), blocked, positions, past_kv)
+            self.attn(*self.attn_inputs(resid_pre), mask, positions, past_kv)
         )
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
