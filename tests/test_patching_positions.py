@@ -19,7 +19,9 @@ MODELS = {
     "3 layers, RMS, per-head inputs": dict(
         n_layers=3, normalization_type="RMS", use_attn_in=True, use_hook_mlp_in=True
     ),
-    "attention-only, no norm": dict(attn_only=True, d_mlp=None, normalization_type=None),
+    "attention-only, no norm, split qkv": dict(
+        attn_only=True, d_mlp=None, normalization_type=None, use_split_qkv_input=True
+    ),
     "3 layers, rotary, split qkv": dict(
         n_layers=3, positional_embedding_type="rotary", use_attn_result=True,
         use_split_qkv_input=True,

@@ -20,6 +20,9 @@ Every step is a forward pass of the model's own blocks (`start_at_layer`, `stop_
 `past_kv_cache`), so every hook point on the way fires. The metric gets logits that are
 exact at the declared positions and NaN elsewhere, so that a metric reading an undeclared
 position gives NaN: checked on the unpatched runs before a sweep and on every patched run.
+Hooks attached to the model act in these passes as in any other: those that act on each
+position alone give the numbers of the full computation; those that index positions see
+a pass's own layout (the positions it runs, and in `side_by_side` many variants' rows).
 """
 
 import dataclasses
