@@ -24,12 +24,15 @@ gains are in the weights.
 """
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
+
+from analysis.copying import _wishart_factor
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
@@ -129,15 +132,48 @@ def _norm(x: Tensor) -> Tensor:
     return torch.linalg.matrix_norm(x)
 
 
+@functools.lru_cache(maxsize=64)
 def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int) -> tuple[float, float]:
-    """Mean and standard deviation of the score of independent Gaussian factors."""
+    """Mean and standard deviation of the score of independent Gaussian factors.
+
+    A function of the shapes, the seed and the sample count only, so it is memoised: the
+    Q, K and V scores of a model (or of several models of one shape) draw it once.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model)]
-        A_1, B_1, A_2, B_2 = (torch.randn(n_samples, *s, dtype=torch.float64) for s in shapes)
-    written, read = _written(A_1, B_1), _read(A_2, B_2)
-    scores = _norm(written @ read) / (_norm(written) * _norm(read))
+        chunk = max(1, _CHUNK_ELEMENTS // (8 * d_head * d_head))
+        scores = torch.cat(
+            [
+                _random_scores(d_model, d_head, min(chunk, n_samples - start))
+                for start in range(0, n_samples, chunk)
+            ]
+        )
     return float(scores.mean()), float(scores.std())
+
+
+_CHUNK_ELEMENTS = 2**23  # draws at a time: a few [d_head d_head] float64 matrices each
+
+
+def _random_scores(d_model: int, d_head: int, n: int) -> Float[Tensor, " sample"]:
+    """Scores of `n` draws of Gaussian `A_1, B_1, A_2, B_2`, from `d_head`-sized matrices.
+
+    The score `||A_1 B_1 A_2 B_2|| / (||A_1 B_1|| ||A_2 B_2||)` reads `A_1` only through
+    `A_1^T A_1` and `B_2` only through `B_2 B_2^T` (as in `_written`, `_read`), so Wishart
+    factors `T_1, T_2` stand in for them (`analysis.copying._wishart_factor`). With `A_2
+    = Q T_a` (QR), `B_1 [Q Q_perp] = [G H]` has independent Gaussian blocks, since the
+    rows of `B_1` are isotropic: `B_1 A_2 = G T_a`, `||T_1 B_1||^2 = ||T_1 G||^2 + ||T_1
+    H||^2`, where `H` enters through `H H^T` (a Wishart factor `T_h`), and `||A_2 T_2^T||
+    = ||T_a T_2^T||`. The same distribution as the dense draws (a test checks it), at the
+    cost of a few `d_head x d_head` products instead of `d_model`-sized QRs.
+    """
+    T_1, T_2, T_a = (_wishart_factor(d_model, d_head, n) for _ in range(3))
+    rank = T_a.shape[-2]  # min(d_model, d_head): the columns of Q
+    G = torch.randn(n, d_head, rank, dtype=torch.float64)
+    T_h = _wishart_factor(d_model - rank, d_head, n)
+    overlap = _norm(T_1 @ G @ T_a @ T_2.mT)
+    written = (_norm(T_1 @ G) ** 2 + _norm(T_1 @ T_h.mT) ** 2).sqrt()
+    read = _norm(T_a @ T_2.mT)
+    return overlap / (written * read)
 
 
 def _upcast(x: Tensor) -> Tensor:

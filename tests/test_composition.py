@@ -7,6 +7,8 @@ import torch
 from torch.testing import assert_close
 
 from analysis import CompositionScores, CopyingScores, composition_scores, copying_scores
+from analysis.composition import _random_baseline
+from analysis.composition import _random_scores as _random_composition_scores
 from analysis.copying import _random_scores, _wishart_factor
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.tolerances import tolerance
@@ -115,6 +117,41 @@ def test_composition_baseline_mean_square_is_one_over_d_model():
     mean_square = result.baseline**2 + result.baseline_std**2 * (n - 1) / n
     standard_error = 4 * result.baseline * result.baseline_std / math.sqrt(n)
     assert abs(mean_square - 1 / d_model) < 4 * standard_error
+
+
+def dense_random_scores(d_model, d_head, n, generator):
+    """Scores of Gaussian factors through the dense `d_model x d_model` products."""
+    A_1, B_1, A_2, B_2 = (
+        torch.randn(n, *shape, generator=generator, dtype=torch.float64)
+        for shape in [(d_model, d_head), (d_head, d_model)] * 2
+    )
+    first, second = A_1 @ B_1, A_2 @ B_2
+    norm = torch.linalg.matrix_norm
+    return norm(first @ second) / (norm(first) * norm(second))
+
+
+@pytest.mark.parametrize("d_model, d_head", [(12, 4), (6, 4), (3, 4)])
+def test_composition_baseline_draws_match_dense_gaussian_factors(d_model, d_head):
+    # The baseline draws d_head-sized stand-ins; their scores must have the distribution
+    # of scores of dense Gaussian factors (first and second moments, within 5 errors).
+    n = 20_000
+    dense = dense_random_scores(d_model, d_head, n, torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    small = _random_composition_scores(d_model, d_head, n)
+    for moment in (1, 2):
+        a, b = dense**moment, small**moment
+        error = math.sqrt(a.var() / n + b.var() / n)
+        assert abs(a.mean() - b.mean()) < 5 * error, (moment, a.mean(), b.mean())
+
+
+def test_composition_baseline_is_drawn_once_for_q_k_and_v():
+    _random_baseline.cache_clear()
+    model = make_model()
+    state = torch.get_rng_state()
+    results = [composition_scores(model, kind) for kind in ("Q", "K", "V")]
+    assert _random_baseline.cache_info().misses == 1
+    assert torch.equal(torch.get_rng_state(), state)
+    assert len({(r.baseline, r.baseline_std) for r in results}) == 1
 
 
 def test_composition_arguments_are_checked():
