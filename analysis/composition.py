@@ -76,8 +76,9 @@ def composition_scores(
     `1 / d_model` (the product of two independently rotated matrices), but the mean score,
     and its spread, which is what tells a significant score from noise, depend on
     `d_head` and have no simple closed form. The three kinds share one baseline (their
-    random matrices have the same distribution). `seed` seeds a private RNG state: the
-    global torch RNG is left as it was.
+    random matrices have the same distribution), drawn once per shape, seed and
+    `n_samples` and then memoised. `seed` seeds a private RNG state: the global torch RNG
+    is left as it was.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
