@@ -79,7 +79,7 @@ class BareTransformer:
         return F.layer_norm(x, (self.cfg.d_model,), wb[0], wb[1], self.cfg.eps)
 
     def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
-        x = self.W_E[tokens]
+        x = F.embedding(tokens, self.W_E)
         if self.W_pos is not None:
             x = x + self.W_pos[start : start + tokens.shape[1]]
         return x

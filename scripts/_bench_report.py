@@ -52,6 +52,36 @@ def _cell(row: dict | None) -> str:
     return f"x{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}), {row['median_s'] * 1e3:.1f} ms"
 
 
+_MALLOC = {
+    "steady": "with fixed thresholds (`_bench_timing.STEADY_MALLOC`), so that page faults "
+    "do not vary from one process to the next.",
+    "default": "with its default adaptive thresholds.",
+}
+
+
+def _same_math_table(results: list[dict]) -> list[str]:
+    """Every forward row against the same-math reference of its group (issue 2's ratios)."""
+    rows = [r for r in results if "ratio_same_math" in r and r["contender"] != "bare"]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Hooks against a hook-free forward of the same math (issue 2)",
+        "",
+        "Median ratio (min-max) to the same-math reference timed in the same rounds.",
+        "",
+        "| setting | measure | contender | vs same math | vs bare |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        same, bare = r["ratio_same_math"], r["ratio"]
+        lines.append(
+            f"| {r['setting']} | {r['measure']} | {r['contender']} | x{same['median']:.2f} "
+            f"({same['min']:.2f}-{same['max']:.2f}) | x{bare['median']:.2f} |"
+        )
+    return lines
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
@@ -69,7 +99,12 @@ def markdown(report: dict) -> str:
         "min-max in brackets, then the median time per call. "
         f"{report['settings']['rounds']} rounds, {report['settings']['clock']} clock "
         "(cpu: this process's CPU time, which leaves out waiting for a core on a shared "
-        "machine); all runs under `torch.no_grad()`."
+        "machine); all runs under `torch.no_grad()`; glibc malloc "
+        + _MALLOC[report["settings"].get("malloc", "default")]
+        + " Two references: **bare** (SDPA, fused LayerNorm and qkv: the physical limit) "
+        "and **same math** (hookedattn's own explicit-softmax attention and unfused "
+        "LayerNorm without hook points; bit-for-bit equal to hookedattn's forward), against "
+        "which the hooks' own cost is read."
         + (
             " **Quick run: tiny settings, not a measurement.**"
             if report["settings"]["quick"]
@@ -78,13 +113,17 @@ def markdown(report: dict) -> str:
         "",
         "## Targets (median ratio against the reference)",
         "",
-        "| setting | measure | target | measured | met |",
-        "|---|---|---|---|---|",
+        "| setting | measure | reference | target | measured | met | source |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in report["targets"]:
         measured = "not measured" if t["measured"] is None else f"{t['measured']:.2f}"
         met = {None: "-", True: "yes", False: "**no**"}[t["met"]]
-        lines.append(f"| {t['setting']} | {t['measure']} | <= {t['target']} | {measured} | {met} |")
+        lines.append(
+            f"| {t['setting']} | {t['measure']} | {t.get('reference', 'bare')} | "
+            f"<= {t['target']} | {measured} | {met} | {t['source']} |"
+        )
+    lines += _same_math_table(report["results"])
     settings = report["settings"]["described"]
     for section in dict.fromkeys(r["section"] for r in report["results"]):
         rows = [r for r in report["results"] if r["section"] == section]

@@ -2,10 +2,14 @@
 
 Every measure is a ratio against a bare reference written here with the same weights (one
 fused qkv matmul, `scaled_dot_product_attention`, no hooks, no checks): the "physical
-limit" on this machine. Contenders run interleaved in the same rounds (A B C, then C B A,
-...), so a slow spell on a shared machine hits them all; each round gives one ratio per
-contender, and we report the median and min-max of those ratios and of the times. Before
-timing, each contender's output is checked against the reference's.
+limit" on this machine. The forward groups also time a second reference, hookedattn's own
+math without hook points (`_bench_same_math`: the explicit softmax over masked scores, the
+unfused LayerNorm), so that the cost of the hooks is told apart from the cost of the
+attention algorithm that they need (issue 2's targets are against this one). Contenders
+run interleaved in the same rounds (A B C, then C B A, ...), so a slow spell on a shared
+machine hits them all; each round gives one ratio per contender, and we report the median
+and min-max of those ratios and of the times (`_bench_timing`). Before timing, each
+contender's output is checked against the reference's.
 
 When `transformer_lens` is installed (the optional `bench` extra) its numbers are another
 column on the same weights. Sections that need parts of hookedattn not present yet are
@@ -20,12 +24,9 @@ reshapes with plain torch on purpose (it is how one writes the fastest version b
 
 import argparse
 import dataclasses
-import gc
 import json
 import logging
-import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ import _bench_analysis as analyses  # noqa: E402
 from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
+from _bench_same_math import SameMathTransformer  # noqa: E402
+from _bench_timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: E402
 
 from hookedattn import HookedTransformer  # noqa: E402
 
@@ -107,87 +110,28 @@ QUICK = {
     "s512": Setting("s512", "tiny: 2L d32 4h vocab 40, batch 2x16", _cfg(2, 32, 4, 40, 16), 2, 16),
 }
 
-# (section, setting, measure, contender) -> target on the median ratio against the bare model.
+# The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
+BARE_REF, SAME_MATH = "bare", "same math"
+SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference)"
+
+# (section, setting, measure, target, source, reference): a target on the median ratio of
+# hookedattn's row to the reference ("bare": the group's first row; "same math").
 TARGETS = [
-    ("forward", "a", "forward, no hooks attached", 1.05, "issue 8"),
-    ("forward", "b", "forward, no hooks attached", 1.02, "issue 8"),
-    ("forward", "a", "run_with_cache, everything", 1.25, "issue 8"),
-    ("forward", "a", "no-op hook on every hook point", 1.15, "issue 8"),
-    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2"),
-    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2"),
-    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "issue 8"),
-    ("analysis", "b", "composition scores, all head pairs", 1.5, "issue 8"),
-    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8"),
+    ("forward", "a", "forward, no hooks attached", 1.05, "issue 8", BARE_REF),
+    ("forward", "b", "forward, no hooks attached", 1.02, "issue 8", BARE_REF),
+    ("forward", "a", "run_with_cache, everything", 1.25, "issue 8", BARE_REF),
+    ("forward", "a", "no-op hook on every hook point", 1.15, "issue 8", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2", BARE_REF),
+    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2", SAME_MATH),
+    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2", SAME_MATH),
+    ("forward", "s512", "forward, no hooks attached", 1.05, "issue 2", SAME_MATH),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "issue 8", BARE_REF),
+    ("analysis", "b", "composition scores, all head pairs", 1.5, "issue 8", BARE_REF),
+    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8", BARE_REF),
     # against the loop of one forward per patch: at least 10x faster
-    ("analysis", "c", "activation patching, every head x position", 0.1, "issue 8"),
+    ("analysis", "c", "activation patching, every head x position", 0.1, "issue 8", BARE_REF),
 ]
-
-# ----------------------------------------------------------------------------- timing
-
-
-@dataclasses.dataclass
-class Contender:
-    """One thing to time: `fn()` runs it once; `output()` is what we check against the bare."""
-
-    name: str
-    fn: Callable[[], Any]
-
-
-# "wall": elapsed time. "cpu": CPU time of this process, which on a machine shared with other
-# jobs leaves out the time spent waiting for a core (meaningful with --threads 1).
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-clock = CLOCKS["wall"]
-
-
-def _sample(fn: Callable[[], Any], inner: int) -> float:
-    gc.collect()  # cheap: `interleave` froze the objects that existed before timing
-    gc.disable()
-    try:
-        start = clock()
-        for _ in range(inner):
-            fn()
-        return (clock() - start) / inner
-    finally:
-        gc.enable()
-
-
-def interleave(contenders: list[Contender], rounds: int, min_sample_s: float) -> dict:
-    """Time contenders in alternating order (A B C, C B A, ...); the first is the reference.
-
-    Returns, per contender, its per-call times and its per-round ratio to the reference.
-    """
-    gc.collect()
-    gc.freeze()  # the models and imported libraries: millions of objects no sample creates
-    try:
-        inner = {}
-        for c in contenders:
-            c.fn()  # warm-up: first-call allocations, lazy inits
-            once = min(_sample(c.fn, 1) for _ in range(3))
-            inner[c.name] = max(1, math.ceil(min_sample_s / max(once, 1e-9)))
-        times: dict[str, list[float]] = {c.name: [] for c in contenders}
-        for r in range(rounds):
-            for c in contenders if r % 2 == 0 else reversed(contenders):
-                times[c.name].append(_sample(c.fn, inner[c.name]))
-    finally:
-        gc.unfreeze()
-    ref = times[contenders[0].name]
-    out = {}
-    for c in contenders:
-        ratios = [t / t_ref for t, t_ref in zip(times[c.name], ref, strict=True)]
-        out[c.name] = {
-            "median_s": statistics.median(times[c.name]),
-            "min_s": min(times[c.name]),
-            "max_s": max(times[c.name]),
-            "ratio": {
-                "median": statistics.median(ratios),
-                "min": min(ratios),
-                "max": max(ratios),
-            },
-            "inner": inner[c.name],
-            "rounds": rounds,
-        }
-    return out
-
 
 # ----------------------------------------------------------------------------- contenders
 
@@ -238,6 +182,7 @@ class Run:
         self.settings = QUICK if args.quick else FULL
         self.rounds = args.rounds or (3 if args.quick else 9)
         self.min_sample_s = 0.002 if args.quick else 0.05
+        self.clock = CLOCKS[args.clock]
         self.use_tl = not args.no_transformer_lens
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
@@ -255,18 +200,24 @@ class Run:
         group: dict[tuple[str, str], Callable],
         rounds: int | None = None,
     ) -> None:
-        """Time `{(measure, contender): fn}` in one interleaved group; the first is the ref."""
+        """Time `{(measure, contender): fn}` in one interleaved group; the first is the ref.
+
+        A group holding the same-math reference also gets every row's ratio to it.
+        """
         contenders = [Contender(f"{c}|{m}", fn) for (m, c), fn in group.items()]
-        results = interleave(contenders, rounds or self.rounds, self.min_sample_s)
+        second = f"{BARE}|{SAME_MATH_MEASURE}" if (SAME_MATH_MEASURE, BARE) in group else None
+        rounds = rounds or self.rounds
+        results = interleave(contenders, rounds, self.min_sample_s, self.clock, second)
         group_id = len({r["group"] for r in self.rows})
         for (measure, contender), c in zip(group, contenders, strict=True):
             row = {"section": section, "setting": setting, "measure": measure, "group": group_id}
             row |= {"contender": contender, "reference": c is contenders[0]}
             self.rows.append(row | results[c.name])
-            ratio = results[c.name]["ratio"]
+            ratio, same = results[c.name]["ratio"], results[c.name].get("ratio_same_math")
             print(
                 f"  {contender:>16}  {measure:<48} {results[c.name]['median_s'] * 1e3:9.2f} ms"
                 f"  x{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
+                + (f"  same math x{same['median']:.3f}" if same else "")
             )
 
     def tl_model(self, model: HookedTransformer, ref: Tensor, tokens: Tensor) -> Any:
@@ -292,11 +243,17 @@ def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
         tokens = torch.randint(
             0, model.cfg.d_vocab, (setting.batch, setting.pos), generator=generator
         )
-    bare = BareTransformer(model)
+    bare, same = BareTransformer(model), SameMathTransformer(model)
     one_name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     with torch.no_grad():
         ref = bare(tokens)
-        group = {("plain forward (bare reference)", BARE): lambda: bare(tokens)}
+        # Not just close: the same operations, so the same bits as our forward.
+        if not torch.equal(same(tokens), model(tokens)):
+            raise AssertionError("the same-math reference differs from hookedattn's forward")
+        group = {
+            ("plain forward (bare reference)", BARE): lambda: bare(tokens),
+            (SAME_MATH_MEASURE, BARE): lambda: same(tokens),
+        }
         tl = run.tl_model(model, ref, tokens)
         toolkits = [(OURS, model)] + ([(TL, tl)] if tl is not None else [])
         for contender, m in toolkits:
@@ -433,14 +390,15 @@ def shipped_model(run: Run) -> tuple[HookedTransformer, Setting] | None:
 
 def _target_rows(run: Run) -> list[dict]:
     out = []
-    for section, setting, measure, target, source in TARGETS:
+    for section, setting, measure, target, source, reference in TARGETS:
         found = [
             r
             for r in run.rows
             if (r["section"], r["setting"], r["measure"], r["contender"])
             == (section, setting, measure, OURS)
         ]
-        measured = found[0]["ratio"]["median"] if found else None
+        key = "ratio_same_math" if reference == SAME_MATH else "ratio"
+        measured = found[0][key]["median"] if found and key in found[0] else None
         met = None if measured is None else measured <= target
         out.append(
             {
@@ -449,6 +407,7 @@ def _target_rows(run: Run) -> list[dict]:
                 "measure": measure,
                 "target": target,
                 "source": source,
+                "reference": reference,
                 "measured": measured,
                 "met": met,
             }
@@ -477,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="torch threads (default: torch's own); 1 gives stable ratios on a busy machine",
     )
+    parser.add_argument(
+        "--malloc",
+        choices=("steady", "default"),
+        default="steady",
+        help="steady: fixed glibc malloc thresholds, so page faults do not vary by process",
+    )
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_probe is not None:
@@ -485,8 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)  # TransformerLens warns once per cached head result
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    global clock
-    clock = CLOCKS[args.clock]
+    malloc = "steady" if args.malloc == "steady" and steady_malloc() else "default"
     run = Run(args)
     sections = args.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
@@ -523,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": run.rounds,
             "min_sample_s": run.min_sample_s,
             "clock": args.clock,
+            "malloc": malloc,
             "grad": "torch.no_grad()",
             "described": {k: s.description for k, s in run.settings.items()}
             | ({"c": shipped[1].description} if shipped else {}),

@@ -63,6 +63,20 @@ def test_forward_measures_cover_every_setting_of_both_issues(report):
         assert any(m.startswith("run_with_cache, one name") for m in measures)
 
 
+def test_forward_groups_also_measure_against_the_same_math_without_hooks(report):
+    data, markdown = report
+    forward = [r for r in data["results"] if r["section"] == "forward"]
+    for group in {r["group"] for r in forward}:
+        members = [r for r in forward if r["group"] == group]
+        same = [r for r in members if r["measure"].startswith("plain forward, same math")]
+        assert len(same) == 1 and same[0]["contender"] == "bare"
+        assert same[0]["ratio_same_math"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+        assert all("ratio_same_math" in r for r in members)
+    assert "## Hooks against a hook-free forward of the same math" in markdown
+    assert {t["reference"] for t in data["targets"]} == {"bare", "same math"}
+    assert data["settings"]["malloc"] in ("steady", "default")
+
+
 def test_memory_records_the_cache_bytes_once_per_storage(report):
     data, _ = report
     modes = {m["mode"]: m for m in data["memory"]}
