@@ -74,8 +74,11 @@ class KeyValueCacheEntry:
             )
         start, end = self._length, self._length + new_keys.shape[1]
         if not self._owned or end > self._keys.shape[1]:
-            self._keys = _grown(self.past_keys, new_keys, max(end, 2 * start))
-            self._values = _grown(self.past_values, new_values, max(end, 2 * start))
+            # Room to spare only once the entry grows again: a single append (a forward
+            # with the cache, a patching pass) gets what it needs, as a concatenation would.
+            capacity = max(end, 2 * start) if self._owned else end
+            self._keys = _grown(self.past_keys, new_keys, capacity)
+            self._values = _grown(self.past_values, new_values, capacity)
             self._owned = True
         self._keys.narrow(1, start, end - start).copy_(new_keys)
         self._values.narrow(1, start, end - start).copy_(new_values)
