@@ -6,6 +6,7 @@ output to numbers that must agree with the reference's before anything is timed.
 """
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -247,6 +248,18 @@ def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor
             lambda out: out.per_prompt.mean(-1),
         ),
     ]
+    if "metric_positions" in inspect.signature(activation_patch).parameters:
+        # The metric reads the last position only; declared, the passes compute only that.
+        entries.append(
+            Entry(
+                f"{measure}, metric_positions=-1",
+                OURS,
+                lambda: activation_patch(
+                    model, clean, corrupted, metric, "z", by_pos=True, metric_positions=-1
+                ),
+                lambda out: out.per_prompt.mean(-1),
+            )
+        )
     if tl is not None:
         from transformer_lens import patching as tl_patching
 
