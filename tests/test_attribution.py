@@ -7,6 +7,7 @@ import torch
 
 from analysis import LogitAttribution, apply_ln_to_stack, decompose_resid, direct_logit_attribution
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
@@ -26,13 +27,7 @@ def _model(norm="LN", attn_only=False, use_attn_result=False, dtype=torch.float6
         dtype=dtype,
         seed=0,
     )
-    model = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _tokens():

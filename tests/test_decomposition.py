@@ -16,6 +16,7 @@ from analysis import (
     head_results,
 )
 from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
@@ -38,17 +39,7 @@ def _model(norm="LN", attn_only=False, use_attn_result=False, dtype=torch.float6
         seed=0,
         **extra,
     )
-    return _randomized(HookedTransformer(cfg))
-
-
-def _randomized(model, seed=1):
-    """Every parameter random, biases and norm gains included (init leaves them 0 and 1)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _run(model, batch=2, pos=6, seed=2):
@@ -246,7 +237,7 @@ def _configs(draw):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=_configs(), batch=st.integers(1, 2), pos=st.integers(1, 6), seed=st.integers(0, 99))
 def test_full_decomposition_always_sums_to_the_final_stream(cfg, batch, pos, seed):
-    model = _randomized(HookedTransformer(cfg), seed)
+    model = randomize_parameters(HookedTransformer(cfg), seed=seed)
     tokens = torch.randint(
         0, cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed)
     )

@@ -8,6 +8,7 @@ import torch
 from analysis import SourceContributions, head_results, head_source_contributions
 from analysis.head_results import head_values
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 
@@ -26,13 +27,7 @@ def _model(norm="LN", use_attn_result=False, dtype=torch.float64, **extra):
         seed=0,
         **extra,
     )
-    model = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _tokens():

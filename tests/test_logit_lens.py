@@ -5,6 +5,7 @@ import torch
 
 from analysis import LogitLens, accumulated_resid, logit_lens
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 
@@ -21,13 +22,7 @@ def _model(norm="LN", attn_only=False, dtype=torch.float64):
         dtype=dtype,
         seed=0,
     )
-    model = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _tokens():

@@ -13,6 +13,7 @@ from analysis import (
 )
 from analysis.normalization import NormSite, normalize
 from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 NORMS = ("LN", "LNPre", "RMS", "RMSPre")
@@ -32,13 +33,7 @@ def _model(norm="LN", attn_only=False, dtype=torch.float64, **extra):
         seed=0,
         **extra,
     )
-    model = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _run(model):

@@ -10,6 +10,7 @@ import torch
 
 from analysis import frozen_pattern_hooks, pattern_preserving_ablation
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
 
 
@@ -27,13 +28,7 @@ def _model(norm=None, dtype=torch.float64, attn_only=True, **extra):
         seed=0,
         **extra,
     )
-    model = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            values = torch.randn(p.shape, generator=generator) * 0.5
-            p.copy_(values + (1.0 if name.endswith(".w") else 0.0))
-    return model
+    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _tokens():

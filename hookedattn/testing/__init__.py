@@ -17,6 +17,7 @@ from hookedattn.testing.caches import assert_close_cache
 from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
 from hookedattn.testing.hooks import assert_no_hooks, describe_handles
 from hookedattn.testing.identities import IdentityCheck, assert_residual_identities
+from hookedattn.testing.models import randomize_parameters
 from hookedattn.tolerances import TOLERANCES, Tolerance, tolerance
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "assert_no_hooks",
     "assert_residual_identities",
     "describe_handles",
+    "randomize_parameters",
     "tolerance",
 ]
