@@ -1,0 +1,331 @@
+"""`collect_activations`: run a model over packed contexts and stream chosen activations to disk.
+
+Each rank (see `distributed`) computes the shards `rank, rank + world_size, ...`; a shard
+already on disk under its final name with this collection's fingerprint is kept, so a
+rerun after a crash does only what is missing and ends with the same bytes. Rank 0 writes
+the manifest before the others start and again, complete, after they are all done.
+"""
+
+import dataclasses
+import errno
+import json
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from hookedattn import names as _names
+from hookedattn.store import distributed
+from hookedattn.store.inputs import PackedContexts, pack
+from hookedattn.store.manifest import (
+    FORMAT,
+    MANIFEST_FILE,
+    VERSION,
+    ShardSpec,
+    StoreError,
+    fingerprint,
+    plan_shards,
+    read_manifest,
+    weights_sha256,
+    write_manifest,
+)
+from hookedattn.store.stats import write_stats
+from hookedattn.store.writer import ShardWriter
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}  # fmt: skip
+DEFAULT_SHARD_BYTES = 256 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """What one rank did: shards it `written` now, shards it found already `resumed`."""
+
+    path: Path
+    fingerprint: str
+    n_shards: int
+    written: tuple[int, ...]
+    resumed: tuple[int, ...]
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens this rank computed per second of wall clock."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def collect_activations(
+    model: Any,
+    inputs: Any = None,
+    *,
+    names: Sequence[str | tuple],
+    out: str | Path,
+    context: int | None = None,
+    n_tokens: int | float | None = None,
+    batch_size: int = 32,
+    dtype: torch.dtype = torch.float32,
+    shard_contexts: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Collection:
+    """Collect the activations at `names` over `inputs` into the store folder `out`.
+
+    `inputs` as in `hookedattn.store.inputs.pack` (None: the standard library's source);
+    `context` tokens per context (default the model's `n_ctx`), `n_tokens` at most. Rows are
+    stored in `dtype`, one per position, context after context; `shard_contexts` contexts
+    to a shard (default: about 256 MiB of activations, a multiple of `batch_size`). A
+    folder holding a different collection is refused unless `overwrite`. Under `torchrun`
+    every rank calls this with the same arguments.
+    """
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    out = Path(out)
+    ranks = distributed.current()
+    full_names = resolve_names(model, names)
+    packed = pack(model, inputs, context=context, n_tokens=n_tokens)
+    stop_at = _stop_layer(full_names, model.cfg.n_layers)
+    row_shapes = _row_shapes(model, packed, full_names, stop_at)
+    per_context = packed.packing.context * sum(math.prod(s) for s in row_shapes.values())
+    if shard_contexts is None:
+        per_shard = DEFAULT_SHARD_BYTES // (per_context * dtype.itemsize) // batch_size
+        shard_contexts = max(1, per_shard) * batch_size
+    plan = _plan(model, full_names, dtype, packed, batch_size, shard_contexts, row_shapes)
+    digest = fingerprint(plan)
+    shards = plan_shards(len(packed), shard_contexts, packed.packing.context)
+    manifest = {**plan, "fingerprint": digest, "status": "writing",
+                "shards": [s.to_dict() for s in shards]}  # fmt: skip
+    if ranks.is_main:
+        _prepare_folder(out, digest, overwrite)
+        write_manifest(out, manifest)
+    distributed.barrier()
+    mine = [shards[i] for i in ranks.share(len(shards))]
+    started = time.perf_counter()
+    done = [s for s in mine if shard_is_complete(out / s.file, digest)]
+    todo = [s for s in mine if s not in done]
+    writer = ShardWriter(out, row_shapes, dtype, {"fingerprint": digest})
+    try:
+        _run(
+            model,
+            packed,
+            full_names,
+            stop_at,
+            todo,
+            batch_size,
+            writer,
+            _bar(todo, ranks, progress),
+        )
+    except OSError as error:
+        raise _disk_error(error, out, shards) from error
+    distributed.barrier()
+    if ranks.is_main:
+        _finish(out, manifest, shards, full_names, dtype)
+    distributed.barrier()
+    tokens = sum(s.stop - s.start for s in todo) * packed.packing.context
+    return Collection(out, digest, len(shards), tuple(s.index for s in todo),
+                      tuple(s.index for s in done), tokens, time.perf_counter() - started)  # fmt: skip
+
+
+def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
+    """Full hook names for `names` (full names or shorthand such as `("resid_pre", 1)`).
+
+    A name the model has no hook point for is a `KeyError` with the closest valid names.
+    """
+    if isinstance(names, str | tuple) or not names:
+        raise TypeError(f"names must be a non-empty list of hook names, got {names!r}")
+    resolved = []
+    for name in names:
+        full = _names.expand_key(name, model.cfg.n_layers)
+        if full not in model.hook_dict:
+            raise KeyError(_names.unknown_name_message(full, model.hook_dict))
+        if full not in resolved:
+            resolved.append(full)
+    return resolved
+
+
+def shard_is_complete(path: Path, digest: str) -> bool:
+    """Whether `path` is a whole shard of the collection with fingerprint `digest`."""
+    if not path.is_file():
+        return False
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("fingerprint") == digest
+    except (safetensors.SafetensorError, OSError):
+        return False
+
+
+def _run(
+    model: Any,
+    packed: PackedContexts,
+    full_names: list[str],
+    stop_at: int | None,
+    todo: list[ShardSpec],
+    batch_size: int,
+    writer: ShardWriter,
+    bar: Any,
+) -> None:
+    captured: dict[str, Tensor] = {}
+    # The hook keeps a reference only: nothing edits activations in place in the forward.
+    keep = lambda x, hook: captured.__setitem__(hook.name, x)
+    try:
+        with torch.inference_mode(), model.hooks([(n, keep) for n in full_names]):
+            for spec in todo:
+                writer.begin(spec)
+                for start in range(spec.start, spec.stop, batch_size):
+                    tokens = packed.contexts(start, min(start + batch_size, spec.stop))
+                    model(tokens.to(model.cfg.device), return_type=None, stop_at_layer=stop_at)
+                    writer.add({n: _as_rows(n, captured.pop(n)) for n in full_names},
+                               tokens.to(torch.int32))  # fmt: skip
+                    bar.update(tokens.numel())
+                writer.end()
+        writer.close()
+    finally:
+        bar.close()
+
+
+def _as_rows(name: str, activation: Tensor) -> Tensor:
+    """`[batch pos *feature]` → `[row *feature]`, rows context after context (query positions
+    for attention patterns and scores)."""
+    activation = activation.movedim(_names.pos_axis(name), 1)
+    return activation.reshape(-1, *activation.shape[2:]).cpu()
+
+
+def _stop_layer(full_names: list[str], n_layers: int) -> int | None:
+    """The first block no name needs (the forward stops there), or None for the whole model."""
+    needed = []
+    for name in full_names:
+        layer = _names.layer_of(name)
+        if layer is not None:
+            needed.append(layer + 1)
+        elif name in ("hook_embed", "hook_pos_embed"):
+            needed.append(0)
+        else:
+            return None
+    return max(needed)
+
+
+def _row_shapes(
+    model: Any, packed: PackedContexts, full_names: list[str], stop_at: int | None
+) -> dict[str, tuple[int, ...]]:
+    seen: dict[str, tuple[int, ...]] = {}
+    keep = lambda x, hook: seen.__setitem__(hook.name, tuple(_as_rows(hook.name, x).shape[1:]))
+    with torch.inference_mode(), model.hooks([(n, keep) for n in full_names]):
+        model(packed.contexts(0, 1).to(model.cfg.device), return_type=None, stop_at_layer=stop_at)
+    return {n: seen[n] for n in full_names}
+
+
+def _plan(
+    model: Any,
+    full_names: list[str],
+    dtype: torch.dtype,
+    packed: PackedContexts,
+    batch_size: int,
+    shard_contexts: int,
+    row_shapes: dict[str, tuple[int, ...]],
+) -> dict[str, Any]:
+    """Everything that decides the shards' bytes (its digest is the fingerprint)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {
+            "name": model.cfg.model_name,
+            "weights_sha256": weights_sha256(model),
+            "config": json.loads(json.dumps(model.cfg.to_dict(), default=str)),
+        },  # fmt: skip
+        "names": full_names,
+        "dtype": str(dtype).removeprefix("torch."),
+        "row_shapes": {n: list(s) for n, s in row_shapes.items()},
+        "axes": {n: list(_row_axes(n)) for n in full_names},
+        "rows_per_context": packed.packing.context,
+        "packing": packed.packing.to_dict(),
+        "batch_size": batch_size,
+        "shard_contexts": shard_contexts,
+        "torch_version": torch.__version__,
+    }
+
+
+def _row_axes(name: str) -> tuple[str, ...]:
+    axes = list(_names.axis_names(name))
+    if not axes:
+        return ()
+    pos = _names.pos_axis(name)
+    return ("row", *[a for i, a in enumerate(axes) if i not in (0, pos)])
+
+
+def _prepare_folder(out: Path, digest: str, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"{out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # left by a killed writer; never read as data
+        stale.unlink(missing_ok=True)
+    ours = [*out.glob("shard-*.safetensors"), *out.glob("stats.safetensors")]
+    if (out / MANIFEST_FILE).is_file():
+        previous = read_manifest(out)
+        if previous.get("fingerprint") == digest:
+            return
+        if not overwrite:
+            raise StoreError(
+                f"{out} holds another collection (model {previous['model']['name']!r}, names "
+                f"{previous['names']}, {previous['packing']['n_contexts']} contexts, fingerprint "
+                f"{previous.get('fingerprint', '?')[:12]}); pass overwrite=True (--overwrite) "
+                f"or choose another folder"
+            )
+    elif any(p for p in out.iterdir() if p not in ours) and not overwrite:
+        raise StoreError(f"{out} is not empty and not an activation store: choose another folder")
+    if overwrite:
+        for path in [*ours, out / MANIFEST_FILE]:
+            path.unlink(missing_ok=True)
+
+
+def _finish(
+    out: Path, manifest: dict, shards: list[ShardSpec], full_names: list[str], dtype: torch.dtype
+) -> None:
+    records, infinities = [], dict.fromkeys(full_names, 0)
+    for spec in shards:
+        path = out / spec.file
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            counts = json.loads(f.metadata()["infinities"])
+        for name, count in counts.items():
+            infinities[name] += count
+        records.append({**spec.to_dict(), "bytes": path.stat().st_size})
+    stats_bytes = write_stats(out, shards, full_names)
+    final = {**manifest, "status": "complete", "shards": records, "infinities": infinities,
+             "stats_bytes": stats_bytes}  # fmt: skip
+    write_manifest(out, final)
+    overflowed = {n: c for n, c in infinities.items() if c}
+    if overflowed:
+        warnings.warn(
+            f"storing as {dtype} overflowed: {overflowed} values became infinite that were "
+            f"finite in the model (largest {dtype} is {torch.finfo(dtype).max:.4g}); collect "
+            f"these names as bfloat16 or float32",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _disk_error(error: OSError, out: Path, shards: list[ShardSpec]) -> OSError:
+    if error.errno != errno.ENOSPC:
+        return error
+    complete = sum((out / s.file).is_file() for s in shards)
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on the device while writing to {out}: {complete} of {len(shards)} "
+        f"shards are complete and readable (ActivationStore opens them as a store in "
+        f"progress); free some space and rerun the same collection to write the rest",
+    )
+
+
+def _bar(todo: list[ShardSpec], ranks: distributed.RankInfo, progress: bool) -> Any:
+    total = sum(s.rows[1] - s.rows[0] for s in todo)
+    desc = "collecting" if ranks.world_size == 1 else f"rank {ranks.rank}/{ranks.world_size}"
+    return tqdm(total=total, unit="tok", unit_scale=True, desc=desc,
+                disable=not progress or not ranks.is_main)  # fmt: skip

@@ -1,0 +1,84 @@
+"""Collect activations over a dataset into an activation store, on one process or many.
+
+    python scripts/collect.py --model attn-only-2l --names blocks.1.hook_resid_pre \\
+        --out acts/ --tokens 2e6
+    torchrun --nproc_per_node=2 scripts/collect.py --model attn-only-2l \\
+        --names blocks.1.hook_resid_pre --out acts/ --tokens 2e6    # the same files
+
+`--model` is a shipped model's name or a folder saved with `HookedTransformer.save`.
+Inputs default to the training split of the standard library's source (no download);
+`--text FILE ...` packs text files instead. Rerunning the same command after a crash
+finishes the store; see the README section "Dataset scale".
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hookedattn import HookedTransformer, list_pretrained
+from hookedattn.store import ActivationStore, collect_activations, init_from_env
+from hookedattn.store.collection import DTYPES
+
+
+def load_model(name_or_dir: str) -> HookedTransformer:
+    """A shipped model by name, or a model saved in a folder."""
+    if Path(name_or_dir).is_dir():
+        return HookedTransformer.load(name_or_dir)
+    known = [info.name for info in list_pretrained()]
+    if name_or_dir not in known:
+        raise SystemExit(f"--model {name_or_dir!r} is neither a folder nor a shipped model "
+                         f"({', '.join(known)})")  # fmt: skip
+    return HookedTransformer.from_pretrained(name_or_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, collect, and print the store (rank 0)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--names", nargs="+", required=True, help="full hook names")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--tokens", type=float, default=None, help="at most this many (2e6)")
+    parser.add_argument("--text", nargs="*", type=Path, default=None, help="text files")
+    parser.add_argument("--context", type=int, default=None, help="default: the model's n_ctx")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--shard-contexts", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ranks = init_from_env()
+    model = load_model(args.model)
+    try:
+        collect_activations(
+            model,
+            args.text,
+            names=args.names,
+            out=args.out,
+            context=args.context,
+            n_tokens=args.tokens,
+            batch_size=args.batch_size,
+            dtype=DTYPES[args.dtype],
+            shard_contexts=args.shard_contexts,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+    except (KeyError, ValueError, OSError) as error:
+        print(f"collect.py: {error.args[0] if isinstance(error, KeyError) else error}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if ranks.is_main:
+        print(ActivationStore(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
