@@ -28,12 +28,18 @@ class SVD(NamedTuple):
     singular vectors), `S: [... k]` is non-negative and descending, `k = min(ldim, mdim,
     rdim)`. `V` holds the right singular vectors as columns: it is what TransformerLens
     calls `Vh` (its `Vh` is not the conjugate transpose that `torch.linalg.svd` calls `Vh`),
-    so `U, S, Vh = fm.svd()` written for TransformerLens still gets the same numbers.
+    so `U, S, Vh = fm.svd()` written for TransformerLens still gets the same numbers, and
+    `svd.Vh` / `fm.Vh` are aliases of `V`.
     """
 
     U: Float[Tensor, "*leading ldim k"]
     S: Float[Tensor, "*leading k"]
     V: Float[Tensor, "*leading rdim k"]
+
+    @property
+    def Vh(self) -> Float[Tensor, "*leading rdim k"]:
+        """TransformerLens's name for `V` (the same tensor, not its transpose)."""
+        return self.V
 
     def __repr__(self) -> str:
         return f"SVD(U={_shape(self.U)}, S={_shape(self.S)}, V={_shape(self.V)})"
@@ -94,6 +100,11 @@ class FactoredMatrix:
         return len(self.shape)
 
     @property
+    def has_leading_dims(self) -> bool:
+        """Whether there are dimensions before the matrices' own (`[layer head ...]`)."""
+        return self._A.ndim > 2
+
+    @property
     def pair(
         self,
     ) -> tuple[Float[Tensor, "*leading ldim mdim"], Float[Tensor, "*leading mdim rdim"]]:
@@ -125,16 +136,21 @@ class FactoredMatrix:
     def __matmul__(self, other: object) -> "FactoredMatrix | Tensor":
         """`self @ other`: a factored matrix, or a tensor when `other` is a vector `[rdim]`.
 
-        A scalar (Python number or 0-d tensor) scales the matrix. A matrix `[... rdim n]`
-        is absorbed into `B` (inner dimension `mdim`) or, when `rdim < mdim`, multiplies the
-        collapsed product (inner dimension `rdim`): whichever keeps the result smaller.
+        A scalar (Python number or 0-d tensor) scales the matrix. A matrix
+        `[... rdim n]` is absorbed into `B` (inner dimension `mdim`) or, when `rdim < mdim`,
+        multiplies the collapsed product (inner dimension `rdim`): whichever keeps the
+        result smaller. A factored matrix gives the product with the smallest of the inner
+        sizes on offer, `min(mdim, rdim, other.mdim)`, as TransformerLens does.
         """
         if isinstance(other, FactoredMatrix):
             self._check_inner(self.rdim, other.ldim, other.shape)
-            if self.mdim <= other.mdim:
+            inner = min(self.mdim, self.rdim, other.mdim)
+            if inner == self.mdim:
                 return FactoredMatrix(self._A, (self._B @ other._A) @ other._B)
-            return FactoredMatrix(self._A @ (self._B @ other._A), other._B)
-        if _is_scalar(other):
+            if inner == other.mdim:
+                return FactoredMatrix(self._A @ (self._B @ other._A), other._B)
+            return FactoredMatrix(self.AB, other.AB)
+        if _is_zero_dim_scalar(other):
             return self * other
         if not isinstance(other, Tensor):
             raise TypeError(_operand_message("@", other))
@@ -149,7 +165,7 @@ class FactoredMatrix:
 
     def __rmatmul__(self, other: object) -> "FactoredMatrix | Tensor":
         """`other @ self`: a factored matrix, or a tensor when `other` is a vector `[ldim]`."""
-        if _is_scalar(other):
+        if _is_zero_dim_scalar(other):
             return self * other
         if not isinstance(other, Tensor):
             raise TypeError(_operand_message("@", other))
@@ -162,18 +178,18 @@ class FactoredMatrix:
         return FactoredMatrix(other, self.AB)
 
     def __mul__(self, scalar: object) -> "FactoredMatrix":
-        """Scale by a Python number or a 0-d tensor (for matrices use `@`)."""
+        """Scale by a Python number or a one-element tensor (for matrices use `@`)."""
         if not _is_scalar(scalar):
             raise TypeError(_operand_message("*", scalar))
-        return FactoredMatrix(self._A * scalar, self._B)
+        return FactoredMatrix(self._A * _as_scalar(scalar), self._B)
 
     __rmul__ = __mul__
 
     def __truediv__(self, scalar: object) -> "FactoredMatrix":
-        """Divide by a Python number or a 0-d tensor."""
+        """Divide by a Python number or a one-element tensor."""
         if not _is_scalar(scalar):
             raise TypeError(_operand_message("/", scalar))
-        return FactoredMatrix(self._A / scalar, self._B)
+        return FactoredMatrix(self._A / _as_scalar(scalar), self._B)
 
     def __neg__(self) -> "FactoredMatrix":
         return FactoredMatrix(-self._A, self._B)
@@ -229,13 +245,13 @@ class FactoredMatrix:
     V = property(lambda self: self.svd().V, doc="Right singular vectors as columns `[... rdim k]`.")
 
     @property
-    def Vh(self) -> Tensor:
-        """Not provided, on purpose: the name means two different things elsewhere."""
-        raise AttributeError(
-            "FactoredMatrix has no Vh: torch.linalg.svd's Vh is V transposed, while "
-            "TransformerLens's FactoredMatrix.Vh is V itself (right singular vectors as "
-            "columns). Use .V (the same numbers as TransformerLens's Vh) or .V.mT."
-        )
+    def Vh(self) -> Float[Tensor, "*leading rdim k"]:
+        """TransformerLens's name for `V`: the right singular vectors as columns.
+
+        Not `torch.linalg.svd`'s `Vh`, which is `V` transposed: TransformerLens code reads
+        `fm.Vh` as `V` (`U @ diag(S) @ Vh.T == AB`), so that is what it gets here.
+        """
+        return self.V
 
     @property
     def eigenvalues(self) -> Complex[Tensor, "*leading k"]:
@@ -297,7 +313,18 @@ class FactoredMatrix:
 def _is_scalar(value: object) -> bool:
     if isinstance(value, bool):
         return False
-    return isinstance(value, int | float) or (isinstance(value, Tensor) and value.ndim == 0)
+    # A one-element tensor (shape [] or [1], as TransformerLens accepts) is a scalar.
+    return isinstance(value, int | float) or (isinstance(value, Tensor) and value.numel() == 1)
+
+
+def _is_zero_dim_scalar(value: object) -> bool:
+    # With `@`, a one-element tensor of shape [1] is a vector (of an rdim-1 matrix).
+    return _is_scalar(value) and not (isinstance(value, Tensor) and value.ndim > 0)
+
+
+def _as_scalar(value: int | float | Tensor) -> int | float | Tensor:
+    """A one-element tensor as 0-d, so that it scales without adding dimensions."""
+    return value.reshape(()) if isinstance(value, Tensor) else value
 
 
 def _operand_message(op: str, other: object) -> str:
@@ -308,7 +335,10 @@ def _operand_message(op: str, other: object) -> str:
     )
     if op == "@":
         return f"FactoredMatrix {op} needs a tensor, a FactoredMatrix or a scalar, got {what}"
-    return f"FactoredMatrix {op} needs a number or a 0-d tensor (use @ for matrices), got {what}"
+    return (
+        f"FactoredMatrix {op} needs a number or a one-element tensor (use @ for matrices), "
+        f"got {what}"
+    )
 
 
 def _keep_axis(index: object) -> object:

@@ -251,14 +251,15 @@ def test_svd_of_a_rank_deficient_product(dtype):
     assert svd.S[1] > 0.1
 
 
-def test_U_S_V_properties_and_Vh_is_refused():
+def test_U_S_V_properties_and_Vh_is_V():
     fm = FactoredMatrix(*factors((7, 3), (3, 5), torch.float64))
     svd = fm.svd()
     assert_close(fm.U, svd.U)
     assert_close(fm.S, svd.S)
     assert_close(fm.V, svd.V)
-    with pytest.raises(AttributeError, match="Use .V"):
-        fm.Vh
+    # TransformerLens's name: its Vh is V itself (not torch.linalg.svd's transpose).
+    assert fm.Vh is fm.V
+    assert svd.Vh is svd.V
 
 
 def test_svd_unpacks_in_transformer_lens_order():
