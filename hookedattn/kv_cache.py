@@ -7,7 +7,9 @@ at a time against this cache gives the same numbers, because position `i` only e
 keys and values of positions `<= i`.
 """
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 from jaxtyping import Float, Int
@@ -17,7 +19,7 @@ from hookedattn.config import HookedTransformerConfig
 
 
 class KeyValueCacheEntry:
-    """One layer's past keys and values, `[batch pos head d_head]` (keys after rotation).
+    """One layer's past keys and values, `[batch pos kv_head d_head]` (keys after rotation).
 
     Appending stores the new positions in buffers with room to spare (doubled when full),
     so that a generation step copies its own token, not the whole past again;
@@ -85,6 +87,10 @@ class KeyValueCacheEntry:
         self._length = end
         return self.past_keys, self.past_values
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (undoing appends; the buffers are kept)."""
+        self._length = min(self._length, length)
+
     def __repr__(self) -> str:
         batch, pos, head, d_head = self.past_keys.shape
         frozen = ", frozen" if self.frozen else ""
@@ -123,7 +129,7 @@ class KeyValueCache:
     ) -> "KeyValueCache":
         """A cache holding no positions yet, for a batch of `batch` sequences."""
         device = cfg.device if device is None else device
-        shape = (batch, 0, cfg.n_heads, cfg.d_head)
+        shape = (batch, 0, cfg.n_kv_heads, cfg.d_head)
         entries = [
             KeyValueCacheEntry(
                 torch.empty(shape, dtype=cfg.dtype, device=device),
@@ -161,6 +167,23 @@ class KeyValueCache:
         self.frozen = False
         for entry in self.entries:
             entry.frozen = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All or nothing: if the body raises, every layer and the mask are as before it.
+
+        A forward that fails part-way (a hook raising in layer 1) would otherwise leave
+        layers of different lengths, and a retry would append its tokens twice.
+        """
+        lengths = [entry._length for entry in self.entries]
+        mask = self.previous_attention_mask
+        try:
+            yield
+        except BaseException:
+            for entry, length in zip(self.entries, lengths, strict=True):
+                entry.truncate(length)
+            self.previous_attention_mask = mask
+            raise
 
     def extend_mask(self, new_mask: Int[Tensor, "batch new_pos"]) -> Int[Tensor, "batch all_pos"]:
         """The mask of past and new positions together; stored unless frozen."""

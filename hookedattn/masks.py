@@ -1,48 +1,54 @@
 """Which keys each query may attend to, and the position of every token.
 
-Computed once per forward and shared by every layer. Without padding the mask is a slice of
-the causal mask and positions are `0..pos-1` (offset by the length of a KV cache).
-Attention adds the mask to its scores (0 where a key may be read, `-inf` where not), so
-it is built here in the scores' dtype, once, rather than by each layer. With an
+Computed once per forward and shared by every layer: a boolean `blocked` mask per kind of
+attention ("global": causal; "local": causal and within the window), and the positions.
+Without padding positions are `0..pos-1` (offset by the length of a KV cache). With an
 `attention_mask`, padding keys are blocked and positions count real tokens only, so a
 left-padded prompt gets the same positions as the prompt run alone. A padding query may
 attend to itself (and to earlier real tokens), so that no row of the pattern is empty and
 softmax never yields NaN; no real token ever reads a padding position.
+
+The masks are built for the positions of this forward only (never `n_ctx x n_ctx`), so a
+model with a long context costs nothing until it is given a long input. A local window
+counts positions in the sequence as stored, padding included (as the reference
+implementations of windowed models do); with padding only before a prompt, that is the same
+as counting real tokens.
 """
 
 import dataclasses
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from hookedattn.kv_cache import KeyValueCache
 
+Blocked = Bool[Tensor, "#batch 1 query_pos key_pos"]
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionContext:
-    """What every attention layer of one forward needs besides its input."""
+    """What every attention layer of one forward needs besides its input.
 
-    mask: Float[Tensor, "#batch 1 query_pos key_pos"]  # 0: may attend; -inf: may not
+    `blocked[kind]` is True where a query may not read a key, for each kind of attention
+    ("global", and "local" in a model with a window).
+    """
+
+    blocked: dict[str, Blocked]
     positions: Int[Tensor, "batch query_pos"]
 
 
-def causal_blocked(n_ctx: int, device: str | torch.device) -> Bool[Tensor, "n_ctx n_ctx"]:
-    """`True` above the diagonal: query `i` may not attend to key `j > i`."""
-    return torch.ones(n_ctx, n_ctx, dtype=torch.bool, device=device).triu(1)
-
-
 def attention_context(
-    causal: Bool[Tensor, "n_ctx n_ctx"],
+    n_ctx: int,
     batch: int,
     n_new: int,
     # Loose on purpose: a mask of the wrong dtype or shape gets `_check_mask`'s error.
     attention_mask: Tensor | None,
     past_kv_cache: KeyValueCache | None,
-    dtype: torch.dtype,
+    window_size: int | None,
+    device: torch.device | str,
 ) -> AttentionContext:
-    """The mask (in `dtype`) and positions for `n_new` tokens following a KV cache (if any)."""
-    n_ctx = causal.shape[0]
+    """The masks and positions for `n_new` tokens following a KV cache (if any)."""
     past = 0 if past_kv_cache is None else past_kv_cache.length
     if past + n_new > n_ctx:
         where = f" after {past} cached positions" if past else ""
@@ -53,48 +59,52 @@ def attention_context(
         raise ValueError(
             f"the KV cache holds {past_kv_cache.batch} sequences but the input has {batch}"
         )
-    blocked = causal[past : past + n_new, : past + n_new]
     if attention_mask is not None:
         _check_mask(attention_mask, batch, n_new)
-        attention_mask = attention_mask.long()  # booleans too, from here on 0/1 ids
-    if past_kv_cache is not None:
-        new = attention_mask if attention_mask is not None else _ones(batch, n_new, causal.device)
-        full_mask = past_kv_cache.extend_mask(new)
-    elif attention_mask is not None:
-        full_mask = attention_mask
-    else:
-        full_mask = None
+        attention_mask = attention_mask.long().to(device)  # booleans too: 0/1 ids from here
+    full_mask = _full_mask(attention_mask, past_kv_cache, batch, n_new, device)
+    query = torch.arange(past, past + n_new, device=device)[:, None]
+    key = torch.arange(past + n_new, device=device)[None, :]
+    causal = key > query
     if full_mask is None or bool(full_mask.all()):
-        positions = torch.arange(past, past + n_new, device=causal.device).expand(batch, n_new)
-        return AttentionContext(additive_mask(blocked, dtype)[None, None], positions)
-    if not bool(full_mask.any(dim=1).all()):
-        empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
-        raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
-    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
-    is_pad_key = (full_mask == 0)[:, None, None, :]
-    query_abs = torch.arange(past, past + n_new, device=causal.device)[:, None]
-    is_self = query_abs == torch.arange(past + n_new, device=causal.device)[None, :]
-    return AttentionContext(additive_mask(blocked | (is_pad_key & ~is_self), dtype), positions)
-
-
-def additive_mask(
-    blocked: Bool[Tensor, "*batch query_pos key_pos"], dtype: torch.dtype
-) -> Float[Tensor, "*batch query_pos key_pos"]:
-    """`-inf` where a key is blocked, 0 elsewhere: adding it is `masked_fill(blocked, -inf)`.
-
-    The same numbers, but an add over `[batch head query_pos key_pos]` costs a fraction of a
-    broadcast `masked_fill`, which was a tenth of a small model's forward.
-    """
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(
-        blocked, -torch.inf
+        positions = torch.arange(past, past + n_new, device=device).expand(batch, n_new)
+        padding = torch.zeros((), dtype=torch.bool, device=device)
+    else:
+        if not bool(full_mask.any(dim=1).all()):
+            empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
+            raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
+        positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+        padding = (full_mask == 0)[:, None, None, :] & (key != query)
+    blocked = {"global": causal | padding}
+    if window_size is not None:
+        blocked["local"] = blocked["global"] | (query - key >= window_size)
+    return AttentionContext(
+        {k: v if v.ndim == 4 else v[None, None] for k, v in blocked.items()}, positions
     )
 
 
-def _ones(batch: int, n: int, device: torch.device) -> Int[Tensor, "batch pos"]:
-    return torch.ones(batch, n, dtype=torch.long, device=device)
+def _full_mask(
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    past_kv_cache: KeyValueCache | None,
+    batch: int,
+    n_new: int,
+    device: torch.device | str,
+) -> Int[Tensor, "batch all_pos"] | None:
+    """The 0/1 mask of past and new positions together (stored in the cache unless frozen)."""
+    if past_kv_cache is not None:
+        new = attention_mask
+        if new is None:
+            new = torch.ones(batch, n_new, dtype=torch.long, device=device)
+        return past_kv_cache.extend_mask(new)
+    return attention_mask
 
 
-def _check_mask(mask: Tensor, batch: int, n_new: int) -> None:
+def _check_mask(mask: object, batch: int, n_new: int) -> None:
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"attention_mask must be a tensor of 0/1 ids [batch pos], got "
+            f"{type(mask).__name__}; e.g. torch.tensor(mask)"
+        )
     if mask.shape != (batch, n_new):
         raise ValueError(
             f"attention_mask has shape {tuple(mask.shape)} but the tokens are "

@@ -7,9 +7,10 @@
 `forward` is that, and nothing else; caching and editing happen at the hook points.
 """
 
+import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,7 +28,7 @@ from hookedattn import (
     weights_io,
 )
 from hookedattn.cache import ActivationCache
-from hookedattn.components.block import AttnOnlyBlock, Block
+from hookedattn.components.block import make_block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.components.norm import make_norm
 from hookedattn.config import HookedTransformerConfig
@@ -35,7 +36,7 @@ from hookedattn.factored_matrix import FactoredMatrix
 from hookedattn.hook_points import HookedRootModule, HookPoint
 from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
-from hookedattn.masks import AttentionContext, attention_context, causal_blocked
+from hookedattn.masks import AttentionContext, attention_context
 
 Resid = Float[Tensor, "batch pos d_model"]
 Logits = Float[Tensor, "batch pos d_vocab_out"]
@@ -70,14 +71,11 @@ class HookedTransformer(HookedRootModule):
             self.embed_tokens = self._token_and_position_embedding
         else:  # rotary models rotate q and k instead; "none" has no positional signal
             self.embed_tokens = self._token_embedding
-        block_type = AttnOnlyBlock if cfg.attn_only else Block
-        self.blocks = nn.ModuleList([block_type(cfg) for _ in range(cfg.n_layers)])
+        self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = make_norm(cfg)
         self.unembed = Unembed(cfg)
-        self.register_buffer(
-            "causal_blocked", causal_blocked(cfg.n_ctx, cfg.device), persistent=False
-        )
-        self.init_weights()
+        if cfg.init_weights:
+            self.init_weights()
         self.setup()
 
     # ------------------------------------------------------------------ forward
@@ -97,32 +95,31 @@ class HookedTransformer(HookedRootModule):
     ) -> Any:
         """Run the model.
 
-        `input` is token ids `[batch pos]` (or `[pos]`), or, with `start_at_layer=L`, the
-        residual stream `[batch pos d_model]` entering block L (how a hand-made `X_IN` goes
-        in; give `tokens=` too for a loss). With `stop_at_layer=L` the residual stream
-        entering block L is returned and `return_type` is ignored. `return_type`: "logits",
-        "loss" (mean next-token cross-entropy, or per token with `loss_per_token`), "both"
-        (a `LogitsAndLoss`), or None.
+        `input` is token ids `[batch pos]` (or `[pos]`), a string or a list of strings
+        (tokenized, padded and masked), or, with `start_at_layer=L`, the residual stream
+        `[batch pos d_model]` entering block L (how a hand-made `X_IN` goes in; give
+        `tokens=` too for a loss). With `stop_at_layer=L` the residual stream entering
+        block L is returned and `return_type` is ignored. Layer bounds are ints in
+        `0..n_layers` with start <= stop. `return_type`: "logits", "loss" (mean next-token
+        cross-entropy, or per token with `loss_per_token`), "both" (a `LogitsAndLoss`), or
+        None. With `past_kv_cache` the cache is extended all or nothing: if anything in
+        the forward raises, the cache is left as it was.
+
+        The model itself is the loop below: embed, the blocks, the final norm and the
+        unembedding; `_prepare` turns the input into a residual stream and its attention
+        context.
         """
-        if return_type not in ("logits", "loss", "both", None):
-            raise ValueError(
-                f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}"
-            )
-        if start_at_layer is None:
-            if tokenization.is_text(input):
-                input, attention_mask = self._text_input(input, attention_mask, past_kv_cache)
-            tokens = self._as_tokens(input)
-            context = self._context(tokens.shape, attention_mask, past_kv_cache, self.W_E.dtype)
-            resid = self.embed_tokens(tokens, context.positions)
-        else:
-            resid = self._as_resid(input)
-            context = self._context(resid.shape[:2], attention_mask, past_kv_cache, resid.dtype)
-        for layer in range(self.cfg.n_layers)[start_at_layer:stop_at_layer]:
-            past = None if past_kv_cache is None else past_kv_cache[layer]
-            resid = self.blocks[layer](resid, context.mask, context.positions, past)
-        if stop_at_layer is not None:
-            return resid
-        logits = self.unembed(self.ln_final(resid))
+        start, stop = self._layer_bounds(start_at_layer, stop_at_layer, return_type)
+        resid, context, tokens, attention_mask = self._prepare(
+            input, start_at_layer, tokens, attention_mask, past_kv_cache
+        )
+        with _transaction(past_kv_cache):
+            for layer in range(start, stop):
+                past = None if past_kv_cache is None else past_kv_cache[layer]
+                resid = self.blocks[layer](resid, context, past)
+            if stop_at_layer is not None:
+                return resid
+            logits = self.unembed(self.ln_final(resid))
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -131,6 +128,54 @@ class HookedTransformer(HookedRootModule):
             raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
         loss = lm_cross_entropy_loss(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
+
+    def _prepare(
+        self,
+        input: Any,
+        start_at_layer: int | None,
+        tokens: Tensor | None,
+        attention_mask: Tensor | None,
+        past_kv_cache: KeyValueCache | None,
+    ) -> tuple[Resid, AttentionContext, Tensor | None, Tensor | None]:
+        """The residual stream entering the first block run, its context, tokens and mask."""
+        if start_at_layer is None:
+            if tokenization.is_text(input):
+                input, attention_mask = self._text_input(input, attention_mask, past_kv_cache)
+            tokens = self._as_tokens(input)
+            context = self._context(tokens.shape, attention_mask, past_kv_cache)
+            return self.embed_tokens(tokens, context.positions), context, tokens, attention_mask
+        resid = self._as_resid(input)
+        if tokens is not None:
+            tokens = self._as_tokens(tokens)
+            if tokens.shape != resid.shape[:2]:
+                raise ValueError(
+                    f"tokens= has shape {tuple(tokens.shape)} but the residual stream is "
+                    f"{tuple(resid.shape[:2])} (batch, pos): give the tokens of this stream"
+                )
+        context = self._context(resid.shape[:2], attention_mask, past_kv_cache)
+        return resid, context, tokens, attention_mask
+
+    def _layer_bounds(
+        self, start_at_layer: Any, stop_at_layer: Any, return_type: Any
+    ) -> tuple[int, int]:
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(
+                f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}"
+            )
+        n = self.cfg.n_layers
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= n:
+                raise ValueError(
+                    f"{name} must be an int in 0..{n} (n_layers={n}), got {value!r}; negative "
+                    f"layers are not counted from the end here"
+                )
+        start = 0 if start_at_layer is None else start_at_layer
+        stop = n if stop_at_layer is None else stop_at_layer
+        if start > stop:
+            raise ValueError(f"start_at_layer={start} is after stop_at_layer={stop}")
+        return start, stop
 
     def _token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
@@ -147,11 +192,16 @@ class HookedTransformer(HookedRootModule):
         shape: Sequence[int],
         attention_mask: Tensor | None,
         past_kv_cache: KeyValueCache | None,
-        dtype: torch.dtype,
     ) -> AttentionContext:
         batch, n_new = shape
         return attention_context(
-            self.causal_blocked, batch, n_new, attention_mask, past_kv_cache, dtype
+            self.cfg.n_ctx,
+            batch,
+            n_new,
+            attention_mask,
+            past_kv_cache,
+            self.cfg.window_size,
+            self.W_E.device,
         )
 
     # ------------------------------------------------------------------ caching
@@ -266,7 +316,7 @@ class HookedTransformer(HookedRootModule):
         if self.cfg.seed is not None:
             generator = torch.Generator().manual_seed(self.cfg.seed)
         for name, param in self.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
+            leaf = name.rsplit(".", 1)[-1].removeprefix("_")  # grouped `_W_K` is a weight too
             if leaf.startswith("W_"):
                 values = torch.randn(param.shape, generator=generator) * self.cfg.init_range
                 param.copy_(values.to(param.dtype))
@@ -346,15 +396,7 @@ class HookedTransformer(HookedRootModule):
             changes["device"] = str(device)
         if changes:
             self.cfg = dataclasses.replace(self.cfg, **changes)
-            self._propagate_cfg()
         return self
-
-    def _propagate_cfg(self) -> None:
-        # Buffers derived from the config (rotary tables) follow the weights' dtype.
-        for module in self.modules():
-            if hasattr(module, "cos"):
-                module.cos = module.cos.to(self.cfg.dtype)
-                module.sin = module.sin.to(self.cfg.dtype)
 
     def copy(self) -> "HookedTransformer":
         """An independent deep copy (weights, config and attached hooks)."""
@@ -414,11 +456,14 @@ class HookedTransformer(HookedRootModule):
             return self._tokenize(input)
         if not isinstance(input, Tensor):
             raise TypeError(f"expected token ids as a tensor, got {type(input).__name__}")
-        if input.dtype.is_floating_point or input.dtype == torch.bool:
+        if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
             raise TypeError(
                 f"expected integer token ids, got a {input.dtype} tensor of shape "
                 f"{tuple(input.shape)}; to feed a residual stream use start_at_layer="
             )
+        if input.is_meta:
+            raise ValueError("token ids on the meta device hold no values: pass real ids")
+        input = input.long()  # uint8, int16, ...: the embedding lookup reads int64 ids
         if input.ndim == 1:
             input = input[None]
         if input.ndim != 2:
@@ -468,3 +513,13 @@ class HookedTransformer(HookedRootModule):
 
 def _all_str(items: list) -> bool:
     return bool(items) and all(isinstance(i, str) for i in items)
+
+
+@contextlib.contextmanager
+def _transaction(past_kv_cache: KeyValueCache | None) -> Iterator[None]:
+    """The KV cache's all-or-nothing extension, or nothing without a cache."""
+    if past_kv_cache is None:
+        yield
+        return
+    with past_kv_cache.transaction():
+        yield

@@ -21,7 +21,7 @@ _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("mlp_in", "attn_in", "q_input", "k_input", "v_input")},
     **{n: _ATTN for n in ("q", "k", "v", "z", "result", "rot_q", "rot_k")},
     **{n: _ATTN for n in ("attn_scores", "pattern")},
-    **{n: _MLP for n in ("pre", "post")},
+    **{n: _MLP for n in ("pre", "pre_linear", "post")},
     **{n: _NORM for n in ("scale", "normalized")},
 }
 # TransformerLens's aliases for the same activations.
@@ -39,7 +39,7 @@ _GLOBAL: dict[str, str] = {
     "ln_final_scale": "ln_final.hook_scale",
     "ln_final_normalized": "ln_final.hook_normalized",
 }
-NORM_SITES: tuple[str, ...] = ("ln1", "ln2")
+NORM_SITES: tuple[str, ...] = ("ln1", "ln2", "ln1_post", "ln2_post")
 _LAYER_RE = re.compile(r"^blocks\.(\d+)\.")
 
 
@@ -128,7 +128,7 @@ _AXES: dict[str, str] = {
     "result": "batch pos head d_model",
     **{n: "batch pos head d_head" for n in ("q", "k", "v", "z", "rot_q", "rot_k")},
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
-    **{n: "batch pos d_mlp" for n in ("pre", "post")},
+    **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "post")},
 }
 
 

@@ -46,9 +46,10 @@ def reference_forward(model: HookedTransformer, tokens: torch.Tensor) -> torch.T
         return x
 
     def rotate(x):  # x: [batch, heads, seq, d_head], GPT-NeoX rotate-half
+        # Frequencies and angles in float32, as the reference implementations compute them.
         r = cfg.rotary_dim
-        inv = cfg.rotary_base ** (-torch.arange(r // 2, dtype=torch.float64) / (r // 2))
-        ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+        inv = 1.0 / cfg.rotary_base ** (torch.arange(0, r, 2).float() / r)
+        ang = torch.arange(seq).float()[:, None] * inv[None, :]
         cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
         sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
         xr, xp = x[..., :r], x[..., r:]
@@ -206,7 +207,22 @@ def test_stop_at_layer_returns_the_cached_resid_pre():
     tokens = torch.randint(0, 37, (2, 8))
     _, cache = model.run_with_cache(tokens)
     assert torch.equal(model(tokens, stop_at_layer=2), cache["resid_pre", 2])
-    assert torch.equal(model(tokens, stop_at_layer=-1), cache["resid_pre", 2])
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"stop_at_layer": -1},
+        {"start_at_layer": 4},
+        {"stop_at_layer": True},
+        {"start_at_layer": 2, "stop_at_layer": 1},
+    ],
+)
+def test_layer_bounds_outside_0_to_n_layers_are_refused(bounds):
+    # TransformerLens counts a negative stop_at_layer from the end; here it is an error,
+    # as is a bound past n_layers (which would otherwise run nothing and return logits).
+    with pytest.raises(ValueError, match="layer"):
+        make_model(n_layers=3)(torch.randint(0, 37, (2, 8)), **bounds)
 
 
 def test_start_at_layer_loss_needs_tokens():
@@ -233,6 +249,8 @@ def test_zero_layer_model_is_embed_norm_unembed():
         "hook_pos_embed",
         "ln_final.hook_scale",
         "ln_final.hook_normalized",
+        "unembed.hook_in",
+        "unembed.hook_out",
     ]
 
 
@@ -263,7 +281,8 @@ def test_w_pos_of_a_rotary_model_is_an_error():
 def test_to_dtype_keeps_the_config_true():
     model = make_model(dtype=torch.float32, positional_embedding_type="rotary").to(torch.float64)
     assert model.cfg.dtype == torch.float64
-    assert model.blocks[0].attn.rotary.cos.dtype == torch.float64
+    _, cache = model.run_with_cache(torch.arange(5))
+    assert cache["blocks.0.attn.hook_rot_q"].dtype == torch.float64
     assert model(torch.arange(5)).dtype == torch.float64
 
 

@@ -1,23 +1,47 @@
-"""The layers a `HookedTransformer` is built from, one concept per file."""
+"""The layers a `HookedTransformer` is built from, one concept per file.
 
-from hookedattn.components.attention import Attention
-from hookedattn.components.block import AttnOnlyBlock, Block
+Each variant is its own small module, chosen when the model is built (`make_block`,
+`make_attention`, `make_mlp`, `make_norm`, `make_soft_cap`), so that every forward stays
+the equation it implements.
+"""
+
+from hookedattn.components.attention import Attention, GroupedQueryAttention, make_attention
+from hookedattn.components.block import AttnInputs, AttnOnlyBlock, Block, ParallelBlock, make_block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
-from hookedattn.components.mlp import MLP
-from hookedattn.components.norm import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from hookedattn.components.mlp import MLP, GatedMLP, make_mlp
+from hookedattn.components.norm import (
+    LayerNorm,
+    LayerNormPre,
+    NoNorm,
+    RMSNorm,
+    RMSNormPre,
+    make_norm,
+)
 from hookedattn.components.rotary import Rotary
+from hookedattn.components.soft_cap import SoftCap, make_soft_cap
 
 __all__ = [
     "MLP",
     "Attention",
+    "AttnInputs",
     "AttnOnlyBlock",
     "Block",
     "Embed",
+    "GatedMLP",
+    "GroupedQueryAttention",
     "LayerNorm",
     "LayerNormPre",
+    "NoNorm",
+    "ParallelBlock",
     "PosEmbed",
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
+    "SoftCap",
     "Unembed",
+    "make_attention",
+    "make_block",
+    "make_mlp",
+    "make_norm",
+    "make_soft_cap",
 ]

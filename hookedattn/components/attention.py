@@ -7,21 +7,34 @@ axis of these weights: concatenating the heads' `z` and multiplying by one
 `[n_heads * d_head, d_model]` matrix is the same as summing `z_h @ W_O[h]` over heads,
 which is why each head's write can be read on its own (`hook_result`).
 
-    scores  = q k^T / attn_scale + mask        (hook_attn_scores, the QK circuit; mask: 0 or -inf)
-    pattern = softmax over key positions       (hook_pattern)
-    z       = pattern @ v                      (hook_z)
-    out     = sum_h z_h @ W_O[h] + b_O         (per head: hook_result; the OV circuit)
+    scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
+    pattern = softmax over key positions                      (hook_pattern)
+    z       = pattern @ v                                     (hook_z)
+    out     = sum_h z_h @ W_O[h] + b_O                        (hook_result per head; OV circuit)
+
+With grouped-query attention (`n_key_value_heads`) the query heads come in groups that
+share one key and value head: `hook_k`, `hook_v` are `[batch pos kv_head d_head]`, and
+`W_K`, `W_V` show each key/value head once for every query head that reads it, so the QK
+and OV circuits stay per query head.
+
+Blocked keys (later positions, padding, outside a local window) are *replaced* by -inf,
+never added to, and their values never multiplied in: whatever a blocked position holds
+(an `inf` key, a NaN value), it contributes exactly nothing.
 """
 
-from einops import einsum, reduce, repeat
-from jaxtyping import Float, Int
+import torch
+from einops import einsum, rearrange, reduce, repeat
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from hookedattn.components.embed import _param
+from hookedattn.components.norm import NoNorm, RMSNorm
 from hookedattn.components.rotary import Rotary
+from hookedattn.components.soft_cap import make_soft_cap
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCacheEntry
+from hookedattn.masks import AttentionContext
 
 # Residual-stream input to the projections, shared by all heads or one copy per head
 # (use_split_qkv_input / use_attn_in, so that each head's input can be patched alone).
@@ -29,29 +42,30 @@ _SHARED_IN = "batch pos d_model, head d_model d_head -> batch pos head d_head"
 _PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_head"
 
 AttnInput = Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"]
+HeadVectors = Float[Tensor, "batch pos head d_head"]
 
 
 class Attention(nn.Module):
     """One attention sublayer: `n_heads` heads reading and writing the residual stream."""
 
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
         super().__init__()
         n_heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
         self.W_Q = _param(n_heads, d_model, d_head, cfg=cfg)
-        self.W_K = _param(n_heads, d_model, d_head, cfg=cfg)
-        self.W_V = _param(n_heads, d_model, d_head, cfg=cfg)
+        self._init_key_value_weights(cfg)
         self.W_O = _param(n_heads, d_head, d_model, cfg=cfg)
         self.b_Q = _param(n_heads, d_head, cfg=cfg)
-        self.b_K = _param(n_heads, d_head, cfg=cfg)
-        self.b_V = _param(n_heads, d_head, cfg=cfg)
         self.b_O = _param(d_model, cfg=cfg)
         self.attn_scale = cfg.attn_scale
+        self.group = n_heads // cfg.n_kv_heads  # query heads per key/value head
+        self.attn_type = cfg.layer_attn_type(layer)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
         self._in_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
 
         self.hook_q = HookPoint()  # [batch pos head d_head]
-        self.hook_k = HookPoint()
+        self.hook_k = HookPoint()  # [batch pos kv_head d_head]
         self.hook_v = HookPoint()
+        self.q_norm, self.k_norm = _qk_norms(cfg)
         if cfg.positional_embedding_type == "rotary":
             self.rotary = Rotary(cfg)
             self.hook_rot_q = HookPoint()
@@ -59,6 +73,7 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
+        self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
         self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch pos head d_head]
@@ -68,38 +83,57 @@ class Attention(nn.Module):
         else:
             self.write = self._write_summed
 
+    def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
+        self.W_K = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
+        self.W_V = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
+        self.b_K = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
+        self.b_V = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
+
+    def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`W_K, b_K, W_V, b_V` as stored: one per key/value head."""
+        return self.W_K, self.b_K, self.W_V, self.b_V
+
     def forward(
         self,
         query_input: AttnInput,
         key_input: AttnInput,
         value_input: AttnInput,
-        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
-        positions: Int[Tensor, "batch query_pos"],
+        context: AttentionContext,
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
-        q = self.hook_q(self.project(query_input, self.W_Q) + self.b_Q)
-        k = self.hook_k(self.project(key_input, self.W_K) + self.b_K)
-        v = self.hook_v(self.project(value_input, self.W_V) + self.b_V)
-        q, k = self.apply_positions(q, k, positions)
+        W_K, b_K, W_V, b_V = self.key_value_weights()
+        q = self.q_norm(self.hook_q(self.project(query_input, self.W_Q) + self.b_Q))
+        k = self.k_norm(self.hook_k(self.project(key_input, W_K) + b_K))
+        v = self.hook_v(self.project(value_input, W_V) + b_V)
+        q, k = self.apply_positions(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
-        scores = einsum(
-            q / self.attn_scale,  # scaling q is a pass over d_head, not over every key
-            k,
-            "batch query_pos head d_head, batch key_pos head d_head "
-            "-> batch head query_pos key_pos",
-        )
-        scores = self.hook_attn_scores(scores + mask)
+        blocked = context.blocked[self.attn_type]
+        scores = self.hook_attn_scores(self.scores(q, k).masked_fill(blocked, -torch.inf))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = self.hook_z(
-            einsum(
-                pattern,
-                v,
-                "batch head query_pos key_pos, batch key_pos head d_head "
-                "-> batch query_pos head d_head",
-            )
-        )
+        z = self.hook_z(weighted_values(pattern, v, blocked))
         return self.write(z)
+
+    def scores(
+        self, q: HeadVectors, k: Float[Tensor, "batch key_pos kv_head d_head"]
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """`cap(q . k / attn_scale)` for every query head and key position."""
+        q = rearrange(
+            q / self.attn_scale,  # scaling q is a pass over d_head, not over every key
+            "batch query_pos (kv_head group) d_head -> batch query_pos kv_head group d_head",
+            group=self.group,
+        )
+        scores = einsum(
+            q,
+            k,
+            "batch query_pos kv_head group d_head, batch key_pos kv_head d_head "
+            "-> batch kv_head group query_pos key_pos",
+        )
+        scores = rearrange(
+            scores,
+            "batch kv_head group query_pos key_pos -> batch (kv_head group) query_pos key_pos",
+        )
+        return self.soft_cap(scores)
 
     def project(
         self, x: AttnInput, W: Float[Tensor, "head d_model d_head"]
@@ -117,10 +151,15 @@ class Attention(nn.Module):
             return einsum(x, W, _PER_HEAD_IN)
         return einsum(x, W, self._in_pattern)
 
-    def _unrotated(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _unrotated(
+        self, q: HeadVectors, k: Tensor, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
         return q, k
 
-    def _rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _rotate(
+        self, q: HeadVectors, k: Tensor, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
+        positions = context.positions
         return self.hook_rot_q(self.rotary(q, positions)), self.hook_rot_k(
             self.rotary(k, positions)
         )
@@ -142,3 +181,99 @@ class Attention(nn.Module):
             )
         )
         return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O
+
+
+class GroupedQueryAttention(Attention):
+    """Attention whose query heads share `n_key_value_heads` key/value heads in groups.
+
+    The stored weights are `_W_K`, `_W_V: [kv_head d_model d_head]` and `_b_K`, `_b_V`
+    (TransformerLens's names); `W_K`, `W_V`, `b_K`, `b_V` repeat each for every query head
+    of its group, so circuits read them per query head like any other attention.
+    """
+
+    def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
+        kv = cfg.n_kv_heads
+        self._W_K = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
+        self._W_V = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
+        self._b_K = _param(kv, cfg.d_head, cfg=cfg)
+        self._b_V = _param(kv, cfg.d_head, cfg=cfg)
+
+    def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`_W_K, _b_K, _W_V, _b_V` as stored: one per key/value head."""
+        return self._W_K, self._b_K, self._W_V, self._b_V
+
+    def _per_query_head(self, weight: Tensor) -> Tensor:
+        return repeat(weight, "kv_head ... -> (kv_head group) ...", group=self.group)
+
+    W_K = property(lambda self: self._per_query_head(self._W_K), doc="`[head d_model d_head]`")
+    W_V = property(lambda self: self._per_query_head(self._W_V), doc="`[head d_model d_head]`")
+    b_K = property(lambda self: self._per_query_head(self._b_K), doc="`[head d_head]`")
+    b_V = property(lambda self: self._per_query_head(self._b_V), doc="`[head d_head]`")
+
+
+def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
+    """Attention with one key/value head per query head, or grouped."""
+    grouped = cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads
+    return (GroupedQueryAttention if grouped else Attention)(cfg, layer)
+
+
+def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
+    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), or none.
+
+    Always with their gains: a gain on queries does not commute with the rotation that
+    follows, so it cannot be folded into `W_Q` the way a residual norm's gain can.
+    """
+    if not cfg.use_qk_norm:
+        return NoNorm(), NoNorm()
+    if cfg.qk_norm_per_head:
+        return RMSNorm(cfg, (cfg.d_head,)), RMSNorm(cfg, (cfg.d_head,))
+    return RMSNorm(cfg, (cfg.n_heads, cfg.d_head)), RMSNorm(cfg, (cfg.n_kv_heads, cfg.d_head))
+
+
+def weighted_values(
+    pattern: Float[Tensor, "batch head query_pos key_pos"],
+    v: Float[Tensor, "batch key_pos kv_head d_head"],
+    blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
+) -> Float[Tensor, "batch query_pos head d_head"]:
+    """`z = pattern @ v`, each query head reading its group's values.
+
+    A blocked key has weight 0, but `0 * inf` is NaN: where some value is not finite, each
+    query's sum runs over the keys it may read only, so that a NaN later in the sequence
+    never reaches earlier positions.
+    """
+    kv_heads = v.shape[2]
+    pattern = rearrange(
+        pattern,
+        "batch (kv_head group) query_pos key_pos -> batch kv_head group query_pos key_pos",
+        kv_head=kv_heads,
+    )
+    if not bool(v.isfinite().all()):
+        return _weighted_values_masked(pattern, v, blocked)
+    z = einsum(
+        pattern,
+        v,
+        "batch kv_head group query_pos key_pos, batch key_pos kv_head d_head "
+        "-> batch query_pos kv_head group d_head",
+    )
+    return rearrange(
+        z, "batch query_pos kv_head group d_head -> batch query_pos (kv_head group) d_head"
+    )
+
+
+def _weighted_values_masked(
+    pattern: Float[Tensor, "batch kv_head group query_pos key_pos"],
+    v: Float[Tensor, "batch key_pos kv_head d_head"],
+    blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
+) -> Float[Tensor, "batch query_pos head d_head"]:
+    # The terms pattern * v one by one, blocked ones replaced by exact zeros, then summed.
+    blocked = rearrange(
+        blocked.expand(pattern.shape[0], -1, -1, -1)[:, :1],
+        "batch one query_pos key_pos -> batch one 1 query_pos key_pos 1",
+    )
+    terms = rearrange(pattern, "batch kv group q k -> batch kv group q k 1") * rearrange(
+        v, "batch k kv d_head -> batch kv 1 1 k d_head"
+    )
+    z = terms.masked_fill(blocked, 0.0).sum(dim=-2)
+    return rearrange(
+        z, "batch kv_head group query_pos d_head -> batch query_pos (kv_head group) d_head"
+    )

@@ -5,121 +5,190 @@ Each sublayer reads the residual stream (through a norm) and adds what it writes
     resid_mid  = resid_pre + attn(ln1(resid_pre))
     resid_post = resid_mid + mlp(ln2(resid_mid))
 
-An attention-only block has no MLP and no `resid_mid`. Which per-head input hook points
-exist (`hook_q_input`..., `hook_attn_in`, `hook_mlp_in`) is decided when the block is built.
+In a parallel block (GPT-NeoX, GPT-J) both sublayers read `resid_pre` and there is no
+`resid_mid`: `resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre))`. An
+attention-only block has no MLP and no `resid_mid`.
+
+The parts are chosen when the block is built, so the forwards stay these equations:
+the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`: part of
+what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
+real norm or the identity as `normalization_placement` says; how the stream enters the
+attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
+the MLP, plain or gated; the attention, full or grouped, global or windowed.
 """
 
 from einops import repeat
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.components.attention import Attention, AttnInput
-from hookedattn.components.mlp import MLP
-from hookedattn.components.norm import make_norm
+from hookedattn.components.attention import AttnInput, make_attention
+from hookedattn.components.mlp import make_mlp
+from hookedattn.components.norm import make_placed_norm
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCacheEntry
+from hookedattn.masks import AttentionContext
 
 Resid = Float[Tensor, "batch pos d_model"]
+
+
+class AttnInputs:
+    """The residual stream as the attention's query, key and value inputs, through `ln1`.
+
+    One shared normed copy; or (`use_attn_in`) one copy per head behind `hook_attn_in`; or
+    (`use_split_qkv_input`) separate copies for queries, keys and values behind
+    `hook_q_input`, `hook_k_input`, `hook_v_input` (keys and values: one per key/value
+    head). Per-head copies are new tensors, so an in-place edit of one never reaches the
+    stream. A plain object, not a module: the hook points and the norm belong to the block,
+    where TransformerLens names them.
+    """
+
+    def __init__(self, block: nn.Module, cfg: HookedTransformerConfig) -> None:
+        self.block = block
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        if cfg.use_split_qkv_input:
+            self.inputs = self._split
+        elif cfg.use_attn_in:
+            self.inputs = self._per_head
+        else:
+            self.inputs = self._shared
+
+    def __call__(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        """The query, key and value inputs (`inputs` is chosen when the block is built)."""
+        return self.inputs(resid)
+
+    def _shared(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = self.block.ln1(resid)
+        return x, x, x
+
+    def _per_head(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = self.block.ln1(self.block.hook_attn_in(_copies(resid, self.n_heads)))
+        return x, x, x
+
+    def _split(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        block = self.block
+        q_in = block.ln1(block.hook_q_input(_copies(resid, self.n_heads)))
+        k_in = block.ln1(block.hook_k_input(_copies(resid, self.n_kv_heads)))
+        v_in = block.ln1(block.hook_v_input(_copies(resid, self.n_kv_heads)))
+        return q_in, k_in, v_in
+
+
+def _copies(resid: Resid, n: int) -> Float[Tensor, "batch pos head d_model"]:
+    # `repeat` returns a broadcast view of `resid` (stride 0 over heads); without the
+    # clone an in-place edit of one head's input would write into the stream itself.
+    return repeat(resid, "batch pos d_model -> batch pos head d_model", head=n).clone()
 
 
 class AttnOnlyBlock(nn.Module):
     """`resid_post = resid_pre + attn(ln1(resid_pre))`."""
 
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
         super().__init__()
         # Modules are registered in the order the forward reaches them, so that
         # `hook_dict` lists hook points in that order too.
-        self.n_heads = cfg.n_heads
         self.hook_resid_pre = HookPoint()
-        if cfg.use_split_qkv_input:
-            self.hook_q_input = HookPoint()  # [batch pos head d_model]
-            self.hook_k_input = HookPoint()
-            self.hook_v_input = HookPoint()
-            self.attn_inputs = self._split_inputs
-        elif cfg.use_attn_in:
-            self.hook_attn_in = HookPoint()  # [batch pos head d_model]
-            self.attn_inputs = self._per_head_input
-        else:
-            self.attn_inputs = self._shared_input
-        self.ln1 = make_norm(cfg)
-        self.attn = Attention(cfg)
-        self.hook_attn_out = HookPoint()
+        self._add_attention(cfg, layer)
         self.hook_resid_post = HookPoint()
 
-    def forward(
-        self,
-        resid_pre: Resid,
-        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
-        positions: Int[Tensor, "batch pos"],
-        past_kv: KeyValueCacheEntry | None = None,
-    ) -> Resid:
-        resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(
-            self.attn(*self.attn_inputs(resid_pre), mask, positions, past_kv)
-        )
-        return self.hook_resid_post(resid_pre + attn_out)
+    def _add_attention(self, cfg: HookedTransformerConfig, layer: int) -> None:
+        if cfg.use_split_qkv_input:
+            self.hook_q_input = HookPoint()  # [batch pos head d_model]
+            self.hook_k_input = HookPoint()  # [batch pos kv_head d_model]
+            self.hook_v_input = HookPoint()
+        elif cfg.use_attn_in:
+            self.hook_attn_in = HookPoint()  # [batch pos head d_model]
+        self.ln1 = make_placed_norm(cfg, "pre")
+        self.attn_inputs = AttnInputs(self, cfg)
+        self.attn = make_attention(cfg, layer)
+        self.ln1_post = make_placed_norm(cfg, "post")
+        self.hook_attn_out = HookPoint()
 
-    # The residual stream as q/k/v input: one shared copy, or one per head so that each
-    # head's input can be patched on its own (the per-head copies are new tensors, so an
-    # in-place edit of one never reaches the stream).
-    def _shared_input(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        x = self.ln1(resid)
-        return x, x, x
-
-    def _per_head_input(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        x = self.ln1(self.hook_attn_in(self._copy_per_head(resid)))
-        return x, x, x
-
-    def _split_inputs(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        q_in = self.ln1(self.hook_q_input(self._copy_per_head(resid)))
-        k_in = self.ln1(self.hook_k_input(self._copy_per_head(resid)))
-        v_in = self.ln1(self.hook_v_input(self._copy_per_head(resid)))
-        return q_in, k_in, v_in
-
-    def _copy_per_head(self, resid: Resid) -> Float[Tensor, "batch pos head d_model"]:
-        # `repeat` returns a broadcast view of `resid` (stride 0 over heads); without the
-        # clone an in-place edit of one head's input would write into the stream itself.
-        return repeat(
-            resid, "batch pos d_model -> batch pos head d_model", head=self.n_heads
-        ).clone()
-
-
-class Block(AttnOnlyBlock):
-    """`resid_mid = resid_pre + attn(ln1(resid_pre))`, `resid_post = resid_mid + mlp(ln2(...))`."""
-
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
-        super().__init__(cfg)
-        self.hook_resid_mid = HookPoint()
+    def _add_mlp(self, cfg: HookedTransformerConfig) -> None:
         if cfg.use_hook_mlp_in:
             self.hook_mlp_in = HookPoint()
             self.mlp_input = self._hooked_mlp_input
         else:
             self.mlp_input = self._mlp_input
-        self.ln2 = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.ln2 = make_placed_norm(cfg, "pre")
+        self.mlp = make_mlp(cfg)
+        self.ln2_post = make_placed_norm(cfg, "post")
         self.hook_mlp_out = HookPoint()
-        # Re-register so that resid_post comes last, where the forward reaches it.
-        self.hook_resid_post = self._modules.pop("hook_resid_post")
 
     def forward(
         self,
         resid_pre: Resid,
-        mask: Float[Tensor, "#batch 1 query_pos key_pos"],
-        positions: Int[Tensor, "batch pos"],
+        context: AttentionContext,
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(
-            self.attn(*self.attn_inputs(resid_pre), mask, positions, past_kv)
-        )
-        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
-        mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
-        return self.hook_resid_post(resid_mid + mlp_out)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        return self.hook_resid_post(resid_pre + attn_out)
 
-    def _mlp_input(self, resid_mid: Resid) -> Resid:
-        return self.ln2(resid_mid)
+    def attend(
+        self, resid: Resid, context: AttentionContext, past_kv: KeyValueCacheEntry | None
+    ) -> Resid:
+        """What the attention sublayer writes: `ln1_post(attn(ln1(resid)))`."""
+        attn_out = self.attn(*self.attn_inputs(resid), context, past_kv)
+        return self.hook_attn_out(self.ln1_post(attn_out))
 
-    def _hooked_mlp_input(self, resid_mid: Resid) -> Resid:
+    def feed_forward(self, resid: Resid) -> Resid:
+        """What the MLP sublayer writes: `ln2_post(mlp(ln2(resid)))`."""
+        return self.hook_mlp_out(self.ln2_post(self.mlp(self.mlp_input(resid))))
+
+    def _mlp_input(self, resid: Resid) -> Resid:
+        return self.ln2(resid)
+
+    def _hooked_mlp_input(self, resid: Resid) -> Resid:
         # A copy: an in-place edit of the MLP's input must not reach the stream's skip path.
-        return self.ln2(self.hook_mlp_in(resid_mid.clone()))
+        return self.ln2(self.hook_mlp_in(resid.clone()))
+
+
+class Block(AttnOnlyBlock):
+    """`resid_mid = resid_pre + attn(ln1(resid_pre))`, `resid_post = resid_mid + mlp(ln2(...))`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        resid_pre: Resid,
+        context: AttentionContext,
+        past_kv: KeyValueCacheEntry | None = None,
+    ) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        resid_mid = self.hook_resid_mid(resid_pre + self.attend(resid_pre, context, past_kv))
+        return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
+
+
+class ParallelBlock(AttnOnlyBlock):
+    """`resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre))` (no resid_mid)."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self._add_mlp(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        resid_pre: Resid,
+        context: AttentionContext,
+        past_kv: KeyValueCacheEntry | None = None,
+    ) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        mlp_out = self.feed_forward(resid_pre)
+        return self.hook_resid_post(resid_pre + attn_out + mlp_out)
+
+
+def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
+    """The block the config asks for: attention-only, sequential or parallel."""
+    if cfg.attn_only:
+        return AttnOnlyBlock(cfg, layer)
+    return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

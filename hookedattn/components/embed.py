@@ -4,7 +4,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from hookedattn.components.soft_cap import make_soft_cap
 from hookedattn.config import HookedTransformerConfig
+from hookedattn.hook_points import HookPoint
 
 
 def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
@@ -43,14 +45,22 @@ class PosEmbed(nn.Module):
 
 
 class Unembed(nn.Module):
-    """The residual stream to logits: `x @ W_U + b_U`, `W_U: [d_model d_vocab_out]`."""
+    """The residual stream to logits: `x @ W_U + b_U`, `W_U: [d_model d_vocab_out]`.
+
+    With `output_logits_soft_cap` (Gemma 2) the logits are then squashed, `c * tanh(l /
+    c)`; direct logit attributions are exact for the logits before the cap. `hook_in` is
+    the normed stream the unembedding reads, `hook_out` the logits returned.
+    """
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
+        self.hook_in = HookPoint()  # [batch pos d_model]
         self.W_U = _param(cfg.d_model, cfg.d_vocab_out, cfg=cfg)
         self.b_U = _param(cfg.d_vocab_out, cfg=cfg)
+        self.soft_cap = make_soft_cap(cfg.output_logits_soft_cap)
+        self.hook_out = HookPoint()  # [batch pos d_vocab_out]
 
     def forward(
         self, x: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_vocab_out"]:
-        return affine(x, self.W_U, self.b_U)
+        return self.hook_out(self.soft_cap(affine(self.hook_in(x), self.W_U, self.b_U)))

@@ -1,4 +1,8 @@
-"""The MLP sublayer: `act(x @ W_in + b_in) @ W_out + b_out`, each neuron a column of W_in."""
+"""The MLP sublayer: `act(x @ W_in + b_in) @ W_out + b_out`, each neuron a column of W_in.
+
+The gated form (SwiGLU in Llama, GeGLU in Gemma; Shazeer 2020) multiplies each neuron's
+activation by a second, linear read of the input: `act(x @ W_gate) * (x @ W_in + b_in)`.
+"""
 
 from collections.abc import Callable
 
@@ -45,3 +49,35 @@ class MLP(nn.Module):
         pre = self.hook_pre(affine(x, self.W_in, self.b_in))
         post = self.hook_post(self.act_fn(pre))
         return affine(post, self.W_out, self.b_out)
+
+
+class GatedMLP(nn.Module):
+    """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`.
+
+    `hook_pre` is the gate's input `x @ W_gate`, `hook_pre_linear` the linear read `x @ W_in
+    + b_in`, `hook_post` their product after the activation: all `[batch pos d_mlp]`, as in
+    TransformerLens. A neuron's write to the stream is `hook_post[..., n] * W_out[n]`.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_gate = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+        self.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+        self.b_in = _param(cfg.d_mlp, cfg=cfg)
+        self.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
+        self.b_out = _param(cfg.d_model, cfg=cfg)
+        self.act_fn = ACTIVATIONS[cfg.act_fn]
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_gate)
+        pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
+        post = self.hook_post(self.act_fn(pre) * pre_linear)
+        return affine(post, self.W_out, self.b_out)
+
+
+def make_mlp(cfg: HookedTransformerConfig) -> nn.Module:
+    """The MLP the config asks for: plain or gated."""
+    return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
