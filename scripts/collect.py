@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hookedattn import HookedTransformer, list_pretrained
+from hookedattn import ByteTokenizer, HookedTransformer, list_pretrained
 from hookedattn.store import ActivationStore, collect_activations, init_from_env
 from hookedattn.store.collection import DTYPES
 
@@ -26,11 +26,15 @@ from hookedattn.store.collection import DTYPES
 def load_model(name_or_dir: str) -> HookedTransformer:
     """A shipped model by name, or a model saved in a folder."""
     if Path(name_or_dir).is_dir():
-        return HookedTransformer.load(name_or_dir)
+        model = HookedTransformer.load(name_or_dir)
+        if model.tokenizer is None and model.cfg.d_vocab == ByteTokenizer().vocab_size:
+            model.tokenizer = ByteTokenizer()  # the byte vocabulary of the shipped models
+        return model
     known = [info.name for info in list_pretrained()]
     if name_or_dir not in known:
-        raise SystemExit(f"--model {name_or_dir!r} is neither a folder nor a shipped model "
-                         f"({', '.join(known)})")  # fmt: skip
+        raise SystemExit(
+            f"--model {name_or_dir!r} is neither a folder nor a shipped model ({', '.join(known)})"
+        )
     return HookedTransformer.from_pretrained(name_or_dir)
 
 
@@ -69,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
         )
     except (KeyError, ValueError, OSError) as error:
-        print(f"collect.py: {error.args[0] if isinstance(error, KeyError) else error}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"collect.py: {error.args[0] if isinstance(error, KeyError) else error}",
+            file=sys.stderr,
+        )
         return 2
     finally:
         if dist.is_initialized():

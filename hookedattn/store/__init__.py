@@ -14,7 +14,7 @@ maps any per-batch function of a model over a dataset, each rank a share.
 
 from hookedattn.store.collection import Collection, collect_activations, resolve_names
 from hookedattn.store.distributed import RankInfo, init_from_env
-from hookedattn.store.inputs import Packing, PackedContexts, default_corpus, pack
+from hookedattn.store.inputs import PackedContexts, Packing, default_corpus, pack
 from hookedattn.store.manifest import StoreError, read_manifest, weights_sha256
 from hookedattn.store.reader import ActivationStore, RowOrigin, StoreDataset
 from hookedattn.store.stats import RunningStats

@@ -32,6 +32,7 @@ from hookedattn.store.manifest import (
     StoreError,
     fingerprint,
     plan_shards,
+    read_file_metadata,
     read_manifest,
     weights_sha256,
     write_manifest,
@@ -39,8 +40,12 @@ from hookedattn.store.manifest import (
 from hookedattn.store.stats import write_stats
 from hookedattn.store.writer import ShardWriter
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}  # fmt: skip
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 DEFAULT_SHARD_BYTES = 256 * 2**20
 
 
@@ -102,8 +107,12 @@ def collect_activations(
     plan = _plan(model, full_names, dtype, packed, batch_size, shard_contexts, row_shapes)
     digest = fingerprint(plan)
     shards = plan_shards(len(packed), shard_contexts, packed.packing.context)
-    manifest = {**plan, "fingerprint": digest, "status": "writing",
-                "shards": [s.to_dict() for s in shards]}  # fmt: skip
+    manifest = {
+        **plan,
+        "fingerprint": digest,
+        "status": "writing",
+        "shards": [s.to_dict() for s in shards],
+    }
     if ranks.is_main:
         _prepare_folder(out, digest, overwrite)
         write_manifest(out, manifest)
@@ -131,8 +140,15 @@ def collect_activations(
         _finish(out, manifest, shards, full_names, dtype)
     distributed.barrier()
     tokens = sum(s.stop - s.start for s in todo) * packed.packing.context
-    return Collection(out, digest, len(shards), tuple(s.index for s in todo),
-                      tuple(s.index for s in done), tokens, time.perf_counter() - started)  # fmt: skip
+    return Collection(
+        out,
+        digest,
+        len(shards),
+        tuple(s.index for s in todo),
+        tuple(s.index for s in done),
+        tokens,
+        time.perf_counter() - started,
+    )
 
 
 def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
@@ -158,7 +174,7 @@ def shard_is_complete(path: Path, digest: str) -> bool:
         return False
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("fingerprint") == digest
+            return read_file_metadata(f.metadata()).get("fingerprint") == digest
     except (safetensors.SafetensorError, OSError):
         return False
 
@@ -183,8 +199,10 @@ def _run(
                 for start in range(spec.start, spec.stop, batch_size):
                     tokens = packed.contexts(start, min(start + batch_size, spec.stop))
                     model(tokens.to(model.cfg.device), return_type=None, stop_at_layer=stop_at)
-                    writer.add({n: _as_rows(n, captured.pop(n)) for n in full_names},
-                               tokens.to(torch.int32))  # fmt: skip
+                    writer.add(
+                        {n: _as_rows(n, captured.pop(n)) for n in full_names},
+                        tokens.to(torch.int32),
+                    )
                     bar.update(tokens.numel())
                 writer.end()
         writer.close()
@@ -240,7 +258,7 @@ def _plan(
             "name": model.cfg.model_name,
             "weights_sha256": weights_sha256(model),
             "config": json.loads(json.dumps(model.cfg.to_dict(), default=str)),
-        },  # fmt: skip
+        },
         "names": full_names,
         "dtype": str(dtype).removeprefix("torch."),
         "row_shapes": {n: list(s) for n, s in row_shapes.items()},
@@ -293,13 +311,18 @@ def _finish(
     for spec in shards:
         path = out / spec.file
         with safetensors.safe_open(str(path), framework="pt") as f:
-            counts = json.loads(f.metadata()["infinities"])
+            counts = read_file_metadata(f.metadata())["infinities"]
         for name, count in counts.items():
             infinities[name] += count
         records.append({**spec.to_dict(), "bytes": path.stat().st_size})
     stats_bytes = write_stats(out, shards, full_names)
-    final = {**manifest, "status": "complete", "shards": records, "infinities": infinities,
-             "stats_bytes": stats_bytes}  # fmt: skip
+    final = {
+        **manifest,
+        "status": "complete",
+        "shards": records,
+        "infinities": infinities,
+        "stats_bytes": stats_bytes,
+    }
     write_manifest(out, final)
     overflowed = {n: c for n, c in infinities.items() if c}
     if overflowed:
@@ -327,5 +350,10 @@ def _disk_error(error: OSError, out: Path, shards: list[ShardSpec]) -> OSError:
 def _bar(todo: list[ShardSpec], ranks: distributed.RankInfo, progress: bool) -> Any:
     total = sum(s.rows[1] - s.rows[0] for s in todo)
     desc = "collecting" if ranks.world_size == 1 else f"rank {ranks.rank}/{ranks.world_size}"
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=desc,
-                disable=not progress or not ranks.is_main)  # fmt: skip
+    return tqdm(
+        total=total,
+        unit="tok",
+        unit_scale=True,
+        desc=desc,
+        disable=not progress or not ranks.is_main,
+    )

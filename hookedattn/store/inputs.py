@@ -157,7 +157,8 @@ def _stream(
     documents = [inputs] if isinstance(inputs, str | Path | Tensor | dict) else inputs
     if not isinstance(documents, Iterable):
         raise TypeError(
-            f"inputs must be text, a Path, token ids or an iterable of them, got {type(inputs).__name__}"
+            f"inputs must be text, a Path, token ids or an iterable of them, got "
+            f"{type(inputs).__name__}"
         )
     pieces, total, count = [], 0, 0
     for document in documents:

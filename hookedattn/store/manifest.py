@@ -28,6 +28,7 @@ VERSION = 1
 MANIFEST_FILE = "manifest.json"
 STATS_PREFIX = "__stats__."
 TOKENS_KEY = "tokens"
+METADATA_KEY = "hookedattn"
 
 
 class StoreError(ValueError):
@@ -41,7 +42,7 @@ def shard_file(index: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShardSpec:
-    """Shard `index`: contexts `start .. stop` of the packed inputs, `rows_per_context` rows each."""
+    """Shard `index`: contexts `start .. stop`, `rows_per_context` rows each."""
 
     index: int
     start: int
@@ -60,8 +61,12 @@ class ShardSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's record of the shard: file, context range and row range."""
-        return {"index": self.index, "file": self.file, "contexts": [self.start, self.stop],
-                "rows": list(self.rows)}  # fmt: skip
+        return {
+            "index": self.index,
+            "file": self.file,
+            "contexts": [self.start, self.stop],
+            "rows": list(self.rows),
+        }
 
 
 def plan_shards(n_contexts: int, shard_contexts: int, rows_per_context: int) -> list[ShardSpec]:
@@ -70,6 +75,23 @@ def plan_shards(n_contexts: int, shard_contexts: int, rows_per_context: int) -> 
         ShardSpec(i, start, min(start + shard_contexts, n_contexts), rows_per_context)
         for i, start in enumerate(range(0, n_contexts, shard_contexts))
     ]
+
+
+def file_metadata(record: dict[str, Any]) -> dict[str, str]:
+    """A safetensors header's metadata holding `record` under one key.
+
+    safetensors writes its metadata map in hash order, which changes from process to
+    process; one key holding sorted JSON keeps a file's bytes the same on every run.
+    """
+    return {METADATA_KEY: json.dumps(record, sort_keys=True)}
+
+
+def read_file_metadata(metadata: dict[str, str] | None) -> dict[str, Any]:
+    """The record `file_metadata` stored (empty for a file that holds none)."""
+    try:
+        return json.loads((metadata or {})[METADATA_KEY])
+    except (KeyError, json.JSONDecodeError):
+        return {}
 
 
 def weights_sha256(model: Any) -> str:
@@ -129,8 +151,9 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         raise StoreError(f"{path} is not valid JSON ({error}): not a readable store") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise StoreError(f"{path} is not an activation-store manifest: format {got!r}, "
-                         f"expected {FORMAT!r}")  # fmt: skip
+        raise StoreError(
+            f"{path} is not an activation-store manifest: format {got!r}, expected {FORMAT!r}"
+        )
     if manifest.get("version") != VERSION:
         raise StoreError(
             f"{path} was written by format version {manifest.get('version')!r}; this "

@@ -24,11 +24,23 @@ from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.names import unknown_name_message
-from hookedattn.store.manifest import ShardSpec, StoreError, read_manifest, weights_sha256
+from hookedattn.store.manifest import (
+    ShardSpec,
+    StoreError,
+    read_file_metadata,
+    read_manifest,
+    weights_sha256,
+)
 from hookedattn.store.stats import RunningStats, as_stats, read_stats, shard_moments
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32}  # fmt: skip
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+}
 
 
 class _MappedShard:
@@ -50,14 +62,18 @@ class _MappedShard:
             # Copy-on-write: torch wants a writable buffer; nothing is ever written back.
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         self.data_start = 8 + header_len
-        metadata = self.header.pop("__metadata__", {})
+        metadata = read_file_metadata(self.header.pop("__metadata__", {}))
         end = max(info["data_offsets"][1] for info in self.header.values())
         if size != self.data_start + end:
-            raise StoreError(f"shard {path} is truncated or damaged: {size:,} bytes, its "
-                             f"header describes {self.data_start + end:,}")  # fmt: skip
+            raise StoreError(
+                f"shard {path} is truncated or damaged: {size:,} bytes, its "
+                f"header describes {self.data_start + end:,}"
+            )
         if metadata.get("fingerprint") != fingerprint:
-            raise StoreError(f"shard {path} belongs to another collection (fingerprint "
-                             f"{metadata.get('fingerprint')!r}, manifest {fingerprint!r})")  # fmt: skip
+            raise StoreError(
+                f"shard {path} belongs to another collection (fingerprint "
+                f"{metadata.get('fingerprint')!r}, manifest {fingerprint!r})"
+            )
         self._tensors: dict[str, Tensor] = {}
 
     def tensor(self, key: str) -> Tensor:
@@ -69,8 +85,9 @@ class _MappedShard:
             count = 1
             for size in shape:
                 count *= size
-            flat = torch.frombuffer(self.map, dtype=dtype, count=count,
-                                    offset=self.data_start + begin)  # fmt: skip
+            flat = torch.frombuffer(
+                self.map, dtype=dtype, count=count, offset=self.data_start + begin
+            )
             self._tensors[key] = flat.reshape(shape)
         return self._tensors[key]
 
@@ -111,12 +128,16 @@ class ActivationStore:
         if not self.complete:
             return path.is_file()  # committed by rename, so whole
         if not path.is_file():
-            raise StoreError(f"shard {spec.file} of the complete store {self.path} is missing "
-                             f"(it held contexts {spec.start}..{spec.stop})")  # fmt: skip
+            raise StoreError(
+                f"shard {spec.file} of the complete store {self.path} is missing "
+                f"(it held contexts {spec.start}..{spec.stop})"
+            )
         size = path.stat().st_size
         if size != record["bytes"]:
-            raise StoreError(f"shard {path} is truncated or damaged: {size:,} bytes, the "
-                             f"manifest recorded {record['bytes']:,}")  # fmt: skip
+            raise StoreError(
+                f"shard {path} is truncated or damaged: {size:,} bytes, the "
+                f"manifest recorded {record['bytes']:,}"
+            )
         return True
 
     # ----------------------------------------------------------------- describing

@@ -15,7 +15,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn.store.manifest import STATS_PREFIX, ShardSpec, commit, temporary_name
+from hookedattn.store.manifest import (
+    STATS_PREFIX,
+    ShardSpec,
+    commit,
+    file_metadata,
+    read_file_metadata,
+    temporary_name,
+)
 from hookedattn.store.writer import RunningMoments
 
 STATS_FILE = "stats.safetensors"
@@ -60,7 +67,7 @@ def write_stats(out: Path, shards: list[ShardSpec], names: list[str]) -> int:
     tensors = {}
     for name, m in moments.items():
         tensors[f"{name}.mean"], tensors[f"{name}.var"] = m.mean, m.m2 / m.count
-    metadata = {f"{name}.count": str(m.count) for name, m in moments.items()}
+    metadata = file_metadata({"counts": {name: m.count for name, m in moments.items()}})
     final = out / STATS_FILE
     tmp = temporary_name(final)
     try:
@@ -74,5 +81,5 @@ def write_stats(out: Path, shards: list[ShardSpec], names: list[str]) -> int:
 def read_stats(out: Path, name: str) -> RunningStats:
     """The stats of `name` from a complete store's `stats.safetensors`."""
     with safetensors.safe_open(str(out / STATS_FILE), framework="pt") as f:
-        count = int(f.metadata()[f"{name}.count"])
+        count = read_file_metadata(f.metadata())["counts"][name]
         return RunningStats(count, f.get_tensor(f"{name}.mean"), f.get_tensor(f"{name}.var"))

@@ -1,6 +1,6 @@
 """`sweep`: any per-batch function of a model over a dataset, each rank a share of the batches.
 
-    result = sweep(model, lambda m, pair: patch(m, *pair), pairs, batch_size=16, out="s.safetensors")
+    result = sweep(model, lambda m, pair: patch(m, *pair), pairs, out="sweep.safetensors")
 
 `fn(model, batch)` returns a tensor or a dict of tensors whose first axis is the batch
 (for example the per-prompt numbers of an activation-patching run, with the prompt axis
@@ -9,7 +9,6 @@ every share, puts them back in dataset order and saves them with their labels.
 """
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.store import distributed
-from hookedattn.store.manifest import commit, temporary_name
+from hookedattn.store.manifest import commit, file_metadata, read_file_metadata, temporary_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +87,7 @@ def save_sweep(result: SweepResult, out: str | Path) -> Path:
     """Write a `SweepResult` as safetensors (labels and items in the metadata), atomically."""
     final = Path(out)
     tmp = temporary_name(final)
-    metadata = {"labels": json.dumps(result.labels), "items": json.dumps(result.items.tolist())}
+    metadata = file_metadata({"labels": result.labels, "items": result.items.tolist()})
     tensors = {k: v.contiguous() for k, v in result.values.items()}
     try:
         safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
@@ -101,14 +100,12 @@ def save_sweep(result: SweepResult, out: str | Path) -> Path:
 def load_sweep(path: str | Path) -> SweepResult:
     """Read back what `sweep(..., out=path)` wrote."""
     with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
+        metadata = read_file_metadata(f.metadata())
         if "labels" not in metadata:
             raise ValueError(f"{path} is not a saved sweep (no labels in its metadata)")
         values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    labels = tuple(json.loads(metadata["labels"]))
-    return SweepResult(
-        values, labels, torch.tensor(json.loads(metadata["items"]), dtype=torch.long)
-    )
+    labels = tuple(metadata["labels"])
+    return SweepResult(values, labels, torch.tensor(metadata["items"], dtype=torch.long))
 
 
 def _as_dict(result: Any, n_items: int) -> dict[str, Tensor]:
@@ -119,8 +116,10 @@ def _as_dict(result: Any, n_items: int) -> dict[str, Tensor]:
         )
     for key, value in result.items():
         if value.ndim == 0 or value.shape[0] != n_items:
-            raise ValueError(f"fn's {key!r} has shape {tuple(value.shape)}: its first axis must "
-                             f"be the batch ({n_items} items)")  # fmt: skip
+            raise ValueError(
+                f"fn's {key!r} has shape {tuple(value.shape)}: its first axis must "
+                f"be the batch ({n_items} items)"
+            )
     return {k: v.detach().cpu() for k, v in result.items()}
 
 

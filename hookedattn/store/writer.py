@@ -8,7 +8,6 @@ keeps memory at one shard plus a few batches, whatever the number of tokens coll
 """
 
 import dataclasses
-import json
 import queue
 import threading
 from pathlib import Path
@@ -19,7 +18,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn.store.manifest import STATS_PREFIX, TOKENS_KEY, ShardSpec, commit, temporary_name
+from hookedattn.store.manifest import (
+    STATS_PREFIX,
+    TOKENS_KEY,
+    ShardSpec,
+    commit,
+    file_metadata,
+    temporary_name,
+)
 
 _STOP = object()
 
@@ -37,7 +43,7 @@ class RunningMoments:
     m2: Float[Tensor, "*feature"]
 
     @classmethod
-    def of(cls, rows: Float[Tensor, "row *feature"]) -> "RunningMoments":
+    def of(cls, rows: Float[Tensor, "row ..."]) -> "RunningMoments":
         """The moments of a batch of rows."""
         rows = rows.double()
         mean = rows.mean(0)
@@ -77,7 +83,7 @@ class ShardWriter:
         folder: Path,
         row_shapes: dict[str, tuple[int, ...]],
         dtype: torch.dtype,
-        metadata: dict[str, str],
+        metadata: dict[str, Any],
         max_pending: int = 4,
     ) -> None:
         self.folder, self.row_shapes, self.dtype, self.metadata = (
@@ -178,8 +184,8 @@ class ShardWriter:
         for name, m in shard.moments.items():
             tensors[f"{STATS_PREFIX}{name}.mean"] = m.mean
             tensors[f"{STATS_PREFIX}{name}.m2"] = m.m2
-        metadata = {**self.metadata, "shard": str(shard.spec.index),
-                    "infinities": json.dumps(shard.infinities, sort_keys=True)}  # fmt: skip
+        record = {**self.metadata, "shard": shard.spec.index, "infinities": shard.infinities}
+        metadata = file_metadata(record)
         final = self.folder / shard.spec.file
         tmp = temporary_name(final)
         try:

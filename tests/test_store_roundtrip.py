@@ -1,0 +1,148 @@
+"""Collected rows equal the activations of a plain `run_with_cache`, read back every way."""
+
+import pytest
+import torch
+
+from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn.store import ActivationStore, StoreError, collect_activations, pack, sweep
+from hookedattn.testing import randomize_parameters
+
+RESID = "blocks.1.hook_resid_pre"
+PATTERN = "blocks.0.attn.hook_pattern"
+TEXTS = ["def f(x):\n    return x + 1\n" * 6, "class A:\n    pass\n" * 9]
+
+
+def byte_model(seed: int = 0) -> HookedTransformer:
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8,
+                                  d_vocab=259, attn_only=True, seed=seed, dtype="float64")  # fmt: skip
+    model = randomize_parameters(HookedTransformer(cfg), seed=seed)
+    model.tokenizer = ByteTokenizer()
+    return model
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    model = byte_model()
+    out = tmp_path_factory.mktemp("store")
+    kwargs = dict(names=[RESID, PATTERN], out=out, batch_size=3, shard_contexts=6)
+    collection = collect_activations(model, TEXTS, **kwargs, progress=False)
+    return model, out, collection, kwargs
+
+
+def test_rows_are_the_cached_activations_context_after_context(collected):
+    model, out, _, _ = collected
+    store = ActivationStore(out)
+    contexts = pack(model, TEXTS).contexts(0, len(pack(model, TEXTS)))
+    _, cache = model.run_with_cache(contexts, names_filter=[RESID, PATTERN])
+    torch.testing.assert_close(store.rows(RESID, slice(None)), cache[RESID].reshape(-1, 16).float())
+    pattern = cache[PATTERN].permute(0, 2, 1, 3).reshape(-1, 2, 8).float()  # query position = row
+    torch.testing.assert_close(store.rows(PATTERN, slice(None)), pattern)
+    assert store.rows(RESID, slice(None)).dtype == torch.float32
+
+
+def test_every_row_traces_back_to_its_context_position_and_token(collected):
+    model, out, _, _ = collected
+    store = ActivationStore(out)
+    contexts = pack(model, TEXTS).contexts(0, len(store) // 8)
+    rows = torch.tensor([0, 9, 17, len(store) - 1])
+    origin = store.origin(rows)
+    assert origin.context.tolist() == (rows // 8).tolist()
+    assert origin.position.tolist() == (rows % 8).tolist()
+    assert origin.token.tolist() == contexts.reshape(-1)[rows].tolist()
+
+
+def test_shards_split_the_contexts_as_the_manifest_says(collected):
+    _, out, collection, _ = collected
+    store = ActivationStore(out)
+    n_contexts = store.manifest["packing"]["n_contexts"]
+    assert [s["contexts"] for s in store.manifest["shards"]] == [
+        [a, min(a + 6, n_contexts)] for a in range(0, n_contexts, 6)
+    ]
+    assert collection.written == tuple(range(collection.n_shards)) and store.complete
+
+
+def test_stats_are_the_float64_mean_and_variance_of_the_model_activations(collected):
+    model, out, _, _ = collected
+    store = ActivationStore(out)
+    contexts = pack(model, TEXTS).contexts(0, len(store) // 8)
+    _, cache = model.run_with_cache(contexts, names_filter=[RESID])
+    rows = cache[RESID].reshape(-1, 16)
+    stats = store.stats(RESID)
+    assert stats.count == rows.shape[0]
+    torch.testing.assert_close(stats.mean, rows.mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(stats.var, rows.var(0, unbiased=False), rtol=0, atol=1e-12)
+
+
+def test_shuffled_batches_hold_every_row_once_in_an_order_set_by_the_seed(collected):
+    _, out, _, _ = collected
+    store = ActivationStore(out)
+    everything = store.rows(RESID, slice(None))
+
+    def epoch(seed):
+        return torch.cat(list(store.batches(RESID, 10, shuffle=True, seed=seed, window=2)))
+
+    first, again, other = epoch(0), epoch(0), epoch(1)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert not torch.equal(first, everything)
+    key = lambda t: sorted(map(tuple, t.tolist()))
+    assert key(first) == key(everything) == key(other)
+    assert [b.shape[0] for b in store.batches(RESID, 10, drop_last=True)] == [10] * (
+        len(store) // 10
+    )
+    assert torch.equal(torch.cat(list(store.batches(RESID, 7))), everything)
+
+
+def test_a_dataloader_reads_the_store_as_a_dataset(collected):
+    _, out, _, _ = collected
+    store = ActivationStore(out)
+    dataset = store.to_torch_dataset(RESID)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=False)
+    assert len(dataset) == len(store)
+    assert torch.equal(next(iter(loader)), store.rows(RESID, slice(0, 16)))
+
+
+def test_a_model_with_other_weights_is_refused_by_hash(collected):
+    model, out, _, _ = collected
+    ActivationStore(out, model=model)  # the same weights: accepted
+    with pytest.raises(StoreError, match=r"weights sha256 .* this model's weights hash to"):
+        ActivationStore(out, model=byte_model(seed=1))
+
+
+def test_the_repr_names_the_state_shapes_and_dtype(collected):
+    _, out, _, _ = collected
+    text = repr(ActivationStore(out))
+    assert "complete" in text and f"{RESID}  [row d_model=16]  float32" in text
+    assert f"{PATTERN}  [row head=2 key_pos=8]" in text and "MiB on disk" in text
+
+
+def test_collecting_again_with_the_same_arguments_writes_nothing(collected):
+    model, out, collection, kwargs = collected
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = collect_activations(model, TEXTS, **kwargs, progress=False)
+    assert again.written == () and again.resumed == collection.written
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_sweep_in_one_process_is_the_loop_over_items_with_labels(tmp_path):
+    from analysis import activation_patch  # a test may use analysis; hookedattn never does
+
+    model = byte_model()
+    clean = torch.randint(0, 256, (5, 6), generator=torch.Generator().manual_seed(0))
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 1) % 256
+    metric = lambda logits: logits[:, -1, 0]
+
+    def patch(m, batch):
+        result = activation_patch(m, batch[0], batch[1], metric, "resid_pre")
+        return result.per_prompt.movedim(-1, 0)  # [prompt layer pos]
+
+    pairs = list(zip(clean, corrupted, strict=True))
+    labels = [f"pair {i}" for i in range(5)]
+    result = sweep(model, patch, pairs, batch_size=2, labels=labels, out=tmp_path / "s.safetensors")
+    loop = torch.cat([patch(model, (c[None], x[None])) for c, x in pairs])
+    torch.testing.assert_close(result.values["values"], loop)
+    assert result.labels == tuple(labels) and result.items.tolist() == list(range(5))
+    from hookedattn.store import load_sweep
+
+    saved = load_sweep(tmp_path / "s.safetensors")
+    assert saved.labels == result.labels and torch.equal(saved.values["values"], loop)
