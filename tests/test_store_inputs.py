@@ -10,8 +10,9 @@ BOS = ByteTokenizer().bos_token_id
 
 
 def byte_model(n_ctx: int = 8) -> HookedTransformer:
-    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, n_ctx=n_ctx,
-                                  d_vocab=259, attn_only=True, seed=0)  # fmt: skip
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=8, n_heads=2, d_head=4, n_ctx=n_ctx, d_vocab=259, attn_only=True, seed=0
+    )
     return HookedTransformer(cfg, tokenizer=ByteTokenizer())
 
 

@@ -13,8 +13,17 @@ TEXTS = ["def f(x):\n    return x + 1\n" * 6, "class A:\n    pass\n" * 9]
 
 
 def byte_model(seed: int = 0) -> HookedTransformer:
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8,
-                                  d_vocab=259, attn_only=True, seed=seed, dtype="float64")  # fmt: skip
+    cfg = HookedTransformerConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_head=8,
+        n_ctx=8,
+        d_vocab=259,
+        attn_only=True,
+        seed=seed,
+        dtype="float64",
+    )
     model = randomize_parameters(HookedTransformer(cfg), seed=seed)
     model.tokenizer = ByteTokenizer()
     return model
