@@ -16,6 +16,7 @@ as counting real tokens.
 """
 
 import dataclasses
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -43,7 +44,7 @@ def attention_context(
     batch: int,
     n_new: int,
     # Loose on purpose: a mask of the wrong dtype or shape gets `_check_mask`'s error.
-    attention_mask: Tensor | None,
+    attention_mask: Any,
     past_kv_cache: KeyValueCache | None,
     window_size: int | None,
     device: torch.device | str,

@@ -87,10 +87,10 @@ class HookedTransformer(HookedRootModule):
         return_type: str | None = "logits",
         *,
         loss_per_token: bool = False,
-        start_at_layer: int | None = None,
-        stop_at_layer: int | None = None,
+        start_at_layer: Any = None,
+        stop_at_layer: Any = None,
         tokens: Tensor | None = None,
-        attention_mask: Tensor | None = None,
+        attention_mask: Any = None,
         past_kv_cache: KeyValueCache | None = None,
     ) -> Any:
         """Run the model.
@@ -110,10 +110,10 @@ class HookedTransformer(HookedRootModule):
         context.
         """
         start, stop = self._layer_bounds(start_at_layer, stop_at_layer, return_type)
-        resid, context, tokens, attention_mask = self._prepare(
-            input, start_at_layer, tokens, attention_mask, past_kv_cache
-        )
         with _transaction(past_kv_cache):
+            resid, context, tokens, attention_mask = self._prepare(
+                input, start_at_layer, tokens, attention_mask, past_kv_cache
+            )
             for layer in range(start, stop):
                 past = None if past_kv_cache is None else past_kv_cache[layer]
                 resid = self.blocks[layer](resid, context, past)
@@ -134,7 +134,7 @@ class HookedTransformer(HookedRootModule):
         input: Any,
         start_at_layer: int | None,
         tokens: Tensor | None,
-        attention_mask: Tensor | None,
+        attention_mask: Any,
         past_kv_cache: KeyValueCache | None,
     ) -> tuple[Resid, AttentionContext, Tensor | None, Tensor | None]:
         """The residual stream entering the first block run, its context, tokens and mask."""
@@ -190,7 +190,7 @@ class HookedTransformer(HookedRootModule):
     def _context(
         self,
         shape: Sequence[int],
-        attention_mask: Tensor | None,
+        attention_mask: Any,
         past_kv_cache: KeyValueCache | None,
     ) -> AttentionContext:
         batch, n_new = shape
