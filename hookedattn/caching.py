@@ -1,9 +1,21 @@
-"""Recording activations during a forward: the machinery behind `run_with_cache`."""
+"""Recording activations during a forward: the machinery behind `run_with_cache`.
 
+What the cache holds never changes afterwards, and nothing outside it can change it: a
+recorded tensor is the activation itself (no copy) unless something could write to it. It
+is copied when a hook that could edit it in place is attached, when it keeps only some
+positions, and when it is one of the caller's own tensors (the residual stream passed in
+with `start_at_layer`, the one returned with `stop_at_layer`). Each tensor's version
+counter is noted when it is recorded, so an in-place edit made afterwards by any other
+route is refused when the entry is next read (see `ActivationCache`).
+"""
+
+import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from jaxtyping import Shaped
 from torch import Tensor
 
 from hookedattn import names as _names
@@ -49,6 +61,27 @@ def _pos_index(pos_slice: PosSlice) -> slice | Tensor | None:
     return torch.as_tensor(list(pos_slice), dtype=torch.long)
 
 
+def _positions(
+    t: Shaped[Tensor, "..."], axis: int, index: slice | Tensor, pos_slice: PosSlice, name: str
+) -> Shaped[Tensor, "..."]:
+    """`t` at the positions `index` selects on `axis`; a selection outside them is refused."""
+    n_pos = t.shape[axis]
+    if isinstance(index, Tensor) and index.numel():
+        low, high = int(index.min()), int(index.max())
+        if low < -n_pos or high >= n_pos:
+            raise ValueError(
+                f"pos_slice={pos_slice!r} is out of range at {name}, which has {n_pos} "
+                f"positions (valid indices {-n_pos}..{n_pos - 1})"
+            )
+    selected = t[(slice(None),) * axis + (index,)]
+    if selected.shape[axis] == 0 and n_pos > 0:
+        raise ValueError(
+            f"pos_slice={pos_slice!r} selects no position at {name}, which has {n_pos} "
+            f"positions (valid indices {-n_pos}..{n_pos - 1})"
+        )
+    return selected
+
+
 def run_with_cache(
     model: HookedRootModule,
     model_args: tuple,
@@ -68,12 +101,13 @@ def run_with_cache(
     # can a recorded tensor change after the fact, so only then is it copied.
     must_copy = any(not h.is_cache for h in model.attached_hooks())
     store: dict[str, Tensor] = {}
+    versions: dict[str, int] = {}
 
     def record(name: str, x: Tensor) -> None:
         t = x.detach()
         if index is not None:
             axis = _names.pos_axis(name.removesuffix("_grad"))
-            t = t[(slice(None),) * axis + (index,)]
+            t = _positions(t, axis, index, pos_slice, name)
         if remove_batch_dim:
             if t.shape[0] != 1:
                 raise ValueError(
@@ -87,22 +121,27 @@ def run_with_cache(
         elif must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             t = t.clone()
         store[name] = t
+        versions[name] = t._version
 
     def save_activation(x: Tensor, hook: HookPoint) -> None:
         record(hook.name, x)
 
     def save_reference(x: Tensor, hook: HookPoint) -> None:
         # What `record` does without options and without editing hooks, in one step.
-        store[hook.name] = x.detach()
+        t = store[hook.name] = x.detach()
+        versions[hook.name] = t._version
 
     def save_gradient(grad: Tensor, hook: HookPoint) -> None:
         record(hook.name + "_grad", grad)
 
     plain = index is None and device is None and dtype is None
     save = save_reference if plain and not (remove_batch_dim or must_copy) else save_activation
-    handles = [p.add_hook(save, _is_cache=True) for p in points]
+    thread = threading.get_ident()
+    handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in points]
     if incl_bwd:
-        handles += [p.add_hook(save_gradient, dir="bwd", _is_cache=True) for p in points]
+        handles += [
+            p.add_hook(save_gradient, dir="bwd", _is_cache=True, _thread=thread) for p in points
+        ]
     try:
         output = model(*model_args, **model_kwargs)
         if incl_bwd:
@@ -110,8 +149,39 @@ def run_with_cache(
     finally:
         for handle in handles:
             handle.remove()
+    _copy_callers_tensors(store, versions, (model_args, model_kwargs, output))
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", 0)
-    return output, ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim)
+    cache = ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim, _versions=versions)
+    return output, cache
+
+
+def _copy_callers_tensors(store: dict[str, Tensor], versions: dict[str, int], caller: Any) -> None:
+    """Copy the recorded tensors that share storage with a tensor the caller holds.
+
+    The residual stream passed in with `start_at_layer` reaches the cache unchanged, and
+    so does the one returned with `stop_at_layer`; without a copy, the caller editing
+    their own tensor would edit the cache.
+    """
+    theirs = {t.untyped_storage().data_ptr() for t in _tensors_in(caller) if t.numel()}
+    for name, t in store.items():
+        if t.numel() and t.untyped_storage().data_ptr() in theirs:
+            if versions[name] != t._version:
+                continue  # already edited: keep it, so that reading it says so
+            store[name] = t.clone()
+            versions[name] = store[name]._version
+
+
+def _tensors_in(obj: Any) -> list[Tensor]:
+    """The tensors in nested tuples, lists, dicts and dataclasses (an output, the args)."""
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        return [t for item in obj for t in _tensors_in(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors_in(item)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors_in(getattr(obj, f.name))]
+    return []
 
 
 def _differentiate(model: HookedRootModule, output: Any) -> None:

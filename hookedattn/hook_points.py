@@ -12,10 +12,22 @@ receives the gradient of the activation and may return a replacement gradient. U
 TransformerLens, a backward hook is attached to the autograd graph when the forward runs,
 so `run_with_hooks(..., bwd_hooks=...)` followed by `.backward()` calls it even though the
 hook is no longer attached to the hook point by then.
+
+Two hook points can see one tensor (`blocks.L.hook_resid_post` returns the tensor that
+`blocks.{L+1}.hook_resid_pre` receives; likewise `hook_embed` and `blocks.0.hook_resid_pre`
+on a model without learned positions). In the backward they act as two points in sequence:
+the later point's hooks see the gradient first, and what they return is what the earlier
+point's hooks (and its cached `_grad`) see.
+
+Threads: hooks attached for a scope (`hooks()`, `run_with_hooks`, `run_with_cache`) belong
+to the thread that attached them. A forward in another thread that reaches one of them
+raises a `RuntimeError` instead of running it, so two threads never see each other's scoped
+hooks; hooks attached with `add_hook` belong to the model and run in every thread.
 """
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -39,6 +51,9 @@ class LensHandle:
     # Caching hooks are bookkeeping, not edits: while only they are attached, the cache
     # can keep activations without copying them (nothing can write to them in place).
     is_cache: bool = False
+    # The thread whose scope attached this hook (`threading.get_ident()`), or None for a
+    # hook of the model's own (attached with `add_hook`), which runs in every thread.
+    thread: int | None = None
 
     def remove(self) -> None:
         """Detach this hook from its hook point; a second call does nothing."""
@@ -82,6 +97,13 @@ class HookPoint(nn.Module):
         """Backward hooks attached here, in the order they are registered on the graph."""
         return tuple(self._bwd)
 
+    def has_hooks(
+        self, dir: Direction | Literal["both"] = "both", including_permanent: bool = True
+    ) -> bool:
+        """Whether a hook is attached here in direction `dir` (TransformerLens's `has_hooks`)."""
+        handles = [h for h in (*self._fwd, *self._bwd) if dir in ("both", h.dir)]
+        return any(including_permanent or not h.is_permanent for h in handles)
+
     def add_hook(
         self,
         fn: HookFn,
@@ -90,13 +112,14 @@ class HookPoint(nn.Module):
         prepend: bool = False,
         *,
         _is_cache: bool = False,
+        _thread: int | None = None,
     ) -> LensHandle:
         """Attach `fn` here; `prepend=True` runs it before the hooks already attached."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(fn):
             raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-        handle = LensHandle(self, fn, dir, is_permanent, _is_cache)
+        handle = LensHandle(self, fn, dir, is_permanent, _is_cache, _thread)
         hooks = self._fwd if dir == "fwd" else self._bwd
         hooks.insert(0, handle) if prepend else hooks.append(handle)
         self._update_active()
@@ -126,14 +149,34 @@ class HookPoint(nn.Module):
         object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
 
     def _run_hooks(self, x: Tensor) -> Tensor:
+        thread = threading.get_ident()
         for handle in tuple(self._fwd):
+            if handle.thread is not None and handle.thread != thread:
+                raise RuntimeError(self._foreign_hook_message(handle))
             out = handle.fn(x, hook=self)
             if out is not None:
                 x = self._checked_replacement(x, out, handle.fn)
         if self._bwd and x.requires_grad:
+            # Hooks registered on one tensor run in the order they were registered, the
+            # forward's; when this tensor also passed an earlier hook point (resid_post ->
+            # the next resid_pre), that point's hooks would see the gradient before ours
+            # edit it. A view gives this point a node of its own, reached first backwards.
+            x = x.view_as(x)
             for handle in tuple(self._bwd):
+                if handle.thread is not None and handle.thread != thread:
+                    raise RuntimeError(self._foreign_hook_message(handle))
                 x.register_hook(_GradientHook(handle.fn, self))
         return x
+
+    def _foreign_hook_message(self, handle: LensHandle) -> str:
+        fn_name = getattr(handle.fn, "__name__", repr(handle.fn))
+        return (
+            f"a forward in thread {threading.get_ident()} reached the {handle.dir} hook "
+            f"{fn_name} at {self.name}, attached for a scope (hooks(), run_with_hooks, "
+            f"run_with_cache) by thread {handle.thread}. A model runs one thread's scoped "
+            f"hooks at a time: give each thread its own model (model.copy()), or attach "
+            f"hooks meant for every thread with add_hook"
+        )
 
     def _checked_replacement(self, old: Tensor, new: object, fn: HookFn) -> Tensor:
         fn_name = getattr(fn, "__name__", repr(fn))
@@ -163,6 +206,8 @@ class _GradientHook:
 
     def __call__(self, grad: Tensor) -> Tensor | None:
         out = self.fn(grad, hook=self.hook_point)
+        if isinstance(out, tuple) and len(out) == 1:
+            out = out[0]  # TransformerLens's backward hooks return `(grad,)`
         if out is None:
             return None
         return self.hook_point._checked_replacement(grad, out, self.fn)
@@ -258,6 +303,12 @@ class HookedRootModule(nn.Module):
         Levels nest: on exit each level detaches only the hooks it attached, also when the
         block raises. With `reset_hooks_end=False` the hooks stay attached after the block.
         All names are checked before anything is attached.
+
+        The hooks belong to this thread: a forward in another thread that reaches them
+        raises (see the module docstring); with `reset_hooks_end=False` they become the
+        model's, as if attached with `add_hook`. A hook attached with `add_hook` inside the
+        block is the model's too: it stays attached after the block, until removed or
+        `reset_hooks()`.
         """
         planned = [
             (point, fn, dir)
@@ -265,7 +316,8 @@ class HookedRootModule(nn.Module):
             for name, fn in _pairs(pairs, dir)
             for point in self._resolve(name)
         ]
-        handles = [point.add_hook(fn, dir) for point, fn, dir in planned]
+        thread = threading.get_ident() if reset_hooks_end else None
+        handles = [point.add_hook(fn, dir, _thread=thread) for point, fn, dir in planned]
         try:
             yield self
         finally:

@@ -18,7 +18,7 @@ from jaxtyping import TypeCheckError
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.testing.guards import HookRecorder, SharedModels
 
-PLUGIN = "hookedattn.testing.pytest_plugin"
+PLUGIN = "hookedattn"  # the entry point: pytest registers the plugin under its name
 
 # As in our own configuration: shape checks on hookedattn.
 INI = """

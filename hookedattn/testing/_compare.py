@@ -74,19 +74,26 @@ class Mismatch:
 
 
 def find_mismatch(
-    actual: Tensor, expected: Tensor, scale: Tensor, tol: Tolerance
+    actual: Tensor, expected: Tensor, scale: Tensor, tol: Tolerance, equal_nan: bool = False
 ) -> Mismatch | None:
     """The largest error among elements where `|actual - expected| > atol + rtol * scale`.
 
-    NaN is never close to anything (a NaN activation is a bug, not rounding); equal
-    infinities are equal (masked attention scores are `-inf` on both sides).
+    NaN is never close to anything (a NaN activation is a bug, not rounding), unless
+    `equal_nan` and both sides hold NaN at that element; equal infinities are equal (masked
+    attention scores are `-inf` on both sides), and an infinity is far from everything
+    else. A bound that is not finite (a NaN or infinite `scale`) accepts nothing.
     """
     actual, expected = torch.broadcast_tensors(actual.double(), expected.double())
     error = (actual - expected).abs()
     error = torch.where(actual == expected, 0.0, error).nan_to_num(nan=torch.inf)
     scale = scale.double().abs().expand_as(error)
     bound = tol.atol + tol.rtol * scale
-    bad = error > bound
+    finite = actual.isfinite() & expected.isfinite()
+    # Where both sides are finite, the bound decides, and a NaN or infinite bound (from a
+    # NaN or an infinity among the terms of `scale`) fails; elsewhere only equality passes.
+    bad = torch.where(finite, ~(error <= bound) | ~bound.isfinite(), actual != expected)
+    if equal_nan:
+        bad &= ~(actual.isnan() & expected.isnan())
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None

@@ -22,6 +22,7 @@ def assert_close_cache(
     names: Names = None,
     *,
     tol: Tolerance | None = None,
+    equal_nan: bool = False,
 ) -> None:
     """Assert that `cache_a` and `cache_b` hold the same activations, to tolerance.
 
@@ -30,7 +31,8 @@ def assert_close_cache(
     reference: the tolerance (the loosest of the two dtypes', unless `tol` is given) is
     relative to its values. A name missing from either cache, a shape that differs, or a
     value out of tolerance fails, with the name, the largest error, where it is and the
-    bound; the earliest difference in forward order is named first.
+    bound; the earliest difference in forward order is named first. A NaN on either
+    side fails, unless `equal_nan=True` and both caches hold NaN at that element.
     """
     for which, cache in (("cache_a", cache_a), ("cache_b", cache_b)):
         if not isinstance(cache, Mapping):
@@ -56,7 +58,7 @@ def assert_close_cache(
             )
             continue
         used = loosest_tolerance({a.dtype, b.dtype}, tol)
-        mismatch = find_mismatch(a.to(b.device), b, b, used.tol)
+        mismatch = find_mismatch(a.to(b.device), b, b, used.tol, equal_nan)
         if mismatch is not None:
             axes = axes_for(_names.axis_names(name), a.ndim)
             failures.append((name, mismatch.describe(axes, used, "|cache_b|", _SIDES)))

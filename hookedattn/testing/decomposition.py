@@ -33,6 +33,7 @@ def assert_decomposes(
     *,
     axes: str | None = None,
     tol: Tolerance | None = None,
+    equal_nan: bool = False,
 ) -> None:
     """Assert that `components.sum(0) == target` at the tolerance of their dtypes.
 
@@ -43,7 +44,8 @@ def assert_decomposes(
     dtype's tolerance, which applies relative to the sum of the components' magnitudes.
     The `AssertionError` gives the largest error and its index, the components largest
     there, and whether the remainder looks like a missing bias, a component counted twice
-    or one with the wrong sign.
+    or one with the wrong sign. A NaN in the sum or the target fails, unless
+    `equal_nan=True` and both hold NaN at that element.
     """
     if (
         axes is None
@@ -65,7 +67,7 @@ def assert_decomposes(
     used = loosest_tolerance({stacked.dtype, target.dtype}, tol)
     parts = stacked.detach().double()
     total, scale, expected = parts.sum(dim=0), parts.abs().sum(dim=0), target.detach().double()
-    mismatch = find_mismatch(total, expected, scale, used.tol)
+    mismatch = find_mismatch(total, expected, scale, used.tol, equal_nan)
     if mismatch is None:
         return
     lines = [

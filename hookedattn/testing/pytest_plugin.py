@@ -1,133 +1,30 @@
-"""pytest fixtures for suites that test hookedattn models.
+"""pytest fixtures for suites that test hookedattn models (`make_tiny_model`,
+`no_leaked_hooks`, `pretrained`, `pretrained_<name>`).
 
-pytest loads this by itself once hookedattn is installed (through the `pytest_hookedattn`
-entry point; `pytest -p no:hookedattn` turns it off). Fixtures:
-
-    make_tiny_model   build a tiny random float64 model, seeded by the test's id:
-                      `model = make_tiny_model(attn_only=True)` (any config field)
-    no_leaked_hooks   fail the test if it leaves a hook attached to any model
-    pretrained        `pretrained("name")`: a shipped model, loaded once per session;
-                      the test fails if it leaves hooks on it or edits its weights, and
-                      both are undone so that later tests see the model as shipped
-    pretrained_<name> each shipped model as its own fixture (`-` in names becomes `_`),
-                      with the same checks
-
-Everything from hookedattn is imported inside the fixtures, never when this module is
-imported: a suite that runs jaxtyping's shape checks on its own package (or on hookedattn)
-instruments only modules imported after pytest has read its options. No fixture here is a
-generator (teardown goes through `request.addfinalizer`): under those checks this module
-is instrumented too, and the wrapper jaxtyping puts around a function is not a generator
-function, so pytest would hand the test an unstarted generator instead of running it.
+They are defined in the top-level module `pytest_hookedattn`, which pytest loads by itself
+once hookedattn is installed: that module imports neither torch nor hookedattn until a
+fixture is used, so that installing hookedattn costs unrelated pytest sessions nothing
+(see its docstring). This module is the same plugin under the package's name, for a suite
+that turns the entry point off and loads it by name (`pytest -p no:hookedattn -p
+hookedattn.testing.pytest_plugin`); loading both does no harm.
 """
 
-import types
-from collections.abc import Callable
-from typing import Any
+from pytest_hookedattn import (
+    fixture_name,
+    hookedattn_shared_models,
+    make_tiny_model,
+    no_leaked_hooks,
+    pretrained,
+    pytest_configure,
+    shipped_model_names,
+)
 
-import pytest
-
-
-@pytest.fixture
-def make_tiny_model(request: pytest.FixtureRequest) -> Callable[..., Any]:
-    """`make_tiny_model(**config_fields)`: a tiny random model seeded by this test's id.
-
-    The same test gets the same weights on every run, different tests get different ones;
-    pass `seed=` to choose. The default shape is `hookedattn.testing.guards.TINY_CONFIG`.
-    """
-    from hookedattn.testing.guards import seed_for, tiny_model
-
-    seed = seed_for(request.node.nodeid)
-    return lambda **overrides: tiny_model(seed, **overrides)
-
-
-@pytest.fixture
-def no_leaked_hooks(request: pytest.FixtureRequest) -> None:
-    """Fail the test if it leaves any hook attached, on any model; the hooks are detached.
-
-    Use it per test, or for a whole suite from a conftest:
-    `pytestmark = pytest.mark.usefixtures("no_leaked_hooks")`.
-    """
-    from hookedattn.testing.guards import HookRecorder
-
-    recorder = HookRecorder().start()
-
-    def check() -> None:
-        recorder.stop()
-        leaked = recorder.detach_leaked()
-        if leaked:
-            pytest.fail(f"the test left hooks attached (now detached):\n{leaked}", pytrace=False)
-
-    request.addfinalizer(check)
-
-
-@pytest.fixture(scope="session")
-def hookedattn_shared_models() -> Any:
-    """The session's `SharedModels`: each shipped model loaded on first use, then kept."""
-    from hookedattn.model import HookedTransformer
-    from hookedattn.testing.guards import SharedModels
-
-    return SharedModels(HookedTransformer.from_pretrained)
-
-
-@pytest.fixture
-def pretrained(request: pytest.FixtureRequest, hookedattn_shared_models: Any) -> Callable[..., Any]:
-    """`pretrained(name, **kwargs)`: `HookedTransformer.from_pretrained(name, **kwargs)`,
-    loaded once per session and shared (`hookedattn.list_pretrained()` lists the names).
-
-    Because the model is shared, a test must not change it: hooks it leaves attached and
-    weights it edits fail the test at teardown, and are undone for the tests after it.
-    """
-    used: list[tuple] = []
-
-    def load(name: str, **kwargs: Any) -> Any:
-        key, model = hookedattn_shared_models.get(name, **kwargs)
-        used.append(key)
-        return model
-
-    request.addfinalizer(lambda: _check_shared(hookedattn_shared_models, used))
-    return load
-
-
-def _check_shared(shared: Any, keys: list[tuple]) -> None:
-    problems = [p for key in dict.fromkeys(keys) for p in shared.check_and_restore(key)]
-    if problems:
-        lines = ["the test changed a session-shared model (now undone):", *problems]
-        pytest.fail("\n".join(lines), pytrace=False)
-
-
-def fixture_name(model_name: str) -> str:
-    """The fixture of a shipped model: `attn-only-2l` -> `pretrained_attn_only_2l`."""
-    return "pretrained_" + "".join(c if c.isalnum() else "_" for c in model_name)
-
-
-def _per_model_fixture(model_name: str) -> Any:
-    def fixture(request: pytest.FixtureRequest, hookedattn_shared_models: Any) -> Any:
-        key, model = hookedattn_shared_models.get(model_name)
-        request.addfinalizer(lambda: _check_shared(hookedattn_shared_models, [key]))
-        return model
-
-    fixture.__doc__ = f"The shipped model {model_name!r}, loaded once per session and shared."
-    return pytest.fixture(name=fixture_name(model_name))(fixture)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    """Register one fixture per shipped model.
-
-    This runs after pytest has read its options (and after jaxtyping has installed its
-    import hook), so importing `hookedattn.pretrained` here is safe. When the shipped
-    models cannot be listed, the suite still runs, with a warning saying why: the
-    `pretrained` fixture then raises the same error in the tests that use it.
-    """
-    from hookedattn.pretrained import list_pretrained
-
-    try:
-        names = [info.name for info in list_pretrained()]
-    except (OSError, ValueError, KeyError) as error:
-        warning = pytest.PytestConfigWarning(f"hookedattn: no pretrained_<name> fixtures: {error}")
-        config.issue_config_time_warning(warning, stacklevel=2)
-        return
-    holder = types.ModuleType("hookedattn_pretrained_fixtures")
-    for name in names:
-        setattr(holder, fixture_name(name), _per_model_fixture(name))
-    config.pluginmanager.register(holder, "hookedattn-pretrained-fixtures")
+__all__ = [
+    "fixture_name",
+    "hookedattn_shared_models",
+    "make_tiny_model",
+    "no_leaked_hooks",
+    "pretrained",
+    "pytest_configure",
+    "shipped_model_names",
+]
