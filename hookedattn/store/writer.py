@@ -8,11 +8,14 @@ keeps memory at one shard plus a few batches, whatever the number of tokens coll
 """
 
 import dataclasses
+import os
 import queue
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import safetensors.torch
 import torch
 from jaxtyping import Float, Int
@@ -189,10 +192,23 @@ class ShardWriter:
         final = self.folder / shard.spec.file
         tmp = temporary_name(final)
         try:
-            safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+            _save_file(tensors, tmp, metadata)
             commit(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
         for name, count in shard.infinities.items():
             self.infinities[name] += count
         self.committed.append(shard.spec.index)
+
+
+def _save_file(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """`safetensors.torch.save_file`, with its I/O failures (a full disk) as `OSError`s."""
+    try:
+        safetensors.torch.save_file(tensors, str(path), metadata=metadata)
+    except safetensors.SafetensorError as error:
+        # The Rust side reports the OS error only in its message ("... (os error 28)").
+        found = re.search(r"os error (\d+)", str(error))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, f"{os.strerror(code)} while writing {path}") from error

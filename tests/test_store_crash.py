@@ -1,0 +1,69 @@
+"""A collection killed with SIGKILL mid-run, then rerun, ends byte-identical to an unbroken one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn.store import ActivationStore, collect_activations
+from hookedattn.testing import randomize_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+RESID = "blocks.1.hook_resid_pre"
+ARGS = dict(n_tokens=16 * 4 * 200, batch_size=2, shard_contexts=4)  # 200 shards
+
+
+def saved_model(folder: Path) -> HookedTransformer:
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=16, d_vocab=259, attn_only=True
+    )
+    randomize_parameters(HookedTransformer(cfg), seed=3).save(folder)
+    model = HookedTransformer.load(folder)
+    model.tokenizer = ByteTokenizer()
+    return model
+
+
+def shard_count(folder: Path) -> int:
+    try:
+        return sum(n.startswith("shard-") for n in os.listdir(folder))
+    except FileNotFoundError:
+        return 0
+
+
+def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(tmp_path):
+    model = saved_model(tmp_path / "model")
+    reference = tmp_path / "reference"
+    collect_activations(model, None, names=[RESID], out=reference, progress=False, **ARGS)
+    out = tmp_path / "killed"
+    command = [sys.executable, str(ROOT / "scripts" / "collect.py"), "--model",
+               str(tmp_path / "model"), "--names", RESID, "--out", str(out), "--tokens",
+               str(ARGS["n_tokens"]), "--batch-size", "2", "--shard-contexts", "4",
+               "--threads", "1", "--no-progress"]  # fmt: skip
+    child = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while shard_count(out) < 3 and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()
+    n_killed = shard_count(out)
+    assert 3 <= n_killed < 200, f"the kill landed with {n_killed} of 200 shards written"
+
+    # Killed mid-run: the manifest still says "writing"; only whole shards are visible.
+    partial = ActivationStore(out)
+    assert not partial.complete and len(partial) == len(partial._shards) * 4 * 16
+    whole = ActivationStore(reference)
+    rows = torch.cat([torch.arange(*whole._shards[s.index].rows) for s in partial._shards])
+    assert torch.equal(partial.rows(RESID, slice(None)), whole.rows(RESID, rows))
+
+    again = collect_activations(model, None, names=[RESID], out=out, progress=False, **ARGS)
+    assert len(again.resumed) >= 3 and len(again.resumed) + len(again.written) == 200
+    files = sorted(p.name for p in reference.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == files  # no temporary file left behind
+    for name in files:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
