@@ -20,8 +20,19 @@ START, END = "<!-- hook-names:start -->", "<!-- hook-names:end -->"
 
 # Distinct sizes, so that each axis of a recorded shape can be named back.
 SIZES = dict(d_model=24, n_heads=4, d_head=6, d_mlp=7, d_vocab=11, n_ctx=16)
-BATCH, POS = 2, 3
-AXES = {BATCH: "batch", POS: "pos", 4: "head", 6: "d_head", 24: "d_model", 7: "d_mlp", 1: "1"}
+BATCH, POS, KV_HEADS = 5, 3, 2
+AXES = {
+    BATCH: "batch",
+    POS: "pos",
+    4: "head",
+    KV_HEADS: "kv_head",
+    6: "d_head",
+    24: "d_model",
+    7: "d_mlp",
+    11: "d_vocab_out",
+    1: "1",
+}
+_RMS_ROTARY = {"normalization_type": "RMS", "positional_embedding_type": "rotary"}
 
 CONFIGURATIONS = {
     "Default (LayerNorm, learned positions, MLPs)": {},
@@ -37,6 +48,41 @@ CONFIGURATIONS = {
         "use_hook_mlp_in": True,
     },
     "One per-head input (use_attn_in)": {"use_attn_in": True},
+    "Llama, Mistral, Qwen 2 (RMSNorm, gated MLP, grouped keys and values, rotary)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "n_key_value_heads": KV_HEADS,
+    },
+    "Qwen 3 (+ a per-head RMSNorm of queries and keys)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "n_key_value_heads": KV_HEADS,
+        "use_qk_norm": True,
+    },
+    "GPT-NeoX, Pythia (attention and MLP in parallel, partial rotary)": {
+        "positional_embedding_type": "rotary",
+        "rotary_dim": 4,
+        "parallel_attn_mlp": True,
+    },
+    "Gemma 2 (norms before and after each sublayer, soft caps, local attention)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "gelu_new",
+        "normalization_placement": "pre_and_post",
+        "attn_scores_soft_cap": 50.0,
+        "output_logits_soft_cap": 30.0,
+        "window_size": 2,
+    },
+    "OLMo 2 (norms after each sublayer only, q/k norm over all heads)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "normalization_placement": "post",
+        "use_qk_norm": True,
+        "qk_norm_per_head": False,
+    },
 }
 
 
