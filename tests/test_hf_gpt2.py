@@ -149,18 +149,14 @@ def test_dtype_can_be_chosen(hf32):
 
 # ---------------------------------------------------------------- bad input
 def test_another_architecture_is_named():
-    llama = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
+    # OPT (learned positions with an offset, ReLU) is not among the supported families.
+    opt = transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2
         )
     )
-    with pytest.raises(ValueError, match=r"cannot import LlamaForCausalLM \(model_type='llama'\)"):
-        HookedTransformer.from_hf(llama)
+    with pytest.raises(ValueError, match=r"cannot import OPTForCausalLM \(model_type='opt'\)"):
+        HookedTransformer.from_hf(opt)
 
 
 def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
@@ -169,12 +165,12 @@ def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
 
 
 def test_a_directory_of_another_architecture_is_named(tmp_path):
-    config = transformers.LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
+    config = transformers.OPTConfig(
+        vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+        architectures=["OPTForCausalLM"],
     )  # fmt: skip
     config.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="cannot import LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="cannot import OPTForCausalLM.*supports GPT2LMHeadModel"):
         HookedTransformer.from_hf(tmp_path)
 
 

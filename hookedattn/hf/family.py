@@ -1,0 +1,31 @@
+"""What `from_hf` knows about one HF model family: which classes and model types it covers,
+how its config becomes ours, and the table that converts its tensors."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hookedattn.config import HookedTransformerConfig
+from hookedattn.hf.table import Table
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One importable family. `config` reads the HF config (`transformers`'
+    `PretrainedConfig`); so does `table`, which is also given the live HF model when there is
+    one (None for a directory), for the constants it keeps outside its state dict."""
+
+    architecture: str  # the HF class with the unembedding, e.g. "LlamaForCausalLM"
+    model_type: str  # `config.model_type`, e.g. "llama"
+    config: Callable[[Any, torch.dtype | str, str], HookedTransformerConfig]
+    table: Callable[[Any, HookedTransformerConfig, Any], Table]
+
+
+def tied_unembedding(hf_config: Any, embedding: str) -> dict[str, tuple[str, ...]]:
+    """`lm_head.weight` may be absent from a file when it is the embedding (HF saves a tied
+    tensor once): then it is read from `embedding`."""
+    if getattr(hf_config, "tie_word_embeddings", False):
+        return {"lm_head.weight": (embedding,)}
+    return {}

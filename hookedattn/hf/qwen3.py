@@ -1,0 +1,46 @@
+"""Qwen3 (`Qwen3ForCausalLM`).
+
+Beyond Qwen2: each head's queries and keys pass through an RMSNorm over `d_head` (one gain
+`[d_head]` shared by all heads) before the rotation, the head width `head_dim` is its own
+field (not `hidden_size / num_attention_heads`), and the biases are off unless
+`attention_bias`.
+"""
+
+from typing import Any
+
+import torch
+
+from hookedattn.config import HookedTransformerConfig
+from hookedattn.hf import translate
+from hookedattn.hf.family import Family
+from hookedattn.hf.llama import L, llama_like_rules, llama_like_table
+from hookedattn.hf.table import Rule, Table
+
+
+def qwen3_config(
+    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+) -> HookedTransformerConfig:
+    """Our config for a `transformers.Qwen3Config`."""
+    return HookedTransformerConfig(
+        **translate.llama_like(hf_config),
+        use_qk_norm=True,
+        qk_norm_per_head=True,
+        dtype=dtype,
+        device=device,
+        model_name=translate.model_name(hf_config),
+        original_architecture="Qwen3ForCausalLM",
+    )
+
+
+def qwen3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+    """Qwen3: Llama's table, optional attention biases, and the per-head q/k norm gains."""
+    bias = bool(getattr(hf_config, "attention_bias", False))
+    rules = [
+        *llama_like_rules(cfg, qkv_bias=bias, o_bias=bias),
+        Rule("blocks.{layer}.attn.q_norm.w", f"{L}.self_attn.q_norm.weight", "d_head -> d_head"),
+        Rule("blocks.{layer}.attn.k_norm.w", f"{L}.self_attn.k_norm.weight", "d_head -> d_head"),
+    ]
+    return llama_like_table(hf_config, cfg, rules, "Qwen3")
+
+
+FAMILY = Family("Qwen3ForCausalLM", "qwen3", qwen3_config, qwen3_table)

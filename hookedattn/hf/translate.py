@@ -1,0 +1,114 @@
+"""HF config fields to ours: the parts several families share (activations, rotary
+positions and their scaling, sliding windows, the Llama-like shape fields).
+
+`transformers` 5 keeps the rotary parameters in `config.rope_parameters` (`rope_type`,
+`rope_theta`, and per type `factor`...), the per-layer attention kinds in
+`config.layer_types` ("full_attention" / "sliding_attention") and the head width in
+`config.head_dim`, which may differ from `hidden_size / num_attention_heads`.
+"""
+
+from typing import Any
+
+# HF activation names to ours. `gelu_pytorch_tanh` is GPT-2's `gelu_new`: the same tanh
+# approximation, which torch computes in one kernel.
+ACT_FNS = {
+    "gelu_new": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_new",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+_ATTN_TYPES = {"full_attention": "global", "sliding_attention": "local"}
+
+
+def activation(name: str, field: str = "hidden_act") -> str:
+    """Our `act_fn` for an HF activation name; one we do not compute is an error."""
+    if name not in ACT_FNS:
+        raise ValueError(f"{field} {name!r} cannot be imported; supported: {sorted(ACT_FNS)}")
+    return ACT_FNS[name]
+
+
+def rotary(hf_config: Any, d_head: int, partial: bool = False) -> dict[str, Any]:
+    """Rotary fields: base, rotated width (`partial_rotary_factor` where the family applies
+    it, GPT-NeoX), and the "linear" or "llama3" frequency scaling."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {rope_type!r} cannot be imported (its frequencies depend on the "
+            f"sequence or need attention scaling); supported: {', '.join(ROPE_TYPES)}"
+        )
+    factor = rope.get("partial_rotary_factor", 1.0) if partial else 1.0
+    fields: dict[str, Any] = {
+        "positional_embedding_type": "rotary",
+        "rotary_base": float(rope["rope_theta"]),
+        "rotary_dim": int(d_head * factor),  # HF truncates the same way
+    }
+    if rope_type == "linear":
+        fields["rotary_scaling_factor"] = float(rope["factor"])
+    if rope_type == "llama3":
+        fields |= {
+            "use_NTK_by_parts_rope": True,
+            "NTK_by_parts_factor": float(rope["factor"]),
+            "NTK_by_parts_low_freq_factor": float(rope["low_freq_factor"]),
+            "NTK_by_parts_high_freq_factor": float(rope["high_freq_factor"]),
+            "NTK_original_ctx_len": int(rope["original_max_position_embeddings"]),
+        }
+    return fields
+
+
+def window(hf_config: Any) -> dict[str, Any]:
+    """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`.
+
+    A config with a window and no `layer_types` (Mistral) slides it in every layer; Qwen's
+    `sliding_window` is already None unless `use_sliding_window`.
+    """
+    size = getattr(hf_config, "sliding_window", None)
+    if size is None:
+        return {}
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is None:
+        return {"window_size": int(size)}
+    unknown = sorted(set(layer_types) - set(_ATTN_TYPES))
+    if unknown:
+        raise ValueError(
+            f"layer_types {unknown} cannot be imported; supported: {sorted(_ATTN_TYPES)}"
+        )
+    types = tuple(_ATTN_TYPES[kind] for kind in layer_types)
+    if "local" not in types:
+        return {}
+    return {"window_size": int(size), "attn_types": types}
+
+
+def llama_like(hf_config: Any, act_field: str = "hidden_act") -> dict[str, Any]:
+    """The fields every Llama-descended config spells the same way: shape, grouped keys and
+    values, RMSNorm, a gated MLP, full-width rotary positions, the window."""
+    c = hf_config
+    n_heads = c.num_attention_heads
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // n_heads
+    n_kv = getattr(c, "num_key_value_heads", None) or n_heads
+    return {
+        "n_layers": c.num_hidden_layers,
+        "d_model": c.hidden_size,
+        "n_ctx": c.max_position_embeddings,
+        "d_vocab": c.vocab_size,
+        "n_heads": n_heads,
+        "d_head": d_head,
+        "d_mlp": c.intermediate_size,
+        # Without grouping the keys and values are stored per query head, as in GPT-2.
+        "n_key_value_heads": None if n_kv == n_heads else n_kv,
+        "act_fn": activation(getattr(c, act_field), act_field),
+        "gated_mlp": True,
+        "normalization_type": "RMS",
+        "eps": c.rms_norm_eps,
+        "attn_scale": d_head**0.5,
+        **rotary(c, d_head),
+        **window(c),
+    }
+
+
+def model_name(hf_config: Any) -> str:
+    """The name a config was loaded from, else its model type."""
+    return getattr(hf_config, "name_or_path", "") or hf_config.model_type

@@ -1,0 +1,239 @@
+"""Every imported family against `transformers` itself: logits, the residual stream entering
+each block, attention patterns, greedy generation with our KV cache, left padding.
+
+No weights can be downloaded here, so each case builds a tiny HF model from its config with
+random weights, then moves every norm gain away from its neutral value and every bias away
+from zero (HF initialises them to exactly that), so that a gain or bias the conversion
+forgot, or read from the wrong tensor, changes the logits. The configs reach each family's
+variants: partial rotary, parallel and sequential NeoX blocks, grouped keys and values,
+"llama3" and "linear" rotary scaling, tied embeddings, q/k/v biases, windows shorter than
+the sequences, per-head and whole-projection q/k norms, `head_dim` != d_model / n_heads,
+Gemma's soft caps, and Gemma's and OLMo's norms after the sublayers.
+
+A float64 HF model is not float64 throughout: its RMSNorm normalises in float32
+(`hidden_states.to(torch.float32)`) and its eager attention takes the softmax in float32
+(`softmax(..., dtype=torch.float32)`), so stock HF agrees with itself (eager against sdpa)
+only to ~1e-6. The float64 checks therefore run HF's own model with those two roundings of
+activations removed (`hf_float64_math`: its RMSNorm modules and its attention function
+computing the same formulas in float64; HF's masks, projections, rotary tables, GQA layout,
+soft caps and constants untouched, Gemma's `1 + w` still rounded to float32 as HF rounds
+it), and agree with it to 1e-10; agreement with stock float64 HF, bounded by those float32
+roundings, is checked at 1e-5.
+"""
+
+import types
+
+import pytest
+import torch
+
+from hookedattn import HookedTransformer
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, PAD = 64, 0
+COMMON = dict(
+    vocab_size=VOCAB, max_position_embeddings=64, num_hidden_layers=2, pad_token_id=PAD,
+    bos_token_id=1, eos_token_id=2, attn_implementation="eager", initializer_range=0.3,
+)  # fmt: skip
+LLAMA_LIKE = dict(
+    hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2
+)
+LLAMA3_ROPE = dict(
+    rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+    high_freq_factor=4.0, original_max_position_embeddings=16,
+)  # fmt: skip
+# HF class, config class, config overrides; the window (where there is one) is 4 tokens,
+# shorter than TOKENS and than the generated sequences.
+CASES = {
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, rotary_pct=0.5,
+        use_parallel_residual=True, hidden_act="gelu")),
+    "gpt_neox_sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, rotary_pct=0.25,
+        use_parallel_residual=False, hidden_act="gelu_new", tie_word_embeddings=True)),
+    "llama": ("LlamaForCausalLM", "LlamaConfig", dict(**LLAMA_LIKE, rope_parameters=LLAMA3_ROPE)),
+    "llama_linear_rope_biases_tied": ("LlamaForCausalLM", "LlamaConfig", dict(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4,
+        attention_bias=True, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="linear", rope_theta=500.0, factor=2.0))),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(**LLAMA_LIKE, sliding_window=4)),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(
+        **LLAMA_LIKE, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(**LLAMA_LIKE, head_dim=16)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        **LLAMA_LIKE, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(**LLAMA_LIKE)),
+}  # fmt: skip
+TOKENS = torch.tensor(
+    [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
+)
+
+
+def make_hf(case: str, dtype: torch.dtype = torch.float32):
+    architecture, config_class, overrides = CASES[case]
+    config = getattr(transformers, config_class)(**COMMON, **overrides)
+    torch.manual_seed(0)
+    hf = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name:
+                # Gemma's gain is `1 + w`, so its neutral value is 0, not 1.
+                neutral = 0.0 if case == "gemma2" or name.endswith("bias") else 1.0
+                param.copy_(neutral + 0.3 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+    return hf.to(dtype)
+
+
+def _rms_norm_float64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _gemma_rms_norm_float64(self, x):
+    # The gain `1 + w` is a constant of the model, rounded to float32 as HF rounds it.
+    gain = (1.0 + self.weight.float()).to(x.dtype)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
+
+
+def _eager_attention_float64(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs
+):
+    # HF's `eager_attention_forward` (with Gemma 2's soft cap), softmax in the input dtype.
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = scores.softmax(dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def hf_float64_math(hf):
+    """`hf` (float64) with its two float32 roundings of activations computed in float64."""
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    transformers.AttentionInterface.register("eager_float64", _eager_attention_float64)
+    AttentionMaskInterface.register("eager_float64", eager_mask)  # HF's additive masks
+    for module in hf.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            norm = _gemma_rms_norm_float64 if name.startswith("Gemma") else _rms_norm_float64
+            module.forward = types.MethodType(norm, module)
+    hf.set_attn_implementation("eager_float64")
+    return hf
+
+
+class Pair:
+    """An HF model and our import of it, in one dtype; in float64 also `exact`, HF's model
+    computing in float64 throughout (`hf_float64_math`)."""
+
+    def __init__(self, case: str, dtype: torch.dtype) -> None:
+        self.hf = make_hf(case, dtype)
+        self.ours = HookedTransformer.from_hf(self.hf)
+        if dtype == torch.float64:
+            self.exact = hf_float64_math(make_hf(case, dtype))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def pair32(case):
+    return Pair(case, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pair64(case):
+    return Pair(case, torch.float64)
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach() - b.detach()).abs().max())
+
+
+def test_the_config_is_the_family(case, pair32):
+    cfg, hf_config = pair32.ours.cfg, pair32.hf.config
+    assert cfg.original_architecture == CASES[case][0]
+    assert (cfg.n_layers, cfg.d_model, cfg.d_vocab) == (2, hf_config.hidden_size, VOCAB)
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None:
+        assert cfg.window_size == window < TOKENS.shape[1]
+
+
+def test_logits_equal_hf_float32(pair32):
+    with torch.no_grad():
+        expected = pair32.hf(TOKENS).logits
+    assert max_abs(pair32.ours(TOKENS), expected) <= 1e-5
+
+
+def test_logits_equal_hf_float64(pair64):
+    with torch.no_grad():
+        expected = pair64.exact(TOKENS).logits
+    assert max_abs(pair64.ours(TOKENS), expected) <= 1e-10
+
+
+def test_logits_equal_stock_hf_float64_to_its_float32_roundings(pair64):
+    with torch.no_grad():
+        expected = pair64.hf(TOKENS).logits
+    assert max_abs(pair64.ours(TOKENS), expected) <= 1e-5
+
+
+def test_residual_stream_equals_hf_hidden_states(pair64):
+    with torch.no_grad():
+        hidden = pair64.exact(TOKENS, output_hidden_states=True).hidden_states
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    # HF's hidden_states: the input of each block, then the final one after the last norm.
+    for layer in range(pair64.ours.cfg.n_layers):
+        assert max_abs(cache["resid_pre", layer], hidden[layer]) <= 1e-10, layer
+    assert max_abs(cache["ln_final.hook_normalized"], hidden[-1]) <= 1e-10
+
+
+def test_attention_patterns_equal_hf_eager_attentions(pair64):
+    with torch.no_grad():
+        attentions = pair64.exact(TOKENS, output_attentions=True).attentions
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    for layer, expected in enumerate(attentions):
+        assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
+
+
+def test_greedy_generation_equals_hf_generate(pair32):
+    prompt = TOKENS[:, :5]
+    expected = pair32.hf.generate(
+        prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=PAD
+    )
+    ours = pair32.ours.generate(prompt, max_new_tokens=8, do_sample=False, stop_at_eos=False)
+    assert torch.equal(ours, expected)
+
+
+def test_a_left_padded_batch_equals_each_prompt_alone(pair64):
+    lengths = (9, 12)  # the first prompt is padded by 3, past the 4-token windows
+    tokens = torch.full((2, 12), PAD)
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        tokens[row, 12 - length :] = TOKENS[row, :length]
+        mask[row, 12 - length :] = 1
+    logits = pair64.ours(tokens, attention_mask=mask)
+    for row, length in enumerate(lengths):
+        alone = pair64.ours(TOKENS[row : row + 1, :length])[0]
+        assert max_abs(logits[row, 12 - length :], alone) <= 1e-10, row
+
+
+# Stock HF in float32: in float64 its fully masked padding rows become NaN (a float64 mask
+# minimum cast to float32 is -inf before its softmax), and the NaN reaches real tokens.
+def test_left_padded_generation_equals_hf_generate(pair32):
+    tokens = torch.tensor([[PAD, PAD, PAD, 5, 17, 3], [8, 60, 1, 29, 4, 30]])
+    mask = (torch.arange(6) >= torch.tensor([[3], [0]])).long()
+    expected = pair32.hf.generate(
+        tokens, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+        pad_token_id=PAD,
+    )  # fmt: skip
+    ours = pair32.ours.generate(
+        tokens, max_new_tokens=8, do_sample=False, stop_at_eos=False, attention_mask=mask
+    )
+    assert torch.equal(ours, expected)
