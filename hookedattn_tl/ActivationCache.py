@@ -1,0 +1,475 @@
+"""TransformerLens's `ActivationCache`: our cache, plus TL's analysis methods, bound to a model.
+
+`hookedattn.ActivationCache` holds activations and nothing else. TransformerLens's cache
+also holds the model that made it and answers questions about it (`decompose_resid`,
+`accumulated_resid`, `stack_head_results`, ...). This subclass is that: the same mapping,
+the model kept as `cache.model`, and TL's methods with TL's arguments and return
+conventions (`(tensor, labels)` with `return_labels=True`, labels such as `"0_attn_out"`,
+`pos_slice`, `apply_ln` dividing by the cached scale without the norm's gain and bias).
+The sums come from `analysis` (`decompose_resid`, `accumulated_resid`, `head_results`,
+`normalize`); only the labels, slices and stacking order are TL's.
+
+As in TransformerLens, `remove_batch_dim`, `to` and `compute_head_results` change the
+cache in place and return it.
+"""
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from einops import rearrange
+from jaxtyping import Float
+from torch import Tensor
+
+import analysis
+from analysis.head_results import head_results
+from analysis.normalization import NormSite, normalize
+from hookedattn.cache import ActivationCache as _CoreCache
+from hookedattn_tl.utils import Slice, SliceInput, get_act_name
+
+Stack = Float[Tensor, "component ..."]
+_SUBLAYER_LABEL = re.compile(r"^L(\d+)_(attn|mlp)$")
+_ACCUMULATED_LABEL = re.compile(r"^L(\d+)_resid_(pre|mid)$")
+
+
+class ActivationCache(_CoreCache):
+    """Activations by hook name, with the model that recorded them and TL's methods.
+
+    `ActivationCache(cache_dict, model, has_batch_dim=True)` as in TransformerLens;
+    `tokens` (set by `hookedattn_tl.HookedTransformer.run_with_cache`) are the input ids,
+    which lets `hookedattn_tl.patching` run our batched patching engine from a clean cache.
+    """
+
+    def __init__(
+        self,
+        cache_dict: Mapping[str, Tensor],
+        model: Any,
+        has_batch_dim: bool = True,
+        *,
+        tokens: Tensor | None = None,
+    ) -> None:
+        super().__init__(cache_dict, model.cfg.n_layers, has_batch_dim)
+        self.model = model
+        self.tokens = tokens
+
+    # ------------------------------------------------------------ TL's mapping
+    @property
+    def cache_dict(self) -> dict[str, Tensor]:
+        """The underlying dict from full hook name to tensor."""
+        return self._data
+
+    @property
+    def has_embed(self) -> bool:
+        """Whether `hook_embed` was recorded."""
+        return "hook_embed" in self._data
+
+    @property
+    def has_pos_embed(self) -> bool:
+        """Whether `hook_pos_embed` was recorded."""
+        return "hook_pos_embed" in self._data
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return super().__getitem__(self._tl_key(key))
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(self._tl_key(key))
+
+    def _tl_key(self, key: Any) -> Any:
+        """TL's reading of a key (`"k6"`, `("z", 0, "attn")`) when it names a cached tensor;
+        otherwise the key itself, so that our shorthand and our error messages apply."""
+        if isinstance(key, str) and key not in self._data:
+            full = get_act_name(key)
+            return full if full in self._data else key
+        if isinstance(key, tuple) and 1 <= len(key) <= 3 and isinstance(key[0], str):
+            name, layer, layer_type = (*key, None, None)[:3]
+            if isinstance(layer, int) and not isinstance(layer, bool) and layer < 0:
+                layer += self.n_layers
+            try:
+                full = get_act_name(name, layer, layer_type)
+            except (TypeError, ValueError):
+                return key
+            return full if full in self._data else key
+        return key
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        """Remove the batch axis (of size one) from every tensor, in place; returns self."""
+        if not self.has_batch_dim:
+            logging.warning("Tried removing batch dimension after already having removed it.")
+            return self
+        squeezed = dict(super().remove_batch_dim())
+        self.has_batch_dim = False
+        self._set_data(squeezed)
+        return self
+
+    def to(self, device: str | torch.device) -> "ActivationCache":
+        """Move every tensor to `device`, in place; returns self."""
+        self._set_data({name: self[name].to(device) for name in self._data})
+        return self
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """`torch.set_grad_enabled(mode)`: global state, as in TransformerLens."""
+        logging.warning("Changed the global state, set autodiff to %s", mode)
+        torch.set_grad_enabled(mode)
+
+    def apply_slice_to_batch_dim(self, batch_slice: "SliceInput | Slice") -> "ActivationCache":
+        """A new cache holding a slice of the batch (an int slice drops the batch axis)."""
+        batch_slice = Slice(batch_slice)
+        if not self.has_batch_dim and batch_slice.mode != "identity":
+            raise ValueError("this cache has no batch axis to slice (remove_batch_dim was applied)")
+        sliced = {name: batch_slice.apply(t, dim=0) for name, t in self._data.items()}
+        tokens = None if self.tokens is None else batch_slice.apply(self.tokens, dim=0)
+        keeps_batch = batch_slice.mode != "int" and self.has_batch_dim
+        return ActivationCache(sliced, self.model, keeps_batch, tokens=tokens)
+
+    # ------------------------------------------------------------ residual stacks
+    def accumulated_resid(
+        self,
+        layer: int | None = None,
+        incl_mid: bool = False,
+        apply_ln: bool = False,
+        pos_slice: "SliceInput | Slice" = None,
+        mlp_input: bool = False,
+        return_labels: bool = False,
+    ) -> Stack | tuple[Stack, list[str]]:
+        """The residual stream at each block boundary up to block `layer`'s input.
+
+        Labels `"0_pre"`, `"0_mid"` (with `incl_mid`), ..., `"final_post"`; `layer` None, -1
+        or `n_layers` goes to the final stream. With `apply_ln` the final stream's entries
+        go through `ln_final` with each entry's own scale (the logit lens), other layers'
+        through their `ln1` (`ln2` with `mlp_input`) with the cached scale.
+        """
+        layer = self._final_if_none(layer)
+        stack = analysis.accumulated_resid(
+            self.model, self, None if layer == self.n_layers else layer, incl_mid=incl_mid
+        )
+        components = self._tl_shape(stack.components)
+        labels = [_accumulated_label(label) for label in stack.labels]
+        if mlp_input and layer < self.n_layers:
+            components = torch.cat([components, self["resid_mid", layer][None]])
+            labels.append(f"{layer}_mid")
+        components = Slice(pos_slice).apply(components, dim=-2)
+        if apply_ln:
+            components = self.apply_ln_to_stack(
+                components,
+                layer,
+                pos_slice=pos_slice,
+                mlp_input=mlp_input,
+                recompute_ln=layer == self.n_layers,
+            )
+        return (components, labels) if return_labels else components
+
+    def decompose_resid(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        mode: str = "all",
+        apply_ln: bool = False,
+        pos_slice: "SliceInput | Slice" = None,
+        incl_embeds: bool = True,
+        return_labels: bool = False,
+    ) -> Stack | tuple[Stack, list[str]]:
+        """The stream entering block `layer` as `embed`, `pos_embed`, `"0_attn_out"`, ...
+
+        `mode` is "all", "attn" or "mlp"; `mlp_input` decomposes the MLP's input (adds the
+        block's own `attn_out`). The components sum to the cached stream.
+        """
+        if mode not in ("all", "attn", "mlp"):
+            raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
+        layer = self._final_if_none(layer)
+        site = "resid_mid" if mlp_input else "resid_pre"
+        decomposition = analysis.decompose_resid(
+            self.model, self, None if layer == self.n_layers else layer, site
+        )
+        keep = []
+        for i, label in enumerate(decomposition.labels):
+            sublayer = _SUBLAYER_LABEL.match(label)
+            if sublayer is None:
+                wanted = incl_embeds and (label != "embed" or self.has_embed)
+                keep.append((i, label) if wanted else None)
+                continue
+            block, kind = sublayer.groups()
+            wanted = mode in ("all", kind)
+            keep.append((i, f"{block}_{kind}_out") if wanted else None)
+        kept = [k for k in keep if k is not None]
+        components = decomposition.components[[i for i, _ in kept]]
+        components = Slice(pos_slice).apply(self._tl_shape(components), dim=-2)
+        if apply_ln:
+            components = self.apply_ln_to_stack(
+                components, layer, pos_slice=pos_slice, mlp_input=mlp_input
+            )
+        labels = [label for _, label in kept]
+        return (components, labels) if return_labels else components
+
+    def apply_ln_to_stack(
+        self,
+        residual_stack: Stack,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        pos_slice: "SliceInput | Slice" = None,
+        batch_slice: "SliceInput | Slice" = None,
+        has_batch_dim: bool = True,
+        recompute_ln: bool = False,
+    ) -> Stack:
+        """TL's `apply_ln_to_stack`: centre (LayerNorm) and divide by the cached scale.
+
+        The norm's gain and bias are left out, as in TransformerLens (so the result sums
+        to the norm's output only for a model processed with `fold_ln`; see
+        `analysis.apply_ln_to_stack` for the version that sums exactly for every model).
+        With `recompute_ln` and the final layer, each entry goes through `ln_final`
+        whole, with its own scale.
+        """
+        kind = self.model.cfg.normalization_type
+        if kind is None:
+            return residual_stack
+        layer = self._final_if_none(layer)
+        pos_slice, batch_slice = Slice(pos_slice), Slice(batch_slice)
+        if has_batch_dim:
+            residual_stack = batch_slice.apply(residual_stack, dim=1)
+        if recompute_ln and layer == self.n_layers:
+            flat = residual_stack.reshape(-1, 1, 1, residual_stack.shape[-1])
+            return normalize(self.model, NormSite("ln_final"), flat).reshape(residual_stack.shape)
+        if kind in ("LN", "LNPre"):
+            residual_stack = residual_stack - residual_stack.mean(dim=-1, keepdim=True)
+        return residual_stack / self._cached_scale(layer, mlp_input, pos_slice, batch_slice)
+
+    def _cached_scale(
+        self, layer: int, mlp_input: bool, pos_slice: Slice, batch_slice: Slice
+    ) -> Tensor:
+        key = (
+            "ln_final.hook_scale"
+            if layer == self.n_layers
+            else (f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale")
+        )
+        if key not in self._data:
+            raise KeyError(
+                f"apply_ln needs the cached scale {key!r}, which is not in this cache; "
+                f"run_with_cache without a names_filter that leaves it out"
+            )
+        scale = pos_slice.apply(self[key], dim=-2)
+        return batch_slice.apply(scale, dim=0) if self.has_batch_dim else scale
+
+    def logit_attrs(
+        self,
+        residual_stack: Stack,
+        tokens: Any,
+        incorrect_tokens: Any = None,
+        pos_slice: "SliceInput | Slice" = None,
+        batch_slice: "SliceInput | Slice" = None,
+        has_batch_dim: bool = True,
+    ) -> Tensor:
+        """Each component's dot product, through the final norm's cached scale, with the
+        unembedding direction of `tokens` (minus that of `incorrect_tokens`)."""
+        directions = self.model.tokens_to_residual_directions(tokens)
+        if incorrect_tokens is not None:
+            wrong = self.model.tokens_to_residual_directions(incorrect_tokens)
+            if wrong.shape != directions.shape:
+                raise ValueError(
+                    f"tokens and incorrect_tokens must have the same shape, got "
+                    f"{tuple(directions.shape[:-1])} and {tuple(wrong.shape[:-1])}"
+                )
+            directions = directions - wrong
+        scaled = self.apply_ln_to_stack(
+            residual_stack,
+            layer=-1,
+            pos_slice=pos_slice,
+            batch_slice=batch_slice,
+            has_batch_dim=has_batch_dim,
+        )
+        return (scaled * directions).sum(dim=-1)
+
+    # ------------------------------------------------------------ heads and neurons
+    def compute_head_results(self) -> None:
+        """Add each layer's per-head results `blocks.{l}.attn.hook_result`, in place."""
+        for layer in range(self.n_layers):
+            name = f"blocks.{layer}.attn.hook_result"
+            if name in self._data:
+                logging.warning("Tried to compute head results when they were already cached")
+                return
+            result = self._tl_shape(head_results(self.model, self, layer))
+            self._set_data({**self._data, name: result})
+
+    def stack_head_results(
+        self,
+        layer: int = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: "SliceInput | Slice" = None,
+        apply_ln: bool = False,
+    ) -> Stack | tuple[Stack, list[str]]:
+        """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`."""
+        layer = self._final_if_none(layer)
+        pos_slice = Slice(pos_slice)
+        per_layer = [
+            pos_slice.apply(self._tl_shape(head_results(self.model, self, block)), dim=-3)
+            for block in range(layer)
+        ]
+        labels = [f"L{block}H{h}" for block in range(layer) for h in range(self.model.cfg.n_heads)]
+        if per_layer:
+            heads = torch.cat(per_layer, dim=-2)
+            components = rearrange(heads, "... component d_model -> component ... d_model")
+        else:
+            like = pos_slice.apply(self["hook_embed"], dim=-2)
+            components = like.new_zeros(0, *like.shape)
+        if incl_remainder:
+            components, labels = self._with_remainder(components, labels, layer, pos_slice)
+        if apply_ln:
+            components = self.apply_ln_to_stack(components, layer, pos_slice=pos_slice)
+        return (components, labels) if return_labels else components
+
+    def get_neuron_results(
+        self,
+        layer: int,
+        neuron_slice: "SliceInput | Slice" = None,
+        pos_slice: "SliceInput | Slice" = None,
+        project_output_onto: Tensor | None = None,
+    ) -> Tensor:
+        """Each neuron's write `post_n * W_out[n]` at block `layer`, `[... d_mlp d_model]`
+        (the last axis projected onto `project_output_onto` when given)."""
+        neuron_slice, pos_slice = Slice(neuron_slice), Slice(pos_slice)
+        acts = neuron_slice.apply(pos_slice.apply(self["post", layer], dim=-2), dim=-1)
+        W_out = neuron_slice.apply(self.model.blocks[layer].mlp.W_out, dim=0)
+        if project_output_onto is None:
+            return acts[..., None] * W_out
+        projected = W_out @ project_output_onto
+        return acts * projected if projected.ndim == 1 else acts[..., None] * projected
+
+    def stack_neuron_results(
+        self,
+        layer: int,
+        pos_slice: "SliceInput | Slice" = None,
+        neuron_slice: "SliceInput | Slice" = None,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        apply_ln: bool = False,
+        project_output_onto: Tensor | None = None,
+    ) -> Stack | tuple[Stack, list[str]]:
+        """Every neuron's write in the blocks before `layer`, labelled `L0N0`, ..."""
+        layer = self._final_if_none(layer)
+        pos_slice, neuron_slice = Slice(pos_slice), Slice(neuron_slice)
+        neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), dim=0).reshape(-1)
+        labels = [f"L{block}N{n}" for block in range(layer) for n in neurons.tolist()]
+        # With apply_ln the projection waits until after the norm, which acts on d_model.
+        project_now = None if apply_ln else project_output_onto
+        per_layer = [
+            self.get_neuron_results(block, neuron_slice, pos_slice, _as_2d(project_now))
+            for block in range(layer)
+        ]
+        if per_layer:
+            stacked = torch.cat(per_layer, dim=-2)
+            components = rearrange(stacked, "... component d -> component ... d")
+        else:
+            like = pos_slice.apply(self["hook_embed"], dim=-2)
+            like = like if project_now is None else like @ _as_2d(project_now)
+            components = like.new_zeros(0, *like.shape)
+        if incl_remainder:
+            project = None if project_now is None else _as_2d(project_now)
+            components, labels = self._with_remainder(components, labels, layer, pos_slice, project)
+        if apply_ln:
+            components = self.apply_ln_to_stack(components, layer, pos_slice=pos_slice)
+            if project_output_onto is not None:
+                components = components @ _as_2d(project_output_onto)
+        if project_output_onto is not None and project_output_onto.ndim == 1:
+            components = components[..., 0]
+        return (components, labels) if return_labels else components
+
+    def get_full_resid_decomposition(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: "SliceInput | Slice" = None,
+        return_labels: bool = False,
+        project_output_onto: Tensor | None = None,
+    ) -> Stack | tuple[Stack, list[str]]:
+        """The stream entering block `layer` as every head, every neuron (or MLP), `embed`,
+        `pos_embed` and the accumulated `bias`, in that order (TL's order)."""
+        layer = self._final_if_none(layer)
+        pos_slice = Slice(pos_slice)
+        heads, labels = self.stack_head_results(
+            layer + (1 if mlp_input else 0), pos_slice=pos_slice, return_labels=True
+        )
+        parts = [heads]
+        if self.model.cfg.has_mlp and layer > 0:
+            if expand_neurons:
+                mlps, mlp_labels = self.stack_neuron_results(
+                    layer, pos_slice=pos_slice, return_labels=True
+                )
+            else:
+                mlps, mlp_labels = self.decompose_resid(
+                    layer,
+                    mlp_input,
+                    "mlp",
+                    pos_slice=pos_slice,
+                    incl_embeds=False,
+                    return_labels=True,
+                )
+            parts.append(mlps)
+            labels = labels + mlp_labels
+        for name, present in (("embed", self.has_embed), ("pos_embed", self.has_pos_embed)):
+            if present:
+                parts.append(pos_slice.apply(self[name], dim=-2)[None])
+                labels = [*labels, name]
+        bias = self.model.accumulated_bias(layer, mlp_input, include_mlp_biases=expand_neurons)
+        parts.append(bias.to(heads.dtype).expand(1, *heads.shape[1:]))
+        labels = [*labels, "bias"]
+        components = torch.cat(parts)
+        if apply_ln:
+            components = self.apply_ln_to_stack(
+                components, layer, pos_slice=pos_slice, mlp_input=mlp_input
+            )
+        if project_output_onto is not None:
+            components = components @ _as_2d(project_output_onto)
+            if project_output_onto.ndim == 1:
+                components = components[..., 0]
+        return (components, labels) if return_labels else components
+
+    def stack_activation(
+        self, activation_name: str, layer: int = -1, sublayer_type: str | None = None
+    ) -> Float[Tensor, "layer ..."]:
+        """One activation of every block before `layer`, stacked: `[layer ...]`."""
+        layer = self._final_if_none(layer)
+        stacked = [self[(activation_name, block, sublayer_type)] for block in range(layer)]
+        return torch.stack(stacked)
+
+    # ------------------------------------------------------------ helpers
+    def _set_data(self, data: dict[str, Tensor]) -> None:
+        # TL's in-place edits: rebuild the core cache's state (its bookkeeping included).
+        _CoreCache.__init__(self, data, self.n_layers, self.has_batch_dim)
+
+    def _final_if_none(self, layer: int | None) -> int:
+        # TL's convention: None and -1 both mean "after the last block".
+        return self.n_layers if layer is None or layer == -1 else layer
+
+    def _tl_shape(self, stacked: Tensor) -> Tensor:
+        # analysis reads a cache without a batch axis as a batch of one; TL keeps it out.
+        return stacked if self.has_batch_dim else stacked[:, 0]
+
+    def _with_remainder(
+        self,
+        components: Tensor,
+        labels: list[str],
+        layer: int,
+        pos_slice: Slice,
+        project: Tensor | None = None,
+    ) -> tuple[Tensor, list[str]]:
+        whole = pos_slice.apply(self["resid_post", layer - 1], dim=-2)
+        whole = whole if project is None else whole @ project
+        remainder = whole - components.sum(dim=0)
+        return torch.cat([components, remainder[None]]), [*labels, "remainder"]
+
+
+def _as_2d(project: Tensor | None) -> Tensor | None:
+    """A `[d_model]` projection as `[d_model 1]`, so every path handles one shape."""
+    return project[:, None] if project is not None and project.ndim == 1 else project
+
+
+def _accumulated_label(label: str) -> str:
+    """`L3_resid_pre` -> `3_pre`, `final` -> `final_post`: TL's labels."""
+    if label == "final":
+        return "final_post"
+    match = _ACCUMULATED_LABEL.match(label)
+    assert match is not None, label
+    return f"{match.group(1)}_{match.group(2)}"

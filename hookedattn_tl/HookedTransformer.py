@@ -1,0 +1,437 @@
+"""TransformerLens's `HookedTransformer`: ours, with TL's method names, arguments and defaults.
+
+The subclass adds what TL code calls and the core spells differently or leaves out:
+`run_with_cache` returns `hookedattn_tl.ActivationCache` (TL's analysis methods, bound to
+this model); `from_pretrained` processes the weights by default (fold the norms, centre
+the writing weights and the unembedding, fold the value biases), as TL does;
+`set_use_attn_result` and its siblings rebuild the blocks from a changed config (ours is
+frozen), sharing the same parameters; `generate` samples by default, as TL does.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from hookedattn import processing, tokenization
+from hookedattn.config import DTYPES
+from hookedattn.hook_points import LensHandle
+from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.model import HookedTransformer as _CoreModel
+from hookedattn_tl import _generation
+from hookedattn_tl.ActivationCache import ActivationCache
+from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
+
+NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
+
+
+class _CallableLabels(list):
+    """`all_head_labels` is a property here and a method in TL: this list answers both."""
+
+    def __call__(self) -> list[str]:
+        return list(self)
+
+
+class HookedTransformer(_CoreModel):
+    """`hookedattn.HookedTransformer` with TransformerLens 3.x's surface on top.
+
+    Built the same way (`HookedTransformer(cfg)`); every core method still works.
+    """
+
+    # TL keeps these two in its (mutable) config; ours is frozen, so they live here, set
+    # by from_pretrained or by assignment.
+    default_padding_side: str = "right"
+    default_prepend_bos: bool | None = None
+
+    # ------------------------------------------------------------------ running
+    def forward(
+        self,
+        input: Any,
+        return_type: str | None = "logits",
+        loss_per_token: bool = False,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        start_at_layer: int | None = None,
+        tokens: Tensor | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        stop_at_layer: int | None = None,
+        past_kv_cache: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The core forward, with TL's argument order and text options."""
+        if shortformer_pos_embed is not None:
+            raise ValueError(
+                "shortformer_pos_embed is not supported: hookedattn has no shortformer "
+                "positional embeddings (positional_embedding_type 'standard', 'rotary' or 'none')"
+            )
+        custom_text = prepend_bos is not None or padding_side is not None
+        custom_text = custom_text or self.default_padding_side != "right"
+        if start_at_layer is None and tokenization.is_text(input) and custom_text:
+            text = self.tokenize(input, self._prepend_bos(prepend_bos), self._side(padding_side))
+            input = text.tokens
+            attention_mask = text.attention_mask if attention_mask is None else attention_mask
+        return super().forward(
+            input,
+            return_type,
+            loss_per_token=loss_per_token,
+            start_at_layer=start_at_layer,
+            stop_at_layer=stop_at_layer,
+            tokens=tokens,
+            attention_mask=attention_mask,
+            past_kv_cache=past_kv_cache,
+            **kwargs,
+        )
+
+    def run_with_cache(
+        self,
+        *model_args: Any,
+        return_cache_object: bool = True,
+        remove_batch_dim: bool = False,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
+        """`(output, cache)`: a TL `ActivationCache` bound to this model (or, with
+        `return_cache_object=False`, a plain dict of tensors)."""
+        out, core = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        if not return_cache_object:
+            return out, dict(core)
+        tokens = self._input_tokens(model_args, kwargs)
+        return out, ActivationCache(dict(core), self, not remove_batch_dim, tokens=tokens)
+
+    def _input_tokens(self, model_args: tuple, kwargs: dict) -> Tensor | None:
+        """The token ids a forward read, when its input was tokens or text."""
+        if kwargs.get("start_at_layer") is not None or not model_args:
+            return kwargs.get("tokens")
+        first = model_args[0]
+        if tokenization.is_text(first):
+            return self.to_tokens(first, kwargs.get("prepend_bos"), kwargs.get("padding_side"))
+        if isinstance(first, Tensor) and not first.dtype.is_floating_point:
+            return first if first.ndim == 2 else first[None]
+        return None
+
+    def input_to_embed(
+        self,
+        input: Any,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        attention_mask: Tensor | None = None,
+        past_kv_cache: Any = None,
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"], None, Any]:
+        """`(residual, tokens, shortformer_pos_embed, attention_mask)` before block 0.
+
+        The residual is the embedding (plus positions) that block 0 reads; the hook points
+        on the way (`hook_embed`, `hook_pos_embed`) run. `shortformer_pos_embed` is None.
+        """
+        if tokenization.is_text(input):
+            text = self.tokenize(input, self._prepend_bos(prepend_bos), self._side(padding_side))
+            tokens = text.tokens
+            if attention_mask is None and not bool(text.attention_mask.all()):
+                attention_mask = text.attention_mask
+        else:
+            tokens = self._as_tokens(input)
+        resid = super().forward(
+            tokens, stop_at_layer=0, attention_mask=attention_mask, past_kv_cache=past_kv_cache
+        )
+        return resid, tokens, None, attention_mask
+
+    def loss_fn(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab_out"],
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        per_token: bool = False,
+    ) -> Tensor:
+        """Next-token cross-entropy (`utils.lm_cross_entropy_loss`)."""
+        return lm_cross_entropy_loss(logits, tokens.to(logits.device), attention_mask, per_token)
+
+    # ------------------------------------------------------------------ text
+    def to_tokens(
+        self,
+        input: Any,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> Int[Tensor, "batch pos"]:
+        """Token ids `[batch pos]`; padding on `default_padding_side` unless told."""
+        tokens = super().to_tokens(input, self._prepend_bos(prepend_bos), self._side(padding_side))
+        return tokens[:, : self.cfg.n_ctx] if truncate else tokens
+
+    def to_str_tokens(
+        self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None
+    ) -> list:
+        """Each token as a string (TL's signature; `padding_side` changes nothing here)."""
+        return super().to_str_tokens(input, self._prepend_bos(prepend_bos))
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id."""
+        if not isinstance(int_token, int) or isinstance(int_token, bool):
+            raise TypeError(f"to_single_str_token takes an int token id, got {int_token!r}")
+        (token,) = self.to_str_tokens(torch.tensor([int_token]))
+        return token
+
+    def _prepend_bos(self, prepend_bos: bool | None) -> bool | None:
+        return self.default_prepend_bos if prepend_bos is None else prepend_bos
+
+    def _side(self, padding_side: str | None) -> str:
+        return self.default_padding_side if padding_side is None else padding_side
+
+    def generate(
+        self,
+        input: Any = "",
+        max_new_tokens: int = 10,
+        stop_at_eos: bool = True,
+        eos_token_id: int | None = None,
+        do_sample: bool = True,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float = 1.0,
+        freq_penalty: float = 0.0,
+        use_past_kv_cache: bool = True,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        return_type: str | None = "input",
+        verbose: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """TL's `generate`: samples by default; `freq_penalty` subtracts, before sampling,
+        `freq_penalty` times the number of times each token already occurs.
+
+        `verbose` (TL's progress bar) is accepted and ignored.
+        """
+        options = dict(
+            stop_at_eos=stop_at_eos,
+            eos_token_id=eos_token_id,
+            do_sample=do_sample,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            use_past_kv_cache=use_past_kv_cache,
+            prepend_bos=self._prepend_bos(prepend_bos),
+            return_type=return_type or "input",
+            **kwargs,
+        )
+        if freq_penalty and do_sample:
+            return _generation.generate_with_freq_penalty(
+                self, input, max_new_tokens, freq_penalty, options
+            )
+        return super().generate(input, max_new_tokens, **options)
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def n_params_total(self) -> int:
+        """Every parameter's element count, embeddings, biases and norm gains included."""
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def all_head_labels(self) -> list[str]:
+        """`"L{layer}H{head}"` for every head; also callable, as TL's method."""
+        return _CallableLabels(super().all_head_labels)
+
+    def tokens_to_residual_directions(self, tokens: Any) -> Float[Tensor, "*tokens d_model"]:
+        """Unembedding directions; a one-element tensor gives `[d_model]`, as in TL."""
+        if isinstance(tokens, Tensor) and tokens.numel() == 1:
+            tokens = int(tokens.item())
+        return super().tokens_to_residual_directions(tokens)
+
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, " d_model"]:
+        """The sum of `b_O` (and `b_out`) of the blocks before `layer` (and block `layer`'s
+        `b_O` with `mlp_input`): the bias part of the stream entering there."""
+        total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
+        for block in self.blocks[:layer]:
+            total = total + block.attn.b_O
+            if include_mlp_biases and self.cfg.has_mlp:
+                total = total + block.mlp.b_out
+        if mlp_input:
+            if layer >= self.cfg.n_layers:
+                raise ValueError(f"mlp_input needs a block: layer must be < {self.cfg.n_layers}")
+            total = total + self.blocks[layer].attn.b_O
+        return total
+
+    # ------------------------------------------------------------------ hooks
+    def list_hooks(
+        self,
+        name_filter: NamesFilter = None,
+        dir: str = "both",
+        including_permanent: bool = True,
+    ) -> dict[str, list[LensHandle]]:
+        """The attached hooks by hook name (points without hooks left out)."""
+        if name_filter is None:
+            matches = lambda name: True
+        elif callable(name_filter):
+            matches = name_filter
+        elif isinstance(name_filter, str):
+            matches = lambda name: name == name_filter
+        else:
+            allowed = set(name_filter)
+            matches = lambda name: name in allowed
+        out = {}
+        for name, point in self.hook_dict.items():
+            handles = [
+                *(point.fwd_hooks if dir in ("fwd", "both") else ()),
+                *(point.bwd_hooks if dir in ("bwd", "both") else ()),
+            ]
+            handles = [h for h in handles if including_permanent or not h.is_permanent]
+            if handles and matches(name):
+                out[name] = handles
+        return out
+
+    # ------------------------------------------------------------------ config toggles
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Add (or remove) the per-head `hook_result`."""
+        self._rebuild_blocks(use_attn_result=use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Add (or remove) the per-head `hook_q_input`, `hook_k_input`, `hook_v_input`."""
+        self._rebuild_blocks(use_split_qkv_input=use_split_qkv_input)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Add (or remove) `hook_mlp_in`."""
+        self._rebuild_blocks(use_hook_mlp_in=use_hook_mlp_in)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Add (or remove) the per-head `hook_attn_in`."""
+        self._rebuild_blocks(use_attn_in=use_attn_in)
+
+    def _rebuild_blocks(self, **changes: bool) -> None:
+        """Rebuild the blocks from `cfg.replace(**changes)`, sharing every parameter.
+
+        The config is frozen and the blocks choose their hook points when they are built,
+        so a toggle builds new blocks; they hold the same `Parameter` objects (an
+        optimiser or a tied reference still sees them), and the hooks attached to a hook
+        point that still exists are attached again to its new self.
+        """
+        cfg = self.cfg.replace(**changes)
+        if cfg == self.cfg:
+            return
+        with torch.random.fork_rng(devices=[]):  # building draws weights; keep the RNG
+            new_blocks = type(self)(cfg).blocks
+        old_params = dict(self.blocks.named_parameters())
+        for name, _ in list(new_blocks.named_parameters()):
+            module_path, leaf = name.rsplit(".", 1)
+            setattr(new_blocks.get_submodule(module_path), leaf, old_params.pop(name))
+        assert not old_params, f"parameters not carried over: {sorted(old_params)}"
+        old_points = {name: p for name, p in self.hook_dict.items() if name.startswith("blocks.")}
+        new_blocks.train(self.training)
+        self.blocks = new_blocks
+        self.cfg = cfg
+        self.setup()
+        for name, point in old_points.items():
+            for handle in (*point.fwd_hooks, *point.bwd_hooks):
+                if name not in self.hook_dict:
+                    logging.warning("hook at %s dropped: %s no longer exists", name, name)
+                    continue
+                self.hook_dict[name].add_hook(handle.fn, handle.dir, handle.is_permanent)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name: str,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        checkpoint_index: int | None = None,
+        checkpoint_value: int | None = None,
+        hf_model: Any = None,
+        device: str | None = None,
+        n_devices: int = 1,
+        tokenizer: Any = None,
+        move_to_device: bool = True,
+        fold_value_biases: bool = True,
+        default_prepend_bos: bool | None = None,
+        default_padding_side: str | None = None,
+        dtype: torch.dtype | str = "float32",
+        **from_pretrained_kwargs: Any,
+    ) -> "HookedTransformer":
+        """Load a model and process its weights for analysis, with TL's defaults.
+
+        `model_name` is one of our shipped models (`hookedattn.list_pretrained()`), or
+        pass `hf_model=` (a `transformers` GPT-2 or a local directory holding one). The
+        weights are then processed (`hookedattn.processing.process_weights`) as asked:
+        each step returns a new model, so nothing is changed in place.
+        """
+        _refuse_unsupported(refactor_factored_attn_matrices, n_devices, from_pretrained_kwargs)
+        if hf_model is not None:
+            model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
+        else:
+            model = super().from_pretrained(
+                model_name,
+                checkpoint_index=checkpoint_index,
+                checkpoint_value=checkpoint_value,
+                device=device,
+            )
+            if tokenizer is not None:
+                model.tokenizer = tokenizer
+        dtype = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
+        if dtype != model.cfg.dtype:
+            model = model.to(dtype)
+        model = processing.process_weights(
+            model,
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases,
+        )
+        if default_padding_side is not None:
+            model.default_padding_side = default_padding_side
+        model.default_prepend_bos = default_prepend_bos
+        return model
+
+    @classmethod
+    def from_pretrained_no_processing(
+        cls,
+        model_name: str,
+        fold_ln: bool = False,
+        center_writing_weights: bool = False,
+        center_unembed: bool = False,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = False,
+        dtype: torch.dtype | str = torch.float32,
+        default_prepend_bos: bool | None = None,
+        default_padding_side: str | None = None,
+        **from_pretrained_kwargs: Any,
+    ) -> "HookedTransformer":
+        """`from_pretrained` with every processing step off."""
+        return cls.from_pretrained(
+            model_name,
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+            fold_value_biases=fold_value_biases,
+            dtype=dtype,
+            default_prepend_bos=default_prepend_bos,
+            default_padding_side=default_padding_side,
+            **from_pretrained_kwargs,
+        )
+
+
+def _refuse_unsupported(refactor: bool, n_devices: int, kwargs: dict[str, Any]) -> None:
+    if refactor:
+        raise ValueError(
+            "refactor_factored_attn_matrices=True is not supported: hookedattn keeps "
+            "W_Q, W_K, W_V, W_O as loaded; read the circuits from model.QK and model.OV "
+            "(FactoredMatrix), which do not depend on how the factors are split"
+        )
+    if n_devices != 1:
+        raise ValueError(f"n_devices={n_devices}: hookedattn runs a model on one device")
+    ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
+    given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
+    unknown = sorted(set(kwargs) - ignored)
+    if given or unknown:
+        raise TypeError(
+            f"from_pretrained does not support {', '.join(given + unknown)}; it takes "
+            f"fold_ln, center_writing_weights, center_unembed, fold_value_biases, "
+            f"checkpoint_index, checkpoint_value, hf_model, tokenizer, device, dtype, "
+            f"default_prepend_bos, default_padding_side"
+        )
+
+
+__all__ = ["HookedTransformer", "HookedTransformerKeyValueCache"]
