@@ -68,6 +68,11 @@ def test_weights_that_do_not_match_the_config_are_listed(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError) as error:
         HookedTransformer.load(tmp_path)
+    # A size the weights fix is checked against the file's header, before anything is built.
+    assert "d_vocab=21, but embed.W_E is [20, 16] (d_vocab 20)" in str(error.value)
+    data["config"]["d_vocab"] = 20
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as error:
+        HookedTransformer.load(tmp_path)
     message = str(error.value)
     assert "unexpected" in message and "blocks.0.mlp.W_in" in message
-    assert "embed.W_E: (20, 16) instead of (21, 16)" in message
