@@ -104,6 +104,11 @@ class HeadScores:
             f"uniform baseline {self.baseline:.3f}; top {best})"
         )
 
+    def _repr_html_(self) -> str:
+        from analysis.view import head_scores_table  # the view module imports this one
+
+        return head_scores_table(self)
+
 
 def score_patterns(
     patterns: Float[Tensor, "layer batch head query_pos key_pos"], target: Target, detector: str

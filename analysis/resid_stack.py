@@ -106,6 +106,11 @@ class ResidStack:
             f"{dtype}: {_short_list(self.labels)}"
         )
 
+    def _repr_html_(self) -> str:
+        from analysis.view import resid_stack_table  # the view module imports this one
+
+        return resid_stack_table(self)
+
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Decomposition(ResidStack):

@@ -4,6 +4,7 @@
     python -m hookedattn predict attn-only-2l "def f(self):" -k 5   top next-token predictions
     python -m hookedattn cache attn-only-2l "import os"             every activation's shape
     python -m hookedattn cache attn-only-2l "import os" pattern 1   one activation's values
+    python -m hookedattn view attn-only-2l "abcabc xyzxyz" -o attention.html   an attention page
 
 MODEL is a shipped name (see `list`) or the path of a directory written by
 `HookedTransformer.save` / `scripts/train.py`; `--checkpoint STEP` picks a shipped model's
@@ -22,6 +23,7 @@ from hookedattn.model import HookedTransformer
 from hookedattn.names import expand_key
 from hookedattn.pretrained import list_pretrained
 from hookedattn.tokenizers import ByteTokenizer
+from hookedattn.viewer import attention
 
 
 def _load(model: str, checkpoint: int | None) -> HookedTransformer:
@@ -77,6 +79,18 @@ def cmd_cache(args: argparse.Namespace) -> None:
     print(value[0] if args.squeeze and value.shape[0] == 1 else value)
 
 
+def cmd_view(args: argparse.Namespace) -> None:
+    """Write the prompt's attention patterns, every head, as a self-contained HTML page."""
+    model = _load(args.model, args.checkpoint)
+    page = attention(model, args.prompt, head=args.head)
+    path = page.save(args.output)
+    n_tokens, n_layers = len(page.data["tokens"]), len(page.data["layers"])
+    print(
+        f"wrote {path} ({path.stat().st_size / 1024:.0f} KB): {n_tokens} tokens, "
+        f"{n_layers} layers x {page.data['n_heads']} heads; open it in a browser"
+    )
+
+
 def _cache_key(name: str, layer: int | None, sublayer: str | None) -> str | tuple:
     parts: list = [name]
     if layer is not None:
@@ -105,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
     cache.add_argument("--precision", type=int, default=3)
     cache.add_argument("--squeeze", action="store_true", help="drop a batch axis of size 1")
     cache.set_defaults(run=cmd_cache)
+    view = commands.add_parser("view", help="write a prompt's attention patterns as an HTML page")
+    view.add_argument("model", help="a shipped model name or a checkpoint directory")
+    view.add_argument("prompt")
+    view.add_argument("--checkpoint", type=int, metavar="STEP")
+    view.add_argument("-o", "--output", default="attention.html", help="default attention.html")
+    view.add_argument("--head", help="the head shown first, e.g. L1H4, or all (default L0H0)")
+    view.set_defaults(run=cmd_view)
     return top
 
 

@@ -92,6 +92,11 @@ class PatchingResult:
             f"largest normalised effects: {top})"
         )
 
+    def _repr_html_(self) -> str:
+        from analysis.view import patching_table  # the view module imports this one
+
+        return patching_table(self)
+
 
 @dataclasses.dataclass(frozen=True)
 class PatchingComparison:

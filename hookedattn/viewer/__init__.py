@@ -1,0 +1,28 @@
+"""Self-contained HTML views of a model's activations, for a browser or a notebook.
+
+    from hookedattn.viewer import attention
+    page = attention(model, "abcabc xyzxyz")     # a `Page`
+    page.save("attention.html")                  # one file: data, script and style inside
+    page                                         # in Jupyter: shown in a sandboxed frame
+
+A `Page` is a template, a stylesheet and a small script of this package's own, with the
+data embedded as JSON; opening one needs no server and fetches nothing. `analysis.view`
+adds the views of analysis results (attributions, decompositions, patching) on the same
+machinery. `python -m hookedattn view MODEL PROMPT -o attention.html` writes the attention
+page from the shell.
+"""
+
+from hookedattn.viewer.attention import attention, attention_data
+from hookedattn.viewer.page import Page, float32_base64, script_json
+from hookedattn.viewer.tables import html_table
+from hookedattn.viewer.tokens import token_strings
+
+__all__ = [
+    "Page",
+    "attention",
+    "attention_data",
+    "float32_base64",
+    "html_table",
+    "script_json",
+    "token_strings",
+]

@@ -1,0 +1,138 @@
+"""The attention view: a prompt's tokens, and every head's pattern over them, as a `Page`.
+
+    page = attention(model, "abcabc xyzxyz")        # runs the model on the text
+    page = attention(model, cache, tokens)          # or reads the patterns of a cache
+    page.save("attention.html")
+
+On the page: the tokens as text; a layer and head chooser, or all heads side by side as
+small multiples; hovering (or clicking, to keep it) a token colours every token by the
+attention it pays as a query, or receives as a key; the pattern as a heatmap with the
+tokens on both axes, each cell's exact value on hover.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from hookedattn.cache import ActivationCache
+from hookedattn.model import HookedTransformer
+from hookedattn.names import get_act_name
+from hookedattn.tokenization import is_text
+from hookedattn.viewer.page import Page, float32_base64
+from hookedattn.viewer.tokens import token_strings
+
+Patterns = Float[Tensor, "layer head query_pos key_pos"]
+
+
+def _run(model: HookedTransformer, prompt: Any) -> tuple[ActivationCache, Any]:
+    names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
+    tokens = model.to_tokens(prompt) if is_text(prompt) else prompt
+    if isinstance(tokens, Tensor) and tokens.ndim == 1:
+        tokens = tokens[None]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
+    return cache, tokens
+
+
+def _patterns(cache: ActivationCache, layers: Sequence[int], batch: int) -> Patterns:
+    found = []
+    for layer in layers:
+        pattern = cache["pattern", layer]
+        pattern = pattern[batch] if cache.has_batch_dim else pattern
+        found.append(pattern)
+    stacked = torch.stack(found)
+    if stacked.shape[-2] != stacked.shape[-1]:
+        raise ValueError(
+            f"patterns of shape {tuple(stacked.shape[1:])} [head query_pos key_pos] are not "
+            f"square (a cache made with pos_slice or a KV cache); the view needs every query"
+        )
+    return stacked
+
+
+def _start(head: object, layers: list[int], n_heads: int) -> dict[str, Any]:
+    if head == "all":
+        return {"index": 0, "grid": True}
+    if head is None:
+        return {"index": 0, "grid": False}
+    if isinstance(head, str) and head.startswith("L") and "H" in head:
+        layer_text, _, head_text = head[1:].partition("H")
+        if layer_text.isdigit() and head_text.isdigit():
+            head = (int(layer_text), int(head_text))
+    valid = (
+        f"'L<layer>H<head>' or (layer, head) with layer in {layers} and head in 0..{n_heads - 1}"
+    )
+    if not (isinstance(head, tuple) and len(head) == 2 and all(isinstance(i, int) for i in head)):
+        raise ValueError(f"head must be None, 'all', or {valid}; got {head!r}")
+    layer, index = head
+    if layer not in layers or not 0 <= index < n_heads:
+        raise ValueError(f"head {head!r} is not on this page: give {valid}")
+    return {"index": layers.index(layer) * n_heads + index, "grid": False}
+
+
+def attention_data(
+    patterns: Patterns, tokens: list[str], layers: list[int], head: object = None
+) -> dict[str, Any]:
+    """The JSON of an attention page: tokens, layers, and the patterns as float32.
+
+    A causal model's patterns are zero above the diagonal; then only the lower triangle
+    (row q: keys 0..q) is stored, which halves the page.
+    """
+    _, n_heads, n, _ = patterns.shape
+    if len(tokens) != n:
+        raise ValueError(f"{len(tokens)} token strings for patterns over {n} positions")
+    upper = torch.ones(n, n, dtype=torch.bool, device=patterns.device).triu(1)
+    triangle = not bool(patterns[..., upper].any())
+    lower = ~upper
+    stored = patterns[..., lower] if triangle else patterns
+    return {
+        "kind": "attention",
+        "tokens": tokens,
+        "layers": layers,
+        "n_heads": n_heads,
+        "patterns": {
+            "layout": "layer head query_pos key_pos, row-major"
+            + (", lower triangle only (keys 0..query_pos)" if triangle else ""),
+            "dtype": "float32",
+            "triangle": triangle,
+            "base64": float32_base64(stored),
+        },
+        "start": _start(head, layers, n_heads),
+    }
+
+
+def attention(
+    model: HookedTransformer,
+    cache_or_text: Any,
+    tokens: Any = None,
+    *,
+    layers: Sequence[int] | None = None,
+    head: Any = None,
+    batch: int = 0,
+    title: str | None = None,
+) -> Page:
+    """Every head's attention pattern over a prompt, as an interactive page.
+
+    `cache_or_text` is a prompt (a string, or token ids `[pos]` / `[1 pos]`: the model is
+    run on it) or an `ActivationCache` with the patterns; then `tokens` gives the token
+    strings (a list of str) or ids, and without them they are read off the cached
+    embedding (`hook_embed`) when it is there. `layers` limits the page to some layers
+    (all by default); `head` is the head shown first (`"L1H4"` or `(1, 4)`; `"all"` opens
+    the small multiples); `batch` picks the sequence of a batched cache.
+    """
+    if isinstance(cache_or_text, ActivationCache):
+        cache = cache_or_text
+    else:
+        cache, tokens = _run(model, cache_or_text)
+    n_layers = model.cfg.n_layers
+    chosen = list(range(n_layers)) if layers is None else [int(layer) for layer in layers]
+    if not chosen or any(not 0 <= layer < n_layers for layer in chosen):
+        raise ValueError(f"layers must be a non-empty list of layers in 0..{n_layers - 1}")
+    patterns = _patterns(cache, chosen, batch)
+    strings = token_strings(model, cache, tokens, batch, patterns.shape[-1])
+    data = attention_data(patterns, strings, chosen, head)
+    text = "".join(strings)
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return Page(title or f"attention: {shown!r}", data, height=820)
