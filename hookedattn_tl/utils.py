@@ -224,7 +224,8 @@ def test_prompt(
         if print_details:
             print("Tokenized prompt:", model.to_str_tokens(prompt_tokens[0]))
             print("Tokenized answer:", model.to_str_tokens(answer_tokens[0]))
-        logits = model(tokens)[0]
+        with torch.no_grad():
+            logits = model(tokens)[0]
         probs = logits.softmax(dim=-1)
         for i, token in enumerate(answer_tokens[0].tolist()):
             row, row_probs = logits[n_prompt - 1 + i], probs[n_prompt - 1 + i]

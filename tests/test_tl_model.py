@@ -1,0 +1,180 @@
+"""hookedattn_tl.HookedTransformer: TransformerLens's model methods, arguments and defaults."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import hookedattn
+from hookedattn import CharTokenizer
+from hookedattn_tl import (
+    HookedTransformer,
+    HookedTransformerConfig,
+    HookedTransformerKeyValueCache,
+    TransformerLensKeyValueCache,
+)
+
+TOKENS = torch.tensor([[1, 5, 2, 7, 3, 3], [4, 4, 0, 6, 2, 1]])
+
+
+def make_model(**overrides) -> HookedTransformer:
+    fields = dict(
+        n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=24, n_ctx=24, d_vocab=12,
+        act_fn="gelu", seed=0,
+    )  # fmt: skip
+    return HookedTransformer(HookedTransformerConfig(**{**fields, **overrides}))
+
+
+def test_set_use_attn_result_shares_parameters_and_keeps_the_logits():
+    model = make_model()
+    before = model(TOKENS)
+    W_Q, b_O = model.blocks[0].attn.W_Q, model.blocks[1].attn.b_O
+    model.set_use_attn_result(True)
+    assert model.cfg.use_attn_result
+    assert model.blocks[0].attn.W_Q is W_Q and model.blocks[1].attn.b_O is b_O
+    logits, cache = model.run_with_cache(TOKENS)
+    assert_close(logits, before)
+    heads = cache["result", 1].sum(-2) + model.blocks[1].attn.b_O
+    assert_close(heads, cache["attn_out", 1])
+
+
+@pytest.mark.parametrize(
+    ("setter", "hook"),
+    [
+        ("set_use_split_qkv_input", "blocks.0.hook_q_input"),
+        ("set_use_attn_in", "blocks.0.hook_attn_in"),
+        ("set_use_hook_mlp_in", "blocks.1.hook_mlp_in"),
+    ],
+)
+def test_use_toggles_add_hook_points_and_keep_the_function(setter, hook):
+    model = make_model()
+    before = model(TOKENS)
+    getattr(model, setter)(True)
+    assert hook in model.hook_dict
+    assert_close(model(TOKENS), before)
+    getattr(model, setter)(False)
+    assert hook not in model.hook_dict
+
+
+def test_toggle_keeps_hooks_attached_before_it():
+    model = make_model()
+    seen = []
+    model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: seen.append(hook.name))
+    model.set_use_attn_result(True)
+    model(TOKENS)
+    assert seen == ["blocks.0.hook_resid_pre"]
+
+
+def test_input_to_embed_is_the_stream_entering_block_0():
+    model = make_model()
+    resid, tokens, shortformer, mask = model.input_to_embed(TOKENS)
+    _, cache = model.run_with_cache(TOKENS)
+    assert_close(resid, cache["resid_pre", 0])
+    assert_close(resid, cache["hook_embed"] + cache["hook_pos_embed"])
+    assert tokens is TOKENS or torch.equal(tokens, TOKENS)
+    assert shortformer is None and mask is None
+
+
+def test_loss_fn_matches_the_forward_loss():
+    model = make_model()
+    logits = model(TOKENS)
+    assert_close(model.loss_fn(logits, TOKENS), model(TOKENS, return_type="loss"))
+    per_token = model.loss_fn(logits, TOKENS, per_token=True)
+    assert per_token.shape == (2, 5)
+
+
+def test_text_helpers_with_a_tokenizer():
+    tokenizer = CharTokenizer("abcdefg")
+    model = make_model(d_vocab=tokenizer.vocab_size)
+    model.tokenizer = tokenizer
+    token = model.to_single_token("c")
+    assert model.to_single_str_token(token) == "c"
+    with pytest.raises(TypeError, match="int token id"):
+        model.to_single_str_token("c")
+    model.default_padding_side = "left"
+    batch = model.to_tokens(["ab", "abcd"])
+    assert batch[0, 0] == tokenizer.pad_token_id  # padded on the left by default
+    assert model.to_tokens(["ab", "abcd"], padding_side="right")[0, -1] == tokenizer.pad_token_id
+    # Left-padded text through the forward: the real tokens get their unpadded logits.
+    short = model("ab")[0, -1]
+    assert_close(model(["ab", "abcd"])[0, -1], short, atol=1e-5, rtol=1e-5)
+
+
+def test_n_params_total_and_all_head_labels():
+    model = make_model()
+    assert model.n_params_total == sum(p.numel() for p in model.parameters())
+    assert model.all_head_labels() == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    assert model.all_head_labels == ["L0H0", "L0H1", "L1H0", "L1H1"]
+
+
+def test_tokens_to_residual_directions_squeezes_one_token_as_tl():
+    model = make_model()
+    assert model.tokens_to_residual_directions(torch.tensor([3])).shape == (16,)
+    assert_close(model.tokens_to_residual_directions(3), model.W_U[:, 3])
+    assert model.tokens_to_residual_directions(TOKENS).shape == (2, 6, 16)
+
+
+def test_accumulated_bias():
+    model = make_model()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)
+    blocks = model.blocks
+    expected = blocks[0].attn.b_O + blocks[0].mlp.b_out + blocks[1].attn.b_O
+    assert_close(model.accumulated_bias(1, mlp_input=True), expected)
+    no_mlp = model.accumulated_bias(2, include_mlp_biases=False)
+    assert_close(no_mlp, blocks[0].attn.b_O + blocks[1].attn.b_O)
+
+
+def test_kv_cache_init_cache_gives_the_full_forward_logits():
+    model = make_model()
+    cache = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    assert HookedTransformerKeyValueCache is TransformerLensKeyValueCache
+    first = model(TOKENS[:, :4], past_kv_cache=cache)
+    rest = model(TOKENS[:, 4:], past_kv_cache=cache)
+    assert_close(torch.cat([first, rest], dim=1), model(TOKENS), atol=1e-5, rtol=1e-5)
+
+
+def test_generate_samples_by_default_and_greedy_matches_the_core():
+    model = make_model()
+    prompt = TOKENS[:1, :3]
+    greedy = model.generate(prompt, 4, do_sample=False, stop_at_eos=False, verbose=False)
+    core = hookedattn.HookedTransformer.generate(model, prompt, 4, stop_at_eos=False)
+    assert torch.equal(greedy, core)
+    torch.manual_seed(0)
+    sampled = [model.generate(prompt, 6, stop_at_eos=False, verbose=False) for _ in range(4)]
+    assert len({tuple(s[0].tolist()) for s in sampled}) > 1  # TL's default: do_sample=True
+
+
+def test_generate_with_freq_penalty_never_repeats_a_token():
+    model = make_model(d_vocab=20)
+    prompt = torch.tensor([[1, 2]])
+    torch.manual_seed(0)
+    out = model.generate(prompt, 10, freq_penalty=1e4, stop_at_eos=False, verbose=False)
+    assert out.shape == (1, 12)
+    assert len(set(out[0].tolist())) == 12  # each token's count pushes it out of reach
+
+
+def test_from_pretrained_with_hf_model_processes_by_default():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=16, vocab_size=20)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    processed = HookedTransformer.from_pretrained("gpt2", hf_model=hf)
+    raw = HookedTransformer.from_pretrained_no_processing("gpt2", hf_model=hf)
+    assert isinstance(processed, HookedTransformer) and isinstance(raw, HookedTransformer)
+    assert processed.cfg.normalization_type == "LNPre"
+    assert raw.cfg.normalization_type == "LN"
+    tokens = torch.tensor([[1, 4, 9, 3]])
+    assert_close(
+        processed(tokens).log_softmax(-1), raw(tokens).log_softmax(-1), atol=1e-5, rtol=1e-5
+    )
+    assert_close(raw(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
+    left = HookedTransformer.from_pretrained("gpt2", hf_model=hf, default_padding_side="left")
+    assert left.default_padding_side == "left"
+
+
+def test_from_pretrained_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="refactor_factored_attn_matrices"):
+        HookedTransformer.from_pretrained("x", refactor_factored_attn_matrices=True)
+    with pytest.raises(TypeError, match="first_n_layers"):
+        HookedTransformer.from_pretrained("x", first_n_layers=1)
