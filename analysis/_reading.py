@@ -3,7 +3,8 @@
 Private helpers: a cached activation always with its batch axis (a cache made with
 `remove_batch_dim=True` reads as a batch of one), weights detached and cast to the
 activations' dtype (a cache may be recorded in float64 from a float32 model), and the
-component labels people type back in (`"L1H2"`, `"L0N42"`).
+component labels people type back in (`"L1H2"`, `"L1H2 pos 4"`, `"L0N42"`), built here
+and nowhere else in `analysis`.
 """
 
 import re
@@ -31,6 +32,13 @@ def weight(w: Tensor, like: Tensor) -> Tensor:
 def head_label(layer: int, head: int) -> str:
     """`"L{layer}H{head}"`, the label of one attention head."""
     return f"L{layer}H{head}"
+
+
+def component_label(layer: int, head: int | None = None, pos: int | None = None) -> str:
+    """`"L1H6 pos 11"`, `"L1H6"`, `"L0 pos 4"` or `"L0"`: where a component lies, in the
+    spelling of `head_label` (the one label style of every analysis result)."""
+    where = f"L{layer}" if head is None else head_label(layer, head)
+    return where if pos is None else f"{where} pos {pos}"
 
 
 def neuron_label(layer: int, neuron: int) -> str:

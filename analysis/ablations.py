@@ -20,8 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.patching.components import Component, check_component, component_masks
-from analysis.patching.inputs import as_tokens
+from analysis.patching._components import Component, check_component, component_masks
+from analysis.patching._inputs import as_tokens
 from analysis.pattern_ablation import frozen_pattern_hooks
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.names import get_act_name, pos_axis

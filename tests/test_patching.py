@@ -1,21 +1,46 @@
-"""Activation patching: the batched sweep against a one-forward-per-patch loop."""
+"""Activation patching: the batched engine against the one-forward-per-patch reference.
+
+Every kind of every model variant, both directions, by position or not, and memory budgets
+from one variant per pass to everything in one: the engine must give the numbers of
+`_reference.reference_sweep` (float64, to ~1e-10).
+"""
+
+import functools
+import warnings
 
 import pytest
 import torch
 
 from analysis.patching import Component, activation_patch, available_kinds
-from analysis.patching.components import component_grid
-from analysis.patching.engine import bytes_per_sequence, plan_chunks
+from analysis.patching._components import component_grid
+from analysis.patching._engine import Edit, base_run, extents, sweep
+from analysis.patching._reference import reference_sweep, region
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.tolerances import tolerance
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11
-TOL = tolerance(torch.float64).as_kwargs()
+EXACT = dict(rtol=0.0, atol=1e-10)
+
+VARIANTS = {
+    "2 layers, LN, MLP": dict(),
+    "3 layers, RMS, per-head inputs": dict(
+        n_layers=3, normalization_type="RMS", use_attn_in=True, use_hook_mlp_in=True
+    ),
+    "attention-only, no norm, split qkv": dict(
+        attn_only=True, d_mlp=None, normalization_type=None, use_split_qkv_input=True
+    ),
+    "3 layers, rotary, split qkv, attn result": dict(
+        n_layers=3, positional_embedding_type="rotary", use_attn_result=True,
+        use_split_qkv_input=True,
+    ),
+    # No room in the context after the earlier keys: every variant at its own place.
+    "context full": dict(n_ctx=N_POS, use_attn_result=True),
+}  # fmt: skip
 
 
-def make_model(**overrides) -> HookedTransformer:
-    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=8, d_vocab=D_VOCAB, d_mlp=32, seed=0)
-    settings.update(overrides)
+@functools.cache
+def make_model(name: str) -> HookedTransformer:
+    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=16, d_vocab=D_VOCAB, d_mlp=32, seed=0)
+    settings.update(VARIANTS[name])
     return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **settings))
 
 
@@ -24,153 +49,120 @@ def make_tokens(seed: int) -> torch.Tensor:
 
 
 CLEAN, CORRUPTED = make_tokens(1), make_tokens(2)
+PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
 ANSWERS = torch.tensor([3, 7])
 
 
 def logit_diff(logits: torch.Tensor) -> torch.Tensor:
-    last = logits[:, -1]
-    return last[torch.arange(len(ANSWERS)), ANSWERS] - last[:, 0]
+    """Reads every position, so that no patch is skipped."""
+    return (logits[:, :, 3] - logits[:, :, 0]).sum(1) + logits[torch.arange(BATCH), -1, ANSWERS]
 
 
-# Where each component lies, written out here rather than taken from the library.
-HEAD_AXIS = {"pattern": 1, "attn_scores": 1}
-POS_AXIS = {"pattern": 2, "attn_scores": 2}
-
-
-def region(component: Component) -> tuple:
-    index = [slice(None)] * 4
-    if component.pos is not None:
-        index[POS_AXIS.get(component.name, 1)] = component.pos
-    if component.head is not None:
-        index[HEAD_AXIS.get(component.name, 2)] = component.head
-    return tuple(index)
-
-
-def loop_reference(model, target, source, components) -> torch.Tensor:
-    """One forward pass per patched component, TransformerLens style."""
-    _, source_cache = model.run_with_cache(source)
-    rows = []
-    for component in components:
-        index = region(component)
-
-        def patch(activation, hook, index=index):
-            patched = activation.clone()
-            index = index[: activation.ndim]
-            patched[index] = source_cache[hook.name][index]
-            return patched
-
-        logits = model.run_with_hooks(target, fwd_hooks=[(component.hook_name, patch)])
-        rows.append(logit_diff(logits))
-    return torch.stack(rows)
-
-
-KINDS = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"]
-
-
-@pytest.mark.parametrize("kind", [*KINDS, "pattern", "attn_scores", "post"])
-@pytest.mark.parametrize("by_pos", [True, False])
-@pytest.mark.parametrize("direction", ["denoising", "noising"])
-def test_batched_sweep_equals_one_forward_per_patch(kind, by_pos, direction):
-    model = make_model()
-    result = activation_patch(
-        model,
-        CLEAN,
-        CORRUPTED,
-        logit_diff,
-        kind,
-        by_pos=by_pos,
-        direction=direction,
-        memory_budget=40_000,
-    )
+def reference(model, kind, by_pos, direction):
     target, source = (CORRUPTED, CLEAN) if direction == "denoising" else (CLEAN, CORRUPTED)
-    grid = component_grid(model, kind, N_POS, by_pos)
-    expected = loop_reference(model, target, source, grid.components)
-    torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **TOL)
+    _, cache = model.run_with_cache(source)
+    components = component_grid(model, kind, N_POS, by_pos).components
+    return reference_sweep(model, target, cache, components, logit_diff)
 
 
-@pytest.mark.parametrize("memory_budget", [1, 25_000, 10**9])
-def test_every_chunking_gives_the_same_numbers(memory_budget):
-    model = make_model()
-    result = activation_patch(
-        model, CLEAN, CORRUPTED, logit_diff, "z", by_pos=True, memory_budget=memory_budget
-    )
-    grid = component_grid(model, "z", N_POS, True)
-    expected = loop_reference(model, CORRUPTED, CLEAN, grid.components)
-    torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **TOL)
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        dict(positional_embedding_type="rotary", use_attn_result=True, use_split_qkv_input=True),
-        dict(use_attn_in=True, use_hook_mlp_in=True, normalization_type="RMS"),
-        dict(attn_only=True, d_mlp=None, normalization_type=None),
-    ],
-)
-def test_every_kind_of_every_variant_matches_the_loop(overrides):
-    model = make_model(**overrides)
+@pytest.mark.parametrize("direction", ["denoising", "noising"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_kind_matches_the_reference(name, direction):
+    model = make_model(name)
     for kind in available_kinds(model):
-        result = activation_patch(model, CLEAN, CORRUPTED, logit_diff, kind, by_pos=True)
-        grid = component_grid(model, kind, N_POS, True)
-        expected = loop_reference(model, CORRUPTED, CLEAN, grid.components)
-        torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **TOL)
+        for by_pos in (True, False):
+            result = activation_patch(
+                model, kind, **PROMPTS, metric=logit_diff, by_pos=by_pos, direction=direction
+            )
+            expected = reference(model, kind, by_pos, direction)
+            actual = result.per_prompt.reshape(-1, BATCH)
+            torch.testing.assert_close(actual, expected, **EXACT, msg=f"{kind} by_pos={by_pos}")
 
 
-def test_chunks_fit_the_memory_budget_and_never_mix_layers():
-    model = make_model()
-    grid = component_grid(model, "z", N_POS, by_pos=True)
-    budget = 30_000
-    chunks = plan_chunks(model, grid.components, BATCH, N_POS, budget)
-    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(grid.components)))
-    assert 2 < len(chunks) < len(grid.components)
-    for chunk in chunks:
-        chosen = [grid.components[i] for i in chunk]
-        start, end = chosen[0].pos, max(c.pos for c in chosen) + 1
-        assert {c.layer for c in chosen} == {chosen[0].layer}
-        assert all(c.pos >= start for c in chosen)
-        # A patch of a head's output in the last block changes nothing after its position.
-        n_run = end - start if chosen[0].layer == 1 else N_POS - start
-        if len(chunk) > 1:
-            assert len(chunk) * BATCH * bytes_per_sequence(model, n_run, N_POS) <= budget
+@pytest.mark.parametrize("memory_budget", [1, 30_000, 10**12])
+@pytest.mark.parametrize("kind", ["z", "resid_pre", "pattern", "k"])
+def test_every_memory_budget_gives_the_same_numbers(kind, memory_budget):
+    model = make_model("3 layers, rotary, split qkv, attn result")
+    result = activation_patch(
+        model, kind, **PROMPTS, metric=logit_diff, by_pos=True, memory_budget=memory_budget
+    )
+    expected = reference(model, kind, True, "denoising")
+    torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **EXACT)
+
+
+def test_edits_at_several_hooks_and_positions_in_one_variant():
+    # What path patching builds: a variant touching several layers, kinds and positions.
+    model = make_model("2 layers, LN, MLP")
+    base = base_run(model, CORRUPTED, logit_diff, [])
+    _, clean = model.run_with_cache(CLEAN)
+    z0, mlp1 = clean["blocks.0.attn.hook_z"], clean["blocks.1.hook_mlp_out"]
+    heads = torch.tensor([[True, False], [False, True], [False, False]])
+    positions = torch.tensor([[False, True, False, True, False]] * 2 + [[True] * 5])
+    edits = [
+        Edit("z", 0, heads[:, None, None, :, None] & positions[:, None, :, None, None], z0),
+        Edit("mlp_out", 1, torch.tensor([False, True, True]).reshape(3, 1, 1, 1), mlp1),
+    ]
+    got = sweep(model, base, edits, 3, logit_diff)
+
+    def by_hand(i):
+        def patch_z(z, hook):
+            return torch.where(edits[0].mask[i], z0, z)
+
+        def patch_mlp(x, hook):
+            return mlp1 if bool(edits[1].mask[i].any()) else x
+
+        hooks = [("blocks.0.attn.hook_z", patch_z), ("blocks.1.hook_mlp_out", patch_mlp)]
+        return logit_diff(model.run_with_hooks(CORRUPTED, fwd_hooks=hooks))
+
+    torch.testing.assert_close(got, torch.stack([by_hand(i) for i in range(3)]), **EXACT)
+    first = extents(edits, 3, N_POS)
+    assert [(e.layer, e.start, e.local) for e in first] == [
+        (0, 1, True),
+        (0, 0, False),
+        (1, 0, True),
+    ]
 
 
 def test_patching_the_whole_residual_stream_gives_the_other_run():
-    model = make_model()
-    denoised = activation_patch(model, CLEAN, CORRUPTED, logit_diff, "resid_pre", by_pos=False)
-    noised = activation_patch(
-        model, CLEAN, CORRUPTED, logit_diff, "resid_pre", by_pos=False, direction="noising"
-    )
-    torch.testing.assert_close(denoised.normalised, torch.ones(2, dtype=torch.float64), **TOL)
-    torch.testing.assert_close(noised.normalised, torch.zeros(2, dtype=torch.float64), **TOL)
+    model = make_model("2 layers, LN, MLP")
+    kwargs = dict(**PROMPTS, metric=logit_diff, by_pos=False)
+    denoised = activation_patch(model, "resid_pre", **kwargs)
+    noised = activation_patch(model, "resid_pre", **kwargs, direction="noising")
+    torch.testing.assert_close(denoised.normalised, torch.ones(2, dtype=torch.float64), **EXACT)
+    torch.testing.assert_close(noised.normalised, torch.zeros(2, dtype=torch.float64), **EXACT)
 
 
 def test_result_is_labelled_with_baselines():
-    model = make_model()
-    result = activation_patch(model, CLEAN, CORRUPTED, logit_diff, "z", by_pos=True)
+    model = make_model("2 layers, LN, MLP")
+    result = activation_patch(model, "z", **PROMPTS, metric=logit_diff, by_pos=True)
     assert result.axes == ("layer", "pos", "head")
     assert result.shape == (2, N_POS, 2)
     assert result.labels[1] == tuple(str(p) for p in range(N_POS))
-    torch.testing.assert_close(result.clean, logit_diff(model(CLEAN)), **TOL)
-    torch.testing.assert_close(result.corrupted, logit_diff(model(CORRUPTED)), **TOL)
+    torch.testing.assert_close(result.clean, logit_diff(model(CLEAN)), **EXACT)
+    torch.testing.assert_close(result.corrupted, logit_diff(model(CORRUPTED)), **EXACT)
     gap = result.clean.mean() - result.corrupted.mean()
     expected = (result.per_prompt.mean(-1) - result.corrupted.mean()) / gap
-    torch.testing.assert_close(result.normalised, expected, **TOL)
-    assert result.label((1, 4, 0)) == "layer 1 pos 4 head 0"
+    torch.testing.assert_close(result.normalised, expected, **EXACT)
+    assert result.label((1, 4, 0)) == "L1H0 pos 4"
+    assert Component("z", 1, head=0, pos=4).label() == "z L1H0 pos 4"
     assert "z [layer=2, pos=5, head=2]" in repr(result)
+    by_layer = activation_patch(model, "resid_pre", **PROMPTS, metric=logit_diff)
+    assert by_layer.label((1, 3)) == "L1 pos 3"
 
 
 def test_leaves_no_hooks_and_does_not_touch_its_inputs():
-    model = make_model()
+    model = make_model("2 layers, LN, MLP")
     clean, corrupted = CLEAN.clone(), CORRUPTED.clone()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    activation_patch(model, clean, corrupted, logit_diff, "pattern", by_pos=True)
+    activation_patch(model, "pattern", clean_tokens=clean, corrupted_tokens=corrupted,
+                     metric=logit_diff, by_pos=True)  # fmt: skip
     assert model.attached_hooks() == []
     assert torch.equal(clean, CLEAN) and torch.equal(corrupted, CORRUPTED)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
 
 
 def test_hooks_are_detached_when_the_metric_fails_midway():
-    model = make_model()
+    model = make_model("2 layers, LN, MLP")
     calls = []
 
     def flaky(logits):
@@ -180,33 +172,67 @@ def test_hooks_are_detached_when_the_metric_fails_midway():
         return logit_diff(logits)
 
     with pytest.raises(RuntimeError, match="metric broke"):
-        activation_patch(model, CLEAN, CORRUPTED, flaky, "z")
+        activation_patch(model, "z", **PROMPTS, metric=flaky)
     assert model.attached_hooks() == []
 
 
+def test_transformer_lens_argument_order_is_an_error_not_a_reversed_direction():
+    model = make_model("2 layers, LN, MLP")
+    _, clean_cache = model.run_with_cache(CLEAN)
+    # TransformerLens: get_act_patch_...(model, corrupted_tokens, clean_cache, metric).
+    with pytest.raises(TypeError, match="positional"):
+        activation_patch(model, CORRUPTED, clean_cache, logit_diff)
+    with pytest.raises(TypeError, match=r"got an ActivationCache.*TransformerLens"):
+        activation_patch(model, clean_tokens=clean_cache, corrupted_tokens=CORRUPTED,
+                         metric=logit_diff)  # fmt: skip
+
+
+def test_equal_clean_and_corrupted_warn_that_normalised_is_nan():
+    model = make_model("2 layers, LN, MLP")
+    with pytest.warns(UserWarning, match=r"same mean metric.*tokens are equal.*NaN"):
+        result = activation_patch(
+            model, clean_tokens=CLEAN, corrupted_tokens=CLEAN, metric=logit_diff
+        )
+    assert bool(result.normalised.isnan().all())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        activation_patch(model, **PROMPTS, metric=logit_diff)
+
+
 def test_clean_and_corrupted_of_different_shapes_is_an_error():
-    model = make_model()
+    model = make_model("2 layers, LN, MLP")
     with pytest.raises(ValueError, match=r"clean tokens have shape \(2, 5\).*\(2, 4\)"):
-        activation_patch(model, CLEAN, CORRUPTED[:, :4], logit_diff)
+        activation_patch(
+            model, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED[:, :4], metric=logit_diff
+        )
 
 
 def test_metric_without_one_value_per_prompt_is_an_error():
-    model = make_model()
+    model = make_model("2 layers, LN, MLP")
     with pytest.raises(ValueError, match=r"shape \(2,\); got shape \(\).*mean"):
-        activation_patch(model, CLEAN, CORRUPTED, lambda logits: logit_diff(logits).mean())
+        activation_patch(model, **PROMPTS, metric=lambda logits: logit_diff(logits).mean())
     with pytest.raises(TypeError, match="got float"):
-        activation_patch(model, CLEAN, CORRUPTED, lambda logits: 1.0)
+        activation_patch(model, **PROMPTS, metric=lambda logits: 1.0)
 
 
 def test_kind_the_model_lacks_is_an_error_naming_the_kinds_it_has():
-    model = make_model(attn_only=True, d_mlp=None)
+    model = make_model("attention-only, no norm, split qkv")
     with pytest.raises(ValueError, match=r"no 'mlp_out' \(it is attention-only\).*resid_pre"):
-        activation_patch(model, CLEAN, CORRUPTED, logit_diff, "mlp_out")
+        activation_patch(model, "mlp_out", **PROMPTS, metric=logit_diff)
     with pytest.raises(ValueError, match=r"unknown component kind 'atn_out'.*'attn_out'"):
-        activation_patch(model, CLEAN, CORRUPTED, logit_diff, "atn_out")
+        activation_patch(model, "atn_out", **PROMPTS, metric=logit_diff)
 
 
-def test_unknown_direction_is_an_error():
-    model = make_model()
+def test_bad_direction_and_budget_are_errors():
+    model = make_model("2 layers, LN, MLP")
     with pytest.raises(ValueError, match="direction must be 'denoising' or 'noising'"):
-        activation_patch(model, CLEAN, CORRUPTED, logit_diff, direction="backwards")
+        activation_patch(model, **PROMPTS, metric=logit_diff, direction="backwards")
+    with pytest.raises(ValueError, match="memory_budget must be a positive number of bytes"):
+        activation_patch(model, **PROMPTS, metric=logit_diff, memory_budget=0)
+
+
+def test_the_reference_region_is_the_component():
+    every = slice(None)
+    assert region(Component("z", 1, head=3, pos=2)) == (every, 2, 3, every)
+    assert region(Component("pattern", 0, head=1, pos=4)) == (every, 1, 4, every)
+    assert region(Component("resid_pre", 0)) == (slice(None),) * 3

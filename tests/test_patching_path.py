@@ -64,7 +64,15 @@ S = Component("z", 0, head=0)
 
 def run(receivers, senders=(S,), **kwargs):
     model = hand_built()
-    return path_patch(model, CLEAN, CORRUPTED, metric, receivers, list(senders), **kwargs)
+    return path_patch(
+        model,
+        receivers,
+        list(senders),
+        clean_tokens=CLEAN,
+        corrupted_tokens=CORRUPTED,
+        metric=metric,
+        **kwargs,
+    )
 
 
 def test_baselines_are_the_two_paths_summed():
@@ -99,7 +107,14 @@ def test_paths_that_do_not_exist_have_no_effect():
 
 def test_the_two_routes_add_up_to_patching_the_sender():
     model = hand_built()
-    whole = activation_patch(model, CLEAN, CORRUPTED, metric, "z", direction="noising")
+    whole = activation_patch(
+        model,
+        "z",
+        clean_tokens=CLEAN,
+        corrupted_tokens=CORRUPTED,
+        metric=metric,
+        direction="noising",
+    )
     via_r = run(Component("v", 2, head=0)).per_prompt[0]
     via_m = run(Component("v", 1, head=0)).per_prompt[0]
     clean = whole.clean
@@ -115,7 +130,15 @@ def test_denoising_is_the_mirror_image():
 def test_every_head_as_sender_in_one_call_matches_each_alone():
     model = hand_built()
     receivers = [Component("v", 2, head=0), Component("v", 1, head=0)]
-    sweep = path_patch(model, CLEAN, CORRUPTED, metric, receivers, "z", memory_budget=1)
+    sweep = path_patch(
+        model,
+        receivers,
+        "z",
+        clean_tokens=CLEAN,
+        corrupted_tokens=CORRUPTED,
+        metric=metric,
+        memory_budget=1,
+    )
     assert sweep.axes == ("layer", "head") and sweep.shape == (3, 2)
     for layer in range(3):
         for head in range(2):
@@ -132,7 +155,15 @@ def test_frozen_mlps_leave_only_the_direct_path_to_the_logits():
     g = torch.Generator().manual_seed(0)
     clean, corrupted = (torch.randint(0, 11, (2, 5), generator=g) for _ in range(2))
     sender, last = Component("z", 0, head=1), Component("resid_post", 1)
-    result = path_patch(model, clean, corrupted, metric, last, [sender], freeze_mlps=True)
+    result = path_patch(
+        model,
+        last,
+        [sender],
+        clean_tokens=clean,
+        corrupted_tokens=corrupted,
+        metric=metric,
+        freeze_mlps=True,
+    )
     _, clean_cache = model.run_with_cache(clean)
     _, corrupted_cache = model.run_with_cache(corrupted)
     z = "blocks.0.attn.hook_z"
@@ -145,11 +176,35 @@ def test_frozen_mlps_leave_only_the_direct_path_to_the_logits():
 
 def test_leaves_no_hooks_and_checks_its_components():
     model = hand_built()
-    path_patch(model, CLEAN, CORRUPTED, metric, Component("v", 2, head=0))
+    path_patch(
+        model,
+        Component("v", 2, head=0),
+        clean_tokens=CLEAN,
+        corrupted_tokens=CORRUPTED,
+        metric=metric,
+    )
     assert model.attached_hooks() == []
     with pytest.raises(ValueError, match="head must be in 0..1"):
-        path_patch(model, CLEAN, CORRUPTED, metric, Component("v", 2, head=5))
+        path_patch(
+            model,
+            Component("v", 2, head=5),
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=metric,
+        )
     with pytest.raises(ValueError, match="it is attention-only"):
-        path_patch(model, CLEAN, CORRUPTED, metric, Component("mlp_out", 1))
+        path_patch(
+            model,
+            Component("mlp_out", 1),
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=metric,
+        )
     with pytest.raises(ValueError, match="clean tokens have shape"):
-        path_patch(model, CLEAN, CORRUPTED[:1], metric, Component("v", 2, head=0))
+        path_patch(
+            model,
+            Component("v", 2, head=0),
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED[:1],
+            metric=metric,
+        )

@@ -1,14 +1,12 @@
 """Patching with `metric_positions`: only what the declared positions need, same numbers."""
 
 import functools
+import itertools
 
 import pytest
 import torch
 
 from analysis.patching import Component, activation_patch, available_kinds, path_patch
-from analysis.patching.components import component_grid
-from analysis.patching.declared import reaches
-from analysis.patching.side_by_side import eligible, plan_side_by_side
 from hookedattn import HookedTransformer, HookedTransformerConfig
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11
@@ -66,27 +64,36 @@ def assert_every_kind_matches(model, direction, declaration):
     for kind in available_kinds(model):
         for by_pos in (True, False):
             kwargs = dict(kind=kind, by_pos=by_pos, direction=direction)
-            full = activation_patch(model, CLEAN, CORRUPTED, metric, **kwargs)
+            full = activation_patch(
+                model, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, **kwargs
+            )
             fast = activation_patch(
-                model, CLEAN, CORRUPTED, metric, metric_positions=declared, **kwargs
+                model,
+                clean_tokens=CLEAN,
+                corrupted_tokens=CORRUPTED,
+                metric=metric,
+                metric_positions=declared,
+                **kwargs,
             )
             torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
             torch.testing.assert_close(fast.clean, full.clean, **EXACT)
 
 
-@pytest.mark.parametrize("declaration", ["last", "two"])
-@pytest.mark.parametrize("direction", ["denoising", "noising"])
-@pytest.mark.parametrize("model_name", [m for m in MODELS if m != "2 layers, context full"])
+# Each variant once, with a direction and a declaration each, so that all are covered.
+CASES = [
+    ("2 layers, LN, MLP", "denoising", "last"),
+    ("3 layers, RMS, per-head inputs", "noising", "two"),
+    ("3 layers, RMS, per-head inputs", "denoising", "superset"),
+    ("attention-only, no norm, split qkv", "noising", "last"),
+    ("3 layers, rotary, split qkv", "denoising", "two"),
+    ("3 layers, rotary, split qkv", "noising", "last"),
+    ("2 layers, context full", "denoising", "two"),
+]
+
+
+@pytest.mark.parametrize(("model_name", "direction", "declaration"), CASES)
 def test_every_kind_gives_the_numbers_of_the_full_computation(model_name, direction, declaration):
     assert_every_kind_matches(make_model(model_name), direction, declaration)
-
-
-def test_every_kind_gives_the_same_numbers_stacked_on_the_batch_axis():
-    assert_every_kind_matches(make_model("2 layers, context full"), "denoising", "two")
-
-
-def test_declaring_more_positions_than_the_metric_reads_changes_nothing():
-    assert_every_kind_matches(make_model("3 layers, RMS, per-head inputs"), "noising", "superset")
 
 
 @pytest.mark.parametrize("memory_budget", [1, 20_000, 10**9])
@@ -94,52 +101,61 @@ def test_every_chunking_gives_the_same_numbers(memory_budget):
     model = make_model("3 layers, RMS, per-head inputs")
     metric = logit_diff_at(1, -1)
     for kind in ("z", "resid_pre", "k", "pattern", "mlp_out"):
-        full = activation_patch(model, CLEAN, CORRUPTED, metric, kind, by_pos=True)
+        full = activation_patch(
+            model, kind, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, by_pos=True
+        )
         fast = activation_patch(
-            model, CLEAN, CORRUPTED, metric, kind, by_pos=True, metric_positions=[1, -1],
+            model,
+            kind,
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=metric,
+            by_pos=True,
+            metric_positions=[1, -1],
             memory_budget=memory_budget,
-        )  # fmt: skip
+        )
         torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
-
-
-def test_both_ways_of_running_a_pass_are_exercised():
-    # Side by side where the context has room after the shared keys (and no rotary),
-    # stacked on the batch axis otherwise.
-    model = make_model("2 layers, LN, MLP")
-    component = Component("z", 0, head=1, pos=2)
-    assert eligible(model, component, (4,))
-    assert not eligible(make_model("2 layers, context full"), component, (4,))
-    assert not eligible(make_model("3 layers, rotary, split qkv"), Component("z", 2, 0, 2), (4,))
-    # Side-by-side passes hold variants at several positions.
-    components = component_grid(model, "z", N_POS, by_pos=True).components
-    chunks = plan_side_by_side(model, components, range(len(components)), BATCH, (4,), 10**9)
-    assert any(len({components[i].pos for i in chunk}) > 1 for chunk in chunks)
 
 
 def test_patches_that_cannot_reach_the_declared_positions_keep_the_unpatched_metric():
     model = make_model("2 layers, LN, MLP")
     result = activation_patch(
-        model, CLEAN, CORRUPTED, logit_diff_at(2), "z", by_pos=True, metric_positions=2
+        model,
+        "z",
+        clean_tokens=CLEAN,
+        corrupted_tokens=CORRUPTED,
+        metric=logit_diff_at(2),
+        by_pos=True,
+        metric_positions=2,
     )
-    grid = component_grid(model, "z", N_POS, by_pos=True)
-    unreached = [i for i, c in enumerate(grid.components) if not reaches(c, (2,), 2)]
-    # After position 2, and in the last block anywhere but position 2.
-    assert {(c.layer, c.pos) for c in (grid.components[i] for i in unreached)} == {
-        (0, 3), (0, 4), (1, 0), (1, 1), (1, 3), (1, 4)
-    }  # fmt: skip
-    per_prompt = result.per_prompt.reshape(len(grid.components), BATCH)
-    assert all(torch.equal(per_prompt[i], result.corrupted) for i in unreached)
+    # After position 2, and in the last block anywhere but position 2: not run at all, so
+    # bit for bit the unpatched metric.
+    unreached = {(0, 3), (0, 4), (1, 0), (1, 1), (1, 3), (1, 4)}
+    for layer, pos, head in itertools.product(range(2), range(N_POS), range(2)):
+        same = torch.equal(result.per_prompt[layer, pos, head], result.corrupted)
+        assert same == ((layer, pos) in unreached), (layer, pos, head)
 
 
 def test_a_metric_reading_an_undeclared_position_is_an_error_naming_it():
     model = make_model("2 layers, LN, MLP")
     with pytest.raises(ValueError, match=r"also reads the logits at positions \[1, 3\].*"):
-        activation_patch(model, CLEAN, CORRUPTED, logit_diff_at(1, 3, -1), "z", metric_positions=-1)
+        activation_patch(
+            model,
+            "z",
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=logit_diff_at(1, 3, -1),
+            metric_positions=-1,
+        )
     with pytest.raises(ValueError, match=r"metric_positions=\[1, 3, 4\] or None"):
         path_patch(
-            model, CLEAN, CORRUPTED, logit_diff_at(1, 3, -1), Component("k", 1, head=0),
+            model,
+            Component("k", 1, head=0),
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=logit_diff_at(1, 3, -1),
             metric_positions=-1,
-        )  # fmt: skip
+        )
 
 
 def test_a_metric_reading_undeclared_positions_only_when_patched_is_caught():
@@ -152,8 +168,16 @@ def test_a_metric_reading_undeclared_positions_only_when_patched_is_caught():
         extra = 0 if len(calls) <= 4 else logits[:, 0, 0]
         return logit_diff_at(-1)(logits) + extra
 
-    with pytest.raises(ValueError, match=r"gave NaN with z L\d+H\d+ @\d patched"):
-        activation_patch(model, CLEAN, CORRUPTED, sneaky, "z", by_pos=True, metric_positions=-1)
+    with pytest.raises(ValueError, match=r"gave NaN with z L\d+H\d+ pos \d patched"):
+        activation_patch(
+            model,
+            "z",
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=sneaky,
+            by_pos=True,
+            metric_positions=-1,
+        )
     assert model.attached_hooks() == []
 
 
@@ -169,9 +193,17 @@ def test_hooks_attached_to_the_model_still_act(model_name):
     model.add_hook(f"blocks.{last - 1}.hook_attn_out", damp)
     metric = logit_diff_at(-1)
     for kind in ("z", "resid_pre", "k"):
-        full = activation_patch(model, CLEAN, CORRUPTED, metric, kind, by_pos=True)
+        full = activation_patch(
+            model, kind, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, by_pos=True
+        )
         fast = activation_patch(
-            model, CLEAN, CORRUPTED, metric, kind, by_pos=True, metric_positions=-1
+            model,
+            kind,
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=metric,
+            by_pos=True,
+            metric_positions=-1,
         )
         torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
         assert not torch.allclose(fast.clean, metric(make_model(model_name)(CLEAN)))
@@ -195,9 +227,22 @@ def test_path_patching_gives_the_numbers_of_the_full_computation(model_name, dir
         for reads, declared in DECLARATIONS.values():
             metric = logit_diff_at(*reads)
             kwargs = dict(direction=direction, senders="z", freeze_mlps=True)
-            full = path_patch(model, CLEAN, CORRUPTED, metric, receiver, **kwargs)
+            full = path_patch(
+                model,
+                receiver,
+                clean_tokens=CLEAN,
+                corrupted_tokens=CORRUPTED,
+                metric=metric,
+                **kwargs,
+            )
             fast = path_patch(
-                model, CLEAN, CORRUPTED, metric, receiver, metric_positions=declared, **kwargs
+                model,
+                receiver,
+                clean_tokens=CLEAN,
+                corrupted_tokens=CORRUPTED,
+                metric=metric,
+                metric_positions=declared,
+                **kwargs,
             )
             torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
 
@@ -215,5 +260,9 @@ def test_bad_metric_positions_are_errors(metric_positions, error, message):
     model = make_model("2 layers, LN, MLP")
     with pytest.raises(error, match=message):
         activation_patch(
-            model, CLEAN, CORRUPTED, logit_diff_at(-1), metric_positions=metric_positions
+            model,
+            clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED,
+            metric=logit_diff_at(-1),
+            metric_positions=metric_positions,
         )

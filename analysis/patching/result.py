@@ -7,6 +7,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from analysis._reading import component_label
+
 METHODS = ("activation patching", "path patching", "attribution patching")
 DIRECTIONS = ("denoising", "noising")
 
@@ -71,10 +73,13 @@ class PatchingResult:
         return self.values - base
 
     def label(self, index: tuple[int, ...]) -> str:
-        """`"layer 1 head 3"` for index `(1, 3)` of a `[layer head]` result."""
-        return " ".join(
-            f"{a} {t[i]}" for a, t, i in zip(self.axes, self.labels, index, strict=True)
-        )
+        """`"L1H3"` for index `(1, 3)` of a `[layer head]` result, `"L1H3 pos 4"` of a
+        `[layer pos head]` one, `"L0 pos 4"` of a `[layer pos]` one; a sender's own label."""
+        ticks = {a: t[i] for a, t, i in zip(self.axes, self.labels, index, strict=True)}
+        if "layer" not in ticks:
+            return " ".join(ticks.values())
+        head, pos = (int(ticks[a]) if a in ticks else None for a in ("head", "pos"))
+        return component_label(int(ticks["layer"]), head, pos)
 
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The `k` components with the largest effect, as `(label, normalised score)`."""

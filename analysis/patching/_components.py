@@ -22,6 +22,7 @@ from einops import rearrange
 from jaxtyping import Bool
 from torch import Tensor
 
+from analysis._reading import component_label
 from hookedattn import HookedTransformer
 from hookedattn.names import get_act_name
 
@@ -71,9 +72,13 @@ class Component:
         return get_act_name(self.name, self.layer)
 
     def label(self) -> str:
-        """A short label for plots and reprs: `z L1H3`, `resid_pre L0 @4`."""
-        where = f"L{self.layer}" + ("" if self.head is None else f"H{self.head}")
-        return f"{self.name} {where}" + ("" if self.pos is None else f" @{self.pos}")
+        """A short label for plots and reprs: `z L1H3`, `resid_pre L0 pos 4`."""
+        return f"{self.name} {component_label(self.layer, self.head, self.pos)}"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether a patch here at one position changes its block's output there alone."""
+        return self.name in LOCAL_KINDS
 
 
 def available_kinds(model: HookedTransformer) -> list[str]:

@@ -18,8 +18,14 @@ from einops import reduce
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.patching.components import LAYOUTS, available_kinds, check_kind, component_grid
-from analysis.patching.inputs import Metric, metric_values, paired_tokens
+from analysis.patching._components import LAYOUTS, available_kinds, check_kind, component_grid
+from analysis.patching._inputs import (
+    Metric,
+    check_direction,
+    metric_values,
+    paired_tokens,
+    warn_if_tied,
+)
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.names import get_act_name
@@ -51,11 +57,12 @@ class PatchingResults(Mapping[str, PatchingResult]):
 
 def attribution_patch(
     model: HookedTransformer,
+    kinds: str | Sequence[str] | None = None,
+    *,
+    # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
     clean_tokens: Tensor,
     corrupted_tokens: Tensor,
     metric: Metric,
-    kinds: str | Sequence[str] | None = None,
-    *,
     by_pos: bool | None = None,
     direction: str = "denoising",
 ) -> PatchingResults:
@@ -67,8 +74,7 @@ def attribution_patch(
     `activation_patch`. The model's parameters and their `.grad` are left untouched.
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
-    if direction not in ("denoising", "noising"):
-        raise ValueError(f"direction must be 'denoising' or 'noising', got {direction!r}")
+    check_direction(direction)
     if kinds is None:
         kinds = available_kinds(model)
     kinds = [check_kind(model, k) for k in ([kinds] if isinstance(kinds, str) else kinds)]
@@ -89,6 +95,7 @@ def attribution_patch(
         if direction == "denoising"
         else (patched_metric, source_metric)
     )
+    warn_if_tied(clean, corrupted)
     results = {}
     for kind in kinds:
         grid = component_grid(model, kind, patched.shape[1], by_pos)

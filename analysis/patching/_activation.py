@@ -2,26 +2,28 @@
 
 from torch import Tensor
 
-from analysis.patching.components import component_grid
-from analysis.patching.declared import (
+from analysis.patching._components import component_grid, component_masks
+from analysis.patching._engine import Edit, base_run, sweep
+from analysis.patching._inputs import (
+    Metric,
+    check_direction,
     check_metric_reads,
     declared_positions,
-    sweep_declared,
+    paired_tokens,
+    warn_if_tied,
 )
-from analysis.patching.engine import base_run, sweep
-from analysis.patching.inputs import Metric, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 
 
 def activation_patch(
     model: HookedTransformer,
+    kind: str = "z",
+    *,
     # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
     clean_tokens: Tensor,
     corrupted_tokens: Tensor,
     metric: Metric,
-    kind: str = "z",
-    *,
     by_pos: bool | None = None,
     direction: str = "denoising",  # or "noising"
     memory_budget: int | None = None,
@@ -34,36 +36,47 @@ def activation_patch(
     `"attn_out"`, `"mlp_out"` (results `[layer pos]`); `"z"` (each head's output), `"q"`,
     `"k"`, `"v"`, `"pattern"` (results `[layer head]`, or `[layer pos head]` with
     `by_pos=True`); see `available_kinds(model)` for all. `metric(logits)` maps
-    `[batch pos d_vocab_out]` logits to one number per prompt, `[batch]`.
+    `[batch pos d_vocab_out]` logits to one number per prompt, `[batch]`. The prompts are
+    keyword-only, so that they cannot be swapped by position.
 
     `direction="denoising"` runs the corrupted prompts with one clean activation patched
-    in; `"noising"` the reverse. The variants are stacked along the batch axis, in passes
-    of at most about `memory_budget` bytes (default `default_memory_budget(model)`), each
-    starting at the patched layer and position, and give the numbers of the one-by-one
-    loop (TransformerLens's `patching` module).
+    in; `"noising"` the reverse. The numbers are those of one forward pass per patch
+    (TransformerLens's `patching` module); the passes stack variants along the batch axis,
+    each recomputing only what its patch can change, in passes of at most about
+    `memory_budget` bytes (default: a quarter of the device's free memory).
 
     `metric_positions` (e.g. `-1`, or `[4, -1]`) declares the positions whose logits the
-    metric reads; then each pass computes only what those need (`analysis.patching.declared`):
-    the metric gets logits exact there and NaN elsewhere, and a `ValueError` names any
-    other position it reads. The numbers are those of the full computation.
+    metric reads; then each pass computes only what those need: the metric gets logits
+    exact there and NaN elsewhere, and a `ValueError` names any other position it reads.
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
-    if direction not in ("denoising", "noising"):
-        raise ValueError(f"direction must be 'denoising' or 'noising', got {direction!r}")
-    grid = component_grid(model, kind, clean_tokens.shape[1], by_pos)
+    check_direction(direction)
+    n_pos = clean_tokens.shape[1]
+    grid = component_grid(model, kind, n_pos, by_pos)
     hooks = sorted({c.hook_name for c in grid.components})
     clean = base_run(model, clean_tokens, metric, hooks)
     corrupted = base_run(model, corrupted_tokens, metric, hooks)
-    target, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
-    if metric_positions is None:
-        per_prompt = sweep(model, target, source.cache, grid.components, metric, memory_budget)
-    else:
-        declared = declared_positions(metric_positions, clean_tokens.shape[1])
+    warn_if_tied(clean.metric, corrupted.metric)
+    declared = None
+    if metric_positions is not None:
+        declared = declared_positions(metric_positions, n_pos)
         for run in (clean, corrupted):
-            check_metric_reads(metric, run, declared, metric_positions)
-        per_prompt = sweep_declared(
-            model, target, source.cache, grid.components, metric, declared, memory_budget
+            check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
+    target, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
+    components = grid.components
+    edits = [
+        Edit(
+            c.name,
+            c.layer,
+            component_masks(components, c.hook_name, source.cache[c.hook_name].shape[1:]),
+            source.cache[c.hook_name],
         )
+        for c in {c.hook_name: c for c in components}.values()
+    ]
+    labels = [c.label() for c in components]
+    per_prompt = sweep(
+        model, target, edits, len(components), metric, declared, memory_budget, labels
+    )
     return PatchingResult(
         method="activation patching",
         direction=direction,

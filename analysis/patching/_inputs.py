@@ -1,0 +1,171 @@
+"""Checking what callers pass to the patching functions: token batches, metrics, and the
+positions a metric declares it reads."""
+
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from hookedattn import ActivationCache, HookedTransformer
+
+Metric = Callable[[Tensor], Tensor]
+
+
+def as_tokens(model: HookedTransformer, tokens: object, what: str) -> Int[Tensor, "batch pos"]:
+    """`tokens` as a `[batch pos]` tensor of ids (a `[pos]` tensor is a batch of one)."""
+    if isinstance(tokens, ActivationCache):
+        raise TypeError(
+            f"{what} must be token ids, got an ActivationCache: hookedattn's patching "
+            f"functions take both token batches, clean_tokens= and corrupted_tokens=, "
+            f"not TransformerLens's (corrupted_tokens, clean_cache) order"
+        )
+    if isinstance(tokens, str | list) and model.tokenizer is not None:
+        tokens = model.to_tokens(tokens)
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"{what} must be token ids, a [batch pos] tensor; got {type(tokens)}")
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"{what} must be integer token ids, got a {tokens.dtype} tensor")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2:
+        raise ValueError(f"{what} must be [batch pos] token ids, got shape {tuple(tokens.shape)}")
+    return tokens.to(model.cfg.device)
+
+
+def paired_tokens(
+    model: HookedTransformer, clean: object, corrupted: object
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Clean and corrupted ids, which must have one shape: patches move position by position."""
+    clean, corrupted = as_tokens(model, clean, "clean"), as_tokens(model, corrupted, "corrupted")
+    if clean.shape != corrupted.shape:
+        raise ValueError(
+            f"clean tokens have shape {tuple(clean.shape)} but corrupted tokens "
+            f"{tuple(corrupted.shape)}: patching swaps activations prompt by prompt and "
+            f"position by position, so both must be [batch pos] of one shape"
+        )
+    return clean, corrupted
+
+
+def metric_values(
+    metric: Metric, logits: Float[Tensor, "batch pos d_vocab_out"]
+) -> Float[Tensor, " batch"]:
+    """`metric(logits)`, which must be one real number per prompt (shape `[batch]`)."""
+    value = metric(logits)
+    batch = logits.shape[0]
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"the metric must return a tensor with one value per prompt, shape ({batch},); "
+            f"got {type(value).__name__}"
+        )
+    if value.shape != (batch,) or not value.dtype.is_floating_point:
+        hint = " (drop a final .mean() or .sum())" if value.ndim == 0 else ""
+        raise ValueError(
+            f"the metric must return one value per prompt, a float tensor of shape "
+            f"({batch},); got shape {tuple(value.shape)} and dtype {value.dtype}{hint}"
+        )
+    return value
+
+
+def check_direction(direction: str) -> str:
+    """`direction` if it is `"denoising"` or `"noising"`, else a `ValueError`."""
+    if direction not in ("denoising", "noising"):
+        raise ValueError(f"direction must be 'denoising' or 'noising', got {direction!r}")
+    return direction
+
+
+def warn_if_tied(clean: Float[Tensor, " batch"], corrupted: Float[Tensor, " batch"]) -> None:
+    """A `UserWarning` when both runs score the same: every normalised score is then 0/0."""
+    if bool(clean.mean() == corrupted.mean()):
+        warnings.warn(
+            f"the clean and corrupted runs give the same mean metric ({float(clean.mean()):.6g}), "
+            f"e.g. because their tokens are equal: normalised scores divide by the "
+            f"difference of the two and are NaN; patch between prompts that differ",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def declared_positions(metric_positions: object, n_pos: int) -> tuple[int, ...]:
+    """`metric_positions` (an int or a sequence of ints; negative ones count from the end)
+    as sorted, distinct positions in `0..n_pos-1`."""
+    if _is_int(metric_positions):
+        given = [metric_positions]
+    elif isinstance(metric_positions, str) or not isinstance(metric_positions, Sequence | Tensor):
+        raise TypeError(
+            f"metric_positions must be a position or a sequence of positions (ints), "
+            f"got {type(metric_positions).__name__}"
+        )
+    else:
+        given = list(metric_positions)
+    positions = set()
+    for item in given:
+        if not _is_int(item):
+            raise TypeError(f"metric_positions must hold ints, got {item!r}")
+        index = operator.index(item)
+        if not -n_pos <= index < n_pos:
+            raise ValueError(
+                f"metric_positions: {index} is not a position of {n_pos} tokens "
+                f"(valid: {-n_pos}..{n_pos - 1})"
+            )
+        positions.add(index % n_pos)
+    if not positions:
+        raise ValueError(
+            "metric_positions is empty: declare the positions whose logits the metric "
+            "reads, or pass None"
+        )
+    return tuple(sorted(positions))
+
+
+def _is_int(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def nan_except(
+    logits: Float[Tensor, "batch pos d_vocab_out"], kept: Sequence[int]
+) -> Float[Tensor, "batch pos d_vocab_out"]:
+    """A copy of `logits` that is NaN at every position but `kept`."""
+    out = torch.full_like(logits, torch.nan)
+    out[:, list(kept)] = logits[:, list(kept)]
+    return out
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def check_metric_reads(
+    metric: Metric,
+    logits: Float[Tensor, "batch pos d_vocab_out"],
+    values: Float[Tensor, " batch"],
+    declared: Sequence[int],
+    given: object,
+) -> None:
+    """A `ValueError` naming the undeclared positions whose logits `metric` reads, if any:
+    its `values` on `logits` must not change when they are NaN."""
+    n_pos = logits.shape[1]
+    if _same(metric_values(metric, nan_except(logits, declared)), values):
+        return
+    others = [q for q in range(n_pos) if q not in declared]
+    reads = [
+        q
+        for q in others
+        if not _same(
+            metric_values(metric, nan_except(logits, [p for p in range(n_pos) if p != q])), values
+        )
+    ]
+    where = f"positions {reads}" if reads else "positions outside them taken together"
+    hint = f"pass metric_positions={sorted({*declared, *reads})} or None" if reads else "pass None"
+    raise ValueError(
+        f"metric_positions={given!r} declares positions {list(declared)} of {n_pos}, but the "
+        f"metric also reads the logits at {where} (its value changes when they are NaN); "
+        f"{hint}"
+    )

@@ -1,0 +1,193 @@
+"""Path patching (Wang et al. 2022, "Interpretability in the Wild", section 3.1 and
+appendix B): the effect of a sender on the output through chosen receivers only.
+
+In the noising direction, for each sender:
+
+1. run the clean prompts with the sender's activation taken from the corrupted run and
+   every other head's output (`z`) frozen at its clean value, and record what the
+   receivers (e.g. head 1.0's keys, `Component("k", 1, head=0)`) see;
+2. run the clean prompts again with only the receivers' activations replaced by those
+   recordings, and measure.
+
+Freezing the other heads cuts every path from the sender that passes through another
+head on its way to a receiver, so what remains is the sender's direct effect on the
+receivers' input, carried on to the output by the unfrozen model. MLPs recompute unless
+`freeze_mlps=True` (the IOI paper treats them as part of the direct path). Denoising is
+the mirror image: corrupted prompts, the sender from the clean run, the rest frozen at
+its corrupted value. Each step stacks the senders along the batch axis.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from analysis.patching._components import (
+    Component,
+    check_component,
+    component_grid,
+    component_masks,
+)
+from analysis.patching._engine import BaseRun, Edit, base_run, record, sweep
+from analysis.patching._inputs import (
+    Metric,
+    check_direction,
+    check_metric_reads,
+    declared_positions,
+    paired_tokens,
+    warn_if_tied,
+)
+from analysis.patching.result import PatchingResult
+from hookedattn import HookedTransformer
+from hookedattn.names import get_act_name
+
+HEAD_WRITES = ("z", "result")  # kinds whose edit is a head's own output
+
+
+def path_patch(
+    model: HookedTransformer,
+    receivers: Component | Sequence[Component],
+    senders: str | Sequence[Component] = "z",
+    *,
+    # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
+    clean_tokens: Tensor,
+    corrupted_tokens: Tensor,
+    metric: Metric,
+    direction: str = "noising",
+    freeze_mlps: bool = False,
+    memory_budget: int | None = None,
+    # An int or a sequence of ints, loosely annotated so that bad input gets our message.
+    metric_positions: object = None,
+) -> PatchingResult:
+    """The metric with each sender's path to `receivers` patched (see the module docstring).
+
+    `senders` is a kind (`"z"`: every head, a `[layer head]` result) or a list of
+    `Component`s (a `[sender]` result). `receivers` is one `Component` or several, e.g.
+    `Component("k", 1, head=0)` for head 1.0's keys, or `Component("resid_post", n - 1)`
+    for the direct path to the logits. `metric` maps logits to one value per prompt.
+
+    `metric_positions` (e.g. `-1`) declares the positions whose logits the metric reads,
+    as in `activation_patch`: both steps then stop at the last of them, the first after
+    the last receiver's block. The numbers are those of the full computation.
+    """
+    clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
+    check_direction(direction)
+    n_pos = clean_tokens.shape[1]
+    receivers = _checked_receivers(model, receivers, n_pos)
+    sender_list, axes, labels, kind = _senders(model, senders, n_pos)
+    hooks = {c.hook_name for c in [*sender_list, *receivers]}
+    hooks |= {get_act_name("z", layer) for layer in range(model.cfg.n_layers)}
+    if freeze_mlps:
+        hooks |= {get_act_name("mlp_out", layer) for layer in range(model.cfg.n_layers)}
+    clean = base_run(model, clean_tokens, metric, sorted(hooks))
+    corrupted = base_run(model, corrupted_tokens, metric, sorted(hooks))
+    warn_if_tied(clean.metric, corrupted.metric)
+    declared = None
+    if metric_positions is not None:
+        declared = declared_positions(metric_positions, n_pos)
+        for run in (clean, corrupted):
+            check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
+    base, other = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    end = n_pos if declared is None else declared[-1] + 1
+    edits = _step_one_edits(model, base, other, sender_list, receivers, freeze_mlps)
+    names = list(dict.fromkeys(r.hook_name for r in receivers))
+    stop = max(r.layer for r in receivers) + 1 if declared is not None else model.cfg.n_layers
+    recorded = record(model, base, edits, len(sender_list), names, stop, end, memory_budget)
+    edits = [_receiver_edit(receivers, hook, values) for hook, values in recorded.items()]
+    sender_labels = [s.label() for s in sender_list]
+    per_prompt = sweep(
+        model, base, edits, len(sender_list), metric, declared, memory_budget, sender_labels
+    ).reshape(*(len(t) for t in labels), -1)
+    name = f"{kind} -> {', '.join(r.label() for r in receivers)}"
+    return PatchingResult(
+        "path patching", direction, name, axes, labels, per_prompt, clean.metric, corrupted.metric
+    )
+
+
+def _checked_receivers(
+    model: HookedTransformer, receivers: Component | Sequence[Component], n_pos: int
+) -> list[Component]:
+    receivers = [receivers] if isinstance(receivers, Component) else list(receivers)
+    if not receivers:
+        raise ValueError("give at least one receiver, e.g. Component('k', 1, head=0)")
+    return [check_component(model, r, n_pos) for r in receivers]
+
+
+def _senders(
+    model: HookedTransformer, senders: str | Sequence[Component], n_pos: int
+) -> tuple[list[Component], tuple[str, ...], tuple[tuple[str, ...], ...], str]:
+    """The senders, and the axes, tick labels and kind of the result."""
+    if isinstance(senders, str):
+        grid = component_grid(model, senders, n_pos, by_pos=False)
+        return list(grid.components), grid.axes, grid.labels, senders
+    sender_list = [check_component(model, s, n_pos) for s in senders]
+    if not sender_list:
+        raise ValueError("give at least one sender, or a kind such as 'z'")
+    return sender_list, ("sender",), (tuple(s.label() for s in sender_list),), "senders"
+
+
+def _step_one_edits(
+    model: HookedTransformer,
+    base: BaseRun,
+    other: BaseRun,
+    senders: Sequence[Component],
+    receivers: Sequence[Component],
+    freeze_mlps: bool,
+) -> list[Edit]:
+    """Step 1: per sender, the sender from the other run and, from its block on, every
+    other head's output (and with `freeze_mlps` every MLP's) frozen at the base run's."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    free = _unfrozen_heads(senders, receivers, n_layers, n_heads)
+    after = torch.tensor([[layer >= s.layer for layer in range(n_layers)] for s in senders])
+    edits = []
+    for layer in range(n_layers):
+        z = get_act_name("z", layer)
+        frozen = ~free[:, layer] & after[:, layer, None]
+        edits.append(
+            Edit("z", layer, frozen.reshape(len(senders), 1, 1, n_heads, 1), base.cache[z])
+        )
+        if freeze_mlps and model.cfg.has_mlp:
+            edits.append(_frozen_mlp(base, senders, receivers, layer, after[:, layer]))
+    for hook, sender in {s.hook_name: s for s in senders}.items():
+        source = other.cache[hook]
+        edits.append(
+            Edit(
+                sender.name, sender.layer, component_masks(senders, hook, source.shape[1:]), source
+            )
+        )
+    return edits
+
+
+def _unfrozen_heads(
+    senders: Sequence[Component], receivers: Sequence[Component], n_layers: int, n_heads: int
+) -> Bool[Tensor, "variant layer head"]:
+    """Per sender: the heads whose output is not frozen, the sender's and receivers' own."""
+    free = torch.zeros(len(senders), n_layers, n_heads, dtype=torch.bool)
+    for i, sender in enumerate(senders):
+        for c in (sender, *receivers):
+            if c.name in HEAD_WRITES:
+                free[i, c.layer, slice(None) if c.head is None else c.head] = True
+    return free
+
+
+def _frozen_mlp(
+    base: BaseRun,
+    senders: Sequence[Component],
+    receivers: Sequence[Component],
+    layer: int,
+    after: Bool[Tensor, " variant"],
+) -> Edit:
+    """Freeze this layer's MLP output from each sender's block on, except where it is the
+    sender or a receiver."""
+    mlp = get_act_name("mlp_out", layer)
+    receives = any(r.hook_name == mlp for r in receivers)
+    frozen = torch.tensor([not receives and s.hook_name != mlp for s in senders]) & after
+    return Edit("mlp_out", layer, frozen.reshape(-1, 1, 1, 1), base.cache[mlp])
+
+
+def _receiver_edit(receivers: Sequence[Component], hook: str, values: Tensor) -> Edit:
+    """Step 2: the receivers at `hook` take each sender's recorded activation."""
+    here = [r for r in receivers if r.hook_name == hook]
+    where = component_masks(here, hook, values.shape[2:]).any(dim=0, keepdim=True)
+    return Edit(here[0].name, here[0].layer, where, values)
