@@ -8,6 +8,11 @@ the stream (see `analysis.normalization`), so the logit of token `t` is
 
 one term per component, plus the norm's bias (`ln_final_bias`) and `b_U`, each labelled.
 The terms add up to the model's actual logit (or logit difference), not approximately.
+
+With a soft cap on the logits (`output_logits_soft_cap`, Gemma 2: `logits = c tanh(l /
+c)`), what is attributed is the logit before the cap, `l` (`unembed.hook_in @ W_U + b_U`):
+the cap is not linear, and `l` is what the components sum to. The metric says so
+(`"logit before the soft cap"`); the capped logit is `c tanh(total() / c)`.
 """
 
 import dataclasses
@@ -30,7 +35,8 @@ class LogitAttribution:
     """Each component's direct contribution to a logit (or logit difference) per position.
 
     `contributions: [component batch pos]`, labelled as the decomposition it came from,
-    plus `ln_final_bias` (LayerNorm models) and `b_U`; `total()` is the actual logit.
+    plus `ln_final_bias` (LayerNorm models) and `b_U`; `total()` is the actual logit (the
+    logit before the soft cap, for a model that caps its logits: see `metric`).
     """
 
     contributions: Float[Tensor, "component batch pos"]
@@ -102,7 +108,8 @@ def direct_logit_attribution(
     `incorrect_tokens`, for the logit difference `logit[tokens] - logit[incorrect]`) are a
     token id or ids broadcastable to `[batch pos]`, e.g. `tokens[:, 1:]` against a
     decomposition sliced to `[:, :, :-1]`. The contributions, plus `ln_final_bias` and
-    `b_U`, sum to the model's logits exactly (to rounding).
+    `b_U`, sum to the model's logits exactly (to rounding); with a soft cap on the
+    logits, to the logits before the cap (module docstring).
     """
     final = model.cfg.n_layers - 1
     if (decomposition.site, decomposition.layer) != ("resid_post", final):
@@ -122,6 +129,8 @@ def direct_logit_attribution(
         wrong = _token_grid(model, incorrect_tokens, shape, "incorrect_tokens")
         directions, bias = directions - W_U[:, wrong], bias - b_U[wrong]
         metric = "logit difference"
+    if model.cfg.output_logits_soft_cap is not None:
+        metric += " before the soft cap"
     contributions = einsum(
         components,
         directions,

@@ -7,6 +7,22 @@
 `decompose_resid` returns those terms at the granularity asked for, labelled, so that
 they add up to the cached stream (to float rounding: `check=True` verifies it);
 `accumulated_resid` returns the stream itself at each point up to one.
+
+On every block shape the sum is exact:
+
+- sequential blocks add `attn_out` at `resid_mid` and `mlp_out` at `resid_post`; a parallel
+  block (`parallel_attn_mlp`: GPT-NeoX) has no `resid_mid` (it is refused), and adds both
+  at `resid_post`; an attention-only block has no MLP terms.
+- a gated MLP's neurons write `post_n · W_out[n]` with `post = act(x W_gate) * (x W_in +
+  b_in)` (`hook_post`), as a plain MLP's do.
+- a norm after a sublayer (`ln1_post`, `ln2_post`: Gemma 2, OLMo 2) is part of what the
+  sublayer writes: `L0_attn` is `hook_attn_out`, after that norm. Its divisor depends on all
+  of the sublayer's heads or neurons together, so per head or per neuron the sublayer is
+  not linear; with the divisor fixed at the value the forward recorded it is, and each
+  head's and neuron's term is passed through the norm that way (`head_writes`): the terms
+  still add up to the stream exactly, but each is the head's share of this forward's
+  output, not what the head would write alone. `L0_attn_bias` is then `b_O` through the
+  norm, and a LayerNorm's own bias is one more term (`L0_ln1_post_bias`).
 """
 
 import torch
@@ -16,6 +32,7 @@ from torch import Tensor
 
 from analysis._reading import activation, head_label, neuron_label, weight
 from analysis.head_results import head_results
+from analysis.normalization import NormSite, through_norm
 from analysis.resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
@@ -43,6 +60,11 @@ def resolve_point(model: HookedTransformer, layer: int | None, site: str) -> tup
         raise ValueError(f"layer must be an int in 0..{n_layers - 1}{extra}, got {layer!r}")
     if site == "resid_mid" and model.cfg.attn_only:
         raise ValueError("an attention-only model has no resid_mid: its blocks have no MLP")
+    if site == "resid_mid" and model.cfg.parallel_attn_mlp:
+        raise ValueError(
+            "a parallel block (parallel_attn_mlp=True) has no resid_mid: its attention and "
+            "MLP both read resid_pre, and both are added at resid_post"
+        )
     return site, layer % n_layers
 
 
@@ -60,8 +82,10 @@ def _attn_parts(
     results = head_results(model, cache, layer)
     heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
     labels = tuple(head_label(layer, h) for h in range(heads.shape[0]))
-    bias = _broadcast(model.blocks[layer].attn.b_O, heads[0])
-    return [(labels, heads), ((f"L{layer}_attn_bias",), bias)]
+    terms = torch.cat([heads, _broadcast(model.blocks[layer].attn.b_O, heads[0])])
+    labels = (*labels, f"L{layer}_attn_bias")
+    terms, labels = through_norm(model, cache, NormSite("ln1_post", layer), terms, labels)
+    return [(labels, terms)]
 
 
 def _mlp_parts(
@@ -69,13 +93,16 @@ def _mlp_parts(
 ) -> _Parts:
     if granularity != "neuron":
         return [((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]
-    post = activation(cache, ("post", layer))
+    post = activation(cache, ("post", layer))  # a gated MLP's too: act(gate) * linear
     mlp = model.blocks[layer].mlp
     neurons = einsum(
         post, weight(mlp.W_out, post), "batch pos d_mlp, d_mlp d_model -> d_mlp batch pos d_model"
     )
     labels = tuple(neuron_label(layer, n) for n in range(neurons.shape[0]))
-    return [(labels, neurons), ((f"L{layer}_mlp_bias",), _broadcast(mlp.b_out, neurons[0]))]
+    terms = torch.cat([neurons, _broadcast(mlp.b_out, neurons[0])])
+    labels = (*labels, f"L{layer}_mlp_bias")
+    terms, labels = through_norm(model, cache, NormSite("ln2_post", layer), terms, labels)
+    return [(labels, terms)]
 
 
 def decompose_resid(
@@ -98,7 +125,10 @@ def decompose_resid(
     - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart;
     - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart.
 
-    `pos_embed` is there for models with learned positions only. With `check=True` the
+    `pos_embed` is there for models with learned positions only. On each block shape
+    (parallel, gated, norms after the sublayers) see the module docstring: the terms are
+    exact everywhere; behind a norm after a sublayer, a head's or neuron's term is its
+    share at the divisor the forward recorded. With `check=True` the
     sum is compared with the cached stream, and a `DecompositionError` names the largest
     error if it is beyond the dtype's rounding.
     """
@@ -136,15 +166,17 @@ def accumulated_resid(
 
     Entries `L0_resid_pre`, `L1_resid_pre`, ..., and `final` (the stream `ln_final`
     reads) when `layer` is None or `n_layers`; with `incl_mid`, each block's
-    `L{l}_resid_mid` between them. The entries are the cached streams themselves.
+    `L{l}_resid_mid` between them (none in parallel or attention-only blocks, which have
+    no resid_mid). The entries are the cached streams themselves.
     """
     n_layers = model.cfg.n_layers
     site, last = resolve_point(model, layer, "resid_pre")
     stop = n_layers if site == "resid_post" else last
     keys: list[tuple[str, tuple[str, int]]] = []
+    has_mid = model.cfg.has_mlp and not model.cfg.parallel_attn_mlp
     for block in range(stop):
         keys.append((f"L{block}_resid_pre", ("resid_pre", block)))
-        if incl_mid and model.cfg.has_mlp:
+        if incl_mid and has_mid:
             keys.append((f"L{block}_resid_mid", ("resid_mid", block)))
     if site == "resid_post":
         keys.append(("final", ("resid_post", n_layers - 1)))

@@ -12,17 +12,25 @@ where `x` is the value input, the layer's `ln1`-normalised stream (`hook_v` is
 `x @ W_V[h] + b_V[h]`, bias included). Because each pattern row sums to one, `b_V[h] @ W_O[h]`
 is written once per head whatever the pattern; it flows through the head, and is part of
 its result, unlike `b_O`, which belongs to no head.
+
+Grouped-query attention changes none of this: each query head reads its group's key/value
+head, and `hook_v` (one per key/value head) is shown once for every query head reading it.
+A norm after the attention (`ln1_post`: Gemma 2, OLMo 2) stands between the heads and the
+stream, and its divisor depends on all heads together; with that divisor fixed at the
+value the forward recorded, the norm is linear, so each head's term through it
+(`head_writes`) is exact as a term of a sum (the terms, the norm of `b_O`, and a LayerNorm's
+bias add up to `hook_attn_out`), though not what the head would write if it were alone.
 """
 
 import dataclasses
 from collections.abc import Sequence
 
-from einops import einsum, rearrange, reduce
+from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
 from torch import Tensor
 
 from analysis._reading import activation, head_label, parse_head, weight
-from analysis.normalization import NormSite, normalize
+from analysis.normalization import NormSite, normalize, through_norm
 from analysis.tables import Table
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
@@ -38,10 +46,12 @@ def _layer(model: HookedTransformer, layer: int) -> int:
 def head_results(
     model: HookedTransformer, cache: ActivationCache, layer: int
 ) -> Float[Tensor, "batch pos head d_model"]:
-    """Each head's write into the residual stream, `z_h @ W_O[h]`, at one layer.
+    """Each head's output `z_h @ W_O[h]`, at one layer (TransformerLens's `hook_result`).
 
     Read from `hook_result` when the cache has it (models built with `use_attn_result`),
-    computed from `hook_z` otherwise. Summed over heads, plus `b_O`, it is `attn_out`.
+    computed from `hook_z` otherwise. Summed over heads, plus `b_O`, it is the attention's
+    output: `attn_out` itself, or, in a block with a norm after the attention
+    (`ln1_post`), that norm's input; `head_writes` is what reaches the stream.
     """
     layer = _layer(model, layer)
     if ("result", layer) in cache:
@@ -57,17 +67,43 @@ def head_results(
     return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 
+def head_writes(
+    model: HookedTransformer, cache: ActivationCache, layer: int
+) -> Float[Tensor, "batch pos head d_model"]:
+    """Each head's term of what the attention writes into the stream, at one layer.
+
+    `head_results` itself, except in a block with a norm after the attention (`ln1_post`),
+    where each head's result goes through that norm at the divisor cached at its
+    `hook_scale` (centred for LayerNorm, times its gain; see the module docstring). Summed
+    over heads, with `b_O` through the same map and the norm's bias, it is `attn_out`.
+    Needs `blocks.{layer}.ln1_post.hook_scale` in the cache for such blocks.
+    """
+    layer = _layer(model, layer)
+    results = head_results(model, cache, layer)
+    heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
+    labels = tuple(head_label(layer, h) for h in range(heads.shape[0]))
+    heads, _ = through_norm(model, cache, NormSite("ln1_post", layer), heads, labels)
+    # A LayerNorm's bias, appended as one more term, belongs to the sublayer, not a head.
+    return rearrange(heads[: len(labels)], "head batch pos d_model -> batch pos head d_model")
+
+
 def head_values(
     model: HookedTransformer, cache: ActivationCache, layer: int
 ) -> Float[Tensor, "batch pos head d_head"]:
     """The values `x @ W_V[h] + b_V[h]` of one layer: `hook_v` if cached, else recomputed.
 
-    Recomputed from the cached `resid_pre` through the block's `ln1` (the value input of
-    an unpatched forward); when the cache has `hook_v`, that is what the model used.
+    One per query head: with grouped-query attention each key/value head's values are
+    shown for every query head of its group. Recomputed from the cached `resid_pre`
+    through the block's `ln1` (the value input of an unpatched forward); when the cache
+    has `hook_v`, that is what the model used.
     """
     layer = _layer(model, layer)
     if ("v", layer) in cache:
-        return activation(cache, ("v", layer))
+        v = activation(cache, ("v", layer))
+        group = model.cfg.n_heads // v.shape[2]
+        return repeat(
+            v, "batch pos kv_head d_head -> batch pos (kv_head group) d_head", group=group
+        )
     x = normalize(model, NormSite("ln1", layer), activation(cache, ("resid_pre", layer)))
     attn = model.blocks[layer].attn
     v = einsum(
@@ -81,9 +117,11 @@ class SourceContributions:
     """What each head of one layer moved from each source position to each destination.
 
     `contributions[b, h, i, j]` is `A_h[dest, src] · v_h[src] @ W_O[h]` for destination
-    `query_positions[i]` and source `j`; summed over sources it is the head's result
-    (`sum_sources()` equals `head_results` at those positions). `pattern` holds the
-    attention weights `A_h[dest, src]` alongside.
+    `query_positions[i]` and source `j`; summed over sources it is the head's term of the
+    stream (`sum_sources()` equals `head_writes` at those positions). In a block with a
+    norm after the attention, each contribution is passed through it at the destination's
+    cached divisor (module docstring). `pattern` holds the attention weights
+    `A_h[dest, src]` alongside.
     """
 
     contributions: Float[Tensor, "batch head query_pos key_pos d_model"]
@@ -179,7 +217,29 @@ def head_source_contributions(
     contributions = rearrange(pattern, "batch head q k -> batch head q k 1") * rearrange(
         written, "batch head k d_model -> batch head 1 k d_model"
     )
+    contributions = _through_post_norm(model, cache, layer, contributions, positions)
     return SourceContributions(contributions, pattern, layer, positions)
+
+
+def _through_post_norm(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int,
+    contributions: Float[Tensor, "batch head query_pos key_pos d_model"],
+    positions: tuple[int, ...],
+) -> Float[Tensor, "batch head query_pos key_pos d_model"]:
+    """Each (head, source) term through `ln1_post` at its destination's cached divisor."""
+    norm = NormSite("ln1_post", layer)
+    if not hasattr(norm.module(model), "hook_scale"):
+        return contributions
+    flat = rearrange(contributions, "batch head q k d_model -> (head k) batch q d_model")
+    labels = tuple(str(i) for i in range(flat.shape[0]))
+    flat, _ = through_norm(model, cache, norm, flat, labels, positions=positions)
+    return rearrange(
+        flat[: contributions.shape[1] * contributions.shape[3]],
+        "(head k) batch q d_model -> batch head q k d_model",
+        head=contributions.shape[1],
+    )
 
 
 def _positions(query_pos: int | Sequence[int] | None, n: int) -> tuple[int, ...]:

@@ -29,7 +29,8 @@ _ORDINALS = ("1st", "2nd", "3rd")
 def _token_name(token: int, tokenizer: Any) -> str:
     if tokenizer is None:
         return str(token)
-    return repr(tokenizer.decode([token]))
+    str_token = getattr(tokenizer, "str_token", None)  # hookedattn's tokenizers
+    return repr(str_token(token) if str_token is not None else tokenizer.decode([token]))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -37,11 +38,13 @@ class LogitLens:
     """Logits read off the residual stream at each point: `[layer batch pos d_vocab_out]`.
 
     `labels` name the points (`L0_resid_pre`, ..., `final`), as in `accumulated_resid`;
-    `lens["L1_resid_pre"]` is one point's logits.
+    `lens["L1_resid_pre"]` is one point's logits. `tokenizer` (the model's, if it has
+    one) turns token ids into strings in `top`.
     """
 
     logits: Float[Tensor, "layer batch pos d_vocab_out"]
     labels: tuple[str, ...]
+    tokenizer: Any = dataclasses.field(default=None, compare=False)
 
     def __getitem__(self, label: str) -> Float[Tensor, "batch pos d_vocab_out"]:
         return self.logits[label_index(self.labels, label, "LogitLens")]
@@ -62,8 +65,10 @@ class LogitLens:
     def top(self, k: int = 5, batch: int = 0, pos: int = -1, tokenizer: Any = None) -> Table:
         """Per point, the `k` top tokens at one position, with their logits.
 
-        Token ids are shown as numbers, or decoded by `tokenizer.decode([id])` if given.
+        Tokens are shown as strings by `tokenizer` (default: the model's, kept from
+        `logit_lens`), or as ids when there is none.
         """
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
         values, indices = self.logits[:, batch, pos].topk(k, dim=-1)
         rows = tuple(
             (
@@ -92,10 +97,15 @@ def logit_lens(
     """Logits from the residual stream at every block boundary (and mid-block if asked).
 
     Each stream of `accumulated_resid` is normalised by `ln_final` with its own scale,
-    recomputed from that stream (not the final layer's cached scale), then unembedded.
+    recomputed from that stream (not the final layer's cached scale), then unembedded,
+    soft-capped like the model's logits where it caps them (`output_logits_soft_cap`), so
+    that the last entry is the model's own logits.
     """
     streams = accumulated_resid(model, cache, incl_mid=incl_mid)
     normalized = normalize(model, NormSite("ln_final"), streams.components)
     unembed = model.unembed
     logits = normalized @ weight(unembed.W_U, normalized) + weight(unembed.b_U, normalized)
-    return LogitLens(logits, streams.labels)
+    cap = model.cfg.output_logits_soft_cap
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap  # the order of SoftCap's own arithmetic
+    return LogitLens(logits, streams.labels, getattr(model, "tokenizer", None))

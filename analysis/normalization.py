@@ -11,9 +11,16 @@ normalised stream only for folded models; ours sum to it for every model.
 
 `normalize` applies a norm from scratch, its scale recomputed from the stream it is given:
 what the logit lens needs (see `analysis.logit_lens`).
+
+The same frozen-scale map passes the terms of a sublayer's output through the norm after
+that sublayer (`ln1_post`, `ln2_post`: Gemma 2, OLMo 2), which is part of what the sublayer
+writes (`through_norm`): the terms then sum exactly to `hook_attn_out` or `hook_mlp_out`,
+each term divided by the scale all of them produced together. Where a block has no norm at
+a place (`normalization_placement="post"` has no `ln1`), that norm is the identity.
 """
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -21,17 +28,19 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from analysis._reading import activation, weight
-from analysis.resid_stack import Decomposition, ResidStack, check_sums_to
+from analysis.resid_stack import Decomposition, ResidStack, Stack, check_sums_to
 from hookedattn.cache import ActivationCache
+from hookedattn.components.norm import LayerNormPre, NoNorm
 from hookedattn.model import HookedTransformer
 from hookedattn.names import get_act_name
 
-NormWhich = Literal["ln1", "ln2", "ln_final"]
+NormWhich = Literal["ln1", "ln2", "ln1_post", "ln2_post", "ln_final"]
 
 
 @dataclasses.dataclass(frozen=True)
 class NormSite:
-    """One norm module of a model: `ln1`/`ln2` of a block, or `ln_final` (layer None)."""
+    """One norm module of a model: `ln1`/`ln2` (before a block's sublayers), `ln1_post`/
+    `ln2_post` (after them) of a block, or `ln_final` (layer None)."""
 
     which: NormWhich
     layer: int | None = None
@@ -53,19 +62,30 @@ class NormSite:
         return get_act_name(what, self.layer, self.which)
 
     def module(self, model: HookedTransformer) -> nn.Module:
-        """The norm module itself (an `nn.Identity` when the model has no norms)."""
+        """The norm module itself (a `NoNorm`, the identity, where the model has none there)."""
         if self.layer is None:
             return model.ln_final
         return getattr(model.blocks[self.layer], self.which)
 
 
-def reading_norm(model: HookedTransformer, site: str, layer: int) -> NormSite:
+def reading_norm(
+    model: HookedTransformer, site: str, layer: int, which: str | None = None
+) -> NormSite:
     """The norm that reads the residual stream at `(site, layer)`.
 
     `resid_pre` of block L is read by its `ln1`, `resid_mid` by its `ln2`, `resid_post`
-    by the next block's `ln1`, or by `ln_final` after the last block.
+    by the next block's `ln1`, or by `ln_final` after the last block. In a parallel block
+    (`parallel_attn_mlp`) both norms read `resid_pre`: `which="ln2"` picks the MLP's.
     """
     n_layers = model.cfg.n_layers
+    if which is not None:
+        if not (site == "resid_pre" and which == "ln2" and model.cfg.parallel_attn_mlp):
+            raise ValueError(
+                f"which={which!r} chooses between the two norms that read resid_pre of a "
+                f"parallel block ('ln2', the MLP's; 'ln1' is the default); the stream at "
+                f"{site} of layer {layer} has one reader here"
+            )
+        return NormSite("ln2", layer)
     if site == "resid_pre":
         return NormSite("ln1", layer)
     if site == "resid_mid":
@@ -83,19 +103,52 @@ def normalize(
     The same operations, in the same order, as `hookedattn.components.norm`, without
     running its hook points (so no attached hook fires).
     """
-    kind = model.cfg.normalization_type
-    if kind is None:
-        return x
     module = norm.module(model)
-    if kind in ("LN", "LNPre"):
+    if isinstance(module, NoNorm):
+        return x
+    if isinstance(module, LayerNormPre):
         x = x - x.mean(-1, keepdim=True)
     scale = (x.pow(2).mean(-1, keepdim=True) + module.eps).sqrt()
     x = x / scale
-    if kind in ("LN", "RMS"):
+    if hasattr(module, "w"):
         x = x * weight(module.w, x)
-    if kind == "LN":
+    if hasattr(module, "b"):
         x = x + weight(module.b, x)
     return x
+
+
+def through_norm(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    norm: NormSite,
+    components: Stack,
+    labels: tuple[str, ...],
+    *,
+    positions: Sequence[int] | None = None,
+) -> tuple[Float[Tensor, "term batch pos d_model"], tuple[str, ...]]:
+    """Terms of a norm's input through that norm, at the scale its forward recorded.
+
+    Each term is centred (LayerNorm), divided by the cached `hook_scale` and multiplied by
+    the gain; the norm's bias is appended as one more term, labelled `<norm>_bias`. If the
+    terms summed to the norm's input they now sum to its output, exactly. The identity
+    (terms and labels unchanged) where the model has no norm there. `positions`: the
+    components' `pos` axis holds these positions only (their cached scales are used).
+    """
+    module = norm.module(model)
+    if isinstance(module, NoNorm):
+        return components, labels
+    if isinstance(module, LayerNormPre):
+        components = components - components.mean(-1, keepdim=True)
+    scale = _cached_scale(cache, norm)
+    if positions is not None:
+        scale = scale[:, list(positions)]
+    components = components / scale
+    if hasattr(module, "w"):
+        components = components * weight(module.w, components)
+    if hasattr(module, "b"):
+        bias = torch.broadcast_to(weight(module.b, components), components.shape[1:])
+        return torch.cat([components, bias[None]]), (*labels, f"{norm.label}_bias")
+    return components, labels
 
 
 def apply_ln_to_stack(
@@ -104,6 +157,7 @@ def apply_ln_to_stack(
     decomposition: ResidStack,
     *,
     check: bool = False,
+    which: str | None = None,
 ) -> Decomposition:
     """The decomposition passed through the norm that reads its stream, summing exactly.
 
@@ -114,7 +168,9 @@ def apply_ln_to_stack(
     `check=True` that is verified against the cache and a `DecompositionError` names the
     largest error. A model without norms returns the components unchanged. Blocks with
     per-head inputs (`use_split_qkv_input`, `use_attn_in`) record one scale per head, all
-    equal unless patched; head 0's is used.
+    equal unless patched; head 0's is used. Where no norm reads the stream (a block with
+    norms after its sublayers only) the components are returned unchanged. `which="ln2"`:
+    the MLP's norm of a parallel block, which reads `resid_pre` too (see `reading_norm`).
     """
     if not isinstance(decomposition, Decomposition):
         raise TypeError(
@@ -126,25 +182,14 @@ def apply_ln_to_stack(
         raise ValueError(
             f"this decomposition has already been passed through {decomposition.normalized_by}"
         )
-    norm = reading_norm(model, decomposition.site, decomposition.layer)
-    kind = model.cfg.normalization_type
-    components, labels = decomposition.components, decomposition.labels
-    if kind is not None:
-        scale = _cached_scale(cache, norm)
-        if kind in ("LN", "LNPre"):
-            components = components - components.mean(-1, keepdim=True)
-        components = components / scale
-        module = norm.module(model)
-        if kind in ("LN", "RMS"):
-            components = components * weight(module.w, components)
-        if kind == "LN":
-            bias = torch.broadcast_to(weight(module.b, components), components.shape[1:])
-            components = torch.cat([components, bias[None]])
-            labels = (*labels, f"{norm.label}_bias")
-        if check:
-            target = _per_head_first(activation(cache, norm.hook("normalized")))
-            what = f"{decomposition.hook_name} through {norm.name}"
-            check_sums_to(components, target, what, model.cfg.dtype)
+    norm = reading_norm(model, decomposition.site, decomposition.layer, which)
+    components, labels = through_norm(
+        model, cache, norm, decomposition.components, decomposition.labels
+    )
+    if check and not isinstance(norm.module(model), NoNorm):
+        target = _per_head_first(activation(cache, norm.hook("normalized")))
+        what = f"{decomposition.hook_name} through {norm.name}"
+        check_sums_to(components, target, what, model.cfg.dtype)
     return Decomposition(components, labels, decomposition.site, decomposition.layer, norm.name)
 
 

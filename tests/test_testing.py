@@ -149,7 +149,7 @@ def test_an_ablation_breaks_only_the_identity_at_the_ablated_activation():
     with pytest.raises(AssertionError) as failure:
         assert_residual_identities(model, cache)
     message = str(failure.value)
-    assert message.startswith("1 of 32 residual-stream identities fail")
+    assert message.startswith("1 of 34 residual-stream identities fail")
     assert (
         "[1] blocks.0.attn.hook_z == blocks.0.attn.hook_pattern @ blocks.0.attn.hook_v" in message
     )

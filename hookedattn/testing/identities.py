@@ -5,33 +5,47 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
 
     resid_pre[0]   = embed + pos_embed                      (embed alone: rotary, none)
     attn_in[h]     = resid_pre                              (per-head input copies)
-    q, k, v        = ln1.normalized @ W_Q, W_K, W_V + biases
-    attn_scores    = q k^T / attn_scale                     (unmasked entries)
+    q, k, v        = ln1.normalized @ W_Q, W_K, W_V + biases (resid_pre where no ln1)
+    q_norm.normalized = w q / q_norm.scale                  (likewise k; q/k norms)
+    attn_scores    = cap(q k^T / attn_scale)                (unmasked entries; rot_q, rot_k
+                                                             or the normed q, k if any)
     pattern        = softmax(attn_scores), rows sum to 1, 0 on future keys
+                     and, in a local layer, on keys window_size or more positions back
     z              = pattern @ v
-    attn_out       = sum_h result[h] + b_O = sum_h z[h] @ W_O[h] + b_O
+    attn_out       = after(sum_h result[h] + b_O) = after(sum_h z[h] @ W_O[h] + b_O)
     resid_mid      = resid_pre + attn_out                   (attn-only: resid_post)
-    mlp_in         = resid_mid
+    mlp_in         = resid_mid                              (parallel: resid_pre)
     pre            = ln2.normalized @ W_in + b_in,  post = act_fn(pre)
-    mlp_out        = post @ W_out + b_out
-    resid_post     = resid_mid + mlp_out
+                     gated: pre = x @ W_gate, pre_linear = x @ W_in + b_in,
+                            post = act_fn(pre) * pre_linear
+    mlp_out        = after(post @ W_out + b_out)
+    resid_post     = resid_mid + mlp_out                    (parallel: resid_pre +
+                                                             attn_out + mlp_out)
     resid_pre[L+1] = resid_post[L]
+    unembed.in     = ln_final.normalized,  unembed.out = cap(unembed.in @ W_U + b_U)
+
+with GQA keys and values one per key/value head (each query head reads its group's),
+`after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
+a soft cap (`c tanh(x / c)`; the identity elsewhere).
 
 An identity is checked when all its activations are in the cache, and skipped (and listed
-as skipped) otherwise. The norms themselves (`hook_scale`, `ln_final`) and the rotation of
-q and k are not recomputed here: that would mean calling the model's own modules, which
-are what is under test.
+as skipped) otherwise. The norms before a sublayer (`ln1`, `ln2`, `ln_final`), their
+`hook_scale` and the rotation of q and k are not recomputed here: that would mean calling
+the model's own modules, which are what is under test. A norm inside a chain of identities
+(after a sublayer; on queries and keys) is applied at the divisor its forward recorded, so
+its gain, bias and centring are checked, and its divisor is not.
 """
 
 import dataclasses
 from collections.abc import Callable
 
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from hookedattn import names as _names
 from hookedattn.cache import ActivationCache
+from hookedattn.components.norm import LayerNormPre, NoNorm
 from hookedattn.model import HookedTransformer
 from hookedattn.testing._compare import (
     ToleranceUsed,
@@ -148,46 +162,72 @@ def _identities(model: HookedTransformer) -> list[_Identity]:
     """Every identity of `model`'s forward, in the order the forward computes them."""
     cfg = model.cfg
     out: list[_Identity] = []
-    if cfg.n_layers:
-        terms = ["embed", "pos_embed"] if cfg.positional_embedding_type == "standard" else ["embed"]
-        out.append(_sum(_act("resid_pre", 0), *(_names.get_act_name(t) for t in terms)))
-    for layer, block in enumerate(model.blocks):
-        resid_pre = _act("resid_pre", layer)
-        for copy in ("attn_in", "q_input", "k_input", "v_input"):
-            if hasattr(block, f"hook_{copy}"):
-                out.append(_per_head_copy(_act(copy, layer), resid_pre))
-        out += _attention(model, layer)
-        attn_out = _act("attn_out", layer)
-        if cfg.attn_only:
-            out.append(_sum(_act("resid_post", layer), resid_pre, attn_out))
-        else:
-            resid_mid = _act("resid_mid", layer)
-            out.append(_sum(resid_mid, resid_pre, attn_out))
-            out += _mlp(model, layer)
-            out.append(_sum(_act("resid_post", layer), resid_mid, _act("mlp_out", layer)))
+    if not cfg.n_layers:
+        return out
+    terms = ["embed", "pos_embed"] if cfg.positional_embedding_type == "standard" else ["embed"]
+    out.append(_sum(_act("resid_pre", 0), *(_names.get_act_name(t) for t in terms)))
+    for layer in range(cfg.n_layers):
+        out += _block(model, layer)
         if layer + 1 < cfg.n_layers:
             out.append(_sum(_act("resid_pre", layer + 1), _act("resid_post", layer)))
-    return out
+    return out + _unembed(model)
+
+
+def _block(model: HookedTransformer, layer: int) -> list[_Identity]:
+    """One block: its per-head copies, attention, MLP and residual sums.
+
+    A sequential block adds the attention's write before the MLP reads the stream; a
+    parallel one (`parallel_attn_mlp`) gives both sublayers `resid_pre` and adds both.
+    """
+    cfg, block = model.cfg, model.blocks[layer]
+    resid_pre, resid_post = _act("resid_pre", layer), _act("resid_post", layer)
+    out = []
+    for copy in ("attn_in", "q_input", "k_input", "v_input"):
+        if hasattr(block, f"hook_{copy}"):
+            out.append(_per_head_copy(_act(copy, layer), resid_pre))
+    out += _attention(model, layer)
+    attn_out = _act("attn_out", layer)
+    if cfg.attn_only:
+        return [*out, _sum(resid_post, resid_pre, attn_out)]
+    mlp_out = _act("mlp_out", layer)
+    if cfg.parallel_attn_mlp:
+        out += _mlp(model, layer, resid_pre)
+        return [*out, _sum(resid_post, resid_pre, attn_out, mlp_out)]
+    resid_mid = _act("resid_mid", layer)
+    out.append(_sum(resid_mid, resid_pre, attn_out))
+    out += _mlp(model, layer, resid_mid)
+    return [*out, _sum(resid_post, resid_mid, mlp_out)]
 
 
 def _attention(model: HookedTransformer, layer: int) -> list[_Identity]:
-    attn = model.blocks[layer].attn
-    rotary = model.cfg.positional_embedding_type == "rotary"
-    q, k = (_act("rot_q" if rotary else "q", layer), _act("rot_k" if rotary else "k", layer))
+    cfg, attn = model.cfg, model.blocks[layer].attn
+    prefix = f"blocks.{layer}.attn"
+    q, k = _act("q", layer), _act("k", layer)
+    out = [*_projections(model, layer)]
+    for name, which in ((q, "q_norm"), (k, "k_norm")):
+        out += _norm_identity(model, f"{prefix}.{which}", name)
+    if cfg.positional_embedding_type == "rotary":
+        q, k = _act("rot_q", layer), _act("rot_k", layer)
+    elif cfg.use_qk_norm:
+        q, k = f"{prefix}.q_norm.hook_normalized", f"{prefix}.k_norm.hook_normalized"
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
-    out = [
-        *_projections(model, layer),
-        _scores(scores, q, k, model.cfg.attn_scale),
+    out += [
+        _scores(scores, q, k, cfg.attn_scale, attn.group, cfg.attn_scores_soft_cap),
         _softmax(pattern, scores),
         _rows_sum_to_one(pattern),
         _causal(pattern),
-        _mix_values(z, pattern, v),
     ]
+    if attn.attn_type == "local":
+        out.append(_windowed(pattern, cfg.window_size))
+    out.append(_mix_values(z, pattern, v, attn.group))
+    post = _placed_norm(model, layer, "ln1_post")
     if hasattr(attn, "hook_result"):
-        out.append(_heads_sum(attn_out, result, attn.b_O))
-    out.append(_linear(attn_out, z, attn.W_O, attn.b_O, _WRITE, "W_O + b_O, summed over heads"))
+        out.append(_heads_sum(attn_out, result, attn.b_O, post))
+    out.append(
+        _linear(attn_out, z, attn.W_O, attn.b_O, _WRITE, "W_O + b_O, summed over heads", post)
+    )
     return out
 
 
@@ -199,69 +239,137 @@ _WRITE = "... head d_head, head d_head d_model -> ... d_model"
 def _projections(model: HookedTransformer, layer: int) -> list[_Identity]:
     """`q, k, v == input @ W_Q, W_K, W_V (+ biases)`, where the input is unambiguous.
 
+    Keys and values are checked against the weights as stored, one per key/value head.
     With `use_split_qkv_input` and a norm, `ln1` runs three times (on the q, k and v
     inputs) and its hook point records only the last, so those are not checked.
     """
-    cfg, block = model.cfg, model.blocks[layer]
+    block = model.blocks[layer]
     split = hasattr(block, "hook_q_input")
-    if split and cfg.normalization_type is not None:
+    normed = not isinstance(block.ln1, NoNorm)
+    if split and normed:
         return []
+    W_K, b_K, W_V, b_V = block.attn.key_value_weights()
+    weights = {"q": (block.attn.W_Q, block.attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}
+    per_head = split or hasattr(block, "hook_attn_in")
     out = []
-    for x in ("q", "k", "v"):
-        if cfg.normalization_type is not None:
+    for x, (W, b) in weights.items():
+        if normed:
             source = _names.get_act_name("normalized", layer, "ln1")
         elif split:
             source = _act(f"{x}_input", layer)
         else:
             source = _act("attn_in" if hasattr(block, "hook_attn_in") else "resid_pre", layer)
-        per_head = split or hasattr(block, "hook_attn_in")
-        W, b = (getattr(block.attn, f"{w}_{x.upper()}") for w in ("W", "b"))
-        weights = f"W_{x.upper()} + b_{x.upper()}"
-        out.append(
-            _linear(_act(x, layer), source, W, b, _READ_PER_HEAD if per_head else _READ, weights)
-        )
+        pattern = _READ_PER_HEAD if per_head else _READ
+        label = f"W_{x.upper()} + b_{x.upper()}"
+        out.append(_linear(_act(x, layer), source, W, b, pattern, label))
     return out
 
 
-def _mlp(model: HookedTransformer, layer: int) -> list[_Identity]:
+def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[_Identity]:
+    """The MLP of block `layer`, which reads the residual stream `stream`."""
     block = model.blocks[layer]
     mlp = block.mlp
     pre, post, mlp_out = _act("pre", layer), _act("post", layer), _act("mlp_out", layer)
     out = []
     if hasattr(block, "hook_mlp_in"):
-        out.append(_sum(_act("mlp_in", layer), _act("resid_mid", layer)))
-    if model.cfg.normalization_type is not None:
-        source = _names.get_act_name("normalized", layer, "ln2")
+        out.append(_sum(_act("mlp_in", layer), stream))
+        stream = _act("mlp_in", layer)
+    if not isinstance(block.ln2, NoNorm):
+        stream = _names.get_act_name("normalized", layer, "ln2")
+    read = "... d_model, d_model d_mlp -> ... d_mlp"
+    if hasattr(mlp, "W_gate"):
+        pre_linear = _act("pre_linear", layer)
+        out.append(_linear(pre, stream, mlp.W_gate, None, read, "W_gate"))
+        out.append(_linear(pre_linear, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
+        out.append(_gated_activation(post, pre, pre_linear, mlp.act_fn))
     else:
-        source = _act("mlp_in" if hasattr(block, "hook_mlp_in") else "resid_mid", layer)
-    out.append(
-        _linear(
-            pre,
-            source,
-            mlp.W_in,
-            mlp.b_in,
-            "... d_model, d_model d_mlp -> ... d_mlp",
-            "W_in + b_in",
-        )
-    )
-    out.append(_activation(post, pre, mlp.act_fn))
-    out.append(
-        _linear(
-            mlp_out,
-            post,
-            mlp.W_out,
-            mlp.b_out,
-            "... d_mlp, d_mlp d_model -> ... d_model",
-            "W_out + b_out",
-        )
-    )
+        out.append(_linear(pre, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
+        out.append(_activation(post, pre, mlp.act_fn))
+    write = "... d_mlp, d_mlp d_model -> ... d_model"
+    placed = _placed_norm(model, layer, "ln2_post")
+    out.append(_linear(mlp_out, post, mlp.W_out, mlp.b_out, write, "W_out + b_out", placed))
     return out
+
+
+def _unembed(model: HookedTransformer) -> list[_Identity]:
+    """What the unembedding reads (the final norm's output) and the logits it returns."""
+    final = _act("resid_post", model.cfg.n_layers - 1)
+    read = final if isinstance(model.ln_final, NoNorm) else "ln_final.hook_normalized"
+    out = [_sum("unembed.hook_in", read)]
+    unembed = model.unembed
+    cap = model.cfg.output_logits_soft_cap
+    logits = _linear(
+        "unembed.hook_out",
+        "unembed.hook_in",
+        unembed.W_U,
+        unembed.b_U,
+        "... d_model, d_model d_vocab_out -> ... d_vocab_out",
+        "W_U + b_U" if cap is None else "W_U + b_U, soft-capped",
+        cap=cap,
+    )
+    return [*out, logits]
 
 
 def _act(name: str, layer: int) -> str:
     return _names.get_act_name(name, layer)
 
 
+# ----------------------------------------------------------------- norms at their scale
+@dataclasses.dataclass(frozen=True)
+class _Norm:
+    """A norm module at hook path `path`, applied at the divisor its forward recorded."""
+
+    path: str
+    module: nn.Module
+
+    @property
+    def scale(self) -> str:
+        return f"{self.path}.hook_scale"
+
+    def apply(self, get: Get, x: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
+        """`x` through the norm, and the magnitude its rounding error lives at (`size` is
+        that of `x`)."""
+        if isinstance(self.module, LayerNormPre):
+            axes = self.module.axes
+            x = x - x.mean(axes, keepdim=True)
+            size = size + size.mean(axes, keepdim=True)
+        divisor = get(self.scale)
+        x, size = x / divisor, size / divisor
+        gain, bias = getattr(self.module, "w", None), getattr(self.module, "b", None)
+        if gain is not None:
+            x, size = x * _weight(gain, x), size * _weight(gain, x).abs()
+        if bias is not None:
+            x, size = x + _weight(bias, x), size + _weight(bias, x).abs()
+        return x, size
+
+
+def _placed_norm(model: HookedTransformer, layer: int, which: str) -> _Norm | None:
+    """The norm `which` of block `layer` (`ln1_post`...), or None where it is the identity."""
+    module = getattr(model.blocks[layer], which, None)
+    if module is None or isinstance(module, NoNorm):
+        return None
+    return _Norm(f"blocks.{layer}.{which}", module)
+
+
+def _norm_identity(model: HookedTransformer, path: str, x: str) -> list[_Identity]:
+    """`<path>.hook_normalized == norm(x)` at its recorded scale; none where there is no norm."""
+    module = model.get_submodule(path)
+    if isinstance(module, NoNorm):
+        return []
+    norm = _Norm(path, module)
+    normalized = f"{path}.hook_normalized"
+
+    def sides(get: Get) -> _Sides:
+        x_ = get(x)
+        expected, size = norm.apply(get, x_, x_.abs())
+        return _Sides(get(normalized), expected, size)
+
+    statement = f"{normalized} == {path}({x}) at its recorded hook_scale"
+    axes = _names.axis_names(x)
+    return [_Identity(statement, (normalized, x, norm.scale), axes, _TERMS, sides)]
+
+
+# ----------------------------------------------------------------- one identity each
 def _sum(total: str, *terms: str) -> _Identity:
     def sides(get: Get) -> _Sides:
         values = [get(t) for t in terms]
@@ -281,18 +389,36 @@ def _per_head_copy(copy: str, resid: str) -> _Identity:
     return _Identity(statement, (copy, resid), _names.axis_names(copy), _VALUE, sides)
 
 
-def _scores(scores: str, q: str, k: str, attn_scale: float) -> _Identity:
-    qk = "... query_pos head d_head, ... key_pos head d_head -> ... head query_pos key_pos"
+def _grouped(heads: Tensor, group: int, pattern: str) -> Tensor:
+    """Split a query-head axis into `kv_head group`: query head `h` reads key/value head
+    `h // group`."""
+    return rearrange(heads, pattern, group=group)
 
+
+_QK = (
+    "... query_pos kv_head group d_head, ... key_pos kv_head d_head "
+    "-> ... kv_head group query_pos key_pos"
+)
+
+
+def _scores(
+    scores: str, q: str, k: str, attn_scale: float, group: int, cap: float | None
+) -> _Identity:
     def sides(get: Get) -> _Sides:
         q_, k_, s = get(q), get(k), get(scores)
         _same_keys(k, k_.shape[-3], s.shape[-1])
+        q_ = _grouped(q_, group, "... p (kv_head group) d -> ... p kv_head group d")
+        ungroup = "... kv_head group q k -> ... (kv_head group) q k"
+        raw = rearrange(einsum(q_, k_, _QK), ungroup) / attn_scale
+        size = rearrange(einsum(q_.abs(), k_.abs(), _QK), ungroup) / attn_scale
+        # c tanh(x / c) has slope at most 1: it never magnifies the scores' rounding.
+        expected = raw if cap is None else cap * torch.tanh(raw / cap)
+        size = size if cap is None else size + expected.abs()
         unmasked = s.isfinite()
-        expected = einsum(q_, k_, qk) / attn_scale
-        scale = einsum(q_.abs(), k_.abs(), qk) / attn_scale
-        return _Sides(s.where(unmasked, 0.0), expected.where(unmasked, 0.0), scale)
+        return _Sides(s.where(unmasked, 0.0), expected.where(unmasked, 0.0), size)
 
-    statement = f"{scores} == {q} . {k} / attn_scale (unmasked entries)"
+    capped = "" if cap is None else f", soft-capped at {cap:g}"
+    statement = f"{scores} == {q} . {k} / attn_scale{capped} (unmasked entries)"
     return _Identity(statement, (scores, q, k), _names.axis_names(scores), _PRODUCTS, sides)
 
 
@@ -320,56 +446,102 @@ def _rows_sum_to_one(pattern: str) -> _Identity:
     return _Identity(f"{pattern} rows sum to 1", (pattern,), axes, _VALUE, sides)
 
 
+def _key_offsets(p: Tensor) -> Tensor:
+    """`query - key` in stored positions, `[query_pos key_pos]`.
+
+    With a KV cache (or a pos_slice keeping the last positions) the queries are the last
+    n_query of the n_key positions; any other pos_slice only allows fewer keys.
+    """
+    n_query, n_key = p.shape[-2:]
+    query = torch.arange(n_key - n_query, n_key, device=p.device)[:, None]
+    return query - torch.arange(n_key, device=p.device)[None, :]
+
+
 def _causal(pattern: str) -> _Identity:
     def sides(get: Get) -> _Sides:
         p = get(pattern)
-        n_query, n_key = p.shape[-2:]
-        # With a KV cache (or a pos_slice keeping the last positions) the queries are the
-        # last n_query of the n_key positions; any other pos_slice only allows fewer keys.
-        future = torch.ones(n_query, n_key, dtype=torch.bool, device=p.device)
-        future = future.triu(n_key - n_query + 1)
         zero = torch.zeros_like(p)
-        return _Sides(p.where(future, 0.0), zero, zero)
+        return _Sides(p.where(_key_offsets(p) < 0, 0.0), zero, zero)
 
     statement = f"{pattern} is 0 on every key after its query"
     return _Identity(statement, (pattern,), _names.axis_names(pattern), "zero", sides)
 
 
-def _mix_values(z: str, pattern: str, v: str) -> _Identity:
-    mix = "... head query_pos key_pos, ... key_pos head d_head -> ... query_pos head d_head"
+def _windowed(pattern: str, window_size: int) -> _Identity:
+    def sides(get: Get) -> _Sides:
+        p = get(pattern)
+        zero = torch.zeros_like(p)
+        return _Sides(p.where(_key_offsets(p) >= window_size, 0.0), zero, zero)
 
+    statement = f"{pattern} is 0 on keys {window_size} or more positions before the query"
+    return _Identity(statement, (pattern,), _names.axis_names(pattern), "zero", sides)
+
+
+_MIX = (
+    "... kv_head group query_pos key_pos, ... key_pos kv_head d_head "
+    "-> ... query_pos kv_head group d_head"
+)
+
+
+def _mix_values(z: str, pattern: str, v: str, group: int) -> _Identity:
     def sides(get: Get) -> _Sides:
         p, v_ = get(pattern), get(v)
         _same_keys(v, v_.shape[-3], p.shape[-1])
-        return _Sides(get(z), einsum(p, v_, mix), einsum(p.abs(), v_.abs(), mix))
+        p = _grouped(p, group, "... (kv_head group) q k -> ... kv_head group q k")
+        ungroup = "... q kv_head group d -> ... q (kv_head group) d"
+        expected = rearrange(einsum(p, v_, _MIX), ungroup)
+        return _Sides(get(z), expected, rearrange(einsum(p.abs(), v_.abs(), _MIX), ungroup))
 
     statement = f"{z} == {pattern} @ {v}"
     return _Identity(statement, (z, pattern, v), _names.axis_names(z), _PRODUCTS, sides)
 
 
-def _heads_sum(attn_out: str, result: str, b_O: nn.Parameter) -> _Identity:
+def _heads_sum(attn_out: str, result: str, b_O: nn.Parameter, post: _Norm | None) -> _Identity:
     def sides(get: Get) -> _Sides:
         r = get(result)
         bias = _weight(b_O, r)
-        return _Sides(get(attn_out), r.sum(dim=-2) + bias, r.abs().sum(dim=-2) + bias.abs())
+        total, size = r.sum(dim=-2) + bias, r.abs().sum(dim=-2) + bias.abs()
+        if post is not None:
+            total, size = post.apply(get, total, size)
+        return _Sides(get(attn_out), total, size)
 
-    statement = f"{attn_out} == sum over heads of {result} + b_O"
-    return _Identity(statement, (attn_out, result), _names.axis_names(attn_out), _TERMS, sides)
+    terms = f"sum over heads of {result} + b_O"
+    statement = f"{attn_out} == {terms if post is None else f'{post.path}({terms})'}"
+    needs = (attn_out, result) if post is None else (attn_out, result, post.scale)
+    return _Identity(statement, needs, _names.axis_names(attn_out), _TERMS, sides)
 
 
 def _linear(
-    out: str, x: str, W: nn.Parameter, b: nn.Parameter, pattern: str, weights: str
+    out: str,
+    x: str,
+    W: Tensor,
+    b: Tensor | None,
+    pattern: str,
+    weights: str,
+    post: _Norm | None = None,
+    cap: float | None = None,
 ) -> _Identity:
-    """`out == einsum(x, W, pattern) + b`; `weights` names them in the statement."""
+    """`out == post(einsum(x, W, pattern) + b)`, or `cap(...)` with a soft cap; `weights`
+    names them in the statement, `post` is the norm after a sublayer (if any)."""
 
     def sides(get: Get) -> _Sides:
         x_ = get(x)
-        W_, b_ = _weight(W, x_), _weight(b, x_)
-        expected = einsum(x_, W_, pattern) + b_
-        return _Sides(get(out), expected, einsum(x_.abs(), W_.abs(), pattern) + b_.abs())
+        W_ = _weight(W, x_)
+        expected, size = einsum(x_, W_, pattern), einsum(x_.abs(), W_.abs(), pattern)
+        if b is not None:
+            expected, size = expected + _weight(b, x_), size + _weight(b, x_).abs()
+        if post is not None:
+            expected, size = post.apply(get, expected, size)
+        if cap is not None:
+            expected = cap * torch.tanh(expected / cap)
+            size = size + expected.abs()
+        return _Sides(get(out), expected, size)
 
-    statement = f"{out} == {x} @ {weights}"
-    return _Identity(statement, (out, x), _names.axis_names(out), _PRODUCTS, sides)
+    product = f"{x} @ {weights}"
+    statement = f"{out} == {product if post is None else f'{post.path}({product})'}"
+    needs = (out, x) if post is None else (out, x, post.scale)
+    axes = _names.axis_names(out) or ("batch", "pos", pattern.rsplit(" ", 1)[-1])
+    return _Identity(statement, needs, axes, _PRODUCTS, sides)
 
 
 def _activation(post: str, pre: str, act_fn: Callable[[Tensor], Tensor]) -> _Identity:
@@ -381,7 +553,18 @@ def _activation(post: str, pre: str, act_fn: Callable[[Tensor], Tensor]) -> _Ide
     return _Identity(statement, (post, pre), _names.axis_names(post), _VALUE, sides)
 
 
-def _weight(param: nn.Parameter, like: Tensor) -> Tensor:
+def _gated_activation(
+    post: str, pre: str, pre_linear: str, act_fn: Callable[[Tensor], Tensor]
+) -> _Identity:
+    def sides(get: Get) -> _Sides:
+        expected = act_fn(get(pre)) * get(pre_linear)
+        return _Sides(get(post), expected, expected)
+
+    statement = f"{post} == act_fn({pre}) * {pre_linear}"
+    return _Identity(statement, (post, pre, pre_linear), _names.axis_names(post), _VALUE, sides)
+
+
+def _weight(param: Tensor, like: Tensor) -> Tensor:
     return param.detach().to(device=like.device, dtype=torch.float64)
 
 
