@@ -239,12 +239,13 @@ def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor
         return out
 
     measure = "activation patching, every head x position"
+    prompts = dict(clean_tokens=clean, corrupted_tokens=corrupted, metric=metric)
     entries = [
         Entry(f"{measure} (loop: one forward per patch)", OURS, loop),
         Entry(
             measure,
             OURS,
-            lambda: activation_patch(model, clean, corrupted, metric, "z", by_pos=True),
+            lambda: activation_patch(model, "z", **prompts, by_pos=True),
             lambda out: out.per_prompt.mean(-1),
         ),
     ]
@@ -254,9 +255,7 @@ def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor
             Entry(
                 f"{measure}, metric_positions=-1",
                 OURS,
-                lambda: activation_patch(
-                    model, clean, corrupted, metric, "z", by_pos=True, metric_positions=-1
-                ),
+                lambda: activation_patch(model, "z", **prompts, by_pos=True, metric_positions=-1),
                 lambda out: out.per_prompt.mean(-1),
             )
         )

@@ -28,13 +28,16 @@ def metric(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, 1] - logits[:, -1, 0]
 
 
+PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric)
+
+
 def tick_texts(ax, which: str) -> list[str]:
     ticks = ax.get_xticklabels() if which == "x" else ax.get_yticklabels()
     return [t.get_text() for t in ticks]
 
 
 def test_layer_by_head_result_is_labelled():
-    result = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "z")
+    result = activation_patch(MODEL, "z", **PROMPTS)
     figure = heatmap_figure(result)
     ax = figure.axes[0]
     assert ax.get_xlabel() == "head" and ax.get_ylabel() == "layer"
@@ -45,7 +48,7 @@ def test_layer_by_head_result_is_labelled():
 
 
 def test_three_axes_become_one_row_per_head_of_each_layer():
-    result = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "z", by_pos=True)
+    result = activation_patch(MODEL, "z", **PROMPTS, by_pos=True)
     figure = heatmap_figure(result, value="effect", pos_labels=["a", "b", "c", "d"])
     ax = figure.axes[0]
     assert tick_texts(ax, "y") == ["L0 H0", "L0 H1", "L1 H0", "L1 H1"]
@@ -55,12 +58,12 @@ def test_three_axes_become_one_row_per_head_of_each_layer():
 
 def test_writes_png_files_for_every_kind_of_result(tmp_path):
     results = [
-        activation_patch(MODEL, CLEAN, CORRUPTED, metric, "resid_pre"),
-        activation_patch(MODEL, CLEAN, CORRUPTED, metric, "attn_out", by_pos=False),
-        path_patch(MODEL, CLEAN, CORRUPTED, metric, Component("v", 1, head=0)),
-        attribution_patch(MODEL, CLEAN, CORRUPTED, metric, "pattern")["pattern"],
+        activation_patch(MODEL, "resid_pre", **PROMPTS),
+        activation_patch(MODEL, "attn_out", **PROMPTS, by_pos=False),
+        path_patch(MODEL, Component("v", 1, head=0), **PROMPTS),
+        attribution_patch(MODEL, "pattern", **PROMPTS)["pattern"],
     ]
-    exact = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "pattern")
+    exact = activation_patch(MODEL, "pattern", **PROMPTS)
     results.append(compare_patching(results[-1], exact))
     for i, result in enumerate(results):
         path = heatmap(result, tmp_path / f"{i}.png")
@@ -68,8 +71,8 @@ def test_writes_png_files_for_every_kind_of_result(tmp_path):
 
 
 def test_comparison_draws_approximate_exact_and_error():
-    approx = attribution_patch(MODEL, CLEAN, CORRUPTED, metric, "z")["z"]
-    exact = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "z")
+    approx = attribution_patch(MODEL, "z", **PROMPTS)["z"]
+    exact = activation_patch(MODEL, "z", **PROMPTS)
     figure = heatmap_figure(compare_patching(approx, exact))
     titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
     assert titles == ["attribution patching", "activation patching", "approximate - exact"]
@@ -79,17 +82,17 @@ def test_leaves_pyplot_alone():
     backend = matplotlib.get_backend()
     pyplot = pytest.importorskip("matplotlib.pyplot")
     figures = pyplot.get_fignums()
-    heatmap_figure(activation_patch(MODEL, CLEAN, CORRUPTED, metric, "z"))
+    heatmap_figure(activation_patch(MODEL, "z", **PROMPTS))
     assert matplotlib.get_backend() == backend and pyplot.get_fignums() == figures
 
 
 def test_bad_input():
-    result = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "z")
+    result = activation_patch(MODEL, "z", **PROMPTS)
     with pytest.raises(ValueError, match="value must be one of"):
         heatmap_figure(result, value="normalized")
     with pytest.raises(ValueError, match="no pos axis"):
         heatmap_figure(result, pos_labels=["a", "b", "c", "d"])
-    by_pos = activation_patch(MODEL, CLEAN, CORRUPTED, metric, "resid_pre")
+    by_pos = activation_patch(MODEL, "resid_pre", **PROMPTS)
     with pytest.raises(ValueError, match="3 labels for 4 positions"):
         heatmap_figure(by_pos, pos_labels=["a", "b", "c"])
     with pytest.raises(TypeError, match="PatchingResult"):
