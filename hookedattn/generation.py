@@ -14,6 +14,7 @@ Hooks attached to the model (`with model.hooks(...)`) run at every step.
 """
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,19 +41,27 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, int | float) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        # `not (low <= x)` rather than `x < low`: NaN compares false with everything.
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(
+                f"temperature must be a number >= 0 and finite (0 is greedy), got "
+                f"{self.temperature!r}"
+            )
         if self.top_k is not None and (
             not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
         ):
             raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (a number) or None, got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
         """Whether the next token is the argmax of the logits."""
         return not self.do_sample or self.temperature == 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def next_token_probs(

@@ -88,9 +88,12 @@ class Tokenizer:
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as tokens: ids 0..255 are bytes, 256 `<bos>`, 257 `<eos>`, 258 `<pad>`.
 
-    `decode(encode(s)) == s` for every string. A byte that is not a whole character shows
-    as an escape in `str_token` (`"\\xe2"`); `decode` of a byte sequence that is not valid
-    UTF-8 (a generation may stop mid-character) writes U+FFFD for the broken part.
+    `decode(encode(s)) == s` for every string of characters. A lone surrogate
+    (`"\\ud800"`, half of a UTF-16 pair, which Python strings can hold) is not a character
+    and has no UTF-8 bytes: `encode` refuses it with a `ValueError` naming its position. A
+    byte that is not a whole character shows as an escape in `str_token` (`"\\xe2"`);
+    `decode` of a byte sequence that is not valid UTF-8 (a generation may stop
+    mid-character) writes U+FFFD for the broken part.
     """
 
     SPECIAL_NAMES = ("<bos>", "<eos>", "<pad>")
@@ -100,8 +103,15 @@ class ByteTokenizer(Tokenizer):
         self.vocab_size = 259
 
     def encode(self, text: str) -> list[int]:
-        """The UTF-8 bytes of `text`."""
-        return list(_check_text(text).encode("utf-8"))
+        """The UTF-8 bytes of `text`; a lone surrogate is a `ValueError` naming it."""
+        try:
+            return list(_check_text(text).encode("utf-8"))
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"{text[error.start]!r} at position {error.start} of the text is a lone "
+                f"surrogate (half of a UTF-16 pair), not a character: it has no UTF-8 bytes "
+                f"to encode. Decode the text with errors='replace' or 'surrogatepass' first"
+            ) from None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of the byte ids; special tokens written as `<bos>` etc. unless skipped."""
@@ -136,7 +146,8 @@ class CharTokenizer(Tokenizer):
 
     `CharTokenizer("ab ")` has ids a=0, b=1, " "=2, `<bos>`=3, `<eos>`=4, `<pad>`=5. Pass
     `bos_token=None` (etc.) to leave a special token out. A character outside the alphabet
-    is a `ValueError` naming it.
+    is a `ValueError` naming it, and so is a special token that is also a character of the
+    alphabet (its text would decode to two different ids).
     """
 
     def __init__(
@@ -161,6 +172,13 @@ class CharTokenizer(Tokenizer):
         names = [t for t in (bos_token, eos_token, pad_token) if t is not None]
         if len(set(names)) != len(names):
             raise ValueError(f"special tokens must be distinct, got {names}")
+        clashing = [t for t in names if t in self._ids]
+        if clashing:
+            raise ValueError(
+                f"special tokens {clashing} are also characters of the alphabet "
+                f"{self.alphabet!r}; choose special tokens outside it (the default names "
+                f"are '<bos>', '<eos>', '<pad>')"
+            )
         self._names = list(chars) + names
         next_id = iter(range(len(chars), len(chars) + len(names)))
         self.specials = SpecialTokens(
