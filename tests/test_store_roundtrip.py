@@ -142,7 +142,9 @@ def test_sweep_in_one_process_is_the_loop_over_items_with_labels(tmp_path):
     metric = lambda logits: logits[:, -1, 0]
 
     def patch(m, batch):
-        result = activation_patch(m, batch[0], batch[1], metric, "resid_pre")
+        result = activation_patch(
+            m, kind="resid_pre", clean_tokens=batch[0], corrupted_tokens=batch[1], metric=metric
+        )
         return result.per_prompt.movedim(-1, 0)  # [prompt layer pos]
 
     pairs = list(zip(clean, corrupted, strict=True))

@@ -46,7 +46,7 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float64": torch.float64,
 }
-DEFAULT_SHARD_BYTES = 256 * 2**20
+DEFAULT_SHARD_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +86,7 @@ def collect_activations(
     `inputs` as in `hookedattn.store.inputs.pack` (None: the standard library's source);
     `context` tokens per context (default the model's `n_ctx`), `n_tokens` at most. Rows are
     stored in `dtype`, one per position, context after context; `shard_contexts` contexts
-    to a shard (default: about 256 MiB of activations, a multiple of `batch_size`). A
+    to a shard (default: about 64 MiB of activations, a multiple of `batch_size`). A
     folder holding a different collection is refused unless `overwrite`. Under `torchrun`
     every rank calls this with the same arguments.
     """

@@ -212,32 +212,29 @@ class ActivationStore:
         """Batches `[batch *row_shape]` of `name`, every row once.
 
         With `shuffle`, the shards are taken in an order drawn from `seed`, `window` at a
-        time, and the rows of each window in a random order (rows left over from a window
-        start the next): batches mix shards while reading stays within a few of them.
+        time: the window's rows (and those left over from the last one) are copied into
+        one buffer, read sequentially from the mapped files, and batches are drawn from it
+        in a random order. Batches mix `window` shards; memory is about `window` shards.
+        Without `shuffle`, batches are the rows in order.
         """
         name = self._check_name(name)
         if batch_size < 1 or window < 1:
             raise ValueError(f"batch_size and window must be positive, got {batch_size}, {window}")
-        if not shuffle:
-            order = [torch.arange(len(self))]
-        else:
-            order = self._shuffled(torch.Generator().manual_seed(seed), window)
-        carry = torch.empty(0, dtype=torch.long)
-        for chunk in order:
-            chunk = torch.cat([carry, chunk])
-            n_full = chunk.numel() // batch_size * batch_size
+        generator = torch.Generator().manual_seed(seed)
+        n_shards = len(self._shards)
+        order = torch.randperm(n_shards, generator=generator).tolist() if shuffle else None
+        window = window if shuffle else 1
+        carry = torch.empty((0, *self.row_shape(name)), dtype=self.dtype)
+        for first in range(0, n_shards, window):
+            group = order[first : first + window] if shuffle else [first]
+            buffer = torch.cat([carry, *(self._map(s).tensor(name) for s in group)])
+            rows = torch.randperm(buffer.shape[0], generator=generator) if shuffle else None
+            n_full = buffer.shape[0] // batch_size * batch_size
             for start in range(0, n_full, batch_size):
-                yield self._gather(name, chunk[start : start + batch_size])
-            carry = chunk[n_full:]
-        if carry.numel() and not drop_last:
-            yield self._gather(name, carry)
-
-    def _shuffled(self, generator: torch.Generator, window: int) -> Iterator[Tensor]:
-        order = torch.randperm(len(self._shards), generator=generator).tolist()
-        for first in range(0, len(order), window):
-            group = order[first : first + window]
-            rows = torch.cat([torch.arange(self._starts[s], self._ends[s]) for s in group])
-            yield rows[torch.randperm(rows.numel(), generator=generator)]
+                yield _take(buffer, rows, start, start + batch_size)
+            carry = _take(buffer, rows, n_full, buffer.shape[0])
+        if carry.shape[0] and not drop_last:
+            yield carry
 
     def stats(self, name: str) -> RunningStats:
         """The per-feature mean and variance of `name` over the stored rows (float64)."""
@@ -299,6 +296,13 @@ class ActivationStore:
                 source = source.reshape(-1)
             out.index_copy_(0, where, source.index_select(0, local))
         return out
+
+
+def _take(buffer: Tensor, order: Tensor | None, start: int, stop: int) -> Tensor:
+    """Rows `order[start:stop]` of `buffer` (rows `start:stop` without an order), copied."""
+    if order is None:
+        return buffer[start:stop].clone()
+    return buffer.index_select(0, order[start:stop])
 
 
 class StoreDataset(torch.utils.data.Dataset):
