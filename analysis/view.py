@@ -118,7 +118,7 @@ def decomposition(
     )
 
 
-def _flat(values: Tensor) -> list[float | None]:
+def _flat(values: Float[Tensor, "..."]) -> list[float | None]:
     # JSON has no NaN: a tied baseline's NaN travels as null and shows as "NaN".
     return [None if math.isnan(v) else v for v in values.detach().double().flatten().tolist()]
 

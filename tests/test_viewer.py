@@ -155,6 +155,8 @@ def test_bad_input_is_named(model):
         attention(model, cache, ["a", "b", "c"])
     with pytest.raises(ValueError, match=r"layers .* in 0\.\.1"):
         attention(model, cache, layers=[2])
+    with pytest.raises(ValueError, match=r"batch must be in 0\.\.0 for this cache, got 1"):
+        attention(model, cache, batch=1)
     _, sliced = model.run_with_cache("abc", pos_slice=-1)
     with pytest.raises(ValueError, match="not square"):
         attention(model, sliced)

@@ -121,7 +121,6 @@ def test_the_request_watch_sees_a_request(browser, tmp_path):
         '<img src="http://127.0.0.1:9/x.png"><script>document.body.dataset.ready = "true"</script>'
     )
     opened = Opened(browser, path)
-    opened.page.wait_for_timeout(100)
     assert opened.requests == ["http://127.0.0.1:9/x.png"]
     opened.page.close()
 

@@ -38,11 +38,12 @@ def _run(model: HookedTransformer, prompt: Any) -> tuple[ActivationCache, Any]:
 
 
 def _patterns(cache: ActivationCache, layers: Sequence[int], batch: int) -> Patterns:
-    found = []
-    for layer in layers:
-        pattern = cache["pattern", layer]
-        pattern = pattern[batch] if cache.has_batch_dim else pattern
-        found.append(pattern)
+    found = [cache["pattern", layer] for layer in layers]
+    if cache.has_batch_dim:
+        n_batch = found[0].shape[0]
+        if not -n_batch <= batch < n_batch:
+            raise ValueError(f"batch must be in 0..{n_batch - 1} for this cache, got {batch}")
+        found = [pattern[batch] for pattern in found]
     stacked = torch.stack(found)
     if stacked.shape[-2] != stacked.shape[-1]:
         raise ValueError(
@@ -121,6 +122,10 @@ def attention(
     embedding (`hook_embed`) when it is there. `layers` limits the page to some layers
     (all by default); `head` is the head shown first (`"L1H4"` or `(1, 4)`; `"all"` opens
     the small multiples); `batch` picks the sequence of a batched cache.
+
+    The heatmap draws one cell per (query, key) pair and the page stores every head's
+    pattern: a few hundred tokens and a few hundred heads keep it quick (16 heads over 128
+    tokens make 0.7 MB); `layers` cuts a large model's page down.
     """
     if isinstance(cache_or_text, ActivationCache):
         cache = cache_or_text

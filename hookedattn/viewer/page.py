@@ -14,6 +14,7 @@ into a `Float32Array`.
 
 import base64
 import dataclasses
+import functools
 import html
 import json
 import re
@@ -22,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from jaxtyping import Float
 from torch import Tensor
 
 # JSON inside <script> ends at the first "</script"; these escapes keep every string
@@ -31,7 +33,7 @@ _SCRIPT_SAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}
 _PLACEHOLDER = re.compile(r"\{\{(title|style|data|script)\}\}")
 
 
-def float32_base64(values: Tensor) -> str:
+def float32_base64(values: Float[Tensor, "..."]) -> str:
     """The tensor's values, flattened row-major, as base64 of little-endian float32."""
     flat = values.detach().reshape(-1).cpu().tolist()
     return base64.b64encode(struct.pack(f"<{len(flat)}f", *flat)).decode("ascii")
@@ -45,6 +47,7 @@ def script_json(data: dict[str, Any]) -> str:
     return text
 
 
+@functools.cache
 def _asset(name: str) -> str:
     return resources.files("hookedattn.viewer").joinpath(name).read_text(encoding="utf-8")
 

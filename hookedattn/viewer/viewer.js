@@ -17,12 +17,14 @@
   const el = (tag, attrs, text) => make(null, tag, attrs, text);
   const svg = (tag, attrs, text) => make(SVG, tag, attrs, text);
 
-  /* The shortest decimal that reads back as the same float32: "exact" on hover. */
+  /* A value "exactly" on hover: a float32 as the shortest decimal that reads back as the
+   * same float32 (not the 17 digits of its double), anything else as its shortest double. */
   function exact(v) {
     if (v === null || Number.isNaN(v)) return "NaN";
+    if (Math.fround(v) !== v) return String(v);
     for (let p = 1; p < 10; p++) {
       const s = v.toPrecision(p);
-      if (Math.fround(Number(s)) === Math.fround(v)) return String(Number(s));
+      if (Math.fround(Number(s)) === v) return String(Number(s));
     }
     return String(v);
   }
@@ -273,7 +275,7 @@
         const bar = el("div", { class: v < 0 ? "bar neg" : "bar pos" });
         bar.style.width = (50 * Math.abs(v)) / scale + "%";
         track.append(bar);
-        track.addEventListener("mousemove", (event) => showTip(event, `${d.labels[c]}: ${String(v)}`));
+        track.addEventListener("mousemove", (event) => showTip(event, `${d.labels[c]}: ${exact(v)}`));
         track.addEventListener("mouseleave", hideTip);
         bars.append(el("span", { class: "bar-label" }, d.labels[c]), track, el("span", { class: "bar-value" }, short(v)));
       }
