@@ -35,6 +35,15 @@ of the OV circuit) and `ln_final` (between the OV circuit and `W_U`). The norm's
 dropped: it adds a constant, not a term linear in the token. On a model processed with
 `process_weights` (gains folded, stream centred) this is exactly the bare product divided
 by the two mean scales.
+
+Block shapes. With grouped-query attention every circuit is per query head (`W_K`, `W_V`
+repeat each key/value head for the query heads that read it). A model with no `ln1` (norms
+after the sublayers only, OLMo 2) has no norm on the input side; a norm after the
+attention (`ln1_post`) sits between the OV circuit and the stream, and `fold_ln_scale`
+linearises it too (at the mean of its `hook_scale`). A soft cap on the scores is not part
+of the QK circuit (it squashes the score the circuit gives). Q/k norms make the scores
+non-bilinear: every QK function refuses such a model by name
+(`hookedattn.weight_views.require_bilinear_scores`); the OV circuits are unaffected.
 """
 
 from typing import TYPE_CHECKING
@@ -45,13 +54,13 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.cache import ActivationCache
+from hookedattn.components.norm import LayerNormPre, NoNorm
 from hookedattn.factored_matrix import FactoredMatrix
 from hookedattn.names import expand_key
+from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
-
-_CENTRING_NORMS = ("LN", "LNPre")
 
 
 def qk_circuit(
@@ -84,6 +93,7 @@ def full_qk_circuit(
     `[V+i, V+j]` (`V = d_vocab`), exactly when the norm is folded or linearised (module doc).
     `fold_ln_scale`: see the module docstring. Divide by `cfg.attn_scale` for scores.
     """
+    require_bilinear_scores(model, "full_qk_circuit")
     layers, heads = _indices(model, layer, head)
     embed = _embedding(model, include_positional, fold_ln_scale)
     queries = _read(model, embed, model.W_Q, layers, heads, fold_ln_scale)
@@ -110,6 +120,7 @@ def full_ov_circuit(
     values = _read(model, embed, model.W_V, layers, heads, fold_ln_scale)
     W_O = model.W_O[layers][:, heads]
     if fold_ln_scale is not None:
+        W_O = _through_post_norms(model, W_O, layers, fold_ln_scale)
         W_O = _linearised(model, W_O, model.ln_final, _mean_scale(fold_ln_scale, "scale"))
     logits = einsum(
         W_O,
@@ -178,11 +189,34 @@ def _read(
         return einsum(embed, W, "src d_model, layer head d_model d_head -> layer head src d_head")
     out = []
     for i, layer in enumerate(layers):
+        norm = model.blocks[layer].ln1
+        if isinstance(norm, NoNorm):  # norms after the sublayers only: none reads the stream
+            out.append(einsum(embed, W[i], pattern))
+            continue
         scale = _mean_scale(cache, "scale", layer, "ln1")
         # One scale per head when each head has its own copy of the input (use_attn_in...).
         scale = scale[heads][:, None, None] if scale.ndim else scale
-        rows = _linearised(model, embed, model.blocks[layer].ln1)
+        rows = _linearised(model, embed, norm)
         out.append(einsum(rows, W[i], pattern) / scale)
+    return torch.stack(out)
+
+
+def _through_post_norms(
+    model: "HookedTransformer",
+    W_O: Float[Tensor, "layer head d_head d_model"],
+    layers: list[int],
+    cache: ActivationCache,
+) -> Float[Tensor, "layer head d_head d_model"]:
+    """Each layer's `W_O` through the norm after its attention (`ln1_post`), if any,
+    linearised at the mean of that norm's cached scale."""
+    out = []
+    for i, layer in enumerate(layers):
+        norm = model.blocks[layer].ln1_post
+        if isinstance(norm, NoNorm):
+            out.append(W_O[i])
+        else:
+            scale = _mean_scale(cache, "scale", layer, "ln1_post")
+            out.append(_linearised(model, W_O[i], norm, scale))
     return torch.stack(out)
 
 
@@ -193,7 +227,9 @@ def _linearised(
     scale: Tensor | float = 1.0,
 ) -> Float[Tensor, "... d_model"]:
     """`rows` through `norm` with its divisor frozen at `scale`, and its bias dropped."""
-    if model.cfg.normalization_type in _CENTRING_NORMS:
+    if isinstance(norm, NoNorm):
+        return rows
+    if isinstance(norm, LayerNormPre):
         rows = rows - rows.mean(dim=-1, keepdim=True)
     gain = getattr(norm, "w", None)
     return (rows if gain is None else rows * gain) / scale

@@ -21,6 +21,12 @@ factors, `OV_1 = A_1 B_1` and the later matrix `A_2 B_2`: with `A_1 = Q_1 R_1` a
 `d_head x d_head` matrix per pair of heads, never a `d_model x d_model` one. Biases and norms
 are not part of the circuits: run `hookedattn.process_weights` first so that the norms'
 gains are in the weights.
+
+Grouped-query attention needs nothing more: every score is per query head (`W_K`, `W_V`
+repeat each key/value head for its group). Q- and K-composition read a QK circuit, which a
+model with q/k norms (`use_qk_norm`) does not have: they are refused by name for it;
+V-composition is computed. A norm after the attention (`ln1_post`) cannot be folded into
+the weights, so on such models every score leaves out its gain.
 """
 
 import dataclasses
@@ -33,6 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis.copying import _wishart_factor
+from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
@@ -84,6 +91,8 @@ def composition_scores(
         raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
     if n_samples < 2:
         raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
+    if kind in ("Q", "K"):
+        require_bilinear_scores(model, f"{kind}-composition")
     with torch.no_grad():  # scores of the weights, not a graph through them
         written = _written(_upcast(model.W_V), _upcast(model.W_O))
         read = _read(*_later_factors(model, kind))

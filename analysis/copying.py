@@ -20,6 +20,9 @@ nonzero eigenvalues, so the score is computed from a `d_head x d_head` matrix pe
 TransformerLens), biases and norms are not part of the circuit: run
 `hookedattn.process_weights` first to put the norms' gains and centring into the
 weights (the norms' scale, a positive number, does not change the score).
+
+With grouped-query attention the scores are per query head. The QK score needs a QK
+circuit, which a model with q/k norms (`use_qk_norm`) does not have: refused by name.
 """
 
 import dataclasses
@@ -29,6 +32,8 @@ import torch
 from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
+
+from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
@@ -72,6 +77,8 @@ def copying_scores(
     """
     if circuit not in ("OV", "QK"):
         raise ValueError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
+    if circuit == "QK":
+        require_bilinear_scores(model, "copying_scores(circuit='QK')")
     if circuit == "OV" and model.cfg.d_vocab != model.cfg.d_vocab_out:
         raise ValueError(
             f"the full OV circuit is square only when d_vocab == d_vocab_out; this model has "

@@ -11,6 +11,13 @@ These are the transposes of the column-vector `W_OV = W_O W_V` of Elhage et al. 
 `QK` equals their `W_QK = W_Q^T W_K`. Both are kept factored (`FactoredMatrix`): rank at
 most `d_head`. Biases and the positional rotation of rotary models are not part of them.
 
+On the composed shapes: with grouped-query attention `W_K`, `W_V` show each key/value head
+for every query head that reads it, so both circuits stay per query head. A soft cap on
+the scores (`attn_scores_soft_cap`) acts after the QK circuit; a norm after the attention
+(`ln1_post`) after the OV circuit. A model that normalises its queries and keys
+(`use_qk_norm`) has no QK circuit: its score is `norm(x_q W_Q) . norm(x_k W_K)`, not
+bilinear in the stream, and `QK` (with every function built on it) refuses it by name.
+
 `HookedTransformer` exposes these as `model.QK`, `model.OV`, `model.W_E_pos`,
 `model.all_head_labels` and `model.tokens_to_residual_directions`.
 """
@@ -33,9 +40,27 @@ Tokens = str | int | Sequence[str | int] | Tensor
 def QK(model: "HookedTransformer") -> FactoredMatrix:
     """Every head's QK circuit `W_Q @ W_K.T`, `[layer head d_model d_model]`, factored.
 
-    `model.QK[layer]` is one layer's heads, `model.QK[layer, head]` one head.
+    `model.QK[layer]` is one layer's heads, `model.QK[layer, head]` one head. Refused for
+    a model with q/k norms (module docstring).
     """
+    require_bilinear_scores(model, "model.QK")
     return FactoredMatrix(model.W_Q, model.W_K.mT)
+
+
+def require_bilinear_scores(model: "HookedTransformer", what: str) -> None:
+    """Raise a `ValueError` naming `what` if the model's attention scores are not bilinear.
+
+    With `use_qk_norm` each query and key is divided by its own RMS (and multiplied by a
+    gain) between the projection and the dot product, so no `d_model x d_model` matrix
+    gives the scores: a QK circuit, and every score built from one, does not exist.
+    """
+    if model.cfg.use_qk_norm:
+        raise ValueError(
+            f"{what} needs attention scores bilinear in the residual stream, x_q W_Q W_K^T "
+            f"x_k^T; this model normalises queries and keys (use_qk_norm=True), so its "
+            f"scores are norm(x_q W_Q) . norm(x_k W_K), which no QK matrix gives. The bare "
+            f"weight product is FactoredMatrix(model.W_Q, model.W_K.mT), if that is wanted"
+        )
 
 
 def OV(model: "HookedTransformer") -> FactoredMatrix:
