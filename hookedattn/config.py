@@ -74,7 +74,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "use_split_qkv_input": _FLAG,
     "use_hook_mlp_in": _FLAG,
     "use_attn_in": _FLAG,
-    "exact_attention": _FLAG,
+    "use_fused_kernels": _FLAG,
     "dtype": FieldSpec(torch.dtype, choices=tuple(DTYPES.values())),
     "device": FieldSpec(str),
     "seed": FieldSpec(int, low=0, high=(1 << 63) - 1, optional=True),
@@ -113,8 +113,10 @@ class HookedTransformerConfig:
     - rotary: `rotary_dim` dims of each head rotated in GPT-NeoX's half-split layout,
       `rotary_base`, `rotary_scaling_factor` (linear scaling) and Llama 3's frequency
       bands (`use_NTK_by_parts_rope` and its `NTK_*` parameters, TransformerLens's names).
-    - `exact_attention`: always materialise scores and pattern (and write out each norm),
-      even where no hook reads them, so that a cached run is bit-for-bit the plain forward.
+    - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
+      as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
+      are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
+      False writes everything out always, so a cached run is bit-for-bit the plain forward.
     - `init_weights=False` leaves parameters uninitialised, for loading weights into.
     """
 
@@ -156,7 +158,7 @@ class HookedTransformerConfig:
     use_split_qkv_input: bool = False
     use_hook_mlp_in: bool = False
     use_attn_in: bool = False
-    exact_attention: bool = False
+    use_fused_kernels: bool = True
     dtype: torch.dtype | str = torch.float32
     device: str = "cpu"
     seed: int | None = None

@@ -37,6 +37,15 @@ class AttentionContext:
 
     blocked: dict[str, Blocked]
     positions: Int[Tensor, "batch query_pos"]
+    # Whether "global" is the plain causal mask of a fresh sequence (no cache, no padding),
+    # which a fused attention kernel applies by itself, without reading a mask.
+    causal_only: bool = False
+
+    def allowed(self, kind: str) -> Blocked | None:
+        """Where a query may read a key (for a fused kernel); None: plain causal."""
+        if kind == "global" and self.causal_only:
+            return None
+        return ~self.blocked[kind]
 
 
 def attention_context(

@@ -24,7 +24,12 @@ ATTN = [
 ]
 LN1 = ["blocks.0.ln1.hook_scale", "blocks.0.ln1.hook_normalized"]
 LN2 = ["blocks.0.ln2.hook_scale", "blocks.0.ln2.hook_normalized"]
-LN_FINAL = ["ln_final.hook_scale", "ln_final.hook_normalized"]
+LN_FINAL = [
+    "ln_final.hook_scale",
+    "ln_final.hook_normalized",
+    "unembed.hook_in",
+    "unembed.hook_out",
+]
 MLP = ["blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post"]
 
 EXPECTED_NAMES = {
@@ -42,7 +47,7 @@ EXPECTED_NAMES = {
     "no_norm_no_pos": (
         {"normalization_type": None, "positional_embedding_type": "none", "attn_only": True},
         ["hook_embed", "blocks.0.hook_resid_pre", *ATTN, "blocks.0.hook_attn_out",
-         "blocks.0.hook_resid_post"],
+         "blocks.0.hook_resid_post", "unembed.hook_in", "unembed.hook_out"],
     ),
     "rotary_rms": (
         {"positional_embedding_type": "rotary", "normalization_type": "RMS", "attn_only": True},

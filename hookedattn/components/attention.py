@@ -41,8 +41,11 @@ from hookedattn.masks import AttentionContext
 _SHARED_IN = "batch pos d_model, head d_model d_head -> batch pos head d_head"
 _PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_head"
 
-AttnInput = Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"]
+# The stream itself, or a copy per query head or per key/value head.
+AttnInput = Float[Tensor, "batch pos ... d_model"]
 HeadVectors = Float[Tensor, "batch pos head d_head"]
+Queries = Float[Tensor, "batch query_pos head d_head"]
+KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 
 
 class Attention(nn.Module):
@@ -74,6 +77,8 @@ class Attention(nn.Module):
         else:
             self.apply_positions = self._unrotated
         self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
+        self._written_out = not cfg.use_fused_kernels or cfg.attn_scores_soft_cap is not None
+        self._score_limit = torch.finfo(cfg.dtype).max / 4
         self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch pos head d_head]
@@ -108,15 +113,48 @@ class Attention(nn.Module):
         q, k = self.apply_positions(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
+        mix = self.mix_written_out if self._pattern_needed(q, k, v) else self.mix_fused
+        return self.write(self.hook_z(mix(q, k, v, context)))
+
+    def mix_written_out(
+        self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
+    ) -> Queries:
+        """`z = softmax(scores) @ v` with the scores and pattern at their hook points."""
         blocked = context.blocked[self.attn_type]
         scores = self.hook_attn_scores(self.scores(q, k).masked_fill(blocked, -torch.inf))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = self.hook_z(weighted_values(pattern, v, blocked))
-        return self.write(z)
+        return weighted_values(pattern, v, blocked)
 
-    def scores(
-        self, q: HeadVectors, k: Float[Tensor, "batch key_pos kv_head d_head"]
-    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+    def mix_fused(
+        self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
+    ) -> Queries:
+        """The same `z` by one fused kernel, which never materialises the scores."""
+        allowed = context.allowed(self.attn_type)
+        z = nn.functional.scaled_dot_product_attention(
+            rearrange(q, "batch pos head d_head -> batch head pos d_head"),
+            rearrange(k, "batch pos kv_head d_head -> batch kv_head pos d_head"),
+            rearrange(v, "batch pos kv_head d_head -> batch kv_head pos d_head"),
+            attn_mask=allowed,
+            is_causal=allowed is None,
+            scale=1.0 / self.attn_scale,
+            enable_gqa=self.group > 1,
+        )
+        return rearrange(z, "batch head pos d_head -> batch pos head d_head")
+
+    def _pattern_needed(self, q: Queries, k: KeyValues, v: KeyValues) -> bool:
+        """Whether this forward must write out the scores and pattern (the one choice).
+
+        It must where a hook reads or edits them (caching included), where the model asks
+        for it (`use_fused_kernels=False`, a soft cap), and where a fused kernel would let a
+        non-finite value through the mask: it adds the mask to the scores, and a NaN, or a
+        score that overflows, plus -inf is NaN.
+        """
+        if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
+            return True
+        largest_score = q.abs().amax() * k.abs().amax() * (q.shape[-1] / self.attn_scale)
+        return not (bool(largest_score < self._score_limit) and bool(v.isfinite().all()))
+
+    def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""
         q = rearrange(
             q / self.attn_scale,  # scaling q is a pass over d_head, not over every key

@@ -32,20 +32,44 @@ class NoNorm(nn.Module):
     forward = __call__
 
 
-class LayerNormPre(nn.Module):
-    """`(x - mean(x)) / sqrt(var(x) + eps)`, with no gain or bias."""
+class _Norm(nn.Module):
+    """What every norm shares: its axes, and the choice between written out and fused.
+
+    Written out, the divisor and the output pass their hook points; where neither point
+    has a hook in this forward, one fused kernel computes the same numbers (to rounding).
+    """
 
     def __init__(self, cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.eps = cfg.eps
-        self.axes = tuple(range(-len(shape or (cfg.d_model,)), 0))
+        self.shape = tuple(shape or (cfg.d_model,))
+        self.axes = tuple(range(-len(self.shape), 0))
+        self._written_out = not cfg.use_fused_kernels
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Normed) -> Normed:
+        if self._written_out or self.hook_scale._active or self.hook_normalized._active:
+            return self.written_out(x)
+        return self.fused(x)
+
+    def weight_and_bias(self) -> tuple[Tensor | None, Tensor | None]:
+        """The gain and bias, None where the norm has none (none here)."""
+        return None, None
+
+
+class LayerNormPre(_Norm):
+    """`(x - mean(x)) / sqrt(var(x) + eps)`, with no gain or bias."""
+
+    def written_out(self, x: Normed) -> Normed:
+        """The norm step by step, through its hook points."""
         x = x - x.mean(self.axes, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(self.affine(x / scale))
+
+    def fused(self, x: Normed) -> Normed:
+        """The norm as one `layer_norm` kernel."""
+        return nn.functional.layer_norm(x, self.shape, *self.weight_and_bias(), eps=self.eps)
 
     def affine(self, x: Normed) -> Normed:
         """The learned gain and bias (none here)."""
@@ -57,28 +81,29 @@ class LayerNorm(LayerNormPre):
 
     def __init__(self, cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None) -> None:
         super().__init__(cfg, shape)
-        shape = shape or (cfg.d_model,)
-        self.w = nn.Parameter(torch.ones(shape, dtype=cfg.dtype, device=cfg.device))
-        self.b = nn.Parameter(torch.zeros(shape, dtype=cfg.dtype, device=cfg.device))
+        self.w = nn.Parameter(torch.ones(self.shape, dtype=cfg.dtype, device=cfg.device))
+        self.b = nn.Parameter(torch.zeros(self.shape, dtype=cfg.dtype, device=cfg.device))
 
     def affine(self, x: Normed) -> Normed:
         """`x * w + b`."""
         return x * self.w + self.b
 
+    def weight_and_bias(self) -> tuple[Tensor | None, Tensor | None]:
+        """The gain and bias."""
+        return self.w, self.b
 
-class RMSNormPre(nn.Module):
+
+class RMSNormPre(_Norm):
     """`x / sqrt(mean(x^2) + eps)`, with no gain: no centring, as in T5 and LLaMA."""
 
-    def __init__(self, cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None) -> None:
-        super().__init__()
-        self.eps = cfg.eps
-        self.axes = tuple(range(-len(shape or (cfg.d_model,)), 0))
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: Normed) -> Normed:
+    def written_out(self, x: Normed) -> Normed:
+        """The norm step by step, through its hook points."""
         scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(self.affine(x / scale))
+
+    def fused(self, x: Normed) -> Normed:
+        """The norm as one `rms_norm` kernel."""
+        return nn.functional.rms_norm(x, self.shape, self.weight_and_bias()[0], eps=self.eps)
 
     def affine(self, x: Normed) -> Normed:
         """The learned gain (none here)."""
@@ -90,12 +115,15 @@ class RMSNorm(RMSNormPre):
 
     def __init__(self, cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None) -> None:
         super().__init__(cfg, shape)
-        shape = shape or (cfg.d_model,)
-        self.w = nn.Parameter(torch.ones(shape, dtype=cfg.dtype, device=cfg.device))
+        self.w = nn.Parameter(torch.ones(self.shape, dtype=cfg.dtype, device=cfg.device))
 
     def affine(self, x: Normed) -> Normed:
         """`x * w`."""
         return x * self.w
+
+    def weight_and_bias(self) -> tuple[Tensor | None, Tensor | None]:
+        """The gain, and no bias."""
+        return self.w, None
 
 
 _NORMS: dict[str, type[nn.Module]] = {

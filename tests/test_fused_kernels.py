@@ -1,0 +1,139 @@
+"""Idle hook points cost nothing: where nothing reads a layer's scores, pattern or norm, the
+fused kernels run, and they agree with the written-out path to the dtype's rounding."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
+
+BASE = dict(n_layers=2, d_model=32, n_heads=4, d_head=8, n_ctx=40, d_vocab=29, d_mlp=48)
+VARIANTS = {
+    "gpt2": {},
+    "attn-only": {"attn_only": True, "normalization_type": "LNPre"},
+    "llama": {
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "n_key_value_heads": 2,
+    },
+    "neox": {"positional_embedding_type": "rotary", "rotary_dim": 4, "parallel_attn_mlp": True},
+    "mistral-window": {
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "n_key_value_heads": 1,
+        "window_size": 3,
+    },
+    "olmo2": {
+        "normalization_type": "RMS",
+        "normalization_placement": "post",
+        "positional_embedding_type": "rotary",
+        "use_qk_norm": True,
+        "qk_norm_per_head": False,
+    },
+    "split-inputs": {
+        "use_split_qkv_input": True,
+        "n_key_value_heads": 2,
+        "normalization_type": "RMSPre",
+    },
+}
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def pair(overrides: dict, dtype: torch.dtype) -> tuple[HookedTransformer, HookedTransformer]:
+    """The same random weights (gains and biases perturbed), fused and written out."""
+    cfg = HookedTransformerConfig(**{**BASE, "seed": 0, "dtype": dtype, **overrides})
+    fused = HookedTransformer(cfg)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in fused.parameters():
+            param += 0.1 * torch.randn(param.shape, generator=generator).to(dtype)
+    written = HookedTransformer(cfg.replace(use_fused_kernels=False))
+    written.load_state_dict(fused.state_dict())
+    return fused, written
+
+
+TOKENS = torch.randint(0, 29, (3, 11), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_and_written_out_forwards_agree(variant, dtype):
+    fused, written = pair(VARIANTS[variant], dtype)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(fused(TOKENS), written(TOKENS), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_and_written_out_agree_on_a_left_padded_batch(variant):
+    fused, written = pair(VARIANTS[variant], torch.float64)
+    mask = torch.ones_like(TOKENS)
+    mask[0, :4] = 0
+    mask[1, :1] = 0
+    torch.testing.assert_close(
+        fused(TOKENS, attention_mask=mask),
+        written(TOKENS, attention_mask=mask),
+        rtol=1e-10,
+        atol=1e-10,
+    )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_and_written_out_agree_token_by_token_with_a_kv_cache(variant):
+    fused, written = pair(VARIANTS[variant], torch.float64)
+    steps = []
+    for model in (fused, written):
+        cache = KeyValueCache.empty(model.cfg, batch=3)
+        model(TOKENS[:, :6], past_kv_cache=cache)
+        steps.append(
+            torch.cat([model(TOKENS[:, i : i + 1], past_kv_cache=cache) for i in range(6, 11)], 1)
+        )
+    torch.testing.assert_close(steps[0], steps[1], rtol=1e-10, atol=1e-10)
+
+
+def kernel_calls(model: HookedTransformer, fwd_hooks: list | None = None) -> dict[str, int]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model.run_with_hooks(TOKENS, fwd_hooks=fwd_hooks or [])
+    names = ("aten::scaled_dot_product_attention", "aten::layer_norm", "aten::softmax")
+    return {name: sum(e.count for e in prof.key_averages() if e.key == name) for name in names}
+
+
+def test_idle_hook_points_run_the_fused_kernels():
+    fused, _ = pair({}, torch.float32)
+    calls = kernel_calls(fused)
+    assert calls["aten::scaled_dot_product_attention"] == 2  # one per layer
+    assert calls["aten::layer_norm"] == 5  # ln1, ln2 per layer and ln_final
+    assert calls["aten::softmax"] == 0
+
+
+def test_a_hook_on_one_layers_pattern_writes_out_that_layer_only():
+    fused, _ = pair({}, torch.float32)
+    calls = kernel_calls(fused, [("blocks.1.attn.hook_pattern", lambda p, hook: None)])
+    assert calls["aten::scaled_dot_product_attention"] == 1
+    assert calls["aten::softmax"] == 1
+
+
+def test_use_fused_kernels_false_writes_everything_out():
+    _, written = pair({}, torch.float32)
+    calls = kernel_calls(written)
+    assert calls["aten::scaled_dot_product_attention"] == 0 and calls["aten::layer_norm"] == 0
+
+
+def test_with_fused_kernels_off_a_cached_run_equals_the_plain_forward_bit_for_bit():
+    _, written = pair(VARIANTS["llama"], torch.float32)
+    logits, _ = written.run_with_cache(TOKENS)
+    assert torch.equal(logits, written(TOKENS))
+
+
+def test_a_nan_value_in_a_masked_position_takes_the_written_out_path():
+    fused, written = pair({}, torch.float64)
+
+    def poison(v, hook):
+        v[:, 7] = float("nan")
+        return v
+
+    hooks = [("blocks.0.attn.hook_v", poison)]
+    out = fused.run_with_hooks(TOKENS, fwd_hooks=hooks)
+    assert out[:, :7].isfinite().all()
+    torch.testing.assert_close(out[:, :7], written.run_with_hooks(TOKENS, fwd_hooks=hooks)[:, :7])
