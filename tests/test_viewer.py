@@ -2,6 +2,7 @@
 notebook tables. What the pages do in a browser is tested in test_viewer_browser.py."""
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -14,6 +15,7 @@ import torch
 
 from analysis import (
     activation_patch,
+    apply_ln_to_stack,
     decompose_resid,
     direct_logit_attribution,
     induction_scores,
@@ -190,6 +192,18 @@ def test_logit_attribution_bars_add_up_to_the_logit(model):
     torch.testing.assert_close(values.T, dla.contributions[:, 0].double(), rtol=0, atol=0)
     torch.testing.assert_close(values.sum(-1), dla.total()[0].double(), rtol=1e-6, atol=1e-5)
     assert data["tokens"] == model.to_str_tokens(tokens) and data["start_pos"] == 6
+
+
+def test_a_sliced_attribution_asks_for_its_tokens(model):
+    tokens = model.to_tokens("abcabc")
+    _, cache = model.run_with_cache(tokens)
+    normed = apply_ln_to_stack(model, cache, decompose_resid(model, cache, granularity="head"))
+    sliced = dataclasses.replace(normed, components=normed.components[:, :, :-1])
+    dla = direct_logit_attribution(model, cache, sliced, tokens[:, 1:])
+    with pytest.raises(ValueError, match="cache has 7 positions and the result 6"):
+        view.logit_attribution(model, cache, dla)
+    strings = model.to_str_tokens(tokens)[:-1]
+    assert view.logit_attribution(model, cache, dla, strings).data["tokens"] == strings
 
 
 def test_decomposition_bars_are_norms_or_projections(model):

@@ -42,6 +42,11 @@ def token_strings(
     """`n` strings, one per position: from `tokens` (strings or ids), the cache, or numbers."""
     if tokens is None:
         ids = _ids_from_embedding(model, cache, batch)
+        if ids is not None and len(ids) != n:
+            raise ValueError(
+                f"the cache has {len(ids)} positions and the result {n} (sliced?): pass "
+                f"tokens=, the {n} token strings or ids of the positions it covers"
+            )
         strings = [str(i) for i in range(n)] if ids is None else _strings_of_ids(model, ids)
     elif isinstance(tokens, list | tuple) and all(isinstance(t, str) for t in tokens):
         strings = list(tokens)
