@@ -166,7 +166,8 @@ class HookedTransformer(_CoreModel):
         """Each token as a string (TL's signature; `padding_side` changes nothing here)."""
         return super().to_str_tokens(input, self._prepend_bos(prepend_bos))
 
-    def to_single_str_token(self, int_token: int) -> str:
+    # Loosely annotated, so that a wrong type gets our message rather than a type-check's.
+    def to_single_str_token(self, int_token: object) -> str:
         """The string of one token id."""
         if not isinstance(int_token, int) or isinstance(int_token, bool):
             raise TypeError(f"to_single_str_token takes an int token id, got {int_token!r}")

@@ -81,8 +81,8 @@ def layer_head_dest_src_pos_pattern_patch_setter(
 # ---------------------------------------------------------------------- the loop
 def generic_activation_patch(
     model: Any,
-    corrupted_tokens: Tensor,
-    clean_cache: Mapping[str, Tensor],
+    corrupted_tokens: Any,
+    clean_cache: Any,  # loosely annotated: a wrong argument gets _check_order's message
     patching_metric: Metric,
     patch_setter: Setter,
     activation_name: str,
@@ -169,8 +169,8 @@ def _scalar_per_variant(metric: Metric, n_prompts: int) -> Metric:
 
 def _sweep(
     model: Any,
-    corrupted_tokens: Tensor,
-    clean_cache: Mapping[str, Tensor],
+    corrupted_tokens: Any,
+    clean_cache: Any,
     metric: Metric,
     kind: str,
     by_pos: bool,
@@ -197,8 +197,8 @@ def _sweep(
 def _make(kind: str, by_pos: bool, setter: Setter, axes: tuple[str, ...]) -> Callable[..., Tensor]:
     def patch(
         model: Any,
-        corrupted_tokens: Tensor,
-        clean_cache: Mapping[str, Tensor],
+        corrupted_tokens: Any,
+        clean_cache: Any,
         patching_metric: Metric,
     ) -> Tensor:
         def loop() -> Tensor:
@@ -217,7 +217,7 @@ def _named(fn: Callable[..., Tensor], name: str, doc: str) -> Callable[..., Tens
     return fn
 
 
-def _pattern_by_pos(model: Any, corrupted: Tensor, clean_cache: Any, metric: Metric) -> Tensor:
+def _pattern_by_pos(model: Any, corrupted: Any, clean_cache: Any, metric: Metric) -> Tensor:
     def loop() -> Tensor:
         return generic_activation_patch(
             model,
@@ -313,7 +313,7 @@ get_act_patch_attn_head_pattern_by_pos = _named(
 
 
 def get_act_patch_attn_head_pattern_dest_src_pos(
-    model: Any, corrupted_tokens: Tensor, clean_cache: Any, patching_metric: Metric
+    model: Any, corrupted_tokens: Any, clean_cache: Any, patching_metric: Metric
 ) -> Float[Tensor, "layer head dest_pos src_pos"]:
     """Patch each single attention weight: `[layer head dest_pos src_pos]` (TL's loop)."""
     return generic_activation_patch(
@@ -328,7 +328,7 @@ def get_act_patch_attn_head_pattern_dest_src_pos(
 
 
 def get_act_patch_attn_head_all_pos_every(
-    model: Any, corrupted_tokens: Tensor, clean_cache: Any, metric: Metric
+    model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
 ) -> Float[Tensor, "patch_type layer head"]:
     """Output, query, key, value and pattern of every head, all positions: `[5 layer head]`."""
     return torch.stack(
@@ -343,7 +343,7 @@ def get_act_patch_attn_head_all_pos_every(
 
 
 def get_act_patch_attn_head_by_pos_every(
-    model: Any, corrupted_tokens: Tensor, clean_cache: Any, metric: Metric
+    model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
 ) -> Float[Tensor, "patch_type layer pos head"]:
     """Output, query, key, value and pattern of every head by position: `[5 layer pos head]`."""
     pattern = get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric)
@@ -359,7 +359,7 @@ def get_act_patch_attn_head_by_pos_every(
 
 
 def get_act_patch_block_every(
-    model: Any, corrupted_tokens: Tensor, clean_cache: Any, metric: Metric
+    model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
 ) -> Float[Tensor, "patch_type layer pos"]:
     """The stream entering each block, each attention output, each MLP output: `[3 layer pos]`."""
     return torch.stack(

@@ -165,7 +165,7 @@ def transpose(tensor: Float[Tensor, "... a b"]) -> Float[Tensor, "... b a"]:
     return tensor.transpose(-1, -2)
 
 
-def remove_batch_dim(tensor: Float[Tensor, "1 ..."]) -> Float[Tensor, "..."]:
+def remove_batch_dim(tensor: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """Drop a leading batch axis of size one; any other tensor comes back unchanged."""
     return tensor[0] if tensor.shape[0] == 1 else tensor
 

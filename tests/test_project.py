@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hookedattn", "analysis")
+PACKAGES = ("hookedattn", "analysis", "hookedattn_tl")
 
 
 def python_files(*folders: str) -> list[Path]:
