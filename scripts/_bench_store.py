@@ -18,7 +18,6 @@ Every timing is wall clock, with the process's CPU time beside it; threads are s
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -83,7 +82,6 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
     def collect() -> tuple[float, float]:
         out = Path(tempfile.mkdtemp(prefix="bench-store-"))
         try:
-            cpu = time.process_time()
             done = collect_activations(
                 model,
                 None,
@@ -94,9 +92,9 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
                 dtype=torch.bfloat16,
                 progress=False,
             )
-            return done.seconds, time.process_time() - cpu
+            return done.seconds, done.cpu_seconds
         finally:
-            shutil.rmtree(out)
+            _remove(out)
 
     plain()  # warm-up
     ratios, plain_tps, collect_tps, cpu_ratio = [], [], [], []
@@ -120,6 +118,12 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
     }
 
 
+def _remove(out: str | Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    for rank in (0, 1):
+        Path(f"{out}.rank{rank}.json").unlink(missing_ok=True)
+
+
 def _child(args: list[str]) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -134,7 +138,6 @@ def worker(out: str, n_tokens: float, shard_contexts: int) -> None:
     torch.set_num_threads(1)
     ranks = init_from_env()
     model = shipped()
-    cpu = time.process_time()
     done = collect_activations(
         model,
         None,
@@ -145,18 +148,20 @@ def worker(out: str, n_tokens: float, shard_contexts: int) -> None:
         shard_contexts=shard_contexts,
         progress=False,
     )
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(
-        json.dumps(
-            {
-                "rank": ranks.rank,
-                "tokens": done.tokens,
-                "seconds": done.seconds,
-                "cpu_seconds": time.process_time() - cpu,
-                "peak_rss_mib": peak_kib / 1024,
-            }
-        )
-    )
+    # VmHWM, not ru_maxrss: the latter survives exec, so a child started by a process
+    # holding a big model would report the parent's peak.
+    status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+    peak_kib = int(status.split()[0])
+    report = {
+        "rank": ranks.rank,
+        "tokens": done.tokens,
+        "seconds": done.seconds,
+        "cpu_seconds": done.cpu_seconds,
+        "peak_rss_mib": peak_kib / 1024,
+    }
+    # Beside the store, one file per rank: ranks printing at once would mix their lines.
+    Path(f"{out}.rank{ranks.rank}.json").write_text(json.dumps(report))
+    print(json.dumps(report))
 
 
 def peak_memory(token_counts: list[float], shard_contexts: int) -> list[dict]:
@@ -167,7 +172,8 @@ def peak_memory(token_counts: list[float], shard_contexts: int) -> list[dict]:
         try:
             report = _child(["--worker", out, str(n), str(shard_contexts)])
         finally:
-            shutil.rmtree(out)
+            _remove(out)
+
         rows.append({"tokens": n, **report})
     return rows
 
@@ -183,20 +189,21 @@ def shuffled_read(n_tokens: float, shard_contexts: int, epochs: int) -> dict:
         row_bytes = store.dtype.itemsize * store.row_shape(RESID)[0]
         for _ in store.batches(RESID, 4096):  # warm the page cache and the maps
             pass
-        rates, cpu = [], time.process_time()
+        rates, cpu_rates = [], []
         for seed in range(epochs):
-            wall = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             n = sum(b.shape[0] for b in store.batches(RESID, 4096, shuffle=True, seed=seed))
             rates.append(n * row_bytes / (time.perf_counter() - wall) / 1e9)
+            cpu_rates.append(n * row_bytes / (time.process_time() - cpu) / 1e9)
         return {
             "rows": len(store),
             "row_bytes": row_bytes,
             "shards": len(store._shards),
-            "gb_s": _spread(rates),
-            "cpu_seconds": time.process_time() - cpu,
+            "gb_s_wall": _spread(rates),
+            "gb_s_cpu": _spread(cpu_rates),
         }
     finally:
-        shutil.rmtree(out)
+        _remove(out)
 
 
 def ranks(n_tokens: float, shard_contexts: int, rounds: int) -> dict:
@@ -207,7 +214,7 @@ def ranks(n_tokens: float, shard_contexts: int, rounds: int) -> dict:
         try:
             one = _child(["--worker", out, str(n_tokens), str(shard_contexts)])
         finally:
-            shutil.rmtree(out)
+            _remove(out)
         out = tempfile.mkdtemp(prefix="bench-store-")
         try:
             command = [
@@ -222,10 +229,11 @@ def ranks(n_tokens: float, shard_contexts: int, rounds: int) -> dict:
                 str(n_tokens),
                 str(shard_contexts),
             ]
-            done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-            reports = [json.loads(line) for line in done.stdout.splitlines() if '"rank"' in line]
+            subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+            reports = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
         finally:
-            shutil.rmtree(out)
+            _remove(out)
+
         two = sum(r["tokens"] for r in reports) / max(r["seconds"] for r in reports)
         one_tps.append(one["tokens"] / one["seconds"])
         two_tps.append(two)

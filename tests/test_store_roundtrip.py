@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
-from hookedattn.store import ActivationStore, StoreError, collect_activations, pack, sweep
+from hookedattn.store import (
+    ActivationStore,
+    StoreError,
+    collect_activations,
+    load_sweep,
+    pack,
+    sweep,
+)
 from hookedattn.testing import randomize_parameters
 
 RESID = "blocks.1.hook_resid_pre"
@@ -133,27 +140,28 @@ def test_collecting_again_with_the_same_arguments_writes_nothing(collected):
 
 
 def test_sweep_in_one_process_is_the_loop_over_items_with_labels(tmp_path):
-    from analysis import activation_patch  # a test may use analysis; hookedattn never does
-
+    # The same under torchrun, with activation patching, is in test_store_distributed.py.
     model = byte_model()
-    clean = torch.randint(0, 256, (5, 6), generator=torch.Generator().manual_seed(0))
-    corrupted = clean.clone()
-    corrupted[:, 2] = (clean[:, 2] + 1) % 256
-    metric = lambda logits: logits[:, -1, 0]
+    prompts = torch.randint(0, 256, (5, 6), generator=torch.Generator().manual_seed(0))
 
-    def patch(m, batch):
-        result = activation_patch(
-            m, kind="resid_pre", clean_tokens=batch[0], corrupted_tokens=batch[1], metric=metric
-        )
-        return result.per_prompt.movedim(-1, 0)  # [prompt layer pos]
+    def last_logits(m, batch):
+        return {"logits": m(batch)[:, -1], "argmax": m(batch)[:, -1].argmax(-1)}
 
-    pairs = list(zip(clean, corrupted, strict=True))
-    labels = [f"pair {i}" for i in range(5)]
-    result = sweep(model, patch, pairs, batch_size=2, labels=labels, out=tmp_path / "s.safetensors")
-    loop = torch.cat([patch(model, (c[None], x[None])) for c, x in pairs])
-    torch.testing.assert_close(result.values["values"], loop)
+    labels = [f"prompt {i}" for i in range(5)]
+    out = tmp_path / "s.safetensors"
+    result = sweep(model, last_logits, list(prompts), batch_size=2, labels=labels, out=out)
+    loop = torch.cat([model(p[None])[:, -1] for p in prompts])
+    torch.testing.assert_close(result.values["logits"], loop, rtol=0, atol=1e-12)
+    assert result.values["argmax"].tolist() == loop.argmax(-1).tolist()
     assert result.labels == tuple(labels) and result.items.tolist() == list(range(5))
-    from hookedattn.store import load_sweep
+    saved = load_sweep(out)
+    assert saved.labels == result.labels and torch.equal(
+        saved.values["logits"], result.values["logits"]
+    )
 
-    saved = load_sweep(tmp_path / "s.safetensors")
-    assert saved.labels == result.labels and torch.equal(saved.values["values"], loop)
+
+def test_sweep_refuses_a_function_whose_first_axis_is_not_the_batch():
+    model = byte_model()
+    prompts = list(torch.randint(0, 256, (4, 6)))
+    with pytest.raises(ValueError, match=r"first axis must be the batch \(2 items\)"):
+        sweep(model, lambda m, batch: m(batch)[0], prompts, batch_size=2)

@@ -51,7 +51,12 @@ DEFAULT_SHARD_BYTES = 64 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Collection:
-    """What one rank did: shards it `written` now, shards it found already `resumed`."""
+    """What one rank did: shards it `written` now, shards it found already `resumed`.
+
+    `seconds` (wall clock) and `cpu_seconds` (this process, every thread) cover the
+    forward passes, the writing and the final manifest: everything after the setup
+    (packing, the weight hash, the folder checks).
+    """
 
     path: Path
     fingerprint: str
@@ -60,6 +65,7 @@ class Collection:
     resumed: tuple[int, ...]
     tokens: int
     seconds: float
+    cpu_seconds: float
 
     @property
     def tokens_per_second(self) -> float:
@@ -118,7 +124,7 @@ def collect_activations(
         write_manifest(out, manifest)
     distributed.barrier()
     mine = [shards[i] for i in ranks.share(len(shards))]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     done = [s for s in mine if shard_is_complete(out / s.file, digest)]
     todo = [s for s in mine if s not in done]
     writer = ShardWriter(out, row_shapes, dtype, {"fingerprint": digest})
@@ -148,6 +154,7 @@ def collect_activations(
         tuple(s.index for s in done),
         tokens,
         time.perf_counter() - started,
+        time.process_time() - cpu_started,
     )
 
 

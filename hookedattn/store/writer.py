@@ -35,10 +35,11 @@ _STOP = object()
 
 @dataclasses.dataclass
 class RunningMoments:
-    """Count, mean and sum of squared deviations (M2) per feature, combined exactly in float64.
+    """Count, mean and sum of squared deviations (M2) per feature, combined in float64.
 
-    Chan, Golub & LeVeque's pairwise update: combining batch moments never subtracts two
-    large sums, so the variance stays accurate when the mean is far from zero.
+    A batch's moments come from one Welford pass in the activations' dtype; batches are
+    combined with Chan, Golub & LeVeque's pairwise update, which never subtracts two large
+    sums, so the variance stays accurate when the mean is far from zero.
     """
 
     count: int
@@ -47,10 +48,9 @@ class RunningMoments:
 
     @classmethod
     def of(cls, rows: Float[Tensor, "row ..."]) -> "RunningMoments":
-        """The moments of a batch of rows."""
-        rows = rows.double()
-        mean = rows.mean(0)
-        return cls(rows.shape[0], mean, ((rows - mean) ** 2).sum(0))
+        """The moments of a batch of rows: one fused pass in the rows' dtype, then float64."""
+        var, mean = torch.var_mean(rows, dim=0, correction=0)
+        return cls(rows.shape[0], mean.double(), var.double() * rows.shape[0])
 
     def combine(self, other: "RunningMoments") -> "RunningMoments":
         """The moments of both sets of rows together."""
@@ -95,7 +95,7 @@ class ShardWriter:
             dtype,
             metadata,
         )
-        self.count_infinities = dtype in (torch.float16, torch.bfloat16)
+        self.max_finite = torch.finfo(dtype).max
         self.infinities = dict.fromkeys(row_shapes, 0)
         self.committed: list[int] = []
         self._queue: queue.Queue = queue.Queue(max_pending)
@@ -173,7 +173,8 @@ class ShardWriter:
             target = shard.buffers[name][first : first + rows.shape[0]]
             target.copy_(rows)
             shard.moments[name] = shard.moments[name].combine(RunningMoments.of(rows))
-            if self.count_infinities:
+            # Only a narrower range can overflow (float16 always; bfloat16 from float64).
+            if self.max_finite < torch.finfo(rows.dtype).max / 2:
                 new = int(torch.isinf(target).sum()) - int(torch.isinf(rows).sum())
                 shard.infinities[name] += new
         shard.tokens[shard.contexts_done : shard.contexts_done + tokens.shape[0]] = tokens
