@@ -159,10 +159,12 @@
     const info = el("div", { class: "info", id: "info" }, "hover over a token, or click it to keep it");
     const describe = (q, k) => `${heads[state.m].label}  query ${q} ${quoted(d.tokens[q])} \u2192 key ${k} ${quoted(d.tokens[k])}: ${exact(weight(state.m, q, k))}`;
     const map = heatmap(d.tokens.map(visible), d.tokens.map(visible), { id: "pattern", xTitle: "key (attended to)", yTitle: "query (attending)", describe: describe });
+    map.node.querySelector(".cells").setAttribute("fill", "rgb(29, 78, 216)");  // one hue; opacity is the weight
     const title = el("div", { class: "info", id: "current" });
     const single = el("figure", { class: "single" });
     single.append(title, map.node);
     const grid = el("div", { class: "grid", id: "grid" });
+    grid.style.gridTemplateColumns = `repeat(${nHeads}, max-content)`;
     const thumbs = heads.map((h, m) => thumbnail(h, m));
     const views = el("div", { class: "views" });
     views.append(single, grid);
@@ -178,7 +180,8 @@
     function thumbnail(h, m) {
       const figure = el("figure", { class: "thumb", "data-head": h.label });
       const canvas = el("canvas", { width: n, height: n });
-      const side = Math.max(96, Math.min(160, 2 * n));
+      // One row of thumbnails per layer, about 1100px wide at most.
+      const side = Math.max(48, Math.min(160, 2 * n, Math.floor(1100 / nHeads) - 10));
       canvas.style.width = canvas.style.height = side + "px";
       const context = canvas.getContext("2d"), image = context.createImageData(n, n);
       for (let q = 0; q < n; q++) {
@@ -206,7 +209,6 @@
       title.textContent = `${h.label}: pattern[query, key], each row sums to 1`;
       map.rects.forEach((rect, i) => {
         const v = weight(state.m, Math.floor(i / n), i % n);
-        rect.setAttribute("fill", `rgb(${29}, ${78}, ${216})`);
         rect.setAttribute("fill-opacity", String(Math.max(0, Math.min(1, v))));
         rect.setAttribute("data-value", String(v));
       });
