@@ -16,6 +16,12 @@ from torch import Tensor
 from analysis.patching.result import PatchingComparison, PatchingResult
 
 VALUES = ("normalised", "values", "effect")
+# One colour convention for every figure of the project (these heatmaps and the report's):
+# signed values diverge from white at 0, blue for positive and red for negative, on a scale
+# symmetric about 0; values that cannot be negative (attention, scores in [0, 1]) go from
+# white at 0 to blue.
+SIGNED_CMAP = "RdBu"
+UNSIGNED_CMAP = "Blues"
 _ANNOTATE_UP_TO = 24  # cells per side below which each cell shows its number
 
 
@@ -131,7 +137,7 @@ def _draw(figure, ax, grid: Tensor, rows, cols, row_name: str, col_name: str, va
     finite = grid[grid.isfinite()]
     limit = float(finite.abs().max()) if finite.numel() else 1.0
     limit = limit or 1.0
-    image = ax.imshow(grid.numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    image = ax.imshow(grid.numpy(), cmap=SIGNED_CMAP, vmin=-limit, vmax=limit, aspect="auto")
     ax.set_xticks(range(len(cols)), cols, rotation=90 if max(map(len, cols)) > 2 else 0)
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(col_name)

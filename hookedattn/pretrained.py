@@ -5,12 +5,16 @@ intermediate checkpoints under `NAME/checkpoints/step-000123/`), so loading need
 network. `index.json` beside them lists every file with its SHA-256, checked before a
 file is read: a corrupted or truncated file is an error that says how to get a good one.
 
-    HookedTransformer.from_pretrained("attn-only-2l")
-    HookedTransformer.from_pretrained("attn-only-2l", checkpoint_value=300)  # step 300
-    list_pretrained()                                                       # what there is
+    HookedTransformer.from_pretrained("bytes-attn-only-2l")
+    HookedTransformer.from_pretrained("bytes-attn-only-2l", checkpoint_value=300)  # step 300
+    list_pretrained()                                                             # what there is
+
+Their names start with `bytes-` so that they cannot be taken for TransformerLens's hub
+models of similar names (`attn-only-2l`, `gelu-2l`: other sizes, other data); any other
+name is an error that says how to load such a model from a local copy (`from_hf`).
 
 `scripts/train.py --preset NAME --ship` rebuilds a model from its recipe
-(`hookedattn/presets.py`) and rewrites the index.
+(`hookedattn/training/presets.py`) and rewrites the index.
 """
 
 import dataclasses
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
 INDEX_FILE = "index.json"
 CHECKPOINTS_DIR = "checkpoints"
+_HUB_EXAMPLES = "'gpt2', 'attn-only-2l', 'gelu-2l', 'pythia-70m'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +193,10 @@ def _entry(name: str, directory: str | Path) -> dict:
         close = difflib.get_close_matches(str(name), list(index), n=2, cutoff=0.5)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise KeyError(
-            f"no pretrained model named {name!r}{hint}; available: {', '.join(sorted(index))}"
+            f"no pretrained model named {name!r}{hint}; available: {', '.join(sorted(index))}. "
+            f"Other names ({_HUB_EXAMPLES}, ...) are TransformerLens hub models, which "
+            f"hookedattn does not download: save one locally with transformers and load it "
+            "with HookedTransformer.from_hf('path/to/local/dir')"
         )
     return index[name]
 

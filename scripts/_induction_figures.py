@@ -1,6 +1,9 @@
 """The figures of `scripts/induction_circuit.py` (matplotlib, Agg backend: no display needed).
 
-Each function draws one PNG into `out` and returns its file name.
+Each function draws one PNG into `out` and returns its file name. Sized for a page (about
+7 inches wide at 150 dpi), with every axis and colour bar labelled. Colours follow
+`analysis.plots`: signed values blue for positive and red for negative around a white 0,
+non-negative ones white to blue; each model keeps one line colour in every figure.
 """
 
 from pathlib import Path
@@ -12,163 +15,219 @@ import matplotlib.pyplot as plt
 import torch
 from torch import Tensor
 
-DPI = 110
+from analysis.plots import SIGNED_CMAP, UNSIGNED_CMAP
+
+DPI = 150
+TICK_SIZE = 7
+MODEL_COLOURS = {  # one colour per model, in every figure
+    "bytes-attn-only-1l": "C1",
+    "bytes-attn-only-2l": "C0",
+    "bytes-attn-only-0l": "C7",
+    "bytes-gelu-2l": "C4",
+}
+ABLATED_COLOUR = "C3"
 
 
 def _save(fig: plt.Figure, out: Path, name: str) -> str:
-    fig.tight_layout()
     fig.savefig(out / name, dpi=DPI)
     plt.close(fig)
     return name
 
 
-def _heatmap(ax: plt.Axes, values: Tensor, title: str, **kwargs: object) -> object:
+def _image(ax: plt.Axes, values: Tensor, title: str, **kwargs: object) -> object:
     image = ax.imshow(values.detach().float().numpy(), aspect="auto", **kwargs)
     ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=TICK_SIZE)
     return image
+
+
+def _annotate(ax: plt.Axes, values: Tensor, vmax: float, size: int = 7) -> None:
+    """Each cell's value, white on dark cells so that it stays readable."""
+    rows, cols = values.shape
+    for r in range(rows):
+        for c in range(cols):
+            value = float(values[r, c])
+            ink = "white" if abs(value) > 0.6 * vmax else "black"
+            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=size, color=ink)
+
+
+def _outline(ax: plt.Axes, row: int, col: int) -> None:
+    ax.add_patch(plt.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, ec="black", lw=2))
 
 
 def attention_patterns(
     out: Path, patterns: dict[str, Tensor], labels: list[str], period: int
 ) -> str:
     """The circuit's two heads attending over one repeated sequence."""
-    fig, axes = plt.subplots(1, len(patterns), figsize=(6 * len(patterns), 5.4))
+    fig, axes = plt.subplots(1, len(patterns), figsize=(11, 5.2), layout="constrained")
     for ax, (title, pattern) in zip(axes, patterns.items(), strict=True):
-        image = _heatmap(ax, pattern, title, cmap="Blues", vmin=0, vmax=1)
+        image = _image(ax, pattern, title, cmap=UNSIGNED_CMAP, vmin=0, vmax=1)
         ticks = range(len(labels))
-        ax.set_xticks(ticks, labels, fontsize=6, family="monospace")
+        # Vertical key labels: `<bos>` is wider than a cell and would cover its neighbours.
+        ax.set_xticks(ticks, labels, fontsize=6, family="monospace", rotation=90)
         ax.set_yticks(ticks, labels, fontsize=6, family="monospace")
-        ax.set_xlabel("key (attended) token")
-        ax.set_ylabel("query token")
-        ax.axhline(period + 0.5, color="red", lw=0.6)
-        ax.axvline(period + 0.5, color="red", lw=0.6)
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        ax.set_xlabel("key (attended) token", fontsize=8)
+        ax.set_ylabel("query token", fontsize=8)
+        ax.axhline(period + 0.5, color="black", lw=0.6, ls="--")
+        ax.axvline(period + 0.5, color="black", lw=0.6, ls="--")
+        fig.colorbar(image, ax=ax, shrink=0.8).set_label("attention weight", fontsize=8)
     return _save(fig, out, "attention_patterns.png")
 
 
-def head_scores(out: Path, panels: list[tuple[str, Tensor, float]], circuit: dict) -> str:
-    """Heatmaps `[layer head]` of each head score, its baseline in the title."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 2.6))
-    for ax, (title, scores, vmax) in zip(axes, panels, strict=True):
-        image = _heatmap(ax, scores, title, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+def head_scores(out: Path, panels: list[tuple[str, Tensor, bool]], circuit: dict) -> str:
+    """Heatmaps `[layer head]` of each head score; `signed` panels get a -1..1 scale."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.9 * len(panels)), layout="constrained")
+    for ax, (title, scores, signed) in zip(axes, panels, strict=True):
+        cmap, vmin = (SIGNED_CMAP, -1.0) if signed else (UNSIGNED_CMAP, 0.0)
+        image = _image(ax, scores, title, cmap=cmap, vmin=vmin, vmax=1.0)
         n_layers, n_heads = scores.shape
         ax.set_xticks(range(n_heads), [f"H{h}" for h in range(n_heads)])
         ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)])
-        for (layer, head), value in _cells(scores):
-            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        _annotate(ax, scores, 1.0)
         for layer, head in circuit.values():
-            ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=2))
-        fig.colorbar(image, ax=ax, shrink=0.8)
+            _outline(ax, layer, head)
+        fig.colorbar(image, ax=ax).set_label("score", fontsize=8)
+    axes[-1].set_xlabel("head", fontsize=8)
     return _save(fig, out, "head_scores.png")
 
 
-def _cells(scores: Tensor) -> list[tuple[tuple[int, int], float]]:
-    rows, cols = scores.shape
-    return [((r, c), float(scores[r, c])) for r in range(rows) for c in range(cols)]
-
-
-def composition(out: Path, panels: list[tuple[str, Tensor]], pair: tuple[int, int]) -> str:
+def composition(
+    out: Path, panels: list[tuple[str, Tensor]], pair: tuple[int, int], suptitle: str
+) -> str:
     """Q-, K-, V-composition of layer-0 heads (rows) into layer-1 heads (columns)."""
     vmax = max(float(p.max()) for _, p in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.0), layout="constrained")
     for ax, (title, scores) in zip(axes, panels, strict=True):
-        image = _heatmap(ax, scores, title, cmap="viridis", vmin=0, vmax=vmax)
+        image = _image(ax, scores, title, cmap=UNSIGNED_CMAP, vmin=0, vmax=vmax)
         n = scores.shape[0]
-        ax.set_xticks(range(n), [f"L1H{h}" for h in range(n)], fontsize=7, rotation=45)
-        ax.set_yticks(range(n), [f"L0H{h}" for h in range(n)], fontsize=7)
+        ax.set_xticks(range(n), [f"L1H{h}" for h in range(n)], rotation=45)
+        ax.set_yticks(range(n), [f"L0H{h}" for h in range(n)])
+        ax.set_xlabel("reading head (layer 1)", fontsize=8)
         prev, head = pair
-        ax.add_patch(plt.Rectangle((head - 0.5, prev - 0.5), 1, 1, fill=False, ec="red", lw=2))
-        for (row, col), value in _cells(scores):
-            ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        _outline(ax, prev, head)
+        _annotate(ax, scores, vmax, size=6)
+    axes[0].set_ylabel("writing head (layer 0)", fontsize=8)
+    fig.colorbar(image, ax=list(axes), shrink=0.9).set_label("composition score", fontsize=8)
+    fig.suptitle(suptitle, fontsize=9)
     return _save(fig, out, "composition.png")
 
 
 def logit_attribution(out: Path, second: dict[str, float], first: dict[str, float]) -> str:
     """Mean direct attribution to the correct next token, per component, both copies."""
     labels = sorted(second, key=lambda k: -abs(second[k]))[:14][::-1]
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
     y = torch.arange(len(labels)).float()
     ax.barh(y + 0.2, [second[k] for k in labels], height=0.4, label="second copy (predictable)")
     ax.barh(y - 0.2, [first[k] for k in labels], height=0.4, label="first copy (random)")
-    ax.set_yticks(y.tolist(), labels)
+    ax.set_yticks(y.tolist(), labels, fontsize=TICK_SIZE)
     ax.axvline(0, color="black", lw=0.6)
     ax.set_xlabel("mean direct contribution to the correct token's logit")
+    ax.set_ylabel("component (14 largest on the second copy)")
     ax.legend(fontsize=8)
     return _save(fig, out, "logit_attribution.png")
 
 
 def icl_curves(
-    out: Path, repeat: dict[str, Tensor], text: dict[str, Tensor], lines: dict[str, float]
+    out: Path,
+    repeat: dict[str, tuple[Tensor, str]],
+    text: dict[str, Tensor],
+    lines: dict[str, tuple[float, str]],
 ) -> str:
-    """Loss by position: on repeated random sequences, and on held-out text."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for name, curve in repeat.items():
-        left.plot(range(1, len(curve) + 1), curve.numpy(), label=name, lw=1)
-    for name, value in lines.items():
-        left.axhline(value, ls="--", lw=0.8, color="gray")
-        left.text(2, value + 0.05, name, fontsize=7, color="gray")
+    """Loss by position: on repeated random sequences, and on held-out text.
+
+    `repeat` maps a label to a curve and its colour; `lines` a label to a level and its
+    line style. The reference lines are in the legend, where curves cannot hide them.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    for name, (curve, colour) in repeat.items():
+        left.plot(range(1, len(curve) + 1), curve.numpy(), label=name, lw=1, color=colour)
+    for name, (value, style) in lines.items():
+        left.axhline(value, ls=style, lw=1, color="gray", label=name)
     left.set_title("repeated random bytes: <bos>, 63 bytes, the same 63 again", fontsize=9)
     left.set_xlabel("position of the predicted token")
     left.set_ylabel("loss (nats)")
-    left.legend(fontsize=8)
+    left.legend(fontsize=7, loc="center left")
     kernel = torch.ones(1, 1, 5) / 5  # a 5-token moving average: the curves are noisy
     for name, curve in text.items():
         smooth = torch.nn.functional.conv1d(curve[None, None].float(), kernel)[0, 0]
-        right.plot(range(3, len(smooth) + 3), smooth.numpy(), label=name, lw=1)
+        right.plot(
+            range(3, len(smooth) + 3), smooth.numpy(), label=name, lw=1, color=MODEL_COLOURS[name]
+        )
     right.set_title("held-out stdlib files (5-token moving average)", fontsize=9)
     right.set_xlabel("position of the predicted token")
-    right.legend(fontsize=8)
+    right.set_ylabel("loss (nats)")
+    right.legend(fontsize=7)
     return _save(fig, out, "icl_curve.png")
 
 
+_CIRCUIT_LABELS = {  # key -> (x label, y label, colour bar label)
+    "positional": ("key position", "query position", "attention score"),
+    "composed": ("byte before the key", "query byte", "attention score"),
+    "direct": ("key byte", "query byte", "attention score"),
+    "ov": ("logit of byte", "attended byte", "logit"),
+}
+
+
 def circuits(out: Path, matrices: dict[str, Tensor], titles: dict[str, str], chars: str) -> str:
-    """The two heads' circuits: positional QK, composed QK, direct QK, OV."""
-    fig, axes = plt.subplots(1, 4, figsize=(22, 5.4))
-    for ax, key in zip(axes, ("positional", "composed", "direct", "ov"), strict=True):
+    """The two heads' circuits, two by two: positional QK, composed QK, direct QK, OV."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 9.6), layout="constrained")
+    for ax, key in zip(axes.flat, ("positional", "composed", "direct", "ov"), strict=True):
         values = matrices[key]
         if key == "positional":
             values = values[:32, :32].masked_fill(~torch.ones(32, 32, dtype=torch.bool).tril(), 0)
-            ax.set_xlabel("key position")
-            ax.set_ylabel("query position")
         else:
             ticks = range(0, len(chars), 4)
-            ax.set_xticks(ticks, [chars[i] for i in ticks], fontsize=6, family="monospace")
-            ax.set_yticks(ticks, [chars[i] for i in ticks], fontsize=6, family="monospace")
+            ax.set_xticks(ticks, [chars[i] for i in ticks], family="monospace")
+            ax.set_yticks(ticks, [chars[i] for i in ticks], family="monospace")
         limit = float(values.abs().max())
-        image = _heatmap(ax, values, titles[key], cmap="RdBu_r", vmin=-limit, vmax=limit)
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        image = _image(ax, values, titles[key], cmap=SIGNED_CMAP, vmin=-limit, vmax=limit)
+        x_label, y_label, bar_label = _CIRCUIT_LABELS[key]
+        ax.set_xlabel(x_label, fontsize=8)
+        ax.set_ylabel(y_label, fontsize=8)
+        fig.colorbar(image, ax=ax, shrink=0.85).set_label(bar_label, fontsize=8)
     return _save(fig, out, "circuits.png")
 
 
-def training_dynamics(
-    out: Path,
-    history: dict[str, list[float]],
-    steps: tuple[int, ...],
-    induction: tuple[float, ...],
-    repeat_icl: tuple[float, ...],
-) -> str:
-    """The run's evaluations over training, and the shipped checkpoints' induction scores."""
-    fig, left = plt.subplots(figsize=(8, 4.2))
-    icl = [a - b for a, b in zip(history["repeat_first"], history["repeat_second"], strict=True)]
-    left.plot(history["step"], icl, color="C0", lw=1, label="ICL: first minus second copy loss")
-    left.plot(steps, repeat_icl, "o", color="C0")
-    left.plot(
-        history["step"],
-        [-v for v in history["icl_score"]],
-        color="C2",
-        lw=1,
-        label="text ICL: early minus late loss (held-out)",
+def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
+    """Over training: the induction score and ICL (top), the held-out loss (bottom).
+
+    `d` is the report's `Dynamics`; lines are the run's own evaluations, markers the
+    shipped checkpoints; `window` (shaded) is where the ICL rises from 20% to 80%.
+    """
+    history = d.history
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7, 6.4), sharex=True, layout="constrained", height_ratios=(3, 2)
     )
-    left.set_xlabel("training step")
-    left.set_ylabel("nats")
-    right = left.twinx()
-    right.plot(steps, induction, "s-", color="C3", label="best L1 induction score")
-    right.set_ylabel("prefix-matching score", color="C3")
+    icl = [a - b for a, b in zip(history["repeat_first"], history["repeat_second"], strict=True)]
+    top.plot(history["step"], icl, color="C0", lw=1, label="repeat ICL (first minus second copy)")
+    top.plot(d.steps, d.repeat_icl, "o", color="C0", ms=4)
+    text_icl = [-v for v in history["icl_score"]]
+    top.plot(history["step"], text_icl, color="C2", lw=1, label="text ICL (early minus late)")
+    top.set_ylabel("ICL (nats)")
+    right = top.twinx()
+    right.plot(history["step"], history["induction"], color="C3", lw=1, label="induction score")
+    right.plot(d.steps, d.induction, "s", color="C3", ms=4)
+    right.set_ylabel("induction score (best head)", color="C3")
     right.set_ylim(0, 1)
-    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    left.legend(handles=handles, fontsize=8, loc="center right")
-    left.set_title("attn-only-2l over training (dots and squares: shipped checkpoints)", fontsize=9)
+    handles = top.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    top.legend(handles=handles, fontsize=7, loc="center right")
+    top.set_title(
+        "bytes-attn-only-2l over training (lines: the run's evaluations; markers: shipped "
+        "checkpoints)",
+        fontsize=8,
+    )
+    bottom.plot(
+        history["step"], history["heldout_loss"], color="C7", lw=1, label="run's evaluations"
+    )
+    bottom.plot(d.steps, d.heldout, "o", color="k", ms=4, label="shipped checkpoints")
+    bottom.legend(fontsize=7, title="held-out loss: 64 windows / 512 windows", title_fontsize=7)
+    # The first evaluations (loss near ln 256) would flatten the rest, the bump included.
+    settled = history["heldout_loss"][len(history["step"]) // 10]
+    bottom.set_ylim(min(history["heldout_loss"]) - 0.05, settled + 0.05)
+    bottom.set_ylabel("held-out loss (nats)")
+    bottom.set_xlabel("training step")
+    for ax in (top, bottom):
+        ax.axvspan(*window, color="gold", alpha=0.25, lw=0)
     return _save(fig, out, "training_dynamics.png")
 
 
@@ -194,52 +253,62 @@ def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> No
         labels,
         period=20,
     )
+    prev, induction = c.heads.prev_scores, c.heads.induction
     head_scores(
         out,
         [
+            (f"previous-token score (uniform attention: {prev.baseline:.3f})", prev.scores, False),
             (
-                f"previous-token score (uniform {c.prev_scores.baseline:.3f})",
-                c.prev_scores.scores,
-                1.0,
+                f"induction score (uniform attention: {induction.baseline:.3f})",
+                induction.scores,
+                False,
             ),
-            (f"induction score (uniform {c.induction.baseline:.3f})", c.induction.scores, 1.0),
-            (f"OV copying score (random 0 ± {c.copying.baseline_std:.2f})", c.copying.scores, 1.0),
+            (
+                f"OV copying score, -1..1 (random: 0 ± {c.copying.baseline_std:.2f})",
+                c.copying.scores,
+                True,
+            ),
         ],
         {"prev": (0, p), "induction": (1, h)},
     )
+    composition_panels = []
+    for kind in "QKV":
+        scores = c.heads.composition[kind].scores[0, :, 1, :]
+        composition_panels.append(
+            (f"{kind}-composition (its 64 pairs: {scores.mean():.3f} ± {scores.std():.3f})", scores)
+        )
+    k = c.heads.composition["K"]
     composition(
         out,
-        [
-            (
-                f"{kind}-composition L0 -> L1 (random {s.baseline:.3f} ± {s.baseline_std:.3f})",
-                s.scores[0, :, 1, :],
-            )
-            for kind, s in sorted(c.composition.items(), key=lambda x: x[0] != "K")
-        ],
+        composition_panels,
         (p, h),
+        f"random Gaussian matrices of these shapes score {k.baseline:.3f} ± {k.baseline_std:.3f} "
+        f"(every kind); 2/sqrt(d_model) = {r.composition_floor:.3f}; outlined: L0H{p} -> L1H{h}",
     )
     logit_attribution(out, c.attribution, c.attribution_first)
+    two = "bytes-attn-only-2l"
     icl_curves(
         out,
         {
-            "attn-only-1l": r.one_layer.per_position,
-            "attn-only-2l": c.clean.per_position,
-            f"attn-only-2l, L1H{h} ablated (patterns kept)": c.ablated[h].per_position,
+            "bytes-attn-only-1l": (r.one_layer.per_position, MODEL_COLOURS["bytes-attn-only-1l"]),
+            two: (c.clean.per_position, MODEL_COLOURS[two]),
+            f"{two}, L1H{h} zero-ablated (patterns kept)": (
+                c.ablated[h].per_position,
+                ABLATED_COLOUR,
+            ),
         },
         text,
-        {"ln 256 (uniform)": 5.545, "order-blind": c.clean.order_blind},
+        {"ln 256 = 5.55 (uniform)": (5.545, "--"), "order-blind bound": (c.clean.order_blind, ":")},
     )
     circuits(
         out,
         c.matrices,
         {
-            "positional": f"L0H{p}: W_pos QK W_pos^T (query pos x key pos)",
-            "composed": f"L1H{h} via L0H{p}: W_E QK (W_E OV_L0H{p})^T\n"
-            "query byte x byte before key",
-            "direct": f"L1H{h} direct: W_E QK W_E^T\nquery byte x key byte",
-            "ov": f"L1H{h}: W_E OV W_U\nattended byte x output logit",
+            "positional": f"L0H{p}: W_pos QK W_pos^T (first 32 positions)",
+            "composed": f"L1H{h} through L0H{p}: W_E QK (W_E OV_L0H{p})^T",
+            "direct": f"L1H{h} direct: W_E QK W_E^T",
+            "ov": f"L1H{h}: W_E OV W_U",
         },
         PRINTABLE,
     )
-    d = r.dynamics
-    training_dynamics(out, d.history, d.steps, d.induction, d.repeat_icl)
+    training_dynamics(out, r.dynamics, r.history_window)

@@ -1,9 +1,10 @@
 """Train one of the shipped models from its recipe, resumably, and optionally ship it.
 
-    python scripts/train.py --preset attn-only-2l --ship
+    python scripts/train.py --preset bytes-attn-only-2l --ship
 
-trains `attn-only-2l` (see `hookedattn/presets.py`) on the standard library's own source
-(`hookedattn/corpus.py`), writing checkpoints to `runs/attn-only-2l/`; `--ship` then copies
+trains `bytes-attn-only-2l` (see `hookedattn/training/presets.py`) on the standard library's
+own source (`hookedattn/training/corpus.py`), writing checkpoints to
+`runs/bytes-attn-only-2l/`; `--ship` then copies
 the final model and the recipe's chosen checkpoints into `hookedattn/pretrained/`. Run the
 same command again after an interruption (Ctrl-C, a kill) and it resumes from the newest
 checkpoint. `--set FIELD=VALUE` overrides a field of the model config or the TrainConfig
@@ -26,10 +27,15 @@ from typing import Any
 import torch
 
 from hookedattn import HookedTransformer, weights_io
-from hookedattn.corpus import load_stdlib_corpus
-from hookedattn.presets import PRESETS, Preset
 from hookedattn.pretrained import write_index
-from hookedattn.train import TrainConfig, checkpoint_dir, train
+from hookedattn.training import (
+    PRESETS,
+    Preset,
+    TrainConfig,
+    checkpoint_dir,
+    load_stdlib_corpus,
+    train,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SHIP_DIR = REPO / "hookedattn" / "pretrained"

@@ -6,6 +6,7 @@ import sys
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, list_pretrained
+from hookedattn.pretrained import pretrained_info
 
 
 def _cli(*args):
@@ -23,9 +24,9 @@ def test_list_shows_every_shipped_model_and_how_to_rebuild_it():
 
 def test_predict_shows_the_models_top_tokens_in_order():
     prompt = "def __init__(self):\n        self"
-    done = _cli("predict", "attn-only-2l", prompt, "-k", "3")
+    done = _cli("predict", "bytes-attn-only-2l", prompt, "-k", "3")
     assert done.returncode == 0, done.stderr
-    model = HookedTransformer.from_pretrained("attn-only-2l")
+    model = HookedTransformer.from_pretrained("bytes-attn-only-2l")
     with torch.no_grad():
         top = model(prompt)[0, -1].topk(3).indices.tolist()
     lines = [line for line in done.stdout.splitlines() if line.strip()[:2] in ("1.", "2.", "3.")]
@@ -33,21 +34,29 @@ def test_predict_shows_the_models_top_tokens_in_order():
 
 
 def test_cache_prints_a_summary_of_every_activation():
-    done = _cli("cache", "attn-only-2l", "import os")
+    done = _cli("cache", "bytes-attn-only-2l", "import os")
     assert done.returncode == 0, done.stderr
     assert "ActivationCache" in done.stdout
     assert "blocks.1.attn.hook_pattern" in done.stdout and "(1, 8, 10, 10)" in done.stdout
 
 
 def test_cache_prints_one_activation_by_shorthand():
-    done = _cli("cache", "attn-only-2l", "ab", "pattern", "1", "--squeeze")
+    done = _cli("cache", "bytes-attn-only-2l", "ab", "pattern", "1", "--squeeze")
     assert done.returncode == 0, done.stderr
     assert "blocks.1.attn.hook_pattern: shape [1, 8, 3, 3]" in done.stdout
     assert "tensor(" in done.stdout
 
 
 def test_a_checkpoint_from_the_shipped_run_can_be_chosen():
-    done = _cli("predict", "attn-only-2l", "x = 1", "--checkpoint", "1000", "-k", "1")
+    done = _cli(
+        "predict",
+        "bytes-attn-only-2l",
+        "x = 1",
+        "--checkpoint",
+        str(pretrained_info("bytes-attn-only-2l").checkpoints[0]),
+        "-k",
+        "1",
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -64,10 +73,11 @@ def test_a_saved_model_directory_can_be_inspected(tmp_path):
 def test_an_unknown_model_lists_the_available_ones():
     done = _cli("predict", "attn-only-3l", "x")
     assert done.returncode == 2
-    assert "available: " in done.stderr and "attn-only-2l" in done.stderr
+    assert "available: " in done.stderr and "bytes-attn-only-2l" in done.stderr
+    assert "TransformerLens hub models" in done.stderr
 
 
 def test_an_unknown_activation_suggests_close_names():
-    done = _cli("cache", "attn-only-2l", "x", "patern", "1")
+    done = _cli("cache", "bytes-attn-only-2l", "x", "patern", "1")
     assert done.returncode == 2
     assert "did you mean 'pattern'" in done.stderr

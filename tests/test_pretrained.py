@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis import logit_lens
 from hookedattn import CheckpointError, HookedTransformer, list_pretrained
-from hookedattn.presets import PRESETS
 from hookedattn.pretrained import PRETRAINED_DIR, load_pretrained, pretrained_info, write_index
+from hookedattn.training.presets import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
-REQUIRED = {"attn-only-0l", "attn-only-1l", "attn-only-2l", "gelu-2l"}
+REQUIRED = {"bytes-attn-only-0l", "bytes-attn-only-1l", "bytes-attn-only-2l", "bytes-gelu-2l"}
 
 
 def test_the_required_models_are_shipped():
@@ -50,7 +51,7 @@ def test_the_package_data_globs_cover_every_shipped_file():
 
 
 def test_from_pretrained_loads_a_model_that_reads_text():
-    model = HookedTransformer.from_pretrained("attn-only-2l")
+    model = HookedTransformer.from_pretrained("bytes-attn-only-2l")
     assert model.cfg.n_layers == 2 and model.cfg.attn_only
     prompt = "def __init__(self):"
     logits = model(prompt)
@@ -59,59 +60,75 @@ def test_from_pretrained_loads_a_model_that_reads_text():
 
 
 def test_checkpoints_load_by_step_and_by_index():
-    info = pretrained_info("attn-only-2l")
-    first = HookedTransformer.from_pretrained("attn-only-2l", checkpoint_value=info.checkpoints[0])
-    same = HookedTransformer.from_pretrained("attn-only-2l", checkpoint_index=0)
-    final = HookedTransformer.from_pretrained("attn-only-2l", checkpoint_index=-1)
+    info = pretrained_info("bytes-attn-only-2l")
+    first = HookedTransformer.from_pretrained(
+        "bytes-attn-only-2l", checkpoint_value=info.checkpoints[0]
+    )
+    same = HookedTransformer.from_pretrained("bytes-attn-only-2l", checkpoint_index=0)
+    final = HookedTransformer.from_pretrained("bytes-attn-only-2l", checkpoint_index=-1)
     assert torch.equal(first.W_Q, same.W_Q)
-    assert torch.equal(final.W_Q, HookedTransformer.from_pretrained("attn-only-2l").W_Q)
+    assert torch.equal(final.W_Q, HookedTransformer.from_pretrained("bytes-attn-only-2l").W_Q)
     assert not torch.equal(first.W_Q, final.W_Q)
 
 
 def test_an_unknown_name_lists_the_available_ones():
-    with pytest.raises(KeyError, match=r"did you mean 'attn-only-2l'.*available: .*gelu-2l"):
-        HookedTransformer.from_pretrained("attn-only-2L")
+    with pytest.raises(KeyError, match=r"did you mean 'bytes-attn-only-2l'.*available: .*gelu"):
+        HookedTransformer.from_pretrained("bytes-attn-only-2L")
+
+
+@pytest.mark.parametrize("name", ["attn-only-2l", "gelu-2l", "gpt2", "pythia-70m"])
+def test_a_transformerlens_hub_name_says_how_to_load_that_model(name):
+    with pytest.raises(KeyError, match=r"TransformerLens hub models.*from_hf\("):
+        HookedTransformer.from_pretrained(name)
+
+
+def test_the_logit_lens_of_a_shipped_model_shows_its_tokens():
+    model = HookedTransformer.from_pretrained("bytes-attn-only-2l")
+    _, cache = model.run_with_cache("import os")
+    table = logit_lens(model, cache).top(3)
+    first = table.rows[0][1]  # "'x' (1.23)": a quoted string, then its logit
+    assert first.startswith("'") and "(" in first, table
 
 
 def test_an_unknown_checkpoint_lists_the_steps():
     with pytest.raises(ValueError, match=r"no checkpoint at step 7; steps: \["):
-        HookedTransformer.from_pretrained("attn-only-2l", checkpoint_value=7)
+        HookedTransformer.from_pretrained("bytes-attn-only-2l", checkpoint_value=7)
     with pytest.raises(ValueError, match="out of range"):
-        HookedTransformer.from_pretrained("attn-only-2l", checkpoint_index=99)
+        HookedTransformer.from_pretrained("bytes-attn-only-2l", checkpoint_index=99)
 
 
 @pytest.fixture
 def shipped_copy(tmp_path):
-    shutil.copytree(PRETRAINED_DIR / "attn-only-1l", tmp_path / "attn-only-1l")
+    shutil.copytree(PRETRAINED_DIR / "bytes-attn-only-1l", tmp_path / "bytes-attn-only-1l")
     write_index(tmp_path)
     return tmp_path
 
 
 def test_a_copy_with_its_index_loads(shipped_copy):
-    model = load_pretrained(HookedTransformer, "attn-only-1l", directory=shipped_copy)
-    assert torch.equal(model.W_Q, HookedTransformer.from_pretrained("attn-only-1l").W_Q)
+    model = load_pretrained(HookedTransformer, "bytes-attn-only-1l", directory=shipped_copy)
+    assert torch.equal(model.W_Q, HookedTransformer.from_pretrained("bytes-attn-only-1l").W_Q)
 
 
 def test_a_truncated_weights_file_is_reported(shipped_copy):
-    weights = shipped_copy / "attn-only-1l" / "model.safetensors"
+    weights = shipped_copy / "bytes-attn-only-1l" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match=r"corrupted or truncated.*retrain it with"):
-        load_pretrained(HookedTransformer, "attn-only-1l", directory=shipped_copy)
+        load_pretrained(HookedTransformer, "bytes-attn-only-1l", directory=shipped_copy)
 
 
 def test_a_flipped_byte_is_reported(shipped_copy):
-    weights = shipped_copy / "attn-only-1l" / "model.safetensors"
+    weights = shipped_copy / "bytes-attn-only-1l" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # inside a tensor: the file still parses, only the hash can tell
     weights.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupted or truncated"):
-        load_pretrained(HookedTransformer, "attn-only-1l", directory=shipped_copy)
+        load_pretrained(HookedTransformer, "bytes-attn-only-1l", directory=shipped_copy)
 
 
 def test_a_missing_file_is_reported(shipped_copy):
-    (shipped_copy / "attn-only-1l" / "config.json").unlink()
+    (shipped_copy / "bytes-attn-only-1l" / "config.json").unlink()
     with pytest.raises(CheckpointError, match="is missing"):
-        load_pretrained(HookedTransformer, "attn-only-1l", directory=shipped_copy)
+        load_pretrained(HookedTransformer, "bytes-attn-only-1l", directory=shipped_copy)
 
 
 def test_a_directory_without_models_says_how_to_make_them(tmp_path):

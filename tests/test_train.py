@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.corpus import BOS, is_heldout, load_stdlib_corpus, repeated_random_tokens
 from hookedattn.pretrained import load_pretrained
-from hookedattn.train import (
+from hookedattn.training import (
     TrainConfig,
     latest_checkpoint,
     learning_rate,
@@ -22,6 +21,7 @@ from hookedattn.train import (
     train,
     training_batch,
 )
+from hookedattn.training.corpus import BOS, is_heldout, load_stdlib_corpus, repeated_random_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = HookedTransformerConfig(
@@ -154,7 +154,7 @@ def test_resuming_with_another_config_is_an_error(corpus, tmp_path):
 def _train_script(tmp_path, corpus, *extra):
     overrides = {"steps": 4, "batch_size": 4, "warmup_steps": 1, "eval_every": 2,
                  "checkpoint_every": 2, "eval_seqs": 4, "d_model": 16, "n_ctx": 16}  # fmt: skip
-    command = [sys.executable, str(REPO / "scripts" / "train.py"), "--preset", "attn-only-2l",
+    command = [sys.executable, str(REPO / "scripts" / "train.py"), "--preset", "bytes-attn-only-2l",
                "--out", str(tmp_path / "run"), "--threads", "1",
                "--corpus-root", corpus.manifest.root, *extra]  # fmt: skip
     for field, value in overrides.items():
@@ -167,9 +167,9 @@ def test_train_script_trains_ships_and_resumes(corpus, tmp_path):
     done = _train_script(tmp_path, corpus, "--ship", "--ship-dir", str(ship_dir))
     assert done.returncode == 0, done.stderr
     assert "tok/s" in done.stderr and "shipped to" in done.stdout
-    model = load_pretrained(HookedTransformer, "attn-only-2l", directory=ship_dir)
+    model = load_pretrained(HookedTransformer, "bytes-attn-only-2l", directory=ship_dir)
     assert model.cfg.n_ctx == 16 and model.cfg.n_layers == 2
-    config = json.loads((ship_dir / "attn-only-2l" / "config.json").read_text())
+    config = json.loads((ship_dir / "bytes-attn-only-2l" / "config.json").read_text())
     assert config["metadata"]["step"] == 4
     assert "--set steps=4" in config["metadata"]["command"]
     again = _train_script(tmp_path, corpus)

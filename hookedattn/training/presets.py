@@ -16,8 +16,8 @@ quarter, no induction head formed in 3,000 steps; with half, it forms near step 
 import dataclasses
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.corpus import VOCAB_SIZE
-from hookedattn.train import TrainConfig
+from hookedattn.training.config import TrainConfig
+from hookedattn.training.corpus import VOCAB_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,30 +55,30 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset(
-            "attn-only-0l",
+            "bytes-attn-only-0l",
             "0 layers: logits from the current token alone, a bigram model",
-            _model("attn-only-0l", 0),
+            _model("bytes-attn-only-0l", 0),
             # Text only: a bigram model of the text is what it is meant to become.
             TrainConfig(steps=1000, synthetic_fraction=0.0),
         ),
         Preset(
-            "attn-only-1l",
+            "bytes-attn-only-1l",
             "1 attention-only layer: skip-trigrams and copying, no induction",
-            _model("attn-only-1l", 1),
+            _model("bytes-attn-only-1l", 1),
             TrainConfig(),
         ),
         Preset(
-            "attn-only-2l",
+            "bytes-attn-only-2l",
             "2 attention-only layers: an induction circuit (previous-token + induction head)",
-            _model("attn-only-2l", 2),
+            _model("bytes-attn-only-2l", 2),
             # Evaluated often, to see the induction bump form (near step 1,300).
             TrainConfig(eval_every=25),
             shipped_checkpoints=(1000, 1200, 1400, 1600, 2400),
         ),
         Preset(
-            "gelu-2l",
+            "bytes-gelu-2l",
             "2 layers with GELU MLPs (d_mlp 256)",
-            _model("gelu-2l", 2, d_mlp=256),
+            _model("bytes-gelu-2l", 2, d_mlp=256),
             TrainConfig(),
         ),
     )
