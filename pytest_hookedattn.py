@@ -108,7 +108,7 @@ def _check_shared(shared: Any, keys: list[tuple]) -> None:
 
 
 def fixture_name(model_name: str) -> str:
-    """The fixture of a shipped model: `attn-only-2l` -> `pretrained_attn_only_2l`."""
+    """The fixture of a shipped model: `bytes-attn-only-2l` -> `pretrained_bytes_attn_only_2l`."""
     return "pretrained_" + "".join(c if c.isalnum() else "_" for c in model_name)
 
 

@@ -1,8 +1,8 @@
 """Collect activations over a dataset into an activation store, on one process or many.
 
-    python scripts/collect.py --model attn-only-2l --names blocks.1.hook_resid_pre \\
+    python scripts/collect.py --model bytes-attn-only-2l --names blocks.1.hook_resid_pre \\
         --out acts/ --tokens 2e6
-    torchrun --nproc_per_node=2 scripts/collect.py --model attn-only-2l \\
+    torchrun --nproc_per_node=2 scripts/collect.py --model bytes-attn-only-2l \\
         --names blocks.1.hook_resid_pre --out acts/ --tokens 2e6    # the same files
 
 `--model` is a shipped model's name or a folder saved with `HookedTransformer.save`.
