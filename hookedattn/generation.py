@@ -226,20 +226,21 @@ def generate_tokens(
 ) -> Generated:
     """Run `generation_steps` to the end; the prompt and new tokens with their mask."""
     tokens, mask = _checked_prompt(model, tokens, attention_mask, max_new_tokens)
-    steps = list(
-        generation_steps(
-            model,
-            tokens,
-            mask,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            use_past_kv_cache=use_past_kv_cache,
-            stop_at_eos=stop_at_eos,
-            eos_token_ids=eos_token_ids,
-            pad_token_id=pad_token_id,
-            generator=generator,
+    with model.keeping_fused_weights():  # one token a step: keep the q/k/v weights fused
+        steps = list(
+            generation_steps(
+                model,
+                tokens,
+                mask,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                use_past_kv_cache=use_past_kv_cache,
+                stop_at_eos=stop_at_eos,
+                eos_token_ids=eos_token_ids,
+                pad_token_id=pad_token_id,
+                generator=generator,
+            )
         )
-    )
     new_tokens, new_mask = [], []
     alive = torch.ones_like(mask[:, 0])
     for step in steps:

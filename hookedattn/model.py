@@ -398,6 +398,20 @@ class HookedTransformer(HookedRootModule):
             self.cfg = dataclasses.replace(self.cfg, **changes)
         return self
 
+    @contextlib.contextmanager
+    def keeping_fused_weights(self) -> Iterator[None]:
+        """Within this scope, keep each layer's fused q/k/v weights between forwards.
+
+        Generation runs one token at a time, where copying the weights side by side costs
+        as much as the product itself; this keeps the copy (rebuilt whenever a weight
+        changes) until the scope ends, at the cost of one more copy of the attention
+        weights in memory meanwhile.
+        """
+        with contextlib.ExitStack() as stack:
+            for block in self.blocks:
+                stack.enter_context(block.attn.keeping_fused_weights())
+            yield
+
     def copy(self) -> "HookedTransformer":
         """An independent deep copy (weights, config and attached hooks)."""
         return copy.deepcopy(self)

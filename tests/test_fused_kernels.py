@@ -137,3 +137,31 @@ def test_a_nan_value_in_a_masked_position_takes_the_written_out_path():
     out = fused.run_with_hooks(TOKENS, fwd_hooks=hooks)
     assert out[:, :7].isfinite().all()
     torch.testing.assert_close(out[:, :7], written.run_with_hooks(TOKENS, fwd_hooks=hooks)[:, :7])
+
+
+def test_kept_fused_weights_see_an_in_place_weight_edit():
+    fused, written = pair(VARIANTS["llama"], torch.float64)
+    with torch.no_grad(), fused.keeping_fused_weights():
+        before = fused(TOKENS)
+        for model in (fused, written):
+            model.blocks[0].attn.W_Q[0].mul_(2.0)
+            model.blocks[0].attn._W_K.add_(0.5)
+        after = fused(TOKENS)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, written(TOKENS), rtol=1e-10, atol=1e-10)
+
+
+def test_fused_weights_are_freed_when_the_scope_ends():
+    fused, _ = pair({}, torch.float32)
+    with torch.no_grad(), fused.keeping_fused_weights():
+        fused(TOKENS)
+        assert fused.blocks[0].attn._fused is not None
+    assert all(block.attn._fused is None for block in fused.blocks)
+
+
+def test_gradients_reach_the_weights_through_the_fused_product():
+    fused, written = pair(VARIANTS["llama"], torch.float64)
+    for model in (fused, written):
+        model(TOKENS, return_type="loss").backward()
+    for (name, a), (_, b) in zip(fused.named_parameters(), written.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-10, msg=name)

@@ -22,6 +22,9 @@ never added to, and their values never multiplied in: whatever a blocked positio
 (an `inf` key, a NaN value), it contributes exactly nothing.
 """
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Bool, Float
@@ -36,14 +39,14 @@ from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCacheEntry
 from hookedattn.masks import AttentionContext
 
-# Residual-stream input to the projections, shared by all heads or one copy per head
-# (use_split_qkv_input / use_attn_in, so that each head's input can be patched alone).
-_SHARED_IN = "batch pos d_model, head d_model d_head -> batch pos head d_head"
+# Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
+# input can be patched alone), each read by its own head's weights.
 _PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_head"
 
 # The stream itself, or a copy per query head or per key/value head.
 AttnInput = Float[Tensor, "batch pos ... d_model"]
 HeadVectors = Float[Tensor, "batch pos head d_head"]
+KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
 Queries = Float[Tensor, "batch query_pos head d_head"]
 KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 
@@ -63,7 +66,11 @@ class Attention(nn.Module):
         self.group = n_heads // cfg.n_kv_heads  # query heads per key/value head
         self.attn_type = cfg.layer_attn_type(layer)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
-        self._in_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
+        self.project_qkv = self._project_per_head if per_head_input else self._project_fused
+        self._widths = [n_heads * d_head, cfg.n_kv_heads * d_head, cfg.n_kv_heads * d_head]
+        # The fused weights, kept between forwards only inside `keeping_fused_weights`.
+        self._fused: tuple[tuple, Tensor, Tensor] | None = None
+        self._keep_fused = False
 
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos kv_head d_head]
@@ -106,10 +113,8 @@ class Attention(nn.Module):
         context: AttentionContext,
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
-        W_K, b_K, W_V, b_V = self.key_value_weights()
-        q = self.q_norm(self.hook_q(self.project(query_input, self.W_Q) + self.b_Q))
-        k = self.k_norm(self.hook_k(self.project(key_input, W_K) + b_K))
-        v = self.hook_v(self.project(value_input, W_V) + b_V)
+        q, k, v = self.project_qkv(query_input, key_input, value_input)
+        q, k, v = self.q_norm(self.hook_q(q)), self.k_norm(self.hook_k(k)), self.hook_v(v)
         q, k = self.apply_positions(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
@@ -173,21 +178,85 @@ class Attention(nn.Module):
         )
         return self.soft_cap(scores)
 
-    def project(
-        self, x: AttnInput, W: Float[Tensor, "head d_model d_head"]
-    ) -> Float[Tensor, "batch pos head d_head"]:
-        """`x @ W[h]` for every head `h`: the heads' queries, keys or values.
+    def _project_fused(
+        self, x: Float[Tensor, "batch pos d_model"], key_input: Tensor, value_input: Tensor
+    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+        """Queries, keys and values of one shared input by one product, split per head.
 
-        From a shared input, one product over all heads needs `W` laid out as `[d_model
-        (head d_head)]`, which einsum copies at every call. For a few tokens (a generation
-        step) that copy costs more than the product, so the heads then go as a batch of
-        products that read `W` in place, over a broadcast view (not a copy) of `x`: the
-        same sums, possibly rounded in another order.
+        `hook_q`, `hook_k`, `hook_v` receive views of that one result, so reading them
+        costs nothing extra (and the three share one storage).
         """
-        if self._in_pattern is _SHARED_IN and x.shape[0] * x.shape[1] * 8 <= x.shape[-1]:
-            x = repeat(x, "batch pos d_model -> batch pos head d_model", head=W.shape[0])
-            return einsum(x, W, _PER_HEAD_IN)
-        return einsum(x, W, self._in_pattern)
+        W, b = self.fused_qkv_weights()
+        qkv = nn.functional.linear(x, W, b)
+        # Three slices, not `split`: autograd lets a hook edit a slice in place, but not one
+        # of the several views a single call returns.
+        nq, nkv, _ = self._widths
+        q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
+        return (
+            rearrange(
+                q, "batch pos (head d_head) -> batch pos head d_head", head=self.W_Q.shape[0]
+            ),
+            rearrange(
+                k,
+                "batch pos (kv_head d_head) -> batch pos kv_head d_head",
+                d_head=self.W_Q.shape[2],
+            ),
+            rearrange(
+                v,
+                "batch pos (kv_head d_head) -> batch pos kv_head d_head",
+                d_head=self.W_Q.shape[2],
+            ),
+        )
+
+    def _project_per_head(
+        self, query_input: AttnInput, key_input: AttnInput, value_input: AttnInput
+    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+        """Queries, keys and values of per-head input copies, each head its own product."""
+        W_K, b_K, W_V, b_V = self.key_value_weights()
+        return (
+            einsum(query_input, self.W_Q, _PER_HEAD_IN) + self.b_Q,
+            einsum(key_input, W_K, _PER_HEAD_IN) + b_K,
+            einsum(value_input, W_V, _PER_HEAD_IN) + b_V,
+        )
+
+    def fused_qkv_weights(
+        self,
+    ) -> tuple[Float[Tensor, "qkv d_model"], Float[Tensor, " qkv"]]:
+        """`W_Q`, `W_K`, `W_V` (and their biases) side by side, laid out for one product.
+
+        Built by each forward (a copy of the weights, small beside the product for many
+        tokens). Inside `keeping_fused_weights` (generation, where one token's product is
+        as cheap as the copy) the copy is kept while the weights are the same tensors,
+        unchanged (their version counters) and not being differentiated, so an edit of a
+        weight, in place or not, is always seen.
+        """
+        W_K, b_K, W_V, b_V = self.key_value_weights()
+        params = (self.W_Q, W_K, W_V, self.b_Q, b_K, b_V)
+        if not self._keep_fused:
+            return self._fused_now(params)
+        tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if not tracked and self._fused is not None and self._fused[0] == key:
+            return self._fused[1], self._fused[2]
+        W, b = self._fused_now(params)
+        self._fused = None if tracked else (key, W, b)
+        return W, b
+
+    @contextlib.contextmanager
+    def keeping_fused_weights(self) -> Iterator[None]:
+        """Keep the fused q/k/v weights between forwards in this scope, then free them."""
+        self._keep_fused = True
+        try:
+            yield
+        finally:
+            self._keep_fused, self._fused = False, None
+
+    def _fused_now(self, params: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        W = torch.cat(
+            [rearrange(w, "head d_model d_head -> (head d_head) d_model") for w in params[:3]]
+        )
+        b = torch.cat([rearrange(bias, "head d_head -> (head d_head)") for bias in params[3:]])
+        return W, b
 
     def _unrotated(
         self, q: HeadVectors, k: Tensor, context: AttentionContext
