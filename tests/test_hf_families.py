@@ -33,8 +33,10 @@ transformers = pytest.importorskip("transformers")
 VOCAB, PAD = 64, 0
 COMMON = dict(
     vocab_size=VOCAB, max_position_embeddings=64, num_hidden_layers=2, pad_token_id=PAD,
-    bos_token_id=1, eos_token_id=2, attn_implementation="eager", initializer_range=0.3,
+    bos_token_id=1, eos_token_id=None, attn_implementation="eager", initializer_range=0.3,
 )  # fmt: skip
+# No end-of-sequence token: HF's `generate` would stop there, or with `min_new_tokens` make
+# it unpickable, which our greedy loop (stop_at_eos=False) does not.
 LLAMA_LIKE = dict(
     hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2
 )
@@ -204,9 +206,7 @@ def test_attention_patterns_equal_hf_eager_attentions(pair64):
 
 def test_greedy_generation_equals_hf_generate(pair32):
     prompt = TOKENS[:, :5]
-    expected = pair32.hf.generate(
-        prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=PAD
-    )
+    expected = pair32.hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=PAD)
     ours = pair32.ours.generate(prompt, max_new_tokens=8, do_sample=False, stop_at_eos=False)
     assert torch.equal(ours, expected)
 
@@ -230,7 +230,7 @@ def test_left_padded_generation_equals_hf_generate(pair32):
     tokens = torch.tensor([[PAD, PAD, PAD, 5, 17, 3], [8, 60, 1, 29, 4, 30]])
     mask = (torch.arange(6) >= torch.tensor([[3], [0]])).long()
     expected = pair32.hf.generate(
-        tokens, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+        tokens, attention_mask=mask, max_new_tokens=8, do_sample=False,
         pad_token_id=PAD,
     )  # fmt: skip
     ours = pair32.ours.generate(

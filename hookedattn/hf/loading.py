@@ -1,6 +1,7 @@
 """Reading a HuggingFace model directory without `from_pretrained`: its `config.json`
 (through `transformers.AutoConfig`, which fills each family's defaults), its safetensors
-files directly, one tensor at a time, and its tokenizer if one was saved there.
+files directly (headers first, then one memory-mapped tensor at a time), and its tokenizer
+if one was saved there.
 
 Building the HF model first and converting it would hold two copies of the weights; reading
 the files tensor by tensor holds the finished model plus the one tensor being converted.
@@ -16,16 +17,10 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from hookedattn.weights_io import CheckpointError
+from hookedattn.weights_io import CheckpointError, read_safetensors_header
 
 _INDEX = "model.safetensors.index.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-}
 
 
 def transformers_module() -> Any:
@@ -41,35 +36,36 @@ def transformers_module() -> Any:
 
 
 class SafetensorsFiles:
-    """The tensors of one or more safetensors files, as a `TensorSource`: shapes from the
-    headers, each tensor read from its file when asked for (and owned by the caller)."""
+    """The tensors of one or more safetensors files, as a `TensorSource`: names, shapes and
+    dtypes from the headers (checked against the file sizes, nothing read or allocated),
+    each tensor a view of its memory-mapped file when asked for.
 
-    borrowed = False
+    The view is the cheapest way in: converting it makes the one copy the model keeps (a
+    reshape's `contiguous`, a cast, or a clone), and the file's pages leave the resident set
+    once the view is dropped. Reading into a buffer first would be a second allocation per
+    tensor, which the allocator keeps after it is freed.
+    """
+
+    borrowed = True  # the views are of the file: what the model keeps must be a copy
 
     def __init__(self, files: list[Path]) -> None:
         self._file: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
-        self.dtypes: dict[str, str] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
         for file in files:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 (a handle, not a dict)
-                    view = handle.get_slice(name)
-                    self._file[name] = file
-                    self.shapes[name] = tuple(view.get_shape())
-                    self.dtypes[name] = view.get_dtype()
+            for name, (shape, dtype) in read_safetensors_header(file).items():
+                self._file[name] = file
+                self.shapes[name], self.dtypes[name] = shape, dtype
 
     def get(self, name: str) -> Tensor:
-        """The tensor called `name`, read from its file into memory of its own."""
+        """The tensor called `name`, as stored: a view of the mapped file."""
         with safe_open(str(self._file[name]), framework="pt", device="cpu") as handle:
             return handle.get_tensor(name)
 
     def stored_dtype(self) -> torch.dtype:
         """The floating dtype most tensors are stored in (what `dtype="auto"` loads)."""
-        counts = Counter(self.dtypes.values())
-        for code, _ in counts.most_common():
-            if code in _DTYPES:
-                return _DTYPES[code]
-        return torch.float32
+        floating = [dtype for dtype in self.dtypes.values() if dtype.is_floating_point]
+        return Counter(floating).most_common(1)[0][0] if floating else torch.float32
 
 
 def check_directory(path: Path) -> None:

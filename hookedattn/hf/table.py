@@ -61,8 +61,8 @@ class TensorSource(Protocol):
     """Named HF tensors: their shapes without reading them, and each one on demand."""
 
     shapes: Mapping[str, tuple[int, ...]]
-    # Whether `get` returns tensors someone else holds (a live model's parameters), which a
-    # converted tensor must then never share memory with.
+    # Whether `get` returns tensors someone else holds (a live model's parameters, views of
+    # a memory-mapped file), which a converted tensor must then never share memory with.
     borrowed: bool
 
     def get(self, name: str) -> Tensor:
@@ -207,8 +207,9 @@ def convert(
 
 
 def _owning(tensor: Tensor, stored: Tensor, borrowed: bool) -> Tensor:
-    """`tensor`, contiguous, in memory of its own: never a view into a live HF model's
-    tensor (which would then share our weights) nor a slice keeping a fused tensor alive."""
+    """`tensor`, contiguous, in memory of its own: never a view of a live HF model's tensor
+    (which would then share our weights) or of a mapped file (whose pages would be read as
+    the model runs), nor a slice keeping a fused tensor alive."""
     tensor = tensor.contiguous()
     shares = tensor.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr()
     if (shares and borrowed) or tensor.untyped_storage().nbytes() != tensor.nbytes:
