@@ -1,0 +1,104 @@
+"""hookedattn_tl against TransformerLens itself, on the same random weights (optional).
+
+Skipped unless `transformer_lens` is importable; it is never a dependency of the suite.
+To run it, install TransformerLens beside hookedattn in a separate environment
+(`pip install -c constraints.txt transformer_lens==3.5.1 pytest beartype`) and run this file
+there with the repository on `PYTHONPATH`.
+
+Two checks: every activation of a cache, and every number of the Main-Demo-style script
+(tests/tl_main_demo.py) run unchanged under TransformerLens and, with its import changed,
+under hookedattn_tl.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+transformer_lens = pytest.importorskip("transformer_lens")
+
+import hookedattn_tl  # noqa: E402
+
+DEMO = Path(__file__).with_name("tl_main_demo.py")
+CONFIG = dict(
+    n_layers=2,
+    d_model=32,
+    d_head=8,
+    n_heads=4,
+    d_mlp=64,
+    d_vocab=40,
+    n_ctx=32,
+    act_fn="gelu",
+    normalization_type="LN",
+)
+# float32 forwards of two implementations: their rounding differs, not their math.
+TOLERANCE = dict(atol=2e-5, rtol=2e-5)
+
+
+def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every parameter drawn at random, biases and gains too, so that every term matters."""
+    model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**CONFIG))
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(t.shape, generator=generator) * 0.3 + name.endswith(".w")
+        for name, t in model.state_dict().items()
+    }
+
+
+def tl_model(weights: dict[str, torch.Tensor]):
+    model = transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(**CONFIG))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    parameters = {name for name, _ in model.named_parameters()}
+    assert not parameters & set(missing), "a TransformerLens parameter was not loaded"
+    assert not unexpected
+    return model.eval()
+
+
+def our_model(weights: dict[str, torch.Tensor]) -> hookedattn_tl.HookedTransformer:
+    model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**CONFIG))
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+def run_demo(source: str, weights: dict[str, torch.Tensor]) -> dict:
+    namespace = {"weights": weights, "config": CONFIG}
+    exec(compile(source, str(DEMO), "exec"), namespace)
+    return namespace["results"]
+
+
+def test_every_cached_activation_matches():
+    weights = random_weights()
+    tokens = torch.randint(
+        0, CONFIG["d_vocab"], (3, 10), generator=torch.Generator().manual_seed(1)
+    )
+    theirs_logits, theirs = tl_model(weights).run_with_cache(tokens)
+    ours_logits, ours = our_model(weights).run_with_cache(tokens)
+    assert_close(ours_logits, theirs_logits, **TOLERANCE)
+    # hook_normalized differs by definition (TL 3.x records LayerNorm's before the gain).
+    compared = [name for name in theirs if not name.endswith("hook_normalized")]
+    assert set(compared) <= set(ours.keys())
+    for name in compared:
+        assert_close(ours[name], theirs[name], **TOLERANCE, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_main_demo_gives_transformer_lens_numbers():
+    weights = random_weights()
+    source = DEMO.read_text()
+    theirs = run_demo(source, weights)
+    ported = source.replace(
+        "\nimport transformer_lens\n", "\nimport hookedattn_tl as transformer_lens\n"
+    ).replace("from transformer_lens import", "from hookedattn_tl import")
+    ours = run_demo(ported, weights)
+    assert ours.pop("version_module") == "hookedattn_tl"
+    assert theirs.pop("version_module") == "transformer_lens"
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert_close(
+                ours[key].float(), value.float(), **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}"
+            )
+        elif isinstance(value, float):
+            assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-5), key
+        else:
+            assert ours[key] == value, key
