@@ -153,10 +153,10 @@ def patching(result: PatchingResult, title: str | None = None) -> Page:
 def resid_stack_table(stack: ResidStack, batch: int = 0, pos: int = -1) -> str:
     """The `_repr_html_` of a decomposition: each component's norm at one position."""
     table = stack.to_table(batch, pos)
-    rows, note = table.rows, ""
+    rows, note = table.rows, f"norms at batch {batch}, pos {pos}"
     if len(rows) > MAX_TABLE_ROWS:
         rows = stack.top(MAX_TABLE_ROWS, batch, pos).rows
-        note = f"the {MAX_TABLE_ROWS} largest of {len(table.rows)}; .to_table() has them all"
+        note += f"; the {MAX_TABLE_ROWS} largest of {len(table.rows)} (.to_table() has all)"
     return html_table(table.columns, rows, f"{stack!r}", note, shade=True)
 
 

@@ -58,7 +58,8 @@ def html_table(
         + "</tr>"
         for row in rows
     )
-    title = f'<caption style="text-align:left;padding:2px 0">{html.escape(caption)}</caption>'
+    # A line above the table rather than a <caption>, which would wrap to the table's width.
+    above = f'<div style="font-weight:600">{html.escape(caption)}</div>' if caption else ""
     below = f'<div style="font-size:11px;color:#666">{html.escape(note)}</div>' if note else ""
-    table = f'<table style="{_TABLE}">{title if caption else ""}<thead><tr>{head}</tr></thead>'
-    return f"<div>{table}<tbody>{body}</tbody></table>{below}</div>"
+    table = f'<table style="{_TABLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f"<div>{above}{table}{below}</div>"
