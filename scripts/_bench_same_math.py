@@ -4,10 +4,12 @@ Issue 2 asks what hook points cost over "a hook-free forward of the same weights
 bare reference (`_bench_reference.BareTransformer`) answers a different question: it uses
 `scaled_dot_product_attention` and a fused LayerNorm, other algorithms than ours, so its
 ratio mixes the cost of the hooks with the cost of materialising the attention pattern.
-This one computes exactly what `HookedTransformer.forward` computes (the explicit
-`q k^T / scale + mask`, softmax, the unfused LayerNorm, per-head weights in circuits
-notation through the same einsums), written as one would without hooks, checks or a KV cache:
-standard positions and LN/LNPre/None norms, the configurations the bench builds.
+This one computes what `HookedTransformer.forward` computes where hooks read the
+attention scores and norms (the explicit `q k^T / scale + mask`, softmax, the unfused
+LayerNorm, per-head weights in circuits notation), written as one would without hooks, checks
+or a KV cache: standard positions and LN/LNPre/None norms, the configurations the bench
+builds. Where no hook is attached, hookedattn runs fused kernels instead (equal to it to
+float rounding).
 """
 
 import math

@@ -3,9 +3,10 @@
 Every measure is a ratio against a bare reference written here with the same weights (one
 fused qkv matmul, `scaled_dot_product_attention`, no hooks, no checks): the "physical
 limit" on this machine. The forward groups also time a second reference, hookedattn's own
-math without hook points (`_bench_same_math`: the explicit softmax over masked scores, the
-unfused LayerNorm), so that the cost of the hooks is told apart from the cost of the
-attention algorithm that they need (issue 2's targets are against this one). Contenders
+math written out without hook points (`_bench_same_math`: the explicit softmax over masked
+scores, the unfused LayerNorm: what hookedattn computes where a hook reads the scores), so
+that the cost of the hooks is told apart from the cost of the attention algorithm that they
+need. Contenders
 run interleaved in the same rounds (A B C, then C B A, ...), so a slow spell on a shared
 machine hits them all; each round gives one ratio per contender, and we report the median
 and min-max of those ratios and of the times (`_bench_timing`). Before timing, each
@@ -247,9 +248,9 @@ def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
     one_name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     with torch.no_grad():
         ref = bare(tokens)
-        # Not just close: the same operations, so the same bits as our forward.
-        if not torch.equal(same(tokens), model(tokens)):
-            raise AssertionError("the same-math reference differs from hookedattn's forward")
+        # The written-out algorithm our forward runs where a hook reads the scores; with
+        # every hook point idle our forward runs fused kernels, equal to float rounding.
+        torch.testing.assert_close(same(tokens), model(tokens), rtol=1e-4, atol=1e-4)
         group = {
             ("plain forward (bare reference)", BARE): lambda: bare(tokens),
             (SAME_MATH_MEASURE, BARE): lambda: same(tokens),
