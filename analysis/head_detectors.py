@@ -11,10 +11,15 @@ token seen once has no duplicate):
 A score means little without a reference: each result carries the score that uniform
 causal attention (`1 / (q + 1)` on each key `k <= q`) would get on the same tokens, the
 level a head that ignores its input reaches. Scores are averaged over the batch.
+
+Grouped-query attention changes nothing here (patterns are per query head). In a model
+with local (windowed) layers a head there reaches only the `window_size` latest keys, so
+ignoring its input means uniform attention over those: each such layer has its own
+baseline (`layer_baselines`).
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from einops import einsum, reduce
@@ -67,11 +72,17 @@ TARGETS: dict[str, TargetFn] = {
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class HeadScores:
-    """One score per head, `[layer head]`, and the uniform-attention `baseline` beside it."""
+    """One score per head, `[layer head]`, and the uniform-attention `baseline` beside it.
+
+    `baseline` is that of causal attention over every earlier key; `layer_baselines`, one
+    per layer, is given where layers differ in the keys they reach (local windows), and is
+    empty otherwise.
+    """
 
     scores: Float[Tensor, "layer head"]
     baseline: float
     detector: str
+    layer_baselines: tuple[float, ...] = ()
 
     def __getitem__(self, head: str | tuple[int, int]) -> float:
         """The score of one head: `scores["L1H2"]` or `scores[1, 2]`."""
@@ -111,9 +122,16 @@ class HeadScores:
 
 
 def score_patterns(
-    patterns: Float[Tensor, "layer batch head query_pos key_pos"], target: Target, detector: str
+    patterns: Float[Tensor, "layer batch head query_pos key_pos"],
+    target: Target,
+    detector: str,
+    windows: Sequence[int | None] | None = None,
 ) -> HeadScores:
-    """Score attention patterns against a target (see the module docstring)."""
+    """Score attention patterns against a target (see the module docstring).
+
+    `windows`: per layer, the attention window (`window_size` of a local layer) or None
+    (every earlier key); given with a window, the result has `layer_baselines`.
+    """
     has_target = target.sum(-1) > 0  # [batch query_pos]
     n_queries = int(has_target.sum())
     if n_queries == 0:
@@ -128,11 +146,22 @@ def score_patterns(
     )
     kept = mass * has_target[None, :, None, :]
     scores = reduce(kept, "layer batch head query_pos -> layer head", "sum") / n_queries
+    baseline = _uniform_baseline(target, has_target, None)
+    layer_baselines: tuple[float, ...] = ()
+    if windows is not None and any(w is not None for w in windows):
+        layer_baselines = tuple(_uniform_baseline(target, has_target, w) for w in windows)
+    return HeadScores(scores, baseline, detector, layer_baselines)
+
+
+def _uniform_baseline(target: Target, has_target: Tensor, window: int | None) -> float:
+    """The score of uniform attention over the keys a query reaches (all earlier ones, or
+    the `window` latest)."""
     n = target.shape[-1]
-    uniform = torch.ones(n, n, dtype=target.dtype, device=target.device).tril()
-    uniform = uniform / uniform.sum(-1, keepdim=True)
-    baseline = float((uniform * target).sum(-1)[has_target].sum()) / n_queries
-    return HeadScores(scores, baseline, detector)
+    reached = torch.ones(n, n, dtype=target.dtype, device=target.device).tril()
+    if window is not None:
+        reached = reached.triu(1 - window)
+    uniform = reached / reached.sum(-1, keepdim=True)
+    return float((uniform * target).sum(-1)[has_target].sum()) / int(has_target.sum())
 
 
 def repeated_random_tokens(
@@ -214,7 +243,12 @@ def detect_head(
             f"[batch query_pos key_pos] = {list(expected)}"
         ) from None
     dtype = patterns.dtype if patterns.dtype.is_floating_point else torch.float32
-    return score_patterns(patterns, weights.to(dtype), name)
+    cfg = model.cfg
+    windows = [
+        cfg.window_size if cfg.layer_attn_type(layer) == "local" else None
+        for layer in range(cfg.n_layers)
+    ]
+    return score_patterns(patterns, weights.to(dtype), name, windows)
 
 
 def prev_token_scores(model: HookedTransformer, cache: ActivationCache) -> HeadScores:

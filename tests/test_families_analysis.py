@@ -211,3 +211,17 @@ def test_head_detectors_score_every_query_head(name):
     pattern = torch.stack([cache["pattern", layer] for layer in range(2)])
     expected = pattern.diagonal(-1, dim1=-2, dim2=-1).mean((1, -1))
     torch.testing.assert_close(scores.scores, expected, **TOL)
+
+
+def test_heads_that_ignore_their_input_score_their_layers_baseline_in_a_windowed_model():
+    model = family_model("gemma2")
+    with torch.no_grad():
+        for block in model.blocks:  # zero queries: uniform over the keys each layer reaches
+            block.attn.W_Q.zero_()
+            block.attn.b_Q.zero_()
+    scores = detect_head(model, "previous_token", tokens=TOKENS)
+    local, full = scores.layer_baselines
+    assert full == pytest.approx(scores.baseline) and local > full  # 1/3 beats 1/(q+1)
+    for layer, baseline in enumerate(scores.layer_baselines):
+        expected = torch.full((4,), baseline, dtype=torch.float64)
+        torch.testing.assert_close(scores.scores[layer], expected, **TOL)
