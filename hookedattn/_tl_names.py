@@ -74,6 +74,42 @@ MODEL: dict[str, str] = {
 
 TABLES: dict[str, dict[str, str]] = {"ActivationCache": CACHE, "HookedTransformer": MODEL}
 
+# Keyword arguments of TransformerLens's methods that ours do not take.
+KEYWORDS: dict[str, str] = {
+    "return_cache_object": "run_with_cache always returns an ActivationCache (dict(cache) "
+    "is a dict)",
+    "prepend_bos": "tokenize first: model.to_tokens(text, prepend_bos=...)",
+    "padding_side": "tokenize first: model.tokenize(text, padding_side=...), and pass its "
+    "attention_mask",
+    "shortformer_pos_embed": "nothing: there are no shortformer positional embeddings here",
+    "freq_penalty": "nothing in the core generator; hookedattn_tl's generate has it",
+    "verbose": "nothing: generate shows no progress bar",
+    "fold_ln": "hookedattn.process_weights(model, fold_ln=...) after loading (from_pretrained "
+    "loads the weights as saved)",
+    "center_writing_weights": "hookedattn.process_weights(model, center_writing_weights=...)",
+    "center_unembed": "hookedattn.process_weights(model, center_unembed=...)",
+    "fold_value_biases": "hookedattn.process_weights(model, fold_value_biases=...)",
+    "refactor_factored_attn_matrices": "model.QK and model.OV",
+    "hf_model": "HookedTransformer.from_hf(hf_model)",
+    "dtype": "model.to(dtype) after loading",
+    "default_padding_side": "model.to_tokens(text, padding_side=...) at each call",
+    "default_prepend_bos": "model.to_tokens(text, prepend_bos=...) at each call",
+}
+
+
+def unexpected_keywords(function: str, names: list[str]) -> str:
+    """The `TypeError` message for keyword arguments `function` does not take, with what
+    to write instead of each of TransformerLens's."""
+    parts = [f"{function}() got unexpected keyword arguments {sorted(names)}"]
+    parts += [
+        f"{name!r} is TransformerLens's: use {KEYWORDS[name]}"
+        for name in sorted(names)
+        if name in KEYWORDS
+    ]
+    if len(parts) > 1:
+        parts.append(_FACADE)
+    return "; ".join(parts)
+
 
 def missing_attribute(class_name: str, name: str) -> str:
     """The `AttributeError` message for `name` on our `class_name`: the replacement when

@@ -5,7 +5,14 @@ import torch
 from torch import nn
 
 import hookedattn
-from hookedattn._tl_names import CACHE, MODEL, TLNamesMixin, missing_attribute
+from hookedattn._tl_names import (
+    CACHE,
+    KEYWORDS,
+    MODEL,
+    TLNamesMixin,
+    missing_attribute,
+    unexpected_keywords,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +55,10 @@ def test_the_model_mixin_names_tl_model_methods():
     with pytest.raises(AttributeError, match="'HookedTransformer' object has no attribute 'x'$"):
         model.x
     assert all(missing_attribute("HookedTransformer", name).count(MODEL[name]) for name in MODEL)
+
+
+def test_unexpected_tl_keywords_name_their_replacement():
+    message = unexpected_keywords("run_with_cache", ["return_cache_object", "bogus"])
+    assert "['bogus', 'return_cache_object']" in message
+    assert KEYWORDS["return_cache_object"] in message and "hookedattn_tl" in message
+    assert "TransformerLens" not in unexpected_keywords("forward", ["bogus"])
