@@ -205,7 +205,9 @@ class HookedTransformerConfig:
                     )
                 set_(missing, self.d_model // getattr(self, known))
         kv = self.n_key_value_heads
-        if kv is not None and self.n_heads % kv:
+        if kv == self.n_heads:  # one key/value head per query head: no grouping
+            set_("n_key_value_heads", None)
+        elif kv is not None and self.n_heads % kv:
             raise ValueError(
                 f"n_key_value_heads={kv} must divide n_heads={self.n_heads}: each key/value "
                 f"head serves a whole group of query heads"

@@ -320,7 +320,7 @@ class GroupedQueryAttention(Attention):
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """Attention with one key/value head per query head, or grouped."""
-    grouped = cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads
+    grouped = cfg.n_key_value_heads is not None  # None when it equals n_heads
     return (GroupedQueryAttention if grouped else Attention)(cfg, layer)
 
 
