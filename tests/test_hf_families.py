@@ -237,3 +237,19 @@ def test_left_padded_generation_equals_hf_generate(pair32):
         tokens, max_new_tokens=8, do_sample=False, stop_at_eos=False, attention_mask=mask
     )
     assert torch.equal(ours, expected)
+
+
+def test_a_saved_directory_loads_like_the_live_model(pair32, tmp_path):
+    pair32.hf.save_pretrained(tmp_path)
+    loaded = HookedTransformer.from_hf(tmp_path)
+    assert loaded.cfg == pair32.ours.cfg.replace(model_name=loaded.cfg.model_name)
+    ours = pair32.ours.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
+
+
+def test_the_import_shares_no_memory_with_the_hf_model(pair32):
+    hf_pointers = {t.untyped_storage().data_ptr() for t in pair32.hf.state_dict().values()}
+    for name, tensor in pair32.ours.state_dict().items():
+        assert tensor.untyped_storage().data_ptr() not in hf_pointers, name

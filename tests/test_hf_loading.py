@@ -1,0 +1,159 @@
+"""`from_hf` on directories, dtypes and bad input: sharded and bfloat16 checkpoints load, a
+bfloat16 checkpoint loaded as bfloat16 never passes through float32, and what cannot be
+imported (a family, a rotary scaling, a checkpoint that does not match its config) is
+refused by name. Each family's directory against its live model is in test_hf_families."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hookedattn import CheckpointError, HookedTransformer
+from hookedattn.hf import SUPPORTED_ARCHITECTURES
+
+transformers = pytest.importorskip("transformers")
+
+TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29]])
+
+
+def make_llama(**overrides):
+    config = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation="eager", initializer_range=0.3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config | overrides)).eval()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_llama()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(llama, tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    llama.save_pretrained(path)
+    return path
+
+
+def test_a_sharded_directory_loads_like_one_file(llama, llama_dir, tmp_path):
+    llama.save_pretrained(tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    sharded, whole = HookedTransformer.from_hf(tmp_path), HookedTransformer.from_hf(llama_dir)
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(sharded.state_dict()[name], tensor), name
+
+
+def test_a_directory_loads_in_its_stored_dtype_unless_told(llama, tmp_path):
+    llama.to(torch.bfloat16).save_pretrained(tmp_path)
+    llama.to(torch.float32)
+    assert HookedTransformer.from_hf(tmp_path).cfg.dtype == torch.bfloat16
+    as_float32 = HookedTransformer.from_hf(tmp_path, dtype=torch.float32)
+    assert as_float32.cfg.dtype == torch.float32
+    assert as_float32.W_Q.dtype == torch.float32
+
+
+class _LargeFloat32Tensors(TorchDispatchMode):
+    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
+            if wide and t.numel() >= self.numel:
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(llama, tmp_path):
+    llama.to(torch.bfloat16).save_pretrained(tmp_path)
+    llama.to(torch.float32)
+    # The smallest weight matrix: no float32 tensor that large may appear while loading.
+    smallest = 32 * 16  # d_model x (kv_head d_head)
+    with _LargeFloat32Tensors(smallest) as recorder:
+        model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
+    assert recorder.seen == []
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    W_K = stored["model.layers.1.self_attn.k_proj.weight"]  # [(kv_head d_head) d_model]
+    assert torch.equal(model.blocks[1].attn._W_K[1, :, 3], W_K[8 + 3])
+
+
+def test_a_hub_name_without_a_directory_says_to_pass_one():
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded.*pass a directory"):
+        HookedTransformer.from_hf("meta-llama/Llama-3.2-1B")
+
+
+def test_a_directory_without_safetensors_is_refused(llama, tmp_path):
+    llama.config.save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors in .*reads safetensors only"):
+        HookedTransformer.from_hf(tmp_path)
+
+
+def test_a_checkpoint_that_does_not_match_its_config_is_listed(llama_dir, tmp_path):
+    tensors = load_file(str(llama_dir / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    tensors["model.layers.0.self_attn.rotary.weight"] = torch.zeros(3)
+    tensors["model.norm.weight"] = torch.zeros(5)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    with pytest.raises(CheckpointError) as error:
+        HookedTransformer.from_hf(tmp_path)
+    message = str(error.value)
+    assert "the Llama state dict does not match its config" in message
+    assert "missing ['model.layers.1.mlp.up_proj.weight']" in message
+    assert "unexpected ['model.layers.0.self_attn.rotary.weight']" in message
+    assert "model.norm.weight: (5,) instead of (32,)" in message
+
+
+def test_an_untied_model_needs_its_unembedding(llama_dir, tmp_path):
+    tensors = load_file(str(llama_dir / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=r"missing \['lm_head.weight'\]"):
+        HookedTransformer.from_hf(tmp_path)
+
+
+def test_a_base_model_without_its_head_says_what_to_pass(llama):
+    with pytest.raises(ValueError, match="for llama, pass the LlamaForCausalLM"):
+        HookedTransformer.from_hf(llama.model)
+
+
+def test_an_unsupported_family_lists_the_supported_ones():
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )  # fmt: skip
+    with pytest.raises(ValueError) as error:
+        HookedTransformer.from_hf(bert)
+    assert "cannot import BertModel (model_type='bert')" in str(error.value)
+    assert ", ".join(SUPPORTED_ARCHITECTURES) in str(error.value)
+    assert len(SUPPORTED_ARCHITECTURES) == 8
+
+
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [
+        (dict(rope_type="dynamic", rope_theta=1e4, factor=2.0), "rope_type 'dynamic'"),
+        (dict(rope_type="yarn", rope_theta=1e4, factor=2.0), "rope_type 'yarn'"),
+    ],
+)
+def test_rotary_scalings_we_cannot_express_are_named(rope, message):
+    with pytest.raises(ValueError, match=f"{message}.*supported: default, linear, llama3"):
+        HookedTransformer.from_hf(make_llama(num_hidden_layers=1, rope_parameters=rope))
+
+
+def test_a_gated_mlp_with_biases_is_refused():
+    with pytest.raises(ValueError, match="mlp_bias=True"):
+        HookedTransformer.from_hf(make_llama(num_hidden_layers=1, mlp_bias=True))
