@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         results["throughput_gpt2_small"] = throughput(
             gpt2_small_shape(),
             "blocks.6.hook_resid_pre",
-            1024 if quick else 8192,
+            1024 if quick else 4096,
             128,
             2 if quick else 3,
         )
