@@ -19,12 +19,14 @@ from analysis import (
     decompose_resid,
     detect_head,
     direct_logit_attribution,
+    full_ov_circuit,
     full_qk_circuit,
     head_source_contributions,
     logit_lens,
     qk_circuit,
 )
 from analysis.head_results import head_writes
+from hookedattn.kv_cache import KeyValueCache
 from hookedattn.testing import assert_residual_identities
 from hookedattn.tolerances import tolerance
 
@@ -225,3 +227,27 @@ def test_heads_that_ignore_their_input_score_their_layers_baseline_in_a_windowed
     for layer, baseline in enumerate(scores.layer_baselines):
         expected = torch.full((4,), baseline, dtype=torch.float64)
         torch.testing.assert_close(scores.scores[layer], expected, **TOL)
+
+
+def test_the_full_ov_circuit_linearises_the_norm_after_the_attention_too():
+    model, _, cache = family_run("gemma2")
+    block, W = model.blocks[1], lambda t: t.detach()
+    mean = lambda name: cache[name].mean()
+    reads = W(model.W_E) * W(block.ln1.w) / mean("blocks.1.ln1.hook_scale")
+    writes = W(model.W_O[1, 2]) * W(block.ln1_post.w) / mean("blocks.1.ln1_post.hook_scale")
+    unembed = (W(model.ln_final.w) / mean("ln_final.hook_scale"))[:, None] * W(model.W_U)
+    expected = reads @ W(model.W_V[1, 2]) @ writes @ unembed
+    folded = full_ov_circuit(model, 1, 2, fold_ln_scale=cache)
+    torch.testing.assert_close(folded.AB.detach(), expected, **TOL)
+
+
+def test_identities_hold_when_a_windowed_model_continues_from_its_kv_cache():
+    model, _, _ = family_run("gemma2")
+    past = KeyValueCache.empty(model.cfg, batch=2)
+    with torch.no_grad():
+        model(TOKENS[:, :5], past_kv_cache=past)
+        _, cache = model.run_with_cache(TOKENS[:, 5:], past_kv_cache=past)
+    check = assert_residual_identities(model, cache)
+    assert "blocks.0.attn.hook_pattern is 0 on keys 3 or more positions before the query" in (
+        check.checked
+    )
