@@ -131,116 +131,135 @@
   }
 
   // ------------------------------------------------------------------ attention
-  function attentionView(root, d) {
-    const n = d.tokens.length, nHeads = d.n_heads;
-    const flat = decodeFloat32(d.patterns.base64);
+  /* The page's patterns: its heads in order (L0H0, L0H1, ...) and weight(m, q, k) of head m. */
+  function patternStore(d) {
+    const n = d.tokens.length, flat = decodeFloat32(d.patterns.base64);
     const triangle = d.patterns.triangle, perHead = triangle ? (n * (n + 1)) / 2 : n * n;
-    const heads = d.layers.flatMap((layer) => [...Array(nHeads).keys()].map((h) => ({ layer: layer, head: h, label: `L${layer}H${h}` })));
+    const heads = d.layers.flatMap((layer) => [...Array(d.n_heads).keys()].map((h) => ({ layer: layer, head: h, label: `L${layer}H${h}` })));
+    // A causal pattern is stored as its lower triangle: row q holds keys 0..q.
     const weight = (m, q, k) => (triangle ? (k > q ? 0 : flat[m * perHead + (q * (q + 1)) / 2 + k]) : flat[m * perHead + q * n + k]);
-    const state = { m: d.start.index, grid: d.start.grid, mode: "query", pinned: null, focus: null };
+    const describe = (m, q, k) => `${heads[m].label}  query ${q} ${quoted(d.tokens[q])} \u2192 key ${k} ${quoted(d.tokens[k])}: ${exact(weight(m, q, k))}`;
+    return { n: n, heads: heads, weight: weight, describe: describe };
+  }
 
-    const layerSelect = select("layer", d.layers.map((l) => [l, `layer ${l}`]), heads[state.m].layer, () => pick());
-    const headSelect = select("head", [...Array(nHeads).keys()].map((h) => [h, `head ${h}`]), heads[state.m].head, () => pick());
-    const gridBox = el("input", { type: "checkbox", id: "all-heads" });
-    gridBox.checked = state.grid;
-    gridBox.addEventListener("change", () => { state.grid = gridBox.checked; draw(); });
-    const modeSelect = select("mode", [["query", "attention paid (token as query)"], ["key", "attention received (token as key)"]], state.mode, (v) => { state.mode = v; colour(); });
-    const controls = el("div", { class: "controls" });
+  /* One head's pattern as a small canvas, exact values on hover; a click picks the head. */
+  function thumbnail(store, m, side, onPick) {
+    const n = store.n, label = store.heads[m].label;
+    const figure = el("figure", { class: "thumb", "data-head": label });
+    const canvas = el("canvas", { width: n, height: n });
+    canvas.style.width = canvas.style.height = side + "px";
+    const context = canvas.getContext("2d"), image = context.createImageData(n, n);
+    for (let q = 0; q < n; q++) {
+      for (let k = 0; k < n; k++) image.data.set([29, 78, 216, Math.round(255 * store.weight(m, q, k))], 4 * (q * n + k));
+    }
+    context.putImageData(image, 0, 0);
+    const cell = (offset) => Math.min(n - 1, Math.floor((offset / side) * n));
+    canvas.addEventListener("mousemove", (event) => showTip(event, store.describe(m, cell(event.offsetY), cell(event.offsetX))));
+    canvas.addEventListener("mouseleave", hideTip);
+    figure.addEventListener("click", () => onPick(m));
+    figure.append(canvas, el("figcaption", {}, label));
+    return figure;
+  }
+
+  /* Every token's weight from (as the query) or to (as the key) the focused token f. */
+  function focusWeights(store, m, f, mode) {
+    return [...Array(store.n).keys()].map((j) => (mode === "query" ? store.weight(m, f, j) : store.weight(m, j, f)));
+  }
+
+  function focusSummary(store, tokens, m, f, mode, weights) {
+    const top = [...weights.keys()].sort((a, b) => weights[b] - weights[a]).slice(0, 3);
+    const named = top.map((j) => `${j} ${quoted(tokens[j])} ${exact(weights[j])}`).join(", ");
+    const role = mode === "query" ? "pays most to" : "receives most from";
+    return `${store.heads[m].label}: token ${f} ${quoted(tokens[f])} ${role} ${named}`;
+  }
+
+  /* Each token's background by its weight (and the weight in data-weight), or plain. */
+  function colourTokens(spans, focus, weights) {
+    spans.forEach((span, j) => {
+      span.classList.toggle("focus", j === focus);
+      const w = weights === null ? null : weights[j];
+      span.style.backgroundColor = w === null ? "" : `rgba(29, 78, 216, ${Math.max(0, Math.min(1, w))})`;
+      span.classList.toggle("dark", w !== null && w > 0.5);
+      if (w === null) span.removeAttribute("data-weight");
+      else span.setAttribute("data-weight", String(w));
+    });
+  }
+
+  function attentionControls(d, store, state, redraw) {
+    const nHeads = d.n_heads;
+    const layer = select("layer", d.layers.map((l) => [l, `layer ${l}`]), store.heads[state.m].layer, () => pick());
+    const head = select("head", [...Array(nHeads).keys()].map((h) => [h, `head ${h}`]), store.heads[state.m].head, () => pick());
+    const grid = el("input", { type: "checkbox", id: "all-heads" });
+    grid.checked = state.grid;
+    grid.addEventListener("change", () => { state.grid = grid.checked; redraw(); });
+    const modes = [["query", "attention paid (token as query)"], ["key", "attention received (token as key)"]];
+    const mode = select("mode", modes, state.mode, (v) => { state.mode = v; redraw(); });
     const gridLabel = el("label", {}, " all heads");
-    gridLabel.prepend(gridBox);
-    controls.append(labelled("show", layerSelect), headSelect, gridLabel, labelled("colour tokens by", modeSelect));
+    gridLabel.prepend(grid);
+    const node = el("div", { class: "controls" });
+    node.append(labelled("show", layer), head, gridLabel, labelled("colour tokens by", mode));
+    function pick() {
+      state.m = d.layers.indexOf(Number(layer.value)) * nHeads + Number(head.value);
+      state.grid = false;
+      redraw();
+    }
+    /* The controls showing the state, after a change made elsewhere (a thumbnail's click). */
+    function sync() {
+      layer.value = String(store.heads[state.m].layer);
+      head.value = String(store.heads[state.m].head);
+      grid.checked = state.grid;
+    }
+    return { node: node, sync: sync };
+  }
 
+  function attentionView(root, d) {
+    const store = patternStore(d), n = store.n;
+    const state = { m: d.start.index, grid: d.start.grid, mode: "query", pinned: null, focus: null };
+    const controls = attentionControls(d, store, state, draw);
     const strip = tokenStrip(
       d.tokens,
       (i) => { state.focus = i; colour(); },
       () => { state.focus = state.pinned; colour(); },
       (i) => { state.pinned = state.pinned === i ? null : i; state.focus = state.pinned; colour(); },
     );
-    const info = el("div", { class: "info", id: "info" }, "hover over a token, or click it to keep it");
-    const describe = (q, k) => `${heads[state.m].label}  query ${q} ${quoted(d.tokens[q])} \u2192 key ${k} ${quoted(d.tokens[k])}: ${exact(weight(state.m, q, k))}`;
-    const map = heatmap(d.tokens.map(visible), d.tokens.map(visible), { id: "pattern", xTitle: "key (attended to)", yTitle: "query (attending)", describe: describe });
+    const info = el("div", { class: "info", id: "info" });
+    const ticks = d.tokens.map(visible);
+    const map = heatmap(ticks, ticks, { id: "pattern", xTitle: "key (attended to)", yTitle: "query (attending)", describe: (q, k) => store.describe(state.m, q, k) });
     map.node.querySelector(".cells").setAttribute("fill", "rgb(29, 78, 216)");  // one hue; opacity is the weight
     const title = el("div", { class: "info", id: "current" });
     const single = el("figure", { class: "single" });
     single.append(title, map.node);
     const grid = el("div", { class: "grid", id: "grid" });
-    grid.style.gridTemplateColumns = `repeat(${nHeads}, max-content)`;
-    const thumbs = heads.map((h, m) => thumbnail(h, m));
+    grid.style.gridTemplateColumns = `repeat(${d.n_heads}, max-content)`;  // a row per layer
+    const side = Math.max(48, Math.min(160, 2 * n, Math.floor(1100 / d.n_heads) - 10));
+    const thumbs = store.heads.map((h, m) => thumbnail(store, m, side, (picked) => { state.m = picked; state.grid = false; draw(); }));
+    grid.append(...thumbs);
     const views = el("div", { class: "views" });
     views.append(single, grid);
-    root.append(el("h1", {}, d.title), controls, strip.node, info, views);
-
-    function pick() {
-      state.m = d.layers.indexOf(Number(layerSelect.value)) * nHeads + Number(headSelect.value);
-      state.grid = false;
-      gridBox.checked = false;
-      draw();
-    }
-
-    function thumbnail(h, m) {
-      const figure = el("figure", { class: "thumb", "data-head": h.label });
-      const canvas = el("canvas", { width: n, height: n });
-      // One row of thumbnails per layer, about 1100px wide at most.
-      const side = Math.max(48, Math.min(160, 2 * n, Math.floor(1100 / nHeads) - 10));
-      canvas.style.width = canvas.style.height = side + "px";
-      const context = canvas.getContext("2d"), image = context.createImageData(n, n);
-      for (let q = 0; q < n; q++) {
-        for (let k = 0; k < n; k++) {
-          const at = 4 * (q * n + k);
-          image.data.set([29, 78, 216, Math.round(255 * weight(m, q, k))], at);
-        }
-      }
-      context.putImageData(image, 0, 0);
-      canvas.addEventListener("mousemove", (event) => {
-        const k = Math.min(n - 1, Math.floor((event.offsetX / side) * n)), q = Math.min(n - 1, Math.floor((event.offsetY / side) * n));
-        showTip(event, `${h.label}  query ${q} ${quoted(d.tokens[q])} \u2192 key ${k} ${quoted(d.tokens[k])}: ${exact(weight(m, q, k))}`);
-      });
-      canvas.addEventListener("mouseleave", hideTip);
-      figure.addEventListener("click", () => { state.m = m; state.grid = false; gridBox.checked = false; draw(); });
-      figure.append(canvas, el("figcaption", {}, h.label));
-      grid.append(figure);
-      return figure;
-    }
+    root.append(el("h1", {}, d.title), controls.node, strip.node, info, views);
 
     function draw() {
-      const h = heads[state.m];
-      layerSelect.value = String(h.layer);
-      headSelect.value = String(h.head);
-      title.textContent = `${h.label}: pattern[query, key], each row sums to 1`;
+      const label = store.heads[state.m].label;
+      controls.sync();
+      title.textContent = `${label}: pattern[query, key], each row sums to 1`;
       map.rects.forEach((rect, i) => {
-        const v = weight(state.m, Math.floor(i / n), i % n);
+        const v = store.weight(state.m, Math.floor(i / n), i % n);
         rect.setAttribute("fill-opacity", String(Math.max(0, Math.min(1, v))));
         rect.setAttribute("data-value", String(v));
       });
       single.hidden = state.grid;
       grid.hidden = !state.grid;
       thumbs.forEach((t, m) => t.classList.toggle("selected", m === state.m));
-      document.body.dataset.head = h.label;
+      document.body.dataset.head = label;
       colour();
     }
 
     function colour() {
-      const f = state.focus, h = heads[state.m];
-      strip.spans.forEach((span, j) => {
-        span.classList.toggle("focus", j === f);
-        if (f === null) {
-          span.style.backgroundColor = "";
-          span.classList.remove("dark");
-          span.removeAttribute("data-weight");
-          return;
-        }
-        const w = state.mode === "query" ? weight(state.m, f, j) : weight(state.m, j, f);
-        span.style.backgroundColor = `rgba(29, 78, 216, ${Math.max(0, Math.min(1, w))})`;
-        span.classList.toggle("dark", w > 0.5);
-        span.setAttribute("data-weight", String(w));
-      });
+      const f = state.focus;
+      const weights = f === null ? null : focusWeights(store, state.m, f, state.mode);
+      colourTokens(strip.spans, f, weights);
       map.outline(state.mode === "query" ? "row" : "column", f);
-      if (f === null) { info.textContent = "hover over a token, or click it to keep it"; return; }
-      const others = [...Array(n).keys()].map((j) => [j, state.mode === "query" ? weight(state.m, f, j) : weight(state.m, j, f)]);
-      others.sort((a, b) => b[1] - a[1]);
-      const top = others.slice(0, 3).map(([j, w]) => `${j} ${quoted(d.tokens[j])} ${exact(w)}`).join(", ");
-      const role = state.mode === "query" ? "pays most to" : "receives most from";
-      info.textContent = `${h.label}: token ${f} ${quoted(d.tokens[f])} ${role} ${top}`;
+      info.textContent = f === null ? "hover over a token, or click it to keep it" : focusSummary(store, d.tokens, state.m, f, state.mode, weights);
     }
 
     draw();
