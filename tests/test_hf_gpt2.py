@@ -126,6 +126,14 @@ def test_a_local_directory_loads_like_the_model(tmp_path, hf32, ours32):
     assert loaded.tokenizer is None  # no tokenizer saved there: token ids only
 
 
+def test_a_directory_of_base_model_names_loads_like_the_model(tmp_path, hf32, ours32):
+    # The original GPT-2 files store the base model's names (`h.0.attn.c_attn.weight`,
+    # `wte.weight`), with the unembedding tied to the embedding.
+    hf32.transformer.save_pretrained(tmp_path)
+    loaded = HookedTransformer.from_hf(tmp_path)
+    torch.testing.assert_close(loaded(TOKENS), ours32(TOKENS), rtol=0, atol=0)
+
+
 def test_a_local_directory_brings_its_tokenizer(tmp_path, hf32):
     from tokenizers import Tokenizer, models, pre_tokenizers
 

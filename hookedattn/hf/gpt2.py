@@ -104,6 +104,7 @@ def gpt2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = Non
         aliases=tied_unembedding(hf_config, "transformer.wte.weight"),
         ignored=_IGNORED,
         label="GPT-2",
+        base_prefix="transformer.",
     )
 
 

@@ -86,6 +86,8 @@ def build(
     with torch.no_grad():
         converted = dict(convert(table, tensors, cfg, cfg.dtype, cfg.device))
     model.load_state_dict(converted, strict=True, assign=True)
+    # The config describes the model as it now is: one built from it is initialised.
+    model.cfg = cfg
     return model
 
 

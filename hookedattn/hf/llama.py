@@ -89,6 +89,7 @@ def llama_like_table(
         aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
         ignored=(r"rotary_emb\.inv_freq$",),  # saved by older versions; derived from config
         label=label,
+        base_prefix="model.",
     )
 
 

@@ -91,6 +91,7 @@ def neox_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = Non
         # Causal masks and rotary frequencies that older checkpoints saved.
         ignored=(r"\.attention\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$"),
         label="GPT-NeoX",
+        base_prefix="gpt_neox.",
     )
 
 

@@ -134,6 +134,9 @@ class Table:
     # HF names that carry no weights (masks, rotary frequencies older versions saved).
     ignored: tuple[str, ...] = ()
     label: str = "HF"
+    # The base model's prefix ("transformer.", "model."): a checkpoint of the base model
+    # (as the original GPT-2 files are) stores every name without it.
+    base_prefix: str = ""
 
     def source_names(self, present: Mapping[str, object]) -> dict[str, str]:
         """For each HF name the rules read, the name it is stored under in `present`."""
@@ -141,7 +144,8 @@ class Table:
         for rule in self.rules:
             if rule.hf is None:
                 continue
-            candidates = (rule.hf, *self.aliases.get(rule.hf, ()))
+            names = (rule.hf, *self.aliases.get(rule.hf, ()))
+            candidates = (*names, *(n.removeprefix(self.base_prefix) for n in names))
             found[rule.hf] = next((c for c in candidates if c in present), rule.hf)
         return found
 
