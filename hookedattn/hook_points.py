@@ -20,9 +20,10 @@ the later point's hooks see the gradient first, and what they return is what the
 point's hooks (and its cached `_grad`) see.
 
 Threads: hooks attached for a scope (`hooks()`, `run_with_hooks`, `run_with_cache`) belong
-to the thread that attached them. A forward in another thread that reaches one of them
-raises a `RuntimeError` instead of running it, so two threads never see each other's scoped
-hooks; hooks attached with `add_hook` belong to the model and run in every thread.
+to the thread that attached them. A forward in another thread that would run one of them
+raises a `RuntimeError` instead, so two threads never see each other's scoped hooks; hooks
+attached with `add_hook` belong to the model and run in every thread. (Under
+`torch.compile` the thread is read when the graph is traced.)
 """
 
 import contextlib
@@ -31,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from hookedattn import names as _names
@@ -149,7 +151,7 @@ class HookPoint(nn.Module):
         object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
 
     def _run_hooks(self, x: Tensor) -> Tensor:
-        thread = threading.get_ident()
+        thread = _current_thread()
         for handle in tuple(self._fwd):
             if handle.thread is not None and handle.thread != thread:
                 raise RuntimeError(self._foreign_hook_message(handle))
@@ -195,6 +197,14 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+# torch.compile cannot trace threading.get_ident (it would split the graph at every hook
+# point); marked constant, it is read once when the graph is traced. In eager mode the mark
+# costs nothing: the function is returned as it is.
+@torch.compiler.assume_constant_result
+def _current_thread() -> int:
+    return threading.get_ident()
 
 
 @dataclasses.dataclass(frozen=True)
