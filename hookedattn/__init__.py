@@ -16,7 +16,7 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 `W_Q, W_K, W_V: [head d_model d_head]`, `W_O: [head d_head d_model]`.
 """
 
-from hookedattn.cache import ActivationCache
+from hookedattn.cache import ActivationCache, CacheEditedError
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.factored_matrix import SVD, FactoredMatrix
 from hookedattn.generation import Generated, GenerationStep, Sampling
@@ -43,6 +43,7 @@ __all__ = [
     "SVD",
     "ActivationCache",
     "ByteTokenizer",
+    "CacheEditedError",
     "CharTokenizer",
     "CheckpointError",
     "FactoredMatrix",
