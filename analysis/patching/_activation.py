@@ -1,7 +1,5 @@
 """Activation patching: every component of one kind, patched one at a time, batched."""
 
-from torch import Tensor
-
 from analysis.patching._components import component_grid, component_masks
 from analysis.patching._engine import Edit, base_run, sweep
 from analysis.patching._inputs import (
@@ -20,9 +18,10 @@ def activation_patch(
     model: HookedTransformer,
     kind: str = "z",
     *,
-    # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
-    clean_tokens: Tensor,
-    corrupted_tokens: Tensor,
+    # [batch pos] token ids, loosely annotated so that a mismatch (a cache passed in
+    # TransformerLens's order, a wrong dtype or shape) gets our own message.
+    clean_tokens: object,
+    corrupted_tokens: object,
     metric: Metric,
     by_pos: bool | None = None,
     direction: str = "denoising",  # or "noising"

@@ -59,9 +59,10 @@ def attribution_patch(
     model: HookedTransformer,
     kinds: str | Sequence[str] | None = None,
     *,
-    # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
-    clean_tokens: Tensor,
-    corrupted_tokens: Tensor,
+    # [batch pos] token ids, loosely annotated so that a mismatch (a cache passed in
+    # TransformerLens's order, a wrong dtype or shape) gets our own message.
+    clean_tokens: object,
+    corrupted_tokens: object,
     metric: Metric,
     by_pos: bool | None = None,
     direction: str = "denoising",

@@ -2,18 +2,20 @@
 
 The planner weighs fewer, larger passes (less fixed cost per forward call: Python, hook
 dispatch, kernel launches) against the rows they waste. Neither side is a constant: the
-fixed cost and the time per multiply-add are measured once per device, dtype and width,
-at a few sizes (a CPU gets slower per row once a pass outgrows its caches; an
+fixed cost and the time per row are measured once per configuration and sequence
+length, at a few sizes (a CPU gets slower per row once a pass outgrows its caches; an
 accelerator faster).
 """
 
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
 from hookedattn import HookedTransformer
+from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 
 
 def itemsize(model: HookedTransformer) -> int:
@@ -64,75 +66,87 @@ def _sysconf(name: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PassCost:
-    """Measured: `call_s` seconds per forward call of a block, and `flop_s[i]` seconds per
-    multiply-add in a pass of `rows[i]` rows (the planner reads the nearest size)."""
+    """Measured: `pass_s` seconds per pass beyond its blocks' work (a whole pass of one
+    position through one block: building it, its calls, its logits); `call_s` per further
+    block call; `row_s[i]` per position a block runs, in passes of about `rows[i]`
+    positions (the nearest size is read); `key_s` per earlier position a sequence holds
+    in a block's KV cache."""
 
+    pass_s: float
     call_s: float
     rows: tuple[int, ...]
-    flop_s: tuple[float, ...]
+    row_s: tuple[float, ...]
+    key_s: float
 
-    def seconds(self, calls: int, rows: int, flops: int) -> float:
-        """Estimated time of `calls` forward calls that run `rows` rows, `flops` in all."""
+    def seconds(self, calls: int, rows: float, keys: int) -> float:
+        """Estimated time of `calls` block calls that run `rows` rows holding `keys` keys."""
         i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
-        return calls * self.call_s + flops * self.flop_s[i]
+        return self.pass_s + (calls - 1) * self.call_s + rows * self.row_s[i] + keys * self.key_s
 
 
 _MEASURED: dict[tuple, PassCost] = {}
 
 
-def pass_cost(model: HookedTransformer) -> PassCost:
-    """The measured `PassCost` for `model`'s device, dtype and widths (memoised).
+def pass_cost(
+    model: HookedTransformer, n_pos: int, time_pass: Callable[[HookedTransformer, int], float]
+) -> PassCost:
+    """The measured `PassCost` of `model`'s blocks on `n_pos` positions (memoised).
 
-    Measured apart from `model`, whose hooks must see only the sweep's own passes: the
-    fixed cost on a one-layer stand-in of our blocks, the time per multiply-add on a
-    product as wide as `model`'s attention, at row counts from 64 up to ~10 ms of work.
+    Measured on a one-block stand-in of the same configuration, so that hooks attached
+    to `model` see only the sweep's own passes: `time_pass(stand_in, n_pos)` (the best
+    time of a whole pass of one variant, one position); one position through the block;
+    ever more sequences of `n_pos` until a call takes about 10 ms; and sequences of one
+    position after a KV cache of the `n_pos - 1` before, built as a pass builds it.
     """
-    cfg = model.cfg
-    key = (str(cfg.device), cfg.dtype, cfg.d_model, cfg.n_heads * cfg.d_head)
-    key += (torch.get_num_threads(),)
+    cfg = dataclasses.replace(model.cfg, n_layers=1)
+    key = (repr(cfg), n_pos, torch.get_num_threads())
     if key not in _MEASURED:
-        _MEASURED[key] = PassCost(_call_seconds(cfg.device, cfg.dtype), *_flop_seconds(model))
+        stand_in = HookedTransformer(cfg)
+        _MEASURED[key] = _measure(stand_in, n_pos, time_pass(stand_in, n_pos))
     return _MEASURED[key]
 
 
-def _call_seconds(device: str | torch.device, dtype: torch.dtype) -> float:
-    # Imported here: the stand-in is built once per device and dtype.
-    from hookedattn import HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=1, d_head=8, n_ctx=4, d_vocab=4, attn_only=True,
-        device=str(device), dtype=dtype, seed=0,
-    )  # fmt: skip
-    stand_in = HookedTransformer(cfg)
-    resid = torch.zeros(1, 1, 8, dtype=dtype, device=device)
-    return _best_seconds(lambda: stand_in(resid, start_at_layer=0, stop_at_layer=1), resid)
-
-
-def _flop_seconds(model: HookedTransformer) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    cfg = model.cfg
-    width = 4 * cfg.n_heads * cfg.d_head
-    weight = torch.zeros(cfg.d_model, width, dtype=cfg.dtype, device=cfg.device)
-    rows, flop_s = [], []
-    n_rows = 64
+def _measure(stand_in: HookedTransformer, n_pos: int, pass_s: float) -> PassCost:
+    call_s = _best_seconds(stand_in, 1, 1, 0)
+    rows, row_s = [], []
+    n_seq = 1
     while True:
-        x = torch.zeros(n_rows, cfg.d_model, dtype=cfg.dtype, device=cfg.device)
-        seconds = _best_seconds(lambda x=x: x @ weight, x)
-        rows.append(n_rows)
-        flop_s.append(max(seconds, 1e-12) / (n_rows * cfg.d_model * width))
-        if seconds > 0.01 or n_rows >= 2**20:
-            return tuple(rows), tuple(flop_s)
-        n_rows *= 4
+        seconds = _best_seconds(stand_in, n_seq, n_pos, 0)
+        rows.append(n_seq * n_pos)
+        row_s.append(max(seconds - call_s, 0.0) / (n_seq * n_pos))
+        if seconds > 0.01 or n_seq >= 2**12:
+            break
+        n_seq *= 4
+    n_seq, n_past = max(1, rows[-1] // n_pos), n_pos - 1
+    with_keys = _best_seconds(stand_in, n_seq, 1, n_past)
+    key_s = max(with_keys - _best_seconds(stand_in, n_seq, 1, 0), 0.0) / (n_seq * max(n_past, 1))
+    return PassCost(pass_s, call_s, tuple(rows), tuple(row_s), key_s)
 
 
-def _best_seconds(fn, like: torch.Tensor) -> float:
+def _best_seconds(stand_in: HookedTransformer, n_seq: int, n_pos: int, n_past: int) -> float:
+    cfg = stand_in.cfg
+    like = dict(dtype=cfg.dtype, device=cfg.device)
+    resid = torch.randn(n_seq, n_pos, cfg.d_model, **like)
+    keys = torch.randn(1, n_past, cfg.n_heads, cfg.d_head, **like)
+
+    def run() -> None:
+        past = None
+        if n_past:
+            # As a pass builds it: copied per sequence, every sequence masked differently.
+            k, v = (keys.repeat(n_seq, 1, 1, 1) for _ in range(2))
+            entry = KeyValueCacheEntry(k, v, frozen=True)
+            mask = (torch.arange(n_past, device=cfg.device) < n_past - 1).long()
+            past = KeyValueCache([entry], mask.repeat(n_seq, 1), frozen=True)
+        stand_in(resid, start_at_layer=0, stop_at_layer=1, past_kv_cache=past)
+
     best = float("inf")
     with torch.no_grad():
         for _ in range(3):
-            if like.is_cuda:
-                torch.cuda.synchronize(like.device)
+            if resid.is_cuda:
+                torch.cuda.synchronize(resid.device)
             start = time.perf_counter()
-            fn()
-            if like.is_cuda:
-                torch.cuda.synchronize(like.device)
+            run()
+            if resid.is_cuda:
+                torch.cuda.synchronize(resid.device)
             best = min(best, time.perf_counter() - start)
     return best

@@ -50,9 +50,10 @@ def path_patch(
     receivers: Component | Sequence[Component],
     senders: str | Sequence[Component] = "z",
     *,
-    # [batch pos] token ids, loosely annotated so that a mismatch gets our own message.
-    clean_tokens: Tensor,
-    corrupted_tokens: Tensor,
+    # [batch pos] token ids, loosely annotated so that a mismatch (a cache passed in
+    # TransformerLens's order, a wrong dtype or shape) gets our own message.
+    clean_tokens: object,
+    corrupted_tokens: object,
     metric: Metric,
     direction: str = "noising",
     freeze_mlps: bool = False,

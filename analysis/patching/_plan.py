@@ -149,16 +149,15 @@ class _Group:
         return n_variants * self.batch * per_sequence * itemsize(self.model)
 
     def seconds(self, cost: PassCost, n_variants: int, n_past: int, first: int, rows: int) -> float:
-        """Estimated time of a pass (`_cost.PassCost`)."""
+        """Estimated time of a pass (`_cost.PassCost`); a row unembedded counts as a
+        block row in the ratio of their multiply-adds."""
         n_seq = n_variants * self.batch
         unembedded = rows if self.n_unembed is None else self.n_unembed
-        flops = n_seq * (
-            first * block_flops(self.model, n_past + first)
-            + self.later_blocks * rows * block_flops(self.model, n_past + rows)
-            + unembedded * unembed_flops(self.model)
-        )
+        unembed_ratio = unembed_flops(self.model) / block_flops(self.model, n_past + rows)
+        block_rows = n_seq * (first + self.later_blocks * rows + unembedded * unembed_ratio)
+        keys = n_seq * (self.later_blocks + 1) * n_past
         calls = 2 + self.later_blocks + (first != rows and self.later_blocks > 0)
-        return cost.seconds(calls, n_seq * rows, flops)
+        return cost.seconds(calls, block_rows, keys)
 
     def segments(self, cost: PassCost, memory_budget: int) -> list[list[int]]:
         """`self.order` cut into contiguous passes of least estimated time in all (a
@@ -189,12 +188,14 @@ class _Group:
         runs: list[list[int]] = []
         for i in self.order:
             if runs and self.needs[runs[-1][0]] == self.needs[i]:
-                fits = self.bytes(len(runs[-1]) + 1, *self.shape([i])) <= memory_budget
-                if fits:
-                    runs[-1].append(i)
-                    continue
-            runs.append([i])
-        return runs
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        pieces = []
+        for run in runs:
+            size = max(1, memory_budget // self.bytes(1, *self.shape(run[:1])))
+            pieces += [run[k : k + size] for k in range(0, len(run), size)]
+        return pieces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,12 +210,16 @@ class _Span:
     @staticmethod
     def of(needs: Sequence[Need], span: "_Span | None" = None) -> "_Span":
         """The span of `needs`, together with `span` if given."""
-        offsets = [n.offset for n in needs] + (
-            [] if span is None else [span.min_offset, span.max_offset]
-        )
-        firsts = [n.first for n in needs] + ([] if span is None else [span.first])
-        laters = [n.later for n in needs] + ([] if span is None else [span.later])
-        return _Span(min(offsets), max(offsets), max(firsts), max(laters))
+        if span is None:
+            span = _Span(needs[0].offset, needs[0].offset, needs[0].first, needs[0].later)
+        for n in needs:
+            span = _Span(
+                min(span.min_offset, n.offset),
+                max(span.max_offset, n.offset),
+                max(span.first, n.first),
+                max(span.later, n.later),
+            )
+        return span
 
 
 def _need(extent: Extent, end: int, later_blocks: int) -> Need:
