@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer
+from hookedattn.testing import assert_residual_identities
 
 transformers = pytest.importorskip("transformers")
 
@@ -202,6 +203,11 @@ def test_attention_patterns_equal_hf_eager_attentions(pair64):
     _, cache = pair64.ours.run_with_cache(TOKENS)
     for layer, expected in enumerate(attentions):
         assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
+
+
+def test_the_imported_model_keeps_every_residual_identity(pair64):
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    assert_residual_identities(pair64.ours, cache)
 
 
 def test_greedy_generation_equals_hf_generate(pair32):
