@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import _bench_analysis as analyses  # noqa: E402
+from _bench_hf import hf_forward, hf_generate, hf_gpt2  # noqa: E402
 from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
@@ -50,7 +51,7 @@ from _bench_timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: 
 from hookedattn import HookedTransformer  # noqa: E402
 
 SCHEMA_VERSION = 1
-BARE, OURS, TL = "bare", "hookedattn", "transformer_lens"
+BARE, OURS, TL, HF = "bare", "hookedattn", "transformer_lens", "transformers"
 
 # ----------------------------------------------------------------------------- settings
 
@@ -132,6 +133,13 @@ TARGETS = [
     ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8", BARE_REF),
     # against the loop of one forward per patch: at least 10x faster
     ("analysis", "c", "activation patching, every head x position", 0.1, "issue 8", BARE_REF),
+    # Idle hook points cost nothing, down to the attention kernel.
+    ("forward", "a", "forward, no hooks attached", 1.02, "issue 16", BARE_REF),
+    ("forward", "b", "forward, no hooks attached", 1.01, "issue 16", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.10, "issue 16", BARE_REF),
+    ("forward", "a", "run_with_cache, everything", 1.10, "issue 16", BARE_REF),
+    ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "issue 16", BARE_REF),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "issue 16", BARE_REF),
 ]
 
 # ----------------------------------------------------------------------------- contenders
@@ -161,6 +169,9 @@ def forward_measures(model: Any, tokens: Tensor, one_name: str) -> dict[str, Cal
             tokens, names_filter=one_name
         ),
         "no-op hook on every hook point": lambda: model.run_with_hooks(tokens, fwd_hooks=every),
+        f"one hook on {one_name}": lambda: model.run_with_hooks(
+            tokens, fwd_hooks=[(one_name, _noop)]
+        ),
     }
 
 
@@ -264,6 +275,9 @@ def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
                         f"{contender} {measure}: logits differ from the bare model"
                     )
                 group[(measure, contender)] = fn
+        hf = hf_gpt2(model)
+        if hf is not None and _agrees(hf_forward(hf, tokens)(), ref):
+            group[("forward, no hooks attached", HF)] = hf_forward(hf, tokens)
         run.time_group("forward", key, group)
 
 
@@ -325,6 +339,9 @@ def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) ->
                 group[(measure, OURS)] = _our_generate(model, tokens, n_new, use_cache)
             else:
                 run.skip("generation", f"{measure}: hookedattn", "model.generate (issue 3) missing")
+            hf = hf_gpt2(model)
+            if hf is not None:
+                group[(measure, HF)] = hf_generate(hf, tokens, n_new, use_cache)
             if tl is not None:
                 group[(measure, TL)] = lambda u=use_cache: tl.generate(
                     tokens,
