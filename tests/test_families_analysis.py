@@ -251,3 +251,13 @@ def test_identities_hold_when_a_windowed_model_continues_from_its_kv_cache():
     assert "blocks.0.attn.hook_pattern is 0 on keys 3 or more positions before the query" in (
         check.checked
     )
+
+
+def test_a_layernorm_after_each_sublayer_adds_its_bias_as_one_more_term():
+    model = family_model("neox", normalization_placement="pre_and_post")
+    _, cache = model.run_with_cache(TOKENS)
+    assert_residual_identities(model, cache)
+    decomposition = decompose_resid(model, cache, granularity="neuron", check=True)
+    assert {"L1_attn_bias", "L1_ln1_post_bias", "L1_ln2_post_bias"} <= set(decomposition.labels)
+    normed = apply_ln_to_stack(model, cache, decomposition, check=True)
+    torch.testing.assert_close(normed.sum(), cache["ln_final.hook_normalized"], **TOL)
