@@ -117,8 +117,8 @@ def logit_attribution(out: Path, second: dict[str, float], first: dict[str, floa
     labels = sorted(second, key=lambda k: -abs(second[k]))[:14][::-1]
     fig, ax = plt.subplots(figsize=(7, 4.6), layout="constrained")
     y = torch.arange(len(labels)).float()
-    ax.barh(y + 0.2, [second[k] for k in labels], height=0.4, label="second copy (predictable)")
-    ax.barh(y - 0.2, [first[k] for k in labels], height=0.4, label="first copy (random)")
+    ax.barh(y + 0.2, [second[k] for k in labels], 0.4, color="C0", label="second copy (repeat)")
+    ax.barh(y - 0.2, [first[k] for k in labels], 0.4, color="C7", label="first copy (random)")
     ax.set_yticks(y.tolist(), labels, fontsize=TICK_SIZE)
     ax.axvline(0, color="black", lw=0.6)
     ax.set_xlabel("mean direct contribution to the correct token's logit")
@@ -205,8 +205,9 @@ def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
     top.plot(history["step"], text_icl, color="C2", lw=1, label="text ICL (early minus late)")
     top.set_ylabel("ICL (nats)")
     right = top.twinx()
-    right.plot(history["step"], history["induction"], color="C3", lw=1, label="induction score")
-    right.plot(d.steps, d.induction, "s", color="C3", ms=4)
+    if d.history_has_induction():
+        right.plot(history["step"], history["induction"], color="C3", lw=1, label="induction score")
+    right.plot(d.steps, d.induction, "s", color="C3", ms=4, label="induction score (checkpoints)")
     right.set_ylabel("induction score (best head)", color="C3")
     right.set_ylim(0, 1)
     handles = top.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
@@ -217,10 +218,16 @@ def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
         fontsize=8,
     )
     bottom.plot(
-        history["step"], history["heldout_loss"], color="C7", lw=1, label="run's evaluations"
+        history["step"],
+        history["heldout_loss"],
+        color="C7",
+        lw=1,
+        label="run's evaluations (64 windows)",
     )
-    bottom.plot(d.steps, d.heldout, "o", color="k", ms=4, label="shipped checkpoints")
-    bottom.legend(fontsize=7, title="held-out loss: 64 windows / 512 windows", title_fontsize=7)
+    bottom.plot(
+        d.steps, d.heldout, "o", color="k", ms=4, label="shipped checkpoints (128 other windows)"
+    )
+    bottom.legend(fontsize=7)
     # The first evaluations (loss near ln 256) would flatten the rest, the bump included.
     settled = history["heldout_loss"][len(history["step"]) // 10]
     bottom.set_ylim(min(history["heldout_loss"]) - 0.05, settled + 0.05)

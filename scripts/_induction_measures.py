@@ -7,6 +7,7 @@ frozen dataclasses that the report script turns into findings, figures and text.
 """
 
 import dataclasses
+import math
 
 import torch
 from torch import Tensor
@@ -150,6 +151,10 @@ class Dynamics:
     heldout: tuple[float, ...]  # held-out loss over every prediction
     history: dict  # the training run's own evaluations, every few steps
 
+    def history_has_induction(self) -> bool:
+        """Whether the run evaluated the induction score (runs before it did not)."""
+        return all(math.isfinite(v) for v in self.history["induction"])
+
 
 def dynamics(name: str, tokens: Tensor, windows: Tensor) -> Dynamics:
     """Scores of every shipped checkpoint of `name`, its text losses on `windows`."""
@@ -165,7 +170,9 @@ def dynamics(name: str, tokens: Tensor, windows: Tensor) -> Dynamics:
         text_icl.append(text.icl)
         heldout.append(text.mean)
     _, metadata = read_config(info.path)
-    history = {k: [e[k] for e in metadata["history"]] for k in metadata["history"][0]}
+    # Runs from before the induction score was evaluated lack it: NaN, as `Evaluation` says.
+    keys = ["induction", *metadata["history"][0]]
+    history = {k: [e.get(k, math.nan) for e in metadata["history"]] for k in keys}
     return Dynamics(
         info.checkpoints,
         tuple(induction),

@@ -167,7 +167,12 @@ def _dynamics_section(r: object) -> str:
         f"(typical change between consecutive evaluations later on: {noise:.3f}): no "
         f"induction bump beyond the noise (lower panel)."
     )
-    induction_step, icl_step = r.history_half
+    half = (
+        f"the best induction score passes half of its rise at step {r.history_half[0]}, the "
+        f"in-context learning at step {r.history_half[1]}, and "
+        if r.history_half is not None
+        else "this run did not evaluate the induction score (an older run), but "
+    )
     same = r.induction_window == r.icl_window
     return (
         "## When the circuit forms\n\n"
@@ -193,8 +198,7 @@ def _dynamics_section(r: object) -> str:
         + (" (the same window)." if same else " (not the same window).")
         + f" That is {len(d.steps)} points, chosen around the change; the training run's own "
         f"evaluations, every {interval} steps (lines in the figure), are the finer "
-        f"evidence: the best induction score passes half of its rise at step "
-        f"{induction_step}, the in-context learning at step {icl_step}, and the in-context "
+        f"evidence: {half}the in-context "
         f"learning rises from 20% to 80% of its rise between steps {r.history_window[0]} "
         f"and {r.history_window[1]} (shaded). {bump} The two rise together, as Olsson et "
         f"al. found; the evaluations show *when*, not *why*: that the heads cause the "

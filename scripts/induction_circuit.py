@@ -170,8 +170,12 @@ def _measure(say: "_Stages") -> tuple[HookedTransformer, "_Results"]:
             crossing(history["step"], icl_history, 0.8),
         ),
         history_half=(
-            crossing(history["step"], history["induction"], 0.5),
-            crossing(history["step"], icl_history, 0.5),
+            (
+                crossing(history["step"], history["induction"], 0.5),
+                crossing(history["step"], icl_history, 0.5),
+            )
+            if dyn.history_has_induction()
+            else None
         ),
         composition_floor=composition_floor(two.cfg.d_model),
         config=two.cfg,
@@ -214,7 +218,7 @@ class _Results:
     induction_window: tuple[int, int]
     icl_window: tuple[int, int]
     history_window: tuple[int, int]  # the run's evaluations: ICL at 20% and 80% of its rise
-    history_half: tuple[int, int]  # ... induction score and ICL at half of their rise
+    history_half: tuple[int, int] | None  # ... induction score and ICL at half their rise
     composition_floor: float
     config: object  # the two-layer model's HookedTransformerConfig
     n_windows: int
@@ -259,7 +263,6 @@ def _findings(r: _Results) -> list[Finding]:
     n_heads = r.one_layer_copying.scores.shape[1]
     peak = max(range(len(c.prev_offsets)), key=c.prev_offsets.__getitem__)
     strongest = int(heads.prev_scores.scores[0].argmax()) == p
-    induction_step, icl_step = r.history_half
     interval = r.dynamics.history["step"][1] - r.dynamics.history["step"][0]
     return [
         Finding(
@@ -346,14 +349,22 @@ def _findings(r: _Results) -> list[Finding]:
             "same window",
             r.induction_window == r.icl_window,
         ),
-        Finding(
-            "... (the run's evaluations): half of each rise",
-            f"steps {induction_step} and {icl_step}",
-            f"evaluated every {interval} steps",
-            f"<= {interval} steps apart",
-            abs(induction_step - icl_step) <= interval,
-        ),
+        _history_finding(r.history_half, interval),
     ]
+
+
+def _history_finding(half: tuple[int, int] | None, interval: int) -> Finding:
+    name = "... (the run's evaluations): half of each rise"
+    if half is None:
+        measured = "not measured: the run did not evaluate the induction score"
+        return Finding(name, measured, f"evaluated every {interval} steps", "-", False)
+    return Finding(
+        name,
+        f"steps {half[0]} and {half[1]}",
+        f"evaluated every {interval} steps",
+        f"<= {interval} steps apart",
+        abs(half[0] - half[1]) <= interval,
+    )
 
 
 if __name__ == "__main__":

@@ -25,3 +25,16 @@ def test_readme_example_runs(index, tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, f"README example {index} failed:\n{EXAMPLES[index]}\n{proc.stderr}"
+
+
+def test_the_training_table_gives_each_shipped_models_recorded_cpu_time():
+    from hookedattn import list_pretrained
+
+    text = (ROOT / "README.md").read_text()
+    for info in list_pretrained():
+        row = re.search(rf"\| `{info.name}` .*\| ([\d.]+) (s|min) \|", text)
+        assert row, f"no row for {info.name} in the README's training table"
+        seconds = float(row[1]) * (60 if row[2] == "min" else 1)
+        recorded = info.training["cpu_seconds"]
+        shown = round(recorded / 60, 1) * 60 if row[2] == "min" else round(recorded)
+        assert seconds == pytest.approx(shown), (info.name, seconds, recorded)

@@ -1,5 +1,6 @@
 """scripts/induction_circuit.py end to end: the report folder, and a folder it cannot write."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,12 @@ def test_the_report_folder_holds_the_markdown_and_every_figure(tmp_path):
     for section in ("## Findings", "QK circuit", "OV circuit", "## Thresholds"):
         assert section in text
     assert "[5/5]" in done.stderr  # the stages show progress
+    held = re.search(r"(\d+)/(\d+) findings hold", done.stdout)
+    readme = (REPO / "README.md").read_text()
+    claim = re.search(
+        r"On the\s+shipped\s+`bytes-attn-only-2l`,\s+(\d+) of its (\d+) findings", readme
+    )
+    assert claim and claim.groups() == held.groups(), "the README's count of findings"
 
 
 def test_a_folder_that_cannot_be_written_is_a_clear_error(tmp_path):
