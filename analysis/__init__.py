@@ -17,7 +17,12 @@ from analysis.head_detectors import (
     induction_scores,
     prev_token_scores,
 )
-from analysis.head_results import SourceContributions, head_results, head_source_contributions
+from analysis.head_results import (
+    SourceContributions,
+    head_results,
+    head_source_contributions,
+    head_writes,
+)
 from analysis.logit_lens import LogitLens, logit_lens
 from analysis.normalization import apply_ln_to_stack
 from analysis.patching import (
@@ -60,6 +65,7 @@ __all__: list[str] = [
     "frozen_pattern_hooks",
     "head_results",
     "head_source_contributions",
+    "head_writes",
     "induction_scores",
     "logit_lens",
     "pattern_preserving_ablation",
