@@ -21,12 +21,13 @@ import torch.distributed as dist
 from hookedattn import ByteTokenizer, HookedTransformer, list_pretrained
 from hookedattn.store import ActivationStore, collect_activations, init_from_env
 from hookedattn.store.collection import DTYPES
+from hookedattn.store.distributed import local_device_index
 
 
-def load_model(name_or_dir: str) -> HookedTransformer:
-    """A shipped model by name, or a model saved in a folder."""
+def load_model(name_or_dir: str, device: str | None = None) -> HookedTransformer:
+    """A shipped model by name, or a model saved in a folder, on `device`."""
     if Path(name_or_dir).is_dir():
-        model = HookedTransformer.load(name_or_dir)
+        model = HookedTransformer.load(name_or_dir, device=device)
         if model.tokenizer is None and model.cfg.d_vocab == ByteTokenizer().vocab_size:
             model.tokenizer = ByteTokenizer()  # the byte vocabulary of the shipped models
         return model
@@ -35,7 +36,7 @@ def load_model(name_or_dir: str) -> HookedTransformer:
         raise SystemExit(
             f"--model {name_or_dir!r} is neither a folder nor a shipped model ({', '.join(known)})"
         )
-    return HookedTransformer.from_pretrained(name_or_dir)
+    return HookedTransformer.from_pretrained(name_or_dir, device=device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,13 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--shard-contexts", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank")
+    parser.add_argument("--device", default=None, help="'cuda': each rank its LOCAL_RANK GPU")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     ranks = init_from_env()
-    model = load_model(args.model)
+    device = args.device
+    if device == "cuda":
+        device = f"cuda:{local_device_index()}"
+    model = load_model(args.model, device)
     try:
         collect_activations(
             model,

@@ -318,7 +318,15 @@ def _finish(
     for spec in shards:
         path = out / spec.file
         with safetensors.safe_open(str(path), framework="pt") as f:
-            counts = read_file_metadata(f.metadata())["infinities"]
+            record = read_file_metadata(f.metadata())
+        if record.get("fingerprint") != manifest["fingerprint"]:
+            raise StoreError(
+                f"{path} was computed for another collection than rank 0's (fingerprint "
+                f"{str(record.get('fingerprint'))[:12]}, expected {manifest['fingerprint'][:12]}): "
+                f"every rank must see the same model, inputs and arguments (on several nodes: "
+                f"the same files and the same Python, whose stdlib is the default corpus)"
+            )
+        counts = record["infinities"]
         for name, count in counts.items():
             infinities[name] += count
         records.append({**spec.to_dict(), "bytes": path.stat().st_size})

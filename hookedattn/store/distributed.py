@@ -47,8 +47,15 @@ def init_from_env(backend: str | None = None) -> RankInfo:
     if world_size > 1 and not dist.is_initialized():
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":  # NCCL's collectives run on this rank's own GPU
+            torch.cuda.set_device(local_device_index())
         dist.init_process_group(backend)
     return current()
+
+
+def local_device_index() -> int:
+    """This process's index among the ranks on its node (`LOCAL_RANK`), e.g. its GPU."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def barrier() -> None:
