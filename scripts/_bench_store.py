@@ -97,7 +97,7 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
             _remove(out)
 
     plain()  # warm-up
-    ratios, plain_tps, collect_tps, cpu_ratio = [], [], [], []
+    ratios, plain_tps, collect_tps, cpu_ratio, plain_cpu_tps = [], [], [], [], []
     for r in range(rounds):
         order = (plain, collect) if r % 2 == 0 else (collect, plain)
         results = {f: f() for f in order}
@@ -106,6 +106,7 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
         plain_tps.append(packed.n_tokens / p_wall)
         collect_tps.append(packed.n_tokens / c_wall)
         cpu_ratio.append(c_cpu / p_cpu)
+        plain_cpu_tps.append(packed.n_tokens / p_cpu)
     return {
         "name": name,
         "tokens": packed.n_tokens,
@@ -115,6 +116,7 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
         "plain_tok_s": _spread(plain_tps),
         "collect_tok_s": _spread(collect_tps),
         "cpu_time_ratio": _spread(cpu_ratio),
+        "plain_tok_per_cpu_s": _spread(plain_cpu_tps),
     }
 
 
