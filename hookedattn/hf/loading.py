@@ -46,8 +46,6 @@ class SafetensorsFiles:
     tensor, which the allocator keeps after it is freed.
     """
 
-    borrowed = True  # the views are of the file: what the model keeps must be a copy
-
     def __init__(self, files: list[Path]) -> None:
         self._file: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}

@@ -61,19 +61,15 @@ class TensorSource(Protocol):
     """Named HF tensors: their shapes without reading them, and each one on demand."""
 
     shapes: Mapping[str, tuple[int, ...]]
-    # Whether `get` returns tensors someone else holds (a live model's parameters, views of
-    # a memory-mapped file), which a converted tensor must then never share memory with.
-    borrowed: bool
 
     def get(self, name: str) -> Tensor:
-        """The tensor called `name`, as stored."""
+        """The tensor called `name`, as stored: someone else's memory (a live model's
+        parameter, a view of a memory-mapped file), which no converted tensor shares."""
         ...
 
 
 class StateDict:
-    """A live HF model's state dict as a `TensorSource` (its tensors are borrowed)."""
-
-    borrowed = True
+    """A live HF model's state dict as a `TensorSource`."""
 
     def __init__(self, state_dict: Mapping[str, Tensor]) -> None:
         self._tensors = state_dict
@@ -207,15 +203,15 @@ def convert(
             tensor = tensor[rule.pick]
         if rule.adjust is not None:
             tensor = rule.adjust(tensor).to(dtype)
-        yield rule.ours, _owning(tensor, stored, source.borrowed)
+        yield rule.ours, _owning(tensor, stored)
 
 
-def _owning(tensor: Tensor, stored: Tensor, borrowed: bool) -> Tensor:
+def _owning(tensor: Tensor, stored: Tensor) -> Tensor:
     """`tensor`, contiguous, in memory of its own: never a view of a live HF model's tensor
     (which would then share our weights) or of a mapped file (whose pages would be read as
     the model runs), nor a slice keeping a fused tensor alive."""
     tensor = tensor.contiguous()
     shares = tensor.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr()
-    if (shares and borrowed) or tensor.untyped_storage().nbytes() != tensor.nbytes:
+    if shares or tensor.untyped_storage().nbytes() != tensor.nbytes:
         tensor = tensor.clone()
     return tensor
