@@ -69,7 +69,7 @@ def model():
 class Opened:
     """A page opened in the browser, with what it logged and what it tried to fetch."""
 
-    def __init__(self, browser, path: Path) -> None:
+    def __init__(self, browser, path: Path, ready: bool = True) -> None:
         self.url = path.resolve().as_uri()
         self.errors: list[str] = []
         self.requests: list[str] = []
@@ -78,7 +78,8 @@ class Opened:
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.route("**/*", self._intercept)
         self.page.goto(self.url)
-        self.page.wait_for_selector("body[data-ready=true]", timeout=10_000)
+        if ready:  # the viewer's script has drawn the page
+            self.page.wait_for_selector("body[data-ready=true]", timeout=10_000)
 
     def _intercept(self, route) -> None:
         if route.request.url == self.url:
@@ -254,3 +255,17 @@ def test_patching_heatmap_with_hover_values_and_baselines(browser, model, tmp_pa
     corrupted_shown = page.text_content('[data-fact="corrupted baseline"]')
     assert float(corrupted_shown) == pytest.approx(result.corrupted_baseline, abs=1e-6)
     opened.close(screenshot="patching.png")
+
+
+def test_the_notebook_frame_shows_the_same_page(browser, model, tmp_path):
+    # What Jupyter does with _repr_html_: put the markup into its own page.
+    page = attention(model, "a<b>c", head="L0H1")
+    path = tmp_path / "notebook.html"
+    path.write_text(f"<!DOCTYPE html><html><body>{page._repr_html_()}</body></html>")
+    opened = Opened(browser, path, ready=False)
+    frame = opened.page.frame_locator("iframe")
+    frame.locator("body[data-ready=true]").wait_for(timeout=10_000)
+    assert frame.locator("body").get_attribute("data-head") == "L0H1"
+    shown = frame.locator("#tokens .token").all_text_contents()
+    assert shown == ["<bos>", "a", "<", "b", ">", "c"]
+    opened.close()
