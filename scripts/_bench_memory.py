@@ -92,7 +92,9 @@ def memory_probe(spec: dict) -> dict:
 
 def memory_section(run: Any, key: str, setting: Any) -> None:
     print(f"memory [{key}] {setting.description}")
-    for mode in MEMORY_MODES:
+    # At long context only the forwards: a full cache holds every layer's pattern by design.
+    modes = MEMORY_MODES[:2] if key == "long" else MEMORY_MODES
+    for mode in modes:
         if mode.startswith(TL) and not run.use_tl:
             continue
         spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
