@@ -78,13 +78,19 @@ class HookedTransformer(_CoreModel):
             input,
             return_type,
             loss_per_token=loss_per_token,
-            start_at_layer=start_at_layer,
-            stop_at_layer=stop_at_layer,
+            start_at_layer=self._from_end(start_at_layer),
+            stop_at_layer=self._from_end(stop_at_layer),
             tokens=tokens,
             attention_mask=attention_mask,
             past_kv_cache=past_kv_cache,
             **kwargs,
         )
+
+    def _from_end(self, layer: int | None) -> int | None:
+        # TL slices the blocks with start_at_layer / stop_at_layer, so negatives count
+        # from the end (-1 is the last block); the core refuses them, to be explicit.
+        is_negative = isinstance(layer, int) and not isinstance(layer, bool) and layer < 0
+        return layer + self.cfg.n_layers if is_negative else layer
 
     def run_with_cache(
         self,

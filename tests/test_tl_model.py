@@ -178,3 +178,11 @@ def test_from_pretrained_refuses_what_it_cannot_do():
         HookedTransformer.from_pretrained("x", refactor_factored_attn_matrices=True)
     with pytest.raises(TypeError, match="first_n_layers"):
         HookedTransformer.from_pretrained("x", first_n_layers=1)
+
+
+def test_negative_start_and_stop_layers_count_from_the_end_as_in_tl():
+    model = make_model()
+    _, cache = model.run_with_cache(TOKENS)
+    assert_close(model(TOKENS, stop_at_layer=-1), cache["resid_pre", 1])
+    resid = cache["resid_pre", 1]
+    assert_close(model(resid, start_at_layer=-1), model(TOKENS))
