@@ -1,15 +1,8 @@
 """Activation patching: every component of one kind, patched one at a time, batched."""
 
-from analysis.patching._components import component_grid, component_masks
-from analysis.patching._engine import Edit, base_run, sweep
-from analysis.patching._inputs import (
-    Metric,
-    check_direction,
-    check_metric_reads,
-    declared_positions,
-    paired_tokens,
-    warn_if_tied,
-)
+from analysis.patching._components import component_grid
+from analysis.patching._engine import base_runs, component_edits, sweep
+from analysis.patching._inputs import Metric, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 
@@ -48,33 +41,17 @@ def activation_patch(
     metric reads; then each pass computes only what those need: the metric gets logits
     exact there and NaN elsewhere, and a `ValueError` names any other position it reads.
     """
-    clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     check_direction(direction)
-    n_pos = clean_tokens.shape[1]
+    n_pos = paired_tokens(model, clean_tokens, corrupted_tokens)[0].shape[1]
     grid = component_grid(model, kind, n_pos, by_pos)
     hooks = sorted({c.hook_name for c in grid.components})
-    clean = base_run(model, clean_tokens, metric, hooks)
-    corrupted = base_run(model, corrupted_tokens, metric, hooks)
-    warn_if_tied(clean.metric, corrupted.metric)
-    declared = None
-    if metric_positions is not None:
-        declared = declared_positions(metric_positions, n_pos)
-        for run in (clean, corrupted):
-            check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
-    target, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
-    components = grid.components
-    edits = [
-        Edit(
-            c.name,
-            c.layer,
-            component_masks(components, c.hook_name, source.cache[c.hook_name].shape[1:]),
-            source.cache[c.hook_name],
-        )
-        for c in {c.hook_name: c for c in components}.values()
-    ]
-    labels = [c.label() for c in components]
+    runs = base_runs(model, clean_tokens, corrupted_tokens, metric, hooks, metric_positions)
+    denoising = direction == "denoising"
+    target, source = (runs.corrupted, runs.clean) if denoising else (runs.clean, runs.corrupted)
+    edits = component_edits(grid.components, source.cache)
+    labels = [c.label() for c in grid.components]
     per_prompt = sweep(
-        model, target, edits, len(components), metric, declared, memory_budget, labels
+        model, target, edits, len(labels), metric, runs.declared, memory_budget, labels
     )
     return PatchingResult(
         method="activation patching",
@@ -83,6 +60,6 @@ def activation_patch(
         axes=grid.axes,
         labels=grid.labels,
         per_prompt=per_prompt.reshape(*grid.shape, -1),
-        clean=clean.metric,
-        corrupted=corrupted.metric,
+        clean=runs.clean.metric,
+        corrupted=runs.corrupted.metric,
     )

@@ -76,47 +76,51 @@ def attribution_patch(
     """
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     check_direction(direction)
-    if kinds is None:
-        kinds = available_kinds(model)
-    kinds = [check_kind(model, k) for k in ([kinds] if isinstance(kinds, str) else kinds)]
-    if not kinds:
-        raise ValueError("no component kinds to attribute")
+    kinds = _checked_kinds(model, kinds)
     names = [get_act_name(k, layer) for k in kinds for layer in range(model.cfg.n_layers)]
+    denoising = direction == "denoising"
     patched, source = (
-        (corrupted_tokens, clean_tokens)
-        if direction == "denoising"
-        else (clean_tokens, corrupted_tokens)
+        (corrupted_tokens, clean_tokens) if denoising else (clean_tokens, corrupted_tokens)
     )
     with torch.no_grad():
         source_logits, source_cache = model.run_with_cache(source, names_filter=names)
         source_metric = metric_values(metric, source_logits)
     patched_metric, activations, grads = _with_gradients(model, patched, metric, names)
     clean, corrupted = (
-        (source_metric, patched_metric)
-        if direction == "denoising"
-        else (patched_metric, source_metric)
+        (source_metric, patched_metric) if denoising else (patched_metric, source_metric)
     )
     warn_if_tied(clean, corrupted)
     results = {}
     for kind in kinds:
         grid = component_grid(model, kind, patched.shape[1], by_pos)
+        layers = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
         scores = torch.stack(
             [
-                _region_sums(kind, grid.axes, source_cache[name], activations[name], grads[name])
-                for name in (get_act_name(kind, layer) for layer in range(model.cfg.n_layers))
+                _region_sums(kind, grid.axes, source_cache[n], activations[n], grads[n])
+                for n in layers
             ]
         )
+        per_prompt = patched_metric + scores
         results[kind] = PatchingResult(
             "attribution patching",
             direction,
             kind,
             grid.axes,
             grid.labels,
-            patched_metric + scores,
+            per_prompt,
             clean,
             corrupted,
         )
     return PatchingResults(results)
+
+
+def _checked_kinds(model: HookedTransformer, kinds: str | Sequence[str] | None) -> list[str]:
+    if kinds is None:
+        kinds = available_kinds(model)
+    kinds = [check_kind(model, k) for k in ([kinds] if isinstance(kinds, str) else kinds)]
+    if not kinds:
+        raise ValueError("no component kinds to attribute")
+    return kinds
 
 
 def _with_gradients(

@@ -7,6 +7,7 @@ length, at a few sizes (a CPU gets slower per row once a pass outgrows its cache
 accelerator faster).
 """
 
+import bisect
 import dataclasses
 import os
 import time
@@ -80,7 +81,9 @@ class PassCost:
 
     def seconds(self, calls: int, rows: float, keys: int) -> float:
         """Estimated time of `calls` block calls that run `rows` rows holding `keys` keys."""
-        i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
+        i = bisect.bisect_left(self.rows, rows)
+        if i == len(self.rows) or (i and rows - self.rows[i - 1] < self.rows[i] - rows):
+            i -= 1
         return self.pass_s + (calls - 1) * self.call_s + rows * self.row_s[i] + keys * self.key_s
 
 

@@ -26,9 +26,16 @@ from einops import rearrange, repeat
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from analysis.patching._components import LAYOUTS, LOCAL_KINDS
+from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, component_masks
 from analysis.patching._cost import default_memory_budget, pass_cost, row_floats
-from analysis.patching._inputs import Metric, metric_values
+from analysis.patching._inputs import (
+    Metric,
+    check_metric_reads,
+    declared_positions,
+    metric_values,
+    paired_tokens,
+    warn_if_tied,
+)
 from analysis.patching._plan import Extent, Pass, plan
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
@@ -89,6 +96,52 @@ class Edit:
         """The source of `variants`, `[variant batch ...]` (variant axis of size 1 if shared)."""
         per_variant = self.source.ndim == self.mask.ndim
         return self.source[variants] if per_variant else self.source[None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRuns:
+    """Both unpatched runs of a sweep, and the positions the metric declares it reads."""
+
+    clean: BaseRun
+    corrupted: BaseRun
+    declared: tuple[int, ...] | None
+
+
+def base_runs(
+    model: HookedTransformer,
+    clean_tokens: object,
+    corrupted_tokens: object,
+    metric: Metric,
+    names: Sequence[str],
+    metric_positions: object,
+) -> BaseRuns:
+    """Both runs, checked: the tokens paired, the metric's reads within `metric_positions`
+    (when given), and a warning where the two runs tie."""
+    clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
+    clean = base_run(model, clean_tokens, metric, names)
+    corrupted = base_run(model, corrupted_tokens, metric, names)
+    warn_if_tied(clean.metric, corrupted.metric, stacklevel=4)
+    if metric_positions is None:
+        return BaseRuns(clean, corrupted, None)
+    declared = declared_positions(metric_positions, clean_tokens.shape[1])
+    for run in (clean, corrupted):
+        check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
+    return BaseRuns(clean, corrupted, declared)
+
+
+def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:
+    """One edit per hook point of `components`: variant i takes component i's region from
+    `source`."""
+    firsts = {c.hook_name: c for c in components}.values()
+    return [
+        Edit(
+            c.name,
+            c.layer,
+            component_masks(components, c.hook_name, source[c.hook_name].shape[1:]),
+            source[c.hook_name],
+        )
+        for c in firsts
+    ]
 
 
 def extents(edits: Sequence[Edit], n_variants: int, n_pos: int) -> list[Extent | None]:
@@ -337,22 +390,19 @@ def _past(
 
 def _full_logits(
     model: HookedTransformer, base: BaseRun, p: Pass, resid: Float[Tensor, "sequence row d_model"]
-) -> Float[Tensor, "variant batch pos d_vocab_out"]:
-    """Every variant's logits: the pass's rows unembedded, the unpatched ones elsewhere."""
-    n_variants, (batch, n_pos) = len(p.variants), base.tokens.shape
+) -> list[Float[Tensor, "batch pos d_vocab_out"]]:
+    """Every variant's logits: the pass's rows unembedded, the unpatched ones elsewhere
+    (one tensor per variant: what the metric reads, assembled where it stays in cache)."""
+    n_pos = base.tokens.shape[1]
     with torch.no_grad():
         new = model(resid, start_at_layer=model.cfg.n_layers)
-    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
-    if p.uniform and p.n_past + p.rows == n_pos:
-        before = base.logits[None, :, : p.n_past].expand(n_variants, -1, -1, -1)
-        return torch.cat([before, new], dim=2)
-    full = base.logits.new_empty(n_variants, batch, n_pos + 1, base.logits.shape[-1])
-    full[:, :, :n_pos] = base.logits
-    offsets = torch.tensor(p.offsets, device=full.device)
-    # Rows past the end go to an extra position, dropped after.
-    where = (offsets[:, None] + torch.arange(p.rows, device=full.device)).clamp(max=n_pos)
-    full[torch.arange(n_variants, device=full.device)[:, None], :, where] = new.transpose(1, 2)
-    return full[:, :, :n_pos]
+    new = rearrange(new, "(v b) row d -> v b row d", v=len(p.variants))
+    out = []
+    for v, offset in enumerate(p.offsets):
+        end = min(offset + p.rows, n_pos)  # rows past the end are padding
+        parts = (base.logits[:, :offset], new[v, :, : end - offset], base.logits[:, end:])
+        out.append(torch.cat([x for x in parts if x.shape[1]], dim=1))
+    return out
 
 
 def _declared_logits(

@@ -76,15 +76,18 @@ def check_direction(direction: str) -> str:
     return direction
 
 
-def warn_if_tied(clean: Float[Tensor, " batch"], corrupted: Float[Tensor, " batch"]) -> None:
-    """A `UserWarning` when both runs score the same: every normalised score is then 0/0."""
+def warn_if_tied(
+    clean: Float[Tensor, " batch"], corrupted: Float[Tensor, " batch"], stacklevel: int = 3
+) -> None:
+    """A `UserWarning` when both runs score the same: every normalised score is then 0/0.
+    `stacklevel` points it at the caller of the public function."""
     if bool(clean.mean() == corrupted.mean()):
         warnings.warn(
             f"the clean and corrupted runs give the same mean metric ({float(clean.mean()):.6g}), "
             f"e.g. because their tokens are equal: normalised scores divide by the "
             f"difference of the two and are NaN; patch between prompts that differ",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 

@@ -29,15 +29,8 @@ from analysis.patching._components import (
     component_grid,
     component_masks,
 )
-from analysis.patching._engine import BaseRun, Edit, base_run, record, sweep
-from analysis.patching._inputs import (
-    Metric,
-    check_direction,
-    check_metric_reads,
-    declared_positions,
-    paired_tokens,
-    warn_if_tied,
-)
+from analysis.patching._engine import BaseRun, Edit, base_runs, component_edits, record, sweep
+from analysis.patching._inputs import Metric, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.names import get_act_name
@@ -72,38 +65,34 @@ def path_patch(
     as in `activation_patch`: both steps then stop at the last of them, the first after
     the last receiver's block. The numbers are those of the full computation.
     """
-    clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     check_direction(direction)
-    n_pos = clean_tokens.shape[1]
+    n_pos = paired_tokens(model, clean_tokens, corrupted_tokens)[0].shape[1]
     receivers = _checked_receivers(model, receivers, n_pos)
     sender_list, axes, labels, kind = _senders(model, senders, n_pos)
     hooks = {c.hook_name for c in [*sender_list, *receivers]}
     hooks |= {get_act_name("z", layer) for layer in range(model.cfg.n_layers)}
     if freeze_mlps:
         hooks |= {get_act_name("mlp_out", layer) for layer in range(model.cfg.n_layers)}
-    clean = base_run(model, clean_tokens, metric, sorted(hooks))
-    corrupted = base_run(model, corrupted_tokens, metric, sorted(hooks))
-    warn_if_tied(clean.metric, corrupted.metric)
-    declared = None
-    if metric_positions is not None:
-        declared = declared_positions(metric_positions, n_pos)
-        for run in (clean, corrupted):
-            check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
-    base, other = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    runs = base_runs(model, clean_tokens, corrupted_tokens, metric, sorted(hooks), metric_positions)
+    noising = direction == "noising"
+    base, other = (runs.clean, runs.corrupted) if noising else (runs.corrupted, runs.clean)
+    declared, n_senders = runs.declared, len(sender_list)
     end = n_pos if declared is None else declared[-1] + 1
     edits = _step_one_edits(model, base, other, sender_list, receivers, freeze_mlps)
     names = list(dict.fromkeys(r.hook_name for r in receivers))
-    stop = max(r.layer for r in receivers) + 1 if declared is not None else model.cfg.n_layers
-    recorded = record(model, base, edits, len(sender_list), names, stop, end, memory_budget)
+    stop = model.cfg.n_layers if declared is None else max(r.layer for r in receivers) + 1
+    recorded = record(model, base, edits, n_senders, names, stop, end, memory_budget)
     edits = [_receiver_edit(receivers, hook, values) for hook, values in recorded.items()]
     sender_labels = [s.label() for s in sender_list]
     per_prompt = sweep(
-        model, base, edits, len(sender_list), metric, declared, memory_budget, sender_labels
-    ).reshape(*(len(t) for t in labels), -1)
+        model, base, edits, n_senders, metric, declared, memory_budget, sender_labels
+    )
+    per_prompt = per_prompt.reshape(*(len(t) for t in labels), -1)
     name = f"{kind} -> {', '.join(r.label() for r in receivers)}"
     return PatchingResult(
-        "path patching", direction, name, axes, labels, per_prompt, clean.metric, corrupted.metric
-    )
+        "path patching", direction, name, axes, labels, per_prompt, runs.clean.metric,
+        runs.corrupted.metric,
+    )  # fmt: skip
 
 
 def _checked_receivers(
@@ -150,14 +139,7 @@ def _step_one_edits(
         )
         if freeze_mlps and model.cfg.has_mlp:
             edits.append(_frozen_mlp(base, senders, receivers, layer, after[:, layer]))
-    for hook, sender in {s.hook_name: s for s in senders}.items():
-        source = other.cache[hook]
-        edits.append(
-            Edit(
-                sender.name, sender.layer, component_masks(senders, hook, source.shape[1:]), source
-            )
-        )
-    return edits
+    return edits + component_edits(senders, other.cache)
 
 
 def _unfrozen_heads(

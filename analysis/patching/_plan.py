@@ -117,6 +117,13 @@ class _Group:
                 Need(n.offset, n.offset + n.first, n.offset + n.later) for n in self.needs
             ]
         self.order = sorted(range(len(extents)), key=self._key)
+        # Sizes the estimates read, once: the DP below evaluates them many times.
+        cfg = model.cfg
+        self.row_base = row_floats(model, 0)
+        self.row_per_key = row_floats(model, 1) - self.row_base
+        self.kv_width = 2 * cfg.n_heads * cfg.d_head
+        self.d_vocab, self.itemsize = cfg.d_vocab_out, itemsize(model)
+        self.unembed_ratio = unembed_flops(model) / block_flops(model, end)
 
     def _key(self, i: int) -> tuple[int, int]:
         need = self.needs[i]
@@ -140,23 +147,22 @@ class _Group:
     def bytes(self, n_variants: int, n_past: int, first_rows: int, rows: int) -> int:
         """Estimated peak bytes of a pass: its widest block, the keys and values before the
         rows in every block run, its logits and the full-length logits the metric reads."""
-        cfg = self.model.cfg
-        widest = max(first_rows * row_floats(self.model, n_past + first_rows),
-                     rows * row_floats(self.model, n_past + rows))  # fmt: skip
-        past = (self.later_blocks + 1) * 2 * cfg.n_heads * cfg.d_head * n_past
-        n_logits = (rows if self.n_unembed is None else self.n_unembed) + rows
-        per_sequence = widest + past + (n_logits + rows + n_past) * cfg.d_vocab_out
-        return n_variants * self.batch * per_sequence * itemsize(self.model)
+        widest = max(first_rows * (self.row_base + self.row_per_key * (n_past + first_rows)),
+                     rows * (self.row_base + self.row_per_key * (n_past + rows)))  # fmt: skip
+        past = (self.later_blocks + 1) * self.kv_width * n_past
+        n_logits = (rows if self.n_unembed is None else self.n_unembed) + 2 * rows + n_past
+        per_sequence = widest + past + n_logits * self.d_vocab
+        return n_variants * self.batch * per_sequence * self.itemsize
 
     def seconds(self, cost: PassCost, n_variants: int, n_past: int, first: int, rows: int) -> float:
         """Estimated time of a pass (`_cost.PassCost`); a row unembedded counts as a
         block row in the ratio of their multiply-adds."""
         n_seq = n_variants * self.batch
         unembedded = rows if self.n_unembed is None else self.n_unembed
-        unembed_ratio = unembed_flops(self.model) / block_flops(self.model, n_past + rows)
-        block_rows = n_seq * (first + self.later_blocks * rows + unembedded * unembed_ratio)
-        keys = n_seq * (self.later_blocks + 1) * n_past
-        calls = 2 + self.later_blocks + (first != rows and self.later_blocks > 0)
+        later = self.later_blocks
+        block_rows = n_seq * (first + later * rows + unembedded * self.unembed_ratio)
+        keys = n_seq * (later + 1) * n_past
+        calls = 2 + later + (first != rows and later > 0)
         return cost.seconds(calls, block_rows, keys)
 
     def segments(self, cost: PassCost, memory_budget: int) -> list[list[int]]:
@@ -166,12 +172,15 @@ class _Group:
         runs = self._runs(memory_budget)
         best = [0.0] + [float("inf")] * len(runs)
         cut = [0] * (len(runs) + 1)
+        needs = [self.needs[run[0]] for run in runs]
         for j in range(1, len(runs) + 1):
-            span, count = None, 0
+            low, high, first, later, count = needs[j - 1].offset, 0, 0, 0, 0
             for i in range(j - 1, -1, -1):
-                span = _Span.of([self.needs[runs[i][0]]], span)
+                need = needs[i]
+                low, high = min(low, need.offset), max(high, need.offset)
+                first, later = max(first, need.first), max(later, need.later)
                 count += len(runs[i])
-                shape = self._shape(span)
+                shape = (high, first, later) if self.own else (low, first - low, later - low)
                 if i < j - 1 and self.bytes(count, *shape) > memory_budget:
                     break
                 total = best[i] + self.seconds(cost, count, *shape)
