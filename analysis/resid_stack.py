@@ -118,7 +118,9 @@ class Decomposition(ResidStack):
 
     Labels: `embed`, `pos_embed`, `L0_attn` / `L0_mlp` (whole sublayers, biases included),
     `L0H3` (one head's result), `L0_attn_bias` (`b_O`), `L0N42` (one neuron's write),
-    `L0_mlp_bias` (`b_out`), and after a norm with a bias, that bias (`ln_final_bias`).
+    `L0_mlp_bias` (`b_out`), and after a norm with a bias, that bias (`ln_final_bias`;
+    `L0_ln1_post_bias` for a LayerNorm after a sublayer, which is part of what it writes:
+    see `analysis.decomposition`).
     """
 
     def sum(self) -> Float[Tensor, "batch pos d_model"]:
