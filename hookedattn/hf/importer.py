@@ -115,8 +115,9 @@ def family_of_model(hf_model: Any) -> Family:
             f"from_hf takes a transformers model or a local directory, got "
             f"{type(hf_model).__name__}"
         )
+    classes = {c.__name__ for c in type(hf_model).__mro__}  # a subclass is its family too
     for family in FAMILIES:
-        if type(hf_model).__name__ == family.architecture:
+        if family.architecture in classes:
             return family
     model_type = getattr(hf_model.config, "model_type", None)
     hint = next(
