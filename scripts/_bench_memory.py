@@ -75,6 +75,8 @@ def memory_probe(spec: dict) -> dict:
         f"{TL} forward": subject,
         f"{TL} run_with_cache, everything": subject.run_with_cache,
     }[mode]
+    if model.cfg.device.startswith("cuda"):
+        return _cuda_probe(mode, fn, tokens)
     with torch.no_grad():
         fn(tokens[:1, :2])  # first-call allocations happen here, not in the measurement
         gc.collect()
@@ -87,6 +89,22 @@ def memory_probe(spec: dict) -> dict:
     if isinstance(out, tuple):
         cache = out[1]
         result["cache"] = cache_stats(list(cache.items()))
+    return result
+
+
+def _cuda_probe(mode: str, fn: Any, tokens: Tensor) -> dict:
+    """The peak of the accelerator's allocated memory above what it held before the run."""
+    with torch.no_grad():
+        fn(tokens[:1, :2])
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn(tokens)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    result = {"mode": mode, "peak_extra_bytes": peak - baseline, "baseline_bytes": baseline}
+    if isinstance(out, tuple):
+        result["cache"] = cache_stats(list(out[1].items()))
     return result
 
 

@@ -120,8 +120,9 @@ class BareTransformer:
             return tokens
         cfg, (batch, prompt) = self.cfg, tokens.shape
         shape = (batch, cfg.n_heads, prompt + n_new, cfg.d_head)
-        keys = [torch.empty(shape, dtype=cfg.dtype) for _ in self.layers]
-        values = [torch.empty(shape, dtype=cfg.dtype) for _ in self.layers]
+        device = self.W_E.device
+        keys = [torch.empty(shape, dtype=cfg.dtype, device=device) for _ in self.layers]
+        values = [torch.empty(shape, dtype=cfg.dtype, device=device) for _ in self.layers]
         out, step, start = tokens, tokens, 0
         scale = 1 / cfg.attn_scale
         for _ in range(n_new):
@@ -144,7 +145,7 @@ def build(cfg: dict, batch: int, pos: int) -> tuple[HookedTransformer, Tensor]:
     model.eval()
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=generator)
-    return model, tokens
+    return model, tokens.to(model.cfg.device)
 
 
 def transformer_lens_model(model: HookedTransformer) -> Any:
@@ -168,7 +169,7 @@ def transformer_lens_model(model: HookedTransformer) -> Any:
         normalization_type=c.normalization_type,
         positional_embedding_type=c.positional_embedding_type,
         dtype=c.dtype,
-        device="cpu",
+        device=c.device,
     )
     tl = transformer_lens.HookedTransformer(tl_cfg)
     tl.load_state_dict(model.state_dict(), strict=False)

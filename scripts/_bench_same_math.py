@@ -48,7 +48,7 @@ class SameMathTransformer:
             raise NotImplementedError("the same-math reference has no per-head hook inputs")
         self.cfg = cfg
         self.sd = {k: v.detach() for k, v in model.state_dict().items()}
-        self.blocked = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).triu(1)
+        self.blocked = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool, device=cfg.device).triu(1)
         self.act = {
             "gelu": F.gelu,
             "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -86,7 +86,8 @@ class SameMathTransformer:
         if cfg.positional_embedding_type == "standard":
             resid = resid + w["pos_embed.W_pos"][:pos]
         blocked = self.blocked[:pos, :pos]
-        mask = torch.zeros(blocked.shape, dtype=resid.dtype).masked_fill_(blocked, -math.inf)
+        mask = torch.zeros(blocked.shape, dtype=resid.dtype, device=resid.device)
+        mask = mask.masked_fill_(blocked, -math.inf)
         for i in range(cfg.n_layers):
             p = f"blocks.{i}."
             resid = resid + self.attention(self.norm(resid, p + "ln1."), p + "attn.", mask)
