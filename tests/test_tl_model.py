@@ -186,3 +186,13 @@ def test_negative_start_and_stop_layers_count_from_the_end_as_in_tl():
     assert_close(model(TOKENS, stop_at_layer=-1), cache["resid_pre", 1])
     resid = cache["resid_pre", 1]
     assert_close(model(resid, start_at_layer=-1), model(TOKENS))
+
+
+def test_from_pretrained_a_shipped_model_processes_it():
+    name = hookedattn.list_pretrained()[-1].name
+    processed = HookedTransformer.from_pretrained(name)
+    raw = HookedTransformer.from_pretrained_no_processing(name)
+    assert type(processed) is HookedTransformer and processed.tokenizer is not None
+    assert (processed.cfg.normalization_type, raw.cfg.normalization_type) == ("LNPre", "LN")
+    tokens = raw.to_tokens("hello world")
+    assert_close(processed(tokens).log_softmax(-1), raw(tokens).log_softmax(-1), atol=1e-4, rtol=0)
