@@ -157,3 +157,14 @@ def test_rotary_scalings_we_cannot_express_are_named(rope, message):
 def test_a_gated_mlp_with_biases_is_refused():
     with pytest.raises(ValueError, match="mlp_bias=True"):
         HookedTransformer.from_hf(make_llama(num_hidden_layers=1, mlp_bias=True))
+
+
+def test_a_subclass_of_a_supported_class_imports_as_its_family(llama):
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    mine = MyLlama(llama.config).eval()
+    mine.load_state_dict(llama.state_dict())
+    with torch.no_grad():
+        expected = llama(TOKENS).logits
+    assert float((HookedTransformer.from_hf(mine)(TOKENS) - expected).abs().max()) <= 1e-5
