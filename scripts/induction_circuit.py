@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from analysis import copying_scores
+from analysis import copying_scores, view
 from analysis.induction import (
     BIGRAM_SHARE,
     FAR_BELOW,
@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     say("drawing the figures and writing the report")
     text = {name: t.per_position for name, t in results.text.items()}
     figures.draw_all(out, two, results, text)
+    # The first repeated sequence, every head, as a page to explore beside the figures.
+    head = f"L1H{results.circuit.induction_head}"
+    view.attention(two, repeated_tokens()[:1], head=head).save(out / "attention.html")
     results = dataclasses.replace(
         results,
         seconds=time.perf_counter() - started,
