@@ -143,8 +143,13 @@ def test_induction_scores_run_on_repeated_random_tokens():
     assert torch.equal(tokens[:, :4], tokens[:, 8:])
     by_default = induction_scores(model, 4, 3, seed=5, batch=2)
     _, cache = model.run_with_cache(tokens)
-    assert torch.equal(
-        by_default.scores, induction_scores(model, cache=cache, tokens=tokens).scores
+    # Runs that cache different hook points take different kernels (fused where a point is
+    # idle), so the two agree to rounding, not bit for bit.
+    torch.testing.assert_close(
+        by_default.scores,
+        induction_scores(model, cache=cache, tokens=tokens).scores,
+        rtol=1e-12,
+        atol=1e-12,
     )
 
 
