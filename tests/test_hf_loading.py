@@ -49,9 +49,10 @@ def test_a_sharded_directory_loads_like_one_file(llama, llama_dir, tmp_path):
         assert torch.equal(sharded.state_dict()[name], tensor), name
 
 
-def test_a_directory_loads_in_its_stored_dtype_unless_told(llama, tmp_path):
-    llama.to(torch.bfloat16).save_pretrained(tmp_path)
-    llama.to(torch.float32)
+# A fresh model for each bfloat16 save: `to(bfloat16)` also rounds HF's rotary frequency
+# buffer, which a shared model would keep after going back to float32.
+def test_a_directory_loads_in_its_stored_dtype_unless_told(tmp_path):
+    make_llama().to(torch.bfloat16).save_pretrained(tmp_path)
     assert HookedTransformer.from_hf(tmp_path).cfg.dtype == torch.bfloat16
     as_float32 = HookedTransformer.from_hf(tmp_path, dtype=torch.float32)
     assert as_float32.cfg.dtype == torch.float32
@@ -74,9 +75,8 @@ class _LargeFloat32Tensors(TorchDispatchMode):
         return out
 
 
-def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(llama, tmp_path):
-    llama.to(torch.bfloat16).save_pretrained(tmp_path)
-    llama.to(torch.float32)
+def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(tmp_path):
+    make_llama().to(torch.bfloat16).save_pretrained(tmp_path)
     # The smallest weight matrix: no float32 tensor that large may appear while loading.
     smallest = 32 * 16  # d_model x (kv_head d_head)
     with _LargeFloat32Tensors(smallest) as recorder:
