@@ -157,7 +157,7 @@ class Attention(nn.Module):
         if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
             return True
         largest_score = q.abs().amax() * k.abs().amax() * (q.shape[-1] / self.attn_scale)
-        return not (bool(largest_score < self._score_limit) and bool(v.isfinite().all()))
+        return not bool((largest_score < self._score_limit) & v.isfinite().all())  # one sync
 
     def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""
