@@ -33,6 +33,9 @@ VARIANTS = {
     ),
     # No room in the context after the earlier keys: every variant at its own place.
     "context full": dict(n_ctx=N_POS, use_attn_result=True),
+    "sliding window, grouped keys": dict(
+        window_size=2, attn_types=("local", "global"), n_key_value_heads=1
+    ),
 }  # fmt: skip
 
 
@@ -72,6 +75,7 @@ CASES = [
     ("attention-only, no norm, split qkv", "denoising"),
     ("rotary, split qkv, attn result", "noising"),
     ("context full", "denoising"),
+    ("sliding window, grouped keys", "noising"),
 ]
 
 

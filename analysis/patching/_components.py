@@ -37,6 +37,16 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     **{k: ("pos", "d_mlp") for k in ("pre", "post")},
 }
 HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
+# With grouped-query attention these have one head per key/value head.
+KEY_VALUE_KINDS: frozenset[str] = frozenset({"k", "v", "rot_k", "k_input", "v_input"})
+
+
+def n_heads_of(model: HookedTransformer, kind: str) -> int:
+    """How many heads the activation `kind` has: key/value heads for keys and values."""
+    cfg = model.cfg
+    return (cfg.n_key_value_heads or cfg.n_heads) if kind in KEY_VALUE_KINDS else cfg.n_heads
+
+
 # A block mixes positions only where queries read keys and values. A patch at position p
 # of a kind downstream of the keys and values (or on the query side) changes the block's
 # output at position p alone; a patch of the residual stream, keys or values does not.
@@ -147,7 +157,7 @@ def component_grid(
     check_kind(model, kind)
     is_head = kind in HEAD_KINDS
     by_pos = (not is_head) if by_pos is None else by_pos
-    sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": model.cfg.n_heads}
+    sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": n_heads_of(model, kind)}
     axes = ("layer",) + (("pos",) if by_pos else ()) + (("head",) if is_head else ())
     labels = tuple(tuple(str(i) for i in range(sizes[a])) for a in axes)
     return ComponentGrid(kind, axes, labels)
@@ -164,8 +174,9 @@ def check_component(model: HookedTransformer, component: Component, n_pos: int) 
     if component.head is not None:
         if component.name not in HEAD_KINDS:
             raise ValueError(f"{component}: {component.name!r} has no head axis; use head=None")
-        if not 0 <= component.head < cfg.n_heads:
-            raise ValueError(f"{component}: head must be in 0..{cfg.n_heads - 1}")
+        n_heads = n_heads_of(model, component.name)
+        if not 0 <= component.head < n_heads:
+            raise ValueError(f"{component}: head must be in 0..{n_heads - 1}")
     if component.pos is not None and not 0 <= component.pos < n_pos:
         raise ValueError(f"{component}: pos must be in 0..{n_pos - 1} for {n_pos} positions")
     return component

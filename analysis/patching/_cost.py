@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from hookedattn import HookedTransformer
+from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 
 
@@ -101,12 +101,25 @@ def pass_cost(
     ever more sequences of `n_pos` until a call takes about 10 ms; and sequences of one
     position after a KV cache of the `n_pos - 1` before, built as a pass builds it.
     """
-    cfg = dataclasses.replace(model.cfg, n_layers=1)
+    cfg = _one_block(model.cfg)
     key = (repr(cfg), n_pos, torch.get_num_threads())
     if key not in _MEASURED:
         stand_in = HookedTransformer(cfg)
         _MEASURED[key] = _measure(stand_in, n_pos, time_pass(stand_in, n_pos))
     return _MEASURED[key]
+
+
+def _one_block(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    """`cfg` with its first block only: every per-layer field (one entry per block, such
+    as `attn_types`) cut to its first entry."""
+    per_layer = {
+        f.name: value[:1]
+        for f in dataclasses.fields(cfg)
+        if isinstance(value := getattr(cfg, f.name), tuple | list)
+        and len(value) == cfg.n_layers
+        and f.name != "n_layers"
+    }
+    return dataclasses.replace(cfg, n_layers=1, **per_layer)
 
 
 def _measure(stand_in: HookedTransformer, n_pos: int, pass_s: float) -> PassCost:
@@ -130,7 +143,8 @@ def _best_seconds(stand_in: HookedTransformer, n_seq: int, n_pos: int, n_past: i
     cfg = stand_in.cfg
     like = dict(dtype=cfg.dtype, device=cfg.device)
     resid = torch.randn(n_seq, n_pos, cfg.d_model, **like)
-    keys = torch.randn(1, n_past, cfg.n_heads, cfg.d_head, **like)
+    n_kv_heads = cfg.n_key_value_heads or cfg.n_heads
+    keys = torch.randn(1, n_past, n_kv_heads, cfg.d_head, **like)
 
     def run() -> None:
         past = None

@@ -109,9 +109,14 @@ class _Group:
         self.model, self.layer, self.batch, self.n_unembed = model, layer, batch, n_unembed
         self.later_blocks = model.cfg.n_layers - layer - 1
         self.needs = [_need(e, end, self.later_blocks) for e in extents]
-        # Each variant from its own start needs room for the longest after the latest.
+        # Each variant from its own start needs room for the longest after the latest, and
+        # an attention window counts keys by their place in the pass, not their position.
         room = max(n.offset for n in self.needs) + max(n.later for n in self.needs)
-        self.own = not any(e.keyed for e in extents) and room <= model.cfg.n_ctx
+        self.own = (
+            not any(e.keyed for e in extents)
+            and room <= model.cfg.n_ctx
+            and model.cfg.window_size is None
+        )
         if not self.own:  # every row at its place: one offset, the first variant's
             self.needs = [
                 Need(n.offset, n.offset + n.first, n.offset + n.later) for n in self.needs
