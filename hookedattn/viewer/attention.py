@@ -138,6 +138,8 @@ def attention(
     patterns = _patterns(cache, chosen, batch)
     strings = token_strings(model, cache, tokens, batch, patterns.shape[-1])
     data = attention_data(patterns, strings, chosen, head)
-    text = "".join(strings)
+    # The title shows newlines and control characters as escapes, as the tokens do.
+    joined = "".join(strings)
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in joined)
     shown = text if len(text) <= 60 else text[:57] + "..."
-    return Page(title or f"attention: {shown!r}", data, height=820)
+    return Page(title or f"attention: \u201c{shown}\u201d", data, height=900)

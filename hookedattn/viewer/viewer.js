@@ -30,9 +30,12 @@
   }
   const short = (v) => (v === null ? "NaN" : String(Number(v.toPrecision(4))));
 
-  /* Whitespace made visible in the token strip; the tooltip shows the token quoted. */
+  /* Whitespace and control characters made visible (other control characters written as
+   * escapes, "\x1d", as a byte tokenizer writes bytes); the tooltip shows the token quoted. */
   function visible(token) {
-    const text = token.replace(/ /g, "\u00a0").replace(/\n/g, "\u23ce").replace(/\t/g, "\u21e5");
+    const escape = (c) => "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0");
+    const text = token.replace(/ /g, "\u00a0").replace(/\n/g, "\u23ce").replace(/\t/g, "\u21e5")
+      .replace(/[\u0000-\u001f\u007f]/g, escape);
     return text === "" ? "\u2205" : text;
   }
   const quoted = (token) => JSON.stringify(token);
@@ -64,7 +67,7 @@
 
   /* A heatmap of rows x columns, one <rect class="cell"> per entry, ticks labelled. */
   function heatmap(rows, cols, options) {
-    const cell = Math.max(3, Math.min(28, Math.floor((options.size || 480) / Math.max(rows.length, cols.length))));
+    const cell = Math.max(3, Math.min(28, Math.floor((options.size || 640) / Math.max(rows.length, cols.length))));
     const every = Math.ceil(9 / cell);  // ticks no closer than 9px
     const chars = (ticks) => Math.max(1, ...ticks.map((t) => t.length));
     const left = 24 + 6.2 * Math.min(14, chars(rows)), top = 8;
