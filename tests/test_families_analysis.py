@@ -261,3 +261,14 @@ def test_a_layernorm_after_each_sublayer_adds_its_bias_as_one_more_term():
     assert {"L1_attn_bias", "L1_ln1_post_bias", "L1_ln2_post_bias"} <= set(decomposition.labels)
     normed = apply_ln_to_stack(model, cache, decomposition, check=True)
     torch.testing.assert_close(normed.sum(), cache["ln_final.hook_normalized"], **TOL)
+
+
+@pytest.mark.parametrize("name", ["llama", "olmo2"])
+def test_values_recomputed_without_hook_v_are_the_grouped_ones_per_query_head(name):
+    model, _, full = family_run(name)
+    keep = ("hook_pattern", "hook_resid_pre", "ln1_post.hook_scale")
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.endswith(keep))
+    recomputed = head_source_contributions(model, cache, 1, [4])
+    torch.testing.assert_close(
+        recomputed.contributions, head_source_contributions(model, full, 1, [4]).contributions
+    )
