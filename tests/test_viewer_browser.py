@@ -269,3 +269,12 @@ def test_the_notebook_frame_shows_the_same_page(browser, model, tmp_path):
     shown = frame.locator("#tokens .token").all_text_contents()
     assert shown == ["<bos>", "a", "<", "b", ">", "c"]
     opened.close()
+
+
+def test_whitespace_and_control_characters_are_made_visible(browser, model, tmp_path):
+    page = attention(model, "a\x1d\tb\nc")
+    opened = Opened(browser, saved(page, tmp_path, "w.html"))
+    shown = opened.page.eval_on_selector_all("#tokens .token", "ts => ts.map(t => t.textContent)")
+    assert shown == ["<bos>", "a", "\\x1d", "\u21e5", "b", "\u23ce", "c"]
+    assert opened.page.text_content("h1") == "attention: \u201c<bos>a\\x1d\\tb\\nc\u201d"
+    opened.close()
