@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+import analysis
 from hookedattn import processing, tokenization
 from hookedattn.config import DTYPES
 from hookedattn.hook_points import LensHandle
@@ -259,6 +260,12 @@ class HookedTransformer(_CoreModel):
                 raise ValueError(f"mlp_input needs a block: layer must be < {self.cfg.n_layers}")
             total = total + self.blocks[layer].attn.b_O
         return total
+
+    def all_composition_scores(self, mode: str) -> Float[Tensor, "layer head layer head"]:
+        """Q-, K- or V-composition of every head with every later head (zero elsewhere),
+        as TL's: `analysis.composition_scores(model, mode).scores`, in the weights' dtype."""
+        scores = analysis.composition_scores(self, mode, n_samples=2).scores
+        return scores.to(self.cfg.dtype)
 
     # ------------------------------------------------------------------ hooks
     def list_hooks(

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import analysis
 import hookedattn
 from hookedattn import CharTokenizer
 from hookedattn_tl import (
@@ -196,3 +197,13 @@ def test_from_pretrained_a_shipped_model_processes_it():
     assert (processed.cfg.normalization_type, raw.cfg.normalization_type) == ("LNPre", "LN")
     tokens = raw.to_tokens("hello world")
     assert_close(processed(tokens).log_softmax(-1), raw(tokens).log_softmax(-1), atol=1e-4, rtol=0)
+
+
+def test_all_composition_scores_are_analysis_scores_masked_to_later_heads():
+    model = make_model(n_layers=3)
+    scores = model.all_composition_scores("K")
+    assert scores.shape == (3, 2, 3, 2) and scores.dtype == model.cfg.dtype
+    assert_close(scores, analysis.composition_scores(model, "K").scores.float())
+    for earlier in range(3):
+        assert bool((scores[earlier, :, : earlier + 1] == 0).all())
+    assert bool((scores[0, :, 1:] > 0).all())

@@ -102,3 +102,11 @@ def test_main_demo_gives_transformer_lens_numbers():
             assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-5), key
         else:
             assert ours[key] == value, key
+
+
+@pytest.mark.parametrize("mode", ["Q", "K", "V"])
+def test_all_composition_scores_match(mode):
+    weights = random_weights()
+    theirs = tl_model(weights).all_composition_scores(mode)
+    ours = our_model(weights).all_composition_scores(mode)
+    assert_close(ours, theirs, **TOLERANCE)
