@@ -8,7 +8,8 @@ forgot, or read from the wrong tensor, changes the logits. The configs reach eac
 variants: partial rotary, parallel and sequential NeoX blocks, grouped keys and values,
 "llama3" and "linear" rotary scaling, tied embeddings, q/k/v biases, windows shorter than
 the sequences, per-head and whole-projection q/k norms, `head_dim` != d_model / n_heads,
-Gemma's soft caps, and Gemma's and OLMo's norms after the sublayers.
+Gemma's soft caps, Gemma's and OLMo's norms after the sublayers, Phi-3's fused q/k/v and
+gate/up projections (unequal parts) with partial rotary.
 
 A float64 HF model is not float64 throughout: its RMSNorm normalises in float32
 (`hidden_states.to(torch.float32)`) and its eager attention takes the softmax in float32
@@ -68,6 +69,8 @@ CASES = {
         **LLAMA_LIKE, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
         attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(**LLAMA_LIKE)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(**LLAMA_LIKE, sliding_window=4,
+        rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5))),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]

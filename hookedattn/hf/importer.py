@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import gemma2, gpt2, llama, loading, neox, olmo2, qwen3
+from hookedattn.hf import gemma2, gpt2, llama, loading, neox, olmo2, phi3, qwen3
 from hookedattn.hf.family import Family
 from hookedattn.hf.table import (
     StateDict,
@@ -35,6 +35,7 @@ FAMILIES: tuple[Family, ...] = (
     qwen3.FAMILY,
     gemma2.FAMILY,
     olmo2.FAMILY,
+    phi3.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 

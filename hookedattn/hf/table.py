@@ -9,7 +9,9 @@ the einops pattern that reshapes one into the other.
 projections), sized from our config, so the left side of a pattern is also the shape the
 HF tensor must have: a checkpoint is checked against the config, tensor by tensor, before
 any tensor is read. A fused tensor is one rule per part, each `pick`ing its index of the
-pattern's first output axis. A rule without an HF tensor is zeros (a bias the family does
+pattern's first output axis; where the parts differ in size (Phi-3's q, k, v with grouped
+keys), each rule takes its `part` of the HF tensor's first axis, which is the pieces
+`split` lists one after another. A rule without an HF tensor is zeros (a bias the family does
 not have). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
 its scaled embedding); it receives the tensor already cast to the target dtype.
 """
@@ -36,6 +38,10 @@ class Rule:
     pattern: str
     pick: int | None = None
     adjust: Callable[[Tensor], Tensor] | None = None
+    # The HF tensor's first axis as consecutive pieces (each a product of axis names, e.g.
+    # ("head d_head", "kv_head d_head", "kv_head d_head")); the rule reads piece `part`.
+    split: tuple[str, ...] | None = None
+    part: int = 0
 
     def expand(self, n_layers: int) -> list["Rule"]:
         """This rule for every block, when it names `{layer}`; else itself."""
@@ -109,8 +115,15 @@ def side_shape(side: str, sizes: Mapping[str, int]) -> tuple[int, ...]:
 
 
 def hf_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """The shape the HF tensor of `rule` must have."""
-    return side_shape(rule.pattern.split("->")[0], sizes)
+    """The shape the HF tensor of `rule` must have (the whole tensor, when it is split)."""
+    shape = side_shape(rule.pattern.split("->")[0], sizes)
+    if rule.split is None:
+        return shape
+    return (sum(_pieces(rule, sizes)), *shape[1:])
+
+
+def _pieces(rule: Rule, sizes: Mapping[str, int]) -> list[int]:
+    return [side_shape(f"({piece})", sizes)[0] for piece in rule.split or ()]
 
 
 def our_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
@@ -195,7 +208,11 @@ def convert(
             yield rule.ours, torch.zeros(our_shape(rule, sizes), dtype=dtype, device=device)
             continue
         stored = source.get(names[rule.hf])
-        tensor = stored.to(device=device, dtype=dtype)
+        tensor = stored
+        if rule.split is not None:  # a view: only this piece is cast and copied
+            pieces = _pieces(rule, sizes)
+            tensor = tensor.narrow(0, sum(pieces[: rule.part]), pieces[rule.part])
+        tensor = tensor.to(device=device, dtype=dtype)
         used = set(re.findall(r"\w+", rule.pattern))
         axes = {name: size for name, size in sizes.items() if name in used}
         tensor = rearrange(tensor, rule.pattern, **axes)
