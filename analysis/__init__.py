@@ -4,7 +4,12 @@ Pure functions of `(model, cache)`: they never mutate their inputs, never attach
 their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
-from analysis.ablations import ablate, ablation_hooks
+from analysis._ablations import ablate, ablation_hooks
+from analysis._pattern_ablation import (
+    frozen_pattern_hooks,
+    pattern_preserving_ablation,
+    pattern_preserving_hooks,
+)
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
 from analysis.composition import CompositionScores, composition_scores
@@ -36,18 +41,13 @@ from analysis.patching import (
     compare_patching,
     path_patch,
 )
-from analysis.pattern_ablation import (
-    frozen_pattern_hooks,
-    pattern_preserving_ablation,
-    pattern_preserving_hooks,
-)
 from analysis.plots import heatmap
 from analysis.resid_stack import AccumulatedResid, Decomposition, DecompositionError
 from analysis.tables import Table
 from hookedattn.factored_matrix import SVD, FactoredMatrix
 
 __all__: list[str] = [
-    # issue 5: decomposition, attribution, head detectors
+    # decomposition, attribution, head detectors
     "AccumulatedResid",
     "Decomposition",
     "DecompositionError",
@@ -73,7 +73,7 @@ __all__: list[str] = [
     "prev_token_scores",
 ]
 
-# issue 4: circuits, composition, copying
+# circuits, composition, copying
 __all__ += [
     "SVD",
     "CompositionScores",
@@ -87,7 +87,7 @@ __all__ += [
     "qk_circuit",
 ]
 
-# issue 7: patching, ablations, plots
+# patching, ablations, plots
 __all__ += [
     "Component",
     "PatchingComparison",

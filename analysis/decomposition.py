@@ -30,7 +30,8 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._reading import activation, head_label, neuron_label, weight
+from analysis._naming import head_label, neuron_label
+from analysis._reading import activation, weight
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
 from analysis.resid_stack import AccumulatedResid, Decomposition, check_sums_to

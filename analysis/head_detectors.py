@@ -26,7 +26,8 @@ from einops import einsum, reduce
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis._reading import activation, head_label, parse_head
+from analysis._naming import head_label, parse_head
+from analysis._reading import activation
 from analysis.tables import Table
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer

@@ -29,7 +29,8 @@ from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._reading import activation, head_label, parse_head, weight
+from analysis._naming import head_label, parse_head
+from analysis._reading import activation, weight
 from analysis.normalization import NormSite, normalize, through_norm
 from analysis.tables import Table
 from hookedattn.cache import ActivationCache

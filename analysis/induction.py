@@ -21,11 +21,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.ablations import ablation_hooks
+from analysis._ablations import ablation_hooks
+from analysis._pattern_ablation import frozen_pattern_hooks
 from analysis.composition import CompositionScores, composition_scores
 from analysis.head_detectors import HeadScores, detect_head, induction_scores, prev_token_scores
 from analysis.patching import Component
-from analysis.pattern_ablation import frozen_pattern_hooks
 from hookedattn import ActivationCache, HookedTransformer, process_weights
 from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.training.corpus import repeated_random_tokens

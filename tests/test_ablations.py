@@ -3,9 +3,7 @@
 import pytest
 import torch
 
-from analysis import pattern_preserving_ablation
-from analysis.ablations import ablate, ablation_hooks
-from analysis.patching import Component
+from analysis import Component, ablate, ablation_hooks, pattern_preserving_ablation
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.tolerances import tolerance
 

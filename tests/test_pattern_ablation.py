@@ -8,7 +8,7 @@ and W_U, with no bias anywhere (a bias is no path through the head).
 import pytest
 import torch
 
-from analysis import frozen_pattern_hooks, pattern_preserving_ablation
+from analysis import Component, frozen_pattern_hooks, pattern_preserving_ablation
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.testing import randomize_parameters
 from hookedattn.tolerances import tolerance
@@ -124,3 +124,15 @@ def test_bad_heads_are_refused():
         pattern_preserving_ablation(model, _tokens(), (0, 4))
     with pytest.raises(ValueError, match="no heads"):
         pattern_preserving_ablation(model, _tokens(), [])
+
+
+def test_a_head_is_named_the_same_way_everywhere():
+    model, tokens = _model(), _tokens()
+    by_label = pattern_preserving_ablation(model, tokens, ["L1H2", "L2H0"])
+    by_pair = pattern_preserving_ablation(model, tokens, [(1, 2), (-1, 0)])
+    by_component = pattern_preserving_ablation(
+        model, tokens, [Component("z", 1, head=2), Component("z", 2, head=0)]
+    )
+    torch.testing.assert_close(by_pair, by_label, rtol=0, atol=0)
+    torch.testing.assert_close(by_component, by_label, rtol=0, atol=0)
+    assert Component("z", 1, head=2).label() == "z L1H2"

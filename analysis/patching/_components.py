@@ -1,7 +1,8 @@
 """What can be patched: components (an activation in one layer, one head, one position).
 
-A *kind* is a short hook name (`"resid_pre"`, `"z"`, `"pattern"`, ...). A `Component` is
-one kind in one layer, optionally narrowed to one head and one position. Patching a
+A *kind* is a short hook name (`"resid_pre"`, `"z"`, `"pattern"`, ...). A `Component`
+(`analysis._naming`) is one kind in one layer, optionally narrowed to one head and one
+position. Patching a
 component replaces that region of the activation and nothing else, so a sweep over every
 component of a kind is a list of `Component`s, and a batched sweep is a stack of their
 masks (`component_masks`), one row per patched variant.
@@ -22,7 +23,7 @@ from einops import rearrange
 from jaxtyping import Bool
 from torch import Tensor
 
-from analysis._reading import component_label
+from analysis._naming import Component
 from hookedattn import HookedTransformer
 from hookedattn.names import get_act_name
 
@@ -59,36 +60,6 @@ LOCAL_KINDS: frozenset[str] = frozenset(LAYOUTS) - {
     "v",
     "rot_k",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Component:
-    """One patchable region: activation `name` of block `layer`, one head and/or position.
-
-    `Component("z", 1, head=3)` is head 1.3's output at every position;
-    `Component("resid_pre", 0, pos=4)` is the residual stream entering block 0 at
-    position 4; `Component("pattern", 1, head=0, pos=7)` is head 1.0's attention from
-    query position 7. `head=None` / `pos=None` mean all heads / all positions.
-    """
-
-    name: str
-    layer: int
-    head: int | None = None
-    pos: int | None = None
-
-    @functools.cached_property
-    def hook_name(self) -> str:
-        """The full hook name, e.g. `blocks.1.attn.hook_z`."""
-        return get_act_name(self.name, self.layer)
-
-    def label(self) -> str:
-        """A short label for plots and reprs: `z L1H3`, `resid_pre L0 pos 4`."""
-        return f"{self.name} {component_label(self.layer, self.head, self.pos)}"
-
-    @property
-    def is_local(self) -> bool:
-        """Whether a patch here at one position changes its block's output there alone."""
-        return self.name in LOCAL_KINDS
 
 
 def available_kinds(model: HookedTransformer) -> list[str]:

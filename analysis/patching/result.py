@@ -7,7 +7,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._reading import component_label
+from analysis._naming import component_label
 
 METHODS = ("activation patching", "path patching", "attribution patching")
 DIRECTIONS = ("denoising", "noising")

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis._reading import HeadSpec, parse_head
+from analysis._naming import Component, HeadSpec, is_head_pair, parse_head
 from analysis.normalization import NormSite
 from hookedattn.cache import ActivationCache
 from hookedattn.hook_points import HookPoint
@@ -86,9 +86,12 @@ def pattern_preserving_hooks(
     """`frozen_pattern_hooks` plus hooks that zero the `z` (so the result) of `heads`."""
     cfg = model.cfg
     by_layer: dict[int, list[int]] = {}
-    specs = [heads] if isinstance(heads, str) or _is_pair(heads) else list(heads)
+    one = isinstance(heads, str | Component) or is_head_pair(heads)
+    specs = [heads] if one else list(heads)
     if not specs:
-        raise ValueError("no heads to ablate: give e.g. 'L1H2', (1, 2) or a list of them")
+        raise ValueError(
+            "no heads to ablate: give e.g. 'L1H2', (1, 2), Component('z', 1, head=2) or a list"
+        )
     for spec in specs:
         layer, head = parse_head(spec, cfg.n_layers, cfg.n_heads)
         by_layer.setdefault(layer, []).append(head)
@@ -97,10 +100,6 @@ def pattern_preserving_hooks(
         for layer, hs in sorted(by_layer.items())
     ]
     return frozen_pattern_hooks(model, clean_cache, freeze_norm_scales=freeze_norm_scales) + zeroing
-
-
-def _is_pair(spec: Any) -> bool:
-    return isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(i, int) for i in spec)
 
 
 def pattern_preserving_ablation(
@@ -114,10 +113,11 @@ def pattern_preserving_ablation(
 ) -> Float[Tensor, "batch pos d_vocab_out"]:
     """The logits with `heads` zero-ablated and every attention pattern frozen.
 
-    `heads` is one head (`"L1H2"` or `(1, 2)`) or a list. The patterns (and, with
-    `freeze_norm_scales`, the norm scales) are those of `clean_cache`, or of a clean run
-    on `tokens` when it is not given. `forward_kwargs` (e.g. `attention_mask`) go to both
-    runs. Zeroing `z` removes the head's `b_V` term too: it flows through the head.
+    `heads` is one head (`"L1H2"`, `(1, 2)` or `Component("z", 1, head=2)`) or a list.
+    The patterns (and, with `freeze_norm_scales`, the norm scales) are those of
+    `clean_cache`, or of a clean run on `tokens` when it is not given. `forward_kwargs`
+    (e.g. `attention_mask`) go to both runs. Zeroing `z` removes the head's `b_V` term
+    too: it flows through the head.
     """
     if "return_type" in forward_kwargs:
         raise TypeError(
