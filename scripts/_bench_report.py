@@ -60,13 +60,13 @@ _MALLOC = {
 
 
 def _same_math_table(results: list[dict]) -> list[str]:
-    """Every forward row against the same-math reference of its group (issue 2's ratios)."""
+    """Every forward row against the same-math reference of its group."""
     rows = [r for r in results if "ratio_same_math" in r and r["contender"] != "bare"]
     if not rows:
         return []
     lines = [
         "",
-        "## Hooks against a hook-free forward of the same math (issue 2)",
+        "## Hooks against a hook-free forward of the same math",
         "",
         "Median ratio (min-max) to the same-math reference timed in the same rounds.",
         "",

@@ -125,29 +125,29 @@ SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference
 # (section, setting, measure, target, source, reference): a target on the median ratio of
 # hookedattn's row to the reference ("bare": the group's first row; "same math").
 TARGETS = [
-    ("forward", "a", "forward, no hooks attached", 1.05, "issue 8", BARE_REF),
-    ("forward", "b", "forward, no hooks attached", 1.02, "issue 8", BARE_REF),
-    ("forward", "a", "run_with_cache, everything", 1.25, "issue 8", BARE_REF),
-    ("forward", "a", "no-op hook on every hook point", 1.15, "issue 8", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2", BARE_REF),
-    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.05, "issue 2", SAME_MATH),
-    ("forward", "s64", "run_with_cache, everything", 1.30, "issue 2", SAME_MATH),
-    ("forward", "s512", "forward, no hooks attached", 1.05, "issue 2", SAME_MATH),
-    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "issue 8", BARE_REF),
-    ("analysis", "b", "composition scores, all head pairs", 1.5, "issue 8", BARE_REF),
-    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "issue 8", BARE_REF),
+    ("forward", "a", "forward, no hooks attached", 1.05, "first targets", BARE_REF),
+    ("forward", "b", "forward, no hooks attached", 1.02, "first targets", BARE_REF),
+    ("forward", "a", "run_with_cache, everything", 1.25, "first targets", BARE_REF),
+    ("forward", "a", "no-op hook on every hook point", 1.15, "first targets", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.05, "hook cost", BARE_REF),
+    ("forward", "s64", "run_with_cache, everything", 1.30, "hook cost", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.05, "hook cost", SAME_MATH),
+    ("forward", "s64", "run_with_cache, everything", 1.30, "hook cost", SAME_MATH),
+    ("forward", "s512", "forward, no hooks attached", 1.05, "hook cost", SAME_MATH),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "first targets", BARE_REF),
+    ("analysis", "b", "composition scores, all head pairs", 1.5, "first targets", BARE_REF),
+    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "first targets", BARE_REF),
     # against the loop of one forward per patch: at least 10x faster
-    ("analysis", "c", "activation patching, every head x position", 0.1, "issue 8", BARE_REF),
+    ("analysis", "c", "activation patching, every head x position", 0.1, "first targets", BARE_REF),
     # Idle hook points cost nothing, down to the attention kernel.
-    ("forward", "a", "forward, no hooks attached", 1.02, "issue 16", BARE_REF),
-    ("forward", "b", "forward, no hooks attached", 1.01, "issue 16", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.10, "issue 16", BARE_REF),
-    ("forward", "a", "run_with_cache, everything", 1.10, "issue 16", BARE_REF),
-    ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "issue 16", BARE_REF),
-    ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "issue 16", BARE_REF),
+    ("forward", "a", "forward, no hooks attached", 1.02, "idle hooks", BARE_REF),
+    ("forward", "b", "forward, no hooks attached", 1.01, "idle hooks", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.10, "idle hooks", BARE_REF),
+    ("forward", "a", "run_with_cache, everything", 1.10, "idle hooks", BARE_REF),
+    ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "idle hooks", BARE_REF),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "idle hooks", BARE_REF),
     # peak resident memory of one forward, against the bare model's (memory section)
-    ("memory", "long", "hookedattn forward", 1.10, "issue 16", BARE_REF),
+    ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
 ]
 
 # ----------------------------------------------------------------------------- contenders
@@ -365,7 +365,7 @@ def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) ->
             if hasattr(model, "generate"):
                 group[(measure, OURS)] = _our_generate(model, tokens, n_new, use_cache)
             else:
-                run.skip("generation", f"{measure}: hookedattn", "model.generate (issue 3) missing")
+                run.skip("generation", f"{measure}: hookedattn", "model.generate missing")
             hf = hf_gpt2(model)
             if hf is not None:
                 group[(measure, HF)] = hf_generate(hf, tokens, n_new, use_cache)
@@ -416,7 +416,7 @@ def shipped_model(run: Run) -> tuple[HookedTransformer, Setting] | None:
     try:
         from hookedattn.pretrained import list_pretrained
     except ImportError:
-        run.skip("forward", "setting c", "waits for issue 6: hookedattn.pretrained")
+        run.skip("forward", "setting c", "hookedattn.pretrained missing")
         return None
     infos = [i for i in list_pretrained() if i.config.n_layers == 2 and i.config.attn_only]
     if not infos:

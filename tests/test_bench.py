@@ -48,10 +48,10 @@ def test_every_section_reports_groups_led_by_their_reference(report):
         assert r["min_s"] <= r["median_s"] <= r["max_s"]
         assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
         assert r["rounds"] == 2 and r["inner"] >= 1
-        assert r["contender"] in ("bare", "hookedattn", "transformer_lens")
+        assert r["contender"] in ("bare", "hookedattn", "transformer_lens", "transformers")
 
 
-def test_forward_measures_cover_every_setting_of_both_issues(report):
+def test_forward_measures_cover_every_setting(report):
     data, _ = report
     forward = [r for r in data["results"] if r["section"] == "forward"]
     for setting in ("s64", "s512", "a", "b"):
@@ -61,6 +61,20 @@ def test_forward_measures_cover_every_setting_of_both_issues(report):
         assert "run_with_cache, everything" in measures
         assert "no-op hook on every hook point" in measures
         assert any(m.startswith("run_with_cache, one name") for m in measures)
+        assert any(m.startswith("one hook on") for m in measures)
+
+
+def test_transformers_runs_the_same_weights_in_forward_and_generation(report):
+    pytest.importorskip("transformers")
+    data, _ = report
+    sections = {r["section"] for r in data["results"] if r["contender"] == "transformers"}
+    assert sections == {"forward", "generation"}
+
+
+def test_long_context_peak_memory_is_a_target(report):
+    data, _ = report
+    (target,) = [t for t in data["targets"] if t["section"] == "memory"]
+    assert target["setting"] == "long" and target["measured"] is not None
 
 
 def test_forward_groups_also_measure_against_the_same_math_without_hooks(report):
