@@ -164,6 +164,8 @@ def test_bad_input_is_named(model):
         attention(model, sliced)
     with pytest.raises(ValueError, match="kind"):
         Page("x", {"values": []})
+    with pytest.raises(ValueError, match="0 layers has no attention"):
+        attention(tiny_model(n_layers=0), "abc")
 
 
 def test_a_notebook_shows_the_page_in_a_sandboxed_frame(model):

@@ -127,6 +127,8 @@ def attention(
     pattern: a few hundred tokens and a few hundred heads keep it quick (16 heads over 128
     tokens make 0.7 MB); `layers` cuts a large model's page down.
     """
+    if model.cfg.n_layers == 0:
+        raise ValueError("a model with 0 layers has no attention patterns to show")
     if isinstance(cache_or_text, ActivationCache):
         cache = cache_or_text
     else:
