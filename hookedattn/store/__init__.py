@@ -18,7 +18,7 @@ from hookedattn.store.inputs import PackedContexts, Packing, default_corpus, pac
 from hookedattn.store.manifest import StoreError, read_manifest, weights_sha256
 from hookedattn.store.reader import ActivationStore, RowOrigin, StoreDataset
 from hookedattn.store.stats import RunningStats
-from hookedattn.store.sweep import SweepResult, load_sweep, sweep
+from hookedattn.store.sweep import SweepResult, load_sweep, save_sweep, sweep
 
 __all__ = [
     "ActivationStore",
@@ -38,6 +38,7 @@ __all__ = [
     "pack",
     "read_manifest",
     "resolve_names",
+    "save_sweep",
     "sweep",
     "weights_sha256",
 ]

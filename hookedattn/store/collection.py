@@ -100,14 +100,61 @@ def collect_activations(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    out = Path(out)
-    ranks = distributed.current()
+    out, ranks = Path(out), distributed.current()
+    job = _plan_job(model, inputs, names, context, n_tokens, batch_size, dtype, shard_contexts)
+    if ranks.is_main:
+        _prepare_folder(out, job.digest, overwrite)
+        write_manifest(out, job.manifest)
+    distributed.barrier()
+    mine = [job.shards[i] for i in ranks.share(len(job.shards))]
+    started, cpu_started = time.perf_counter(), time.process_time()
+    done = [s for s in mine if shard_is_complete(out / s.file, job.digest)]
+    todo = [s for s in mine if s not in done]
+    writer = ShardWriter(out, job.row_shapes, dtype, {"fingerprint": job.digest})
+    try:
+        _run(model, job, todo, writer, _bar(todo, ranks, progress))
+    except OSError as error:
+        raise _disk_error(error, out, job.shards) from error
+    distributed.barrier()
+    if ranks.is_main:
+        _finish(out, job.manifest, job.shards, job.names, dtype)
+    distributed.barrier()
+    tokens = sum(s.stop - s.start for s in todo) * job.packed.packing.context
+    written, resumed = tuple(s.index for s in todo), tuple(s.index for s in done)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return Collection(out, job.digest, len(job.shards), written, resumed, tokens, wall, cpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every rank computes identically before any work: inputs, names, layout."""
+
+    packed: PackedContexts
+    names: list[str]
+    stop_at: int | None
+    row_shapes: dict[str, tuple[int, ...]]
+    batch_size: int
+    shards: list[ShardSpec]
+    digest: str
+    manifest: dict[str, Any]
+
+
+def _plan_job(
+    model: Any,
+    inputs: Any,
+    names: Sequence[str | tuple],
+    context: int | None,
+    n_tokens: int | float | None,
+    batch_size: int,
+    dtype: torch.dtype,
+    shard_contexts: int | None,
+) -> _Job:
     full_names = resolve_names(model, names)
     packed = pack(model, inputs, context=context, n_tokens=n_tokens)
     stop_at = _stop_layer(full_names, model.cfg.n_layers)
     row_shapes = _row_shapes(model, packed, full_names, stop_at)
-    per_context = packed.packing.context * sum(math.prod(s) for s in row_shapes.values())
     if shard_contexts is None:
+        per_context = packed.packing.context * sum(math.prod(s) for s in row_shapes.values())
         per_shard = DEFAULT_SHARD_BYTES // (per_context * dtype.itemsize) // batch_size
         shard_contexts = max(1, per_shard) * batch_size
     plan = _plan(model, full_names, dtype, packed, batch_size, shard_contexts, row_shapes)
@@ -119,43 +166,7 @@ def collect_activations(
         "status": "writing",
         "shards": [s.to_dict() for s in shards],
     }
-    if ranks.is_main:
-        _prepare_folder(out, digest, overwrite)
-        write_manifest(out, manifest)
-    distributed.barrier()
-    mine = [shards[i] for i in ranks.share(len(shards))]
-    started, cpu_started = time.perf_counter(), time.process_time()
-    done = [s for s in mine if shard_is_complete(out / s.file, digest)]
-    todo = [s for s in mine if s not in done]
-    writer = ShardWriter(out, row_shapes, dtype, {"fingerprint": digest})
-    try:
-        _run(
-            model,
-            packed,
-            full_names,
-            stop_at,
-            todo,
-            batch_size,
-            writer,
-            _bar(todo, ranks, progress),
-        )
-    except OSError as error:
-        raise _disk_error(error, out, shards) from error
-    distributed.barrier()
-    if ranks.is_main:
-        _finish(out, manifest, shards, full_names, dtype)
-    distributed.barrier()
-    tokens = sum(s.stop - s.start for s in todo) * packed.packing.context
-    return Collection(
-        out,
-        digest,
-        len(shards),
-        tuple(s.index for s in todo),
-        tuple(s.index for s in done),
-        tokens,
-        time.perf_counter() - started,
-        time.process_time() - cpu_started,
-    )
+    return _Job(packed, full_names, stop_at, row_shapes, batch_size, shards, digest, manifest)
 
 
 def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
@@ -186,34 +197,25 @@ def shard_is_complete(path: Path, digest: str) -> bool:
         return False
 
 
-def _run(
-    model: Any,
-    packed: PackedContexts,
-    full_names: list[str],
-    stop_at: int | None,
-    todo: list[ShardSpec],
-    batch_size: int,
-    writer: ShardWriter,
-    bar: Any,
-) -> None:
+def _run(model: Any, job: _Job, todo: list[ShardSpec], writer: ShardWriter, bar: Any) -> None:
     captured: dict[str, Tensor] = {}
     # The hook keeps a reference only: nothing edits activations in place in the forward.
     keep = lambda x, hook: captured.__setitem__(hook.name, x)
     try:
-        with torch.inference_mode(), model.hooks([(n, keep) for n in full_names]):
+        with torch.inference_mode(), model.hooks([(n, keep) for n in job.names]):
             for spec in todo:
                 writer.begin(spec)
-                for start in range(spec.start, spec.stop, batch_size):
-                    tokens = packed.contexts(start, min(start + batch_size, spec.stop))
-                    model(tokens.to(model.cfg.device), return_type=None, stop_at_layer=stop_at)
-                    writer.add(
-                        {n: _as_rows(n, captured.pop(n)) for n in full_names},
-                        tokens.to(torch.int32),
-                    )
+                for start in range(spec.start, spec.stop, job.batch_size):
+                    tokens = job.packed.contexts(start, min(start + job.batch_size, spec.stop))
+                    device_tokens = tokens.to(model.cfg.device)
+                    model(device_tokens, return_type=None, stop_at_layer=job.stop_at)
+                    rows = {n: _as_rows(n, captured.pop(n)) for n in job.names}
+                    writer.add(rows, tokens.to(torch.int32))
                     bar.update(tokens.numel())
                 writer.end()
         writer.close()
     finally:
+        writer.abort()  # a no-op after close(); after an error, no thread is left waiting
         bar.close()
 
 

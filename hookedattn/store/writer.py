@@ -130,6 +130,12 @@ class ShardWriter:
         self._thread.join()
         self._raise_error()
 
+    def abort(self) -> None:
+        """Stop the thread without committing the shard in progress (after an error here)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)  # the thread drains the queue, so this finds room
+            self._thread.join()
+
     def _put(self, item: Any) -> None:
         while True:
             self._raise_error()
@@ -142,13 +148,8 @@ class ShardWriter:
     def _raise_error(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
-            self._put_stop_quietly()
+            self.abort()
             raise error
-
-    def _put_stop_quietly(self) -> None:
-        # The thread drains the queue after an error, so STOP always finds room.
-        self._queue.put(_STOP)
-        self._thread.join()
 
     def _run(self) -> None:
         while True:
