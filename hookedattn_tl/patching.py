@@ -100,7 +100,7 @@ def generic_activation_patch(
     if index_df is None:
         if index_axis_names is None:
             raise ValueError("give index_axis_names (e.g. ('layer', 'pos')) or index_df")
-        sizes = _axis_sizes(model, corrupted_tokens)
+        sizes = _axis_sizes(model, corrupted_tokens, activation_name)
         shape = [sizes[axis] for axis in index_axis_names]
         indices = list(itertools.product(*(range(n) for n in shape)))
     else:
@@ -127,8 +127,10 @@ def _patch_hook(
     return setter(activation.clone(), index, clean.to(activation.device))
 
 
-def _axis_sizes(model: Any, tokens: Tensor) -> dict[str, int]:
+def _axis_sizes(model: Any, tokens: Tensor, activation_name: str) -> dict[str, int]:
     n_pos, n_heads = tokens.shape[-1], model.cfg.n_heads
+    if activation_name in ("k", "v"):  # grouped-query attention: one per key/value head
+        n_heads = getattr(model.cfg, "n_key_value_heads", None) or n_heads
     sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": n_heads, "head_index": n_heads}
     return {**sizes, "src_pos": n_pos, "dest_pos": n_pos}
 
@@ -335,8 +337,14 @@ def get_act_patch_attn_head_all_pos_every(
         [
             get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
             get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric),
+            _per_query_head(
+                model,
+                get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric),
+            ),
+            _per_query_head(
+                model,
+                get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric),
+            ),
             get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric),
         ]
     )
@@ -351,11 +359,24 @@ def get_act_patch_attn_head_by_pos_every(
         [
             get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
             get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric),
+            _per_query_head(
+                model,
+                get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric),
+            ),
+            _per_query_head(
+                model,
+                get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric),
+            ),
             rearrange(pattern, "layer head pos -> layer pos head"),
         ]
     )
+
+
+def _per_query_head(model: Any, results: Tensor) -> Tensor:
+    """Key/value results `[... kv_head]` zero-padded to `[... head]`, as TL stacks them
+    for grouped-query attention (entries past the key/value heads are 0, not results)."""
+    missing = model.cfg.n_heads - results.shape[-1]
+    return torch.nn.functional.pad(results, (0, missing))
 
 
 def get_act_patch_block_every(

@@ -139,3 +139,26 @@ def test_a_core_cache_runs_tl_s_loop(model, prompts):
 def test_swapped_arguments_name_tl_s_order(model, prompts):
     with pytest.raises(TypeError, match="corrupted_tokens, clean_cache"):
         patching.get_act_patch_resid_pre(model, prompts[1], prompts[0], metric)
+
+
+def test_grouped_query_attention_keys_and_values_per_key_value_head():
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=24, n_ctx=16, d_vocab=13,
+        n_key_value_heads=2, act_fn="gelu", seed=0, dtype="float64",
+    )  # fmt: skip
+    gqa = HookedTransformer(cfg)
+    clean = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(1))
+    corrupted = (clean + 1) % 13
+    cache = gqa.run_with_cache(clean)[1]
+    keys = patching.get_act_patch_attn_head_k_all_pos(gqa, corrupted, cache, metric)
+    loop = patching.generic_activation_patch(
+        gqa, corrupted, cache, metric, patching.layer_head_vector_patch_setter, "k",
+        ("layer", "head"),
+    )  # fmt: skip
+    assert keys.shape == loop.shape == (2, 2)
+    assert_close(keys, loop, atol=1e-5, rtol=1e-5)
+    every = patching.get_act_patch_attn_head_all_pos_every(gqa, corrupted, cache, metric)
+    assert every.shape == (5, 2, 4)
+    # TL's layout: the key/value heads first, zeros for the rest.
+    assert_close(every[2, :, :2], keys)
+    assert bool((every[2, :, 2:] == 0).all())
