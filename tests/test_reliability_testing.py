@@ -135,7 +135,17 @@ def run_pytest(root: Path, extra_path: str | None = None) -> subprocess.Complete
     if extra_path:
         env["PYTHONPATH"] = extra_path
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-rA",
+        ],
         cwd=root,
         env=env,
         capture_output=True,
