@@ -7,8 +7,6 @@ import html
 import json
 import re
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from analysis import (
     view,
 )
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, list_pretrained
+from hookedattn.__main__ import main as cli
 from hookedattn.testing import randomize_parameters
 from hookedattn.viewer import Page, attention, script_json
 
@@ -279,21 +278,27 @@ def test_notebook_tables_escape_labels(model):
     assert "<img" not in renamed._repr_html_() and "&lt;img src=x&gt;" in renamed._repr_html_()
 
 
-def test_cli_writes_the_attention_page(tmp_path):
-    # A shipped two-layer attention-only model, whatever the registry calls it.
+def test_cli_writes_the_attention_page(tmp_path, capsys):
+    # A shipped two-layer attention-only model, whatever the registry calls it. In-process
+    # (tests/test_cli.py runs the CLI in subprocesses): the same parser and command.
     (name,) = [
         info.name
         for info in list_pretrained()
         if info.config.n_layers == 2 and info.config.attn_only
     ]
     out = tmp_path / "attention.html"
-    command = [sys.executable, "-m", "hookedattn", "view", name, "abcabc xyzxyz", "-o", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert str(out) in done.stdout
+    assert cli(["view", name, "abcabc xyzxyz", "-o", str(out), "--head", "L1H3"]) == 0
+    assert str(out) in capsys.readouterr().out
     data = embedded(out.read_text(encoding="utf-8"))
     assert "".join(data["tokens"]) == "<bos>abcabc xyzxyz"
+    assert data["start"] == {"index": 8 + 3, "grid": False}
     model = HookedTransformer.from_pretrained(name)
     _, cache = model.run_with_cache("abcabc xyzxyz")
-    # Another process, run with only the patterns recorded: the same to float32 rounding.
+    # Run with only the patterns recorded: the same to float32 rounding.
     torch.testing.assert_close(decoded_patterns(data)[1], cache["pattern", 1][0], rtol=0, atol=1e-5)
+
+
+def test_cli_names_a_head_that_is_not_there(tmp_path, capsys):
+    (name,) = [i.name for i in list_pretrained() if i.config.n_layers == 2 and i.config.attn_only]
+    assert cli(["view", name, "ab", "-o", str(tmp_path / "a.html"), "--head", "L5H0"]) == 2
+    assert "not on this page" in capsys.readouterr().err
