@@ -156,8 +156,13 @@ class Attention(nn.Module):
         """
         if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
             return True
-        largest_score = q.abs().amax() * k.abs().amax() * (q.shape[-1] / self.attn_scale)
-        return not bool((largest_score < self._score_limit) & v.isfinite().all())  # one sync
+        # Bounds from reductions that allocate nothing of the inputs' size (`abs()` would):
+        # a NaN or inf anywhere makes its bound NaN or inf, and the test false.
+        q_low, q_high = torch.aminmax(q)
+        k_low, k_high = torch.aminmax(k)
+        largest = torch.maximum(-q_low, q_high) * torch.maximum(-k_low, k_high)
+        safe = (largest * (q.shape[-1] / self.attn_scale) < self._score_limit) & v.sum().isfinite()
+        return not bool(safe)  # one synchronisation
 
     def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""
