@@ -457,10 +457,12 @@ class HookedTransformer(HookedRootModule):
         dtype: torch.dtype | str | None = None,
         device: str | None = None,
     ) -> "HookedTransformer":
-        """Import a `transformers` `GPT2LMHeadModel`, or a local directory holding one.
+        """Import a `transformers` causal LM, or a local directory holding one.
 
-        Needs the optional `transformers` (`pip install hookedattn[hf]`); nothing is
-        downloaded. See `hookedattn.hf_import`.
+        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2, OLMo 2 and Phi-3
+        (`hookedattn.hf.SUPPORTED_ARCHITECTURES`). Needs the optional `transformers` (`pip
+        install hookedattn[hf]`); nothing is downloaded: a directory is read from its
+        safetensors files one tensor at a time, converted to `dtype` as it is read.
         """
         return hf_import.from_hf(cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
 
