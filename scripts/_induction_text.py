@@ -238,6 +238,8 @@ def write_report(out: Path, r: object) -> Path:
     k_score, q_score, v_score = (heads.composition_of_pair(kind) for kind in "KQV")
     k = heads.composition["K"]
     partners = heads.k_partners()
+    sharp = heads.prev_scores[0, p] > MAJORITY
+    looks = "the previous position" if sharp else "the last few positions, the previous one most"
     sections = [
         f"# How `bytes-attn-only-2l` does induction\n\n"
         f"Written by `python scripts/induction_circuit.py` in {r.seconds:.0f} s of wall "
@@ -271,8 +273,10 @@ def write_report(out: Path, r: object) -> Path:
         f"![composition scores](composition.png)\n\n"
         f"{H} must attend to the key *after* an earlier copy of the query token. The key's "
         f"own token says nothing about that; what identifies it is the token *before* it. "
-        f"{P} moves that token: at position j it attends to j-1 and writes "
-        f"`x[j-1] @ OV_{P}` into the stream. {H} reads its keys from the stream through "
+        f"{P} moves that token: at position j it attends "
+        + ("to j-1" if sharp else "mostly to j-1 (with some weight further back)")
+        + f" and writes `x[j-1] @ OV_{P}` into the stream. {H} reads its keys from the "
+        f"stream through "
         f"`W_K`, so its keys can contain the previous token. How much of what {P} writes "
         f"{H}'s keys read is the K-composition score: the Frobenius norm of the product "
         f"`OV_{P} @ QK_{H}.T` relative to the norms of the two (Elhage et al. 2021):\n\n"
@@ -317,7 +321,7 @@ def write_report(out: Path, r: object) -> Path:
         "## The worklog's questions\n\n"
         f"**What is the attention weight trying to tell us?** Which earlier position this "
         f"head moves information *from*, and nothing about what it moves. {P}'s weights say "
-        f'"the previous position", for every token alike; {H}\'s say "the position after '
+        f'"{looks}", for every token alike; {H}\'s say "the position after '
         f'an earlier copy of me", a question about *content* that it can only ask because '
         f"{P} has already written each token's predecessor into the stream.\n\n"
         f"**What happens in parallel, what in sequence?** Within a layer everything is "

@@ -25,7 +25,7 @@ criteria were fixed before the shipped models were trained:
 import pytest
 import torch
 
-from analysis import copying_scores
+from analysis import copying_scores, induction_scores
 from analysis.induction import (
     BIGRAM_SHARE,
     FAR_BELOW,
@@ -178,8 +178,7 @@ def test_induction_and_in_context_learning_rise_in_the_same_window(tokens):
         model = HookedTransformer.from_pretrained(TWO, checkpoint_value=step)
         with torch.no_grad():
             logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
-        locate = locate_circuit(model, tokens, cache)
-        induction.append(locate.induction[1, locate.induction_head])
+        induction.append(float(induction_scores(model, cache=cache, tokens=tokens).scores[1].max()))
         icl.append(repeat_losses(logits, tokens, PERIOD).icl)
     assert induction[0] < MAJORITY < induction[-1]  # the checkpoints span the change
     assert steepest_rise(info.checkpoints, induction) == steepest_rise(info.checkpoints, icl)

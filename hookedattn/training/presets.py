@@ -11,6 +11,13 @@ analysis). Without norms the same recipe trains, but its attention stays soft: t
 residual stream is small at initialisation, so are the attention scores, and in 1,500
 steps no previous-token head formed. Half of each batch is repeated random bytes: with a
 quarter, no induction head formed in 3,000 steps; with half, it forms near step 1,300.
+
+With norms, the two-layer model's previous-token information runs through several soft
+layer-0 heads (the best puts 0.32 of its attention one back). Trials without norms, all
+other settings as here: an initialisation scale of 0.02 or 0.05 formed no previous-token
+head (every layer-0 score at the uniform 0.03) by step 1,250 and 1,500; a scale of 0.3
+starts with a loss near 120 nats (without norms, the logits of random weights that large
+are huge) and formed none by step 750.
 """
 
 import dataclasses
