@@ -109,8 +109,9 @@ def train(
     resumed_from = None if latest is None else state.step
     tokens_per_step = cfg.batch_size * model.cfg.n_ctx
     bar = _progress_bar(cfg, state.step, tokens_per_step, progress)
+    say = bar.write if progress else (lambda text, file=None: None)  # tqdm.write ignores disable
     if latest is not None:
-        bar.write(f"resuming from {latest}", file=sys.stderr)
+        say(f"resuming from {latest}", file=sys.stderr)
 
     def checkpoint() -> None:
         if run_dir is not None:
@@ -135,15 +136,14 @@ def train(
             bar.set_postfix(step=step, loss=f"{loss:.3f}", lr=lr, refresh=False)
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 state.history.append(evaluate(model, corpus, cfg, step))
-                if progress:
-                    bar.write(repr(state.history[-1]), file=sys.stderr)
+                say(repr(state.history[-1]), file=sys.stderr)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 checkpoint()
     except KeyboardInterrupt:
         if mid_step:
-            bar.write(f"interrupted during step {state.step + 1}: resume from the last checkpoint")
+            say(f"interrupted during step {state.step + 1}: resume from the last checkpoint")
         else:
-            bar.write(f"interrupted after step {state.step}: saving a checkpoint to resume from")
+            say(f"interrupted after step {state.step}: saving a checkpoint to resume from")
             checkpoint()
         raise
     finally:
