@@ -9,8 +9,9 @@
 Every helper fails with an `AssertionError` that says which activation or component, at
 which position, the largest error and the tolerance it broke. Tolerances by dtype come
 from `hookedattn.tolerances` (re-exported here). Nothing here imports pytest; the fixtures
-live in `hookedattn.testing.pytest_plugin`, which pytest loads by itself once hookedattn is
-installed (see `pytest_hookedattn.py` for why the entry point is a separate module).
+live in the top-level module `pytest_hookedattn`, which pytest loads by itself once
+hookedattn is installed, and which imports nothing heavy until a fixture is used (see its
+docstring; `hookedattn.testing.pytest_plugin` is the same plugin under the package's name).
 """
 
 from hookedattn.testing.caches import assert_close_cache
