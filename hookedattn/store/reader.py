@@ -7,7 +7,8 @@ store-wide in shard order (context after context, position after position), so r
 
 A store whose manifest says `"writing"` (a collection in progress, or one that stopped)
 shows only the shards already committed: a shard file appears under its final name only
-once it is whole.
+once it is whole. Its rows are numbered over those shards; `origin` gives each row's
+context in the packed inputs either way.
 """
 
 import dataclasses
