@@ -27,6 +27,7 @@ from hookedattn import (
     weight_views,
     weights_io,
 )
+from hookedattn._tl_names import TLNamesMixin
 from hookedattn.cache import ActivationCache
 from hookedattn.components.block import make_block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
@@ -49,7 +50,7 @@ class LogitsAndLoss(NamedTuple):
     loss: Tensor
 
 
-class HookedTransformer(HookedRootModule):
+class HookedTransformer(TLNamesMixin, HookedRootModule):
     """A decoder-only transformer whose every activation passes through a named hook point.
 
     Build one from a `HookedTransformerConfig` (random weights, seeded by `cfg.seed`), or
@@ -411,6 +412,12 @@ class HookedTransformer(HookedRootModule):
             for block in self.blocks:
                 stack.enter_context(block.attn.keeping_fused_weights())
             yield
+
+    def saes(self, saes: Any, use_error_term: bool = True) -> Any:
+        """Splice sparse autoencoders at their hook points for a `with` block (`hookedattn.sae`)."""
+        from hookedattn.sae.splice import spliced  # the SAE package builds on this module's peers
+
+        return spliced(self, saes, use_error_term)
 
     def copy(self) -> "HookedTransformer":
         """An independent deep copy (weights, config and attached hooks)."""
