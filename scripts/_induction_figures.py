@@ -282,7 +282,11 @@ def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> No
     for kind in "QKV":
         scores = c.heads.composition[kind].scores[0, :, 1, :]
         composition_panels.append(
-            (f"{kind}-composition (its 64 pairs: {scores.mean():.3f} ± {scores.std():.3f})", scores)
+            (
+                f"{kind}-composition ({scores.numel()} pairs: "
+                f"{scores.mean():.3f} ± {scores.std():.3f})",
+                scores,
+            )
         )
     k = c.heads.composition["K"]
     composition(

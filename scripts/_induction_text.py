@@ -239,6 +239,9 @@ def write_report(out: Path, r: object) -> Path:
     k = heads.composition["K"]
     partners = heads.k_partners()
     sharp = heads.prev_scores[0, p] > MAJORITY
+    layer_pairs = {kind: heads.composition[kind].scores[0, :, 1, :] for kind in "QKV"}
+    pair_means = {kind: float(v.mean()) for kind, v in layer_pairs.items()}
+    n_pairs = layer_pairs["K"].numel()
     looks = "the previous position" if sharp else "the last few positions, the previous one most"
     sections = [
         f"# How `bytes-attn-only-2l` does induction\n\n"
@@ -286,8 +289,9 @@ def write_report(out: Path, r: object) -> Path:
         f"    V-composition({P} -> {H}) = {v_score:.3f}\n\n"
         f"The random baseline is that of Gaussian matrices of these shapes, the same for "
         f"the three kinds; each panel of the figure also gives the mean and spread of its "
-        f"own 64 pairs, which is lower for Q and V: most trained pairs compose *less* than "
-        f"random ones. {P} is {H}'s strongest K-composition partner; "
+        f"own {n_pairs} pairs: "
+        + ", ".join(f"{kind} {mean:.3f}" for kind, mean in pair_means.items())
+        + f" on average. {P} is {H}'s strongest K-composition partner; "
         f"{len(partners)} layer-0 head{'s' if len(partners) != 1 else ''} compose with it "
         f"well above random ({', '.join(f'L0H{i}' for i in partners) or 'none'}). "
         f"Causally, with patterns recomputed: zeroing {P}'s output lowers {H}'s induction "
