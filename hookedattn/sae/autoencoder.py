@@ -1,0 +1,136 @@
+"""`SparseAutoencoder`: a dictionary of features for one hook point, with hook points of its own.
+
+    acts   = act((x - pre_bias) @ W_enc + b_enc)          hook_in -> hook_acts
+    recons = acts @ W_dec + b_dec                         hook_recons
+    error  = x - recons                                   hook_error
+    out    = recons (+ error, when spliced exactly)       hook_out
+
+`W_enc: [d_in d_sae]`, `W_dec: [d_sae d_in]` (row `f` is feature `f`'s direction, unit norm
+for a freshly built or trained SAE), `b_enc: [d_sae]`, `b_dec: [d_in]`: SAELens's names and
+layout. The activation (ReLU, TopK, JumpReLU) and the pre-bias (tied to `b_dec`, untied,
+none) are modules chosen at construction (`hookedattn.sae.activations`).
+
+The error term is computed from the clean reconstruction, before any hook edits the
+features, and detached from autograd, as in SAELens and Marks et al. 2024 (A.3): ablating a
+feature then changes the output by that feature's write, and gradients reach the features,
+not a path around them. Without edits, `recons + error` is the input to rounding.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.hook_points import HookedRootModule, HookPoint
+from hookedattn.sae.activations import make_activation, make_pre_bias
+from hookedattn.sae.config import SAEConfig
+
+In = Float[Tensor, "*batch d_in"]
+Acts = Float[Tensor, "*batch d_sae"]
+HOOK_NAMES = ("hook_in", "hook_acts", "hook_recons", "hook_error", "hook_out")
+
+
+class SparseAutoencoder(HookedRootModule):
+    """A sparse autoencoder (see the module docstring); build one from an `SAEConfig`.
+
+    `sae(x)` is the reconstruction; `sae.with_error(x)` adds the error term back.
+    Spliced into a model (`model.saes([sae])`) its hook points are named after the point
+    it sits at: `blocks.1.hook_resid_pre.sae.hook_acts`.
+    """
+
+    def __init__(self, cfg: SAEConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, SAEConfig):
+            raise TypeError(f"cfg must be an SAEConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        dtype = cfg.torch_dtype
+        self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dtype))
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype))
+        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dtype))
+        self.pre_bias = make_pre_bias(cfg)
+        self.activation = make_activation(cfg)
+        self.hook_in = HookPoint()  # [*batch d_in]
+        self.hook_acts = HookPoint()  # [*batch d_sae]
+        self.hook_recons = HookPoint()  # [*batch d_in]
+        self.hook_error = HookPoint()  # [*batch d_in]
+        self.hook_out = HookPoint()  # [*batch d_in]
+        self.init_weights()
+        self.setup()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Unit-norm random decoder rows, the encoder their transpose, zero biases.
+
+        Drawn in float32 from a generator seeded by `cfg.seed` (the global RNG when None).
+        """
+        generator = None if self.cfg.seed is None else torch.Generator().manual_seed(self.cfg.seed)
+        W = torch.randn(self.cfg.d_sae, self.cfg.d_in, generator=generator)
+        W = W / W.norm(dim=-1, keepdim=True)
+        self.W_dec.copy_(W.to(self.W_dec.dtype))
+        self.W_enc.copy_(W.T.to(self.W_enc.dtype))
+
+    # ------------------------------------------------------------------ the math
+    def encode(self, x: In) -> Acts:
+        """Feature activations of `x`, without running any hook point."""
+        pre = einsum(self.pre_bias(x, self.b_dec), self.W_enc, "... d_in, d_in d_sae -> ... d_sae")
+        return self.activation(pre + self.b_enc)
+
+    def decode(self, acts: Acts) -> In:
+        """The reconstruction from feature activations, without running any hook point."""
+        return einsum(acts, self.W_dec, "... d_sae, d_sae d_in -> ... d_in") + self.b_dec
+
+    def forward(self, x: In) -> In:
+        """The reconstruction of `x` (SAELens's `sae(x)`), through the hook points."""
+        recons, _ = self._hooked(x)
+        return self.hook_out(recons)
+
+    def with_error(self, x: In) -> In:
+        """The reconstruction plus the error term: `x` to rounding, unless a hook edits
+        the features (the error is the unedited one; module docstring)."""
+        recons, error = self._hooked(x)
+        return self.hook_out(recons + error)
+
+    def _hooked(self, x: In) -> tuple[In, In]:
+        x = self.hook_in(x)
+        clean = self.encode(x)
+        acts = self.hook_acts(clean)
+        clean_recons = self.decode(clean)
+        # A hook that replaced the features needs their decoding; otherwise reuse it.
+        recons = self.hook_recons(clean_recons if acts is clean else self.decode(acts))
+        error = self.hook_error((x - clean_recons).detach())
+        return recons, error
+
+    # ------------------------------------------------------------------ conveniences
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights."""
+        return self.W_enc.dtype
+
+    def to(self, *args, **kwargs) -> "SparseAutoencoder":
+        """`nn.Module.to`, keeping `cfg.dtype` true to the weights."""
+        super().to(*args, **kwargs)
+        name = str(self.W_enc.dtype).removeprefix("torch.")
+        if name != self.cfg.dtype:
+            self.cfg = dataclasses.replace(self.cfg, dtype=name)
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """Write `cfg.json` and `sae_weights.safetensors` (SAELens's layout) into `path`."""
+        from hookedattn.sae import io
+
+        return io.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SparseAutoencoder":
+        """Load an SAE saved by `save` or by SAELens (`cfg.json` + `sae_weights.safetensors`)."""
+        from hookedattn.sae import io
+
+        return io.load(path)
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return f"d_in={c.d_in}, d_sae={c.d_sae}, hook_name={c.hook_name!r}, dtype={c.dtype}"
