@@ -58,6 +58,18 @@ class ActivationCache(Mapping[str, Tensor]):
         versions = _versions or {}
         self._versions = {n: versions.get(n, t._version) for n, t in self._data.items()}
 
+    def __getstate__(self) -> dict:
+        # A copied or unpickled tensor starts a new version counter: keep which entries
+        # were edited, not the counts.
+        state = dict(self.__dict__)
+        state["_versions"] = {n: n in self._edited_names() for n in self._data}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        edited = state.pop("_versions")
+        self.__dict__.update(state)
+        self._versions = {n: -1 if edited[n] else t._version for n, t in self._data.items()}
+
     # ------------------------------------------------------------ mapping protocol
     def __getitem__(self, key: CacheKey) -> Tensor:
         name = self._full_name(key)

@@ -1,5 +1,8 @@
 """The cache's promise: what it holds never changes, and no edit of it goes unnoticed."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -95,3 +98,12 @@ def test_a_pos_slice_in_range_keeps_those_positions(model, pos_slice):
     _, sliced = model.run_with_cache(TOKENS, pos_slice=pos_slice)
     index = slice(pos_slice, pos_slice + 1 or None) if isinstance(pos_slice, int) else pos_slice
     torch.testing.assert_close(sliced["resid_post", 1], full["resid_post", 1][:, index])
+
+
+def test_a_copied_or_pickled_cache_keeps_what_was_edited_and_nothing_else(model):
+    _, cache = model.run_with_cache(TOKENS)
+    cache["pattern", 0].mul_(0)
+    for again in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        with pytest.raises(CacheEditedError):
+            again["pattern", 0]
+        torch.testing.assert_close(again["pattern", 1], cache["pattern", 1])

@@ -1,8 +1,8 @@
 """What the pytest fixtures do, without pytest: watch for leaked hooks, share models safely
 across a session, and build tiny seeded models.
 
-`hookedattn.testing.pytest_plugin` wraps these in fixtures; a suite on another runner can
-use them directly.
+The pytest plugin (`pytest_hookedattn`) wraps these in fixtures; a suite on another runner
+can use them directly.
 """
 
 import dataclasses
