@@ -15,6 +15,7 @@ from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_c
 from analysis.composition import CompositionScores, composition_scores
 from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.head_detectors import (
     HeadScores,
     detect_head,
@@ -62,6 +63,8 @@ __all__: list[str] = [
     "detect_head",
     "direct_logit_attribution",
     "duplicate_token_scores",
+    "feature_decomposition",
+    "feature_logit_attribution",
     "frozen_pattern_hooks",
     "head_results",
     "head_source_contributions",
