@@ -230,34 +230,10 @@ def _smaller_models_section(r: object) -> str:
     )
 
 
-def write_report(out: Path, r: object) -> Path:
-    """Write `report.md` into `out` from the measurements `r` (see `induction_circuit.main`)."""
-    c, heads = r.circuit, r.circuit.heads
-    p, h = c.prev_head, c.induction_head
-    P, H = f"L0H{p}", f"L1H{h}"
-    k_score, q_score, v_score = (heads.composition_of_pair(kind) for kind in "KQV")
-    k = heads.composition["K"]
-    partners = heads.k_partners()
-    sharp = heads.prev_scores[0, p] > MAJORITY
-    layer_pairs = {kind: heads.composition[kind].scores[0, :, 1, :] for kind in "QKV"}
-    pair_means = {kind: float(v.mean()) for kind, v in layer_pairs.items()}
-    n_pairs = layer_pairs["K"].numel()
-    looks = "the previous position" if sharp else "the last few positions, the previous one most"
-    sections = [
-        f"# How `bytes-attn-only-2l` does induction\n\n"
-        f"Written by `python scripts/induction_circuit.py` in {r.seconds:.0f} s of wall "
-        f"time ({r.cpu_seconds:.0f} s of CPU) from the shipped models "
-        f"(`HookedTransformer.from_pretrained`), torch {r.torch_version}. Every number "
-        f"below is measured by that run; every threshold is stated against a baseline "
-        f"(section *Thresholds*), and `tests/test_findings.py` checks the same ones with "
-        f"the same code (`analysis.induction`).\n\n"
-        f"*In-context learning* (ICL) is, everywhere below, the loss with less context minus "
-        f"the loss with more, in nats per token: first copy minus second copy of a repeated "
-        f"sequence (*repeat ICL*), early minus late positions of held-out text (*text ICL*: "
-        f"tokens 9-24 minus tokens 97-127). Positive means the context helps. (Olsson et "
-        f"al. 2022's in-context-learning score is the text ICL's negative.)",
-        "## Findings\n\n" + findings_table(r.findings),
-        _model_section(r),
+def _icl_section(r: object) -> str:
+    """In-context learning on repeated bytes and held-out text."""
+    c = r.circuit
+    return (
         "## In-context learning\n\n"
         f"![loss by position](icl_curve.png)\n\n"
         f"On `<bos>` + 63 random bytes + the same 63 bytes again, the two-layer model's loss "
@@ -270,8 +246,23 @@ def write_report(out: Path, r: object) -> Path:
         f"find the byte that came *next* last time. On held-out stdlib files the two-layer "
         f"model's text ICL is {r.text_icl.icl:+.3f} ± {r.text_icl.icl_stderr:.3f} nats "
         f"(standard error over {r.n_windows} windows): identifiers and phrases recur within "
-        f"a file.",
-        _heads_section(r, P, H),
+        f"a file."
+    )
+
+
+def _qk_section(r: object) -> str:
+    """The induction head's QK circuit: K-composition with the previous-token head."""
+    c, heads = r.circuit, r.circuit.heads
+    p, h = c.prev_head, c.induction_head
+    P, H = f"L0H{p}", f"L1H{h}"
+    k_score, q_score, v_score = (heads.composition_of_pair(kind) for kind in "KQV")
+    k = heads.composition["K"]
+    partners = heads.k_partners()
+    sharp = heads.prev_scores[0, p] > MAJORITY
+    layer_pairs = {kind: heads.composition[kind].scores[0, :, 1, :] for kind in "QKV"}
+    pair_means = {kind: float(v.mean()) for kind, v in layer_pairs.items()}
+    n_pairs = layer_pairs["K"].numel()
+    return (
         "## The QK circuit of the induction head: K-composition\n\n"
         f"![composition scores](composition.png)\n\n"
         f"{H} must attend to the key *after* an earlier copy of the query token. The key's "
@@ -308,20 +299,36 @@ def write_report(out: Path, r: object) -> Path:
         f"![circuits](circuits.png)\n\n"
         f"{P}'s own QK circuit is positional: `W_pos @ QK_{P} @ W_pos.T` (upper left) "
         f"favours recent keys, and peaks exactly one back for {c.prev_position:.0%} of "
-        f"query positions.",
+        f"query positions."
+    )
+
+
+def _ov_section(r: object) -> str:
+    """The induction head's OV circuit: copying."""
+    c = r.circuit
+    H = f"L1H{c.induction_head}"
+    return (
         "## The OV circuit of the induction head: copying\n\n"
         f"![direct logit attribution](logit_attribution.png)\n\n"
         f'Once {H} attends to the right key, its OV circuit must turn "I am looking at '
         f'byte b" into "predict b". The full OV circuit `W_E @ OV_{H} @ W_U` (lower right '
         f"above) has its largest logit on the diagonal for {c.ov_copy:.0%} of printable "
         f"bytes, and its copying score (sum of eigenvalues over sum of their absolute "
-        f"values) is {c.copying.scores[1, h]:.2f} (random: 0 ± "
+        f"values) is {c.copying.scores[1, c.induction_head]:.2f} (random: 0 ± "
         f"{c.copying.baseline_std:.2f}). Direct logit attribution agrees: on the second "
         f"copy, {H} adds {c.attribution[H]:+.2f} to the correct byte's logit on average; "
-        f"on the first copy it adds {c.attribution_first[H]:+.2f}.",
-        _ablation_section(r),
-        _dynamics_section(r),
-        _smaller_models_section(r),
+        f"on the first copy it adds {c.attribution_first[H]:+.2f}."
+    )
+
+
+def _questions_section(r: object) -> str:
+    """Answers to the worklog's three questions."""
+    c, heads = r.circuit, r.circuit.heads
+    P, H = f"L0H{c.prev_head}", f"L1H{c.induction_head}"
+    k_score, k = heads.composition_of_pair("K"), heads.composition["K"]
+    sharp = heads.prev_scores[0, c.prev_head] > MAJORITY
+    looks = "the previous position" if sharp else "the last few positions, the previous one most"
+    return (
         "## The worklog's questions\n\n"
         f"**What is the attention weight trying to tell us?** Which earlier position this "
         f"head moves information *from*, and nothing about what it moves. {P}'s weights say "
@@ -338,7 +345,37 @@ def write_report(out: Path, r: object) -> Path:
         f"head writes. {P}'s `W_O` writes the previous token into a subspace that {H}'s "
         f"`W_K` reads, and its K-composition score measures exactly that overlap "
         f"(`{k_score:.2f}` against `{k.baseline:.2f}` for unrelated matrices). Without a "
-        f"per-head `W_O` the heads could not choose which later heads read them.",
+        f"per-head `W_O` the heads could not choose which later heads read them."
+    )
+
+
+def write_report(out: Path, r: object) -> Path:
+    """Write `report.md` into `out` from the measurements `r` (see `induction_circuit.main`)."""
+    c = r.circuit
+    P, H = f"L0H{c.prev_head}", f"L1H{c.induction_head}"
+    sections = [
+        f"# How `bytes-attn-only-2l` does induction\n\n"
+        f"Written by `python scripts/induction_circuit.py` in {r.seconds:.0f} s of wall "
+        f"time ({r.cpu_seconds:.0f} s of CPU) from the shipped models "
+        f"(`HookedTransformer.from_pretrained`), torch {r.torch_version}. Every number "
+        f"below is measured by that run; every threshold is stated against a baseline "
+        f"(section *Thresholds*), and `tests/test_findings.py` checks the same ones with "
+        f"the same code (`analysis.induction`).\n\n"
+        f"*In-context learning* (ICL) is, everywhere below, the loss with less context minus "
+        f"the loss with more, in nats per token: first copy minus second copy of a repeated "
+        f"sequence (*repeat ICL*), early minus late positions of held-out text (*text ICL*: "
+        f"tokens 9-24 minus tokens 97-127). Positive means the context helps. (Olsson et "
+        f"al. 2022's in-context-learning score is the text ICL's negative.)",
+        "## Findings\n\n" + findings_table(r.findings),
+        _model_section(r),
+        _icl_section(r),
+        _heads_section(r, P, H),
+        _qk_section(r),
+        _ov_section(r),
+        _ablation_section(r),
+        _dynamics_section(r),
+        _smaller_models_section(r),
+        _questions_section(r),
         "## Thresholds\n\n" + "\n".join(f"- {t}" for t in r.threshold_notes),
     ]
     path = out / "report.md"

@@ -257,16 +257,19 @@ def _ablation_finding(name: str, ablation: RepeatLosses, clean: RepeatLosses) ->
 
 
 def _findings(r: _Results) -> list[Finding]:
+    """Every row of the summary table: the circuit, then in-context learning."""
+    return _circuit_findings(r) + _icl_findings(r)
+
+
+def _circuit_findings(r: _Results) -> list[Finding]:
     c, heads = r.circuit, r.circuit.heads
     p, h = c.prev_head, c.induction_head
     k, q, v = (heads.composition_of_pair(kind) for kind in "KQV")
     k_base = heads.composition["K"]
     k_threshold = max(r.composition_floor, k_base.baseline + SIGMAS * k_base.baseline_std)
-    names = ", ".join(f"L1H{i}" for i in heads.induction_heads()) or f"L1H{h}"
     n_heads = r.one_layer_copying.scores.shape[1]
     peak = max(range(len(c.prev_offsets)), key=c.prev_offsets.__getitem__)
     strongest = int(heads.prev_scores.scores[0].argmax()) == p
-    interval = r.dynamics.history["step"][1] - r.dynamics.history["step"][0]
     return [
         Finding(
             "0 layers: bigram statistics",
@@ -318,6 +321,14 @@ def _findings(r: _Results) -> list[Finding]:
             "K > Q and K > V",
             k > q and k > v,
         ),
+    ]
+
+
+def _icl_findings(r: _Results) -> list[Finding]:
+    c, heads = r.circuit, r.circuit.heads
+    names = ", ".join(f"L1H{i}" for i in heads.induction_heads()) or f"L1H{c.induction_head}"
+    interval = r.dynamics.history["step"][1] - r.dynamics.history["step"][0]
+    return [
         Finding(
             "2 layers: second copy far below",
             f"{c.clean.second:.3f} nats",
