@@ -243,6 +243,12 @@ PRINTABLE = "".join(map(chr, range(32, 127)))
 
 def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> None:
     """Every figure of the report, from the measurements `r` of `induction_circuit.main`."""
+    _draw_attention(out, model, r)
+    _draw_scores(out, r)
+    _draw_losses_and_circuits(out, r, text)
+
+
+def _draw_attention(out: Path, model: object, r: object) -> None:
     c = r.circuit
     p, h = c.prev_head, c.induction_head
     generator = torch.Generator().manual_seed(1)
@@ -260,6 +266,11 @@ def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> No
         labels,
         period=20,
     )
+
+
+def _draw_scores(out: Path, r: object) -> None:
+    c = r.circuit
+    p, h = c.prev_head, c.induction_head
     prev, induction = c.heads.prev_scores, c.heads.induction
     head_scores(
         out,
@@ -296,6 +307,11 @@ def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> No
         f"random Gaussian matrices of these shapes score {k.baseline:.3f} ± {k.baseline_std:.3f} "
         f"(every kind); 2/sqrt(d_model) = {r.composition_floor:.3f}; outlined: L0H{p} -> L1H{h}",
     )
+
+
+def _draw_losses_and_circuits(out: Path, r: object, text: dict[str, Tensor]) -> None:
+    c = r.circuit
+    p, h = c.prev_head, c.induction_head
     logit_attribution(out, c.attribution, c.attribution_first)
     two = "bytes-attn-only-2l"
     icl_curves(
