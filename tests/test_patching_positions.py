@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from analysis.patching import Component, activation_patch, available_kinds, path_patch
+from analysis.patching import Component, _engine, activation_patch, available_kinds, path_patch
 from hookedattn import HookedTransformer, HookedTransformerConfig
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11
@@ -41,6 +41,7 @@ def make_tokens(seed: int) -> torch.Tensor:
 
 
 CLEAN, CORRUPTED = make_tokens(1), make_tokens(2)
+PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
 ANSWERS = torch.tensor([3, 7])
 
 
@@ -266,3 +267,26 @@ def test_bad_metric_positions_are_errors(metric_positions, error, message):
             metric=logit_diff_at(-1),
             metric_positions=metric_positions,
         )
+
+
+def test_patches_confined_to_a_window_run_the_declared_positions_again():
+    # A head's output in the block before the last changes one row on the way into the
+    # last block: the passes run that row, then the declared position alone.
+    model = make_model("2 layers, LN, MLP")
+    passes = []
+    original = _engine._run
+
+    def spy(model, base, edits, p, stop_layer, names):
+        passes.append(p)
+        return original(model, base, edits, p, stop_layer, names)
+
+    _engine._run = spy
+    try:
+        activation_patch(
+            model, "z", **PROMPTS, metric=logit_diff_at(-1), by_pos=True, metric_positions=-1
+        )
+    finally:
+        _engine._run = original
+    # (The first passes may be the cost model's own, on a one-block stand-in.)
+    sweep = [p for p in passes if len(p.variants) > 1 and p.layer == 0]
+    assert sweep and all(p.again and p.rows == 1 for p in sweep)

@@ -210,12 +210,14 @@ def sweep(
     passes = plan(model, found, batch, end, n_unembed, cost, budget)
     out = base.metric.repeat(n_variants, 1)
     for p in passes:
-        resid = _run(model, base, edits, p, n_layers, ())[0]
+        resid, _, last_kv = _run(model, base, edits, p, n_layers, ())
         if declared is None:
             logits = _full_logits(model, base, p, resid)
             values = [metric_values(metric, variant) for variant in logits]
         else:
             logits = _declared_logits(model, base, p, resid, declared)
+            if p.again:
+                logits = _again(model, base, p, last_kv, declared, logits)
             names = (
                 [f"variant {i}" for i in p.variants]
                 if labels is None
@@ -287,9 +289,10 @@ def _run(
     p: Pass,
     stop_layer: int,
     names: Sequence[str],
-) -> tuple[Float[Tensor, "sequence row d_model"], dict[str, Tensor]]:
-    """Pass `p` from its block to block `stop_layer`: the residual stream it leaves, and the
-    activations at `names` (`[variant batch ...]`)."""
+) -> tuple[Float[Tensor, "sequence row d_model"], dict[str, Tensor], tuple[Tensor, Tensor]]:
+    """Pass `p` from its block to block `stop_layer`: the residual stream it leaves, the
+    activations at `names` (`[variant batch ...]`), and when `p.again` the last block's
+    keys and values of the rows run (`[sequence row ...]`; else empty)."""
     n_variants = len(p.variants)
     variants = torch.tensor(p.variants)
     offsets = torch.tensor(p.offsets, device=base.tokens.device)
@@ -318,7 +321,10 @@ def _run(
             rest = rearrange(rest.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
             resid = torch.cat([resid, rest], dim=1)
             resid = model(resid, start_at_layer=later, stop_at_layer=stop_layer, past_kv_cache=past)
-    return resid, recorded
+    if not p.again:
+        return resid, recorded, (resid[:0], resid[:0])
+    last = past[model.cfg.n_layers - 1]
+    return resid, recorded, (last.past_keys[:, p.n_past :], last.past_values[:, p.n_past :])
 
 
 def _rows_of(
@@ -370,7 +376,7 @@ def _past(
 ) -> KeyValueCache | None:
     """The unpatched keys and values of positions `..p.n_past-1` in every block from
     `p.layer`, per variant, those at a variant's own offset and later masked."""
-    if p.n_past == 0:
+    if p.n_past == 0 and not p.again:
         return None
     n_variants, batch = len(p.variants), base.tokens.shape[0]
     entries = {}
@@ -379,7 +385,9 @@ def _past(
             repeat(base.cache[name][:, : p.n_past], "b pos h d -> (v b) pos h d", v=n_variants)
             for name in (key_name(model, layer), get_act_name("v", layer))
         )
-        entries[layer] = KeyValueCacheEntry(keys, values, frozen=True)
+        # With `again` the last block keeps the keys and values its rows append.
+        last = layer == model.cfg.n_layers - 1
+        entries[layer] = KeyValueCacheEntry(keys, values, frozen=not (p.again and last))
     filled = [
         entries[max(layer, p.layer)] for layer in range(model.cfg.n_layers)
     ]  # earlier blocks do not run
@@ -429,6 +437,55 @@ def _declared_logits(
         )
     new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
     return torch.where(ran[:, None, :, None], new, base.logits[None, :, list(declared)])
+
+
+def _again(
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    new_kv: tuple[Tensor, Tensor],
+    declared: Sequence[int],
+    logits: Float[Tensor, "variant batch declared d_vocab_out"],
+) -> Float[Tensor, "variant batch declared d_vocab_out"]:
+    """`logits` with each declared position after a variant's rows run once more through
+    the last block, alone, against the unpatched keys and values before it but those of
+    the rows the pass ran (`new_kv`, which it changed).
+
+    The positions go side by side along the batch axis, each attending to the keys before
+    it (later ones masked), so that each query sees its own causal past and gets its own
+    position, which rotary models read."""
+    last, n_variants, batch = model.cfg.n_layers - 1, len(p.variants), base.tokens.shape[0]
+    device = logits.device
+    offsets = torch.tensor(p.offsets, device=device)
+    after = torch.tensor(declared, device=device)[None] >= offsets[:, None] + p.rows
+    if not bool(after.any()):
+        return logits
+    n_keys = max(declared)
+    kv = []
+    for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
+        full = repeat(
+            base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
+        ).clone()
+        new = rearrange(new, "(v b) row h d -> v b row h d", v=n_variants)
+        where = offsets[:, None] + torch.arange(p.rows, device=device)
+        v_index, row = (where < n_keys).nonzero(as_tuple=True)
+        full[v_index, :, where[v_index, row]] = new[v_index, :, row]
+        kv.append(repeat(full, "v b pos h d -> (row v b) pos h d", row=len(declared)))
+    resid = repeat(
+        base.cache[get_act_name("resid_pre", last)][:, list(declared)],
+        "b row d -> (row v b) 1 d",
+        v=n_variants,
+    )
+    seen = (
+        torch.arange(n_keys, device=device)[None] < torch.tensor(declared, device=device)[:, None]
+    )
+    mask = repeat(seen.long(), "row pos -> (row v b) pos", v=n_variants, b=batch)
+    entry = KeyValueCacheEntry(kv[0], kv[1], frozen=True)
+    past = KeyValueCache([entry] * model.cfg.n_layers, mask, frozen=True)
+    with torch.no_grad():
+        again = model(resid, start_at_layer=last, past_kv_cache=past)
+    again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
+    return torch.where(after[:, None, :, None], again, logits)
 
 
 def _declared_metric(

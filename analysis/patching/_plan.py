@@ -48,7 +48,9 @@ class Extent:
 class Pass:
     """Variants run in one pass from block `layer`: variant `variants[i]` runs positions
     `offsets[i]..`, after `n_past` unpatched keys and values (those at `offsets[i]` and
-    later masked). Block `layer` runs `first_rows` rows, the later blocks `rows`."""
+    later masked). Block `layer` runs `first_rows` rows, the later blocks `rows`. `again`: the
+    rows are the patches' windows only, and each declared position after them runs once
+    more through the last block, against the keys and values the windows left there."""
 
     layer: int
     variants: tuple[int, ...]
@@ -56,6 +58,7 @@ class Pass:
     n_past: int
     first_rows: int
     rows: int
+    again: bool = False
 
     @property
     def uniform(self) -> bool:
@@ -82,7 +85,9 @@ def plan(
     memory_budget: int,
 ) -> list[Pass]:
     """Passes running every variant with an extent, positions up to `end` (the others
-    change nothing). `n_unembed`: positions each variant unembeds, None for every row."""
+    change nothing). `n_unembed`: the number of declared positions, each unembedded, or
+    None (every row unembedded). With declared positions, a block whose patches change
+    only a window of rows on the way into the last block runs that window (`again`)."""
     if memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
     passes = []
@@ -108,7 +113,13 @@ class _Group:
     ) -> None:
         self.model, self.layer, self.batch, self.n_unembed = model, layer, batch, n_unembed
         self.later_blocks = model.cfg.n_layers - layer - 1
-        self.needs = [_need(e, end, self.later_blocks) for e in extents]
+        self.again = n_unembed is not None and all(_confined(e, self.later_blocks) for e in extents)
+        # A local patch in the last block changes no position after its window.
+        self.run_again = self.again and not (
+            self.later_blocks == 0 and all(e.local for e in extents)
+        )
+        self.end = end
+        self.needs = [_need(e, end, self.later_blocks, self.again) for e in extents]
         # Each variant from its own start needs room for the longest after the latest, and
         # an attention window counts keys by their place in the pass, not their position.
         room = max(n.offset for n in self.needs) + max(n.later for n in self.needs)
@@ -147,7 +158,7 @@ class _Group:
         """The `Pass` of `members` (indices into this group), naming the sweep's `variants`."""
         n_past, first_rows, rows = self.shape(members)
         offsets = tuple(self.needs[i].offset if self.own else n_past for i in members)
-        return Pass(self.layer, tuple(variants), offsets, n_past, first_rows, rows)
+        return Pass(self.layer, tuple(variants), offsets, n_past, first_rows, rows, self.run_again)
 
     def bytes(self, n_variants: int, n_past: int, first_rows: int, rows: int) -> int:
         """Estimated peak bytes of a pass: its widest block, the keys and values before the
@@ -168,6 +179,10 @@ class _Group:
         block_rows = n_seq * (first + later * rows + unembedded * self.unembed_ratio)
         keys = n_seq * (later + 1) * n_past
         calls = 2 + later + (first != rows and later > 0)
+        if self.run_again:  # each declared position once more, against every earlier key
+            block_rows += n_seq * self.n_unembed
+            keys += n_seq * self.n_unembed * self.end
+            calls += 2
         return cost.seconds(calls, block_rows, keys)
 
     def segments(self, cost: PassCost, memory_budget: int) -> list[list[int]]:
@@ -236,10 +251,20 @@ class _Span:
         return span
 
 
-def _need(extent: Extent, end: int, later_blocks: int) -> Need:
+def _confined(extent: Extent, later_blocks: int) -> bool:
+    """Whether a variant changes only its window of rows on the way into the last block:
+    its edits lie in the last block, or are local in the block before it."""
+    return later_blocks == 0 or (later_blocks == 1 and extent.local)
+
+
+def _need(extent: Extent, end: int, later_blocks: int, again: bool) -> Need:
     """The rows a variant runs from its own start: in block `layer`, its window if local,
-    else up to `end`; in the later blocks (if any) up to `end`."""
+    else up to `end`; in the later blocks (if any) up to `end`; with `again`, its window
+    in every block."""
     start = extent.start
+    if again:
+        window = max(1, min(extent.window_end, end) - start)
+        return Need(start, window, window)
     first = (min(extent.window_end, end) if extent.local else end) - start
     later = first if later_blocks == 0 else end - start
     return Need(start, first, later)
