@@ -1,15 +1,30 @@
 """Sparse autoencoders: dictionaries of features, spliced into a model exactly.
 
-    sae = SparseAutoencoder(SAEConfig(d_in=64, d_sae=512, hook_name="blocks.1.hook_resid_pre"))
+    sae = train_sae(store, "blocks.1.hook_resid_pre", d_sae=512, l1=1.0, steps=2000)
+    sae.save("sae/"); sae = SparseAutoencoder.load("sae/")   # SAELens's layout
     with model.saes([sae]):                       # spliced at its hook point, removed after
         logits, cache = model.run_with_cache(tokens)
     cache["blocks.1.hook_resid_pre.sae.hook_acts"]   # [batch pos d_sae]
+    print(evaluate_sae(model, sae, tokens))        # L0, FVE, dead, CE loss recovered
 
 Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features).
 """
 
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
+from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
 from hookedattn.sae.splice import sae_hook_name, spliced
+from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
 
-__all__ = ["HOOK_NAMES", "SAEConfig", "SparseAutoencoder", "sae_hook_name", "spliced"]
+__all__ = [
+    "HOOK_NAMES",
+    "SAEConfig",
+    "SAEEvaluation",
+    "SparseAutoencoder",
+    "TrainingStep",
+    "evaluate_sae",
+    "fraction_of_variance_explained",
+    "sae_hook_name",
+    "spliced",
+    "train_sae",
+]
