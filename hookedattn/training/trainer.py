@@ -119,9 +119,37 @@ def train(
             if on_checkpoint is not None:
                 on_checkpoint(state.step, path)
 
+    model.train()
+    try:
+        _run_steps(model, optimizer, corpus, cfg, state, bar, say, checkpoint)
+    finally:
+        bar.close()
+        model.eval()
+    return TrainResult(
+        step=state.step,
+        tokens_seen=state.step * tokens_per_step,
+        history=tuple(state.history),
+        train_seconds=state.train_seconds,
+        cpu_seconds=state.cpu_seconds,
+        resumed_from=resumed_from,
+    )
+
+
+def _run_steps(
+    model: HookedTransformer,
+    optimizer: torch.optim.AdamW,
+    corpus: ByteCorpus,
+    cfg: TrainConfig,
+    state: RunState,
+    bar: tqdm,
+    say: Callable[..., None],
+    checkpoint: Callable[[], None],
+) -> None:
+    """Steps from `state.step` to `cfg.steps`, evaluating and checkpointing on the way; on
+    Ctrl-C, a checkpoint to resume from unless the weights are mid-step."""
+    tokens_per_step = cfg.batch_size * model.cfg.n_ctx
     started, cpu_started = time.perf_counter(), time.process_time()
     mid_step = False  # weights and optimizer state may disagree while a step runs
-    model.train()
     try:
         while state.step < cfg.steps:
             step = state.step + 1
@@ -146,17 +174,6 @@ def train(
             say(f"interrupted after step {state.step}: saving a checkpoint to resume from")
             checkpoint()
         raise
-    finally:
-        bar.close()
-        model.eval()
-    return TrainResult(
-        step=state.step,
-        tokens_seen=state.step * tokens_per_step,
-        history=tuple(state.history),
-        train_seconds=state.train_seconds,
-        cpu_seconds=state.cpu_seconds,
-        resumed_from=resumed_from,
-    )
 
 
 def _train_step(
