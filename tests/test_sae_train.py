@@ -100,18 +100,18 @@ def test_evaluation_of_an_exact_sae(model):
     assert "CE loss recovered vs mean-ablation" in str(result)
 
 
-@torch.no_grad()
 def test_evaluation_ablations_match_hand_computed_losses(model, store):
     tokens = model.to_tokens(["def f(x):\n    return x", "import os\nimport sys"])
     sae = train(store)
     result = evaluate_sae(model, sae, tokens)
-    _, cache = model.run_with_cache(tokens, names_filter=POINT)
-    x = cache[POINT]
-    zero = model(torch.zeros_like(x), start_at_layer=1, tokens=tokens, return_type="loss")
-    mean = x.flatten(0, 1).mean(0).expand_as(x)
-    mean_loss = model(mean, start_at_layer=1, tokens=tokens, return_type="loss")
-    spliced_loss = model(sae(x), start_at_layer=1, tokens=tokens, return_type="loss")
-    assert result.loss_zero_ablated == pytest.approx(float(zero), rel=1e-5)
-    assert result.loss_mean_ablated == pytest.approx(float(mean_loss), rel=1e-5)
-    assert result.loss_spliced == pytest.approx(float(spliced_loss), rel=1e-5)
+    with torch.no_grad():
+        x = model.run_with_cache(tokens, names_filter=POINT)[1][POINT]
+        mean = x.flatten(0, 1).mean(0).expand_as(x)
+        losses = [
+            float(model(resid, start_at_layer=1, tokens=tokens, return_type="loss"))
+            for resid in (torch.zeros_like(x), mean, sae(x))
+        ]
+    measured = [result.loss_zero_ablated, result.loss_mean_ablated, result.loss_spliced]
+    assert measured == pytest.approx(losses, rel=1e-5)
+    assert result.loss_clean < min(losses)
     assert 0 < result.dead + result.dense <= 2 * result.d_sae
