@@ -17,8 +17,9 @@ TransformerLens's `(model, corrupted_tokens, clean_cache, metric)` order would s
     compare_patching(approx, exact) -> PatchingComparison
 
 The modules: `_components` (what can be patched), `_reference` (the definition: one
-forward per patch), `_plan` and `_cost` (which patches run together), `_engine` (running
-them, stacked on the batch axis), and one module per method.
+forward per patch), `_runs` (the unpatched runs), `_plan` and `_cost` (which patches run
+together, from a cost measured at run time), `_engine` (running them, stacked on the
+batch axis) with `_logits` (what the metric reads), and one module per method.
 """
 
 from analysis.patching._activation import activation_patch

@@ -1,8 +1,9 @@
 """Activation patching: every component of one kind, patched one at a time, batched."""
 
 from analysis.patching._components import component_grid
-from analysis.patching._engine import base_runs, component_edits, sweep
+from analysis.patching._engine import component_edits, sweep
 from analysis.patching._inputs import Metric, check_direction, paired_tokens
+from analysis.patching._runs import base_runs
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 

@@ -28,53 +28,13 @@ from torch import Tensor
 
 from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, component_masks
 from analysis.patching._cost import default_memory_budget, pass_cost, row_floats
-from analysis.patching._inputs import (
-    Metric,
-    check_metric_reads,
-    declared_positions,
-    metric_values,
-    paired_tokens,
-    warn_if_tied,
-)
+from analysis.patching._inputs import Metric, metric_values
+from analysis.patching._logits import again, declared_logits, declared_metric, full_logits
 from analysis.patching._plan import Extent, Pass, plan
+from analysis.patching._runs import BaseRun, base_run, key_name
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.names import get_act_name
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseRun:
-    """An unpatched run: the tokens, their logits and metric, and the activations kept."""
-
-    tokens: Int[Tensor, "batch pos"]
-    logits: Float[Tensor, "batch pos d_vocab_out"]
-    metric: Float[Tensor, " batch"]
-    cache: ActivationCache
-
-
-def key_name(model: HookedTransformer, layer: int) -> str:
-    """The hook whose keys the KV cache holds: after rotation, where a model rotates them."""
-    rotated = get_act_name("rot_k", layer)
-    return rotated if rotated in model.hook_dict else get_act_name("k", layer)
-
-
-def base_run(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], metric: Metric, names: Sequence[str]
-) -> BaseRun:
-    """Run `tokens` unpatched, keeping `names` and what the passes start from."""
-    starts = [
-        name
-        for layer in range(model.cfg.n_layers)
-        for name in (
-            get_act_name("resid_pre", layer),
-            key_name(model, layer),
-            get_act_name("v", layer),
-        )
-    ]
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=sorted({*names, *starts}))
-        values = metric_values(metric, logits)
-    return BaseRun(tokens, logits, values.detach(), cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,37 +56,6 @@ class Edit:
         """The source of `variants`, `[variant batch ...]` (variant axis of size 1 if shared)."""
         per_variant = self.source.ndim == self.mask.ndim
         return self.source[variants] if per_variant else self.source[None]
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseRuns:
-    """Both unpatched runs of a sweep, and the positions the metric declares it reads."""
-
-    clean: BaseRun
-    corrupted: BaseRun
-    declared: tuple[int, ...] | None
-
-
-def base_runs(
-    model: HookedTransformer,
-    clean_tokens: object,
-    corrupted_tokens: object,
-    metric: Metric,
-    names: Sequence[str],
-    metric_positions: object,
-) -> BaseRuns:
-    """Both runs, checked: the tokens paired, the metric's reads within `metric_positions`
-    (when given), and a warning where the two runs tie."""
-    clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
-    clean = base_run(model, clean_tokens, metric, names)
-    corrupted = base_run(model, corrupted_tokens, metric, names)
-    warn_if_tied(clean.metric, corrupted.metric, stacklevel=4)
-    if metric_positions is None:
-        return BaseRuns(clean, corrupted, None)
-    declared = declared_positions(metric_positions, clean_tokens.shape[1])
-    for run in (clean, corrupted):
-        check_metric_reads(metric, run.logits, run.metric, declared, metric_positions)
-    return BaseRuns(clean, corrupted, declared)
 
 
 def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:
@@ -212,18 +141,18 @@ def sweep(
     for p in passes:
         resid, _, last_kv = _run(model, base, edits, p, n_layers, ())
         if declared is None:
-            logits = _full_logits(model, base, p, resid)
+            logits = full_logits(model, base, p, resid)
             values = [metric_values(metric, variant) for variant in logits]
         else:
-            logits = _declared_logits(model, base, p, resid, declared)
+            logits = declared_logits(model, base, p, resid, declared)
             if p.again:
-                logits = _again(model, base, p, last_kv, declared, logits)
+                logits = again(model, base, p, last_kv, declared, logits)
             names = (
                 [f"variant {i}" for i in p.variants]
                 if labels is None
                 else [labels[i] for i in p.variants]
             )
-            values = _declared_metric(metric, logits, declared, n_pos, names, base.metric)
+            values = declared_metric(metric, logits, declared, n_pos, names, base.metric)
         out[list(p.variants)] = torch.stack(list(values))
     return out
 
@@ -240,7 +169,7 @@ def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        logits = _full_logits(model, base, p, _run(model, base, edits, p, 1, ())[0])
+        logits = full_logits(model, base, p, _run(model, base, edits, p, 1, ())[0])
         float(metric_values(_first_logit, logits[0])[0])  # waits for an accelerator
         best = min(best, time.perf_counter() - start)
     return best
@@ -394,122 +323,3 @@ def _past(
     seen = torch.arange(p.n_past, device=offsets.device)[None] < offsets[:, None]
     mask = repeat(seen.long(), "v pos -> (v b) pos", b=batch)
     return KeyValueCache(filled, mask, frozen=True)
-
-
-def _full_logits(
-    model: HookedTransformer, base: BaseRun, p: Pass, resid: Float[Tensor, "sequence row d_model"]
-) -> list[Float[Tensor, "batch pos d_vocab_out"]]:
-    """Every variant's logits: the pass's rows unembedded, the unpatched ones elsewhere
-    (one tensor per variant: what the metric reads, assembled where it stays in cache)."""
-    n_pos = base.tokens.shape[1]
-    with torch.no_grad():
-        new = model(resid, start_at_layer=model.cfg.n_layers)
-    new = rearrange(new, "(v b) row d -> v b row d", v=len(p.variants))
-    out = []
-    for v, offset in enumerate(p.offsets):
-        end = min(offset + p.rows, n_pos)  # rows past the end are padding
-        parts = (base.logits[:, :offset], new[v, :, : end - offset], base.logits[:, end:])
-        out.append(torch.cat([x for x in parts if x.shape[1]], dim=1))
-    return out
-
-
-def _declared_logits(
-    model: HookedTransformer,
-    base: BaseRun,
-    p: Pass,
-    resid: Float[Tensor, "sequence row d_model"],
-    declared: Sequence[int],
-) -> Float[Tensor, "variant batch declared d_vocab_out"]:
-    """Every variant's logits at the declared positions: the pass's rows there, unembedded,
-    and the unpatched logits where the pass has no row."""
-    n_variants = len(p.variants)
-    device = resid.device
-    positions = torch.tensor(declared, device=device)
-    offsets = torch.tensor(p.offsets, device=device)
-    row = positions[None] - offsets[:, None]  # [variant declared]
-    ran = (row >= 0) & (row < p.rows)
-    by_variant = rearrange(resid, "(v b) row d -> v b row d", v=n_variants)
-    index = row.clamp(0, p.rows - 1)[:, None, :, None]
-    chosen = torch.take_along_dim(by_variant, index, dim=2)
-    with torch.no_grad():
-        new = model(
-            rearrange(chosen, "v b row d -> (v b) row d"), start_at_layer=model.cfg.n_layers
-        )
-    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
-    return torch.where(ran[:, None, :, None], new, base.logits[None, :, list(declared)])
-
-
-def _again(
-    model: HookedTransformer,
-    base: BaseRun,
-    p: Pass,
-    new_kv: tuple[Tensor, Tensor],
-    declared: Sequence[int],
-    logits: Float[Tensor, "variant batch declared d_vocab_out"],
-) -> Float[Tensor, "variant batch declared d_vocab_out"]:
-    """`logits` with each declared position after a variant's rows run once more through
-    the last block, alone, against the unpatched keys and values before it but those of
-    the rows the pass ran (`new_kv`, which it changed).
-
-    The positions go side by side along the batch axis, each attending to the keys before
-    it (later ones masked), so that each query sees its own causal past and gets its own
-    position, which rotary models read."""
-    last, n_variants, batch = model.cfg.n_layers - 1, len(p.variants), base.tokens.shape[0]
-    device = logits.device
-    offsets = torch.tensor(p.offsets, device=device)
-    after = torch.tensor(declared, device=device)[None] >= offsets[:, None] + p.rows
-    if not bool(after.any()):
-        return logits
-    n_keys = max(declared)
-    kv = []
-    for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
-        full = repeat(
-            base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
-        ).clone()
-        new = rearrange(new, "(v b) row h d -> v b row h d", v=n_variants)
-        where = offsets[:, None] + torch.arange(p.rows, device=device)
-        v_index, row = (where < n_keys).nonzero(as_tuple=True)
-        full[v_index, :, where[v_index, row]] = new[v_index, :, row]
-        kv.append(repeat(full, "v b pos h d -> (row v b) pos h d", row=len(declared)))
-    resid = repeat(
-        base.cache[get_act_name("resid_pre", last)][:, list(declared)],
-        "b row d -> (row v b) 1 d",
-        v=n_variants,
-    )
-    seen = (
-        torch.arange(n_keys, device=device)[None] < torch.tensor(declared, device=device)[:, None]
-    )
-    mask = repeat(seen.long(), "row pos -> (row v b) pos", v=n_variants, b=batch)
-    entry = KeyValueCacheEntry(kv[0], kv[1], frozen=True)
-    past = KeyValueCache([entry] * model.cfg.n_layers, mask, frozen=True)
-    with torch.no_grad():
-        again = model(resid, start_at_layer=last, past_kv_cache=past)
-    again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
-    return torch.where(after[:, None, :, None], again, logits)
-
-
-def _declared_metric(
-    metric: Metric,
-    logits: Float[Tensor, "variant batch declared d_vocab_out"],
-    declared: Sequence[int],
-    n_pos: int,
-    labels: Sequence[str],
-    unpatched: Float[Tensor, " batch"],
-) -> list[Float[Tensor, " batch"]]:
-    """`metric` of each variant's logits, NaN outside the declared positions; a
-    `ValueError` if that gives NaN where the unpatched metric is not NaN, since then the
-    metric read an undeclared position."""
-    n_variants, batch, _, d_vocab = logits.shape
-    full = logits.new_full((n_variants, batch, n_pos, d_vocab), torch.nan)
-    full[:, :, list(declared)] = logits
-    values = [metric_values(metric, variant) for variant in full]
-    read_nan = torch.stack(values).isnan() & ~unpatched.isnan()
-    if bool(read_nan.any()):
-        label = labels[int(read_nan.any(dim=1).nonzero()[0])]
-        raise ValueError(
-            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
-            f"metric_positions {list(declared)}: it reads another position (on the "
-            f"unpatched runs it did not). Declare every position it reads, or pass "
-            f"metric_positions=None"
-        )
-    return values
