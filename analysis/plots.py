@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from analysis._naming import head_label
 from analysis.patching.result import PatchingComparison, PatchingResult
 
 VALUES = ("normalised", "values", "effect")
@@ -118,9 +119,14 @@ def _as_grid(
     if len(axes) == 2:
         return list(labels[0]), list(labels[1]), axes[0], axes[1]
     if len(axes) == 3:  # [a b c]: one row per (a, c), b across
-        rows = [
-            f"{axes[0][0].upper()}{a} {axes[2][0].upper()}{c}" for a in labels[0] for c in labels[2]
-        ]
+        if (axes[0], axes[2]) == ("layer", "head"):  # the label every result spells
+            rows = [head_label(int(a), int(c)) for a in labels[0] for c in labels[2]]
+        else:
+            rows = [
+                f"{axes[0][0].upper()}{a} {axes[2][0].upper()}{c}"
+                for a in labels[0]
+                for c in labels[2]
+            ]
         return rows, list(labels[1]), f"{axes[0]}, {axes[2]}", axes[1]
     raise ValueError(f"cannot draw a result with {len(axes)} axes {axes} as a heatmap")
 

@@ -51,7 +51,7 @@ def test_three_axes_become_one_row_per_head_of_each_layer():
     result = activation_patch(MODEL, "z", **PROMPTS, by_pos=True)
     figure = heatmap_figure(result, value="effect", pos_labels=["a", "b", "c", "d"])
     ax = figure.axes[0]
-    assert tick_texts(ax, "y") == ["L0 H0", "L0 H1", "L1 H0", "L1 H1"]
+    assert tick_texts(ax, "y") == ["L0H0", "L0H1", "L1H0", "L1H1"]
     assert tick_texts(ax, "x") == ["a", "b", "c", "d"]
     assert ax.texts[1].get_text() == f"{float(result.effect[0, 1, 0]):.2f}"  # L0 H0 at pos b
 
