@@ -429,9 +429,18 @@ class HookedTransformer(TLNamesMixin, HookedRootModule):
         return weights_io.save(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | None = None) -> "HookedTransformer":
-        """Rebuild a model saved with `save` (no pickle: loading cannot run code)."""
-        return weights_io.load(cls, path, device=device)
+    def load(
+        cls,
+        path: str | Path,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> "HookedTransformer":
+        """Rebuild a model saved with `save` (no pickle: loading cannot run code).
+
+        Weights load in the dtype the checkpoint's config names; `dtype=` converts them
+        (the only way a float width changes on load).
+        """
+        return weights_io.load(cls, path, device=device, dtype=dtype)
 
     @classmethod
     def from_pretrained(

@@ -85,7 +85,6 @@ class Attention(nn.Module):
             self.apply_positions = self._unrotated
         self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
         self._written_out = not cfg.use_fused_kernels or cfg.attn_scores_soft_cap is not None
-        self._score_limit = torch.finfo(cfg.dtype).max / 4
         self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch pos head d_head]
@@ -118,8 +117,24 @@ class Attention(nn.Module):
         q, k = self.apply_positions(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
-        mix = self.mix_written_out if self._pattern_needed(q, k, v) else self.mix_fused
-        return self.write(self.hook_z(mix(q, k, v, context)))
+        return self.write(self.hook_z(self.mix(q, k, v, context)))
+
+    def mix(self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext) -> Queries:
+        """`z`, the fused way unless this forward must write the pattern out (the one choice).
+
+        It must where a hook reads or edits the scores or pattern (caching included), and
+        where the model asks for it (`use_fused_kernels=False`, a soft cap). A fused kernel
+        adds the mask to the scores, and a NaN at a blocked key, or a score that overflows,
+        plus -inf is NaN, which would reach every query: a fused `z` that is not finite
+        everywhere is therefore computed again written out, where blocked keys contribute
+        exactly nothing (and a non-finite value stays at the positions that read it).
+        """
+        if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
+            return self.mix_written_out(q, k, v, context)
+        z = self.mix_fused(q, k, v, context)
+        if not bool(z.sum().isfinite()):  # one reduction, one synchronisation
+            return self.mix_written_out(q, k, v, context)
+        return z
 
     def mix_written_out(
         self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
@@ -145,24 +160,6 @@ class Attention(nn.Module):
             enable_gqa=self.group > 1,
         )
         return rearrange(z, "batch head pos d_head -> batch pos head d_head")
-
-    def _pattern_needed(self, q: Queries, k: KeyValues, v: KeyValues) -> bool:
-        """Whether this forward must write out the scores and pattern (the one choice).
-
-        It must where a hook reads or edits them (caching included), where the model asks
-        for it (`use_fused_kernels=False`, a soft cap), and where a fused kernel would let a
-        non-finite value through the mask: it adds the mask to the scores, and a NaN, or a
-        score that overflows, plus -inf is NaN.
-        """
-        if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
-            return True
-        # Bounds from reductions that allocate nothing of the inputs' size (`abs()` would):
-        # a NaN or inf anywhere makes its bound NaN or inf, and the test false.
-        q_low, q_high = torch.aminmax(q)
-        k_low, k_high = torch.aminmax(k)
-        largest = torch.maximum(-q_low, q_high) * torch.maximum(-k_low, k_high)
-        safe = (largest * (q.shape[-1] / self.attn_scale) < self._score_limit) & v.sum().isfinite()
-        return not bool(safe)  # one synchronisation
 
     def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""
