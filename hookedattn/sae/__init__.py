@@ -13,6 +13,7 @@ Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features)
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
 from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
+from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae
 from hookedattn.sae.splice import sae_hook_name, spliced
 from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
 
@@ -24,6 +25,8 @@ __all__ = [
     "TrainingStep",
     "evaluate_sae",
     "fraction_of_variance_explained",
+    "list_pretrained_saes",
+    "load_pretrained_sae",
     "sae_hook_name",
     "spliced",
     "train_sae",

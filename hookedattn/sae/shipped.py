@@ -1,0 +1,32 @@
+"""SAEs shipped with the package, trained on the shipped models (`scripts/train_sae.py`).
+
+Each lives in `hookedattn/sae/pretrained/<model>/<hook name>/` in SAELens's layout, with a
+`training.json` saying how it was made and what it measured on held-out text.
+"""
+
+import json
+from pathlib import Path
+
+from hookedattn.sae import io
+from hookedattn.sae.autoencoder import SparseAutoencoder
+
+ROOT = Path(__file__).parent / "pretrained"
+
+
+def list_pretrained_saes() -> list[tuple[str, str]]:
+    """`(model name, hook name)` of every shipped SAE."""
+    return sorted((p.parent.parent.name, p.parent.name) for p in ROOT.glob(f"*/*/{io.CFG_FILE}"))
+
+
+def load_pretrained_sae(model_name: str, hook_name: str) -> SparseAutoencoder:
+    """The shipped SAE of `model_name` at `hook_name`; a `KeyError` lists the shipped ones."""
+    shipped = list_pretrained_saes()
+    if (model_name, hook_name) not in shipped:
+        listed = ", ".join(f"({m!r}, {h!r})" for m, h in shipped) or "none"
+        raise KeyError(f"no shipped SAE for {model_name!r} at {hook_name!r}; shipped: {listed}")
+    return io.load(ROOT / model_name / hook_name)
+
+
+def pretrained_sae_record(model_name: str, hook_name: str) -> dict:
+    """The `training.json` of a shipped SAE: its command and held-out measurements."""
+    return json.loads((ROOT / model_name / hook_name / "training.json").read_text())

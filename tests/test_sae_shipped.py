@@ -1,0 +1,47 @@
+"""The shipped SAE of the 2-layer model: its stated quality, measured again on held-out text."""
+
+import pytest
+import torch
+
+from analysis.features import feature_decomposition, feature_logit_attribution
+from hookedattn import HookedTransformer
+from hookedattn.sae import evaluate_sae, list_pretrained_saes, load_pretrained_sae
+from hookedattn.sae.shipped import pretrained_sae_record
+from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
+
+MODEL, POINT = "bytes-attn-only-2l", "blocks.1.hook_resid_pre"
+
+
+def test_listed_and_loadable():
+    assert (MODEL, POINT) in list_pretrained_saes()
+    sae = load_pretrained_sae(MODEL, POINT)
+    assert (sae.cfg.hook_name, sae.cfg.activation, sae.cfg.k) == (POINT, "topk", 16)
+    with pytest.raises(
+        KeyError, match=r"shipped: \('bytes-attn-only-2l', 'blocks.1.hook_resid_pre'\)"
+    ):
+        load_pretrained_sae(MODEL, "blocks.0.hook_resid_pre")
+
+
+def test_heldout_quality_as_stated():
+    model = HookedTransformer.from_pretrained(MODEL)
+    sae = load_pretrained_sae(MODEL, POINT)
+    result = evaluate_sae(model, sae, heldout_windows(load_stdlib_corpus().heldout, 64, 128))
+    assert result.fve > 0.8 and result.l0 < 32
+    assert result.ce_recovered_vs_zero > 0.9
+    recorded = pretrained_sae_record(MODEL, POINT)["results"]
+    assert abs(float(recorded["fraction of variance explained"]) - result.fve) < 1e-3
+    assert abs(float(recorded["loss, SAE spliced (no error term)"]) - result.loss_spliced) < 1e-3
+
+
+def test_feature_identities_on_the_shipped_sae():
+    model = HookedTransformer.from_pretrained(MODEL).to(torch.float64)
+    sae = load_pretrained_sae(MODEL, POINT).to(torch.float64)
+    tokens = model.to_tokens("for i in range(10):\n    for i in range(10):\n")
+    with model.saes([sae]):
+        logits, cache = model.run_with_cache(tokens)
+    torch.testing.assert_close(logits, model(tokens), rtol=0, atol=1e-10)
+    decomp = feature_decomposition(model, cache, sae, check=True)
+    assert len(decomp) > 16
+    dla = feature_logit_attribution(model, cache, sae, tokens)
+    expected = logits.gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(dla.total(), expected, rtol=0, atol=1e-10)
