@@ -254,11 +254,9 @@ class Attention(nn.Module):
             self._keep_fused, self._fused = False, None
 
     def _fused_now(self, params: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        W = torch.cat(
-            [rearrange(w, "head d_model d_head -> (head d_head) d_model") for w in params[:3]]
-        )
-        b = torch.cat([rearrange(bias, "head d_head -> (head d_head)") for bias in params[3:]])
-        return W, b
+        # Query, key and value heads side by side on the head axis, then laid out once.
+        W = rearrange(torch.cat(params[:3]), "head d_model d_head -> (head d_head) d_model")
+        return W, rearrange(torch.cat(params[3:]), "head d_head -> (head d_head)")
 
     def _unrotated(
         self, q: HeadVectors, k: Tensor, context: AttentionContext
