@@ -115,3 +115,14 @@ def test_evaluation_ablations_match_hand_computed_losses(model, store):
     assert measured == pytest.approx(losses, rel=1e-5)
     assert result.loss_clean < min(losses)
     assert 0 < result.dead + result.dense <= 2 * result.d_sae
+
+
+def test_checkpoints_load_and_the_last_is_the_result(store, tmp_path):
+    sae = train(store, checkpoint_every=15, checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000015", "step-000030"]
+    last = SparseAutoencoder.load(tmp_path / "step-000030")
+    assert all(torch.equal(p, q) for p, q in zip(last.parameters(), sae.parameters(), strict=True))
+    first = SparseAutoencoder.load(tmp_path / "step-000015")
+    assert not torch.equal(first.W_enc, sae.W_enc)
+    with pytest.raises(ValueError, match="both checkpoint_every and checkpoint_dir"):
+        train(store, checkpoint_every=5)

@@ -17,8 +17,11 @@ are renormalised to unit norm. A feature is dead when it has not fired in the la
 so a run is repeatable.
 """
 
+import copy
 import dataclasses
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,50 +60,85 @@ def train_sae(
     log_every: int = 10,
     progress: bool = True,
     log: list[TrainingStep] | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: str | Path | None = None,
 ) -> SparseAutoencoder:
     """Train an SAE on the rows `name` of `store` for `steps` Adam steps.
 
     A ReLU SAE with `l1` (its penalty), or a TopK SAE with `k`. Batches of `batch_size`
     rows are drawn shuffled, epoch after epoch. A `tqdm` bar shows loss, L0, fraction of
     variance explained and dead features every `log_every` steps; pass a list as `log` to
-    receive those as `TrainingStep`s. Returns the SAE in float32, in the model's units.
+    receive those as `TrainingStep`s. With `checkpoint_every=n`, the SAE as it is after
+    every n steps is saved (in the model's units, loadable by `SparseAutoencoder.load`)
+    to `checkpoint_dir/step-000n`. Returns the SAE in float32, in the model's units.
     """
     _check_arguments(store, name, d_sae, steps, l1, k, batch_size)
+    if (checkpoint_every is None) != (checkpoint_dir is None):
+        raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
     (d_in,) = store.row_shape(name)
     stats = store.stats(name)
     mean, scale = stats.mean.float(), float(stats.var.mean().sqrt())
     activation = "topk" if k is not None else "relu"
     sae = SparseAutoencoder(SAEConfig(d_in, d_sae, name, activation, k=k, seed=seed))
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
+    penalty = _no_penalty if l1 is None else functools.partial(_l1_penalty, l1)
     since_fired = torch.zeros(d_sae, dtype=torch.long)
     bar = tqdm(total=steps, disable=not progress, desc=f"SAE {name}", unit="step")
     for step, batch in enumerate(_batches(store, name, batch_size, seed, steps)):
         x = (batch.float() - mean) / scale
-        acts = sae.encode(x)
-        recons = sae.decode(acts)
-        loss = (recons - x).pow(2).sum(-1).mean()
-        if l1 is not None:
-            loss = loss + l1 * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        _unit_decoder_rows(sae)
+        loss, acts, recons = _step(sae, optimizer, x, penalty)
         # Activations are never negative, so a column's max says whether it fired; this
         # is a tenth of the cost of (acts > 0).any(0), which would be a tenth of a step.
-        fired = acts.detach().amax(0) > 0
-        since_fired = torch.where(fired, 0, since_fired + 1)
+        since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
         if step % log_every == 0 or step == steps - 1:
-            record = _measure(
-                step, (step + 1) * batch_size, loss, acts, x, recons, since_fired, dead_window
-            )
+            tokens = (step + 1) * batch_size
+            record = _measure(step, tokens, loss, acts, x, recons, since_fired, dead_window)
             bar.set_postfix(loss=f"{record.loss:.3g}", L0=f"{record.l0:.1f}",
                             FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
             if log is not None:
                 log.append(record)
+        if checkpoint_every is not None and (step + 1) % checkpoint_every == 0:
+            _folded(sae, mean, scale).save(Path(checkpoint_dir) / f"step-{step + 1:06d}")
         bar.update()
     bar.close()
     _fold(sae, mean, scale)
     return sae
+
+
+def _step(
+    sae: SparseAutoencoder,
+    optimizer: torch.optim.Optimizer,
+    x: Float[Tensor, "batch d_in"],
+    penalty: Callable[[SparseAutoencoder, Tensor], Tensor],
+) -> tuple[Tensor, Float[Tensor, "batch d_sae"], Float[Tensor, "batch d_in"]]:
+    """One Adam step on `x`; the loss, activations and reconstruction, detached."""
+    acts = sae.encode(x)
+    recons = sae.decode(acts)
+    loss = (recons - x).pow(2).sum(-1).mean() + penalty(sae, acts)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    _unit_decoder_rows(sae)
+    return loss.detach(), acts.detach(), recons.detach()
+
+
+def _l1_penalty(l1: float, sae: SparseAutoencoder, acts: Float[Tensor, "batch d_sae"]) -> Tensor:
+    """`l1 · Σ_f acts_f |W_dec[f]|`, averaged over rows."""
+    return l1 * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
+
+
+def _no_penalty(sae: SparseAutoencoder, acts: Float[Tensor, "batch d_sae"]) -> Tensor:
+    """TopK sets the sparsity itself: no penalty."""
+    return acts.new_zeros(())
+
+
+def _folded(
+    sae: SparseAutoencoder, mean: Float[Tensor, " d_in"], scale: float
+) -> SparseAutoencoder:
+    """A copy of the SAE in training, folded into the model's units (for a checkpoint)."""
+    folded = copy.deepcopy(sae)
+    _fold(folded, mean, scale)
+    return folded
 
 
 def _check_arguments(store, name, d_sae, steps, l1, k, batch_size) -> None:
