@@ -11,10 +11,11 @@ over positions (gradient × activation: Syed et al. 2023; Marks et al. 2024 for 
 first-order estimate fails.
 """
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
@@ -25,13 +26,25 @@ from hookedattn.sae import SparseAutoencoder, sae_hook_name
 KIND = "sae_features"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Runs:
+    """The clean and corrupted runs with the SAE spliced: features and metrics."""
+
+    corrupted_tokens: Int[Tensor, "batch pos"]
+    acts_name: str
+    clean_acts: Float[Tensor, "batch pos d_sae"]
+    corrupted_acts: Float[Tensor, "batch pos d_sae"]
+    clean: Float[Tensor, " batch"]
+    corrupted: Float[Tensor, " batch"]
+
+
 def _runs(
     model: HookedTransformer,
     sae: SparseAutoencoder,
     clean: object,
     corrupted: object,
     metric: Metric,
-):
+) -> _Runs:
     clean, corrupted = paired_tokens(model, clean, corrupted)
     acts_name = sae_hook_name(sae.cfg.hook_name, "hook_acts")
     with torch.no_grad(), model.saes([sae]):
@@ -40,7 +53,7 @@ def _runs(
     clean_metric = metric_values(metric, clean_logits)
     corrupted_metric = metric_values(metric, corrupted_logits)
     warn_if_tied(clean_metric, corrupted_metric, stacklevel=4)
-    return (
+    return _Runs(
         corrupted,
         acts_name,
         cache[acts_name],
@@ -51,7 +64,9 @@ def _runs(
 
 
 def _features(
-    clean_acts: Tensor, corrupted_acts: Tensor, features: Sequence[int] | None
+    clean_acts: Float[Tensor, "batch pos d_sae"],
+    corrupted_acts: Float[Tensor, "batch pos d_sae"],
+    features: Sequence[int] | None,
 ) -> list[int]:
     """The features given, or those active somewhere in either run."""
     if features is not None:
@@ -60,10 +75,15 @@ def _features(
     return active.nonzero().flatten().tolist()
 
 
-def _result(method, features, per_prompt, clean, corrupted) -> PatchingResult:
+def _result(
+    method: str,
+    features: list[int],
+    per_prompt: Float[Tensor, "feature batch"],
+    runs: _Runs,
+) -> PatchingResult:
     labels = (tuple(f"F{f}" for f in features),)
     return PatchingResult(
-        method, "denoising", KIND, ("feature",), labels, per_prompt, clean, corrupted
+        method, "denoising", KIND, ("feature",), labels, per_prompt, runs.clean, runs.corrupted
     )
 
 
@@ -77,23 +97,21 @@ def feature_attribution_patch(
 ) -> PatchingResult:
     """First-order estimate of patching each feature's clean activations into the
     corrupted run (module docstring); `features` defaults to those active in either run."""
-    corrupted, acts_name, clean_acts, corrupted_acts, clean_m, corrupted_m = _runs(
-        model, sae, clean_tokens, corrupted_tokens, metric
-    )
-    chosen = _features(clean_acts, corrupted_acts, features)
+    runs = _runs(model, sae, clean_tokens, corrupted_tokens, metric)
+    chosen = _features(runs.clean_acts, runs.corrupted_acts, features)
     captured: dict[str, Tensor] = {}
 
     def keep(acts: Tensor, hook) -> Tensor:
         captured["acts"] = acts.detach().requires_grad_(True)
         return captured["acts"]
 
-    with torch.enable_grad(), model.saes([sae]), model.hooks([(acts_name, keep)]):
-        value = metric_values(metric, model(corrupted))
+    with torch.enable_grad(), model.saes([sae]), model.hooks([(runs.acts_name, keep)]):
+        value = metric_values(metric, model(runs.corrupted_tokens))
         (grad,) = torch.autograd.grad(value.sum(), captured["acts"])
     # Each prompt's metric depends on its own row only, so the summed gradient is per prompt.
-    delta: Float[Tensor, "batch pos d_sae"] = (clean_acts - corrupted_acts)[..., chosen]
+    delta = (runs.clean_acts - runs.corrupted_acts)[..., chosen]
     scores = (grad[..., chosen] * delta).sum(1).T
-    return _result("attribution patching", chosen, corrupted_m + scores, clean_m, corrupted_m)
+    return _result("attribution patching", chosen, runs.corrupted + scores, runs)
 
 
 @torch.no_grad()
@@ -107,20 +125,19 @@ def feature_activation_patch(
 ) -> PatchingResult:
     """The metric with each feature's clean activations patched into the corrupted run,
     one forward per feature (module docstring)."""
-    corrupted, acts_name, clean_acts, corrupted_acts, clean_m, corrupted_m = _runs(
-        model, sae, clean_tokens, corrupted_tokens, metric
-    )
-    chosen = _features(clean_acts, corrupted_acts, features)
+    runs = _runs(model, sae, clean_tokens, corrupted_tokens, metric)
+    chosen = _features(runs.clean_acts, runs.corrupted_acts, features)
     rows = []
     with model.saes([sae]):
         for f in chosen:
 
             def patch(acts: Tensor, hook, f: int = f) -> Tensor:
                 acts = acts.clone()
-                acts[..., f] = clean_acts[..., f]
+                acts[..., f] = runs.clean_acts[..., f]
                 return acts
 
-            with model.hooks([(acts_name, patch)]):
-                rows.append(metric_values(metric, model(corrupted)))
-    per_prompt = torch.stack(rows) if rows else corrupted_m.new_zeros(0, corrupted_m.shape[0])
-    return _result("activation patching", chosen, per_prompt, clean_m, corrupted_m)
+            with model.hooks([(runs.acts_name, patch)]):
+                rows.append(metric_values(metric, model(runs.corrupted_tokens)))
+    empty = runs.corrupted.new_zeros(0, runs.corrupted.shape[0])
+    per_prompt = torch.stack(rows) if rows else empty
+    return _result("activation patching", chosen, per_prompt, runs)
