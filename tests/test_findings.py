@@ -51,11 +51,13 @@ from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 from hookedattn.weights_io import read_config
 
 TWO = "bytes-attn-only-2l"
-# The shipped two-layer model was trained before these criteria were set (layer norms; its
-# previous-token information runs through several soft heads): expected failures, strict
-# so that a model that meets them turns them into errors until the marks are removed.
-BEFORE_RETRAINING = pytest.mark.xfail(
-    strict=True, reason="the shipped bytes-attn-only-2l predates the recipe for this criterion"
+# Criteria the shipped two-layer model fails, by measurement (see the report): strict, so
+# that a model that meets one turns its mark into an error until the mark is removed.
+K_BELOW_FLOOR = pytest.mark.xfail(
+    strict=True, reason="K-composition of the pair is 0.23, above random but below 2/sqrt(64)"
+)
+RISE_LAGS = pytest.mark.xfail(
+    strict=True, reason="the induction score's steepest rise lags the ICL's by 75-100 steps"
 )
 
 
@@ -123,12 +125,11 @@ def test_its_strongest_k_composition_partner_is_the_layers_previous_token_head(
     assert max(range(len(by_offset)), key=by_offset.__getitem__) == 1, by_offset
 
 
-@BEFORE_RETRAINING
 def test_its_strongest_k_composition_partner_puts_a_majority_on_the_previous_token(circuit):
     assert circuit.prev_scores[0, circuit.prev_head] > MAJORITY, circuit.prev_scores.scores[0]
 
 
-@BEFORE_RETRAINING
+@K_BELOW_FLOOR
 def test_k_composition_is_well_above_baseline_and_above_q_and_v(two, circuit):
     k, q, v = (circuit.composition_of_pair(kind) for kind in "KQV")
     baseline = circuit.composition["K"]
@@ -159,7 +160,6 @@ def test_late_context_loss_is_below_early_on_heldout_text(two, windows):
     assert text.icl > SIGMAS * text.icl_stderr
 
 
-@BEFORE_RETRAINING
 def test_ablating_the_induction_heads_removes_most_in_context_learning(two, tokens, cache, circuit):
     clean = repeat_losses(cache[0], tokens, PERIOD)
     heads = [(1, h) for h in circuit.induction_heads()]
@@ -171,6 +171,7 @@ def test_ablating_the_induction_heads_removes_most_in_context_learning(two, toke
         assert ablated.icl < (1 - MOST) * clean.icl and not ablated.above_uniform, ablated
 
 
+@RISE_LAGS
 def test_induction_and_in_context_learning_rise_in_the_same_window(tokens):
     info = pretrained_info(TWO)
     induction, icl = [], []
@@ -184,7 +185,7 @@ def test_induction_and_in_context_learning_rise_in_the_same_window(tokens):
     assert steepest_rise(info.checkpoints, induction) == steepest_rise(info.checkpoints, icl)
 
 
-@BEFORE_RETRAINING
+@RISE_LAGS
 def test_the_training_runs_evaluations_show_both_rising_within_one_evaluation():
     history = read_config(pretrained_info(TWO).path)[1]["history"]
     steps = [e["step"] for e in history]
