@@ -21,7 +21,7 @@ import torch
 
 from hookedattn import HookedTransformer
 from hookedattn.sae import evaluate_sae, train_sae
-from hookedattn.store import ActivationStore, collect_activations
+from hookedattn.store import ActivationStore, collect_activations, weights_sha256
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 
@@ -54,6 +54,7 @@ def main() -> None:
     record = {
         "command": "python scripts/train_sae.py " + " ".join(sys.argv[1:]),
         "model": args.model,
+        "model_weights_sha256": weights_sha256(model),
         "evaluation": "64 evenly spaced windows of 128 tokens of the held-out split",
         "results": dict(result.rows()),
     }

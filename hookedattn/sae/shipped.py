@@ -6,9 +6,11 @@ Each lives in `hookedattn/sae/pretrained/<model>/<hook name>/` in SAELens's layo
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hookedattn.sae import io
 from hookedattn.sae.autoencoder import SparseAutoencoder
+from hookedattn.store.manifest import weights_sha256
 
 ROOT = Path(__file__).parent / "pretrained"
 
@@ -18,12 +20,26 @@ def list_pretrained_saes() -> list[tuple[str, str]]:
     return sorted((p.parent.parent.name, p.parent.name) for p in ROOT.glob(f"*/*/{io.CFG_FILE}"))
 
 
-def load_pretrained_sae(model_name: str, hook_name: str) -> SparseAutoencoder:
-    """The shipped SAE of `model_name` at `hook_name`; a `KeyError` lists the shipped ones."""
+def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> SparseAutoencoder:
+    """The shipped SAE of `model_name` at `hook_name`; a `KeyError` lists the shipped ones.
+
+    With `model`, a `ValueError` unless its weights are the ones the SAE was trained on
+    (the SHA-256 in `training.json`): an SAE read against other weights is not the model's
+    dictionary, and its recorded measurements do not hold.
+    """
     shipped = list_pretrained_saes()
     if (model_name, hook_name) not in shipped:
         listed = ", ".join(f"({m!r}, {h!r})" for m, h in shipped) or "none"
         raise KeyError(f"no shipped SAE for {model_name!r} at {hook_name!r}; shipped: {listed}")
+    if model is not None:
+        record = pretrained_sae_record(model_name, hook_name)
+        actual = weights_sha256(model)
+        if actual != record["model_weights_sha256"]:
+            raise ValueError(
+                f"the shipped SAE at {hook_name} was trained on {model_name} with weights "
+                f"sha256 {record['model_weights_sha256'][:12]}; this model's hash to "
+                f"{actual[:12]}: retrain it ({record['command']})"
+            )
     return io.load(ROOT / model_name / hook_name)
 
 
