@@ -227,4 +227,8 @@ def test_splice_bad_input():
     sae = random_sae()
     with model.saes([sae]), pytest.raises(ValueError, match="already spliced at " + POINT):
         model.saes({"blocks.0.hook_resid_pre": sae}).__enter__()
+    with model.saes([sae]), pytest.raises(ValueError, match="already spliced at " + POINT):
+        model.saes([random_sae()]).__enter__()  # a second SAE at the same point
+    with pytest.raises(ValueError, match="already spliced at " + POINT):
+        model.saes([sae, random_sae()]).__enter__()
     assert not model.attached_hooks()

@@ -88,8 +88,9 @@ def _placements(model: HookedRootModule, saes: Any) -> list[tuple[str, SparseAut
         if point not in model.hook_dict:
             raise KeyError(_names.unknown_name_message(point, model.hook_dict))
         _check_fits(model, point, sae)
-        if point in dict(out) or sae.hook_in.name != "hook_in":
-            where = point if point in dict(out) else sae.hook_in.name.removesuffix(".sae.hook_in")
+        taken = point in dict(out) or sae_hook_name(point, "hook_in") in model.hook_dict
+        if taken or sae.hook_in.name != "hook_in":
+            where = point if taken else sae.hook_in.name.removesuffix(".sae.hook_in")
             raise ValueError(
                 f"an SAE is already spliced at {where}: one SAE per hook point, one point "
                 f"per SAE (build another SAE, or end the other splice first)"
