@@ -32,6 +32,8 @@ def test_the_report_folder_holds_the_markdown_and_every_figure(tmp_path):
     for name in FIGURES:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"]({name})" in text, name
+    assert (out / "attention.html").read_text().startswith("<!DOCTYPE html>")
+    assert "](attention.html)" in text  # the report links its interactive page
     for section in ("## Findings", "QK circuit", "OV circuit", "## Thresholds"):
         assert section in text
     assert "[5/5]" in done.stderr  # the stages show progress
