@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from hookedattn.kv_cache import KeyValueCache
@@ -40,6 +40,18 @@ class AttentionContext:
     # Whether "global" is the plain causal mask of a fresh sequence (no cache, no padding),
     # which a fused attention kernel applies by itself, without reading a mask.
     causal_only: bool = False
+    _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def additive(
+        self, kind: str, dtype: torch.dtype
+    ) -> Float[Tensor, "#batch 1 query_pos key_pos"]:
+        """0 where a query may read a key, -inf where not, in `dtype` (built once per kind)."""
+        key = (kind, dtype)
+        if key not in self._additive:
+            blocked = self.blocked[kind]
+            zeros = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
+            self._additive[key] = zeros.masked_fill_(blocked, -torch.inf)
+        return self._additive[key]
 
     def allowed(self, kind: str) -> Blocked | None:
         """Where a query may read a key (for a fused kernel); None: plain causal."""
