@@ -4,7 +4,8 @@
     python -m hookedattn predict bytes-attn-only-2l "def f(self):" -k 5   top next-token predictions
     python -m hookedattn cache bytes-attn-only-2l "import os"             every activation's shape
     python -m hookedattn cache bytes-attn-only-2l "import os" pattern 1   one activation's values
-    python -m hookedattn view bytes-attn-only-2l "abcabc xyzxyz" -o attention.html   an attention page
+    python -m hookedattn view bytes-attn-only-2l "abcabc xyzxyz" -o attention.html
+                                                          an interactive attention page
 
 MODEL is a shipped name (see `list`) or the path of a directory written by
 `HookedTransformer.save` / `scripts/train.py`; `--checkpoint STEP` picks a shipped model's
