@@ -102,9 +102,10 @@ def markdown(report: dict) -> str:
         "machine); all runs under `torch.no_grad()`; glibc malloc "
         + _MALLOC[report["settings"].get("malloc", "default")]
         + " Two references: **bare** (SDPA, fused LayerNorm and qkv: the physical limit) "
-        "and **same math** (hookedattn's own explicit-softmax attention and unfused "
-        "LayerNorm without hook points; bit-for-bit equal to hookedattn's forward), against "
-        "which the hooks' own cost is read."
+        "and **same math** (hookedattn's written-out explicit-softmax attention and unfused "
+        "LayerNorm without hook points: what it computes where hooks read the scores and "
+        "norms; with every hook idle hookedattn runs fused kernels instead), against which "
+        "the hooks' own cost is read."
         + (
             " **Quick run: tiny settings, not a measurement.**"
             if report["settings"]["quick"]
