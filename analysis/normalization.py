@@ -4,10 +4,11 @@ A norm is linear once its scale is fixed: LayerNorm computes
 `w * (x - mean(x)) / scale + b`, RMSNorm `w * x / scale`. With the scale the forward
 recorded at `hook_scale`, each component `c` maps to `w * (c - mean(c)) / scale` (no
 centring for RMS), and those images plus the norm's bias, kept as its own labelled
-component (`ln_final_bias`, `L2_ln1_bias`), add up to the norm's output `hook_normalized`
+component (`ln_final_bias`, `L2_ln1_bias`), add up to the norm's output `hook_out`
 exactly. TransformerLens's `apply_ln_to_stack` divides by the scale but leaves out `w` and
 `b` (it assumes they were folded into the next weights), so its components sum to the
-normalised stream only for folded models; ours sum to it for every model.
+norm's output only for folded models (for others they sum to `hook_normalized`, the stream
+before the gain); ours sum to the output for every model.
 
 `normalize` applies a norm from scratch, its scale recomputed from the stream it is given:
 what the logit lens needs (see `analysis.logit_lens`).
@@ -32,7 +33,6 @@ from analysis.resid_stack import Decomposition, ResidStack, Stack, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.components.norm import LayerNormPre, NoNorm
 from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
 
 NormWhich = Literal["ln1", "ln2", "ln1_post", "ln2_post", "ln_final"]
 
@@ -55,11 +55,10 @@ class NormSite:
         """The prefix of its labels, e.g. `L2_ln1` or `ln_final`."""
         return "ln_final" if self.layer is None else f"L{self.layer}_{self.which}"
 
-    def hook(self, what: Literal["scale", "normalized"]) -> str:
-        """The full name of its `hook_scale` or `hook_normalized`."""
-        if self.layer is None:
-            return get_act_name(what)
-        return get_act_name(what, self.layer, self.which)
+    def hook(self, what: Literal["scale", "normalized", "out"]) -> str:
+        """The full name of its `hook_scale`, `hook_normalized` (before the gain) or
+        `hook_out` (after the gain and bias)."""
+        return f"{self.name}.hook_{what}"
 
     def module(self, model: HookedTransformer) -> nn.Module:
         """The norm module itself (a `NoNorm`, the identity, where the model has none there)."""
@@ -164,7 +163,7 @@ def apply_ln_to_stack(
     Each component is centred (LayerNorm only: RMSNorm does not centre), divided by the
     scale cached at that norm's `hook_scale`, and multiplied by the norm's gain `w`; the
     norm's bias `b` becomes one more component, labelled `<norm>_bias` (`ln_final_bias`,
-    `L2_ln1_bias`). The result sums to the norm's output `hook_normalized`: with
+    `L2_ln1_bias`). The result sums to the norm's output `hook_out`: with
     `check=True` that is verified against the cache and a `DecompositionError` names the
     largest error. A model without norms returns the components unchanged. Blocks with
     per-head inputs (`use_split_qkv_input`, `use_attn_in`) record one scale per head, all
@@ -187,7 +186,7 @@ def apply_ln_to_stack(
         model, cache, norm, decomposition.components, decomposition.labels
     )
     if check and not isinstance(norm.module(model), NoNorm):
-        target = _per_head_first(activation(cache, norm.hook("normalized")))
+        target = _per_head_first(activation(cache, norm.hook("out")))
         what = f"{decomposition.hook_name} through {norm.name}"
         check_sums_to(components, target, what, model.cfg.dtype)
     return Decomposition(components, labels, decomposition.site, decomposition.layer, norm.name)

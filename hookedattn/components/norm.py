@@ -1,9 +1,10 @@
 """Normalisation layers: LayerNorm, RMSNorm, their weightless "Pre" forms, and no norm.
 
-Each records its divisor at `hook_scale` and its output at `hook_normalized`.
-`hook_normalized` is always the layer's output, after the learned gain and bias. (In
-TransformerLens it is the output before the gain; one meaning for one name, the value the
-next layer reads, is what an exact decomposition sums to.)
+Each records its divisor at `hook_scale`, the normalised stream before the learned gain
+and bias at `hook_normalized` (as TransformerLens 3.x, for LayerNorm and RMSNorm alike), and
+the layer's output after them at `hook_out`: the value the next layer reads, which is what an
+exact decomposition through the norm sums to. Folding the gain and bias into the next weights
+(`hookedattn.fold_layer_norm`) leaves `hook_normalized` unchanged and moves `hook_out`.
 
 A norm normalises over the trailing axes of its `shape`: `(d_model,)` for the residual
 stream (scale `[batch pos 1]`), `(d_head,)` for each head's queries or keys (scale `[batch
@@ -35,8 +36,9 @@ class NoNorm(nn.Module):
 class _Norm(nn.Module):
     """What every norm shares: its axes, and the choice between written out and fused.
 
-    Written out, the divisor and the output pass their hook points; where neither point
-    has a hook in this forward, one fused kernel computes the same numbers (to rounding).
+    Written out, the divisor and the normalised stream pass their hook points; where
+    neither point has a hook in this forward, one fused kernel computes the same numbers (to
+    rounding). The output passes `hook_out` either way.
     """
 
     def __init__(self, cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None) -> None:
@@ -47,11 +49,12 @@ class _Norm(nn.Module):
         self._written_out = not cfg.use_fused_kernels
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
+        self.hook_out = HookPoint()
 
     def forward(self, x: Normed) -> Normed:
         if self._written_out or self.hook_scale._active or self.hook_normalized._active:
-            return self.written_out(x)
-        return self.fused(x)
+            return self.hook_out(self.written_out(x))
+        return self.hook_out(self.fused(x))
 
     def weight_and_bias(self) -> tuple[Tensor | None, Tensor | None]:
         """The gain and bias, None where the norm has none (none here)."""
@@ -65,7 +68,7 @@ class LayerNormPre(_Norm):
         """The norm step by step, through its hook points."""
         x = x - x.mean(self.axes, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(self.affine(x / scale))
+        return self.affine(self.hook_normalized(x / scale))
 
     def fused(self, x: Normed) -> Normed:
         """The norm as one `layer_norm` kernel."""
@@ -99,7 +102,7 @@ class RMSNormPre(_Norm):
     def written_out(self, x: Normed) -> Normed:
         """The norm step by step, through its hook points."""
         scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(self.affine(x / scale))
+        return self.affine(self.hook_normalized(x / scale))
 
     def fused(self, x: Normed) -> Normed:
         """The norm as one `rms_norm` kernel."""

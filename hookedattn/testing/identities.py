@@ -5,8 +5,8 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
 
     resid_pre[0]   = embed + pos_embed                      (embed alone: rotary, none)
     attn_in[h]     = resid_pre                              (per-head input copies)
-    q, k, v        = ln1.normalized @ W_Q, W_K, W_V + biases (resid_pre where no ln1)
-    q_norm.normalized = w q / q_norm.scale                  (likewise k; q/k norms)
+    q, k, v        = ln1.out @ W_Q, W_K, W_V + biases       (resid_pre where no ln1)
+    q_norm.normalized = q / q_norm.scale, q_norm.out = w q_norm.normalized (likewise k)
     attn_scores    = cap(q k^T / attn_scale)                (unmasked entries; rot_q, rot_k
                                                              or the normed q, k if any)
     pattern        = softmax(attn_scores), rows sum to 1, 0 on future keys
@@ -15,16 +15,17 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
     attn_out       = after(sum_h result[h] + b_O) = after(sum_h z[h] @ W_O[h] + b_O)
     resid_mid      = resid_pre + attn_out                   (attn-only: resid_post)
     mlp_in         = resid_mid                              (parallel: resid_pre)
-    pre            = ln2.normalized @ W_in + b_in,  post = act_fn(pre)
+    pre            = ln2.out @ W_in + b_in,         post = act_fn(pre)
                      gated: pre = x @ W_gate, pre_linear = x @ W_in + b_in,
                             post = act_fn(pre) * pre_linear
     mlp_out        = after(post @ W_out + b_out)
     resid_post     = resid_mid + mlp_out                    (parallel: resid_pre +
                                                              attn_out + mlp_out)
     resid_pre[L+1] = resid_post[L]
-    unembed.in     = ln_final.normalized,  unembed.out = cap(unembed.in @ W_U + b_U)
+    unembed.in     = ln_final.out,         unembed.out = cap(unembed.in @ W_U + b_U)
 
-with GQA keys and values one per key/value head (each query head reads its group's),
+with `<norm>.out` a norm's output after its gain and bias (`hook_normalized` is before
+them), GQA keys and values one per key/value head (each query head reads its group's),
 `after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
 a soft cap (`c tanh(x / c)`; the identity elsewhere).
 
@@ -209,7 +210,7 @@ def _attention(model: HookedTransformer, layer: int) -> list[_Identity]:
     if cfg.positional_embedding_type == "rotary":
         q, k = _act("rot_q", layer), _act("rot_k", layer)
     elif cfg.use_qk_norm:
-        q, k = f"{prefix}.q_norm.hook_normalized", f"{prefix}.k_norm.hook_normalized"
+        q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
@@ -254,7 +255,7 @@ def _projections(model: HookedTransformer, layer: int) -> list[_Identity]:
     out = []
     for x, (W, b) in weights.items():
         if normed:
-            source = _names.get_act_name("normalized", layer, "ln1")
+            source = f"blocks.{layer}.ln1.hook_out"
         elif split:
             source = _act(f"{x}_input", layer)
         else:
@@ -275,7 +276,7 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[_Identity]:
         out.append(_sum(_act("mlp_in", layer), stream))
         stream = _act("mlp_in", layer)
     if not isinstance(block.ln2, NoNorm):
-        stream = _names.get_act_name("normalized", layer, "ln2")
+        stream = f"blocks.{layer}.ln2.hook_out"
     read = "... d_model, d_model d_mlp -> ... d_mlp"
     if hasattr(mlp, "W_gate"):
         pre_linear = _act("pre_linear", layer)
@@ -294,7 +295,7 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[_Identity]:
 def _unembed(model: HookedTransformer) -> list[_Identity]:
     """What the unembedding reads (the final norm's output) and the logits it returns."""
     final = _act("resid_post", model.cfg.n_layers - 1)
-    read = final if isinstance(model.ln_final, NoNorm) else "ln_final.hook_normalized"
+    read = final if isinstance(model.ln_final, NoNorm) else "ln_final.hook_out"
     out = [_sum("unembed.hook_in", read)]
     unembed = model.unembed
     cap = model.cfg.output_logits_soft_cap
@@ -326,15 +327,19 @@ class _Norm:
     def scale(self) -> str:
         return f"{self.path}.hook_scale"
 
-    def apply(self, get: Get, x: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
+    def apply(
+        self, get: Get, x: Tensor, size: Tensor, affine: bool = True
+    ) -> tuple[Tensor, Tensor]:
         """`x` through the norm, and the magnitude its rounding error lives at (`size` is
-        that of `x`)."""
+        that of `x`); `affine=False` stops before the gain and bias (`hook_normalized`)."""
         if isinstance(self.module, LayerNormPre):
             axes = self.module.axes
             x = x - x.mean(axes, keepdim=True)
             size = size + size.mean(axes, keepdim=True)
         divisor = get(self.scale)
         x, size = x / divisor, size / divisor
+        if not affine:
+            return x, size
         gain, bias = getattr(self.module, "w", None), getattr(self.module, "b", None)
         if gain is not None:
             x, size = x * _weight(gain, x), size * _weight(gain, x).abs()
@@ -352,21 +357,27 @@ def _placed_norm(model: HookedTransformer, layer: int, which: str) -> _Norm | No
 
 
 def _norm_identity(model: HookedTransformer, path: str, x: str) -> list[_Identity]:
-    """`<path>.hook_normalized == norm(x)` at its recorded scale; none where there is no norm."""
+    """`<path>.hook_normalized` and `<path>.hook_out` are norm(x) before and after the gain
+    and bias, at its recorded scale; none where there is no norm."""
     module = model.get_submodule(path)
     if isinstance(module, NoNorm):
         return []
     norm = _Norm(path, module)
-    normalized = f"{path}.hook_normalized"
-
-    def sides(get: Get) -> _Sides:
-        x_ = get(x)
-        expected, size = norm.apply(get, x_, x_.abs())
-        return _Sides(get(normalized), expected, size)
-
-    statement = f"{normalized} == {path}({x}) at its recorded hook_scale"
     axes = _names.axis_names(x)
-    return [_Identity(statement, (normalized, x, norm.scale), axes, _TERMS, sides)]
+
+    def identity(hook: str, affine: bool, what: str) -> _Identity:
+        def sides(get: Get) -> _Sides:
+            x_ = get(x)
+            expected, size = norm.apply(get, x_, x_.abs(), affine)
+            return _Sides(get(hook), expected, size)
+
+        statement = f"{hook} == {path}({x}){what} at its recorded hook_scale"
+        return _Identity(statement, (hook, x, norm.scale), axes, _TERMS, sides)
+
+    return [
+        identity(f"{path}.hook_normalized", False, " before its gain"),
+        identity(f"{path}.hook_out", True, ""),
+    ]
 
 
 # ----------------------------------------------------------------- one identity each
