@@ -1,10 +1,12 @@
 """Zero, mean and resample ablation of any component, and the pattern-preserving one."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from analysis import Component, ablate, ablation_hooks, pattern_preserving_ablation
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
@@ -13,10 +15,7 @@ TOKENS = torch.randint(0, 11, (3, 5), generator=GEN)
 REFERENCE = torch.randint(0, 11, (4, 5), generator=GEN)
 
 
-def make_model(**overrides) -> HookedTransformer:
-    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=8, d_vocab=11, d_mlp=32, seed=0)
-    settings.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **settings))
+make_model = partial(tiny_model, n_heads=2, n_ctx=8, d_vocab=11, d_mlp=32)
 
 
 def replaced(model, tokens, name, index, value):

@@ -1,15 +1,16 @@
 """`run_with_cache` and `ActivationCache`: names, shorthand, filters, slices and immutability."""
 
+from functools import partial
+
 import pytest
 import torch
 
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn import ActivationCache
+from hookedattn.testing import tiny_model
 
-
-def make_model(**overrides) -> HookedTransformer:
-    fields = dict(n_layers=1, d_model=16, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, seed=0)
-    fields.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**fields))
+make_model = partial(
+    tiny_model, n_layers=1, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, dtype=torch.float32
+)
 
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
@@ -22,11 +23,12 @@ ATTN = [
     "blocks.0.attn.hook_pattern",
     "blocks.0.attn.hook_z",
 ]
-LN1 = ["blocks.0.ln1.hook_scale", "blocks.0.ln1.hook_normalized"]
-LN2 = ["blocks.0.ln2.hook_scale", "blocks.0.ln2.hook_normalized"]
+LN1 = ["blocks.0.ln1.hook_scale", "blocks.0.ln1.hook_normalized", "blocks.0.ln1.hook_out"]
+LN2 = ["blocks.0.ln2.hook_scale", "blocks.0.ln2.hook_normalized", "blocks.0.ln2.hook_out"]
 LN_FINAL = [
     "ln_final.hook_scale",
     "ln_final.hook_normalized",
+    "ln_final.hook_out",
     "unembed.hook_in",
     "unembed.hook_out",
 ]

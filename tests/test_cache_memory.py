@@ -12,11 +12,13 @@ path): after the call, every storage still alive is one the cache holds.
 
 import gc
 import weakref
+from functools import partial
 
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import tiny_model
 
 CONFIGS = {
     "default": {},
@@ -32,9 +34,7 @@ CONFIGS = {
 TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
 
 
-def make_model(**overrides) -> HookedTransformer:
-    cfg = dict(n_layers=2, d_model=16, n_heads=4, n_ctx=8, d_vocab=10, d_mlp=32, seed=0)
-    return HookedTransformer(HookedTransformerConfig(**(cfg | overrides)))
+make_model = partial(tiny_model, n_ctx=8, d_vocab=10, d_mlp=32, dtype=torch.float32)
 
 
 def _storage_groups(tensors: dict[str, torch.Tensor]) -> set[frozenset[str]]:

@@ -1,15 +1,13 @@
 """The hook system: attaching, ordering, nesting, permanence, backward hooks, and failure."""
 
+from functools import partial
+
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import tiny_model
 
-
-def make_model(**overrides) -> HookedTransformer:
-    fields = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, seed=0)
-    fields.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**fields))
+make_model = partial(tiny_model, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, dtype=torch.float32)
 
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])

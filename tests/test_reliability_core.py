@@ -3,19 +3,18 @@ the KV cache is all or nothing, layer bounds and inputs are checked, config fiel
 validated by their specs."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn import HookedTransformerConfig, KeyValueCache
+from hookedattn.testing import tiny_model
 
 BASE = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=23, d_mlp=32)
 
 
-def make_model(**overrides) -> HookedTransformer:
-    return HookedTransformer(
-        HookedTransformerConfig(**{**BASE, "seed": 0, "dtype": torch.float64, **overrides})
-    )
+make_model = partial(tiny_model, **BASE)
 
 
 TOKENS = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(0))

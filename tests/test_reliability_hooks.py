@@ -2,21 +2,19 @@
 two threads on one model, and hooks attached in unusual places."""
 
 import threading
+from functools import partial
 
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import tiny_model
 from hookedattn.testing.guards import HookRecorder
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5]])
 
 
-def make_model(**overrides) -> HookedTransformer:
-    fields = (
-        dict(n_layers=2, d_model=16, n_heads=4, n_ctx=8, d_vocab=32, d_mlp=32, seed=0) | overrides
-    )
-    return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **fields))
+make_model = partial(tiny_model, n_ctx=8, d_mlp=32)
 
 
 def zero_grad(grad, hook):

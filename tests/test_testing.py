@@ -4,17 +4,19 @@ import dataclasses
 import re
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
 
 import hookedattn.tolerances
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn import ActivationCache, KeyValueCache
 from hookedattn.testing import (
     assert_close_cache,
     assert_decomposes,
     assert_no_hooks,
     assert_residual_identities,
+    tiny_model,
     tolerance,
 )
 
@@ -32,9 +34,7 @@ VARIANTS = {
 }
 
 
-def make_model(dtype=torch.float64, **overrides) -> HookedTransformer:
-    fields = dict(n_layers=2, d_model=16, n_heads=4, n_ctx=12, d_vocab=20, d_mlp=32, seed=0)
-    return HookedTransformer(HookedTransformerConfig(**{**fields, "dtype": dtype, **overrides}))
+make_model = partial(tiny_model, n_ctx=12, d_vocab=20, d_mlp=32)
 
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1]])
@@ -59,7 +59,7 @@ NOT_COVERED = r"hook_scale|ln_final\.hook_normalized|attn\.hook_[qk]"
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_identities_hold_on_a_clean_forward_and_reach_every_activation(variant, dtype):
-    model = make_model(dtype, **VARIANTS[variant])
+    model = make_model(dtype=dtype, **VARIANTS[variant])
     _, cache = model.run_with_cache(TOKENS)
     check = assert_residual_identities(model, cache)
     assert check.skipped == ()
@@ -91,7 +91,7 @@ def test_a_perturbed_activation_fails_naming_the_identity_position_error_and_tol
 
 
 def test_the_tolerance_is_the_cache_dtypes():
-    model = make_model(torch.float32)
+    model = make_model(dtype=torch.float32)
     _, cache = model.run_with_cache(TOKENS)
     name = "blocks.0.hook_attn_out"
     tol = tolerance(torch.float32)
@@ -105,7 +105,7 @@ def test_the_tolerance_is_the_cache_dtypes():
 
 
 def test_a_cast_cache_is_checked_at_the_looser_dtype():
-    model = make_model(torch.bfloat16)
+    model = make_model(dtype=torch.bfloat16)
     _, cache = model.run_with_cache(TOKENS, dtype=torch.float64)
     check = assert_residual_identities(model, cache)
     assert check.tolerance.source == "bfloat16"
@@ -149,7 +149,7 @@ def test_an_ablation_breaks_only_the_identity_at_the_ablated_activation():
     with pytest.raises(AssertionError) as failure:
         assert_residual_identities(model, cache)
     message = str(failure.value)
-    assert message.startswith("1 of 34 residual-stream identities fail")
+    assert message.startswith("1 of 39 residual-stream identities fail")
     assert (
         "[1] blocks.0.attn.hook_z == blocks.0.attn.hook_pattern @ blocks.0.attn.hook_v" in message
     )

@@ -1,17 +1,15 @@
 """Checkpoints: safetensors + JSON config, round trip, and clear errors for bad files."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
-from hookedattn import CheckpointError, HookedTransformer, HookedTransformerConfig
+from hookedattn import CheckpointError, HookedTransformer
+from hookedattn.testing import tiny_model
 
-
-def make_model(**overrides) -> HookedTransformer:
-    fields = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, seed=0)
-    fields.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**fields))
+make_model = partial(tiny_model, n_heads=2, n_ctx=12, d_vocab=20, d_mlp=32, dtype=torch.float32)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,10 @@
     assert_residual_identities(model, cache)   # every residual-stream identity holds
     assert_no_hooks(model)                     # nothing left attached by the test
 
+Tiny seeded models and tokens to test with: `tiny_model(**config_fields)`,
+`random_tiny_model(...)` (every parameter random, so no forgotten bias or gain hides) and
+`random_tokens(d_vocab, batch, pos, seed)`.
+
 Every helper fails with an `AssertionError` that says which activation or component, at
 which position, the largest error and the tolerance it broke. Tolerances by dtype come
 from `hookedattn.tolerances` (re-exported here). Nothing here imports pytest; the fixtures
@@ -18,10 +22,17 @@ from hookedattn.testing.caches import assert_close_cache
 from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
 from hookedattn.testing.hooks import assert_no_hooks, describe_handles
 from hookedattn.testing.identities import IdentityCheck, assert_residual_identities
-from hookedattn.testing.models import randomize_parameters
+from hookedattn.testing.models import (
+    TINY_CONFIG,
+    random_tiny_model,
+    random_tokens,
+    randomize_parameters,
+    tiny_model,
+)
 from hookedattn.tolerances import TOLERANCES, Tolerance, tolerance
 
 __all__ = [
+    "TINY_CONFIG",
     "TOLERANCES",
     "DecompositionLike",
     "IdentityCheck",
@@ -31,6 +42,9 @@ __all__ = [
     "assert_no_hooks",
     "assert_residual_identities",
     "describe_handles",
+    "random_tiny_model",
+    "random_tokens",
     "randomize_parameters",
+    "tiny_model",
     "tolerance",
 ]

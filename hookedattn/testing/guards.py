@@ -13,25 +13,15 @@ from typing import Any
 
 import torch
 
-from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
-from hookedattn.model import HookedTransformer
 from hookedattn.testing.hooks import describe_handles
-
-TINY_CONFIG: dict[str, Any] = dict(
-    n_layers=2, d_model=16, n_heads=4, n_ctx=16, d_vocab=32, d_mlp=64, dtype=torch.float64
-)
+from hookedattn.testing.models import TINY_CONFIG as TINY_CONFIG
+from hookedattn.testing.models import tiny_model as tiny_model
 
 
 def seed_for(test_id: str) -> int:
     """A seed that is the same for one test on every run and differs between tests."""
     return zlib.crc32(test_id.encode())
-
-
-def tiny_model(seed: int, **overrides: Any) -> HookedTransformer:
-    """A tiny random model (`TINY_CONFIG`, float64) seeded by `seed`; `overrides` are any
-    `HookedTransformerConfig` fields, including `seed`."""
-    return HookedTransformer(HookedTransformerConfig(**{**TINY_CONFIG, "seed": seed, **overrides}))
 
 
 class HookRecorder:
