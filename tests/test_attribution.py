@@ -6,40 +6,28 @@ import pytest
 import torch
 
 from analysis import LogitAttribution, apply_ln_to_stack, decompose_resid, direct_logit_attribution
-from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model, random_tokens
 from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
 
 
 def _model(norm="LN", attn_only=False, use_attn_result=False, dtype=torch.float64):
-    cfg = HookedTransformerConfig(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=None if attn_only else 24,
-        attn_only=attn_only,
-        normalization_type=norm,
-        use_attn_result=use_attn_result,
-        dtype=dtype,
-        seed=0,
-    )
-    return randomize_parameters(HookedTransformer(cfg))
+    return random_tiny_model(
+        n_ctx=8, d_vocab=20, d_mlp=24, attn_only=attn_only, normalization_type=norm,
+        use_attn_result=use_attn_result, dtype=dtype,
+    )  # fmt: skip
 
 
-def _tokens():
-    return torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(2))
+TOKENS = random_tokens(20, batch=2, pos=6, seed=2)
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 @pytest.mark.parametrize(("norm", "attn_only", "use_attn_result"), VARIANTS)
 def test_contributions_sum_to_the_actual_logits(norm, attn_only, use_attn_result, dtype):
     model = _model(norm, attn_only, use_attn_result, dtype)
-    logits, cache = model.run_with_cache(_tokens())
-    targets = _tokens().roll(-1, dims=1)
+    logits, cache = model.run_with_cache(TOKENS)
+    targets = TOKENS.roll(-1, dims=1)
     expected = logits.gather(-1, targets[..., None])[..., 0]
     for granularity in ("sublayer", "head", "neuron"):
         decomp = decompose_resid(model, cache, granularity=granularity)
@@ -51,7 +39,7 @@ def test_contributions_sum_to_the_actual_logits(norm, attn_only, use_attn_result
 @pytest.mark.parametrize("norm", ("LN", "RMS", None))
 def test_logit_differences_sum_to_the_actual_difference(norm, dtype):
     model = _model(norm, dtype=dtype)
-    logits, cache = model.run_with_cache(_tokens())
+    logits, cache = model.run_with_cache(TOKENS)
     decomp = decompose_resid(model, cache, granularity="neuron")
     attribution = direct_logit_attribution(model, cache, decomp, 3, torch.tensor([[7], [11]]))
     assert attribution.metric == "logit difference"
@@ -61,7 +49,7 @@ def test_logit_differences_sum_to_the_actual_difference(norm, dtype):
 
 def test_one_heads_contribution_and_the_bias_terms():
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     attribution = direct_logit_attribution(
         model, cache, decompose_resid(model, cache, granularity="head"), 5
     )
@@ -78,12 +66,12 @@ def test_one_heads_contribution_and_the_bias_terms():
 
 def test_a_decomposition_already_through_ln_final_gives_the_same_attribution():
     model = _model("RMS")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     decomp = decompose_resid(model, cache, granularity="head")
-    direct = direct_logit_attribution(model, cache, decomp, _tokens())
+    direct = direct_logit_attribution(model, cache, decomp, TOKENS)
     normalised = apply_ln_to_stack(model, cache, decomp)
     assert torch.equal(
-        direct_logit_attribution(model, cache, normalised, _tokens()).contributions,
+        direct_logit_attribution(model, cache, normalised, TOKENS).contributions,
         direct.contributions,
     )
     assert "ln_final_bias" not in direct.labels  # RMSNorm has no bias
@@ -91,7 +79,7 @@ def test_a_decomposition_already_through_ln_final_gives_the_same_attribution():
 
 def test_only_the_final_stream_can_be_attributed_to_logits():
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     with pytest.raises(ValueError, match="final stream"):
         direct_logit_attribution(model, cache, decompose_resid(model, cache, 1), 0)
     with pytest.raises(ValueError, match=r"token ids in 0\.\.19"):
@@ -104,7 +92,7 @@ def test_only_the_final_stream_can_be_attributed_to_logits():
 
 def test_top_and_table():
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     attribution = direct_logit_attribution(
         model, cache, decompose_resid(model, cache, granularity="head"), 4
     )

@@ -7,40 +7,27 @@ import torch
 
 from analysis import SourceContributions, head_results, head_source_contributions
 from analysis.head_results import head_values
-from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model, random_tokens
 from hookedattn.tolerances import tolerance
 
 
 def _model(norm="LN", use_attn_result=False, dtype=torch.float64, **extra):
-    cfg = HookedTransformerConfig(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        d_head=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=24,
-        normalization_type=norm,
-        use_attn_result=use_attn_result,
-        dtype=dtype,
-        seed=0,
-        **extra,
-    )
-    return randomize_parameters(HookedTransformer(cfg))
+    return random_tiny_model(
+        n_ctx=8, d_vocab=20, d_mlp=24, normalization_type=norm, use_attn_result=use_attn_result,
+        dtype=dtype, **extra,
+    )  # fmt: skip
 
 
-def _tokens():
-    return torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(2))
+TOKENS = random_tokens(20, batch=2, pos=6, seed=2)
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 @pytest.mark.parametrize("norm", ("LN", "RMS", None))
 def test_head_results_from_z_equal_hook_result(norm, dtype):
     model = _model(norm, use_attn_result=True, dtype=dtype)
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     _, without_result = model.run_with_cache(
-        _tokens(), names_filter=lambda name: not name.endswith("hook_result")
+        TOKENS, names_filter=lambda name: not name.endswith("hook_result")
     )
     for layer in range(2):
         cached = head_results(model, cache, layer)
@@ -52,7 +39,7 @@ def test_head_results_from_z_equal_hook_result(norm, dtype):
 @pytest.mark.parametrize("use_attn_result", (True, False))
 def test_heads_plus_b_O_sum_to_attn_out(use_attn_result):
     model = _model(use_attn_result=use_attn_result)
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     total = head_results(model, cache, 1).sum(2) + model.blocks[1].attn.b_O.detach()
     torch.testing.assert_close(total, cache["attn_out", 1], rtol=1e-12, atol=1e-12)
 
@@ -61,7 +48,7 @@ def test_heads_plus_b_O_sum_to_attn_out(use_attn_result):
 def test_source_contributions_follow_the_seed_formula(norm):
     """A[dest, src] * (x[src] @ W_V[h] + b_V[h]) @ W_O[h], x the ln1-normalised stream."""
     model = _model(norm)
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     layer = 1
     attn = model.blocks[layer].attn
     x = model.blocks[layer].ln1(cache["resid_pre", layer]).detach()
@@ -76,7 +63,7 @@ def test_source_contributions_follow_the_seed_formula(norm):
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 def test_sources_sum_to_the_head_result(dtype):
     model = _model(dtype=dtype, positional_embedding_type="rotary")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     contributions = head_source_contributions(model, cache, 0)
     torch.testing.assert_close(
         contributions.sum_sources(), head_results(model, cache, 0), **tolerance(dtype).as_kwargs()
@@ -85,7 +72,7 @@ def test_sources_sum_to_the_head_result(dtype):
 
 def test_causal_sources_after_the_destination_contribute_nothing():
     model = _model()
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     contributions = head_source_contributions(model, cache, 1, query_pos=2).contributions
     assert contributions.shape == (2, 4, 1, 6, 16)
     assert torch.count_nonzero(contributions[:, :, :, 3:]) == 0
@@ -93,9 +80,9 @@ def test_causal_sources_after_the_destination_contribute_nothing():
 
 def test_values_are_recomputed_when_hook_v_is_not_cached():
     model = _model("RMS")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     _, partial = model.run_with_cache(
-        _tokens(), names_filter=["blocks.1.hook_resid_pre", "blocks.1.attn.hook_pattern"]
+        TOKENS, names_filter=["blocks.1.hook_resid_pre", "blocks.1.attn.hook_pattern"]
     )
     torch.testing.assert_close(
         head_values(model, partial, 1), cache["v", 1], rtol=1e-12, atol=1e-12
@@ -110,7 +97,7 @@ def test_values_are_recomputed_when_hook_v_is_not_cached():
 
 def test_one_destination_top_and_labels():
     model = _model()
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     contributions = head_source_contributions(model, cache, 1, query_pos=[-1])
     assert isinstance(contributions, SourceContributions)
     assert contributions.query_positions == (5,)
@@ -125,10 +112,10 @@ def test_one_destination_top_and_labels():
 
 def test_memory_guard_and_missing_activations():
     model = _model()
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     with pytest.raises(ValueError, match="max_elements"):
         head_source_contributions(model, cache, 0, max_elements=100)
-    _, patterns_only = model.run_with_cache(_tokens(), names_filter="blocks.0.attn.hook_pattern")
+    _, patterns_only = model.run_with_cache(TOKENS, names_filter="blocks.0.attn.hook_pattern")
     with pytest.raises(KeyError, match="hook_z"):
         head_results(model, patterns_only, 0)
     with pytest.raises(ValueError, match="layer must be"):

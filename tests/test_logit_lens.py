@@ -4,33 +4,21 @@ import pytest
 import torch
 
 from analysis import LogitLens, accumulated_resid, logit_lens
-from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model, random_tokens
 from hookedattn.tolerances import tolerance
 
 
 def _model(norm="LN", attn_only=False, dtype=torch.float64):
-    cfg = HookedTransformerConfig(
-        n_layers=3,
-        d_model=16,
-        n_heads=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=None if attn_only else 24,
-        attn_only=attn_only,
-        normalization_type=norm,
-        dtype=dtype,
-        seed=0,
-        # The lens reads a cache, whose run writes every layer out; the references here are
-        # plain forwards, which then take the same arithmetic (fused kernels differ by
-        # rounding that an unnormalised float32 stream grows beyond the tolerance).
-        use_fused_kernels=False,
-    )
-    return randomize_parameters(HookedTransformer(cfg))
+    # The lens reads a cache, whose run writes every layer out; the references here are
+    # plain forwards, which then take the same arithmetic (fused kernels differ by
+    # rounding that an unnormalised float32 stream grows beyond the tolerance).
+    return random_tiny_model(
+        n_layers=3, n_ctx=8, d_vocab=20, d_mlp=24, attn_only=attn_only, normalization_type=norm,
+        dtype=dtype, use_fused_kernels=False,
+    )  # fmt: skip
 
 
-def _tokens():
-    return torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(2))
+TOKENS = random_tokens(20, batch=2, pos=6, seed=2)
 
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
@@ -38,13 +26,13 @@ def _tokens():
 @pytest.mark.parametrize("attn_only", (True, False))
 def test_each_layer_is_read_as_if_the_model_stopped_there(norm, attn_only, dtype):
     model = _model(norm, attn_only, dtype)
-    logits, cache = model.run_with_cache(_tokens())
+    logits, cache = model.run_with_cache(TOKENS)
     lens = logit_lens(model, cache)
     assert lens.labels == ("L0_resid_pre", "L1_resid_pre", "L2_resid_pre", "final")
     tol = tolerance(dtype).as_kwargs()
     with torch.no_grad():
         for layer in range(3):
-            stream = model(_tokens(), stop_at_layer=layer)
+            stream = model(TOKENS, stop_at_layer=layer)
             expected = model.unembed(model.ln_final(stream))
             torch.testing.assert_close(lens[f"L{layer}_resid_pre"], expected, **tol)
     torch.testing.assert_close(lens["final"], logits, **tol)
@@ -52,7 +40,7 @@ def test_each_layer_is_read_as_if_the_model_stopped_there(norm, attn_only, dtype
 
 def test_mid_block_streams_are_included_when_asked():
     model = _model("RMS")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     lens = logit_lens(model, cache, incl_mid=True)
     assert lens.labels[:3] == ("L0_resid_pre", "L0_resid_mid", "L1_resid_pre")
     with torch.no_grad():
@@ -63,7 +51,7 @@ def test_mid_block_streams_are_included_when_asked():
 def test_the_final_layers_scale_would_give_other_logits_for_early_layers():
     """The peers' lens divides every stream by ln_final's cached scale; ours does not."""
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     lens = logit_lens(model, cache)
     streams = accumulated_resid(model, cache).components
     ln = model.ln_final
@@ -77,7 +65,7 @@ def test_the_final_layers_scale_would_give_other_logits_for_early_layers():
 
 def test_top_tokens_and_the_table():
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     lens = logit_lens(model, cache)
     assert isinstance(lens, LogitLens)
     top = lens.top_tokens(3)
@@ -98,9 +86,9 @@ def test_top_tokens_and_the_table():
 
 def test_logprobs_of_given_tokens():
     model = _model("LN")
-    _, cache = model.run_with_cache(_tokens())
+    _, cache = model.run_with_cache(TOKENS)
     lens = logit_lens(model, cache)
-    targets = _tokens().roll(-1, dims=1)
+    targets = TOKENS.roll(-1, dims=1)
     logprobs = lens.logprobs(targets)
     assert logprobs.shape == (4, 2, 6)
     expected = lens.logits[1, 0, 4].log_softmax(-1)[targets[0, 4]]

@@ -9,30 +9,18 @@ import pytest
 import torch
 
 from analysis import Component, frozen_pattern_hooks, pattern_preserving_ablation
-from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model, random_tokens
 from hookedattn.tolerances import tolerance
 
 
 def _model(norm=None, dtype=torch.float64, attn_only=True, **extra):
-    cfg = HookedTransformerConfig(
-        n_layers=3,
-        d_model=16,
-        n_heads=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=None if attn_only else 24,
-        attn_only=attn_only,
-        normalization_type=norm,
-        dtype=dtype,
-        seed=0,
-        **extra,
-    )
-    return randomize_parameters(HookedTransformer(cfg))
+    return random_tiny_model(
+        n_layers=3, n_ctx=8, d_vocab=20, d_mlp=24, attn_only=attn_only, normalization_type=norm,
+        dtype=dtype, **extra,
+    )  # fmt: skip
 
 
-def _tokens():
-    return torch.randint(0, 20, (2, 7), generator=torch.Generator().manual_seed(2))
+TOKENS = random_tokens(20, batch=2, pos=7, seed=2)
 
 
 def _linear_norm(model, module, x, scale):
@@ -67,10 +55,10 @@ def _paths_through(model, cache, layer, heads):
 @pytest.mark.parametrize(("layer", "heads"), [(0, [1]), (1, [3]), (0, [0, 2]), (2, [1])])
 def test_equals_subtracting_every_path_through_the_heads(norm, dtype, layer, heads):
     model = _model(norm, dtype)
-    logits, cache = model.run_with_cache(_tokens())
+    logits, cache = model.run_with_cache(TOKENS)
     ablated = pattern_preserving_ablation(
         model,
-        _tokens(),
+        TOKENS,
         [f"L{layer}H{h}" for h in heads],
         clean_cache=cache,
         freeze_norm_scales=norm is not None,
@@ -85,18 +73,18 @@ def test_equals_subtracting_every_path_through_the_heads(norm, dtype, layer, hea
 def test_the_paths_are_not_all_direct():
     """The reference matters: later heads carry part of the ablated head's write."""
     model = _model(None)
-    logits, cache = model.run_with_cache(_tokens())
-    ablated = pattern_preserving_ablation(model, _tokens(), (0, 1), clean_cache=cache)
+    logits, cache = model.run_with_cache(TOKENS)
+    ablated = pattern_preserving_ablation(model, TOKENS, (0, 1), clean_cache=cache)
     direct = cache["z", 0][:, :, 1] @ model.blocks[0].attn.W_O[1].detach() @ model.W_U.detach()
     assert not torch.allclose(ablated, logits - direct, rtol=1e-3, atol=1e-3)
 
 
 def test_patterns_stay_those_of_the_clean_run():
     model = _model("LN", attn_only=False, use_attn_result=True)
-    _, clean = model.run_with_cache(_tokens())
+    _, clean = model.run_with_cache(TOKENS)
     hooks = frozen_pattern_hooks(model, clean)
     with model.hooks([*hooks, ("blocks.0.attn.hook_z", lambda z, hook: z * 0)]):
-        _, ablated = model.run_with_cache(_tokens())
+        _, ablated = model.run_with_cache(TOKENS)
     for layer in range(3):
         assert torch.equal(ablated["pattern", layer], clean["pattern", layer])
     assert not torch.equal(ablated["resid_pre", 2], clean["resid_pre", 2])
@@ -105,8 +93,8 @@ def test_patterns_stay_those_of_the_clean_run():
 
 def test_a_plain_ablation_would_move_the_patterns():
     model = _model(None)
-    preserved = pattern_preserving_ablation(model, _tokens(), "L0H1")
-    plain = model.run_with_hooks(_tokens(), fwd_hooks=[("blocks.0.attn.hook_z", _zero_head_1)])
+    preserved = pattern_preserving_ablation(model, TOKENS, "L0H1")
+    plain = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_z", _zero_head_1)])
     assert not torch.allclose(preserved, plain, rtol=1e-3, atol=1e-3)
 
 
@@ -119,15 +107,15 @@ def _zero_head_1(z, hook):
 def test_bad_heads_are_refused():
     model = _model(None)
     with pytest.raises(ValueError, match="L<layer>H<head>"):
-        pattern_preserving_ablation(model, _tokens(), "head 3")
+        pattern_preserving_ablation(model, TOKENS, "head 3")
     with pytest.raises(ValueError, match="out of range"):
-        pattern_preserving_ablation(model, _tokens(), (0, 4))
+        pattern_preserving_ablation(model, TOKENS, (0, 4))
     with pytest.raises(ValueError, match="no heads"):
-        pattern_preserving_ablation(model, _tokens(), [])
+        pattern_preserving_ablation(model, TOKENS, [])
 
 
 def test_a_head_is_named_the_same_way_everywhere():
-    model, tokens = _model(), _tokens()
+    model, tokens = _model(), TOKENS
     by_label = pattern_preserving_ablation(model, tokens, ["L1H2", "L2H0"])
     by_pair = pattern_preserving_ablation(model, tokens, [(1, 2), (-1, 0)])
     by_component = pattern_preserving_ablation(
