@@ -25,7 +25,7 @@ CACHE: dict[str, str] = {
     "get_full_resid_decomposition": "analysis.decompose_resid(model, cache, "
     "granularity='neuron') (heads, neurons, embeddings and each bias, labelled)",
     "apply_ln_to_stack": "analysis.apply_ln_to_stack(model, cache, decomposition) (it also "
-    "applies the norm's gain and bias, so the parts sum to hook_normalized)",
+    "applies the norm's gain and bias, so the parts sum to the norm's hook_out)",
     "logit_attrs": "analysis.direct_logit_attribution(model, cache, tokens)",
     "compute_head_results": "analysis.head_results(model, cache, layer), or build the model "
     "with use_attn_result=True",

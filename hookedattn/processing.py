@@ -3,7 +3,7 @@
 Each function returns a NEW model (the input is never changed; hooks are not carried
 over; the tokenizer and train/eval mode are) and says exactly what it preserves:
 
-    fold_layer_norm         logits and every activation except `hook_normalized`
+    fold_layer_norm         logits and every activation except the norms' `hook_out`
     center_writing_weights  logits and normalised activations; the residual stream loses
                             its mean component (LayerNorm models only)
     center_unembed          log-probabilities; logits shift by a constant per position
@@ -55,8 +55,8 @@ def fold_layer_norm(model: "HookedTransformer") -> "HookedTransformer":
     LayerNorm the reading weights are also centred along `d_model` (their component along
     the all-ones direction is multiplied by the mean of `x_hat`, which is zero).
 
-    Preserves: logits exactly, and every activation except the norms' `hook_normalized`
-    (now before the gain and bias). A model already in a `Pre` form is accepted (its
+    Preserves: logits exactly, and every activation except the norms' `hook_out` (now
+    `hook_normalized`, the stream before the gain and bias, which is itself unchanged). A model already in a `Pre` form is accepted (its
     reading weights are centred, if LayerNorm). A model without norms is refused, and so
     is one whose norms cannot all be folded (module docstring): norms after the
     sublayers, or a LayerNorm bias before a gated MLP.

@@ -1,32 +1,23 @@
 """QK/OV circuits and the model's weight views, against dense products and the forward."""
 
+from functools import partial
+
 import pytest
 import torch
 from einops import einsum
 from torch.testing import assert_close
 
 from analysis import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
-from hookedattn import CharTokenizer, FactoredMatrix, HookedTransformer, HookedTransformerConfig
+from hookedattn import CharTokenizer, FactoredMatrix, HookedTransformer
+from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
 F64 = tolerance(torch.float64).as_kwargs()
 
 
-def make_model(**overrides):
-    settings = dict(
-        n_layers=2,
-        d_model=12,
-        n_heads=3,
-        d_head=4,
-        n_ctx=6,
-        d_vocab=10,
-        attn_only=True,
-        normalization_type=None,
-        seed=0,
-        dtype=torch.float64,
-    )
-    settings.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**settings))
+make_model = partial(
+    tiny_model, d_model=12, n_heads=3, n_ctx=6, d_vocab=10, attn_only=True, normalization_type=None
+)
 
 
 def randomise_norms(model, seed=1):
@@ -106,7 +97,7 @@ def test_tokens_to_residual_directions_dot_the_final_stream_gives_the_logit():
     tokens = torch.tensor([[1, 2, 3]])
     logits, cache = model.run_with_cache(tokens)
     direction = model.tokens_to_residual_directions(7)
-    final = cache["ln_final.hook_normalized"][0, -1]
+    final = cache["ln_final.hook_out"][0, -1]
     assert_close(final @ direction + model.b_U[7], logits[0, -1, 7], **F64)
 
 

@@ -51,8 +51,8 @@ def test_every_identity_of_the_family_holds_and_none_is_skipped(name):
     [
         ("gemma2", "blocks.0.ln1_post.w", "blocks.0.hook_attn_out == blocks.0.ln1_post("),
         ("olmo2", "blocks.1.attn._W_K", "blocks.1.attn.hook_k == blocks.1.hook_resid_pre @"),
-        ("qwen3", "blocks.0.attn.k_norm.w", "blocks.0.attn.k_norm.hook_normalized =="),
-        ("llama", "blocks.1.mlp.W_gate", "blocks.1.mlp.hook_pre == blocks.1.ln2.hook_normalized"),
+        ("qwen3", "blocks.0.attn.k_norm.w", "blocks.0.attn.k_norm.hook_out =="),
+        ("llama", "blocks.1.mlp.W_gate", "blocks.1.mlp.hook_pre == blocks.1.ln2.hook_out"),
     ],
 )
 def test_a_weight_changed_after_the_forward_breaks_the_identity_that_reads_it(name, param, breaks):
@@ -98,7 +98,7 @@ def test_the_mlp_norm_of_a_parallel_block_reads_resid_pre_too():
     model, _, cache = family_run("neox")
     decomposition = decompose_resid(model, cache, 1, "resid_pre", "head")
     normed = apply_ln_to_stack(model, cache, decomposition, which="ln2")
-    torch.testing.assert_close(normed.sum(), cache["blocks.1.ln2.hook_normalized"], **TOL)
+    torch.testing.assert_close(normed.sum(), cache["blocks.1.ln2.hook_out"], **TOL)
 
 
 @pytest.mark.parametrize("name", ["gemma2", "olmo2"])
@@ -151,7 +151,7 @@ def test_the_ov_circuit_per_query_head_gives_each_heads_write(name):
     """Head h's result (before any post norm) is `sum_src A[q, src] (x[src] OV_h + b_V W_O)`."""
     model, _, cache = family_run(name)
     x = cache[
-        "blocks.0.ln1.hook_normalized"
+        "blocks.0.ln1.hook_out"
         if model.cfg.normalization_placement != "post"
         else ("resid_pre", 0)
     ]
@@ -169,7 +169,7 @@ def test_the_qk_circuit_per_query_head_gives_the_scores_of_a_grouped_model():
         model.blocks[0].attn.b_Q.zero_()
         model.blocks[0].attn._b_K.zero_()
         _, cache = model.run_with_cache(TOKENS)
-    x = cache["blocks.0.ln1.hook_normalized"]
+    x = cache["blocks.0.ln1.hook_out"]
     QK = qk_circuit(model, 0).AB.detach()
     scores = einsum(x, QK, x, "b q m, h m n, b k n -> b h q k") / model.cfg.attn_scale
     blocked = cache["attn_scores", 0].isinf()
@@ -260,7 +260,7 @@ def test_a_layernorm_after_each_sublayer_adds_its_bias_as_one_more_term():
     decomposition = decompose_resid(model, cache, granularity="neuron", check=True)
     assert {"L1_attn_bias", "L1_ln1_post_bias", "L1_ln2_post_bias"} <= set(decomposition.labels)
     normed = apply_ln_to_stack(model, cache, decomposition, check=True)
-    torch.testing.assert_close(normed.sum(), cache["ln_final.hook_normalized"], **TOL)
+    torch.testing.assert_close(normed.sum(), cache["ln_final.hook_out"], **TOL)
 
 
 @pytest.mark.parametrize("name", ["llama", "olmo2"])

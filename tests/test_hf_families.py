@@ -197,7 +197,7 @@ def test_residual_stream_equals_hf_hidden_states(pair64):
     # HF's hidden_states: the input of each block, then the final one after the last norm.
     for layer in range(pair64.ours.cfg.n_layers):
         assert max_abs(cache["resid_pre", layer], hidden[layer]) <= 1e-10, layer
-    assert max_abs(cache["ln_final.hook_normalized"], hidden[-1]) <= 1e-10
+    assert max_abs(cache["ln_final.hook_out"], hidden[-1]) <= 1e-10
 
 
 def test_attention_patterns_equal_hf_eager_attentions(pair64):

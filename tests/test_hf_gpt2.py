@@ -83,7 +83,7 @@ def test_residual_stream_equals_hf_hidden_states(hf64, ours64):
     # HF's hidden_states: the input of each block, then the final one after ln_f.
     for layer in range(ours64.cfg.n_layers):
         torch.testing.assert_close(cache["resid_pre", layer], hidden[layer], rtol=0, atol=1e-10)
-    torch.testing.assert_close(cache["ln_final.hook_normalized"], hidden[-1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(cache["ln_final.hook_out"], hidden[-1], rtol=0, atol=1e-10)
 
 
 def test_attention_patterns_equal_hf_eager_attentions(hf64, ours64):

@@ -251,6 +251,7 @@ def test_zero_layer_model_is_embed_norm_unembed():
         "hook_pos_embed",
         "ln_final.hook_scale",
         "ln_final.hook_normalized",
+        "ln_final.hook_out",
         "unembed.hook_in",
         "unembed.hook_out",
     ]

@@ -53,14 +53,14 @@ READERS = [
 
 @pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
 @pytest.mark.parametrize("norm", NORMS)
-def test_normalised_components_sum_to_hook_normalized(norm, dtype):
+def test_normalised_components_sum_to_the_norms_output(norm, dtype):
     model = _model(norm, dtype=dtype)
     cache = _run(model)
     for (layer, site, reader), granularity in itertools.product(READERS, ("head", "neuron")):
         decomp = decompose_resid(model, cache, layer, site, granularity)
         normalized = apply_ln_to_stack(model, cache, decomp, check=True)
         assert normalized.normalized_by == reader
-        target = cache[f"{reader}.hook_normalized"]
+        target = cache[f"{reader}.hook_out"]
         torch.testing.assert_close(normalized.sum(), target, **tolerance(dtype).as_kwargs())
 
 
@@ -101,7 +101,7 @@ def test_blocks_with_per_head_inputs(per_head):
     model = _model("LN", **per_head)
     cache = _run(model)
     normalized = apply_ln_to_stack(model, cache, decompose_resid(model, cache, 1), check=True)
-    torch.testing.assert_close(normalized.sum(), cache["normalized", 1, "ln1"][:, :, 0])
+    torch.testing.assert_close(normalized.sum(), cache["blocks.1.ln1.hook_out"][:, :, 0])
 
 
 def test_check_raises_when_the_scale_is_not_the_streams():
@@ -119,7 +119,7 @@ def test_normalize_recomputes_the_modules_output(norm):
     model = _model(norm)
     cache = _run(model)
     out = normalize(model, NormSite("ln2", 1), cache["resid_mid", 1])
-    target = cache["normalized", 1, "ln2"] if norm else cache["resid_mid", 1]
+    target = cache["blocks.1.ln2.hook_out"] if norm else cache["resid_mid", 1]
     torch.testing.assert_close(out, target, rtol=1e-12, atol=1e-12)
 
 

@@ -126,7 +126,7 @@ def test_accumulated_resid_apply_ln_at_the_end_is_the_logit_lens(model, cache):
     centred = streams - streams.mean(-1, keepdim=True)
     scale = (centred.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
     assert_close(lens, centred / scale * ln.w + ln.b)
-    assert_close(lens[-1], cache["ln_final.hook_normalized"][:, -1])
+    assert_close(lens[-1], cache["ln_final.hook_out"][:, -1])
 
 
 def test_apply_ln_to_stack_leaves_out_gain_and_bias_as_tl_does(cache):
@@ -140,13 +140,15 @@ def test_apply_ln_to_stack_leaves_out_gain_and_bias_as_tl_does(cache):
 
 
 def test_folded_model_stack_through_ln_sums_to_hook_normalized(tokens):
-    # With the norm's gain and bias folded away, TL's apply_ln_to_stack sums to the
-    # norm's output exactly: what makes its direct logit attribution add up.
+    # TL's apply_ln_to_stack sums to hook_normalized (before the gain); with the gain
+    # and bias folded away that is the norm's output too, which makes its direct logit
+    # attribution add up.
     processed = hookedattn.process_weights(make_model())
     assert type(processed) is HookedTransformer
     _, cache = processed.run_with_cache(tokens)
     scaled = cache.apply_ln_to_stack(cache.decompose_resid(), layer=-1)
     assert_close(scaled.sum(0), cache["ln_final.hook_normalized"])
+    assert_close(scaled.sum(0), cache["ln_final.hook_out"])
 
 
 def test_logit_attrs_add_up_to_the_logit_difference_on_a_processed_model(tokens):

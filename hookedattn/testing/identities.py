@@ -171,7 +171,39 @@ def _identities(model: HookedTransformer) -> list[_Identity]:
         out += _block(model, layer)
         if layer + 1 < cfg.n_layers:
             out.append(_sum(_act("resid_pre", layer + 1), _act("resid_post", layer)))
+    paths = [f"blocks.{layer}.{which}" for layer in range(cfg.n_layers) for which in _NORMS]
+    out += [_gain(model, path) for path in [*paths, "ln_final"] if _has_norm(model, path)]
     return out + _unembed(model)
+
+
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
+
+
+def _has_norm(model: HookedTransformer, path: str) -> bool:
+    try:
+        return not isinstance(model.get_submodule(path), NoNorm)
+    except AttributeError:  # a block without that norm (an attention-only block's ln2)
+        return False
+
+
+def _gain(model: HookedTransformer, path: str) -> _Identity:
+    """`<path>.hook_out == <path>.hook_normalized * w + b`: the gain and bias after the
+    division (the identity for the weightless forms)."""
+    module = model.get_submodule(path)
+    normalized, out = f"{path}.hook_normalized", f"{path}.hook_out"
+    gain, bias = getattr(module, "w", None), getattr(module, "b", None)
+
+    def sides(get: Get) -> _Sides:
+        x = get(normalized)
+        expected, size = x, x.abs()
+        if gain is not None:
+            expected, size = expected * _weight(gain, x), size * _weight(gain, x).abs()
+        if bias is not None:
+            expected, size = expected + _weight(bias, x), size + _weight(bias, x).abs()
+        return _Sides(get(out), expected, size)
+
+    statement = f"{out} == {normalized} * w + b"
+    return _Identity(statement, (out, normalized), ("batch", "pos", "d_model"), _TERMS, sides)
 
 
 def _block(model: HookedTransformer, layer: int) -> list[_Identity]:
