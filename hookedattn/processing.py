@@ -56,8 +56,9 @@ def fold_layer_norm(model: "HookedTransformer") -> "HookedTransformer":
     the all-ones direction is multiplied by the mean of `x_hat`, which is zero).
 
     Preserves: logits exactly, and every activation except the norms' `hook_out` (now
-    `hook_normalized`, the stream before the gain and bias, which is itself unchanged). A model already in a `Pre` form is accepted (its
-    reading weights are centred, if LayerNorm). A model without norms is refused, and so
+    equal to `hook_normalized`, the stream before the gain and bias, itself unchanged). A
+    model already in a `Pre` form is accepted (its reading weights are centred, if
+    LayerNorm). A model without norms is refused, and so
     is one whose norms cannot all be folded (module docstring): norms after the
     sublayers, or a LayerNorm bias before a gated MLP.
     """
