@@ -3,15 +3,13 @@
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import tiny_model
 
 
 @pytest.fixture
 def model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=16, n_heads=2, n_ctx=8, d_vocab=20, d_mlp=32, seed=0
-    )
-    return HookedTransformer(cfg)
+    return tiny_model(n_layers=1, n_heads=2, n_ctx=8, d_vocab=20, d_mlp=32, dtype=torch.float32)
 
 
 @pytest.fixture(autouse=True)

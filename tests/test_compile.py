@@ -9,7 +9,8 @@ import jaxtyping
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import random_tokens, tiny_model
 from hookedattn.tolerances import tolerance
 
 NAMES = ["blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post", "ln_final.hook_scale"]
@@ -26,14 +27,11 @@ def _without_runtime_shape_checks():
 
 
 def make_model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=2, n_ctx=8, d_vocab=20, d_mlp=32, seed=0
-    )
-    return HookedTransformer(cfg)
+    return tiny_model(n_heads=2, n_ctx=8, d_vocab=20, d_mlp=32, dtype=torch.float32)
 
 
 def tokens(seed: int) -> torch.Tensor:
-    return torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(seed))
+    return random_tokens(20, batch=2, pos=8, seed=seed)
 
 
 @torch.no_grad()

@@ -1,6 +1,7 @@
 """Composition and copying scores against brute-force dense computations."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,26 +11,15 @@ from analysis import CompositionScores, CopyingScores, composition_scores, copyi
 from analysis.composition import _random_baseline
 from analysis.composition import _random_scores as _random_composition_scores
 from analysis.copying import _random_scores, _wishart_factor
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
 F64 = tolerance(torch.float64).as_kwargs()
 
 
-def make_model(dtype=torch.float64, **overrides):
-    settings = dict(
-        n_layers=3,
-        d_model=16,
-        n_heads=2,
-        d_head=4,
-        n_ctx=8,
-        d_vocab=24,
-        attn_only=True,
-        seed=0,
-        dtype=dtype,
-    )
-    settings.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**settings))
+make_model = partial(
+    tiny_model, n_layers=3, n_heads=2, d_head=4, n_ctx=8, d_vocab=24, attn_only=True
+)
 
 
 # ---------------------------------------------------------------- composition
@@ -92,8 +82,8 @@ def test_composition_is_zero_unless_the_first_head_is_earlier():
 
 
 def test_composition_in_float32_matches_float64():
-    scores_32 = composition_scores(make_model(torch.float32), "K").scores
-    scores_64 = composition_scores(make_model(torch.float64), "K").scores
+    scores_32 = composition_scores(make_model(dtype=torch.float32), "K").scores
+    scores_64 = composition_scores(make_model(dtype=torch.float64), "K").scores
     assert scores_32.dtype == torch.float32
     assert_close(scores_32.double(), scores_64, **tolerance(torch.float32).as_kwargs())
 
@@ -283,7 +273,7 @@ def test_copying_arguments_are_checked():
 
 
 def test_copying_scores_in_float32_match_float64():
-    scores_32 = copying_scores(make_model(torch.float32)).scores
-    scores_64 = copying_scores(make_model(torch.float64)).scores
+    scores_32 = copying_scores(make_model(dtype=torch.float32)).scores
+    scores_64 = copying_scores(make_model(dtype=torch.float64)).scores
     assert scores_32.dtype == torch.float32
     assert_close(scores_32.double(), scores_64, rtol=1e-4, atol=1e-4)

@@ -14,6 +14,7 @@ from analysis import (
 )
 from analysis.head_detectors import TARGETS, repeated_random_tokens
 from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import tiny_model
 
 # "a b c a b c": a repeated sequence of 3 tokens.
 TOKENS = torch.tensor([[0, 1, 2, 0, 1, 2]])
@@ -91,11 +92,7 @@ def test_a_user_defined_target():
 
 
 def _random_model(n_ctx=12):
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=3, d_head=4, n_ctx=n_ctx, d_vocab=7, d_mlp=16, seed=0,
-        dtype=torch.float64,
-    )  # fmt: skip
-    return HookedTransformer(cfg)
+    return tiny_model(n_heads=3, d_head=4, n_ctx=n_ctx, d_vocab=7, d_mlp=16)
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

@@ -6,18 +6,16 @@ import pickle
 import pytest
 import torch
 
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.cache import CacheEditedError
+from hookedattn.testing import tiny_model
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
 
 
 @pytest.fixture(scope="module")
 def model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=4, n_ctx=8, d_vocab=32, d_mlp=32, seed=0
-    )
-    return HookedTransformer(cfg)
+    return tiny_model(n_ctx=8, d_mlp=32, dtype=torch.float32)
 
 
 def test_an_edit_through_one_entry_is_caught_at_every_entry_sharing_its_storage(model):

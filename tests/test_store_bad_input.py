@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, StoreError, collect_activations
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model
 
 RESID = "blocks.1.hook_resid_pre"
 TEXT = "import os\nprint(os.getcwd())\n" * 20
@@ -19,13 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def byte_model(scale: float = 0.5) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True,
-        dtype="float64",
-    )  # fmt: skip
-    model = randomize_parameters(HookedTransformer(cfg), scale=scale)
-    model.tokenizer = ByteTokenizer()
-    return model
+    fields = dict(n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True)
+    return random_tiny_model(scale=scale, tokenizer=ByteTokenizer(), **fields)
 
 
 def make_store(out: Path, **kwargs) -> Path:

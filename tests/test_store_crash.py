@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, collect_activations
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESID = "blocks.1.hook_resid_pre"
@@ -19,10 +19,8 @@ ARGS = dict(n_tokens=16 * 4 * 100, batch_size=2, shard_contexts=4)  # 100 shards
 
 
 def saved_model(folder: Path) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=16, d_vocab=259, attn_only=True
-    )
-    randomize_parameters(HookedTransformer(cfg), seed=3).save(folder)
+    fields = dict(n_heads=2, d_head=8, d_vocab=259, attn_only=True, dtype=torch.float32)
+    random_tiny_model(randomize_seed=3, **fields).save(folder)
     model = HookedTransformer.load(folder)
     model.tokenizer = ByteTokenizer()
     return model

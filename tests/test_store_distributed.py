@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import collect_activations, load_sweep, sweep
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]
@@ -44,10 +44,8 @@ runpy.run_path({collect!r}, run_name="__main__")
 
 
 def byte_model(folder: Path) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=16, d_vocab=259, attn_only=True
-    )
-    randomize_parameters(HookedTransformer(cfg), seed=5).save(folder)
+    fields = dict(n_heads=2, d_head=8, d_vocab=259, attn_only=True, dtype=torch.float32)
+    random_tiny_model(randomize_seed=5, **fields).save(folder)
     model = HookedTransformer.load(folder)
     model.tokenizer = ByteTokenizer()
     return model

@@ -3,17 +3,16 @@
 import pytest
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import default_corpus, pack
+from hookedattn.testing import tiny_model
 
 BOS = ByteTokenizer().bos_token_id
 
 
 def byte_model(n_ctx: int = 8) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, d_head=4, n_ctx=n_ctx, d_vocab=259, attn_only=True, seed=0
-    )
-    return HookedTransformer(cfg, tokenizer=ByteTokenizer())
+    fields = dict(n_layers=1, d_model=8, n_heads=2, n_ctx=n_ctx, d_vocab=259, attn_only=True)
+    return tiny_model(tokenizer=ByteTokenizer(), dtype=torch.float32, **fields)
 
 
 def test_texts_are_joined_and_cut_into_contexts_after_the_start_token():

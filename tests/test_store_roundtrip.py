@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import (
     ActivationStore,
     StoreError,
@@ -12,7 +12,7 @@ from hookedattn.store import (
     pack,
     sweep,
 )
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model
 
 RESID = "blocks.1.hook_resid_pre"
 PATTERN = "blocks.0.attn.hook_pattern"
@@ -20,20 +20,8 @@ TEXTS = ["def f(x):\n    return x + 1\n" * 6, "class A:\n    pass\n" * 9]
 
 
 def byte_model(seed: int = 0) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2,
-        d_model=16,
-        n_heads=2,
-        d_head=8,
-        n_ctx=8,
-        d_vocab=259,
-        attn_only=True,
-        seed=seed,
-        dtype="float64",
-    )
-    model = randomize_parameters(HookedTransformer(cfg), seed=seed)
-    model.tokenizer = ByteTokenizer()
-    return model
+    fields = dict(n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True)
+    return random_tiny_model(seed, randomize_seed=seed, tokenizer=ByteTokenizer(), **fields)
 
 
 @pytest.fixture(scope="module")

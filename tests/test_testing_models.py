@@ -2,15 +2,14 @@
 
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn import HookedTransformer
+from hookedattn.testing import randomize_parameters, tiny_model
 
 
 def model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=5, d_mlp=8, seed=0
+    return tiny_model(
+        n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=5, d_mlp=8, dtype=torch.float32
     )
-    return HookedTransformer(cfg)
 
 
 def test_biases_and_gains_move_off_their_initial_values():

@@ -19,20 +19,19 @@ from analysis import (
     induction_scores,
     view,
 )
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, list_pretrained
+from hookedattn import ByteTokenizer, HookedTransformer, list_pretrained
 from hookedattn.__main__ import main as cli
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import Page, attention, script_json
 
 DATA = re.compile(r'<script type="application/json" id="hookedattn-data">(.*?)</script>', re.S)
 
 
-def tiny_model(n_layers=2, n_heads=4, n_ctx=64, d_model=16):
-    cfg = HookedTransformerConfig(
-        n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_ctx=n_ctx, d_vocab=259,
-        attn_only=True, seed=0,
-    )  # fmt: skip
-    model = randomize_parameters(HookedTransformer(cfg, tokenizer=ByteTokenizer()), seed=3)
+def byte_model(n_layers=2, n_heads=4, n_ctx=64):
+    fields = dict(n_layers=n_layers, n_heads=n_heads, n_ctx=n_ctx, d_vocab=259, attn_only=True)
+    model = random_tiny_model(
+        randomize_seed=3, tokenizer=ByteTokenizer(), dtype=torch.float32, **fields
+    )
     return model.eval()
 
 
@@ -62,7 +61,7 @@ def last_logit_99(logits):
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return byte_model()
 
 
 def test_the_page_embeds_the_caches_patterns_exactly(model):
@@ -135,7 +134,7 @@ def test_the_page_fetches_nothing_and_needs_nothing_outside(model):
 
 
 def test_sixteen_heads_over_128_tokens_fit_in_two_megabytes():
-    big = tiny_model(n_layers=2, n_heads=8, n_ctx=128)
+    big = byte_model(n_layers=2, n_heads=8, n_ctx=128)
     tokens = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(0))
     size = len(attention(big, tokens).html().encode("utf-8"))
     assert size < 2 * 2**20, size
@@ -164,7 +163,7 @@ def test_bad_input_is_named(model):
     with pytest.raises(ValueError, match="kind"):
         Page("x", {"values": []})
     with pytest.raises(ValueError, match="0 layers has no attention"):
-        attention(tiny_model(n_layers=0), "abc")
+        attention(byte_model(n_layers=0), "abc")
 
 
 def test_a_notebook_shows_the_page_in_a_sandboxed_frame(model):
