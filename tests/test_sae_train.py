@@ -63,7 +63,7 @@ def test_folding_the_normalisation_gives_the_same_reconstruction():
 
 
 def test_bad_training_input(store, model, tmp_path):
-    with pytest.raises(ValueError, match="either l1 .* or k"):
+    with pytest.raises(ValueError, match="one of l1 .* k .* or l0"):
         train(store, k=4)
     with pytest.raises(ValueError, match="fewer than one batch"):
         train(store, batch_size=10**6)

@@ -76,8 +76,12 @@ class SparseAutoencoder(HookedRootModule):
     # ------------------------------------------------------------------ the math
     def encode(self, x: In) -> Acts:
         """Feature activations of `x`, without running any hook point."""
+        return self.activation(self.pre_activations(x))
+
+    def pre_activations(self, x: In) -> Acts:
+        """`(x - pre_bias) @ W_enc + b_enc`: what the activation function reads."""
         pre = einsum(self.pre_bias(x, self.b_dec), self.W_enc, "... d_in, d_in d_sae -> ... d_sae")
-        return self.activation(pre + self.b_enc)
+        return pre + self.b_enc
 
     def decode(self, acts: Acts) -> In:
         """The reconstruction from feature activations, without running any hook point."""

@@ -11,15 +11,17 @@ is folded into the weights at the end (`_fold`), so the SAE returned reads the a
 as the model computes them.
 
 Loss: `|x - recons|^2` (summed over `d_in`, averaged over rows) plus, for ReLU SAEs, `l1 ·
-Σ_f acts_f |W_dec[f]|`; a TopK SAE has no penalty. After each Adam step the decoder rows
-are renormalised to unit norm. A feature is dead when it has not fired in the last
-`dead_window` steps. Everything random (initial weights, batch order) comes from `seed`,
-so a run is repeatable.
+Σ_f acts_f |W_dec[f]|`; for JumpReLU SAEs `l0` times the number of active features, its
+thresholds learnt by a straight-through estimator; a TopK SAE has no penalty (the
+penalties in `hookedattn.sae.objectives`). After each Adam step the decoder rows are
+renormalised to unit norm. A feature is dead when it has not fired in the last
+`dead_window` steps; with `resample_every`, dead features are resampled towards inputs the
+SAE reconstructs badly (`hookedattn.sae.resampling`). Everything random (initial
+weights, batch order) comes from `seed`, so a run is repeatable.
 """
 
 import copy
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from hookedattn.sae import objectives
 from hookedattn.sae.autoencoder import SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
+from hookedattn.sae.resampling import resample_dead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,10 @@ def train_sae(
     steps: int,
     l1: float | None = None,
     k: int | None = None,
+    l0: float | None = None,
+    bandwidth: float = 0.05,
+    threshold: float = 0.05,
+    resample_every: int | None = None,
     batch_size: int = 1024,
     lr: float = 1e-3,
     seed: int = 0,
@@ -65,31 +73,41 @@ def train_sae(
 ) -> SparseAutoencoder:
     """Train an SAE on the rows `name` of `store` for `steps` Adam steps.
 
-    A ReLU SAE with `l1` (its penalty), or a TopK SAE with `k`. Batches of `batch_size`
+    One of: a ReLU SAE with `l1` (its penalty), a TopK SAE with `k`, or a JumpReLU SAE
+    with `l0` (the coefficient of its L0 penalty; thresholds start at `threshold` and
+    learn through a straight-through estimator of width `bandwidth`, both in the
+    normalised units of the module docstring). With `resample_every=n`, every n steps
+    the dead features are resampled towards inputs of high loss
+    (`hookedattn.sae.resampling`). Batches of `batch_size`
     rows are drawn shuffled, epoch after epoch. A `tqdm` bar shows loss, L0, fraction of
     variance explained and dead features every `log_every` steps; pass a list as `log` to
     receive those as `TrainingStep`s. With `checkpoint_every=n`, the SAE as it is after
     every n steps is saved (in the model's units, loadable by `SparseAutoencoder.load`)
     to `checkpoint_dir/step-000n`. Returns the SAE in float32, in the model's units.
     """
-    _check_arguments(store, name, d_sae, steps, l1, k, batch_size)
+    _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size)
+    _check_extras(bandwidth, threshold, resample_every)
     if (checkpoint_every is None) != (checkpoint_dir is None):
         raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
     (d_in,) = store.row_shape(name)
     stats = store.stats(name)
     mean, scale = stats.mean.float(), float(stats.var.mean().sqrt())
-    activation = "topk" if k is not None else "relu"
+    activation = "relu" if l1 is not None else "topk" if k is not None else "jumprelu"
     sae = SparseAutoencoder(SAEConfig(d_in, d_sae, name, activation, k=k, seed=seed))
+    objective = _objective(sae, l1, l0, bandwidth, threshold)
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
-    penalty = _no_penalty if l1 is None else functools.partial(_l1_penalty, l1)
     since_fired = torch.zeros(d_sae, dtype=torch.long)
     bar = tqdm(total=steps, disable=not progress, desc=f"SAE {name}", unit="step")
     for step, batch in enumerate(_batches(store, name, batch_size, seed, steps)):
         x = (batch.float() - mean) / scale
-        loss, acts, recons = _step(sae, optimizer, x, penalty)
+        loss, acts, recons = _step(sae, optimizer, x, objective)
         # Activations are never negative, so a column's max says whether it fired; this
         # is a tenth of the cost of (acts > 0).any(0), which would be a tenth of a step.
         since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
+        if resample_every is not None and (step + 1) % resample_every == 0 and step + 1 < steps:
+            dead = since_fired >= dead_window
+            revived = resample_dead(sae, optimizer, x, dead, (seed << 32) + step)
+            since_fired = torch.where(revived, 0, since_fired)
         if step % log_every == 0 or step == steps - 1:
             tokens = (step + 1) * batch_size
             record = _measure(step, tokens, loss, acts, x, recons, since_fired, dead_window)
@@ -105,31 +123,42 @@ def train_sae(
     return sae
 
 
+@dataclasses.dataclass(frozen=True)
+class _Objective:
+    """The activation used in training and the terms added to the squared error."""
+
+    activate: Callable[[SparseAutoencoder, Tensor], Tensor]
+    penalty: Callable[[SparseAutoencoder, Tensor, Tensor], Tensor]
+
+
+def _objective(sae, l1, l0, bandwidth, threshold) -> _Objective:
+    """The objective for the SAE's variant, chosen once before the loop."""
+    if l1 is not None:
+        return _Objective(objectives.activate, objectives.L1Penalty(l1))
+    if l0 is not None:
+        with torch.no_grad():
+            sae.activation.threshold.fill_(threshold)
+        activate = objectives.JumpReLUActivation(bandwidth)
+        return _Objective(activate, objectives.L0Penalty(l0, bandwidth))
+    return _Objective(objectives.activate, objectives.no_penalty)
+
+
 def _step(
     sae: SparseAutoencoder,
     optimizer: torch.optim.Optimizer,
     x: Float[Tensor, "batch d_in"],
-    penalty: Callable[[SparseAutoencoder, Tensor], Tensor],
+    objective: _Objective,
 ) -> tuple[Tensor, Float[Tensor, "batch d_sae"], Float[Tensor, "batch d_in"]]:
     """One Adam step on `x`; the loss, activations and reconstruction, detached."""
-    acts = sae.encode(x)
+    pre = sae.pre_activations(x)
+    acts = objective.activate(sae, pre)
     recons = sae.decode(acts)
-    loss = (recons - x).pow(2).sum(-1).mean() + penalty(sae, acts)
+    loss = (recons - x).pow(2).sum(-1).mean() + objective.penalty(sae, pre, acts)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    _unit_decoder_rows(sae)
+    _constrain(sae)
     return loss.detach(), acts.detach(), recons.detach()
-
-
-def _l1_penalty(l1: float, sae: SparseAutoencoder, acts: Float[Tensor, "batch d_sae"]) -> Tensor:
-    """`l1 · Σ_f acts_f |W_dec[f]|`, averaged over rows."""
-    return l1 * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
-
-
-def _no_penalty(sae: SparseAutoencoder, acts: Float[Tensor, "batch d_sae"]) -> Tensor:
-    """TopK sets the sparsity itself: no penalty."""
-    return acts.new_zeros(())
 
 
 def _folded(
@@ -141,14 +170,16 @@ def _folded(
     return folded
 
 
-def _check_arguments(store, name, d_sae, steps, l1, k, batch_size) -> None:
-    if (l1 is None) == (k is None):
+def _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size) -> None:
+    given = {key: value for key, value in (("l1", l1), ("k", k), ("l0", l0)) if value is not None}
+    if len(given) != 1:
         raise ValueError(
-            f"give either l1 (a ReLU SAE with an L1 penalty) or k (a TopK SAE), got l1={l1!r}, "
-            f"k={k!r}"
+            f"give one of l1 (a ReLU SAE with an L1 penalty), k (a TopK SAE) or l0 (a JumpReLU "
+            f"SAE with an L0 penalty), got {given or 'none'}"
         )
-    if l1 is not None and not l1 >= 0:
-        raise ValueError(f"l1 must be a non-negative number, got {l1!r}")
+    for field, value in (("l1", l1), ("l0", l0)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{field} must be a non-negative number, got {value!r}")
     for field, value in (("steps", steps), ("batch_size", batch_size), ("d_sae", d_sae)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{field} must be a positive int, got {value!r}")
@@ -158,6 +189,18 @@ def _check_arguments(store, name, d_sae, steps, l1, k, batch_size) -> None:
             f"an SAE reads vectors; the rows of {name} have shape {shape}: store a point "
             f"whose rows are [d_in] (a residual stream, an MLP's neurons)"
         )
+
+
+def _check_extras(bandwidth, threshold, resample_every) -> None:
+    for field, value in (("bandwidth", bandwidth), ("threshold", threshold)):
+        if not value > 0:
+            raise ValueError(f"{field} must be a positive number, got {value!r}")
+    if resample_every is not None and (
+        not isinstance(resample_every, int)
+        or isinstance(resample_every, bool)
+        or resample_every < 1
+    ):
+        raise ValueError(f"resample_every must be a positive int or None, got {resample_every!r}")
 
 
 def _batches(store: Any, name: str, batch_size: int, seed: int, steps: int) -> Iterator[Tensor]:
@@ -184,8 +227,13 @@ def _batches(store: Any, name: str, batch_size: int, seed: int, steps: int) -> I
 
 
 @torch.no_grad()
-def _unit_decoder_rows(sae: SparseAutoencoder) -> None:
+def _constrain(sae: SparseAutoencoder) -> None:
+    """Unit decoder rows, and non-negative thresholds (a JumpReLU's; other activations have
+    no parameters): below zero a threshold would pass negative pre-activations, which the
+    SAE's own `relu(pre) · (pre > θ)` does not."""
     sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-12))
+    for parameter in sae.activation.parameters():
+        parameter.clamp_(min=0)
 
 
 @torch.no_grad()
@@ -219,7 +267,10 @@ def _fold(sae: SparseAutoencoder, mean: Float[Tensor, " d_in"], scale: float) ->
 
     With `a' = scale · a` for the activations: `W_enc`, `W_dec` (unit rows) are kept,
     `b_enc` scales and `b_dec` becomes `mean + scale · b_dec`; ReLU and TopK commute with
-    a positive scale, so the reconstruction is `scale · recons + mean`, as it must be.
+    a positive scale, and so does a JumpReLU once its thresholds (its only parameters)
+    scale too, so the reconstruction is `scale · recons + mean`, as it must be.
     """
     sae.b_enc.mul_(scale)
+    for parameter in sae.activation.parameters():
+        parameter.mul_(scale)
     sae.b_dec.mul_(scale).add_(mean.to(sae.b_dec.dtype))
