@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
+from hookedattn import ByteTokenizer
 from hookedattn.names import pos_axis
+from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
@@ -18,12 +19,10 @@ PAD = 7  # any id: padded positions are masked out
 
 def make_model(**overrides):
     base = dict(
-        n_layers=2, d_model=16, n_heads=2, n_ctx=24, d_vocab=259, d_mlp=32, seed=0,
-        dtype=torch.float64, use_attn_result=True, use_split_qkv_input=True,
-        use_hook_mlp_in=True,
+        n_heads=2, n_ctx=24, d_vocab=259, d_mlp=32, use_attn_result=True,
+        use_split_qkv_input=True, use_hook_mlp_in=True,
     )  # fmt: skip
-    base.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**base), tokenizer=ByteTokenizer())
+    return tiny_model(tokenizer=ByteTokenizer(), **{**base, **overrides})
 
 
 VARIANTS = {

@@ -9,21 +9,17 @@ from hookedattn import (
     ByteTokenizer,
     CharTokenizer,
     HFTokenizer,
-    HookedTransformer,
-    HookedTransformerConfig,
 )
+from hookedattn.testing import tiny_model
 from hookedattn.tokenizers import as_tokenizer
 
 tokenizers_lib = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
 
-def make_model(tokenizer=None, d_vocab=259, **overrides):
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=16, n_heads=2, n_ctx=64, d_vocab=d_vocab, d_mlp=32, seed=0,
-        dtype=torch.float64, **overrides,
-    )  # fmt: skip
-    return HookedTransformer(cfg, tokenizer=tokenizer)
+def make_model(tokenizer=None, d_vocab=259):
+    fields = dict(n_layers=1, n_heads=2, n_ctx=64, d_mlp=32)
+    return tiny_model(tokenizer=tokenizer, d_vocab=d_vocab, **fields)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from analysis import activation_patch, decompose_resid, direct_logit_attribution, view
-from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn import ByteTokenizer
+from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import attention
 
 try:
@@ -60,10 +60,8 @@ def last_logit_99(logits):
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=4, n_ctx=96, d_vocab=259, attn_only=True, seed=0
-    )
-    return randomize_parameters(HookedTransformer(cfg, tokenizer=ByteTokenizer()), seed=3).eval()
+    fields = dict(n_ctx=96, d_vocab=259, attn_only=True, dtype=torch.float32)
+    return random_tiny_model(randomize_seed=3, tokenizer=ByteTokenizer(), **fields).eval()
 
 
 class Opened:
