@@ -92,7 +92,8 @@ class HookedTransformerConfig:
     `n_heads` and `d_head` may each be left out when the other divides `d_model`; attention
     weights are stored per head (`W_Q: [head d_model d_head]`), so `d_model == n_heads *
     d_head` is not otherwise required. `d_vocab_out` defaults to `d_vocab`. `d_mlp` is
-    required unless `attn_only`. `init_range` is the standard deviation of the normal
+    required unless `attn_only`; `act_fn` defaults to "relu", as in TransformerLens, so a
+    config ported from it builds the same MLP. `init_range` is the standard deviation of the normal
     initialisation (default `0.8 / sqrt(d_model)`, as TransformerLens). `attn_scale` divides
     the attention scores (default `sqrt(d_head)`). `seed` seeds the initialisation through a
     private generator, so the global torch RNG is left untouched.
@@ -129,7 +130,7 @@ class HookedTransformerConfig:
     d_mlp: int | None = None
     # Choices are plain `str` here (see ACT_FNS etc.) so that a bad value gets our error,
     # naming the closest valid choice, rather than a generic type-check failure.
-    act_fn: str = "gelu"
+    act_fn: str = "relu"
     attn_only: bool = False
     normalization_type: str | None = "LN"
     normalization_placement: str = "pre"

@@ -71,7 +71,11 @@ def test_components_sum_to_the_cached_stream_everywhere(norm, attn_only, use_att
         _points(model), ("sublayer", "head", "neuron")
     ):
         decomp = decompose_resid(model, cache, layer, site, granularity, check=True)
-        torch.testing.assert_close(decomp.sum(), cache[name], **tolerance(dtype).as_kwargs())
+        # Rounding of a sum is relative to its terms' sizes, not to the total (which
+        # cancellation can make small).
+        tol = tolerance(dtype)
+        bound = tol.atol + tol.rtol * decomp.components.abs().sum(0)
+        assert bool(((decomp.sum() - cache[name]).abs() <= bound).all()), (layer, site)
 
 
 def test_labels_at_each_granularity():
