@@ -104,7 +104,9 @@ def direct_logit_attribution(
     """Each component's direct contribution to the logit of `tokens` at every position.
 
     `decomposition` is of the final stream (`decompose_resid(model, cache)`, any
-    granularity), as is or already through `apply_ln_to_stack`. `tokens` (and
+    granularity: with `"features"` and an SAE spliced, each active feature, the SAE's
+    `sae_b_dec` and `sae_error` get their own direct effect), as is or already through
+    `apply_ln_to_stack`. `tokens` (and
     `incorrect_tokens`, for the logit difference `logit[tokens] - logit[incorrect]`) are a
     token id or ids broadcastable to `[batch pos]`, e.g. `tokens[:, 1:]` against a
     decomposition sliced to `[:, :, :-1]`. The contributions, plus `ln_final_bias` and

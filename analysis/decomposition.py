@@ -8,6 +8,13 @@
 they add up to the cached stream (to float rounding: `check=True` verifies it);
 `accumulated_resid` returns the stream itself at each point up to one.
 
+With a sparse autoencoder spliced at an earlier (or the same) residual point, the
+`"features"` granularity writes the stream there as the SAE's terms instead (each active
+feature's `acts_f · W_dec[f]`, `sae_b_dec`, and `sae_error`, what the splice added beyond
+the reconstruction; `analysis._sae_terms`), followed by the sublayers after it:
+
+    resid[P] = Σ_f acts_f W_dec[f] + b_dec + error + Σ_{sublayers between the SAE and P}
+
 On every block shape the sum is exact:
 
 - sequential blocks add `attn_out` at `resid_mid` and `mlp_out` at `resid_post`; a parallel
@@ -32,14 +39,16 @@ from torch import Tensor
 
 from analysis._naming import head_label, neuron_label
 from analysis._reading import activation, weight
+from analysis._sae_terms import feature_terms, sae_point
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
 from analysis.resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
 from hookedattn.names import get_act_name
+from hookedattn.sae import SparseAutoencoder
 
-GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron")
+GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "features")
 _Parts = list[tuple[tuple[str, ...], Float[Tensor, "component batch pos d_model"]]]
 
 
@@ -114,6 +123,7 @@ def decompose_resid(
     granularity: str = "sublayer",
     *,
     check: bool = False,
+    sae: SparseAutoencoder | None = None,
 ) -> Decomposition:
     """The residual stream at one point as the labelled sum of what wrote into it.
 
@@ -124,7 +134,10 @@ def decompose_resid(
     - `"sublayer"`: `embed`, `pos_embed`, `L0_attn`, `L0_mlp`, ... (the cached
       `attn_out`/`mlp_out`, biases included);
     - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart;
-    - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart.
+    - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart;
+    - `"features"`, with `sae` (spliced when the cache was recorded, at this point or an
+      earlier one): each feature active in the batch `F12`, ..., `sae_b_dec` and
+      `sae_error` at the SAE's point, then the later sublayers as with `"sublayer"`.
 
     `pos_embed` is there for models with learned positions only. On each block shape
     (parallel, gated, norms after the sublayers) see the module docstring: the terms are
@@ -136,6 +149,26 @@ def decompose_resid(
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     site, layer = resolve_point(model, layer, site)
+    if granularity == "features":
+        parts = _feature_parts(model, cache, site, layer, sae)
+    elif sae is not None:
+        raise ValueError(f"sae is for granularity='features', not {granularity!r}")
+    else:
+        parts = _parts(model, cache, site, layer, granularity)
+    labels = tuple(label for part_labels, _ in parts for label in part_labels)
+    components = torch.cat([tensor for _, tensor in parts])
+    if check:
+        target = activation(cache, get_act_name(site, layer))
+        check_sums_to(
+            components, target, f"the decomposition of {get_act_name(site, layer)}", model.cfg.dtype
+        )
+    return Decomposition(components, labels, site, layer)
+
+
+def _parts(
+    model: HookedTransformer, cache: ActivationCache, site: str, layer: int, granularity: str
+) -> _Parts:
+    """What wrote into the stream at `(site, layer)`, at a granularity of the model's own."""
     parts: _Parts = [(("embed",), activation(cache, "embed")[None])]
     if model.cfg.positional_embedding_type == "standard":
         parts.append((("pos_embed",), activation(cache, "pos_embed")[None]))
@@ -146,14 +179,32 @@ def decompose_resid(
             parts += _mlp_parts(model, cache, block, granularity)
     if site == "resid_mid":
         parts += _attn_parts(model, cache, layer, granularity)
-    labels = tuple(label for part_labels, _ in parts for label in part_labels)
-    components = torch.cat([tensor for _, tensor in parts])
-    if check:
-        target = activation(cache, get_act_name(site, layer))
-        check_sums_to(
-            components, target, f"the decomposition of {get_act_name(site, layer)}", model.cfg.dtype
+    return parts
+
+
+def _feature_parts(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    site: str,
+    layer: int,
+    sae: SparseAutoencoder | None,
+) -> _Parts:
+    """The SAE's terms at its point, then the sublayers between it and `(site, layer)`."""
+    if sae is None:
+        raise ValueError(
+            "granularity='features' needs the SAE that was spliced when the cache was "
+            "recorded: decompose_resid(model, cache, ..., granularity='features', sae=sae)"
         )
-    return Decomposition(components, labels, site, layer)
+    at_sae = {label for labels, _ in _parts(model, cache, *sae_point(model, sae), "sublayer")
+              for label in labels}  # fmt: skip
+    here = _parts(model, cache, site, layer, "sublayer")
+    if not at_sae <= {label for labels, _ in here for label in labels}:
+        raise ValueError(
+            f"the SAE reads {sae.cfg.hook_name}, after {get_act_name(site, layer)}: a feature "
+            f"decomposition is of the SAE's point or a later one"
+        )
+    later = [(labels, terms) for labels, terms in here if not at_sae & set(labels)]
+    return [feature_terms(cache, sae), *later]
 
 
 def accumulated_resid(

@@ -9,54 +9,26 @@ where the last term is what the splice adds beyond the reconstruction: the error
 `x - recons` with `use_error_term=True` (so `out` is the model's own stream, to rounding),
 zero without it. `feature_decomposition` returns those terms, one per feature active
 anywhere in the batch (`F12`), `sae_b_dec` and `sae_error`, as a `Decomposition` of the
-point; they add up to the cached stream there. `feature_logit_attribution` extends them
-with what the later sublayers write (the terms that make up the final stream after the
-point) and attributes the logits through the final norm at its recorded scale: the
-features', bias's and error's direct effects, which with the later terms, `ln_final_bias`
-and `b_U` add up to the logits.
+point: `decompose_resid(granularity="features", sae=sae)` there. `feature_logit_attribution`
+extends them with what the later sublayers write (at any granularity, where
+`decompose_resid`'s `"features"` has them as whole sublayers) and attributes the logits
+through the final norm at its recorded scale: the features', bias's and error's direct
+effects, which with the later terms, `ln_final_bias` and `b_U` add up to the logits.
 """
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from analysis._reading import activation, weight
+from analysis._sae_terms import feature_label, sae_point
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.decomposition import decompose_resid
-from analysis.resid_stack import Decomposition, check_sums_to
+from analysis.resid_stack import Decomposition
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
-from hookedattn.sae import SparseAutoencoder, sae_hook_name
+from hookedattn.sae import SparseAutoencoder
 
-_SITES = ("resid_pre", "resid_mid", "resid_post")
-
-
-def feature_label(feature: int) -> str:
-    """The label of feature `feature`'s term: `F12`."""
-    return f"F{feature}"
-
-
-def _point(model: HookedTransformer, sae: SparseAutoencoder) -> tuple[str, int]:
-    """`(site, layer)` of the residual point the SAE reads."""
-    for layer in range(model.cfg.n_layers):
-        for site in _SITES:
-            if get_act_name(site, layer) == sae.cfg.hook_name:
-                return site, layer
-    raise ValueError(
-        f"feature decompositions are of the residual stream; this SAE reads "
-        f"{sae.cfg.hook_name!r}, not a resid_pre, resid_mid or resid_post point"
-    )
-
-
-def _sae_entry(cache: ActivationCache, sae: SparseAutoencoder, hook: str) -> Tensor:
-    name = sae_hook_name(sae.cfg.hook_name, hook)
-    if name not in cache:
-        raise KeyError(
-            f"the cache has no {name}: record it with the SAE spliced "
-            f"(with model.saes([sae]): model.run_with_cache(...))"
-        )
-    return activation(cache, name)
+__all__ = ["feature_decomposition", "feature_label", "feature_logit_attribution"]
 
 
 def feature_decomposition(
@@ -72,19 +44,8 @@ def feature_decomposition(
     active at some batch element and position (module docstring). With `check=True` the
     sum is compared with the cached stream there (a `DecompositionError` if beyond rounding).
     """
-    site, layer = _point(model, sae)
-    acts = _sae_entry(cache, sae, "hook_acts")
-    active = (acts != 0).flatten(0, -2).any(0).nonzero().flatten()
-    W_dec = weight(sae.W_dec, acts)[active]
-    features = acts[..., active].movedim(-1, 0)[..., None] * W_dec[:, None, None, :]
-    out, recons = _sae_entry(cache, sae, "hook_out"), _sae_entry(cache, sae, "hook_recons")
-    bias = torch.broadcast_to(weight(sae.b_dec, acts), out.shape)
-    components = torch.cat([features, bias[None], (out - recons)[None]])
-    labels = (*(feature_label(int(f)) for f in active), "sae_b_dec", "sae_error")
-    if check:
-        what = f"the feature decomposition of {sae.cfg.hook_name}"
-        check_sums_to(components, activation(cache, sae.cfg.hook_name), what, model.cfg.dtype)
-    return Decomposition(components, labels, site, layer)
+    site, layer = sae_point(model, sae)
+    return decompose_resid(model, cache, layer, site, "features", check=check, sae=sae)
 
 
 def feature_logit_attribution(

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from analysis import decompose_resid, direct_logit_attribution
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.resid_stack import DecompositionError
 from hookedattn import HookedTransformer, HookedTransformerConfig
@@ -109,3 +110,83 @@ def test_check_catches_a_wrong_decomposition():
         other.W_dec.mul_(2)  # not the SAE that ran
     with pytest.raises(DecompositionError, match="does not add up"):
         feature_decomposition(model, cache, other, check=True)
+
+
+# ------------------------------------------- the "features" granularity of decompose_resid
+POINTS = [
+    (0, "resid_pre"), (0, "resid_mid"), (0, "resid_post"),
+    (1, "resid_pre"), (1, "resid_mid"), (1, "resid_post"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sae_at", [0, 2, 4])
+@pytest.mark.parametrize("use_error_term", [True, False])
+def test_features_granularity_sums_to_every_later_stream(sae_at, use_error_term):
+    model = tiny_model()
+    point = f"blocks.{POINTS[sae_at][0]}.hook_{POINTS[sae_at][1]}"
+    sae = random_sae(point)
+    _, cache = spliced_run(model, sae, TOKENS, use_error_term)
+    at_sae = decompose_resid(model, cache, *POINTS[sae_at], "sublayer").labels
+    for layer, site in POINTS[sae_at:]:
+        decomp = decompose_resid(model, cache, layer, site, "features", sae=sae, check=True)
+        target = cache[f"blocks.{layer}.hook_{site}"]
+        torch.testing.assert_close(decomp.sum(), target, rtol=0, atol=1e-10)
+        later = decompose_resid(model, cache, layer, site, "sublayer").labels[len(at_sae) :]
+        n_features = len(decomp) - 2 - len(later)
+        assert decomp.labels[n_features:] == ("sae_b_dec", "sae_error", *later)
+        assert all(label.startswith("F") for label in decomp.labels[:n_features])
+        assert (decomp.site, decomp.layer) == (site, layer)
+    at_point = decompose_resid(model, cache, *POINTS[sae_at], "features", sae=sae)
+    expected = feature_decomposition(model, cache, sae)
+    assert at_point.labels == expected.labels
+    torch.testing.assert_close(at_point.components, expected.components, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_direct_logit_attribution_of_the_features_granularity(dtype):
+    model, sae = tiny_model(dtype=dtype), random_sae("blocks.1.hook_resid_pre")
+    sae = sae.to(dtype)
+    logits, cache = spliced_run(model, sae, TOKENS)
+    decomp = decompose_resid(model, cache, None, granularity="features", sae=sae, check=True)
+    dla = direct_logit_attribution(model, cache, decomp, TOKENS)
+    expected = logits.gather(-1, TOKENS[..., None])[..., 0]
+    tol = {"rtol": 0, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(dla.total(), expected, **tol)
+    assert dla.labels[-3:] == ("L1_mlp", "ln_final_bias", "b_U")
+    by_features = feature_logit_attribution(model, cache, sae, TOKENS)
+    assert by_features.labels == dla.labels
+    torch.testing.assert_close(by_features.contributions, dla.contributions, **tol)
+
+
+def test_features_granularity_on_the_shipped_model():
+    model = HookedTransformer.from_pretrained("bytes-attn-only-2l").to(torch.float64)
+    sae = random_sae("blocks.1.hook_resid_pre", d_in=model.cfg.d_model, d_sae=64)
+    tokens = model.to_tokens("def f(x): return x + x")
+    logits, cache = spliced_run(model, sae, tokens)
+    decomp = decompose_resid(model, cache, None, granularity="features", sae=sae, check=True)
+    assert decomp.labels[-3:] == ("sae_b_dec", "sae_error", "L1_attn")
+    dla = direct_logit_attribution(model, cache, decomp, tokens)
+    expected = logits.gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(dla.total(), expected, rtol=0, atol=1e-10)
+
+
+def test_features_granularity_on_a_parallel_block():
+    model = tiny_model(parallel_attn_mlp=True)
+    sae = random_sae("blocks.0.hook_resid_post")
+    _, cache = spliced_run(model, sae, TOKENS, use_error_term=False)
+    decomp = decompose_resid(model, cache, None, granularity="features", sae=sae, check=True)
+    assert decomp.labels[-4:] == ("sae_b_dec", "sae_error", "L1_attn", "L1_mlp")
+    torch.testing.assert_close(decomp.sum(), cache["blocks.1.hook_resid_post"], rtol=0, atol=1e-10)
+
+
+def test_features_granularity_bad_input():
+    model, sae = tiny_model(), random_sae("blocks.1.hook_resid_mid")
+    _, cache = spliced_run(model, sae, TOKENS)
+    with pytest.raises(ValueError, match="granularity='features' needs the SAE"):
+        decompose_resid(model, cache, None, granularity="features")
+    with pytest.raises(ValueError, match="sae is for granularity='features', not 'head'"):
+        decompose_resid(model, cache, None, granularity="head", sae=sae)
+    with pytest.raises(
+        ValueError, match="reads blocks.1.hook_resid_mid, after blocks.1.hook_resid_pre"
+    ):
+        decompose_resid(model, cache, 1, "resid_pre", "features", sae=sae)
