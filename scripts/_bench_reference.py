@@ -2,6 +2,8 @@
 
 Plain torch (views and permutes rather than einops) on purpose: this is the fastest forward
 one would write without hooks, the "physical limit" every contender is measured against.
+It is the independent reference forward of the tests (`hookedattn.testing.reference`) with
+its weights fused further and its attention and norm replaced by torch's fused kernels.
 """
 
 from types import SimpleNamespace
@@ -12,14 +14,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing.reference import ReferenceTransformer
 
 
-class BareTransformer:
+class BareTransformer(ReferenceTransformer):
     """The same weights, laid out for speed: what a hand-written forward would do.
 
-    q, k and v come from one `[3 * n_heads * d_head, d_model]` matmul, attention is
-    `scaled_dot_product_attention`, and each linear map is one `F.linear` (bias fused).
+    It starts from the independent reference's layout (`hookedattn.testing.reference`: one
+    matrix per projection over all heads) and fuses it further: q, k and v come from one
+    `[3 * n_heads * d_head, d_model]` matmul, attention is `scaled_dot_product_attention`,
+    the norm `layer_norm`, and each linear map one `F.linear` (bias fused).
     """
+
+    activations = ReferenceTransformer.activations | {
+        "gelu_new": lambda x: F.gelu(x, approximate="tanh")
+    }
 
     def __init__(self, model: HookedTransformer) -> None:
         cfg = model.cfg
@@ -32,51 +41,33 @@ class BareTransformer:
                 f"the bare reference supports standard/none positions and LN/LNPre/None "
                 f"norms, not {cfg.positional_embedding_type}/{cfg.normalization_type}"
             )
-        sd = {k: v.detach() for k, v in model.state_dict().items()}
-        self.cfg = cfg
-        self.W_E = sd["embed.W_E"]
-        self.W_pos = sd.get("pos_embed.W_pos")
-        self.layers = [self._layer(sd, f"blocks.{i}.") for i in range(cfg.n_layers)]
-        self.ln_final = self._norm(sd, "ln_final.")
-        self.W_U = sd["unembed.W_U"].T.contiguous()
-        self.b_U = sd["unembed.b_U"]
-        self.act = {
-            "gelu": F.gelu,
-            "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-            "relu": F.relu,
-            "silu": F.silu,
-        }[cfg.act_fn]
+        super().__init__(model)
+        self.layers = [self._fused(layer) for layer in self.layers]
+        self.W_U = self.W_U.T.contiguous()
 
-    def _norm(self, sd: dict, prefix: str) -> tuple | None:
-        if self.cfg.normalization_type is None:
-            return None
-        return sd.get(prefix + "w"), sd.get(prefix + "b")
-
-    def _layer(self, sd: dict, p: str) -> dict:
-        def flat_in(w: Tensor) -> Tensor:  # [head d_model d_head] -> [(head d_head) d_model]
-            return w.permute(0, 2, 1).reshape(-1, w.shape[1])
-
-        layer = {
-            "ln1": self._norm(sd, p + "ln1."),
-            "W_qkv": torch.cat([flat_in(sd[p + f"attn.W_{c}"]) for c in "QKV"]).contiguous(),
-            "b_qkv": torch.cat([sd[p + f"attn.b_{c}"].reshape(-1) for c in "QKV"]),
-            "W_O": sd[p + "attn.W_O"].reshape(-1, self.cfg.d_model).T.contiguous(),
-            "b_O": sd[p + "attn.b_O"],
+    def _fused(self, layer: dict) -> dict:
+        """A block's weights as `F.linear` takes them (`[out, in]`), q, k, v stacked."""
+        fused = {
+            "ln1": layer["ln1"],
+            "W_qkv": torch.cat([layer[f"W_{c}"] for c in "QKV"], dim=1).T.contiguous(),
+            "b_qkv": torch.cat([layer[f"b_{c}"] for c in "QKV"]),
+            "W_O": layer["W_O"].T.contiguous(),
+            "b_O": layer["b_O"],
         }
         if not self.cfg.attn_only:
-            layer |= {
-                "ln2": self._norm(sd, p + "ln2."),
-                "W_in": sd[p + "mlp.W_in"].T.contiguous(),
-                "b_in": sd[p + "mlp.b_in"],
-                "W_out": sd[p + "mlp.W_out"].T.contiguous(),
-                "b_out": sd[p + "mlp.b_out"],
+            fused |= {
+                "ln2": layer["ln2"],
+                "W_in": layer["W_in"].T.contiguous(),
+                "b_in": layer["b_in"],
+                "W_out": layer["W_out"].T.contiguous(),
+                "b_out": layer["b_out"],
             }
-        return layer
+        return fused
 
-    def norm(self, x: Tensor, wb: tuple | None) -> Tensor:
-        if wb is None:
+    def norm(self, x: Tensor, weights: dict | None) -> Tensor:
+        if weights is None:
             return x
-        return F.layer_norm(x, (self.cfg.d_model,), wb[0], wb[1], self.cfg.eps)
+        return F.layer_norm(x, (self.cfg.d_model,), weights["w"], weights["b"], self.cfg.eps)
 
     def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
         x = F.embedding(tokens, self.W_E)

@@ -1,0 +1,183 @@
+"""The independent reference: a model's weights run by a hook-free forward in plain torch.
+
+    logits = reference_forward(model, tokens)        # what model(tokens) must give
+    reference = ReferenceTransformer(model)          # the weights laid out once, then
+    logits = reference(tokens)                       # called like a model
+
+It follows the seed worklog's recipe rather than the model's code: one `[d_model, n_heads *
+d_head]` matrix per projection, `view` + `transpose` to split the heads, the heads
+concatenated and multiplied by one `[n_heads * d_head, d_model]` output matrix, the causal
+mask by `masked_fill`, the norms and rotary written out. It shares no module, layout or
+einsum with `HookedTransformer`, so a test of the model against it is a test of the math.
+The weights are copied and laid out when it is built, so that timing a call (as `scripts/bench.py`
+does, for "the same math without hook points") times the forward alone.
+
+It covers the block shape of the GPT-2 family and its common options: LN, LNPre, RMS,
+RMSPre or no norm before each sublayer; learned, rotary (GPT-NeoX rotate-half, partial
+`rotary_dim`) or no positions; attention-only models; relu, gelu, gelu_new and silu MLPs;
+any `d_head` and `d_vocab_out`. A config outside it is refused, naming the fields.
+"""
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from hookedattn.model import HookedTransformer
+
+# (field, the value the reference supports): every other value builds a block the reference
+# does not write out.
+_SUPPORTED = (
+    ("normalization_placement", "pre"),
+    ("n_key_value_heads", None),
+    ("gated_mlp", False),
+    ("parallel_attn_mlp", False),
+    ("use_qk_norm", False),
+    ("attn_scores_soft_cap", None),
+    ("output_logits_soft_cap", None),
+    ("window_size", None),
+    ("attn_types", None),
+    ("rotary_scaling_factor", 1.0),
+    ("use_NTK_by_parts_rope", False),
+)
+
+
+def _gelu_new(x: Tensor) -> Tensor:
+    # GPT-2's tanh approximation (Hendrycks & Gimpel 2016, eq. 2), written out.
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+class ReferenceTransformer:
+    """A model's weights in the worklog's layout, and the forward written out over them."""
+
+    # Subclasses may swap one for an equal kernel (the bench times torch's one-kernel gelu).
+    activations: ClassVar[dict[str, Callable[[Tensor], Tensor]]] = {
+        "relu": F.relu,
+        "gelu": F.gelu,
+        "silu": F.silu,
+        "gelu_new": _gelu_new,
+    }
+
+    def __init__(self, model: HookedTransformer) -> None:
+        cfg = model.cfg
+        unsupported = [f"{f}={getattr(cfg, f)!r}" for f, v in _SUPPORTED if getattr(cfg, f) != v]
+        if unsupported:
+            raise NotImplementedError(
+                f"the reference forward writes out pre-norm blocks with plain attention and "
+                f"MLPs; this config has {', '.join(unsupported)}"
+            )
+        self.cfg = cfg
+        # A copy: the reference is the weights as they were when it was built.
+        w = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        self.W_E = w["embed.W_E"]
+        self.W_pos = (
+            w.get("pos_embed.W_pos") if cfg.positional_embedding_type == "standard" else None
+        )
+        self.layers = [self._layer(w, f"blocks.{i}.") for i in range(cfg.n_layers)]
+        self.ln_final = self._norm(w, "ln_final.")
+        self.W_U, self.b_U = w["unembed.W_U"], w["unembed.b_U"]
+        self.act = self.activations[cfg.act_fn]
+        self.blocked = torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool, device=cfg.device).triu(1)
+        self.cos, self.sin = (
+            self._rotary_angles() if cfg.positional_embedding_type == "rotary" else (None, None)
+        )
+
+    def _norm(self, w: dict[str, Tensor], prefix: str) -> dict[str, Any] | None:
+        """The norm's gain and bias (absent ones None); None for no norm."""
+        if self.cfg.normalization_type is None:
+            return None
+        return {"w": w.get(prefix + "w"), "b": w.get(prefix + "b")}
+
+    def _layer(self, w: dict[str, Tensor], p: str) -> dict[str, Any]:
+        """One block's weights: each projection one matrix over every head."""
+        d_model = self.cfg.d_model
+
+        def flat(name: str) -> Tensor:  # [head d_model d_head] -> [d_model (head d_head)]
+            return w[p + name].permute(1, 0, 2).reshape(d_model, -1)
+
+        layer = {
+            "ln1": self._norm(w, p + "ln1."),
+            "W_Q": flat("attn.W_Q"), "W_K": flat("attn.W_K"), "W_V": flat("attn.W_V"),
+            "b_Q": w[p + "attn.b_Q"].reshape(-1), "b_K": w[p + "attn.b_K"].reshape(-1),
+            "b_V": w[p + "attn.b_V"].reshape(-1),
+            "W_O": w[p + "attn.W_O"].reshape(-1, d_model), "b_O": w[p + "attn.b_O"],
+        }  # fmt: skip
+        if not self.cfg.attn_only:
+            layer["ln2"] = self._norm(w, p + "ln2.")
+            for name in ("W_in", "b_in", "W_out", "b_out"):
+                layer[name] = w[p + "mlp." + name]
+        return layer
+
+    def _rotary_angles(self) -> tuple[Tensor, Tensor]:
+        """cos and sin of every position's angles, `[pos rotary_dim]` (rotate-half halves).
+
+        Frequencies and angles in float32, as the reference implementations compute them."""
+        r, base = self.cfg.rotary_dim, self.cfg.rotary_base
+        inverse = 1.0 / base ** (torch.arange(0, r, 2).float() / r)
+        angles = torch.arange(self.cfg.n_ctx).float()[:, None] * inverse[None, :]
+        angles = torch.cat([angles, angles], -1).to(self.cfg.device)
+        return angles.cos().to(self.cfg.dtype), angles.sin().to(self.cfg.dtype)
+
+    def norm(self, x: Float[Tensor, "batch pos d_model"], weights: dict | None) -> Tensor:
+        """LayerNorm (mean removed) or RMSNorm, then the gain and bias where there are."""
+        if weights is None:
+            return x
+        if self.cfg.normalization_type.startswith("LN"):
+            x = x - x.mean(-1, keepdim=True)
+        x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.cfg.eps)
+        if weights["w"] is not None:
+            x = x * weights["w"]
+        if weights["b"] is not None:
+            x = x + weights["b"]
+        return x
+
+    def rotate(self, x: Float[Tensor, "batch head pos d_head"]) -> Tensor:
+        """GPT-NeoX rotary on the first `rotary_dim` features (rotate-half)."""
+        r, pos = self.cfg.rotary_dim, x.shape[2]
+        cos, sin = self.cos[:pos], self.sin[:pos]
+        rotated, passed = x[..., :r], x[..., r:]
+        x1, x2 = rotated[..., : r // 2], rotated[..., r // 2 :]
+        return torch.cat([rotated * cos + torch.cat([-x2, x1], -1) * sin, passed], -1)
+
+    def attention(self, layer: dict, x: Float[Tensor, "batch pos d_model"]) -> Tensor:
+        """Causal multi-head attention: split, attend, concatenate, project."""
+        batch, pos, _ = x.shape
+        n_heads, d_head = self.cfg.n_heads, self.cfg.d_head
+
+        def heads(name: str) -> Tensor:  # [batch head pos d_head]
+            y = x @ layer["W_" + name] + layer["b_" + name]
+            return y.view(batch, pos, n_heads, d_head).transpose(1, 2)
+
+        q, k, v = heads("Q"), heads("K"), heads("V")
+        if self.cos is not None:
+            q, k = self.rotate(q), self.rotate(k)
+        scores = (q @ k.transpose(-2, -1)) / self.cfg.attn_scale
+        pattern = torch.softmax(scores.masked_fill(self.blocked[:pos, :pos], -math.inf), dim=-1)
+        z = (pattern @ v).transpose(1, 2).reshape(batch, pos, n_heads * d_head)
+        return z @ layer["W_O"] + layer["b_O"]
+
+    def mlp(self, layer: dict, x: Float[Tensor, "batch pos d_model"]) -> Tensor:
+        """`act(x W_in + b_in) W_out + b_out`."""
+        return self.act(x @ layer["W_in"] + layer["b_in"]) @ layer["W_out"] + layer["b_out"]
+
+    def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab_out"]:
+        """The logits: embed, each block's two residual additions, final norm, unembed."""
+        x = self.W_E[tokens]
+        if self.W_pos is not None:
+            x = x + self.W_pos[: tokens.shape[1]]
+        for layer in self.layers:
+            x = x + self.attention(layer, self.norm(x, layer["ln1"]))
+            if not self.cfg.attn_only:
+                x = x + self.mlp(layer, self.norm(x, layer["ln2"]))
+        return self.norm(x, self.ln_final) @ self.W_U + self.b_U
+
+
+def reference_forward(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos d_vocab_out"]:
+    """`model(tokens)` computed independently: `ReferenceTransformer(model)(tokens)`."""
+    return ReferenceTransformer(model)(tokens)
