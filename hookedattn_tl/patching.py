@@ -11,6 +11,7 @@ TL's loop, one forward per patch, through `generic_activation_patch`.
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -170,21 +171,15 @@ def _scalar_per_variant(metric: Metric, n_prompts: int) -> Metric:
 
 
 def _sweep(
-    model: Any,
-    corrupted_tokens: Any,
-    clean_cache: Any,
-    metric: Metric,
-    kind: str,
-    by_pos: bool,
-    fallback: Callable[[], Tensor],
-) -> Tensor:
-    """`analysis.activation_patch` when the clean tokens are known, else TL's loop."""
-    _check_order(corrupted_tokens, clean_cache)
+    model: Any, corrupted_tokens: Tensor, clean_cache: Any, metric: Metric, kind: str, by_pos: bool
+) -> Tensor | None:
+    """`analysis.activation_patch` when the clean tokens are known; None where they are not
+    (a cache from elsewhere, or of another model or shape), for TL's loop to run instead."""
     corrupted = corrupted_tokens if corrupted_tokens.ndim == 2 else corrupted_tokens[None]
     clean = getattr(clean_cache, "tokens", None)
     same_model = getattr(clean_cache, "model", None) is model
     if clean is None or not same_model or clean.shape != corrupted.shape:
-        return fallback()
+        return None
     result = analysis.activation_patch(
         model,
         kind=kind,
@@ -196,180 +191,154 @@ def _sweep(
     return result.per_prompt[..., 0].to(torch.float32)
 
 
-def _make(kind: str, by_pos: bool, setter: Setter, axes: tuple[str, ...]) -> Callable[..., Tensor]:
-    def patch(
-        model: Any,
-        corrupted_tokens: Any,
-        clean_cache: Any,
-        patching_metric: Metric,
-    ) -> Tensor:
-        def loop() -> Tensor:
-            return generic_activation_patch(
-                model, corrupted_tokens, clean_cache, patching_metric, setter, kind, axes
-            )
+# ---------------------------------------------------------------------- TL's functions
+@dataclass(frozen=True)
+class _Patch:
+    """One of TL's `get_act_patch_*`: the activation, how TL's loop indexes it, its doc.
 
-        return _sweep(model, corrupted_tokens, clean_cache, patching_metric, kind, by_pos, loop)
+    `by_pos` is the engine's option (None: TL's loop only); `engine_to_tl` rearranges the
+    engine's axes (`[layer pos head]`) where TL orders them otherwise.
+    """
 
-    return patch
-
-
-def _named(fn: Callable[..., Tensor], name: str, doc: str) -> Callable[..., Tensor]:
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc + "\n\nArguments: `(model, corrupted_tokens, clean_cache, patching_metric)`."
-    return fn
-
-
-def _pattern_by_pos(model: Any, corrupted: Any, clean_cache: Any, metric: Metric) -> Tensor:
-    def loop() -> Tensor:
-        return generic_activation_patch(
-            model,
-            corrupted,
-            clean_cache,
-            metric,
-            layer_head_pos_pattern_patch_setter,
-            "pattern",
-            ("layer", "head_index", "dest_pos"),
-        )
-
-    swept = _sweep(model, corrupted, clean_cache, metric, "pattern", True, lambda: None)
-    if swept is None:
-        return loop()
-    return rearrange(swept, "layer pos head -> layer head pos")
+    kind: str
+    by_pos: bool | None
+    setter: Setter
+    axes: tuple[str, ...]
+    doc: str
+    engine_to_tl: str | None = None
 
 
 _RESID = ("layer", "pos")
-_BY_POS = ("layer", "pos", "head")
-_ALL_POS = ("layer", "head")
-
-get_act_patch_resid_pre = _named(
-    _make("resid_pre", True, layer_pos_patch_setter, _RESID),
-    "get_act_patch_resid_pre",
-    "Patch the residual stream entering each block at each position: `[layer pos]`.",
-)
-get_act_patch_resid_mid = _named(
-    _make("resid_mid", True, layer_pos_patch_setter, _RESID),
-    "get_act_patch_resid_mid",
-    "Patch the residual stream between attention and MLP: `[layer pos]`.",
-)
-get_act_patch_attn_out = _named(
-    _make("attn_out", True, layer_pos_patch_setter, _RESID),
-    "get_act_patch_attn_out",
-    "Patch each attention layer's output at each position: `[layer pos]`.",
-)
-get_act_patch_mlp_out = _named(
-    _make("mlp_out", True, layer_pos_patch_setter, _RESID),
-    "get_act_patch_mlp_out",
-    "Patch each MLP layer's output at each position: `[layer pos]`.",
-)
-get_act_patch_attn_head_out_by_pos = _named(
-    _make("z", True, layer_pos_head_vector_patch_setter, _BY_POS),
-    "get_act_patch_attn_head_out_by_pos",
-    "Patch each head's output at each position: `[layer pos head]`.",
-)
-get_act_patch_attn_head_out_all_pos = _named(
-    _make("z", False, layer_head_vector_patch_setter, _ALL_POS),
-    "get_act_patch_attn_head_out_all_pos",
-    "Patch each head's output at every position at once: `[layer head]`.",
-)
-get_act_patch_attn_head_q_by_pos = _named(
-    _make("q", True, layer_pos_head_vector_patch_setter, _BY_POS),
-    "get_act_patch_attn_head_q_by_pos",
-    "Patch each head's query at each position: `[layer pos head]`.",
-)
-get_act_patch_attn_head_q_all_pos = _named(
-    _make("q", False, layer_head_vector_patch_setter, _ALL_POS),
-    "get_act_patch_attn_head_q_all_pos",
-    "Patch each head's query at every position at once: `[layer head]`.",
-)
-get_act_patch_attn_head_k_by_pos = _named(
-    _make("k", True, layer_pos_head_vector_patch_setter, _BY_POS),
-    "get_act_patch_attn_head_k_by_pos",
-    "Patch each head's key at each position: `[layer pos head]`.",
-)
-get_act_patch_attn_head_k_all_pos = _named(
-    _make("k", False, layer_head_vector_patch_setter, _ALL_POS),
-    "get_act_patch_attn_head_k_all_pos",
-    "Patch each head's key at every position at once: `[layer head]`.",
-)
-get_act_patch_attn_head_v_by_pos = _named(
-    _make("v", True, layer_pos_head_vector_patch_setter, _BY_POS),
-    "get_act_patch_attn_head_v_by_pos",
-    "Patch each head's value at each position: `[layer pos head]`.",
-)
-get_act_patch_attn_head_v_all_pos = _named(
-    _make("v", False, layer_head_vector_patch_setter, _ALL_POS),
-    "get_act_patch_attn_head_v_all_pos",
-    "Patch each head's value at every position at once: `[layer head]`.",
-)
-get_act_patch_attn_head_pattern_all_pos = _named(
-    _make("pattern", False, layer_head_pattern_patch_setter, ("layer", "head_index")),
-    "get_act_patch_attn_head_pattern_all_pos",
-    "Patch each head's whole attention pattern: `[layer head]`.",
-)
-get_act_patch_attn_head_pattern_by_pos = _named(
-    _pattern_by_pos,
-    "get_act_patch_attn_head_pattern_by_pos",
-    "Patch each head's attention pattern one query (destination) position at a time: "
-    "`[layer head dest_pos]`.",
-)
-
-
-def get_act_patch_attn_head_pattern_dest_src_pos(
-    model: Any, corrupted_tokens: Any, clean_cache: Any, patching_metric: Metric
-) -> Float[Tensor, "layer head dest_pos src_pos"]:
-    """Patch each single attention weight: `[layer head dest_pos src_pos]` (TL's loop)."""
-    return generic_activation_patch(
-        model,
-        corrupted_tokens,
-        clean_cache,
-        patching_metric,
-        layer_head_dest_src_pos_pattern_patch_setter,
-        "pattern",
+_HEAD_PARTS = (("out", "z", "output"), ("q", "q", "query"), ("k", "k", "key"), ("v", "v", "value"))
+_PATCHES: dict[str, _Patch] = {
+    "get_act_patch_resid_pre": _Patch(
+        "resid_pre", True, layer_pos_patch_setter, _RESID,
+        "Patch the residual stream entering each block at each position: `[layer pos]`.",
+    ),
+    "get_act_patch_resid_mid": _Patch(
+        "resid_mid", True, layer_pos_patch_setter, _RESID,
+        "Patch the residual stream between attention and MLP: `[layer pos]`.",
+    ),
+    "get_act_patch_attn_out": _Patch(
+        "attn_out", True, layer_pos_patch_setter, _RESID,
+        "Patch each attention layer's output at each position: `[layer pos]`.",
+    ),
+    "get_act_patch_mlp_out": _Patch(
+        "mlp_out", True, layer_pos_patch_setter, _RESID,
+        "Patch each MLP layer's output at each position: `[layer pos]`.",
+    ),
+    **{
+        f"get_act_patch_attn_head_{part}_by_pos": _Patch(
+            kind, True, layer_pos_head_vector_patch_setter, ("layer", "pos", "head"),
+            f"Patch each head's {what} at each position: `[layer pos head]`.",
+        )
+        for part, kind, what in _HEAD_PARTS
+    },
+    **{
+        f"get_act_patch_attn_head_{part}_all_pos": _Patch(
+            kind, False, layer_head_vector_patch_setter, ("layer", "head"),
+            f"Patch each head's {what} at every position at once: `[layer head]`.",
+        )
+        for part, kind, what in _HEAD_PARTS
+    },
+    "get_act_patch_attn_head_pattern_all_pos": _Patch(
+        "pattern", False, layer_head_pattern_patch_setter, ("layer", "head_index"),
+        "Patch each head's whole attention pattern: `[layer head]`.",
+    ),
+    "get_act_patch_attn_head_pattern_by_pos": _Patch(
+        "pattern", True, layer_head_pos_pattern_patch_setter,
+        ("layer", "head_index", "dest_pos"),
+        "Patch each head's attention pattern one query (destination) position at a time: "
+        "`[layer head dest_pos]`.",
+        engine_to_tl="layer pos head -> layer head pos",
+    ),
+    "get_act_patch_attn_head_pattern_dest_src_pos": _Patch(
+        "pattern", None, layer_head_dest_src_pos_pattern_patch_setter,
         ("layer", "head_index", "dest_pos", "src_pos"),
-    )
+        "Patch each single attention weight: `[layer head dest_pos src_pos]` (TL's loop).",
+    ),
+}  # fmt: skip
+
+
+def _run(
+    spec: _Patch, model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
+) -> Tensor:
+    """One of TL's sweeps: on the batched engine where it can run, else TL's loop."""
+    _check_order(corrupted_tokens, clean_cache)
+    swept = None
+    if spec.by_pos is not None:
+        swept = _sweep(model, corrupted_tokens, clean_cache, metric, spec.kind, spec.by_pos)
+    if swept is None:
+        return generic_activation_patch(
+            model, corrupted_tokens, clean_cache, metric, spec.setter, spec.kind, spec.axes
+        )
+    return rearrange(swept, spec.engine_to_tl) if spec.engine_to_tl else swept
+
+
+def _function(name: str) -> Callable[..., Tensor]:
+    """TL's function `name`, as `_PATCHES` describes it."""
+    spec = _PATCHES[name]
+
+    def patch(
+        model: Any, corrupted_tokens: Any, clean_cache: Any, patching_metric: Metric
+    ) -> Tensor:
+        return _run(spec, model, corrupted_tokens, clean_cache, patching_metric)
+
+    patch.__name__ = patch.__qualname__ = name
+    arguments = "Arguments: `(model, corrupted_tokens, clean_cache, patching_metric)`."
+    patch.__doc__ = f"{spec.doc}\n\n{arguments}"
+    return patch
+
+
+get_act_patch_resid_pre = _function("get_act_patch_resid_pre")
+get_act_patch_resid_mid = _function("get_act_patch_resid_mid")
+get_act_patch_attn_out = _function("get_act_patch_attn_out")
+get_act_patch_mlp_out = _function("get_act_patch_mlp_out")
+get_act_patch_attn_head_out_by_pos = _function("get_act_patch_attn_head_out_by_pos")
+get_act_patch_attn_head_out_all_pos = _function("get_act_patch_attn_head_out_all_pos")
+get_act_patch_attn_head_q_by_pos = _function("get_act_patch_attn_head_q_by_pos")
+get_act_patch_attn_head_q_all_pos = _function("get_act_patch_attn_head_q_all_pos")
+get_act_patch_attn_head_k_by_pos = _function("get_act_patch_attn_head_k_by_pos")
+get_act_patch_attn_head_k_all_pos = _function("get_act_patch_attn_head_k_all_pos")
+get_act_patch_attn_head_v_by_pos = _function("get_act_patch_attn_head_v_by_pos")
+get_act_patch_attn_head_v_all_pos = _function("get_act_patch_attn_head_v_all_pos")
+get_act_patch_attn_head_pattern_all_pos = _function("get_act_patch_attn_head_pattern_all_pos")
+get_act_patch_attn_head_pattern_by_pos = _function("get_act_patch_attn_head_pattern_by_pos")
+get_act_patch_attn_head_pattern_dest_src_pos = _function(
+    "get_act_patch_attn_head_pattern_dest_src_pos"
+)
+
+
+# ---------------------------------------------------------------------- TL's stacks
+def _every_head_part(
+    model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric, positions: str
+) -> Tensor:
+    """Output, query, key, value and pattern of every head (`positions`: "by_pos" or
+    "all_pos"), stacked in TL's layout: `[5 layer ...]`, the pattern's axes as the others'."""
+    parts = []
+    for part in ("out", "q", "k", "v", "pattern"):
+        spec = _PATCHES[f"get_act_patch_attn_head_{part}_{positions}"]
+        result = _run(spec, model, corrupted_tokens, clean_cache, metric)
+        if part in ("k", "v"):
+            result = _per_query_head(model, result)
+        if part == "pattern" and positions == "by_pos":
+            result = rearrange(result, "layer head pos -> layer pos head")
+        parts.append(result)
+    return torch.stack(parts)
 
 
 def get_act_patch_attn_head_all_pos_every(
     model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
 ) -> Float[Tensor, "patch_type layer head"]:
     """Output, query, key, value and pattern of every head, all positions: `[5 layer head]`."""
-    return torch.stack(
-        [
-            get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric),
-            _per_query_head(
-                model,
-                get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric),
-            ),
-            _per_query_head(
-                model,
-                get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric),
-            ),
-            get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric),
-        ]
-    )
+    return _every_head_part(model, corrupted_tokens, clean_cache, metric, "all_pos")
 
 
 def get_act_patch_attn_head_by_pos_every(
     model: Any, corrupted_tokens: Any, clean_cache: Any, metric: Metric
 ) -> Float[Tensor, "patch_type layer pos head"]:
     """Output, query, key, value and pattern of every head by position: `[5 layer pos head]`."""
-    pattern = get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric)
-    return torch.stack(
-        [
-            get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
-            get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric),
-            _per_query_head(
-                model,
-                get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric),
-            ),
-            _per_query_head(
-                model,
-                get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric),
-            ),
-            rearrange(pattern, "layer head pos -> layer pos head"),
-        ]
-    )
+    return _every_head_part(model, corrupted_tokens, clean_cache, metric, "by_pos")
 
 
 def _per_query_head(model: Any, results: Tensor) -> Tensor:
