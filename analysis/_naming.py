@@ -11,14 +11,9 @@ import dataclasses
 import functools
 import re
 
-from hookedattn.names import get_act_name
+from hookedattn.names import get_act_name, head_label
 
 _HEAD_LABEL = re.compile(r"^L(\d+)H(\d+)$")
-
-
-def head_label(layer: int, head: int) -> str:
-    """`"L{layer}H{head}"`, the label of one attention head."""
-    return f"L{layer}H{head}"
 
 
 def neuron_label(layer: int, neuron: int) -> str:

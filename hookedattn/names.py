@@ -3,7 +3,8 @@
 Full names follow TransformerLens 3.x (`blocks.0.attn.hook_pattern`). Shorthand is a short
 name plus a layer and, for the per-block norms, which one: `("pattern", 0)`,
 `("resid_pre", -1)`, `("scale", 1, "ln2")`; `"scale"` alone is the final norm's scale.
-Nothing outside this module parses a hook-name string.
+Nothing outside this module parses a hook-name string. A head's label, `"L1H2"`, is spelled
+here too (`head_label`), for the model's views and the analysis results alike.
 """
 
 import difflib
@@ -100,6 +101,11 @@ def expand_key(key: str | tuple, n_layers: int) -> str:
             raise KeyError(f"layer {layer} out of range for a model with {n_layers} layers")
         layer %= n_layers
     return get_act_name(name, layer, layer_type)
+
+
+def head_label(layer: int, head: int) -> str:
+    """`"L{layer}H{head}"`, the label of one attention head."""
+    return f"L{layer}H{head}"
 
 
 def layer_of(name: str) -> int | None:

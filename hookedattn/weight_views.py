@@ -30,6 +30,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hookedattn.factored_matrix import FactoredMatrix
+from hookedattn.names import head_label
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
@@ -80,11 +81,8 @@ def W_E_pos(model: "HookedTransformer") -> Float[Tensor, "d_vocab_and_n_ctx d_mo
 
 def all_head_labels(model: "HookedTransformer") -> list[str]:
     """`"L{layer}H{head}"` for every head, layer-major (the order of `[layer head]` flattened)."""
-    return [
-        f"L{layer}H{head}"
-        for layer in range(model.cfg.n_layers)
-        for head in range(model.cfg.n_heads)
-    ]
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    return [head_label(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
 def tokens_to_residual_directions(
