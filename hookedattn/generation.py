@@ -190,10 +190,9 @@ def generation_steps(
     new_tokens, new_mask = tokens, mask
     for _ in range(max_new_tokens):
         if cache is None:
-            logits = model(tokens, attention_mask=mask if padded else None)[:, -1]
+            logits = _last_logits(model, tokens, mask if padded else None, None)
         else:
-            step_mask = new_mask if padded else None
-            logits = model(new_tokens, attention_mask=step_mask, past_kv_cache=cache)[:, -1]
+            logits = _last_logits(model, new_tokens, new_mask if padded else None, cache)
         chosen = choose_next_tokens(logits, sampling, generator)
         if stop_at_eos:  # a finished sequence continues with padding, masked out
             chosen = torch.where(finished, torch.full_like(chosen, pad_token_id), chosen)
@@ -209,6 +208,29 @@ def generation_steps(
         yield GenerationStep(chosen, logits, finished)
         if stop_at_eos and bool(finished.all()):
             return
+
+
+def _last_logits(
+    model: Any, tokens: Tensor, attention_mask: Tensor | None, cache: KeyValueCache | None
+) -> Float[Tensor, "batch d_vocab_out"]:
+    """The logits of each row's last position, the one the next token is chosen from.
+
+    Where no hook reads the final norm or the unembedding, only that position goes through
+    them (a prompt of 16 tokens would otherwise pay 16 unembeddings for one); where one
+    does, every position does, so that the hook sees the whole forward.
+    """
+    if _hooked(model.ln_final) or _hooked(model.unembed):
+        return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)[:, -1]
+    n_layers = model.cfg.n_layers
+    resid = model(
+        tokens, attention_mask=attention_mask, past_kv_cache=cache, stop_at_layer=n_layers
+    )
+    return model.unembed(model.ln_final(resid[:, -1:]))[:, -1]
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether a hook point in `module` has a hook attached."""
+    return any(getattr(m, "_active", False) for m in module.modules())
 
 
 def generate_tokens(

@@ -37,9 +37,10 @@ class AttentionContext:
 
     blocked: dict[str, Blocked]
     positions: Int[Tensor, "batch query_pos"]
-    # Whether "global" is the plain causal mask of a fresh sequence (no cache, no padding),
-    # which a fused attention kernel applies by itself, without reading a mask.
-    causal_only: bool = False
+    # The kinds whose mask a fused kernel applies without reading a tensor: "causal" (a
+    # fresh sequence without padding, in a global layer: the kernel's own causal mask) or
+    # "none" (one query that may read every key: a generation step without padding).
+    plain: dict[str, str] = dataclasses.field(default_factory=dict)
     _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def additive(
@@ -53,11 +54,17 @@ class AttentionContext:
             self._additive[key] = zeros.masked_fill_(blocked, -torch.inf)
         return self._additive[key]
 
-    def allowed(self, kind: str) -> Blocked | None:
-        """Where a query may read a key (for a fused kernel); None: plain causal."""
-        if kind == "global" and self.causal_only:
-            return None
-        return ~self.blocked[kind]
+    def fused_mask(self, kind: str) -> tuple[Blocked | None, bool]:
+        """What a fused kernel takes: where a query may read a key (None: no tensor needed),
+        and whether to apply its own causal mask instead."""
+        plain = self.plain.get(kind)
+        if plain is not None:
+            return None, plain == "causal"
+        return ~self.blocked[kind], False
+
+    def reads_every_key(self, kind: str) -> bool:
+        """Whether no query is blocked from any key (so a blocked key cannot leak a NaN)."""
+        return self.plain.get(kind) == "none"
 
 
 def attention_context(
@@ -85,10 +92,13 @@ def attention_context(
         _check_mask(attention_mask, batch, n_new)
         attention_mask = attention_mask.long().to(device)  # booleans too: 0/1 ids from here
     full_mask = _full_mask(attention_mask, past_kv_cache, batch, n_new, device)
+    unpadded = full_mask is None or bool(full_mask.all())
+    if unpadded and n_new == 1:
+        return _one_query(batch, past, window_size, device)
     query = torch.arange(past, past + n_new, device=device)[:, None]
     key = torch.arange(past + n_new, device=device)[None, :]
     causal = key > query
-    if full_mask is None or bool(full_mask.all()):
+    if unpadded:
         positions = torch.arange(past, past + n_new, device=device).expand(batch, n_new)
         padding = torch.zeros((), dtype=torch.bool, device=device)
     else:
@@ -100,9 +110,27 @@ def attention_context(
     blocked = {"global": causal | padding}
     if window_size is not None:
         blocked["local"] = blocked["global"] | (query - key >= window_size)
+    plain = {"global": "causal"} if unpadded and not past else {}
     return AttentionContext(
-        {k: v if v.ndim == 4 else v[None, None] for k, v in blocked.items()}, positions
+        {k: v if v.ndim == 4 else v[None, None] for k, v in blocked.items()}, positions, plain
     )
+
+
+def _one_query(
+    batch: int, past: int, window_size: int | None, device: torch.device | str
+) -> AttentionContext:
+    """The context of one new token after `past` real ones: it reads every key, except, in
+    a local layer, those `window_size` or more positions back."""
+    positions = torch.full((batch, 1), past, device=device)
+    nothing = torch.zeros((1, 1, 1, past + 1), dtype=torch.bool, device=device)
+    blocked, plain = {"global": nothing}, {"global": "none"}
+    if window_size is not None:
+        if past < window_size:
+            blocked["local"], plain["local"] = nothing, "none"
+        else:
+            key = torch.arange(past + 1, device=device)
+            blocked["local"] = (past - key >= window_size)[None, None, None, :]
+    return AttentionContext(blocked, positions, plain)
 
 
 def _full_mask(

@@ -151,6 +151,19 @@ def test_hooks_see_every_generation_step(plain_model):
     assert shapes == [3, 1, 1, 1]  # the prompt once, then one new position per step
 
 
+@pytest.mark.parametrize("name", ["ln_final.hook_out", "unembed.hook_in", "unembed.hook_out"])
+def test_a_hook_after_the_blocks_sees_every_prompt_position(plain_model, name):
+    # Unhooked, generation unembeds only each row's last position; a hook there must
+    # still see the whole forward, as everywhere else.
+    shapes = []
+    with plain_model.hooks(fwd_hooks=[(name, lambda x, hook: shapes.append(x.shape[1]))]):
+        hooked = plain_model.generate(torch.tensor([PROMPTS[1]]), 3, stop_at_eos=False)
+    assert shapes == [3, 1, 1]
+    assert torch.equal(
+        hooked, plain_model.generate(torch.tensor([PROMPTS[1]]), 3, stop_at_eos=False)
+    )
+
+
 # ---------------------------------------------------------------- stopping
 def test_stop_at_eos_pads_finished_sequences_and_stops_when_all_are(plain_model):
     expected = {row: greedy_reference(plain_model, p, 8) for row, p in enumerate(PROMPTS[:2])}

@@ -132,6 +132,8 @@ class Attention(nn.Module):
         if self._written_out or self.hook_attn_scores._active or self.hook_pattern._active:
             return self.mix_written_out(q, k, v, context)
         z = self.mix_fused(q, k, v, context)
+        if context.reads_every_key(self.attn_type):  # no blocked key to leak through
+            return z
         if not bool(z.sum().isfinite()):  # one reduction, one synchronisation
             return self.mix_written_out(q, k, v, context)
         return z
@@ -148,18 +150,23 @@ class Attention(nn.Module):
     def mix_fused(
         self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
     ) -> Queries:
-        """The same `z` by one fused kernel, which never materialises the scores."""
-        allowed = context.allowed(self.attn_type)
+        """The same `z` by one fused kernel, which never materialises the scores.
+
+        The kernel takes `[batch head pos d_head]`: each operand has its `pos` and `head`
+        axes swapped in and out (`transpose(1, 2)`, a view; a plain call rather than
+        `rearrange`, whose parsing costs more than the kernel for one generated token).
+        """
+        allowed, is_causal = context.fused_mask(self.attn_type)
         z = nn.functional.scaled_dot_product_attention(
-            rearrange(q, "batch pos head d_head -> batch head pos d_head"),
-            rearrange(k, "batch pos kv_head d_head -> batch kv_head pos d_head"),
-            rearrange(v, "batch pos kv_head d_head -> batch kv_head pos d_head"),
+            q.transpose(1, 2),  # batch pos head d_head -> batch head pos d_head
+            k.transpose(1, 2),  # batch pos kv_head d_head -> batch kv_head pos d_head
+            v.transpose(1, 2),
             attn_mask=allowed,
-            is_causal=allowed is None,
+            is_causal=is_causal,
             scale=1.0 / self.attn_scale,
             enable_gqa=self.group > 1,
         )
-        return rearrange(z, "batch head pos d_head -> batch pos head d_head")
+        return z.transpose(1, 2)  # batch head pos d_head -> batch pos head d_head
 
     def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""
@@ -194,20 +201,10 @@ class Attention(nn.Module):
         # of the several views a single call returns.
         nq, nkv, _ = self._widths
         q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
-        return (
-            rearrange(
-                q, "batch pos (head d_head) -> batch pos head d_head", head=self.W_Q.shape[0]
-            ),
-            rearrange(
-                k,
-                "batch pos (kv_head d_head) -> batch pos kv_head d_head",
-                d_head=self.W_Q.shape[2],
-            ),
-            rearrange(
-                v,
-                "batch pos (kv_head d_head) -> batch pos kv_head d_head",
-                d_head=self.W_Q.shape[2],
-            ),
+        # batch pos (head d_head) -> batch pos head d_head, as views (`unflatten`).
+        d_head = self.W_Q.shape[2]
+        return q.unflatten(-1, (-1, d_head)), k.unflatten(-1, (-1, d_head)), v.unflatten(
+            -1, (-1, d_head)
         )
 
     def _project_per_head(
@@ -274,10 +271,9 @@ class Attention(nn.Module):
     def _write_summed(
         self, z: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos d_model"]:
-        return (
-            einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos d_model")
-            + self.b_O
-        )
+        # `sum_h z[h] @ W_O[h] + b_O` as one product over (head d_head), the bias inside it.
+        W_O = self.W_O.flatten(0, 1)  # head d_head d_model -> (head d_head) d_model, a view
+        return nn.functional.linear(z.flatten(-2), W_O.T, self.b_O)
 
     def _write_per_head(
         self, z: Float[Tensor, "batch pos head d_head"]
