@@ -203,8 +203,10 @@ class Attention(nn.Module):
         q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
         # batch pos (head d_head) -> batch pos head d_head, as views (`unflatten`).
         d_head = self.W_Q.shape[2]
-        return q.unflatten(-1, (-1, d_head)), k.unflatten(-1, (-1, d_head)), v.unflatten(
-            -1, (-1, d_head)
+        return (
+            q.unflatten(-1, (-1, d_head)),
+            k.unflatten(-1, (-1, d_head)),
+            v.unflatten(-1, (-1, d_head)),
         )
 
     def _project_per_head(
