@@ -47,6 +47,7 @@ from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _induction_figures as figures
+from _induction_features import feature_section, insert_section
 from _induction_measures import Circuit, Dynamics, dynamics, find_circuit
 from _induction_text import write_report
 
@@ -119,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     # The first repeated sequence, every head, as a page to explore beside the figures.
     head = f"L1H{results.circuit.induction_head}"
     view.attention(two, repeated_tokens()[:1], head=head).save(out / "attention.html")
+    features = feature_section(two, repeated_tokens(), PERIOD)  # the shipped SAE's features
     results = dataclasses.replace(
         results,
         seconds=time.perf_counter() - started,
         cpu_seconds=time.process_time() - cpu_started,
     )
     path = write_report(out, results)
+    insert_section(path, features)
     held = sum(f.holds for f in results.findings)
     print(f"{held}/{len(results.findings)} findings hold; report written to {path}")
     return 0
