@@ -1,0 +1,243 @@
+"""Which identities a model's forward has: block by block, in the order it computes them.
+
+This module reads the model's structure (which norms, hook points and sublayers each block
+has) and lists the identities of `hookedattn.testing.identities`'s docstring for it.
+"""
+
+from hookedattn import names as _names
+from hookedattn.components.norm import NoNorm
+from hookedattn.model import HookedTransformer
+from hookedattn.testing import _attention_identities as attn_ids
+from hookedattn.testing._identity import (
+    TERMS,
+    Get,
+    Identity,
+    NormAtScale,
+    Sides,
+    activation,
+    gated_activation,
+    linear,
+    per_head_copy,
+    sum_of,
+    weight,
+)
+
+
+def all_identities(model: HookedTransformer) -> list[Identity]:
+    """Every identity of `model`'s forward, in the order the forward computes them."""
+    cfg = model.cfg
+    out: list[Identity] = []
+    if not cfg.n_layers:
+        return out
+    terms = ["embed", "pos_embed"] if cfg.positional_embedding_type == "standard" else ["embed"]
+    out.append(sum_of(_act("resid_pre", 0), *(_names.get_act_name(t) for t in terms)))
+    for layer in range(cfg.n_layers):
+        out += _block(model, layer)
+        if layer + 1 < cfg.n_layers:
+            out.append(sum_of(_act("resid_pre", layer + 1), _act("resid_post", layer)))
+    paths = [f"blocks.{layer}.{which}" for layer in range(cfg.n_layers) for which in _NORMS]
+    out += [_gain(model, path) for path in [*paths, "ln_final"] if _has_norm(model, path)]
+    return out + _unembed(model)
+
+
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
+
+
+def _has_norm(model: HookedTransformer, path: str) -> bool:
+    try:
+        return not isinstance(model.get_submodule(path), NoNorm)
+    except AttributeError:  # a block without that norm (an attention-only block's ln2)
+        return False
+
+
+def _gain(model: HookedTransformer, path: str) -> Identity:
+    """`<path>.hook_out == <path>.hook_normalized * w + b`: the gain and bias after the
+    division (the identity for the weightless forms)."""
+    module = model.get_submodule(path)
+    normalized, out = f"{path}.hook_normalized", f"{path}.hook_out"
+    gain, bias = getattr(module, "w", None), getattr(module, "b", None)
+
+    def sides(get: Get) -> Sides:
+        x = get(normalized)
+        expected, size = x, x.abs()
+        if gain is not None:
+            expected, size = expected * weight(gain, x), size * weight(gain, x).abs()
+        if bias is not None:
+            expected, size = expected + weight(bias, x), size + weight(bias, x).abs()
+        return Sides(get(out), expected, size)
+
+    statement = f"{out} == {normalized} * w + b"
+    return Identity(statement, (out, normalized), ("batch", "pos", "d_model"), TERMS, sides)
+
+
+def _block(model: HookedTransformer, layer: int) -> list[Identity]:
+    """One block: its per-head copies, attention, MLP and residual sums.
+
+    A sequential block adds the attention's write before the MLP reads the stream; a
+    parallel one (`parallel_attn_mlp`) gives both sublayers `resid_pre` and adds both.
+    """
+    cfg, block = model.cfg, model.blocks[layer]
+    resid_pre, resid_post = _act("resid_pre", layer), _act("resid_post", layer)
+    out = []
+    for copy in ("attn_in", "q_input", "k_input", "v_input"):
+        if hasattr(block, f"hook_{copy}"):
+            out.append(per_head_copy(_act(copy, layer), resid_pre))
+    out += _attention(model, layer)
+    attn_out = _act("attn_out", layer)
+    if cfg.attn_only:
+        return [*out, sum_of(resid_post, resid_pre, attn_out)]
+    mlp_out = _act("mlp_out", layer)
+    if cfg.parallel_attn_mlp:
+        out += _mlp(model, layer, resid_pre)
+        return [*out, sum_of(resid_post, resid_pre, attn_out, mlp_out)]
+    resid_mid = _act("resid_mid", layer)
+    out.append(sum_of(resid_mid, resid_pre, attn_out))
+    out += _mlp(model, layer, resid_mid)
+    return [*out, sum_of(resid_post, resid_mid, mlp_out)]
+
+
+def _attention(model: HookedTransformer, layer: int) -> list[Identity]:
+    cfg, attn = model.cfg, model.blocks[layer].attn
+    prefix = f"blocks.{layer}.attn"
+    q, k = _act("q", layer), _act("k", layer)
+    out = [*_projections(model, layer)]
+    for name, which in ((q, "q_norm"), (k, "k_norm")):
+        out += _norm_identity(model, f"{prefix}.{which}", name)
+    if cfg.positional_embedding_type == "rotary":
+        q, k = _act("rot_q", layer), _act("rot_k", layer)
+    elif cfg.use_qk_norm:
+        q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"
+    v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
+    scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
+    attn_out = _act("attn_out", layer)
+    out += [
+        attn_ids.scores(scores, q, k, cfg.attn_scale, attn.group, cfg.attn_scores_soft_cap),
+        attn_ids.softmax(pattern, scores),
+        attn_ids.rows_sum_to_one(pattern),
+        attn_ids.causal(pattern),
+    ]
+    if attn.attn_type == "local":
+        out.append(attn_ids.windowed(pattern, cfg.window_size))
+    out.append(attn_ids.mix_values(z, pattern, v, attn.group))
+    post = _placed_norm(model, layer, "ln1_post")
+    if hasattr(attn, "hook_result"):
+        out.append(attn_ids.heads_sum(attn_out, result, attn.b_O, post))
+    out.append(
+        linear(attn_out, z, attn.W_O, attn.b_O, _WRITE, "W_O + b_O, summed over heads", post)
+    )
+    return out
+
+
+_READ = "... d_model, head d_model d_head -> ... head d_head"
+_READ_PER_HEAD = "... head d_model, head d_model d_head -> ... head d_head"
+_WRITE = "... head d_head, head d_head d_model -> ... d_model"
+
+
+def _projections(model: HookedTransformer, layer: int) -> list[Identity]:
+    """`q, k, v == input @ W_Q, W_K, W_V (+ biases)`, where the input is unambiguous.
+
+    Keys and values are checked against the weights as stored, one per key/value head.
+    With `use_split_qkv_input` and a norm, `ln1` runs three times (on the q, k and v
+    inputs) and its hook point records only the last, so those are not checked.
+    """
+    block = model.blocks[layer]
+    split = hasattr(block, "hook_q_input")
+    normed = not isinstance(block.ln1, NoNorm)
+    if split and normed:
+        return []
+    W_K, b_K, W_V, b_V = block.attn.key_value_weights()
+    weights = {"q": (block.attn.W_Q, block.attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}
+    per_head = split or hasattr(block, "hook_attn_in")
+    out = []
+    for x, (W, b) in weights.items():
+        if normed:
+            source = f"blocks.{layer}.ln1.hook_out"
+        elif split:
+            source = _act(f"{x}_input", layer)
+        else:
+            source = _act("attn_in" if hasattr(block, "hook_attn_in") else "resid_pre", layer)
+        pattern = _READ_PER_HEAD if per_head else _READ
+        label = f"W_{x.upper()} + b_{x.upper()}"
+        out.append(linear(_act(x, layer), source, W, b, pattern, label))
+    return out
+
+
+def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
+    """The MLP of block `layer`, which reads the residual stream `stream`."""
+    block = model.blocks[layer]
+    mlp = block.mlp
+    pre, post, mlp_out = _act("pre", layer), _act("post", layer), _act("mlp_out", layer)
+    out = []
+    if hasattr(block, "hook_mlp_in"):
+        out.append(sum_of(_act("mlp_in", layer), stream))
+        stream = _act("mlp_in", layer)
+    if not isinstance(block.ln2, NoNorm):
+        stream = f"blocks.{layer}.ln2.hook_out"
+    read = "... d_model, d_model d_mlp -> ... d_mlp"
+    if hasattr(mlp, "W_gate"):
+        pre_linear = _act("pre_linear", layer)
+        out.append(linear(pre, stream, mlp.W_gate, None, read, "W_gate"))
+        out.append(linear(pre_linear, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
+        out.append(gated_activation(post, pre, pre_linear, mlp.act_fn))
+    else:
+        out.append(linear(pre, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
+        out.append(activation(post, pre, mlp.act_fn))
+    write = "... d_mlp, d_mlp d_model -> ... d_model"
+    placed = _placed_norm(model, layer, "ln2_post")
+    out.append(linear(mlp_out, post, mlp.W_out, mlp.b_out, write, "W_out + b_out", placed))
+    return out
+
+
+def _unembed(model: HookedTransformer) -> list[Identity]:
+    """What the unembedding reads (the final norm's output) and the logits it returns."""
+    final = _act("resid_post", model.cfg.n_layers - 1)
+    read = final if isinstance(model.ln_final, NoNorm) else "ln_final.hook_out"
+    out = [sum_of("unembed.hook_in", read)]
+    unembed = model.unembed
+    cap = model.cfg.output_logits_soft_cap
+    logits = linear(
+        "unembed.hook_out",
+        "unembed.hook_in",
+        unembed.W_U,
+        unembed.b_U,
+        "... d_model, d_model d_vocab_out -> ... d_vocab_out",
+        "W_U + b_U" if cap is None else "W_U + b_U, soft-capped",
+        cap=cap,
+    )
+    return [*out, logits]
+
+
+def _act(name: str, layer: int) -> str:
+    return _names.get_act_name(name, layer)
+
+
+def _placed_norm(model: HookedTransformer, layer: int, which: str) -> NormAtScale | None:
+    """The norm `which` of block `layer` (`ln1_post`...), or None where it is the identity."""
+    module = getattr(model.blocks[layer], which, None)
+    if module is None or isinstance(module, NoNorm):
+        return None
+    return NormAtScale(f"blocks.{layer}.{which}", module)
+
+
+def _norm_identity(model: HookedTransformer, path: str, x: str) -> list[Identity]:
+    """`<path>.hook_normalized` and `<path>.hook_out` are norm(x) before and after the gain
+    and bias, at its recorded scale; none where there is no norm."""
+    module = model.get_submodule(path)
+    if isinstance(module, NoNorm):
+        return []
+    norm = NormAtScale(path, module)
+    axes = _names.axis_names(x)
+
+    def identity(hook: str, affine: bool, what: str) -> Identity:
+        def sides(get: Get) -> Sides:
+            x_ = get(x)
+            expected, size = norm.apply(get, x_, x_.abs(), affine)
+            return Sides(get(hook), expected, size)
+
+        statement = f"{hook} == {path}({x}){what} at its recorded hook_scale"
+        return Identity(statement, (hook, x, norm.scale), axes, TERMS, sides)
+
+    return [
+        identity(f"{path}.hook_normalized", False, " before its gain"),
+        identity(f"{path}.hook_out", True, ""),
+    ]
