@@ -96,10 +96,7 @@ def collect_activations(
     folder holding a different collection is refused unless `overwrite`. Under `torchrun`
     every rank calls this with the same arguments.
     """
-    if dtype not in DTYPES.values():
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    _check_options(dtype, batch_size)
     out, ranks = Path(out), distributed.current()
     job = _plan_job(model, inputs, names, context, n_tokens, batch_size, dtype, shard_contexts)
     if ranks.is_main:
@@ -110,11 +107,7 @@ def collect_activations(
     started, cpu_started = time.perf_counter(), time.process_time()
     done = [s for s in mine if shard_is_complete(out / s.file, job.digest)]
     todo = [s for s in mine if s not in done]
-    writer = ShardWriter(out, job.row_shapes, dtype, {"fingerprint": job.digest})
-    try:
-        _run(model, job, todo, writer, _bar(todo, ranks, progress))
-    except OSError as error:
-        raise _disk_error(error, out, job.shards) from error
+    _write_shards(model, job, out, todo, dtype, _bar(todo, ranks, progress))
     distributed.barrier()
     if ranks.is_main:
         _finish(out, job.manifest, job.shards, job.names, dtype)
@@ -167,6 +160,24 @@ def _plan_job(
         "shards": [s.to_dict() for s in shards],
     }
     return _Job(packed, full_names, stop_at, row_shapes, batch_size, shards, digest, manifest)
+
+
+def _check_options(dtype: torch.dtype, batch_size: int) -> None:
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+
+
+def _write_shards(
+    model: Any, job: _Job, out: Path, todo: list[ShardSpec], dtype: torch.dtype, bar: Any
+) -> None:
+    """Compute and write the shards `todo`; a full disk is an error saying what is kept."""
+    writer = ShardWriter(out, job.row_shapes, dtype, {"fingerprint": job.digest})
+    try:
+        _run(model, job, todo, writer, bar)
+    except OSError as error:
+        raise _disk_error(error, out, job.shards) from error
 
 
 def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
