@@ -82,6 +82,61 @@ def _positions(
     return selected
 
 
+@dataclasses.dataclass
+class _Recorder:
+    """Where a cached forward's activations go, and how each is kept (the options of
+    `run_with_cache`)."""
+
+    index: slice | Tensor | None
+    pos_slice: PosSlice
+    remove_batch_dim: bool
+    device: str | torch.device | None
+    dtype: torch.dtype | None
+    # Our forward never writes to an activation in place, but a user's hook may. Only then
+    # can a recorded tensor change after the fact, so only then is it copied.
+    must_copy: bool
+    store: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    versions: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def forward_hook(self) -> Callable[[Tensor, HookPoint], None]:
+        """The hook that records a forward activation: the tensor itself where no option
+        asks for a change (one step), otherwise through `record`."""
+        plain = self.index is None and self.device is None and self.dtype is None
+        if plain and not (self.remove_batch_dim or self.must_copy):
+            return self.save_reference
+        return lambda x, hook: self.record(hook.name, x)
+
+    def save_reference(self, x: Tensor, hook: HookPoint) -> None:
+        """Keep the activation itself."""
+        t = self.store[hook.name] = x.detach()
+        self.versions[hook.name] = t._version
+
+    def save_gradient(self, grad: Tensor, hook: HookPoint) -> None:
+        """Keep the gradient at a hook point, as `<name>_grad`."""
+        self.record(hook.name + "_grad", grad)
+
+    def record(self, name: str, x: Tensor) -> None:
+        """Keep `x` under `name`, with the positions, batch axis, device and dtype asked for."""
+        t = x.detach()
+        if self.index is not None:
+            axis = _names.pos_axis(name.removesuffix("_grad"))
+            t = _positions(t, axis, self.index, self.pos_slice, name)
+        if self.remove_batch_dim:
+            if t.shape[0] != 1:
+                raise ValueError(
+                    f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"
+                )
+            t = t[0]
+        if self.device is not None or self.dtype is not None:
+            t = t.to(device=self.device, dtype=self.dtype)
+        if self.index is not None and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            t = t.clone()  # a slice (pos_slice): keep its positions, not the whole activation
+        elif self.must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            t = t.clone()
+        self.store[name] = t
+        self.versions[name] = t._version
+
+
 def run_with_cache(
     model: HookedRootModule,
     model_args: tuple,
@@ -96,51 +151,17 @@ def run_with_cache(
 ) -> tuple[Any, ActivationCache]:
     """Run `model(*model_args, **model_kwargs)` recording the selected activations."""
     points = select_hook_points(model, names_filter)
-    index = _pos_index(pos_slice)
-    # Our forward never writes to an activation in place, but a user's hook may. Only then
-    # can a recorded tensor change after the fact, so only then is it copied.
     must_copy = any(not h.is_cache for h in model.attached_hooks())
-    store: dict[str, Tensor] = {}
-    versions: dict[str, int] = {}
-
-    def record(name: str, x: Tensor) -> None:
-        t = x.detach()
-        if index is not None:
-            axis = _names.pos_axis(name.removesuffix("_grad"))
-            t = _positions(t, axis, index, pos_slice, name)
-        if remove_batch_dim:
-            if t.shape[0] != 1:
-                raise ValueError(
-                    f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"
-                )
-            t = t[0]
-        if device is not None or dtype is not None:
-            t = t.to(device=device, dtype=dtype)
-        if index is not None and t.untyped_storage().nbytes() > t.numel() * t.element_size():
-            t = t.clone()  # a slice (pos_slice): keep its positions, not the whole activation
-        elif must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
-            t = t.clone()
-        store[name] = t
-        versions[name] = t._version
-
-    def save_activation(x: Tensor, hook: HookPoint) -> None:
-        record(hook.name, x)
-
-    def save_reference(x: Tensor, hook: HookPoint) -> None:
-        # What `record` does without options and without editing hooks, in one step.
-        t = store[hook.name] = x.detach()
-        versions[hook.name] = t._version
-
-    def save_gradient(grad: Tensor, hook: HookPoint) -> None:
-        record(hook.name + "_grad", grad)
-
-    plain = index is None and device is None and dtype is None
-    save = save_reference if plain and not (remove_batch_dim or must_copy) else save_activation
+    recorder = _Recorder(
+        _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy
+    )
     thread = threading.get_ident()
+    save = recorder.forward_hook()
     handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in points]
     if incl_bwd:
         handles += [
-            p.add_hook(save_gradient, dir="bwd", _is_cache=True, _thread=thread) for p in points
+            p.add_hook(recorder.save_gradient, dir="bwd", _is_cache=True, _thread=thread)
+            for p in points
         ]
     try:
         output = model(*model_args, **model_kwargs)
@@ -149,6 +170,7 @@ def run_with_cache(
     finally:
         for handle in handles:
             handle.remove()
+    store, versions = recorder.store, recorder.versions
     _copy_callers_tensors(store, versions, (model_args, model_kwargs, output))
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", 0)
     cache = ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim, _versions=versions)
