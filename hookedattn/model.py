@@ -4,7 +4,11 @@
     resid  = block(resid)  for each block             (see components/block.py)
     logits = ln_final(resid) @ W_U + b_U
 
-`forward` is that, and nothing else; caching and editing happen at the hook points.
+`forward` is that loop, after turning its input into a residual stream: text is tokenized
+and ids are checked (`_model_inputs.py`), and the masks and positions every attention layer
+shares are built once (`masks.py`). Caching and editing happen at the hook points; the
+stacked weight views (`model.W_Q: [layer head d_model d_head]`, `QK`, `OV`) live in
+`_stacked_weights.py`.
 """
 
 import contextlib
@@ -19,21 +23,21 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn import (
+    _model_inputs,
     caching,
     generation,
     hf_import,
     pretrained,
     tokenization,
-    weight_views,
     weights_io,
 )
+from hookedattn._stacked_weights import StackedWeights
 from hookedattn._tl_names import TLNamesMixin
 from hookedattn.cache import ActivationCache
 from hookedattn.components.block import make_block
 from hookedattn.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.components.norm import make_norm
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.factored_matrix import FactoredMatrix
 from hookedattn.hook_points import HookedRootModule, HookPoint
 from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
@@ -50,7 +54,7 @@ class LogitsAndLoss(NamedTuple):
     loss: Tensor
 
 
-class HookedTransformer(TLNamesMixin, HookedRootModule):
+class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     """A decoder-only transformer whose every activation passes through a named hook point.
 
     Build one from a `HookedTransformerConfig` (random weights, seeded by `cfg.seed`), or
@@ -326,66 +330,6 @@ class HookedTransformer(TLNamesMixin, HookedRootModule):
             else:
                 param.zero_()
 
-    def _stacked(self, module: str, weight: str) -> Tensor:
-        if self.cfg.n_layers == 0:
-            raise ValueError(f"a model with 0 layers has no {weight}")
-        if module == "mlp" and self.cfg.attn_only:
-            raise ValueError(f"an attention-only model has no {weight}")
-        return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
-
-    W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
-    W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
-    b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")
-    W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="`[layer head d_model d_head]`")
-    W_K = property(lambda self: self._stacked("attn", "W_K"), doc="`[layer head d_model d_head]`")
-    W_V = property(lambda self: self._stacked("attn", "W_V"), doc="`[layer head d_model d_head]`")
-    W_O = property(lambda self: self._stacked("attn", "W_O"), doc="`[layer head d_head d_model]`")
-    b_Q = property(lambda self: self._stacked("attn", "b_Q"), doc="`[layer head d_head]`")
-    b_K = property(lambda self: self._stacked("attn", "b_K"), doc="`[layer head d_head]`")
-    b_V = property(lambda self: self._stacked("attn", "b_V"), doc="`[layer head d_head]`")
-    b_O = property(lambda self: self._stacked("attn", "b_O"), doc="`[layer d_model]`")
-    W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="`[layer d_model d_mlp]`")
-    b_in = property(lambda self: self._stacked("mlp", "b_in"), doc="`[layer d_mlp]`")
-    W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="`[layer d_mlp d_model]`")
-    b_out = property(lambda self: self._stacked("mlp", "b_out"), doc="`[layer d_model]`")
-
-    @property
-    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
-        """Learned positional embedding `[n_ctx d_model]` (standard positional embeddings only)."""
-        if self.cfg.positional_embedding_type != "standard":
-            raise ValueError(
-                f"a model with positional_embedding_type="
-                f"{self.cfg.positional_embedding_type!r} has no W_pos"
-            )
-        return self.pos_embed.W_pos
-
-    # Circuit views (hookedattn/weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
-    @property
-    def QK(self) -> FactoredMatrix:
-        """Every head's QK circuit `W_Q @ W_K.T`, factored: `[layer head d_model d_model]`."""
-        return weight_views.QK(self)
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        """Every head's OV circuit `W_V @ W_O`, factored: `[layer head d_model d_model]`."""
-        return weight_views.OV(self)
-
-    @property
-    def W_E_pos(self) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
-        """`W_E` and `W_pos` stacked: `[d_vocab + n_ctx, d_model]`."""
-        return weight_views.W_E_pos(self)
-
-    @property
-    def all_head_labels(self) -> list[str]:
-        """`"L{layer}H{head}"` for every head, in `[layer head]` order."""
-        return weight_views.all_head_labels(self)
-
-    def tokens_to_residual_directions(
-        self, tokens: weight_views.Tokens
-    ) -> Float[Tensor, "*tokens d_model"]:
-        """The unembedding direction `W_U[:, t]` of each token, `[*tokens d_model]`."""
-        return weight_views.tokens_to_residual_directions(self, tokens)
-
     def to(self, *args: Any, **kwargs: Any) -> "HookedTransformer":
         """`nn.Module.to`, keeping `cfg.dtype` and `cfg.device` true to the weights."""
         device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
@@ -484,56 +428,10 @@ class HookedTransformer(TLNamesMixin, HookedRootModule):
 
     # ------------------------------------------------------------------ input checks
     def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:
-        if isinstance(input, str | list) and (isinstance(input, str) or _all_str(input)):
-            return self._tokenize(input)
-        if not isinstance(input, Tensor):
-            raise TypeError(f"expected token ids as a tensor, got {type(input).__name__}")
-        if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
-            raise TypeError(
-                f"expected integer token ids, got a {input.dtype} tensor of shape "
-                f"{tuple(input.shape)}; to feed a residual stream use start_at_layer="
-            )
-        if input.is_meta:
-            raise ValueError("token ids on the meta device hold no values: pass real ids")
-        input = input.long()  # uint8, int16, ...: the embedding lookup reads int64 ids
-        if input.ndim == 1:
-            input = input[None]
-        if input.ndim != 2:
-            raise ValueError(
-                f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}"
-            )
-        if input.numel():
-            low, high = (int(bound) for bound in torch.aminmax(input))  # one pass, not two
-            if low < 0 or high >= self.cfg.d_vocab:
-                bad = low if low < 0 else high
-                raise ValueError(
-                    f"token id {bad} is out of range: ids must be in 0..{self.cfg.d_vocab - 1} "
-                    f"(d_vocab={self.cfg.d_vocab})"
-                )
-        if input.shape[1] > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence too long: {input.shape[1]} positions exceed the model's "
-                f"n_ctx={self.cfg.n_ctx}"
-            )
-        return input.to(self.cfg.device)
+        return _model_inputs.as_tokens(self, input)
 
     def _as_resid(self, input: Any) -> Resid:
-        shape = (self.cfg.d_model,)
-        if not isinstance(input, Tensor) or input.ndim != 3 or tuple(input.shape[2:]) != shape:
-            got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
-            raise ValueError(
-                f"with start_at_layer the input is the residual stream [batch pos "
-                f"d_model={self.cfg.d_model}], got {got}"
-            )
-        return input
-
-    def _tokenize(self, text: str | list[str]) -> Int[Tensor, "batch pos"]:
-        if self.tokenizer is None:
-            raise ValueError(
-                "this model has no tokenizer, so it cannot read strings; pass token ids, "
-                "or build the model with tokenizer="
-            )
-        return self.to_tokens(text)
+        return _model_inputs.as_resid(self.cfg, input)
 
     def _text_input(
         self, text: str | list[str], attention_mask: Any, past_kv_cache: KeyValueCache | None
@@ -541,10 +439,6 @@ class HookedTransformer(TLNamesMixin, HookedRootModule):
         # Continuing after cached positions, no BOS goes in the middle of the sequence.
         continuing = past_kv_cache is not None and past_kv_cache.length > 0
         return tokenization.text_input(self, text, attention_mask, continuing)
-
-
-def _all_str(items: list) -> bool:
-    return bool(items) and all(isinstance(i, str) for i in items)
 
 
 @contextlib.contextmanager
