@@ -14,8 +14,8 @@ import torch
 from analysis.patching import Component, activation_patch, available_kinds
 from analysis.patching._components import component_grid
 from analysis.patching._engine import Edit, extents, sweep
+from analysis.patching._inputs import base_run
 from analysis.patching._reference import reference_sweep, region
-from analysis.patching._runs import base_run
 from hookedattn import HookedTransformer, HookedTransformerConfig
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11

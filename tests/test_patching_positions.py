@@ -269,24 +269,37 @@ def test_bad_metric_positions_are_errors(metric_positions, error, message):
         )
 
 
-def test_patches_confined_to_a_window_run_the_declared_positions_again():
-    # A head's output in the block before the last changes one row on the way into the
-    # last block: the passes run that row, then the declared position alone.
-    model = make_model("2 layers, LN, MLP")
+def _passes_of(model, **kwargs):
+    """The passes a sweep runs (the first may be the cost model's own, on a stand-in)."""
     passes = []
     original = _engine._run
 
-    def spy(model, base, edits, p, stop_layer, names):
+    def spy(model, base, edits, p, stop_layer, names, entering=None):
         passes.append(p)
-        return original(model, base, edits, p, stop_layer, names)
+        return original(model, base, edits, p, stop_layer, names, entering)
 
     _engine._run = spy
     try:
-        activation_patch(
-            model, "z", **PROMPTS, metric=logit_diff_at(-1), by_pos=True, metric_positions=-1
-        )
+        activation_patch(model, "z", **PROMPTS, by_pos=True, **kwargs)
     finally:
         _engine._run = original
-    # (The first passes may be the cost model's own, on a one-block stand-in.)
-    sweep = [p for p in passes if len(p.variants) > 1 and p.layer == 0]
-    assert sweep and all(p.again and p.rows == 1 for p in sweep)
+    return [p for p in passes if len(p.variants) > 1]
+
+
+def test_patches_confined_to_a_window_run_the_declared_positions_again():
+    # A head's output in the block before the last changes one row on the way into the
+    # last block: after the packed first block, every such variant runs its window in the
+    # last block and then the declared position again.
+    model = make_model("2 layers, LN, MLP")
+    passes = _passes_of(model, metric=logit_diff_at(-1), metric_positions=-1)
+    again = [v for p in passes if p.layer == 1 and p.again for v in p.variants]
+    assert sorted(again) == list(range(N_POS * 2))  # layer 0's variants: every pos x head
+
+
+def test_head_outputs_at_every_position_share_one_sequence_per_head():
+    # Each head's output at position p changes its block's output at p alone, so one
+    # packed sequence per head serves every position: one pass per block, n_heads wide.
+    model = make_model("2 layers, LN, MLP")
+    passes = _passes_of(model, metric=logit_diff_at(-1))
+    packed = [p for p in passes if p.rows == N_POS and p.n_past == 0]
+    assert [(p.layer, len(p.variants)) for p in packed[:2]] == [(0, 2), (1, 2)]

@@ -2,10 +2,10 @@
 
 from analysis.patching._components import component_grid
 from analysis.patching._engine import component_edits, sweep
-from analysis.patching._inputs import Metric, check_direction, paired_tokens
-from analysis.patching._runs import base_runs
+from analysis.patching._inputs import Metric, base_runs, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
+from hookedattn.names import get_act_name
 
 
 def activation_patch(
@@ -45,7 +45,7 @@ def activation_patch(
     check_direction(direction)
     n_pos = paired_tokens(model, clean_tokens, corrupted_tokens)[0].shape[1]
     grid = component_grid(model, kind, n_pos, by_pos)
-    hooks = sorted({c.hook_name for c in grid.components})
+    hooks = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
     runs = base_runs(model, clean_tokens, corrupted_tokens, metric, hooks, metric_positions)
     denoising = direction == "denoising"
     target, source = (runs.corrupted, runs.clean) if denoising else (runs.clean, runs.corrupted)

@@ -3,13 +3,22 @@
 A sweep is a base run and `n_variants` variants of it, each a set of region replacements
 (`Edit`: in variant i, the region `mask[i]` of one activation takes `source`'s values).
 `sweep` gives the metric of every variant, `record` the activations some hook points see
-in each. Both let `_plan` choose the passes and run each pass the same way: variants
-stacked along the batch axis (`(variant batch)`), from the pass's first block, each
-variant at its own positions, after the unpatched keys and values of the positions
-before them (a frozen KV cache, masked per variant). Every step is a forward of the
-model's own blocks (`start_at_layer`, `stop_at_layer`, `past_kv_cache`), so every hook
-point on the way fires, and hooks attached to the model act as in any other forward
-(those that index positions see a pass's own rows).
+in each. Every step is a forward of the model's own blocks (`start_at_layer`,
+`stop_at_layer`, `past_kv_cache`), so every hook point on the way fires, and hooks
+attached to the model act as in any other forward (those that index positions or the
+batch see a pass's own rows).
+
+Two kinds of pass:
+
+- *packed*: a variant whose edits all lie after where their block mixes positions (a
+  head's output, an MLP, ...: `LOCAL_KINDS`) changes that block's output at its own
+  positions only, and each of those rows depends on that variant's edits alone. Variants
+  of one block with disjoint windows of positions therefore share one sequence: one packed
+  pass gives all of them the block's output. After the last block that is their logits;
+  otherwise each goes on from the next block with its window taken from the pack.
+- *planned* (`_plan`): variants stacked along the batch axis (`(variant batch)`), from
+  the pass's first block, each at its own positions, after the unpatched keys and values
+  of the positions before them (a frozen KV cache, masked per variant).
 
 With `declared` positions (the only ones whose logits the metric reads) a pass stops at
 the last of them, unembeds only them, and a variant that cannot reach them does not run;
@@ -18,6 +27,7 @@ gives NaN, which is caught.
 """
 
 import dataclasses
+import heapq
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,11 +37,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, component_masks
-from analysis.patching._cost import default_memory_budget, pass_cost, row_floats
-from analysis.patching._inputs import Metric, metric_values
-from analysis.patching._logits import again, declared_logits, declared_metric, full_logits
-from analysis.patching._plan import Extent, Pass, plan
-from analysis.patching._runs import BaseRun, base_run, key_name
+from analysis.patching._inputs import BaseRun, Metric, base_run, key_name, metric_values
+from analysis.patching._plan import (
+    Extent,
+    Pass,
+    check_memory_budget,
+    default_memory_budget,
+    itemsize,
+    pass_cost,
+    plan,
+    row_floats,
+)
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.names import get_act_name
@@ -40,7 +56,8 @@ from hookedattn.names import get_act_name
 @dataclasses.dataclass(frozen=True)
 class Edit:
     """In variant i, replace the region `mask[i]` of activation `kind` of block `layer`
-    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]`."""
+    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]`. A mask
+    with a variant axis of size 1 is every variant's."""
 
     kind: str
     layer: int
@@ -52,10 +69,26 @@ class Edit:
         """The full hook name."""
         return get_act_name(self.kind, self.layer)
 
+    @property
+    def per_variant(self) -> bool:
+        """Whether each variant has its own source."""
+        return self.source.ndim == self.mask.ndim
+
     def source_of(self, variants: Tensor) -> Tensor:
         """The source of `variants`, `[variant batch ...]` (variant axis of size 1 if shared)."""
-        per_variant = self.source.ndim == self.mask.ndim
-        return self.source[variants] if per_variant else self.source[None]
+        return self.source[variants] if self.per_variant else self.source[None]
+
+    def packed(self, packs: Sequence[Sequence[int]]) -> "Edit":
+        """This edit for variants merged into packs: pack j has the union of its members'
+        regions (disjoint, or the pack has one member)."""
+        if self.mask.shape[0] == 1:
+            mask = self.mask.expand(len(packs), *self.mask.shape[1:])
+        else:
+            mask = torch.stack([self.mask[list(members)].any(0) for members in packs])
+        if not self.per_variant:
+            return Edit(self.kind, self.layer, mask, self.source)
+        assert all(len(members) == 1 for members in packs)
+        return Edit(self.kind, self.layer, mask, self.source[[m[0] for m in packs]])
 
 
 def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:
@@ -115,6 +148,27 @@ def reaches(extent: Extent, declared: Sequence[int], n_layers: int) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class _Readout:
+    """What turns a pass's logits into metric values: the unpatched run, the declared
+    positions (or None: every position) and the variants' names for errors."""
+
+    base: BaseRun
+    metric: Metric
+    declared: tuple[int, ...] | None
+    labels: Sequence[str] | None
+
+    def values(
+        self, variants: Sequence[int], logits: Float[Tensor, "variant batch pos d_vocab_out"]
+    ) -> Float[Tensor, "variant batch"]:
+        """The metric of each variant's logits (all positions, or the declared ones)."""
+        if self.declared is None:
+            return torch.stack([metric_values(self.metric, x) for x in logits])
+        names = [f"variant {i}" if self.labels is None else self.labels[i] for i in variants]
+        n_pos = self.base.tokens.shape[1]
+        return declared_metric(self.metric, logits, self.declared, n_pos, names, self.base.metric)
+
+
 def sweep(
     model: HookedTransformer,
     base: BaseRun,
@@ -129,32 +183,166 @@ def sweep(
     variants in errors."""
     batch, n_pos = base.tokens.shape
     n_layers = model.cfg.n_layers
+    budget = check_memory_budget(
+        default_memory_budget(model) if memory_budget is None else memory_budget
+    )
     found = extents(edits, n_variants, n_pos)
     if declared is not None:
+        declared = tuple(declared)
         found = [e if e is not None and reaches(e, declared, n_layers) else None for e in found]
     end = n_pos if declared is None else declared[-1] + 1
-    n_unembed = None if declared is None else len(declared)
-    budget = default_memory_budget(model) if memory_budget is None else memory_budget
-    cost = pass_cost(model, n_pos, _time_one_pass)
-    passes = plan(model, found, batch, end, n_unembed, cost, budget)
+    readout = _Readout(base, metric, declared, labels)
     out = base.metric.repeat(n_variants, 1)
-    for p in passes:
-        resid, _, last_kv = _run(model, base, edits, p, n_layers, ())
+    entering: dict[int, _Entering] = {}
+    for layer in sorted({e.layer for e in found if e is not None and e.local}):
+        members = [v for v, e in enumerate(found) if e is not None and e.local and e.layer == layer]
+        extents_ = [found[v] for v in members]
+        packed = _run_packed(model, base, edits, members, extents_, end, budget)
+        if layer == n_layers - 1:
+            logits = packed.logits(model, base, members, declared)
+            out[members] = readout.values(members, logits)
+            for v in members:
+                found[v] = None  # done
+            continue
+        entering[layer + 1] = packed.entering(base, members, n_variants)
+        for v in members:  # from the next block on, a non-local change from its window
+            e = found[v]
+            found[v] = Extent(layer + 1, e.start, min(e.window_end, end), False, False)
+    n_unembed = None if declared is None else len(declared)
+    cost = pass_cost(model, n_pos, _time_one_pass)
+    for p in plan(model, found, batch, end, n_unembed, cost, budget):
+        resid, _, last_kv = _run(model, base, edits, p, n_layers, (), entering.get(p.layer))
         if declared is None:
             logits = full_logits(model, base, p, resid)
-            values = [metric_values(metric, variant) for variant in logits]
         else:
             logits = declared_logits(model, base, p, resid, declared)
             if p.again:
                 logits = again(model, base, p, last_kv, declared, logits)
-            names = (
-                [f"variant {i}" for i in p.variants]
-                if labels is None
-                else [labels[i] for i in p.variants]
-            )
-            values = declared_metric(metric, logits, declared, n_pos, names, base.metric)
-        out[list(p.variants)] = torch.stack(list(values))
+        out[list(p.variants)] = readout.values(p.variants, logits)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entering:
+    """The residual stream entering a block for variants that a packed pass ran through
+    the block before: a variant's window (`window[v]`) from its pack `pack_of[v]`, the
+    unpatched stream elsewhere."""
+
+    packs: Float[Tensor, "pack batch pos d_model"]
+    pack_of: Int[Tensor, " variant"]
+    window: Bool[Tensor, "variant pos"]
+
+    def of(
+        self, variants: Sequence[int], unpatched: Float[Tensor, "1 batch pos d_model"]
+    ) -> Float[Tensor, "variant batch pos d_model"]:
+        """The stream of `variants`."""
+        index = torch.tensor(variants, device=self.packs.device)
+        window = self.window[index][:, None, :, None]
+        return torch.where(window, self.packs[self.pack_of[index]], unpatched)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+    """The output of one block for packed variants: `resid[j]` is pack j's stream leaving
+    the block at positions `start..start+rows-1`; member i is in pack `pack_of[i]`, its
+    window at positions `windows[i]`."""
+
+    layer: int
+    start: int
+    resid: Float[Tensor, "pack batch row d_model"]
+    pack_of: tuple[int, ...]
+    windows: tuple[tuple[int, int], ...]
+
+    def _window_mask(self, n_pos: int, device: torch.device) -> Bool[Tensor, "member pos"]:
+        positions = torch.arange(n_pos, device=device)
+        bounds = torch.tensor(self.windows, device=device)
+        return (positions >= bounds[:, :1]) & (positions < bounds[:, 1:])
+
+    def entering(self, base: BaseRun, members: Sequence[int], n_variants: int) -> _Entering:
+        """The stream entering the next block, for the sweep's variants `members`."""
+        unpatched = base.cache[get_act_name("resid_pre", self.layer + 1)]
+        full = unpatched[None].repeat(len(self.resid), 1, 1, 1)
+        full[:, :, self.start : self.start + self.resid.shape[2]] = self.resid
+        n_pos, device = unpatched.shape[1], unpatched.device
+        window = torch.zeros(n_variants, n_pos, dtype=torch.bool, device=device)
+        window[list(members)] = self._window_mask(n_pos, device)
+        pack_of = torch.zeros(n_variants, dtype=torch.long, device=device)
+        pack_of[list(members)] = torch.tensor(self.pack_of, device=device)
+        return _Entering(full, pack_of, window)
+
+    def logits(
+        self,
+        model: HookedTransformer,
+        base: BaseRun,
+        members: Sequence[int],
+        declared: Sequence[int] | None,
+    ) -> Float[Tensor, "member batch pos d_vocab_out"]:
+        """Each member's logits after the last block: its window from its pack, the
+        unpatched logits elsewhere (with `declared`, at those positions only)."""
+        n_pos, device = base.tokens.shape[1], base.logits.device
+        positions = list(range(n_pos)) if declared is None else list(declared)
+        out = base.logits[None, :, positions].repeat(len(members), 1, 1, 1)
+        window = self._window_mask(n_pos, device)[:, positions]
+        member, column = window.nonzero(as_tuple=True)
+        if len(member):
+            rows = torch.tensor(positions, device=device)[column] - self.start
+            pack = torch.tensor(self.pack_of, device=device)[member]
+            chosen = rearrange(self.resid[pack, :, rows], "k b d -> (k b) 1 d")
+            with torch.no_grad():
+                new = model(chosen, start_at_layer=model.cfg.n_layers)
+            out[member, :, column] = rearrange(new, "(k b) 1 v -> k b v", k=len(member))
+        return out
+
+
+def _packs(windows: Sequence[tuple[int, int]], shared: bool) -> list[list[int]]:
+    """Members (indices into `windows`) in packs of disjoint windows, as few as there can
+    be (earliest start first, into the pack that freed soonest); one member a pack where
+    the sources are not `shared`."""
+    if not shared:
+        return [[i] for i in range(len(windows))]
+    packs: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (the stop of a pack's last window, the pack)
+    for i in sorted(range(len(windows)), key=windows.__getitem__):
+        begin, stop = windows[i]
+        if free and free[0][0] <= begin:
+            j = heapq.heappop(free)[1]
+        else:
+            j = len(packs)
+            packs.append([])
+        packs[j].append(i)
+        heapq.heappush(free, (stop, j))
+    return packs
+
+
+def _run_packed(
+    model: HookedTransformer,
+    base: BaseRun,
+    edits: Sequence[Edit],
+    members: Sequence[int],
+    extents_: Sequence[Extent],
+    end: int,
+    memory_budget: int,
+) -> _Packed:
+    """Block `layer` of the local variants `members` (of the sweep), in packs, in passes
+    within `memory_budget`, over the positions some member's window holds."""
+    layer = extents_[0].layer
+    windows = [(e.start, min(e.window_end, end)) for e in extents_]
+    packs = _packs(windows, shared=not any(e.per_variant for e in edits))
+    start, stop = min(w[0] for w in windows), max(w[1] for w in windows)
+    cfg = model.cfg
+    per_pack = base.tokens.shape[0] * (stop - start) * row_floats(cfg, stop) * itemsize(cfg)
+    size = max(1, memory_budget // per_pack)
+    outputs = []
+    for k in range(0, len(packs), size):
+        chunk = [[members[i] for i in pack] for pack in packs[k : k + size]]
+        p = Pass(layer, tuple(range(len(chunk))), (start,) * len(chunk), start, stop - start)
+        resid = _run(model, base, [e.packed(chunk) for e in edits], p, layer + 1, ())[0]
+        outputs.append(rearrange(resid, "(pack b) row d -> pack b row d", pack=len(chunk)))
+    pack_of = [0] * len(members)
+    for j, pack in enumerate(packs):
+        for i in pack:
+            pack_of[i] = j
+    return _Packed(layer, start, torch.cat(outputs), tuple(pack_of), tuple(windows))
 
 
 def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
@@ -165,7 +353,7 @@ def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
     where = torch.zeros(1, 1, n_pos, 1, dtype=torch.bool)
     where[..., -1, :] = True
     edits = [Edit("resid_pre", 0, where, base.cache[get_act_name("resid_pre", 0)])]
-    p = Pass(0, (0,), (n_pos - 1,), n_pos - 1, 1, 1)
+    p = Pass(0, (0,), (n_pos - 1,), n_pos - 1, 1)
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
@@ -193,15 +381,17 @@ def record(
     `[variant batch ...]`, from passes that stop before block `stop_layer`."""
     batch = base.tokens.shape[0]
     found = extents(edits, n_variants, base.tokens.shape[1])
-    budget = default_memory_budget(model) if memory_budget is None else memory_budget
+    budget = check_memory_budget(
+        default_memory_budget(model) if memory_budget is None else memory_budget
+    )
     kept = sum(base.cache[n][:1].numel() for n in names)
-    per_variant = batch * (end * row_floats(model, end) + kept) * base.logits.element_size()
+    per_variant = batch * (end * row_floats(model.cfg, end) + kept) * base.logits.element_size()
     size = max(1, budget // per_variant)
     out: dict[str, list[Tensor]] = {n: [] for n in names}
     for i in range(0, n_variants, size):
         variants = tuple(range(i, min(i + size, n_variants)))
         first = min((found[v].layer for v in variants if found[v] is not None), default=stop_layer)
-        p = Pass(first, variants, (0,) * len(variants), 0, end, end)
+        p = Pass(first, variants, (0,) * len(variants), 0, end)
         recorded = _run(model, base, edits, p, stop_layer, names)[1] if first < stop_layer else {}
         for name in names:  # a hook point before the pass's first block keeps its value
             unpatched = base.cache[name][None].narrow(2, 0, end)
@@ -218,10 +408,12 @@ def _run(
     p: Pass,
     stop_layer: int,
     names: Sequence[str],
+    entering: _Entering | None = None,
 ) -> tuple[Float[Tensor, "sequence row d_model"], dict[str, Tensor], tuple[Tensor, Tensor]]:
     """Pass `p` from its block to block `stop_layer`: the residual stream it leaves, the
     activations at `names` (`[variant batch ...]`), and when `p.again` the last block's
-    keys and values of the rows run (`[sequence row ...]`; else empty)."""
+    keys and values of the rows run (`[sequence row ...]`; else empty). The stream
+    entering the pass is the unpatched run's, or `entering`'s for its variants."""
     n_variants = len(p.variants)
     variants = torch.tensor(p.variants)
     offsets = torch.tensor(p.offsets, device=base.tokens.device)
@@ -232,24 +424,14 @@ def _run(
 
     hooks = [h for e in edits if (h := _edit_hook(e, p, variants, offsets)) is not None]
     hooks += [(name, keep) for name in names]
-    past = _past(model, base, p, offsets)
-    resid = _rows_of(
-        base.cache[get_act_name("resid_pre", p.layer)][None], 2, p, offsets, 0, p.first_rows
-    )
+    past = _past(model, base, p, offsets, stop_layer)
+    resid = base.cache[get_act_name("resid_pre", p.layer)][None]
+    if entering is not None:
+        resid = entering.of(p.variants, resid)
+    resid = _rows_of(resid, 2, p, offsets, p.rows)
     resid = rearrange(resid.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
-    later = p.layer + 1
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        if p.first_rows == p.rows or later >= stop_layer:
-            resid = model(
-                resid, start_at_layer=p.layer, stop_at_layer=stop_layer, past_kv_cache=past
-            )
-        else:  # the first block changes a window of rows: the later blocks run more
-            resid = model(resid, start_at_layer=p.layer, stop_at_layer=later, past_kv_cache=past)
-            rest = _rows_of(base.cache[get_act_name("resid_pre", later)][None], 2, p, offsets,
-                            p.first_rows, p.rows - p.first_rows)  # fmt: skip
-            rest = rearrange(rest.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
-            resid = torch.cat([resid, rest], dim=1)
-            resid = model(resid, start_at_layer=later, stop_at_layer=stop_layer, past_kv_cache=past)
+        resid = model(resid, start_at_layer=p.layer, stop_at_layer=stop_layer, past_kv_cache=past)
     if not p.again:
         return resid, recorded, (resid[:0], resid[:0])
     last = past[model.cfg.n_layers - 1]
@@ -257,16 +439,16 @@ def _run(
 
 
 def _rows_of(
-    x: Tensor, axis: int, p: Pass, offsets: Int[Tensor, " variant"], skip: int, n_rows: int
+    x: Tensor, axis: int, p: Pass, offsets: Int[Tensor, " variant"], n_rows: int
 ) -> Tensor:
-    """Rows `skip..skip+n_rows-1` of every variant of `p` along `axis` of `x` (whose first
-    axis is the variant's, or of size 1 and shared); an axis of size 1 broadcasts."""
+    """The `n_rows` rows of every variant of `p` along `axis` of `x` (whose first axis is
+    the variant's, or of size 1 and shared); an axis of size 1 broadcasts."""
     size = x.shape[axis]
     if size == 1:
         return x
-    if p.uniform and p.n_past + skip + n_rows <= size:
-        return x.narrow(axis, p.n_past + skip, n_rows)
-    index = offsets[:, None] + torch.arange(skip, skip + n_rows, device=offsets.device)
+    if p.uniform and p.n_past + n_rows <= size:
+        return x.narrow(axis, p.n_past, n_rows)
+    index = offsets[:, None] + torch.arange(n_rows, device=offsets.device)
     shape = [1] * x.ndim
     shape[0], shape[axis] = len(offsets), n_rows
     # Rows past the end are padding after a shorter variant's own: never read.
@@ -277,19 +459,21 @@ def _rows_of(
 def _edit_hook(
     edit: Edit, p: Pass, variants: Tensor, offsets: Int[Tensor, " variant"]
 ) -> tuple[str, Callable] | None:
-    """A hook applying `edit` to the variants of `p`, or None where it touches none of them."""
+    """A hook applying `edit` to the variants of `p`, or None where it touches none of them
+    (or lies in a block before the pass's first)."""
+    if edit.layer < p.layer:
+        return None
     mask = (edit.mask[variants] if edit.mask.shape[0] > 1 else edit.mask).to(edit.source.device)
     if not bool(mask.any()):
         return None
     source = edit.source_of(variants.to(edit.source.device))
-    n_rows = p.first_rows if edit.layer == p.layer else p.rows
     layout = LAYOUTS[edit.kind]
     pos = 2 + layout.index("pos")
-    mask, source = (_rows_of(x, pos, p, offsets, 0, n_rows) for x in (mask, source))
+    mask, source = (_rows_of(x, pos, p, offsets, p.rows) for x in (mask, source))
     if "key_pos" in layout:  # a pass of one offset: keys are the past ones, then the rows
         key = 2 + layout.index("key_pos")
         mask, source = (
-            x if x.shape[key] == 1 else x.narrow(key, 0, p.n_past + n_rows) for x in (mask, source)
+            x if x.shape[key] == 1 else x.narrow(key, 0, p.n_past + p.rows) for x in (mask, source)
         )
     n_variants = len(p.variants)
 
@@ -301,15 +485,19 @@ def _edit_hook(
 
 
 def _past(
-    model: HookedTransformer, base: BaseRun, p: Pass, offsets: Int[Tensor, " variant"]
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    offsets: Int[Tensor, " variant"],
+    stop_layer: int,
 ) -> KeyValueCache | None:
-    """The unpatched keys and values of positions `..p.n_past-1` in every block from
-    `p.layer`, per variant, those at a variant's own offset and later masked."""
+    """The unpatched keys and values of positions `..p.n_past-1` in the blocks `p` runs,
+    per variant, those at a variant's own offset and later masked."""
     if p.n_past == 0 and not p.again:
         return None
     n_variants, batch = len(p.variants), base.tokens.shape[0]
     entries = {}
-    for layer in range(p.layer, model.cfg.n_layers):
+    for layer in range(p.layer, stop_layer):
         keys, values = (
             repeat(base.cache[name][:, : p.n_past], "b pos h d -> (v b) pos h d", v=n_variants)
             for name in (key_name(model, layer), get_act_name("v", layer))
@@ -317,9 +505,138 @@ def _past(
         # With `again` the last block keeps the keys and values its rows append.
         last = layer == model.cfg.n_layers - 1
         entries[layer] = KeyValueCacheEntry(keys, values, frozen=not (p.again and last))
+    # Blocks the pass does not run take any entry: they never read it.
     filled = [
-        entries[max(layer, p.layer)] for layer in range(model.cfg.n_layers)
-    ]  # earlier blocks do not run
+        entries[min(max(layer, p.layer), stop_layer - 1)] for layer in range(model.cfg.n_layers)
+    ]
     seen = torch.arange(p.n_past, device=offsets.device)[None] < offsets[:, None]
     mask = repeat(seen.long(), "v pos -> (v b) pos", b=batch)
     return KeyValueCache(filled, mask, frozen=True)
+
+
+# ------------------------------------------------------------------ what the metric reads
+
+
+def full_logits(
+    model: HookedTransformer, base: BaseRun, p: Pass, resid: Float[Tensor, "sequence row d_model"]
+) -> Float[Tensor, "variant batch pos d_vocab_out"]:
+    """Every variant's logits: the pass's rows unembedded, the unpatched ones elsewhere."""
+    n_variants, n_pos = len(p.variants), base.tokens.shape[1]
+    with torch.no_grad():
+        new = model(resid, start_at_layer=model.cfg.n_layers)
+    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
+    if p.uniform and p.n_past == 0 and p.rows >= n_pos:
+        return new[:, :, :n_pos]
+    out = base.logits[None].repeat(n_variants, 1, 1, 1)
+    if p.uniform:
+        n_rows = min(p.rows, n_pos - p.n_past)
+        out[:, :, p.n_past : p.n_past + n_rows] = new[:, :, :n_rows]
+        return out
+    where = torch.tensor(p.offsets, device=out.device)[:, None] + torch.arange(
+        p.rows, device=out.device
+    )
+    variant, row = (where < n_pos).nonzero(as_tuple=True)  # rows past the end are padding
+    out[variant, :, where[variant, row]] = new[variant, :, row]
+    return out
+
+
+def declared_logits(
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    resid: Float[Tensor, "sequence row d_model"],
+    declared: Sequence[int],
+) -> Float[Tensor, "variant batch declared d_vocab_out"]:
+    """Every variant's logits at the declared positions: the pass's rows there, unembedded,
+    and the unpatched logits where the pass has no row."""
+    n_variants = len(p.variants)
+    device = resid.device
+    positions = torch.tensor(declared, device=device)
+    offsets = torch.tensor(p.offsets, device=device)
+    row = positions[None] - offsets[:, None]  # [variant declared]
+    ran = (row >= 0) & (row < p.rows)
+    by_variant = rearrange(resid, "(v b) row d -> v b row d", v=n_variants)
+    index = row.clamp(0, p.rows - 1)[:, None, :, None]
+    chosen = torch.take_along_dim(by_variant, index, dim=2)
+    with torch.no_grad():
+        new = model(
+            rearrange(chosen, "v b row d -> (v b) row d"), start_at_layer=model.cfg.n_layers
+        )
+    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
+    return torch.where(ran[:, None, :, None], new, base.logits[None, :, list(declared)])
+
+
+def again(
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    new_kv: tuple[Tensor, Tensor],
+    declared: Sequence[int],
+    logits: Float[Tensor, "variant batch declared d_vocab_out"],
+) -> Float[Tensor, "variant batch declared d_vocab_out"]:
+    """`logits` with each declared position after a variant's rows run once more through
+    the last block, alone, against the unpatched keys and values before it but those of
+    the rows the pass ran (`new_kv`, which it changed).
+
+    The positions go side by side along the batch axis, each attending to the keys before
+    it (later ones masked), so that each query sees its own causal past and gets its own
+    position, which rotary models read."""
+    last, n_variants, batch = model.cfg.n_layers - 1, len(p.variants), base.tokens.shape[0]
+    device = logits.device
+    offsets = torch.tensor(p.offsets, device=device)
+    after = torch.tensor(declared, device=device)[None] >= offsets[:, None] + p.rows
+    if not bool(after.any()):
+        return logits
+    n_keys = max(declared)
+    kv = []
+    for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
+        full = repeat(
+            base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
+        ).clone()
+        new = rearrange(new, "(v b) row h d -> v b row h d", v=n_variants)
+        where = offsets[:, None] + torch.arange(p.rows, device=device)
+        v_index, row = (where < n_keys).nonzero(as_tuple=True)
+        full[v_index, :, where[v_index, row]] = new[v_index, :, row]
+        kv.append(repeat(full, "v b pos h d -> (row v b) pos h d", row=len(declared)))
+    resid = repeat(
+        base.cache[get_act_name("resid_pre", last)][:, list(declared)],
+        "b row d -> (row v b) 1 d",
+        v=n_variants,
+    )
+    seen = (
+        torch.arange(n_keys, device=device)[None] < torch.tensor(declared, device=device)[:, None]
+    )
+    mask = repeat(seen.long(), "row pos -> (row v b) pos", v=n_variants, b=batch)
+    entry = KeyValueCacheEntry(kv[0], kv[1], frozen=True)
+    past = KeyValueCache([entry] * model.cfg.n_layers, mask, frozen=True)
+    with torch.no_grad():
+        again = model(resid, start_at_layer=last, past_kv_cache=past)
+    again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
+    return torch.where(after[:, None, :, None], again, logits)
+
+
+def declared_metric(
+    metric: Metric,
+    logits: Float[Tensor, "variant batch declared d_vocab_out"],
+    declared: Sequence[int],
+    n_pos: int,
+    labels: Sequence[str],
+    unpatched: Float[Tensor, " batch"],
+) -> Float[Tensor, "variant batch"]:
+    """`metric` of each variant's logits, NaN outside the declared positions; a
+    `ValueError` if that gives NaN where the unpatched metric is not NaN, since then the
+    metric read an undeclared position."""
+    n_variants, batch, _, d_vocab = logits.shape
+    full = logits.new_full((n_variants, batch, n_pos, d_vocab), torch.nan)
+    full[:, :, list(declared)] = logits
+    values = torch.stack([metric_values(metric, variant) for variant in full])
+    read_nan = values.isnan() & ~unpatched.isnan()
+    if bool(read_nan.any()):
+        label = labels[int(read_nan.any(dim=1).nonzero()[0])]
+        raise ValueError(
+            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
+            f"metric_positions {list(declared)}: it reads another position (on the "
+            f"unpatched runs it did not). Declare every position it reads, or pass "
+            f"metric_positions=None"
+        )
+    return values

@@ -30,8 +30,7 @@ from analysis.patching._components import (
     component_masks,
 )
 from analysis.patching._engine import Edit, component_edits, record, sweep
-from analysis.patching._inputs import Metric, check_direction, paired_tokens
-from analysis.patching._runs import BaseRun, base_runs
+from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.names import get_act_name

@@ -1,34 +1,37 @@
-"""Which patched variants run together, and what each pass runs.
+"""Which patched variants run together, and what each pass costs.
 
-Three facts about a causal transformer decide what a variant must recompute:
+Two facts about a causal transformer decide what a variant must recompute:
 
 - an edit in block L leaves blocks 0..L-1 as they were: a pass starts at block L from the
   unpatched run's `resid_pre`;
 - an edit at position p leaves positions 0..p-1 as they were: a pass runs positions p..
-  only, reading the earlier unpatched keys and values from a frozen KV cache;
-- an edit downstream of where its block mixes positions (a head's output, an MLP, ...;
-  `LOCAL_KINDS`) changes that block's output at its own positions only: the block runs
-  on those, and the later blocks from there on.
+  only, reading the earlier unpatched keys and values from a frozen KV cache.
+
+(A third, that an edit after its block mixes positions changes that block's output at its
+own positions only, is used before planning: `_engine` runs such blocks packed, several
+variants to a sequence, and hands the planner what comes after them.)
 
 Variants of one block run together, stacked on the batch axis. Each runs from its own
 first position (its earlier keys masked in the shared KV cache, so a query sees its own
 causal past and gets its own position, which rotary models read), so no rows are
 wasted on positions a patch cannot change, except the padding to the pass's longest
-variant. Passes are cut where the estimated time (`_cost`) of one more call is less than
-that of the padding, and so that each fits the memory budget.
+variant. Passes are cut where the estimated time of one more call is less than that of
+the padding, and so that each fits the memory budget. The estimate is not a constant: the
+fixed cost of a pass and the time per row are measured once per configuration and
+sequence length (`pass_cost`), at a few sizes (a CPU gets slower per row once a pass
+outgrows its caches; an accelerator faster).
 """
 
+import bisect
 import dataclasses
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 
-from analysis.patching._cost import (
-    PassCost,
-    block_flops,
-    itemsize,
-    row_floats,
-    unembed_flops,
-)
-from hookedattn import HookedTransformer
+import torch
+
+from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,17 +49,16 @@ class Extent:
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-    """Variants run in one pass from block `layer`: variant `variants[i]` runs positions
-    `offsets[i]..`, after `n_past` unpatched keys and values (those at `offsets[i]` and
-    later masked). Block `layer` runs `first_rows` rows, the later blocks `rows`. `again`: the
-    rows are the patches' windows only, and each declared position after them runs once
-    more through the last block, against the keys and values the windows left there."""
+    """Variants run in one pass from block `layer`: variant `variants[i]` runs `rows`
+    positions from `offsets[i]`, after `n_past` unpatched keys and values (those at
+    `offsets[i]` and later masked). `again`: the rows are the patches' windows only, and
+    each declared position after them runs once more through the last block, against the
+    keys and values the windows left there."""
 
     layer: int
     variants: tuple[int, ...]
     offsets: tuple[int, ...]
     n_past: int
-    first_rows: int
     rows: int
     again: bool = False
 
@@ -66,37 +68,33 @@ class Pass:
         return all(offset == self.n_past for offset in self.offsets)
 
 
-@dataclasses.dataclass(frozen=True)
-class Need:
-    """What one variant needs from a pass: rows from `offset` in its first and later blocks."""
-
-    offset: int
-    first: int
-    later: int
-
-
 def plan(
     model: HookedTransformer,
     extents: Sequence[Extent | None],
     batch: int,
     end: int,
     n_unembed: int | None,
-    cost: PassCost,
+    cost: "PassCost",
     memory_budget: int,
 ) -> list[Pass]:
     """Passes running every variant with an extent, positions up to `end` (the others
     change nothing). `n_unembed`: the number of declared positions, each unembedded, or
-    None (every row unembedded). With declared positions, a block whose patches change
-    only a window of rows on the way into the last block runs that window (`again`)."""
-    if memory_budget <= 0:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+    None (every row unembedded). With declared positions, the last block runs only the
+    patches' windows (`Pass.again`)."""
     passes = []
     for layer in sorted({e.layer for e in extents if e is not None}):
         chosen = [i for i, e in enumerate(extents) if e is not None and e.layer == layer]
         group = _Group(model, layer, [extents[i] for i in chosen], batch, end, n_unembed)
-        for segment in group.segments(cost, memory_budget):
-            passes.append(group.to_pass([chosen[i] for i in segment], segment))
+        for segment, own in group.segments(cost, memory_budget):
+            passes.append(group.to_pass([chosen[i] for i in segment], segment, own))
     return passes
+
+
+def check_memory_budget(memory_budget: int) -> int:
+    """`memory_budget` if it is a positive number of bytes, else a `ValueError`."""
+    if memory_budget <= 0:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+    return memory_budget
 
 
 class _Group:
@@ -111,104 +109,95 @@ class _Group:
         end: int,
         n_unembed: int | None,
     ) -> None:
-        self.model, self.layer, self.batch, self.n_unembed = model, layer, batch, n_unembed
-        self.later_blocks = model.cfg.n_layers - layer - 1
-        self.again = n_unembed is not None and all(_confined(e, self.later_blocks) for e in extents)
-        # A local patch in the last block changes no position after its window.
-        self.run_again = self.again and not (
-            self.later_blocks == 0 and all(e.local for e in extents)
-        )
-        self.end = end
-        self.needs = [_need(e, end, self.later_blocks, self.again) for e in extents]
-        # Each variant from its own start needs room for the longest after the latest, and
-        # an attention window counts keys by their place in the pass, not their position.
-        room = max(n.offset for n in self.needs) + max(n.later for n in self.needs)
-        self.own = (
-            not any(e.keyed for e in extents)
-            and room <= model.cfg.n_ctx
-            and model.cfg.window_size is None
-        )
-        if not self.own:  # every row at its place: one offset, the first variant's
-            self.needs = [
-                Need(n.offset, n.offset + n.first, n.offset + n.later) for n in self.needs
-            ]
-        self.order = sorted(range(len(extents)), key=self._key)
-        # Sizes the estimates read, once: the DP below evaluates them many times.
         cfg = model.cfg
-        self.row_base = row_floats(model, 0)
-        self.row_per_key = row_floats(model, 1) - self.row_base
+        self.layer, self.batch, self.end, self.n_unembed = layer, batch, end, n_unembed
+        self.later_blocks = cfg.n_layers - layer - 1
+        self.again = n_unembed is not None and self.later_blocks == 0
+        # (offset, stop): the rows a variant runs, with `again` its window only.
+        self.needs = [
+            (e.start, max(e.start + 1, min(e.window_end, end)) if self.again else end)
+            for e in extents
+        ]
+        # A pass may run each variant from its own start (`own`) or all from the earliest.
+        # Its own start needs room for the longest after the latest, and an attention
+        # window counts keys by their place in the pass, not their position.
+        room = max(a for a, _ in self.needs) + max(b - a for a, b in self.needs)
+        own = not any(e.keyed for e in extents) and room <= cfg.n_ctx
+        self.modes = (False, True) if own and cfg.window_size is None else (False,)
+        self.order = sorted(range(len(extents)), key=self._key)
+        self.row_floats = [row_floats(cfg, 0), row_floats(cfg, 1) - row_floats(cfg, 0)]
         self.kv_width = 2 * cfg.n_heads * cfg.d_head
-        self.d_vocab, self.itemsize = cfg.d_vocab_out, itemsize(model)
-        self.unembed_ratio = unembed_flops(model) / block_flops(model, end)
+        self.d_vocab, self.itemsize = cfg.d_vocab_out, itemsize(cfg)
+        self.unembed_ratio = cfg.d_model * cfg.d_vocab_out / block_flops(cfg, end)
 
     def _key(self, i: int) -> tuple[int, int]:
-        need = self.needs[i]
-        return (need.later, need.first) if self.own else (need.offset, need.later)
+        offset, stop = self.needs[i]
+        return (stop - offset, offset) if self.modes[-1] else (offset, stop)
 
-    def shape(self, members: Sequence[int]) -> tuple[int, int, int]:
-        """`(n_past, first_rows, rows)` of a pass holding `members`."""
-        return self._shape(_Span.of([self.needs[i] for i in members]))
+    @staticmethod
+    def _shape(span: "_Span", own: bool) -> tuple[int, int]:
+        """`(n_past, rows)` of a pass over `span`, each variant from its own start or not."""
+        if own:
+            return span.max_offset, span.longest
+        return span.min_offset, span.max_stop - span.min_offset
 
-    def _shape(self, span: "_Span") -> tuple[int, int, int]:
-        if self.own:
-            return span.max_offset, span.first, span.later
-        return span.min_offset, span.first - span.min_offset, span.later - span.min_offset
-
-    def to_pass(self, variants: list[int], members: Sequence[int]) -> Pass:
+    def to_pass(self, variants: list[int], members: Sequence[int], own: bool) -> Pass:
         """The `Pass` of `members` (indices into this group), naming the sweep's `variants`."""
-        n_past, first_rows, rows = self.shape(members)
-        offsets = tuple(self.needs[i].offset if self.own else n_past for i in members)
-        return Pass(self.layer, tuple(variants), offsets, n_past, first_rows, rows, self.run_again)
+        n_past, rows = self._shape(_Span.of([self.needs[i] for i in members]), own)
+        offsets = tuple(self.needs[i][0] if own else n_past for i in members)
+        return Pass(self.layer, tuple(variants), offsets, n_past, rows, self.again)
 
-    def bytes(self, n_variants: int, n_past: int, first_rows: int, rows: int) -> int:
+    def bytes(self, n_variants: int, n_past: int, rows: int) -> int:
         """Estimated peak bytes of a pass: its widest block, the keys and values before the
         rows in every block run, its logits and the full-length logits the metric reads."""
-        widest = max(first_rows * (self.row_base + self.row_per_key * (n_past + first_rows)),
-                     rows * (self.row_base + self.row_per_key * (n_past + rows)))  # fmt: skip
+        base, per_key = self.row_floats
+        widest = rows * (base + per_key * (n_past + rows))
         past = (self.later_blocks + 1) * self.kv_width * n_past
         n_logits = (rows if self.n_unembed is None else self.n_unembed) + 2 * rows + n_past
         per_sequence = widest + past + n_logits * self.d_vocab
         return n_variants * self.batch * per_sequence * self.itemsize
 
-    def seconds(self, cost: PassCost, n_variants: int, n_past: int, first: int, rows: int) -> float:
-        """Estimated time of a pass (`_cost.PassCost`); a row unembedded counts as a
-        block row in the ratio of their multiply-adds."""
+    def seconds(self, cost: "PassCost", n_variants: int, n_past: int, rows: int) -> float:
+        """Estimated time of a pass (`PassCost`); a row unembedded counts as a block row in
+        the ratio of their multiply-adds."""
         n_seq = n_variants * self.batch
+        blocks = self.later_blocks + 1
         unembedded = rows if self.n_unembed is None else self.n_unembed
-        later = self.later_blocks
-        block_rows = n_seq * (first + later * rows + unembedded * self.unembed_ratio)
-        keys = n_seq * (later + 1) * n_past
-        calls = 2 + later + (first != rows and later > 0)
-        if self.run_again:  # each declared position once more, against every earlier key
+        block_rows = n_seq * (blocks * rows + unembedded * self.unembed_ratio)
+        keys = n_seq * blocks * n_past
+        calls = 1 + blocks
+        if self.again:  # each declared position once more, against every earlier key
             block_rows += n_seq * self.n_unembed
             keys += n_seq * self.n_unembed * self.end
             calls += 2
         return cost.seconds(calls, block_rows, keys)
 
-    def segments(self, cost: PassCost, memory_budget: int) -> list[list[int]]:
-        """`self.order` cut into contiguous passes of least estimated time in all (a
-        dynamic programme over the cut points between runs of equal needs), each within
-        `memory_budget` (a variant too large for it runs alone)."""
+    def segments(self, cost: "PassCost", memory_budget: int) -> list[tuple[list[int], bool]]:
+        """`self.order` cut into contiguous passes, each with its shape (`own` starts or
+        not), of least estimated time in all (a dynamic programme over the cut points
+        between runs of equal needs), each within `memory_budget` (a variant too large for
+        it runs alone)."""
         runs = self._runs(memory_budget)
         best = [0.0] + [float("inf")] * len(runs)
-        cut = [0] * (len(runs) + 1)
-        needs = [self.needs[run[0]] for run in runs]
+        cut, mode = [0] * (len(runs) + 1), [False] * (len(runs) + 1)
         for j in range(1, len(runs) + 1):
-            low, high, first, later, count = needs[j - 1].offset, 0, 0, 0, 0
+            span, count = None, 0
             for i in range(j - 1, -1, -1):
-                need = needs[i]
-                low, high = min(low, need.offset), max(high, need.offset)
-                first, later = max(first, need.first), max(later, need.later)
+                span = _Span.of([self.needs[runs[i][0]]], span)
                 count += len(runs[i])
-                shape = (high, first, later) if self.own else (low, first - low, later - low)
-                if i < j - 1 and self.bytes(count, *shape) > memory_budget:
+                fits = False
+                for own in self.modes:
+                    shape = self._shape(span, own)
+                    if i < j - 1 and self.bytes(count, *shape) > memory_budget:
+                        continue
+                    fits, total = True, best[i] + self.seconds(cost, count, *shape)
+                    if total < best[j]:
+                        best[j], cut[j], mode[j] = total, i, own
+                if not fits:
                     break
-                total = best[i] + self.seconds(cost, count, *shape)
-                if total < best[j]:
-                    best[j], cut[j] = total, i
         segments, j = [], len(runs)
         while j:
-            segments.append([m for run in runs[cut[j] : j] for m in run])
+            segments.append(([m for run in runs[cut[j] : j] for m in run], mode[j]))
             j = cut[j]
         return segments[::-1]
 
@@ -222,49 +211,177 @@ class _Group:
                 runs.append([i])
         pieces = []
         for run in runs:
-            size = max(1, memory_budget // self.bytes(1, *self.shape(run[:1])))
+            shape = self._shape(_Span.of([self.needs[run[0]]]), own=False)
+            size = max(1, memory_budget // self.bytes(1, *shape))
             pieces += [run[k : k + size] for k in range(0, len(run), size)]
         return pieces
 
 
 @dataclasses.dataclass(frozen=True)
 class _Span:
-    """The extremes of some variants' needs, which fix the shape of their pass."""
+    """The extremes of some variants' `(offset, stop)` needs, which fix their pass's shape."""
 
     min_offset: int
     max_offset: int
-    first: int
-    later: int
+    longest: int
+    max_stop: int
 
     @staticmethod
-    def of(needs: Sequence[Need], span: "_Span | None" = None) -> "_Span":
+    def of(needs: Sequence[tuple[int, int]], span: "_Span | None" = None) -> "_Span":
         """The span of `needs`, together with `span` if given."""
-        if span is None:
-            span = _Span(needs[0].offset, needs[0].offset, needs[0].first, needs[0].later)
-        for n in needs:
+        for offset, stop in needs:
+            if span is None:
+                span = _Span(offset, offset, stop - offset, stop)
             span = _Span(
-                min(span.min_offset, n.offset),
-                max(span.max_offset, n.offset),
-                max(span.first, n.first),
-                max(span.later, n.later),
+                min(span.min_offset, offset),
+                max(span.max_offset, offset),
+                max(span.longest, stop - offset),
+                max(span.max_stop, stop),
             )
+        assert span is not None
         return span
 
 
-def _confined(extent: Extent, later_blocks: int) -> bool:
-    """Whether a variant changes only its window of rows on the way into the last block:
-    its edits lie in the last block, or are local in the block before it."""
-    return later_blocks == 0 or (later_blocks == 1 and extent.local)
+# ---------------------------------------------------------------------- sizes and costs
 
 
-def _need(extent: Extent, end: int, later_blocks: int, again: bool) -> Need:
-    """The rows a variant runs from its own start: in block `layer`, its window if local,
-    else up to `end`; in the later blocks (if any) up to `end`; with `again`, its window
-    in every block."""
-    start = extent.start
-    if again:
-        window = max(1, min(extent.window_end, end) - start)
-        return Need(start, window, window)
-    first = (min(extent.window_end, end) if extent.local else end) - start
-    later = first if later_blocks == 0 else end - start
-    return Need(start, first, later)
+def itemsize(cfg: HookedTransformerConfig) -> int:
+    """Bytes of one number in the model's dtype."""
+    return torch.empty((), dtype=cfg.dtype).element_size()
+
+
+def row_floats(cfg: HookedTransformerConfig, n_keys: int) -> int:
+    """Numbers one position holds at the peak of a block attending to `n_keys` keys
+    (residual stream, q/k/v/z, scores and pattern, MLP hidden layer), with some slack."""
+    return (
+        8 * cfg.d_model
+        + 6 * cfg.n_heads * cfg.d_head
+        + 3 * cfg.n_heads * n_keys
+        + 3 * (cfg.d_mlp or 0)
+    )
+
+
+def block_flops(cfg: HookedTransformerConfig, n_keys: int) -> int:
+    """Multiply-adds of one position through one block attending to `n_keys` keys."""
+    heads = cfg.n_heads * cfg.d_head
+    return 4 * cfg.d_model * heads + 2 * heads * n_keys + 2 * cfg.d_model * (cfg.d_mlp or 0)
+
+
+def default_memory_budget(model: HookedTransformer) -> int:
+    """Bytes a pass may hold unless the caller says: a quarter of what the device has free."""
+    device = torch.device(model.cfg.device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 4
+    pages = _sysconf("SC_AVPHYS_PAGES") or _sysconf("SC_PHYS_PAGES")
+    return (pages * (_sysconf("SC_PAGE_SIZE") or 4096)) // 4 if pages else 2**31
+
+
+def _sysconf(name: str) -> int:
+    try:
+        return max(0, os.sysconf(name))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PassCost:
+    """Measured: `pass_s` seconds per pass beyond its blocks' work (a whole pass of one
+    position through one block: building it, its calls, its logits); `call_s` per further
+    block call; `row_s[i]` per position a block runs, in passes of about `rows[i]`
+    positions (the nearest size is read); `key_s` per earlier position a sequence holds
+    in a block's KV cache."""
+
+    pass_s: float
+    call_s: float
+    rows: tuple[int, ...]
+    row_s: tuple[float, ...]
+    key_s: float
+
+    def seconds(self, calls: int, rows: float, keys: int) -> float:
+        """Estimated time of `calls` block calls that run `rows` rows holding `keys` keys."""
+        i = bisect.bisect_left(self.rows, rows)
+        if i == len(self.rows) or (i and rows - self.rows[i - 1] < self.rows[i] - rows):
+            i -= 1
+        return self.pass_s + (calls - 1) * self.call_s + rows * self.row_s[i] + keys * self.key_s
+
+
+_MEASURED: dict[tuple, PassCost] = {}
+
+
+def pass_cost(
+    model: HookedTransformer, n_pos: int, time_pass: Callable[[HookedTransformer, int], float]
+) -> PassCost:
+    """The measured `PassCost` of `model`'s blocks on `n_pos` positions (memoised).
+
+    Measured on a one-block stand-in of the same configuration, so that hooks attached
+    to `model` see only the sweep's own passes: `time_pass(stand_in, n_pos)` (the best
+    time of a whole pass of one variant, one position); one position through the block;
+    ever more sequences of `n_pos` until a call takes about 10 ms; and sequences of one
+    position after a KV cache of the `n_pos - 1` before, built as a pass builds it.
+    """
+    cfg = _one_block(model.cfg)
+    key = (repr(cfg), n_pos, torch.get_num_threads())
+    if key not in _MEASURED:
+        stand_in = HookedTransformer(cfg)
+        _MEASURED[key] = _measure(stand_in, n_pos, time_pass(stand_in, n_pos))
+    return _MEASURED[key]
+
+
+def _one_block(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    """`cfg` with its first block only: every per-layer field (one entry per block, such
+    as `attn_types`) cut to its first entry."""
+    per_layer = {
+        f.name: value[:1]
+        for f in dataclasses.fields(cfg)
+        if isinstance(value := getattr(cfg, f.name), tuple | list)
+        and len(value) == cfg.n_layers
+        and f.name != "n_layers"
+    }
+    return dataclasses.replace(cfg, n_layers=1, **per_layer)
+
+
+def _measure(stand_in: HookedTransformer, n_pos: int, pass_s: float) -> PassCost:
+    call_s = _best_seconds(stand_in, 1, 1, 0)
+    rows, row_s = [], []
+    n_seq = 1
+    while True:
+        seconds = _best_seconds(stand_in, n_seq, n_pos, 0)
+        rows.append(n_seq * n_pos)
+        row_s.append(max(seconds - call_s, 0.0) / (n_seq * n_pos))
+        if seconds > 0.01 or n_seq >= 2**12:
+            break
+        n_seq *= 4
+    n_seq, n_past = max(1, rows[-1] // n_pos), n_pos - 1
+    with_keys = _best_seconds(stand_in, n_seq, 1, n_past)
+    key_s = max(with_keys - _best_seconds(stand_in, n_seq, 1, 0), 0.0) / (n_seq * max(n_past, 1))
+    return PassCost(pass_s, call_s, tuple(rows), tuple(row_s), key_s)
+
+
+def _best_seconds(stand_in: HookedTransformer, n_seq: int, n_pos: int, n_past: int) -> float:
+    cfg = stand_in.cfg
+    like = dict(dtype=cfg.dtype, device=cfg.device)
+    resid = torch.randn(n_seq, n_pos, cfg.d_model, **like)
+    keys = torch.randn(1, n_past, cfg.n_kv_heads, cfg.d_head, **like)
+
+    def run() -> None:
+        past = None
+        if n_past:
+            # As a pass builds it: copied per sequence, every sequence masked differently.
+            k, v = (keys.repeat(n_seq, 1, 1, 1) for _ in range(2))
+            entry = KeyValueCacheEntry(k, v, frozen=True)
+            mask = (torch.arange(n_past, device=cfg.device) < n_past - 1).long()
+            past = KeyValueCache([entry], mask.repeat(n_seq, 1), frozen=True)
+        stand_in(resid, start_at_layer=0, stop_at_layer=1, past_kv_cache=past)
+
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(3):
+            if resid.is_cuda:
+                torch.cuda.synchronize(resid.device)
+            start = time.perf_counter()
+            run()
+            if resid.is_cuda:
+                torch.cuda.synchronize(resid.device)
+            best = min(best, time.perf_counter() - start)
+    return best
