@@ -47,23 +47,9 @@ def assert_decomposes(
     or one with the wrong sign. A NaN in the sum or the target fails, unless
     `equal_nan=True` and both hold NaN at that element.
     """
-    if (
-        axes is None
-        and isinstance(components, DecompositionLike)
-        and components.components.ndim == 4
-    ):
-        axes = "batch pos d_model"  # a Decomposition's stack is [component batch pos d_model]
+    axis_names = _axis_names(components, axes)
     stacked, labels = _unpack(components, labels)
-    if not isinstance(target, Tensor):
-        raise TypeError(f"target must be a tensor, got {type(target).__name__}")
-    if stacked.shape[1:] != target.shape:
-        raise ValueError(
-            f"components of shape {tuple(stacked.shape)} are [component ...] with "
-            f"... = {tuple(stacked.shape[1:])}, but the target has shape {tuple(target.shape)}"
-        )
-    axis_names = tuple(axes.split()) if axes else ()
-    if axis_names and len(axis_names) != target.ndim:
-        raise ValueError(f"axes {axes!r} name {len(axis_names)} axes; the target has {target.ndim}")
+    _check_shapes(stacked, target, axis_names)
     used = loosest_tolerance({stacked.dtype, target.dtype}, tol)
     parts = stacked.detach().double()
     total, scale, expected = parts.sum(dim=0), parts.abs().sum(dim=0), target.detach().double()
@@ -80,6 +66,27 @@ def assert_decomposes(
 
 
 _SIDES = ("sum of components", "target")
+
+
+def _axis_names(components: object, axes: str | None) -> tuple[str, ...]:
+    # A Decomposition's stack is [component batch pos d_model].
+    is_stream = isinstance(components, DecompositionLike) and components.components.ndim == 4
+    if axes is None and is_stream:
+        return ("batch", "pos", "d_model")
+    return tuple(axes.split()) if axes else ()
+
+
+def _check_shapes(stacked: Tensor, target: object, axis_names: tuple[str, ...]) -> None:
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be a tensor, got {type(target).__name__}")
+    if stacked.shape[1:] != target.shape:
+        raise ValueError(
+            f"components of shape {tuple(stacked.shape)} are [component ...] with "
+            f"... = {tuple(stacked.shape[1:])}, but the target has shape {tuple(target.shape)}"
+        )
+    if axis_names and len(axis_names) != target.ndim:
+        axes = " ".join(axis_names)
+        raise ValueError(f"axes {axes!r} name {len(axis_names)} axes; the target has {target.ndim}")
 
 
 def _unpack(components: object, labels: Sequence[str] | None) -> tuple[Tensor, list[str]]:
