@@ -474,7 +474,7 @@ def _peak_ratio(run: Run, setting: str, mode: str) -> float | None:
 SECTIONS = ("forward", "compile", "generation", "memory", "analysis")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, few rounds")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
@@ -501,23 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64")
     )
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.memory_probe is not None:
-        print(json.dumps(memory_probe(json.loads(args.memory_probe))))
-        return 0
-    logging.disable(logging.WARNING)  # TransformerLens warns once per cached head result
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    malloc = "steady" if args.malloc == "steady" and steady_malloc() else "default"
-    run = Run(args)
-    sections = args.sections.split(",")
-    unknown = set(sections) - set(SECTIONS)
-    if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")
-    machine = machine_info(ROOT)
-    print(json.dumps(machine))
-    if machine["load_average_start"][0] > (machine["cores_available"] or 1):
-        print("warning: the machine is busy; ratios are noisy (try --threads 1)")
+    return parser
+
+
+def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tuple | None:
+    """Every asked-for section, in order; the shipped model they used (if any)."""
     shipped = shipped_model(run) if {"forward", "analysis"} & set(sections) else None
     if "forward" in sections:
         for key in (args.settings or "s64,s512,a,b").split(","):
@@ -536,8 +524,12 @@ def main(argv: list[str] | None = None) -> int:
             memory_section(run, key, run.settings[key])
     if "analysis" in sections:
         analyses.analysis_section(run, shipped)
-    machine["load_average_end"] = list(os.getloadavg())
-    report = {
+    return shipped
+
+
+def _report(run: Run, args: argparse.Namespace, machine: dict, malloc: str, shipped) -> dict:
+    """The JSON report: machine, settings, targets and every measured row."""
+    return {
         "schema": SCHEMA_VERSION,
         "machine": machine,
         "settings": {
@@ -556,6 +548,31 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": run.skipped,
         "extra": run.extra,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write `latest.json` and `latest.md` into `--out-dir`."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.memory_probe is not None:
+        print(json.dumps(memory_probe(json.loads(args.memory_probe))))
+        return 0
+    logging.disable(logging.WARNING)  # TransformerLens warns once per cached head result
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    malloc = "steady" if args.malloc == "steady" and steady_malloc() else "default"
+    run = Run(args)
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; valid: {', '.join(SECTIONS)}")
+    machine = machine_info(ROOT)
+    print(json.dumps(machine))
+    if machine["load_average_start"][0] > (machine["cores_available"] or 1):
+        print("warning: the machine is busy; ratios are noisy (try --threads 1)")
+    shipped = _run_sections(run, args, sections)
+    machine["load_average_end"] = list(os.getloadavg())
+    report = _report(run, args, machine, malloc, shipped)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out_dir / "latest.md").write_text(markdown(report))
