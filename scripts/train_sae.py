@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--d-sae", type=int, default=512)
     parser.add_argument("--k", type=int, default=None, help="TopK SAE with this k")
     parser.add_argument("--l1", type=float, default=None, help="ReLU SAE with this L1")
+    parser.add_argument("--l0", type=float, default=None, help="JumpReLU SAE, this L0 penalty")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--resample-every", type=int, default=None, help="resample dead features")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--tokens", type=float, default=5e5)
@@ -46,7 +49,8 @@ def main() -> None:
                             n_tokens=args.tokens, batch_size=32, progress=False)  # fmt: skip
         store = ActivationStore(acts, model=model)
         sae = train_sae(store, args.point, d_sae=args.d_sae, steps=args.steps, k=args.k,
-                        l1=args.l1, batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+                        l1=args.l1, l0=args.l0, lr=args.lr, resample_every=args.resample_every,
+                        batch_size=args.batch_size, seed=args.seed)  # fmt: skip
     heldout = heldout_windows(load_stdlib_corpus().heldout, 64, 128)
     result = evaluate_sae(model, sae, heldout)
     print(result)
