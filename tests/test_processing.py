@@ -7,13 +7,13 @@ from torch.testing import assert_close
 from hookedattn import (
     CharTokenizer,
     HookedTransformer,
-    HookedTransformerConfig,
     center_unembed,
     center_writing_weights,
     fold_layer_norm,
     fold_value_biases,
     process_weights,
 )
+from hookedattn.testing import random_tiny_model
 from hookedattn.tolerances import tolerance
 
 DTYPES = [torch.float32, torch.float64]
@@ -22,27 +22,9 @@ TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7]])
 
 def make_model(norm="LN", attn_only=False, dtype=torch.float64, **overrides):
     """A model whose every parameter (gains and biases included) is random."""
-    settings = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=2,
-        d_head=4,
-        d_mlp=32,
-        n_ctx=8,
-        d_vocab=12,
-        normalization_type=norm,
-        attn_only=attn_only,
-        seed=0,
-        dtype=dtype,
-    )
-    settings.update(overrides)
-    model = HookedTransformer(HookedTransformerConfig(**settings))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator).to(dtype)
-            param.add_(0.3 * noise if name.endswith((".w", ".b")) or ".b_" in name else 0)
-    return model
+    fields = dict(n_heads=2, d_head=4, d_mlp=32, n_ctx=8, d_vocab=12)
+    fields |= dict(normalization_type=norm, attn_only=attn_only, dtype=dtype)
+    return random_tiny_model(scale=0.3, **{**fields, **overrides})
 
 
 def snapshot(model):
