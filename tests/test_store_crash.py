@@ -9,21 +9,11 @@ from pathlib import Path
 
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, collect_activations
-from hookedattn.testing import random_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESID = "blocks.1.hook_resid_pre"
 ARGS = dict(n_tokens=16 * 4 * 100, batch_size=2, shard_contexts=4)  # 100 shards
-
-
-def saved_model(folder: Path) -> HookedTransformer:
-    fields = dict(n_heads=2, d_head=8, d_vocab=259, attn_only=True, dtype=torch.float32)
-    random_tiny_model(randomize_seed=3, **fields).save(folder)
-    model = HookedTransformer.load(folder)
-    model.tokenizer = ByteTokenizer()
-    return model
 
 
 def shard_count(folder: Path) -> int:
@@ -33,8 +23,8 @@ def shard_count(folder: Path) -> int:
         return 0
 
 
-def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(tmp_path):
-    model = saved_model(tmp_path / "model")
+def test_kill_9_then_rerun_gives_the_bytes_of_an_uninterrupted_run(tmp_path, saved_byte_model):
+    model = saved_byte_model(tmp_path / "model", seed=3)
     reference = tmp_path / "reference"
     collect_activations(model, None, names=[RESID], out=reference, progress=False, **ARGS)
     out = tmp_path / "killed"

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import torch
 
-from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import collect_activations, load_sweep, sweep
-from hookedattn.testing import random_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]
@@ -43,16 +41,10 @@ runpy.run_path({collect!r}, run_name="__main__")
 """
 
 
-def byte_model(folder: Path) -> HookedTransformer:
-    fields = dict(n_heads=2, d_head=8, d_vocab=259, attn_only=True, dtype=torch.float32)
-    random_tiny_model(randomize_seed=5, **fields).save(folder)
-    model = HookedTransformer.load(folder)
-    model.tokenizer = ByteTokenizer()
-    return model
-
-
-def test_two_ranks_under_torchrun_write_the_one_process_files_and_gather_the_sweep(tmp_path):
-    model = byte_model(tmp_path / "model")
+def test_two_ranks_under_torchrun_write_the_one_process_files_and_gather_the_sweep(
+    tmp_path, saved_byte_model
+):
+    model = saved_byte_model(tmp_path / "model", seed=5)
     generator = torch.Generator().manual_seed(0)
     clean = torch.randint(0, 256, (7, 6), generator=generator)
     corrupted = clean.clone()
