@@ -1,6 +1,7 @@
 """Sparse autoencoders: dictionaries of features, spliced into a model exactly.
 
     sae = train_sae(store, "blocks.1.hook_resid_pre", d_sae=512, l1=1.0, steps=2000)
+    # or k=16 (TopK), l0=0.1 (JumpReLU); resample_every=250 revives dead features
     sae.save("sae/"); sae = SparseAutoencoder.load("sae/")   # SAELens's layout
     with model.saes([sae]):                       # spliced at its hook point, removed after
         logits, cache = model.run_with_cache(tokens)
