@@ -210,6 +210,22 @@ class _Patch:
 
 _RESID = ("layer", "pos")
 _HEAD_PARTS = (("out", "z", "output"), ("q", "q", "query"), ("k", "k", "key"), ("v", "v", "value"))
+_HEAD_POSITIONS = (
+    (
+        "by_pos",
+        True,
+        layer_pos_head_vector_patch_setter,
+        ("layer", "pos", "head"),
+        "at each position",
+    ),
+    (
+        "all_pos",
+        False,
+        layer_head_vector_patch_setter,
+        ("layer", "head"),
+        "at every position at once",
+    ),
+)
 _PATCHES: dict[str, _Patch] = {
     "get_act_patch_resid_pre": _Patch(
         "resid_pre", True, layer_pos_patch_setter, _RESID,
@@ -228,18 +244,11 @@ _PATCHES: dict[str, _Patch] = {
         "Patch each MLP layer's output at each position: `[layer pos]`.",
     ),
     **{
-        f"get_act_patch_attn_head_{part}_by_pos": _Patch(
-            kind, True, layer_pos_head_vector_patch_setter, ("layer", "pos", "head"),
-            f"Patch each head's {what} at each position: `[layer pos head]`.",
+        f"get_act_patch_attn_head_{part}_{positions}": _Patch(
+            kind, by_pos, setter, axes, f"Patch each head's {what} {where}: `[{' '.join(axes)}]`."
         )
         for part, kind, what in _HEAD_PARTS
-    },
-    **{
-        f"get_act_patch_attn_head_{part}_all_pos": _Patch(
-            kind, False, layer_head_vector_patch_setter, ("layer", "head"),
-            f"Patch each head's {what} at every position at once: `[layer head]`.",
-        )
-        for part, kind, what in _HEAD_PARTS
+        for positions, by_pos, setter, axes, where in _HEAD_POSITIONS
     },
     "get_act_patch_attn_head_pattern_all_pos": _Patch(
         "pattern", False, layer_head_pattern_patch_setter, ("layer", "head_index"),
