@@ -210,22 +210,13 @@ class _Patch:
 
 _RESID = ("layer", "pos")
 _HEAD_PARTS = (("out", "z", "output"), ("q", "q", "query"), ("k", "k", "key"), ("v", "v", "value"))
+# (suffix, the engine's by_pos, TL's setter and axes, what the docstring says)
 _HEAD_POSITIONS = (
-    (
-        "by_pos",
-        True,
-        layer_pos_head_vector_patch_setter,
-        ("layer", "pos", "head"),
-        "at each position",
-    ),
-    (
-        "all_pos",
-        False,
-        layer_head_vector_patch_setter,
-        ("layer", "head"),
-        "at every position at once",
-    ),
-)
+    ("by_pos", True, layer_pos_head_vector_patch_setter, ("layer", "pos", "head"),
+     "at each position"),
+    ("all_pos", False, layer_head_vector_patch_setter, ("layer", "head"),
+     "at every position at once"),
+)  # fmt: skip
 _PATCHES: dict[str, _Patch] = {
     "get_act_patch_resid_pre": _Patch(
         "resid_pre", True, layer_pos_patch_setter, _RESID,
