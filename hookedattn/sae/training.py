@@ -78,8 +78,8 @@ def train_sae(
     learn through a straight-through estimator of width `bandwidth`, both in the
     normalised units of the module docstring). With `resample_every=n`, every n steps
     the dead features are resampled towards inputs of high loss
-    (`hookedattn.sae.resampling`). Batches of `batch_size`
-    rows are drawn shuffled, epoch after epoch. A `tqdm` bar shows loss, L0, fraction of
+    (`hookedattn.sae.resampling`). Batches of `batch_size` rows are drawn shuffled,
+    epoch after epoch. A `tqdm` bar shows loss, L0, fraction of
     variance explained and dead features every `log_every` steps; pass a list as `log` to
     receive those as `TrainingStep`s. With `checkpoint_every=n`, the SAE as it is after
     every n steps is saved (in the model's units, loadable by `SparseAutoencoder.load`)
