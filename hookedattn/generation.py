@@ -191,8 +191,10 @@ def generation_steps(
     for _ in range(max_new_tokens):
         if cache is None:
             logits = _last_logits(model, tokens, mask if padded else None, None)
-        else:
+        elif padded or cache.length == 0:
             logits = _last_logits(model, new_tokens, new_mask if padded else None, cache)
+        else:  # one chosen token per row after real tokens only: no input to check
+            logits = model._next_token_step(new_tokens, cache)
         chosen = choose_next_tokens(logits, sampling, generator)
         if stop_at_eos:  # a finished sequence continues with padding, masked out
             chosen = torch.where(finished, torch.full_like(chosen, pad_token_id), chosen)

@@ -116,6 +116,16 @@ def attention_context(
     )
 
 
+def next_token_context(past_kv_cache: KeyValueCache, window_size: int | None) -> AttentionContext:
+    """The context of one more real token per row after a cache that holds no padding,
+    appended to the cache's mask: what a generation step needs, without the checks of
+    `attention_context` (the generation loop has made them once for the whole run)."""
+    batch, past = past_kv_cache.batch, past_kv_cache.length
+    device = past_kv_cache.previous_attention_mask.device
+    past_kv_cache.extend_mask(torch.ones((batch, 1), dtype=torch.long, device=device))
+    return _one_query(batch, past, window_size, device)
+
+
 def _one_query(
     batch: int, past: int, window_size: int | None, device: torch.device | str
 ) -> AttentionContext:

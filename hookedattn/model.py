@@ -41,7 +41,7 @@ from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookedRootModule, HookPoint
 from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
-from hookedattn.masks import AttentionContext, attention_context
+from hookedattn.masks import AttentionContext, attention_context, next_token_context
 
 Resid = Float[Tensor, "batch pos d_model"]
 Logits = Float[Tensor, "batch pos d_vocab_out"]
@@ -119,9 +119,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             resid, context, tokens, attention_mask = self._prepare(
                 input, start_at_layer, tokens, attention_mask, past_kv_cache
             )
-            for layer in range(start, stop):
-                past = None if past_kv_cache is None else past_kv_cache[layer]
-                resid = self.blocks[layer](resid, context, past)
+            resid = self._blocks(resid, context, past_kv_cache, start, stop)
             if stop_at_layer is not None:
                 return resid
             logits = self.unembed(self.ln_final(resid))
@@ -133,6 +131,32 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
         loss = lm_cross_entropy_loss(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
+
+    def _blocks(
+        self,
+        resid: Resid,
+        context: AttentionContext,
+        past_kv_cache: KeyValueCache | None,
+        start: int,
+        stop: int,
+    ) -> Resid:
+        """Blocks `start..stop-1` in turn, each reading its layer of the KV cache (if any)."""
+        for layer in range(start, stop):
+            past = None if past_kv_cache is None else past_kv_cache[layer]
+            resid = self.blocks[layer](resid, context, past)
+        return resid
+
+    def _next_token_step(
+        self, tokens: Int[Tensor, "batch 1"], past_kv_cache: KeyValueCache
+    ) -> Float[Tensor, "batch d_vocab_out"]:
+        """One generation step: the logits after one more token per row, which follows
+        the cache's real (unpadded) tokens. `forward` without its input checks, for ids
+        the generation loop chose itself (hooks run as in any forward)."""
+        with past_kv_cache.transaction():
+            context = next_token_context(past_kv_cache, self.cfg.window_size)
+            resid = self.embed_tokens(tokens, context.positions)
+            resid = self._blocks(resid, context, past_kv_cache, 0, self.cfg.n_layers)
+            return self.unembed(self.ln_final(resid))[:, -1]
 
     def _prepare(
         self,
