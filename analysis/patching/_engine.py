@@ -37,7 +37,14 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, component_masks
-from analysis.patching._inputs import BaseRun, Metric, base_run, key_name, metric_values
+from analysis.patching._inputs import (
+    BaseRun,
+    Metric,
+    base_run,
+    key_name,
+    metric_values,
+    nan_except,
+)
 from analysis.patching._plan import (
     Extent,
     Pass,
@@ -148,25 +155,60 @@ def reaches(extent: Extent, declared: Sequence[int], n_layers: int) -> bool:
     return True
 
 
-@dataclasses.dataclass(frozen=True)
-class _Readout:
-    """What turns a pass's logits into metric values: the unpatched run, the declared
-    positions (or None: every position) and the variants' names for errors."""
+# Where a variant's logits differ from the unpatched run's, and its logits there
+# `[batch position d_vocab_out]`.
+Piece = tuple[slice | list[int], Tensor]
 
-    base: BaseRun
-    metric: Metric
-    declared: tuple[int, ...] | None
-    labels: Sequence[str] | None
+
+class _Readout:
+    """The metric of variants whose logits differ from the unpatched run's at a few
+    positions: one logits tensor (with `declared` positions, NaN elsewhere), each
+    variant's rows written in, the metric read, the rows put back. No variant's full
+    logits are ever copied."""
+
+    def __init__(
+        self,
+        base: BaseRun,
+        metric: Metric,
+        declared: Sequence[int] | None,
+        labels: Sequence[str] | None,
+    ) -> None:
+        self.base, self.metric, self.declared, self.labels = base, metric, declared, labels
+        logits = base.logits
+        self.unpatched = logits if declared is None else nan_except(logits, declared)
+        self.scratch = self.unpatched.clone()
 
     def values(
-        self, variants: Sequence[int], logits: Float[Tensor, "variant batch pos d_vocab_out"]
+        self, variants: Sequence[int], pieces: Sequence[Piece]
     ) -> Float[Tensor, "variant batch"]:
-        """The metric of each variant's logits (all positions, or the declared ones)."""
-        if self.declared is None:
-            return torch.stack([metric_values(self.metric, x) for x in logits])
-        names = [f"variant {i}" if self.labels is None else self.labels[i] for i in variants]
-        n_pos = self.base.tokens.shape[1]
-        return declared_metric(self.metric, logits, self.declared, n_pos, names, self.base.metric)
+        """The metric of each of `variants`, given its `Piece`."""
+        out = self.base.metric.new_empty(len(variants), self.base.metric.shape[0])
+        for i, (where, rows) in enumerate(pieces):
+            self.scratch[:, where] = rows
+            version = self.scratch._version  # counts in-place writes to the tensor
+            out[i] = metric_values(self.metric, self.scratch)
+            if self.scratch._version != version:  # the metric wrote into its input
+                self.scratch = self.unpatched.clone()
+            else:
+                self.scratch[:, where] = self.unpatched[:, where]
+        if self.declared is not None:
+            self._check_declared(variants, out)
+        return out
+
+    def _check_declared(self, variants: Sequence[int], values: Tensor) -> None:
+        """A `ValueError` where a variant's metric is NaN but the unpatched one is not:
+        then the metric read a position outside the declared ones."""
+        read_nan = values.isnan() & ~self.base.metric.isnan()
+        if not bool(read_nan.any()):
+            return
+        i = variants[int(read_nan.any(dim=1).nonzero()[0])]
+        label = f"variant {i}" if self.labels is None else self.labels[i]
+        raise ValueError(
+            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
+            f"metric_positions {list(self.declared)}: it reads another position (on the "
+            f"unpatched runs it did not). Declare every position it reads, or pass "
+            f"metric_positions=None"
+        )
 
 
 def sweep(
@@ -199,8 +241,7 @@ def sweep(
         extents_ = [found[v] for v in members]
         packed = _run_packed(model, base, edits, members, extents_, end, budget)
         if layer == n_layers - 1:
-            logits = packed.logits(model, base, members, declared)
-            out[members] = readout.values(members, logits)
+            out[members] = readout.values(members, packed.pieces(model, declared))
             for v in members:
                 found[v] = None  # done
             continue
@@ -213,12 +254,13 @@ def sweep(
     for p in plan(model, found, batch, end, n_unembed, cost, budget):
         resid, _, last_kv = _run(model, base, edits, p, n_layers, (), entering.get(p.layer))
         if declared is None:
-            logits = full_logits(model, base, p, resid)
+            pieces = pass_pieces(model, p, resid, n_pos)
         else:
             logits = declared_logits(model, base, p, resid, declared)
             if p.again:
                 logits = again(model, base, p, last_kv, declared, logits)
-        out[list(p.variants)] = readout.values(p.variants, logits)
+            pieces = [(list(declared), x) for x in logits]
+        out[list(p.variants)] = readout.values(p.variants, pieces)
     return out
 
 
@@ -270,28 +312,28 @@ class _Packed:
         pack_of[list(members)] = torch.tensor(self.pack_of, device=device)
         return _Entering(full, pack_of, window)
 
-    def logits(
-        self,
-        model: HookedTransformer,
-        base: BaseRun,
-        members: Sequence[int],
-        declared: Sequence[int] | None,
-    ) -> Float[Tensor, "member batch pos d_vocab_out"]:
-        """Each member's logits after the last block: its window from its pack, the
-        unpatched logits elsewhere (with `declared`, at those positions only)."""
-        n_pos, device = base.tokens.shape[1], base.logits.device
-        positions = list(range(n_pos)) if declared is None else list(declared)
-        out = base.logits[None, :, positions].repeat(len(members), 1, 1, 1)
-        window = self._window_mask(n_pos, device)[:, positions]
-        member, column = window.nonzero(as_tuple=True)
-        if len(member):
-            rows = torch.tensor(positions, device=device)[column] - self.start
-            pack = torch.tensor(self.pack_of, device=device)[member]
-            chosen = rearrange(self.resid[pack, :, rows], "k b d -> (k b) 1 d")
-            with torch.no_grad():
-                new = model(chosen, start_at_layer=model.cfg.n_layers)
-            out[member, :, column] = rearrange(new, "(k b) 1 v -> k b v", k=len(member))
-        return out
+    def pieces(self, model: HookedTransformer, declared: Sequence[int] | None) -> list[Piece]:
+        """Each member's logits after the last block in its window (with `declared`, at
+        the declared positions there): its pack's rows, unembedded."""
+        n_rows = self.resid.shape[2]
+        if declared is None:
+            wanted = list(range(n_rows))
+        else:
+            wanted = [q - self.start for q in declared if 0 <= q - self.start < n_rows]
+        chosen = rearrange(self.resid[:, :, wanted], "pack b row d -> (pack b) row d")
+        with torch.no_grad():
+            new = model(chosen, start_at_layer=model.cfg.n_layers)
+        new = rearrange(new, "(pack b) row v -> pack b row v", pack=len(self.resid))
+        column = {self.start + row: k for k, row in enumerate(wanted)}
+        pieces: list[Piece] = []
+        for pack, (begin, stop) in zip(self.pack_of, self.windows, strict=True):
+            if declared is None:
+                rows = new[pack, :, begin - self.start : stop - self.start]
+                pieces.append((slice(begin, stop), rows))
+            else:
+                here = [q for q in declared if begin <= q < stop]
+                pieces.append((here, new[pack, :, [column[q] for q in here]]))
+        return pieces
 
 
 def _packs(windows: Sequence[tuple[int, int]], shared: bool) -> list[list[int]]:
@@ -354,11 +396,12 @@ def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
     where[..., -1, :] = True
     edits = [Edit("resid_pre", 0, where, base.cache[get_act_name("resid_pre", 0)])]
     p = Pass(0, (0,), (n_pos - 1,), n_pos - 1, 1)
+    readout = _Readout(base, _first_logit, None, None)
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        logits = full_logits(model, base, p, _run(model, base, edits, p, 1, ())[0])
-        float(metric_values(_first_logit, logits[0])[0])  # waits for an accelerator
+        pieces = pass_pieces(model, p, _run(model, base, edits, p, 1, ())[0], n_pos)
+        float(readout.values((0,), pieces)[0, 0])  # waits for an accelerator
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -517,27 +560,17 @@ def _past(
 # ------------------------------------------------------------------ what the metric reads
 
 
-def full_logits(
-    model: HookedTransformer, base: BaseRun, p: Pass, resid: Float[Tensor, "sequence row d_model"]
-) -> Float[Tensor, "variant batch pos d_vocab_out"]:
-    """Every variant's logits: the pass's rows unembedded, the unpatched ones elsewhere."""
-    n_variants, n_pos = len(p.variants), base.tokens.shape[1]
+def pass_pieces(
+    model: HookedTransformer, p: Pass, resid: Float[Tensor, "sequence row d_model"], n_pos: int
+) -> list[Piece]:
+    """Each variant's logits at the rows the pass ran (not its padding past the end)."""
     with torch.no_grad():
         new = model(resid, start_at_layer=model.cfg.n_layers)
-    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
-    if p.uniform and p.n_past == 0 and p.rows >= n_pos:
-        return new[:, :, :n_pos]
-    out = base.logits[None].repeat(n_variants, 1, 1, 1)
-    if p.uniform:
-        n_rows = min(p.rows, n_pos - p.n_past)
-        out[:, :, p.n_past : p.n_past + n_rows] = new[:, :, :n_rows]
-        return out
-    where = torch.tensor(p.offsets, device=out.device)[:, None] + torch.arange(
-        p.rows, device=out.device
-    )
-    variant, row = (where < n_pos).nonzero(as_tuple=True)  # rows past the end are padding
-    out[variant, :, where[variant, row]] = new[variant, :, row]
-    return out
+    new = rearrange(new, "(v b) row d -> v b row d", v=len(p.variants))
+    return [
+        (slice(offset, min(offset + p.rows, n_pos)), new[i, :, : min(p.rows, n_pos - offset)])
+        for i, offset in enumerate(p.offsets)
+    ]
 
 
 def declared_logits(
@@ -613,30 +646,3 @@ def again(
         again = model(resid, start_at_layer=last, past_kv_cache=past)
     again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
     return torch.where(after[:, None, :, None], again, logits)
-
-
-def declared_metric(
-    metric: Metric,
-    logits: Float[Tensor, "variant batch declared d_vocab_out"],
-    declared: Sequence[int],
-    n_pos: int,
-    labels: Sequence[str],
-    unpatched: Float[Tensor, " batch"],
-) -> Float[Tensor, "variant batch"]:
-    """`metric` of each variant's logits, NaN outside the declared positions; a
-    `ValueError` if that gives NaN where the unpatched metric is not NaN, since then the
-    metric read an undeclared position."""
-    n_variants, batch, _, d_vocab = logits.shape
-    full = logits.new_full((n_variants, batch, n_pos, d_vocab), torch.nan)
-    full[:, :, list(declared)] = logits
-    values = torch.stack([metric_values(metric, variant) for variant in full])
-    read_nan = values.isnan() & ~unpatched.isnan()
-    if bool(read_nan.any()):
-        label = labels[int(read_nan.any(dim=1).nonzero()[0])]
-        raise ValueError(
-            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
-            f"metric_positions {list(declared)}: it reads another position (on the "
-            f"unpatched runs it did not). Declare every position it reads, or pass "
-            f"metric_positions=None"
-        )
-    return values
