@@ -37,6 +37,7 @@ VARIANTS = {
     "sliding window, grouped keys": dict(
         window_size=2, attn_types=("local", "global"), n_key_value_heads=1
     ),
+    "parallel blocks, gated MLP": dict(parallel_attn_mlp=True, gated_mlp=True),
 }  # fmt: skip
 
 
@@ -77,6 +78,7 @@ CASES = [
     ("rotary, split qkv, attn result", "noising"),
     ("context full", "denoising"),
     ("sliding window, grouped keys", "noising"),
+    ("parallel blocks, gated MLP", "denoising"),
 ]
 
 
@@ -235,6 +237,17 @@ def test_kind_the_model_lacks_is_an_error_naming_the_kinds_it_has():
         activation_patch(model, "mlp_out", **PROMPTS, metric=logit_diff)
     with pytest.raises(ValueError, match=r"unknown component kind 'atn_out'.*'attn_out'"):
         activation_patch(model, "atn_out", **PROMPTS, metric=logit_diff)
+
+
+def test_kinds_a_block_shape_lacks_are_errors_saying_why():
+    parallel = make_model("parallel blocks, gated MLP")
+    assert "pre_linear" in available_kinds(parallel)
+    with pytest.raises(ValueError, match=r"no 'resid_mid' \(its blocks are parallel.*pre_linear"):
+        activation_patch(parallel, "resid_mid", **PROMPTS, metric=logit_diff)
+    with pytest.raises(ValueError, match=r"no 'pre_linear' \(its MLP is not gated"):
+        activation_patch(
+            make_model("2 layers, LN, MLP"), "pre_linear", **PROMPTS, metric=logit_diff
+        )
 
 
 def test_bad_direction_and_budget_are_errors():

@@ -35,7 +35,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     **{k: ("pos", "head", "d_head") for k in ("q", "k", "v", "z", "rot_q", "rot_k")},
     "result": ("pos", "head", "d_model"),
     **{k: ("head", "pos", "key_pos") for k in ("attn_scores", "pattern")},
-    **{k: ("pos", "d_mlp") for k in ("pre", "post")},
+    **{k: ("pos", "d_mlp") for k in ("pre", "pre_linear", "post")},
 }
 HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
 # With grouped-query attention these have one head per key/value head.
@@ -86,8 +86,12 @@ def check_kind(model: HookedTransformer, kind: str) -> str:
 
 def _why_missing(model: HookedTransformer, kind: str) -> str:
     cfg = model.cfg
-    if kind in ("mlp_out", "mlp_in", "pre", "post", "resid_mid") and cfg.attn_only:
+    if kind in ("mlp_out", "mlp_in", "pre", "pre_linear", "post", "resid_mid") and cfg.attn_only:
         return "it is attention-only"
+    if kind == "resid_mid" and cfg.parallel_attn_mlp:
+        return "its blocks are parallel: attention and MLP both read resid_pre"
+    if kind == "pre_linear":
+        return "its MLP is not gated (gated_mlp=False)"
     if kind in ("rot_q", "rot_k"):
         return "it has no rotary embedding"
     flags = {"result": "use_attn_result", "mlp_in": "use_hook_mlp_in", "attn_in": "use_attn_in"}
