@@ -157,6 +157,35 @@ def _ablation_section(r: object) -> str:
 
 
 def _dynamics_section(r: object) -> str:
+    """Over training: the checkpoints' table, then when each measure rises."""
+    d = r.dynamics
+    same = r.induction_window == r.icl_window
+    rows = zip(d.steps, d.induction, d.repeat_icl, d.text_icl, d.heldout, strict=True)
+    spacing = sorted({b - a for a, b in zip(d.steps, d.steps[1:], strict=False)})[0]
+    return (
+        "## When the circuit forms\n\n"
+        "![training dynamics](training_dynamics.png)\n\n"
+        + _table(
+            [
+                "checkpoint step",
+                "best L1 induction score",
+                "repeat ICL",
+                "text ICL (128 windows)",
+                "held-out loss (128 windows)",
+            ],
+            [list(row) for row in rows],
+        )
+        + f"\n\nOn the {len(d.steps)} shipped checkpoints ({spacing} steps apart through the "
+        f"change, and the final model), the induction score rises the most between steps "
+        f"{r.induction_window[0]} and {r.induction_window[1]}, the in-context learning "
+        f"between {r.icl_window[0]} and {r.icl_window[1]}"
+        + (" (the same window). " if same else " (not the same window). ")
+        + _history_text(r)
+    )
+
+
+def _history_text(r: object) -> str:
+    """What the run's own evaluations show about the timing, chosen by the measurement."""
     d = r.dynamics
     interval = d.history["step"][1] - d.history["step"][0]
     rise, noise = heldout_bump(d.history, r.history_window)
@@ -169,42 +198,30 @@ def _dynamics_section(r: object) -> str:
         f"(typical change between consecutive evaluations later on: {noise:.3f}): no "
         f"induction bump beyond the noise (lower panel)."
     )
-    half = (
-        f"the best induction score passes half of its rise at step {r.history_half[0]}, the "
-        f"in-context learning at step {r.history_half[1]}, and "
-        if r.history_half is not None
-        else "this run did not evaluate the induction score (an older run), but "
+    window = (
+        f"The in-context learning rises from 20% to 80% of its rise between steps "
+        f"{r.history_window[0]} and {r.history_window[1]} (shaded) in the run's own "
+        f"evaluations, every {interval} steps (lines in the figure). {bump} "
     )
-    same = r.induction_window == r.icl_window
-    return (
-        "## When the circuit forms\n\n"
-        "![training dynamics](training_dynamics.png)\n\n"
-        + _table(
-            [
-                "checkpoint step",
-                "best L1 induction score",
-                "repeat ICL",
-                "text ICL (128 windows)",
-                "held-out loss (128 windows)",
-            ],
-            [
-                list(row)
-                for row in zip(
-                    d.steps, d.induction, d.repeat_icl, d.text_icl, d.heldout, strict=True
-                )
-            ],
+    if r.history_half is None:
+        return window + "This run did not evaluate the induction score (an older run)."
+    induction, icl = r.history_half
+    together = abs(induction - icl) <= interval
+    first = "the in-context learning" if icl < induction else "the best head's score"
+    timing = (
+        f"The best induction score passes half of its rise at step {induction}, the "
+        f"in-context learning at step {icl}: "
+        + (
+            "within one evaluation of each other, so the two rise together, as Olsson et al. found."
+            if together
+            else f"{abs(induction - icl)} steps apart, more than one evaluation, so on this "
+            f"criterion they do *not* rise together: both rise in the same few hundred "
+            f"steps, but {first} leads."
         )
-        + f"\n\nOn the {len(d.steps)} shipped checkpoints, the induction score rises the "
-        f"most between steps {r.induction_window[0]} and {r.induction_window[1]}, the "
-        f"in-context learning between {r.icl_window[0]} and {r.icl_window[1]}"
-        + (" (the same window)." if same else " (not the same window).")
-        + f" That is {len(d.steps)} points, chosen around the change; the training run's own "
-        f"evaluations, every {interval} steps (lines in the figure), are the finer "
-        f"evidence: {half}the in-context "
-        f"learning rises from 20% to 80% of its rise between steps {r.history_window[0]} "
-        f"and {r.history_window[1]} (shaded). {bump} The two rise together, as Olsson et "
-        f"al. found; the evaluations show *when*, not *why*: that the heads cause the "
-        f"in-context learning is the ablation's evidence, above."
+    )
+    return (
+        window + timing + " The evaluations show *when*, not *why*: that the heads cause the "
+        "in-context learning is the ablation's evidence, above."
     )
 
 
@@ -290,7 +307,15 @@ def _qk_section(r: object) -> str:
         f"Causally, with patterns recomputed: zeroing {P}'s output lowers {H}'s induction "
         f"score from {heads.induction[1, h]:.2f} to {c.induction_without_prev:.2f}; zeroing "
         f"all of its K-composition partners lowers it to "
-        f"{c.induction_without_partners:.2f}.\n\n"
+        f"{c.induction_without_partners:.2f}.\n\n" + _qk_token_space(r)
+    )
+
+
+def _qk_token_space(r: object) -> str:
+    """The QK circuits composed in token and position space: the mechanism."""
+    c = r.circuit
+    P, H = f"L0H{c.prev_head}", f"L1H{c.induction_head}"
+    return (
         f"Composing the circuits in token space shows the mechanism: the matrix "
         f"`W_E @ QK_{H} @ (W_E @ OV_{P}).T` gives the attention score of a query byte "
         f"(rows) for a key whose *previous* byte is the column byte. Its largest entry in a "

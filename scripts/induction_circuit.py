@@ -148,14 +148,9 @@ def _measure(say: "_Stages") -> tuple[HookedTransformer, "_Results"]:
     with torch.no_grad():
         one_layer = repeat_losses(one(tokens), tokens, PERIOD)
     one_layer_copying = copying_scores(process_weights(one), "OV")
-    text = {name: text_losses(model, windows) for name, model in models.items()}
     say(f"scoring the checkpoints of {TWO}")
     dyn = dynamics(TWO, tokens, windows[:: N_WINDOWS // N_CHECKPOINT_WINDOWS])
     info = pretrained_info(TWO)
-    history = dyn.history
-    icl_history = [
-        a - b for a, b in zip(history["repeat_first"], history["repeat_second"], strict=True)
-    ]
     results = _Results(
         circuit=circuit,
         one_layer=one_layer,
@@ -163,26 +158,13 @@ def _measure(say: "_Stages") -> tuple[HookedTransformer, "_Results"]:
         n_copying=int(
             (one_layer_copying.scores[0] > SIGMAS * one_layer_copying.baseline_std).sum()
         ),
-        text=text,
+        text={name: text_losses(model, windows) for name, model in models.items()},
         bigram=bigram_comparison(models["bytes-attn-only-0l"], corpus.train, windows),
         zero_layer_training_loss=pretrained_info("bytes-attn-only-0l").training["final_eval"][
             "heldout_loss"
         ],
         dynamics=dyn,
-        induction_window=steepest_rise(dyn.steps, dyn.induction),
-        icl_window=steepest_rise(dyn.steps, dyn.repeat_icl),
-        history_window=(
-            crossing(history["step"], icl_history, 0.2),
-            crossing(history["step"], icl_history, 0.8),
-        ),
-        history_half=(
-            (
-                crossing(history["step"], history["induction"], 0.5),
-                crossing(history["step"], icl_history, 0.5),
-            )
-            if dyn.history_has_induction()
-            else None
-        ),
+        **_windows(dyn),
         composition_floor=composition_floor(two.cfg.d_model),
         config=two.cfg,
         n_windows=N_WINDOWS,
@@ -195,6 +177,21 @@ def _measure(say: "_Stages") -> tuple[HookedTransformer, "_Results"]:
         threshold_notes=THRESHOLD_NOTES,
     )
     return two, dataclasses.replace(results, findings=_findings(results))
+
+
+def _windows(dyn: Dynamics) -> dict[str, tuple[int, int] | None]:
+    """Where induction and in-context learning rise, on the checkpoints and in the run's
+    evaluations: the `_Results` fields of that name."""
+    history = dyn.history
+    steps = history["step"]
+    icl = [a - b for a, b in zip(history["repeat_first"], history["repeat_second"], strict=True)]
+    half = (crossing(steps, history["induction"], 0.5), crossing(steps, icl, 0.5))
+    return {
+        "induction_window": steepest_rise(dyn.steps, dyn.induction),
+        "icl_window": steepest_rise(dyn.steps, dyn.repeat_icl),
+        "history_window": (crossing(steps, icl, 0.2), crossing(steps, icl, 0.8)),
+        "history_half": half if dyn.history_has_induction() else None,
+    }
 
 
 class _Stages:
@@ -260,19 +257,12 @@ def _ablation_finding(name: str, ablation: RepeatLosses, clean: RepeatLosses) ->
 
 
 def _findings(r: _Results) -> list[Finding]:
-    """Every row of the summary table: the circuit, then in-context learning."""
-    return _circuit_findings(r) + _icl_findings(r)
+    """Every row of the summary table: the smaller models, the circuit, in-context learning."""
+    return _smaller_findings(r) + _circuit_findings(r) + _icl_findings(r)
 
 
-def _circuit_findings(r: _Results) -> list[Finding]:
-    c, heads = r.circuit, r.circuit.heads
-    p, h = c.prev_head, c.induction_head
-    k, q, v = (heads.composition_of_pair(kind) for kind in "KQV")
-    k_base = heads.composition["K"]
-    k_threshold = max(r.composition_floor, k_base.baseline + SIGMAS * k_base.baseline_std)
+def _smaller_findings(r: _Results) -> list[Finding]:
     n_heads = r.one_layer_copying.scores.shape[1]
-    peak = max(range(len(c.prev_offsets)), key=c.prev_offsets.__getitem__)
-    strongest = int(heads.prev_scores.scores[0].argmax()) == p
     return [
         Finding(
             "0 layers: bigram statistics",
@@ -288,6 +278,15 @@ def _circuit_findings(r: _Results) -> list[Finding]:
             f"> {n_heads // 2} heads above 3σ",
             r.n_copying > n_heads / 2,
         ),
+    ]
+
+
+def _circuit_findings(r: _Results) -> list[Finding]:
+    c, heads = r.circuit, r.circuit.heads
+    p, h = c.prev_head, c.induction_head
+    peak = max(range(len(c.prev_offsets)), key=c.prev_offsets.__getitem__)
+    strongest = int(heads.prev_scores.scores[0].argmax()) == p
+    return [
         Finding(
             f"2 layers: induction head L1H{h}",
             f"{heads.induction[1, h]:.3f}",
@@ -309,6 +308,17 @@ def _circuit_findings(r: _Results) -> list[Finding]:
             f"> {MAJORITY}",
             heads.prev_scores[0, p] > MAJORITY,
         ),
+        *_composition_findings(r),
+    ]
+
+
+def _composition_findings(r: _Results) -> list[Finding]:
+    heads = r.circuit.heads
+    p, h = r.circuit.prev_head, r.circuit.induction_head
+    k, q, v = (heads.composition_of_pair(kind) for kind in "KQV")
+    k_base = heads.composition["K"]
+    k_threshold = max(r.composition_floor, k_base.baseline + SIGMAS * k_base.baseline_std)
+    return [
         Finding(
             f"K-composition L0H{p} -> L1H{h}",
             f"{k:.3f}",

@@ -22,8 +22,10 @@ def test_the_required_models_are_shipped():
 
 
 def test_the_shipped_models_are_small():
+    # 8 MiB: the two-layer model ships a checkpoint every 50 steps through its phase change
+    # (about 0.45 MB each), so that its timing is measured on more than a handful of points.
     total = sum(p.stat().st_size for p in PRETRAINED_DIR.rglob("*") if p.is_file())
-    assert total < 5 * 2**20
+    assert total < 8 * 2**20
 
 
 def test_every_shipped_model_is_what_its_documented_command_makes():
