@@ -11,23 +11,19 @@ from torch.testing import assert_close
 
 import hookedattn
 import hookedattn_tl as transformer_lens
-from hookedattn_tl import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import random_tiny_model
+from hookedattn_tl import HookedTransformer
 
 N_LAYERS, N_HEADS, D_MLP = 2, 3, 20
 
 
 def make_model(**overrides) -> HookedTransformer:
     fields = dict(
-        n_layers=N_LAYERS, d_model=12, n_heads=N_HEADS, d_head=4, d_mlp=D_MLP, n_ctx=16,
-        d_vocab=30, act_fn="gelu", normalization_type="LN", seed=0, dtype="float64",
+        n_layers=N_LAYERS, d_model=12, n_heads=N_HEADS, d_head=4, d_mlp=D_MLP, d_vocab=30,
+        act_fn="gelu",
     )  # fmt: skip
-    model = HookedTransformer(HookedTransformerConfig(**{**fields, **overrides}))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():  # nonzero biases and gains
-            if not name.rsplit(".", 1)[-1].startswith("W_"):
-                param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype))
-    return model
+    # Every parameter random: nonzero biases, gains away from one.
+    return random_tiny_model(model_class=HookedTransformer, **{**fields, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -3,17 +3,16 @@
 import torch
 from torch.testing import assert_close
 
-from hookedattn_tl import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import tiny_model
+from hookedattn_tl import HookedTransformer
 from hookedattn_tl.hook_points import HookPoint
 
 TOKENS = torch.tensor([[1, 2, 3, 4]])
 
 
 def make_model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, d_mlp=16, n_ctx=8, d_vocab=10, act_fn="gelu", seed=0
-    )
-    return HookedTransformer(cfg)
+    fields = dict(n_layers=1, d_model=8, n_heads=2, d_mlp=16, n_ctx=8, d_vocab=10, act_fn="gelu")
+    return tiny_model(model_class=HookedTransformer, dtype=torch.float32, **fields)
 
 
 def test_has_hooks_by_direction_and_permanence():

@@ -1,5 +1,7 @@
 """hookedattn_tl.HookedTransformer: TransformerLens's model methods, arguments and defaults."""
 
+from functools import partial
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -7,9 +9,9 @@ from torch.testing import assert_close
 import analysis
 import hookedattn
 from hookedattn import CharTokenizer
+from hookedattn.testing import tiny_model
 from hookedattn_tl import (
     HookedTransformer,
-    HookedTransformerConfig,
     HookedTransformerKeyValueCache,
     TransformerLensKeyValueCache,
 )
@@ -17,12 +19,10 @@ from hookedattn_tl import (
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 3], [4, 4, 0, 6, 2, 1]])
 
 
-def make_model(**overrides) -> HookedTransformer:
-    fields = dict(
-        n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=24, n_ctx=24, d_vocab=12,
-        act_fn="gelu", seed=0,
-    )  # fmt: skip
-    return HookedTransformer(HookedTransformerConfig(**{**fields, **overrides}))
+make_model = partial(
+    tiny_model, model_class=HookedTransformer, n_heads=2, d_head=8, d_mlp=24, n_ctx=24,
+    d_vocab=12, act_fn="gelu", dtype=torch.float32,
+)  # fmt: skip
 
 
 def test_set_use_attn_result_shares_parameters_and_keeps_the_logits():

@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import hookedattn
+from hookedattn.testing import tiny_model
 from hookedattn_tl import HookedTransformer, HookedTransformerConfig, patching, utils
 
 N_LAYERS, N_HEADS, N_POS = 2, 2, 5
@@ -16,11 +17,10 @@ N_LAYERS, N_HEADS, N_POS = 2, 2, 5
 
 @pytest.fixture(scope="module")
 def model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=N_LAYERS, d_model=16, n_heads=N_HEADS, d_head=8, d_mlp=24, n_ctx=16,
-        d_vocab=13, act_fn="gelu", seed=0, dtype="float64",
+    return tiny_model(
+        model_class=HookedTransformer, n_layers=N_LAYERS, n_heads=N_HEADS, d_head=8, d_mlp=24,
+        d_vocab=13, act_fn="gelu",
     )  # fmt: skip
-    return HookedTransformer(cfg)
 
 
 @pytest.fixture(scope="module")

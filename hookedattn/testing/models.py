@@ -22,12 +22,15 @@ TINY_CONFIG: dict[str, Any] = dict(
 )
 
 
-def tiny_model(seed: int = 0, **overrides: Any) -> HookedTransformer:
+def tiny_model(
+    seed: int = 0, *, model_class: type[HookedTransformer] = HookedTransformer, **overrides: Any
+) -> HookedTransformer:
     """A tiny model (`TINY_CONFIG`, float64) initialised from `seed`; `overrides` are any
-    `HookedTransformerConfig` fields (`tokenizer=` goes to the model)."""
+    `HookedTransformerConfig` fields (`tokenizer=` goes to the model). `model_class` is a
+    subclass to build instead (such as `hookedattn_tl.HookedTransformer`)."""
     tokenizer = overrides.pop("tokenizer", None)
     cfg = HookedTransformerConfig(**{**TINY_CONFIG, "seed": seed, **overrides})
-    return HookedTransformer(cfg, tokenizer=tokenizer)
+    return model_class(cfg, tokenizer=tokenizer)
 
 
 def random_tiny_model(
