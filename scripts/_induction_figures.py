@@ -146,9 +146,8 @@ def icl_curves(
     left.set_title("repeated random bytes: <bos>, 63 bytes, the same 63 again", fontsize=9)
     left.set_xlabel("position of the predicted token")
     left.set_ylabel("loss (nats)")
-    # Between the second copy's losses (near 0) and the order-blind bound (near 4), where
-    # no curve runs: over the first copy it would hide the reference lines.
-    left.legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 0.1))
+    # Below the axes: inside, it would hide the reference lines or the drop at the repeat.
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     kernel = torch.ones(1, 1, 5) / 5  # a 5-token moving average: the curves are noisy
     for name, curve in text.items():
         smooth = torch.nn.functional.conv1d(curve[None, None].float(), kernel)[0, 0]
@@ -158,7 +157,7 @@ def icl_curves(
     right.set_title("held-out stdlib files (5-token moving average)", fontsize=9)
     right.set_xlabel("position of the predicted token")
     right.set_ylabel("loss (nats)")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return _save(fig, out, "icl_curve.png")
 
 

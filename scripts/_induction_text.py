@@ -371,7 +371,7 @@ def _questions_section(r: object) -> str:
         f"**Why do we need the output projection?** `W_O` decides *where in the stream* a "
         f"head writes. {P}'s `W_O` writes the previous token into a subspace that {H}'s "
         f"`W_K` reads, and its K-composition score measures exactly that overlap "
-        f"(`{k_score:.2f}` against `{k.baseline:.2f}` for unrelated matrices). Without a "
+        f"(`{k_score:.3f}` against `{k.baseline:.3f}` for unrelated matrices). Without a "
         f"per-head `W_O` the heads could not choose which later heads read them."
     )
 
