@@ -165,10 +165,19 @@ def component_masks(
     `shape` is the activation's shape after the batch axis; axes other than position and
     head have size 1 in the mask and broadcast.
     """
-    kind = next(c.name for c in components if c.hook_name == hook_name)
-    layout = LAYOUTS[kind]
-    match = torch.tensor([c.hook_name == hook_name for c in components])
-    match = match.reshape(-1, *([1] * len(layout)))
+    return masks_at(components, [c.hook_name for c in components], hook_name, shape)
+
+
+def masks_at(
+    components: Sequence[Component],
+    hook_names: Sequence[str],
+    hook_name: str,
+    shape: Sequence[int],
+) -> Bool[Tensor, "variant 1 ..."]:
+    """`component_masks`, given each component's hook name (`hook_names`)."""
+    at = [name == hook_name for name in hook_names]
+    layout = LAYOUTS[components[at.index(True)].name]
+    match = torch.tensor(at).reshape(-1, *([1] * len(layout)))
     for axis_name in ("pos", "head"):
         if axis_name not in layout:
             continue

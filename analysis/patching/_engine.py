@@ -36,7 +36,7 @@ from einops import rearrange, repeat
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, component_masks
+from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, masks_at
 from analysis.patching._inputs import (
     BaseRun,
     Metric,
@@ -101,15 +101,13 @@ class Edit:
 def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:
     """One edit per hook point of `components`: variant i takes component i's region from
     `source`."""
-    firsts = {c.hook_name: c for c in components}.values()
+    names = [c.hook_name for c in components]
+    firsts = {name: c for name, c in zip(names, components, strict=True)}
     return [
         Edit(
-            c.name,
-            c.layer,
-            component_masks(components, c.hook_name, source[c.hook_name].shape[1:]),
-            source[c.hook_name],
+            c.name, c.layer, masks_at(components, names, name, source[name].shape[1:]), source[name]
         )
-        for c in firsts
+        for name, c in firsts.items()
     ]
 
 
@@ -176,24 +174,46 @@ class _Readout:
         self.base, self.metric, self.declared, self.labels = base, metric, declared, labels
         logits = base.logits
         self.unpatched = logits if declared is None else nan_except(logits, declared)
+        self._fresh()
+
+    def _fresh(self) -> None:
         self.scratch = self.unpatched.clone()
+        # Per place written: the scratch rows there and what to put back (views, made once).
+        self._slots: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def _slot(self, where: slice | list[int]) -> tuple[Tensor, Tensor]:
+        key = (where.start, where.stop) if isinstance(where, slice) else tuple(where)
+        if key not in self._slots:
+            if isinstance(where, slice):
+                self._slots[key] = (self.scratch[:, where], self.unpatched[:, where])
+            else:
+                index = torch.tensor(where, dtype=torch.long, device=self.scratch.device)
+                self._slots[key] = (index, self.unpatched.index_select(1, index))
+        return self._slots[key]
 
     def values(
         self, variants: Sequence[int], pieces: Sequence[Piece]
     ) -> Float[Tensor, "variant batch"]:
         """The metric of each of `variants`, given its `Piece`."""
-        out = self.base.metric.new_empty(len(variants), self.base.metric.shape[0])
-        for i, (where, rows) in enumerate(pieces):
-            self.scratch[:, where] = rows
+        values = []
+        for where, rows in pieces:
+            place, unpatched = self._slot(where)
+            write = place.copy_ if place.is_floating_point() else self._put(place)
+            write(rows)
             version = self.scratch._version  # counts in-place writes to the tensor
-            out[i] = metric_values(self.metric, self.scratch)
+            value = metric_values(self.metric, self.scratch)
+            values.append(value if value._base is None else value.clone())  # not a view of it
             if self.scratch._version != version:  # the metric wrote into its input
-                self.scratch = self.unpatched.clone()
+                self._fresh()
             else:
-                self.scratch[:, where] = self.unpatched[:, where]
+                write(unpatched)
+        out = torch.stack(values)
         if self.declared is not None:
             self._check_declared(variants, out)
         return out
+
+    def _put(self, index: Tensor) -> Callable[[Tensor], Tensor]:
+        return lambda rows: self.scratch.index_copy_(1, index, rows)
 
     def _check_declared(self, variants: Sequence[int], values: Tensor) -> None:
         """A `ValueError` where a variant's metric is NaN but the unpatched one is not:
@@ -235,20 +255,7 @@ def sweep(
     end = n_pos if declared is None else declared[-1] + 1
     readout = _Readout(base, metric, declared, labels)
     out = base.metric.repeat(n_variants, 1)
-    entering: dict[int, _Entering] = {}
-    for layer in sorted({e.layer for e in found if e is not None and e.local}):
-        members = [v for v, e in enumerate(found) if e is not None and e.local and e.layer == layer]
-        extents_ = [found[v] for v in members]
-        packed = _run_packed(model, base, edits, members, extents_, end, budget)
-        if layer == n_layers - 1:
-            out[members] = readout.values(members, packed.pieces(model, declared))
-            for v in members:
-                found[v] = None  # done
-            continue
-        entering[layer + 1] = packed.entering(base, members, n_variants)
-        for v in members:  # from the next block on, a non-local change from its window
-            e = found[v]
-            found[v] = Extent(layer + 1, e.start, min(e.window_end, end), False, False)
+    entering = _packed_blocks(model, base, edits, found, end, budget, readout, out)
     n_unembed = None if declared is None else len(declared)
     cost = pass_cost(model, n_pos, _time_one_pass)
     for p in plan(model, found, batch, end, n_unembed, cost, budget):
@@ -262,6 +269,38 @@ def sweep(
             pieces = [(list(declared), x) for x in logits]
         out[list(p.variants)] = readout.values(p.variants, pieces)
     return out
+
+
+def _packed_blocks(
+    model: HookedTransformer,
+    base: BaseRun,
+    edits: Sequence[Edit],
+    found: list[Extent | None],
+    end: int,
+    memory_budget: int,
+    readout: _Readout,
+    out: Float[Tensor, "variant batch"],
+) -> dict[int, "_Entering"]:
+    """Run every local variant's block packed. Those in the last block are done: their
+    metric goes into `out` and their extent in `found` becomes None. The others go on
+    from the next block with a non-local change in their window (their new extent in
+    `found`); returned: the stream entering that block, by block."""
+    n_layers = model.cfg.n_layers
+    entering: dict[int, _Entering] = {}
+    for layer in sorted({e.layer for e in found if e is not None and e.local}):
+        members = [v for v, e in enumerate(found) if e is not None and e.local and e.layer == layer]
+        extents_ = [found[v] for v in members]
+        packed = _run_packed(model, base, edits, members, extents_, end, memory_budget)
+        if layer == n_layers - 1:
+            out[members] = readout.values(members, packed.pieces(model, readout.declared))
+            for v in members:
+                found[v] = None  # done
+            continue
+        entering[layer + 1] = packed.entering(base, members, len(found))
+        for v in members:  # from the next block on, a non-local change from its window
+            e = found[v]
+            found[v] = Extent(layer + 1, e.start, min(e.window_end, end), False, False)
+    return entering
 
 
 @dataclasses.dataclass(frozen=True)

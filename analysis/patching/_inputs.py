@@ -200,6 +200,17 @@ def base_run(
     model: HookedTransformer, tokens: Int[Tensor, "batch pos"], metric: Metric, names: Sequence[str]
 ) -> BaseRun:
     """Run `tokens` unpatched, keeping `names` and what the passes start from."""
+    return _base_runs(model, [tokens], metric, names)[0]
+
+
+def _base_runs(
+    model: HookedTransformer,
+    batches: Sequence[Int[Tensor, "batch pos"]],
+    metric: Metric,
+    names: Sequence[str],
+) -> list[BaseRun]:
+    """Each of `batches` run unpatched (in one forward: prompts do not interact), keeping
+    `names` and what the passes start from."""
     starts = [
         name
         for layer in range(model.cfg.n_layers)
@@ -210,9 +221,17 @@ def base_run(
         )
     ]
     with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=sorted({*names, *starts}))
-        values = metric_values(metric, logits)
-    return BaseRun(tokens, logits, values.detach(), cache)
+        logits, cache = model.run_with_cache(
+            torch.cat(list(batches)), names_filter=sorted({*names, *starts})
+        )
+    runs, first = [], 0
+    for tokens in batches:
+        rows = slice(first, first + tokens.shape[0])
+        first = rows.stop
+        kept = ActivationCache({n: t[rows] for n, t in cache.items()}, model.cfg.n_layers)
+        values = metric_values(metric, logits[rows])
+        runs.append(BaseRun(tokens, logits[rows], values.detach(), kept))
+    return runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,8 +254,7 @@ def base_runs(
     """Both runs, checked: the tokens paired, the metric's reads within `metric_positions`
     (when given), and a warning where the two runs tie."""
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
-    clean = base_run(model, clean_tokens, metric, names)
-    corrupted = base_run(model, corrupted_tokens, metric, names)
+    clean, corrupted = _base_runs(model, [clean_tokens, corrupted_tokens], metric, names)
     warn_if_tied(clean.metric, corrupted.metric, stacklevel=4)
     if metric_positions is None:
         return BaseRuns(clean, corrupted, None)
