@@ -5,8 +5,9 @@ import sys
 
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig, list_pretrained
+from hookedattn import HookedTransformer, list_pretrained
 from hookedattn.pretrained import pretrained_info
+from hookedattn.testing import tiny_model
 
 
 def _cli(*args):
@@ -61,10 +62,8 @@ def test_a_checkpoint_from_the_shipped_run_can_be_chosen():
 
 
 def test_a_saved_model_directory_can_be_inspected(tmp_path):
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, n_ctx=16, d_vocab=259, attn_only=True, seed=0
-    )
-    HookedTransformer(cfg).save(tmp_path / "tiny")
+    fields = dict(n_layers=1, d_model=8, n_heads=2, d_vocab=259, attn_only=True)
+    tiny_model(dtype=torch.float32, **fields).save(tmp_path / "tiny")
     done = _cli("predict", str(tmp_path / "tiny"), "hi", "-k", "2")
     assert done.returncode == 0, done.stderr
     assert "top 2 next tokens" in done.stdout

@@ -9,7 +9,7 @@ import pytest
 import torch
 from einops import einsum
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.testing import random_tokens, tiny_model
 from hookedattn.tolerances import tolerance
 
 VARIANTS = {
@@ -23,11 +23,9 @@ VARIANTS = {
 
 
 def run(dtype, **overrides):
-    fields = dict(
-        n_layers=3, d_model=24, n_heads=3, n_ctx=16, d_vocab=30, d_mlp=40, seed=0, dtype=dtype
-    )
-    model = HookedTransformer(HookedTransformerConfig(**{**fields, **overrides}))
-    tokens = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(0))
+    fields = dict(n_layers=3, d_model=24, n_heads=3, d_vocab=30, d_mlp=40, dtype=dtype)
+    model = tiny_model(**{**fields, **overrides})
+    tokens = random_tokens(30, batch=2, pos=9)
     return model, model.run_with_cache(tokens)[1]
 
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.generation import Sampling
 from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.testing import tiny_model
 from hookedattn.tokenizers import ByteTokenizer, CharTokenizer
 
 
@@ -29,8 +29,7 @@ def test_sampling_settings_out_of_range_are_refused_by_name(field, value):
 
 
 def test_generate_refuses_a_nan_temperature_before_running():
-    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
-    model = HookedTransformer(cfg)
+    model = tiny_model(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
     with pytest.raises(ValueError, match="temperature must be a number >= 0 and finite"):
         model.generate(
             torch.tensor([[1, 2]]), max_new_tokens=2, do_sample=True, temperature=math.nan
@@ -63,6 +62,6 @@ def test_the_mean_loss_of_one_position_is_refused_with_or_without_a_mask(mask):
 
 
 def test_a_model_loss_of_one_position_is_refused():
-    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
+    model = tiny_model(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
     with pytest.raises(ValueError, match="needs at least 2 positions"):
-        HookedTransformer(cfg)(torch.tensor([[3]]), return_type="loss")
+        model(torch.tensor([[3]]), return_type="loss")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import assert_close_cache, assert_decomposes
+from hookedattn import ActivationCache, HookedTransformer
+from hookedattn.testing import assert_close_cache, assert_decomposes, tiny_model
 from hookedattn.testing.guards import SharedModels
 from hookedattn.tokenizers import ByteTokenizer
 
@@ -67,10 +67,8 @@ def test_assert_decomposes_accepts_nan_on_both_sides_only_when_asked():
 
 # ------------------------------------------------------------------ shared models
 def tiny(name: str) -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=259, d_mlp=16, seed=0
-    )
-    return HookedTransformer(cfg, tokenizer=ByteTokenizer()).eval()
+    fields = dict(n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=259, d_mlp=16)
+    return tiny_model(tokenizer=ByteTokenizer(), dtype=torch.float32, **fields).eval()
 
 
 def zero_hook(x, hook):

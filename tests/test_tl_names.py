@@ -13,14 +13,14 @@ from hookedattn._tl_names import (
     missing_attribute,
     unexpected_keywords,
 )
+from hookedattn.testing import tiny_model
 
 
 @pytest.fixture(scope="module")
 def core_cache() -> hookedattn.ActivationCache:
-    cfg = hookedattn.HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, attn_only=True, seed=0
-    )
-    return hookedattn.HookedTransformer(cfg).run_with_cache(torch.tensor([[1, 2, 3]]))[1]
+    fields = dict(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, attn_only=True)
+    model = tiny_model(dtype=torch.float32, **fields)
+    return model.run_with_cache(torch.tensor([[1, 2, 3]]))[1]
 
 
 @pytest.mark.parametrize("name", sorted(CACHE))

@@ -6,7 +6,8 @@ import torch
 from torch.testing import assert_close
 
 from hookedattn import CharTokenizer
-from hookedattn_tl import HookedTransformer, HookedTransformerConfig, utils
+from hookedattn.testing import tiny_model
+from hookedattn_tl import HookedTransformer, utils
 
 
 @pytest.mark.parametrize(
@@ -98,11 +99,10 @@ def test_lm_cross_entropy_loss_with_padding_mask():
 
 def test_test_prompt_prints_rank_and_top_tokens(capsys):
     tokenizer = CharTokenizer("abcdefgh ")
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=2, n_ctx=16, d_vocab=tokenizer.vocab_size,
-        attn_only=True, seed=0,
-    )  # fmt: skip
-    model = HookedTransformer(cfg, tokenizer=tokenizer)
+    fields = dict(n_layers=1, d_model=8, n_heads=2, d_vocab=tokenizer.vocab_size, attn_only=True)
+    model = tiny_model(
+        model_class=HookedTransformer, tokenizer=tokenizer, dtype=torch.float32, **fields
+    )
     utils.test_prompt("abc", "d", model, prepend_space_to_answer=False, top_k=3)
     out = capsys.readouterr().out
     assert "Tokenized prompt:" in out and "Rank:" in out
