@@ -13,7 +13,7 @@ from analysis import (
     prev_token_scores,
 )
 from analysis.head_detectors import TARGETS, repeated_random_tokens
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn import ActivationCache
 from hookedattn.testing import tiny_model
 
 # "a b c a b c": a repeated sequence of 3 tokens.
@@ -39,12 +39,10 @@ HAND_BUILT = {
 
 def _hand_built():
     """A model (for its shape) and a cache holding the hand-built patterns, one per head."""
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=10, n_heads=5, n_ctx=N, d_vocab=3, attn_only=True, seed=0
-    )
+    fields = dict(n_layers=1, d_model=10, n_heads=5, n_ctx=N, d_vocab=3, attn_only=True)
     pattern = torch.stack(list(HAND_BUILT.values()))[None]  # [batch head query key]
     cache = ActivationCache({"blocks.0.attn.hook_pattern": pattern}, n_layers=1)
-    return HookedTransformer(cfg), cache
+    return tiny_model(dtype=torch.float32, **fields), cache
 
 
 def _scores(result: HeadScores) -> dict[str, float]:

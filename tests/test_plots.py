@@ -13,15 +13,11 @@ from analysis.patching import (  # noqa: E402
     path_patch,
 )
 from analysis.plots import heatmap, heatmap_figure  # noqa: E402
-from hookedattn import HookedTransformer, HookedTransformerConfig  # noqa: E402
+from hookedattn.testing import tiny_model  # noqa: E402
 
 GEN = torch.Generator().manual_seed(0)
 CLEAN, CORRUPTED = (torch.randint(0, 11, (2, 4), generator=GEN) for _ in range(2))
-MODEL = HookedTransformer(
-    HookedTransformerConfig(
-        n_layers=2, d_model=8, n_heads=2, n_ctx=8, d_vocab=11, attn_only=True, seed=0
-    )
-)
+MODEL = tiny_model(d_model=8, n_heads=2, n_ctx=8, d_vocab=11, attn_only=True, dtype=torch.float32)
 
 
 def metric(logits: torch.Tensor) -> torch.Tensor:

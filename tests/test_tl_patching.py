@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 import hookedattn
 from hookedattn.testing import tiny_model
-from hookedattn_tl import HookedTransformer, HookedTransformerConfig, patching, utils
+from hookedattn_tl import HookedTransformer, patching, utils
 
 N_LAYERS, N_HEADS, N_POS = 2, 2, 5
 
@@ -142,11 +142,8 @@ def test_swapped_arguments_name_tl_s_order(model, prompts):
 
 
 def test_grouped_query_attention_keys_and_values_per_key_value_head():
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=24, n_ctx=16, d_vocab=13,
-        n_key_value_heads=2, act_fn="gelu", seed=0, dtype="float64",
-    )  # fmt: skip
-    gqa = HookedTransformer(cfg)
+    fields = dict(d_mlp=24, d_vocab=13, n_key_value_heads=2, act_fn="gelu")
+    gqa = tiny_model(model_class=HookedTransformer, **fields)
     clean = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(1))
     corrupted = (clean + 1) % 13
     cache = gqa.run_with_cache(clean)[1]
