@@ -44,7 +44,7 @@ def make_tiny_model(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """`make_tiny_model(**config_fields)`: a tiny random model seeded by this test's id.
 
     The same test gets the same weights on every run, different tests get different ones;
-    pass `seed=` to choose. The default shape is `hookedattn.testing.guards.TINY_CONFIG`.
+    pass `seed=` to choose. The default shape is `hookedattn.testing.TINY_CONFIG`.
     """
     from hookedattn.testing.guards import seed_for, tiny_model
 

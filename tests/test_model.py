@@ -1,17 +1,17 @@
 """The model against an independent, hook-free forward written with plain torch ops.
 
-The reference follows the seed worklog's recipe (one `[d_model, n_heads * d_head]` matrix
-per projection, `view` + `transpose` to split heads, concatenate, one output matrix), so it
-shares no code and no layout with the model.
+The reference (`hookedattn.testing.reference`) follows the seed worklog's recipe (one
+`[d_model, n_heads * d_head]` matrix per projection, `view` + `transpose` to split heads,
+concatenate, one output matrix), so it shares no code and no layout with the model; the
+bench times the same reference.
 """
-
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, LogitsAndLoss
+from hookedattn.testing.reference import reference_forward
 
 
 def make_model(dtype=torch.float64, **overrides) -> HookedTransformer:
@@ -26,65 +26,6 @@ def make_model(dtype=torch.float64, **overrides) -> HookedTransformer:
             if not name.split(".")[-1].startswith("W_"):
                 p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
     return model
-
-
-def reference_forward(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
-    cfg = model.cfg
-    batch, seq = tokens.shape
-    H, D = cfg.n_heads, cfg.d_head
-
-    def norm(x, module):
-        if cfg.normalization_type is None:
-            return x
-        if cfg.normalization_type.startswith("LN"):
-            x = x - x.mean(-1, keepdim=True)
-        x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.eps)
-        if hasattr(module, "w"):
-            x = x * module.w
-        if hasattr(module, "b"):
-            x = x + module.b
-        return x
-
-    def rotate(x):  # x: [batch, heads, seq, d_head], GPT-NeoX rotate-half
-        # Frequencies and angles in float32, as the reference implementations compute them.
-        r = cfg.rotary_dim
-        inv = 1.0 / cfg.rotary_base ** (torch.arange(0, r, 2).float() / r)
-        ang = torch.arange(seq).float()[:, None] * inv[None, :]
-        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
-        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
-        xr, xp = x[..., :r], x[..., r:]
-        x1, x2 = xr[..., : r // 2], xr[..., r // 2 :]
-        return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
-
-    x = model.embed.W_E[tokens]
-    if cfg.positional_embedding_type == "standard":
-        x = x + model.pos_embed.W_pos[:seq]
-    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
-    for block in model.blocks:
-        attn = block.attn
-        h = norm(x, block.ln1)
-        w_q = attn.W_Q.permute(1, 0, 2).reshape(cfg.d_model, H * D)
-        w_k = attn.W_K.permute(1, 0, 2).reshape(cfg.d_model, H * D)
-        w_v = attn.W_V.permute(1, 0, 2).reshape(cfg.d_model, H * D)
-        q = (h @ w_q + attn.b_Q.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
-        k = (h @ w_k + attn.b_K.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
-        v = (h @ w_v + attn.b_V.reshape(-1)).view(batch, seq, H, D).transpose(1, 2)
-        if cfg.positional_embedding_type == "rotary":
-            q, k = rotate(q), rotate(k)
-        scores = (q @ k.transpose(-2, -1)) / cfg.attn_scale
-        weights = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-        heads = (weights @ v).transpose(1, 2).contiguous().view(batch, seq, H * D)
-        x = x + heads @ attn.W_O.reshape(H * D, cfg.d_model) + attn.b_O
-        if not cfg.attn_only:
-            mlp = block.mlp
-            pre = norm(x, block.ln2) @ mlp.W_in + mlp.b_in
-            act = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}.get(cfg.act_fn)
-            if act is None:  # gelu_new
-                act = lambda t: (
-                    0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3)))
-                )
-            x = x + act(pre) @ mlp.W_out + mlp.b_out
-    return norm(x, model.ln_final) @ model.unembed.W_U + model.unembed.b_U
 
 
 VARIANTS = [
