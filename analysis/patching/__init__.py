@@ -16,10 +16,12 @@ TransformerLens's `(model, corrupted_tokens, clean_cache, metric)` order would s
                       by_pos=None, direction="denoising") -> PatchingResults
     compare_patching(approx, exact) -> PatchingComparison
 
-The modules: `_components` (what can be patched), `_reference` (the definition: one
-forward per patch), `_runs` (the unpatched runs), `_plan` and `_cost` (which patches run
-together, from a cost measured at run time), `_engine` (running them, stacked on the
-batch axis) with `_logits` (what the metric reads), and one module per method.
+The modules: `_components` (what can be patched), `_inputs` (the caller's inputs checked,
+and the two unpatched runs), `_reference` (the definition: one forward per patch), the
+engine that batches it, `_engine` (running the variants: packed where their patches stay
+at their positions, otherwise stacked on the batch axis) with `_plan` (which variants run
+together, from a cost measured at run time) and `_readout` (what the metric reads), and
+one module per method.
 """
 
 from analysis.patching._activation import activation_patch

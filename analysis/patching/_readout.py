@@ -1,0 +1,183 @@
+"""What the metric reads after a pass: each variant's logits where they differ from the
+unpatched run's, written into one logits tensor in turn (`_Readout`); with declared
+positions, those positions only (NaN elsewhere), run once more through the last block
+where the pass ran a window before them (`Pass.again`).
+"""
+
+from collections.abc import Callable, Sequence
+
+import torch
+from einops import rearrange, repeat
+from jaxtyping import Float
+from torch import Tensor
+
+from analysis.patching._inputs import BaseRun, Metric, key_name, metric_values, nan_except
+from analysis.patching._plan import Pass
+from hookedattn import HookedTransformer
+from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.names import get_act_name
+
+# Where a variant's logits differ from the unpatched run's, and its logits there
+# `[batch position d_vocab_out]`.
+Piece = tuple[slice | list[int], Tensor]
+
+
+class Readout:
+    """The metric of variants whose logits differ from the unpatched run's at a few
+    positions: one logits tensor (with `declared` positions, NaN elsewhere), each
+    variant's rows written in, the metric read, the rows put back. No variant's full
+    logits are ever copied."""
+
+    def __init__(
+        self,
+        base: BaseRun,
+        metric: Metric,
+        declared: Sequence[int] | None,
+        labels: Sequence[str] | None,
+    ) -> None:
+        self.base, self.metric, self.declared, self.labels = base, metric, declared, labels
+        logits = base.logits
+        self.unpatched = logits if declared is None else nan_except(logits, declared)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.scratch = self.unpatched.clone()
+        # Per place written: the scratch rows there and what to put back (views, made once).
+        self._slots: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def _slot(self, where: slice | list[int]) -> tuple[Tensor, Tensor]:
+        key = (where.start, where.stop) if isinstance(where, slice) else tuple(where)
+        if key not in self._slots:
+            if isinstance(where, slice):
+                self._slots[key] = (self.scratch[:, where], self.unpatched[:, where])
+            else:
+                index = torch.tensor(where, dtype=torch.long, device=self.scratch.device)
+                self._slots[key] = (index, self.unpatched.index_select(1, index))
+        return self._slots[key]
+
+    def values(
+        self, variants: Sequence[int], pieces: Sequence[Piece]
+    ) -> Float[Tensor, "variant batch"]:
+        """The metric of each of `variants`, given its `Piece`."""
+        values = []
+        for where, rows in pieces:
+            place, unpatched = self._slot(where)
+            write = place.copy_ if place.is_floating_point() else self._put(place)
+            write(rows)
+            version = self.scratch._version  # counts in-place writes to the tensor
+            value = metric_values(self.metric, self.scratch)
+            values.append(value if value._base is None else value.clone())  # not a view of it
+            if self.scratch._version != version:  # the metric wrote into its input
+                self._fresh()
+            else:
+                write(unpatched)
+        out = torch.stack(values)
+        if self.declared is not None:
+            self._check_declared(variants, out)
+        return out
+
+    def _put(self, index: Tensor) -> Callable[[Tensor], Tensor]:
+        return lambda rows: self.scratch.index_copy_(1, index, rows)
+
+    def _check_declared(self, variants: Sequence[int], values: Tensor) -> None:
+        """A `ValueError` where a variant's metric is NaN but the unpatched one is not:
+        then the metric read a position outside the declared ones."""
+        read_nan = values.isnan() & ~self.base.metric.isnan()
+        if not bool(read_nan.any()):
+            return
+        i = variants[int(read_nan.any(dim=1).nonzero()[0])]
+        label = f"variant {i}" if self.labels is None else self.labels[i]
+        raise ValueError(
+            f"the metric gave NaN with {label} patched, on logits that are NaN outside "
+            f"metric_positions {list(self.declared)}: it reads another position (on the "
+            f"unpatched runs it did not). Declare every position it reads, or pass "
+            f"metric_positions=None"
+        )
+
+
+def pass_pieces(
+    model: HookedTransformer, p: Pass, resid: Float[Tensor, "sequence row d_model"], n_pos: int
+) -> list[Piece]:
+    """Each variant's logits at the rows the pass ran (not its padding past the end)."""
+    with torch.no_grad():
+        new = model(resid, start_at_layer=model.cfg.n_layers)
+    new = rearrange(new, "(v b) row d -> v b row d", v=len(p.variants))
+    return [
+        (slice(offset, min(offset + p.rows, n_pos)), new[i, :, : min(p.rows, n_pos - offset)])
+        for i, offset in enumerate(p.offsets)
+    ]
+
+
+def declared_logits(
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    resid: Float[Tensor, "sequence row d_model"],
+    declared: Sequence[int],
+) -> Float[Tensor, "variant batch declared d_vocab_out"]:
+    """Every variant's logits at the declared positions: the pass's rows there, unembedded,
+    and the unpatched logits where the pass has no row."""
+    n_variants = len(p.variants)
+    device = resid.device
+    positions = torch.tensor(declared, device=device)
+    offsets = torch.tensor(p.offsets, device=device)
+    row = positions[None] - offsets[:, None]  # [variant declared]
+    ran = (row >= 0) & (row < p.rows)
+    by_variant = rearrange(resid, "(v b) row d -> v b row d", v=n_variants)
+    index = row.clamp(0, p.rows - 1)[:, None, :, None]
+    chosen = torch.take_along_dim(by_variant, index, dim=2)
+    with torch.no_grad():
+        new = model(
+            rearrange(chosen, "v b row d -> (v b) row d"), start_at_layer=model.cfg.n_layers
+        )
+    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
+    return torch.where(ran[:, None, :, None], new, base.logits[None, :, list(declared)])
+
+
+def again(
+    model: HookedTransformer,
+    base: BaseRun,
+    p: Pass,
+    new_kv: tuple[Tensor, Tensor],
+    declared: Sequence[int],
+    logits: Float[Tensor, "variant batch declared d_vocab_out"],
+) -> Float[Tensor, "variant batch declared d_vocab_out"]:
+    """`logits` with each declared position after a variant's rows run once more through
+    the last block, alone, against the unpatched keys and values before it but those of
+    the rows the pass ran (`new_kv`, which it changed).
+
+    The positions go side by side along the batch axis, each attending to the keys before
+    it (later ones masked), so that each query sees its own causal past and gets its own
+    position, which rotary models read."""
+    last, n_variants, batch = model.cfg.n_layers - 1, len(p.variants), base.tokens.shape[0]
+    device = logits.device
+    offsets = torch.tensor(p.offsets, device=device)
+    after = torch.tensor(declared, device=device)[None] >= offsets[:, None] + p.rows
+    if not bool(after.any()):
+        return logits
+    n_keys = max(declared)
+    kv = []
+    for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
+        full = repeat(
+            base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
+        ).clone()
+        new = rearrange(new, "(v b) row h d -> v b row h d", v=n_variants)
+        where = offsets[:, None] + torch.arange(p.rows, device=device)
+        v_index, row = (where < n_keys).nonzero(as_tuple=True)
+        full[v_index, :, where[v_index, row]] = new[v_index, :, row]
+        kv.append(repeat(full, "v b pos h d -> (row v b) pos h d", row=len(declared)))
+    resid = repeat(
+        base.cache[get_act_name("resid_pre", last)][:, list(declared)],
+        "b row d -> (row v b) 1 d",
+        v=n_variants,
+    )
+    seen = (
+        torch.arange(n_keys, device=device)[None] < torch.tensor(declared, device=device)[:, None]
+    )
+    mask = repeat(seen.long(), "row pos -> (row v b) pos", v=n_variants, b=batch)
+    entry = KeyValueCacheEntry(kv[0], kv[1], frozen=True)
+    past = KeyValueCache([entry] * model.cfg.n_layers, mask, frozen=True)
+    with torch.no_grad():
+        again = model(resid, start_at_layer=last, past_kv_cache=past)
+    again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
+    return torch.where(after[:, None, :, None], again, logits)
