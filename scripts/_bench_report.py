@@ -83,8 +83,22 @@ def _same_math_table(results: list[dict]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
+    """The report as Markdown: header, targets, the same-math table, each section, memory."""
+    lines = _header(report) + _targets(report)
+    lines += _same_math_table(report["results"])
+    lines += _sections(report)
+    lines += _memory(report)
+    settings = report["settings"]["described"]
+    lines += ["", "## settings", ""] + [f"- {k}: {v}" for k, v in settings.items()]
+    if report["skipped"]:
+        lines += ["", "## not measured", ""]
+        lines += [f"- {s['section']}: {s['measure']}: {s['reason']}" for s in report["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def _header(report: dict) -> list[str]:
     m = report["machine"]
-    lines = [
+    return [
         "# Benchmark: hookedattn against a bare plain-torch model",
         "",
         f"Machine: {m['cpu']}, {m['cores_available']} cores available, torch {m['torch']} "
@@ -117,6 +131,10 @@ def markdown(report: dict) -> str:
         "| setting | measure | reference | target | measured | met | source |",
         "|---|---|---|---|---|---|---|",
     ]
+
+
+def _targets(report: dict) -> list[str]:
+    lines = []
     for t in report["targets"]:
         measured = "not measured" if t["measured"] is None else f"{t['measured']:.2f}"
         met = {None: "-", True: "yes", False: "**no**"}[t["met"]]
@@ -124,8 +142,11 @@ def markdown(report: dict) -> str:
             f"| {t['setting']} | {t['measure']} | {t.get('reference', 'bare')} | "
             f"<= {t['target']} | {measured} | {met} | {t['source']} |"
         )
-    lines += _same_math_table(report["results"])
-    settings = report["settings"]["described"]
+    return lines
+
+
+def _sections(report: dict) -> list[str]:
+    lines = []
     for section in dict.fromkeys(r["section"] for r in report["results"]):
         rows = [r for r in report["results"] if r["section"] == section]
         columns = list(dict.fromkeys(r["contender"] for r in rows if not r["reference"]))
@@ -152,6 +173,11 @@ def markdown(report: dict) -> str:
                     for c in columns
                 ]
                 lines.append(f"| {ref['setting']} | {measure} | | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _memory(report: dict) -> list[str]:
+    lines = []
     if report["memory"]:
         lines += [
             "",
@@ -173,8 +199,4 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {r['setting']} | {r['mode']} | {r['peak_extra_bytes'] / 2**20:.1f} | {cache} |"
             )
-    lines += ["", "## settings", ""] + [f"- {k}: {v}" for k, v in settings.items()]
-    if report["skipped"]:
-        lines += ["", "## not measured", ""]
-        lines += [f"- {s['section']}: {s['measure']}: {s['reason']}" for s in report["skipped"]]
-    return "\n".join(lines) + "\n"
+    return lines
