@@ -65,36 +65,17 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int) -> dict:
     """Collection tokens/s against a plain forward (same contexts, same stop layer)."""
-    from hookedattn.store import collect_activations, pack
+    from hookedattn.store import pack
     from hookedattn.store.collection import _stop_layer
 
     packed = pack(model, None, context=context, n_tokens=n_tokens)
     stop = _stop_layer([name], model.cfg.n_layers)
 
     def plain() -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), time.process_time()
-        with torch.inference_mode():
-            for start in range(0, len(packed), 32):
-                tokens = packed.contexts(start, min(start + 32, len(packed)))
-                model(tokens, return_type=None, stop_at_layer=stop)
-        return time.perf_counter() - wall, time.process_time() - cpu
+        return _plain_pass(model, packed, stop)
 
     def collect() -> tuple[float, float]:
-        out = Path(tempfile.mkdtemp(prefix="bench-store-"))
-        try:
-            done = collect_activations(
-                model,
-                None,
-                names=[name],
-                out=out,
-                context=context,
-                n_tokens=n_tokens,
-                dtype=torch.bfloat16,
-                progress=False,
-            )
-            return done.seconds, done.cpu_seconds
-        finally:
-            _remove(out)
+        return _collect_pass(model, name, context, n_tokens)
 
     plain()  # warm-up
     ratios, plain_tps, collect_tps, cpu_ratio, plain_cpu_tps = [], [], [], [], []
@@ -118,6 +99,37 @@ def throughput(model: Any, name: str, n_tokens: float, context: int, rounds: int
         "cpu_time_ratio": _spread(cpu_ratio),
         "plain_tok_per_cpu_s": _spread(plain_cpu_tps),
     }
+
+
+def _plain_pass(model: Any, packed: Any, stop: int) -> tuple[float, float]:
+    """Wall and CPU seconds of plain forwards over the packed contexts, 32 at a time."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for start in range(0, len(packed), 32):
+            tokens = packed.contexts(start, min(start + 32, len(packed)))
+            model(tokens, return_type=None, stop_at_layer=stop)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _collect_pass(model: Any, name: str, context: int, n_tokens: float) -> tuple[float, float]:
+    """Wall and CPU seconds of `collect_activations` of `name` into a scratch folder."""
+    from hookedattn.store import collect_activations
+
+    out = Path(tempfile.mkdtemp(prefix="bench-store-"))
+    try:
+        done = collect_activations(
+            model,
+            None,
+            names=[name],
+            out=out,
+            context=context,
+            n_tokens=n_tokens,
+            dtype=torch.bfloat16,
+            progress=False,
+        )
+        return done.seconds, done.cpu_seconds
+    finally:
+        _remove(out)
 
 
 def _remove(out: str | Path) -> None:
