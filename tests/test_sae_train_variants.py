@@ -110,7 +110,7 @@ def test_jumprelu_training_lowers_the_loss_and_l0_follows_the_penalty(store):
     rows = store.rows(POINT, slice(0, len(store))).float()
     with torch.no_grad():
         l0s = {c: float((s.encode(rows) > 0).sum(-1).float().mean()) for c, s in saes.items()}
-    assert l0s[1.0] < l0s[0.01] / 3  # 11.8 against 72.0 when measured
+    assert l0s[1.0] < l0s[0.01] / 3  # 10.5 against 77.6 when measured
     sae = saes[1.0]
     assert sae.cfg.activation == "jumprelu" and (sae.activation.threshold > 0).all()
     # In the model's units (thresholds folded with the rest) it still reconstructs.
