@@ -24,6 +24,7 @@ from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
 from hookedattn_tl.ActivationCache import ActivationCache
+from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
 from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
 
 NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
@@ -393,6 +394,7 @@ class HookedTransformer(_CoreModel):
             center_unembed=center_unembed,
             fold_value_biases=fold_value_biases,
         )
+        model = _written_out(model)
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -425,6 +427,19 @@ class HookedTransformer(_CoreModel):
             default_padding_side=default_padding_side,
             **from_pretrained_kwargs,
         )
+
+
+def _written_out(model: HookedTransformer) -> HookedTransformer:
+    """The same parameters, computing every activation written out as TransformerLens does
+    (`use_fused_kernels=False`, the default of this package's config)."""
+    if not model.cfg.use_fused_kernels:
+        return model
+    cfg = HookedTransformerConfig.from_dict({**model.cfg.to_dict(), "use_fused_kernels": False})
+    new = type(model)(cfg.replace(init_weights=False), tokenizer=model.tokenizer)
+    new.load_state_dict(model.state_dict(), assign=True)  # the same tensors, no copy
+    new.cfg = cfg
+    new.train(model.training)
+    return new
 
 
 def _refuse_unsupported(refactor: bool, n_devices: int, kwargs: dict[str, Any]) -> None:
