@@ -207,3 +207,26 @@ def test_all_composition_scores_are_analysis_scores_masked_to_later_heads():
     for earlier in range(3):
         assert bool((scores[earlier, :, : earlier + 1] == 0).all())
     assert bool((scores[0, :, 1:] > 0).all())
+
+
+def test_a_tl_config_runs_written_out_so_the_cached_run_is_the_plain_forward():
+    # TransformerLens code compares the two with torch.allclose's default tolerance.
+    from hookedattn_tl import HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=8, d_vocab=12, act_fn="gelu", seed=0
+    )
+    assert not cfg.use_fused_kernels
+    model = HookedTransformer(cfg)
+    assert torch.equal(model(TOKENS), model.run_with_cache(TOKENS)[0])
+    fused = HookedTransformer(cfg.replace(use_fused_kernels=True))
+    assert_close(fused(TOKENS), model(TOKENS), rtol=1e-5, atol=1e-5)
+
+
+def test_from_pretrained_returns_a_written_out_model_of_the_shipped_weights():
+    model = HookedTransformer.from_pretrained_no_processing("bytes-attn-only-2l")
+    assert not model.cfg.use_fused_kernels
+    tokens = model.to_tokens("abcabc xyzxyz")
+    assert torch.equal(model(tokens), model.run_with_cache(tokens)[0])
+    core = hookedattn.HookedTransformer.from_pretrained("bytes-attn-only-2l")
+    assert_close(model(tokens), core(tokens), rtol=1e-5, atol=1e-5)
