@@ -428,6 +428,8 @@ def _run(
         resid = entering.of(p.variants, resid)
     resid = _rows_of(resid, 2, p, offsets, p.rows)
     resid = rearrange(resid.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
+    # A view of some rows would make every projection a broadcast batched matmul.
+    resid = resid.contiguous()
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         resid = model(resid, start_at_layer=p.layer, stop_at_layer=stop_layer, past_kv_cache=past)
     if not p.again:
