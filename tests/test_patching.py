@@ -139,6 +139,29 @@ def test_edits_at_several_hooks_and_positions_in_one_variant():
     ]
 
 
+def editing_metric(logits: torch.Tensor) -> torch.Tensor:
+    """Writes into its input before reading it, as a metric masking a token might."""
+    logits[:, :, 0] = 0.0
+    return logit_diff(logits)
+
+
+def view_metric(logits: torch.Tensor) -> torch.Tensor:
+    """Returns a view of its input."""
+    return logits[:, -1, 3]
+
+
+@pytest.mark.parametrize("metric", [editing_metric, view_metric])
+def test_a_metric_editing_or_viewing_its_logits_gets_the_reference_numbers(metric):
+    # The sweep writes each variant's rows into one logits tensor in turn: neither a
+    # metric's own writes nor a value that views the tensor may leak into another variant.
+    model = make_model("2 layers, LN, MLP")
+    _, cache = model.run_with_cache(CLEAN)
+    components = component_grid(model, "z", N_POS, True).components
+    expected = reference_sweep(model, CORRUPTED, cache, components, metric)
+    result = activation_patch(model, "z", **PROMPTS, metric=metric, by_pos=True)
+    torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **EXACT)
+
+
 def test_patching_the_whole_residual_stream_gives_the_other_run():
     model = make_model("2 layers, LN, MLP")
     kwargs = dict(**PROMPTS, metric=logit_diff, by_pos=False)

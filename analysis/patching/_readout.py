@@ -45,8 +45,12 @@ class Readout:
         # Per place written: the scratch rows there and what to put back (views, made once).
         self._slots: dict[tuple, tuple[Tensor, Tensor]] = {}
 
+    @staticmethod
+    def _key(where: slice | list[int]) -> tuple:
+        return (where.start, where.stop) if isinstance(where, slice) else tuple(where)
+
     def _slot(self, where: slice | list[int]) -> tuple[Tensor, Tensor]:
-        key = (where.start, where.stop) if isinstance(where, slice) else tuple(where)
+        key = self._key(where)
         if key not in self._slots:
             if isinstance(where, slice):
                 self._slots[key] = (self.scratch[:, where], self.unpatched[:, where])
@@ -60,7 +64,8 @@ class Readout:
     ) -> Float[Tensor, "variant batch"]:
         """The metric of each of `variants`, given its `Piece`."""
         values = []
-        for where, rows in pieces:
+        keys = [self._key(where) for where, _ in pieces]
+        for i, (where, rows) in enumerate(pieces):
             place, unpatched = self._slot(where)
             write = place.copy_ if place.is_floating_point() else self._put(place)
             write(rows)
@@ -69,7 +74,7 @@ class Readout:
             values.append(value if value._base is None else value.clone())  # not a view of it
             if self.scratch._version != version:  # the metric wrote into its input
                 self._fresh()
-            else:
+            elif i + 1 == len(pieces) or keys[i + 1] != keys[i]:  # else overwritten next
                 write(unpatched)
         out = torch.stack(values)
         if self.declared is not None:
