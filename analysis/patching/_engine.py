@@ -17,8 +17,8 @@ Two kinds of pass:
   pass gives all of them the block's output. After the last block that is their logits;
   otherwise each goes on from the next block with its window taken from the pack.
 - *planned* (`_plan`): variants stacked along the batch axis (`(variant batch)`), from
-  the pass's first block, each at its own positions, after the unpatched keys and values
-  of the positions before them (a frozen KV cache, masked per variant).
+  the pass's first block and position, after the unpatched keys and values of the
+  positions before it (a frozen KV cache).
 
 With `declared` positions (the only ones whose logits the metric reads) a pass stops at
 the last of them, unembeds only them, and a variant that cannot reach them does not run;
@@ -125,15 +125,10 @@ def extents(edits: Sequence[Edit], n_variants: int, n_pos: int) -> list[Extent |
         start = torch.where(touched, torch.minimum(start, first), start)
         window_end = torch.where(touched, torch.maximum(window_end, end), window_end)
         touched_by.append((edit, touched))
-    local, keyed = (
-        torch.ones(n_variants, dtype=torch.bool),
-        torch.zeros(n_variants, dtype=torch.bool),
-    )
+    local = torch.ones(n_variants, dtype=torch.bool)
     for edit, touched in touched_by:
-        here = (layer == edit.layer) & (edit.kind in LOCAL_KINDS)
-        local &= ~touched | here
-        keyed |= touched & ("key_pos" in LAYOUTS[edit.kind])
-    columns = (layer, start, window_end, local, keyed)
+        local &= ~touched | ((layer == edit.layer) & (edit.kind in LOCAL_KINDS))
+    columns = (layer, start, window_end, local)
     rows = zip(*(c.tolist() for c in columns), strict=True)
     return [None if row[0] == big else Extent(*row) for row in rows]
 
@@ -215,7 +210,7 @@ def _packed_blocks(
         entering[layer + 1] = packed.entering(base, members, len(found))
         for v in members:  # from the next block on, a non-local change from its window
             e = found[v]
-            found[v] = Extent(layer + 1, e.start, min(e.window_end, end), False, False)
+            found[v] = Extent(layer + 1, e.start, min(e.window_end, end), False)
     return entering
 
 
@@ -332,7 +327,7 @@ def _run_packed(
     outputs = []
     for k in range(0, len(packs), size):
         chunk = [[members[i] for i in pack] for pack in packs[k : k + size]]
-        p = Pass(layer, tuple(range(len(chunk))), (start,) * len(chunk), start, stop - start)
+        p = Pass(layer, tuple(range(len(chunk))), start, stop - start)
         resid = _run(model, base, [e.packed(chunk) for e in edits], p, layer + 1, ())[0]
         outputs.append(rearrange(resid, "(pack b) row d -> pack b row d", pack=len(chunk)))
     pack_of = [0] * len(members)
@@ -350,7 +345,7 @@ def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
     where = torch.zeros(1, 1, n_pos, 1, dtype=torch.bool)
     where[..., -1, :] = True
     edits = [Edit("resid_pre", 0, where, base.cache[get_act_name("resid_pre", 0)])]
-    p = Pass(0, (0,), (n_pos - 1,), n_pos - 1, 1)
+    p = Pass(0, (0,), n_pos - 1, 1)
     readout = Readout(base, _first_logit, None, None)
     best = float("inf")
     for _ in range(3):
@@ -389,7 +384,7 @@ def record(
     for i in range(0, n_variants, size):
         variants = tuple(range(i, min(i + size, n_variants)))
         first = min((found[v].layer for v in variants if found[v] is not None), default=stop_layer)
-        p = Pass(first, variants, (0,) * len(variants), 0, end)
+        p = Pass(first, variants, 0, end)
         recorded = _run(model, base, edits, p, stop_layer, names)[1] if first < stop_layer else {}
         for name in names:  # a hook point before the pass's first block keeps its value
             unpatched = base.cache[name][None].narrow(2, 0, end)
@@ -414,19 +409,18 @@ def _run(
     entering the pass is the unpatched run's, or `entering`'s for its variants."""
     n_variants = len(p.variants)
     variants = torch.tensor(p.variants)
-    offsets = torch.tensor(p.offsets, device=base.tokens.device)
     recorded: dict[str, Tensor] = {}
 
     def keep(activation: Tensor, hook) -> None:
         recorded[hook.name] = rearrange(activation, "(v b) ... -> v b ...", v=n_variants)
 
-    hooks = [h for e in edits if (h := _edit_hook(e, p, variants, offsets)) is not None]
+    hooks = [h for e in edits if (h := _edit_hook(e, p, variants)) is not None]
     hooks += [(name, keep) for name in names]
-    past = _past(model, base, p, offsets, stop_layer)
+    past = _past(model, base, p, stop_layer)
     resid = base.cache[get_act_name("resid_pre", p.layer)][None]
     if entering is not None:
         resid = entering.of(p.variants, resid)
-    resid = _rows_of(resid, 2, p, offsets, p.rows)
+    resid = _rows_of(resid, 2, p)
     resid = rearrange(resid.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
     # A view of some rows would make every projection a broadcast batched matmul.
     resid = resid.contiguous()
@@ -438,27 +432,12 @@ def _run(
     return resid, recorded, (last.past_keys[:, p.n_past :], last.past_values[:, p.n_past :])
 
 
-def _rows_of(
-    x: Tensor, axis: int, p: Pass, offsets: Int[Tensor, " variant"], n_rows: int
-) -> Tensor:
-    """The `n_rows` rows of every variant of `p` along `axis` of `x` (whose first axis is
-    the variant's, or of size 1 and shared); an axis of size 1 broadcasts."""
-    size = x.shape[axis]
-    if size == 1:
-        return x
-    if p.uniform and p.n_past + n_rows <= size:
-        return x.narrow(axis, p.n_past, n_rows)
-    index = offsets[:, None] + torch.arange(n_rows, device=offsets.device)
-    shape = [1] * x.ndim
-    shape[0], shape[axis] = len(offsets), n_rows
-    # Rows past the end are padding after a shorter variant's own: never read.
-    index = index.clamp(max=size - 1).to(x.device).reshape(shape)
-    return torch.take_along_dim(x, index, dim=axis)
+def _rows_of(x: Tensor, axis: int, p: Pass) -> Tensor:
+    """The rows `p` runs along `axis` of `x`; an axis of size 1 broadcasts."""
+    return x if x.shape[axis] == 1 else x.narrow(axis, p.n_past, p.rows)
 
 
-def _edit_hook(
-    edit: Edit, p: Pass, variants: Tensor, offsets: Int[Tensor, " variant"]
-) -> tuple[str, Callable] | None:
+def _edit_hook(edit: Edit, p: Pass, variants: Tensor) -> tuple[str, Callable] | None:
     """A hook applying `edit` to the variants of `p`, or None where it touches none of them
     (or lies in a block before the pass's first)."""
     if edit.layer < p.layer:
@@ -469,8 +448,8 @@ def _edit_hook(
     source = edit.source_of(variants.to(edit.source.device))
     layout = LAYOUTS[edit.kind]
     pos = 2 + layout.index("pos")
-    mask, source = (_rows_of(x, pos, p, offsets, p.rows) for x in (mask, source))
-    if "key_pos" in layout:  # a pass of one offset: keys are the past ones, then the rows
+    mask, source = (_rows_of(x, pos, p) for x in (mask, source))
+    if "key_pos" in layout:  # keys are the past ones, then the rows
         key = 2 + layout.index("key_pos")
         mask, source = (
             x if x.shape[key] == 1 else x.narrow(key, 0, p.n_past + p.rows) for x in (mask, source)
@@ -488,11 +467,10 @@ def _past(
     model: HookedTransformer,
     base: BaseRun,
     p: Pass,
-    offsets: Int[Tensor, " variant"],
     stop_layer: int,
 ) -> KeyValueCache | None:
     """The unpatched keys and values of positions `..p.n_past-1` in the blocks `p` runs,
-    per variant, those at a variant's own offset and later masked."""
+    for every sequence of the pass."""
     if p.n_past == 0 and not p.again:
         return None
     n_variants, batch = len(p.variants), base.tokens.shape[0]
@@ -509,6 +487,5 @@ def _past(
     filled = [
         entries[min(max(layer, p.layer), stop_layer - 1)] for layer in range(model.cfg.n_layers)
     ]
-    seen = torch.arange(p.n_past, device=offsets.device)[None] < offsets[:, None]
-    mask = repeat(seen.long(), "v pos -> (v b) pos", b=batch)
+    mask = torch.ones(n_variants * batch, p.n_past, dtype=torch.long, device=base.tokens.device)
     return KeyValueCache(filled, mask, frozen=True)

@@ -11,12 +11,13 @@ Two facts about a causal transformer decide what a variant must recompute:
 own positions only, is used before planning: `_engine` runs such blocks packed, several
 variants to a sequence, and hands the planner what comes after them.)
 
-Variants of one block run together, stacked on the batch axis. Each runs from its own
-first position (its earlier keys masked in the shared KV cache, so a query sees its own
-causal past and gets its own position, which rotary models read), so no rows are
-wasted on positions a patch cannot change, except the padding to the pass's longest
-variant. Passes are cut where the estimated time of one more call is less than that of
-the padding, and so that each fits the memory budget. The estimate is not a constant: the
+Variants of one block run together, stacked on the batch axis, all from the pass's first
+position (the earliest of theirs): a variant patched later in the sequence runs some
+positions its patch cannot change, the price of one pass for many. (Each variant from its
+own position, its earlier keys masked, was measured no faster: every sequence then holds
+the keys of the pass's latest start.) Passes are cut where the estimated time of one more
+call is less than that of the rows it saves, and so that each fits the memory budget.
+The estimate is not a constant: the
 fixed cost of a pass and the time per row are measured once per configuration and
 sequence length (`pass_cost`), at a few sizes (a CPU gets slower per row once a pass
 outgrows its caches; an accelerator faster).
@@ -37,35 +38,26 @@ from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 @dataclasses.dataclass(frozen=True)
 class Extent:
     """Where a variant's edits lie: from block `layer` and position `start`; when `local`,
-    block `layer`'s output changes at positions `start..window_end-1` only. `keyed`: an
-    edit has a key axis (scores, patterns), which fixes every row's place in the pass."""
+    block `layer`'s output changes at positions `start..window_end-1` only."""
 
     layer: int
     start: int
     window_end: int
     local: bool
-    keyed: bool
 
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-    """Variants run in one pass from block `layer`: variant `variants[i]` runs `rows`
-    positions from `offsets[i]`, after `n_past` unpatched keys and values (those at
-    `offsets[i]` and later masked). `again`: the rows are the patches' windows only, and
-    each declared position after them runs once more through the last block, against the
-    keys and values the windows left there."""
+    """Variants run in one pass from block `layer`: each runs `rows` positions after the
+    `n_past` unpatched keys and values before them. `again`: the rows are the patches'
+    windows only, and each declared position after them runs once more through the last
+    block, against the keys and values the windows left there."""
 
     layer: int
     variants: tuple[int, ...]
-    offsets: tuple[int, ...]
     n_past: int
     rows: int
     again: bool = False
-
-    @property
-    def uniform(self) -> bool:
-        """Whether every variant runs from `n_past`, so the KV cache needs no mask."""
-        return all(offset == self.n_past for offset in self.offsets)
 
 
 def plan(
@@ -85,8 +77,8 @@ def plan(
     for layer in sorted({e.layer for e in extents if e is not None}):
         chosen = [i for i, e in enumerate(extents) if e is not None and e.layer == layer]
         group = _Group(model, layer, [extents[i] for i in chosen], batch, end, n_unembed)
-        for segment, own in group.segments(cost, memory_budget):
-            passes.append(group.to_pass([chosen[i] for i in segment], segment, own))
+        for segment in group.segments(cost, memory_budget):
+            passes.append(group.to_pass([chosen[i] for i in segment], segment))
     return passes
 
 
@@ -118,34 +110,21 @@ class _Group:
             (e.start, max(e.start + 1, min(e.window_end, end)) if self.again else end)
             for e in extents
         ]
-        # A pass may run each variant from its own start (`own`) or all from the earliest.
-        # Its own start needs room for the longest after the latest, and an attention
-        # window counts keys by their place in the pass, not their position.
-        room = max(a for a, _ in self.needs) + max(b - a for a, b in self.needs)
-        own = not any(e.keyed for e in extents) and room <= cfg.n_ctx
-        self.modes = (False, True) if own and cfg.window_size is None else (False,)
-        self.order = sorted(range(len(extents)), key=self._key)
+        self.order = sorted(range(len(extents)), key=self.needs.__getitem__)
         self.row_floats = [row_floats(cfg, 0), row_floats(cfg, 1) - row_floats(cfg, 0)]
         self.kv_width = 2 * cfg.n_heads * cfg.d_head
         self.d_vocab, self.itemsize = cfg.d_vocab_out, itemsize(cfg)
         self.unembed_ratio = cfg.d_model * cfg.d_vocab_out / block_flops(cfg, end)
 
-    def _key(self, i: int) -> tuple[int, int]:
-        offset, stop = self.needs[i]
-        return (stop - offset, offset) if self.modes[-1] else (offset, stop)
-
     @staticmethod
-    def _shape(span: "_Span", own: bool) -> tuple[int, int]:
-        """`(n_past, rows)` of a pass over `span`, each variant from its own start or not."""
-        if own:
-            return span.max_offset, span.longest
+    def _shape(span: "_Span") -> tuple[int, int]:
+        """`(n_past, rows)` of a pass over `span`."""
         return span.min_offset, span.max_stop - span.min_offset
 
-    def to_pass(self, variants: list[int], members: Sequence[int], own: bool) -> Pass:
+    def to_pass(self, variants: list[int], members: Sequence[int]) -> Pass:
         """The `Pass` of `members` (indices into this group), naming the sweep's `variants`."""
-        n_past, rows = self._shape(_Span.of([self.needs[i] for i in members]), own)
-        offsets = tuple(self.needs[i][0] if own else n_past for i in members)
-        return Pass(self.layer, tuple(variants), offsets, n_past, rows, self.again)
+        n_past, rows = self._shape(_Span.of([self.needs[i] for i in members]))
+        return Pass(self.layer, tuple(variants), n_past, rows, self.again)
 
     def bytes(self, n_variants: int, n_past: int, rows: int) -> int:
         """Estimated peak bytes of a pass: its widest block, the keys and values before the
@@ -172,32 +151,27 @@ class _Group:
             calls += 2
         return cost.seconds(calls, block_rows, keys)
 
-    def segments(self, cost: "PassCost", memory_budget: int) -> list[tuple[list[int], bool]]:
-        """`self.order` cut into contiguous passes, each with its shape (`own` starts or
-        not), of least estimated time in all (a dynamic programme over the cut points
-        between runs of equal needs), each within `memory_budget` (a variant too large for
-        it runs alone)."""
+    def segments(self, cost: "PassCost", memory_budget: int) -> list[list[int]]:
+        """`self.order` cut into contiguous passes of least estimated time in all (a
+        dynamic programme over the cut points between runs of equal needs), each within
+        `memory_budget` (a variant too large for it runs alone)."""
         runs = self._runs(memory_budget)
         best = [0.0] + [float("inf")] * len(runs)
-        cut, mode = [0] * (len(runs) + 1), [False] * (len(runs) + 1)
+        cut = [0] * (len(runs) + 1)
         for j in range(1, len(runs) + 1):
             span, count = None, 0
             for i in range(j - 1, -1, -1):
                 span = _Span.of([self.needs[runs[i][0]]], span)
                 count += len(runs[i])
-                fits = False
-                for own in self.modes:
-                    shape = self._shape(span, own)
-                    if i < j - 1 and self.bytes(count, *shape) > memory_budget:
-                        continue
-                    fits, total = True, best[i] + self.seconds(cost, count, *shape)
-                    if total < best[j]:
-                        best[j], cut[j], mode[j] = total, i, own
-                if not fits:
+                shape = self._shape(span)
+                if i < j - 1 and self.bytes(count, *shape) > memory_budget:
                     break
+                total = best[i] + self.seconds(cost, count, *shape)
+                if total < best[j]:
+                    best[j], cut[j] = total, i
         segments, j = [], len(runs)
         while j:
-            segments.append(([m for run in runs[cut[j] : j] for m in run], mode[j]))
+            segments.append([m for run in runs[cut[j] : j] for m in run])
             j = cut[j]
         return segments[::-1]
 
@@ -211,7 +185,7 @@ class _Group:
                 runs.append([i])
         pieces = []
         for run in runs:
-            shape = self._shape(_Span.of([self.needs[run[0]]]), own=False)
+            shape = self._shape(_Span.of([self.needs[run[0]]]))
             size = max(1, memory_budget // self.bytes(1, *shape))
             pieces += [run[k : k + size] for k in range(0, len(run), size)]
         return pieces
@@ -222,8 +196,6 @@ class _Span:
     """The extremes of some variants' `(offset, stop)` needs, which fix their pass's shape."""
 
     min_offset: int
-    max_offset: int
-    longest: int
     max_stop: int
 
     @staticmethod
@@ -231,13 +203,8 @@ class _Span:
         """The span of `needs`, together with `span` if given."""
         for offset, stop in needs:
             if span is None:
-                span = _Span(offset, offset, stop - offset, stop)
-            span = _Span(
-                min(span.min_offset, offset),
-                max(span.max_offset, offset),
-                max(span.longest, stop - offset),
-                max(span.max_stop, stop),
-            )
+                span = _Span(offset, stop)
+            span = _Span(min(span.min_offset, offset), max(span.max_stop, stop))
         assert span is not None
         return span
 
@@ -367,11 +334,11 @@ def _best_seconds(stand_in: HookedTransformer, n_seq: int, n_pos: int, n_past: i
     def run() -> None:
         past = None
         if n_past:
-            # As a pass builds it: copied per sequence, every sequence masked differently.
+            # As a pass builds it: copied per sequence.
             k, v = (keys.repeat(n_seq, 1, 1, 1) for _ in range(2))
             entry = KeyValueCacheEntry(k, v, frozen=True)
-            mask = (torch.arange(n_past, device=cfg.device) < n_past - 1).long()
-            past = KeyValueCache([entry], mask.repeat(n_seq, 1), frozen=True)
+            mask = torch.ones(n_seq, n_past, dtype=torch.long, device=cfg.device)
+            past = KeyValueCache([entry], mask, frozen=True)
         stand_in(resid, start_at_layer=0, stop_at_layer=1, past_kv_cache=past)
 
     best = float("inf")

@@ -107,10 +107,8 @@ def pass_pieces(
     with torch.no_grad():
         new = model(resid, start_at_layer=model.cfg.n_layers)
     new = rearrange(new, "(v b) row d -> v b row d", v=len(p.variants))
-    return [
-        (slice(offset, min(offset + p.rows, n_pos)), new[i, :, : min(p.rows, n_pos - offset)])
-        for i, offset in enumerate(p.offsets)
-    ]
+    rows = slice(p.n_past, min(p.n_past + p.rows, n_pos))
+    return [(rows, new[i, :, : rows.stop - rows.start]) for i in range(len(p.variants))]
 
 
 def declared_logits(
@@ -123,20 +121,14 @@ def declared_logits(
     """Every variant's logits at the declared positions: the pass's rows there, unembedded,
     and the unpatched logits where the pass has no row."""
     n_variants = len(p.variants)
-    device = resid.device
-    positions = torch.tensor(declared, device=device)
-    offsets = torch.tensor(p.offsets, device=device)
-    row = positions[None] - offsets[:, None]  # [variant declared]
-    ran = (row >= 0) & (row < p.rows)
-    by_variant = rearrange(resid, "(v b) row d -> v b row d", v=n_variants)
-    index = row.clamp(0, p.rows - 1)[:, None, :, None]
-    chosen = torch.take_along_dim(by_variant, index, dim=2)
-    with torch.no_grad():
-        new = model(
-            rearrange(chosen, "v b row d -> (v b) row d"), start_at_layer=model.cfg.n_layers
-        )
-    new = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
-    return torch.where(ran[:, None, :, None], new, base.logits[None, :, list(declared)])
+    ran = [i for i, q in enumerate(declared) if 0 <= q - p.n_past < p.rows]
+    out = base.logits[None, :, list(declared)].repeat(n_variants, 1, 1, 1)
+    if ran:
+        rows = [declared[i] - p.n_past for i in ran]
+        with torch.no_grad():
+            new = model(resid[:, rows], start_at_layer=model.cfg.n_layers)
+        out[:, :, ran] = rearrange(new, "(v b) row d -> v b row d", v=n_variants)
+    return out
 
 
 def again(
@@ -156,20 +148,17 @@ def again(
     position, which rotary models read."""
     last, n_variants, batch = model.cfg.n_layers - 1, len(p.variants), base.tokens.shape[0]
     device = logits.device
-    offsets = torch.tensor(p.offsets, device=device)
-    after = torch.tensor(declared, device=device)[None] >= offsets[:, None] + p.rows
-    if not bool(after.any()):
+    after = [q >= p.n_past + p.rows for q in declared]
+    if not any(after):
         return logits
-    n_keys = max(declared)
+    n_keys = max(declared)  # the pass's rows lie before it
     kv = []
     for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
         full = repeat(
             base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
         ).clone()
         new = rearrange(new, "(v b) row h d -> v b row h d", v=n_variants)
-        where = offsets[:, None] + torch.arange(p.rows, device=device)
-        v_index, row = (where < n_keys).nonzero(as_tuple=True)
-        full[v_index, :, where[v_index, row]] = new[v_index, :, row]
+        full[:, :, p.n_past : p.n_past + p.rows] = new
         kv.append(repeat(full, "v b pos h d -> (row v b) pos h d", row=len(declared)))
     resid = repeat(
         base.cache[get_act_name("resid_pre", last)][:, list(declared)],
@@ -185,4 +174,5 @@ def again(
     with torch.no_grad():
         again = model(resid, start_at_layer=last, past_kv_cache=past)
     again = rearrange(again, "(row v b) 1 d -> v b row d", v=n_variants, b=batch)
-    return torch.where(after[:, None, :, None], again, logits)
+    after = torch.tensor(after, device=device)[None, None, :, None]
+    return torch.where(after, again, logits)
