@@ -221,22 +221,9 @@ def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor
         return last.gather(1, answer[:, None])[:, 0] - last.gather(1, wrong[:, None])[:, 0]
 
     _, clean_cache = model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_z"))
-    n_layers, n_heads, n_pos = model.cfg.n_layers, model.cfg.n_heads, clean.shape[1]
 
     def loop() -> Tensor:
-        out = torch.empty(n_layers, n_pos, n_heads)
-        for layer in range(n_layers):
-            name = f"blocks.{layer}.attn.hook_z"
-            for pos in range(n_pos):
-                for head in range(n_heads):
-
-                    def patch(z: Tensor, hook: Any, pos: int = pos, head: int = head) -> Tensor:
-                        z[:, pos, head] = clean_cache[hook.name][:, pos, head]
-                        return z
-
-                    logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])
-                    out[layer, pos, head] = metric(logits).mean()
-        return out
+        return _patching_loop(model, corrupted, clean_cache, metric)
 
     measure = "activation patching, every head x position"
     prompts = dict(clean_tokens=clean, corrupted_tokens=corrupted, metric=metric)
@@ -260,21 +247,43 @@ def patching(model: HookedTransformer, tl: Any, clean: Tensor, corrupted: Tensor
             )
         )
     if tl is not None:
-        from transformer_lens import patching as tl_patching
-
-        tl_patching.tqdm = lambda items, **kwargs: items  # no progress bar in the timing
-
-        _, tl_clean = tl.run_with_cache(clean)
-        entries.append(
-            Entry(
-                measure,
-                TL,
-                lambda: tl_patching.get_act_patch_attn_head_out_by_pos(
-                    tl, corrupted, tl_clean, lambda logits: metric(logits).mean()
-                ),
-            )
-        )
+        entries.append(_tl_patching(tl, clean, corrupted, metric, measure))
     return Group(entries, rtol=1e-3)
+
+
+def _patching_loop(
+    model: HookedTransformer, corrupted: Tensor, clean_cache: Any, metric: Any
+) -> Tensor:
+    """The definition: one forward per (layer, position, head), `[layer pos head]`."""
+    n_layers, n_heads, n_pos = model.cfg.n_layers, model.cfg.n_heads, corrupted.shape[1]
+    out = torch.empty(n_layers, n_pos, n_heads)
+    for layer in range(n_layers):
+        name = f"blocks.{layer}.attn.hook_z"
+        for pos in range(n_pos):
+            for head in range(n_heads):
+
+                def patch(z: Tensor, hook: Any, pos: int = pos, head: int = head) -> Tensor:
+                    z[:, pos, head] = clean_cache[hook.name][:, pos, head]
+                    return z
+
+                logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])
+                out[layer, pos, head] = metric(logits).mean()
+    return out
+
+
+def _tl_patching(tl: Any, clean: Tensor, corrupted: Tensor, metric: Any, measure: str) -> Entry:
+    """TransformerLens's own sweep of the same patches, on the same weights."""
+    from transformer_lens import patching as tl_patching
+
+    tl_patching.tqdm = lambda items, **kwargs: items  # no progress bar in the timing
+    _, tl_clean = tl.run_with_cache(clean)
+    return Entry(
+        measure,
+        TL,
+        lambda: tl_patching.get_act_patch_attn_head_out_by_pos(
+            tl, corrupted, tl_clean, lambda logits: metric(logits).mean()
+        ),
+    )
 
 
 # ------------------------------------------------------------------ sections

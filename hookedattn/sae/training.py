@@ -89,11 +89,9 @@ def train_sae(
     _check_extras(bandwidth, threshold, resample_every)
     if (checkpoint_every is None) != (checkpoint_dir is None):
         raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
-    (d_in,) = store.row_shape(name)
     stats = store.stats(name)
     mean, scale = stats.mean.float(), float(stats.var.mean().sqrt())
-    activation = "relu" if l1 is not None else "topk" if k is not None else "jumprelu"
-    sae = SparseAutoencoder(SAEConfig(d_in, d_sae, name, activation, k=k, seed=seed))
+    sae = _new_sae(store, name, d_sae, l1, k, seed)
     objective = _objective(sae, l1, l0, bandwidth, threshold)
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
     since_fired = torch.zeros(d_sae, dtype=torch.long)
@@ -115,12 +113,33 @@ def train_sae(
                             FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
             if log is not None:
                 log.append(record)
-        if checkpoint_every is not None and (step + 1) % checkpoint_every == 0:
-            _folded(sae, mean, scale).save(Path(checkpoint_dir) / f"step-{step + 1:06d}")
+        _checkpoint(sae, mean, scale, step, checkpoint_every, checkpoint_dir)
         bar.update()
     bar.close()
     _fold(sae, mean, scale)
     return sae
+
+
+def _checkpoint(
+    sae: SparseAutoencoder,
+    mean: Tensor,
+    scale: float,
+    step: int,
+    every: int | None,
+    folder: str | Path | None,
+) -> None:
+    """Save the SAE (in the model's units) after every `every` steps, as `step-000n`."""
+    if every is not None and (step + 1) % every == 0:
+        _folded(sae, mean, scale).save(Path(folder) / f"step-{step + 1:06d}")
+
+
+def _new_sae(
+    store: Any, name: str, d_sae: int, l1: float | None, k: int | None, seed: int
+) -> SparseAutoencoder:
+    """The untrained SAE of the variant the arguments choose, sized for `name`'s rows."""
+    (d_in,) = store.row_shape(name)
+    activation = "relu" if l1 is not None else "topk" if k is not None else "jumprelu"
+    return SparseAutoencoder(SAEConfig(d_in, d_sae, name, activation, k=k, seed=seed))
 
 
 @dataclasses.dataclass(frozen=True)
