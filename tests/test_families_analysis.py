@@ -151,9 +151,7 @@ def test_the_ov_circuit_per_query_head_gives_each_heads_write(name):
     """Head h's result (before any post norm) is `sum_src A[q, src] (x[src] OV_h + b_V W_O)`."""
     model, _, cache = family_run(name)
     x = cache[
-        "blocks.0.ln1.hook_out"
-        if model.cfg.normalization_placement != "post"
-        else ("resid_pre", 0)
+        "blocks.0.ln1.hook_out" if model.cfg.normalization_placement != "post" else ("resid_pre", 0)
     ]
     OV = model.OV[0].AB.detach()  # [head d_model d_model]
     bias = einsum(model.b_V[0].detach(), model.W_O[0].detach(), "h d, h d m -> h m")
