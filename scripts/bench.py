@@ -46,109 +46,13 @@ from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
 from _bench_same_math import SameMathTransformer  # noqa: E402
+from _bench_settings import FULL, QUICK, SAME_MATH, SAME_MATH_MEASURE, TARGETS, Setting  # noqa: E402
 from _bench_timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: E402
 
 from hookedattn import HookedTransformer  # noqa: E402
 
 SCHEMA_VERSION = 1
 BARE, OURS, TL, HF = "bare", "hookedattn", "transformer_lens", "transformers"
-
-# ----------------------------------------------------------------------------- settings
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """A model shape and the batch it runs on."""
-
-    key: str
-    description: str
-    cfg: dict
-    batch: int
-    pos: int
-
-
-def _cfg(n_layers, d_model, n_heads, d_vocab, n_ctx, attn_only=False, act_fn="gelu") -> dict:
-    mlp = {} if attn_only else {"d_mlp": 4 * d_model}
-    return dict(
-        n_layers=n_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        d_vocab=d_vocab,
-        n_ctx=n_ctx,
-        attn_only=attn_only,
-        act_fn=act_fn,
-        normalization_type="LN",
-        seed=0,
-        **mlp,
-    )
-
-
-FULL = {
-    "a": Setting(
-        "a", "2L d256 8h vocab 5000, MLP, batch 8x128", _cfg(2, 256, 8, 5000, 128), 8, 128
-    ),
-    "b": Setting(
-        "b",
-        "GPT-2 small shape: 12L d768 12h vocab 50257, batch 4x128",
-        _cfg(12, 768, 12, 50257, 1024, act_fn="gelu_new"),
-        4,
-        128,
-    ),
-    "s64": Setting("s64", "2L d64 4h vocab 100, MLP, batch 8x64", _cfg(2, 64, 4, 100, 64), 8, 64),
-    "s512": Setting(
-        "s512", "2L d512 8h vocab 5000, MLP, batch 8x256", _cfg(2, 512, 8, 5000, 256), 8, 256
-    ),
-    "long": Setting(
-        "long", "(a) at n_ctx 2048, batch 4x2048", _cfg(2, 256, 8, 5000, 2048), 4, 2048
-    ),
-}
-QUICK = {
-    "a": Setting("a", "tiny: 2L d32 4h vocab 50, batch 2x16", _cfg(2, 32, 4, 50, 32), 2, 16),
-    "b": Setting(
-        "b",
-        "tiny: 3L d48 4h vocab 60, batch 2x16",
-        _cfg(3, 48, 4, 60, 32, act_fn="gelu_new"),
-        2,
-        16,
-    ),
-    "s64": Setting("s64", "tiny: 2L d16 2h vocab 20, batch 2x8", _cfg(2, 16, 2, 20, 8), 2, 8),
-    "s512": Setting("s512", "tiny: 2L d32 4h vocab 40, batch 2x16", _cfg(2, 32, 4, 40, 16), 2, 16),
-    "long": Setting(
-        "long", "tiny: 2L d32 at n_ctx 256, batch 2x256", _cfg(2, 32, 4, 50, 256), 2, 256
-    ),
-}
-
-# The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
-BARE_REF, SAME_MATH = "bare", "same math"
-SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference)"
-
-# (section, setting, measure, target, source, reference): a target on the median ratio of
-# hookedattn's row to the reference ("bare": the group's first row; "same math").
-TARGETS = [
-    ("forward", "a", "forward, no hooks attached", 1.05, "first targets", BARE_REF),
-    ("forward", "b", "forward, no hooks attached", 1.02, "first targets", BARE_REF),
-    ("forward", "a", "run_with_cache, everything", 1.25, "first targets", BARE_REF),
-    ("forward", "a", "no-op hook on every hook point", 1.15, "first targets", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.05, "hook cost", BARE_REF),
-    ("forward", "s64", "run_with_cache, everything", 1.30, "hook cost", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.05, "hook cost", SAME_MATH),
-    ("forward", "s64", "run_with_cache, everything", 1.30, "hook cost", SAME_MATH),
-    ("forward", "s512", "forward, no hooks attached", 1.05, "hook cost", SAME_MATH),
-    ("generation", "a", "greedy 32 tokens, KV cache", 1.5, "first targets", BARE_REF),
-    ("analysis", "b", "composition scores, all head pairs", 1.5, "first targets", BARE_REF),
-    ("analysis", "b", "factored SVD of one OV circuit", 1.2, "first targets", BARE_REF),
-    # against the loop of one forward per patch: at least 10x faster
-    ("analysis", "c", "activation patching, every head x position", 0.1, "first targets", BARE_REF),
-    # Idle hook points cost nothing, down to the attention kernel.
-    ("forward", "a", "forward, no hooks attached", 1.02, "idle hooks", BARE_REF),
-    ("forward", "b", "forward, no hooks attached", 1.01, "idle hooks", BARE_REF),
-    ("forward", "s64", "forward, no hooks attached", 1.10, "idle hooks", BARE_REF),
-    ("forward", "a", "run_with_cache, everything", 1.10, "idle hooks", BARE_REF),
-    ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "idle hooks", BARE_REF),
-    ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "idle hooks", BARE_REF),
-    # peak resident memory of one forward, against the bare model's (memory section)
-    ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
-]
 
 # ----------------------------------------------------------------------------- contenders
 

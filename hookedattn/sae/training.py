@@ -76,21 +76,17 @@ def train_sae(
     One of: a ReLU SAE with `l1` (its penalty), a TopK SAE with `k`, or a JumpReLU SAE
     with `l0` (the coefficient of its L0 penalty; thresholds start at `threshold` and
     learn through a straight-through estimator of width `bandwidth`, both in the
-    normalised units of the module docstring). With `resample_every=n`, every n steps
-    the dead features are resampled towards inputs of high loss
-    (`hookedattn.sae.resampling`). Batches of `batch_size` rows are drawn shuffled,
-    epoch after epoch. A `tqdm` bar shows loss, L0, fraction of
-    variance explained and dead features every `log_every` steps; pass a list as `log` to
-    receive those as `TrainingStep`s. With `checkpoint_every=n`, the SAE as it is after
-    every n steps is saved (in the model's units, loadable by `SparseAutoencoder.load`)
-    to `checkpoint_dir/step-000n`. Returns the SAE in float32, in the model's units.
+    normalised units of the module docstring). `resample_every=n`: every n steps the dead
+    features are resampled towards inputs of high loss (`hookedattn.sae.resampling`).
+    Batches of `batch_size` rows are drawn shuffled, epoch after epoch. A `tqdm` bar shows
+    loss, L0, fraction of variance explained and dead features every `log_every` steps
+    (appended to `log` as `TrainingStep`s if given). `checkpoint_every=n` saves the SAE
+    after every n steps (in the model's units) to `checkpoint_dir/step-000n`. Returns the
+    SAE in float32, in the model's units.
     """
     _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size)
-    _check_extras(bandwidth, threshold, resample_every)
-    if (checkpoint_every is None) != (checkpoint_dir is None):
-        raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
-    stats = store.stats(name)
-    mean, scale = stats.mean.float(), float(stats.var.mean().sqrt())
+    _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir)
+    mean, scale = _normalisation(store, name)
     sae = _new_sae(store, name, d_sae, l1, k, seed)
     objective = _objective(sae, l1, l0, bandwidth, threshold)
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
@@ -103,21 +99,45 @@ def train_sae(
         # is a tenth of the cost of (acts > 0).any(0), which would be a tenth of a step.
         since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
         if resample_every is not None and (step + 1) % resample_every == 0 and step + 1 < steps:
-            dead = since_fired >= dead_window
-            revived = resample_dead(sae, optimizer, x, dead, (seed << 32) + step)
-            since_fired = torch.where(revived, 0, since_fired)
+            since_fired = _resampled(sae, optimizer, x, since_fired, dead_window, seed, step)
         if step % log_every == 0 or step == steps - 1:
-            tokens = (step + 1) * batch_size
-            record = _measure(step, tokens, loss, acts, x, recons, since_fired, dead_window)
-            bar.set_postfix(loss=f"{record.loss:.3g}", L0=f"{record.l0:.1f}",
-                            FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
-            if log is not None:
-                log.append(record)
+            record = _measure(step, batch_size, loss, acts, x, recons, since_fired, dead_window)
+            _report(bar, log, record)
         _checkpoint(sae, mean, scale, step, checkpoint_every, checkpoint_dir)
         bar.update()
     bar.close()
     _fold(sae, mean, scale)
     return sae
+
+
+def _normalisation(store: Any, name: str) -> tuple[Tensor, float]:
+    """The mean subtracted from every row and the one scale it is divided by (the store's
+    statistics): rows of unit mean square per dimension."""
+    stats = store.stats(name)
+    return stats.mean.float(), float(stats.var.mean().sqrt())
+
+
+def _resampled(
+    sae: SparseAutoencoder,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    since_fired: Tensor,
+    dead_window: int,
+    seed: int,
+    step: int,
+) -> Tensor:
+    """Resample the features silent for `dead_window` steps; the steps since each fired."""
+    dead = since_fired >= dead_window
+    revived = resample_dead(sae, optimizer, x, dead, (seed << 32) + step)
+    return torch.where(revived, 0, since_fired)
+
+
+def _report(bar: Any, log: list[TrainingStep] | None, record: TrainingStep) -> None:
+    """Show a step's numbers on the progress bar, and keep them in `log` if given."""
+    bar.set_postfix(loss=f"{record.loss:.3g}", L0=f"{record.l0:.1f}",
+                    FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
+    if log is not None:
+        log.append(record)
 
 
 def _checkpoint(
@@ -210,7 +230,9 @@ def _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size) -> None:
         )
 
 
-def _check_extras(bandwidth, threshold, resample_every) -> None:
+def _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir) -> None:
+    if (checkpoint_every is None) != (checkpoint_dir is None):
+        raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
     for field, value in (("bandwidth", bandwidth), ("threshold", threshold)):
         if not value > 0:
             raise ValueError(f"{field} must be a positive number, got {value!r}")
@@ -258,7 +280,7 @@ def _constrain(sae: SparseAutoencoder) -> None:
 @torch.no_grad()
 def _measure(
     step: int,
-    tokens: int,
+    batch_size: int,
     loss: Tensor,
     acts: Float[Tensor, "batch d_sae"],
     x: Float[Tensor, "batch d_in"],
@@ -266,7 +288,9 @@ def _measure(
     since_fired: Tensor,
     dead_window: int,
 ) -> TrainingStep:
+    """The numbers logged after step `step` (its tokens counted from the start)."""
     l0 = float((acts > 0).sum(-1).float().mean())
+    tokens = (step + 1) * batch_size
     return TrainingStep(step, tokens, float(loss), l0, fraction_of_variance_explained(x, recons),
                         int((since_fired >= dead_window).sum()))  # fmt: skip
 
