@@ -23,6 +23,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from hookedattn import tokenization
+from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCache
 
 
@@ -232,7 +233,7 @@ def _last_logits(
 
 def _hooked(module: torch.nn.Module) -> bool:
     """Whether a hook point in `module` has a hook attached."""
-    return any(getattr(m, "_active", False) for m in module.modules())
+    return any(isinstance(m, HookPoint) and m.has_hooks() for m in module.modules())
 
 
 def generate_tokens(

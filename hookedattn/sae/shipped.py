@@ -37,7 +37,7 @@ def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> S
         if actual != record["model_weights_sha256"]:
             raise ValueError(
                 f"the shipped SAE at {hook_name} was trained on {model_name} with weights "
-                f"sha256 {record['model_weights_sha256'][:12]}; this model's hash to "
+                f"sha256 {record['model_weights_sha256'][:12]}; this model's weights hash to "
                 f"{actual[:12]}: retrain it ({record['command']})"
             )
     return io.load(ROOT / model_name / hook_name)
