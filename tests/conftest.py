@@ -8,6 +8,7 @@ what only this suite needs.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,30 @@ def saved_byte_model() -> Callable[..., Any]:
         return model
 
     return build
+
+
+@dataclass(frozen=True)
+class MainDemo:
+    """tests/tl_main_demo.py, TransformerLens code run on `config` and given `weights` by its
+    caller: `source` as written, `ported` with its TransformerLens import changed to
+    hookedattn_tl (the one change a user makes)."""
+
+    path: Path
+    config: dict[str, Any]
+    source: str
+    ported: str
+
+
+@pytest.fixture(scope="session")
+def main_demo() -> MainDemo:
+    """The Main-Demo-style script both implementations run, and its config: small, with every
+    part the demo reads (LayerNorm, a GELU MLP, several heads)."""
+    path = Path(__file__).with_name("tl_main_demo.py")
+    source = path.read_text()
+    assert source.splitlines().count("import transformer_lens") == 1
+    ported = source.replace(
+        "\nimport transformer_lens\n", "\nimport hookedattn_tl as transformer_lens\n"
+    ).replace("from transformer_lens import", "from hookedattn_tl import")
+    sizes = dict(n_layers=2, n_heads=4, d_head=8, d_model=32, d_mlp=64, d_vocab=40, n_ctx=32)
+    config = dict(**sizes, act_fn="gelu", normalization_type="LN")
+    return MainDemo(path, config, source, ported)

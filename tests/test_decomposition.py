@@ -16,7 +16,7 @@ from analysis import (
     head_results,
 )
 from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn.testing import random_tiny_model, randomize_parameters
 from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
@@ -24,22 +24,10 @@ DTYPES = (torch.float64, torch.float32)
 
 
 def _model(norm="LN", attn_only=False, use_attn_result=False, dtype=torch.float64, **extra):
-    cfg = HookedTransformerConfig(
-        n_layers=extra.pop("n_layers", 2),
-        d_model=16,
-        n_heads=4,
-        d_head=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=None if attn_only else 24,
-        attn_only=attn_only,
-        normalization_type=norm,
-        use_attn_result=use_attn_result,
-        dtype=dtype,
-        seed=0,
-        **extra,
-    )
-    return randomize_parameters(HookedTransformer(cfg))
+    """Every parameter random (`random_tiny_model`), so that no forgotten term can hide."""
+    sizes = dict(n_ctx=8, d_vocab=20, d_mlp=None if attn_only else 24)
+    flags = dict(attn_only=attn_only, use_attn_result=use_attn_result)
+    return random_tiny_model(**sizes, **flags, normalization_type=norm, dtype=dtype, **extra)
 
 
 def _run(model, batch=2, pos=6, seed=2):

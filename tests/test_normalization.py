@@ -12,28 +12,19 @@ from analysis import (
     decompose_resid,
 )
 from analysis.normalization import NormSite, normalize
-from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
-from hookedattn.testing import randomize_parameters
+from hookedattn import ActivationCache
+from hookedattn.testing import random_tiny_model
 from hookedattn.tolerances import tolerance
 
 NORMS = ("LN", "LNPre", "RMS", "RMSPre")
 
 
 def _model(norm="LN", attn_only=False, dtype=torch.float64, **extra):
-    cfg = HookedTransformerConfig(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        n_ctx=8,
-        d_vocab=20,
-        d_mlp=None if attn_only else 24,
-        attn_only=attn_only,
-        normalization_type=norm,
-        dtype=dtype,
-        seed=0,
-        **extra,
+    """Every parameter random (`random_tiny_model`), gains and biases included."""
+    sizes = dict(n_ctx=8, d_vocab=20, d_mlp=None if attn_only else 24)
+    return random_tiny_model(
+        **sizes, attn_only=attn_only, normalization_type=norm, dtype=dtype, **extra
     )
-    return randomize_parameters(HookedTransformer(cfg))
 
 
 def _run(model):

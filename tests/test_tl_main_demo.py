@@ -7,41 +7,16 @@ replaced by `import hookedattn_tl as transformer_lens`, and its numbers are chec
 against facts that hold for any weights.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch.testing import assert_close
 
 import hookedattn_tl
 
-DEMO = Path(__file__).with_name("tl_main_demo.py")
-CONFIG = dict(
-    n_layers=2,
-    d_model=32,
-    d_head=8,
-    n_heads=4,
-    d_mlp=64,
-    d_vocab=40,
-    n_ctx=32,
-    act_fn="gelu",
-    normalization_type="LN",
-)
 
-
-def ported_source() -> str:
-    """The demo with its one TransformerLens import line changed."""
-    source = DEMO.read_text()
-    lines = source.splitlines()
-    assert lines.count("import transformer_lens") == 1
-    return source.replace(
-        "\nimport transformer_lens\n", "\nimport hookedattn_tl as transformer_lens\n"
-    ).replace("from transformer_lens import", "from hookedattn_tl import")
-
-
-def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Weights with nonzero biases and gains, so that every term of every sum matters."""
-    model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**CONFIG))
+    model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**config))
     generator = torch.Generator().manual_seed(seed)
     return {
         name: (torch.randn(t.shape, generator=generator) * 0.3 + (name.endswith(".w")))
@@ -50,9 +25,9 @@ def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    namespace = {"weights": random_weights(), "config": CONFIG}
-    exec(compile(ported_source(), str(DEMO), "exec"), namespace)
+def results(main_demo) -> dict:
+    namespace = {"weights": random_weights(main_demo.config), "config": main_demo.config}
+    exec(compile(main_demo.ported, str(main_demo.path), "exec"), namespace)
     return namespace["results"]
 
 
@@ -82,9 +57,9 @@ def test_direct_logit_attribution_is_linear_in_the_components(results):
     assert_close(results["logit_attrs"].mean(-1), per_layer, atol=1e-5, rtol=1e-5)
 
 
-def test_logit_lens_final_entry_is_the_model_s_own_logits(results):
+def test_logit_lens_final_entry_is_the_model_s_own_logits(results, main_demo):
     lens = results["logit_lens_logits"]  # [point batch d_vocab]: ln_final, W_U, b_U
-    assert lens.shape == (3, 4, CONFIG["d_vocab"])
+    assert lens.shape == (3, 4, main_demo.config["d_vocab"])
     assert_close(lens[-1], results["last_logits"], atol=1e-4, rtol=1e-5)
 
 

@@ -10,8 +10,6 @@ Two checks: every activation of a cache, and every number of the Main-Demo-style
 under hookedattn_tl.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch.testing import assert_close
@@ -20,18 +18,6 @@ transformer_lens = pytest.importorskip("transformer_lens")
 
 import hookedattn_tl  # noqa: E402
 
-DEMO = Path(__file__).with_name("tl_main_demo.py")
-CONFIG = dict(
-    n_layers=2,
-    d_model=32,
-    d_head=8,
-    n_heads=4,
-    d_mlp=64,
-    d_vocab=40,
-    n_ctx=32,
-    act_fn="gelu",
-    normalization_type="LN",
-)
 # float32 forwards of two implementations: their rounding differs, not their math.
 TOLERANCE = dict(atol=2e-5, rtol=2e-5)
 
@@ -51,9 +37,8 @@ VARIANTS = {
 }
 
 
-def random_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.Tensor]:
+def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter drawn at random, biases and gains too, so that every term matters."""
-    config = CONFIG if config is None else config
     model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**config))
     generator = torch.Generator().manual_seed(seed)
     weights = {
@@ -65,8 +50,7 @@ def random_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch
     return weights
 
 
-def tl_model(weights: dict[str, torch.Tensor], config: dict | None = None):
-    config = CONFIG if config is None else config
+def tl_model(weights: dict[str, torch.Tensor], config: dict):
     model = transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(**config))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     parameters = {name for name, _ in model.named_parameters()}
@@ -75,27 +59,24 @@ def tl_model(weights: dict[str, torch.Tensor], config: dict | None = None):
     return model.eval()
 
 
-def our_model(
-    weights: dict[str, torch.Tensor], config: dict | None = None
-) -> hookedattn_tl.HookedTransformer:
-    config = CONFIG if config is None else config
+def our_model(weights: dict[str, torch.Tensor], config: dict) -> hookedattn_tl.HookedTransformer:
     model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**config))
     model.load_state_dict(weights)
     return model.eval()
 
 
-def run_demo(source: str, weights: dict[str, torch.Tensor]) -> dict:
-    namespace = {"weights": weights, "config": CONFIG}
-    exec(compile(source, str(DEMO), "exec"), namespace)
+def run_demo(main_demo, source: str, weights: dict[str, torch.Tensor]) -> dict:
+    namespace = {"weights": weights, "config": main_demo.config}
+    exec(compile(source, str(main_demo.path), "exec"), namespace)
     return namespace["results"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_cached_activation_matches(variant):
-    config = {**CONFIG, **VARIANTS[variant]}
-    weights = random_weights(config=config)
+def test_every_cached_activation_matches(variant, main_demo):
+    config = {**main_demo.config, **VARIANTS[variant]}
+    weights = random_weights(config)
     tokens = torch.randint(
-        0, CONFIG["d_vocab"], (3, 10), generator=torch.Generator().manual_seed(1)
+        0, config["d_vocab"], (3, 10), generator=torch.Generator().manual_seed(1)
     )
     theirs_logits, theirs = tl_model(weights, config).run_with_cache(tokens)
     ours_logits, ours = our_model(weights, config).run_with_cache(tokens)
@@ -114,14 +95,10 @@ def scaled(expected: torch.Tensor) -> dict[str, float]:
     return dict(atol=TOLERANCE["atol"] * largest, rtol=TOLERANCE["rtol"])
 
 
-def test_main_demo_gives_transformer_lens_numbers():
-    weights = random_weights()
-    source = DEMO.read_text()
-    theirs = run_demo(source, weights)
-    ported = source.replace(
-        "\nimport transformer_lens\n", "\nimport hookedattn_tl as transformer_lens\n"
-    ).replace("from transformer_lens import", "from hookedattn_tl import")
-    ours = run_demo(ported, weights)
+def test_main_demo_gives_transformer_lens_numbers(main_demo):
+    weights = random_weights(main_demo.config)
+    theirs = run_demo(main_demo, main_demo.source, weights)
+    ours = run_demo(main_demo, main_demo.ported, weights)
     assert ours.pop("version_module") == "hookedattn_tl"
     assert theirs.pop("version_module") == "transformer_lens"
     assert set(ours) == set(theirs)
@@ -137,8 +114,9 @@ def test_main_demo_gives_transformer_lens_numbers():
 
 
 @pytest.mark.parametrize("mode", ["Q", "K", "V"])
-def test_all_composition_scores_match(mode):
-    weights = random_weights()
-    theirs = tl_model(weights).all_composition_scores(mode)
-    ours = our_model(weights).all_composition_scores(mode)
+def test_all_composition_scores_match(mode, main_demo):
+    config = main_demo.config
+    weights = random_weights(config)
+    theirs = tl_model(weights, config).all_composition_scores(mode)
+    ours = our_model(weights, config).all_composition_scores(mode)
     assert_close(ours, theirs, **TOLERANCE)
