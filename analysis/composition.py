@@ -38,7 +38,13 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.copying import _wishart_factor
+from analysis._weight_scores import (
+    ScoresAgainstRandom,
+    require_spread,
+    seeded_draws,
+    upcast,
+    wishart_factor,
+)
 from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
@@ -47,8 +53,8 @@ if TYPE_CHECKING:
 KINDS: tuple[str, ...] = ("Q", "K", "V")
 
 
-@dataclasses.dataclass(frozen=True)
-class CompositionScores:
+@dataclasses.dataclass(frozen=True, repr=False)
+class CompositionScores(ScoresAgainstRandom):
     """Scores `[layer head layer head]`: entry `[l1, h1, l2, h2]` is how much head `(l2, h2)`
     reads (through `kind`) what head `(l1, h1)` writes; zero unless `l1 < l2`.
 
@@ -58,19 +64,9 @@ class CompositionScores:
     that random weights would not show.
     """
 
-    kind: str
     scores: Float[Tensor, "layer head layer head"]
-    baseline: float
-    baseline_std: float
-    n_samples: int
-
-    def __repr__(self) -> str:
-        shape = " ".join(str(n) for n in self.scores.shape)
-        return (
-            f"CompositionScores(kind={self.kind!r}, scores=[{shape}], "
-            f"max={float(self.scores.max()):.4f}, "
-            f"baseline={self.baseline:.4f}±{self.baseline_std:.4f})"
-        )
+    kind: str
+    _label = "kind"
 
 
 def composition_scores(
@@ -89,12 +85,11 @@ def composition_scores(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
+    require_spread(n_samples)
     if kind in ("Q", "K"):
         require_bilinear_scores(model, f"{kind}-composition")
     with torch.no_grad():  # scores of the weights, not a graph through them
-        written = _written(_upcast(model.W_V), _upcast(model.W_O))
+        written = _written(upcast(model.W_V), upcast(model.W_O))
         read = _read(*_later_factors(model, kind))
     written_norm, read_norm = _norm(written), _norm(read)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
@@ -110,7 +105,7 @@ def composition_scores(
         denominator = written_norm[layer][:, None, None] * read_norm[later]
         scores[layer, :, later] = _norm(overlap) / denominator
     mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
-    return CompositionScores(kind, scores.to(model.W_V.dtype), mean, std, n_samples)
+    return CompositionScores(scores.to(model.W_V.dtype), mean, std, n_samples, kind)
 
 
 def _later_factors(
@@ -118,10 +113,10 @@ def _later_factors(
 ) -> tuple[Float[Tensor, "layer head d_model d_head"], Float[Tensor, "layer head d_head d_model"]]:
     """Factors `A_2, B_2` of the later head's matrix: QK, QK.T or OV."""
     if kind == "Q":
-        return _upcast(model.W_Q), _upcast(model.W_K).mT
+        return upcast(model.W_Q), upcast(model.W_K).mT
     if kind == "K":
-        return _upcast(model.W_K), _upcast(model.W_Q).mT
-    return _upcast(model.W_V), _upcast(model.W_O)
+        return upcast(model.W_K), upcast(model.W_Q).mT
+    return upcast(model.W_V), upcast(model.W_O)
 
 
 def _written(
@@ -149,15 +144,9 @@ def _random_baseline(d_model: int, d_head: int, n_samples: int, seed: int) -> tu
     A function of the shapes, the seed and the sample count only, so it is memoised: the
     Q, K and V scores of a model (or of several models of one shape) draw it once.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        chunk = max(1, _CHUNK_ELEMENTS // (8 * d_head * d_head))
-        scores = torch.cat(
-            [
-                _random_scores(d_model, d_head, min(chunk, n_samples - start))
-                for start in range(0, n_samples, chunk)
-            ]
-        )
+    chunk = max(1, _CHUNK_ELEMENTS // (8 * d_head * d_head))
+    draw = functools.partial(_random_scores, d_model, d_head)
+    scores = seeded_draws(draw, n_samples, chunk, seed)
     return float(scores.mean()), float(scores.std())
 
 
@@ -169,23 +158,18 @@ def _random_scores(d_model: int, d_head: int, n: int) -> Float[Tensor, " sample"
 
     The score `||A_1 B_1 A_2 B_2|| / (||A_1 B_1|| ||A_2 B_2||)` reads `A_1` only through
     `A_1^T A_1` and `B_2` only through `B_2 B_2^T` (as in `_written`, `_read`), so Wishart
-    factors `T_1, T_2` stand in for them (`analysis.copying._wishart_factor`). With `A_2
+    factors `T_1, T_2` stand in for them (`analysis._weight_scores.wishart_factor`). With `A_2
     = Q T_a` (QR), `B_1 [Q Q_perp] = [G H]` has independent Gaussian blocks, since the
     rows of `B_1` are isotropic: `B_1 A_2 = G T_a`, `||T_1 B_1||^2 = ||T_1 G||^2 + ||T_1
     H||^2`, where `H` enters through `H H^T` (a Wishart factor `T_h`), and `||A_2 T_2^T||
     = ||T_a T_2^T||`. The same distribution as the dense draws (a test checks it), at the
     cost of a few `d_head x d_head` products instead of `d_model`-sized QRs.
     """
-    T_1, T_2, T_a = (_wishart_factor(d_model, d_head, n) for _ in range(3))
+    T_1, T_2, T_a = (wishart_factor(d_model, d_head, n) for _ in range(3))
     rank = T_a.shape[-2]  # min(d_model, d_head): the columns of Q
     G = torch.randn(n, d_head, rank, dtype=torch.float64)
-    T_h = _wishart_factor(d_model - rank, d_head, n)
+    T_h = wishart_factor(d_model - rank, d_head, n)
     overlap = _norm(T_1 @ G @ T_a @ T_2.mT)
     written = (_norm(T_1 @ G) ** 2 + _norm(T_1 @ T_h.mT) ** 2).sqrt()
     read = _norm(T_a @ T_2.mT)
     return overlap / (written * read)
-
-
-def _upcast(x: Tensor) -> Tensor:
-    # QR has no 16-bit kernels.
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -26,6 +26,7 @@ circuit, which a model with q/k norms (`use_qk_norm`) does not have: refused by 
 """
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,14 +34,21 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
+from analysis._weight_scores import (
+    ScoresAgainstRandom,
+    require_spread,
+    seeded_draws,
+    upcast,
+    wishart_factor,
+)
 from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer
 
 
-@dataclasses.dataclass(frozen=True)
-class CopyingScores:
+@dataclasses.dataclass(frozen=True, repr=False)
+class CopyingScores(ScoresAgainstRandom):
     """Per-head `sum(eigenvalues) / sum(|eigenvalues|)` of a full circuit, `[layer head]`.
 
     `baseline` is the expected score of random matrices of the same shapes, exactly 0
@@ -49,18 +57,9 @@ class CopyingScores:
     which a score is large. A head whose spectrum is all zero scores NaN.
     """
 
-    circuit: str
     scores: Float[Tensor, "layer head"]
-    baseline: float
-    baseline_std: float
-    n_samples: int
-
-    def __repr__(self) -> str:
-        shape = " ".join(str(n) for n in self.scores.shape)
-        return (
-            f"CopyingScores(circuit={self.circuit!r}, scores=[{shape}], "
-            f"baseline={self.baseline:.1f}±{self.baseline_std:.4f})"
-        )
+    circuit: str
+    _label = "circuit"
 
 
 def copying_scores(
@@ -84,28 +83,27 @@ def copying_scores(
             f"the full OV circuit is square only when d_vocab == d_vocab_out; this model has "
             f"d_vocab={model.cfg.d_vocab}, d_vocab_out={model.cfg.d_vocab_out}"
         )
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
+    require_spread(n_samples)
     with torch.no_grad():  # scores of the weights, not a graph through them
         small = _small_matrices(model, circuit)
         scores = _eigenvalue_score(small).to(model.W_E.dtype)
     std = _random_std(
         circuit, model.cfg.d_vocab, model.cfg.d_model, model.cfg.d_head, n_samples, seed
     )
-    return CopyingScores(circuit, scores, 0.0, std, n_samples)
+    return CopyingScores(scores, 0.0, std, n_samples, circuit)
 
 
 def _small_matrices(
     model: "HookedTransformer", circuit: str
 ) -> Float[Tensor, "layer head d_head d_head"]:
     """`B @ A` of each head's full circuit `A @ B`: same nonzero spectrum, `d_head` square."""
-    W_E = _upcast(model.W_E)
+    W_E = upcast(model.W_E)
     if circuit == "OV":
-        middle = _upcast(model.W_U) @ W_E
-        left, right = _upcast(model.W_O), _upcast(model.W_V)
+        middle = upcast(model.W_U) @ W_E
+        left, right = upcast(model.W_O), upcast(model.W_V)
     else:
         middle = W_E.mT @ W_E
-        left, right = _upcast(model.W_K).mT, _upcast(model.W_Q)
+        left, right = upcast(model.W_K).mT, upcast(model.W_Q)
     return einsum(
         left,
         middle,
@@ -125,13 +123,8 @@ def _random_std(
     circuit: str, d_vocab: int, d_model: int, d_head: int, n_samples: int, seed: int
 ) -> float:
     """Standard deviation of the score over random Gaussian weights of these shapes."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        scores = [
-            _random_scores(circuit, d_vocab, d_model, d_head, min(_CHUNK, n_samples - start))
-            for start in range(0, n_samples, _CHUNK)
-        ]
-    return float(torch.cat(scores).std())
+    draw = functools.partial(_random_scores, circuit, d_vocab, d_model, d_head)
+    return float(seeded_draws(draw, n_samples, _CHUNK, seed).std())
 
 
 def _random_scores(
@@ -140,7 +133,7 @@ def _random_scores(
     """Scores of `n` heads with Gaussian weights, through `d_head`-sized matrices only.
 
     Write `F(n, k)` for a factor `C` with `C^T C ~ Z^T Z`, `Z` a Gaussian `[n k]`
-    (`_wishart_factor`). Given `W_V`, the rows of `W_E W_V` are Gaussian with covariance
+    (`wishart_factor`). Given `W_V`, the rows of `W_E W_V` are Gaussian with covariance
     `W_V^T W_V = C_v^T C_v`, so `W_E W_V ~ Z_e C_v`; likewise `W_O W_U ~ C_o^T Z_u`; and
     `Z_u Z_e ~ G T` with `G` Gaussian and `T = F(d_vocab, .)` (QR of `Z_e`, then `Z_u Q` is
     Gaussian). So `W_O W_U W_E W_V ~ C_o^T G T C_v`. For QK, `[W_E W_K, W_E W_Q] ~ Z C`
@@ -148,37 +141,16 @@ def _random_scores(
     """
     gaussian = lambda *shape: torch.randn(n, *shape, dtype=torch.float64)
     if circuit == "OV":
-        C_o = _wishart_factor(d_model, d_head, n)  # W_O W_O^T = C_o^T C_o
-        C_v = _wishart_factor(d_model, d_head, n)  # W_V^T W_V = C_v^T C_v
-        T = _wishart_factor(d_vocab, C_v.shape[-2], n)  # Z_e = Q T
+        C_o = wishart_factor(d_model, d_head, n)  # W_O W_O^T = C_o^T C_o
+        C_v = wishart_factor(d_model, d_head, n)  # W_V^T W_V = C_v^T C_v
+        T = wishart_factor(d_vocab, C_v.shape[-2], n)  # Z_e = Q T
         small = C_o.mT @ gaussian(C_o.shape[-2], T.shape[-2]) @ T @ C_v
     else:
-        C = _wishart_factor(d_model, 2 * d_head, n)  # [W_K W_Q]^T [W_K W_Q] = C^T C
-        T = _wishart_factor(d_vocab, C.shape[-2], n)  # Z = Q T
+        C = wishart_factor(d_model, 2 * d_head, n)  # [W_K W_Q]^T [W_K W_Q] = C^T C
+        T = wishart_factor(d_vocab, C.shape[-2], n)  # Z = Q T
         keys, queries = (T @ C).split(d_head, dim=-1)
         small = keys.mT @ queries
     return _eigenvalue_score(small)
 
 
 _CHUNK = 4096  # draws at a time: a few [d_head d_head] matrices each
-
-
-def _wishart_factor(n_dof: int, dim: int, n_samples: int) -> Float[Tensor, "sample rows dim"]:
-    """`T` with `T^T T` distributed as `Z^T Z` for a Gaussian `Z: [n_dof dim]`.
-
-    For `n_dof >= dim`, Bartlett's decomposition: upper triangular, `T_ii^2 ~
-    chi^2(n_dof - i)` (0-based `i`) and standard normal entries above the diagonal; it is
-    the `R` of the QR decomposition `Z = O R`, independent of the Haar-distributed `O`.
-    For `n_dof < dim`, `Z` itself (it is then the smaller of the two).
-    """
-    if n_dof < dim:
-        return torch.randn(n_samples, n_dof, dim, dtype=torch.float64)
-    dof = torch.arange(n_dof, n_dof - dim, -1, dtype=torch.float64)
-    diagonal = torch.distributions.Chi2(dof).sample((n_samples,)).sqrt()
-    upper = torch.randn(n_samples, dim, dim, dtype=torch.float64).triu(1)
-    return upper + torch.diag_embed(diagonal)
-
-
-def _upcast(x: Tensor) -> Tensor:
-    # eig has no 16-bit kernels.
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

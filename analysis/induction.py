@@ -85,7 +85,9 @@ class RepeatLosses:
 
 
 def repeat_losses(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], period: int
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    period: int = PERIOD,
 ) -> RepeatLosses:
     """Summaries of the per-token loss of `logits` on repeated sequences `tokens`."""
     loss = lm_cross_entropy_loss(logits, tokens, per_token=True).mean(0)
@@ -112,6 +114,25 @@ def order_blind_loss(tokens: Int[Tensor, "batch pos"], period: int) -> float:
     return float(-frequency.log().mean())
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatScores:
+    """How far a model has learnt induction, on repeated sequences: one point of a curve
+    over training checkpoints."""
+
+    induction: float  # the best layer-1 induction score
+    icl: float  # first-copy minus second-copy loss
+
+
+def repeat_scores(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], period: int = PERIOD
+) -> RepeatScores:
+    """The best layer-1 induction score and the repeat ICL of `model` on `tokens`."""
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
+    induction = induction_scores(model, cache=cache, tokens=tokens).scores[1].max()
+    return RepeatScores(float(induction), repeat_losses(logits, tokens, period).icl)
+
+
 # ---------------------------------------------------------------------- the circuit's heads
 @dataclasses.dataclass(frozen=True)
 class CircuitHeads:
@@ -135,7 +156,7 @@ class CircuitHeads:
         """Layer-0 heads whose K-composition into the induction head is well above random."""
         k = self.composition["K"]
         scores = k.scores[0, :, 1, self.induction_head]
-        return tuple(int(i) for i in (scores > k.baseline + SIGMAS * k.baseline_std).nonzero())
+        return tuple(int(i) for i in (scores > k.threshold(SIGMAS)).nonzero())
 
     def induction_heads(self) -> tuple[int, ...]:
         """Every layer-1 head with a majority of its attention on the induction target."""
@@ -200,7 +221,7 @@ def ablate_heads(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
     heads: Sequence[tuple[int, int]],
-    period: int,
+    period: int = PERIOD,
     *,
     method: str = "zero",
     reference: Int[Tensor, "batch pos"] | None = None,

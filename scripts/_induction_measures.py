@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from analysis import copying_scores, decompose_resid, direct_logit_attribution, induction_scores
+from analysis import copying_scores, decompose_resid, direct_logit_attribution
 from analysis.induction import (
     ABLATIONS,
     PERIOD,
@@ -23,6 +23,7 @@ from analysis.induction import (
     locate_circuit,
     offset_profile,
     repeat_losses,
+    repeat_scores,
     repeated_tokens,
     text_losses,
 )
@@ -159,25 +160,20 @@ class Dynamics:
 def dynamics(name: str, tokens: Tensor, windows: Tensor) -> Dynamics:
     """Scores of every shipped checkpoint of `name`, its text losses on `windows`."""
     info = pretrained_info(name)
-    induction, repeat_icl, text_icl, heldout = [], [], [], []
+    repeat, text = [], []
     for step in info.checkpoints:
         model = HookedTransformer.from_pretrained(name, checkpoint_value=step)
-        with torch.no_grad():
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
-        induction.append(float(induction_scores(model, cache=cache, tokens=tokens).scores[1].max()))
-        repeat_icl.append(repeat_losses(logits, tokens, PERIOD).icl)
-        text = text_losses(model, windows)
-        text_icl.append(text.icl)
-        heldout.append(text.mean)
+        repeat.append(repeat_scores(model, tokens))
+        text.append(text_losses(model, windows))
     _, metadata = read_config(info.path)
     # Runs from before the induction score was evaluated lack it: NaN, as `Evaluation` says.
     keys = ["induction", *metadata["history"][0]]
     history = {k: [e.get(k, math.nan) for e in metadata["history"]] for k in keys}
     return Dynamics(
-        info.checkpoints,
-        tuple(induction),
-        tuple(repeat_icl),
-        tuple(text_icl),
-        tuple(heldout),
-        history,
+        steps=info.checkpoints,
+        induction=tuple(r.induction for r in repeat),
+        repeat_icl=tuple(r.icl for r in repeat),
+        text_icl=tuple(t.icl for t in text),
+        heldout=tuple(t.mean for t in text),
+        history=history,
     )

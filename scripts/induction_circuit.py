@@ -155,9 +155,7 @@ def _measure(say: "_Stages") -> tuple[HookedTransformer, "_Results"]:
         circuit=circuit,
         one_layer=one_layer,
         one_layer_copying=one_layer_copying,
-        n_copying=int(
-            (one_layer_copying.scores[0] > SIGMAS * one_layer_copying.baseline_std).sum()
-        ),
+        n_copying=int(one_layer_copying.above_random(SIGMAS)[0].sum()),
         text={name: text_losses(model, windows) for name, model in models.items()},
         bigram=bigram_comparison(models["bytes-attn-only-0l"], corpus.train, windows),
         zero_layer_training_loss=pretrained_info("bytes-attn-only-0l").training["final_eval"][
@@ -317,7 +315,7 @@ def _composition_findings(r: _Results) -> list[Finding]:
     p, h = r.circuit.prev_head, r.circuit.induction_head
     k, q, v = (heads.composition_of_pair(kind) for kind in "KQV")
     k_base = heads.composition["K"]
-    k_threshold = max(r.composition_floor, k_base.baseline + SIGMAS * k_base.baseline_std)
+    k_threshold = max(r.composition_floor, k_base.threshold(SIGMAS))
     return [
         Finding(
             f"K-composition L0H{p} -> L1H{h}",

@@ -8,9 +8,10 @@ import torch
 from torch.testing import assert_close
 
 from analysis import CompositionScores, CopyingScores, composition_scores, copying_scores
+from analysis._weight_scores import wishart_factor
 from analysis.composition import _random_baseline
 from analysis.composition import _random_scores as _random_composition_scores
-from analysis.copying import _random_scores, _wishart_factor
+from analysis.copying import _random_scores
 from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
@@ -238,7 +239,7 @@ def test_wishart_factor_has_the_wishart_mean():
     # E[T^T T] = n_dof * I, for the Bartlett factor and for the small-n Gaussian case.
     torch.manual_seed(0)
     for n_dof, dim in [(40, 5), (3, 5)]:
-        T = _wishart_factor(n_dof, dim, 20_000)
+        T = wishart_factor(n_dof, dim, 20_000)
         mean = (T.mT @ T).mean(0)
         assert_close(mean, n_dof * torch.eye(dim, dtype=torch.float64), rtol=0, atol=0.1 * n_dof)
 

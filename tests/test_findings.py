@@ -25,13 +25,12 @@ criteria were fixed before the shipped models were trained:
 import pytest
 import torch
 
-from analysis import copying_scores, induction_scores
+from analysis import copying_scores
 from analysis.induction import (
     BIGRAM_SHARE,
     FAR_BELOW,
     MAJORITY,
     MOST,
-    PERIOD,
     SIGMAS,
     ablate_heads,
     bigram_comparison,
@@ -41,6 +40,7 @@ from analysis.induction import (
     locate_circuit,
     offset_profile,
     repeat_losses,
+    repeat_scores,
     repeated_tokens,
     steepest_rise,
     text_losses,
@@ -106,8 +106,7 @@ def test_the_zero_layer_model_approximates_the_bigram_statistics(corpus, windows
 
 def test_most_heads_of_the_one_layer_model_are_copying_heads(one):
     scores = copying_scores(process_weights(one), "OV")
-    copying = scores.scores[0] > scores.baseline + SIGMAS * scores.baseline_std
-    assert copying.sum() > one.cfg.n_heads / 2, scores.scores
+    assert scores.above_random(SIGMAS)[0].sum() > one.cfg.n_heads / 2, scores.scores
 
 
 def test_the_two_layer_model_has_an_induction_head_in_layer_1(circuit):
@@ -130,9 +129,8 @@ def test_its_strongest_k_composition_partner_puts_a_majority_on_the_previous_tok
 
 def test_k_composition_is_well_above_baseline_and_above_q_and_v(two, circuit):
     k, q, v = (circuit.composition_of_pair(kind) for kind in "KQV")
-    baseline = circuit.composition["K"]
     assert k > composition_floor(two.cfg.d_model)
-    assert k > baseline.baseline + SIGMAS * baseline.baseline_std
+    assert k > circuit.composition["K"].threshold(SIGMAS)
     assert k > q and k > v
 
 
@@ -143,13 +141,13 @@ def test_zeroing_the_k_composition_partners_removes_the_induction_attention(two,
 
 
 def test_the_two_layer_model_predicts_the_second_copy(tokens, cache):
-    losses = repeat_losses(cache[0], tokens, PERIOD)
+    losses = repeat_losses(cache[0], tokens)
     assert losses.second < FAR_BELOW * losses.order_blind < losses.first
 
 
 def test_the_one_layer_model_does_not_predict_the_second_copy(one, tokens):
     with torch.no_grad():
-        losses = repeat_losses(one(tokens), tokens, PERIOD)
+        losses = repeat_losses(one(tokens), tokens)
     assert losses.second >= losses.order_blind
 
 
@@ -159,11 +157,11 @@ def test_late_context_loss_is_below_early_on_heldout_text(two, windows):
 
 
 def test_ablating_the_induction_heads_removes_most_in_context_learning(two, tokens, cache, circuit):
-    clean = repeat_losses(cache[0], tokens, PERIOD)
+    clean = repeat_losses(cache[0], tokens)
     heads = [(1, h) for h in circuit.induction_heads()]
-    zero = ablate_heads(two, tokens, heads, PERIOD, clean=cache[1])
+    zero = ablate_heads(two, tokens, heads, clean=cache[1])
     mean = ablate_heads(
-        two, tokens, heads, PERIOD, method="mean", reference=repeated_tokens(seed=6), clean=cache[1]
+        two, tokens, heads, method="mean", reference=repeated_tokens(seed=6), clean=cache[1]
     )
     for ablated in (zero, mean):
         assert ablated.icl < (1 - MOST) * clean.icl and not ablated.above_uniform, ablated
@@ -171,16 +169,14 @@ def test_ablating_the_induction_heads_removes_most_in_context_learning(two, toke
 
 @RISE_LAGS
 def test_induction_and_in_context_learning_rise_in_the_same_window(tokens):
-    info = pretrained_info(TWO)
-    induction, icl = [], []
-    for step in info.checkpoints:
-        model = HookedTransformer.from_pretrained(TWO, checkpoint_value=step)
-        with torch.no_grad():
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
-        induction.append(float(induction_scores(model, cache=cache, tokens=tokens).scores[1].max()))
-        icl.append(repeat_losses(logits, tokens, PERIOD).icl)
+    steps = pretrained_info(TWO).checkpoints
+    scores = [
+        repeat_scores(HookedTransformer.from_pretrained(TWO, checkpoint_value=s), tokens)
+        for s in steps
+    ]
+    induction, icl = [s.induction for s in scores], [s.icl for s in scores]
     assert induction[0] < MAJORITY < induction[-1]  # the checkpoints span the change
-    assert steepest_rise(info.checkpoints, induction) == steepest_rise(info.checkpoints, icl)
+    assert steepest_rise(steps, induction) == steepest_rise(steps, icl)
 
 
 @RISE_LAGS
