@@ -27,15 +27,16 @@ def make_model(norm="LN", attn_only=False, dtype=torch.float64, **overrides):
     return random_tiny_model(scale=0.3, **{**fields, **overrides})
 
 
-def snapshot(model):
-    return {name: t.clone() for name, t in model.state_dict().items()}
-
-
-def assert_unchanged(model, before):
+def transformed(transform, model):
+    """`transform(model)`, checked to be a new model that left `model` exactly as it was."""
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    new = transform(model)
+    assert new is not model
     after = model.state_dict()
     assert after.keys() == before.keys()
     for name, tensor in before.items():
         assert torch.equal(after[name], tensor), name
+    return new
 
 
 VARIANTS = [
@@ -49,32 +50,32 @@ VARIANTS = [
 
 
 # ---------------------------------------------------------------- function preserved
-@pytest.mark.parametrize(("norm", "attn_only", "dtype"), VARIANTS)
-def test_fold_layer_norm_preserves_logits(norm, attn_only, dtype):
-    model = make_model(norm, attn_only, dtype)
-    before = snapshot(model)
-    folded = fold_layer_norm(model)
-    assert folded is not model
-    assert folded.cfg.normalization_type == {"LN": "LNPre", "RMS": "RMSPre"}[norm]
-    assert_close(folded(TOKENS), model(TOKENS), **tolerance(dtype).as_kwargs())
-    assert_unchanged(model, before)
+# Each fold, and what it changes besides leaving the logits as they were.
+FOLDS = {
+    "fold_layer_norm": (
+        fold_layer_norm,
+        lambda folded, norm: (
+            folded.cfg.normalization_type == {"LN": "LNPre", "RMS": "RMSPre"}[norm]
+        ),
+    ),
+    "fold_value_biases": (fold_value_biases, lambda folded, norm: (folded.b_V == 0).all()),
+}
 
 
+@pytest.mark.parametrize("fold", FOLDS)
 @pytest.mark.parametrize(("norm", "attn_only", "dtype"), VARIANTS)
-def test_fold_value_biases_preserves_logits(norm, attn_only, dtype):
+def test_folds_preserve_logits(fold, norm, attn_only, dtype):
+    transform, changed = FOLDS[fold]
     model = make_model(norm, attn_only, dtype)
-    before = snapshot(model)
-    folded = fold_value_biases(model)
-    assert (folded.b_V == 0).all()
+    folded = transformed(transform, model)
+    assert changed(folded, norm)
     assert_close(folded(TOKENS), model(TOKENS), **tolerance(dtype).as_kwargs())
-    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize(("norm", "attn_only", "dtype"), VARIANTS)
 def test_center_unembed_preserves_log_probs(norm, attn_only, dtype):
     model = make_model(norm, attn_only, dtype)
-    before = snapshot(model)
-    centred = center_unembed(model)
+    centred = transformed(center_unembed, model)
     tol = tolerance(dtype).as_kwargs()
     new, old = centred(TOKENS), model(TOKENS)
     assert_close(new.log_softmax(-1), old.log_softmax(-1), **tol)
@@ -82,22 +83,19 @@ def test_center_unembed_preserves_log_probs(norm, attn_only, dtype):
     assert_close(shift, shift[..., :1].expand_as(shift), **tol)
     assert shift.abs().max() > 1e-3  # logits themselves did move
     assert_close(centred.W_U.mean(-1), torch.zeros(16, dtype=dtype), **tol)
-    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize("attn_only", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 def test_center_writing_weights_preserves_logits_of_layer_norm_models(attn_only, dtype):
     model = make_model("LN", attn_only, dtype)
-    before = snapshot(model)
-    centred = center_writing_weights(model)
+    centred = transformed(center_writing_weights, model)
     tol = tolerance(dtype).as_kwargs()
     assert_close(centred(TOKENS), model(TOKENS), **tol)
     _, cache = centred.run_with_cache(TOKENS)
     for layer in range(2):  # the residual stream now has zero mean
         resid = cache["resid_post", layer]
         assert_close(resid.mean(-1), torch.zeros(resid.shape[:-1], dtype=dtype), **tol)
-    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize("norm", ["RMS", "RMSPre", None])
@@ -118,8 +116,7 @@ def test_center_writing_weights_would_change_an_rms_model():
 @pytest.mark.parametrize(("norm", "attn_only", "dtype"), VARIANTS)
 def test_process_weights_preserves_log_probs(norm, attn_only, dtype):
     model = make_model(norm, attn_only, dtype)
-    before = snapshot(model)
-    processed = process_weights(model)
+    processed = transformed(process_weights, model)
     tol = tolerance(dtype).as_kwargs()
     assert_close(processed(TOKENS).log_softmax(-1), model(TOKENS).log_softmax(-1), **tol)
     assert (processed.b_V == 0).all()
@@ -127,7 +124,6 @@ def test_process_weights_preserves_log_probs(norm, attn_only, dtype):
     if norm == "LN":  # writing weights centred, reading weights centred
         assert_close(processed.W_E.mean(-1), torch.zeros(12, dtype=dtype), **tol)
         assert_close(processed.W_Q.mean(-2), torch.zeros(2, 2, 4, dtype=dtype), **tol)
-    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize(
