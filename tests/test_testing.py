@@ -40,14 +40,25 @@ make_model = partial(tiny_model, n_ctx=12, d_vocab=20, d_mlp=32)
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1]])
 
 
-def with_replaced(cache: ActivationCache, name: str, value: torch.Tensor) -> ActivationCache:
+@pytest.fixture(scope="module")
+def clean() -> tuple:
+    """The default model and its cache of TOKENS, for the tests that only read them."""
+    model = make_model()
+    return model, model.run_with_cache(TOKENS)[1]
+
+
+def failure_message(check, *args) -> str:
+    """What the AssertionError of `check(*args)` says; the test fails if it raises none."""
+    with pytest.raises(AssertionError) as failure:
+        check(*args)
+    return str(failure.value)
+
+
+def bumped(cache: ActivationCache, name: str, index: tuple, by: float) -> ActivationCache:
+    """A copy of `cache` with `by` added to `cache[name]` at `index`."""
+    value = cache[name].clone()
+    value[index] += by
     return ActivationCache({**cache, name: value}, cache.n_layers, cache.has_batch_dim)
-
-
-def bumped(tensor: torch.Tensor, index: tuple, by: float) -> torch.Tensor:
-    out = tensor.clone()
-    out[index] += by
-    return out
 
 
 # --------------------------------------------------------- assert_residual_identities
@@ -72,14 +83,10 @@ def test_identities_hold_on_a_clean_forward_and_reach_every_activation(variant, 
     assert all(re.search(NOT_COVERED, n) for n in uncovered), uncovered
 
 
-def test_a_perturbed_activation_fails_naming_the_identity_position_error_and_tolerance():
-    model = make_model()
-    _, cache = model.run_with_cache(TOKENS)
-    name = "blocks.1.hook_resid_mid"
-    broken = with_replaced(cache, name, bumped(cache[name], (1, 3, 5), 0.25))
-    with pytest.raises(AssertionError) as failure:
-        assert_residual_identities(model, broken)
-    message = str(failure.value)
+def test_a_perturbed_activation_fails_naming_the_identity_position_error_and_tolerance(clean):
+    model, cache = clean
+    broken = bumped(cache, "blocks.1.hook_resid_mid", (1, 3, 5), 0.25)
+    message = failure_message(assert_residual_identities, model, broken)
     assert "blocks.1.hook_resid_mid == blocks.1.hook_resid_pre + blocks.1.hook_attn_out" in message
     assert "largest error 0.25 at batch 1, pos 3, d_model 5" in message
     assert "float64 tolerance" in message
@@ -95,13 +102,9 @@ def test_the_tolerance_is_the_cache_dtypes():
     _, cache = model.run_with_cache(TOKENS)
     name = "blocks.0.hook_attn_out"
     tol = tolerance(torch.float32)
-    assert_residual_identities(
-        model, with_replaced(cache, name, bumped(cache[name], (0, 2, 1), tol.atol / 10))
-    )
+    assert_residual_identities(model, bumped(cache, name, (0, 2, 1), tol.atol / 10))
     with pytest.raises(AssertionError, match="float32 tolerance"):
-        assert_residual_identities(
-            model, with_replaced(cache, name, bumped(cache[name], (0, 2, 1), 1e-3))
-        )
+        assert_residual_identities(model, bumped(cache, name, (0, 2, 1), 1e-3))
 
 
 def test_a_cast_cache_is_checked_at_the_looser_dtype():
@@ -111,16 +114,12 @@ def test_a_cast_cache_is_checked_at_the_looser_dtype():
     assert check.tolerance.source == "bfloat16"
 
 
-def test_pattern_rows_that_do_not_sum_to_one_are_located():
-    model = make_model()
-    _, cache = model.run_with_cache(TOKENS)
-    name = "blocks.0.attn.hook_pattern"
-    broken = with_replaced(cache, name, bumped(cache[name], (0, 2, 4, 1), 0.1))
-    with pytest.raises(AssertionError) as failure:
-        assert_residual_identities(model, broken)
+def test_pattern_rows_that_do_not_sum_to_one_are_located(clean):
+    model, cache = clean
+    broken = bumped(cache, "blocks.0.attn.hook_pattern", (0, 2, 4, 1), 0.1)
     assert re.search(
         r"blocks\.0\.attn\.hook_pattern rows sum to 1\n.*at batch 0, head 2, query_pos 4:",
-        str(failure.value),
+        failure_message(assert_residual_identities, model, broken),
     )
 
 
@@ -200,7 +199,7 @@ def test_a_cache_without_batch_axis_names_the_remaining_axes():
     model = make_model()
     _, cache = model.run_with_cache(TOKENS[:1], remove_batch_dim=True)
     name = "blocks.0.mlp.hook_post"
-    broken = with_replaced(cache, name, bumped(cache[name], (3, 7), -1.0))
+    broken = bumped(cache, name, (3, 7), -1.0)
     with pytest.raises(AssertionError, match=r"largest error 1 at pos 3, d_mlp 7"):
         assert_residual_identities(model, broken)
 
@@ -256,17 +255,15 @@ class Decomposition:  # the shape of analysis.Decomposition, duck-typed
     labels: tuple[str, ...]
 
 
-def test_a_complete_decomposition_passes_as_tensor_or_object():
-    model = make_model()
-    _, cache = model.run_with_cache(TOKENS)
+def test_a_complete_decomposition_passes_as_tensor_or_object(clean):
+    model, cache = clean
     parts, labels, target = stream_parts(model, cache)
     assert_decomposes(parts, target, labels)
     assert_decomposes(Decomposition(parts, tuple(labels)), target)
 
 
-def test_a_missing_component_fails_with_position_and_the_largest_components_there():
-    model = make_model()
-    _, cache = model.run_with_cache(TOKENS)
+def test_a_missing_component_fails_with_position_and_the_largest_components_there(clean):
+    model, cache = clean
     parts, labels, target = stream_parts(model, cache)
     without = Decomposition(parts[[0, 1, 3, 4, 5]], tuple(labels[i] for i in (0, 1, 3, 4, 5)))
     with pytest.raises(AssertionError) as failure:
@@ -290,9 +287,8 @@ def test_a_missing_bias_is_recognised():
         assert_decomposes(heads, cache["attn_out", 0], [f"L0H{h}" for h in range(4)])
 
 
-def test_a_component_counted_twice_is_recognised():
-    model = make_model()
-    _, cache = model.run_with_cache(TOKENS)
+def test_a_component_counted_twice_is_recognised(clean):
+    model, cache = clean
     parts, labels, target = stream_parts(model, cache)
     doubled = torch.cat([parts, parts[3:4]])
     with pytest.raises(
@@ -338,14 +334,10 @@ def test_caches_of_the_same_run_are_close():
     assert_close_cache(a, b, names=[("pattern", 0), "blocks.1.hook_resid_post"])
 
 
-def test_one_perturbed_activation_is_named_with_its_largest_error():
-    model = make_model()
-    _, a = model.run_with_cache(TOKENS)
+def test_one_perturbed_activation_is_named_with_its_largest_error(clean):
+    _, a = clean
     name = "blocks.1.attn.hook_pattern"
-    b = with_replaced(a, name, bumped(a[name], (1, 3, 5, 2), 0.5))
-    with pytest.raises(AssertionError) as failure:
-        assert_close_cache(a, b)
-    message = str(failure.value)
+    message = failure_message(assert_close_cache, a, bumped(a, name, (1, 3, 5, 2), 0.5))
     assert message.startswith(
         f"1 of {len(a)} activations differ between cache_a and cache_b:\n[1] {name}"
     )
@@ -364,9 +356,8 @@ def test_the_earliest_difference_is_named_first():
         assert_close_cache(a, b)
 
 
-def test_a_missing_activation_fails():
-    model = make_model()
-    _, a = model.run_with_cache(TOKENS)
+def test_a_missing_activation_fails(clean):
+    model, a = clean
     _, b = model.run_with_cache(TOKENS, names_filter=lambda n: "resid" in n)
     with pytest.raises(AssertionError, match="missing from cache_b: hook_embed, hook_pos_embed"):
         assert_close_cache(a, b)
