@@ -48,20 +48,16 @@ class ScoresAgainstRandom:
         )
 
 
-def require_spread(n_samples: int) -> None:
-    """A spread needs two draws at least: refuse fewer, by value."""
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
-
-
 def seeded_draws(
     draw: Callable[[int], Float[Tensor, " sample"]], n_samples: int, chunk: int, seed: int
 ) -> Float[Tensor, " sample"]:
     """`n_samples` scores of random weights, `draw(n)` giving `n` of them, `chunk` at a time.
 
-    The draws come from a private RNG state seeded by `seed`: the global torch RNG is left
-    as it was, and the same arguments give the same scores.
+    At least two, for a spread. The draws come from a private RNG state seeded by `seed`:
+    the global torch RNG is left as it was, and the same arguments give the same scores.
     """
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2 to estimate a spread, got {n_samples}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         starts = range(0, n_samples, chunk)

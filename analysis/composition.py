@@ -38,13 +38,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._weight_scores import (
-    ScoresAgainstRandom,
-    require_spread,
-    seeded_draws,
-    upcast,
-    wishart_factor,
-)
+from analysis._weight_scores import ScoresAgainstRandom, seeded_draws, upcast, wishart_factor
 from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
@@ -85,9 +79,9 @@ def composition_scores(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
-    require_spread(n_samples)
     if kind in ("Q", "K"):
         require_bilinear_scores(model, f"{kind}-composition")
+    mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
     with torch.no_grad():  # scores of the weights, not a graph through them
         written = _written(upcast(model.W_V), upcast(model.W_O))
         read = _read(*_later_factors(model, kind))
@@ -104,7 +98,6 @@ def composition_scores(
         )
         denominator = written_norm[layer][:, None, None] * read_norm[later]
         scores[layer, :, later] = _norm(overlap) / denominator
-    mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
     return CompositionScores(scores.to(model.W_V.dtype), mean, std, n_samples, kind)
 
 

@@ -34,13 +34,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._weight_scores import (
-    ScoresAgainstRandom,
-    require_spread,
-    seeded_draws,
-    upcast,
-    wishart_factor,
-)
+from analysis._weight_scores import ScoresAgainstRandom, seeded_draws, upcast, wishart_factor
 from hookedattn.weight_views import require_bilinear_scores
 
 if TYPE_CHECKING:
@@ -83,13 +77,12 @@ def copying_scores(
             f"the full OV circuit is square only when d_vocab == d_vocab_out; this model has "
             f"d_vocab={model.cfg.d_vocab}, d_vocab_out={model.cfg.d_vocab_out}"
         )
-    require_spread(n_samples)
-    with torch.no_grad():  # scores of the weights, not a graph through them
-        small = _small_matrices(model, circuit)
-        scores = _eigenvalue_score(small).to(model.W_E.dtype)
     std = _random_std(
         circuit, model.cfg.d_vocab, model.cfg.d_model, model.cfg.d_head, n_samples, seed
     )
+    with torch.no_grad():  # scores of the weights, not a graph through them
+        small = _small_matrices(model, circuit)
+        scores = _eigenvalue_score(small).to(model.W_E.dtype)
     return CopyingScores(scores, 0.0, std, n_samples, circuit)
 
 

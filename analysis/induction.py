@@ -28,6 +28,7 @@ from analysis.head_detectors import HeadScores, detect_head, induction_scores, p
 from analysis.patching import Component
 from hookedattn import ActivationCache, HookedTransformer, process_weights
 from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.pretrained import pretrained_info
 from hookedattn.training.corpus import repeated_random_tokens
 
 # ---------------------------------------------------------------------- thresholds
@@ -112,25 +113,6 @@ def order_blind_loss(tokens: Int[Tensor, "batch pos"], period: int) -> float:
     )
     frequency = counts.gather(1, segments) / period
     return float(-frequency.log().mean())
-
-
-@dataclasses.dataclass(frozen=True)
-class RepeatScores:
-    """How far a model has learnt induction, on repeated sequences: one point of a curve
-    over training checkpoints."""
-
-    induction: float  # the best layer-1 induction score
-    icl: float  # first-copy minus second-copy loss
-
-
-def repeat_scores(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], period: int = PERIOD
-) -> RepeatScores:
-    """The best layer-1 induction score and the repeat ICL of `model` on `tokens`."""
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
-    induction = induction_scores(model, cache=cache, tokens=tokens).scores[1].max()
-    return RepeatScores(float(induction), repeat_losses(logits, tokens, period).icl)
 
 
 # ---------------------------------------------------------------------- the circuit's heads
@@ -316,6 +298,31 @@ def bigram_comparison(
 
 
 # ---------------------------------------------------------------------- over training
+@dataclasses.dataclass(frozen=True)
+class CheckpointScores:
+    """Induction and in-context learning on repeated sequences at each training checkpoint
+    of a shipped model: the two curves whose rises Olsson et al. 2022 compare."""
+
+    steps: tuple[int, ...]
+    induction: tuple[float, ...]  # the best layer-1 induction score
+    icl: tuple[float, ...]  # first-copy minus second-copy loss
+
+
+def checkpoint_scores(
+    name: str, tokens: Int[Tensor, "batch pos"], period: int = PERIOD
+) -> CheckpointScores:
+    """The scores of every checkpoint of the shipped model `name` on repeated `tokens`."""
+    steps = pretrained_info(name).checkpoints
+    induction, icl = [], []
+    for step in steps:
+        model = HookedTransformer.from_pretrained(name, checkpoint_value=step)
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: "pattern" in n)
+        induction.append(float(induction_scores(model, cache=cache, tokens=tokens).scores[1].max()))
+        icl.append(repeat_losses(logits, tokens, period).icl)
+    return CheckpointScores(tuple(steps), tuple(induction), tuple(icl))
+
+
 def steepest_rise(steps: Sequence[int], values: Sequence[float]) -> tuple[int, int]:
     """The two consecutive steps between which `values` rises the most."""
     rises = [b - a for a, b in itertools.pairwise(values)]

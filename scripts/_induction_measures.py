@@ -7,6 +7,7 @@ frozen dataclasses that the report script turns into findings, figures and text.
 """
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -19,11 +20,11 @@ from analysis.induction import (
     CircuitHeads,
     RepeatLosses,
     ablate_heads,
+    checkpoint_scores,
     induction_without,
     locate_circuit,
     offset_profile,
     repeat_losses,
-    repeat_scores,
     repeated_tokens,
     text_losses,
 )
@@ -159,20 +160,17 @@ class Dynamics:
 
 def dynamics(name: str, tokens: Tensor, windows: Tensor) -> Dynamics:
     """Scores of every shipped checkpoint of `name`, its text losses on `windows`."""
-    info = pretrained_info(name)
-    repeat, text = [], []
-    for step in info.checkpoints:
-        model = HookedTransformer.from_pretrained(name, checkpoint_value=step)
-        repeat.append(repeat_scores(model, tokens))
-        text.append(text_losses(model, windows))
-    _, metadata = read_config(info.path)
+    repeat = checkpoint_scores(name, tokens)
+    load = functools.partial(HookedTransformer.from_pretrained, name)
+    text = [text_losses(load(checkpoint_value=step), windows) for step in repeat.steps]
+    _, metadata = read_config(pretrained_info(name).path)
     # Runs from before the induction score was evaluated lack it: NaN, as `Evaluation` says.
     keys = ["induction", *metadata["history"][0]]
     history = {k: [e.get(k, math.nan) for e in metadata["history"]] for k in keys}
     return Dynamics(
-        steps=info.checkpoints,
-        induction=tuple(r.induction for r in repeat),
-        repeat_icl=tuple(r.icl for r in repeat),
+        steps=repeat.steps,
+        induction=repeat.induction,
+        repeat_icl=repeat.icl,
         text_icl=tuple(t.icl for t in text),
         heldout=tuple(t.mean for t in text),
         history=history,

@@ -34,13 +34,13 @@ from analysis.induction import (
     SIGMAS,
     ablate_heads,
     bigram_comparison,
+    checkpoint_scores,
     composition_floor,
     crossing,
     induction_without,
     locate_circuit,
     offset_profile,
     repeat_losses,
-    repeat_scores,
     repeated_tokens,
     steepest_rise,
     text_losses,
@@ -169,14 +169,9 @@ def test_ablating_the_induction_heads_removes_most_in_context_learning(two, toke
 
 @RISE_LAGS
 def test_induction_and_in_context_learning_rise_in_the_same_window(tokens):
-    steps = pretrained_info(TWO).checkpoints
-    scores = [
-        repeat_scores(HookedTransformer.from_pretrained(TWO, checkpoint_value=s), tokens)
-        for s in steps
-    ]
-    induction, icl = [s.induction for s in scores], [s.icl for s in scores]
-    assert induction[0] < MAJORITY < induction[-1]  # the checkpoints span the change
-    assert steepest_rise(steps, induction) == steepest_rise(steps, icl)
+    scores = checkpoint_scores(TWO, tokens)
+    assert scores.induction[0] < MAJORITY < scores.induction[-1]  # they span the change
+    assert steepest_rise(scores.steps, scores.induction) == steepest_rise(scores.steps, scores.icl)
 
 
 @RISE_LAGS
