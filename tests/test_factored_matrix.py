@@ -119,22 +119,22 @@ def test_rmatmul_matrix(shapes, dtype):
     assert product.mdim == min(fm.mdim, fm.ldim)
 
 
-def test_matmul_vector(shapes, dtype):
-    A, B = factors(*shapes, dtype)
-    fm = FactoredMatrix(A, B)
-    v = torch.randn(fm.rdim, generator=torch.Generator().manual_seed(2)).to(dtype)
-    result = fm @ v
-    assert isinstance(result, torch.Tensor)
-    close(result, (A @ B) @ v, dtype)
+# A vector on the right or on the left: its length, its seed, and the product.
+VECTOR_PRODUCTS = {
+    "matmul": (lambda fm: fm.rdim, 2, lambda matrix, v: matrix @ v),
+    "rmatmul": (lambda fm: fm.ldim, 3, lambda matrix, v: v @ matrix),
+}
 
 
-def test_rmatmul_vector(shapes, dtype):
+@pytest.mark.parametrize("side", VECTOR_PRODUCTS)
+def test_product_with_a_vector(shapes, dtype, side):
+    length, seed, product = VECTOR_PRODUCTS[side]
     A, B = factors(*shapes, dtype)
     fm = FactoredMatrix(A, B)
-    v = torch.randn(fm.ldim, generator=torch.Generator().manual_seed(3)).to(dtype)
-    result = v @ fm
+    v = torch.randn(length(fm), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    result = product(fm, v)
     assert isinstance(result, torch.Tensor)
-    close(result, v @ (A @ B), dtype)
+    close(result, product(A @ B, v), dtype)
 
 
 @pytest.mark.parametrize("scalar", [2.5, -3, torch.tensor(0.5)])
