@@ -33,23 +33,16 @@ NORMS = {
 }
 
 
-def gemma2_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
-    """Our config for a `transformers.Gemma2Config`."""
+def gemma2_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.Gemma2Config`."""
     c = hf_config
     if getattr(c, "use_bidirectional_attention", False):
         raise ValueError("use_bidirectional_attention=True cannot be imported: causal only")
-    return HookedTransformerConfig(
-        **translate.llama_like(c, act_field="hidden_activation")
-        | {"attn_scale": float(c.query_pre_attn_scalar) ** 0.5},
+    return translate.llama_like(c, act_field="hidden_activation") | dict(
+        attn_scale=float(c.query_pre_attn_scalar) ** 0.5,
         normalization_placement="pre_and_post",
         attn_scores_soft_cap=c.attn_logit_softcapping,
         output_logits_soft_cap=c.final_logit_softcapping,
-        dtype=dtype,
-        device=device,
-        model_name=translate.model_name(c),
-        original_architecture="Gemma2ForCausalLM",
     )
 
 
@@ -86,4 +79,4 @@ def gemma2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     return llama_like_table(hf_config, cfg, rules, "Gemma 2")
 
 
-FAMILY = Family("Gemma2ForCausalLM", "gemma2", gemma2_config, gemma2_table)
+FAMILY = Family("Gemma2ForCausalLM", "gemma2", gemma2_fields, gemma2_table)

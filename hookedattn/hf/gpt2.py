@@ -61,10 +61,9 @@ _RULES = (
 _IGNORED = (r"\.attn\.(bias|masked_bias)$",)
 
 
-def gpt2_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
-    """Our config for a `transformers.GPT2Config`; variants we cannot express are errors."""
+def gpt2_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.GPT2Config`; variants we cannot express are
+    errors."""
     if getattr(hf_config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError(
             "this GPT-2 scales attention by 1/(layer index + 1) "
@@ -77,7 +76,7 @@ def gpt2_config(
         )
     d_model, n_heads = hf_config.n_embd, hf_config.n_head
     d_head = d_model // n_heads
-    return HookedTransformerConfig(
+    return dict(
         n_layers=hf_config.n_layer,
         d_model=d_model,
         n_ctx=hf_config.n_positions,
@@ -90,10 +89,6 @@ def gpt2_config(
         positional_embedding_type="standard",
         eps=hf_config.layer_norm_epsilon,
         attn_scale=d_head**0.5 if hf_config.scale_attn_weights else 1.0,
-        dtype=dtype,
-        device=device,
-        model_name=getattr(hf_config, "name_or_path", "") or "gpt2",
-        original_architecture="GPT2LMHeadModel",
     )
 
 
@@ -123,4 +118,11 @@ def convert_gpt2_state_dict(
     return dict(convert(table, source, cfg, dtype, device))
 
 
-FAMILY = Family("GPT2LMHeadModel", "gpt2", gpt2_config, gpt2_table)
+FAMILY = Family("GPT2LMHeadModel", "gpt2", gpt2_fields, gpt2_table)
+
+
+def gpt2_config(
+    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+) -> HookedTransformerConfig:
+    """Our config for a `transformers.GPT2Config`; variants we cannot express are errors."""
+    return FAMILY.config(hf_config, dtype, device)

@@ -17,7 +17,6 @@ Every weight is an `nn.Linear` `[out in]`, so each one is transposed.
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from hookedattn.config import HookedTransformerConfig
@@ -93,24 +92,13 @@ def llama_like_table(
     )
 
 
-def _config(architecture: str) -> Callable[..., HookedTransformerConfig]:
-    def config(
-        hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-    ) -> HookedTransformerConfig:
-        if getattr(hf_config, "mlp_bias", False):
-            raise ValueError(
-                "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
-            )
-        return HookedTransformerConfig(
-            **translate.llama_like(hf_config),
-            dtype=dtype,
-            device=device,
-            model_name=translate.model_name(hf_config),
-            original_architecture=architecture,
+def llama_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a Llama, Mistral or Qwen 2 config."""
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError(
+            "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
         )
-
-    config.__doc__ = f"Our config for the config of a `{architecture}`."
-    return config
+    return translate.llama_like(hf_config)
 
 
 def llama_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -130,6 +118,6 @@ def qwen2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = No
     return llama_like_table(hf_config, cfg, llama_like_rules(cfg, qkv_bias=True), "Qwen2")
 
 
-LLAMA = Family("LlamaForCausalLM", "llama", _config("LlamaForCausalLM"), llama_table)
-MISTRAL = Family("MistralForCausalLM", "mistral", _config("MistralForCausalLM"), mistral_table)
-QWEN2 = Family("Qwen2ForCausalLM", "qwen2", _config("Qwen2ForCausalLM"), qwen2_table)
+LLAMA = Family("LlamaForCausalLM", "llama", llama_fields, llama_table)
+MISTRAL = Family("MistralForCausalLM", "mistral", llama_fields, mistral_table)
+QWEN2 = Family("Qwen2ForCausalLM", "qwen2", llama_fields, qwen2_table)

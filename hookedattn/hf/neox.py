@@ -10,8 +10,6 @@ every weight is transposed. The fused `query_key_value` is laid out per head,
 
 from typing import Any
 
-import torch
-
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hf import translate
 from hookedattn.hf.family import Family, tied_unembedding
@@ -22,13 +20,11 @@ _QKV_W = "(head qkv d_head) d_model -> qkv head d_model d_head"
 _QKV_B = "(head qkv d_head) -> qkv head d_head"
 
 
-def neox_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
-    """Our config for a `transformers.GPTNeoXConfig`."""
+def neox_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.GPTNeoXConfig`."""
     c = hf_config
     d_head = c.hidden_size // c.num_attention_heads
-    return HookedTransformerConfig(
+    return dict(
         n_layers=c.num_hidden_layers,
         d_model=c.hidden_size,
         n_ctx=c.max_position_embeddings,
@@ -42,10 +38,6 @@ def neox_config(
         parallel_attn_mlp=bool(c.use_parallel_residual),
         attn_scale=d_head**0.5,
         **translate.rotary(c, d_head, partial=True),
-        dtype=dtype,
-        device=device,
-        model_name=translate.model_name(c),
-        original_architecture="GPTNeoXForCausalLM",
     )
 
 
@@ -95,4 +87,4 @@ def neox_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = Non
     )
 
 
-FAMILY = Family("GPTNeoXForCausalLM", "gpt_neox", neox_config, neox_table)
+FAMILY = Family("GPTNeoXForCausalLM", "gpt_neox", neox_fields, neox_table)

@@ -8,8 +8,6 @@ d_head)]`, which we store as `[head d_head]`), before they are split into heads 
 
 from typing import Any
 
-import torch
-
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hf import translate
 from hookedattn.hf.family import Family
@@ -19,19 +17,11 @@ from hookedattn.hf.table import Rule, Table
 NORMS = {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_layernorm"}
 
 
-def olmo2_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
-    """Our config for a `transformers.Olmo2Config`."""
-    return HookedTransformerConfig(
-        **translate.llama_like(hf_config),
-        normalization_placement="post",
-        use_qk_norm=True,
-        qk_norm_per_head=False,
-        dtype=dtype,
-        device=device,
-        model_name=translate.model_name(hf_config),
-        original_architecture="Olmo2ForCausalLM",
+def olmo2_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.Olmo2Config`: post-norms only, q/k norms over
+    whole projections."""
+    return translate.llama_like(hf_config) | dict(
+        normalization_placement="post", use_qk_norm=True, qk_norm_per_head=False
     )
 
 
@@ -48,4 +38,4 @@ def olmo2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = No
     return llama_like_table(hf_config, cfg, rules, "OLMo 2")
 
 
-FAMILY = Family("Olmo2ForCausalLM", "olmo2", olmo2_config, olmo2_table)
+FAMILY = Family("Olmo2ForCausalLM", "olmo2", olmo2_fields, olmo2_table)

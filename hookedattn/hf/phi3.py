@@ -11,8 +11,6 @@ refused by name.
 
 from typing import Any
 
-import torch
-
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hf import translate
 from hookedattn.hf.family import Family
@@ -23,18 +21,10 @@ from hookedattn.hf.table import Rule, Table
 _SPLIT = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 
 
-def phi3_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
+def phi3_fields(hf_config: Any) -> dict[str, Any]:
     """Our config for a `transformers.Phi3Config`."""
     fields = translate.llama_like(hf_config)
-    return HookedTransformerConfig(
-        **fields | translate.rotary(hf_config, fields["d_head"], partial=True),
-        dtype=dtype,
-        device=device,
-        model_name=translate.model_name(hf_config),
-        original_architecture="Phi3ForCausalLM",
-    )
+    return fields | translate.rotary(hf_config, fields["d_head"], partial=True)
 
 
 def phi3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -60,4 +50,4 @@ def phi3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = Non
     return llama_like_table(hf_config, cfg, [*rules, *fused], "Phi-3")
 
 
-FAMILY = Family("Phi3ForCausalLM", "phi3", phi3_config, phi3_table)
+FAMILY = Family("Phi3ForCausalLM", "phi3", phi3_fields, phi3_table)

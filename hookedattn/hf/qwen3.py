@@ -8,8 +8,6 @@ field (not `hidden_size / num_attention_heads`), and the biases are off unless
 
 from typing import Any
 
-import torch
-
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hf import translate
 from hookedattn.hf.family import Family
@@ -17,19 +15,9 @@ from hookedattn.hf.llama import L, llama_like_rules, llama_like_table
 from hookedattn.hf.table import Rule, Table
 
 
-def qwen3_config(
-    hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
-) -> HookedTransformerConfig:
-    """Our config for a `transformers.Qwen3Config`."""
-    return HookedTransformerConfig(
-        **translate.llama_like(hf_config),
-        use_qk_norm=True,
-        qk_norm_per_head=True,
-        dtype=dtype,
-        device=device,
-        model_name=translate.model_name(hf_config),
-        original_architecture="Qwen3ForCausalLM",
-    )
+def qwen3_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.Qwen3Config`: q/k norms per head."""
+    return translate.llama_like(hf_config) | dict(use_qk_norm=True, qk_norm_per_head=True)
 
 
 def qwen3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -43,4 +31,4 @@ def qwen3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = No
     return llama_like_table(hf_config, cfg, rules, "Qwen3")
 
 
-FAMILY = Family("Qwen3ForCausalLM", "qwen3", qwen3_config, qwen3_table)
+FAMILY = Family("Qwen3ForCausalLM", "qwen3", qwen3_fields, qwen3_table)

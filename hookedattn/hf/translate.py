@@ -107,8 +107,3 @@ def llama_like(hf_config: Any, act_field: str = "hidden_act") -> dict[str, Any]:
         **rotary(c, d_head),
         **window(c),
     }
-
-
-def model_name(hf_config: Any) -> str:
-    """The name a config was loaded from, else its model type."""
-    return getattr(hf_config, "name_or_path", "") or hf_config.model_type
