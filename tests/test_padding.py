@@ -28,24 +28,22 @@ def make_model(**overrides):
 VARIANTS = {
     "learned positions, LN, MLP": {},
     "rotary, RMS, attention only": dict(
-        positional_embedding_type="rotary",
-        normalization_type="RMS",
-        attn_only=True,
-        use_hook_mlp_in=False,
-        use_split_qkv_input=False,
-        use_attn_in=True,
+        positional_embedding_type="rotary", normalization_type="RMS", attn_only=True,
+        use_hook_mlp_in=False, use_split_qkv_input=False, use_attn_in=True,
     ),
-}
-
-
-@pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
-def model(request):
-    return make_model(**VARIANTS[request.param])
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def plain_model():
     return make_model()
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
+def model(request, plain_model):
+    """The model of each variant; the first (no overrides) is `plain_model` itself."""
+    overrides = VARIANTS[request.param]
+    return make_model(**overrides) if overrides else plain_model
 
 
 def pad_batch(prompts: list[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
