@@ -6,6 +6,7 @@ output to numbers that must agree with the reference's before anything is timed.
 """
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -312,36 +313,32 @@ def _time(run: Any, key: str, label: str, need: str, make: Callable[[], Group]) 
     run.time_group("analysis", key, entries, rounds=min(run.rounds, max(3, run.rounds // 3)))
 
 
+# Setting -> the groups timed on it: (label, the function the group measures, its builder
+# from the model, TransformerLens's copy of it and the setting's tokens).
+_GROUPS: dict[str, tuple[tuple[str, str, Callable[..., Group]], ...]] = {
+    "b": (
+        ("composition scores", "analysis.composition.composition_scores",
+         lambda model, tl, tokens: composition(model, tl)),
+        ("factored SVD", "analysis.circuits.full_ov_circuit",
+         lambda model, tl, tokens: factored_svd(model, tl)),
+    ),
+    "a": (
+        ("residual decomposition", "analysis.decomposition.decompose_resid", decomposition),
+        ("head results", "analysis.head_results.head_results", head_results),
+    ),
+}  # fmt: skip
+
+
 def analysis_section(run: Any, shipped: tuple | None) -> None:
     """Circuits on setting b (GPT-2 small's shape), cache analyses on a, patching on c."""
-    setting = run.settings["b"]
-    print(f"analysis [b] {setting.description}")
-    model, tokens = build(setting.cfg, setting.batch, setting.pos)
-    with torch.no_grad():
-        tl = run.tl_model(model, BareTransformer(model)(tokens), tokens)
-        _time(
-            run,
-            "b",
-            "composition scores",
-            "analysis.composition.composition_scores",
-            lambda: composition(model, tl),
-        )
-        _time(run, "b", "factored SVD", "analysis.circuits.full_ov_circuit",
-              lambda: factored_svd(model, tl))  # fmt: skip
-    setting = run.settings["a"]
-    print(f"analysis [a] {setting.description}")
-    model, tokens = build(setting.cfg, setting.batch, setting.pos)
-    with torch.no_grad():
-        tl = run.tl_model(model, BareTransformer(model)(tokens), tokens)
-        _time(
-            run,
-            "a",
-            "residual decomposition",
-            "analysis.decomposition.decompose_resid",
-            lambda: decomposition(model, tl, tokens),
-        )
-        _time(run, "a", "head results", "analysis.head_results.head_results",
-              lambda: head_results(model, tl, tokens))  # fmt: skip
+    for key, groups in _GROUPS.items():
+        setting = run.settings[key]
+        print(f"analysis [{key}] {setting.description}")
+        model, tokens = build(setting.cfg, setting.batch, setting.pos)
+        with torch.no_grad():
+            tl = run.tl_model(model, BareTransformer(model)(tokens), tokens)
+            for label, need, make in groups:
+                _time(run, key, label, need, functools.partial(make, model, tl, tokens))
     print("analysis [c] activation patching of every head x position")
     if shipped is not None:
         model = shipped[0]

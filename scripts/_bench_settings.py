@@ -9,13 +9,22 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """A model shape and the batch it runs on."""
+    """A model shape and the batch it runs on; `name` says what the shape stands for."""
 
     key: str
-    description: str
     cfg: dict
     batch: int
     pos: int
+    name: str = ""
+
+    @property
+    def description(self) -> str:
+        """The shape and batch in a few words, read from the config: they cannot disagree."""
+        c = self.cfg
+        mlp = "attention only" if c.get("attn_only") else "MLP"
+        shape = f"{c['n_layers']}L d{c['d_model']} {c['n_heads']}h vocab {c['d_vocab']}"
+        size = f"{shape}, {mlp}, n_ctx {c['n_ctx']}, batch {self.batch}x{self.pos}"
+        return f"{self.name}: {size}" if self.name else size
 
 
 def _cfg(n_layers, d_model, n_heads, d_vocab, n_ctx, attn_only=False, act_fn="gelu") -> dict:
@@ -34,40 +43,24 @@ def _cfg(n_layers, d_model, n_heads, d_vocab, n_ctx, attn_only=False, act_fn="ge
     )
 
 
-FULL = {
-    "a": Setting(
-        "a", "2L d256 8h vocab 5000, MLP, batch 8x128", _cfg(2, 256, 8, 5000, 128), 8, 128
-    ),
-    "b": Setting(
-        "b",
-        "GPT-2 small shape: 12L d768 12h vocab 50257, batch 4x128",
-        _cfg(12, 768, 12, 50257, 1024, act_fn="gelu_new"),
-        4,
-        128,
-    ),
-    "s64": Setting("s64", "2L d64 4h vocab 100, MLP, batch 8x64", _cfg(2, 64, 4, 100, 64), 8, 64),
-    "s512": Setting(
-        "s512", "2L d512 8h vocab 5000, MLP, batch 8x256", _cfg(2, 512, 8, 5000, 256), 8, 256
-    ),
-    "long": Setting(
-        "long", "(a) at n_ctx 2048, batch 4x2048", _cfg(2, 256, 8, 5000, 2048), 4, 2048
-    ),
-}
-QUICK = {
-    "a": Setting("a", "tiny: 2L d32 4h vocab 50, batch 2x16", _cfg(2, 32, 4, 50, 32), 2, 16),
-    "b": Setting(
-        "b",
-        "tiny: 3L d48 4h vocab 60, batch 2x16",
-        _cfg(3, 48, 4, 60, 32, act_fn="gelu_new"),
-        2,
-        16,
-    ),
-    "s64": Setting("s64", "tiny: 2L d16 2h vocab 20, batch 2x8", _cfg(2, 16, 2, 20, 8), 2, 8),
-    "s512": Setting("s512", "tiny: 2L d32 4h vocab 40, batch 2x16", _cfg(2, 32, 4, 40, 16), 2, 16),
-    "long": Setting(
-        "long", "tiny: 2L d32 at n_ctx 256, batch 2x256", _cfg(2, 32, 4, 50, 256), 2, 256
-    ),
-}
+def _by_key(*settings: Setting) -> dict[str, Setting]:
+    return {s.key: s for s in settings}
+
+
+FULL = _by_key(
+    Setting("a", _cfg(2, 256, 8, 5000, 128), 8, 128),
+    Setting("b", _cfg(12, 768, 12, 50257, 1024, act_fn="gelu_new"), 4, 128, "GPT-2 small shape"),
+    Setting("s64", _cfg(2, 64, 4, 100, 64), 8, 64),
+    Setting("s512", _cfg(2, 512, 8, 5000, 256), 8, 256),
+    Setting("long", _cfg(2, 256, 8, 5000, 2048), 4, 2048, "(a) at long context"),
+)
+QUICK = _by_key(
+    Setting("a", _cfg(2, 32, 4, 50, 32), 2, 16, "tiny"),
+    Setting("b", _cfg(3, 48, 4, 60, 32, act_fn="gelu_new"), 2, 16, "tiny"),
+    Setting("s64", _cfg(2, 16, 2, 20, 8), 2, 8, "tiny"),
+    Setting("s512", _cfg(2, 32, 4, 40, 16), 2, 16, "tiny"),
+    Setting("long", _cfg(2, 32, 4, 50, 256), 2, 256, "tiny, long context"),
+)
 
 # The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
 BARE_REF, SAME_MATH = "bare", "same math"

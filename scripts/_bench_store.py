@@ -42,20 +42,12 @@ def shipped() -> Any:
 
 
 def gpt2_small_shape() -> Any:
-    """A GPT-2-small-shaped model (12 layers, d_model 768, 12 heads), random weights."""
+    """The benchmark's GPT-2-small-shaped model (setting b: 12 layers, d_model 768), random."""
+    from _bench_settings import FULL
+
     from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
 
-    cfg = HookedTransformerConfig(
-        n_layers=12,
-        d_model=768,
-        n_heads=12,
-        d_head=64,
-        d_mlp=3072,
-        n_ctx=1024,
-        d_vocab=50257,
-        act_fn="gelu_new",
-        seed=0,
-    )
+    cfg = HookedTransformerConfig(**FULL["b"].cfg)
     return HookedTransformer(cfg, tokenizer=ByteTokenizer())
 
 

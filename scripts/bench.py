@@ -275,13 +275,7 @@ def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) ->
                 group[(measure, HF)] = hf_generate(hf, tokens, n_new, use_cache)
             if tl is not None:
                 group[(measure, TL)] = lambda u=use_cache: tl.generate(
-                    tokens,
-                    max_new_tokens=n_new,
-                    do_sample=False,
-                    use_past_kv_cache=u,
-                    stop_at_eos=False,
-                    verbose=False,
-                    return_type="tokens",
+                    tokens, verbose=False, **_greedy(n_new, u)
                 )
             for (_, contender), fn in group.items():
                 if not torch.equal(fn(), ref):
@@ -289,15 +283,19 @@ def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) ->
             run.time_group("generation", key, group)
 
 
-def _our_generate(model: HookedTransformer, tokens: Tensor, n_new: int, use_cache: bool):
-    return lambda: model.generate(
-        tokens,
+def _greedy(n_new: int, use_cache: bool) -> dict[str, Any]:
+    """`generate`'s arguments, ours and TransformerLens's alike, for `n_new` greedy tokens."""
+    return dict(
         max_new_tokens=n_new,
         do_sample=False,
         use_past_kv_cache=use_cache,
         stop_at_eos=False,
         return_type="tokens",
     )
+
+
+def _our_generate(model: HookedTransformer, tokens: Tensor, n_new: int, use_cache: bool):
+    return lambda: model.generate(tokens, **_greedy(n_new, use_cache))
 
 
 def _our_kv_loop(model: HookedTransformer, tokens: Tensor, n_new: int) -> Callable[[], Tensor]:
@@ -331,7 +329,7 @@ def shipped_model(run: Run) -> tuple[HookedTransformer, Setting] | None:
     model.eval()
     batch, pos = (2, 8) if run.quick else (8, min(128, model.cfg.n_ctx))
     cfg = dataclasses.asdict(model.cfg)
-    return model, Setting("c", f"shipped {infos[0].name}, batch {batch}x{pos}", cfg, batch, pos)
+    return model, Setting("c", cfg, batch, pos, f"shipped {infos[0].name}")
 
 
 # ----------------------------------------------------------------------------- report

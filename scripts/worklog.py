@@ -19,6 +19,7 @@ import torch
 from einops import einsum, rearrange
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn.testing import tiny_model
 
 SEED_TABLES = Path(__file__).parent / "data" / "seed_worklog_tables.json"
 TOKENS = ["The", "cat", "sat"]
@@ -94,21 +95,12 @@ def compare(name: str, ours: torch.Tensor, theirs: list) -> float:
 
 def parallel_equals_sequential() -> float:
     """Running all positions at once equals running them one at a time (KV cache)."""
-    cfg = HookedTransformerConfig(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_head=8,
-        n_ctx=8,
-        d_vocab=10,
-        d_mlp=64,
-        seed=0,
-    )
-    model = HookedTransformer(cfg)
+    # Two layers with MLPs (TINY_CONFIG's), d_model 32: the worklog's width.
+    model = tiny_model(0, d_model=32, n_ctx=8, d_vocab=10, dtype=torch.float32)
     torch.manual_seed(0)
     x = torch.randn(1, 3, 32)
     parallel = model(x, start_at_layer=0)
-    past = KeyValueCache.empty(cfg, batch=1)
+    past = KeyValueCache.empty(model.cfg, batch=1)
     steps = [model(x[:, [i]], start_at_layer=0, past_kv_cache=past) for i in range(3)]
     sequential = torch.cat(steps, dim=1)
     diff = (parallel - sequential).abs().max().item()
