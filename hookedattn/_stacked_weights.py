@@ -13,9 +13,26 @@ from hookedattn import weight_views
 from hookedattn.factored_matrix import FactoredMatrix
 
 
+def _across_layers(module: str, names: str) -> tuple[property, ...]:
+    """A property per weight in `names` of every block's `module`, stacked over layers."""
+    return tuple(
+        property(
+            lambda self, name=name: self._stacked(module, name),
+            doc=f"Every block's `{module}.{name}`, stacked: `[layer ...]` (built on each read).",
+        )
+        for name in names.split()
+    )
+
+
 class StackedWeights:
     """`W_E`, `W_pos`, `W_U`, `b_U`, the per-layer weights stacked over layers, `QK`, `OV`,
-    `W_E_pos`, `all_head_labels` and `tokens_to_residual_directions`."""
+    `W_E_pos`, `all_head_labels` and `tokens_to_residual_directions`.
+
+    Stacked over layers: `W_Q`, `W_K`, `W_V` are `[layer head d_model d_head]`, `W_O`
+    `[layer head d_head d_model]`, `b_Q`, `b_K`, `b_V` `[layer head d_head]`, `b_O`
+    `[layer d_model]`; the MLP's `W_in` `[layer d_model d_mlp]`, `b_in` `[layer d_mlp]`,
+    `W_out` `[layer d_mlp d_model]`, `b_out` `[layer d_model]`.
+    """
 
     def _stacked(self, module: str, weight: str) -> Tensor:
         if self.cfg.n_layers == 0:
@@ -27,18 +44,10 @@ class StackedWeights:
     W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
     W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
     b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")
-    W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="`[layer head d_model d_head]`")
-    W_K = property(lambda self: self._stacked("attn", "W_K"), doc="`[layer head d_model d_head]`")
-    W_V = property(lambda self: self._stacked("attn", "W_V"), doc="`[layer head d_model d_head]`")
-    W_O = property(lambda self: self._stacked("attn", "W_O"), doc="`[layer head d_head d_model]`")
-    b_Q = property(lambda self: self._stacked("attn", "b_Q"), doc="`[layer head d_head]`")
-    b_K = property(lambda self: self._stacked("attn", "b_K"), doc="`[layer head d_head]`")
-    b_V = property(lambda self: self._stacked("attn", "b_V"), doc="`[layer head d_head]`")
-    b_O = property(lambda self: self._stacked("attn", "b_O"), doc="`[layer d_model]`")
-    W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="`[layer d_model d_mlp]`")
-    b_in = property(lambda self: self._stacked("mlp", "b_in"), doc="`[layer d_mlp]`")
-    W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="`[layer d_mlp d_model]`")
-    b_out = property(lambda self: self._stacked("mlp", "b_out"), doc="`[layer d_model]`")
+    W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _across_layers(
+        "attn", "W_Q W_K W_V W_O b_Q b_K b_V b_O"
+    )
+    W_in, b_in, W_out, b_out = _across_layers("mlp", "W_in b_in W_out b_out")
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:

@@ -30,6 +30,7 @@ from hookedattn.kv_cache import KeyValueCacheEntry
 from hookedattn.masks import AttentionContext
 
 Resid = Float[Tensor, "batch pos d_model"]
+PastKV = KeyValueCacheEntry | None  # this layer's keys and values of earlier positions
 
 
 class AttnInputs:
@@ -114,19 +115,12 @@ class AttnOnlyBlock(nn.Module):
         self.ln2_post = make_placed_norm(cfg, "post")
         self.hook_mlp_out = HookPoint()
 
-    def forward(
-        self,
-        resid_pre: Resid,
-        context: AttentionContext,
-        past_kv: KeyValueCacheEntry | None = None,
-    ) -> Resid:
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.attend(resid_pre, context, past_kv)
         return self.hook_resid_post(resid_pre + attn_out)
 
-    def attend(
-        self, resid: Resid, context: AttentionContext, past_kv: KeyValueCacheEntry | None
-    ) -> Resid:
+    def attend(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
         """What the attention sublayer writes: `ln1_post(attn(ln1(resid)))`."""
         attn_out = self.attn(*self.attn_inputs(resid), context, past_kv)
         return self.hook_attn_out(self.ln1_post(attn_out))
@@ -154,12 +148,7 @@ class Block(AttnOnlyBlock):
         self._add_mlp(cfg)
         self.hook_resid_post = HookPoint()
 
-    def forward(
-        self,
-        resid_pre: Resid,
-        context: AttentionContext,
-        past_kv: KeyValueCacheEntry | None = None,
-    ) -> Resid:
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         resid_mid = self.hook_resid_mid(resid_pre + self.attend(resid_pre, context, past_kv))
         return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
@@ -175,12 +164,7 @@ class ParallelBlock(AttnOnlyBlock):
         self._add_mlp(cfg)
         self.hook_resid_post = HookPoint()
 
-    def forward(
-        self,
-        resid_pre: Resid,
-        context: AttentionContext,
-        past_kv: KeyValueCacheEntry | None = None,
-    ) -> Resid:
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.attend(resid_pre, context, past_kv)
         mlp_out = self.feed_forward(resid_pre)

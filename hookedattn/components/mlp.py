@@ -32,16 +32,21 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig) -> None:
+    """The weights both MLPs share (`W_in`, `b_in`, `W_out`, `b_out`) and the activation."""
+    mlp.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+    mlp.b_in = _param(cfg.d_mlp, cfg=cfg)
+    mlp.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
+    mlp.b_out = _param(cfg.d_model, cfg=cfg)
+    mlp.act_fn = ACTIVATIONS[cfg.act_fn]
+
+
 class MLP(nn.Module):
     """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        self.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
-        self.b_in = _param(cfg.d_mlp, cfg=cfg)
-        self.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
-        self.b_out = _param(cfg.d_model, cfg=cfg)
-        self.act_fn = ACTIVATIONS[cfg.act_fn]
+        _add_linear_maps(self, cfg)
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
@@ -62,11 +67,7 @@ class GatedMLP(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
         self.W_gate = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
-        self.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
-        self.b_in = _param(cfg.d_mlp, cfg=cfg)
-        self.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
-        self.b_out = _param(cfg.d_model, cfg=cfg)
-        self.act_fn = ACTIVATIONS[cfg.act_fn]
+        _add_linear_maps(self, cfg)
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()

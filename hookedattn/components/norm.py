@@ -56,6 +56,16 @@ class _Norm(nn.Module):
             return self.hook_out(self.written_out(x))
         return self.hook_out(self.fused(x))
 
+    def written_out(self, x: Normed) -> Normed:
+        """The norm step by step, through its hook points."""
+        x = self.centred(x)
+        scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
+        return self.affine(self.hook_normalized(x / scale))
+
+    def affine(self, x: Normed) -> Normed:
+        """The learned gain and bias (none here)."""
+        return x
+
     def weight_and_bias(self) -> tuple[Tensor | None, Tensor | None]:
         """The gain and bias, None where the norm has none (none here)."""
         return None, None
@@ -64,19 +74,13 @@ class _Norm(nn.Module):
 class LayerNormPre(_Norm):
     """`(x - mean(x)) / sqrt(var(x) + eps)`, with no gain or bias."""
 
-    def written_out(self, x: Normed) -> Normed:
-        """The norm step by step, through its hook points."""
-        x = x - x.mean(self.axes, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
-        return self.affine(self.hook_normalized(x / scale))
+    def centred(self, x: Normed) -> Normed:
+        """`x - mean(x)` over the norm's axes."""
+        return x - x.mean(self.axes, keepdim=True)
 
     def fused(self, x: Normed) -> Normed:
         """The norm as one `layer_norm` kernel."""
         return nn.functional.layer_norm(x, self.shape, *self.weight_and_bias(), eps=self.eps)
-
-    def affine(self, x: Normed) -> Normed:
-        """The learned gain and bias (none here)."""
-        return x
 
 
 class LayerNorm(LayerNormPre):
@@ -99,18 +103,13 @@ class LayerNorm(LayerNormPre):
 class RMSNormPre(_Norm):
     """`x / sqrt(mean(x^2) + eps)`, with no gain: no centring, as in T5 and LLaMA."""
 
-    def written_out(self, x: Normed) -> Normed:
-        """The norm step by step, through its hook points."""
-        scale = self.hook_scale((x.pow(2).mean(self.axes, keepdim=True) + self.eps).sqrt())
-        return self.affine(self.hook_normalized(x / scale))
+    def centred(self, x: Normed) -> Normed:
+        """`x` itself: an RMS norm does not centre."""
+        return x
 
     def fused(self, x: Normed) -> Normed:
         """The norm as one `rms_norm` kernel."""
         return nn.functional.rms_norm(x, self.shape, self.weight_and_bias()[0], eps=self.eps)
-
-    def affine(self, x: Normed) -> Normed:
-        """The learned gain (none here)."""
-        return x
 
 
 class RMSNorm(RMSNormPre):
