@@ -10,7 +10,7 @@ from typing import Any
 
 from hookedattn.sae import io
 from hookedattn.sae.autoencoder import SparseAutoencoder
-from hookedattn.store.manifest import weights_sha256
+from hookedattn.store.manifest import weights_differ
 
 ROOT = Path(__file__).parent / "pretrained"
 
@@ -33,13 +33,10 @@ def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> S
         raise KeyError(f"no shipped SAE for {model_name!r} at {hook_name!r}; shipped: {listed}")
     if model is not None:
         record = pretrained_sae_record(model_name, hook_name)
-        actual = weights_sha256(model)
-        if actual != record["model_weights_sha256"]:
-            raise ValueError(
-                f"the shipped SAE at {hook_name} was trained on {model_name} with weights "
-                f"sha256 {record['model_weights_sha256'][:12]}; this model's weights hash to "
-                f"{actual[:12]}: retrain it ({record['command']})"
-            )
+        trained_on = f"the shipped SAE at {hook_name} was trained on {model_name}"
+        differ = weights_differ(model, record["model_weights_sha256"], trained_on)
+        if differ is not None:
+            raise ValueError(f"{differ}: retrain it ({record['command']})")
     return io.load(ROOT / model_name / hook_name)
 
 

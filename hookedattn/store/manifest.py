@@ -100,6 +100,19 @@ def weights_sha256(model: Any) -> str:
     return hashlib.sha256(safetensors.torch.save(tensors)).hexdigest()
 
 
+def weights_differ(model: Any, recorded_sha256: str, written_by: str) -> str | None:
+    """None when `model`'s weights hash to `recorded_sha256`; otherwise a sentence that
+    starts with `written_by` (what was made from the recorded weights) and gives both
+    hashes, for the caller's error to end with what to do."""
+    actual = weights_sha256(model)
+    if actual == recorded_sha256:
+        return None
+    return (
+        f"{written_by} with weights sha256 {recorded_sha256[:12]}; this model's weights hash "
+        f"to {actual[:12]}"
+    )
+
+
 def fingerprint(plan: dict[str, Any]) -> str:
     """A digest of everything that decides the bytes of the shards."""
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()

@@ -30,7 +30,7 @@ from hookedattn.store.manifest import (
     StoreError,
     read_file_metadata,
     read_manifest,
-    weights_sha256,
+    weights_differ,
 )
 from hookedattn.store.stats import RunningStats, as_stats, read_stats, shard_moments
 
@@ -252,13 +252,10 @@ class ActivationStore:
     def check_model(self, model: Any) -> None:
         """Raise a `StoreError` unless the store was written by `model`'s exact weights."""
         recorded = self.manifest["model"]
-        actual = weights_sha256(model)
-        if actual != recorded["weights_sha256"]:
-            raise StoreError(
-                f"the store {self.path} was written by the model {recorded['name']!r} with "
-                f"weights sha256 {recorded['weights_sha256'][:12]}; this model's weights hash to "
-                f"{actual[:12]}: its activations are not this model's (collect them again)"
-            )
+        written_by = f"the store {self.path} was written by the model {recorded['name']!r}"
+        differ = weights_differ(model, recorded["weights_sha256"], written_by)
+        if differ is not None:
+            raise StoreError(f"{differ}: its activations are not this model's (collect them again)")
 
     # ----------------------------------------------------------------- internals
     def _check_name(self, name: str) -> str:
