@@ -7,7 +7,7 @@ from analysis import decompose_resid, direct_logit_attribution
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.resid_stack import DecompositionError
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.sae import SAEConfig, SparseAutoencoder
+from hookedattn.sae import SAEConfig, SparseAutoencoder, load_pretrained_sae
 
 
 def tiny_model(**kw) -> HookedTransformer:
@@ -76,15 +76,33 @@ def test_feature_logit_attribution_sums_to_the_logits(point, granularity):
     assert diff.metric == "logit difference"
 
 
-def test_shipped_two_layer_model():
-    model = HookedTransformer.from_pretrained("bytes-attn-only-2l").to(torch.float64)
-    point = "blocks.1.hook_resid_pre"
-    sae = random_sae(point, d_in=model.cfg.d_model, d_sae=64)
-    tokens = model.to_tokens("def f(x): return x + x")
+SHIPPED_MODEL, SHIPPED_POINT = "bytes-attn-only-2l", "blocks.1.hook_resid_pre"
+# SAEs at the shipped model's SHIPPED_POINT: one drawn at random and the one shipped, each
+# with a text to run and a number of components its decomposition has more than.
+SAES_OF_THE_SHIPPED_MODEL = {
+    "random": (
+        lambda d_model: random_sae(SHIPPED_POINT, d_in=d_model, d_sae=64),
+        "def f(x): return x + x",
+        2,
+    ),
+    "shipped": (
+        lambda d_model: load_pretrained_sae(SHIPPED_MODEL, SHIPPED_POINT).to(torch.float64),
+        "for i in range(10):\n    for i in range(10):\n",
+        16,
+    ),
+}
+
+
+@pytest.mark.parametrize("which", SAES_OF_THE_SHIPPED_MODEL)
+def test_feature_identities_on_the_shipped_two_layer_model(which):
+    make_sae, text, fewest_components = SAES_OF_THE_SHIPPED_MODEL[which]
+    model = HookedTransformer.from_pretrained(SHIPPED_MODEL).to(torch.float64)
+    sae = make_sae(model.cfg.d_model)
+    tokens = model.to_tokens(text)
     logits, cache = spliced_run(model, sae, tokens)
     torch.testing.assert_close(logits, model(tokens), rtol=0, atol=1e-10)
     decomp = feature_decomposition(model, cache, sae, check=True)
-    assert len(decomp) > 2
+    assert len(decomp) > fewest_components
     dla = feature_logit_attribution(model, cache, sae, tokens)
     expected = logits.gather(-1, tokens[..., None])[..., 0]
     torch.testing.assert_close(dla.total(), expected, rtol=0, atol=1e-10)
