@@ -27,11 +27,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis._naming import head_label, parse_head
-from analysis._reading import activation
 from analysis.tables import Table
+from hookedattn._patterns import record_patterns, stacked_patterns
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
 
 Target = Float[Tensor, "batch query_pos key_pos"]
 TargetFn = Callable[[Int[Tensor, "batch pos"]], Tensor]
@@ -177,21 +176,8 @@ def repeated_random_tokens(
 def _patterns(
     model: HookedTransformer, cache: ActivationCache
 ) -> Float[Tensor, "layer batch head query_pos key_pos"]:
-    patterns = [activation(cache, ("pattern", layer)) for layer in range(model.cfg.n_layers)]
-    stacked = torch.stack(patterns)
-    if stacked.shape[-2] != stacked.shape[-1]:
-        raise ValueError(
-            f"patterns of shape {tuple(stacked.shape[1:])} are not square (a cache made with "
-            f"pos_slice or a KV cache); head detectors need every query position"
-        )
-    return stacked
-
-
-def _run_for_patterns(model: HookedTransformer, tokens: Tensor) -> ActivationCache:
-    names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
-    return cache
+    stacked = stacked_patterns(cache, range(model.cfg.n_layers), "a head detector")
+    return stacked if cache.has_batch_dim else stacked[:, None]
 
 
 def detect_head(
@@ -225,7 +211,7 @@ def detect_head(
         if tokens is None:
             seq_len = model.cfg.n_ctx // n_repeats if seq_len is None else seq_len
             tokens = repeated_random_tokens(model.cfg.d_vocab, seq_len, n_repeats, seed, batch)
-        cache = _run_for_patterns(model, tokens.to(model.cfg.device))
+        cache = record_patterns(model, tokens.to(model.cfg.device))
     patterns = _patterns(model, cache)
     if tokens is None:
         if name != "previous_token":

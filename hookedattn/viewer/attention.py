@@ -17,9 +17,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from hookedattn._patterns import record_patterns, stacked_patterns
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
 from hookedattn.tokenization import is_text
 from hookedattn.viewer.page import Page, float32_base64
 from hookedattn.viewer.tokens import token_strings
@@ -28,29 +28,20 @@ Patterns = Float[Tensor, "layer head query_pos key_pos"]
 
 
 def _run(model: HookedTransformer, prompt: Any) -> tuple[ActivationCache, Any]:
-    names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
     tokens = model.to_tokens(prompt) if is_text(prompt) else prompt
     if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
-    return cache, tokens
+    return record_patterns(model, tokens), tokens
 
 
 def _patterns(cache: ActivationCache, layers: Sequence[int], batch: int) -> Patterns:
-    found = [cache["pattern", layer] for layer in layers]
-    if cache.has_batch_dim:
-        n_batch = found[0].shape[0]
-        if not -n_batch <= batch < n_batch:
-            raise ValueError(f"batch must be in 0..{n_batch - 1} for this cache, got {batch}")
-        found = [pattern[batch] for pattern in found]
-    stacked = torch.stack(found)
-    if stacked.shape[-2] != stacked.shape[-1]:
-        raise ValueError(
-            f"patterns of shape {tuple(stacked.shape[1:])} [head query_pos key_pos] are not "
-            f"square (a cache made with pos_slice or a KV cache); the view needs every query"
-        )
-    return stacked
+    stacked = stacked_patterns(cache, layers, "the attention view")
+    if not cache.has_batch_dim:
+        return stacked
+    n_batch = stacked.shape[1]
+    if not -n_batch <= batch < n_batch:
+        raise ValueError(f"batch must be in 0..{n_batch - 1} for this cache, got {batch}")
+    return stacked[:, batch]
 
 
 def _start(head: object, layers: list[int], n_heads: int) -> dict[str, Any]:
