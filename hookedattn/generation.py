@@ -15,7 +15,7 @@ Hooks attached to the model (`with model.hooks(...)`) run at every step.
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -123,24 +123,34 @@ class Generated:
         batch, pos = self.tokens.shape
         return f"Generated(batch={batch}, pos={pos}, n_new={self.n_new})"
 
+    @classmethod
+    def from_steps(
+        cls, model: Any, tokens: Tensor, attention_mask: Tensor | None, steps: Iterable
+    ) -> "Generated":
+        """The prompt and the tokens of `steps` (`generation_steps` of that prompt, run to
+        the end here), with their mask: a token is real up to and including the EOS that
+        finishes its sequence."""
+        tokens, mask = _checked_prompt(model, tokens, attention_mask)
+        new_tokens, new_mask = [], []
+        alive = torch.ones_like(mask[:, 0])
+        for step in steps:
+            new_tokens.append(step.tokens[:, None])
+            new_mask.append(alive[:, None])
+            alive = (~step.finished).long()
+        return cls(
+            torch.cat([tokens, *new_tokens], dim=1),
+            torch.cat([mask, *new_mask], dim=1),
+            len(new_tokens),
+        )
+
 
 def _checked_prompt(
-    model: Any, tokens: Tensor, attention_mask: Tensor | None, max_new_tokens: Any
+    model: Any, tokens: Tensor, attention_mask: Tensor | None
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
     tokens = model._as_tokens(tokens)
     batch, n_prompt = tokens.shape
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if n_prompt == 0:
         raise ValueError("the prompt is empty: give at least one token to continue")
-    if n_prompt + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(
-            f"a prompt of {n_prompt} positions plus max_new_tokens={max_new_tokens} exceeds "
-            f"the model's n_ctx={model.cfg.n_ctx}; at most {model.cfg.n_ctx - n_prompt} new "
-            f"tokens fit after this prompt"
-        )
     if attention_mask is None:
         return tokens, torch.ones_like(tokens)
     if tuple(attention_mask.shape) != (batch, n_prompt):
@@ -156,6 +166,19 @@ def _checked_prompt(
             f"last position is the token to continue (to_tokens(..., padding_side='left'))"
         )
     return tokens, attention_mask
+
+
+def _check_length(cfg: Any, n_prompt: int, max_new_tokens: Any) -> None:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if n_prompt + max_new_tokens > cfg.n_ctx:
+        raise ValueError(
+            f"a prompt of {n_prompt} positions plus max_new_tokens={max_new_tokens} exceeds "
+            f"the model's n_ctx={cfg.n_ctx}; at most {cfg.n_ctx - n_prompt} new "
+            f"tokens fit after this prompt"
+        )
 
 
 @torch.no_grad()
@@ -178,13 +201,41 @@ def generation_steps(
     token against the cache; without, every step runs the whole sequence again. Both give
     the same logits (the tests check it). With `stop_at_eos`, a sequence that has produced
     one of `eos_token_ids` continues with `pad_token_id` (masked out), and the loop ends
-    when every sequence has.
+    when every sequence has. Meanwhile each layer keeps its fused q/k/v weights
+    (`keeping_fused_weights`: one token's product is as cheap as laying them out).
     """
-    tokens, mask = _checked_prompt(model, tokens, attention_mask, max_new_tokens)
-    batch = tokens.shape[0]
+    tokens, mask = _checked_prompt(model, tokens, attention_mask)
+    _check_length(model.cfg, tokens.shape[1], max_new_tokens)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=tokens.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=tokens.device)
-    cache = KeyValueCache.empty(model.cfg, batch) if use_past_kv_cache else None
+    stop = _Stop(eos, pad_token_id) if stop_at_eos else None
+    cache = KeyValueCache.empty(model.cfg, tokens.shape[0]) if use_past_kv_cache else None
+
+    def choose(logits: Float[Tensor, "batch d_vocab_out"]) -> Int[Tensor, " batch"]:
+        return choose_next_tokens(logits, sampling, generator)
+
+    with model.keeping_fused_weights():
+        yield from _steps(model, tokens, mask, cache, max_new_tokens, choose, stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stop:
+    """A sequence ends at one of the ids `eos`, and continues with `pad`, masked out."""
+
+    eos: Int[Tensor, " n_eos"]
+    pad: int
+
+
+def _steps(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    cache: KeyValueCache | None,
+    max_new_tokens: int,
+    choose: Callable[[Tensor], Tensor],
+    stop: _Stop | None,
+) -> Iterator[GenerationStep]:
+    """`generation_steps` after its checks."""
+    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     # Without padding the forward takes no mask: it then skips the padding checks and
     # per-row positions, a third of the torch calls of a one-token step.
     padded = not bool(mask.all())
@@ -196,9 +247,9 @@ def generation_steps(
             logits = _last_logits(model, new_tokens, new_mask if padded else None, cache)
         else:  # one chosen token per row after real tokens only: no input to check
             logits = model._next_token_step(new_tokens, cache)
-        chosen = choose_next_tokens(logits, sampling, generator)
-        if stop_at_eos:  # a finished sequence continues with padding, masked out
-            chosen = torch.where(finished, torch.full_like(chosen, pad_token_id), chosen)
+        chosen = choose(logits)
+        if stop is not None:  # a finished sequence continues with padding, masked out
+            chosen = torch.where(finished, torch.full_like(chosen, stop.pad), chosen)
             padded = padded or bool(finished.any())
         new_tokens = chosen[:, None]
         if padded or cache is None:
@@ -206,10 +257,10 @@ def generation_steps(
         if cache is None:  # with a KV cache, the next step reads only the new token
             tokens = torch.cat([tokens, new_tokens], dim=1)
             mask = torch.cat([mask, new_mask], dim=1)
-        if stop_at_eos:
-            finished = finished | torch.isin(chosen, eos)
+        if stop is not None:
+            finished = finished | torch.isin(chosen, stop.eos)
         yield GenerationStep(chosen, logits, finished)
-        if stop_at_eos and bool(finished.all()):
+        if stop is not None and bool(finished.all()):
             return
 
 
@@ -236,48 +287,6 @@ def _hooked(module: torch.nn.Module) -> bool:
     return any(isinstance(m, HookPoint) and m.has_hooks() for m in module.modules())
 
 
-def generate_tokens(
-    model: Any,
-    tokens: Tensor,
-    attention_mask: Tensor | None = None,
-    *,
-    max_new_tokens: Any = 10,
-    sampling: Sampling = Sampling(),
-    use_past_kv_cache: bool = True,
-    stop_at_eos: bool = False,
-    eos_token_ids: Sequence[int] = (),
-    pad_token_id: int = 0,
-    generator: torch.Generator | None = None,
-) -> Generated:
-    """Run `generation_steps` to the end; the prompt and new tokens with their mask."""
-    tokens, mask = _checked_prompt(model, tokens, attention_mask, max_new_tokens)
-    with model.keeping_fused_weights():  # one token a step: keep the q/k/v weights fused
-        steps = list(
-            generation_steps(
-                model,
-                tokens,
-                mask,
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                use_past_kv_cache=use_past_kv_cache,
-                stop_at_eos=stop_at_eos,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad_token_id,
-                generator=generator,
-            )
-        )
-    new_tokens, new_mask = [], []
-    alive = torch.ones_like(mask[:, 0])
-    for step in steps:
-        # A token is real up to and including the EOS that finishes its sequence.
-        new_tokens.append(step.tokens[:, None])
-        new_mask.append(alive[:, None])
-        alive = (~step.finished).long()
-    return Generated(
-        torch.cat([tokens, *new_tokens], dim=1), torch.cat([mask, *new_mask], dim=1), len(steps)
-    )
-
-
 def generate(
     model: Any,
     input: Any = "",
@@ -295,7 +304,16 @@ def generate(
     return_type: str = "input",
     generator: torch.Generator | None = None,
 ) -> Any:
-    """`HookedTransformer.generate`: continue a prompt by `max_new_tokens` tokens."""
+    """Continue a prompt token by token, with a KV cache; `HookedTransformer.generate`.
+
+    `input` is a string, a list of strings (left-padded) or token ids `[batch pos]` (with
+    their `attention_mask`, left-padded). Greedy unless `do_sample` (TransformerLens samples
+    by default); sampling divides the logits by `temperature`, keeps the `top_k` most
+    likely tokens, then those whose probability reaches `top_p` (`Sampling`), drawing from
+    `generator` if given. With `stop_at_eos` a sequence ends at `eos_token_id` (by default
+    the tokenizer's). `return_type`: "input" (text for text, tokens for tokens), "str" or
+    "tokens". Hooks attached to the model run at every step.
+    """
     if return_type not in ("input", "str", "tokens"):
         raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
     sampling = Sampling(do_sample, temperature, top_k, top_p)
@@ -310,7 +328,7 @@ def generate(
     tokenizer = tokenization.tokenizer_of(model) if model.tokenizer is not None else None
     eos = _eos_ids(eos_token_id, tokenizer, stop_at_eos)
     pad = tokenizer.padding_id() if tokenizer is not None else (eos[0] if eos else 0)
-    out = generate_tokens(
+    steps = generation_steps(
         model,
         tokens,
         attention_mask,
@@ -322,6 +340,7 @@ def generate(
         pad_token_id=pad,
         generator=generator,
     )
+    out = Generated.from_steps(model, tokens, attention_mask, steps)
     if return_type == "tokens" or (return_type == "input" and not text_in):
         return out.tokens
     texts = [

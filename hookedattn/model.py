@@ -321,17 +321,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
         return tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
-    def generate(self, input: Any = "", max_new_tokens: Any = 10, **kwargs: Any) -> Any:
-        """Continue a prompt token by token, with a KV cache (`hookedattn.generation`).
-
-        Keywords: `do_sample=False` (greedy; TransformerLens samples by default),
-        `temperature`, `top_k`, `top_p`, `stop_at_eos=True`, `eos_token_id`,
-        `use_past_kv_cache=True`, `prepend_bos`, `attention_mask` (left-padded token ids),
-        `return_type` ("input": text for text, tokens for tokens; "str"; "tokens"),
-        `generator` (a `torch.Generator` for sampling). Batches of strings are left-padded.
-        Hooks attached to the model run at every step.
-        """
-        return generation.generate(self, input, max_new_tokens, **kwargs)
+    # Continue a prompt token by token (`hookedattn.generation`; its parameters are in the
+    # signature, as `help(model.generate)` shows).
+    generate = generation.generate
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

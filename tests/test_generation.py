@@ -14,7 +14,7 @@ from hookedattn import (
     KeyValueCache,
     Sampling,
 )
-from hookedattn.generation import generate_tokens, generation_steps, next_token_probs
+from hookedattn.generation import Generated, generation_steps, next_token_probs
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
@@ -61,6 +61,13 @@ def greedy_reference(model, prompt, n_new):
     for _ in range(n_new):
         tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
     return tokens[len(prompt) :]
+
+
+def generate_tokens(model, tokens, mask, **options):
+    """Every step of `generation_steps`, assembled with its prompt."""
+    return Generated.from_steps(
+        model, tokens, mask, generation_steps(model, tokens, mask, **options)
+    )
 
 
 # ---------------------------------------------------------------- equivalences
