@@ -1,23 +1,19 @@
 """The sparse autoencoder module, its files (ours and SAELens's layout) and splicing."""
 
 import json
+from functools import partial
 
 import pytest
 import safetensors.torch
 import torch
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.sae import SAEConfig, SparseAutoencoder
+from hookedattn.testing import tiny_model
 
 POINT = "blocks.1.hook_resid_pre"
 
 
-def tiny_model() -> HookedTransformer:
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=20, act_fn="gelu",
-        d_mlp=32, dtype=torch.float64, seed=0,
-    )  # fmt: skip
-    return HookedTransformer(cfg)
+make_model = partial(tiny_model, n_ctx=8, d_vocab=20, act_fn="gelu", d_mlp=32)
 
 
 def random_sae(activation: str = "relu", pre_bias: str = "tied", **kw) -> SparseAutoencoder:
@@ -156,7 +152,7 @@ def test_config_errors_name_the_field():
 
 # ---------------------------------------------------------------------- splicing
 def test_splice_with_error_term_leaves_the_output_unchanged():
-    model, sae = tiny_model(), random_sae()
+    model, sae = make_model(), random_sae()
     clean = model(TOKENS)
     with model.saes([sae]):
         logits, cache = model.run_with_cache(TOKENS)
@@ -170,7 +166,7 @@ def test_splice_with_error_term_leaves_the_output_unchanged():
 
 
 def test_splice_without_error_term_gives_the_saes_output():
-    model, sae = tiny_model(), random_sae()
+    model, sae = make_model(), random_sae()
     resid = model.run_with_cache(TOKENS, names_filter=POINT)[1][POINT]
     with model.saes([sae], use_error_term=False):
         _, cache = model.run_with_cache(TOKENS, names_filter=[POINT, "blocks.1.hook_resid_mid"])
@@ -182,7 +178,7 @@ def test_splice_without_error_term_gives_the_saes_output():
 
 
 def test_ablating_a_feature_changes_the_output_by_its_write():
-    model, sae = tiny_model(), random_sae()
+    model, sae = make_model(), random_sae()
     with model.saes([sae]):
         _, cache = model.run_with_cache(TOKENS, names_filter=[POINT, f"{POINT}.sae.hook_acts"])
         f = int(cache[f"{POINT}.sae.hook_acts"][0, -1].argmax())
@@ -199,7 +195,7 @@ def test_ablating_a_feature_changes_the_output_by_its_write():
 
 
 def test_several_saes_nested_and_removed_on_error():
-    model = tiny_model()
+    model = make_model()
     a = random_sae()
     b = SparseAutoencoder(SAEConfig(32, 10, "blocks.0.mlp.hook_post", dtype="float64"))
     clean, n_points = model(TOKENS), len(model.hook_dict)
@@ -215,7 +211,7 @@ def test_several_saes_nested_and_removed_on_error():
 
 
 def test_splice_bad_input():
-    model = tiny_model()
+    model = make_model()
     with pytest.raises(ValueError, match="d_in=40.*d_model=16"):
         model.saes({POINT: SparseAutoencoder(SAEConfig(40, 8, dtype="float64"))}).__enter__()
     with pytest.raises(KeyError, match="did you mean 'blocks.1.hook_resid_pre'"):

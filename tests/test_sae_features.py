@@ -1,19 +1,18 @@
 """Feature decompositions at a spliced SAE: exact sums to the stream and to the logits."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from analysis import decompose_resid, direct_logit_attribution
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.resid_stack import DecompositionError
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
 from hookedattn.sae import SAEConfig, SparseAutoencoder, load_pretrained_sae
+from hookedattn.testing import tiny_model
 
-
-def tiny_model(**kw) -> HookedTransformer:
-    cfg = dict(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=20,
-               act_fn="gelu", d_mlp=32, dtype=torch.float64, seed=0)  # fmt: skip
-    return HookedTransformer(HookedTransformerConfig(**{**cfg, **kw}))
+make_model = partial(tiny_model, n_ctx=8, d_vocab=20, act_fn="gelu", d_mlp=32)
 
 
 def random_sae(point: str, d_in: int = 16, d_sae: int = 40) -> SparseAutoencoder:
@@ -37,7 +36,7 @@ def spliced_run(model, sae, tokens, use_error_term=True):
 )
 @pytest.mark.parametrize("use_error_term", [True, False])
 def test_features_sum_to_the_stream(point, use_error_term):
-    model, sae = tiny_model(), random_sae(point)
+    model, sae = make_model(), random_sae(point)
     _, cache = spliced_run(model, sae, TOKENS, use_error_term)
     decomp = feature_decomposition(model, cache, sae, check=True)
     assert decomp.labels[-2:] == ("sae_b_dec", "sae_error")
@@ -51,7 +50,7 @@ def test_features_sum_to_the_stream(point, use_error_term):
 
 
 def test_inactive_features_get_no_term():
-    model, sae = tiny_model(), random_sae("blocks.1.hook_resid_pre")
+    model, sae = make_model(), random_sae("blocks.1.hook_resid_pre")
     with torch.no_grad():
         sae.b_enc[:20] = -1e3  # these never fire
     _, cache = spliced_run(model, sae, TOKENS)
@@ -62,7 +61,7 @@ def test_inactive_features_get_no_term():
 @pytest.mark.parametrize("granularity", ["sublayer", "head"])
 @pytest.mark.parametrize("point", ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"])
 def test_feature_logit_attribution_sums_to_the_logits(point, granularity):
-    model, sae = tiny_model(), random_sae(point)
+    model, sae = make_model(), random_sae(point)
     logits, cache = spliced_run(model, sae, TOKENS)
     targets = TOKENS[:, 1:]
     dla = feature_logit_attribution(model, cache, sae, TOKENS, granularity=granularity)
@@ -109,7 +108,7 @@ def test_feature_identities_on_the_shipped_two_layer_model(which):
 
 
 def test_bad_input():
-    model = tiny_model()
+    model = make_model()
     sae = random_sae("blocks.1.hook_resid_pre")
     _, plain = model.run_with_cache(TOKENS)
     with pytest.raises(KeyError, match="record it with the SAE spliced"):
@@ -121,7 +120,7 @@ def test_bad_input():
 
 
 def test_check_catches_a_wrong_decomposition():
-    model, sae = tiny_model(), random_sae("blocks.1.hook_resid_pre")
+    model, sae = make_model(), random_sae("blocks.1.hook_resid_pre")
     _, cache = spliced_run(model, sae, TOKENS)
     other = random_sae("blocks.1.hook_resid_pre")
     with torch.no_grad():
@@ -140,7 +139,7 @@ POINTS = [
 @pytest.mark.parametrize("sae_at", [0, 2, 4])
 @pytest.mark.parametrize("use_error_term", [True, False])
 def test_features_granularity_sums_to_every_later_stream(sae_at, use_error_term):
-    model = tiny_model()
+    model = make_model()
     point = f"blocks.{POINTS[sae_at][0]}.hook_{POINTS[sae_at][1]}"
     sae = random_sae(point)
     _, cache = spliced_run(model, sae, TOKENS, use_error_term)
@@ -162,7 +161,7 @@ def test_features_granularity_sums_to_every_later_stream(sae_at, use_error_term)
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_direct_logit_attribution_of_the_features_granularity(dtype):
-    model, sae = tiny_model(dtype=dtype), random_sae("blocks.1.hook_resid_pre")
+    model, sae = make_model(dtype=dtype), random_sae("blocks.1.hook_resid_pre")
     sae = sae.to(dtype)
     logits, cache = spliced_run(model, sae, TOKENS)
     decomp = decompose_resid(model, cache, None, granularity="features", sae=sae, check=True)
@@ -189,7 +188,7 @@ def test_features_granularity_on_the_shipped_model():
 
 
 def test_features_granularity_on_a_parallel_block():
-    model = tiny_model(parallel_attn_mlp=True)
+    model = make_model(parallel_attn_mlp=True)
     sae = random_sae("blocks.0.hook_resid_post")
     _, cache = spliced_run(model, sae, TOKENS, use_error_term=False)
     decomp = decompose_resid(model, cache, None, granularity="features", sae=sae, check=True)
@@ -198,7 +197,7 @@ def test_features_granularity_on_a_parallel_block():
 
 
 def test_features_granularity_bad_input():
-    model, sae = tiny_model(), random_sae("blocks.1.hook_resid_mid")
+    model, sae = make_model(), random_sae("blocks.1.hook_resid_mid")
     _, cache = spliced_run(model, sae, TOKENS)
     with pytest.raises(ValueError, match="granularity='features' needs the SAE"):
         decompose_resid(model, cache, None, granularity="features")

@@ -5,8 +5,8 @@ import torch
 
 from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.patching import compare_patching
-from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.sae import SAEConfig, SparseAutoencoder
+from hookedattn.testing import tiny_model
 
 POINT = "blocks.1.hook_resid_pre"
 CLEAN = torch.randint(0, 20, (3, 8), generator=torch.Generator().manual_seed(0))
@@ -14,10 +14,7 @@ CORRUPTED = torch.randint(0, 20, (3, 8), generator=torch.Generator().manual_seed
 
 
 def setup():
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4,
-                                  d_vocab=20, act_fn="gelu", d_mlp=32, dtype=torch.float64,
-                                  seed=0)  # fmt: skip
-    model = HookedTransformer(cfg)
+    model = tiny_model(n_ctx=8, d_vocab=20, act_fn="gelu", d_mlp=32)
     sae = SparseAutoencoder(SAEConfig(16, 24, POINT, dtype="float64", seed=2))
     with torch.no_grad():
         sae.b_enc.add_(0.2)
