@@ -16,6 +16,9 @@ _BLOCK = "blocks.{layer}.hook_{name}"
 _ATTN = "blocks.{layer}.attn.hook_{name}"
 _MLP = "blocks.{layer}.mlp.hook_{name}"
 _NORM = "blocks.{layer}.{layer_type}.hook_{name}"
+# The query and key norms (Qwen 3, OLMo 2, Gemma 3): `q_norm_out` is the normalised queries
+# that the rotation (or the scores) reads.
+_QK_NORM = "blocks.{layer}.attn.{site}.hook_{part}"
 
 _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")},
@@ -24,6 +27,11 @@ _TEMPLATES: dict[str, str] = {
     **{n: _ATTN for n in ("attn_scores", "pattern")},
     **{n: _MLP for n in ("pre", "pre_linear", "post")},
     **{n: _NORM for n in ("scale", "normalized")},
+    **{
+        f"{site}_{part}": _QK_NORM
+        for site in ("q_norm", "k_norm")
+        for part in ("scale", "normalized", "out")
+    },
 }
 # TransformerLens's aliases for the same activations.
 _ALIASES: dict[str, str] = {
@@ -54,7 +62,8 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
 
     `get_act_name("pattern", 0)` is `"blocks.0.attn.hook_pattern"`;
     `get_act_name("scale", 1, "ln2")` is `"blocks.1.ln2.hook_scale"`;
-    `get_act_name("scale")` is the final norm's `"ln_final.hook_scale"`.
+    `get_act_name("scale")` is the final norm's `"ln_final.hook_scale"`;
+    `get_act_name("q_norm_out", 0)` is the query norm's `"blocks.0.attn.q_norm.hook_out"`.
     A full name is returned unchanged. `layer` must already be non-negative here; the
     cache resolves negative layers because it knows how many there are.
     """
@@ -80,6 +89,9 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
             )
     elif layer_type is not None:
         raise ValueError(f"layer_type is only for 'scale' and 'normalized', not {name!r}")
+    if template is _QK_NORM:
+        site, part = name.rsplit("_", 1)
+        return template.format(layer=layer, site=site, part=part)
     return template.format(layer=layer, name=name, layer_type=layer_type)
 
 
@@ -133,6 +145,11 @@ _AXES: dict[str, str] = {
     **{n: "batch pos head d_model" for n in ("attn_in", "q_input", "k_input", "v_input")},
     "result": "batch pos head d_model",
     **{n: "batch pos head d_head" for n in ("q", "k", "v", "z", "rot_q", "rot_k")},
+    **{
+        f"{s}_{p}": "batch pos head d_head"
+        for s in ("q_norm", "k_norm")
+        for p in ("normalized", "out")
+    },
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
     **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "post")},
 }
@@ -143,9 +160,13 @@ def axis_names(name: str) -> tuple[str, ...]:
 
     `axis_names("blocks.0.attn.hook_pattern")` is `("batch", "head", "query_pos", "key_pos")`.
     A norm reading a per-head input (`use_split_qkv_input`, `use_attn_in`) has a `head` axis
-    after `pos` that this does not list; names without a fixed layout (`hook_scale`) give `()`.
+    after `pos` that this does not list; names without a fixed layout (`hook_scale`, a q/k
+    norm's too) give `()`.
     """
-    short = name.removesuffix("_grad").rsplit(".", 1)[-1].removeprefix("hook_")
+    parts = name.removesuffix("_grad").split(".")
+    short = parts[-1].removeprefix("hook_")
+    if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
+        short = f"{parts[-2]}_{short}"
     return tuple(_AXES.get(short, "").split())
 
 

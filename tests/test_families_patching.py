@@ -9,7 +9,9 @@ import pytest
 import torch
 from test_families_models import FAMILIES, TOKENS, family_model
 
-from analysis import activation_patch, attribution_patch
+from analysis import activation_patch, attribution_patch, available_kinds
+from analysis.patching._components import component_grid
+from analysis.patching._reference import reference_sweep
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
@@ -44,6 +46,42 @@ def test_activation_patching_one_heads_output_is_one_hooked_forward(name):
     )
     assert result.per_prompt.shape == (2, model.cfg.n_heads, 2)
     torch.testing.assert_close(result.per_prompt[LAYER, HEAD], _head_patched(model, "z", HEAD))
+
+
+QK_NORM_KINDS = ("q_norm_normalized", "q_norm_out", "k_norm_normalized", "k_norm_out")
+
+
+# Qwen 3 (a norm per head), OLMo 2 (one over all heads), and a q/k norm without rotation,
+# where the KV cache holds the key norm's output itself.
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("qwen3", {}), ("olmo2", {}), ("qwen3", dict(positional_embedding_type="standard"))],
+)
+def test_query_and_key_norms_are_patched_as_one_forward_per_patch(name, overrides):
+    model = family_model(name, **overrides)
+    assert set(QK_NORM_KINDS) <= set(available_kinds(model))
+    with torch.no_grad():
+        _, clean = model.run_with_cache(TOKENS)
+    assert clean["k_norm_out", 1] is clean["blocks.1.attn.k_norm.hook_out"]  # the short names
+    for kind, by_pos in zip(QK_NORM_KINDS, (True, False, False, True), strict=True):
+        # One variant a pass (memory_budget=1): each from its own position, after the
+        # unpatched keys and values before it, which the model's KV cache must hold.
+        result = activation_patch(
+            model, kind, clean_tokens=TOKENS, corrupted_tokens=CORRUPTED, metric=_metric,
+            by_pos=by_pos, memory_budget=1,
+        )  # fmt: skip
+        components = component_grid(model, kind, TOKENS.shape[1], by_pos).components
+        expected = reference_sweep(model, CORRUPTED, clean, components, _metric)
+        actual = result.per_prompt.reshape(-1, TOKENS.shape[0])
+        torch.testing.assert_close(actual, expected, **TOL, msg=f"{kind} by_pos={by_pos}")
+
+
+def test_a_model_without_query_and_key_norms_says_so():
+    with pytest.raises(ValueError, match=r"no 'k_norm_out' \(it has no query/key norms"):
+        activation_patch(
+            family_model("llama"), "k_norm_out", clean_tokens=TOKENS, corrupted_tokens=CORRUPTED,
+            metric=_metric,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", FAMILIES)

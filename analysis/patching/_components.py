@@ -33,13 +33,22 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     **{k: ("pos", "d_model") for k in ("attn_out", "mlp_out", "mlp_in")},
     **{k: ("pos", "head", "d_model") for k in ("attn_in", "q_input", "k_input", "v_input")},
     **{k: ("pos", "head", "d_head") for k in ("q", "k", "v", "z", "rot_q", "rot_k")},
+    # The query and key norms' normalised stream and output (their scale is per head in
+    # some families and shared by all heads in others: not a fixed layout, not a kind).
+    **{
+        f"{site}_{part}": ("pos", "head", "d_head")
+        for site in ("q_norm", "k_norm")
+        for part in ("normalized", "out")
+    },
     "result": ("pos", "head", "d_model"),
     **{k: ("head", "pos", "key_pos") for k in ("attn_scores", "pattern")},
     **{k: ("pos", "d_mlp") for k in ("pre", "pre_linear", "post")},
 }
 HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
 # With grouped-query attention these have one head per key/value head.
-KEY_VALUE_KINDS: frozenset[str] = frozenset({"k", "v", "rot_k", "k_input", "v_input"})
+KEY_VALUE_KINDS: frozenset[str] = frozenset(
+    {"k", "v", "rot_k", "k_input", "v_input", "k_norm_normalized", "k_norm_out"}
+)
 
 
 def n_heads_of(model: HookedTransformer, kind: str) -> int:
@@ -59,6 +68,8 @@ LOCAL_KINDS: frozenset[str] = frozenset(LAYOUTS) - {
     "k",
     "v",
     "rot_k",
+    "k_norm_normalized",
+    "k_norm_out",
 }
 
 
@@ -94,6 +105,8 @@ def _why_missing(model: HookedTransformer, kind: str) -> str:
         return "its MLP is not gated (gated_mlp=False)"
     if kind in ("rot_q", "rot_k"):
         return "it has no rotary embedding"
+    if kind.startswith(("q_norm_", "k_norm_")):
+        return "it has no query/key norms (use_qk_norm=False)"
     flags = {"result": "use_attn_result", "mlp_in": "use_hook_mlp_in", "attn_in": "use_attn_in"}
     flag = flags.get(kind, "use_split_qkv_input")
     return f"it was built without {flag}=True"

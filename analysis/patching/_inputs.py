@@ -191,9 +191,12 @@ class BaseRun:
 
 
 def key_name(model: HookedTransformer, layer: int) -> str:
-    """The hook whose keys the KV cache holds: after rotation, where a model rotates them."""
-    rotated = get_act_name("rot_k", layer)
-    return rotated if rotated in model.hook_dict else get_act_name("k", layer)
+    """The hook whose keys the KV cache holds: the last of `k`, the key norm's output and
+    the rotation that the model has."""
+    for kind in ("rot_k", "k_norm_out"):
+        if (name := get_act_name(kind, layer)) in model.hook_dict:
+            return name
+    return get_act_name("k", layer)
 
 
 def base_run(
