@@ -19,7 +19,6 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 from hookedattn.cache import ActivationCache, CacheEditedError
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.factored_matrix import SVD, FactoredMatrix
-from hookedattn.generation import Generated, GenerationStep, Sampling
 from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.model import HookedTransformer, LogitsAndLoss
@@ -47,8 +46,6 @@ __all__ = [
     "CharTokenizer",
     "CheckpointError",
     "FactoredMatrix",
-    "Generated",
-    "GenerationStep",
     "HFTokenizer",
     "HookPoint",
     "HookedRootModule",
@@ -60,7 +57,6 @@ __all__ = [
     "LensHandle",
     "LogitsAndLoss",
     "PretrainedInfo",
-    "Sampling",
     "TokenizedText",
     "Tokenizer",
     "center_unembed",

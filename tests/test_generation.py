@@ -7,26 +7,16 @@ forward, take the argmax of the last position, append, repeat (no KV cache, no p
 import pytest
 import torch
 
-from hookedattn import (
-    ByteTokenizer,
-    HookedTransformer,
-    HookedTransformerConfig,
-    KeyValueCache,
-    Sampling,
-)
-from hookedattn.generation import Generated, generation_steps, next_token_probs
+from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn.generation import Generated, Sampling, generation_steps, next_token_probs
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 
 
 def make_model(**overrides):
-    base = dict(
-        n_layers=2, d_model=16, n_heads=2, n_ctx=32, d_vocab=259, d_mlp=32, seed=1,
-        dtype=torch.float64, init_range=0.5,
-    )  # fmt: skip
-    base.update(overrides)
-    return HookedTransformer(HookedTransformerConfig(**base), tokenizer=ByteTokenizer())
+    base = dict(n_heads=2, n_ctx=32, d_vocab=259, d_mlp=32, init_range=0.5)
+    return tiny_model(1, tokenizer=ByteTokenizer(), **{**base, **overrides})
 
 
 VARIANTS = {
