@@ -90,3 +90,31 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
     assert "-c constraints.txt" in commands[0]
+
+
+def _readme_folder_tree() -> set[str]:
+    """The folders the README's Design section lists, as paths from the root."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- folder tree -->\n```\n", 1)[1].split("```", 1)[0]
+    folders, parents = set(), {}
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        name = line.split()[0]
+        path = parents.get(indent - 2, "") + name
+        parents[indent] = path
+        folders.add(path.rstrip("/"))
+    return folders
+
+
+def test_readme_folder_tree_lists_every_folder_of_the_repository():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    # Two levels deep: the shipped models' own folders are data, not design.
+    folders = {
+        "/".join(parts[:depth])
+        for parts in (path.split("/") for path in tracked)
+        for depth in (1, 2)
+        if len(parts) > depth
+    }
+    assert _readme_folder_tree() == folders
