@@ -9,6 +9,7 @@ import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
 from hookedattn.generation import Generated, Sampling, generation_steps, next_token_probs
+from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
