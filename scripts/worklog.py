@@ -34,13 +34,20 @@ def seed_tensors() -> dict[str, torch.Tensor]:
     return {"scores": scores, "X_IN": x_in, "W_V": w_v, "W_O": w_o}
 
 
-def seed_model(w_v: torch.Tensor, w_o: torch.Tensor) -> HookedTransformer:
-    """One layer, one head, no norm, no positional embedding: the worklog's sub-layer alone."""
+def sublayer_model(d_model: int, n_heads: int, d_vocab: int, **extra) -> HookedTransformer:
+    """One attention layer of heads 8 wide, no norm, no positional embedding, no MLP: the
+    worklog's sub-layer alone (its input goes in as the residual stream)."""
     cfg = HookedTransformerConfig(
-        n_layers=1, d_model=8, n_heads=1, d_head=8, n_ctx=8, d_vocab=3, attn_only=True,
-        normalization_type=None, positional_embedding_type="none", seed=0,
+        n_layers=1, d_model=d_model, n_heads=n_heads, d_head=8, n_ctx=8, d_vocab=d_vocab,
+        attn_only=True, normalization_type=None, positional_embedding_type="none", seed=0,
+        **extra,
     )  # fmt: skip
-    model = HookedTransformer(cfg)
+    return HookedTransformer(cfg)
+
+
+def seed_model(w_v: torch.Tensor, w_o: torch.Tensor) -> HookedTransformer:
+    """The sub-layer with one head, holding the worklog's W_V and W_O."""
+    model = sublayer_model(d_model=8, n_heads=1, d_vocab=3)
     with torch.no_grad():
         model.blocks[0].attn.W_V.copy_(w_v[None])
         model.blocks[0].attn.W_O.copy_(w_o[None])
@@ -118,12 +125,7 @@ def output_projection_answers() -> dict[str, float]:
     # The worklog's first section: d_model 32, d_head 8, 4 heads, 3 tokens.
     batch, seqlen, d_model, d_head = 1, 3, 32, 8
     heads = d_model // d_head
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=d_model, n_heads=heads, d_head=d_head, n_ctx=8, d_vocab=10,
-        attn_only=True, normalization_type=None, positional_embedding_type="none",
-        use_attn_result=True, seed=0,
-    )  # fmt: skip
-    model = HookedTransformer(cfg)
+    model = sublayer_model(d_model, heads, d_vocab=10, use_attn_result=True)
     torch.manual_seed(0)
     x = torch.randn(batch, seqlen, d_model)
     _, cache = model.run_with_cache(x, start_at_layer=0)
