@@ -95,25 +95,49 @@ def attention_context(
     unpadded = full_mask is None or bool(full_mask.all())
     if unpadded and n_new == 1:
         return _one_query(batch, past, window_size, device)
-    query = torch.arange(past, past + n_new, device=device)[:, None]
-    key = torch.arange(past + n_new, device=device)[None, :]
-    causal = key > query
     if unpadded:
         positions = torch.arange(past, past + n_new, device=device).expand(batch, n_new)
-        padding = torch.zeros((), dtype=torch.bool, device=device)
-    else:
-        if not bool(full_mask.any(dim=1).all()):
-            empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
-            raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
-        positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+        plain = {} if past else {"global": "causal"}
+        # Built on first read: a forward whose layers all run fused never needs them.
+        blocked = _Blocked(lambda: _blocked(past, n_new, None, window_size, device))
+        return AttentionContext(blocked, positions, plain)
+    if not bool(full_mask.any(dim=1).all()):
+        empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
+        raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
+    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+    return AttentionContext(_blocked(past, n_new, full_mask, window_size, device), positions)
+
+
+class _Blocked(dict):
+    """`AttentionContext.blocked`, filled by `build()` when a kind is first read."""
+
+    def __init__(self, build: Any) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, kind: str) -> Blocked:
+        self.update(self._build())
+        return dict.__getitem__(self, kind)
+
+
+def _blocked(
+    past: int,
+    n_new: int,
+    full_mask: Int[Tensor, "batch all_pos"] | None,
+    window_size: int | None,
+    device: torch.device | str,
+) -> dict[str, Blocked]:
+    """Where each query may not read a key: later keys, padding keys other than the query
+    itself (`full_mask == 0`), and in a local layer keys `window_size` or more back."""
+    query = torch.arange(past, past + n_new, device=device)[:, None]
+    key = torch.arange(past + n_new, device=device)[None, :]
+    blocked = {"global": (key > query)[None, None]}
+    if full_mask is not None:
         padding = (full_mask == 0)[:, None, None, :] & (key != query)
-    blocked = {"global": causal | padding}
+        blocked["global"] = blocked["global"] | padding
     if window_size is not None:
         blocked["local"] = blocked["global"] | (query - key >= window_size)
-    plain = {"global": "causal"} if unpadded and not past else {}
-    return AttentionContext(
-        {k: v if v.ndim == 4 else v[None, None] for k, v in blocked.items()}, positions, plain
-    )
+    return blocked
 
 
 def next_token_context(past_kv_cache: KeyValueCache, window_size: int | None) -> AttentionContext:

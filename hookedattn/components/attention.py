@@ -23,6 +23,7 @@ never added to, and their values never multiplied in: whatever a blocked positio
 """
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -135,7 +136,7 @@ class Attention(nn.Module):
         z = self.mix_fused(q, k, v, context)
         if context.reads_every_key(self.attn_type):  # no blocked key to leak through
             return z
-        if not bool(z.sum().isfinite()):  # one reduction, one synchronisation
+        if not math.isfinite(z.sum().item()):  # one reduction, one synchronisation
             return self.mix_written_out(q, k, v, context)
         return z
 
