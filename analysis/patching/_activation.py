@@ -50,10 +50,11 @@ def activation_patch(
     denoising = direction == "denoising"
     target, source = (runs.corrupted, runs.clean) if denoising else (runs.clean, runs.corrupted)
     edits = component_edits(grid.components, source.cache)
-    labels = [c.label() for c in grid.components]
+    components = grid.components
     per_prompt = sweep(
-        model, target, edits, len(labels), metric, runs.declared, memory_budget, labels
-    )
+        model, target, edits, len(components), metric, runs.declared, memory_budget,
+        lambda i: components[i].label(),
+    )  # fmt: skip
     return PatchingResult(
         method="activation patching",
         direction=direction,

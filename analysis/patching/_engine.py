@@ -95,7 +95,9 @@ class Edit:
 def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:
     """One edit per hook point of `components`: variant i takes component i's region from
     `source`."""
-    names = [c.hook_name for c in components]
+    hooks = {(c.name, c.layer): "" for c in components}  # a name per kind and block, once
+    hooks = {key: get_act_name(*key) for key in hooks}
+    names = [hooks[c.name, c.layer] for c in components]
     firsts = {name: c for name, c in zip(names, components, strict=True)}
     return [
         Edit(
@@ -150,10 +152,10 @@ def sweep(
     metric: Metric,
     declared: Sequence[int] | None = None,
     memory_budget: int | None = None,
-    labels: Sequence[str] | None = None,
+    label: Callable[[int], str] | None = None,
 ) -> Float[Tensor, "variant batch"]:
-    """The metric of every variant of `base` (see the module docstring). `labels` name the
-    variants in errors."""
+    """The metric of every variant of `base` (see the module docstring). `label(i)` names
+    variant i in errors."""
     batch, n_pos = base.tokens.shape
     n_layers = model.cfg.n_layers
     budget = check_memory_budget(
@@ -164,7 +166,7 @@ def sweep(
         declared = tuple(declared)
         found = [e if e is not None and reaches(e, declared, n_layers) else None for e in found]
     end = n_pos if declared is None else declared[-1] + 1
-    readout = Readout(base, metric, declared, labels)
+    readout = Readout(base, metric, declared, label)
     out = base.metric.repeat(n_variants, 1)
     entering = _packed_blocks(model, base, edits, found, end, budget, readout, out)
     n_unembed = None if declared is None else len(declared)
@@ -225,12 +227,13 @@ class _Entering:
     window: Bool[Tensor, "variant pos"]
 
     def of(
-        self, variants: Sequence[int], unpatched: Float[Tensor, "1 batch pos d_model"]
-    ) -> Float[Tensor, "variant batch pos d_model"]:
-        """The stream of `variants`."""
+        self, variants: Sequence[int], unpatched: Float[Tensor, "1 batch row d_model"], p: Pass
+    ) -> Float[Tensor, "variant batch row d_model"]:
+        """The stream of `variants` at the rows `p` runs (`unpatched` holds those rows)."""
         index = torch.tensor(variants, device=self.packs.device)
-        window = self.window[index][:, None, :, None]
-        return torch.where(window, self.packs[self.pack_of[index]], unpatched)
+        window = self.window.narrow(1, p.n_past, p.rows)[index][:, None, :, None]
+        packs = self.packs.narrow(2, p.n_past, p.rows)[self.pack_of[index]]
+        return torch.where(window, packs, unpatched)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,10 +420,9 @@ def _run(
     hooks = [h for e in edits if (h := _edit_hook(e, p, variants)) is not None]
     hooks += [(name, keep) for name in names]
     past = _past(model, base, p, stop_layer)
-    resid = base.cache[get_act_name("resid_pre", p.layer)][None]
+    resid = _rows_of(base.cache[get_act_name("resid_pre", p.layer)][None], 2, p)
     if entering is not None:
-        resid = entering.of(p.variants, resid)
-    resid = _rows_of(resid, 2, p)
+        resid = entering.of(p.variants, resid, p)
     resid = rearrange(resid.expand(n_variants, -1, -1, -1), "v b row d -> (v b) row d")
     # A view of some rows would make every projection a broadcast batched matmul.
     resid = resid.contiguous()

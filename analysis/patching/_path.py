@@ -83,10 +83,10 @@ def path_patch(
     stop = model.cfg.n_layers if declared is None else max(r.layer for r in receivers) + 1
     recorded = record(model, base, edits, n_senders, names, stop, end, memory_budget)
     edits = [_receiver_edit(receivers, hook, values) for hook, values in recorded.items()]
-    sender_labels = [s.label() for s in sender_list]
     per_prompt = sweep(
-        model, base, edits, n_senders, metric, declared, memory_budget, sender_labels
-    )
+        model, base, edits, n_senders, metric, declared, memory_budget,
+        lambda i: sender_list[i].label(),
+    )  # fmt: skip
     per_prompt = per_prompt.reshape(*(len(t) for t in labels), -1)
     name = f"{kind} -> {', '.join(r.label() for r in receivers)}"
     return PatchingResult(

@@ -33,9 +33,9 @@ class Readout:
         base: BaseRun,
         metric: Metric,
         declared: Sequence[int] | None,
-        labels: Sequence[str] | None,
+        label: Callable[[int], str] | None,
     ) -> None:
-        self.base, self.metric, self.declared, self.labels = base, metric, declared, labels
+        self.base, self.metric, self.declared, self.label = base, metric, declared, label
         logits = base.logits
         self.unpatched = logits if declared is None else nan_except(logits, declared)
         self._fresh()
@@ -91,7 +91,7 @@ class Readout:
         if not bool(read_nan.any()):
             return
         i = variants[int(read_nan.any(dim=1).nonzero()[0])]
-        label = f"variant {i}" if self.labels is None else self.labels[i]
+        label = f"variant {i}" if self.label is None else self.label(i)
         raise ValueError(
             f"the metric gave NaN with {label} patched, on logits that are NaN outside "
             f"metric_positions {list(self.declared)}: it reads another position (on the "
