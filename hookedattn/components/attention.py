@@ -351,7 +351,7 @@ def masked(
     the same numbers wherever the scores are finite; a score that is not (an `inf` key, an
     overflow) would make `-inf + inf` NaN, so then the blocked scores are replaced.
     """
-    if bool(scores.sum().isfinite()):  # one reduction, one synchronisation
+    if math.isfinite(scores.sum().item()):  # one reduction, one synchronisation
         return scores + context.additive(kind, scores.dtype)
     return scores.masked_fill(context.blocked[kind], -torch.inf)
 
@@ -373,7 +373,7 @@ def weighted_values(
         "batch (kv_head group) query_pos key_pos -> batch kv_head group query_pos key_pos",
         kv_head=kv_heads,
     )
-    if not bool(v.sum().isfinite()):  # a NaN or inf anywhere (or a sum that overflows)
+    if not math.isfinite(v.sum().item()):  # a NaN or inf anywhere (or a sum that overflows)
         return _weighted_values_masked(pattern, v, blocked)
     z = einsum(
         pattern,
