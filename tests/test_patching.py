@@ -150,10 +150,23 @@ def view_metric(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, 3]
 
 
-@pytest.mark.parametrize("metric", [editing_metric, view_metric])
+def branching_metric(logits: torch.Tensor) -> torch.Tensor:
+    """Branches on a value, which vmap cannot run: the variants are measured one by one."""
+    diff = logit_diff(logits)
+    return diff if bool(diff.sum() > -1e9) else -diff
+
+
+def vmap_shy_metric(logits: torch.Tensor) -> torch.Tensor:
+    """Other numbers under vmap (as hidden state might give): the check against a plain
+    call on a stack's first variant sees it, and the variants are measured one by one."""
+    return logit_diff(logits) + float(torch._C._functorch.is_batchedtensor(logits))
+
+
+@pytest.mark.parametrize("metric", [editing_metric, view_metric, branching_metric, vmap_shy_metric])
 def test_a_metric_editing_or_viewing_its_logits_gets_the_reference_numbers(metric):
-    # The sweep writes each variant's rows into one logits tensor in turn: neither a
-    # metric's own writes nor a value that views the tensor may leak into another variant.
+    # Variants are measured on stacks of their logits (vmapped) or one at a time on one
+    # logits tensor: neither a metric's own writes nor a value that views the tensor may
+    # leak into another variant, and a metric vmap cannot run is run variant by variant.
     model = make_model("2 layers, LN, MLP")
     _, cache = model.run_with_cache(CLEAN)
     components = component_grid(model, "z", N_POS, True).components

@@ -166,7 +166,7 @@ def sweep(
         declared = tuple(declared)
         found = [e if e is not None and reaches(e, declared, n_layers) else None for e in found]
     end = n_pos if declared is None else declared[-1] + 1
-    readout = Readout(base, metric, declared, label)
+    readout = Readout(base, metric, declared, label, budget)
     out = base.metric.repeat(n_variants, 1)
     entering = _packed_blocks(model, base, edits, found, end, budget, readout, out)
     n_unembed = None if declared is None else len(declared)
@@ -179,7 +179,7 @@ def sweep(
             logits = declared_logits(model, base, p, resid, declared)
             if p.again:
                 logits = again(model, base, p, last_kv, declared, logits)
-            pieces = [(list(declared), x) for x in logits]
+            pieces = [(list(declared), logits)]
         out[list(p.variants)] = readout.values(p.variants, pieces)
     return out
 
@@ -205,7 +205,9 @@ def _packed_blocks(
         extents_ = [found[v] for v in members]
         packed = _run_packed(model, base, edits, members, extents_, end, memory_budget)
         if layer == n_layers - 1:
-            out[members] = readout.values(members, packed.pieces(model, readout.declared))
+            order, pieces = packed.pieces(model, readout.declared)
+            done = [members[i] for i in order]
+            out[done] = readout.values(done, pieces)
             for v in members:
                 found[v] = None  # done
             continue
@@ -265,9 +267,12 @@ class _Packed:
         pack_of[list(members)] = torch.tensor(self.pack_of, device=device)
         return _Entering(full, pack_of, window)
 
-    def pieces(self, model: HookedTransformer, declared: Sequence[int] | None) -> list[Piece]:
-        """Each member's logits after the last block in its window (with `declared`, at
-        the declared positions there): its pack's rows, unembedded."""
+    def pieces(
+        self, model: HookedTransformer, declared: Sequence[int] | None
+    ) -> tuple[list[int], list[Piece]]:
+        """The members' logits after the last block in their windows (with `declared`, at
+        the declared positions there): their packs' rows, unembedded, one piece per
+        window; and the members (indices into `windows`) in the pieces' order."""
         n_rows = self.resid.shape[2]
         if declared is None:
             wanted = list(range(n_rows))
@@ -278,15 +283,21 @@ class _Packed:
             new = model(chosen, start_at_layer=model.cfg.n_layers)
         new = rearrange(new, "(pack b) row v -> pack b row v", pack=len(self.resid))
         column = {self.start + row: k for k, row in enumerate(wanted)}
-        pieces: list[Piece] = []
-        for pack, (begin, stop) in zip(self.pack_of, self.windows, strict=True):
+        by_window: dict[tuple[int, int], list[int]] = {}
+        for i, window in enumerate(self.windows):
+            by_window.setdefault(window, []).append(i)
+        order, pieces = [], []
+        for (begin, stop), members in by_window.items():
+            packs = new[torch.tensor([self.pack_of[i] for i in members], device=new.device)]
             if declared is None:
-                rows = new[pack, :, begin - self.start : stop - self.start]
-                pieces.append((slice(begin, stop), rows))
+                pieces.append(
+                    (slice(begin, stop), packs[:, :, begin - self.start : stop - self.start])
+                )
             else:
                 here = [q for q in declared if begin <= q < stop]
-                pieces.append((here, new[pack, :, [column[q] for q in here]]))
-        return pieces
+                pieces.append((here, packs[:, :, [column[q] for q in here]]))
+            order += members
+        return order, pieces
 
 
 def _packs(windows: Sequence[tuple[int, int]], shared: bool) -> list[list[int]]:
