@@ -318,13 +318,7 @@ def generate(
         raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
     sampling = Sampling(do_sample, temperature, top_k, top_p)
     text_in = tokenization.is_text(input)
-    if text_in:
-        if attention_mask is not None:
-            raise TypeError("strings bring their own attention mask; do not pass one")
-        batch = tokenization.tokenize(model, input, prepend_bos, padding_side="left")
-        tokens, attention_mask = batch.tokens, batch.attention_mask
-    else:
-        tokens = input
+    tokens, attention_mask = _prompt(model, input, text_in, attention_mask, prepend_bos)
     tokenizer = tokenization.tokenizer_of(model) if model.tokenizer is not None else None
     eos = _eos_ids(eos_token_id, tokenizer, stop_at_eos)
     pad = tokenizer.padding_id() if tokenizer is not None else (eos[0] if eos else 0)
@@ -348,6 +342,18 @@ def generate(
         for row, keep in zip(out.tokens, out.attention_mask, strict=True)
     ]
     return texts[0] if isinstance(input, str) else texts
+
+
+def _prompt(
+    model: Any, input: Any, text_in: bool, attention_mask: Tensor | None, prepend_bos: Any
+) -> tuple[Any, Tensor | None]:
+    """The prompt's ids and mask: text tokenized and left-padded, ids as given."""
+    if not text_in:
+        return input, attention_mask
+    if attention_mask is not None:
+        raise TypeError("strings bring their own attention mask; do not pass one")
+    batch = tokenization.tokenize(model, input, prepend_bos, padding_side="left")
+    return batch.tokens, batch.attention_mask
 
 
 def _eos_ids(eos_token_id: Any, tokenizer: Any, stop_at_eos: bool) -> list[int]:
