@@ -288,14 +288,13 @@ class _Packed:
             by_window.setdefault(window, []).append(i)
         order, pieces = [], []
         for (begin, stop), members in by_window.items():
-            packs = new[torch.tensor([self.pack_of[i] for i in members], device=new.device)]
+            packs = torch.tensor([self.pack_of[i] for i in members], device=new.device)
             if declared is None:
-                pieces.append(
-                    (slice(begin, stop), packs[:, :, begin - self.start : stop - self.start])
-                )
+                rows = new[:, :, begin - self.start : stop - self.start]
+                pieces.append((slice(begin, stop), rows[packs]))
             else:
                 here = [q for q in declared if begin <= q < stop]
-                pieces.append((here, packs[:, :, [column[q] for q in here]]))
+                pieces.append((here, new[:, :, [column[q] for q in here]][packs]))
             order += members
         return order, pieces
 

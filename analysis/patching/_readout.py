@@ -86,7 +86,7 @@ class Readout:
             isinstance(value, Tensor)
             and value.shape == logits.shape[:2]
             and value.dtype.is_floating_point
-            and bool(torch.isclose(value[0], plain, equal_nan=True, **self.tolerance).all())
+            and _agree(value[0], plain, self.tolerance)
         ):
             self.vmapped = None
             return None
@@ -101,7 +101,7 @@ class Readout:
                 for part in (slice(None, where.start), slice(where.stop, None))
             )
             return torch.cat([before, rows, after], dim=2)
-        logits = self.unpatched[None].repeat(n, 1, 1, 1)
+        logits = self.unpatched.expand(n, *self.unpatched.shape).clone()
         first = 0
         for where, rows in chunk:
             logits[first : first + len(rows), :, where] = rows
@@ -163,6 +163,13 @@ class Readout:
             f"unpatched runs it did not). Declare every position it reads, or pass "
             f"metric_positions=None"
         )
+
+
+def _agree(vmapped: Tensor, plain: Tensor, tol: dict[str, float]) -> bool:
+    """Whether a vmapped value is the plain one (to the dtype's tolerance, NaN where NaN)."""
+    return bool(torch.equal(vmapped, plain)) or bool(
+        torch.isclose(vmapped, plain, equal_nan=True, **tol).all()
+    )
 
 
 def _chunks(pieces: Sequence[Piece], size: int) -> list[list[Piece]]:
