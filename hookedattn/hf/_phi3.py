@@ -12,10 +12,10 @@ refused by name.
 from typing import Any
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family
-from hookedattn.hf.llama import L, llama_like_rules, llama_like_table
-from hookedattn.hf.table import Rule, Table
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family
+from hookedattn.hf._llama import L, llama_like_rules, llama_like_table
+from hookedattn.hf._table import Rule, Table
 
 # Llama's names for the parts `qkv_proj` and `gate_up_proj` hold.
 _SPLIT = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
@@ -23,8 +23,8 @@ _SPLIT = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 
 def phi3_fields(hf_config: Any) -> dict[str, Any]:
     """Our config for a `transformers.Phi3Config`."""
-    fields = translate.llama_like(hf_config)
-    return fields | translate.rotary(hf_config, fields["d_head"], partial=True)
+    fields = _translate.llama_like(hf_config)
+    return fields | _translate.rotary(hf_config, fields["d_head"], partial=True)
 
 
 def phi3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:

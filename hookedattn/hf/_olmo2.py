@@ -9,10 +9,10 @@ d_head)]`, which we store as `[head d_head]`), before they are split into heads 
 from typing import Any
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family
-from hookedattn.hf.llama import L, llama_like_rules, llama_like_table
-from hookedattn.hf.table import Rule, Table
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family
+from hookedattn.hf._llama import L, llama_like_rules, llama_like_table
+from hookedattn.hf._table import Rule, Table
 
 NORMS = {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_layernorm"}
 
@@ -20,7 +20,7 @@ NORMS = {"ln1_post": "post_attention_layernorm", "ln2_post": "post_feedforward_l
 def olmo2_fields(hf_config: Any) -> dict[str, Any]:
     """Our config's fields for a `transformers.Olmo2Config`: post-norms only, q/k norms over
     whole projections."""
-    return translate.llama_like(hf_config) | dict(
+    return _translate.llama_like(hf_config) | dict(
         normalization_placement="post", use_qk_norm=True, qk_norm_per_head=False
     )
 

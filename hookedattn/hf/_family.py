@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf.table import Table
+from hookedattn.hf._table import Table
 
 
 @dataclasses.dataclass(frozen=True)

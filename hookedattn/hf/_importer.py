@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import gemma2, gpt2, llama, loading, neox, olmo2, phi3, qwen3
-from hookedattn.hf.family import Family
-from hookedattn.hf.table import (
+from hookedattn.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
+from hookedattn.hf._family import Family
+from hookedattn.hf._table import (
     StateDict,
     Table,
     TensorSource,
@@ -27,15 +27,15 @@ from hookedattn.hf.table import (
 from hookedattn.weights_io import CheckpointError
 
 FAMILIES: tuple[Family, ...] = (
-    gpt2.FAMILY,
-    neox.FAMILY,
-    llama.LLAMA,
-    llama.MISTRAL,
-    llama.QWEN2,
-    qwen3.FAMILY,
-    gemma2.FAMILY,
-    olmo2.FAMILY,
-    phi3.FAMILY,
+    _gpt2.FAMILY,
+    _neox.FAMILY,
+    _llama.LLAMA,
+    _llama.MISTRAL,
+    _llama.QWEN2,
+    _qwen3.FAMILY,
+    _gemma2.FAMILY,
+    _olmo2.FAMILY,
+    _phi3.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 
@@ -57,11 +57,11 @@ def from_hf(
     """
     if isinstance(source, str | Path):
         path = Path(source)
-        loading.check_directory(path)
-        hf_config, hf_model = loading.read_config(path), None
+        _loading.check_directory(path)
+        hf_config, hf_model = _loading.read_config(path), None
         family = family_of_config(hf_config)
-        tensors = loading.SafetensorsFiles(loading.safetensors_files(path))
-        tokenizer = loading.saved_tokenizer(path) if tokenizer is None else tokenizer
+        tensors = _loading.SafetensorsFiles(_loading.safetensors_files(path))
+        tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
         stored_dtype, stored_device = tensors.stored_dtype(), "cpu"
     else:
         family = family_of_model(source)
@@ -143,7 +143,7 @@ def family_of_config(hf_config: Any) -> Family:
 
 
 def _unsupported(name: str, model_type: Any) -> str:
-    loading.transformers_module()  # the ImportError that says how to install it, first
+    _loading.transformers_module()  # the ImportError that says how to install it, first
     return (
         f"cannot import {name} (model_type={model_type!r}): from_hf supports "
         f"{', '.join(SUPPORTED_ARCHITECTURES)}"

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family
-from hookedattn.hf.llama import llama_like_rules, llama_like_table
-from hookedattn.hf.table import Table
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family
+from hookedattn.hf._llama import llama_like_rules, llama_like_table
+from hookedattn.hf._table import Table
 
 NORMS = {
     "ln1": "input_layernorm",
@@ -38,7 +38,7 @@ def gemma2_fields(hf_config: Any) -> dict[str, Any]:
     c = hf_config
     if getattr(c, "use_bidirectional_attention", False):
         raise ValueError("use_bidirectional_attention=True cannot be imported: causal only")
-    return translate.llama_like(c, act_field="hidden_activation") | dict(
+    return _translate.llama_like(c, act_field="hidden_activation") | dict(
         attn_scale=float(c.query_pre_attn_scalar) ** 0.5,
         normalization_placement="pre_and_post",
         attn_scores_soft_cap=c.attn_logit_softcapping,

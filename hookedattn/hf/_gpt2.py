@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family, tied_unembedding
-from hookedattn.hf.table import Rule, StateDict, Table, check_source, convert, zeros
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family, tied_unembedding
+from hookedattn.hf._table import Rule, StateDict, Table, check_source, convert, zeros
 
 _H = "transformer.h.{layer}"
 _RULES = (
@@ -84,7 +84,7 @@ def gpt2_fields(hf_config: Any) -> dict[str, Any]:
         n_heads=n_heads,
         d_head=d_head,
         d_mlp=hf_config.n_inner or 4 * d_model,
-        act_fn=translate.activation(hf_config.activation_function, "activation_function"),
+        act_fn=_translate.activation(hf_config.activation_function, "activation_function"),
         normalization_type="LN",
         positional_embedding_type="standard",
         eps=hf_config.layer_norm_epsilon,

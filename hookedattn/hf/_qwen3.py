@@ -9,15 +9,15 @@ field (not `hidden_size / num_attention_heads`), and the biases are off unless
 from typing import Any
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family
-from hookedattn.hf.llama import L, llama_like_rules, llama_like_table
-from hookedattn.hf.table import Rule, Table
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family
+from hookedattn.hf._llama import L, llama_like_rules, llama_like_table
+from hookedattn.hf._table import Rule, Table
 
 
 def qwen3_fields(hf_config: Any) -> dict[str, Any]:
     """Our config's fields for a `transformers.Qwen3Config`: q/k norms per head."""
-    return translate.llama_like(hf_config) | dict(use_qk_norm=True, qk_norm_per_head=True)
+    return _translate.llama_like(hf_config) | dict(use_qk_norm=True, qk_norm_per_head=True)
 
 
 def qwen3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:

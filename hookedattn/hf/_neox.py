@@ -11,9 +11,9 @@ every weight is transposed. The fused `query_key_value` is laid out per head,
 from typing import Any
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family, tied_unembedding
-from hookedattn.hf.table import Rule, Table, zeros
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family, tied_unembedding
+from hookedattn.hf._table import Rule, Table, zeros
 
 _L = "gpt_neox.layers.{layer}"
 _QKV_W = "(head qkv d_head) d_model -> qkv head d_model d_head"
@@ -32,12 +32,12 @@ def neox_fields(hf_config: Any) -> dict[str, Any]:
         n_heads=c.num_attention_heads,
         d_head=d_head,
         d_mlp=c.intermediate_size,
-        act_fn=translate.activation(c.hidden_act),
+        act_fn=_translate.activation(c.hidden_act),
         normalization_type="LN",
         eps=c.layer_norm_eps,
         parallel_attn_mlp=bool(c.use_parallel_residual),
         attn_scale=d_head**0.5,
-        **translate.rotary(c, d_head, partial=True),
+        **_translate.rotary(c, d_head, partial=True),
     )
 
 

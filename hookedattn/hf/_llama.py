@@ -20,9 +20,9 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.hf import translate
-from hookedattn.hf.family import Family, tied_unembedding
-from hookedattn.hf.table import Rule, Table, zeros
+from hookedattn.hf import _translate
+from hookedattn.hf._family import Family, tied_unembedding
+from hookedattn.hf._table import Rule, Table, zeros
 
 L = "model.layers.{layer}"
 # Our norm name -> HF module name, for the usual two pre-norms.
@@ -98,7 +98,7 @@ def llama_fields(hf_config: Any) -> dict[str, Any]:
         raise ValueError(
             "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
         )
-    return translate.llama_like(hf_config)
+    return _translate.llama_like(hf_config)
 
 
 def llama_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
