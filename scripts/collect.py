@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 
 from hookedattn import ByteTokenizer, HookedTransformer, list_pretrained
-from hookedattn.store import ActivationStore, collect_activations, init_from_env
+from hookedattn.store import ActivationStore, collect_activations, init_from_env, local_device_index
 from hookedattn.store.collection import DTYPES
-from hookedattn.store.distributed import local_device_index
 
 
 def load_model(name_or_dir: str, device: str | None = None) -> HookedTransformer:

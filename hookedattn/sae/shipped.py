@@ -10,7 +10,7 @@ from typing import Any
 
 from hookedattn.sae import io
 from hookedattn.sae.autoencoder import SparseAutoencoder
-from hookedattn.store.manifest import weights_differ
+from hookedattn.store._manifest import weights_differ
 
 ROOT = Path(__file__).parent / "pretrained"
 

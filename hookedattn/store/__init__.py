@@ -8,16 +8,23 @@
     for batch in store.batches("blocks.1.hook_resid_pre", 4096, shuffle=True, seed=0):
         ...                                   # [4096 d_model]
 
-A store is a folder of safetensors shards and a JSON manifest (see `manifest`); `sweep`
-maps any per-batch function of a model over a dataset, each rank a share.
+A store is a folder of safetensors shards and a JSON manifest (the layout is described in
+`hookedattn/store/_manifest.py`); `sweep` maps any per-batch function of a model over a
+dataset, each rank a share.
 """
 
+from hookedattn.store._distributed import (
+    RankInfo,
+    barrier,
+    current_rank,
+    init_from_env,
+    local_device_index,
+)
+from hookedattn.store._manifest import StoreError, read_manifest, weights_sha256
+from hookedattn.store._stats import RunningStats
 from hookedattn.store.collection import Collection, collect_activations, resolve_names
-from hookedattn.store.distributed import RankInfo, init_from_env
 from hookedattn.store.inputs import PackedContexts, Packing, default_corpus, pack
-from hookedattn.store.manifest import StoreError, read_manifest, weights_sha256
 from hookedattn.store.reader import ActivationStore, RowOrigin, StoreDataset
-from hookedattn.store.stats import RunningStats
 from hookedattn.store.sweep import SweepResult, load_sweep, save_sweep, sweep
 
 __all__ = [
@@ -31,10 +38,13 @@ __all__ = [
     "StoreDataset",
     "StoreError",
     "SweepResult",
+    "barrier",
     "collect_activations",
+    "current_rank",
     "default_corpus",
     "init_from_env",
     "load_sweep",
+    "local_device_index",
     "pack",
     "read_manifest",
     "resolve_names",

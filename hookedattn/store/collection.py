@@ -22,9 +22,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from hookedattn import names as _names
-from hookedattn.store import distributed
-from hookedattn.store.inputs import PackedContexts, pack
-from hookedattn.store.manifest import (
+from hookedattn.store import _distributed
+from hookedattn.store._manifest import (
     FORMAT,
     MANIFEST_FILE,
     VERSION,
@@ -37,8 +36,9 @@ from hookedattn.store.manifest import (
     weights_sha256,
     write_manifest,
 )
-from hookedattn.store.stats import write_stats
-from hookedattn.store.writer import ShardWriter
+from hookedattn.store._stats import write_stats
+from hookedattn.store._writer import ShardWriter
+from hookedattn.store.inputs import PackedContexts, pack
 
 DTYPES = {
     "float32": torch.float32,
@@ -97,21 +97,21 @@ def collect_activations(
     every rank calls this with the same arguments.
     """
     _check_options(dtype, batch_size)
-    out, ranks = Path(out), distributed.current()
+    out, ranks = Path(out), _distributed.current_rank()
     job = _plan_job(model, inputs, names, context, n_tokens, batch_size, dtype, shard_contexts)
     if ranks.is_main:
         _prepare_folder(out, job.digest, overwrite)
         write_manifest(out, job.manifest)
-    distributed.barrier()
+    _distributed.barrier()
     mine = [job.shards[i] for i in ranks.share(len(job.shards))]
     started, cpu_started = time.perf_counter(), time.process_time()
-    done = [s for s in mine if shard_is_complete(out / s.file, job.digest)]
+    done = [s for s in mine if _shard_is_complete(out / s.file, job.digest)]
     todo = [s for s in mine if s not in done]
     _write_shards(model, job, out, todo, dtype, _bar(todo, ranks, progress))
-    distributed.barrier()
+    _distributed.barrier()
     if ranks.is_main:
         _finish(out, job.manifest, job.shards, job.names, dtype)
-    distributed.barrier()
+    _distributed.barrier()
     tokens = sum(s.stop - s.start for s in todo) * job.packed.packing.context
     written, resumed = tuple(s.index for s in todo), tuple(s.index for s in done)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -197,7 +197,7 @@ def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
     return resolved
 
 
-def shard_is_complete(path: Path, digest: str) -> bool:
+def _shard_is_complete(path: Path, digest: str) -> bool:
     """Whether `path` is a whole shard of the collection with fingerprint `digest`."""
     if not path.is_file():
         return False
@@ -375,7 +375,7 @@ def _disk_error(error: OSError, out: Path, shards: list[ShardSpec]) -> OSError:
     )
 
 
-def _bar(todo: list[ShardSpec], ranks: distributed.RankInfo, progress: bool) -> Any:
+def _bar(todo: list[ShardSpec], ranks: _distributed.RankInfo, progress: bool) -> Any:
     total = sum(s.rows[1] - s.rows[0] for s in todo)
     desc = "collecting" if ranks.world_size == 1 else f"rank {ranks.rank}/{ranks.world_size}"
     return tqdm(

@@ -25,14 +25,14 @@ from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.names import unknown_name_message
-from hookedattn.store.manifest import (
+from hookedattn.store._manifest import (
     ShardSpec,
     StoreError,
     read_file_metadata,
     read_manifest,
     weights_differ,
 )
-from hookedattn.store.stats import RunningStats, as_stats, read_stats, shard_moments
+from hookedattn.store._stats import RunningStats, as_stats, read_stats, shard_moments
 
 _DTYPES = {
     "F64": torch.float64,

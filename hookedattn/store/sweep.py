@@ -20,8 +20,8 @@ import torch.distributed as dist
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.store import distributed
-from hookedattn.store.manifest import commit, file_metadata, read_file_metadata, temporary_name
+from hookedattn.store import _distributed
+from hookedattn.store._manifest import commit, file_metadata, read_file_metadata, temporary_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def sweep(
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     collate = _stack if collate is None else collate
-    ranks = distributed.current()
+    ranks = _distributed.current_rank()
     starts = range(0, len(dataset), batch_size)
     local = []
     for b in ranks.share(len(starts)):
@@ -79,7 +79,7 @@ def sweep(
     result = SweepResult(values, tuple(labels[i] for i in index.tolist()), index)
     if out is not None and ranks.is_main:
         save_sweep(result, out)
-    distributed.barrier()
+    _distributed.barrier()
     return result
 
 

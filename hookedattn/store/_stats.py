@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn.store.manifest import (
+from hookedattn.store._manifest import (
     STATS_PREFIX,
     ShardSpec,
     commit,
@@ -23,7 +23,7 @@ from hookedattn.store.manifest import (
     read_file_metadata,
     temporary_name,
 )
-from hookedattn.store.writer import RunningMoments
+from hookedattn.store._writer import RunningMoments
 
 STATS_FILE = "stats.safetensors"
 

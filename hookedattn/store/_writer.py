@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn.store.manifest import (
+from hookedattn.store._manifest import (
     STATS_PREFIX,
     TOKENS_KEY,
     ShardSpec,

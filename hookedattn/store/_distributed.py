@@ -30,7 +30,7 @@ class RankInfo:
         return range(self.rank, n_items, self.world_size)
 
 
-def current() -> RankInfo:
+def current_rank() -> RankInfo:
     """The rank of this process in the default process group (0 of 1 without one)."""
     if dist.is_available() and dist.is_initialized():
         return RankInfo(dist.get_rank(), dist.get_world_size())
@@ -50,7 +50,7 @@ def init_from_env(backend: str | None = None) -> RankInfo:
         if backend == "nccl":  # NCCL's collectives run on this rank's own GPU
             torch.cuda.set_device(local_device_index())
         dist.init_process_group(backend)
-    return current()
+    return current_rank()
 
 
 def local_device_index() -> int:
