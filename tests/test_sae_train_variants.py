@@ -5,8 +5,8 @@ import torch
 
 from hookedattn import HookedTransformer
 from hookedattn.sae import SAEConfig, SparseAutoencoder, TrainingStep, train_sae
-from hookedattn.sae.objectives import L0Penalty, jumprelu_ste
-from hookedattn.sae.resampling import resample_dead
+from hookedattn.sae._objectives import L0Penalty, jumprelu_ste
+from hookedattn.sae._resampling import resample_dead
 from hookedattn.sae.training import _fold
 from hookedattn.store import ActivationStore, collect_activations
 

@@ -14,7 +14,7 @@ Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features)
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
 from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
-from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae
+from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae, pretrained_sae_record
 from hookedattn.sae.splice import sae_hook_name, spliced
 from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
 
@@ -28,6 +28,7 @@ __all__ = [
     "fraction_of_variance_explained",
     "list_pretrained_saes",
     "load_pretrained_sae",
+    "pretrained_sae_record",
     "sae_hook_name",
     "spliced",
     "train_sae",

@@ -8,7 +8,7 @@
 `W_enc: [d_in d_sae]`, `W_dec: [d_sae d_in]` (row `f` is feature `f`'s direction, unit norm
 for a freshly built or trained SAE), `b_enc: [d_sae]`, `b_dec: [d_in]`: SAELens's names and
 layout. The activation (ReLU, TopK, JumpReLU) and the pre-bias (tied to `b_dec`, untied,
-none) are modules chosen at construction (`hookedattn.sae.activations`).
+none) are modules chosen at construction (`hookedattn.sae._activations`).
 
 The error term is computed from the clean reconstruction, before any hook edits the
 features, and detached from autograd, as in SAELens and Marks et al. 2024 (A.3): ablating a
@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.hook_points import HookedRootModule, HookPoint
-from hookedattn.sae.activations import make_activation, make_pre_bias
+from hookedattn.sae._activations import make_activation, make_pre_bias
 from hookedattn.sae.config import SAEConfig
 
 In = Float[Tensor, "*batch d_in"]
@@ -124,16 +124,16 @@ class SparseAutoencoder(HookedRootModule):
 
     def save(self, path: str | Path) -> Path:
         """Write `cfg.json` and `sae_weights.safetensors` (SAELens's layout) into `path`."""
-        from hookedattn.sae import io
+        from hookedattn.sae import _io
 
-        return io.save(self, path)
+        return _io.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "SparseAutoencoder":
         """Load an SAE saved by `save` or by SAELens (`cfg.json` + `sae_weights.safetensors`)."""
-        from hookedattn.sae import io
+        from hookedattn.sae import _io
 
-        return io.load(path)
+        return _io.load(path)
 
     def extra_repr(self) -> str:
         c = self.cfg

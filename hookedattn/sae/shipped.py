@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hookedattn.sae import io
+from hookedattn.sae import _io
 from hookedattn.sae.autoencoder import SparseAutoencoder
 from hookedattn.store._manifest import weights_differ
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent / "pretrained"
 
 def list_pretrained_saes() -> list[tuple[str, str]]:
     """`(model name, hook name)` of every shipped SAE."""
-    return sorted((p.parent.parent.name, p.parent.name) for p in ROOT.glob(f"*/*/{io.CFG_FILE}"))
+    return sorted((p.parent.parent.name, p.parent.name) for p in ROOT.glob(f"*/*/{_io.CFG_FILE}"))
 
 
 def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> SparseAutoencoder:
@@ -37,7 +37,7 @@ def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> S
         differ = weights_differ(model, record["model_weights_sha256"], trained_on)
         if differ is not None:
             raise ValueError(f"{differ}: retrain it ({record['command']})")
-    return io.load(ROOT / model_name / hook_name)
+    return _io.load(ROOT / model_name / hook_name)
 
 
 def pretrained_sae_record(model_name: str, hook_name: str) -> dict:

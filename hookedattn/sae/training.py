@@ -13,10 +13,10 @@ as the model computes them.
 Loss: `|x - recons|^2` (summed over `d_in`, averaged over rows) plus, for ReLU SAEs, `l1 ·
 Σ_f acts_f |W_dec[f]|`; for JumpReLU SAEs `l0` times the number of active features, its
 thresholds learnt by a straight-through estimator; a TopK SAE has no penalty (the
-penalties in `hookedattn.sae.objectives`). After each Adam step the decoder rows are
+penalties in `hookedattn.sae._objectives`). After each Adam step the decoder rows are
 renormalised to unit norm. A feature is dead when it has not fired in the last
 `dead_window` steps; with `resample_every`, dead features are resampled towards inputs the
-SAE reconstructs badly (`hookedattn.sae.resampling`). Everything random (initial
+SAE reconstructs badly (`hookedattn.sae._resampling`). Everything random (initial
 weights, batch order) comes from `seed`, so a run is repeatable.
 """
 
@@ -31,10 +31,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hookedattn.sae import objectives
+from hookedattn.sae import _objectives
+from hookedattn.sae._resampling import resample_dead
 from hookedattn.sae.autoencoder import SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
-from hookedattn.sae.resampling import resample_dead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def train_sae(
     with `l0` (the coefficient of its L0 penalty; thresholds start at `threshold` and
     learn through a straight-through estimator of width `bandwidth`, both in the
     normalised units of the module docstring). `resample_every=n`: every n steps the dead
-    features are resampled towards inputs of high loss (`hookedattn.sae.resampling`).
+    features are resampled towards inputs of high loss (`hookedattn.sae._resampling`).
     Batches of `batch_size` rows are drawn shuffled, epoch after epoch. A `tqdm` bar shows
     loss, L0, fraction of variance explained and dead features every `log_every` steps
     (appended to `log` as `TrainingStep`s if given). `checkpoint_every=n` saves the SAE
@@ -173,13 +173,13 @@ class _Objective:
 def _objective(sae, l1, l0, bandwidth, threshold) -> _Objective:
     """The objective for the SAE's variant, chosen once before the loop."""
     if l1 is not None:
-        return _Objective(objectives.activate, objectives.L1Penalty(l1))
+        return _Objective(_objectives.activate, _objectives.L1Penalty(l1))
     if l0 is not None:
         with torch.no_grad():
             sae.activation.threshold.fill_(threshold)
-        activate = objectives.JumpReLUActivation(bandwidth)
-        return _Objective(activate, objectives.L0Penalty(l0, bandwidth))
-    return _Objective(objectives.activate, objectives.no_penalty)
+        activate = _objectives.JumpReLUActivation(bandwidth)
+        return _Objective(activate, _objectives.L0Penalty(l0, bandwidth))
+    return _Objective(_objectives.activate, _objectives.no_penalty)
 
 
 def _step(
