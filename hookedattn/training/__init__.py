@@ -13,17 +13,22 @@ depends on it. `scripts/train.py` is its command line.
 """
 
 from hookedattn.training.checkpoints import (
+    RunState,
     checkpoint_dir,
     latest_checkpoint,
     list_checkpoints,
+    resume,
+    save_checkpoint,
 )
 from hookedattn.training.config import TrainConfig, learning_rate
 from hookedattn.training.corpus import (
     ByteCorpus,
     CorpusManifest,
     heldout_windows,
+    is_heldout,
     load_stdlib_corpus,
     repeated_random_tokens,
+    stdlib_root,
     text_windows,
 )
 from hookedattn.training.evaluation import Evaluation, evaluate
@@ -36,17 +41,22 @@ __all__ = [
     "CorpusManifest",
     "Evaluation",
     "Preset",
+    "RunState",
     "TrainConfig",
     "TrainResult",
     "checkpoint_dir",
     "evaluate",
     "heldout_windows",
+    "is_heldout",
     "latest_checkpoint",
     "learning_rate",
     "list_checkpoints",
     "load_stdlib_corpus",
     "make_optimizer",
     "repeated_random_tokens",
+    "resume",
+    "save_checkpoint",
+    "stdlib_root",
     "text_windows",
     "train",
     "training_batch",
