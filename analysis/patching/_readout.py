@@ -31,9 +31,10 @@ from hookedattn.tolerances import tolerance
 # each), and their logits there, `[variant batch position d_vocab_out]`.
 Piece = tuple[slice | list[int], Tensor]
 
-# A stack copies each variant's full logits. Above about this many bytes a variant the
-# copy costs more than the Python call it saves (on a CPU, ~25 us for 256 kB), and
-# variants are measured one at a time, writing only their changed rows.
+# A stack copies each variant's full logits once; one variant at a time writes its changed
+# rows in and back (twice). Where a stack copies more than this many bytes a variant
+# beyond that, the extra copy costs more than the Python call it saves (on a CPU, ~25 us
+# for 256 kB), and the variants are measured one at a time.
 STACK_BYTES = 2**18
 
 
@@ -53,10 +54,10 @@ class Readout:
         self.base, self.metric, self.declared, self.label = base, metric, declared, label
         logits = base.logits
         self.unpatched = logits if declared is None else nan_except(logits, declared)
-        per_variant = self.unpatched.numel() * self.unpatched.element_size()
-        self.stack_size = max(1, memory_budget // (2 * per_variant))
+        self.itemsize = self.unpatched.element_size()
+        self.stack_size = max(1, memory_budget // (2 * self.unpatched.numel() * self.itemsize))
         # None once a stack has shown that vmap cannot run the metric as it is.
-        self.vmapped = torch.func.vmap(metric) if per_variant <= STACK_BYTES else None
+        self.vmapped = torch.func.vmap(metric)
         self.tolerance = tolerance(logits.dtype).as_kwargs()
         self._fresh()
 
@@ -66,12 +67,21 @@ class Readout:
         """The metric of each of `variants`, given the pieces that hold them in order."""
         values = []
         for chunk in _chunks(pieces, self.stack_size):
-            value = None if self.vmapped is None else self._stacked_values(chunk)
+            stack = self.vmapped is not None and self._extra_bytes(chunk) <= STACK_BYTES
+            value = self._stacked_values(chunk) if stack else None
             values.append(self._one_by_one(chunk) if value is None else value)
         out = torch.cat(values)
         if self.declared is not None:
             self._check_declared(variants, out)
         return out
+
+    def _extra_bytes(self, chunk: Sequence[Piece]) -> float:
+        """What a stack of `chunk` copies beyond what one variant at a time would, in bytes
+        a variant."""
+        full = self.unpatched.numel()
+        n = sum(len(rows) for _, rows in chunk)
+        rows = sum(rows.numel() for _, rows in chunk) / n  # numbers a variant changes
+        return (full - 2 * rows) * self.itemsize
 
     def _stacked_values(self, chunk: Sequence[Piece]) -> Float[Tensor, "variant batch"] | None:
         """The metric of the variants of `chunk` by one vmapped call on their stacked
