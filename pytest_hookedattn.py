@@ -46,7 +46,7 @@ def make_tiny_model(request: pytest.FixtureRequest) -> Callable[..., Any]:
     The same test gets the same weights on every run, different tests get different ones;
     pass `seed=` to choose. The default shape is `hookedattn.testing.TINY_CONFIG`.
     """
-    from hookedattn.testing.guards import seed_for, tiny_model
+    from hookedattn.testing._guards import seed_for, tiny_model
 
     seed = seed_for(request.node.nodeid)
     return lambda **overrides: tiny_model(seed, **overrides)
@@ -59,7 +59,7 @@ def no_leaked_hooks(request: pytest.FixtureRequest) -> None:
     Use it per test, or for a whole suite from a conftest:
     `pytestmark = pytest.mark.usefixtures("no_leaked_hooks")`.
     """
-    from hookedattn.testing.guards import HookRecorder
+    from hookedattn.testing._guards import HookRecorder
 
     recorder = HookRecorder().start()
 
@@ -76,7 +76,7 @@ def no_leaked_hooks(request: pytest.FixtureRequest) -> None:
 def hookedattn_shared_models() -> Any:
     """The session's `SharedModels`: each shipped model loaded on first use, then kept."""
     from hookedattn.model import HookedTransformer
-    from hookedattn.testing.guards import SharedModels
+    from hookedattn.testing._guards import SharedModels
 
     return SharedModels(HookedTransformer.from_pretrained)
 

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import TypeCheckError
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.testing.guards import HookRecorder, SharedModels
+from hookedattn.testing._guards import HookRecorder, SharedModels
 
 PLUGIN = "hookedattn"  # the entry point: pytest registers the plugin under its name
 
@@ -35,7 +35,7 @@ LOADS = []
 @pytest.fixture(scope="session")
 def hookedattn_shared_models():
     # The plugin's session store, with tiny models in place of the shipped ones.
-    from hookedattn.testing.guards import SharedModels, tiny_model
+    from hookedattn.testing._guards import SharedModels, tiny_model
 
     def load(name):
         LOADS.append(name)

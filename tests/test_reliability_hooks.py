@@ -9,7 +9,7 @@ import torch
 
 from hookedattn import HookedTransformer
 from hookedattn.testing import tiny_model
-from hookedattn.testing.guards import HookRecorder
+from hookedattn.testing._guards import HookRecorder
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5]])
 

@@ -12,7 +12,7 @@ import torch
 
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.testing import assert_close_cache, assert_decomposes, tiny_model
-from hookedattn.testing.guards import SharedModels
+from hookedattn.testing._guards import SharedModels
 from hookedattn.tokenizers import ByteTokenizer
 
 NAN, INF = float("nan"), float("inf")

@@ -8,7 +8,8 @@
 
 Tiny seeded models and tokens to test with: `tiny_model(**config_fields)`,
 `random_tiny_model(...)` (every parameter random, so no forgotten bias or gain hides) and
-`random_tokens(d_vocab, batch, pos, seed)`.
+`random_tokens(d_vocab, batch, pos, seed)`. An independent, written-out forward to hold a
+model to: `reference_forward(model, tokens)`, i.e. `ReferenceTransformer(model)(tokens)`.
 
 Every helper fails with an `AssertionError` that says which activation or component, at
 which position, the largest error and the tolerance it broke. Tolerances by dtype come
@@ -29,6 +30,7 @@ from hookedattn.testing.models import (
     randomize_parameters,
     tiny_model,
 )
+from hookedattn.testing.reference import ReferenceTransformer, reference_forward
 from hookedattn.tolerances import TOLERANCES, Tolerance, tolerance
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "TOLERANCES",
     "DecompositionLike",
     "IdentityCheck",
+    "ReferenceTransformer",
     "Tolerance",
     "assert_close_cache",
     "assert_decomposes",
@@ -45,6 +48,7 @@ __all__ = [
     "random_tiny_model",
     "random_tokens",
     "randomize_parameters",
+    "reference_forward",
     "tiny_model",
     "tolerance",
 ]
