@@ -84,8 +84,12 @@ class Edit:
         regions (disjoint, or the pack has one member)."""
         if self.mask.shape[0] == 1:
             mask = self.mask.expand(len(packs), *self.mask.shape[1:])
-        else:
-            mask = torch.stack([self.mask[list(members)].any(0) for members in packs])
+        else:  # each pack's members' masks or-ed together, as one sum over the members
+            like = dict(device=self.mask.device)
+            members = torch.tensor([m for pack in packs for m in pack], **like)
+            pack_of = torch.tensor([j for j, pack in enumerate(packs) for _ in pack], **like)
+            hits = torch.zeros((len(packs), *self.mask.shape[1:]), dtype=torch.int32, **like)
+            mask = hits.index_add_(0, pack_of, self.mask[members].int()) > 0
         if not self.per_variant:
             return Edit(self.kind, self.layer, mask, self.source)
         assert all(len(members) == 1 for members in packs)
