@@ -4,17 +4,20 @@ Pure functions of `(model, cache)`: they never mutate their inputs, never attach
 their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
+from analysis import induction, view
 from analysis._ablations import ablate, ablation_hooks
 from analysis._pattern_ablation import (
     frozen_pattern_hooks,
     pattern_preserving_ablation,
     pattern_preserving_hooks,
 )
+from analysis._resid_stack import AccumulatedResid, Decomposition, DecompositionError, ResidStack
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
 from analysis.composition import CompositionScores, composition_scores
 from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.head_detectors import (
     HeadScores,
@@ -22,15 +25,23 @@ from analysis.head_detectors import (
     duplicate_token_scores,
     induction_scores,
     prev_token_scores,
+    repeated_random_tokens,
 )
 from analysis.head_results import (
     SourceContributions,
     head_results,
     head_source_contributions,
+    head_values,
     head_writes,
 )
 from analysis.logit_lens import LogitLens, logit_lens
-from analysis.normalization import apply_ln_to_stack
+from analysis.normalization import (
+    NormSite,
+    apply_ln_to_stack,
+    normalize,
+    reading_norm,
+    through_norm,
+)
 from analysis.patching import (
     Component,
     PatchingComparison,
@@ -42,8 +53,7 @@ from analysis.patching import (
     compare_patching,
     path_patch,
 )
-from analysis.plots import heatmap
-from analysis.resid_stack import AccumulatedResid, Decomposition, DecompositionError
+from analysis.plots import heatmap, heatmap_figure
 from analysis.tables import Table
 from hookedattn.factored_matrix import SVD, FactoredMatrix
 
@@ -55,6 +65,8 @@ __all__: list[str] = [
     "HeadScores",
     "LogitAttribution",
     "LogitLens",
+    "NormSite",
+    "ResidStack",
     "SourceContributions",
     "Table",
     "accumulated_resid",
@@ -63,17 +75,24 @@ __all__: list[str] = [
     "detect_head",
     "direct_logit_attribution",
     "duplicate_token_scores",
+    "feature_activation_patch",
+    "feature_attribution_patch",
     "feature_decomposition",
     "feature_logit_attribution",
     "frozen_pattern_hooks",
     "head_results",
     "head_source_contributions",
+    "head_values",
     "head_writes",
     "induction_scores",
     "logit_lens",
+    "normalize",
     "pattern_preserving_ablation",
     "pattern_preserving_hooks",
     "prev_token_scores",
+    "reading_norm",
+    "repeated_random_tokens",
+    "through_norm",
 ]
 
 # circuits, composition, copying
@@ -90,6 +109,9 @@ __all__ += [
     "qk_circuit",
 ]
 
+# the namespaces of the induction report's measures and of the interactive views
+__all__ += ["induction", "view"]
+
 # patching, ablations, plots
 __all__ += [
     "Component",
@@ -103,5 +125,6 @@ __all__ += [
     "available_kinds",
     "compare_patching",
     "heatmap",
+    "heatmap_figure",
     "path_patch",
 ]

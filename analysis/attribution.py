@@ -23,8 +23,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis._reading import weight
+from analysis._resid_stack import Decomposition, label_index
 from analysis.normalization import apply_ln_to_stack
-from analysis.resid_stack import Decomposition, label_index
 from analysis.tables import Table
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer

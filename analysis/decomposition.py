@@ -39,10 +39,10 @@ from torch import Tensor
 
 from analysis._naming import head_label, neuron_label
 from analysis._reading import activation, weight
+from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
-from analysis.resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
 from hookedattn.names import get_act_name
@@ -52,7 +52,7 @@ GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "features")
 _Parts = list[tuple[tuple[str, ...], Float[Tensor, "component batch pos d_model"]]]
 
 
-def resolve_point(model: HookedTransformer, layer: int | None, site: str) -> tuple[str, int]:
+def _resolve_point(model: HookedTransformer, layer: int | None, site: str) -> tuple[str, int]:
     """`(site, layer)` of a residual-stream point, with the final stream as `resid_post`
     of the last block (`layer=None`, or `resid_pre` of `n_layers`, as in TransformerLens).
     """
@@ -148,7 +148,7 @@ def decompose_resid(
     """
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    site, layer = resolve_point(model, layer, site)
+    site, layer = _resolve_point(model, layer, site)
     if granularity == "features":
         parts = _feature_parts(model, cache, site, layer, sae)
     elif sae is not None:
@@ -222,7 +222,7 @@ def accumulated_resid(
     no resid_mid). The entries are the cached streams themselves.
     """
     n_layers = model.cfg.n_layers
-    site, last = resolve_point(model, layer, "resid_pre")
+    site, last = _resolve_point(model, layer, "resid_pre")
     stop = n_layers if site == "resid_post" else last
     keys: list[tuple[str, tuple[str, int]]] = []
     has_mid = model.cfg.has_mlp and not model.cfg.parallel_attn_mlp

@@ -20,10 +20,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from analysis._resid_stack import Decomposition
 from analysis._sae_terms import feature_label, sae_point
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.decomposition import decompose_resid
-from analysis.resid_stack import Decomposition
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder

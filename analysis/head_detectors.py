@@ -40,19 +40,19 @@ def _earlier(n: int, device: torch.device) -> Float[Tensor, "query_pos key_pos"]
     return torch.ones(n, n, device=device).tril(-1)
 
 
-def previous_token_target(tokens: Int[Tensor, "batch pos"]) -> Target:
+def _previous_token_target(tokens: Int[Tensor, "batch pos"]) -> Target:
     """Query `q` should attend to key `q - 1`."""
     batch, n = tokens.shape
     return torch.ones(n - 1, device=tokens.device).diag(-1).expand(batch, n, n)
 
 
-def duplicate_token_target(tokens: Int[Tensor, "batch pos"]) -> Target:
+def _duplicate_token_target(tokens: Int[Tensor, "batch pos"]) -> Target:
     """Query `q` should attend to every earlier key `k < q` holding the same token."""
     same = (tokens[:, :, None] == tokens[:, None, :]).float()
     return same * _earlier(tokens.shape[1], tokens.device)
 
 
-def induction_target(tokens: Int[Tensor, "batch pos"]) -> Target:
+def _induction_target(tokens: Int[Tensor, "batch pos"]) -> Target:
     """Query `q` should attend to every earlier key `k < q` whose previous token is `q`'s.
 
     In `A B ... A`, the second `A` attends to `B`: the token that followed `A` last time.
@@ -64,9 +64,9 @@ def induction_target(tokens: Int[Tensor, "batch pos"]) -> Target:
 
 
 TARGETS: dict[str, TargetFn] = {
-    "previous_token": previous_token_target,
-    "duplicate_token": duplicate_token_target,
-    "induction": induction_target,
+    "previous_token": _previous_token_target,
+    "duplicate_token": _duplicate_token_target,
+    "induction": _induction_target,
 }
 
 
@@ -121,7 +121,7 @@ class HeadScores:
         return head_scores_table(self)
 
 
-def score_patterns(
+def _score_patterns(
     patterns: Float[Tensor, "layer batch head query_pos key_pos"],
     target: Target,
     detector: str,
@@ -235,7 +235,7 @@ def detect_head(
         cfg.window_size if cfg.layer_attn_type(layer) == "local" else None
         for layer in range(cfg.n_layers)
     ]
-    return score_patterns(patterns, weights.to(dtype), name, windows)
+    return _score_patterns(patterns, weights.to(dtype), name, windows)
 
 
 def prev_token_scores(model: HookedTransformer, cache: ActivationCache) -> HeadScores:

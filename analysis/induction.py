@@ -31,6 +31,39 @@ from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.pretrained import pretrained_info
 from hookedattn.training.corpus import repeated_random_tokens
 
+# Reached as a namespace (`from analysis import induction`), as the report and its tests do.
+__all__ = [
+    "ABLATIONS",
+    "BIGRAM_SHARE",
+    "EARLY",
+    "FAR_BELOW",
+    "LATE",
+    "MAJORITY",
+    "MOST",
+    "N_SEQ",
+    "PERIOD",
+    "SIGMAS",
+    "UNIFORM_BYTE_LOSS",
+    "Bigram",
+    "CheckpointScores",
+    "CircuitHeads",
+    "RepeatLosses",
+    "TextLosses",
+    "ablate_heads",
+    "bigram_comparison",
+    "checkpoint_scores",
+    "composition_floor",
+    "crossing",
+    "induction_without",
+    "locate_circuit",
+    "offset_profile",
+    "order_blind_loss",
+    "repeat_losses",
+    "repeated_tokens",
+    "steepest_rise",
+    "text_losses",
+]
+
 # ---------------------------------------------------------------------- thresholds
 MAJORITY = 0.5  # a head "is" a previous-token / induction head: most attention on its target
 SIGMAS = 3.0  # "well above" a random baseline: more than 3 of its standard deviations

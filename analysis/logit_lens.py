@@ -16,9 +16,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis._reading import weight
+from analysis._resid_stack import label_index
 from analysis.decomposition import accumulated_resid
 from analysis.normalization import NormSite, normalize
-from analysis.resid_stack import label_index
 from analysis.tables import Table
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer

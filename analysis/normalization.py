@@ -29,7 +29,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from analysis._reading import activation, weight
-from analysis.resid_stack import Decomposition, ResidStack, Stack, check_sums_to
+from analysis._resid_stack import Decomposition, ResidStack, Stack, check_sums_to
 from hookedattn.cache import ActivationCache
 from hookedattn.components.norm import LayerNormPre, NoNorm
 from hookedattn.model import HookedTransformer

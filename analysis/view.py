@@ -18,10 +18,10 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from analysis._resid_stack import ResidStack
 from analysis.attribution import LogitAttribution
 from analysis.head_detectors import HeadScores
 from analysis.patching.result import PatchingResult
-from analysis.resid_stack import ResidStack
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
 from hookedattn.viewer import Page, attention, html_table, token_strings
