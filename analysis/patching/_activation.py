@@ -29,8 +29,11 @@ def activation_patch(
     `"attn_out"`, `"mlp_out"` (results `[layer pos]`); `"z"` (each head's output), `"q"`,
     `"k"`, `"v"`, `"pattern"` (results `[layer head]`, or `[layer pos head]` with
     `by_pos=True`); see `available_kinds(model)` for all. `metric(logits)` maps
-    `[batch pos d_vocab_out]` logits to one number per prompt, `[batch]`. The prompts are
-    keyword-only, so that they cannot be swapped by position.
+    `[batch pos d_vocab_out]` logits to one number per prompt, `[batch]`; it is called on
+    many variants at once through `torch.func.vmap` where it can be (checked against a
+    plain call; one that vmap cannot run is called once per variant), so it should not
+    count on being called once per patch. The prompts are keyword-only, so that they
+    cannot be swapped by position.
 
     `direction="denoising"` runs the corrupted prompts with one clean activation patched
     in; `"noising"` the reverse. The numbers are those of one forward pass per patch

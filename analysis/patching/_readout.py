@@ -2,15 +2,15 @@
 unpatched run's; with declared positions, those positions only (NaN elsewhere), run once
 more through the last block where the pass ran a window before them (`Pass.again`).
 
-The metric maps one variant's `[batch pos d_vocab_out]` logits to `[batch]`. Where a
-variant's logits are small, `Readout` stacks the variants of a pass and calls the metric
-once on the stack through `torch.func.vmap` (a Python call of a logit difference costs
-~20 us, as much as its whole work: a sweep of 256 variants spent a fifth of its time
-there), checked against a plain call on the first variant of each stack. A metric that
-vmap cannot run (a `.item()`, control flow on values, randomness), or that gives other
-numbers under it, is then called once per variant, as it is where logits are large: on
-one logits tensor with each variant's rows written in turn, so that no variant's full
-logits are copied.
+The metric maps one variant's `[batch pos d_vocab_out]` logits to `[batch]`. `Readout`
+stacks the full logits of a pass's variants and calls the metric once on the stack
+through `torch.func.vmap` (a Python call of a logit difference costs ~20 us, as much as
+its whole work: a sweep of 256 small variants spent a sixth of its time there), checked
+against a plain call on the first variant of each stack. A metric that vmap cannot run
+(a `.item()`, control flow on values, randomness), or that gives other numbers under it,
+is called once per variant instead, as it is where a stack would copy much more than the
+variants' changed rows (`STACK_BYTES`): on one logits tensor with each variant's rows
+written in turn, so that no variant's full logits are copied.
 """
 
 from collections.abc import Callable, Sequence
@@ -41,7 +41,8 @@ STACK_BYTES = 2**18
 class Readout:
     """The metric of variants whose logits differ from the unpatched run's at a few
     positions (with `declared` positions, NaN elsewhere): stacked and vmapped, a stack
-    within about `memory_budget` bytes, or one variant at a time (the module docstring)."""
+    within about half of `memory_budget` bytes, or one variant at a time (the module
+    docstring)."""
 
     def __init__(
         self,
