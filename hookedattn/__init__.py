@@ -16,14 +16,18 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 `W_Q, W_K, W_V: [head d_model d_head]`, `W_O: [head d_head d_model]`.
 """
 
+from hookedattn import names, tolerances
+from hookedattn._pretrained import PretrainedInfo, list_pretrained, pretrained_info
+from hookedattn._tokenization import TokenizedText
+from hookedattn._weights_io import CheckpointError
 from hookedattn.cache import ActivationCache, CacheEditedError
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.factored_matrix import SVD, FactoredMatrix
-from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle
+from hookedattn.hook_points import HookedRootModule, HookPoint, LensHandle, is_hook_point
 from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.model import HookedTransformer, LogitsAndLoss
 from hookedattn.names import get_act_name
-from hookedattn.pretrained import PretrainedInfo, list_pretrained
 from hookedattn.processing import (
     center_unembed,
     center_writing_weights,
@@ -31,9 +35,14 @@ from hookedattn.processing import (
     fold_value_biases,
     process_weights,
 )
-from hookedattn.tokenization import TokenizedText
-from hookedattn.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
-from hookedattn.weights_io import CheckpointError
+from hookedattn.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    SpecialTokens,
+    Tokenizer,
+    as_tokenizer,
+)
 
 # TransformerLens's names for the same things, so that code ports by changing imports.
 HookedTransformerKeyValueCache = KeyValueCache
@@ -57,13 +66,20 @@ __all__ = [
     "LensHandle",
     "LogitsAndLoss",
     "PretrainedInfo",
+    "SpecialTokens",
     "TokenizedText",
     "Tokenizer",
+    "as_tokenizer",
     "center_unembed",
     "center_writing_weights",
     "fold_layer_norm",
     "fold_value_biases",
     "get_act_name",
+    "is_hook_point",
     "list_pretrained",
+    "lm_cross_entropy_loss",
+    "names",
+    "pretrained_info",
     "process_weights",
+    "tolerances",
 ]

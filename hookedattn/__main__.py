@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from hookedattn._pretrained import list_pretrained
 from hookedattn.model import HookedTransformer
 from hookedattn.names import expand_key
-from hookedattn.pretrained import list_pretrained
 from hookedattn.tokenizers import ByteTokenizer
 from hookedattn.viewer import attention
 

@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn import weight_views
+from hookedattn import _weight_views
 from hookedattn.factored_matrix import FactoredMatrix
 
 
@@ -59,29 +59,29 @@ class StackedWeights:
             )
         return self.pos_embed.W_pos
 
-    # Circuit views (hookedattn/weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
+    # Circuit views (hookedattn/_weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
     @property
     def QK(self) -> FactoredMatrix:
         """Every head's QK circuit `W_Q @ W_K.T`, factored: `[layer head d_model d_model]`."""
-        return weight_views.QK(self)
+        return _weight_views.QK(self)
 
     @property
     def OV(self) -> FactoredMatrix:
         """Every head's OV circuit `W_V @ W_O`, factored: `[layer head d_model d_model]`."""
-        return weight_views.OV(self)
+        return _weight_views.OV(self)
 
     @property
     def W_E_pos(self) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
         """`W_E` and `W_pos` stacked: `[d_vocab + n_ctx, d_model]`."""
-        return weight_views.W_E_pos(self)
+        return _weight_views.W_E_pos(self)
 
     @property
     def all_head_labels(self) -> list[str]:
         """`"L{layer}H{head}"` for every head, in `[layer head]` order."""
-        return weight_views.all_head_labels(self)
+        return _weight_views.all_head_labels(self)
 
     def tokens_to_residual_directions(
-        self, tokens: weight_views.Tokens
+        self, tokens: _weight_views.Tokens
     ) -> Float[Tensor, "*tokens d_model"]:
         """The unembedding direction `W_U[:, t]` of each token, `[*tokens d_model]`."""
-        return weight_views.tokens_to_residual_directions(self, tokens)
+        return _weight_views.tokens_to_residual_directions(self, tokens)

@@ -6,7 +6,7 @@
 
 `forward` is that loop, after turning its input into a residual stream: text is tokenized
 and ids are checked (`_model_inputs.py`), and the masks and positions every attention layer
-shares are built once (`masks.py`). Caching and editing happen at the hook points; the
+shares are built once (`_masks.py`). Caching and editing happen at the hook points; the
 stacked weight views (`model.W_Q: [layer head d_model d_head]`, `QK`, `OV`) live in
 `_stacked_weights.py`.
 """
@@ -23,14 +23,15 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn import (
+    _caching,
+    _generation,
     _model_inputs,
-    caching,
-    generation,
+    _pretrained,
+    _tokenization,
+    _weights_io,
     hf_import,
-    pretrained,
-    tokenization,
-    weights_io,
 )
+from hookedattn._masks import AttentionContext, attention_context, next_token_context
 from hookedattn._stacked_weights import StackedWeights
 from hookedattn._tl_names import TLNamesMixin
 from hookedattn.cache import ActivationCache
@@ -41,7 +42,6 @@ from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookedRootModule, HookPoint
 from hookedattn.kv_cache import KeyValueCache
 from hookedattn.loss import lm_cross_entropy_loss
-from hookedattn.masks import AttentionContext, attention_context, next_token_context
 
 Resid = Float[Tensor, "batch pos d_model"]
 Logits = Float[Tensor, "batch pos d_vocab_out"]
@@ -168,7 +168,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> tuple[Resid, AttentionContext, Tensor | None, Tensor | None]:
         """The residual stream entering the first block run, its context, tokens and mask."""
         if start_at_layer is None:
-            if tokenization.is_text(input):
+            if _tokenization.is_text(input):
                 input, attention_mask = self._text_input(input, attention_mask, past_kv_cache)
             tokens = self._as_tokens(input)
             context = self._context(tokens.shape, attention_mask, past_kv_cache)
@@ -257,7 +257,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         tensors never change afterwards: they are copied only when a hook that could edit
         them in place is attached.
         """
-        return caching.run_with_cache(
+        return _caching.run_with_cache(
             self,
             model_args,
             model_kwargs,
@@ -275,14 +275,14 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         input: Any,
         prepend_bos: bool | None = None,
         padding_side: str = "right",
-    ) -> tokenization.TokenizedText:
+    ) -> _tokenization.TokenizedText:
         """Token ids and attention mask `[batch pos]` of a string or a list of strings.
 
         The mask marks padding with 0; pass both on (`model(t.tokens,
         attention_mask=t.attention_mask)`) and every real token gets the result it would
         get alone. Strings passed to the forward get their mask the same way.
         """
-        return tokenization.tokenize(self, input, prepend_bos, padding_side)
+        return _tokenization.tokenize(self, input, prepend_bos, padding_side)
 
     def to_tokens(
         self,
@@ -296,20 +296,20 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         sits after the padding, before the prompt. The mask of a padded batch comes from
         `tokenize`.
         """
-        return tokenization.tokenize(self, input, prepend_bos, padding_side).tokens
+        return _tokenization.tokenize(self, input, prepend_bos, padding_side).tokens
 
     def to_str_tokens(self, input: Any, prepend_bos: bool | None = None) -> list:
         """Each token as a string: a list for a string or one sequence of ids `[pos]`/`[1
         pos]`, and a list of lists for a list of strings."""
-        return tokenization.to_str_tokens(self, input, prepend_bos)
+        return _tokenization.to_str_tokens(self, input, prepend_bos)
 
     def to_string(self, tokens: Any) -> str | list[str]:
         """The text of `[pos]` token ids (a string) or of `[batch pos]` (one per row)."""
-        return tokenization.to_string(self, tokens)
+        return _tokenization.to_string(self, tokens)
 
     def to_single_token(self, string: Any) -> int:
         """The id of a string that is exactly one token."""
-        return tokenization.to_single_token(self, string)
+        return _tokenization.to_single_token(self, string)
 
     def get_token_position(
         self,
@@ -319,11 +319,11 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         prepend_bos: bool | None = None,
     ) -> int:
         """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
-        return tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
+        return _tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
-    # Continue a prompt token by token (`hookedattn.generation`; its parameters are in the
+    # Continue a prompt token by token (`hookedattn._generation`; its parameters are in the
     # signature, as `help(model.generate)` shows).
-    generate = generation.generate
+    generate = _generation.generate
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -386,7 +386,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     # ------------------------------------------------------------------ I/O
     def save(self, path: str | Path) -> Path:
         """Write `model.safetensors` and `config.json` into the directory `path`."""
-        return weights_io.save(self, path)
+        return _weights_io.save(self, path)
 
     @classmethod
     def load(
@@ -400,7 +400,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         Weights load in the dtype the checkpoint's config names; `dtype=` converts them
         (the only way a float width changes on load).
         """
-        return weights_io.load(cls, path, device=device, dtype=dtype)
+        return _weights_io.load(cls, path, device=device, dtype=dtype)
 
     @classmethod
     def from_pretrained(
@@ -414,9 +414,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """Load a shipped model (offline, from package data), with its `ByteTokenizer`.
 
         `hookedattn.list_pretrained()` lists the names; `checkpoint_value` (a training step)
-        or `checkpoint_index` loads an intermediate checkpoint. See `hookedattn.pretrained`.
+        or `checkpoint_index` loads an intermediate checkpoint. See `hookedattn._pretrained`.
         """
-        return pretrained.load_pretrained(
+        return _pretrained.load_pretrained(
             cls,
             model_name,
             checkpoint_index=checkpoint_index,
@@ -454,7 +454,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"] | None]:
         # Continuing after cached positions, no BOS goes in the middle of the sequence.
         continuing = past_kv_cache is not None and past_kv_cache.length > 0
-        return tokenization.text_input(self, text, attention_mask, continuing)
+        return _tokenization.text_input(self, text, attention_mask, continuing)
 
 
 @contextlib.contextmanager

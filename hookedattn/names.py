@@ -11,6 +11,19 @@ import difflib
 import re
 from collections.abc import Iterable
 
+# Reached as a namespace, `hookedattn.names.get_act_name` (also exported by `hookedattn`).
+__all__ = [
+    "NORM_SITES",
+    "axis_names",
+    "expand_key",
+    "get_act_name",
+    "head_label",
+    "layer_of",
+    "pos_axis",
+    "short_names",
+    "unknown_name_message",
+]
+
 # short name -> (template, what the layer_type argument may be)
 _BLOCK = "blocks.{layer}.hook_{name}"
 _ATTN = "blocks.{layer}.attn.hook_{name}"

@@ -32,8 +32,8 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
+from hookedattn._weights_io import load_checked_state_dict
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.weights_io import load_checked_state_dict
 
 if TYPE_CHECKING:
     from hookedattn.model import HookedTransformer

@@ -9,6 +9,9 @@ import dataclasses
 
 import torch
 
+# Reached as a namespace (`hookedattn.tolerances.tolerance`); `hookedattn.testing` re-exports it.
+__all__ = ["TOLERANCES", "Tolerance", "tolerance"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:

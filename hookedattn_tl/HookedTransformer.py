@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import analysis
-from hookedattn import processing, tokenization
+from hookedattn import _tokenization, processing
 from hookedattn.config import DTYPES
 from hookedattn.hook_points import LensHandle
 from hookedattn.loss import lm_cross_entropy_loss
@@ -72,7 +72,7 @@ class HookedTransformer(_CoreModel):
             )
         custom_text = prepend_bos is not None or padding_side is not None
         custom_text = custom_text or self.default_padding_side != "right"
-        if start_at_layer is None and tokenization.is_text(input) and custom_text:
+        if start_at_layer is None and _tokenization.is_text(input) and custom_text:
             text = self.tokenize(input, self._prepend_bos(prepend_bos), self._side(padding_side))
             input = text.tokens
             attention_mask = text.attention_mask if attention_mask is None else attention_mask
@@ -114,7 +114,7 @@ class HookedTransformer(_CoreModel):
         if kwargs.get("start_at_layer") is not None or not model_args:
             return kwargs.get("tokens")
         first = model_args[0]
-        if tokenization.is_text(first):
+        if _tokenization.is_text(first):
             return self.to_tokens(first, kwargs.get("prepend_bos"), kwargs.get("padding_side"))
         if isinstance(first, Tensor) and not first.dtype.is_floating_point:
             return first if first.ndim == 2 else first[None]
@@ -133,7 +133,7 @@ class HookedTransformer(_CoreModel):
         The residual is the embedding (plus positions) that block 0 reads; the hook points
         on the way (`hook_embed`, `hook_pos_embed`) run. `shortformer_pos_embed` is None.
         """
-        if tokenization.is_text(input):
+        if _tokenization.is_text(input):
             text = self.tokenize(input, self._prepend_bos(prepend_bos), self._side(padding_side))
             tokens = text.tokens
             if attention_mask is None and not bool(text.attention_mask.all()):

@@ -12,8 +12,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn import tokenization
-from hookedattn.generation import Sampling, choose_next_tokens
+from hookedattn import _tokenization
+from hookedattn._generation import Sampling, choose_next_tokens
 from hookedattn.kv_cache import KeyValueCache
 
 
@@ -30,7 +30,7 @@ def generate_with_freq_penalty(
     model: Any, input: Any, max_new_tokens: int, freq_penalty: float, options: dict[str, Any]
 ) -> Any:
     """TL's `generate(..., freq_penalty=p)` for prompts of one length (no padding)."""
-    text_in = tokenization.is_text(input)
+    text_in = _tokenization.is_text(input)
     if text_in:
         batch = model.tokenize(input, options["prepend_bos"], "left")
         if not bool(batch.attention_mask.all()):
@@ -44,7 +44,7 @@ def generate_with_freq_penalty(
     sampling = Sampling(True, options["temperature"], options["top_k"], options["top_p"])
     eos = options["eos_token_id"]
     if eos is None and model.tokenizer is not None:
-        eos = tokenization.tokenizer_of(model).eos_token_id
+        eos = _tokenization.tokenizer_of(model).eos_token_id
     stop = options["stop_at_eos"] and eos is not None
     generator = options.get("generator")
     cache = KeyValueCache.empty(model.cfg, tokens.shape[0])

@@ -29,8 +29,8 @@ from analysis.induction import (
     text_losses,
 )
 from hookedattn import HookedTransformer, process_weights
-from hookedattn.pretrained import pretrained_info
-from hookedattn.weights_io import read_config
+from hookedattn._pretrained import pretrained_info
+from hookedattn._weights_io import read_config
 
 REFERENCE_SEED = 1  # the mean-ablation reference batch: other random bytes, same shape
 

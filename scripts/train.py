@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from hookedattn import HookedTransformer, weights_io
-from hookedattn.pretrained import write_index
+from hookedattn import HookedTransformer, _weights_io
+from hookedattn._pretrained import write_index
 from hookedattn.training import (
     PRESETS,
     Preset,
@@ -97,13 +97,13 @@ def ship(preset: Preset, run_dir: Path, ship_dir: Path, final_step: int) -> Path
 
 
 def _copy_model(source: Path, target: Path) -> None:
-    if not (source / weights_io.CONFIG_FILE).is_file():
+    if not (source / _weights_io.CONFIG_FILE).is_file():
         raise SystemExit(
             f"no checkpoint at {source}: is the preset's checkpoint_every a divisor of its "
             f"shipped_checkpoints?"
         )
     target.mkdir(parents=True)
-    for name in (weights_io.CONFIG_FILE, weights_io.WEIGHTS_FILE):
+    for name in (_weights_io.CONFIG_FILE, _weights_io.WEIGHTS_FILE):
         shutil.copyfile(source / name, target / name)
 
 

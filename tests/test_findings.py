@@ -46,9 +46,9 @@ from analysis.induction import (
     text_losses,
 )
 from hookedattn import HookedTransformer, process_weights
-from hookedattn.pretrained import pretrained_info
+from hookedattn._pretrained import pretrained_info
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
-from hookedattn.weights_io import read_config
+from hookedattn._weights_io import read_config
 
 TWO = "bytes-attn-only-2l"
 # A criterion the shipped two-layer model fails, by measurement (see the report): strict, so

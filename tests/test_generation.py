@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
-from hookedattn.generation import Generated, Sampling, generation_steps, next_token_probs
+from hookedattn._generation import Generated, Sampling, generation_steps, next_token_probs
 from hookedattn.testing import tiny_model
 from hookedattn.tolerances import tolerance
 

@@ -118,3 +118,51 @@ def test_readme_folder_tree_lists_every_folder_of_the_repository():
         if len(parts) > depth
     }
     assert _readme_folder_tree() == folders
+
+
+def _exported_by(package: str) -> set[tuple[str, str]]:
+    """`(module, name)` of every function and class a package's `__init__` exports: each
+    object in its `__all__`, and each name a module exported as a namespace lists in its own."""
+    import importlib
+    import types
+
+    pkg = importlib.import_module(package)
+    exported = set()
+    for name in pkg.__all__:
+        obj = getattr(pkg, name)
+        if isinstance(obj, types.ModuleType):
+            exported |= {(obj.__name__, inner) for inner in obj.__all__}
+        elif hasattr(obj, "__module__") and hasattr(obj, "__name__"):
+            exported.add((obj.__module__, obj.__name__))
+    return exported
+
+
+# A public-named module's public names that its package does not export, each with why.
+PUBLIC_SURFACE_EXCEPTIONS: dict[str, str] = {}
+
+
+def test_public_modules_hold_only_the_api():
+    """A module whose name has no leading `_` is public, and every function and class of it
+    without one is exported by its package's `__init__` (`__all__`); anything else is
+    private: its module is `_name.py` (re-exported where some of it is public), or its name
+    starts with `_`."""
+    unexported = []
+    for top in ("hookedattn", "analysis"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if any(part.startswith("_") for part in parts):  # private, __init__, __main__
+                continue
+            exported = _exported_by(".".join(parts[:-1]))
+            module = ".".join(parts)
+            for node in ast.parse(path.read_text()).body:
+                is_def = isinstance(node, ast.FunctionDef | ast.ClassDef)
+                if is_def and not node.name.startswith("_"):
+                    qualified = f"{module}.{node.name}"
+                    if (module, node.name) not in exported and qualified not in (
+                        PUBLIC_SURFACE_EXCEPTIONS
+                    ):
+                        unexported.append(qualified)
+    assert not unexported, (
+        f"public names of public modules that no package __init__ exports: {unexported}; "
+        "export each from the package (its __all__), or make it private (_module.py or _name)"
+    )

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hookedattn.generation import Sampling
+from hookedattn._generation import Sampling
 from hookedattn.loss import lm_cross_entropy_loss
 from hookedattn.testing import tiny_model
 from hookedattn.tokenizers import ByteTokenizer, CharTokenizer

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hookedattn import CheckpointError, HookedTransformer, HookedTransformerConfig, weights_io
-from hookedattn.weights_io import TensorHeader, read_safetensors_header
+from hookedattn import CheckpointError, HookedTransformer, HookedTransformerConfig, _weights_io
+from hookedattn._weights_io import TensorHeader, read_safetensors_header
 
 FIELDS = dict(n_layers=2, d_model=16, n_heads=4, n_ctx=8, d_vocab=20, d_mlp=32, seed=0)
 
@@ -91,7 +91,7 @@ def test_a_config_cannot_decide_how_much_memory_is_allocated(tmp_path, overrides
     path = saved(tmp_path, **overrides)
     edit_config(path, **fields)
     with pytest.raises(CheckpointError, match="config") as error:
-        weights_io.load(NeverBuilt, path)
+        _weights_io.load(NeverBuilt, path)
     assert named in str(error.value)
 
 
@@ -107,7 +107,7 @@ def test_weights_that_are_not_floating_point_are_refused_by_name(tmp_path, dtype
     path = saved(tmp_path)
     edit_weights(path, lambda t: t.update({"embed.W_E": t["embed.W_E"].to(dtype)}))
     with pytest.raises(CheckpointError, match=rf"not floating point: embed.W_E \({dtype}\)"):
-        weights_io.load(NeverBuilt, path)
+        _weights_io.load(NeverBuilt, path)
 
 
 def test_load_checked_state_dict_refuses_them_too():
@@ -115,7 +115,7 @@ def test_load_checked_state_dict_refuses_them_too():
     state = dict(model.state_dict())
     state["embed.W_E"] = state["embed.W_E"] > 0
     with pytest.raises(CheckpointError, match=r"embed.W_E: torch.bool instead of torch.float32"):
-        weights_io.load_checked_state_dict(model, state)
+        _weights_io.load_checked_state_dict(model, state)
 
 
 def test_another_float_width_converts_only_when_asked(tmp_path):
@@ -123,10 +123,10 @@ def test_another_float_width_converts_only_when_asked(tmp_path):
     expected = HookedTransformer.load(path).W_E.double()
     edit_weights(path, lambda t: t.update({k: v.double() for k, v in t.items()}))
     with pytest.raises(CheckpointError, match=r"not the config's torch.float32.*dtype="):
-        weights_io.load(NeverBuilt, path)
-    model = weights_io.load(HookedTransformer, path, dtype=torch.float64)
+        _weights_io.load(NeverBuilt, path)
+    model = _weights_io.load(HookedTransformer, path, dtype=torch.float64)
     assert model.cfg.dtype == torch.float64 and torch.equal(model.W_E, expected)
-    model = weights_io.load(HookedTransformer, path, dtype=torch.float32)
+    model = _weights_io.load(HookedTransformer, path, dtype=torch.float32)
     assert model.W_E.dtype == torch.float32
 
 
@@ -150,7 +150,7 @@ def test_every_bad_field_in_a_file_is_a_checkpoint_error_naming_it(tmp_path, fie
     path = saved(tmp_path)
     edit_config(path, **{field: value})
     with pytest.raises(CheckpointError) as error:
-        weights_io.load(NeverBuilt, path)
+        _weights_io.load(NeverBuilt, path)
     message = str(error.value)
     assert "config.json" in message and field in message and repr(value)[:3] in message
 
@@ -160,14 +160,14 @@ def test_deeply_nested_json_is_refused(tmp_path):
     depth = 100_000
     (path / "config.json").write_text('{"config": ' + "[" * depth + "]" * depth + "}")
     with pytest.raises(CheckpointError, match="config.json is nested too deeply"):
-        weights_io.load(NeverBuilt, path)
+        _weights_io.load(NeverBuilt, path)
 
 
 def test_a_config_that_is_not_an_object_is_refused(tmp_path):
     path = saved(tmp_path)
     (path / "config.json").write_text('{"config": [1, 2, 3]}')
     with pytest.raises(CheckpointError, match="not a hookedattn config"):
-        weights_io.load(NeverBuilt, path)
+        _weights_io.load(NeverBuilt, path)
 
 
 @pytest.mark.parametrize("where", ["file", "argument"])
@@ -177,7 +177,7 @@ def test_a_device_this_machine_lacks_is_named_as_a_device_problem(tmp_path, wher
         edit_config(path, device="cuda:99")
     kwargs = {"device": "cuda:99"} if where == "argument" else {}
     with pytest.raises(CheckpointError) as error:
-        weights_io.load(NeverBuilt, path, **kwargs)
+        _weights_io.load(NeverBuilt, path, **kwargs)
     message = str(error.value)
     assert "device 'cuda:99' is not available on this machine" in message
     assert "corrupted" not in message

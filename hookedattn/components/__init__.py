@@ -7,8 +7,8 @@ the equation it implements.
 
 from hookedattn.components.attention import Attention, GroupedQueryAttention, make_attention
 from hookedattn.components.block import AttnInputs, AttnOnlyBlock, Block, ParallelBlock, make_block
-from hookedattn.components.embed import Embed, PosEmbed, Unembed
-from hookedattn.components.mlp import MLP, GatedMLP, make_mlp
+from hookedattn.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.components.mlp import MLP, GatedMLP, gelu_new, make_mlp
 from hookedattn.components.norm import (
     LayerNorm,
     LayerNormPre,
@@ -16,8 +16,9 @@ from hookedattn.components.norm import (
     RMSNorm,
     RMSNormPre,
     make_norm,
+    make_placed_norm,
 )
-from hookedattn.components.rotary import Rotary
+from hookedattn.components.rotary import Rotary, rotary_frequencies
 from hookedattn.components.soft_cap import SoftCap, make_soft_cap
 
 __all__ = [
@@ -39,9 +40,13 @@ __all__ = [
     "Rotary",
     "SoftCap",
     "Unembed",
+    "affine",
+    "gelu_new",
     "make_attention",
     "make_block",
     "make_mlp",
     "make_norm",
+    "make_placed_norm",
     "make_soft_cap",
+    "rotary_frequencies",
 ]

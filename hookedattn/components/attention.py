@@ -31,6 +31,7 @@ from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from hookedattn._masks import AttentionContext
 from hookedattn.components.embed import _param
 from hookedattn.components.norm import NoNorm, RMSNorm
 from hookedattn.components.rotary import Rotary
@@ -38,7 +39,6 @@ from hookedattn.components.soft_cap import make_soft_cap
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCacheEntry
-from hookedattn.masks import AttentionContext
 
 # Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
 # input can be patched alone), each read by its own head's weights.
@@ -145,9 +145,9 @@ class Attention(nn.Module):
     ) -> Queries:
         """`z = softmax(scores) @ v` with the scores and pattern at their hook points."""
         blocked = context.blocked[self.attn_type]
-        scores = self.hook_attn_scores(masked(self.scores(q, k), context, self.attn_type))
+        scores = self.hook_attn_scores(_masked(self.scores(q, k), context, self.attn_type))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        return weighted_values(pattern, v, blocked)
+        return _weighted_values(pattern, v, blocked)
 
     def mix_fused(
         self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
@@ -342,7 +342,7 @@ def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
     return RMSNorm(cfg, (cfg.n_heads, cfg.d_head)), RMSNorm(cfg, (cfg.n_kv_heads, cfg.d_head))
 
 
-def masked(
+def _masked(
     scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext, kind: str
 ) -> Float[Tensor, "batch head query_pos key_pos"]:
     """The scores with every blocked key's replaced by -inf.
@@ -356,7 +356,7 @@ def masked(
     return scores.masked_fill(context.blocked[kind], -torch.inf)
 
 
-def weighted_values(
+def _weighted_values(
     pattern: Float[Tensor, "batch head query_pos key_pos"],
     v: Float[Tensor, "batch key_pos kv_head d_head"],
     blocked: Bool[Tensor, "#batch #head query_pos key_pos"],

@@ -21,13 +21,13 @@ from einops import repeat
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hookedattn._masks import AttentionContext
 from hookedattn.components.attention import AttnInput, make_attention
 from hookedattn.components.mlp import make_mlp
 from hookedattn.components.norm import make_placed_norm
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCacheEntry
-from hookedattn.masks import AttentionContext
 
 Resid = Float[Tensor, "batch pos d_model"]
 PastKV = KeyValueCacheEntry | None  # this layer's keys and values of earlier positions

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hookedattn._weights_io import CheckpointError
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
 from hookedattn.hf._family import Family
@@ -24,7 +25,6 @@ from hookedattn.hf._table import (
     convert,
     our_shape,
 )
-from hookedattn.weights_io import CheckpointError
 
 FAMILIES: tuple[Family, ...] = (
     _gpt2.FAMILY,

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from hookedattn.weights_io import CheckpointError, read_safetensors_header
+from hookedattn._weights_io import CheckpointError, read_safetensors_header
 
 _INDEX = "model.safetensors.index.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")

@@ -25,8 +25,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from hookedattn._weights_io import CheckpointError
 from hookedattn.config import HookedTransformerConfig
-from hookedattn.weights_io import CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`collect_activations`: run a model over packed contexts and stream chosen activations to disk.
 
-Each rank (see `distributed`) computes the shards `rank, rank + world_size, ...`; a shard
+Each rank (see `_distributed`) computes the shards `rank, rank + world_size, ...`; a shard
 already on disk under its final name with this collection's fingerprint is kept, so a
 rerun after a crash does only what is missing and ends with the same bytes. Rank 0 writes
 the manifest before the others start and again, complete, after they are all done.

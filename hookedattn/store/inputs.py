@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.tokenization import tokenizer_of
+from hookedattn._tokenization import tokenizer_of
 
 DEFAULT_SOURCE = "stdlib-train"
 

@@ -18,9 +18,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hookedattn._patterns import record_patterns, stacked_patterns
+from hookedattn._tokenization import is_text
 from hookedattn.cache import ActivationCache
 from hookedattn.model import HookedTransformer
-from hookedattn.tokenization import is_text
 from hookedattn.viewer.page import Page, float32_base64
 from hookedattn.viewer.tokens import token_strings
 

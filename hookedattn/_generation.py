@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from hookedattn import tokenization
+from hookedattn import _tokenization
 from hookedattn.hook_points import HookPoint
 from hookedattn.kv_cache import KeyValueCache
 
@@ -317,9 +317,9 @@ def generate(
     if return_type not in ("input", "str", "tokens"):
         raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
     sampling = Sampling(do_sample, temperature, top_k, top_p)
-    text_in = tokenization.is_text(input)
+    text_in = _tokenization.is_text(input)
     tokens, attention_mask = _prompt(model, input, text_in, attention_mask, prepend_bos)
-    tokenizer = tokenization.tokenizer_of(model) if model.tokenizer is not None else None
+    tokenizer = _tokenization.tokenizer_of(model) if model.tokenizer is not None else None
     eos = _eos_ids(eos_token_id, tokenizer, stop_at_eos)
     pad = tokenizer.padding_id() if tokenizer is not None else (eos[0] if eos else 0)
     steps = generation_steps(
@@ -338,7 +338,9 @@ def generate(
     if return_type == "tokens" or (return_type == "input" and not text_in):
         return out.tokens
     texts = [
-        tokenization.tokenizer_of(model).decode(row[keep.bool()].tolist(), skip_special_tokens=True)
+        _tokenization.tokenizer_of(model).decode(
+            row[keep.bool()].tolist(), skip_special_tokens=True
+        )
         for row, keep in zip(out.tokens, out.attention_mask, strict=True)
     ]
     return texts[0] if isinstance(input, str) else texts
@@ -352,7 +354,7 @@ def _prompt(
         return input, attention_mask
     if attention_mask is not None:
         raise TypeError("strings bring their own attention mask; do not pass one")
-    batch = tokenization.tokenize(model, input, prepend_bos, padding_side="left")
+    batch = _tokenization.tokenize(model, input, prepend_bos, padding_side="left")
     return batch.tokens, batch.attention_mask
 
 

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookedattn import weights_io
+from hookedattn import _weights_io
 from hookedattn.config import HookedTransformerConfig
 from hookedattn.tokenizers import ByteTokenizer
 
@@ -73,7 +73,7 @@ def pretrained_info(name: str, directory: str | Path = PRETRAINED_DIR) -> Pretra
     """The `PretrainedInfo` of the shipped model `name` (a `KeyError` naming the others)."""
     entry = _entry(name, directory)
     path = Path(directory) / name
-    config, metadata = weights_io.read_config(path)
+    config, metadata = _weights_io.read_config(path)
     history = metadata.get("history", [])
     training = {
         key: metadata[key]
@@ -160,10 +160,10 @@ def _steps(entry: dict) -> list[int]:
 def _verify(path: Path, expected: str, command: str) -> None:
     remedy = f"reinstall hookedattn, or retrain it with `{command} --ship`"
     if not path.is_file():
-        raise weights_io.CheckpointError(f"the shipped file {path} is missing; {remedy}")
+        raise _weights_io.CheckpointError(f"the shipped file {path} is missing; {remedy}")
     actual = sha256_of(path)
     if actual != expected:
-        raise weights_io.CheckpointError(
+        raise _weights_io.CheckpointError(
             f"the shipped file {path} is corrupted or truncated (sha256 {actual[:12]}..., "
             f"expected {expected[:12]}...); {remedy}"
         )
@@ -184,7 +184,7 @@ def _read_index(directory: str | Path) -> dict[str, dict]:
     try:
         return json.loads(index_path.read_text())
     except json.JSONDecodeError as error:
-        raise weights_io.CheckpointError(f"{index_path} is corrupted: {error}") from error
+        raise _weights_io.CheckpointError(f"{index_path} is corrupted: {error}") from error
 
 
 def _entry(name: str, directory: str | Path) -> dict:
@@ -206,9 +206,9 @@ def write_index(directory: str | Path = PRETRAINED_DIR) -> Path:
     directory = Path(directory)
     index = {}
     for model_dir in sorted(
-        p for p in directory.iterdir() if (p / weights_io.CONFIG_FILE).is_file()
+        p for p in directory.iterdir() if (p / _weights_io.CONFIG_FILE).is_file()
     ):
-        _, metadata = weights_io.read_config(model_dir)
+        _, metadata = _weights_io.read_config(model_dir)
         checkpoints = {}
         for ckpt in sorted((model_dir / CHECKPOINTS_DIR).glob("step-*")):
             checkpoints[str(int(ckpt.name[5:]))] = _hashes(ckpt)
@@ -226,5 +226,5 @@ def write_index(directory: str | Path = PRETRAINED_DIR) -> Path:
 def _hashes(model_dir: Path) -> dict[str, str]:
     return {
         name: sha256_of(model_dir / name)
-        for name in (weights_io.CONFIG_FILE, weights_io.WEIGHTS_FILE)
+        for name in (_weights_io.CONFIG_FILE, _weights_io.WEIGHTS_FILE)
     }
