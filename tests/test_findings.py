@@ -47,8 +47,8 @@ from analysis.induction import (
 )
 from hookedattn import HookedTransformer, process_weights
 from hookedattn._pretrained import pretrained_info
-from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 from hookedattn._weights_io import read_config
+from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 TWO = "bytes-attn-only-2l"
 # A criterion the shipped two-layer model fails, by measurement (see the report): strict, so

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from analysis import decompose_resid, direct_logit_attribution
-from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis._resid_stack import DecompositionError
+from analysis.features import feature_decomposition, feature_logit_attribution
 from hookedattn import HookedTransformer
 from hookedattn.sae import SAEConfig, SparseAutoencoder, load_pretrained_sae
 from hookedattn.testing import tiny_model

@@ -16,7 +16,6 @@ download.
 
 import dataclasses
 import hashlib
-import importlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -195,14 +194,9 @@ def _document_ids(model: Any, document: Any) -> Int[Tensor, " token"]:
 
 def default_corpus() -> Int[Tensor, " token"]:
     """The training split of the standard library's source, as byte tokens (no download)."""
-    # The corpus module may live in a training subpackage; either place is fine.
-    for module_name in ("hookedattn.training.corpus", "hookedattn.corpus"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        return module.load_stdlib_corpus().train.to(torch.int32)
-    raise ImportError("no hookedattn corpus module (hookedattn.corpus) to read the stdlib from")
+    from hookedattn.training.corpus import load_stdlib_corpus  # read only when asked for
+
+    return load_stdlib_corpus().train.to(torch.int32)
 
 
 def _int32_bytes(tokens: Int[Tensor, " token"]) -> bytes:
