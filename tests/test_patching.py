@@ -16,7 +16,8 @@ from analysis.patching._components import component_grid
 from analysis.patching._engine import Edit, extents, sweep
 from analysis.patching._inputs import base_run
 from analysis.patching._reference import reference_sweep, region
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import random_tokens, tiny_model
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11
 EXACT = dict(rtol=0.0, atol=1e-10)
@@ -43,16 +44,11 @@ VARIANTS = {
 
 @functools.cache
 def make_model(name: str) -> HookedTransformer:
-    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=16, d_vocab=D_VOCAB, d_mlp=32, seed=0)
-    settings.update(VARIANTS[name])
-    return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **settings))
+    """`hookedattn.testing.tiny_model` with two heads, D_VOCAB tokens and `VARIANTS[name]`."""
+    return tiny_model(**{"n_heads": 2, "d_vocab": D_VOCAB, "d_mlp": 32, **VARIANTS[name]})
 
 
-def make_tokens(seed: int) -> torch.Tensor:
-    return torch.randint(0, D_VOCAB, (BATCH, N_POS), generator=torch.Generator().manual_seed(seed))
-
-
-CLEAN, CORRUPTED = make_tokens(1), make_tokens(2)
+CLEAN, CORRUPTED = (random_tokens(D_VOCAB, BATCH, N_POS, seed) for seed in (1, 2))
 PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
 ANSWERS = torch.tensor([3, 7])
 

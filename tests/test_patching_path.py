@@ -11,6 +11,7 @@ TOL = tolerance(torch.float64).as_kwargs()
 WEIGHTS = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)  # what S reads per token
 CLEAN = torch.tensor([[0, 2, 1, 3, 2], [1, 1, 0, 2, 3]])
 CORRUPTED = torch.tensor([[3, 1, 2, 0, 0], [2, 0, 3, 1, 1]])
+PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
 A, B, C, D, E = slice(0, 4), 4, 5, 6, 7  # residual subspaces: token, S, M, R, R2
 
 
@@ -64,15 +65,7 @@ S = Component("z", 0, head=0)
 
 def run(receivers, senders=(S,), **kwargs):
     model = hand_built()
-    return path_patch(
-        model,
-        receivers,
-        list(senders),
-        clean_tokens=CLEAN,
-        corrupted_tokens=CORRUPTED,
-        metric=metric,
-        **kwargs,
-    )
+    return path_patch(model, receivers, list(senders), **PROMPTS, metric=metric, **kwargs)
 
 
 def test_baselines_are_the_two_paths_summed():
@@ -107,14 +100,7 @@ def test_paths_that_do_not_exist_have_no_effect():
 
 def test_the_two_routes_add_up_to_patching_the_sender():
     model = hand_built()
-    whole = activation_patch(
-        model,
-        "z",
-        clean_tokens=CLEAN,
-        corrupted_tokens=CORRUPTED,
-        metric=metric,
-        direction="noising",
-    )
+    whole = activation_patch(model, "z", **PROMPTS, metric=metric, direction="noising")
     via_r = run(Component("v", 2, head=0)).per_prompt[0]
     via_m = run(Component("v", 1, head=0)).per_prompt[0]
     clean = whole.clean
@@ -130,15 +116,7 @@ def test_denoising_is_the_mirror_image():
 def test_every_head_as_sender_in_one_call_matches_each_alone():
     model = hand_built()
     receivers = [Component("v", 2, head=0), Component("v", 1, head=0)]
-    sweep = path_patch(
-        model,
-        receivers,
-        "z",
-        clean_tokens=CLEAN,
-        corrupted_tokens=CORRUPTED,
-        metric=metric,
-        memory_budget=1,
-    )
+    sweep = path_patch(model, receivers, "z", **PROMPTS, metric=metric, memory_budget=1)
     assert sweep.axes == ("layer", "head") and sweep.shape == (3, 2)
     for layer in range(3):
         for head in range(2):
@@ -176,30 +154,12 @@ def test_frozen_mlps_leave_only_the_direct_path_to_the_logits():
 
 def test_leaves_no_hooks_and_checks_its_components():
     model = hand_built()
-    path_patch(
-        model,
-        Component("v", 2, head=0),
-        clean_tokens=CLEAN,
-        corrupted_tokens=CORRUPTED,
-        metric=metric,
-    )
+    path_patch(model, Component("v", 2, head=0), **PROMPTS, metric=metric)
     assert model.attached_hooks() == []
     with pytest.raises(ValueError, match="head must be in 0..1"):
-        path_patch(
-            model,
-            Component("v", 2, head=5),
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=metric,
-        )
+        path_patch(model, Component("v", 2, head=5), **PROMPTS, metric=metric)
     with pytest.raises(ValueError, match="it is attention-only"):
-        path_patch(
-            model,
-            Component("mlp_out", 1),
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=metric,
-        )
+        path_patch(model, Component("mlp_out", 1), **PROMPTS, metric=metric)
     with pytest.raises(ValueError, match="clean tokens have shape"):
         path_patch(
             model,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from analysis.patching import Component, _engine, activation_patch, available_kinds, path_patch
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer
+from hookedattn.testing import random_tokens, tiny_model
 
 BATCH, N_POS, D_VOCAB = 2, 5, 11
 EXACT = dict(rtol=0.0, atol=1e-10)
@@ -31,16 +32,11 @@ MODELS = {
 
 @functools.cache
 def make_model(name: str) -> HookedTransformer:
-    settings = dict(n_layers=2, d_model=16, n_heads=2, n_ctx=16, d_vocab=D_VOCAB, d_mlp=32, seed=0)
-    settings.update(MODELS[name])
-    return HookedTransformer(HookedTransformerConfig(dtype=torch.float64, **settings))
+    """`hookedattn.testing.tiny_model` with two heads, D_VOCAB tokens and `MODELS[name]`."""
+    return tiny_model(**{"n_heads": 2, "d_vocab": D_VOCAB, "d_mlp": 32, **MODELS[name]})
 
 
-def make_tokens(seed: int) -> torch.Tensor:
-    return torch.randint(0, D_VOCAB, (BATCH, N_POS), generator=torch.Generator().manual_seed(seed))
-
-
-CLEAN, CORRUPTED = make_tokens(1), make_tokens(2)
+CLEAN, CORRUPTED = (random_tokens(D_VOCAB, BATCH, N_POS, seed) for seed in (1, 2))
 PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
 ANSWERS = torch.tensor([3, 7])
 
@@ -59,24 +55,24 @@ def logit_diff_at(*positions: int):
 DECLARATIONS = {"last": ((-1,), -1), "two": ((1, -1), [1, -1]), "superset": ((2,), [0, 2, 3])}
 
 
+def full_and_declared(model, kind, metric, declared: dict, **options):
+    """`activation_patch` of `kind` computed in full and with `declared` (the metric's
+    positions, a memory budget), checked to give the same numbers; both results."""
+    full = activation_patch(model, kind, **PROMPTS, metric=metric, **options)
+    fast = activation_patch(model, kind, **PROMPTS, metric=metric, **options, **declared)
+    torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+    return full, fast
+
+
 def assert_every_kind_matches(model, direction, declaration):
     reads, declared = DECLARATIONS[declaration]
     metric = logit_diff_at(*reads)
     for kind in available_kinds(model):
         for by_pos in (True, False):
-            kwargs = dict(kind=kind, by_pos=by_pos, direction=direction)
-            full = activation_patch(
-                model, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, **kwargs
+            options = dict(by_pos=by_pos, direction=direction)
+            full, fast = full_and_declared(
+                model, kind, metric, dict(metric_positions=declared), **options
             )
-            fast = activation_patch(
-                model,
-                clean_tokens=CLEAN,
-                corrupted_tokens=CORRUPTED,
-                metric=metric,
-                metric_positions=declared,
-                **kwargs,
-            )
-            torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
             torch.testing.assert_close(fast.clean, full.clean, **EXACT)
 
 
@@ -101,21 +97,9 @@ def test_every_kind_gives_the_numbers_of_the_full_computation(model_name, direct
 def test_every_chunking_gives_the_same_numbers(memory_budget):
     model = make_model("3 layers, RMS, per-head inputs")
     metric = logit_diff_at(1, -1)
+    declared = dict(metric_positions=[1, -1], memory_budget=memory_budget)
     for kind in ("z", "resid_pre", "k", "pattern", "mlp_out"):
-        full = activation_patch(
-            model, kind, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, by_pos=True
-        )
-        fast = activation_patch(
-            model,
-            kind,
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=metric,
-            by_pos=True,
-            metric_positions=[1, -1],
-            memory_budget=memory_budget,
-        )
-        torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+        full_and_declared(model, kind, metric, declared, by_pos=True)
 
 
 def test_patches_that_cannot_reach_the_declared_positions_keep_the_unpatched_metric():
@@ -123,8 +107,7 @@ def test_patches_that_cannot_reach_the_declared_positions_keep_the_unpatched_met
     result = activation_patch(
         model,
         "z",
-        clean_tokens=CLEAN,
-        corrupted_tokens=CORRUPTED,
+        **PROMPTS,
         metric=logit_diff_at(2),
         by_pos=True,
         metric_positions=2,
@@ -140,20 +123,12 @@ def test_patches_that_cannot_reach_the_declared_positions_keep_the_unpatched_met
 def test_a_metric_reading_an_undeclared_position_is_an_error_naming_it():
     model = make_model("2 layers, LN, MLP")
     with pytest.raises(ValueError, match=r"also reads the logits at positions \[1, 3\].*"):
-        activation_patch(
-            model,
-            "z",
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=logit_diff_at(1, 3, -1),
-            metric_positions=-1,
-        )
+        activation_patch(model, "z", **PROMPTS, metric=logit_diff_at(1, 3, -1), metric_positions=-1)
     with pytest.raises(ValueError, match=r"metric_positions=\[1, 3, 4\] or None"):
         path_patch(
             model,
             Component("k", 1, head=0),
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
+            **PROMPTS,
             metric=logit_diff_at(1, 3, -1),
             metric_positions=-1,
         )
@@ -170,15 +145,7 @@ def test_a_metric_reading_undeclared_positions_only_when_patched_is_caught():
         return logit_diff_at(-1)(logits) + extra
 
     with pytest.raises(ValueError, match=r"gave NaN with z L\d+H\d+ pos \d patched"):
-        activation_patch(
-            model,
-            "z",
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=sneaky,
-            by_pos=True,
-            metric_positions=-1,
-        )
+        activation_patch(model, "z", **PROMPTS, metric=sneaky, by_pos=True, metric_positions=-1)
     assert model.attached_hooks() == []
 
 
@@ -194,19 +161,7 @@ def test_hooks_attached_to_the_model_still_act(model_name):
     model.add_hook(f"blocks.{last - 1}.hook_attn_out", damp)
     metric = logit_diff_at(-1)
     for kind in ("z", "resid_pre", "k"):
-        full = activation_patch(
-            model, kind, clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=metric, by_pos=True
-        )
-        fast = activation_patch(
-            model,
-            kind,
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
-            metric=metric,
-            by_pos=True,
-            metric_positions=-1,
-        )
-        torch.testing.assert_close(fast.per_prompt, full.per_prompt, **EXACT)
+        _, fast = full_and_declared(model, kind, metric, dict(metric_positions=-1), by_pos=True)
         assert not torch.allclose(fast.clean, metric(make_model(model_name)(CLEAN)))
     assert len(model.attached_hooks()) == 2
 
@@ -228,19 +183,11 @@ def test_path_patching_gives_the_numbers_of_the_full_computation(model_name, dir
         for reads, declared in DECLARATIONS.values():
             metric = logit_diff_at(*reads)
             kwargs = dict(direction=direction, senders="z", freeze_mlps=True)
-            full = path_patch(
-                model,
-                receiver,
-                clean_tokens=CLEAN,
-                corrupted_tokens=CORRUPTED,
-                metric=metric,
-                **kwargs,
-            )
+            full = path_patch(model, receiver, **PROMPTS, metric=metric, **kwargs)
             fast = path_patch(
                 model,
                 receiver,
-                clean_tokens=CLEAN,
-                corrupted_tokens=CORRUPTED,
+                **PROMPTS,
                 metric=metric,
                 metric_positions=declared,
                 **kwargs,
@@ -262,8 +209,7 @@ def test_bad_metric_positions_are_errors(metric_positions, error, message):
     with pytest.raises(error, match=message):
         activation_patch(
             model,
-            clean_tokens=CLEAN,
-            corrupted_tokens=CORRUPTED,
+            **PROMPTS,
             metric=logit_diff_at(-1),
             metric_positions=metric_positions,
         )
