@@ -154,16 +154,13 @@ def _one_query(
     batch: int, past: int, window_size: int | None, device: torch.device | str
 ) -> AttentionContext:
     """The context of one new token after `past` real ones: it reads every key, except, in
-    a local layer, those `window_size` or more positions back."""
+    a local layer, those `window_size` or more positions back. Its masks, like a fresh
+    sequence's, are built only if a layer reads them (a written-out or windowed one)."""
     positions = torch.full((batch, 1), past, device=device)
-    nothing = torch.zeros((1, 1, 1, past + 1), dtype=torch.bool, device=device)
-    blocked, plain = {"global": nothing}, {"global": "none"}
-    if window_size is not None:
-        if past < window_size:
-            blocked["local"], plain["local"] = nothing, "none"
-        else:
-            key = torch.arange(past + 1, device=device)
-            blocked["local"] = (past - key >= window_size)[None, None, None, :]
+    plain = {"global": "none"}
+    if window_size is not None and past < window_size:
+        plain["local"] = "none"
+    blocked = _Blocked(lambda: _blocked(past, 1, None, window_size, device))
     return AttentionContext(blocked, positions, plain)
 
 
