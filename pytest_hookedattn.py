@@ -75,7 +75,7 @@ def no_leaked_hooks(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def hookedattn_shared_models() -> Any:
     """The session's `SharedModels`: each shipped model loaded on first use, then kept."""
-    from hookedattn.model import HookedTransformer
+    from hookedattn.core.model import HookedTransformer
     from hookedattn.testing._guards import SharedModels
 
     return SharedModels(HookedTransformer.from_pretrained)

@@ -55,7 +55,7 @@ from analysis.patching import (
 )
 from analysis.plots import heatmap, heatmap_figure
 from analysis.tables import Table
-from hookedattn.factored_matrix import SVD, FactoredMatrix
+from hookedattn.core.factored_matrix import SVD, FactoredMatrix
 
 __all__: list[str] = [
     # decomposition, attribution, head detectors

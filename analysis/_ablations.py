@@ -25,7 +25,7 @@ from analysis._pattern_ablation import frozen_pattern_hooks
 from analysis.patching._components import check_component, component_masks
 from analysis.patching._inputs import as_tokens
 from hookedattn import ActivationCache, HookedTransformer
-from hookedattn.names import get_act_name, pos_axis
+from hookedattn.core.names import get_act_name, pos_axis
 
 METHODS: tuple[str, ...] = ("zero", "mean", "resample")
 Hook = tuple[str, Callable[..., Tensor]]

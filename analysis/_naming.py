@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import re
 
-from hookedattn.names import get_act_name, head_label
+from hookedattn.core.names import get_act_name, head_label
 
 _HEAD_LABEL = re.compile(r"^L(\d+)H(\d+)$")
 

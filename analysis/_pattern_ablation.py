@@ -24,10 +24,10 @@ from torch import Tensor
 
 from analysis._naming import Component, HeadSpec, is_head_pair, parse_head
 from analysis.normalization import NormSite
-from hookedattn.cache import ActivationCache
-from hookedattn.hook_points import HookPoint
-from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.names import get_act_name
 
 Hook = tuple[str, Callable[..., Tensor | None]]
 

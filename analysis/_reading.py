@@ -8,7 +8,7 @@ labels of heads and components are `analysis._naming`'s.
 
 from torch import Tensor
 
-from hookedattn.cache import ActivationCache
+from hookedattn.core.cache import ActivationCache
 
 
 def activation(cache: ActivationCache, key: str | tuple) -> Tensor:

@@ -15,8 +15,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis.tables import Table
-from hookedattn.names import get_act_name
-from hookedattn.tolerances import tolerance
+from hookedattn.core.names import get_act_name
+from hookedattn.core.tolerances import tolerance
 
 Stack = Float[Tensor, "component batch pos d_model"]
 

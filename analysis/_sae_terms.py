@@ -17,9 +17,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis._reading import activation, weight
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.names import get_act_name
 from hookedattn.sae import SparseAutoencoder, sae_hook_name
 
 _SITES = ("resid_pre", "resid_mid", "resid_post")

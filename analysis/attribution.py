@@ -26,8 +26,8 @@ from analysis._reading import weight
 from analysis._resid_stack import Decomposition, label_index
 from analysis.normalization import apply_ln_to_stack
 from analysis.tables import Table
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -43,9 +43,9 @@ from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.names import get_act_name
 from hookedattn.sae import SparseAutoencoder
 
 GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "features")

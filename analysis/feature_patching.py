@@ -20,7 +20,7 @@ from torch import Tensor
 
 from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
 from analysis.patching.result import PatchingResult
-from hookedattn.model import HookedTransformer
+from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder, sae_hook_name
 
 KIND = "sae_features"

@@ -24,8 +24,8 @@ from analysis._resid_stack import Decomposition
 from analysis._sae_terms import feature_label, sae_point
 from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.decomposition import decompose_resid
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder
 
 __all__ = ["feature_decomposition", "feature_label", "feature_logit_attribution"]

@@ -28,9 +28,9 @@ from torch import Tensor
 
 from analysis._naming import head_label, parse_head
 from analysis.tables import Table
-from hookedattn._patterns import record_patterns, stacked_patterns
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.patterns import record_patterns, stacked_patterns
 
 Target = Float[Tensor, "batch query_pos key_pos"]
 TargetFn = Callable[[Int[Tensor, "batch pos"]], Tensor]

@@ -33,8 +33,8 @@ from analysis._naming import head_label, parse_head
 from analysis._reading import activation, weight
 from analysis.normalization import NormSite, normalize, through_norm
 from analysis.tables import Table
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 
 
 def _layer(model: HookedTransformer, layer: int) -> int:

@@ -20,8 +20,8 @@ from analysis._resid_stack import label_index
 from analysis.decomposition import accumulated_resid
 from analysis.normalization import NormSite, normalize
 from analysis.tables import Table
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 
 _ORDINALS = ("1st", "2nd", "3rd")
 

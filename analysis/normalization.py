@@ -30,9 +30,9 @@ from torch import Tensor, nn
 
 from analysis._reading import activation, weight
 from analysis._resid_stack import Decomposition, ResidStack, Stack, check_sums_to
-from hookedattn.cache import ActivationCache
-from hookedattn.components.norm import LayerNormPre, NoNorm
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.components.norm import LayerNormPre, NoNorm
+from hookedattn.core.model import HookedTransformer
 
 NormWhich = Literal["ln1", "ln2", "ln1_post", "ln2_post", "ln_final"]
 
@@ -99,7 +99,7 @@ def normalize(
 ) -> Float[Tensor, "*stack batch pos d_model"]:
     """Apply the norm to each stream in `x`, computing each stream's own scale.
 
-    The same operations, in the same order, as `hookedattn.components.norm`, without
+    The same operations, in the same order, as `hookedattn.core.components.norm`, without
     running its hook points (so no attached hook fires).
     """
     module = norm.module(model)

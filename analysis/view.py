@@ -22,8 +22,8 @@ from analysis._resid_stack import ResidStack
 from analysis.attribution import LogitAttribution
 from analysis.head_detectors import HeadScores
 from analysis.patching.result import PatchingResult
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 from hookedattn.viewer import Page, attention, html_table, token_strings
 
 __all__ = [

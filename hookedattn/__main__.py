@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from hookedattn._pretrained import list_pretrained
-from hookedattn.model import HookedTransformer
-from hookedattn.names import expand_key
-from hookedattn.tokenizers import ByteTokenizer
+from hookedattn.core._pretrained import list_pretrained
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.names import expand_key
+from hookedattn.core.tokenizers import ByteTokenizer
 from hookedattn.viewer import attention
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 import analysis
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, normalize
-from hookedattn.cache import ActivationCache as _CoreCache
+from hookedattn.core.cache import ActivationCache as _CoreCache
 from hookedattn_tl.utils import Slice, SliceInput, get_act_name
 
 Stack = Float[Tensor, "component ..."]

@@ -1,5 +1,5 @@
-"""TransformerLens's `FactoredMatrix` module: ours (`hookedattn.factored_matrix`)."""
+"""TransformerLens's `FactoredMatrix` module: ours (`hookedattn.core.factored_matrix`)."""
 
-from hookedattn.factored_matrix import SVD, FactoredMatrix
+from hookedattn.core.factored_matrix import SVD, FactoredMatrix
 
 __all__ = ["SVD", "FactoredMatrix"]

@@ -17,11 +17,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import analysis
-from hookedattn import _tokenization, processing
-from hookedattn.config import DTYPES
-from hookedattn.hook_points import LensHandle
-from hookedattn.loss import lm_cross_entropy_loss
-from hookedattn.model import HookedTransformer as _CoreModel
+from hookedattn.core import _tokenization, processing
+from hookedattn.core.config import DTYPES
+from hookedattn.core.hook_points import LensHandle
+from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
@@ -369,7 +369,7 @@ class HookedTransformer(_CoreModel):
 
         `model_name` is one of our shipped models (`hookedattn.list_pretrained()`), or
         pass `hf_model=` (a `transformers` GPT-2 or a local directory holding one). The
-        weights are then processed (`hookedattn.processing.process_weights`) as asked:
+        weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
         each step returns a new model, so nothing is changed in place.
         """
         _refuse_unsupported(refactor_factored_attn_matrices, n_devices, from_pretrained_kwargs)

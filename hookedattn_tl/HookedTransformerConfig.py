@@ -6,7 +6,7 @@ Change a field with `cfg.replace(field=value)` (a new, validated config); on a m
 
 import dataclasses
 
-from hookedattn.config import HookedTransformerConfig as _CoreConfig
+from hookedattn.core.config import HookedTransformerConfig as _CoreConfig
 
 __all__ = ["HookedTransformerConfig"]
 

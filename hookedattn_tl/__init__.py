@@ -12,8 +12,8 @@ the model), `hook_points`, `utils` (`get_act_name` with every TL shorthand, `Sli
 why.
 """
 
-from hookedattn.factored_matrix import FactoredMatrix
-from hookedattn.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.factored_matrix import FactoredMatrix
+from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn_tl import hook_points, patching, utils
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.HookedTransformer import HookedTransformer

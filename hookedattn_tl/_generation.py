@@ -12,9 +12,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn import _tokenization
-from hookedattn._generation import Sampling, choose_next_tokens
-from hookedattn.kv_cache import KeyValueCache
+from hookedattn.core import _tokenization
+from hookedattn.core._generation import Sampling, choose_next_tokens
+from hookedattn.core.kv_cache import KeyValueCache
 
 
 def token_counts(

@@ -6,8 +6,8 @@ The cache is ours (`hookedattn.KeyValueCache`); this subclass adds TL's construc
 
 import torch
 
-from hookedattn.config import HookedTransformerConfig
-from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 
 
 class TransformerLensKeyValueCache(KeyValueCache):

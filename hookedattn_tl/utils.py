@@ -2,7 +2,7 @@
 
 `get_act_name` here accepts every shorthand TransformerLens 3.x accepts (`"k6"`,
 `"scale4ln1"`, layer types `"a"`/`"m"`/`"attn"`, aliases `key`/`query`/`value`) and
-returns the same strings; `hookedattn.names` is the stricter core version, which rejects
+returns the same strings; `hookedattn.core.names` is the stricter core version, which rejects
 a layer type where none is needed.
 """
 
@@ -13,8 +13,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn import names as _names
-from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.core import names as _names
+from hookedattn.core.loss import lm_cross_entropy_loss
 
 # The regular expression TransformerLens uses: a word, then the layer, then the layer type.
 _COMPACT = re.compile(r"([a-z_]+?)(\d+)([a-z]?.*)")

@@ -2,7 +2,7 @@
 
 `GPT2LMHeadModel` stores each linear map as a `Conv1D` weight `[in out]` and fuses the
 heads' q, k, v into one `c_attn`; this lays our per-head weights out that way (the inverse
-of `hookedattn.hf`'s GPT-2 table), so that both run the same numbers. None where
+of `hookedattn.core.hf`'s GPT-2 table), so that both run the same numbers. None where
 `transformers` is not installed or the model is not GPT-2-shaped (learned positions,
 LayerNorm, a plain MLP, no unembedding bias).
 """

@@ -29,8 +29,8 @@ from analysis.induction import (
     text_losses,
 )
 from hookedattn import HookedTransformer, process_weights
-from hookedattn._pretrained import pretrained_info
-from hookedattn._weights_io import read_config
+from hookedattn.core._pretrained import pretrained_info
+from hookedattn.core._weights_io import read_config
 
 REFERENCE_SEED = 1  # the mean-ablation reference batch: other random bytes, same shape
 

@@ -316,9 +316,9 @@ def _our_kv_loop(model: HookedTransformer, tokens: Tensor, n_new: int) -> Callab
 def shipped_model(run: Run) -> tuple[HookedTransformer, Setting] | None:
     """The shipped 2-layer attention-only model, or None (with a note) before it exists."""
     try:
-        from hookedattn._pretrained import list_pretrained
+        from hookedattn.core._pretrained import list_pretrained
     except ImportError:
-        run.skip("forward", "setting c", "hookedattn._pretrained missing")
+        run.skip("forward", "setting c", "hookedattn.core._pretrained missing")
         return None
     infos = [i for i in list_pretrained() if i.config.n_layers == 2 and i.config.attn_only]
     if not infos:

@@ -42,7 +42,7 @@ from analysis.induction import (
     text_losses,
 )
 from hookedattn import HookedTransformer, process_weights
-from hookedattn._pretrained import pretrained_info
+from hookedattn.core._pretrained import pretrained_info
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from hookedattn import HookedTransformer, _weights_io
-from hookedattn._pretrained import write_index
+from hookedattn import HookedTransformer
+from hookedattn.core import _weights_io
+from hookedattn.core._pretrained import write_index
 from hookedattn.training import (
     PRESETS,
     Preset,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from analysis import Component, ablate, ablation_hooks, pattern_preserving_ablation
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
-from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 GEN = torch.Generator().manual_seed(0)

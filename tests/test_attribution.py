@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from analysis import LogitAttribution, apply_ln_to_stack, decompose_resid, direct_logit_attribution
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, random_tokens
-from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
 

@@ -9,8 +9,8 @@ from torch.testing import assert_close
 
 from analysis import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
 from hookedattn import CharTokenizer, FactoredMatrix, HookedTransformer
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
-from hookedattn.tolerances import tolerance
 
 F64 = tolerance(torch.float64).as_kwargs()
 

@@ -6,7 +6,7 @@ import sys
 import torch
 
 from hookedattn import HookedTransformer, list_pretrained
-from hookedattn._pretrained import pretrained_info
+from hookedattn.core._pretrained import pretrained_info
 from hookedattn.testing import tiny_model
 
 

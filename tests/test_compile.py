@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tokens, tiny_model
-from hookedattn.tolerances import tolerance
 
 NAMES = ["blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post", "ln_final.hook_scale"]
 

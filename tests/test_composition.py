@@ -12,8 +12,8 @@ from analysis._weight_scores import wishart_factor
 from analysis.composition import _random_baseline
 from analysis.composition import _random_scores as _random_composition_scores
 from analysis.copying import _random_scores
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
-from hookedattn.tolerances import tolerance
 
 F64 = tolerance(torch.float64).as_kwargs()
 

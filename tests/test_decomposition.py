@@ -16,8 +16,8 @@ from analysis import (
     head_results,
 )
 from hookedattn import ActivationCache, HookedTransformer, HookedTransformerConfig
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, randomize_parameters
-from hookedattn.tolerances import tolerance
 
 VARIANTS = list(itertools.product(("LN", "RMS", None), (True, False), (True, False)))
 DTYPES = (torch.float64, torch.float32)

@@ -5,7 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from hookedattn import FactoredMatrix
-from hookedattn.tolerances import tolerance
+from hookedattn.core.tolerances import tolerance
 
 DTYPES = [torch.float32, torch.float64]
 

@@ -26,9 +26,9 @@ from analysis import (
     qk_circuit,
 )
 from analysis.head_results import head_writes
-from hookedattn.kv_cache import KeyValueCache
+from hookedattn.core.kv_cache import KeyValueCache
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import assert_residual_identities
-from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.cache import ActivationCache
+from hookedattn.core.cache import ActivationCache
 from hookedattn.testing.models import randomize_parameters
 
 _BASE = dict(n_layers=2, d_model=16, n_ctx=16, d_vocab=23, d_mlp=24, dtype="float64", seed=0)

@@ -12,7 +12,7 @@ from test_families_models import FAMILIES, TOKENS, family_model
 from analysis import activation_patch, attribution_patch, available_kinds
 from analysis.patching._components import component_grid
 from analysis.patching._reference import reference_sweep
-from hookedattn.tolerances import tolerance
+from hookedattn.core.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 CORRUPTED = torch.randint(0, 23, TOKENS.shape, generator=torch.Generator().manual_seed(7))

@@ -16,9 +16,9 @@ from hookedattn import (
     fold_value_biases,
     process_weights,
 )
-from hookedattn.components.norm import RMSNorm, RMSNormPre
+from hookedattn.core.components.norm import RMSNorm, RMSNormPre
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import assert_residual_identities
-from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 FOLDABLE = [name for name in FAMILIES if FAMILIES[name].get("normalization_placement") is None]

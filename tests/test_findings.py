@@ -46,8 +46,8 @@ from analysis.induction import (
     text_losses,
 )
 from hookedattn import HookedTransformer, process_weights
-from hookedattn._pretrained import pretrained_info
-from hookedattn._weights_io import read_config
+from hookedattn.core._pretrained import pretrained_info
+from hookedattn.core._weights_io import read_config
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 TWO = "bytes-attn-only-2l"

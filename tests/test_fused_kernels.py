@@ -155,8 +155,8 @@ def test_fused_weights_are_freed_when_the_scope_ends():
     fused, _ = pair({}, torch.float32)
     with torch.no_grad(), fused.keeping_fused_weights():
         fused(TOKENS)
-        assert fused.blocks[0].attn._fused is not None
-    assert all(block.attn._fused is None for block in fused.blocks)
+        assert fused.blocks[0].attn.fused_qkv._kept is not None
+    assert all(block.attn.fused_qkv._kept is None for block in fused.blocks)
 
 
 def test_gradients_reach_the_weights_through_the_fused_product():

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
-from hookedattn._generation import Generated, Sampling, generation_steps, next_token_probs
+from hookedattn.core._generation import Generated, Sampling, generation_steps, next_token_probs
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
-from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 

@@ -7,8 +7,8 @@ import torch
 
 from analysis import SourceContributions, head_results, head_source_contributions
 from analysis.head_results import head_values
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, random_tokens
-from hookedattn.tolerances import tolerance
 
 
 def _model(norm="LN", use_attn_result=False, dtype=torch.float64, **extra):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hookedattn import CheckpointError, HookedTransformer
-from hookedattn.hf_import import convert_gpt2_state_dict, gpt2_config
+from hookedattn.core.hf import convert_gpt2_state_dict, gpt2_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import CheckpointError, HookedTransformer
-from hookedattn.hf import SUPPORTED_ARCHITECTURES
+from hookedattn.core.hf import SUPPORTED_ARCHITECTURES
 
 transformers = pytest.importorskip("transformers")
 

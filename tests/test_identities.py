@@ -9,8 +9,8 @@ import pytest
 import torch
 from einops import einsum
 
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tokens, tiny_model
-from hookedattn.tolerances import tolerance
 
 VARIANTS = {
     "default": {},

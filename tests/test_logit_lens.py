@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from analysis import LogitLens, accumulated_resid, logit_lens
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, random_tokens
-from hookedattn.tolerances import tolerance
 
 
 def _model(norm="LN", attn_only=False, dtype=torch.float64):

@@ -13,8 +13,8 @@ from analysis import (
 )
 from analysis.normalization import NormSite, normalize
 from hookedattn import ActivationCache
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model
-from hookedattn.tolerances import tolerance
 
 NORMS = ("LN", "LNPre", "RMS", "RMSPre")
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hookedattn import ByteTokenizer
-from hookedattn.names import pos_axis
+from hookedattn.core.names import pos_axis
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
-from hookedattn.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 PAD = 7  # any id: padded positions are masked out

@@ -12,7 +12,7 @@ from analysis.patching import (
     compare_patching,
 )
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.tolerances import tolerance
+from hookedattn.core.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 GEN = torch.Generator().manual_seed(0)

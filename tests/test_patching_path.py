@@ -5,7 +5,7 @@ import torch
 
 from analysis.patching import Component, activation_patch, path_patch
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.tolerances import tolerance
+from hookedattn.core.tolerances import tolerance
 
 TOL = tolerance(torch.float64).as_kwargs()
 WEIGHTS = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)  # what S reads per token

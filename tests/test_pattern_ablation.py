@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from analysis import Component, frozen_pattern_hooks, pattern_preserving_ablation
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, random_tokens
-from hookedattn.tolerances import tolerance
 
 
 def _model(norm=None, dtype=torch.float64, attn_only=True, **extra):

@@ -10,7 +10,12 @@ import torch
 
 from analysis import logit_lens
 from hookedattn import CheckpointError, HookedTransformer, list_pretrained
-from hookedattn._pretrained import PRETRAINED_DIR, load_pretrained, pretrained_info, write_index
+from hookedattn.core._pretrained import (
+    PRETRAINED_DIR,
+    load_pretrained,
+    pretrained_info,
+    write_index,
+)
 from hookedattn.training.presets import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ from hookedattn import (
     fold_value_biases,
     process_weights,
 )
+from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model
-from hookedattn.tolerances import tolerance
 
 DTYPES = [torch.float32, torch.float64]
 TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7]])

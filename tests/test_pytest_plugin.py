@@ -124,7 +124,7 @@ def test_shape_checks_are_on(make_tiny_model):
 SHIPPED_SUITE = """
 import pytest
 
-from hookedattn._pretrained import list_pretrained
+from hookedattn.core._pretrained import list_pretrained
 from hookedattn.testing import assert_residual_identities
 
 NAMES = [info.name for info in list_pretrained()]
@@ -225,7 +225,7 @@ def test_a_hook_left_on_a_shared_model_fails_the_test(user_run):
 
 @pytest.mark.parametrize("test", ["has_its_fixture", "is_loaded_once_and_its_identities_hold"])
 def test_every_shipped_model_works_through_the_fixtures(user_run, test):
-    from hookedattn._pretrained import list_pretrained
+    from hookedattn.core._pretrained import list_pretrained
 
     names = [info.name for info in list_pretrained()]
     assert names

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hookedattn import ActivationCache, HookedTransformer
-from hookedattn.cache import CacheEditedError
+from hookedattn.core.cache import CacheEditedError
 from hookedattn.testing import tiny_model
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])

@@ -170,7 +170,7 @@ def test_a_hook_added_with_add_hook_inside_hooks_stays_after_the_block():
 
 
 def test_hook_recorders_stopped_out_of_order_record_and_restore_correctly():
-    from hookedattn.hook_points import HookPoint
+    from hookedattn.core.hook_points import HookPoint
 
     original = HookPoint.add_hook
     outer, inner = HookRecorder().start(), HookRecorder().start()

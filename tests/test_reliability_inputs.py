@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from hookedattn._generation import Sampling
-from hookedattn.loss import lm_cross_entropy_loss
+from hookedattn.core._generation import Sampling
+from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.core.tokenizers import ByteTokenizer, CharTokenizer
 from hookedattn.testing import tiny_model
-from hookedattn.tokenizers import ByteTokenizer, CharTokenizer
 
 
 @pytest.mark.parametrize(

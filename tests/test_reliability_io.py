@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hookedattn import CheckpointError, HookedTransformer, HookedTransformerConfig, _weights_io
-from hookedattn._weights_io import TensorHeader, read_safetensors_header
+from hookedattn import CheckpointError, HookedTransformer, HookedTransformerConfig
+from hookedattn.core import _weights_io
+from hookedattn.core._weights_io import TensorHeader, read_safetensors_header
 
 FIELDS = dict(n_layers=2, d_model=16, n_heads=4, n_ctx=8, d_vocab=20, d_mlp=32, seed=0)
 

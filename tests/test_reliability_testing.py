@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from hookedattn import ActivationCache, HookedTransformer
+from hookedattn.core.tokenizers import ByteTokenizer
 from hookedattn.testing import assert_close_cache, assert_decomposes, tiny_model
 from hookedattn.testing._guards import SharedModels
-from hookedattn.tokenizers import ByteTokenizer
 
 NAN, INF = float("nan"), float("inf")
 NAME = "blocks.0.hook_resid_pre"

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 
-import hookedattn.tolerances
+import hookedattn.core.tolerances
 from hookedattn import ActivationCache, KeyValueCache
 from hookedattn.testing import (
     assert_close_cache,
@@ -366,7 +366,7 @@ def test_a_missing_activation_fails(clean):
 
 # ------------------------------------------------------------------------ packaging
 def test_tolerances_are_re_exported():
-    assert tolerance is hookedattn.tolerances.tolerance
+    assert tolerance is hookedattn.core.tolerances.tolerance
 
 
 def test_importing_the_helpers_does_not_import_pytest():

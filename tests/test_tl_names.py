@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import hookedattn
-from hookedattn._tl_names import (
+from hookedattn.core._tl_names import (
     CACHE,
     KEYWORDS,
     MODEL,

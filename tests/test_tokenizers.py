@@ -10,8 +10,8 @@ from hookedattn import (
     CharTokenizer,
     HFTokenizer,
 )
+from hookedattn.core.tokenizers import as_tokenizer
 from hookedattn.testing import tiny_model
-from hookedattn.tokenizers import as_tokenizer
 
 tokenizers_lib = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn._pretrained import load_pretrained
+from hookedattn.core._pretrained import load_pretrained
 from hookedattn.training import (
     TrainConfig,
     latest_checkpoint,

@@ -5,7 +5,7 @@ from analysis.patching._engine import component_edits, sweep
 from analysis.patching._inputs import Metric, base_runs, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.names import get_act_name
 
 
 def activation_patch(

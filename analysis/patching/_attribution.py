@@ -28,7 +28,7 @@ from analysis.patching._inputs import (
 )
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.names import get_act_name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from analysis._naming import Component
 from hookedattn import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.names import get_act_name
 
 # The axes after the batch axis of the activation at each kind of hook point.
 LAYOUTS: dict[str, tuple[str, ...]] = {

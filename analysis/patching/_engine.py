@@ -50,8 +50,8 @@ from analysis.patching._plan import (
 )
 from analysis.patching._readout import Piece, Readout, again, declared_logits, pass_pieces
 from hookedattn import ActivationCache, HookedTransformer
-from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
-from hookedattn.names import get_act_name
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.names import get_act_name
 
 
 @dataclasses.dataclass(frozen=True)

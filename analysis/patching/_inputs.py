@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from hookedattn import ActivationCache, HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.names import get_act_name
 
 Metric = Callable[[Tensor], Tensor]
 

@@ -33,7 +33,7 @@ from analysis.patching._engine import Edit, component_edits, record, sweep
 from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
-from hookedattn.names import get_act_name
+from hookedattn.core.names import get_act_name
 
 HEAD_WRITES = ("z", "result")  # kinds whose edit is a head's own output
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 
 
 @dataclasses.dataclass(frozen=True)

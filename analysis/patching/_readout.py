@@ -23,9 +23,9 @@ from torch import Tensor
 from analysis.patching._inputs import BaseRun, Metric, key_name, metric_values, nan_except
 from analysis.patching._plan import Pass
 from hookedattn import HookedTransformer
-from hookedattn.kv_cache import KeyValueCache, KeyValueCacheEntry
-from hookedattn.names import get_act_name
-from hookedattn.tolerances import tolerance
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.names import get_act_name
+from hookedattn.core.tolerances import tolerance
 
 # Where some variants' logits differ from the unpatched run's (the same positions for
 # each), and their logits there, `[variant batch position d_vocab_out]`.

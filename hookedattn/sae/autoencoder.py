@@ -24,7 +24,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.sae._activations import make_activation, make_pre_bias
 from hookedattn.sae.config import SAEConfig
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
-from hookedattn import names as _names
-from hookedattn.hook_points import HookedRootModule, HookPoint
+from hookedattn.core import names as _names
+from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 
 SAEs = Sequence[SparseAutoencoder] | Mapping[str, SparseAutoencoder]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hookedattn import names as _names
+from hookedattn.core import names as _names
 from hookedattn.store import _distributed
 from hookedattn.store._manifest import (
     FORMAT,

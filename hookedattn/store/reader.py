@@ -24,7 +24,7 @@ import torch.utils.data
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.names import unknown_name_message
+from hookedattn.core.names import unknown_name_message
 from hookedattn.store._manifest import (
     ShardSpec,
     StoreError,

@@ -13,12 +13,13 @@ model to: `reference_forward(model, tokens)`, i.e. `ReferenceTransformer(model)(
 
 Every helper fails with an `AssertionError` that says which activation or component, at
 which position, the largest error and the tolerance it broke. Tolerances by dtype come
-from `hookedattn.tolerances` (re-exported here). Nothing here imports pytest; the fixtures
+from `hookedattn.core.tolerances` (re-exported here). Nothing here imports pytest; the fixtures
 live in the top-level module `pytest_hookedattn`, which pytest loads by itself once
 hookedattn is installed, and which imports nothing heavy until a fixture is used (see its
 docstring; `hookedattn.testing.pytest_plugin` is the same plugin under the package's name).
 """
 
+from hookedattn.core.tolerances import TOLERANCES, Tolerance, tolerance
 from hookedattn.testing.caches import assert_close_cache
 from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
 from hookedattn.testing.hooks import assert_no_hooks, describe_handles
@@ -31,7 +32,6 @@ from hookedattn.testing.models import (
     tiny_model,
 )
 from hookedattn.testing.reference import ReferenceTransformer, reference_forward
-from hookedattn.tolerances import TOLERANCES, Tolerance, tolerance
 
 __all__ = [
     "TINY_CONFIG",

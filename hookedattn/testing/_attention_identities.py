@@ -8,7 +8,7 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor, nn
 
-from hookedattn import names as _names
+from hookedattn.core import names as _names
 from hookedattn.testing._identity import (
     PRODUCTS,
     TERMS,

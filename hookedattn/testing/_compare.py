@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from hookedattn.tolerances import Tolerance, tolerance
+from hookedattn.core.tolerances import Tolerance, tolerance
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,8 @@ import torch
 from einops import einsum
 from torch import Tensor, nn
 
-from hookedattn import names as _names
-from hookedattn.components.norm import LayerNormPre
+from hookedattn.core import names as _names
+from hookedattn.core.components.norm import LayerNormPre
 
 Get = Callable[[str], Tensor]
 TERMS = "sum of the terms' magnitudes"

@@ -4,9 +4,9 @@ This module reads the model's structure (which norms, hook points and sublayers 
 has) and lists the identities of `hookedattn.testing.identities`'s docstring for it.
 """
 
-from hookedattn import names as _names
-from hookedattn.components.norm import NoNorm
-from hookedattn.model import HookedTransformer
+from hookedattn.core import names as _names
+from hookedattn.core.components.norm import NoNorm
+from hookedattn.core.model import HookedTransformer
 from hookedattn.testing import _attention_identities as attn_ids
 from hookedattn.testing._identity import (
     TERMS,

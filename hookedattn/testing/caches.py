@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor
 
-from hookedattn import names as _names
+from hookedattn.core import names as _names
+from hookedattn.core.tolerances import Tolerance
 from hookedattn.testing._compare import axes_for, find_mismatch, loosest_tolerance, numbered
-from hookedattn.tolerances import Tolerance
 
 Names = str | tuple | Sequence[str | tuple] | Callable[[str], bool] | None
 

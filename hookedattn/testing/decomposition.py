@@ -12,8 +12,8 @@ from typing import Protocol, runtime_checkable
 from jaxtyping import Float
 from torch import Tensor
 
+from hookedattn.core.tolerances import Tolerance
 from hookedattn.testing._compare import Mismatch, ToleranceUsed, find_mismatch, loosest_tolerance
-from hookedattn.tolerances import Tolerance
 
 _N_LARGEST = 4
 

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from hookedattn.hook_points import HookedRootModule, LensHandle
+from hookedattn.core.hook_points import HookedRootModule, LensHandle
 
 _HOW_TO_DETACH = (
     "Attach hooks with `with model.hooks(fwd_hooks=...)` or `model.run_with_hooks(...)`, "

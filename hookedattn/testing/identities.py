@@ -41,8 +41,9 @@ import dataclasses
 
 import torch
 
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.tolerances import Tolerance
 from hookedattn.testing._compare import (
     ToleranceUsed,
     axes_for,
@@ -52,7 +53,6 @@ from hookedattn.testing._compare import (
 )
 from hookedattn.testing._identity import Get, NotApplicableError
 from hookedattn.testing._model_identities import all_identities
-from hookedattn.tolerances import Tolerance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ def assert_residual_identities(
 
     `cache` is one forward of `model` (any `names_filter`, `pos_slice`, `dtype` or batch
     axis). The tolerance is the loosest of the cache's and the model's dtypes (from
-    `hookedattn.tolerances`) unless `tol` is given. Raises `AssertionError` naming each
+    `hookedattn.core.tolerances`) unless `tol` is given. Raises `AssertionError` naming each
     failing identity with its largest error, where it is and the bound it broke, or when
     no identity could be checked at all. Returns what was checked and what was skipped.
     """

@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.config import HookedTransformerConfig
-from hookedattn.model import HookedTransformer
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.model import HookedTransformer
 
 TINY_CONFIG: dict[str, Any] = dict(
     n_layers=2, d_model=16, n_heads=4, n_ctx=16, d_vocab=32, d_mlp=64, dtype=torch.float64

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn.model import HookedTransformer
+from hookedattn.core.model import HookedTransformer
 
 # (field, the value the reference supports): every other value builds a block the reference
 # does not write out.

@@ -15,8 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from hookedattn import _weights_io
-from hookedattn.model import HookedTransformer
+from hookedattn.core import _weights_io
+from hookedattn.core.model import HookedTransformer
 from hookedattn.training.config import TrainConfig
 from hookedattn.training.evaluation import Evaluation
 

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.tokenizers import ByteTokenizer
+from hookedattn.core.tokenizers import ByteTokenizer
 
 BOS = ByteTokenizer().bos_token_id
 VOCAB_SIZE = ByteTokenizer().vocab_size

@@ -6,8 +6,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn.loss import lm_cross_entropy_loss
-from hookedattn.model import HookedTransformer
+from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.core.model import HookedTransformer
 from hookedattn.training.config import TrainConfig
 from hookedattn.training.corpus import ByteCorpus, heldout_windows, repeated_random_tokens
 

@@ -35,7 +35,7 @@ induction head formed by step 3,300. Weight decay 0.1 is the recipe of
 
 import dataclasses
 
-from hookedattn.config import HookedTransformerConfig
+from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.training.config import TrainConfig
 from hookedattn.training.corpus import VOCAB_SIZE
 

@@ -18,7 +18,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm import tqdm
 
-from hookedattn.model import HookedTransformer
+from hookedattn.core.model import HookedTransformer
 from hookedattn.training.checkpoints import RunState, latest_checkpoint, resume, save_checkpoint
 from hookedattn.training.config import TrainConfig, learning_rate
 from hookedattn.training.corpus import ByteCorpus, repeated_random_tokens, text_windows

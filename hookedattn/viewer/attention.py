@@ -17,10 +17,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn._patterns import record_patterns, stacked_patterns
-from hookedattn._tokenization import is_text
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core._tokenization import is_text
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
+from hookedattn.core.patterns import record_patterns, stacked_patterns
 from hookedattn.viewer.page import Page, float32_base64
 from hookedattn.viewer.tokens import token_strings
 

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookedattn.cache import ActivationCache
-from hookedattn.model import HookedTransformer
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.model import HookedTransformer
 
 
 def _ids_from_embedding(

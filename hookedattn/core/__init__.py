@@ -1,0 +1,105 @@
+"""The model core: a decoder-only transformer built from hook points, and what it is made of.
+
+    config          HookedTransformerConfig, every variant decided once
+    hook_points     HookPoint, HookedRootModule: where activations are read and replaced
+    names           the one place hook names are spelled and shorthand is expanded
+    components      the equations: embed, attention, MLP, norms, blocks, unembed
+    kernels         how a sublayer runs: fused or written out, guards, masks
+    model           HookedTransformer: prepare the input, run the blocks, unembed
+    cache           ActivationCache, what run_with_cache returns
+    kv_cache        keys and values of positions already run (generation)
+    hf              importers of HuggingFace families
+    processing      weight folding and centring
+    factored_matrix FactoredMatrix, for circuits
+    tokenizers      byte, char and HuggingFace tokenizers behind one interface
+
+Nothing here imports the applications beside it (`hookedattn.store`, `.sae`, `.viewer`,
+`.training`, `.testing`) or `analysis`.
+
+Axis names, used in every shape annotation and einops pattern in this package and in
+`analysis`:
+
+    batch       sequences in a batch
+    pos         token positions (query_pos / key_pos inside attention)
+    d_model     the residual stream
+    head        attention heads; d_head the width of one head's q, k, v, z
+    kv_head     key/value heads (grouped-query attention)
+    d_mlp       MLP neurons
+    d_vocab     input vocabulary; d_vocab_out the output vocabulary
+    layer       blocks
+    component   terms of a residual-stream decomposition
+
+Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, and
+`W_Q, W_K, W_V: [head d_model d_head]`, `W_O: [head d_head d_model]`.
+"""
+
+from hookedattn.core import names, tolerances
+from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
+from hookedattn.core._tokenization import TokenizedText
+from hookedattn.core._weights_io import CheckpointError
+from hookedattn.core.cache import ActivationCache, CacheEditedError
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.factored_matrix import SVD, FactoredMatrix
+from hookedattn.core.hook_points import HookedRootModule, HookPoint, LensHandle, is_hook_point
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.core.model import HookedTransformer, LogitsAndLoss
+from hookedattn.core.names import get_act_name
+from hookedattn.core.patterns import record_patterns, stacked_patterns
+from hookedattn.core.processing import (
+    center_unembed,
+    center_writing_weights,
+    fold_layer_norm,
+    fold_value_biases,
+    process_weights,
+)
+from hookedattn.core.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    SpecialTokens,
+    Tokenizer,
+    as_tokenizer,
+)
+
+# TransformerLens's names for the same things, so that code ports by changing imports.
+HookedTransformerKeyValueCache = KeyValueCache
+
+__all__ = [
+    "SVD",
+    "ActivationCache",
+    "ByteTokenizer",
+    "CacheEditedError",
+    "CharTokenizer",
+    "CheckpointError",
+    "FactoredMatrix",
+    "HFTokenizer",
+    "HookPoint",
+    "HookedRootModule",
+    "HookedTransformer",
+    "HookedTransformerConfig",
+    "HookedTransformerKeyValueCache",
+    "KeyValueCache",
+    "KeyValueCacheEntry",
+    "LensHandle",
+    "LogitsAndLoss",
+    "PretrainedInfo",
+    "SpecialTokens",
+    "TokenizedText",
+    "Tokenizer",
+    "as_tokenizer",
+    "center_unembed",
+    "center_writing_weights",
+    "fold_layer_norm",
+    "fold_value_biases",
+    "get_act_name",
+    "is_hook_point",
+    "list_pretrained",
+    "lm_cross_entropy_loss",
+    "names",
+    "pretrained_info",
+    "process_weights",
+    "record_patterns",
+    "stacked_patterns",
+    "tolerances",
+]

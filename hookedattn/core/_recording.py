@@ -1,0 +1,220 @@
+"""Recording activations during a forward: the machinery behind `run_with_cache`.
+
+What the cache holds never changes afterwards, and nothing outside it can change it: a
+recorded tensor is the activation itself (no copy) unless something could write to it. It
+is copied when a hook that could edit it in place is attached, when it keeps only some
+positions, and when it is one of the caller's own tensors (the residual stream passed in
+with `start_at_layer`, the one returned with `stop_at_layer`). Each tensor's version
+counter is noted when it is recorded, so an in-place edit made afterwards by any other
+route is refused when the entry is next read (see `ActivationCache`).
+"""
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Shaped
+from torch import Tensor
+
+from hookedattn.core import names as _names
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.hook_points import HookedRootModule, HookPoint
+
+NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
+PosSlice = int | slice | Sequence[int] | None
+
+
+def select_hook_points(model: HookedRootModule, names_filter: NamesFilter) -> list[HookPoint]:
+    """The hook points a `names_filter` selects; unknown names are a `KeyError`."""
+    if names_filter is None:
+        return list(model.hook_dict.values())
+    if isinstance(names_filter, str):
+        names_filter = [names_filter]
+    if callable(names_filter):
+        return [p for name, p in model.hook_dict.items() if names_filter(name)]
+    if not isinstance(names_filter, Sequence):
+        raise TypeError(
+            f"names_filter must be None, a name, a list of names or a predicate, "
+            f"got {type(names_filter).__name__}"
+        )
+    points = []
+    for name in names_filter:
+        full = name if "." in name else _names.get_act_name(name)
+        if full not in model.hook_dict:
+            raise KeyError(_names.unknown_name_message(name, model.hook_dict))
+        points.append(model.hook_dict[full])
+    return points
+
+
+def _pos_index(pos_slice: PosSlice) -> slice | Tensor | None:
+    if pos_slice is None:
+        return None
+    if isinstance(pos_slice, bool):
+        raise TypeError("pos_slice must be an int, a slice or a list of ints, not a bool")
+    if isinstance(pos_slice, int):
+        # Keep the axis (size 1) so that every cached tensor keeps its named shape.
+        return slice(pos_slice, pos_slice + 1) if pos_slice != -1 else slice(-1, None)
+    if isinstance(pos_slice, slice):
+        return pos_slice
+    return torch.as_tensor(list(pos_slice), dtype=torch.long)
+
+
+def _positions(
+    t: Shaped[Tensor, "..."], axis: int, index: slice | Tensor, pos_slice: PosSlice, name: str
+) -> Shaped[Tensor, "..."]:
+    """`t` at the positions `index` selects on `axis`; a selection outside them is refused."""
+    n_pos = t.shape[axis]
+    if isinstance(index, Tensor) and index.numel():
+        low, high = int(index.min()), int(index.max())
+        if low < -n_pos or high >= n_pos:
+            raise ValueError(
+                f"pos_slice={pos_slice!r} is out of range at {name}, which has {n_pos} "
+                f"positions (valid indices {-n_pos}..{n_pos - 1})"
+            )
+    selected = t[(slice(None),) * axis + (index,)]
+    if selected.shape[axis] == 0 and n_pos > 0:
+        raise ValueError(
+            f"pos_slice={pos_slice!r} selects no position at {name}, which has {n_pos} "
+            f"positions (valid indices {-n_pos}..{n_pos - 1})"
+        )
+    return selected
+
+
+@dataclasses.dataclass
+class _Recorder:
+    """Where a cached forward's activations go, and how each is kept (the options of
+    `run_with_cache`)."""
+
+    index: slice | Tensor | None
+    pos_slice: PosSlice
+    remove_batch_dim: bool
+    device: str | torch.device | None
+    dtype: torch.dtype | None
+    # Our forward never writes to an activation in place, but a user's hook may. Only then
+    # can a recorded tensor change after the fact, so only then is it copied.
+    must_copy: bool
+    store: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    versions: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def forward_hook(self) -> Callable[[Tensor, HookPoint], None]:
+        """The hook that records a forward activation: the tensor itself where no option
+        asks for a change (one step), otherwise through `record`."""
+        plain = self.index is None and self.device is None and self.dtype is None
+        if plain and not (self.remove_batch_dim or self.must_copy):
+            return self.save_reference
+        return lambda x, hook: self.record(hook.name, x)
+
+    def save_reference(self, x: Tensor, hook: HookPoint) -> None:
+        """Keep the activation itself."""
+        t = self.store[hook.name] = x.detach()
+        self.versions[hook.name] = t._version
+
+    def save_gradient(self, grad: Tensor, hook: HookPoint) -> None:
+        """Keep the gradient at a hook point, as `<name>_grad`."""
+        self.record(hook.name + "_grad", grad)
+
+    def record(self, name: str, x: Tensor) -> None:
+        """Keep `x` under `name`, with the positions, batch axis, device and dtype asked for."""
+        t = x.detach()
+        if self.index is not None:
+            axis = _names.pos_axis(name.removesuffix("_grad"))
+            t = _positions(t, axis, self.index, self.pos_slice, name)
+        if self.remove_batch_dim:
+            if t.shape[0] != 1:
+                raise ValueError(
+                    f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"
+                )
+            t = t[0]
+        if self.device is not None or self.dtype is not None:
+            t = t.to(device=self.device, dtype=self.dtype)
+        if self.index is not None and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            t = t.clone()  # a slice (pos_slice): keep its positions, not the whole activation
+        elif self.must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            t = t.clone()
+        self.store[name] = t
+        self.versions[name] = t._version
+
+
+def run_with_cache(
+    model: HookedRootModule,
+    model_args: tuple,
+    model_kwargs: dict,
+    *,
+    names_filter: NamesFilter = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    remove_batch_dim: bool = False,
+    incl_bwd: bool = False,
+    pos_slice: PosSlice = None,
+) -> tuple[Any, ActivationCache]:
+    """Run `model(*model_args, **model_kwargs)` recording the selected activations."""
+    points = select_hook_points(model, names_filter)
+    must_copy = any(not h.is_cache for h in model.attached_hooks())
+    recorder = _Recorder(
+        _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy
+    )
+    thread = threading.get_ident()
+    save = recorder.forward_hook()
+    handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in points]
+    if incl_bwd:
+        handles += [
+            p.add_hook(recorder.save_gradient, dir="bwd", _is_cache=True, _thread=thread)
+            for p in points
+        ]
+    try:
+        output = model(*model_args, **model_kwargs)
+        if incl_bwd:
+            _differentiate(model, output)
+    finally:
+        for handle in handles:
+            handle.remove()
+    store, versions = recorder.store, recorder.versions
+    _copy_callers_tensors(store, versions, (model_args, model_kwargs, output))
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", 0)
+    cache = ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim, _versions=versions)
+    return output, cache
+
+
+def _copy_callers_tensors(store: dict[str, Tensor], versions: dict[str, int], caller: Any) -> None:
+    """Copy the recorded tensors that share storage with a tensor the caller holds.
+
+    The residual stream passed in with `start_at_layer` reaches the cache unchanged, and
+    so does the one returned with `stop_at_layer`; without a copy, the caller editing
+    their own tensor would edit the cache.
+    """
+    theirs = {t.untyped_storage().data_ptr() for t in _tensors_in(caller) if t.numel()}
+    for name, t in store.items():
+        if t.numel() and t.untyped_storage().data_ptr() in theirs:
+            if versions[name] != t._version:
+                continue  # already edited: keep it, so that reading it says so
+            store[name] = t.clone()
+            versions[name] = store[name]._version
+
+
+def _tensors_in(obj: Any) -> list[Tensor]:
+    """The tensors in nested tuples, lists, dicts and dataclasses (an output, the args)."""
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        return [t for item in obj for t in _tensors_in(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors_in(item)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors_in(getattr(obj, f.name))]
+    return []
+
+
+def _differentiate(model: HookedRootModule, output: Any) -> None:
+    """Backpropagate from a scalar output without touching the parameters' `.grad`."""
+    if not isinstance(output, Tensor) or output.numel() != 1:
+        shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
+        raise ValueError(
+            f"incl_bwd=True differentiates the output, which must be a scalar; got {shape}. "
+            f"Use return_type='loss', or differentiate a metric yourself."
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not output.requires_grad:
+        raise ValueError("incl_bwd=True needs gradients: do not run under torch.no_grad()")
+    torch.autograd.grad(output, params, allow_unused=True)

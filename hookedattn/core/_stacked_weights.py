@@ -1,0 +1,87 @@
+"""The model's weights as circuits notation reads them: stacked across layers
+(`model.W_Q: [layer head d_model d_head]`), the embeddings, and the circuit views.
+
+A mixin of `HookedTransformer`: properties over its modules' parameters (never copies
+that could go stale, except the stacks, which are built on each read).
+"""
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from hookedattn.core import _weight_views
+from hookedattn.core.factored_matrix import FactoredMatrix
+
+
+def _across_layers(module: str, names: str) -> tuple[property, ...]:
+    """A property per weight in `names` of every block's `module`, stacked over layers."""
+    return tuple(
+        property(
+            lambda self, name=name: self._stacked(module, name),
+            doc=f"Every block's `{module}.{name}`, stacked: `[layer ...]` (built on each read).",
+        )
+        for name in names.split()
+    )
+
+
+class StackedWeights:
+    """`W_E`, `W_pos`, `W_U`, `b_U`, the per-layer weights stacked over layers, `QK`, `OV`,
+    `W_E_pos`, `all_head_labels` and `tokens_to_residual_directions`.
+
+    Stacked over layers: `W_Q`, `W_K`, `W_V` are `[layer head d_model d_head]`, `W_O`
+    `[layer head d_head d_model]`, `b_Q`, `b_K`, `b_V` `[layer head d_head]`, `b_O`
+    `[layer d_model]`; the MLP's `W_in` `[layer d_model d_mlp]`, `b_in` `[layer d_mlp]`,
+    `W_out` `[layer d_mlp d_model]`, `b_out` `[layer d_model]`.
+    """
+
+    def _stacked(self, module: str, weight: str) -> Tensor:
+        if self.cfg.n_layers == 0:
+            raise ValueError(f"a model with 0 layers has no {weight}")
+        if module == "mlp" and self.cfg.attn_only:
+            raise ValueError(f"an attention-only model has no {weight}")
+        return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
+
+    W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
+    W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
+    b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")
+    W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _across_layers(
+        "attn", "W_Q W_K W_V W_O b_Q b_K b_V b_O"
+    )
+    W_in, b_in, W_out, b_out = _across_layers("mlp", "W_in b_in W_out b_out")
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        """Learned positional embedding `[n_ctx d_model]` (standard positional embeddings only)."""
+        if self.cfg.positional_embedding_type != "standard":
+            raise ValueError(
+                f"a model with positional_embedding_type="
+                f"{self.cfg.positional_embedding_type!r} has no W_pos"
+            )
+        return self.pos_embed.W_pos
+
+    # Circuit views (hookedattn/_weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's QK circuit `W_Q @ W_K.T`, factored: `[layer head d_model d_model]`."""
+        return _weight_views.QK(self)
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's OV circuit `W_V @ W_O`, factored: `[layer head d_model d_model]`."""
+        return _weight_views.OV(self)
+
+    @property
+    def W_E_pos(self) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
+        """`W_E` and `W_pos` stacked: `[d_vocab + n_ctx, d_model]`."""
+        return _weight_views.W_E_pos(self)
+
+    @property
+    def all_head_labels(self) -> list[str]:
+        """`"L{layer}H{head}"` for every head, in `[layer head]` order."""
+        return _weight_views.all_head_labels(self)
+
+    def tokens_to_residual_directions(
+        self, tokens: _weight_views.Tokens
+    ) -> Float[Tensor, "*tokens d_model"]:
+        """The unembedding direction `W_U[:, t]` of each token, `[*tokens d_model]`."""
+        return _weight_views.tokens_to_residual_directions(self, tokens)

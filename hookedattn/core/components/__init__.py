@@ -1,0 +1,58 @@
+"""The layers a `HookedTransformer` is built from, one concept per file.
+
+Each variant is its own small module, chosen when the model is built (`make_block`,
+`make_attention`, `make_mlp`, `make_norm`, `make_soft_cap`), so that every forward stays
+the equation it implements.
+"""
+
+from hookedattn.core.components.attention import Attention, GroupedQueryAttention, make_attention
+from hookedattn.core.components.block import (
+    AttnInputs,
+    AttnOnlyBlock,
+    Block,
+    ParallelBlock,
+    make_block,
+)
+from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.core.components.mlp import MLP, GatedMLP, gelu_new, make_mlp
+from hookedattn.core.components.norm import (
+    LayerNorm,
+    LayerNormPre,
+    NoNorm,
+    RMSNorm,
+    RMSNormPre,
+    make_norm,
+    make_placed_norm,
+)
+from hookedattn.core.components.rotary import Rotary, rotary_frequencies
+from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
+
+__all__ = [
+    "MLP",
+    "Attention",
+    "AttnInputs",
+    "AttnOnlyBlock",
+    "Block",
+    "Embed",
+    "GatedMLP",
+    "GroupedQueryAttention",
+    "LayerNorm",
+    "LayerNormPre",
+    "NoNorm",
+    "ParallelBlock",
+    "PosEmbed",
+    "RMSNorm",
+    "RMSNormPre",
+    "Rotary",
+    "SoftCap",
+    "Unembed",
+    "affine",
+    "gelu_new",
+    "make_attention",
+    "make_block",
+    "make_mlp",
+    "make_norm",
+    "make_placed_norm",
+    "make_soft_cap",
+    "rotary_frequencies",
+]

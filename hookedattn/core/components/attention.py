@@ -1,0 +1,241 @@
+"""Multi-head causal self-attention, in circuits notation.
+
+Each head h reads the residual stream through `W_Q[h], W_K[h], W_V[h]: [d_model d_head]`
+and writes back through `W_O[h]: [d_head d_model]` (row vectors: `q = x @ W_Q[h]`). The
+seed worklog's `view(batch, seqlen, heads, d_head).transpose(1, 2)` split is the `head`
+axis of these weights: concatenating the heads' `z` and multiplying by one
+`[n_heads * d_head, d_model]` matrix is the same as summing `z_h @ W_O[h]` over heads,
+which is why each head's write can be read on its own (`hook_result`).
+
+    q, k, v = x @ W_Q + b_Q, x @ W_K + b_K, x @ W_V + b_V      (hook_q, hook_k, hook_v)
+    scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
+    pattern = softmax over key positions                      (hook_pattern)
+    z       = pattern @ v                                     (hook_z)
+    out     = sum_h z_h @ W_O[h] + b_O                        (hook_result per head; OV circuit)
+
+With grouped-query attention (`n_key_value_heads`) the query heads come in groups that
+share one key and value head: `hook_k`, `hook_v` are `[batch pos kv_head d_head]`, and
+`W_K`, `W_V` show each key/value head once for every query head that reads it, so the QK
+and OV circuits stay per query head.
+
+`written_out` is the schematic step by step. How a forward runs it (`kernels.attend`: one
+fused kernel where nothing reads the scores or pattern, the guards that keep non-finite
+values from hiding or spreading, the fused q/k/v product) lives in `hookedattn.core.kernels`.
+"""
+
+from einops import einsum, rearrange, reduce, repeat
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.core import kernels
+from hookedattn.core.components.embed import _param
+from hookedattn.core.components.norm import NoNorm, RMSNorm
+from hookedattn.core.components.rotary import Rotary
+from hookedattn.core.components.soft_cap import make_soft_cap
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import KeyValueCacheEntry
+
+# Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
+# input can be patched alone), each read by its own head's weights.
+_PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_head"
+
+# The stream itself, or a copy per query head or per key/value head.
+AttnInput = Float[Tensor, "batch pos ... d_model"]
+HeadVectors = Float[Tensor, "batch pos head d_head"]
+KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
+Queries = Float[Tensor, "batch query_pos head d_head"]
+KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
+
+
+class Attention(nn.Module):
+    """One attention sublayer: `n_heads` heads reading and writing the residual stream."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        super().__init__()
+        n_heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.W_Q = _param(n_heads, d_model, d_head, cfg=cfg)
+        self._init_key_value_weights(cfg)
+        self.W_O = _param(n_heads, d_head, d_model, cfg=cfg)
+        self.b_Q = _param(n_heads, d_head, cfg=cfg)
+        self.b_O = _param(d_model, cfg=cfg)
+        self.attn_scale = cfg.attn_scale
+        self.group = n_heads // cfg.n_kv_heads  # query heads per key/value head
+        self.attn_type = cfg.layer_attn_type(layer)
+        self.fused = kernels.fuses_attention(cfg)
+        per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
+        self.project_qkv = self._project_per_head if per_head_input else self._project_shared
+        self.fused_qkv = kernels.FusedQKV(cfg)
+
+        self.hook_q = HookPoint()  # [batch pos head d_head]
+        self.hook_k = HookPoint()  # [batch pos kv_head d_head]
+        self.hook_v = HookPoint()
+        self.q_norm, self.k_norm = _qk_norms(cfg)
+        if cfg.positional_embedding_type == "rotary":
+            self.rotary = Rotary(cfg)
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+            self.apply_positions = self._rotate
+        else:
+            self.apply_positions = self._unrotated
+        self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
+        self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # [batch pos head d_head]
+        if cfg.use_attn_result:
+            self.hook_result = HookPoint()  # [batch pos head d_model]
+            self.write = self._write_per_head
+        else:
+            self.write = self._write_summed
+
+    def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
+        self.W_K = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
+        self.W_V = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
+        self.b_K = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
+        self.b_V = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
+
+    def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`W_K, b_K, W_V, b_V` as stored: one per key/value head."""
+        return self.W_K, self.b_K, self.W_V, self.b_V
+
+    def forward(
+        self,
+        query_input: AttnInput,
+        key_input: AttnInput,
+        value_input: AttnInput,
+        context: AttentionContext,
+        past_kv: KeyValueCacheEntry | None = None,
+    ) -> Float[Tensor, "batch query_pos d_model"]:
+        q, k, v = self.project_qkv(query_input, key_input, value_input)
+        q, k, v = self.q_norm(self.hook_q(q)), self.k_norm(self.hook_k(k)), self.hook_v(v)
+        q, k = self.apply_positions(q, k, context)
+        if past_kv is not None:
+            k, v = past_kv.append(k, v)
+        z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
+        return self.write(self.hook_z(z))
+
+    def written_out(
+        self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
+    ) -> Queries:
+        """`z = softmax(scores) @ v` step by step, the scores and pattern at their hook points.
+
+        Blocked keys (later positions, padding, outside a local window) are replaced by
+        -inf, never added to, and their values never multiplied in: whatever a blocked
+        position holds (an `inf` key, a NaN value), it contributes exactly nothing.
+        """
+        scores = self.hook_attn_scores(kernels.masked(self.scores(q, k), context, self.attn_type))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        return kernels.weighted_values(pattern, v, context.blocked[self.attn_type])
+
+    def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """`cap(q . k / attn_scale)` for every query head and key position."""
+        q = rearrange(
+            q / self.attn_scale,  # scaling q is a pass over d_head, not over every key
+            "batch query_pos (kv_head group) d_head -> batch query_pos kv_head group d_head",
+            group=self.group,
+        )
+        scores = einsum(
+            q,
+            k,
+            "batch query_pos kv_head group d_head, batch key_pos kv_head d_head "
+            "-> batch kv_head group query_pos key_pos",
+        )
+        scores = rearrange(
+            scores,
+            "batch kv_head group query_pos key_pos -> batch (kv_head group) query_pos key_pos",
+        )
+        return self.soft_cap(scores)
+
+    def _project_shared(
+        self, x: Float[Tensor, "batch pos d_model"], key_input: Tensor, value_input: Tensor
+    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+        """Queries, keys and values of one shared input, by one product (`kernels.FusedQKV`)."""
+        return self.fused_qkv.project(x, self.W_Q, self.b_Q, *self.key_value_weights())
+
+    def _project_per_head(
+        self, query_input: AttnInput, key_input: AttnInput, value_input: AttnInput
+    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+        """Queries, keys and values of per-head input copies, each head its own product."""
+        W_K, b_K, W_V, b_V = self.key_value_weights()
+        return (
+            einsum(query_input, self.W_Q, _PER_HEAD_IN) + self.b_Q,
+            einsum(key_input, W_K, _PER_HEAD_IN) + b_K,
+            einsum(value_input, W_V, _PER_HEAD_IN) + b_V,
+        )
+
+    def _unrotated(
+        self, q: HeadVectors, k: Tensor, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def _rotate(
+        self, q: HeadVectors, k: Tensor, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
+        positions = context.positions
+        return self.hook_rot_q(self.rotary(q, positions)), self.hook_rot_k(
+            self.rotary(k, positions)
+        )
+
+    def _write_summed(
+        self, z: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        # `sum_h z[h] @ W_O[h] + b_O` as one product over (head d_head), the bias inside it.
+        W_O = self.W_O.flatten(0, 1)  # head d_head d_model -> (head d_head) d_model, a view
+        return nn.functional.linear(z.flatten(-2), W_O.T, self.b_O)
+
+    def _write_per_head(
+        self, z: Float[Tensor, "batch pos head d_head"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        result = self.hook_result(
+            einsum(
+                z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"
+            )
+        )
+        return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O
+
+
+class GroupedQueryAttention(Attention):
+    """Attention whose query heads share `n_key_value_heads` key/value heads in groups.
+
+    The stored weights are `_W_K`, `_W_V: [kv_head d_model d_head]` and `_b_K`, `_b_V`
+    (TransformerLens's names); `W_K`, `W_V`, `b_K`, `b_V` repeat each for every query head
+    of its group, so circuits read them per query head like any other attention.
+    """
+
+    def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
+        kv = cfg.n_kv_heads
+        self._W_K = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
+        self._W_V = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
+        self._b_K = _param(kv, cfg.d_head, cfg=cfg)
+        self._b_V = _param(kv, cfg.d_head, cfg=cfg)
+
+    def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`_W_K, _b_K, _W_V, _b_V` as stored: one per key/value head."""
+        return self._W_K, self._b_K, self._W_V, self._b_V
+
+    def _per_query_head(self, weight: Tensor) -> Tensor:
+        return repeat(weight, "kv_head ... -> (kv_head group) ...", group=self.group)
+
+    W_K = property(lambda self: self._per_query_head(self._W_K), doc="`[head d_model d_head]`")
+    W_V = property(lambda self: self._per_query_head(self._W_V), doc="`[head d_model d_head]`")
+    b_K = property(lambda self: self._per_query_head(self._b_K), doc="`[head d_head]`")
+    b_V = property(lambda self: self._per_query_head(self._b_V), doc="`[head d_head]`")
+
+
+def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
+    """Attention with one key/value head per query head, or grouped."""
+    return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
+
+
+def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
+    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), or none.
+
+    Always with their gains: a gain on queries does not commute with the rotation that
+    follows, so it cannot be folded into `W_Q` the way a residual norm's gain can.
+    """
+    if not cfg.use_qk_norm:
+        return NoNorm(), NoNorm()
+    if cfg.qk_norm_per_head:
+        return RMSNorm(cfg, (cfg.d_head,)), RMSNorm(cfg, (cfg.d_head,))
+    return RMSNorm(cfg, (cfg.n_heads, cfg.d_head)), RMSNorm(cfg, (cfg.n_kv_heads, cfg.d_head))

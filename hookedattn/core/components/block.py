@@ -1,0 +1,178 @@
+"""Transformer blocks: the residual-stream equations, one sublayer at a time.
+
+Each sublayer reads the residual stream (through a norm) and adds what it writes back:
+
+    resid_mid  = resid_pre + attn(ln1(resid_pre))
+    resid_post = resid_mid + mlp(ln2(resid_mid))
+
+In a parallel block (GPT-NeoX, GPT-J) both sublayers read `resid_pre` and there is no
+`resid_mid`: `resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre))`. An
+attention-only block has no MLP and no `resid_mid`.
+
+The parts are chosen when the block is built, so the forwards stay these equations:
+the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`: part of
+what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
+real norm or the identity as `normalization_placement` says; how the stream enters the
+attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
+the MLP, plain or gated; the attention, full or grouped, global or windowed.
+"""
+
+from einops import repeat
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.core.components.attention import AttnInput, make_attention
+from hookedattn.core.components.mlp import make_mlp
+from hookedattn.core.components.norm import make_placed_norm
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import KeyValueCacheEntry
+
+Resid = Float[Tensor, "batch pos d_model"]
+PastKV = KeyValueCacheEntry | None  # this layer's keys and values of earlier positions
+
+
+class AttnInputs:
+    """The residual stream as the attention's query, key and value inputs, through `ln1`.
+
+    One shared normed copy; or (`use_attn_in`) one copy per head behind `hook_attn_in`; or
+    (`use_split_qkv_input`) separate copies for queries, keys and values behind
+    `hook_q_input`, `hook_k_input`, `hook_v_input` (keys and values: one per key/value
+    head). Per-head copies are new tensors, so an in-place edit of one never reaches the
+    stream. A plain object, not a module: the hook points and the norm belong to the block,
+    where TransformerLens names them.
+    """
+
+    def __init__(self, block: nn.Module, cfg: HookedTransformerConfig) -> None:
+        self.block = block
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        if cfg.use_split_qkv_input:
+            self.inputs = self._split
+        elif cfg.use_attn_in:
+            self.inputs = self._per_head
+        else:
+            self.inputs = self._shared
+
+    def __call__(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        """The query, key and value inputs (`inputs` is chosen when the block is built)."""
+        return self.inputs(resid)
+
+    def _shared(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = self.block.ln1(resid)
+        return x, x, x
+
+    def _per_head(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = self.block.ln1(self.block.hook_attn_in(_copies(resid, self.n_heads)))
+        return x, x, x
+
+    def _split(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        block = self.block
+        q_in = block.ln1(block.hook_q_input(_copies(resid, self.n_heads)))
+        k_in = block.ln1(block.hook_k_input(_copies(resid, self.n_kv_heads)))
+        v_in = block.ln1(block.hook_v_input(_copies(resid, self.n_kv_heads)))
+        return q_in, k_in, v_in
+
+
+def _copies(resid: Resid, n: int) -> Float[Tensor, "batch pos head d_model"]:
+    # `repeat` returns a broadcast view of `resid` (stride 0 over heads); without the
+    # clone an in-place edit of one head's input would write into the stream itself.
+    return repeat(resid, "batch pos d_model -> batch pos head d_model", head=n).clone()
+
+
+class AttnOnlyBlock(nn.Module):
+    """`resid_post = resid_pre + attn(ln1(resid_pre))`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        super().__init__()
+        # Modules are registered in the order the forward reaches them, so that
+        # `hook_dict` lists hook points in that order too.
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.hook_resid_post = HookPoint()
+
+    def _add_attention(self, cfg: HookedTransformerConfig, layer: int) -> None:
+        if cfg.use_split_qkv_input:
+            self.hook_q_input = HookPoint()  # [batch pos head d_model]
+            self.hook_k_input = HookPoint()  # [batch pos kv_head d_model]
+            self.hook_v_input = HookPoint()
+        elif cfg.use_attn_in:
+            self.hook_attn_in = HookPoint()  # [batch pos head d_model]
+        self.ln1 = make_placed_norm(cfg, "pre")
+        self.attn_inputs = AttnInputs(self, cfg)
+        self.attn = make_attention(cfg, layer)
+        self.ln1_post = make_placed_norm(cfg, "post")
+        self.hook_attn_out = HookPoint()
+
+    def _add_mlp(self, cfg: HookedTransformerConfig) -> None:
+        if cfg.use_hook_mlp_in:
+            self.hook_mlp_in = HookPoint()
+            self.mlp_input = self._hooked_mlp_input
+        else:
+            self.mlp_input = self._mlp_input
+        self.ln2 = make_placed_norm(cfg, "pre")
+        self.mlp = make_mlp(cfg)
+        self.ln2_post = make_placed_norm(cfg, "post")
+        self.hook_mlp_out = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        return self.hook_resid_post(resid_pre + attn_out)
+
+    def attend(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
+        """What the attention sublayer writes: `ln1_post(attn(ln1(resid)))`."""
+        attn_out = self.attn(*self.attn_inputs(resid), context, past_kv)
+        return self.hook_attn_out(self.ln1_post(attn_out))
+
+    def feed_forward(self, resid: Resid) -> Resid:
+        """What the MLP sublayer writes: `ln2_post(mlp(ln2(resid)))`."""
+        return self.hook_mlp_out(self.ln2_post(self.mlp(self.mlp_input(resid))))
+
+    def _mlp_input(self, resid: Resid) -> Resid:
+        return self.ln2(resid)
+
+    def _hooked_mlp_input(self, resid: Resid) -> Resid:
+        # A copy: an in-place edit of the MLP's input must not reach the stream's skip path.
+        return self.ln2(self.hook_mlp_in(resid.clone()))
+
+
+class Block(AttnOnlyBlock):
+    """`resid_mid = resid_pre + attn(ln1(resid_pre))`, `resid_post = resid_mid + mlp(ln2(...))`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        resid_mid = self.hook_resid_mid(resid_pre + self.attend(resid_pre, context, past_kv))
+        return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
+
+
+class ParallelBlock(AttnOnlyBlock):
+    """`resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre))` (no resid_mid)."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self._add_mlp(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        mlp_out = self.feed_forward(resid_pre)
+        return self.hook_resid_post(resid_pre + attn_out + mlp_out)
+
+
+def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
+    """The block the config asks for: attention-only, sequential or parallel."""
+    if cfg.attn_only:
+        return AttnOnlyBlock(cfg, layer)
+    return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

@@ -1,0 +1,84 @@
+"""The MLP sublayer: `act(x @ W_in + b_in) @ W_out + b_out`, each neuron a column of W_in.
+
+The gated form (SwiGLU in Llama, GeGLU in Gemma; Shazeer 2020) multiplies each neuron's
+activation by a second, linear read of the input: `act(x @ W_gate) * (x @ W_in + b_in)`.
+"""
+
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+
+
+def gelu_new(x: Tensor) -> Tensor:
+    """GPT-2's tanh approximation of GELU: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+
+    torch evaluates this formula in one kernel (`approximate="tanh"`); written out in torch
+    ops it takes eight passes over `[batch pos d_mlp]`.
+    """
+    return nn.functional.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu,
+    "gelu": nn.functional.gelu,
+    "gelu_new": gelu_new,
+    "silu": nn.functional.silu,
+}
+
+
+def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig) -> None:
+    """The weights both MLPs share (`W_in`, `b_in`, `W_out`, `b_out`) and the activation."""
+    mlp.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+    mlp.b_in = _param(cfg.d_mlp, cfg=cfg)
+    mlp.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
+    mlp.b_out = _param(cfg.d_model, cfg=cfg)
+    mlp.act_fn = ACTIVATIONS[cfg.act_fn]
+
+
+class MLP(nn.Module):
+    """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        _add_linear_maps(self, cfg)
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
+        post = self.hook_post(self.act_fn(pre))
+        return affine(post, self.W_out, self.b_out)
+
+
+class GatedMLP(nn.Module):
+    """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`.
+
+    `hook_pre` is the gate's input `x @ W_gate`, `hook_pre_linear` the linear read `x @ W_in
+    + b_in`, `hook_post` their product after the activation: all `[batch pos d_mlp]`, as in
+    TransformerLens. A neuron's write to the stream is `hook_post[..., n] * W_out[n]`.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.W_gate = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+        _add_linear_maps(self, cfg)
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_gate)
+        pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
+        post = self.hook_post(self.act_fn(pre) * pre_linear)
+        return affine(post, self.W_out, self.b_out)
+
+
+def make_mlp(cfg: HookedTransformerConfig) -> nn.Module:
+    """The MLP the config asks for: plain or gated."""
+    return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)

@@ -1,0 +1,310 @@
+"""The configuration of a `HookedTransformer`: one frozen dataclass, validated on construction.
+
+Every architectural variant (attention-only, the norm and where it sits, the positional map,
+grouped keys and values, the attention window, a gated or parallel MLP) is decided here,
+once; the model reads these fields when it builds its modules and never branches on them
+inside `forward`. Each field is checked against one entry of `FIELD_SPECS` (its type and
+its range or choices), so every bad value gets the same shape of error: the field, the
+value, and what is allowed.
+"""
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import torch
+
+from hookedattn.core._field_specs import FieldSpec, check_field
+from hookedattn.core._field_specs import closest as _closest
+
+ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu")
+NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
+NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
+POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "rotary", "none")
+ATTN_TYPES: tuple[str, ...] = ("global", "local")
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+_POSITIVE = FieldSpec(float, low=0.0, low_open=True)
+_OPTIONAL_POSITIVE = FieldSpec(float, low=0.0, low_open=True, optional=True)
+_FLAG = FieldSpec(bool)
+
+# One entry per field: its type, range or choices, and whether None is allowed (before
+# defaults are derived: `n_heads=None` means "from d_model and d_head").
+FIELD_SPECS: dict[str, FieldSpec] = {
+    "n_layers": FieldSpec(int, low=0, high=100_000),
+    "d_model": FieldSpec(int, low=1, high=1 << 20),
+    "n_ctx": FieldSpec(int, low=1, high=1 << 24),
+    "d_vocab": FieldSpec(int, low=1, high=1 << 24),
+    "n_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "d_head": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "d_mlp": FieldSpec(int, low=1, high=1 << 22, optional=True),
+    "act_fn": FieldSpec(str, choices=ACT_FNS),
+    "attn_only": _FLAG,
+    "normalization_type": FieldSpec(str, choices=NORMALIZATION_TYPES, optional=True),
+    "normalization_placement": FieldSpec(str, choices=NORMALIZATION_PLACEMENTS),
+    "positional_embedding_type": FieldSpec(str, choices=POSITIONAL_EMBEDDING_TYPES),
+    "rotary_dim": FieldSpec(int, low=2, high=1 << 16, optional=True),
+    "rotary_base": _POSITIVE,
+    "rotary_scaling_factor": _POSITIVE,
+    "use_NTK_by_parts_rope": _FLAG,
+    "NTK_by_parts_factor": _POSITIVE,
+    "NTK_by_parts_low_freq_factor": _POSITIVE,
+    "NTK_by_parts_high_freq_factor": _POSITIVE,
+    "NTK_original_ctx_len": FieldSpec(int, low=1, high=1 << 24),
+    "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
+    "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "gated_mlp": _FLAG,
+    "parallel_attn_mlp": _FLAG,
+    "use_qk_norm": _FLAG,
+    "qk_norm_per_head": _FLAG,
+    "attn_scale": _OPTIONAL_POSITIVE,
+    "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
+    "output_logits_soft_cap": _OPTIONAL_POSITIVE,
+    "window_size": FieldSpec(int, low=1, high=1 << 24, optional=True),
+    "attn_types": FieldSpec(tuple, item_choices=ATTN_TYPES, optional=True),
+    "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
+    "use_attn_result": _FLAG,
+    "use_split_qkv_input": _FLAG,
+    "use_hook_mlp_in": _FLAG,
+    "use_attn_in": _FLAG,
+    "use_fused_kernels": _FLAG,
+    "dtype": FieldSpec(torch.dtype, choices=tuple(DTYPES.values())),
+    "device": FieldSpec(str),
+    "seed": FieldSpec(int, low=0, high=(1 << 63) - 1, optional=True),
+    "init_range": _OPTIONAL_POSITIVE,
+    "init_weights": _FLAG,
+    "model_name": FieldSpec(str),
+    "original_architecture": FieldSpec(str, optional=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HookedTransformerConfig:
+    """Shape and variant of a `HookedTransformer`; field names follow TransformerLens.
+
+    `n_heads` and `d_head` may each be left out when the other divides `d_model`; attention
+    weights are stored per head (`W_Q: [head d_model d_head]`), so `d_model == n_heads *
+    d_head` is not otherwise required. `d_vocab_out` defaults to `d_vocab`. `d_mlp` is
+    required unless `attn_only`; `act_fn` defaults to "relu", as in TransformerLens, so a
+    config ported from it builds the same MLP. `init_range` is the standard deviation of the normal
+    initialisation (default `0.8 / sqrt(d_model)`, as TransformerLens). `attn_scale` divides
+    the attention scores (default `sqrt(d_head)`). `seed` seeds the initialisation through a
+    private generator, so the global torch RNG is left untouched.
+
+    The variants real model families need:
+
+    - `n_key_value_heads`: grouped-query attention; query head `h` reads key/value head
+      `h // (n_heads // n_key_value_heads)`. None: one key/value head per query head.
+    - `gated_mlp`: `act(x @ W_gate) * (x @ W_in + b_in)` before `W_out` (SwiGLU, GeGLU).
+    - `parallel_attn_mlp`: attention and MLP both read `resid_pre` (GPT-NeoX, GPT-J).
+    - `normalization_placement`: "pre" (norm before each sublayer), "post" (norm of each
+      sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2).
+    - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
+      (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2).
+    - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
+    - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
+      (itself included) in "local" layers; None `attn_types` makes every layer local.
+    - rotary: `rotary_dim` dims of each head rotated in GPT-NeoX's half-split layout,
+      `rotary_base`, `rotary_scaling_factor` (linear scaling) and Llama 3's frequency
+      bands (`use_NTK_by_parts_rope` and its `NTK_*` parameters, TransformerLens's names).
+    - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
+      as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
+      are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
+      False writes everything out always, so a cached run is bit-for-bit the plain forward.
+    - `init_weights=False` leaves parameters uninitialised, for loading weights into.
+    """
+
+    n_layers: int
+    d_model: int
+    n_ctx: int
+    d_vocab: int
+    n_heads: int | None = None
+    d_head: int | None = None
+    d_mlp: int | None = None
+    # Choices are plain `str` here (see ACT_FNS etc.) so that a bad value gets our error,
+    # naming the closest valid choice, rather than a generic type-check failure.
+    act_fn: str = "relu"
+    attn_only: bool = False
+    normalization_type: str | None = "LN"
+    normalization_placement: str = "pre"
+    positional_embedding_type: str = "standard"
+    rotary_dim: int | None = None
+    rotary_base: float = 10000.0
+    rotary_scaling_factor: float = 1.0
+    use_NTK_by_parts_rope: bool = False
+    NTK_by_parts_factor: float = 8.0
+    NTK_by_parts_low_freq_factor: float = 1.0
+    NTK_by_parts_high_freq_factor: float = 4.0
+    NTK_original_ctx_len: int = 8192
+    d_vocab_out: int | None = None
+    n_key_value_heads: int | None = None
+    gated_mlp: bool = False
+    parallel_attn_mlp: bool = False
+    use_qk_norm: bool = False
+    qk_norm_per_head: bool = True
+    attn_scale: float | None = None
+    attn_scores_soft_cap: float | None = None
+    output_logits_soft_cap: float | None = None
+    window_size: int | None = None
+    attn_types: tuple[str, ...] | None = None
+    eps: float = 1e-5
+    use_attn_result: bool = False
+    use_split_qkv_input: bool = False
+    use_hook_mlp_in: bool = False
+    use_attn_in: bool = False
+    use_fused_kernels: bool = True
+    dtype: torch.dtype | str = torch.float32
+    device: str = "cpu"
+    seed: int | None = None
+    init_range: float | None = None
+    init_weights: bool = True
+    model_name: str = "custom"
+    original_architecture: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda field, value: object.__setattr__(self, field, value)
+        if isinstance(self.dtype, str):
+            if self.dtype not in DTYPES:
+                raise ValueError(
+                    f"unknown dtype {self.dtype!r}: {_closest(self.dtype, tuple(DTYPES))}"
+                )
+            set_("dtype", DTYPES[self.dtype])
+        if isinstance(self.attn_types, list):
+            set_("attn_types", tuple(self.attn_types))
+        for field in dataclasses.fields(self):
+            set_(field.name, check_field(field.name, getattr(self, field.name), FIELD_SPECS))
+        self._derive_heads()
+        self._check_variants()
+        for field, default in (
+            ("d_vocab_out", self.d_vocab),
+            ("attn_scale", math.sqrt(self.d_head)),
+            ("init_range", 0.8 / math.sqrt(self.d_model)),
+        ):
+            if getattr(self, field) is None:
+                set_(field, default)
+        if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
+            set_("rotary_dim", self.d_head - self.d_head % 2)
+        self._check_rotary()
+
+    def _derive_heads(self) -> None:
+        set_ = lambda field, value: object.__setattr__(self, field, value)
+        if self.n_heads is None and self.d_head is None:
+            raise ValueError("give n_heads or d_head (or both); got neither")
+        for known, missing in (("d_head", "n_heads"), ("n_heads", "d_head")):
+            if getattr(self, missing) is None:
+                if self.d_model % getattr(self, known):
+                    raise ValueError(
+                        f"{missing} was left out, so d_model must be a multiple of {known}; "
+                        f"got d_model={self.d_model}, {known}={getattr(self, known)}"
+                    )
+                set_(missing, self.d_model // getattr(self, known))
+        kv = self.n_key_value_heads
+        if kv == self.n_heads:  # one key/value head per query head: no grouping
+            set_("n_key_value_heads", None)
+        elif kv is not None and self.n_heads % kv:
+            raise ValueError(
+                f"n_key_value_heads={kv} must divide n_heads={self.n_heads}: each key/value "
+                f"head serves a whole group of query heads"
+            )
+
+    def _check_variants(self) -> None:
+        if self.use_attn_in and self.use_split_qkv_input:
+            raise ValueError(
+                "use_attn_in and use_split_qkv_input are alternatives (one shared per-head "
+                "input, or one per q/k/v); set at most one"
+            )
+        if self.attn_only:
+            for flag in ("use_hook_mlp_in", "gated_mlp", "parallel_attn_mlp"):
+                if getattr(self, flag):
+                    raise ValueError(f"{flag}=True needs MLPs, but attn_only=True")
+        elif self.d_mlp is None:
+            raise ValueError(
+                "d_mlp is required for a model with MLPs (attn_only=False); "
+                "give d_mlp, e.g. 4 * d_model, or set attn_only=True"
+            )
+        if self.normalization_type is None and self.normalization_placement != "pre":
+            raise ValueError(
+                f"normalization_placement={self.normalization_placement!r} places norms, "
+                f"but normalization_type is None (no norms)"
+            )
+        if self.use_attn_in and self.n_key_value_heads not in (None, self.n_heads):
+            raise ValueError(
+                "use_attn_in gives every query head one input copy, which grouped keys and "
+                "values cannot share; use use_split_qkv_input (one copy per key/value head)"
+            )
+        if self.attn_types is not None:
+            if self.window_size is None:
+                raise ValueError("attn_types with 'local' layers needs window_size")
+            if len(self.attn_types) != self.n_layers:
+                raise ValueError(
+                    f"attn_types has {len(self.attn_types)} entries but n_layers="
+                    f"{self.n_layers}: give one 'global' or 'local' per layer"
+                )
+
+    def _check_rotary(self) -> None:
+        if self.positional_embedding_type != "rotary":
+            return
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head:
+            raise ValueError(
+                f"rotary_dim must be even and in 2..d_head={self.d_head}, got {self.rotary_dim}"
+            )
+        if self.use_NTK_by_parts_rope and not (
+            self.NTK_by_parts_low_freq_factor < self.NTK_by_parts_high_freq_factor
+        ):
+            raise ValueError(
+                f"NTK_by_parts_low_freq_factor={self.NTK_by_parts_low_freq_factor} must be "
+                f"below NTK_by_parts_high_freq_factor={self.NTK_by_parts_high_freq_factor}"
+            )
+
+    @property
+    def has_mlp(self) -> bool:
+        """Whether each block has an MLP sublayer."""
+        return not self.attn_only
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads per layer: `n_key_value_heads`, or `n_heads` without grouping."""
+        return self.n_heads if self.n_key_value_heads is None else self.n_key_value_heads
+
+    @property
+    def use_normalization_before_and_after(self) -> bool:
+        """TransformerLens's name for `normalization_placement == "pre_and_post"`."""
+        return self.normalization_placement == "pre_and_post"
+
+    def layer_attn_type(self, layer: int) -> str:
+        """ "local" (windowed) or "global" attention in block `layer`."""
+        if self.window_size is None:
+            return "global"
+        return "local" if self.attn_types is None else self.attn_types[layer]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict from which `from_dict` rebuilds this config."""
+        out = dataclasses.asdict(self)
+        out["dtype"] = next(name for name, dt in DTYPES.items() if dt == self.dtype)
+        if self.attn_types is not None:
+            out["attn_types"] = list(self.attn_types)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HookedTransformerConfig":
+        """Rebuild a config from `to_dict` output; unknown keys are an error that names them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config fields {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        """The config as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **changes: Any) -> "HookedTransformerConfig":
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)

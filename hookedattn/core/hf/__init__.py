@@ -1,0 +1,30 @@
+"""Import HuggingFace `transformers` models as HookedTransformers, exactly.
+
+    model = HookedTransformer.from_hf(hf_model)          # a live GPT2LMHeadModel, LlamaFor...
+    model = HookedTransformer.from_hf("path/to/dir", dtype=torch.bfloat16)   # local files
+
+One small private module per family (`_gpt2`, `_neox`, `_llama` for Llama, Mistral and Qwen2,
+`_qwen3`, `_gemma2`, `_olmo2`, `_phi3`), each a config translation and a table of tensor
+renames and reshapes (`Rule`, `Table`); `_importer` runs the same steps for every family and
+`_loading` reads a directory's safetensors files tensor by tensor. What is exported below
+is the package's API; the modules are its machinery. Nothing here assumes random weights: the
+same route loads real checkpoints for whoever has them locally. `transformers` is an
+optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
+the live models passed in.
+"""
+
+from hookedattn.core.hf._family import Family
+from hookedattn.core.hf._gpt2 import convert_gpt2_state_dict, gpt2_config
+from hookedattn.core.hf._importer import FAMILIES, SUPPORTED_ARCHITECTURES, from_hf
+from hookedattn.core.hf._table import Rule, Table
+
+__all__ = [
+    "FAMILIES",
+    "SUPPORTED_ARCHITECTURES",
+    "Family",
+    "Rule",
+    "Table",
+    "convert_gpt2_state_dict",
+    "from_hf",
+    "gpt2_config",
+]

@@ -1,0 +1,150 @@
+"""`from_hf`: a HookedTransformer with the weights of a HF model or model directory.
+
+The steps, the same for every family: find the family (by class, or by the directory's
+`model_type`), translate the config, check every HF tensor's name and shape against the
+config's table, build the model with its parameters left uninitialised (untouched memory
+costs nothing), convert tensor by tensor, and assign the converted tensors as the model's
+parameters (no second copy).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookedattn.core._weights_io import CheckpointError
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
+from hookedattn.core.hf._family import Family
+from hookedattn.core.hf._table import (
+    StateDict,
+    Table,
+    TensorSource,
+    axis_sizes,
+    check_source,
+    convert,
+    our_shape,
+)
+
+FAMILIES: tuple[Family, ...] = (
+    _gpt2.FAMILY,
+    _neox.FAMILY,
+    _llama.LLAMA,
+    _llama.MISTRAL,
+    _llama.QWEN2,
+    _qwen3.FAMILY,
+    _gemma2.FAMILY,
+    _olmo2.FAMILY,
+    _phi3.FAMILY,
+)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
+
+
+def from_hf(
+    cls: type,
+    source: Any,
+    *,
+    tokenizer: Any = None,
+    dtype: torch.dtype | str | None = None,
+    device: str | None = None,
+) -> Any:
+    """A `cls` (HookedTransformer) with the weights of a HF model or a local directory.
+
+    `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`)
+    or a directory holding its `config.json` and safetensors files (nothing is
+    downloaded); from a directory the tokenizer saved there (if any) comes too. `dtype` and
+    `device` default to those of the weights (as stored, for a directory).
+    """
+    if isinstance(source, str | Path):
+        path = Path(source)
+        _loading.check_directory(path)
+        hf_config, hf_model = _loading.read_config(path), None
+        family = family_of_config(hf_config)
+        tensors = _loading.SafetensorsFiles(_loading.safetensors_files(path))
+        tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
+        stored_dtype, stored_device = tensors.stored_dtype(), "cpu"
+    else:
+        family = family_of_model(source)
+        hf_config, hf_model, tensors = source.config, source, StateDict(source.state_dict())
+        weight = next(source.parameters())
+        stored_dtype, stored_device = weight.dtype, str(weight.device)
+    cfg = family.config(
+        hf_config,
+        stored_dtype if dtype is None else dtype,
+        stored_device if device is None else device,
+    )
+    table = family.table(hf_config, cfg, hf_model)
+    check_source(table, tensors, cfg)
+    return build(cls, cfg, table, tensors, tokenizer)
+
+
+def build(
+    cls: type, cfg: HookedTransformerConfig, table: Table, tensors: TensorSource, tokenizer: Any
+) -> Any:
+    """The model of `cfg` holding `table`'s conversion of `tensors`."""
+    model = cls(cfg.replace(init_weights=False), tokenizer=tokenizer)
+    _check_table(model, table, cfg)
+    with torch.no_grad():
+        converted = dict(convert(table, tensors, cfg, cfg.dtype, cfg.device))
+    model.load_state_dict(converted, strict=True, assign=True)
+    # The config describes the model as it now is: one built from it is initialised.
+    model.cfg = cfg
+    return model
+
+
+def _check_table(model: torch.nn.Module, table: Table, cfg: HookedTransformerConfig) -> None:
+    # The table and the model must agree before a tensor is read; a disagreement is ours (a
+    # family's table against the components), so it names both sides.
+    sizes = axis_sizes(cfg)
+    produced = {rule.ours: our_shape(rule, sizes) for rule in table.rules}
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    problems = sorted(set(expected) ^ set(produced)) + [
+        f"{name}: {produced[name]} instead of {shape}"
+        for name, shape in expected.items()
+        if name in produced and produced[name] != shape
+    ]
+    if problems:
+        raise CheckpointError(
+            f"the {table.label} table does not match the model it builds: {problems}"
+        )
+
+
+def family_of_model(hf_model: Any) -> Family:
+    """The family of a live HF model, by its class; anything else is named and refused."""
+    if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
+        raise TypeError(
+            f"from_hf takes a transformers model or a local directory, got "
+            f"{type(hf_model).__name__}"
+        )
+    classes = {c.__name__ for c in type(hf_model).__mro__}  # a subclass is its family too
+    for family in FAMILIES:
+        if family.architecture in classes:
+            return family
+    model_type = getattr(hf_model.config, "model_type", None)
+    hint = next(
+        (
+            f" (for {f.model_type}, pass the {f.architecture}, which has the unembedding)"
+            for f in FAMILIES
+            if f.model_type == model_type
+        ),
+        "",
+    )
+    raise ValueError(_unsupported(type(hf_model).__name__, model_type) + hint)
+
+
+def family_of_config(hf_config: Any) -> Family:
+    """The family of a directory's config, by its `model_type`."""
+    model_type = getattr(hf_config, "model_type", None)
+    for family in FAMILIES:
+        if family.model_type == model_type:
+            return family
+    names = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
+    raise ValueError(_unsupported(", ".join(names), model_type))
+
+
+def _unsupported(name: str, model_type: Any) -> str:
+    _loading.transformers_module()  # the ImportError that says how to install it, first
+    return (
+        f"cannot import {name} (model_type={model_type!r}): from_hf supports "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+    )

@@ -1,0 +1,123 @@
+"""Llama (`LlamaForCausalLM`), Mistral (`MistralForCausalLM`) and Qwen2 (`Qwen2ForCausalLM`),
+and the table the later Llama-like families (Qwen3, Gemma 2, OLMo 2) extend.
+
+Beyond GPT-2: RMSNorm, a gated MLP (`down(act(gate(x)) * up(x))`: our `W_gate`, `W_in`,
+`W_out`), grouped-query attention (`num_key_value_heads` < `num_attention_heads`: keys and
+values stored once per group as `_W_K`, `_W_V: [kv_head d_model d_head]`; query head `h`
+reads group `h // (head / kv_head)`, as HF's `repeat_kv`), rotary positions on the whole
+head, and mostly no biases. The three differ only in small ways:
+
+    Llama    `attention_bias` (q, k, v and o), `rope_parameters` "linear" or "llama3"
+    Mistral  a sliding window in every layer, no attention biases
+    Qwen2    q, k, v biases (none on o), a window on the layers past `max_window_layers`
+
+Every weight is an `nn.Linear` `[out in]`, so each one is transposed.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _translate
+from hookedattn.core.hf._family import Family, tied_unembedding
+from hookedattn.core.hf._table import Rule, Table, zeros
+
+L = "model.layers.{layer}"
+# Our norm name -> HF module name, for the usual two pre-norms.
+PRE_NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+
+
+def llama_like_rules(
+    cfg: HookedTransformerConfig,
+    *,
+    norms: Mapping[str, str] = PRE_NORMS,
+    qkv_bias: bool = False,
+    o_bias: bool = False,
+    norm_adjust: Callable[[Tensor], Tensor] | None = None,
+    embed_adjust: Callable[[Tensor], Tensor] | None = None,
+) -> list[Rule]:
+    """The rules of a Llama-like model (unexpanded); `norms` maps our block norm names to
+    HF's, `norm_adjust` and `embed_adjust` apply to every norm gain and to the embedding."""
+    grouped = cfg.n_key_value_heads is not None
+    kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if grouped else ("head", "W_K", "W_V")
+    a = f"{L}.self_attn"
+
+    def bias(ours: str, hf: str, axes: str, present: bool) -> Rule:
+        if not present:
+            return zeros(ours, axes)
+        return Rule(ours, hf, f"({axes}) -> {axes}" if " " in axes else f"{axes} -> {axes}")
+
+    def gain(ours: str, hf: str) -> Rule:
+        return Rule(ours, hf, "d_model -> d_model", adjust=norm_adjust)
+
+    b = "blocks.{layer}"
+    heads_in = "(head d_head) d_model -> head d_model d_head"
+    kv_in = f"({kv} d_head) d_model -> {kv} d_model d_head"
+    mlp_in, mlp_out = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
+    return [
+        Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
+             adjust=embed_adjust),
+        *(gain(f"{b}.{ours}.w", f"{L}.{hf}.weight") for ours, hf in norms.items()),
+        Rule(f"{b}.attn.W_Q", f"{a}.q_proj.weight", heads_in),
+        Rule(f"{b}.attn.{k_name}", f"{a}.k_proj.weight", kv_in),
+        Rule(f"{b}.attn.{v_name}", f"{a}.v_proj.weight", kv_in),
+        Rule(f"{b}.attn.W_O", f"{a}.o_proj.weight", "d_model (head d_head) -> head d_head d_model"),
+        bias(f"{b}.attn.b_Q", f"{a}.q_proj.bias", "head d_head", qkv_bias),
+        bias(f"{b}.attn.{k_name.replace('W', 'b')}", f"{a}.k_proj.bias", f"{kv} d_head", qkv_bias),
+        bias(f"{b}.attn.{v_name.replace('W', 'b')}", f"{a}.v_proj.bias", f"{kv} d_head", qkv_bias),
+        bias(f"{b}.attn.b_O", f"{a}.o_proj.bias", "d_model", o_bias),
+        Rule(f"{b}.mlp.W_gate", f"{L}.mlp.gate_proj.weight", mlp_in),
+        Rule(f"{b}.mlp.W_in", f"{L}.mlp.up_proj.weight", mlp_in),
+        zeros(f"{b}.mlp.b_in", "d_mlp"),
+        Rule(f"{b}.mlp.W_out", f"{L}.mlp.down_proj.weight", mlp_out),
+        zeros(f"{b}.mlp.b_out", "d_model"),
+        gain("ln_final.w", "model.norm.weight"),
+        Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
+        zeros("unembed.b_U", "d_vocab_out"),
+    ]  # fmt: skip
+
+
+def llama_like_table(
+    hf_config: Any, cfg: HookedTransformerConfig, rules: list[Rule], label: str
+) -> Table:
+    """`rules` expanded per block, with the tied unembedding and the ignored buffers."""
+    return Table(
+        rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
+        aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
+        ignored=(r"rotary_emb\.inv_freq$",),  # saved by older versions; derived from config
+        label=label,
+        base_prefix="model.",
+    )
+
+
+def llama_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a Llama, Mistral or Qwen 2 config."""
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError(
+            "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
+        )
+    return _translate.llama_like(hf_config)
+
+
+def llama_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+    """Llama: biases on q, k, v and o together, when `attention_bias`."""
+    bias = bool(getattr(hf_config, "attention_bias", False))
+    rules = llama_like_rules(cfg, qkv_bias=bias, o_bias=bias)
+    return llama_like_table(hf_config, cfg, rules, "Llama")
+
+
+def mistral_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+    """Mistral: no biases (its window is in the config)."""
+    return llama_like_table(hf_config, cfg, llama_like_rules(cfg), "Mistral")
+
+
+def qwen2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+    """Qwen2: biases on q, k and v, none on o."""
+    return llama_like_table(hf_config, cfg, llama_like_rules(cfg, qkv_bias=True), "Qwen2")
+
+
+LLAMA = Family("LlamaForCausalLM", "llama", llama_fields, llama_table)
+MISTRAL = Family("MistralForCausalLM", "mistral", llama_fields, mistral_table)
+QWEN2 = Family("Qwen2ForCausalLM", "qwen2", llama_fields, qwen2_table)

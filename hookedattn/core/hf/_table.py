@@ -1,0 +1,234 @@
+"""A family's conversion as a table: each of our tensors, the HF tensor it is read from, and
+the einops pattern that reshapes one into the other.
+
+    Rule("blocks.{layer}.attn._W_K", "model.layers.{layer}.self_attn.k_proj.weight",
+         "(kv_head d_head) d_model -> kv_head d_model d_head")
+
+`{layer}` expands to every block. The axis names are our glossary's (`head`, `kv_head`,
+`d_head`, `d_model`, `d_mlp`, `d_vocab`, `d_vocab_out`, `n_ctx`, and `qkv` = 3 for fused
+projections), sized from our config, so the left side of a pattern is also the shape the
+HF tensor must have: a checkpoint is checked against the config, tensor by tensor, before
+any tensor is read. A fused tensor is one rule per part, each `pick`ing its index of the
+pattern's first output axis; where the parts differ in size (Phi-3's q, k, v with grouped
+keys), each rule takes its `part` of the HF tensor's first axis, which is the pieces
+`split` lists one after another. A rule without an HF tensor is zeros (a bias the family does
+not have). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
+its scaled embedding); it receives the tensor already cast to the target dtype.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from hookedattn.core._weights_io import CheckpointError
+from hookedattn.core.config import HookedTransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One of our tensors, read from one HF tensor (or zeros, when `hf` is None)."""
+
+    ours: str
+    hf: str | None
+    pattern: str
+    pick: int | None = None
+    adjust: Callable[[Tensor], Tensor] | None = None
+    # The HF tensor's first axis as consecutive pieces (each a product of axis names, e.g.
+    # ("head d_head", "kv_head d_head", "kv_head d_head")); the rule reads piece `part`.
+    split: tuple[str, ...] | None = None
+    part: int = 0
+
+    def expand(self, n_layers: int) -> list["Rule"]:
+        """This rule for every block, when it names `{layer}`; else itself."""
+        if "{layer}" not in self.ours:
+            return [self]
+        return [
+            dataclasses.replace(
+                self,
+                ours=self.ours.format(layer=layer),
+                hf=None if self.hf is None else self.hf.format(layer=layer),
+            )
+            for layer in range(n_layers)
+        ]
+
+
+def zeros(ours: str, axes: str) -> Rule:
+    """A tensor the family does not have (a bias), as zeros of shape `axes`."""
+    return Rule(ours, None, f"-> {axes}")
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Named HF tensors: their shapes without reading them, and each one on demand."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+
+    def get(self, name: str) -> Tensor:
+        """The tensor called `name`, as stored: someone else's memory (a live model's
+        parameter, a view of a memory-mapped file), which no converted tensor shares."""
+        ...
+
+
+class StateDict:
+    """A live HF model's state dict as a `TensorSource`."""
+
+    def __init__(self, state_dict: Mapping[str, Tensor]) -> None:
+        self._tensors = state_dict
+        self.shapes = {name: tuple(t.shape) for name, t in state_dict.items()}
+
+    def get(self, name: str) -> Tensor:
+        """The tensor called `name`."""
+        return self._tensors[name]
+
+
+def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
+    """The size of every axis name a rule's pattern may use, from our config."""
+    return {
+        "d_model": cfg.d_model,
+        "d_head": cfg.d_head,
+        "head": cfg.n_heads,
+        "kv_head": cfg.n_key_value_heads or cfg.n_heads,
+        "d_mlp": cfg.d_mlp or 0,
+        "d_vocab": cfg.d_vocab,
+        "d_vocab_out": cfg.d_vocab_out,
+        "n_ctx": cfg.n_ctx,
+        "qkv": 3,
+    }
+
+
+def side_shape(side: str, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape one side of an einops pattern describes: `"(head d_head) d_model"` ->
+    `(n_heads * d_head, d_model)`."""
+    shape = []
+    for group in re.findall(r"\(([^)]*)\)|(\S+)", side):
+        names = (group[0] or group[1]).split()
+        size = 1
+        for name in names:
+            size *= sizes[name]
+        shape.append(size)
+    return tuple(shape)
+
+
+def hf_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape the HF tensor of `rule` must have (the whole tensor, when it is split)."""
+    shape = side_shape(rule.pattern.split("->")[0], sizes)
+    if rule.split is None:
+        return shape
+    return (sum(_pieces(rule, sizes)), *shape[1:])
+
+
+def _pieces(rule: Rule, sizes: Mapping[str, int]) -> list[int]:
+    return [side_shape(f"({piece})", sizes)[0] for piece in rule.split or ()]
+
+
+def our_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape `rule` produces."""
+    shape = side_shape(rule.pattern.split("->")[1], sizes)
+    return shape[1:] if rule.pick is not None else shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A whole model's rules, expanded per block, with the names HF may store them under."""
+
+    rules: tuple[Rule, ...]
+    # HF names that may stand for another (a tied unembedding absent from the file is the
+    # embedding; an older name of the same tensor).
+    aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # HF names that carry no weights (masks, rotary frequencies older versions saved).
+    ignored: tuple[str, ...] = ()
+    label: str = "HF"
+    # The base model's prefix ("transformer.", "model."): a checkpoint of the base model
+    # (as the original GPT-2 files are) stores every name without it.
+    base_prefix: str = ""
+
+    def source_names(self, present: Mapping[str, object]) -> dict[str, str]:
+        """For each HF name the rules read, the name it is stored under in `present`."""
+        found = {}
+        for rule in self.rules:
+            if rule.hf is None:
+                continue
+            names = (rule.hf, *self.aliases.get(rule.hf, ()))
+            candidates = (*names, *(n.removeprefix(self.base_prefix) for n in names))
+            found[rule.hf] = next((c for c in candidates if c in present), rule.hf)
+        return found
+
+
+def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfig) -> None:
+    """A `CheckpointError` listing every HF tensor missing, unexpected or misshapen."""
+    sizes = axis_sizes(cfg)
+    names = table.source_names(source.shapes)
+    missing = sorted({hf for hf, stored in names.items() if stored not in source.shapes})
+    read = set(names.values())
+    extra = sorted(
+        name
+        for name in source.shapes
+        if name not in read and not any(re.search(pattern, name) for pattern in table.ignored)
+    )
+    wrong = []
+    for rule in table.rules:
+        stored = names.get(rule.hf)
+        if stored in source.shapes and tuple(source.shapes[stored]) != hf_shape(rule, sizes):
+            entry = f"{stored}: {tuple(source.shapes[stored])} instead of {hf_shape(rule, sizes)}"
+            if entry not in wrong:
+                wrong.append(entry)
+    problems = [
+        f"{label} {items}"
+        for label, items in (("missing", missing), ("unexpected", extra), ("wrong shapes", wrong))
+        if items
+    ]
+    if problems:
+        raise CheckpointError(
+            f"the {table.label} state dict does not match its config: " + "; ".join(problems)
+        )
+
+
+def convert(
+    table: Table,
+    source: TensorSource,
+    cfg: HookedTransformerConfig,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> Iterator[tuple[str, Tensor]]:
+    """Each of our tensors in turn, in `dtype` on `device`, owning its memory.
+
+    One HF tensor is read per rule and dropped before the next, so converting holds the
+    finished tensors plus one HF tensor at a time; each is cast before it is reshaped, so a
+    bfloat16 checkpoint loaded as bfloat16 never passes through float32.
+    """
+    sizes = axis_sizes(cfg)
+    names = table.source_names(source.shapes)
+    for rule in table.rules:
+        if rule.hf is None:
+            yield rule.ours, torch.zeros(our_shape(rule, sizes), dtype=dtype, device=device)
+            continue
+        stored = source.get(names[rule.hf])
+        tensor = stored
+        if rule.split is not None:  # a view: only this piece is cast and copied
+            pieces = _pieces(rule, sizes)
+            tensor = tensor.narrow(0, sum(pieces[: rule.part]), pieces[rule.part])
+        tensor = tensor.to(device=device, dtype=dtype)
+        used = set(re.findall(r"\w+", rule.pattern))
+        axes = {name: size for name, size in sizes.items() if name in used}
+        tensor = rearrange(tensor, rule.pattern, **axes)
+        if rule.pick is not None:
+            tensor = tensor[rule.pick]
+        if rule.adjust is not None:
+            tensor = rule.adjust(tensor).to(dtype)
+        yield rule.ours, _owning(tensor, stored)
+
+
+def _owning(tensor: Tensor, stored: Tensor) -> Tensor:
+    """`tensor`, contiguous, in memory of its own: never a view of a live HF model's tensor
+    (which would then share our weights) or of a mapped file (whose pages would be read as
+    the model runs), nor a slice keeping a fused tensor alive."""
+    tensor = tensor.contiguous()
+    shares = tensor.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr()
+    if shares or tensor.untyped_storage().nbytes() != tensor.nbytes:
+        tensor = tensor.clone()
+    return tensor

@@ -1,0 +1,41 @@
+"""How each sublayer runs, apart from what it computes.
+
+The components (`hookedattn.core.components`) hold the equations; this package holds the
+schedule: one call per sublayer decides how its equation runs in this forward.
+
+    attend(attn, q, k, v, context)   written out, or one fused attention kernel, guarded
+    normalize(norm, x)               written out, or one fused norm kernel
+    FusedQKV                         q, k, v of one input by one product; kept weights
+    AttentionContext                 masks and positions every layer of a forward shares,
+                                     each mask built the first time a layer reads it
+
+Every path gives the equation's numbers to the dtype's rounding, and never hides or spreads
+a non-finite value; `use_fused_kernels=False` writes everything out, so that a cached run is
+bit for bit the plain forward.
+"""
+
+from hookedattn.core.kernels._attention import (
+    attend,
+    fused_attention,
+    fuses_attention,
+    masked,
+    weighted_values,
+)
+from hookedattn.core.kernels._masks import AttentionContext, attention_context, next_token_context
+from hookedattn.core.kernels._norm import fuses_norms, normalize
+from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
+
+__all__ = [
+    "AttentionContext",
+    "FusedQKV",
+    "attend",
+    "attention_context",
+    "fused_attention",
+    "fuses_attention",
+    "fuses_norms",
+    "keeping_fused_weights",
+    "masked",
+    "next_token_context",
+    "normalize",
+    "weighted_values",
+]

@@ -1,0 +1,140 @@
+"""How an attention sublayer computes `z`: its equation written out, or one fused kernel.
+
+The equation is `Attention.written_out` (scores, pattern, `z`, through their hook points).
+Where nothing reads the scores or the pattern in a forward, one fused kernel
+(`scaled_dot_product_attention`) computes the same `z` to the dtype's rounding without
+materialising them. Which one runs is decided per forward, from what is known at
+construction (`fuses_attention`: `use_fused_kernels`, and no soft cap, which no fused kernel
+applies) and whether a hook is attached to the scores or pattern (caching included).
+
+Non-finite values are never hidden and never spread: the fused result is kept only when its
+inputs and output are all finite. Otherwise the written-out equation runs, where a NaN or
+`inf` stays at the positions that read it. (A fused kernel adds the mask to the scores, so a
+NaN at a blocked key, or an overflowing score, plus -inf is NaN at every query; and torch's
+CPU kernel returns 0 rather than NaN for a NaN query or key at some sizes.) The check is
+one reduction per operand and one synchronisation per layer.
+"""
+
+import math
+from typing import Any
+
+import torch
+from einops import einsum, rearrange
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels._masks import AttentionContext
+
+Queries = Float[Tensor, "batch query_pos head d_head"]
+KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
+
+
+def fuses_attention(cfg: HookedTransformerConfig) -> bool:
+    """Whether attention built from `cfg` may run as one fused kernel (when unread)."""
+    return cfg.use_fused_kernels and cfg.attn_scores_soft_cap is None
+
+
+def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext) -> Queries:
+    """`z` of the attention sublayer `attn`: `attn.written_out(q, k, v, context)`, or the
+    same numbers by one fused kernel where `attn.fused` and no hook reads the scores or
+    pattern in this forward, and every value is finite."""
+    if not attn.fused or attn.hook_attn_scores.is_active or attn.hook_pattern.is_active:
+        return attn.written_out(q, k, v, context)
+    z = fused_attention(q, k, v, context, attn.attn_type, attn.attn_scale, attn.group)
+    # One reduction per operand, one synchronisation: a non-finite sum means some value
+    # is not finite (or the sum overflows, and then the equation runs for nothing worse).
+    if math.isfinite((z.sum() + q.sum() + k.sum() + v.sum()).item()):
+        return z
+    return attn.written_out(q, k, v, context)
+
+
+def fused_attention(
+    q: Queries,
+    k: KeyValues,
+    v: KeyValues,
+    context: AttentionContext,
+    kind: str,
+    attn_scale: float,
+    group: int,
+) -> Queries:
+    """`softmax(q k^T / attn_scale, blocked -> -inf) @ v` by one fused kernel.
+
+    The kernel takes `[batch head pos d_head]`: each operand has its `pos` and `head` axes
+    swapped in and out (`transpose(1, 2)`, a view; a plain call rather than `rearrange`,
+    whose parsing costs more than the kernel for one generated token).
+    """
+    allowed, is_causal = context.fused_mask(kind)
+    z = nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2),  # batch pos head d_head -> batch head pos d_head
+        k.transpose(1, 2),  # batch pos kv_head d_head -> batch kv_head pos d_head
+        v.transpose(1, 2),
+        attn_mask=allowed,
+        is_causal=is_causal,
+        scale=1.0 / attn_scale,
+        enable_gqa=group > 1,
+    )
+    return z.transpose(1, 2)  # batch head pos d_head -> batch pos head d_head
+
+
+def masked(
+    scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext, kind: str
+) -> Float[Tensor, "batch head query_pos key_pos"]:
+    """The scores with every blocked key's replaced by -inf.
+
+    Adding a 0/-inf mask is a quarter of the time of replacing (`masked_fill`), and gives
+    the same numbers wherever the scores are finite; a score that is not (an `inf` key, an
+    overflow) would make `-inf + inf` NaN, so then the blocked scores are replaced.
+    """
+    if math.isfinite(scores.sum().item()):  # one reduction, one synchronisation
+        return scores + context.additive(kind, scores.dtype)
+    return scores.masked_fill(context.blocked[kind], -torch.inf)
+
+
+def weighted_values(
+    pattern: Float[Tensor, "batch head query_pos key_pos"],
+    v: KeyValues,
+    blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
+) -> Queries:
+    """`z = pattern @ v`, each query head reading its group's values.
+
+    A blocked key has weight 0, but `0 * inf` is NaN: where some value is not finite, each
+    query's sum runs over the keys it may read only, so that a NaN later in the sequence
+    never reaches earlier positions.
+    """
+    kv_heads = v.shape[2]
+    pattern = rearrange(
+        pattern,
+        "batch (kv_head group) query_pos key_pos -> batch kv_head group query_pos key_pos",
+        kv_head=kv_heads,
+    )
+    if not math.isfinite(v.sum().item()):  # a NaN or inf anywhere (or a sum that overflows)
+        return _weighted_values_masked(pattern, v, blocked)
+    z = einsum(
+        pattern,
+        v,
+        "batch kv_head group query_pos key_pos, batch key_pos kv_head d_head "
+        "-> batch query_pos kv_head group d_head",
+    )
+    return rearrange(
+        z, "batch query_pos kv_head group d_head -> batch query_pos (kv_head group) d_head"
+    )
+
+
+def _weighted_values_masked(
+    pattern: Float[Tensor, "batch kv_head group query_pos key_pos"],
+    v: KeyValues,
+    blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
+) -> Queries:
+    # The terms pattern * v one by one, blocked ones replaced by exact zeros, then summed.
+    blocked = rearrange(
+        blocked.expand(pattern.shape[0], -1, -1, -1)[:, :1],
+        "batch one query_pos key_pos -> batch one 1 query_pos key_pos 1",
+    )
+    terms = rearrange(pattern, "batch kv group q k -> batch kv group q k 1") * rearrange(
+        v, "batch k kv d_head -> batch kv 1 1 k d_head"
+    )
+    z = terms.masked_fill(blocked, 0.0).sum(dim=-2)
+    return rearrange(
+        z, "batch kv_head group query_pos d_head -> batch query_pos (kv_head group) d_head"
+    )

@@ -1,0 +1,32 @@
+"""How a norm runs: its equation written out, or one fused kernel.
+
+The equation is the norm's `written_out` (centre, divide by the scale, apply the gain and
+bias, through `hook_scale` and `hook_normalized`). Where neither of those points has a
+hook in a forward, torch's `layer_norm` / `rms_norm` kernel computes the same numbers (to
+rounding) in one pass; `use_fused_kernels=False` writes every norm out always.
+"""
+
+from typing import Any
+
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.core.config import HookedTransformerConfig
+
+Normed = Float[Tensor, "batch pos *rest"]
+
+
+def fuses_norms(cfg: HookedTransformerConfig) -> bool:
+    """Whether norms built from `cfg` may run as one fused kernel (when unread)."""
+    return cfg.use_fused_kernels
+
+
+def normalize(norm: Any, x: Normed) -> Normed:
+    """`norm`'s output: `norm.written_out(x)`, or the same numbers by one fused kernel where
+    `norm.fused` and neither `hook_scale` nor `hook_normalized` has a hook."""
+    if not norm.fused or norm.hook_scale.is_active or norm.hook_normalized.is_active:
+        return norm.written_out(x)
+    w, b = norm.weight_and_bias()
+    if norm.centres:
+        return nn.functional.layer_norm(x, norm.shape, w, b, eps=norm.eps)
+    return nn.functional.rms_norm(x, norm.shape, w, eps=norm.eps)

@@ -1,0 +1,193 @@
+"""The key-value cache: keys and values of positions already run, so that generation runs
+each new token alone instead of the whole sequence again.
+
+This is the seed worklog's question "what happens in parallel, what in sequence" made
+concrete: a forward over `n` tokens computes all `n` positions at once, and running them one
+at a time against this cache gives the same numbers, because position `i` only ever reads
+keys and values of positions `<= i`.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from hookedattn.core.config import HookedTransformerConfig
+
+
+class KeyValueCacheEntry:
+    """One layer's past keys and values, `[batch pos kv_head d_head]` (keys after rotation).
+
+    Appending stores the new positions in buffers with room to spare (doubled when full),
+    so that a generation step copies its own token, not the whole past again;
+    `past_keys` and `past_values` are views of the filled part. Tensors given to the
+    constructor are never written to: the first append copies them into a buffer.
+    """
+
+    def __init__(
+        self,
+        past_keys: Float[Tensor, "batch pos head d_head"],
+        past_values: Float[Tensor, "batch pos head d_head"],
+        frozen: bool = False,
+    ) -> None:
+        self.frozen = frozen
+        self._set(past_keys, past_values)
+
+    def _set(self, keys: Tensor, values: Tensor) -> None:
+        self._keys, self._values = keys, values
+        self._length = keys.shape[1]
+        self._owned = False  # whether the buffers are ours to write into
+
+    @property
+    def past_keys(self) -> Float[Tensor, "batch pos head d_head"]:
+        """The keys of the positions so far."""
+        return self._keys.narrow(1, 0, self._length)
+
+    @past_keys.setter
+    def past_keys(self, keys: Float[Tensor, "batch pos head d_head"]) -> None:
+        """Replace the past keys (read, never written to)."""
+        self._set(keys, self.past_values)
+
+    @property
+    def past_values(self) -> Float[Tensor, "batch pos head d_head"]:
+        """The values of the positions so far."""
+        return self._values.narrow(1, 0, self._length)
+
+    @past_values.setter
+    def past_values(self, values: Float[Tensor, "batch pos head d_head"]) -> None:
+        """Replace the past values (read, never written to)."""
+        self._set(self.past_keys, values)
+
+    def append(
+        self,
+        new_keys: Float[Tensor, "batch new_pos head d_head"],
+        new_values: Float[Tensor, "batch new_pos head d_head"],
+    ) -> tuple[
+        Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head"]
+    ]:
+        """Past and new keys and values together; stored unless the cache is frozen."""
+        if self.frozen:
+            return (
+                torch.cat([self.past_keys, new_keys], dim=1),
+                torch.cat([self.past_values, new_values], dim=1),
+            )
+        start, end = self._length, self._length + new_keys.shape[1]
+        if not self._owned or end > self._keys.shape[1]:
+            # Room to spare only once the entry grows again: a single append (a forward
+            # with the cache, a patching pass) gets what it needs, as a concatenation would.
+            capacity = max(end, 2 * start) if self._owned else end
+            self._keys = _grown(self.past_keys, new_keys, capacity)
+            self._values = _grown(self.past_values, new_values, capacity)
+            self._owned = True
+        self._keys.narrow(1, start, end - start).copy_(new_keys)
+        self._values.narrow(1, start, end - start).copy_(new_values)
+        self._length = end
+        return self.past_keys, self.past_values
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (undoing appends; the buffers are kept)."""
+        self._length = min(self._length, length)
+
+    def __repr__(self) -> str:
+        batch, pos, head, d_head = self.past_keys.shape
+        frozen = ", frozen" if self.frozen else ""
+        return f"KeyValueCacheEntry(batch={batch}, pos={pos}, head={head}, d_head={d_head}{frozen})"
+
+
+def _grown(
+    past: Float[Tensor, "batch pos head d_head"],
+    new: Float[Tensor, "batch new_pos head d_head"],
+    capacity: int,
+) -> Float[Tensor, "batch capacity head d_head"]:
+    """A buffer of `capacity` positions holding `past` (new positions are written after)."""
+    batch, n_past, head, d_head = past.shape
+    dtype = torch.promote_types(past.dtype, new.dtype)
+    buffer = torch.empty(batch, capacity, head, d_head, dtype=dtype, device=new.device)
+    buffer.narrow(1, 0, n_past).copy_(past)
+    return buffer
+
+
+@dataclasses.dataclass
+class KeyValueCache:
+    """Every layer's `KeyValueCacheEntry` and the attention mask of the positions so far.
+
+    Build an empty one with `KeyValueCache.empty(cfg, batch)` and pass it to the model's
+    forward as `past_kv_cache=`; each forward appends its positions. A frozen cache is read
+    but not extended (TransformerLens's `freeze()`).
+    """
+
+    entries: list[KeyValueCacheEntry]
+    previous_attention_mask: Int[Tensor, "batch pos"]
+    frozen: bool = False
+
+    @classmethod
+    def empty(
+        cls, cfg: HookedTransformerConfig, batch: int, device: str | torch.device | None = None
+    ) -> "KeyValueCache":
+        """A cache holding no positions yet, for a batch of `batch` sequences."""
+        device = cfg.device if device is None else device
+        shape = (batch, 0, cfg.n_kv_heads, cfg.d_head)
+        entries = [
+            KeyValueCacheEntry(
+                torch.empty(shape, dtype=cfg.dtype, device=device),
+                torch.empty(shape, dtype=cfg.dtype, device=device),
+            )
+            for _ in range(cfg.n_layers)
+        ]
+        mask = torch.empty(batch, 0, dtype=torch.long, device=device)
+        return cls(entries, mask)
+
+    @property
+    def length(self) -> int:
+        """How many positions the cache holds."""
+        return self.previous_attention_mask.shape[1]
+
+    @property
+    def batch(self) -> int:
+        """How many sequences the cache holds."""
+        return self.previous_attention_mask.shape[0]
+
+    def __getitem__(self, layer: int) -> KeyValueCacheEntry:
+        return self.entries[layer]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def freeze(self) -> None:
+        """Stop appending: later forwards read the cache but leave it as it is."""
+        self.frozen = True
+        for entry in self.entries:
+            entry.frozen = True
+
+    def unfreeze(self) -> None:
+        """Append again."""
+        self.frozen = False
+        for entry in self.entries:
+            entry.frozen = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All or nothing: if the body raises, every layer and the mask are as before it.
+
+        A forward that fails part-way (a hook raising in layer 1) would otherwise leave
+        layers of different lengths, and a retry would append its tokens twice.
+        """
+        lengths = [entry._length for entry in self.entries]
+        mask = self.previous_attention_mask
+        try:
+            yield
+        except BaseException:
+            for entry, length in zip(self.entries, lengths, strict=True):
+                entry.truncate(length)
+            self.previous_attention_mask = mask
+            raise
+
+    def extend_mask(self, new_mask: Int[Tensor, "batch new_pos"]) -> Int[Tensor, "batch all_pos"]:
+        """The mask of past and new positions together; stored unless frozen."""
+        mask = torch.cat([self.previous_attention_mask, new_mask.to(torch.long)], dim=1)
+        if not self.frozen:
+            self.previous_attention_mask = mask
+        return mask

@@ -1,0 +1,397 @@
+"""`HookedTransformer`: a GPT-style decoder built from hook points.
+
+    resid  = W_E[tokens] + W_pos[positions]          (hook_embed, hook_pos_embed)
+    resid  = block(resid)  for each block             (see components/block.py)
+    logits = ln_final(resid) @ W_U + b_U
+
+`forward` is that loop, after turning its input into a residual stream: text is tokenized
+and ids are checked (`_inputs.py`), and the masks and positions every attention layer
+shares are built once (`_masks.py`). Caching and editing happen at the hook points; the
+stacked weight views (`model.W_Q: [layer head d_model d_head]`, `QK`, `OV`) live in
+`_stacked_weights.py`.
+"""
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from hookedattn.core import (
+    _generation,
+    _inputs,
+    _pretrained,
+    _recording,
+    _tokenization,
+    _weights_io,
+    hf,
+    kernels,
+)
+from hookedattn.core._stacked_weights import StackedWeights
+from hookedattn.core._tl_names import TLNamesMixin
+from hookedattn.core.cache import ActivationCache
+from hookedattn.core.components.block import make_block
+from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
+from hookedattn.core.components.norm import make_norm
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import KeyValueCache
+from hookedattn.core.loss import lm_cross_entropy_loss
+
+Resid = Float[Tensor, "batch pos d_model"]
+Logits = Float[Tensor, "batch pos d_vocab_out"]
+
+
+class LogitsAndLoss(NamedTuple):
+    """What `forward(..., return_type="both")` returns; unpacks as `logits, loss`."""
+
+    logits: Logits
+    loss: Tensor
+
+
+class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
+    """A decoder-only transformer whose every activation passes through a named hook point.
+
+    Build one from a `HookedTransformerConfig` (random weights, seeded by `cfg.seed`), or
+    load one with `HookedTransformer.load(path)`. Weights are in circuits notation and are
+    also exposed stacked across layers: `model.W_Q` is `[layer head d_model d_head]`.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, tokenizer: Any = None) -> None:
+        super().__init__()
+        if not isinstance(cfg, HookedTransformerConfig):
+            raise TypeError(f"cfg must be a HookedTransformerConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [batch pos d_model]
+        if cfg.positional_embedding_type == "standard":
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()
+            self.embed_tokens = self._token_and_position_embedding
+        else:  # rotary models rotate q and k instead; "none" has no positional signal
+            self.embed_tokens = self._token_embedding
+        self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
+        self.ln_final = make_norm(cfg)
+        self.unembed = Unembed(cfg)
+        if cfg.init_weights:
+            self.init_weights()
+        self.setup()
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        # Loose annotations on purpose: bad input gets our own error, which names the
+        # expected shape or values, rather than a generic type-check failure.
+        input: Tensor | str | list[str],
+        return_type: str | None = "logits",
+        *,
+        loss_per_token: bool = False,
+        start_at_layer: Any = None,
+        stop_at_layer: Any = None,
+        tokens: Tensor | None = None,
+        attention_mask: Any = None,
+        past_kv_cache: KeyValueCache | None = None,
+    ) -> Any:
+        """Run the model.
+
+        `input` is token ids `[batch pos]` (or `[pos]`), a string or a list of strings
+        (tokenized, padded and masked), or, with `start_at_layer=L`, the residual stream
+        `[batch pos d_model]` entering block L (how a hand-made `X_IN` goes in; give
+        `tokens=` too for a loss). With `stop_at_layer=L` the residual stream entering
+        block L is returned and `return_type` is ignored. Layer bounds are ints in
+        `0..n_layers` with start <= stop. `return_type`: "logits", "loss" (mean next-token
+        cross-entropy, or per token with `loss_per_token`), "both" (a `LogitsAndLoss`), or
+        None. With `past_kv_cache` the cache is extended all or nothing: if anything in
+        the forward raises, the cache is left as it was.
+
+        The model itself is the code below: the input stage (`_inputs.prepare`: tokenize,
+        check, embed, masks), the blocks, the final norm and the unembedding, the loss.
+        """
+        with _transaction(past_kv_cache):
+            x = _inputs.prepare(
+                self,
+                input,
+                return_type=return_type,
+                start_at_layer=start_at_layer,
+                stop_at_layer=stop_at_layer,
+                tokens=tokens,
+                attention_mask=attention_mask,
+                past_kv_cache=past_kv_cache,
+            )
+            resid = self._blocks(x.resid, x.context, past_kv_cache, x.start, x.stop)
+            if stop_at_layer is not None:
+                return resid
+            logits = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        if x.tokens is None:
+            raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
+        loss = lm_cross_entropy_loss(logits, x.tokens, x.attention_mask, per_token=loss_per_token)
+        return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
+
+    def _blocks(
+        self,
+        resid: Resid,
+        context: AttentionContext,
+        past_kv_cache: KeyValueCache | None,
+        start: int,
+        stop: int,
+    ) -> Resid:
+        """Blocks `start..stop-1` in turn, each reading its layer of the KV cache (if any)."""
+        for layer in range(start, stop):
+            past = None if past_kv_cache is None else past_kv_cache[layer]
+            resid = self.blocks[layer](resid, context, past)
+        return resid
+
+    def _next_token_step(
+        self, tokens: Int[Tensor, "batch 1"], past_kv_cache: KeyValueCache
+    ) -> Float[Tensor, "batch d_vocab_out"]:
+        """One generation step: the logits after one more token per row, which follows
+        the cache's real (unpadded) tokens. `forward` without its input checks, for ids
+        the generation loop chose itself (hooks run as in any forward)."""
+        with past_kv_cache.transaction():
+            resid, context = _inputs.prepare_next_token(self, tokens, past_kv_cache)
+            resid = self._blocks(resid, context, past_kv_cache, 0, self.cfg.n_layers)
+            return self.unembed(self.ln_final(resid))[:, -1]
+
+    def _token_and_position_embedding(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
+        return self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))
+
+    def _token_embedding(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
+        return self.hook_embed(self.embed(tokens))
+
+    # ------------------------------------------------------------------ caching
+    def run_with_cache(
+        self,
+        *model_args: Any,
+        names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        pos_slice: int | slice | Sequence[int] | None = None,
+        **model_kwargs: Any,
+    ) -> tuple[Any, ActivationCache]:
+        """Run the model and record activations: returns `(output, ActivationCache)`.
+
+        `names_filter`: None (every hook point), a name, a list of names, or a predicate on
+        names; only the chosen activations are kept alive. `device`/`dtype` move or cast
+        them as they are recorded; `pos_slice` keeps only some positions (the query
+        position for scores and patterns; an int keeps its axis, of size 1).
+        `remove_batch_dim` needs a batch of 1. `incl_bwd=True` also differentiates the
+        output, which must then be a scalar (use `return_type="loss"`), and stores each
+        gradient under `name + "_grad"` (parameter `.grad`s are left untouched). Cached
+        tensors never change afterwards: they are copied only when a hook that could edit
+        them in place is attached.
+        """
+        return _recording.run_with_cache(
+            self,
+            model_args,
+            model_kwargs,
+            names_filter=names_filter,
+            device=device,
+            dtype=dtype,
+            remove_batch_dim=remove_batch_dim,
+            incl_bwd=incl_bwd,
+            pos_slice=pos_slice,
+        )
+
+    # ------------------------------------------------------------------ text in, text out
+    def tokenize(
+        self,
+        input: Any,
+        prepend_bos: bool | None = None,
+        padding_side: str = "right",
+    ) -> _tokenization.TokenizedText:
+        """Token ids and attention mask `[batch pos]` of a string or a list of strings.
+
+        The mask marks padding with 0; pass both on (`model(t.tokens,
+        attention_mask=t.attention_mask)`) and every real token gets the result it would
+        get alone. Strings passed to the forward get their mask the same way.
+        """
+        return _tokenization.tokenize(self, input, prepend_bos, padding_side)
+
+    def to_tokens(
+        self,
+        input: Any,
+        prepend_bos: bool | None = None,
+        padding_side: str = "right",
+    ) -> Int[Tensor, "batch pos"]:
+        """Token ids `[batch pos]` of a string or a list of strings, padded on `padding_side`.
+
+        BOS is prepended (by default, when the tokenizer has one); with left padding it
+        sits after the padding, before the prompt. The mask of a padded batch comes from
+        `tokenize`.
+        """
+        return _tokenization.tokenize(self, input, prepend_bos, padding_side).tokens
+
+    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None) -> list:
+        """Each token as a string: a list for a string or one sequence of ids `[pos]`/`[1
+        pos]`, and a list of lists for a list of strings."""
+        return _tokenization.to_str_tokens(self, input, prepend_bos)
+
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """The text of `[pos]` token ids (a string) or of `[batch pos]` (one per row)."""
+        return _tokenization.to_string(self, tokens)
+
+    def to_single_token(self, string: Any) -> int:
+        """The id of a string that is exactly one token."""
+        return _tokenization.to_single_token(self, string)
+
+    def get_token_position(
+        self,
+        single_token: Any,
+        input: Any,
+        mode: str = "first",
+        prepend_bos: bool | None = None,
+    ) -> int:
+        """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
+        return _tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
+
+    # Continue a prompt token by token (`hookedattn.core._generation`; its parameters are in the
+    # signature, as `help(model.generate)` shows).
+    generate = _generation.generate
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Normal(0, init_range) for weight matrices, zero biases, unit norm gains.
+
+        Drawn in float32 from a generator seeded by `cfg.seed` (the global RNG when None)
+        and then cast, so models of different dtypes from one seed hold the same weights.
+        """
+        generator = None
+        if self.cfg.seed is not None:
+            generator = torch.Generator().manual_seed(self.cfg.seed)
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1].removeprefix("_")  # grouped `_W_K` is a weight too
+            if leaf.startswith("W_"):
+                values = torch.randn(param.shape, generator=generator) * self.cfg.init_range
+                param.copy_(values.to(param.dtype))
+            elif leaf == "w":
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+    def to(self, *args: Any, **kwargs: Any) -> "HookedTransformer":
+        """`nn.Module.to`, keeping `cfg.dtype` and `cfg.device` true to the weights."""
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        super().to(*args, **kwargs)
+        changes = {}
+        if dtype is not None:
+            changes["dtype"] = dtype
+        if device is not None:
+            changes["device"] = str(device)
+        if changes:
+            self.cfg = dataclasses.replace(self.cfg, **changes)
+        return self
+
+    @contextlib.contextmanager
+    def keeping_fused_weights(self) -> Iterator[None]:
+        """Within this scope, keep each layer's fused q/k/v weights between forwards.
+
+        Generation runs one token at a time, where copying the weights side by side costs
+        as much as the product itself; this keeps the copy (rebuilt whenever a weight
+        changes) until the scope ends, at the cost of one more copy of the attention
+        weights in memory meanwhile.
+        """
+        with kernels.keeping_fused_weights(self):
+            yield
+
+    def saes(self, saes: Any, use_error_term: bool = True) -> Any:
+        """Splice sparse autoencoders at their hook points for a `with` block (`hookedattn.sae`)."""
+        from hookedattn.sae.splice import spliced  # the SAE package builds on this module's peers
+
+        return spliced(self, saes, use_error_term)
+
+    def copy(self) -> "HookedTransformer":
+        """An independent deep copy (weights, config and attached hooks)."""
+        return copy.deepcopy(self)
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, path: str | Path) -> Path:
+        """Write `model.safetensors` and `config.json` into the directory `path`."""
+        return _weights_io.save(self, path)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> "HookedTransformer":
+        """Rebuild a model saved with `save` (no pickle: loading cannot run code).
+
+        Weights load in the dtype the checkpoint's config names; `dtype=` converts them
+        (the only way a float width changes on load).
+        """
+        return _weights_io.load(cls, path, device=device, dtype=dtype)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name: str,
+        *,
+        checkpoint_index: int | None = None,
+        checkpoint_value: int | None = None,
+        device: str | None = None,
+    ) -> "HookedTransformer":
+        """Load a shipped model (offline, from package data), with its `ByteTokenizer`.
+
+        `hookedattn.list_pretrained()` lists the names; `checkpoint_value` (a training step)
+        or `checkpoint_index` loads an intermediate checkpoint. See `hookedattn.core._pretrained`.
+        """
+        return _pretrained.load_pretrained(
+            cls,
+            model_name,
+            checkpoint_index=checkpoint_index,
+            checkpoint_value=checkpoint_value,
+            device=device,
+        )
+
+    @classmethod
+    def from_hf(
+        cls,
+        hf_model: Any,
+        *,
+        tokenizer: Any = None,
+        dtype: torch.dtype | str | None = None,
+        device: str | None = None,
+    ) -> "HookedTransformer":
+        """Import a `transformers` causal LM, or a local directory holding one.
+
+        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2, OLMo 2 and Phi-3
+        (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional `transformers` (`pip
+        install hookedattn[hf]`); nothing is downloaded: a directory is read from its
+        safetensors files one tensor at a time, converted to `dtype` as it is read.
+        """
+        return hf.from_hf(cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
+
+    # ------------------------------------------------------------------ input checks
+    def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:
+        """Checked token ids `[batch pos]` of ids or text (the input stage's check, for the
+        generation loop and the TransformerLens facade)."""
+        return _inputs.as_tokens(self, input)
+
+
+@contextlib.contextmanager
+def _transaction(past_kv_cache: KeyValueCache | None) -> Iterator[None]:
+    """The KV cache's all-or-nothing extension, or nothing without a cache."""
+    if past_kv_cache is None:
+        yield
+        return
+    with past_kv_cache.transaction():
+        yield

@@ -1,0 +1,276 @@
+"""Weight processing: new models whose weights read more simply and compute the same thing.
+
+Each function returns a NEW model (the input is never changed; hooks are not carried
+over; the tokenizer and train/eval mode are) and says exactly what it preserves:
+
+    fold_layer_norm         logits and every activation except the norms' `hook_out`
+    center_writing_weights  logits and normalised activations; the residual stream loses
+                            its mean component (LayerNorm models only)
+    center_unembed          log-probabilities; logits shift by a constant per position
+    fold_value_biases       logits; `hook_v`, `hook_z`, `hook_result` lose `b_V`
+    process_weights         all of the above that apply, in that order (TransformerLens's
+                            `process_weights_`, without mutating anything)
+
+The arithmetic runs in float64 and is cast back once, so a float32 model changes by one
+rounding, not by the rounding of each step.
+
+On the composed block shapes: an RMSNorm's gain (Gemma's `1 + w`, stored as `w`) folds
+like a LayerNorm's; grouped keys and values fold into the stored `_W_K`, `_W_V` (`_b_K`,
+`_b_V`), and a gated MLP's norm into both `W_gate` and `W_in`. What no weight can absorb is
+refused by name: a norm after a sublayer (`normalization_placement` "post" or
+"pre_and_post"; its divisor depends on the sublayer's output), a LayerNorm bias before a
+gated MLP (`W_gate` has no bias to take it), and centring the unembedding under a soft cap
+on the logits (the cap does not commute with the shift). Norms of queries and keys
+(`use_qk_norm`) sit after the projections and keep their gains; folding the residual norms
+before them leaves their inputs unchanged.
+"""
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from einops import einsum, rearrange
+from torch import Tensor
+
+from hookedattn.core._weights_io import load_checked_state_dict
+from hookedattn.core.config import HookedTransformerConfig
+
+if TYPE_CHECKING:
+    from hookedattn.core.model import HookedTransformer
+
+State = dict[str, Tensor]
+Transform = Callable[[State, HookedTransformerConfig], HookedTransformerConfig]
+
+_PRE_FORM = {"LN": "LNPre", "LNPre": "LNPre", "RMS": "RMSPre", "RMSPre": "RMSPre"}
+_CENTRING_NORMS = ("LN", "LNPre")
+
+
+def fold_layer_norm(model: "HookedTransformer") -> "HookedTransformer":
+    """Fold each norm's gain `w` and bias `b` into the weights that read its output.
+
+    A norm followed by a linear map, `(w * x_hat + b) @ W + c`, equals
+    `x_hat @ (w[:, None] * W) + (b @ W + c)`: so `W_Q, W_K, W_V` (and `b_Q, b_K, b_V`) take
+    `ln1`'s gain and bias, `W_in, b_in` take `ln2`'s, `W_U, b_U` take `ln_final`'s, and the
+    norms become their weightless forms (`LN` -> `LNPre`, `RMS` -> `RMSPre`). For
+    LayerNorm the reading weights are also centred along `d_model` (their component along
+    the all-ones direction is multiplied by the mean of `x_hat`, which is zero).
+
+    Preserves: logits exactly, and every activation except the norms' `hook_out` (now
+    equal to `hook_normalized`, the stream before the gain and bias, itself unchanged). A
+    model already in a `Pre` form is accepted (its reading weights are centred, if
+    LayerNorm). A model without norms is refused, and so
+    is one whose norms cannot all be folded (module docstring): norms after the
+    sublayers, or a LayerNorm bias before a gated MLP.
+    """
+    return _processed(model, [_fold_layer_norm])
+
+
+def center_writing_weights(model: "HookedTransformer") -> "HookedTransformer":
+    """Remove the mean over `d_model` from every weight and bias that writes to the stream.
+
+    `W_E`, `W_pos`, `W_O`, `b_O`, `W_out`, `b_out` are centred, so the residual stream has
+    zero mean. Preserves the logits and every norm's output exactly, because every reader
+    of the stream is a LayerNorm, which subtracts the mean first: `LN(x + c) = LN(x)` for a
+    constant vector `c`. Changes: `hook_embed`, `hook_pos_embed`, `hook_resid_*`,
+    `hook_attn_out`, `hook_mlp_out`, `hook_result` (each by its mean). Refused for RMSNorm
+    and norm-free models, whose readers see the mean, so centring would change the model,
+    and for norms after the sublayers, which stand between `W_O`, `W_out` and the stream.
+    """
+    return _processed(model, [_center_writing_weights])
+
+
+def center_unembed(model: "HookedTransformer") -> "HookedTransformer":
+    """Remove the mean over the vocabulary from `W_U` (each row) and from `b_U`.
+
+    Each position's logits shift by one constant (the mean logit), so log-probabilities,
+    probabilities, the loss and logit differences are preserved exactly; logits are not.
+    Refused for a model with a soft cap on its logits (`output_logits_soft_cap`): `c
+    tanh((l - m) / c)` is not `c tanh(l / c)` shifted, so probabilities would change.
+    """
+    return _processed(model, [_center_unembed])
+
+
+def fold_value_biases(model: "HookedTransformer") -> "HookedTransformer":
+    """Move each head's value bias into the output bias: `b_O += sum_h b_V[h] @ W_O[h]`.
+
+    Every row of an attention pattern sums to one (the mask never leaves a query with no
+    key), so `pattern @ (v + b_V) = pattern @ v + b_V`, and `b_V` reaches the output as the
+    constant `b_V @ W_O`. With grouped-query attention each key/value head's bias is summed
+    over the query heads that read it. Preserves: logits and `hook_attn_out` exactly (a
+    norm after the attention sees the same input). Changes: `hook_v`, `hook_z` and
+    `hook_result` (they no longer include `b_V`).
+    """
+    return _processed(model, [_fold_value_biases])
+
+
+def process_weights(
+    model: "HookedTransformer",
+    *,
+    fold_ln: bool = True,
+    center_writing_weights: bool = True,
+    center_unembed: bool = True,
+    fold_value_biases: bool = True,
+) -> "HookedTransformer":
+    """The usual processing for analysis, as a new model (TransformerLens's defaults).
+
+    Applies, in order, each step that is asked for and that preserves this model's
+    function: `fold_layer_norm` (skipped for a model without norms, or with norms it
+    cannot fold), `center_writing_weights` (skipped unless every reader of the stream is
+    a LayerNorm and no norm follows a sublayer), `center_unembed` (skipped under a soft
+    cap on the logits), `fold_value_biases`. Logits change only by `center_unembed`'s
+    per-position constant.
+    """
+    cfg = model.cfg
+    steps: list[Transform] = []
+    if fold_ln and _unfoldable(cfg) is None:
+        steps.append(_fold_layer_norm)
+    if center_writing_weights and _uncentrable(cfg) is None:
+        steps.append(_center_writing_weights)
+    if center_unembed and cfg.output_logits_soft_cap is None:
+        steps.append(_center_unembed)
+    if fold_value_biases:
+        steps.append(_fold_value_biases)
+    return _processed(model, steps)
+
+
+# ---------------------------------------------------------------------- state transforms
+# Each reads and replaces entries of a float64 state dict and returns the config the new
+# model is built from.
+
+
+def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
+    """Why the norms of a model with this config cannot be folded, or None if they can."""
+    if cfg.normalization_type is None:
+        return "this model has no normalisation layers to fold"
+    if cfg.normalization_placement != "pre":
+        return (
+            f"normalization_placement={cfg.normalization_placement!r} puts a norm after each "
+            f"sublayer (ln1_post, ln2_post), whose divisor depends on the sublayer's own "
+            f"output: no weight can absorb it (only placement 'pre' folds)"
+        )
+    if cfg.gated_mlp and cfg.normalization_type == "LN":
+        return (
+            "a LayerNorm bias before a gated MLP reaches W_gate, which has no bias to take "
+            "it (normalization_type='LN' with gated_mlp=True)"
+        )
+    return None
+
+
+def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    why = _unfoldable(cfg)
+    if why is not None:
+        raise ValueError(f"fold_layer_norm: {why}")
+    centre = cfg.normalization_type in _CENTRING_NORMS
+    for layer in range(cfg.n_layers):
+        attn, mlp = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
+        readers = [(f"{attn}.W_Q", f"{attn}.b_Q")]
+        for kind in "KV":  # grouped-query attention stores them as _W_K, _b_K, ...
+            grouped = f"{attn}._W_{kind}" in state
+            stored = f"{attn}._" if grouped else f"{attn}."
+            readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
+        _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
+        if cfg.has_mlp:
+            readers = [(f"{mlp}.W_in", f"{mlp}.b_in")]
+            if cfg.gated_mlp:
+                readers.append((f"{mlp}.W_gate", None))
+            _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
+    _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
+    return cfg.replace(normalization_type=_PRE_FORM[cfg.normalization_type])
+
+
+def _fold_into_readers(
+    state: State, norm: str, readers: list[tuple[str, str | None]], centre: bool
+) -> None:
+    """Rewrite each `(w * x + b_norm) @ W + b` as `x @ W' + b'` (W is `[... d_model out]`).
+
+    A reader without a bias (`W_gate`) takes the gain only; `_unfoldable` has refused a
+    norm bias it would have to take.
+    """
+    gain, bias = state.pop(f"{norm}.w", None), state.pop(f"{norm}.b", None)
+    for W_name, b_name in readers:
+        W = state[W_name]
+        if bias is not None and b_name is not None:
+            state[b_name] = state[b_name] + einsum(bias, W, "d_model, ... d_model out -> ... out")
+        if gain is not None:
+            W = W * gain[:, None]
+        # x is centred after a LayerNorm, so W's mean over d_model never reaches the output.
+        state[W_name] = _centred(W, dim=-2) if centre else W
+
+
+def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
+    """Why centring the writing weights would change this model, or None if it would not."""
+    if cfg.normalization_type not in _CENTRING_NORMS:
+        return (
+            f"center_writing_weights needs every reader of the residual stream to subtract "
+            f"its mean (LayerNorm: normalization_type 'LN' or 'LNPre'), but this model has "
+            f"normalization_type={cfg.normalization_type!r}: its readers see the mean, so "
+            f"removing it would change what the model computes"
+        )
+    if cfg.normalization_placement != "pre":
+        return (
+            f"center_writing_weights: with normalization_placement="
+            f"{cfg.normalization_placement!r} a norm after each sublayer writes to the "
+            f"stream, not W_O or W_out, and its output is not centred"
+        )
+    return None
+
+
+def _center_writing_weights(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    why = _uncentrable(cfg)
+    if why is not None:
+        raise ValueError(why)
+    writers = ["embed.W_E", "pos_embed.W_pos"]
+    for layer in range(cfg.n_layers):
+        writers += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
+        if cfg.has_mlp:
+            writers += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
+    for name in writers:
+        if name in state:
+            state[name] = _centred(state[name], dim=-1)
+    return cfg
+
+
+def _center_unembed(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    if cfg.output_logits_soft_cap is not None:
+        raise ValueError(
+            f"center_unembed: this model soft-caps its logits (output_logits_soft_cap="
+            f"{cfg.output_logits_soft_cap:g}), and c*tanh((logits - mean)/c) is not the capped "
+            f"logits shifted by a constant: probabilities would change"
+        )
+    state["unembed.W_U"] = _centred(state["unembed.W_U"], dim=-1)
+    state["unembed.b_U"] = _centred(state["unembed.b_U"], dim=-1)
+    return cfg
+
+
+def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    for layer in range(cfg.n_layers):
+        attn = f"blocks.{layer}.attn"
+        name = f"{attn}._b_V" if f"{attn}._b_V" in state else f"{attn}.b_V"
+        b_V, W_O = state[name], state[f"{attn}.W_O"]
+        # Query head h reads key/value head h // group: W_O's heads, grouped that way.
+        W_O = rearrange(
+            W_O, "(kv_head group) d_head d_model -> kv_head group d_head d_model", kv_head=len(b_V)
+        )
+        folded = einsum(b_V, W_O, "kv_head d_head, kv_head group d_head d_model -> d_model")
+        state[f"{attn}.b_O"] = state[f"{attn}.b_O"] + folded
+        state[name] = torch.zeros_like(b_V)
+    return cfg
+
+
+# ---------------------------------------------------------------------- building
+def _processed(model: "HookedTransformer", steps: list[Transform]) -> "HookedTransformer":
+    work_dtype = torch.float32 if model.cfg.device.startswith("mps") else torch.float64
+    state = {name: t.detach().to(work_dtype, copy=True) for name, t in model.state_dict().items()}
+    cfg = model.cfg
+    for step in steps:
+        cfg = step(state, cfg)
+    # Building a model draws its initial weights; keep the caller's global RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        new = type(model)(cfg, tokenizer=model.tokenizer)
+    load_checked_state_dict(new, state, source="processed weights")
+    new.train(model.training)
+    return new
+
+
+def _centred(x: Tensor, dim: int) -> Tensor:
+    return x - x.mean(dim=dim, keepdim=True)
