@@ -17,6 +17,7 @@ from torch import Tensor
 from analysis.tables import Table
 from hookedattn.core.names import get_act_name
 from hookedattn.core.tolerances import tolerance
+from hookedattn.viewer import html_table
 
 Stack = Float[Tensor, "component batch pos d_model"]
 
@@ -42,6 +43,9 @@ def _short_list(labels: tuple[str, ...], n: int = 6) -> str:
     if len(labels) <= n:
         return ", ".join(labels)
     return ", ".join(labels[: n - 2]) + ", ..., " + ", ".join(labels[-2:])
+
+
+MAX_TABLE_ROWS = 40  # a notebook table beyond this shows the largest entries only
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -106,10 +110,15 @@ class ResidStack:
             f"{dtype}: {_short_list(self.labels)}"
         )
 
-    def _repr_html_(self) -> str:
-        from analysis.view import resid_stack_table  # the view module imports this one
-
-        return resid_stack_table(self)
+    def _repr_html_(self, batch: int = 0, pos: int = -1) -> str:
+        """A notebook's table: each component's norm at one position (the largest, where
+        there are many)."""
+        table = self.to_table(batch, pos)
+        rows, note = table.rows, f"norms at batch {batch}, pos {pos}"
+        if len(rows) > MAX_TABLE_ROWS:
+            rows = self.top(MAX_TABLE_ROWS, batch, pos).rows
+            note += f"; the {MAX_TABLE_ROWS} largest of {len(table.rows)} (.to_table() has all)"
+        return html_table(table.columns, rows, f"{self!r}", note, shade=True)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -31,6 +31,7 @@ from analysis.tables import Table
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.patterns import record_patterns, stacked_patterns
+from hookedattn.viewer import html_table
 
 Target = Float[Tensor, "batch query_pos key_pos"]
 TargetFn = Callable[[Int[Tensor, "batch pos"]], Tensor]
@@ -116,9 +117,9 @@ class HeadScores:
         )
 
     def _repr_html_(self) -> str:
-        from analysis.view import head_scores_table  # the view module imports this one
-
-        return head_scores_table(self)
+        """A notebook's table: the `[layer head]` grid, the baseline above it."""
+        table = self.to_table()
+        return html_table(table.columns, table.rows, table.title, shade=True)
 
 
 def _score_patterns(

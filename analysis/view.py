@@ -24,7 +24,7 @@ from analysis.head_detectors import HeadScores
 from analysis.patching.result import PatchingResult
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
-from hookedattn.viewer import Page, attention, html_table, token_strings
+from hookedattn.viewer import Page, attention, token_strings
 
 __all__ = [
     "attention",
@@ -35,9 +35,6 @@ __all__ = [
     "patching_table",
     "resid_stack_table",
 ]
-
-MAX_TABLE_ROWS = 40  # a notebook table beyond this shows the largest entries only
-MAX_TABLE_CELLS = 24  # per axis of a patching grid shown as a table
 
 
 def _bars_page(
@@ -152,34 +149,15 @@ def patching(result: PatchingResult, title: str | None = None) -> Page:
 # --------------------------------------------------------------- notebook tables
 def resid_stack_table(stack: ResidStack, batch: int = 0, pos: int = -1) -> str:
     """The `_repr_html_` of a decomposition: each component's norm at one position."""
-    table = stack.to_table(batch, pos)
-    rows, note = table.rows, f"norms at batch {batch}, pos {pos}"
-    if len(rows) > MAX_TABLE_ROWS:
-        rows = stack.top(MAX_TABLE_ROWS, batch, pos).rows
-        note += f"; the {MAX_TABLE_ROWS} largest of {len(table.rows)} (.to_table() has all)"
-    return html_table(table.columns, rows, f"{stack!r}", note, shade=True)
+    return stack._repr_html_(batch, pos)
 
 
 def head_scores_table(scores: HeadScores) -> str:
     """The `_repr_html_` of head scores: a `[layer head]` grid, the baseline above it."""
-    table = scores.to_table()
-    return html_table(table.columns, table.rows, table.title, shade=True)
+    return scores._repr_html_()
 
 
 def patching_table(result: PatchingResult) -> str:
     """The `_repr_html_` of a patching result: its normalised scores as a grid (two axes
     that fit), or its largest effects, under the baselines."""
-    caption = (
-        f"{result.method}, {result.direction}, {result.kind} [{' '.join(result.axes)}]: "
-        f"clean {result.clean_baseline:.4g}, corrupted {result.corrupted_baseline:.4g}"
-    )
-    shape = result.shape
-    if len(shape) == 2 and max(shape) <= MAX_TABLE_CELLS:
-        columns = (f"{result.axes[0]} \\ {result.axes[1]}", *map(str, result.labels[1]))
-        grid = result.normalised.tolist()
-        rows = [(str(t), *grid[i]) for i, t in enumerate(result.labels[0])]
-        return html_table(columns, rows, caption, "normalised: 0 corrupted, 1 clean", shade=True)
-    k = min(10, math.prod(shape))
-    rows = [(label, score) for label, score in result.top(k)]
-    note = f"the {k} largest effects of {math.prod(shape)}; view.patching(result) shows all"
-    return html_table(("component", "normalised"), rows, caption, note, shade=True)
+    return result._repr_html_()

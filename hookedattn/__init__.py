@@ -58,6 +58,9 @@ from hookedattn.core import (
 
 _moved.install()
 
+# The SAE package registers `model.saes` with the core (which never imports it).
+from hookedattn import sae as _sae  # noqa: E402, F401
+
 __all__ = [
     "SVD",
     "ActivationCache",

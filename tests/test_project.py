@@ -31,6 +31,65 @@ def test_hookedattn_never_imports_analysis(path):
     assert "analysis" not in imported_modules(path)
 
 
+APPLICATIONS = ("store", "sae", "viewer", "training", "testing")
+
+
+@pytest.mark.parametrize(
+    "path", python_files("hookedattn/core"), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_the_core_never_imports_its_applications(path):
+    applications = {f"hookedattn.{app}" for app in APPLICATIONS}
+    imported = {".".join(name.split(".")[:2]) for name in imported_module_paths(path)}
+    assert not imported & applications
+
+
+def imported_module_paths(path: Path) -> set[str]:
+    """Every module path `path` imports (`from a.b import c` counts as `a.b.c` and `a.b`),
+    deferred and `TYPE_CHECKING` imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from a.b import c`: the module a.b.c, or (where c is a name) a.b itself.
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of hookedattn and analysis it imports (most specific match)."""
+    modules = {}
+    for path in python_files("hookedattn", "analysis"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        module: {r for n in imported_module_paths(path) if (r := resolve(n)) not in (None, module)}
+        for module, path in modules.items()
+    }
+
+
+def test_no_import_circles_in_hookedattn_or_analysis():
+    graph = _module_graph()
+    circles = []
+    for start in graph:  # a depth-first search from every module back to itself
+        stack, seen = [(start, [start])], set()
+        while stack:
+            module, route = stack.pop()
+            for nxt in graph[module]:
+                if nxt == start:
+                    circles.append(" -> ".join([*route, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*route, nxt]))
+    assert not circles, f"import circles: {sorted(set(circles))[:5]}"
+
+
 @pytest.mark.parametrize(
     "path",
     python_files("hookedattn", "analysis", "scripts"),

@@ -2,12 +2,16 @@
 
 import dataclasses
 import itertools
+import math
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from analysis._naming import component_label
+from hookedattn.viewer import html_table
+
+MAX_TABLE_CELLS = 24  # per axis of a patching grid shown as a table
 
 METHODS = ("activation patching", "path patching", "attribution patching")
 DIRECTIONS = ("denoising", "noising")
@@ -98,9 +102,24 @@ class PatchingResult:
         )
 
     def _repr_html_(self) -> str:
-        from analysis.view import patching_table  # the view module imports this one
-
-        return patching_table(self)
+        """A notebook's table: the normalised scores as a grid (two axes that fit), or the
+        largest effects, under the baselines."""
+        caption = (
+            f"{self.method}, {self.direction}, {self.kind} [{' '.join(self.axes)}]: "
+            f"clean {self.clean_baseline:.4g}, corrupted {self.corrupted_baseline:.4g}"
+        )
+        shape = self.shape
+        if len(shape) == 2 and max(shape) <= MAX_TABLE_CELLS:
+            columns = (f"{self.axes[0]} \\ {self.axes[1]}", *map(str, self.labels[1]))
+            grid = self.normalised.tolist()
+            rows = [(str(t), *grid[i]) for i, t in enumerate(self.labels[0])]
+            return html_table(
+                columns, rows, caption, "normalised: 0 corrupted, 1 clean", shade=True
+            )
+        k = min(10, math.prod(shape))
+        rows = [(label, score) for label, score in self.top(k)]
+        note = f"the {k} largest effects of {math.prod(shape)}; view.patching(result) shows all"
+        return html_table(("component", "normalised"), rows, caption, note, shade=True)
 
 
 @dataclasses.dataclass(frozen=True)

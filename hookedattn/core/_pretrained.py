@@ -22,14 +22,14 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hookedattn.core import _weights_io
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.tokenizers import ByteTokenizer
 
-if TYPE_CHECKING:
-    from hookedattn.core.model import HookedTransformer
+# A `HookedTransformer`, not imported by name: the model module imports this one.
+Model = Any
 
 PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 INDEX_FILE = "index.json"
@@ -106,14 +106,14 @@ def pretrained_info(name: str, directory: str | Path = PRETRAINED_DIR) -> Pretra
 
 
 def load_pretrained(
-    cls: type["HookedTransformer"],
+    cls: type,
     name: str,
     *,
     checkpoint_index: int | None = None,
     checkpoint_value: int | None = None,
     device: str | None = None,
     directory: str | Path = PRETRAINED_DIR,
-) -> "HookedTransformer":
+) -> Model:
     """Load a shipped model (or one of its checkpoints), with its `ByteTokenizer`.
 
     `checkpoint_value` is a training step, `checkpoint_index` a position in

@@ -23,7 +23,7 @@ bilinear in the stream, and `QK` (with every function built on it) refuses it by
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -32,13 +32,13 @@ from torch import Tensor
 from hookedattn.core.factored_matrix import FactoredMatrix
 from hookedattn.core.names import head_label
 
-if TYPE_CHECKING:
-    from hookedattn.core.model import HookedTransformer
+# A `HookedTransformer`, not imported by name: the model module imports this one.
+Model = Any
 
 Tokens = str | int | Sequence[str | int] | Tensor
 
 
-def QK(model: "HookedTransformer") -> FactoredMatrix:
+def QK(model: Model) -> FactoredMatrix:
     """Every head's QK circuit `W_Q @ W_K.T`, `[layer head d_model d_model]`, factored.
 
     `model.QK[layer]` is one layer's heads, `model.QK[layer, head]` one head. Refused for
@@ -48,7 +48,7 @@ def QK(model: "HookedTransformer") -> FactoredMatrix:
     return FactoredMatrix(model.W_Q, model.W_K.mT)
 
 
-def require_bilinear_scores(model: "HookedTransformer", what: str) -> None:
+def require_bilinear_scores(model: Model, what: str) -> None:
     """Raise a `ValueError` naming `what` if the model's attention scores are not bilinear.
 
     With `use_qk_norm` each query and key is divided by its own RMS (and multiplied by a
@@ -64,12 +64,12 @@ def require_bilinear_scores(model: "HookedTransformer", what: str) -> None:
         )
 
 
-def OV(model: "HookedTransformer") -> FactoredMatrix:
+def OV(model: Model) -> FactoredMatrix:
     """Every head's OV circuit `W_V @ W_O`, `[layer head d_model d_model]`, factored."""
     return FactoredMatrix(model.W_V, model.W_O)
 
 
-def W_E_pos(model: "HookedTransformer") -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
+def W_E_pos(model: Model) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
     """Token and positional embeddings stacked: `[d_vocab + n_ctx, d_model]`.
 
     Row `t < d_vocab` embeds token `t`, row `d_vocab + p` position `p`; the input to the
@@ -79,15 +79,13 @@ def W_E_pos(model: "HookedTransformer") -> Float[Tensor, "d_vocab_and_n_ctx d_mo
     return torch.cat([model.W_E, model.W_pos], dim=0)
 
 
-def all_head_labels(model: "HookedTransformer") -> list[str]:
+def all_head_labels(model: Model) -> list[str]:
     """`"L{layer}H{head}"` for every head, layer-major (the order of `[layer head]` flattened)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     return [head_label(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
-def tokens_to_residual_directions(
-    model: "HookedTransformer", tokens: Tokens
-) -> Float[Tensor, "*tokens d_model"]:
+def tokens_to_residual_directions(model: Model, tokens: Tokens) -> Float[Tensor, "*tokens d_model"]:
     """The unembedding direction of each token: column `W_U[:, t]`, shaped `[*tokens d_model]`.
 
     `tokens` is a token id, a string (exactly one token: `model.to_single_token`), a list
@@ -105,7 +103,7 @@ def tokens_to_residual_directions(
     return model.W_U.mT[ids.to(model.W_U.device)]
 
 
-def _token_ids(model: "HookedTransformer", tokens: Tokens) -> Tensor:
+def _token_ids(model: Model, tokens: Tokens) -> Tensor:
     if isinstance(tokens, Tensor):
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
             raise TypeError(f"token ids must be an integer tensor, got {tokens.dtype}")
@@ -120,7 +118,7 @@ def _token_ids(model: "HookedTransformer", tokens: Tokens) -> Tensor:
     )
 
 
-def _one_token(model: "HookedTransformer", token: object) -> int:
+def _one_token(model: Model, token: object) -> int:
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     if isinstance(token, str):

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 
 from hookedattn.core.config import HookedTransformerConfig
 
-if TYPE_CHECKING:
-    from hookedattn.core.model import HookedTransformer
+# A `HookedTransformer`, not imported by name: the model module imports this one.
+Model = Any
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -129,9 +129,7 @@ def _ints(values: Any) -> bool:
     )
 
 
-def save(
-    model: "HookedTransformer", path: str | Path, metadata: dict[str, Any] | None = None
-) -> Path:
+def save(model: Model, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
     """Write `config.json` (plus optional `metadata`) and `model.safetensors` into `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -179,11 +177,11 @@ def read_config(path: str | Path) -> tuple[HookedTransformerConfig, dict[str, An
 
 
 def load(
-    cls: type["HookedTransformer"],
+    cls: type,
     path: str | Path,
     device: str | None = None,
     dtype: torch.dtype | str | None = None,
-) -> "HookedTransformer":
+) -> Model:
     """Build a model from a checkpoint directory, checking every tensor against the config.
 
     The config is checked against the weights file's header before anything is built or

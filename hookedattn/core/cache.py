@@ -23,6 +23,7 @@ from torch import Tensor
 
 from hookedattn.core import _tl_names
 from hookedattn.core import names as _names
+from hookedattn.core._html import html_table
 
 CacheKey = str | tuple
 
@@ -169,8 +170,6 @@ class ActivationCache(Mapping[str, Tensor]):
 
     def _repr_html_(self) -> str:
         # A notebook shows the repr's table as HTML: its first line above, one row a name.
-        from hookedattn.viewer.tables import html_table  # the viewer imports this module
-
         rows = [
             (name, str(tuple(t.shape)), str(t.dtype).removeprefix("torch."), t.nbytes / 2**20)
             for name, t in self._data.items()

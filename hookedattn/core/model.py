@@ -63,6 +63,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     also exposed stacked across layers: `model.W_Q` is `[layer head d_model d_head]`.
     """
 
+    # `hookedattn.sae.spliced`, registered by the SAE package when it is imported.
+    sae_splicer: Callable[..., Any] | None = None
+
     def __init__(self, cfg: HookedTransformerConfig, tokenizer: Any = None) -> None:
         super().__init__()
         if not isinstance(cfg, HookedTransformerConfig):
@@ -312,10 +315,15 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             yield
 
     def saes(self, saes: Any, use_error_term: bool = True) -> Any:
-        """Splice sparse autoencoders at their hook points for a `with` block (`hookedattn.sae`)."""
-        from hookedattn.sae.splice import spliced  # the SAE package builds on this module's peers
+        """Splice sparse autoencoders at their hook points for a `with` block.
 
-        return spliced(self, saes, use_error_term)
+        The SAE package (`hookedattn.sae`, an application built on this core) provides the
+        splicing; importing it (as `import hookedattn` does) registers it here, so the core
+        never imports it.
+        """
+        if HookedTransformer.sae_splicer is None:
+            raise RuntimeError("model.saes needs the SAE package: import hookedattn.sae first")
+        return HookedTransformer.sae_splicer(self, saes, use_error_term)
 
     def copy(self) -> "HookedTransformer":
         """An independent deep copy (weights, config and attached hooks)."""

@@ -11,12 +11,17 @@
 Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features).
 """
 
+from hookedattn.core.model import HookedTransformer
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
 from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
 from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae, pretrained_sae_record
 from hookedattn.sae.splice import sae_hook_name, spliced
 from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
+
+# `model.saes(...)` splices through this package; the core never imports it, so it is
+# registered here (and `import hookedattn` imports this package).
+HookedTransformer.sae_splicer = staticmethod(spliced)
 
 __all__ = [
     "HOOK_NAMES",

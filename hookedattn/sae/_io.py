@@ -15,11 +15,11 @@ same SAE to SAELens, and `b_pre` is kept beside it for our loader to unfold.
 
 import json
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
 
-from hookedattn.sae.autoencoder import SparseAutoencoder
 from hookedattn.sae.config import DTYPES, SAEConfig
 
 CFG_FILE = "cfg.json"
@@ -29,7 +29,7 @@ _ACTIVATIONS = {v: k for k, v in _ARCHITECTURES.items()}
 _NO_NORMALIZATION = (None, "none")
 
 
-def save(sae: SparseAutoencoder, path: str | Path) -> Path:
+def save(sae: Any, path: str | Path) -> Path:
     """Write `sae` into the folder `path` (created if missing); returns the folder."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -63,8 +63,10 @@ def save(sae: SparseAutoencoder, path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> SparseAutoencoder:
-    """The SAE in folder `path` (ours or SAELens's); a `ValueError` says what is wrong."""
+def load(cls: type, path: str | Path) -> Any:
+    """The SAE (a `cls`, `SparseAutoencoder`) in folder `path` (ours or SAELens's); a
+    `ValueError` says what is wrong. The class is given, not imported: the autoencoder
+    module imports this one."""
     path = Path(path)
     missing = [f for f in (CFG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
     if missing:
@@ -79,7 +81,7 @@ def load(path: str | Path) -> SparseAutoencoder:
         raise ValueError(f"{path / CFG_FILE} is not valid JSON: {e}") from None
     cfg = _config(raw, path)
     tensors = safetensors.torch.load_file(str(path / WEIGHTS_FILE))
-    sae = SparseAutoencoder(cfg)
+    sae = cls(cfg)
     _fill(sae, tensors, path)
     return sae
 
@@ -120,7 +122,7 @@ def _config(raw: dict, path: Path) -> SAEConfig:
     )
 
 
-def _fill(sae: SparseAutoencoder, tensors: dict[str, torch.Tensor], path: Path) -> None:
+def _fill(sae: Any, tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Copy the file's tensors into `sae`, checking names and shapes."""
     c = sae.cfg
     targets = {n: getattr(sae, n) for n in ("W_enc", "W_dec", "b_enc", "b_dec")}

@@ -25,6 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.sae import _io
 from hookedattn.sae._activations import make_activation, make_pre_bias
 from hookedattn.sae.config import SAEConfig
 
@@ -124,16 +125,12 @@ class SparseAutoencoder(HookedRootModule):
 
     def save(self, path: str | Path) -> Path:
         """Write `cfg.json` and `sae_weights.safetensors` (SAELens's layout) into `path`."""
-        from hookedattn.sae import _io
-
         return _io.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "SparseAutoencoder":
         """Load an SAE saved by `save` or by SAELens (`cfg.json` + `sae_weights.safetensors`)."""
-        from hookedattn.sae import _io
-
-        return _io.load(path)
+        return _io.load(cls, path)
 
     def extra_repr(self) -> str:
         c = self.cfg

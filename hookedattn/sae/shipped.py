@@ -37,7 +37,7 @@ def load_pretrained_sae(model_name: str, hook_name: str, model: Any = None) -> S
         differ = weights_differ(model, record["model_weights_sha256"], trained_on)
         if differ is not None:
             raise ValueError(f"{differ}: retrain it ({record['command']})")
-    return _io.load(ROOT / model_name / hook_name)
+    return SparseAutoencoder.load(ROOT / model_name / hook_name)
 
 
 def pretrained_sae_record(model_name: str, hook_name: str) -> dict:
