@@ -131,7 +131,7 @@ def _patch_hook(
 def _axis_sizes(model: Any, tokens: Tensor, activation_name: str) -> dict[str, int]:
     n_pos, n_heads = tokens.shape[-1], model.cfg.n_heads
     if activation_name in ("k", "v"):  # grouped-query attention: one per key/value head
-        n_heads = getattr(model.cfg, "n_key_value_heads", None) or n_heads
+        n_heads = model.cfg.n_kv_heads
     sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": n_heads, "head_index": n_heads}
     return {**sizes, "src_pos": n_pos, "dest_pos": n_pos}
 

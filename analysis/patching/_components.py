@@ -54,7 +54,7 @@ KEY_VALUE_KINDS: frozenset[str] = frozenset(
 def n_heads_of(model: HookedTransformer, kind: str) -> int:
     """How many heads the activation `kind` has: key/value heads for keys and values."""
     cfg = model.cfg
-    return (cfg.n_key_value_heads or cfg.n_heads) if kind in KEY_VALUE_KINDS else cfg.n_heads
+    return cfg.n_kv_heads if kind in KEY_VALUE_KINDS else cfg.n_heads
 
 
 # A block mixes positions only where queries read keys and values. A patch at position p

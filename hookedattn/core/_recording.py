@@ -26,28 +26,6 @@ NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 PosSlice = int | slice | Sequence[int] | None
 
 
-def select_hook_points(model: HookedRootModule, names_filter: NamesFilter) -> list[HookPoint]:
-    """The hook points a `names_filter` selects; unknown names are a `KeyError`."""
-    if names_filter is None:
-        return list(model.hook_dict.values())
-    if isinstance(names_filter, str):
-        names_filter = [names_filter]
-    if callable(names_filter):
-        return [p for name, p in model.hook_dict.items() if names_filter(name)]
-    if not isinstance(names_filter, Sequence):
-        raise TypeError(
-            f"names_filter must be None, a name, a list of names or a predicate, "
-            f"got {type(names_filter).__name__}"
-        )
-    points = []
-    for name in names_filter:
-        full = name if "." in name else _names.get_act_name(name)
-        if full not in model.hook_dict:
-            raise KeyError(_names.unknown_name_message(name, model.hook_dict))
-        points.append(model.hook_dict[full])
-    return points
-
-
 def _pos_index(pos_slice: PosSlice) -> slice | Tensor | None:
     if pos_slice is None:
         return None
@@ -150,7 +128,7 @@ def run_with_cache(
     pos_slice: PosSlice = None,
 ) -> tuple[Any, ActivationCache]:
     """Run `model(*model_args, **model_kwargs)` recording the selected activations."""
-    points = select_hook_points(model, names_filter)
+    points = model.hook_points_for(names_filter)
     must_copy = any(not h.is_cache for h in model.attached_hooks())
     recorder = _Recorder(
         _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy

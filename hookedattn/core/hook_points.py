@@ -361,15 +361,41 @@ class HookedRootModule(nn.Module):
             return self(*model_args, **model_kwargs)
 
     # ----------------------------------------------------------------- resolving
-    def _resolve(self, name: NameOrFilter) -> list[HookPoint]:
-        if isinstance(name, str):
+    def hook_points_for(self, names: Any) -> list[HookPoint]:
+        """The hook points `names` selects, in forward order where a predicate chooses them:
+        None (every one), a full or short name (`"blocks.0.attn.hook_z"`, `"resid_pre"`
+        with its layer expanded by `names.get_act_name`), a list of names, or a predicate
+        on full names. An unknown name is a `KeyError` naming the closest valid ones.
+
+        The one resolver of hook names: `add_hook`, `hooks()`, `run_with_hooks` and
+        `run_with_cache(names_filter=)` all select through it.
+        """
+        if names is None:
+            return list(self.hook_dict.values())
+        if callable(names):
+            return [p for n, p in self.hook_dict.items() if names(n)]
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise TypeError(
+                f"hook points are chosen by None (all), a name, a list of names or a "
+                f"predicate on names, got {names!r}"
+            )
+        points = []
+        for name in names:
             full = _names.get_act_name(name) if "." not in name else name
             if full not in self.hook_dict:
                 raise KeyError(_names.unknown_name_message(name, self.hook_dict))
-            return [self.hook_dict[full]]
-        if callable(name):
-            return [p for n, p in self.hook_dict.items() if name(n)]
-        raise TypeError(f"a hook target is a hook name or a filter function of names, got {name!r}")
+            points.append(self.hook_dict[full])
+        return points
+
+    def _resolve(self, name: NameOrFilter) -> list[HookPoint]:
+        # A hook's target: one name or a predicate (None would attach everywhere by accident).
+        if name is None or not (isinstance(name, str) or callable(name)):
+            raise TypeError(
+                f"a hook target is a hook name or a filter function of names, got {name!r}"
+            )
+        return self.hook_points_for(name)
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:

@@ -40,7 +40,7 @@ def llama_like_rules(
 ) -> list[Rule]:
     """The rules of a Llama-like model (unexpanded); `norms` maps our block norm names to
     HF's, `norm_adjust` and `embed_adjust` apply to every norm gain and to the embedding."""
-    grouped = cfg.n_key_value_heads is not None
+    grouped = cfg.n_kv_heads != cfg.n_heads
     kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if grouped else ("head", "W_K", "W_V")
     a = f"{L}.self_attn"
 

@@ -28,7 +28,7 @@ def olmo2_fields(hf_config: Any) -> dict[str, Any]:
 def olmo2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
     """OLMo 2: Llama's table with post-norms only and whole-projection q/k norm gains."""
     bias = bool(getattr(hf_config, "attention_bias", False))
-    kv = "kv_head" if cfg.n_key_value_heads is not None else "head"
+    kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
     a = f"{L}.self_attn"
     rules = [
         *llama_like_rules(cfg, norms=NORMS, qkv_bias=bias, o_bias=bias),

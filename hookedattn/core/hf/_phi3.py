@@ -29,7 +29,7 @@ def phi3_fields(hf_config: Any) -> dict[str, Any]:
 
 def phi3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
     """Phi-3: Llama's table with q, k, v and gate, up read from their fused tensors."""
-    kv = "kv_head" if cfg.n_key_value_heads is not None else "head"
+    kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
     k_name, v_name = ("_W_K", "_W_V") if kv == "kv_head" else ("W_K", "W_V")
     qkv = ("head d_head", f"{kv} d_head", f"{kv} d_head")
     b, a, m = "blocks.{layer}", f"{L}.self_attn.qkv_proj.weight", f"{L}.mlp.gate_up_proj.weight"

@@ -92,7 +92,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_model": cfg.d_model,
         "d_head": cfg.d_head,
         "head": cfg.n_heads,
-        "kv_head": cfg.n_key_value_heads or cfg.n_heads,
+        "kv_head": cfg.n_kv_heads,
         "d_mlp": cfg.d_mlp or 0,
         "d_vocab": cfg.d_vocab,
         "d_vocab_out": cfg.d_vocab_out,
