@@ -4,7 +4,7 @@ process on a Llama-shaped random model written by `save_pretrained`.
 The test writes the checkpoint, then a subprocess imports it with `from_hf(directory)` and
 reports its resident set just before (after `transformers` and the config have been read,
 so that importing code is not counted as weights) and at its peak (`ru_maxrss`). The growth
-over the finished model's size must stay under 1.3; the README quotes the figure. The model
+over the finished model's size must stay under 1.3; the families guide quotes the figure. The model
 is ~400 MB: on a much smaller one the fixed costs (the largest tensor's file pages while it
 is copied, the model's own buffers) are a larger share than any real overhead.
 """

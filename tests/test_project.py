@@ -132,14 +132,14 @@ def test_every_public_function_and_class_has_a_docstring(path):
     assert public_definitions_without_docstring(path) == []
 
 
-def test_readme_hook_names_are_generated_from_the_code():
+def test_the_hook_name_page_is_generated_from_the_code():
     generated = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "hook_names.py")],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout.strip()  # fmt: skip
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("<!-- hook-names:start -->")[1].split("<!-- hook-names:end -->")[0]
-    assert section.strip() == generated, "run: python scripts/hook_names.py --write-readme"
+    page = (ROOT / "docs" / "hook-names.md").read_text()
+    section = page.split("<!-- hook-names:start -->")[1].split("<!-- hook-names:end -->")[0]
+    assert section.strip() == generated, "run: python scripts/hook_names.py --write"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -151,9 +151,9 @@ def test_ci_runs_the_readme_test_command():
     assert "-c constraints.txt" in commands[0]
 
 
-def _readme_folder_tree() -> set[str]:
-    """The folders the README's Design section lists, as paths from the root."""
-    readme = (ROOT / "README.md").read_text()
+def _design_folder_tree() -> set[str]:
+    """The folders the design page lists, as paths from the root."""
+    readme = (ROOT / "docs" / "design.md").read_text()
     block = readme.split("<!-- folder tree -->\n```\n", 1)[1].split("```", 1)[0]
     folders, parents = set(), {}
     for line in block.splitlines():
@@ -165,7 +165,7 @@ def _readme_folder_tree() -> set[str]:
     return folders
 
 
-def test_readme_folder_tree_lists_every_folder_of_the_repository():
+def test_the_design_page_lists_every_folder_of_the_repository():
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -176,7 +176,7 @@ def test_readme_folder_tree_lists_every_folder_of_the_repository():
         for depth in (1, 2)
         if len(parts) > depth
     }
-    assert _readme_folder_tree() == folders
+    assert _design_folder_tree() == folders
 
 
 def _exported_by(package: str) -> set[tuple[str, str]]:

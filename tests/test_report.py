@@ -38,11 +38,11 @@ def test_the_report_folder_holds_the_markdown_and_every_figure(tmp_path):
         assert section in text
     assert "[5/5]" in done.stderr  # the stages show progress
     held = re.search(r"(\d+)/(\d+) findings hold", done.stdout)
-    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "guide" / "shipped-models.md").read_text()
     claim = re.search(
-        r"On the\s+shipped\s+`bytes-attn-only-2l`[^,]*,\s+(\d+) of its (\d+) findings", readme
+        r"On the\s+shipped\s+`bytes-attn-only-2l`[^,]*,\s+(\d+) of its (\d+) findings", guide
     )
-    assert claim and claim.groups() == held.groups(), "the README's count of findings"
+    assert claim and claim.groups() == held.groups(), "the shipped-models guide's count of findings"
 
 
 def test_a_folder_that_cannot_be_written_is_a_clear_error(tmp_path):

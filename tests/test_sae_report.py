@@ -24,7 +24,7 @@ def model():
     model = HookedTransformer.from_pretrained(section.MODEL)
     record = pretrained_sae_record(section.MODEL, section.POINT)
     if weights_sha256(model) != record["model_weights_sha256"]:
-        pytest.skip("the shipped SAE predates the shipped model: retrain it (README)")
+        pytest.skip("the shipped SAE predates the shipped model: retrain it (docs/guide/saes.md)")
     return model
 
 
