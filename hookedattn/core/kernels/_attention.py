@@ -82,7 +82,7 @@ def masked(
 ) -> Float[Tensor, "batch head query_pos key_pos"]:
     """The scores with every blocked key's replaced by -inf.
 
-    Adding a 0/-inf mask is a quarter of the time of replacing (`masked_fill`), and gives
+    Adding a 0/-inf mask is cheaper than replacing the blocked scores (`masked_fill`), and gives
     the same numbers wherever the scores are finite; a score that is not (an `inf` key, an
     overflow) would make `-inf + inf` NaN, so then the blocked scores are replaced.
     """
