@@ -32,8 +32,11 @@ On every block shape the sum is exact:
   norm, and a LayerNorm's own bias is one more term (`L0_ln1_post_bias`).
 """
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
-from einops import einsum, rearrange
+from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
@@ -44,12 +47,33 @@ from analysis._sae_terms import feature_terms, sae_point
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
 from hookedattn.core.cache import ActivationCache
+from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import SparseAutoencoder
 
 GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "features")
-_Parts = list[tuple[tuple[str, ...], Float[Tensor, "component batch pos d_model"]]]
+Terms = Float[Tensor, "component batch pos d_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """Some of a decomposition's terms: their labels, and how to write them into their rows
+    of the result (which is allocated once, so that no term is copied after it is made)."""
+
+    labels: tuple[str, ...]
+    write: Callable[[Terms], None]
+
+
+def _given(labels: tuple[str, ...], terms: Terms) -> _Part:
+    return _Part(labels, lambda out: out.copy_(terms))
+
+
+def _bias(label: str, bias: Float[Tensor, " d_model"]) -> _Part:
+    return _Part((label,), lambda out: out.copy_(weight(bias, out).expand_as(out)))
+
+
+_Parts = list[_Part]
 
 
 def _resolve_point(model: HookedTransformer, layer: int | None, site: str) -> tuple[str, int]:
@@ -88,31 +112,79 @@ def _attn_parts(
     model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
 ) -> _Parts:
     if granularity == "sublayer":
-        return [((f"L{layer}_attn",), activation(cache, ("attn_out", layer))[None])]
-    results = head_results(model, cache, layer)
-    heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
-    labels = tuple(head_label(layer, h) for h in range(heads.shape[0]))
-    terms = torch.cat([heads, _broadcast(model.blocks[layer].attn.b_O, heads[0])])
-    labels = (*labels, f"L{layer}_attn_bias")
-    terms, labels = through_norm(model, cache, NormSite("ln1_post", layer), terms, labels)
-    return [(labels, terms)]
+        return [_given((f"L{layer}_attn",), activation(cache, ("attn_out", layer))[None])]
+    attn = model.blocks[layer].attn
+    labels = tuple(head_label(layer, h) for h in range(model.cfg.n_heads))
+    bias_label = f"L{layer}_attn_bias"
+    if _has_norm(model, "ln1_post", layer):
+        results = head_results(model, cache, layer)
+        heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
+        terms = torch.cat([heads, _broadcast(attn.b_O, heads[0])])
+        terms, labels = through_norm(
+            model, cache, NormSite("ln1_post", layer), terms, (*labels, bias_label)
+        )
+        return [_given(labels, terms)]
+    if ("result", layer) in cache or ("z", layer) not in cache:
+        # The cached results (or, with neither in the cache, head_results says what is missing).
+        results = head_results(model, cache, layer)
+        heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
+        return [_given(labels, heads), _bias(bias_label, attn.b_O)]
+    z = activation(cache, ("z", layer))
+
+    def write(out: Terms) -> None:
+        _head_writes_into(out, z, attn.W_O)
+
+    return [_Part(labels, write), _bias(bias_label, attn.b_O)]
+
+
+def _head_writes_into(
+    out: Float[Tensor, "head batch pos d_model"],
+    z: Float[Tensor, "batch pos head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+) -> None:
+    """`out[h] = z[..., h, :] @ W_O[h]`, one batched product written straight into `out`."""
+    z_heads = rearrange(z, "batch pos head d_head -> head (batch pos) d_head")
+    flat_out = out.view(out.shape[0], -1, out.shape[-1])  # head (batch pos) d_model, a view
+    torch.bmm(z_heads, weight(W_O, z), out=flat_out)
 
 
 def _mlp_parts(
     model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
 ) -> _Parts:
     if granularity != "neuron":
-        return [((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]
+        return [_given((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]
     post = activation(cache, ("post", layer))  # a gated MLP's too: act(gate) * linear
     mlp = model.blocks[layer].mlp
-    neurons = einsum(
-        post, weight(mlp.W_out, post), "batch pos d_mlp, d_mlp d_model -> d_mlp batch pos d_model"
-    )
-    labels = tuple(neuron_label(layer, n) for n in range(neurons.shape[0]))
-    terms = torch.cat([neurons, _broadcast(mlp.b_out, neurons[0])])
-    labels = (*labels, f"L{layer}_mlp_bias")
-    terms, labels = through_norm(model, cache, NormSite("ln2_post", layer), terms, labels)
-    return [(labels, terms)]
+    labels = tuple(neuron_label(layer, n) for n in range(post.shape[-1]))
+    bias_label = f"L{layer}_mlp_bias"
+    if _has_norm(model, "ln2_post", layer):
+        neurons = _neuron_writes(post, weight(mlp.W_out, post))
+        terms = torch.cat([neurons, _broadcast(mlp.b_out, neurons[0])])
+        terms, labels = through_norm(
+            model, cache, NormSite("ln2_post", layer), terms, (*labels, bias_label)
+        )
+        return [_given(labels, terms)]
+
+    def write(out: Terms) -> None:
+        torch.mul(_by_neuron(post), weight(mlp.W_out, post)[:, None, None, :], out=out)
+
+    return [_Part(labels, write), _bias(bias_label, mlp.b_out)]
+
+
+def _by_neuron(post: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "d_mlp batch pos 1"]:
+    return rearrange(post, "batch pos d_mlp -> d_mlp batch pos 1")
+
+
+def _neuron_writes(
+    post: Float[Tensor, "batch pos d_mlp"], W_out: Float[Tensor, "d_mlp d_model"]
+) -> Float[Tensor, "d_mlp batch pos d_model"]:
+    """Each neuron's write `post_n · W_out[n]`."""
+    return _by_neuron(post) * W_out[:, None, None, :]
+
+
+def _has_norm(model: HookedTransformer, site: str, layer: int) -> bool:
+    """Whether block `layer` has a real norm at `site` (a post norm: `ln1_post`, `ln2_post`)."""
+    return not isinstance(NormSite(site, layer).module(model), NoNorm)
 
 
 def decompose_resid(
@@ -155,8 +227,8 @@ def decompose_resid(
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
     else:
         parts = _parts(model, cache, site, layer, granularity)
-    labels = tuple(label for part_labels, _ in parts for label in part_labels)
-    components = torch.cat([tensor for _, tensor in parts])
+    components = _assembled(parts, activation(cache, "embed"))
+    labels = tuple(label for part in parts for label in part.labels)
     if check:
         target = activation(cache, get_act_name(site, layer))
         check_sums_to(
@@ -165,13 +237,23 @@ def decompose_resid(
     return Decomposition(components, labels, site, layer)
 
 
+def _assembled(parts: _Parts, like: Float[Tensor, "batch pos d_model"]) -> Terms:
+    """The parts' terms in one tensor, allocated once and written part by part."""
+    components = like.new_empty((sum(len(part.labels) for part in parts), *like.shape))
+    start = 0
+    for part in parts:
+        part.write(components[start : start + len(part.labels)])
+        start += len(part.labels)
+    return components
+
+
 def _parts(
     model: HookedTransformer, cache: ActivationCache, site: str, layer: int, granularity: str
 ) -> _Parts:
     """What wrote into the stream at `(site, layer)`, at a granularity of the model's own."""
-    parts: _Parts = [(("embed",), activation(cache, "embed")[None])]
+    parts: _Parts = [_given(("embed",), activation(cache, "embed")[None])]
     if model.cfg.positional_embedding_type == "standard":
-        parts.append((("pos_embed",), activation(cache, "pos_embed")[None]))
+        parts.append(_given(("pos_embed",), activation(cache, "pos_embed")[None]))
     n_whole = layer + 1 if site == "resid_post" else layer
     for block in range(n_whole):
         parts += _attn_parts(model, cache, block, granularity)
@@ -195,16 +277,16 @@ def _feature_parts(
             "granularity='features' needs the SAE that was spliced when the cache was "
             "recorded: decompose_resid(model, cache, ..., granularity='features', sae=sae)"
         )
-    at_sae = {label for labels, _ in _parts(model, cache, *sae_point(model, sae), "sublayer")
-              for label in labels}  # fmt: skip
+    at_sae = {label for part in _parts(model, cache, *sae_point(model, sae), "sublayer")
+              for label in part.labels}  # fmt: skip
     here = _parts(model, cache, site, layer, "sublayer")
-    if not at_sae <= {label for labels, _ in here for label in labels}:
+    if not at_sae <= {label for part in here for label in part.labels}:
         raise ValueError(
             f"the SAE reads {sae.cfg.hook_name}, after {get_act_name(site, layer)}: a feature "
             f"decomposition is of the SAE's point or a later one"
         )
-    later = [(labels, terms) for labels, terms in here if not at_sae & set(labels)]
-    return [feature_terms(cache, sae), *later]
+    later = [part for part in here if not at_sae & set(part.labels)]
+    return [_given(*feature_terms(cache, sae)), *later]
 
 
 def accumulated_resid(
