@@ -41,14 +41,14 @@ def _image(ax: plt.Axes, values: Tensor, title: str, **kwargs: object) -> object
     return image
 
 
-def _annotate(ax: plt.Axes, values: Tensor, vmax: float, size: int = 7) -> None:
+def _annotate(ax: plt.Axes, values: Tensor, vmax: float, size: int = 7, digits: int = 2) -> None:
     """Each cell's value, white on dark cells so that it stays readable."""
     rows, cols = values.shape
     for r in range(rows):
         for c in range(cols):
             value = float(values[r, c])
             ink = "white" if abs(value) > 0.6 * vmax else "black"
-            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=size, color=ink)
+            ax.text(c, r, f"{value:.{digits}f}", ha="center", va="center", fontsize=size, color=ink)
 
 
 def _outline(ax: plt.Axes, row: int, col: int) -> None:
@@ -83,7 +83,9 @@ def head_scores(out: Path, panels: list[tuple[str, Tensor, bool]], circuit: dict
         n_layers, n_heads = scores.shape
         ax.set_xticks(range(n_heads), [f"H{h}" for h in range(n_heads)])
         ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)])
-        _annotate(ax, scores, 1.0)
+        # Three decimals: the report compares these scores with thresholds such as 0.5, and
+        # 0.502 must not read as 0.50.
+        _annotate(ax, scores, 1.0, size=6, digits=3)
         for layer, head in circuit.values():
             _outline(ax, layer, head)
         fig.colorbar(image, ax=ax).set_label("score", fontsize=8)
@@ -173,15 +175,23 @@ def circuits(out: Path, matrices: dict[str, Tensor], titles: dict[str, str], cha
     """The two heads' circuits, two by two: positional QK, composed QK, direct QK, OV."""
     fig, axes = plt.subplots(2, 2, figsize=(10, 9.6), layout="constrained")
     for ax, key in zip(axes.flat, ("positional", "composed", "direct", "ov"), strict=True):
-        values = matrices[key]
+        values, title = matrices[key], titles[key]
+        limit = float(values.abs().max())
         if key == "positional":
             values = values[:32, :32].masked_fill(~torch.ones(32, 32, dtype=torch.bool).tril(), 0)
+            # The first few positions (`<bos>` and its neighbours) score several times more
+            # than the rest, and would set a scale on which the previous-token diagonal is
+            # faint: the scale is set by the queries from position 4 on, the first ones
+            # saturate, and the title says so.
+            limit = float(values[4:].abs().max())
+            title = (
+                f"{title}\nscale set by queries 4-31; queries 0-3 reach {values.abs().max():.0f}"
+            )
         else:
             ticks = range(0, len(chars), 4)
             ax.set_xticks(ticks, [chars[i] for i in ticks], family="monospace")
             ax.set_yticks(ticks, [chars[i] for i in ticks], family="monospace")
-        limit = float(values.abs().max())
-        image = _image(ax, values, titles[key], cmap=SIGNED_CMAP, vmin=-limit, vmax=limit)
+        image = _image(ax, values, title, cmap=SIGNED_CMAP, vmin=-limit, vmax=limit)
         x_label, y_label, bar_label = _CIRCUIT_LABELS[key]
         ax.set_xlabel(x_label, fontsize=8)
         ax.set_ylabel(y_label, fontsize=8)
@@ -201,7 +211,7 @@ def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
     )
     icl = [a - b for a, b in zip(history["repeat_first"], history["repeat_second"], strict=True)]
     top.plot(history["step"], icl, color="C0", lw=1, label="repeat ICL (first minus second copy)")
-    top.plot(d.steps, d.repeat_icl, "o", color="C0", ms=4)
+    top.plot(d.steps, d.repeat_icl, "o", color="C0", ms=4, label="repeat ICL (checkpoints)")
     text_icl = [-v for v in history["icl_score"]]
     top.plot(history["step"], text_icl, color="C2", lw=1, label="text ICL (early minus late)")
     top.set_ylabel("ICL (nats)")
@@ -211,6 +221,8 @@ def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
     right.plot(d.steps, d.induction, "s", color="C3", ms=4, label="induction score (checkpoints)")
     right.set_ylabel("induction score (best head)", color="C3")
     right.set_ylim(0, 1)
+    window_patch = top.axvspan(*window, color="gold", alpha=0.25, lw=0)
+    window_patch.set_label("ICL rising from 20% to 80% of its rise")
     handles = top.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     top.legend(handles=handles, fontsize=7, loc="center right")
     top.set_title(
@@ -229,13 +241,21 @@ def training_dynamics(out: Path, d: object, window: tuple[int, int]) -> str:
         d.steps, d.heldout, "o", color="k", ms=4, label="shipped checkpoints (128 other windows)"
     )
     bottom.legend(fontsize=7)
-    # The first evaluations (loss near ln 256) would flatten the rest, the bump included.
-    settled = history["heldout_loss"][len(history["step"]) // 10]
-    bottom.set_ylim(min(history["heldout_loss"]) - 0.05, settled + 0.05)
+    # The first evaluations (loss near ln 256) would flatten the rest, the bump included:
+    # a log scale keeps every evaluation on the axis and the bump visible.
+    bottom.set_yscale("log")
+    losses = history["heldout_loss"]
+    bottom.set_ylim(min(losses) * 0.97, max(losses) * 1.05)
+    ticks = [
+        t
+        for t in (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0)
+        if min(losses) * 0.97 <= t <= max(losses) * 1.05
+    ]
+    bottom.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    bottom.minorticks_off()
     bottom.set_ylabel("held-out loss (nats)")
     bottom.set_xlabel("training step")
-    for ax in (top, bottom):
-        ax.axvspan(*window, color="gold", alpha=0.25, lw=0)
+    bottom.axvspan(*window, color="gold", alpha=0.25, lw=0)
     return _save(fig, out, "training_dynamics.png")
 
 
@@ -249,12 +269,21 @@ def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> No
     _draw_losses_and_circuits(out, r, text)
 
 
+FIGURE_PERIOD = 20
+
+
+def figure_prompt() -> Tensor:
+    """`<bos>` and 20 random visible characters, twice: the attention figure's prompt, and
+    the attention page's, so that the page shows the sequence the figure and text describe."""
+    generator = torch.Generator().manual_seed(1)
+    segment = torch.randint(33, 127, (FIGURE_PERIOD,), generator=generator)
+    return torch.cat([torch.tensor([256]), segment, segment])[None]
+
+
 def _draw_attention(out: Path, model: object, r: object) -> None:
     c = r.circuit
     p, h = c.prev_head, c.induction_head
-    generator = torch.Generator().manual_seed(1)
-    segment = torch.randint(33, 127, (20,), generator=generator)  # visible characters
-    short = torch.cat([torch.tensor([256]), segment, segment])[None]
+    short = figure_prompt()
     with torch.no_grad():
         _, cache = model.run_with_cache(short, names_filter=lambda n: "pattern" in n)
     labels = ["<bos>"] + [chr(int(t)) for t in short[0, 1:]]
@@ -265,7 +294,7 @@ def _draw_attention(out: Path, model: object, r: object) -> None:
             f"L1H{h}: induction head": cache["pattern", 1][0, h],
         },
         labels,
-        period=20,
+        period=FIGURE_PERIOD,
     )
 
 

@@ -98,8 +98,9 @@ def _heads_section(r: object, P: str, H: str) -> str:
     return (
         f"## Two heads\n\n"
         f"![attention on a repeated sequence](attention_patterns.png)\n\n"
-        f"To explore every head on this prompt, open [attention.html](attention.html) in a "
-        f"browser (self-contained, offline): hover a token to see what it attends to.\n\n"
+        f"To explore every head on this sequence (`<bos>` and 20 random characters, twice), "
+        f"open [attention.html](attention.html) in a browser (self-contained, offline): hover "
+        f"a token to see what it attends to.\n\n"
         f"![head scores](head_scores.png)\n\n"
         f"**{H}, the strongest induction head**, puts {heads.induction[1, h]:.2f} of its "
         f"attention on the token *after* an earlier copy of the query token (uniform causal "

@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     say("drawing the figures and writing the report")
     text = {name: t.per_position for name, t in results.text.items()}
     figures.draw_all(out, two, results, text)
-    # The first repeated sequence, every head, as a page to explore beside the figures.
+    # The attention figure's sequence, every head, as a page to explore beside the figures.
     head = f"L1H{results.circuit.induction_head}"
-    view.attention(two, repeated_tokens()[:1], head=head).save(out / "attention.html")
+    view.attention(two, figures.figure_prompt(), head=head).save(out / "attention.html")
     features = feature_section(two, repeated_tokens(), PERIOD)  # the shipped SAE's features
     results = dataclasses.replace(
         results,
