@@ -1,6 +1,6 @@
 """QK and OV circuits of attention heads, alone and through the embedding and unembedding.
 
-Row-vector convention (see `hookedattn.core._weight_views`): a head's OV circuit is
+Row-vector convention (see `hookedattn.core.require_bilinear_scores`): a head's OV circuit is
 `W_V @ W_O` and its QK circuit `W_Q @ W_K.T`, both `[d_model d_model]`, rank <= d_head.
 The full circuits (Elhage et al. 2021, "Zero/One-Layer Attention-only Transformers") read
 them in token space:
@@ -43,7 +43,7 @@ attention (`ln1_post`) sits between the OV circuit and the stream, and `fold_ln_
 linearises it too (at the mean of its `hook_scale`). A soft cap on the scores is not part
 of the QK circuit (it squashes the score the circuit gives). Q/k norms make the scores
 non-bilinear: every QK function refuses such a model by name
-(`hookedattn.core._weight_views.require_bilinear_scores`); the OV circuits are unaffected.
+(`hookedattn.core.require_bilinear_scores`); the OV circuits are unaffected.
 """
 
 from typing import TYPE_CHECKING
@@ -53,7 +53,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core._weight_views import require_bilinear_scores
+from hookedattn.core import require_bilinear_scores
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.factored_matrix import FactoredMatrix

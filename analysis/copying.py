@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis._weight_scores import ScoresAgainstRandom, seeded_draws, upcast, wishart_factor
-from hookedattn.core._weight_views import require_bilinear_scores
+from hookedattn.core import require_bilinear_scores
 
 if TYPE_CHECKING:
     from hookedattn.core.model import HookedTransformer

@@ -27,7 +27,7 @@ from analysis.composition import CompositionScores, composition_scores
 from analysis.head_detectors import HeadScores, detect_head, induction_scores, prev_token_scores
 from analysis.patching import Component
 from hookedattn import ActivationCache, HookedTransformer, process_weights
-from hookedattn.core._pretrained import pretrained_info
+from hookedattn.core import pretrained_info
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.training.corpus import repeated_random_tokens
 

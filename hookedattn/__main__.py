@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hookedattn.core._pretrained import list_pretrained
+from hookedattn.core import list_pretrained
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import expand_key
 from hookedattn.core.tokenizers import ByteTokenizer

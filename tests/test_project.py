@@ -43,6 +43,21 @@ def test_the_core_never_imports_its_applications(path):
     assert not imported & applications
 
 
+@pytest.mark.parametrize(
+    "path",
+    [p for p in python_files("hookedattn", "analysis") if "core" not in p.parts],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_the_applications_and_analysis_use_the_cores_public_api(path):
+    private = {
+        name
+        for name in imported_module_paths(path)
+        if name.startswith("hookedattn.core.")
+        and any(part.startswith("_") for part in name.split(".")[2:])
+    }
+    assert not private, f"{path.name} imports private modules of the core: {sorted(private)}"
+
+
 def imported_module_paths(path: Path) -> set[str]:
     """Every module path `path` imports (`from a.b import c` counts as `a.b.c` and `a.b`),
     deferred and `TYPE_CHECKING` imports included."""

@@ -36,11 +36,13 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 from hookedattn.core import names, tolerances
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
-from hookedattn.core._weights_io import CheckpointError
+from hookedattn.core._weight_views import require_bilinear_scores
+from hookedattn.core._weights_io import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, read_config
 from hookedattn.core.cache import ActivationCache, CacheEditedError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
 from hookedattn.core.hook_points import HookedRootModule, HookPoint, LensHandle, is_hook_point
+from hookedattn.core.html import html_table
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer, LogitsAndLoss
@@ -60,13 +62,17 @@ from hookedattn.core.tokenizers import (
     SpecialTokens,
     Tokenizer,
     as_tokenizer,
+    is_text,
+    tokenizer_of,
 )
 
 # TransformerLens's names for the same things, so that code ports by changing imports.
 HookedTransformerKeyValueCache = KeyValueCache
 
 __all__ = [
+    "CONFIG_FILE",
     "SVD",
+    "WEIGHTS_FILE",
     "ActivationCache",
     "ByteTokenizer",
     "CacheEditedError",
@@ -93,13 +99,18 @@ __all__ = [
     "fold_layer_norm",
     "fold_value_biases",
     "get_act_name",
+    "html_table",
     "is_hook_point",
+    "is_text",
     "list_pretrained",
     "lm_cross_entropy_loss",
     "names",
     "pretrained_info",
     "process_weights",
+    "read_config",
     "record_patterns",
+    "require_bilinear_scores",
     "stacked_patterns",
+    "tokenizer_of",
     "tolerances",
 ]

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.core.tokenizers import Tokenizer, as_tokenizer
+from hookedattn.core.tokenizers import Tokenizer, is_text, tokenizer_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,23 +30,6 @@ class TokenizedText:
         batch, pos = self.tokens.shape
         n_pad = int((self.attention_mask == 0).sum())
         return f"TokenizedText(batch={batch}, pos={pos}, padding={n_pad})"
-
-
-def is_text(input: object) -> bool:
-    """Whether `input` is a string or a non-empty list of strings."""
-    if isinstance(input, str):
-        return True
-    return isinstance(input, list) and bool(input) and all(isinstance(i, str) for i in input)
-
-
-def tokenizer_of(model: Any) -> Tokenizer:
-    """The model's tokenizer behind our interface; a `ValueError` if it has none."""
-    if getattr(model, "tokenizer", None) is None:
-        raise ValueError(
-            "this model has no tokenizer, so it cannot read or write strings; pass token "
-            "ids, or build it with tokenizer= (e.g. hookedattn.ByteTokenizer())"
-        )
-    return as_tokenizer(model.tokenizer)
 
 
 def _bos(tokenizer: Tokenizer, prepend_bos: bool | None) -> list[int]:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from hookedattn.core import _tl_names
 from hookedattn.core import names as _names
-from hookedattn.core._html import html_table
+from hookedattn.core.html import html_table
 
 CacheKey = str | tuple
 

@@ -330,9 +330,10 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         return copy.deepcopy(self)
 
     # ------------------------------------------------------------------ I/O
-    def save(self, path: str | Path) -> Path:
-        """Write `model.safetensors` and `config.json` into the directory `path`."""
-        return _weights_io.save(self, path)
+    def save(self, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+        """Write `model.safetensors` and `config.json` into the directory `path`; `metadata`
+        (JSON-serialisable) is kept in `config.json` beside the config (`read_config`)."""
+        return _weights_io.save(self, path, metadata=metadata)
 
     @classmethod
     def load(

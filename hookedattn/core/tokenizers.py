@@ -305,3 +305,20 @@ def _check_text(text: object) -> str:
     if not isinstance(text, str):
         raise TypeError(f"expected a string to tokenize, got {type(text).__name__}")
     return text
+
+
+def is_text(input: object) -> bool:
+    """Whether `input` is a string or a non-empty list of strings."""
+    if isinstance(input, str):
+        return True
+    return isinstance(input, list) and bool(input) and all(isinstance(i, str) for i in input)
+
+
+def tokenizer_of(model: Any) -> Tokenizer:
+    """The model's tokenizer behind our interface; a `ValueError` if it has none."""
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError(
+            "this model has no tokenizer, so it cannot read or write strings; pass token "
+            "ids, or build it with tokenizer= (e.g. hookedattn.ByteTokenizer())"
+        )
+    return as_tokenizer(model.tokenizer)

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from hookedattn.core._tokenization import tokenizer_of
+from hookedattn.core import tokenizer_of
 
 DEFAULT_SOURCE = "stdlib-train"
 

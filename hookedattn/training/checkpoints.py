@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from hookedattn.core import _weights_io
+from hookedattn.core import CONFIG_FILE, CheckpointError, read_config
 from hookedattn.core.model import HookedTransformer
 from hookedattn.training.config import TrainConfig
 from hookedattn.training.evaluation import Evaluation
@@ -43,7 +43,7 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """The `(step, path)` of each complete checkpoint in `run_dir`, by step."""
     found = []
     for path in (Path(run_dir) / CHECKPOINTS_DIR).glob("step-*"):
-        complete = (path / _weights_io.CONFIG_FILE).is_file()
+        complete = (path / CONFIG_FILE).is_file()
         if complete and path.name[5:].isdigit():
             found.append((int(path.name[5:]), path))
     return sorted(found)
@@ -79,7 +79,7 @@ def save_checkpoint(
     # Written into a temporary directory and renamed, so a kill mid-write leaves no
     # half-checkpoint that resuming would pick up.
     partial = path.with_name(path.name + ".partial")
-    _weights_io.save(model, partial, metadata=record)
+    model.save(partial, metadata=record)
     save_file(_optimizer_tensors(model, optimizer), str(partial / OPTIMIZER_FILE))
     if path.exists():
         _remove_checkpoint(path)
@@ -112,7 +112,7 @@ def resume(
     The checkpoint must be of the same model config and `TrainConfig`, or resuming would
     silently continue another run.
     """
-    saved_cfg, record = _weights_io.read_config(path)
+    saved_cfg, record = read_config(path)
     if saved_cfg != model.cfg:
         raise ValueError(
             f"the checkpoint {path} is of a different model; resume with the same model "
@@ -128,9 +128,7 @@ def resume(
     try:
         tensors = load_file(str(path / OPTIMIZER_FILE))
     except (SafetensorError, OSError) as error:
-        raise _weights_io.CheckpointError(
-            f"{path / OPTIMIZER_FILE} cannot be read: {error}"
-        ) from error
+        raise CheckpointError(f"{path / OPTIMIZER_FILE} cannot be read: {error}") from error
     for name, param in model.named_parameters():
         keys = [k for k in tensors if k.startswith(name + "/")]
         optimizer.state[param] = {k.split("/", 1)[1]: tensors[k] for k in keys}

@@ -12,7 +12,7 @@ machinery. `python -m hookedattn view MODEL PROMPT -o attention.html` writes the
 page from the shell.
 """
 
-from hookedattn.core._html import html_table
+from hookedattn.core import html_table
 from hookedattn.viewer.attention import attention, attention_data
 from hookedattn.viewer.page import Page, float32_base64, script_json
 from hookedattn.viewer.tokens import token_strings

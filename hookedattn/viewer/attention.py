@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn.core._tokenization import is_text
+from hookedattn.core import is_text
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.patterns import record_patterns, stacked_patterns
