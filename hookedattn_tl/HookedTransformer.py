@@ -9,7 +9,6 @@ frozen), sharing the same parameters; `generate` samples by default, as TL does.
 """
 
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,15 +18,13 @@ from torch import Tensor
 import analysis
 from hookedattn.core import _tokenization, processing
 from hookedattn.core.config import DTYPES
-from hookedattn.core.hook_points import LensHandle
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
 from hookedattn_tl.ActivationCache import ActivationCache
-from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
+from hookedattn_tl.config import HookedTransformerConfig
+from hookedattn_tl.HookedRootModule import HookedRootModule
 from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
-
-NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 
 class _CallableLabels(list):
@@ -37,11 +34,25 @@ class _CallableLabels(list):
         return list(self)
 
 
-class HookedTransformer(_CoreModel):
+class HookedTransformer(HookedRootModule, _CoreModel):
     """`hookedattn.HookedTransformer` with TransformerLens 3.x's surface on top.
 
-    Built the same way (`HookedTransformer(cfg)`); every core method still works.
+    Built the same way (`HookedTransformer(cfg)`, `cfg` a config or a dict of its fields);
+    every core method still works, and the hook API is TL's (`hookedattn_tl.HookedRootModule`:
+    hook levels, `reset_hooks(clear_contexts, ...)` in TL's argument order).
     """
+
+    def __init__(self, cfg: Any, tokenizer: Any = None, move_to_device: bool = True) -> None:
+        if isinstance(cfg, dict):
+            cfg = HookedTransformerConfig.from_dict(cfg)
+        elif isinstance(cfg, str):
+            raise ValueError(
+                f"HookedTransformer({cfg!r}): a model name goes to "
+                f"HookedTransformer.from_pretrained; the constructor takes a config"
+            )
+        _CoreModel.__init__(self, cfg, tokenizer)
+        self.context_level = 0
+        self.is_caching = False
 
     # TL keeps these two in its (mutable) config; ours is frozen, so they live here, set
     # by from_pretrained or by assignment.
@@ -267,34 +278,6 @@ class HookedTransformer(_CoreModel):
         as TL's: `analysis.composition_scores(model, mode).scores`, in the weights' dtype."""
         scores = analysis.composition_scores(self, mode, n_samples=2).scores
         return scores.to(self.cfg.dtype)
-
-    # ------------------------------------------------------------------ hooks
-    def list_hooks(
-        self,
-        name_filter: NamesFilter = None,
-        dir: str = "both",
-        including_permanent: bool = True,
-    ) -> dict[str, list[LensHandle]]:
-        """The attached hooks by hook name (points without hooks left out)."""
-        if name_filter is None:
-            matches = lambda name: True
-        elif callable(name_filter):
-            matches = name_filter
-        elif isinstance(name_filter, str):
-            matches = lambda name: name == name_filter
-        else:
-            allowed = set(name_filter)
-            matches = lambda name: name in allowed
-        out = {}
-        for name, point in self.hook_dict.items():
-            handles = [
-                *(point.fwd_hooks if dir in ("fwd", "both") else ()),
-                *(point.bwd_hooks if dir in ("bwd", "both") else ()),
-            ]
-            handles = [h for h in handles if including_permanent or not h.is_permanent]
-            if handles and matches(name):
-                out[name] = handles
-        return out
 
     # ------------------------------------------------------------------ config toggles
     def set_use_attn_result(self, use_attn_result: bool) -> None:
