@@ -21,8 +21,10 @@ from hookedattn.core.config import DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
+from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.config import HookedTransformerConfig
+from hookedattn_tl.FactoredMatrix import FactoredMatrix
 from hookedattn_tl.HookedRootModule import HookedRootModule
 from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
 
@@ -220,8 +222,20 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         """TL's `generate`: samples by default; `freq_penalty` subtracts, before sampling,
         `freq_penalty` times the number of times each token already occurs.
 
-        `verbose` (TL's progress bar) is accepted and ignored.
+        `verbose` (TL's progress bar) is accepted and ignored. Without a tokenizer, text
+        input and `stop_at_eos` without `eos_token_id` raise `TLAssertionError` (a
+        `ValueError` that TL code catches as the `AssertionError` TL raises).
         """
+        if self.tokenizer is None:
+            if _tokenization.is_text(input):
+                raise TLAssertionError(
+                    "generate() got text, but this model has no tokenizer: pass token ids"
+                )
+            if stop_at_eos and eos_token_id is None:
+                raise TLAssertionError(
+                    "generate(stop_at_eos=True) needs eos_token_id= when the model has no "
+                    "tokenizer (or pass stop_at_eos=False)"
+                )
         options = dict(
             stop_at_eos=stop_at_eos,
             eos_token_id=eos_token_id,
@@ -241,6 +255,18 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         return super().generate(input, max_new_tokens, **options)
 
     # ------------------------------------------------------------------ weights
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's `W_Q @ W_K.T`, `[layer head d_model d_model]`, as TL's FactoredMatrix."""
+        core = super().QK
+        return FactoredMatrix(core.A, core.B)
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's `W_V @ W_O`, `[layer head d_model d_model]`, as TL's FactoredMatrix."""
+        core = super().OV
+        return FactoredMatrix(core.A, core.B)
+
     @property
     def n_params_total(self) -> int:
         """Every parameter's element count, embeddings, biases and norm gains included."""

@@ -166,6 +166,15 @@ class HookedTransformerConfig(_Fields):
         np.random.seed(seed)
 
 
-TransformerLensConfig = HookedTransformerConfig
+class TransformerLensConfig(HookedTransformerConfig):
+    """TL 3.x's base config, for parts that have no vocabulary (a key/value cache, one
+    component): `d_vocab` may be left out, and is then 1 (TL: -1, "unknown"; our configs
+    hold a real size)."""
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        if len(args) < 4 and fields.get("d_vocab", -1) == -1:
+            fields["d_vocab"] = 1
+        super().__init__(*args, **fields)
+
 
 __all__ = ["HookedTransformerConfig", "TransformerLensConfig"]
