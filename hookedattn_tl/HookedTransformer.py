@@ -17,7 +17,7 @@ from torch import Tensor
 
 import analysis
 from hookedattn.core import _tokenization, processing
-from hookedattn.core.config import DTYPES
+from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
@@ -51,6 +51,17 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             raise ValueError(
                 f"HookedTransformer({cfg!r}): a model name goes to "
                 f"HookedTransformer.from_pretrained; the constructor takes a config"
+            )
+        if not getattr(cfg, "d_vocab_known", True):
+            raise ValueError(
+                "this config has no d_vocab (TL's -1: from the tokenizer); give d_vocab, "
+                "e.g. len(tokenizer)"
+            )
+        if cfg.has_mlp and cfg.act_fn not in ACT_FNS:
+            raise ValueError(
+                f"act_fn={cfg.act_fn!r}: hookedattn's models build MLPs with one of "
+                f"{ACT_FNS}; TL's other activations exist only as standalone components "
+                f"(hookedattn_tl.components.MLP)"
             )
         _CoreModel.__init__(self, cfg, tokenizer)
         self.context_level = 0
@@ -351,6 +362,38 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                     logging.warning("hook at %s dropped: %s no longer exists", name, name)
                     continue
                 self.hook_dict[name].add_hook(handle.fn, handle.dir, handle.is_permanent)
+
+    def process_weights_(
+        self,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = True,
+    ) -> "HookedTransformer":
+        """TL's in-place processing: fold the norms, centre the writing weights and the
+        unembedding, fold the value biases; returns this model, changed.
+
+        Our processing (`hookedattn.core.processing.process_weights`) builds a new model;
+        this one then takes its modules and config (its hooks are detached, as a rebuilt
+        TL model's would be), so references to this model see the processed weights.
+        """
+        _refuse_unsupported(refactor_factored_attn_matrices, 1, {})
+        processed = _written_out(
+            processing.process_weights(
+                self,
+                fold_ln=fold_ln,
+                center_writing_weights=center_writing_weights,
+                center_unembed=center_unembed,
+                fold_value_biases=fold_value_biases,
+            )
+        )
+        defaults = (self.default_padding_side, self.default_prepend_bos)
+        self.reset_hooks(including_permanent=True)
+        self.__dict__.update(processed.__dict__)
+        self.default_padding_side, self.default_prepend_bos = defaults
+        self.setup()
+        return self
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -22,10 +22,12 @@ differs from TL, and why.
 
 from hookedattn_tl import (
     cache,
+    components,
     config,
     conversion_utils,
     hook_points,
     patching,
+    tools,
     utilities,
     utils,
 )
@@ -56,11 +58,13 @@ __all__ = [
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
     "cache",
+    "components",
     "config",
     "conversion_utils",
     "hook_points",
     "install",
     "patching",
+    "tools",
     "uninstall",
     "utilities",
     "utils",

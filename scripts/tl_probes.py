@@ -191,13 +191,14 @@ def _model_methods(
     out["factored/svd"] = factored.svd()[1]
     out["factored/times_vector"] = factored @ model.W_E[1]
     out["factored/vector_times"] = model.W_E[2] @ factored
-    out["factored/collapse_l"] = factored.collapse_l
+    out["factored/collapse_l"] = factored.collapse_l()
+    out["factored/collapse_r"] = factored.collapse_r()
     out["utils/get_act_name"] = [
-        tl.utils.get_act_name(*args)
+        tl.utilities.get_act_name(*args)
         for args in [("k", 1, "a"), ("k1",), ("scale4ln1",), ("resid_pre", 0), ("pattern", 1)]
     ]
     logits = model(tokens)
-    out["utils/loss"] = tl.utils.lm_cross_entropy_loss(logits, tokens, per_token=True)
+    out["utils/loss"] = tl.utilities.lm_cross_entropy_loss(logits, tokens, per_token=True)
     out["n_params_total"] = sum(p.numel() for p in model.parameters())
     out["cfg/n_params"] = model.cfg.n_params
 

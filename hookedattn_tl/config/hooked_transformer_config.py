@@ -3,7 +3,8 @@
 The fields are `hookedattn.HookedTransformerConfig`'s, which follow TL's names, plus the TL
 fields that describe a model without changing its math here (`tokenizer_name`, the
 checkpoint labels, `default_prepend_bos`, ...): they are accepted and stored. TL's
-sentinels read as "the default" (`n_heads=-1`, `d_vocab_out=-1`, `attn_scale=-1.0`, the
+sentinels read as "the default" (`d_vocab=-1` or left out: 1, for the parts that have no
+vocabulary; a model refuses it), (`n_heads=-1`, `d_vocab_out=-1`, `attn_scale=-1.0`, the
 soft caps at `-1.0`, `initializer_range=-1.0`). A TL field whose non-default value asks
 for something hookedattn does not compute (`use_attn_scale=False`, `n_devices=2`,
 `load_in_4bit=True`, ...) is a `ValueError` naming it.
@@ -21,6 +22,7 @@ import torch
 
 from hookedattn.core.config import ACT_FNS
 from hookedattn.core.config import HookedTransformerConfig as _CoreConfig
+from hookedattn_tl._activations import SUPPORTED_ACTIVATIONS
 
 # TL fields whose value changes nothing here, with TL's defaults.
 _DESCRIPTIVE = {
@@ -35,6 +37,7 @@ _DESCRIPTIVE = {
     "init_mode": "gpt2",
     "use_local_attn": False,
     "ungroup_grouped_query_attention": False,
+    "d_vocab_known": True,
 }
 # TL fields whose non-default value asks for math hookedattn does not have: field -> (the
 # value that is supported, why).
@@ -86,22 +89,28 @@ class HookedTransformerConfig(_Fields):
                     f"{field}={value!r} is not supported by hookedattn_tl ({why}); "
                     f"leave it at {supported!r}"
                 )
+            extras[field] = value
         for field, sentinel in _SENTINELS.items():
             if fields.get(field) == sentinel:
                 fields[field] = None
-        if fields.get("d_vocab") == -1:
-            raise ValueError(
-                "d_vocab=-1 (TL's 'from the tokenizer') is not supported: give d_vocab, "
-                "e.g. len(tokenizer)"
-            )
+        # TL's d_vocab=-1 (left out): "from the tokenizer". Kept as 1 for the parts that have
+        # no vocabulary (a component, a cache); a model refuses such a config.
+        extras["d_vocab_known"] = fields.get("d_vocab", -1) != -1 or len(args) >= 4
+        if not extras["d_vocab_known"]:
+            fields["d_vocab"] = 1
+        if not fields.get("attn_only") and fields.get("d_mlp") is None and len(args) < 7:
+            fields["d_mlp"] = 4 * fields["d_model"]  # TL's default MLP width
         if initializer_range is not None and initializer_range >= 0:
             fields.setdefault("init_range", initializer_range)
         fields.setdefault("device", "cpu")
         if fields["device"] is None:
             fields["device"] = "cpu"
         act_fn = fields.get("act_fn")
-        if fields.get("attn_only") and act_fn is not None and act_fn not in ACT_FNS:
-            # An attention-only model has no activation; TL stores whatever name it is given.
+        if (act_fn in SUPPORTED_ACTIVATIONS and act_fn not in ACT_FNS) or (
+            fields.get("attn_only") and act_fn is not None and act_fn not in ACT_FNS
+        ):
+            # TL's other activations (SoLU, ...) serve the standalone components; a model
+            # refuses them when it builds its MLPs. An attention-only model has none at all.
             fields["act_fn"] = "relu"
             super().__init__(*args, **fields)
             object.__setattr__(self, "act_fn", act_fn)
@@ -166,15 +175,7 @@ class HookedTransformerConfig(_Fields):
         np.random.seed(seed)
 
 
-class TransformerLensConfig(HookedTransformerConfig):
-    """TL 3.x's base config, for parts that have no vocabulary (a key/value cache, one
-    component): `d_vocab` may be left out, and is then 1 (TL: -1, "unknown"; our configs
-    hold a real size)."""
-
-    def __init__(self, *args: Any, **fields: Any) -> None:
-        if len(args) < 4 and fields.get("d_vocab", -1) == -1:
-            fields["d_vocab"] = 1
-        super().__init__(*args, **fields)
+TransformerLensConfig = HookedTransformerConfig
 
 
 __all__ = ["HookedTransformerConfig", "TransformerLensConfig"]
