@@ -87,7 +87,10 @@ class FactoredMatrix(_core.FactoredMatrix):
         with `mdim - ldim` zeros where `mdim > ldim`), for a square matrix."""
         if self.ldim != self.rdim:
             raise TLAssertionError(f"eigenvalues need a square matrix, got shape {self.shape}")
-        return torch.linalg.eig(self.B @ self.A).eigenvalues
+        BA = self.B @ self.A
+        if BA.dtype in (torch.bfloat16, torch.float16):
+            BA = BA.float()  # torch has no eig in half precision; TL computes it in float32
+        return torch.linalg.eig(BA).eigenvalues
 
     @property
     def Vh(self) -> Float[Tensor, "*leading rdim k"]:

@@ -77,6 +77,7 @@ GROUPS = (
     "utils",
     "logits",
     "loss",
+    "loss_per_token",
     "n_params_total",
     "cfg",
 )
