@@ -175,8 +175,16 @@ def _model_methods(
         tokens[:, 3:], past_kv_cache=cache_kv, attention_mask=torch.ones(2, 2, dtype=torch.long)
     )
     out["kv_cache/logits"] = torch.cat([first, rest], dim=1)
+    # Without its key/value cache: TL 3.5.1's cached greedy generate on a model without a
+    # tokenizer departs from its own full forward after the first token (its uncached
+    # generate and a full-forward loop agree); see docs/guide/porting.md.
     out["generate/greedy"] = model.generate(
-        tokens[:1], max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False
+        tokens[:1],
+        max_new_tokens=4,
+        do_sample=False,
+        stop_at_eos=False,
+        verbose=False,
+        use_past_kv_cache=False,
     )
     out["composition/Q"] = model.all_composition_scores("Q")
     out["composition/V"] = model.all_composition_scores("V")
@@ -191,8 +199,10 @@ def _model_methods(
     out["factored/svd"] = factored.svd()[1]
     out["factored/times_vector"] = factored @ model.W_E[1]
     out["factored/vector_times"] = model.W_E[2] @ factored
-    out["factored/collapse_l"] = factored.collapse_l()
-    out["factored/collapse_r"] = factored.collapse_r()
+    # Each singular vector's sign is arbitrary: compare what it cancels from.
+    collapsed_l, collapsed_r = factored.collapse_l(), factored.collapse_r()
+    out["factored/collapse_l_gram"] = collapsed_l.T @ collapsed_l
+    out["factored/collapse_r_gram"] = collapsed_r @ collapsed_r.T
     out["utils/get_act_name"] = [
         tl.utilities.get_act_name(*args)
         for args in [("k", 1, "a"), ("k1",), ("scale4ln1",), ("resid_pre", 0), ("pattern", 1)]

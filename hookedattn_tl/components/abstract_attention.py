@@ -15,10 +15,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from hookedattn.core import hook_points as _core_hooks
 from hookedattn.core.components import attention as _core
 from hookedattn.core.kernels import attention_context
 from hookedattn.core.kv_cache import KeyValueCache
 from hookedattn_tl.config import HookedTransformerConfig
+from hookedattn_tl.hook_points import HookPoint
 
 AttnInput = Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"]
 
@@ -49,6 +51,9 @@ class AbstractAttention(_core.Attention):
         self.attn_type = attn_type
         self.register_buffer("mask", torch.empty(0, 0, dtype=torch.bool))
         _initialised(self, cfg)
+        for module in self.modules():
+            if type(module) is _core_hooks.HookPoint:
+                module.__class__ = HookPoint  # TL's hook API on the same hook points
 
     def forward(
         self,

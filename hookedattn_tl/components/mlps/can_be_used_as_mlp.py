@@ -5,9 +5,9 @@ from typing import Any
 
 from torch import nn
 
-from hookedattn.core.hook_points import HookPoint
 from hookedattn_tl._activations import SUPPORTED_ACTIVATIONS
 from hookedattn_tl.config import HookedTransformerConfig
+from hookedattn_tl.hook_points import HookPoint
 
 
 class CanBeUsedAsMLP(nn.Module):

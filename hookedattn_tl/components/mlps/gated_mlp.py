@@ -12,8 +12,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hookedattn.core.components.embed import affine
-from hookedattn.core.hook_points import HookPoint
 from hookedattn_tl.components.mlps.mlp import MLP, _weight
+from hookedattn_tl.hook_points import HookPoint
 
 
 class GatedMLP(MLP):

@@ -12,8 +12,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.components.embed import affine
-from hookedattn.core.hook_points import HookPoint
 from hookedattn_tl.components.mlps.can_be_used_as_mlp import CanBeUsedAsMLP
+from hookedattn_tl.hook_points import HookPoint
 
 
 def _weight(*shape: int, cfg: Any, std: float | None) -> nn.Parameter:
