@@ -298,11 +298,16 @@ class ActivationCache(_CoreCache):
         pos_slice: "SliceInput | Slice" = None,
         apply_ln: bool = False,
     ) -> Stack | tuple[Stack, list[str]]:
-        """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`."""
+        """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`.
+
+        As in TL, the per-head results are added to the cache (`compute_head_results`) when
+        they are not in it yet."""
         layer = self._stream_layer(layer)
         pos_slice = Slice(pos_slice)
+        if f"blocks.{self.n_layers - 1}.attn.hook_result" not in self._data:
+            self.compute_head_results()  # TL's side effect: the results stay in the cache
         per_layer = [
-            pos_slice.apply(self._tl_shape(head_results(self.model, self, block)), dim=-3)
+            pos_slice.apply(self[f"blocks.{block}.attn.hook_result"], dim=-3)
             for block in range(layer)
         ]
         labels = [f"L{block}H{h}" for block in range(layer) for h in range(self.model.cfg.n_heads)]

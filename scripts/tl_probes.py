@@ -45,6 +45,7 @@ def probes(tl: Any, weights: dict, config: dict, from_end: bool = False) -> dict
     out: dict[str, Any] = {}
     logits, cache = model.run_with_cache(tokens)
     out["logits"] = logits
+    out["cache_keys"] = sorted(cache.keys())
     out["loss"] = model(tokens, return_type="loss")
     out["loss_per_token"] = model(tokens, return_type="loss", loss_per_token=True)
     _cache_methods(out, cache, tokens, n_layers, at)
@@ -100,7 +101,7 @@ def _cache_methods(out: dict, cache: Any, tokens: torch.Tensor, n_layers: int, a
     out["apply_ln_to_stack"] = cache.apply_ln_to_stack(stack, at(n_layers), pos_slice=-1)
     out["logit_attrs"] = cache.logit_attrs(stack, tokens[:, -1], tokens[:, 0], pos_slice=-1)
     out["residual_directions"] = direction
-    out["cache_keys"] = sorted(cache.keys())
+    out["cache_keys/after_analysis"] = sorted(cache.keys())
     out["cache_shorthand"] = [cache["k", 1], cache["z", -1], cache["scale", 0, "ln1"]]
 
 

@@ -209,10 +209,12 @@ def test_probes_match_transformer_lens(group, ours, theirs):
         assert_same(ours[key], theirs["probes"][key], key)
 
 
-def test_the_cache_holds_every_activation_tl_caches(ours, theirs):
-    # ... and each norm's output (`hook_out`, after its gain and bias), which TL has not.
-    extra = set(ours["cache_keys"]) - set(theirs["probes"]["cache_keys"])
-    assert set(theirs["probes"]["cache_keys"]) <= set(ours["cache_keys"])
+@pytest.mark.parametrize("when", ["cache_keys", "cache_keys/after_analysis"])
+def test_the_cache_holds_every_activation_tl_caches(when, ours, theirs):
+    # ... and each norm's output (`hook_out`, after its gain and bias), which TL has not;
+    # after the analysis calls, both hold the per-head results stack_head_results adds.
+    extra = set(ours[when]) - set(theirs["probes"][when])
+    assert set(theirs["probes"][when]) <= set(ours[when])
     assert extra and all(name.endswith("hook_out") for name in extra)
 
 
