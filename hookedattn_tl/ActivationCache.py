@@ -140,7 +140,7 @@ class ActivationCache(_CoreCache):
         go through `ln_final` with each entry's own scale (the logit lens), other layers'
         through their `ln1` (`ln2` with `mlp_input`) with the cached scale.
         """
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         stack = analysis.accumulated_resid(
             self.model, self, None if layer == self.n_layers else layer, incl_mid=incl_mid
         )
@@ -177,7 +177,7 @@ class ActivationCache(_CoreCache):
         """
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         site = "resid_mid" if mlp_input else "resid_pre"
         decomposition = analysis.decompose_resid(
             self.model, self, None if layer == self.n_layers else layer, site
@@ -223,7 +223,7 @@ class ActivationCache(_CoreCache):
         kind = self.model.cfg.normalization_type
         if kind is None:
             return residual_stack
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         pos_slice, batch_slice = Slice(pos_slice), Slice(batch_slice)
         if has_batch_dim:
             residual_stack = batch_slice.apply(residual_stack, dim=1)
@@ -298,11 +298,16 @@ class ActivationCache(_CoreCache):
         pos_slice: "SliceInput | Slice" = None,
         apply_ln: bool = False,
     ) -> Stack | tuple[Stack, list[str]]:
-        """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`."""
-        layer = self._final_if_none(layer)
+        """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`.
+
+        As in TL, the per-head results are added to the cache (`compute_head_results`) when
+        they are not in it yet."""
+        layer = self._stream_layer(layer)
         pos_slice = Slice(pos_slice)
+        if f"blocks.{self.n_layers - 1}.attn.hook_result" not in self._data:
+            self.compute_head_results()  # TL's side effect: the results stay in the cache
         per_layer = [
-            pos_slice.apply(self._tl_shape(head_results(self.model, self, block)), dim=-3)
+            pos_slice.apply(self[f"blocks.{block}.attn.hook_result"], dim=-3)
             for block in range(layer)
         ]
         labels = [f"L{block}H{h}" for block in range(layer) for h in range(self.model.cfg.n_heads)]
@@ -346,7 +351,7 @@ class ActivationCache(_CoreCache):
         project_output_onto: Tensor | None = None,
     ) -> Stack | tuple[Stack, list[str]]:
         """Every neuron's write in the blocks before `layer`, labelled `L0N0`, ..."""
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         pos_slice, neuron_slice = Slice(pos_slice), Slice(neuron_slice)
         neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), dim=0).reshape(-1)
         labels = [f"L{block}N{n}" for block in range(layer) for n in neurons.tolist()]
@@ -386,7 +391,7 @@ class ActivationCache(_CoreCache):
     ) -> Stack | tuple[Stack, list[str]]:
         """The stream entering block `layer` as every head, every neuron (or MLP), `embed`,
         `pos_embed` and the accumulated `bias`, in that order (TL's order)."""
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         pos_slice = Slice(pos_slice)
         heads, labels = self.stack_head_results(
             layer + (1 if mlp_input else 0), pos_slice=pos_slice, return_labels=True
@@ -430,7 +435,7 @@ class ActivationCache(_CoreCache):
         self, activation_name: str, layer: int = -1, sublayer_type: str | None = None
     ) -> Float[Tensor, "layer ..."]:
         """One activation of every block before `layer`, stacked: `[layer ...]`."""
-        layer = self._final_if_none(layer)
+        layer = self._stream_layer(layer)
         stacked = [self[(activation_name, block, sublayer_type)] for block in range(layer)]
         return torch.stack(stacked)
 
@@ -439,9 +444,24 @@ class ActivationCache(_CoreCache):
         # TL's in-place edits: rebuild the core cache's state (its bookkeeping included).
         _CoreCache.__init__(self, data, self.n_layers, self.has_batch_dim)
 
-    def _final_if_none(self, layer: int | None) -> int:
-        # TL's convention: None and -1 both mean "after the last block".
-        return self.n_layers if layer is None or layer == -1 else layer
+    def _stream_layer(self, layer: int | None) -> int:
+        """A stream position `0..n_layers` (the input of block `layer`; `n_layers` is the
+        final stream). None and -1 mean `n_layers`, as in TL; every other negative counts
+        from the end the same way (-2 is the last block's input). TL 3.5.1 itself reads only
+        -1 so: a -2 there falls into `range(-2)` and gives an empty or failing stack."""
+        if layer is None:
+            return self.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer must be an int or None, got {layer!r}")
+        position = layer + self.n_layers + 1 if layer < 0 else layer
+        if not 0 <= position <= self.n_layers:
+            raise ValueError(
+                f"layer={layer} is out of range for {self.n_layers} blocks: give "
+                f"0..{self.n_layers} (the input of that block; {self.n_layers}: the final stream) "
+                f"or "
+                f"-{self.n_layers + 1}..-1 (from the end; -1 is the final stream)"
+            )
+        return position
 
     def _tl_shape(self, stacked: Tensor) -> Tensor:
         # analysis reads a cache without a batch axis as a batch of one; TL keeps it out.

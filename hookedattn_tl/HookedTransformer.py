@@ -9,7 +9,6 @@ frozen), sharing the same parameters; `generate` samples by default, as TL does.
 """
 
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,16 +17,16 @@ from torch import Tensor
 
 import analysis
 from hookedattn.core import _tokenization, processing
-from hookedattn.core.config import DTYPES
-from hookedattn.core.hook_points import LensHandle
+from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
+from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl.ActivationCache import ActivationCache
-from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
+from hookedattn_tl.config import HookedTransformerConfig
+from hookedattn_tl.FactoredMatrix import FactoredMatrix
+from hookedattn_tl.HookedRootModule import HookedRootModule
 from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
-
-NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 
 class _CallableLabels(list):
@@ -37,11 +36,36 @@ class _CallableLabels(list):
         return list(self)
 
 
-class HookedTransformer(_CoreModel):
+class HookedTransformer(HookedRootModule, _CoreModel):
     """`hookedattn.HookedTransformer` with TransformerLens 3.x's surface on top.
 
-    Built the same way (`HookedTransformer(cfg)`); every core method still works.
+    Built the same way (`HookedTransformer(cfg)`, `cfg` a config or a dict of its fields);
+    every core method still works, and the hook API is TL's (`hookedattn_tl.HookedRootModule`:
+    hook levels, `reset_hooks(clear_contexts, ...)` in TL's argument order).
     """
+
+    def __init__(self, cfg: Any, tokenizer: Any = None, move_to_device: bool = True) -> None:
+        if isinstance(cfg, dict):
+            cfg = HookedTransformerConfig.from_dict(cfg)
+        elif isinstance(cfg, str):
+            raise ValueError(
+                f"HookedTransformer({cfg!r}): a model name goes to "
+                f"HookedTransformer.from_pretrained; the constructor takes a config"
+            )
+        if not getattr(cfg, "d_vocab_known", True):
+            raise ValueError(
+                "this config has no d_vocab (TL's -1: from the tokenizer); give d_vocab, "
+                "e.g. len(tokenizer)"
+            )
+        if cfg.has_mlp and cfg.act_fn not in ACT_FNS:
+            raise ValueError(
+                f"act_fn={cfg.act_fn!r}: hookedattn's models build MLPs with one of "
+                f"{ACT_FNS}; TL's other activations exist only as standalone components "
+                f"(hookedattn_tl.components.MLP)"
+            )
+        _CoreModel.__init__(self, cfg, tokenizer)
+        self.context_level = 0
+        self.is_caching = False
 
     # TL keeps these two in its (mutable) config; ours is frozen, so they live here, set
     # by from_pretrained or by assignment.
@@ -209,8 +233,20 @@ class HookedTransformer(_CoreModel):
         """TL's `generate`: samples by default; `freq_penalty` subtracts, before sampling,
         `freq_penalty` times the number of times each token already occurs.
 
-        `verbose` (TL's progress bar) is accepted and ignored.
+        `verbose` (TL's progress bar) is accepted and ignored. Without a tokenizer, text
+        input and `stop_at_eos` without `eos_token_id` raise `TLAssertionError` (a
+        `ValueError` that TL code catches as the `AssertionError` TL raises).
         """
+        if self.tokenizer is None:
+            if _tokenization.is_text(input):
+                raise TLAssertionError(
+                    "generate() got text, but this model has no tokenizer: pass token ids"
+                )
+            if stop_at_eos and eos_token_id is None:
+                raise TLAssertionError(
+                    "generate(stop_at_eos=True) needs eos_token_id= when the model has no "
+                    "tokenizer (or pass stop_at_eos=False)"
+                )
         options = dict(
             stop_at_eos=stop_at_eos,
             eos_token_id=eos_token_id,
@@ -230,6 +266,18 @@ class HookedTransformer(_CoreModel):
         return super().generate(input, max_new_tokens, **options)
 
     # ------------------------------------------------------------------ weights
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's `W_Q @ W_K.T`, `[layer head d_model d_model]`, as TL's FactoredMatrix."""
+        core = super().QK
+        return FactoredMatrix(core.A, core.B)
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's `W_V @ W_O`, `[layer head d_model d_model]`, as TL's FactoredMatrix."""
+        core = super().OV
+        return FactoredMatrix(core.A, core.B)
+
     @property
     def n_params_total(self) -> int:
         """Every parameter's element count, embeddings, biases and norm gains included."""
@@ -267,34 +315,6 @@ class HookedTransformer(_CoreModel):
         as TL's: `analysis.composition_scores(model, mode).scores`, in the weights' dtype."""
         scores = analysis.composition_scores(self, mode, n_samples=2).scores
         return scores.to(self.cfg.dtype)
-
-    # ------------------------------------------------------------------ hooks
-    def list_hooks(
-        self,
-        name_filter: NamesFilter = None,
-        dir: str = "both",
-        including_permanent: bool = True,
-    ) -> dict[str, list[LensHandle]]:
-        """The attached hooks by hook name (points without hooks left out)."""
-        if name_filter is None:
-            matches = lambda name: True
-        elif callable(name_filter):
-            matches = name_filter
-        elif isinstance(name_filter, str):
-            matches = lambda name: name == name_filter
-        else:
-            allowed = set(name_filter)
-            matches = lambda name: name in allowed
-        out = {}
-        for name, point in self.hook_dict.items():
-            handles = [
-                *(point.fwd_hooks if dir in ("fwd", "both") else ()),
-                *(point.bwd_hooks if dir in ("bwd", "both") else ()),
-            ]
-            handles = [h for h in handles if including_permanent or not h.is_permanent]
-            if handles and matches(name):
-                out[name] = handles
-        return out
 
     # ------------------------------------------------------------------ config toggles
     def set_use_attn_result(self, use_attn_result: bool) -> None:
@@ -342,6 +362,38 @@ class HookedTransformer(_CoreModel):
                     logging.warning("hook at %s dropped: %s no longer exists", name, name)
                     continue
                 self.hook_dict[name].add_hook(handle.fn, handle.dir, handle.is_permanent)
+
+    def process_weights_(
+        self,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = True,
+    ) -> "HookedTransformer":
+        """TL's in-place processing: fold the norms, centre the writing weights and the
+        unembedding, fold the value biases; returns this model, changed.
+
+        Our processing (`hookedattn.core.processing.process_weights`) builds a new model;
+        this one then takes its modules and config (its hooks are detached, as a rebuilt
+        TL model's would be), so references to this model see the processed weights.
+        """
+        _refuse_unsupported(refactor_factored_attn_matrices, 1, {})
+        processed = _written_out(
+            processing.process_weights(
+                self,
+                fold_ln=fold_ln,
+                center_writing_weights=center_writing_weights,
+                center_unembed=center_unembed,
+                fold_value_biases=fold_value_biases,
+            )
+        )
+        defaults = (self.default_padding_side, self.default_prepend_bos)
+        self.reset_hooks(including_permanent=True)
+        self.__dict__.update(processed.__dict__)
+        self.default_padding_side, self.default_prepend_bos = defaults
+        self.setup()
+        return self
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -1,32 +1,49 @@
-"""hookedattn_tl: TransformerLens 3.x's surface over hookedattn, for code that ports by one import.
+"""hookedattn_tl: TransformerLens 3.x's surface over hookedattn, for code that ports unchanged.
+
+The porting path is one line, first in a TransformerLens script:
+
+    import hookedattn_tl.as_transformer_lens  # or: hookedattn_tl.install()
+
+after which `import transformer_lens` and every `from transformer_lens.X.Y import ...` reach
+this package's module of the same path (it refuses, by name, to shadow a real TransformerLens
+that is already imported). Importing it directly works too:
 
     import hookedattn_tl as transformer_lens
     from hookedattn_tl import HookedTransformer, HookedTransformerConfig, utils, patching
 
 The modules mirror TransformerLens's: `HookedTransformer` (a subclass of ours whose
 `run_with_cache` returns `ActivationCache`, TL's cache with its analysis methods bound to
-the model), `hook_points`, `utils` (`get_act_name` with every TL shorthand, `Slice`,
-`test_prompt`, ...), `patching` (TL's argument order, our batched engine), and
-`FactoredMatrix`. Every method is built on `hookedattn` and `analysis`; the README's
-"Porting from TransformerLens" table lists where this package still differs from TL, and
-why.
+the model), `HookedRootModule` and `hook_points` (hook levels, handles, introspection),
+`config`, `utils` / `utilities`, `patching` (TL's argument order, our batched engine),
+`FactoredMatrix`, `cache` (the key/value cache), `conversion_utils`. Every method is built
+on `hookedattn` and `analysis`; docs/guide/porting.md lists where this package still
+differs from TL, and why.
 """
 
-from hookedattn.core.factored_matrix import FactoredMatrix
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
-from hookedattn_tl import hook_points, patching, utils
+from hookedattn_tl import (
+    cache,
+    components,
+    config,
+    conversion_utils,
+    hook_points,
+    patching,
+    tools,
+    utilities,
+    utils,
+)
+from hookedattn_tl._alias import install, uninstall
 from hookedattn_tl.ActivationCache import ActivationCache
+from hookedattn_tl.cache.key_value_cache import TransformerLensKeyValueCache
+from hookedattn_tl.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from hookedattn_tl.config import HookedTransformerConfig, TransformerLensConfig
+from hookedattn_tl.FactoredMatrix import FactoredMatrix
+from hookedattn_tl.hook_points import HookPoint
+from hookedattn_tl.HookedRootModule import HookedRootModule
 from hookedattn_tl.HookedTransformer import HookedTransformer
-from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
 from hookedattn_tl.past_key_value_caching import (
     HookedTransformerKeyValueCache,
     HookedTransformerKeyValueCacheEntry,
-    TransformerLensKeyValueCache,
-    TransformerLensKeyValueCacheEntry,
 )
-
-# TL 3.x also exposes `utils` as `utilities`.
-utilities = utils
 
 __all__ = [
     "ActivationCache",
@@ -37,10 +54,18 @@ __all__ = [
     "HookedTransformerConfig",
     "HookedTransformerKeyValueCache",
     "HookedTransformerKeyValueCacheEntry",
+    "TransformerLensConfig",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
+    "cache",
+    "components",
+    "config",
+    "conversion_utils",
     "hook_points",
+    "install",
     "patching",
+    "tools",
+    "uninstall",
     "utilities",
     "utils",
 ]

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from hookedattn.core import names as _names
 from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn_tl._activations import gelu_fast, gelu_new, solu
 
 # The regular expression TransformerLens uses: a word, then the layer, then the layer type.
 _COMPACT = re.compile(r"([a-z_]+?)(\d+)([a-z]?.*)")
@@ -250,10 +251,13 @@ test_prompt.__test__ = False  # type: ignore[attr-defined]
 __all__ = [
     "Slice",
     "SliceInput",
+    "gelu_fast",
+    "gelu_new",
     "get_act_name",
     "get_attention_mask",
     "lm_cross_entropy_loss",
     "remove_batch_dim",
+    "solu",
     "test_prompt",
     "to_numpy",
     "transpose",

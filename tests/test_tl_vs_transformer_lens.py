@@ -1,26 +1,39 @@
-"""hookedattn_tl against TransformerLens itself, on the same random weights (optional).
+"""hookedattn_tl against TransformerLens 3.5.1 itself, by value, on the same random weights.
 
-Skipped unless `transformer_lens` is importable; it is never a dependency of the suite.
-To run it, install TransformerLens beside hookedattn in a separate environment
-(`pip install -c constraints.txt transformer_lens==3.5.1 pytest beartype`) and run this file
-there with the repository on `PYTHONPATH`.
+TransformerLens runs in an environment of its own (`.ci/transformer_lens.sh` builds it and
+links it at `~/.cache/hookedattn/transformer_lens-3.5.1/`; `HOOKEDATTN_TL_PYTHON` names
+another interpreter), as a subprocess: `scripts/tl_probes.py` there runs TL's API on the
+weights we give it. The same probe code runs here on `hookedattn_tl`, and every result is
+compared: the cache's analysis methods with their options, every patching function (the
+pattern setters by destination and source position included), hook levels, start and stop
+layers, the key/value cache, generation, FactoredMatrix, utils; every cached activation of
+eight model variants; every number of the Main-Demo script (tests/tl_main_demo.py), which
+runs unchanged under TL and after the alias line here. Layer arguments spelled from the
+end (`-2`) are held against TL's positive spelling (TL itself reads only `-1` so).
 
-Two checks: every activation of a cache, and every number of the Main-Demo-style script
-(tests/tl_main_demo.py) run unchanged under TransformerLens and, with its import changed,
-under hookedattn_tl.
+Without that environment the tests skip, saying how to build it; under CI (`CI` set) they
+fail instead, so CI always runs them.
 """
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-transformer_lens = pytest.importorskip("transformer_lens")
+import hookedattn_tl
 
-import hookedattn_tl  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "3.5.1"
+DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"transformer_lens-{VERSION}" / "bin"
 
 # float32 forwards of two implementations: their rounding differs, not their math.
 TOLERANCE = dict(atol=2e-5, rtol=2e-5)
-
 
 # Families both implement; the gated MLP without b_in: TransformerLens 3.5 adds b_in after
 # the gate's product (`act(x W_gate) * (x W_in) + b_in`), we inside it (`act(x W_gate) *
@@ -36,6 +49,63 @@ VARIANTS = {
     "gated_silu": dict(gated_mlp=True, act_fn="silu", normalization_type="RMS"),
 }
 
+# The groups of probes (scripts/tl_probes.py), each a test.
+GROUPS = (
+    "accumulated_resid",
+    "decompose_resid",
+    "stack_head_results",
+    "stack_neuron_results",
+    "full_resid_decomposition",
+    "neuron_results",
+    "stack_activation",
+    "apply_ln_to_stack",
+    "logit_attrs",
+    "residual_directions",
+    "cache_keys",
+    "cache_shorthand",
+    "patching",
+    "hooks",
+    "stop_at_layer",
+    "start_at_layer",
+    "kv_cache",
+    "generate",
+    "composition",
+    "accumulated_bias",
+    "OV",
+    "QK",
+    "factored",
+    "utils",
+    "logits",
+    "loss",
+    "loss_per_token",
+    "n_params_total",
+    "cfg",
+)
+# Groups whose calls take a layer argument that the from-end spelling changes.
+LAYERED = (
+    "accumulated_resid",
+    "decompose_resid",
+    "stack_head_results",
+    "stack_neuron_results",
+    "full_resid_decomposition",
+    "stack_activation",
+    "apply_ln_to_stack",
+)
+
+
+def tl_python() -> Path | None:
+    """The interpreter of TransformerLens's environment, if there is one."""
+    given = os.environ.get("HOOKEDATTN_TL_PYTHON")
+    candidate = Path(given) if given else DEFAULT_PYTHON / "python"
+    return candidate if candidate.exists() else None
+
+
+def _probes_module() -> Any:
+    spec = importlib.util.spec_from_file_location("tl_probes", ROOT / "scripts" / "tl_probes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter drawn at random, biases and gains too, so that every term matters."""
@@ -50,73 +120,138 @@ def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return weights
 
 
-def tl_model(weights: dict[str, torch.Tensor], config: dict):
-    model = transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(**config))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    parameters = {name for name, _ in model.named_parameters()}
-    assert not parameters & set(missing), "a TransformerLens parameter was not loaded"
-    assert not unexpected
-    return model.eval()
+@pytest.fixture(scope="module")
+def setup(main_demo, tmp_path_factory) -> dict[str, Any]:
+    """The inputs both sides run on: the probes' model, the demo, the cached-run variants."""
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, main_demo.config["d_vocab"], (3, 10), generator=generator)
+    runs = {}
+    for name, changes in VARIANTS.items():
+        config = {**main_demo.config, **changes}
+        runs[name] = dict(config=config, weights=random_weights(config), tokens=tokens)
+    return dict(
+        config=main_demo.config,
+        weights=random_weights(main_demo.config),
+        demo=main_demo.source,
+        cached_runs=runs,
+    )
 
 
-def our_model(weights: dict[str, torch.Tensor], config: dict) -> hookedattn_tl.HookedTransformer:
-    model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**config))
-    model.load_state_dict(weights)
-    return model.eval()
+@pytest.fixture(scope="module")
+def theirs(setup, tmp_path_factory) -> dict[str, Any]:
+    """Real TransformerLens's results, from a subprocess in its environment."""
+    python = tl_python()
+    if python is None:
+        message = (
+            f"TransformerLens {VERSION}'s environment is missing: run `bash "
+            f".ci/transformer_lens.sh` (or set HOOKEDATTN_TL_PYTHON)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI must run the comparison")
+        pytest.skip(message)
+    folder = tmp_path_factory.mktemp("tl")
+    source, target = folder / "in.pt", folder / "out.pt"
+    torch.save(setup, source)
+    command = [str(python), str(ROOT / "scripts" / "tl_probes.py"), str(source), str(target)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("PYTHONPATH", None)  # TL's environment imports its own packages only
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(target, weights_only=False)
 
 
-def run_demo(main_demo, source: str, weights: dict[str, torch.Tensor]) -> dict:
-    namespace = {"weights": weights, "config": main_demo.config}
-    exec(compile(source, str(main_demo.path), "exec"), namespace)
-    return namespace["results"]
+@pytest.fixture(scope="module")
+def ours(setup) -> dict[str, Any]:
+    """hookedattn_tl's results of the same probes (layers spelled as TL does)."""
+    return _probes_module().probes(hookedattn_tl, setup["weights"], setup["config"])
+
+
+@pytest.fixture(scope="module")
+def ours_from_end(setup) -> dict[str, Any]:
+    """hookedattn_tl's results with every layer argument spelled from the end."""
+    return _probes_module().probes(hookedattn_tl, setup["weights"], setup["config"], True)
+
+
+def assert_same(ours: Any, theirs: Any, where: str) -> None:
+    """Equal structure, equal strings and ints, tensors and floats within TOLERANCE
+    (its absolute part relative to the largest entry: without norms the stream grows)."""
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor), f"{where}: {type(ours).__name__}, not a tensor"
+        largest = max(1.0, float(theirs.abs().max())) if theirs.numel() else 1.0
+        assert_close(
+            ours.to(theirs.dtype),
+            theirs,
+            atol=TOLERANCE["atol"] * largest,
+            rtol=TOLERANCE["rtol"],
+            msg=lambda m: f"{where}: {m}",
+        )
+    elif isinstance(theirs, list | tuple):
+        assert isinstance(ours, list | tuple), f"{where}: {type(ours).__name__}, not a sequence"
+        assert len(ours) == len(theirs), f"{where}: {len(ours)} items, TL has {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-5), where
+    else:
+        assert ours == theirs, where
+
+
+def test_the_probes_are_the_same_set(ours, theirs):
+    assert set(ours) == set(theirs["probes"])
+    assert {key.split("/")[0] for key in ours} == set(GROUPS)
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "cache_keys"])
+def test_probes_match_transformer_lens(group, ours, theirs):
+    keys = sorted(k for k in theirs["probes"] if k.split("/")[0] == group)
+    assert keys
+    for key in keys:
+        assert_same(ours[key], theirs["probes"][key], key)
+
+
+@pytest.mark.parametrize("when", ["cache_keys", "cache_keys/after_analysis"])
+def test_the_cache_holds_every_activation_tl_caches(when, ours, theirs):
+    # ... and each norm's output (`hook_out`, after its gain and bias), which TL has not;
+    # after the analysis calls, both hold the per-head results stack_head_results adds.
+    extra = set(ours[when]) - set(theirs["probes"][when])
+    assert set(theirs["probes"][when]) <= set(ours[when])
+    assert extra and all(name.endswith("hook_out") for name in extra)
+
+
+@pytest.mark.parametrize("group", LAYERED)
+def test_layers_from_the_end_match_transformer_lens(group, ours_from_end, theirs):
+    keys = sorted(k for k in theirs["probes"] if k.split("/")[0] == group)
+    assert keys
+    for key in keys:
+        assert_same(ours_from_end[key], theirs["probes"][key], f"{key} (from the end)")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_cached_activation_matches(variant, main_demo):
-    config = {**main_demo.config, **VARIANTS[variant]}
-    weights = random_weights(config)
-    tokens = torch.randint(
-        0, config["d_vocab"], (3, 10), generator=torch.Generator().manual_seed(1)
-    )
-    theirs_logits, theirs = tl_model(weights, config).run_with_cache(tokens)
-    ours_logits, ours = our_model(weights, config).run_with_cache(tokens)
-    assert_close(ours_logits, theirs_logits, **scaled(theirs_logits))
-    compared = list(theirs)
-    assert set(compared) <= set(ours.keys())
-    for name in compared:
-        expected = theirs[name]
-        assert_close(ours[name], expected, **scaled(expected), msg=lambda m, n=name: f"{n}: {m}")
+def test_every_cached_activation_matches(variant, setup, theirs):
+    run = setup["cached_runs"][variant]
+    mine = _probes_module().cached_run(hookedattn_tl, run["weights"], run["config"], run["tokens"])
+    reference = theirs["cached_runs"][variant]
+    assert_same(mine["logits"], reference["logits"], "logits")
+    assert set(reference["cache"]) <= set(mine["cache"])
+    for name, expected in reference["cache"].items():
+        assert_same(mine["cache"][name], expected, name)
 
 
-def scaled(expected: torch.Tensor) -> dict[str, float]:
-    """TOLERANCE, its absolute part relative to the tensor's largest entry: without norms
-    the stream grows to hundreds, and float32 rounding grows with it."""
-    largest = max(1.0, float(expected.abs().max()))
-    return dict(atol=TOLERANCE["atol"] * largest, rtol=TOLERANCE["rtol"])
+def test_main_demo_gives_transformer_lens_numbers(main_demo, setup, theirs):
+    namespace = {"weights": setup["weights"], "config": main_demo.config}
+    hookedattn_tl.install()
+    try:
+        exec(compile(main_demo.source, str(main_demo.path), "exec"), namespace)
+    finally:
+        hookedattn_tl.uninstall()
+    mine, reference = dict(namespace["results"]), dict(theirs["demo"])
+    assert mine.pop("version_module") == "hookedattn_tl"
+    assert reference.pop("version_module") == "transformer_lens"
+    assert set(mine) == set(reference)
+    for key, value in reference.items():
+        assert_same(mine[key], value, key)
 
 
-def test_main_demo_gives_transformer_lens_numbers(main_demo):
-    weights = random_weights(main_demo.config)
-    theirs = run_demo(main_demo, main_demo.source, weights)
-    ours = run_demo(main_demo, main_demo.ported, weights)
-    assert ours.pop("version_module") == "hookedattn_tl"
-    assert theirs.pop("version_module") == "transformer_lens"
-    assert set(ours) == set(theirs)
-    for key, value in theirs.items():
-        if isinstance(value, torch.Tensor):
-            assert_close(
-                ours[key].float(), value.float(), **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}"
-            )
-        elif isinstance(value, float):
-            assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-5), key
-        else:
-            assert ours[key] == value, key
-
-
-@pytest.mark.parametrize("mode", ["Q", "K", "V"])
-def test_all_composition_scores_match(mode, main_demo):
-    config = main_demo.config
-    weights = random_weights(config)
-    theirs = tl_model(weights, config).all_composition_scores(mode)
-    ours = our_model(weights, config).all_composition_scores(mode)
-    assert_close(ours, theirs, **TOLERANCE)
+def test_the_reference_is_transformer_lens_3_5_1(theirs):
+    assert theirs["version"] == VERSION
+    assert sys.modules.get("transformer_lens") is None

@@ -1,0 +1,52 @@
+"""TransformerLens's `MLP` component: `act(x @ W_in + b_in) @ W_out + b_out`, TL's activations.
+
+A standalone component with TL's constructor, for code that builds one; our models build
+`hookedattn.core.components.mlp.MLP`, whose equation (without `*_ln` activations) is this.
+With a `*_ln` activation (SoLU-LN), the norm runs between `hook_mid` and `hook_post`.
+"""
+
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hookedattn.core.components.embed import affine
+from hookedattn_tl.components.mlps.can_be_used_as_mlp import CanBeUsedAsMLP
+from hookedattn_tl.hook_points import HookPoint
+
+
+def _weight(*shape: int, cfg: Any, std: float | None) -> nn.Parameter:
+    """A parameter drawn from `N(0, std)`, or zeros for `std=None` (a bias)."""
+    tensor = torch.zeros(*shape, dtype=cfg.dtype, device=cfg.device)
+    return nn.Parameter(tensor if std is None else tensor.normal_(0.0, std))
+
+
+class MLP(CanBeUsedAsMLP):
+    """TL's `MLP(cfg)`: `W_in [d_model d_mlp]`, `b_in`, `W_out [d_mlp d_model]`, `b_out`;
+    `hook_pre` and `hook_post` `[batch pos d_mlp]` (and `hook_mid` for `*_ln`)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.select_activation_function()
+        std = self.cfg.init_range
+        self.W_in = _weight(self.cfg.d_model, self.d_mlp, cfg=self.cfg, std=std)
+        self.b_in = _weight(self.d_mlp, cfg=self.cfg, std=None)
+        self.W_out = _weight(self.d_mlp, self.cfg.d_model, cfg=self.cfg, std=std)
+        self.b_out = _weight(self.cfg.d_model, cfg=self.cfg, std=None)
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def activate(self, pre: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_mlp"]:
+        """The activation, and for a `*_ln` one the norm after it."""
+        if self.ln is None:
+            return self.act_fn(pre)
+        return self.ln(self.hook_mid(self.act_fn(pre)))
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
+        post = self.hook_post(self.activate(pre))
+        return affine(post, self.W_out, self.b_out)
+
+
+__all__ = ["MLP"]
