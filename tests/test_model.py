@@ -43,22 +43,31 @@ VARIANTS = [
     {"use_attn_in": True},
     {"d_head": 5, "n_heads": 2},
     {"d_vocab_out": 11},
+    {"n_key_value_heads": 1, "positional_embedding_type": "rotary"},
+    {"gated_mlp": True, "act_fn": "silu", "normalization_type": "RMS"},
+    {"parallel_attn_mlp": True, "act_fn": "gelu"},
 ]
 
 
+# Both execution paths: the fused kernels (a plain forward) and the written-out equations.
+PATHS = {"fused": True, "written_out": False}
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default"
 )
-def test_forward_matches_independent_reference_float64(overrides):
-    model = make_model(**overrides)
+def test_forward_matches_independent_reference_float64(overrides, path):
+    model = make_model(use_fused_kernels=PATHS[path], **overrides)
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         model(tokens), reference_forward(model, tokens), rtol=1e-10, atol=1e-10
     )
 
 
-def test_forward_matches_reference_float32():
-    model = make_model(dtype=torch.float32)
+@pytest.mark.parametrize("path", PATHS)
+def test_forward_matches_reference_float32(path):
+    model = make_model(dtype=torch.float32, use_fused_kernels=PATHS[path])
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         model(tokens), reference_forward(model, tokens), rtol=1e-5, atol=1e-5
