@@ -167,6 +167,20 @@ def test_rms_norm_applies_its_gain(path):
     torch.testing.assert_close(got, expected, rtol=1e-14, atol=0.0)
 
 
+@pytest.mark.parametrize("kind", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("path", PATHS)
+def test_an_epsilon_set_in_the_config_is_the_one_used_on_both_paths(kind, path):
+    # eps 1e-2 on [3, 1, 3, 1]: LayerNorm's unit stream / sqrt(1.01), RMSNorm's / sqrt(5.01).
+    cfg = config(d_model=4, d_head=1, dtype=torch.float64, use_fused_kernels=PATHS[path])
+    norm = kind(cfg.replace(eps=1e-2))
+    got = norm(torch.tensor([[[3.0, 1.0, 3.0, 1.0]]], dtype=torch.float64)).detach()[0, 0]
+    if kind is LayerNorm:
+        expected = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64) / math.sqrt(1.01)
+    else:
+        expected = torch.tensor([3.0, 1.0, 3.0, 1.0], dtype=torch.float64) / math.sqrt(5.01)
+    torch.testing.assert_close(got, expected, rtol=1e-14, atol=0.0)
+
+
 # ------------------------------------------------------- the attention's scale
 def attention_model(path: str, **overrides) -> HookedTransformer:
     fields = dict(attn_only=True, n_heads=4, seed=3, dtype=torch.float64)
