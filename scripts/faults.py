@@ -25,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -234,9 +235,14 @@ def check_only(faults: list[Fault], root: Path) -> int:
     return 1 if stale else 0
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_all(faults: list[Fault], root: Path, args: argparse.Namespace) -> list[Outcome]:
     """The baseline, then every fault, on `args.workers` scratch copies."""
-    start, outcomes = time.perf_counter(), []
+    start, cpu, outcomes = time.perf_counter(), _children_cpu(), []
     with tempfile.TemporaryDirectory(prefix="hookedattn-faults-") as tmp:
         plugins = Path(tmp) / "plugins"
         plugins.mkdir()
@@ -266,15 +272,18 @@ def run_all(faults: list[Fault], root: Path, args: argparse.Namespace) -> list[O
             for outcome in pool.map(one, faults):
                 print(describe(outcome, args.min_files), flush=True)
                 outcomes.append(outcome)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu
     print(summary(outcomes, args.min_files, elapsed, args.workers))
+    print(f"CPU time of the test processes: {cpu / 60:.1f} min (baseline included)")
     if args.json:
-        write_json(Path(args.json), outcomes, baseline, elapsed, args.workers)
+        write_json(Path(args.json), outcomes, baseline, (elapsed, cpu), args.workers)
     return outcomes
 
 
-def write_json(path: Path, outcomes: list[Outcome], baseline: Run, seconds: float, workers: int):
-    """The outcomes, the baseline and the time, as JSON."""
+def write_json(
+    path: Path, outcomes: list[Outcome], baseline: Run, seconds: tuple[float, float], workers: int
+) -> None:
+    """The outcomes, the baseline and the time (wall and CPU seconds), as JSON."""
     rows = [
         {
             "id": o.fault.id,
@@ -293,7 +302,8 @@ def write_json(path: Path, outcomes: list[Outcome], baseline: Run, seconds: floa
         "faults": rows,
         "baseline_failures": baseline.failed,
         "baseline_seconds": round(baseline.seconds, 1),
-        "seconds": round(seconds, 1),
+        "seconds": round(seconds[0], 1),
+        "cpu_seconds": round(seconds[1], 1),
         "workers": workers,
         "python": sys.version.split()[0],
     }
