@@ -30,7 +30,8 @@ VARIANTS = {
     "attn_only_partial_rotary": {
         "attn_only": True,
         "positional_embedding_type": "rotary",
-        "rotary_dim": 2,
+        "d_head": 8,
+        "rotary_dim": 4,
     },
 }
 # A local window of 3 shorter than most chunks: keys leave the window across boundaries.

@@ -255,7 +255,7 @@ def test_a_gain_or_bias_changed_after_the_forward_breaks_its_norms_identity(name
 
 @pytest.mark.parametrize("site", ["blocks.1.ln1.hook_scale", "ln_final.hook_normalized"])
 def test_a_perturbed_norm_activation_fails_the_identity_written_from_its_input(site):
-    model, cache = make_model(), None
+    model = make_model()
     _, cache = model.run_with_cache(TOKENS)
     index = (0, 3, 0) if site.endswith("scale") else (0, 3, 2)
     message = failure_message(assert_residual_identities, model, bumped(cache, site, index, 1e-6))

@@ -29,7 +29,9 @@ VARIANTS = {
     "lnpre_gelu": {"normalization_type": "LNPre", "act_fn": "gelu"},
     "rmspre_relu": {"normalization_type": "RMSPre"},
     "no_norm_gelu_new": {"normalization_type": None, "act_fn": "gelu_new"},
-    "partial_rotary": {"positional_embedding_type": "rotary", "rotary_dim": 2},
+    # Two of four frequencies rotated: one frequency alone (rotary_dim 2) is 1 whatever
+    # the exponent's denominator, so it could not tell rotary_dim from d_head there.
+    "partial_rotary": {"positional_embedding_type": "rotary", "d_head": 8, "rotary_dim": 4},
     "no_positions": {"positional_embedding_type": "none"},
     "odd_shapes": {"d_head": 5, "n_heads": 3, "d_vocab_out": 11},
     "no_layers": {"n_layers": 0},

@@ -52,8 +52,27 @@ _SUPPORTED = (
 )
 
 
+def _checked(constants: Constants, cfg: Any) -> Constants:
+    """`constants`, if the model's config agrees with them; else a `ValueError` naming each
+    constant on which it does not."""
+    disagree = constants.disagreements(cfg)
+    if disagree:
+        raise ValueError(
+            "the model's config disagrees with the constants the reference uses:\n  "
+            + "\n  ".join(disagree)
+            + "\nFor a model that sets its own, state them from its source: "
+            "ReferenceTransformer(model, published_constants(d_head, eps=...))"
+        )
+    return constants
+
+
 class ReferenceTransformer:
-    """A model's weights in the worklog's layout, and the forward written out over them."""
+    """A model's weights in the worklog's layout, and the forward written out over them.
+
+    `constants` are the attention scale, the norms' epsilon and the rotary base it computes
+    with: `published_constants(d_head)` unless given. A model whose config disagrees with
+    them is refused (`ValueError`, naming each constant).
+    """
 
     # Subclasses may swap one for an equal kernel (the bench times torch's one-kernel gelu).
     activations: ClassVar[dict[str, Callable[[Tensor], Tensor]]] = {
@@ -71,15 +90,7 @@ class ReferenceTransformer:
                 f"the reference forward writes out pre-norm blocks with plain attention and "
                 f"MLPs; this config has {', '.join(unsupported)}"
             )
-        self.constants = constants or published_constants(cfg.d_head)
-        disagree = self.constants.disagreements(cfg)
-        if disagree:
-            raise ValueError(
-                "the model's config disagrees with the constants the reference uses:\n  "
-                + "\n  ".join(disagree)
-                + "\nFor a model that sets its own, state them from its source: "
-                "ReferenceTransformer(model, published_constants(d_head, eps=...))"
-            )
+        self.constants = _checked(constants or published_constants(cfg.d_head), cfg)
         self.cfg = cfg
         # A copy: the reference is the weights as they were when it was built.
         w = {name: t.detach().clone() for name, t in model.state_dict().items()}
