@@ -139,6 +139,23 @@ def test_a_nan_value_in_a_masked_position_takes_the_written_out_path():
     torch.testing.assert_close(out[:, :7], written.run_with_hooks(TOKENS, fwd_hooks=hooks)[:, :7])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_a_nan_query_reaches_its_own_position_on_the_fused_path(dtype):
+    # torch's CPU kernel returns 0, not NaN, for a NaN query at short lengths (float32 up
+    # to 5 positions, float64 up to 3): the guard must see the query, not only z.
+    fused, written = pair({"attn_only": True, "n_layers": 1}, dtype)
+    tokens = TOKENS[:, :3]
+
+    def poison(q, hook):
+        q[:, 2, 1, 0] = float("nan")
+        return q
+
+    hooks = [("blocks.0.attn.hook_q", poison)]
+    for model in (fused, written):
+        out = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        assert out[:, 2].isnan().all() and out[:, :2].isfinite().all()
+
+
 def test_kept_fused_weights_see_an_in_place_weight_edit():
     fused, written = pair(VARIANTS["llama"], torch.float64)
     with torch.no_grad(), fused.keeping_fused_weights():

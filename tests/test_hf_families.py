@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer
-from hookedattn.testing import assert_residual_identities
+from hookedattn.testing import Constants, assert_residual_identities, published_constants
 
 transformers = pytest.importorskip("transformers")
 
@@ -208,9 +208,19 @@ def test_attention_patterns_equal_hf_eager_attentions(pair64):
         assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
 
 
+def hf_constants(config) -> Constants:
+    """The constants the checkpoint's own config states, under HF's names: the norms'
+    epsilon and what the scores are divided by (Gemma 2: `sqrt(query_pre_attn_scalar)`)."""
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    eps_names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next(getattr(config, name) for name in eps_names if hasattr(config, name))
+    attn_scale = getattr(config, "query_pre_attn_scalar", d_head) ** 0.5
+    return published_constants(d_head, eps=eps, attn_scale=attn_scale)
+
+
 def test_the_imported_model_keeps_every_residual_identity(pair64):
     _, cache = pair64.ours.run_with_cache(TOKENS)
-    assert_residual_identities(pair64.ours, cache)
+    assert_residual_identities(pair64.ours, cache, constants=hf_constants(pair64.hf.config))
 
 
 def test_greedy_generation_equals_hf_generate(pair32):

@@ -27,6 +27,21 @@ def test_returning_none_keeps_the_activation():
     assert torch.equal(out, model(TOKENS))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "written_out"])
+def test_a_query_edited_by_a_hook_changes_its_own_position_only(fused):
+    # A query is read by its own position alone: a NaN written into it must reach that
+    # position's logits, and none other, whichever way attention runs.
+    model = make_model(use_fused_kernels=fused, attn_only=True, n_layers=1)
+
+    def poison(q, hook):
+        q[:, 3, 0, 1] = float("nan")
+        return q
+
+    out = model.run_with_hooks(TOKENS[:, :4], fwd_hooks=[("blocks.0.attn.hook_q", poison)])
+    assert out[:, 3].isnan().all()
+    assert out[:, :3].isfinite().all()
+
+
 def test_returning_a_tensor_replaces_the_activation():
     model = make_model()
 

@@ -10,7 +10,7 @@ import torch
 from einops import einsum
 
 from hookedattn.core.tolerances import tolerance
-from hookedattn.testing import random_tokens, tiny_model
+from hookedattn.testing import random_tiny_model, random_tokens
 
 VARIANTS = {
     "default": {},
@@ -24,7 +24,7 @@ VARIANTS = {
 
 def run(dtype, **overrides):
     fields = dict(n_layers=3, d_model=24, n_heads=3, d_vocab=30, d_mlp=40, dtype=dtype)
-    model = tiny_model(**{**fields, **overrides})
+    model = random_tiny_model(**{**fields, **overrides})
     tokens = random_tokens(30, batch=2, pos=9)
     return model, model.run_with_cache(tokens)[1]
 

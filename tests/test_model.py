@@ -43,22 +43,31 @@ VARIANTS = [
     {"use_attn_in": True},
     {"d_head": 5, "n_heads": 2},
     {"d_vocab_out": 11},
+    {"n_key_value_heads": 1, "positional_embedding_type": "rotary"},
+    {"gated_mlp": True, "act_fn": "silu", "normalization_type": "RMS"},
+    {"parallel_attn_mlp": True, "act_fn": "gelu"},
 ]
 
 
+# Both execution paths: the fused kernels (a plain forward) and the written-out equations.
+PATHS = {"fused": True, "written_out": False}
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default"
 )
-def test_forward_matches_independent_reference_float64(overrides):
-    model = make_model(**overrides)
+def test_forward_matches_independent_reference_float64(overrides, path):
+    model = make_model(use_fused_kernels=PATHS[path], **overrides)
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         model(tokens), reference_forward(model, tokens), rtol=1e-10, atol=1e-10
     )
 
 
-def test_forward_matches_reference_float32():
-    model = make_model(dtype=torch.float32)
+@pytest.mark.parametrize("path", PATHS)
+def test_forward_matches_reference_float32(path):
+    model = make_model(dtype=torch.float32, use_fused_kernels=PATHS[path])
     tokens = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         model(tokens), reference_forward(model, tokens), rtol=1e-5, atol=1e-5
@@ -235,3 +244,23 @@ def test_gradients_flow_to_every_parameter():
     model(torch.randint(0, 37, (2, 8)), return_type="loss").backward()
     unused = [n for n, p in model.named_parameters() if p.grad is None]
     assert unused == []
+
+
+def test_weights_are_drawn_at_transformerlens_s_init_range():
+    # TransformerLens 3.5.1 ("gpt2" init): every W_ is N(0, (0.8 / sqrt(d_model))^2), here
+    # d_model 64 -> 0.1; 64 x 512 draws put the sample std within 1% of it by > 5 sigma.
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=64, n_heads=4, n_ctx=8, d_vocab=512, d_mlp=128, seed=5
+    )
+    model = HookedTransformer(cfg)
+    assert model.W_E.detach().std().item() == pytest.approx(0.1, rel=0.01)
+    assert model.W_U.detach().std().item() == pytest.approx(0.1, rel=0.01)
+
+
+def test_a_rotary_model_rotates_every_dimension_of_each_head_by_default():
+    # TransformerLens: rotary_dim defaults to d_head. Past position 0 every dimension of a
+    # query moves (a pair left unrotated would come out unchanged).
+    model = make_model(positional_embedding_type="rotary", attn_only=True)
+    _, cache = model.run_with_cache(torch.arange(6)[None])
+    moved = (cache["rot_q", 0] - cache["q", 0])[:, 1:].abs().amax(dim=(0, 1, 2))
+    assert bool((moved > 1e-6).all()), moved

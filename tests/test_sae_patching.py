@@ -18,6 +18,8 @@ def setup():
     sae = SparseAutoencoder(SAEConfig(16, 24, POINT, dtype="float64", seed=2))
     with torch.no_grad():
         sae.b_enc.add_(0.2)
+        # A decoder bias away from zero, so that a reconstruction which forgets it differs.
+        sae.b_dec.copy_(0.3 * torch.randn(16, generator=torch.Generator().manual_seed(3)))
     return model, sae
 
 

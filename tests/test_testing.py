@@ -16,7 +16,8 @@ from hookedattn.testing import (
     assert_decomposes,
     assert_no_hooks,
     assert_residual_identities,
-    tiny_model,
+    published_constants,
+    random_tiny_model,
     tolerance,
 )
 
@@ -34,7 +35,9 @@ VARIANTS = {
 }
 
 
-make_model = partial(tiny_model, n_ctx=12, d_vocab=20, d_mlp=32)
+# Every weight, bias and gain random: under unit gains and zero biases an identity cannot
+# tell where (or whether) a gain or bias is applied.
+make_model = partial(random_tiny_model, n_ctx=12, d_vocab=20, d_mlp=32)
 
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1]])
@@ -76,8 +79,8 @@ def test_identities_hold_on_a_clean_forward_and_reach_every_activation(variant, 
     assert check.skipped == ()
     mentioned = set(re.findall(r"[\w.]+", " ".join(check.checked)))
     uncovered = [name for name in cache if name not in mentioned]
-    if variant == "per_head_hooks":  # ln1 runs on q, k and v inputs; its hook keeps one
-        uncovered = [n for n in uncovered if not n.endswith("ln1.hook_normalized")]
+    if variant == "per_head_hooks":  # ln1 runs on q, k and v inputs; its hooks keep one
+        uncovered = [n for n in uncovered if not re.search(r"ln1\.hook_(normalized|scale)$", n)]
     if variant != "rotary_rms":
         assert not any(re.search(r"attn\.hook_[qk]$", n) for n in uncovered)
     assert all(re.search(NOT_COVERED, n) for n in uncovered), uncovered
@@ -148,11 +151,11 @@ def test_an_ablation_breaks_only_the_identity_at_the_ablated_activation():
     with pytest.raises(AssertionError) as failure:
         assert_residual_identities(model, cache)
     message = str(failure.value)
-    assert message.startswith("1 of 39 residual-stream identities fail")
+    assert message.startswith("1 of 49 residual-stream identities fail")
     assert (
         "[1] blocks.0.attn.hook_z == blocks.0.attn.hook_pattern @ blocks.0.attn.hook_v" in message
     )
-    assert "at batch 0, pos 0, head 1, d_head" in message
+    assert re.search(r"at batch \d, pos \d, head 1, d_head \d", message)  # the zeroed head
 
 
 def test_identities_whose_activations_are_not_cached_are_skipped_and_listed():
@@ -202,6 +205,61 @@ def test_a_cache_without_batch_axis_names_the_remaining_axes():
     broken = bumped(cache, name, (3, 7), -1.0)
     with pytest.raises(AssertionError, match=r"largest error 1 at pos 3, d_mlp 7"):
         assert_residual_identities(model, broken)
+
+
+def test_a_config_whose_constant_is_not_the_published_one_fails_naming_it():
+    model = make_model(eps=1e-6)  # TransformerLens 3.5.1's default is 1e-5
+    _, cache = model.run_with_cache(TOKENS)
+    message = failure_message(assert_residual_identities, model, cache)
+    assert "[1] constant eps" in message
+    assert "eps: the model's config has 1e-06, the check uses 1e-05" in message
+    assert "constants=published_constants(d_head, <name>=<value>)" in message
+
+
+def test_a_stated_constant_is_the_one_the_identities_use():
+    model = make_model(eps=1e-2, attn_scale=3.0)
+    _, cache = model.run_with_cache(TOKENS)
+    stated = published_constants(model.cfg.d_head, eps=1e-2, attn_scale=3.0)
+    check = assert_residual_identities(model, cache, constants=stated)
+    assert "blocks.0.ln1.hook_scale == sqrt(mean((x - mean(x))^2) + 0.01) of x = " in " ".join(
+        check.checked
+    )
+    # The same cache held to other constants fails the identities that use them.
+    wrong = published_constants(model.cfg.d_head, eps=1e-3, attn_scale=3.0)
+    message = failure_message(partial(assert_residual_identities, constants=wrong), model, cache)
+    assert "blocks.0.ln1.hook_scale == sqrt(mean((x - mean(x))^2) + 0.001)" in message
+    wrong = published_constants(model.cfg.d_head, eps=1e-2, attn_scale=2.0)
+    message = failure_message(partial(assert_residual_identities, constants=wrong), model, cache)
+    assert "blocks.0.attn.hook_attn_scores == " in message
+
+
+@pytest.mark.parametrize(("built", "checked_as"), [("LN", "RMS"), ("RMS", "LN")])
+def test_a_layernorm_and_an_rmsnorm_are_told_apart(built, checked_as):
+    model = make_model(normalization_type=built)
+    _, cache = model.run_with_cache(TOKENS)
+    model.cfg = dataclasses.replace(model.cfg, normalization_type=checked_as)
+    message = failure_message(assert_residual_identities, model, cache)
+    assert "blocks.0.ln1.hook_scale == sqrt(mean(" in message
+
+
+@pytest.mark.parametrize("name", ["blocks.1.ln2.w", "blocks.0.ln1.b", "ln_final.w"])
+def test_a_gain_or_bias_changed_after_the_forward_breaks_its_norms_identity(name):
+    model = make_model()
+    _, cache = model.run_with_cache(TOKENS)
+    with torch.no_grad():
+        model.get_parameter(name).mul_(1.01)
+    path = name.rsplit(".", 1)[0]
+    message = failure_message(assert_residual_identities, model, cache)
+    assert f"{path}.hook_out == {path}.hook_normalized * w + b" in message
+
+
+@pytest.mark.parametrize("site", ["blocks.1.ln1.hook_scale", "ln_final.hook_normalized"])
+def test_a_perturbed_norm_activation_fails_the_identity_written_from_its_input(site):
+    model = make_model()
+    _, cache = model.run_with_cache(TOKENS)
+    index = (0, 3, 0) if site.endswith("scale") else (0, 3, 2)
+    message = failure_message(assert_residual_identities, model, bumped(cache, site, index, 1e-6))
+    assert f"[1] {site} == " in message
 
 
 # ------------------------------------------------------------------- assert_no_hooks

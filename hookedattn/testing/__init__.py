@@ -10,6 +10,9 @@ Tiny seeded models and tokens to test with: `tiny_model(**config_fields)`,
 `random_tiny_model(...)` (every parameter random, so no forgotten bias or gain hides) and
 `random_tokens(d_vocab, batch, pos, seed)`. An independent, written-out forward to hold a
 model to: `reference_forward(model, tokens)`, i.e. `ReferenceTransformer(model)(tokens)`.
+The constants both take from published sources rather than the model's config (the
+attention scale, the norms' epsilon, the rotary base): `published_constants(d_head)`, in
+`hookedattn.testing.published` with the source of each.
 
 Every helper fails with an `AssertionError` that says which activation or component, at
 which position, the largest error and the tolerance it broke. Tolerances by dtype come
@@ -31,11 +34,18 @@ from hookedattn.testing.models import (
     randomize_parameters,
     tiny_model,
 )
+from hookedattn.testing.published import (
+    Constants,
+    attention_scale,
+    gelu_tanh,
+    published_constants,
+)
 from hookedattn.testing.reference import ReferenceTransformer, reference_forward
 
 __all__ = [
     "TINY_CONFIG",
     "TOLERANCES",
+    "Constants",
     "DecompositionLike",
     "IdentityCheck",
     "ReferenceTransformer",
@@ -44,7 +54,10 @@ __all__ = [
     "assert_decomposes",
     "assert_no_hooks",
     "assert_residual_identities",
+    "attention_scale",
     "describe_handles",
+    "gelu_tanh",
+    "published_constants",
     "random_tiny_model",
     "random_tokens",
     "randomize_parameters",

@@ -21,10 +21,13 @@ from hookedattn.testing._identity import (
     sum_of,
     weight,
 )
+from hookedattn.testing._norm_identities import input_norm_identities
+from hookedattn.testing.published import Constants
 
 
-def all_identities(model: HookedTransformer) -> list[Identity]:
-    """Every identity of `model`'s forward, in the order the forward computes them."""
+def all_identities(model: HookedTransformer, constants: Constants) -> list[Identity]:
+    """Every identity of `model`'s forward, in the order the forward computes them (the
+    norms' last), with the attention scale and the norms' epsilon from `constants`."""
     cfg = model.cfg
     out: list[Identity] = []
     if not cfg.n_layers:
@@ -32,10 +35,11 @@ def all_identities(model: HookedTransformer) -> list[Identity]:
     terms = ["embed", "pos_embed"] if cfg.positional_embedding_type == "standard" else ["embed"]
     out.append(sum_of(_act("resid_pre", 0), *(_names.get_act_name(t) for t in terms)))
     for layer in range(cfg.n_layers):
-        out += _block(model, layer)
+        out += _block(model, layer, constants)
         if layer + 1 < cfg.n_layers:
             out.append(sum_of(_act("resid_pre", layer + 1), _act("resid_post", layer)))
     paths = [f"blocks.{layer}.{which}" for layer in range(cfg.n_layers) for which in _NORMS]
+    out += input_norm_identities(model, constants)
     out += [_gain(model, path) for path in [*paths, "ln_final"] if _has_norm(model, path)]
     return out + _unembed(model)
 
@@ -70,7 +74,7 @@ def _gain(model: HookedTransformer, path: str) -> Identity:
     return Identity(statement, (out, normalized), ("batch", "pos", "d_model"), TERMS, sides)
 
 
-def _block(model: HookedTransformer, layer: int) -> list[Identity]:
+def _block(model: HookedTransformer, layer: int, constants: Constants) -> list[Identity]:
     """One block: its per-head copies, attention, MLP and residual sums.
 
     A sequential block adds the attention's write before the MLP reads the stream; a
@@ -82,7 +86,7 @@ def _block(model: HookedTransformer, layer: int) -> list[Identity]:
     for copy in ("attn_in", "q_input", "k_input", "v_input"):
         if hasattr(block, f"hook_{copy}"):
             out.append(per_head_copy(_act(copy, layer), resid_pre))
-    out += _attention(model, layer)
+    out += _attention(model, layer, constants.attn_scale)
     attn_out = _act("attn_out", layer)
     if cfg.attn_only:
         return [*out, sum_of(resid_post, resid_pre, attn_out)]
@@ -96,7 +100,7 @@ def _block(model: HookedTransformer, layer: int) -> list[Identity]:
     return [*out, sum_of(resid_post, resid_mid, mlp_out)]
 
 
-def _attention(model: HookedTransformer, layer: int) -> list[Identity]:
+def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[Identity]:
     cfg, attn = model.cfg, model.blocks[layer].attn
     prefix = f"blocks.{layer}.attn"
     q, k = _act("q", layer), _act("k", layer)
@@ -111,7 +115,7 @@ def _attention(model: HookedTransformer, layer: int) -> list[Identity]:
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
     out += [
-        attn_ids.scores(scores, q, k, cfg.attn_scale, attn.group, cfg.attn_scores_soft_cap),
+        attn_ids.scores(scores, q, k, attn_scale, attn.group, cfg.attn_scores_soft_cap),
         attn_ids.softmax(pattern, scores),
         attn_ids.rows_sum_to_one(pattern),
         attn_ids.causal(pattern),

@@ -29,12 +29,22 @@ them), GQA keys and values one per key/value head (each query head reads its gro
 `after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
 a soft cap (`c tanh(x / c)`; the identity elsewhere).
 
+and, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms),
+
+    <norm>.hook_scale      = sqrt(mean(centre(x)^2) + eps)  (centre: x - mean x for LayerNorm,
+    <norm>.hook_normalized = centre(x) / <norm>.hook_scale   x itself for RMSNorm)
+
+written out from the formulas, never by calling the model's modules. A norm after a sublayer
+is applied at the divisor its forward recorded, so its gain, bias and centring are checked
+and its divisor is not (its input is not cached). The rotation of q and k is not recomputed.
+
+The constants (what the scores are divided by, the norms' epsilon) are the published ones
+(`hookedattn.testing.published`), not the model's config: a config that disagrees fails,
+naming the constant, unless the caller states the model's own (`constants=`), so that a
+wrong default cannot move the model and its check together.
+
 An identity is checked when all its activations are in the cache, and skipped (and listed
-as skipped) otherwise. The norms before a sublayer (`ln1`, `ln2`, `ln_final`), their
-`hook_scale` and the rotation of q and k are not recomputed here: that would mean calling
-the model's own modules, which are what is under test. A norm inside a chain of identities
-(after a sublayer; on queries and keys) is applied at the divisor its forward recorded, so
-its gain, bias and centring are checked, and its divisor is not.
+as skipped) otherwise.
 """
 
 import dataclasses
@@ -53,6 +63,7 @@ from hookedattn.testing._compare import (
 )
 from hookedattn.testing._identity import Get, NotApplicableError
 from hookedattn.testing._model_identities import all_identities
+from hookedattn.testing.published import Constants, published_constants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,23 +85,35 @@ class IdentityCheck:
 
 
 def assert_residual_identities(
-    model: HookedTransformer, cache: ActivationCache, *, tol: Tolerance | None = None
+    model: HookedTransformer,
+    cache: ActivationCache,
+    *,
+    tol: Tolerance | None = None,
+    constants: Constants | None = None,
 ) -> IdentityCheck:
     """Assert that every residual-stream identity (module docstring) holds on `cache`.
 
     `cache` is one forward of `model` (any `names_filter`, `pos_slice`, `dtype` or batch
     axis). The tolerance is the loosest of the cache's and the model's dtypes (from
-    `hookedattn.core.tolerances`) unless `tol` is given. Raises `AssertionError` naming each
-    failing identity with its largest error, where it is and the bound it broke, or when
-    no identity could be checked at all. Returns what was checked and what was skipped.
+    `hookedattn.core.tolerances`) unless `tol` is given. The constants are
+    `published_constants(d_head)` unless `constants` is given (for a model that sets its
+    own: state them from its source, `published_constants(d_head, eps=1e-6)`); where the
+    model's config disagrees with them, that is a failure too. Raises `AssertionError`
+    naming each failing identity with its largest error, where it is and the bound it
+    broke, or when no identity could be checked at all. Returns what was checked and what
+    was skipped.
     """
     if not isinstance(cache, ActivationCache):
         raise TypeError(f"cache must be an ActivationCache, got {type(cache).__name__}")
     dtypes = {t.dtype for t in cache.values()} | {model.cfg.dtype}
     used = loosest_tolerance(dtypes, tol)
     get: Get = lambda name: cache[name].to(torch.float64)
+    constants = constants or published_constants(model.cfg.d_head)
     checked, skipped, failures = [], [], []
-    for identity in all_identities(model):
+    # The rotation is not recomputed here, so the rotary base is not among the constants used.
+    for line in constants.disagreements(model.cfg, ("attn_scale", "eps")):
+        failures.append((f"constant {line.split(':')[0]}", line + _STATE_HINT))
+    for identity in all_identities(model, constants):
         missing = [n for n in identity.needs if n not in cache]
         if missing:
             skipped.append(f"{identity.statement}  [not cached: {', '.join(missing)}]")
@@ -113,6 +136,12 @@ def assert_residual_identities(
             f"cache of {len(cache)} activations:\n  " + "\n  ".join(skipped)
         )
     return IdentityCheck(tuple(checked), tuple(skipped), used)
+
+
+_STATE_HINT = (
+    "\nfor a model that sets its own, state it from its source: "
+    "constants=published_constants(d_head, <name>=<value>)"
+)
 
 
 def _failure_message(

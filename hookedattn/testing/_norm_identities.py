@@ -1,0 +1,87 @@
+"""The norms before a sublayer, written out from their input: divisor and normalised stream.
+
+    <norm>.hook_scale      == sqrt(mean(centre(x)^2) + eps)     over the norm's axes
+    <norm>.hook_normalized == centre(x) / <norm>.hook_scale
+
+with `x` the activation the norm reads (`resid_pre` for `ln1`, `resid_mid` or `mlp_in` for
+`ln2`, the last `resid_post` for `ln_final`, `hook_q` and `hook_k` for the q/k norms),
+`centre` the mean removed for LayerNorm (`normalization_type` "LN", "LNPre"; Ba et al. 2016)
+and the identity for RMSNorm (Zhang & Sennrich 2019; the q/k norms are RMS), and `eps` the
+published constant (`hookedattn.testing.published`), not the model's. Written from the
+formulas, never by calling the model's norm modules. A norm whose input is not cached
+(after a sublayer: its input is the sublayer's output before it) is not listed here; its
+gain, bias and centring are checked at its recorded divisor elsewhere.
+"""
+
+from hookedattn.core import names as _names
+from hookedattn.core.components.norm import NoNorm
+from hookedattn.core.model import HookedTransformer
+from hookedattn.testing._identity import VALUE, Get, Identity, Sides
+from hookedattn.testing.published import Constants
+
+
+def input_norm_identities(model: HookedTransformer, constants: Constants) -> list[Identity]:
+    """The two identities of every norm whose input is cached, in forward order."""
+    cfg = model.cfg
+    centres = cfg.normalization_type in ("LN", "LNPre")
+    out = []
+    for layer, block in enumerate(model.blocks):
+        read_ln1 = _ln1_input(block, layer)
+        if read_ln1 is not None and not isinstance(block.ln1, NoNorm):
+            out += _norm(f"blocks.{layer}.ln1", read_ln1, 1, centres, constants.eps)
+        if cfg.use_qk_norm:
+            axes = 1 if cfg.qk_norm_per_head else 2
+            for which, x in (("q_norm", "q"), ("k_norm", "k")):
+                path = f"blocks.{layer}.attn.{which}"
+                out += _norm(path, _act(x, layer), axes, False, constants.eps)
+        if cfg.has_mlp and not isinstance(block.ln2, NoNorm):
+            out += _norm(f"blocks.{layer}.ln2", _ln2_input(block, layer), 1, centres, constants.eps)
+    if not isinstance(model.ln_final, NoNorm):
+        final = _act("resid_post", cfg.n_layers - 1)
+        out += _norm("ln_final", final, 1, centres, constants.eps)
+    return out
+
+
+def _ln1_input(block: object, layer: int) -> str | None:
+    """What `ln1` reads: the stream, or its per-head copies; None with split q/k/v inputs
+    (`ln1` runs three times and its hook points keep only the last)."""
+    if hasattr(block, "hook_q_input"):
+        return None
+    return _act("attn_in" if hasattr(block, "hook_attn_in") else "resid_pre", layer)
+
+
+def _ln2_input(block: object, layer: int) -> str:
+    if hasattr(block, "hook_mlp_in"):
+        return _act("mlp_in", layer)
+    parallel = not hasattr(block, "hook_resid_mid")
+    return _act("resid_pre" if parallel else "resid_mid", layer)
+
+
+def _norm(path: str, x: str, n_axes: int, centres: bool, eps: float) -> list[Identity]:
+    scale, normalized = f"{path}.hook_scale", f"{path}.hook_normalized"
+    axes = tuple(range(-n_axes, 0))
+    square, centre = ("(x - mean(x))^2", "x - mean(x)") if centres else ("x^2", "x")
+
+    def centred(get: Get):
+        value = get(x)
+        return value - value.mean(axes, keepdim=True) if centres else value
+
+    def scale_sides(get: Get) -> Sides:
+        expected = (centred(get).pow(2).mean(axes, keepdim=True) + eps).sqrt()
+        return Sides(get(scale), expected, expected)
+
+    def normalized_sides(get: Get) -> Sides:
+        expected = centred(get) / get(scale)
+        return Sides(get(normalized), expected, expected.abs())
+
+    scale_is = f"{scale} == sqrt(mean({square}) + {eps:g}) of x = {x}"
+    normalized_is = f"{normalized} == ({centre}) / {scale} of x = {x}"
+    needs = (normalized, x, scale)
+    return [
+        Identity(scale_is, (scale, x), (), VALUE, scale_sides),
+        Identity(normalized_is, needs, _names.axis_names(normalized), VALUE, normalized_sides),
+    ]
+
+
+def _act(name: str, layer: int) -> str:
+    return _names.get_act_name(name, layer)
