@@ -6,10 +6,11 @@ must therefore show it on the default (fused) path exactly where the written-out
 does: `model(t)`, `run_with_cache(t)` and a `use_fused_kernels=False` twin give non-finite
 logits at the same positions, and the same finite logits everywhere else.
 
-On commit 256099a (the guard checked only the kernel's output) the first test fails for a
-NaN or inf in W_Q or W_K at one position, with and without grouped keys. There, torch's
-kernel propagated the NaN in every decode step and padded batch we tried, so those two
-tests passed before the fix too: they keep the fix from regressing on those paths.
+On commit 256099a (the guard checked only the kernel's output) the first two tests fail
+for a NaN or inf in W_Q or W_K (a one-position forward, a one-token prompt and its decode
+steps), with and without grouped keys. With padding, torch's kernel propagated the NaN in
+every batch we tried, so the third test passed before the fix too: it keeps the fix from
+regressing on the masked path.
 """
 
 import math
