@@ -21,7 +21,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.store import _distributed
-from hookedattn.store._manifest import commit, file_metadata, read_file_metadata, temporary_name
+from hookedattn.store._files import commit, file_metadata, read_file_metadata, temporary_name
 
 
 @dataclasses.dataclass(frozen=True)
