@@ -121,6 +121,8 @@ def test_an_int_index_gives_one_row_and_an_index_tensor_keeps_its_shape(store):
     origin = store.origin(index)
     assert origin.position.shape == (2, 3) and origin.position.tolist() == (index % 8 % 64).tolist()
     assert store.rows(RESID, []).shape == (0, 16)
+    one = store.origin(13)
+    assert one.position.shape == () and (int(one.context), int(one.position)) == (1, 5)
 
 
 @pytest.mark.parametrize(

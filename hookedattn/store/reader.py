@@ -308,7 +308,7 @@ class ActivationStore:
             if key == TOKENS_KEY:
                 source = source.reshape(-1)
             out.index_copy_(0, where, source.index_select(0, local))
-        return out.reshape(*index.shape, *shape)
+        return out.reshape((*index.shape, *shape))
 
 
 def _take(buffer: Tensor, order: Tensor | None, start: int, stop: int) -> Tensor:
