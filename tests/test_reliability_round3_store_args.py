@@ -172,3 +172,23 @@ def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_is_kept(tmp_
         path.write_bytes(b"x")
     again = collect_activations(byte_model(), [TEXT], out=out, **OPTIONS)
     assert again.written == () and live.exists() and other_host.exists() and not stale.exists()
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"), [("batch_size", 2.5), ("window", 0), ("window", True)]
+)
+def test_batch_sizes_and_windows_are_positive_ints(store, argument, value):
+    """Guards: batches(name, 2.5) failed in range() with "'float' object cannot be
+    interpreted as an integer", naming nothing."""
+    kwargs = {"batch_size": 4, "shuffle": True, argument: value}
+    with pytest.raises((ValueError, TypeError), match=rf"(?s){argument}.*{value!r}"):
+        next(store.batches(RESID, **kwargs))
+
+
+def test_load_sweep_of_a_file_that_is_not_one_names_it(tmp_path):
+    """Guards: a bare SafetensorError from the Rust reader."""
+    from hookedattn.store import load_sweep
+
+    (tmp_path / "notes.safetensors").write_text("not a sweep")
+    with pytest.raises(ValueError, match=r"notes.safetensors is not a saved sweep"):
+        load_sweep(tmp_path / "notes.safetensors")

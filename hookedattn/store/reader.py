@@ -182,8 +182,9 @@ class ActivationStore:
         Without `shuffle`, batches are the rows in order.
         """
         name = self._check_name(name)
-        if batch_size < 1 or window < 1:
-            raise ValueError(f"batch_size and window must be positive, got {batch_size}, {window}")
+        for field, value in (("batch_size", batch_size), ("window", window)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
         generator = torch.Generator().manual_seed(seed)
         n_shards = len(self._shards)
         order = torch.randperm(n_shards, generator=generator).tolist() if shuffle else None
