@@ -98,6 +98,8 @@ def test_a_flipped_bit_in_the_stats_file_is_refused(store_dir):
     flip_a_bit(store_dir / "stats.safetensors", f"{RESID}.mean")
     with pytest.raises(StoreError, match=r"stats.safetensors is damaged.*writes it again"):
         ActivationStore(store_dir).stats(RESID)
+    collect_activations(byte_model(), [TEXT], out=store_dir, **OPTIONS)  # the remedy
+    assert ActivationStore(store_dir).stats(RESID).count == 128
 
 
 def test_a_flipped_bit_in_a_store_in_progress_is_refused(store_dir):

@@ -32,8 +32,8 @@ _DTYPES = {
     "I32": torch.int32,
 }
 REMEDY = (
-    "delete the shard and rerun the same collect_activations call (only missing shards "
-    "are computed again)"
+    "rerun the same collect_activations call: it computes damaged and missing shards "
+    "again, and only those"
 )
 
 

@@ -85,7 +85,7 @@ def read_stats(out: Path, name: str, manifest: dict, n_rows: int) -> RunningStat
     """The stats of `name` from a complete store's `stats.safetensors`, whose bytes must be
     the ones the manifest recorded and whose count must be the store's `n_rows`."""
     path = out / STATS_FILE
-    remedy = "delete it and rerun the same collect_activations call, which writes it again"
+    remedy = "rerun the same collect_activations call, which writes it again"
     if not path.is_file():
         raise StoreError(f"{path} is missing from the complete store {out}; {remedy}")
     data = path.read_bytes() if path.stat().st_size == manifest["stats_bytes"] else b""

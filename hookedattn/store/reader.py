@@ -96,8 +96,8 @@ class ActivationStore:
         if size != record["bytes"]:
             raise StoreError(
                 f"shard {path} is truncated or damaged: {size:,} bytes, the manifest "
-                f"recorded {record['bytes']:,}; delete it and rerun the same "
-                f"collect_activations call (only missing shards are computed again)"
+                f"recorded {record['bytes']:,}; rerun the same collect_activations call: "
+                f"it computes damaged and missing shards again, and only those"
             )
         return True
 

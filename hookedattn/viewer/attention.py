@@ -26,7 +26,8 @@ from hookedattn.viewer.tokens import token_strings
 
 Patterns = Float[Tensor, "layer head query_pos key_pos"]
 # Every pattern value the page holds (layers x heads x positions^2): 2**23 is 2 layers of
-# 4 heads over 1,024 tokens, a page of about 20 MB that a browser still draws.
+# 4 heads over 1,024 tokens, at most 43 MB of page (a causal model's, half that), which a
+# browser still draws.
 MAX_VALUES = 1 << 23
 
 
