@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import expand_key
 from hookedattn.core.tokenizers import ByteTokenizer
 from hookedattn.viewer import attention
+from hookedattn.viewer.attention import MAX_VALUES
 
 
 def _load(model: str, checkpoint: int | None) -> HookedTransformer:
@@ -83,7 +85,7 @@ def cmd_cache(args: argparse.Namespace) -> None:
 def cmd_view(args: argparse.Namespace) -> None:
     """Write the prompt's attention patterns, every head, as a self-contained HTML page."""
     model = _load(args.model, args.checkpoint)
-    page = attention(model, args.prompt, head=args.head)
+    page = attention(model, args.prompt, head=args.head, max_values=args.max_values)
     path = page.save(args.output)
     n_tokens, n_layers = len(page.data["tokens"]), len(page.data["layers"])
     print(
@@ -101,6 +103,27 @@ def _cache_key(name: str, layer: int | None, sublayer: str | None) -> str | tupl
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
+def _bounded_int(low: int, high: int | None = None) -> Any:
+    """An argparse type: an int in `low..high` (no upper bound when None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be an int {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
+# Digits after the decimal point: float64 holds 17 significant digits; torch's printer
+# builds every number at the precision asked for, so an unbounded one allocates unbounded.
+MAX_PRECISION = 20
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of `python -m hookedattn`."""
     top = argparse.ArgumentParser(prog="python -m hookedattn", description=__doc__.split("\n\n")[0])
@@ -112,12 +135,19 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("model", help="a shipped model name or a checkpoint directory")
         sub.add_argument("prompt")
         sub.add_argument("--checkpoint", type=int, metavar="STEP")
-    predict.add_argument("-k", type=int, default=10, help="how many predictions (default 10)")
+    predict.add_argument(
+        "-k", type=_bounded_int(1), default=10, help="how many predictions (default 10)"
+    )
     predict.set_defaults(run=cmd_predict)
     cache.add_argument("name", nargs="?", help="hook name or shorthand, e.g. pattern")
     cache.add_argument("layer", nargs="?", type=int)
     cache.add_argument("sublayer", nargs="?", help="e.g. ln2 for `scale 1 ln2`")
-    cache.add_argument("--precision", type=int, default=3)
+    cache.add_argument(
+        "--precision",
+        type=_bounded_int(0, MAX_PRECISION),
+        default=3,
+        help=f"digits after the point, 0..{MAX_PRECISION} (default 3)",
+    )
     cache.add_argument("--squeeze", action="store_true", help="drop a batch axis of size 1")
     cache.set_defaults(run=cmd_cache)
     view = commands.add_parser("view", help="write a prompt's attention patterns as an HTML page")
@@ -126,6 +156,12 @@ def parser() -> argparse.ArgumentParser:
     view.add_argument("--checkpoint", type=int, metavar="STEP")
     view.add_argument("-o", "--output", default="attention.html", help="default attention.html")
     view.add_argument("--head", help="the head shown first, e.g. L1H4, or all (default L0H0)")
+    view.add_argument(
+        "--max-values",
+        type=_bounded_int(1),
+        default=MAX_VALUES,
+        help=f"refuse pages of more pattern values than this (default {MAX_VALUES:,})",
+    )
     view.set_defaults(run=cmd_view)
     return top
 
@@ -138,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped early (`| head`): not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python's documented remedy)
         return 0
-    except (KeyError, ValueError, TypeError, FileNotFoundError) as error:
+    except (KeyError, ValueError, TypeError, OSError, MemoryError) as error:
+        # OSError: an output path that is a folder, unwritable, or under /proc; a model
+        # folder that cannot be read. MemoryError: an input too large for this machine.
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        if isinstance(error, OSError) and error.strerror and error.filename is None:
+            message = error.strerror  # ours name the path already, without "[Errno n]"
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0

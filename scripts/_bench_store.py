@@ -10,6 +10,8 @@
    Both the shipped 2-layer model and a GPT-2-small-shaped one (random weights).
 2. Peak resident memory of a collection subprocess at 1e5 and 1e6 tokens (fixed shard size).
 3. Shuffled reading (`ActivationStore.batches(shuffle=True)`) from the page cache, GB/s.
+   With `--only verify`: the first read of a freshly opened store with its content hashes
+   checked against the same read unchecked (`verify_content=False`), interleaved.
 4. Tokens/s of 2 ranks (`torchrun --nproc_per_node=2`, 1 thread each) against 1 rank.
 
 Every timing is wall clock, with the process's CPU time beside it; threads are stated.
@@ -212,6 +214,53 @@ def shuffled_read(n_tokens: float, shard_contexts: int, epochs: int) -> dict:
         _remove(out)
 
 
+def verified_read(n_tokens: float, shard_contexts: int, rounds: int) -> dict:
+    """GB/s of a freshly opened store's first full read with its content hashes checked
+    (`verify_content=True`, the default: every tensor hashed on its first read) against
+    the same read with `verify_content=False`, in interleaved rounds (on, off, off, on,
+    ...), the files in the page cache; then a second read of the verified store (nothing
+    left to hash) and `verify()` of the whole store."""
+    from hookedattn.store import ActivationStore
+
+    out = tempfile.mkdtemp(prefix="bench-store-")
+    try:
+        _child(["--worker", out, str(n_tokens), str(shard_contexts)])
+        warm = ActivationStore(out, verify_content=False)
+        row_bytes = warm.dtype.itemsize * warm.row_shape(RESID)[0]
+        for _ in warm.batches(RESID, 4096):  # the files into the page cache
+            pass
+
+        def read(store: Any) -> float:
+            wall = time.perf_counter()
+            n = sum(b.shape[0] for b in store.batches(RESID, 4096, shuffle=True, seed=0))
+            return n * row_bytes / (time.perf_counter() - wall) / 1e9
+
+        first = {True: [], False: []}
+        again = []
+        for r in range(rounds):
+            for verify in (True, False) if r % 2 == 0 else (False, True):
+                store = ActivationStore(out, verify_content=verify)
+                first[verify].append(read(store))
+                if verify:
+                    again.append(read(store))
+        wall = time.perf_counter()
+        ActivationStore(out).verify()
+        verify_s = time.perf_counter() - wall
+        ratios = [on / off for on, off in zip(first[True], first[False], strict=True)]
+        return {
+            "rows": len(warm),
+            "shards": len(warm._shards),
+            "store_mb": warm.nbytes / 1e6,
+            "first_read_gb_s_verified": _spread(first[True]),
+            "first_read_gb_s_unverified": _spread(first[False]),
+            "first_read_ratio_verified_to_unverified": _spread(ratios),
+            "second_read_gb_s_verified": _spread(again),
+            "verify_all_gb_s": warm.nbytes / verify_s / 1e9,
+        }
+    finally:
+        _remove(out)
+
+
 def ranks(n_tokens: float, shard_contexts: int, rounds: int) -> dict:
     """Aggregate tokens/s of 2 ranks under torchrun against 1 rank (1 thread each)."""
     speedups, one_tps, two_tps = [], [], []
@@ -266,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     quick = args.quick
     shard = 64  # 64 contexts of 128 rows of 64 bfloat16: 1 MiB shards
-    wanted = set(args.only or ["throughput", "memory", "read", "ranks"])
+    wanted = set(args.only or ["throughput", "memory", "read", "verify", "ranks"])
     results: dict[str, Any] = {
         "threads": 1,
         "cpu_count": os.cpu_count(),
@@ -291,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     if "read" in wanted:
         results["shuffled_read"] = shuffled_read(1e5 if quick else 1e6, shard, 2 if quick else 5)
         print(json.dumps(results["shuffled_read"]), flush=True)
+    if "verify" in wanted:
+        results["verified_read"] = verified_read(4e4 if quick else 1e6, shard, 2 if quick else 7)
+        print(json.dumps(results["verified_read"]), flush=True)
     if "ranks" in wanted:
         results["ranks"] = ranks(2e4 if quick else 4e5, shard, 1 if quick else 3)
         print(json.dumps(results["ranks"]), flush=True)

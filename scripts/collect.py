@@ -12,6 +12,7 @@ finishes the store; see the README section "Dataset scale".
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -38,19 +39,41 @@ def load_model(name_or_dir: str, device: str | None = None) -> HookedTransformer
     return HookedTransformer.from_pretrained(name_or_dir, device=device)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a positive int (`--batch-size`, `--shard-contexts`, `--context`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return value
+
+
+def _token_count(text: str) -> float:
+    """argparse type: a positive, finite number of tokens (`2e6`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, collect, and print the store (rank 0)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--names", nargs="+", required=True, help="full hook names")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--tokens", type=float, default=None, help="at most this many (2e6)")
+    parser.add_argument("--tokens", type=_token_count, default=None, help="at most this many")
     parser.add_argument("--text", nargs="*", type=Path, default=None, help="text files")
-    parser.add_argument("--context", type=int, default=None, help="default: the model's n_ctx")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--context", type=_positive_int, default=None, help="default: n_ctx")
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--shard-contexts", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank")
+    parser.add_argument("--shard-contexts", type=_positive_int, default=None)
+    parser.add_argument("--threads", type=_positive_int, default=None, help="threads per rank")
     parser.add_argument("--device", default=None, help="'cuda': each rank its LOCAL_RANK GPU")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -76,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             progress=not args.no_progress,
         )
-    except (KeyError, ValueError, OSError) as error:
+    except (KeyError, ValueError, TypeError, OSError) as error:
         print(
             f"collect.py: {error.args[0] if isinstance(error, KeyError) else error}",
             file=sys.stderr,

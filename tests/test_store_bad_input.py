@@ -47,7 +47,10 @@ def test_a_manifest_from_another_version_is_refused(tmp_path):
     out = make_store(tmp_path / "s")
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "version": 99}))
-    with pytest.raises(StoreError, match=r"format version 99; this hookedattn reads version 1"):
+    with pytest.raises(StoreError, match=r"format version 99; this hookedattn reads version 2"):
+        ActivationStore(out)
+    (out / "manifest.json").write_text(json.dumps({**manifest, "version": 1}))
+    with pytest.raises(StoreError, match=r"version 1 \(no content hashes.*collect the store again"):
         ActivationStore(out)
 
 

@@ -75,5 +75,5 @@ def test_the_default_corpus_is_the_stdlib_training_split():
 
 
 def test_context_beyond_the_model_is_refused():
-    with pytest.raises(ValueError, match=r"context must be in 2..8"):
+    with pytest.raises(ValueError, match=r"context must be an int in 2..8"):
         pack(byte_model(), ["abc"], context=9)

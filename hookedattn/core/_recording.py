@@ -7,6 +7,12 @@ positions, and when it is one of the caller's own tensors (the residual stream p
 with `start_at_layer`, the one returned with `stop_at_layer`). Each tensor's version
 counter is noted when it is recorded, so an in-place edit made afterwards by any other
 route is refused when the entry is next read (see `ActivationCache`).
+
+A cache records its own forward only. A hook may run the model again (a nested
+`run_with_cache`, or `model(other_prompt)`); the outer cache's hooks are still attached
+then, so each recording counts the forwards of the model on its thread (a pre-hook and a
+post-hook on the root module) and keeps only what runs at depth one: the inner forward's
+activations go to the inner cache, or nowhere, never into the outer one.
 """
 
 import dataclasses
@@ -60,6 +66,29 @@ def _positions(
     return selected
 
 
+# As hook_points' thread check: read once when torch.compile traces, not a graph break.
+@torch.compiler.assume_constant_result
+def _thread() -> int:
+    return threading.get_ident()
+
+
+class _Depth:
+    """How many forwards of the model are running on `thread` now (module docstring)."""
+
+    def __init__(self, thread: int) -> None:
+        self.thread, self.value = thread, 0
+
+    def enter(self, module: Any, args: Any) -> None:
+        """A forward pre-hook of the root module."""
+        if _thread() == self.thread:
+            self.value += 1
+
+    def leave(self, module: Any, args: Any, output: Any) -> None:
+        """A forward hook of the root module (run also when the forward raises)."""
+        if _thread() == self.thread:
+            self.value -= 1
+
+
 @dataclasses.dataclass
 class _Recorder:
     """Where a cached forward's activations go, and how each is kept (the options of
@@ -73,6 +102,7 @@ class _Recorder:
     # Our forward never writes to an activation in place, but a user's hook may. Only then
     # can a recorded tensor change after the fact, so only then is it copied.
     must_copy: bool
+    depth: _Depth
     store: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     versions: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -82,12 +112,18 @@ class _Recorder:
         plain = self.index is None and self.device is None and self.dtype is None
         if plain and not (self.remove_batch_dim or self.must_copy):
             return self.save_reference
-        return lambda x, hook: self.record(hook.name, x)
+        return self.save_recorded
 
     def save_reference(self, x: Tensor, hook: HookPoint) -> None:
-        """Keep the activation itself."""
-        t = self.store[hook.name] = x.detach()
-        self.versions[hook.name] = t._version
+        """Keep the activation itself (of this cache's own forward only)."""
+        if self.depth.value == 1:
+            t = self.store[hook.name] = x.detach()
+            self.versions[hook.name] = t._version
+
+    def save_recorded(self, x: Tensor, hook: HookPoint) -> None:
+        """Keep the activation through `record` (of this cache's own forward only)."""
+        if self.depth.value == 1:
+            self.record(hook.name, x)
 
     def save_gradient(self, grad: Tensor, hook: HookPoint) -> None:
         """Keep the gradient at a hook point, as `<name>_grad`."""
@@ -130,10 +166,11 @@ def run_with_cache(
     """Run `model(*model_args, **model_kwargs)` recording the selected activations."""
     points = model.hook_points_for(names_filter)
     must_copy = any(not h.is_cache for h in model.attached_hooks())
-    recorder = _Recorder(
-        _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy
-    )
     thread = threading.get_ident()
+    depth = _Depth(thread)
+    recorder = _Recorder(
+        _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy, depth
+    )
     save = recorder.forward_hook()
     handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in points]
     if incl_bwd:
@@ -141,6 +178,10 @@ def run_with_cache(
             p.add_hook(recorder.save_gradient, dir="bwd", _is_cache=True, _thread=thread)
             for p in points
         ]
+    handles += [
+        model.register_forward_pre_hook(depth.enter),
+        model.register_forward_hook(depth.leave, always_call=True),
+    ]
     try:
         output = model(*model_args, **model_kwargs)
         if incl_bwd:

@@ -48,9 +48,17 @@ class SparseAutoencoder(HookedRootModule):
             raise TypeError(f"cfg must be an SAEConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         dtype = cfg.torch_dtype
-        self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dtype))
+        try:
+            self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dtype))
+            self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype))
+        except (RuntimeError, MemoryError) as error:  # the allocator's message names no field
+            n_bytes = 2 * cfg.d_in * cfg.d_sae * dtype.itemsize
+            raise MemoryError(
+                f"an SAE with d_in={cfg.d_in:,} and d_sae={cfg.d_sae:,} in {cfg.dtype} needs "
+                f"{n_bytes / 2**30:,.1f} GiB for W_enc and W_dec, which could not be "
+                f"allocated: choose a smaller d_sae ({type(error).__name__})"
+            ) from None
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype))
-        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dtype))
         self.pre_bias = make_pre_bias(cfg)
         self.activation = make_activation(cfg)

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from einops import rearrange
 from torch import Tensor
 
 from hookedattn.core import names as _names
@@ -44,7 +45,7 @@ def spliced(
     with contextlib.ExitStack() as stack:
         for point, sae in placements:
             stack.enter_context(_registered(model, point, sae))
-        hooks = [(point, _SpliceHook(sae, use_error_term)) for point, sae in placements]
+        hooks = [(point, _splice_hook(sae, use_error_term)) for point, sae in placements]
         stack.enter_context(model.hooks(fwd_hooks=hooks))
         yield model
 
@@ -64,6 +65,21 @@ class _SpliceHook:
                 f"activation there is {tuple(x.shape)}"
             )
         return self.run(x)
+
+
+class _HeadsSpliceHook(_SpliceHook):
+    """An SAE with `reshape_activations="hook_z"`: it reads the heads' outputs `[head
+    d_head]` as one vector of `head * d_head`, and its output is split back into heads."""
+
+    def __call__(self, x: Tensor, hook: HookPoint) -> Tensor:
+        flat = rearrange(x, "... head d_head -> ... (head d_head)")
+        out = super().__call__(flat, hook)
+        return rearrange(out, "... (head d_head) -> ... head d_head", head=x.shape[-2])
+
+
+def _splice_hook(sae: SparseAutoencoder, use_error_term: bool) -> _SpliceHook:
+    heads = sae.cfg.reshape_activations == "hook_z"
+    return (_HeadsSpliceHook if heads else _SpliceHook)(sae, use_error_term)
 
 
 def _placements(model: HookedRootModule, saes: Any) -> list[tuple[str, SparseAutoencoder]]:
@@ -102,15 +118,33 @@ def _placements(model: HookedRootModule, saes: Any) -> list[tuple[str, SparseAut
 
 
 def _check_fits(model: HookedRootModule, point: str, sae: SparseAutoencoder) -> None:
-    """Refuse an SAE whose width or dtype is not the activation's at `point`."""
+    """Refuse an SAE whose width or dtype is not the activation's at `point`, or whose
+    weights are not finite (it would make every activation there NaN)."""
     cfg = getattr(model, "cfg", None)
     axes = _names.axis_names(point)
     width = getattr(cfg, axes[-1], None) if axes else None
+    described = f"{axes[-1]}={width}"
+    if sae.cfg.reshape_activations == "hook_z":
+        if tuple(axes[-2:]) != ("head", "d_head"):
+            raise ValueError(
+                f"the SAE reads the heads' outputs flattened (reshape_activations='hook_z'), "
+                f"but {point} is [{' '.join(axes)}]: splice it at a [... head d_head] point "
+                f"such as blocks.0.attn.hook_z"
+            )
+        width = None if width is None else width * cfg.n_heads
+        described = f"head * d_head = {width}"
     if width is not None and width != sae.cfg.d_in:
         raise ValueError(
             f"the SAE reads d_in={sae.cfg.d_in}, but {point} is [{' '.join(axes)}] with "
-            f"{axes[-1]}={width}: it belongs at a point of width {sae.cfg.d_in}"
+            f"{described}: it belongs at a point of width {sae.cfg.d_in}"
         )
+    for name, parameter in sae.named_parameters():
+        bad = int((~parameter.detach().isfinite()).sum())
+        if bad:
+            raise ValueError(
+                f"the SAE for {point} has {bad} non-finite value(s) in {name}: spliced, it "
+                f"would make the activations there non-finite (or silence features)"
+            )
     dtype = getattr(cfg, "dtype", None)
     if dtype is not None and dtype != sae.dtype:
         raise ValueError(

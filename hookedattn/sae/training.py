@@ -22,6 +22,7 @@ weights, batch order) comes from `seed`, so a run is repeatable.
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,14 +108,33 @@ def train_sae(
         bar.update()
     bar.close()
     _fold(sae, mean, scale)
+    _check_finite(sae, steps, lr)
     return sae
+
+
+def _check_finite(sae: SparseAutoencoder, steps: int, lr: float) -> None:
+    """Refuse to return an SAE whose training diverged (a NaN or inf parameter)."""
+    bad = [n for n, p in sae.named_parameters() if not bool(p.detach().isfinite().all())]
+    if bad:
+        raise ValueError(
+            f"training diverged: after {steps} steps the SAE's {', '.join(bad)} hold NaN or "
+            f"infinite values; lower lr (was {lr:g}) or check the store's rows"
+        )
 
 
 def _normalisation(store: Any, name: str) -> tuple[Tensor, float]:
     """The mean subtracted from every row and the one scale it is divided by (the store's
     statistics): rows of unit mean square per dimension."""
     stats = store.stats(name)
-    return stats.mean.float(), float(stats.var.mean().sqrt())
+    scale = float(stats.var.mean().sqrt())
+    if not math.isfinite(scale) or scale == 0 or not bool(stats.mean.isfinite().all()):
+        what = "no variance (every row is the same)" if scale == 0 else "non-finite statistics"
+        raise ValueError(
+            f"the rows of {name} in the store {getattr(store, 'path', store)} have {what}: "
+            f"there is nothing for an SAE to learn (mean variance {scale**2:.3g}); check "
+            f"that the model's activations there are not constant, NaN or overflowing"
+        )
+    return stats.mean.float(), scale
 
 
 def _resampled(

@@ -9,8 +9,10 @@
         ...                                   # [4096 d_model]
 
 A store is a folder of safetensors shards and a JSON manifest (the layout is described in
-`hookedattn/store/_manifest.py`); `sweep` maps any per-batch function of a model over a
-dataset, each rank a share.
+`hookedattn/store/_manifest.py`); every byte read back is checked against the SHA-256
+recorded when it was written, once per store object (`ActivationStore`'s docstring says
+what is checked when). `sweep` maps any per-batch function of a model over a dataset,
+each rank a share.
 """
 
 from hookedattn.store._distributed import (

@@ -3,7 +3,8 @@
 The forward runs on the caller's thread and hands each batch's activations (float32, as
 the hooks saw them) to a bounded queue; this thread copies them into the shard's buffers
 in the store dtype, updates the shard's running statistics, and when the shard is full
-writes it as safetensors under a temporary name, fsyncs and renames it. The queue's bound
+hashes each of its tensors (SHA-256, recorded in the header) and writes it as safetensors
+under a temporary name, fsyncs and renames it. The queue's bound
 keeps memory at one shard plus a few batches, whatever the number of tokens collected.
 """
 
@@ -21,14 +22,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hookedattn.store._manifest import (
-    STATS_PREFIX,
-    TOKENS_KEY,
-    ShardSpec,
-    commit,
-    file_metadata,
-    temporary_name,
-)
+from hookedattn.store._files import commit, file_metadata, temporary_name, tensor_sha256
+from hookedattn.store._manifest import STATS_PREFIX, TOKENS_KEY, ShardSpec
 
 _STOP = object()
 
@@ -195,9 +190,16 @@ class ShardWriter:
         assert shard.contexts_done == expected, (shard.contexts_done, expected)
         tensors = {**shard.buffers, TOKENS_KEY: shard.tokens}
         for name, m in shard.moments.items():
-            tensors[f"{STATS_PREFIX}{name}.mean"] = m.mean
-            tensors[f"{STATS_PREFIX}{name}.m2"] = m.m2
-        record = {**self.metadata, "shard": shard.spec.index, "infinities": shard.infinities}
+            tensors[f"{STATS_PREFIX}{name}.mean"] = m.mean.contiguous()
+            tensors[f"{STATS_PREFIX}{name}.m2"] = m.m2.contiguous()
+        record = {
+            **self.metadata,
+            "shard": shard.spec.index,
+            "contexts": [shard.spec.start, shard.spec.stop],
+            "infinities": shard.infinities,
+            # The bytes as computed, hashed before they reach the disk (`_shard_file`).
+            "sha256": {key: tensor_sha256(t) for key, t in tensors.items()},
+        }
         metadata = file_metadata(record)
         final = self.folder / shard.spec.file
         tmp = temporary_name(final)

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import safetensors
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from hookedattn.core import names as _names
 from hookedattn.store import _distributed
+from hookedattn.store._files import stale_temporary_files
 from hookedattn.store._manifest import (
     FORMAT,
     MANIFEST_FILE,
@@ -31,11 +31,12 @@ from hookedattn.store._manifest import (
     StoreError,
     fingerprint,
     plan_shards,
-    read_file_metadata,
     read_manifest,
+    shard_layout,
     weights_sha256,
     write_manifest,
 )
+from hookedattn.store._shard_file import MappedShard, read_header
 from hookedattn.store._stats import write_stats
 from hookedattn.store._writer import ShardWriter
 from hookedattn.store.inputs import PackedContexts, pack
@@ -95,8 +96,13 @@ def collect_activations(
     to a shard (default: about 64 MiB of activations, a multiple of `batch_size`). A
     folder holding a different collection is refused unless `overwrite`. Under `torchrun`
     every rank calls this with the same arguments.
+
+    The store holds the model's own activations: a model with hooks attached (an edit, a
+    spliced SAE, a permanent `add_hook`) is refused, since what a hook does cannot be
+    recorded in the store's fingerprint or checked when the store is read.
     """
-    _check_options(dtype, batch_size)
+    _check_options(dtype, batch_size, shard_contexts)
+    _check_no_hooks(model)
     out, ranks = Path(out), _distributed.current_rank()
     job = _plan_job(model, inputs, names, context, n_tokens, batch_size, dtype, shard_contexts)
     if ranks.is_main:
@@ -105,7 +111,7 @@ def collect_activations(
     _distributed.barrier()
     mine = [job.shards[i] for i in ranks.share(len(job.shards))]
     started, cpu_started = time.perf_counter(), time.process_time()
-    done = [s for s in mine if _shard_is_complete(out / s.file, job.digest)]
+    done = [s for s in mine if _shard_is_complete(out / s.file, s, job)]
     todo = [s for s in mine if s not in done]
     _write_shards(model, job, out, todo, dtype, _bar(todo, ranks, progress))
     _distributed.barrier()
@@ -162,11 +168,30 @@ def _plan_job(
     return _Job(packed, full_names, stop_at, row_shapes, batch_size, shards, digest, manifest)
 
 
-def _check_options(dtype: torch.dtype, batch_size: int) -> None:
+def _check_options(dtype: torch.dtype, batch_size: Any, shard_contexts: Any) -> None:
     if dtype not in DTYPES.values():
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    for field, value in (("batch_size", batch_size), ("shard_contexts", shard_contexts)):
+        if field == "shard_contexts" and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{field} must be a positive int, got {value!r}")
+
+
+def _check_no_hooks(model: Any) -> None:
+    attached = model.attached_hooks() if hasattr(model, "attached_hooks") else []
+    if attached:
+        shown = ", ".join(
+            f"{getattr(h.fn, '__name__', type(h.fn).__name__)} at {h.hook_point.name}"
+            for h in attached[:4]
+        )
+        raise ValueError(
+            f"collect_activations stores the model's own activations, but {len(attached)} "
+            f"hook(s) are attached ({shown}{' ...' if len(attached) > 4 else ''}): what a "
+            f"hook does cannot be recorded in the store's fingerprint, so a resumed run "
+            f"could mix edited and clean shards. Remove them first "
+            f"(model.reset_hooks(including_permanent=True), or leave the `with` block)"
+        )
 
 
 def _write_shards(
@@ -197,15 +222,18 @@ def resolve_names(model: Any, names: Sequence[str | tuple]) -> list[str]:
     return resolved
 
 
-def _shard_is_complete(path: Path, digest: str) -> bool:
-    """Whether `path` is a whole shard of the collection with fingerprint `digest`."""
+def _shard_is_complete(path: Path, spec: ShardSpec, job: _Job) -> bool:
+    """Whether `path` is shard `spec` of this collection, whole: its header is the plan's
+    and every tensor's bytes hash to what its header records (a damaged shard is computed
+    again)."""
     if not path.is_file():
         return False
     try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            return read_file_metadata(f.metadata()).get("fingerprint") == digest
-    except (safetensors.SafetensorError, OSError):
+        layout = shard_layout(job.manifest, spec)
+        MappedShard(path, spec, job.digest, layout).check_all()
+    except (StoreError, OSError):
         return False
+    return True
 
 
 def _run(model: Any, job: _Job, todo: list[ShardSpec], writer: ShardWriter, bar: Any) -> None:
@@ -300,26 +328,38 @@ def _row_axes(name: str) -> tuple[str, ...]:
 
 
 def _prepare_folder(out: Path, digest: str, overwrite: bool) -> None:
+    """Make `out` ready for the collection `digest`: refuse a folder holding anything
+    else (unless `overwrite`) before touching any file in it, then remove what a killed
+    writer left (`stale_temporary_files`: never a live writer's file in flight)."""
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):  # left by a killed writer; never read as data
-        stale.unlink(missing_ok=True)
     ours = [*out.glob("shard-*.safetensors"), *out.glob("stats.safetensors")]
+    temporary = {p for p in out.glob(".*.tmp-*")}
+    resuming = False
     if (out / MANIFEST_FILE).is_file():
-        previous = read_manifest(out)
-        if previous.get("fingerprint") == digest:
-            return
-        if not overwrite:
-            raise StoreError(
-                f"{out} holds another collection (model {previous['model']['name']!r}, names "
-                f"{previous['names']}, {previous['packing']['n_contexts']} contexts, fingerprint "
-                f"{previous.get('fingerprint', '?')[:12]}); pass overwrite=True (--overwrite) "
-                f"or choose another folder"
-            )
-    elif any(p for p in out.iterdir() if p not in ours) and not overwrite:
+        try:
+            previous = read_manifest(out)
+        except StoreError as error:
+            if not overwrite:
+                raise StoreError(
+                    f"{out} holds a store that cannot be read ({error}); pass overwrite=True "
+                    f"(--overwrite) to replace it, or choose another folder"
+                ) from None
+        else:
+            resuming = previous["fingerprint"] == digest
+            if not resuming and not overwrite:
+                raise StoreError(
+                    f"{out} holds another collection (model {previous['model']['name']!r}, "
+                    f"names {previous['names']}, {previous['packing']['n_contexts']} contexts, "
+                    f"fingerprint {previous['fingerprint'][:12]}); pass overwrite=True "
+                    f"(--overwrite) or choose another folder"
+                )
+    elif any(p for p in out.iterdir() if p not in ours and p not in temporary) and not overwrite:
         raise StoreError(f"{out} is not empty and not an activation store: choose another folder")
-    if overwrite:
+    for stale in stale_temporary_files(out):
+        stale.unlink(missing_ok=True)
+    if overwrite and not resuming:
         for path in [*ours, out / MANIFEST_FILE]:
             path.unlink(missing_ok=True)
 
@@ -327,11 +367,13 @@ def _prepare_folder(out: Path, digest: str, overwrite: bool) -> None:
 def _finish(
     out: Path, manifest: dict, shards: list[ShardSpec], full_names: list[str], dtype: torch.dtype
 ) -> None:
-    records, infinities = [], dict.fromkeys(full_names, 0)
+    """Rank 0, every shard in: check each shard's header, write the statistics, and commit
+    the complete manifest with each shard's size and its tensors' dtypes, shapes and
+    SHA-256 (as their headers record them)."""
+    records, mapped, infinities = [], [], dict.fromkeys(full_names, 0)
     for spec in shards:
         path = out / spec.file
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            record = read_file_metadata(f.metadata())
+        _, record, _, _ = read_header(path)
         if record.get("fingerprint") != manifest["fingerprint"]:
             raise StoreError(
                 f"{path} was computed for another collection than rank 0's (fingerprint "
@@ -339,17 +381,21 @@ def _finish(
                 f"every rank must see the same model, inputs and arguments (on several nodes: "
                 f"the same files and the same Python, whose stdlib is the default corpus)"
             )
-        counts = record["infinities"]
-        for name, count in counts.items():
-            infinities[name] += count
-        records.append({**spec.to_dict(), "bytes": path.stat().st_size})
-    stats_bytes = write_stats(out, shards, full_names)
+        layout = shard_layout(manifest, spec)
+        shard = MappedShard(path, spec, manifest["fingerprint"], layout)
+        for name, count in shard.infinities.items():
+            infinities[name] = infinities.get(name, 0) + count
+        tensors = {key: layout[key].record(shard.sha256[key]) for key in layout}
+        records.append({**spec.to_dict(), "bytes": path.stat().st_size, "tensors": tensors})
+        mapped.append(shard)
+    stats_bytes, stats_sha256 = write_stats(out, mapped, full_names)
     final = {
         **manifest,
         "status": "complete",
         "shards": records,
         "infinities": infinities,
         "stats_bytes": stats_bytes,
+        "stats_sha256": stats_sha256,
     }
     write_manifest(out, final)
     overflowed = {n: c for n, c in infinities.items() if c}

@@ -16,6 +16,7 @@ download.
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -84,23 +85,23 @@ def pack(
     inputs: Any = None,
     *,
     context: int | None = None,
-    n_tokens: int | None = None,
+    n_tokens: int | float | None = None,
     separator: int | None = None,
 ) -> PackedContexts:
     """Pack `inputs` (see the module docstring) into contexts for `model`.
 
-    `context` defaults to the model's `n_ctx`; `n_tokens` caps how many tokens are kept
-    (rounded up to whole contexts; an error when the inputs hold fewer); iterables are read
-    only until that many tokens are in.
+    `context` (an int) defaults to the model's `n_ctx`; `n_tokens` (a positive, finite
+    number) caps how many tokens are kept (rounded up to whole contexts; an error when the
+    inputs hold fewer); iterables are read only until that many tokens are in.
     """
-    context = model.cfg.n_ctx if context is None else int(context)
-    if not 2 <= context <= model.cfg.n_ctx:
+    context = model.cfg.n_ctx if context is None else context
+    if not _is_int(context) or not 2 <= context <= model.cfg.n_ctx:
         raise ValueError(
-            f"context must be in 2..{model.cfg.n_ctx} (the model's n_ctx), got {context}"
+            f"context must be an int in 2..{model.cfg.n_ctx} (the model's n_ctx), got {context!r}"
         )
-    wanted = None if n_tokens is None else -(-int(n_tokens) // context)
-    if wanted is not None and wanted < 1:
-        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    wanted = None if n_tokens is None else _contexts_for(n_tokens, context)
+    if separator is not None and not _is_int(separator):
+        raise ValueError(f"separator must be a token id (an int) or None, got {separator!r}")
     if isinstance(inputs, Tensor) and inputs.ndim == 2:
         return _given_contexts(inputs, context, wanted)
     bos = _start_token(model)
@@ -119,6 +120,18 @@ def pack(
     digest = hashlib.sha256(_int32_bytes(stream)).hexdigest()
     packing = Packing(context, bos, separator, n_contexts, source, digest)
     return PackedContexts(stream, packing)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _contexts_for(n_tokens: Any, context: int) -> int:
+    """The contexts that hold `n_tokens` tokens (rounded up), for a positive finite count."""
+    number = isinstance(n_tokens, int | float) and not isinstance(n_tokens, bool)
+    if not number or not math.isfinite(n_tokens) or n_tokens <= 0:
+        raise ValueError(f"n_tokens must be a positive, finite number of tokens, got {n_tokens!r}")
+    return -(-math.ceil(n_tokens) // context)
 
 
 def _start_token(model: Any) -> int:

@@ -5,6 +5,13 @@ row of it is read, and rows are gathered straight from the page cache. Rows are 
 store-wide in shard order (context after context, position after position), so row
 `i` of every name comes from the same token, `tokens(i)`.
 
+What is verified, and when: opening checks the manifest (every field, the fingerprint of
+its plan, the shard records) and, for a complete store, each shard's size; a shard's
+header is checked against the manifest when the shard is first mapped; each tensor's
+bytes are hashed (SHA-256) the first time this store reads it, and refused unless they are
+the bytes written (`verify_content=False` skips the hashing; `verify()` hashes everything
+now). `stats.safetensors` is hashed whenever it is read.
+
 A store whose manifest says `"writing"` (a collection in progress, or one that stopped)
 shows only the shards already committed: a shard file appears under its final name only
 once it is whole. Its rows are numbered over those shards; `origin` gives each row's
@@ -12,9 +19,6 @@ context in the packed inputs either way.
 """
 
 import dataclasses
-import json
-import mmap
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,101 +30,55 @@ from torch import Tensor
 
 from hookedattn.core.names import unknown_name_message
 from hookedattn.store._manifest import (
+    TOKENS_KEY,
     ShardSpec,
     StoreError,
-    read_file_metadata,
     read_manifest,
+    shard_layout,
+    shard_specs,
     weights_differ,
 )
-from hookedattn.store._stats import RunningStats, as_stats, read_stats, shard_moments
-
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-}
-
-
-class _MappedShard:
-    """One shard file, mapped copy-on-write, its tensors read in place (safetensors layout)."""
-
-    def __init__(self, path: Path, fingerprint: str) -> None:
-        self.path = path
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(0)
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise StoreError(f"shard {path} is truncated: {size} bytes, not even a header")
-            (header_len,) = struct.unpack("<Q", prefix)
-            try:
-                self.header = json.loads(f.read(header_len))
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise StoreError(f"shard {path} has a damaged header ({error})") from error
-            # Copy-on-write: torch wants a writable buffer; nothing is ever written back.
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        self.data_start = 8 + header_len
-        metadata = read_file_metadata(self.header.pop("__metadata__", {}))
-        end = max(info["data_offsets"][1] for info in self.header.values())
-        if size != self.data_start + end:
-            raise StoreError(
-                f"shard {path} is truncated or damaged: {size:,} bytes, its "
-                f"header describes {self.data_start + end:,}"
-            )
-        if metadata.get("fingerprint") != fingerprint:
-            raise StoreError(
-                f"shard {path} belongs to another collection (fingerprint "
-                f"{metadata.get('fingerprint')!r}, manifest {fingerprint!r})"
-            )
-        self._tensors: dict[str, Tensor] = {}
-
-    def tensor(self, key: str) -> Tensor:
-        """The tensor `key`, a view of the mapped file."""
-        if key not in self._tensors:
-            info = self.header[key]
-            dtype, shape = _DTYPES[info["dtype"]], info["shape"]
-            begin, _ = info["data_offsets"]
-            count = 1
-            for size in shape:
-                count *= size
-            flat = torch.frombuffer(
-                self.map, dtype=dtype, count=count, offset=self.data_start + begin
-            )
-            self._tensors[key] = flat.reshape(shape)
-        return self._tensors[key]
+from hookedattn.store._shard_file import MappedShard
+from hookedattn.store._stats import STATS_FILE, RunningStats, as_stats, read_stats, shard_moments
 
 
 @dataclasses.dataclass(frozen=True)
 class RowOrigin:
     """Where rows come from: the `context` index (in the packed inputs), the `position` in
-    it, and the `token` there."""
+    it, and the `token` there; each of the index's shape."""
 
-    context: Int[Tensor, " row"]
-    position: Int[Tensor, " row"]
-    token: Int[Tensor, " row"]
+    context: Int[Tensor, "*index"]
+    position: Int[Tensor, "*index"]
+    token: Int[Tensor, "*index"]
 
 
 class ActivationStore:
-    """The store in folder `path`; with `model`, refused unless written by the same weights."""
+    """The store in folder `path`; with `model`, refused unless written by the same weights.
 
-    def __init__(self, path: str | Path, model: Any = None) -> None:
+    `verify_content` (default on): each shard tensor's bytes are hashed the first time
+    this store reads them, and a `StoreError` names a shard whose bytes are not the ones
+    written (module docstring).
+    """
+
+    def __init__(self, path: str | Path, model: Any = None, *, verify_content: bool = True) -> None:
+        if not isinstance(verify_content, bool):
+            raise TypeError(f"verify_content must be True or False, got {verify_content!r}")
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        self.complete = self.manifest.get("status") == "complete"
+        self.complete = self.manifest["status"] == "complete"
+        self.verify_content = verify_content
         self.fingerprint = self.manifest["fingerprint"]
         self.names: list[str] = list(self.manifest["names"])
         self.rows_per_context: int = self.manifest["rows_per_context"]
         listed = self.manifest["shards"]
         self.n_shards_planned = len(listed)
-        specs = [ShardSpec(r["index"], *r["contexts"], self.rows_per_context) for r in listed]
+        specs = shard_specs(self.manifest)  # the manifest's records, checked to be these
         self._shards = [s for s, r in zip(specs, listed, strict=True) if self._present(s, r)]
+        self._records = {s.index: r for s, r in zip(specs, listed, strict=True)}
         ends = torch.tensor([s.rows[1] - s.rows[0] for s in self._shards], dtype=torch.long)
         self._ends = ends.cumsum(0)
         self._starts = self._ends - ends
-        self._maps: dict[int, _MappedShard] = {}
+        self._maps: dict[int, MappedShard] = {}
         if model is not None:
             self.check_model(model)
 
@@ -131,13 +89,15 @@ class ActivationStore:
         if not path.is_file():
             raise StoreError(
                 f"shard {spec.file} of the complete store {self.path} is missing "
-                f"(it held contexts {spec.start}..{spec.stop})"
+                f"(it held contexts {spec.start}..{spec.stop}); rerun the same "
+                f"collect_activations call to compute it again"
             )
         size = path.stat().st_size
         if size != record["bytes"]:
             raise StoreError(
-                f"shard {path} is truncated or damaged: {size:,} bytes, the "
-                f"manifest recorded {record['bytes']:,}"
+                f"shard {path} is truncated or damaged: {size:,} bytes, the manifest "
+                f"recorded {record['bytes']:,}; rerun the same collect_activations call: "
+                f"it computes damaged and missing shards again, and only those"
             )
         return True
 
@@ -184,21 +144,24 @@ class ActivationStore:
         return "\n".join(lines)
 
     # ----------------------------------------------------------------- reading rows
-    def rows(self, name: str, index: int | slice | Tensor) -> Tensor:
-        """Rows `index` of `name` (an int, a slice or int tensor of store-wide row numbers)."""
+    def rows(self, name: str, index: Any) -> Tensor:
+        """Rows `index` of `name`, indexed as numpy does: an int gives one row
+        `[*row_shape]`, a slice `[n *row_shape]`, an int tensor or (nested) list of ints of
+        any shape `S` `[*S *row_shape]`. Row numbers are store-wide and may be negative
+        (from the end); float and bool indices are refused, not truncated."""
         index = self._as_index(index)
         return self._gather(self._check_name(name), index)
 
-    def origin(self, index: int | slice | Tensor) -> RowOrigin:
-        """The context, position and token that rows `index` were computed at."""
+    def origin(self, index: Any) -> RowOrigin:
+        """The context, position and token that rows `index` (as in `rows`) were computed at."""
         index = self._as_index(index)
-        shard = torch.searchsorted(self._ends, index, right=True)
-        local = index - self._starts[shard]
+        flat = index.reshape(-1)
+        shard = torch.searchsorted(self._ends, flat, right=True)
+        local = flat - self._starts[shard]
         first_context = torch.tensor([s.start for s in self._shards], dtype=torch.long)[shard]
-        context = first_context + local // self.rows_per_context
-        return RowOrigin(
-            context, local % self.rows_per_context, self._gather("tokens", index).long()
-        )
+        context = (first_context + local // self.rows_per_context).reshape(index.shape)
+        position = (local % self.rows_per_context).reshape(index.shape)
+        return RowOrigin(context, position, self._gather(TOKENS_KEY, index).long())
 
     def batches(
         self,
@@ -219,8 +182,9 @@ class ActivationStore:
         Without `shuffle`, batches are the rows in order.
         """
         name = self._check_name(name)
-        if batch_size < 1 or window < 1:
-            raise ValueError(f"batch_size and window must be positive, got {batch_size}, {window}")
+        for field, value in (("batch_size", batch_size), ("window", window)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
         generator = torch.Generator().manual_seed(seed)
         n_shards = len(self._shards)
         order = torch.randperm(n_shards, generator=generator).tolist() if shuffle else None
@@ -241,9 +205,30 @@ class ActivationStore:
         """The per-feature mean and variance of `name` over the stored rows (float64)."""
         name = self._check_name(name)
         if self.complete:
-            return read_stats(self.path, name)
-        paths = [self.path / s.file for s in self._shards]
-        return as_stats(shard_moments(paths, [name])[name])
+            return read_stats(self.path, name, self.manifest, len(self))
+        shards = [self._map(i) for i in range(len(self._shards))]
+        return as_stats(shard_moments(shards, [name])[name])
+
+    def verify(self) -> None:
+        """Hash every shard's tensors and the statistics now (also with `verify_content`
+        off); a `StoreError` lists every shard whose header or bytes are not the ones
+        written, with the remedy. Costs one read of the whole store."""
+        problems = []
+        for i, spec in enumerate(self._shards):
+            try:
+                self._map(i).check_all()
+            except StoreError as error:
+                problems.append((spec.file, str(error)))
+        if self.complete:
+            try:
+                for name in self.names:
+                    read_stats(self.path, name, self.manifest, len(self))
+            except StoreError as error:
+                problems.append((STATS_FILE, str(error)))
+        if problems:
+            listed = "; ".join(message for _, message in problems)
+            files = ", ".join(file for file, _ in problems)
+            raise StoreError(f"{len(problems)} damaged file(s) in {self.path} ({files}): {listed}")
 
     def to_torch_dataset(self, name: str) -> "StoreDataset":
         """A map-style `torch.utils.data.Dataset` of the rows of `name`, for a `DataLoader`."""
@@ -264,36 +249,67 @@ class ActivationStore:
             raise KeyError(message)
         return name
 
-    def _as_index(self, index: int | slice | Tensor) -> Int[Tensor, " row"]:
+    def _as_index(self, index: Any) -> Int[Tensor, "*index"]:
         n = len(self)
         if isinstance(index, slice):
             return torch.arange(n)[index]
-        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
-        if index.numel() and (int(index.min()) < -n or int(index.max()) >= n):
-            raise IndexError(f"row index out of range for a store of {n:,} rows")
-        return index % max(n, 1)
+        if isinstance(index, bool) or (isinstance(index, Tensor) and index.dtype == torch.bool):
+            raise TypeError(
+                f"row indices are ints, not bools ({index!r}); for a mask, pass "
+                f"mask.nonzero().squeeze(1)"
+            )
+        try:
+            tensor = torch.as_tensor(index)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(
+                f"row indices must be ints, a slice or an int tensor: {error}"
+            ) from None
+        if tensor.numel() == 0:
+            tensor = tensor.long()
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+            raise TypeError(
+                f"row indices must be integers, got {tensor.dtype} ({index!r:.60}): a float "
+                f"index would be truncated; convert it yourself (e.g. .long()) if you mean that"
+            )
+        tensor = tensor.long()
+        if tensor.numel() and (int(tensor.min()) < -n or int(tensor.max()) >= n):
+            bad = int(tensor.min()) if int(tensor.min()) < -n else int(tensor.max())
+            raise IndexError(
+                f"row {bad} is out of range for the store {self.path} of {n:,} rows (valid: "
+                f"{-n}..{n - 1})"
+            )
+        return tensor % max(n, 1)
 
-    def _map(self, shard: int) -> _MappedShard:
+    def _map(self, shard: int) -> MappedShard:
         if shard not in self._maps:
-            path = self.path / self._shards[shard].file
-            self._maps[shard] = _MappedShard(path, self.fingerprint)
+            spec = self._shards[shard]
+            record = self._records[spec.index]
+            recorded = None
+            if self.complete:
+                recorded = {key: t["sha256"] for key, t in record["tensors"].items()}
+            layout = shard_layout(self.manifest, spec)
+            path = self.path / spec.file
+            self._maps[shard] = MappedShard(
+                path, spec, self.fingerprint, layout, recorded, self.verify_content
+            )
         return self._maps[shard]
 
-    def _gather(self, key: str, index: Int[Tensor, " row"]) -> Tensor:
-        shard = torch.searchsorted(self._ends, index, right=True)
-        if key == "tokens":
+    def _gather(self, key: str, index: Int[Tensor, "*index"]) -> Tensor:
+        flat = index.reshape(-1)
+        shard = torch.searchsorted(self._ends, flat, right=True)
+        if key == TOKENS_KEY:
             shape, dtype = (), torch.int32
         else:
             shape, dtype = self.row_shape(key), self.dtype
-        out = torch.empty((index.numel(), *shape), dtype=dtype)
+        out = torch.empty((flat.numel(), *shape), dtype=dtype)
         for s in torch.unique(shard).tolist():
             where = (shard == s).nonzero().squeeze(1)
-            local = index[where] - self._starts[s]
+            local = flat[where] - self._starts[s]
             source = self._map(s).tensor(key)
-            if key == "tokens":
+            if key == TOKENS_KEY:
                 source = source.reshape(-1)
             out.index_copy_(0, where, source.index_select(0, local))
-        return out
+        return out.reshape((*index.shape, *shape))
 
 
 def _take(buffer: Tensor, order: Tensor | None, start: int, stop: int) -> Tensor:
@@ -313,7 +329,7 @@ class StoreDataset(torch.utils.data.Dataset):
         return len(self.store)
 
     def __getitem__(self, index: int) -> Tensor:
-        return self.store.rows(self.name, index)[0]
+        return self.store.rows(self.name, index)
 
     def __getitems__(self, indices: list[int]) -> list[Tensor]:
         # A DataLoader asks for a whole batch at once: one gather instead of one per row.

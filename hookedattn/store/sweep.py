@@ -21,7 +21,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.store import _distributed
-from hookedattn.store._manifest import commit, file_metadata, read_file_metadata, temporary_name
+from hookedattn.store._files import commit, file_metadata, read_file_metadata, temporary_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,8 @@ def sweep(
     labels = tuple(str(i) for i in range(len(dataset))) if labels is None else tuple(labels)
     if len(labels) != len(dataset):
         raise ValueError(f"{len(labels)} labels for {len(dataset)} items")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     collate = _stack if collate is None else collate
     ranks = _distributed.current_rank()
     starts = range(0, len(dataset), batch_size)
@@ -99,11 +99,14 @@ def save_sweep(result: SweepResult, out: str | Path) -> Path:
 
 def load_sweep(path: str | Path) -> SweepResult:
     """Read back what `sweep(..., out=path)` wrote."""
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = read_file_metadata(f.metadata())
-        if "labels" not in metadata:
-            raise ValueError(f"{path} is not a saved sweep (no labels in its metadata)")
-        values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = read_file_metadata(f.metadata())
+            if "labels" not in metadata or "items" not in metadata:
+                raise ValueError(f"{path} is not a saved sweep (no labels in its metadata)")
+            values = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (no __iter__)
+    except safetensors.SafetensorError as error:
+        raise ValueError(f"{path} is not a saved sweep: not a safetensors file ({error})") from None
     labels = tuple(metadata["labels"])
     return SweepResult(values, labels, torch.tensor(metadata["items"], dtype=torch.long))
 

@@ -20,18 +20,44 @@ from torch import Tensor
 from hookedattn.core import is_text
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
-from hookedattn.core.patterns import record_patterns, stacked_patterns
+from hookedattn.core.patterns import stacked_patterns
 from hookedattn.viewer.page import Page, float32_base64
 from hookedattn.viewer.tokens import token_strings
 
 Patterns = Float[Tensor, "layer head query_pos key_pos"]
+# Every pattern value the page holds (layers x heads x positions^2): 2**23 is 2 layers of
+# 4 heads over 1,024 tokens, at most 43 MB of page (a causal model's, half that), which a
+# browser still draws.
+MAX_VALUES = 1 << 23
 
 
-def _run(model: HookedTransformer, prompt: Any) -> tuple[ActivationCache, Any]:
+def _tokens(model: HookedTransformer, prompt: Any) -> Any:
     tokens = model.to_tokens(prompt) if is_text(prompt) else prompt
     if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
-    return record_patterns(model, tokens), tokens
+    return tokens
+
+
+def _check_size(n_layers: int, n_heads: int, n_pos: int, n_seq: int, max_values: int) -> None:
+    """Refuse more than `max_values` pattern values, before anything is computed."""
+    n_values = n_layers * n_heads * n_pos * n_pos * n_seq
+    if n_values > max_values:
+        seqs = f" x {n_seq} sequences" if n_seq > 1 else ""
+        raise ValueError(
+            f"the attention page would hold {n_layers} layer(s) x {n_heads} heads x "
+            f"{n_pos:,}^2 positions{seqs} = {n_values:,} pattern values (about "
+            f"{n_values * 5.4 / 2**20:,.0f} MB of page), more than max_values={max_values:,}: "
+            f"show fewer layers (layers=[...]), a shorter prompt, or raise max_values "
+            f"(--max-values on the command line)"
+        )
+
+
+def _record(model: HookedTransformer, tokens: Any, layers: list[int]) -> ActivationCache:
+    """The patterns of `layers` only, on `tokens`."""
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
+    return cache
 
 
 def _patterns(cache: ActivationCache, layers: Sequence[int], batch: int) -> Patterns:
@@ -104,6 +130,7 @@ def attention(
     head: Any = None,
     batch: int = 0,
     title: str | None = None,
+    max_values: int = MAX_VALUES,
 ) -> Page:
     """Every head's attention pattern over a prompt, as an interactive page.
 
@@ -116,19 +143,26 @@ def attention(
 
     The heatmap draws one cell per (query, key) pair and the page stores every head's
     pattern: a few hundred tokens and a few hundred heads keep it quick (16 heads over 128
-    tokens make 0.7 MB); `layers` cuts a large model's page down.
+    tokens make 0.7 MB); `layers` cuts a large model's page down. A page of more than
+    `max_values` pattern values (layers x heads x positions^2, default 2**23) is refused
+    before the model runs, with the sizes; raise `max_values` to make it anyway.
     """
     if model.cfg.n_layers == 0:
         raise ValueError("a model with 0 layers has no attention patterns to show")
-    if isinstance(cache_or_text, ActivationCache):
-        cache = cache_or_text
-    else:
-        cache, tokens = _run(model, cache_or_text)
     n_layers = model.cfg.n_layers
     chosen = list(range(n_layers)) if layers is None else [int(layer) for layer in layers]
     if not chosen or any(not 0 <= layer < n_layers for layer in chosen):
         raise ValueError(f"layers must be a non-empty list of layers in 0..{n_layers - 1}")
+    if isinstance(cache_or_text, ActivationCache):
+        cache = cache_or_text
+    else:
+        tokens = _tokens(model, cache_or_text)
+        shape = torch.as_tensor(tokens).shape
+        n_seq = shape[0] if len(shape) == 2 else 1
+        _check_size(len(chosen), model.cfg.n_heads, shape[-1], n_seq, max_values)
+        cache = _record(model, tokens, chosen)
     patterns = _patterns(cache, chosen, batch)
+    _check_size(len(chosen), patterns.shape[1], patterns.shape[-1], 1, max_values)
     strings = token_strings(model, cache, tokens, batch, patterns.shape[-1])
     data = attention_data(patterns, strings, chosen, head)
     # The title shows newlines and control characters as escapes, as the tokens do.

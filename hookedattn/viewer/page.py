@@ -13,16 +13,21 @@ into a `Float32Array`.
 """
 
 import base64
+import ctypes
 import dataclasses
 import functools
 import html
 import json
+import math
 import re
 import struct
+import sys
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -35,8 +40,27 @@ _PLACEHOLDER = re.compile(r"\{\{(title|style|data|script)\}\}")
 
 def float32_base64(values: Float[Tensor, "..."]) -> str:
     """The tensor's values, flattened row-major, as base64 of little-endian float32."""
-    flat = values.detach().reshape(-1).cpu().tolist()
-    return base64.b64encode(struct.pack(f"<{len(flat)}f", *flat)).decode("ascii")
+    flat = values.detach().to(torch.float32).reshape(-1).contiguous().cpu()
+    if sys.byteorder == "little" and flat.numel():
+        # The tensor's own bytes, copied once: no Python float per value (a list of a few
+        # million floats takes ten times the memory of the page it encodes).
+        raw = bytes((ctypes.c_char * flat.nbytes).from_address(flat.data_ptr()))
+    else:
+        raw = struct.pack(f"<{flat.numel()}f", *flat.tolist())
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _non_finite(data: Any, path: str = "data") -> Iterator[str]:
+    """The path of every float in `data` (nested dicts and lists) that is NaN or infinite."""
+    if isinstance(data, float):
+        if not math.isfinite(data):
+            yield f"{path} = {data}"
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from _non_finite(value, f"{path}[{key!r}]")
+    elif isinstance(data, list | tuple):
+        for i, value in enumerate(data):
+            yield from _non_finite(value, f"{path}[{i}]")
 
 
 def script_json(data: dict[str, Any]) -> str:
@@ -67,6 +91,14 @@ class Page:
     def __post_init__(self) -> None:
         if not isinstance(self.data.get("kind"), str):
             raise ValueError(f"a page's data needs a 'kind' naming its view, got {self.data!r}")
+        bad = list(_non_finite(self.data))
+        if bad:
+            raise ValueError(
+                f"the {self.data['kind']} page's data holds {len(bad)} NaN or infinite "
+                f"value(s), first {bad[0]}: the result it would show is not finite (the "
+                f"model's weights or inputs make NaN or inf there), and a page shows numbers "
+                f"only; find where they start with run_with_cache and torch.isfinite"
+            )
 
     def html(self) -> str:
         """The whole document: template, style, script and data, ready to be written out."""
@@ -84,9 +116,16 @@ class Page:
         return _PLACEHOLDER.sub(lambda m: fields[m.group(1)], _asset("template.html"))
 
     def save(self, path: str | Path) -> Path:
-        """Write the page to `path` (UTF-8) and return the path; open it in any browser."""
+        """Write the page to `path` (UTF-8) and return the path; open it in any browser.
+        A path that cannot be written (a folder, no permission, no such folder) is an
+        `OSError` naming it."""
         path = Path(path)
-        path.write_text(self.html(), encoding="utf-8")
+        try:
+            path.write_text(self.html(), encoding="utf-8")
+        except OSError as error:
+            raise type(error)(
+                error.errno, f"cannot write the page to {path}: {error.strerror or error}"
+            ) from None
         return path
 
     def _repr_html_(self) -> str:

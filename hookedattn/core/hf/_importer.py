@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hookedattn.core._weights_io import CheckpointError
+from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
 from hookedattn.core.hf._family import Family
@@ -53,8 +53,12 @@ def from_hf(
     `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`)
     or a directory holding its `config.json` and safetensors files (nothing is
     downloaded); from a directory the tokenizer saved there (if any) comes too. `dtype` and
-    `device` default to those of the weights (as stored, for a directory).
+    `device` default to those of the weights (as stored, for a directory). No code from a
+    directory ever runs: one whose config or tokenizer config names custom code
+    (`auto_map`) is refused, without a prompt (`hookedattn.core.hf._loading`).
     """
+    if device is not None:
+        _check_device(str(device), from_file=False, path=Path())
     if isinstance(source, str | Path):
         path = Path(source)
         _loading.check_directory(path)

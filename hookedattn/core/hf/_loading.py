@@ -1,11 +1,18 @@
 """Reading a HuggingFace model directory without `from_pretrained`: its `config.json`
-(through `transformers.AutoConfig`, which fills each family's defaults), its safetensors
+(through its family's config class, which fills the family's defaults), its safetensors
 files directly (headers first, then one memory-mapped tensor at a time), and its tokenizer
 if one was saved there.
 
 Building the HF model first and converting it would hold two copies of the weights; reading
 the files tensor by tensor holds the finished model plus the one tensor being converted.
 Only local files are read: nothing is downloaded.
+
+No code from the folder ever runs, and nobody is asked: a `config.json` or
+`tokenizer_config.json` that names custom code (`auto_map`) is refused by name before
+`transformers` reads it (it would prompt "run the custom code? [y/N]" on a terminal, and
+run the folder's Python on "y"); the config is built by the family's own class, never by
+`AutoConfig`, and the tokenizer is read with `trust_remote_code=False`. Weight files are
+the ones in the folder: an index entry that leaves it (`../elsewhere/...`) is refused.
 """
 
 import json
@@ -17,7 +24,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from hookedattn.core._weights_io import CheckpointError, read_safetensors_header
+from hookedattn.core._weights_io import MAX_CONFIG_BYTES, CheckpointError, read_safetensors_header
 
 _INDEX = "model.safetensors.index.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -78,25 +85,55 @@ def check_directory(path: Path) -> None:
         raise FileNotFoundError(f"no config.json in {path}: not a HuggingFace model directory")
 
 
-def read_config(path: Path) -> Any:
-    """The directory's config through `AutoConfig` (so each family's defaults are filled);
-    a model type `transformers` does not know is named."""
-    transformers = transformers_module()
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or a `CheckpointError` naming the file and what is wrong."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
     try:
-        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    except (ValueError, KeyError) as error:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+def refuse_custom_code(path: Path, data: dict[str, Any]) -> None:
+    """Refuse a config that names code of the folder's own (`auto_map`), without asking."""
+    if "auto_map" in data:
+        raise CheckpointError(
+            f"{path} names custom code (auto_map: {json.dumps(data['auto_map'])[:200]}): "
+            f"from_hf never runs code from a model folder, and never asks. Remove auto_map "
+            f"if the model is one of the supported families, which need no code of their own"
+        )
+
+
+def read_config(path: Path) -> Any:
+    """The directory's config, built from `config.json` by its family's config class (so
+    the family's defaults are filled); a model type `transformers` does not know is named."""
+    data = read_json(path / "config.json")
+    refuse_custom_code(path / "config.json", data)
+    transformers = transformers_module()
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
+        raise ValueError(
+            f"cannot read the config in {path} (model_type={model_type!r}): transformers "
+            f"{transformers.__version__} knows no such model type"
+        )
+    try:
+        return transformers.CONFIG_MAPPING[model_type].from_dict(data)
+    except (ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"cannot read the config in {path} (model_type={model_type!r}): {error}"
         ) from error
 
 
 def safetensors_files(path: Path) -> list[Path]:
-    """The weight files: the shards an index names, else every `*.safetensors` there."""
+    """The weight files: the shards an index names (each inside `path`), else every
+    `*.safetensors` there."""
     index = path / _INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return [path / name for name in sorted(set(weight_map.values()))]
+        return _indexed_files(path, index)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         saved = sorted(p.name for p in path.iterdir())
@@ -107,10 +144,37 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+def _indexed_files(path: Path, index: Path) -> list[Path]:
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index} has no weight_map (a tensor name -> file name object)")
+    files = []
+    for name in sorted({*weight_map.values()}, key=str):
+        relative = Path(name) if isinstance(name, str) else None
+        # A hub snapshot's files are symlinks into its blob store: the name, not the link's
+        # target, must stay inside the folder.
+        if relative is None or relative.is_absolute() or ".." in relative.parts:
+            raise CheckpointError(
+                f"{index} names the weight file {name!r}, which is not a file inside {path}: "
+                f"from_hf reads the model folder only"
+            )
+        if not (path / relative).is_file():
+            raise CheckpointError(f"{index} names {name!r}, which is not in {path}")
+        files.append(path / relative)
+    return files
+
+
 def saved_tokenizer(path: Path) -> Any:
     """The tokenizer saved in `path` by `transformers`, or None where none was saved."""
     # Only where tokenizer files were saved: `AutoTokenizer` would otherwise build an empty
     # one. A directory of weights alone gives a model that works on token ids.
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         return None
-    return transformers_module().AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if (path / "tokenizer_config.json").is_file():
+        refuse_custom_code(
+            path / "tokenizer_config.json", read_json(path / "tokenizer_config.json")
+        )
+    # config.json was checked already; False is the answer to any question of custom code.
+    return transformers_module().AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=False
+    )

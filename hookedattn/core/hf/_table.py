@@ -64,9 +64,11 @@ def zeros(ours: str, axes: str) -> Rule:
 
 @runtime_checkable
 class TensorSource(Protocol):
-    """Named HF tensors: their shapes without reading them, and each one on demand."""
+    """Named HF tensors: their shapes and dtypes without reading them, and each one on
+    demand."""
 
     shapes: Mapping[str, tuple[int, ...]]
+    dtypes: Mapping[str, torch.dtype]
 
     def get(self, name: str) -> Tensor:
         """The tensor called `name`, as stored: someone else's memory (a live model's
@@ -80,6 +82,7 @@ class StateDict:
     def __init__(self, state_dict: Mapping[str, Tensor]) -> None:
         self._tensors = state_dict
         self.shapes = {name: tuple(t.shape) for name, t in state_dict.items()}
+        self.dtypes = {name: t.dtype for name, t in state_dict.items()}
 
     def get(self, name: str) -> Tensor:
         """The tensor called `name`."""
@@ -160,7 +163,8 @@ class Table:
 
 
 def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfig) -> None:
-    """A `CheckpointError` listing every HF tensor missing, unexpected or misshapen."""
+    """A `CheckpointError` listing every HF tensor missing, unexpected, misshapen, or not
+    floating point (an integer, bool or complex weight is refused, never cast)."""
     sizes = axis_sizes(cfg)
     names = table.source_names(source.shapes)
     missing = sorted({hf for hf, stored in names.items() if stored not in source.shapes})
@@ -177,11 +181,18 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
             entry = f"{stored}: {tuple(source.shapes[stored])} instead of {hf_shape(rule, sizes)}"
             if entry not in wrong:
                 wrong.append(entry)
-    problems = [
-        f"{label} {items}"
-        for label, items in (("missing", missing), ("unexpected", extra), ("wrong shapes", wrong))
-        if items
-    ]
+    kinds = sorted(
+        f"{stored}: {source.dtypes[stored]}"
+        for stored in read
+        if stored in source.dtypes and not source.dtypes[stored].is_floating_point
+    )
+    labelled = (
+        ("missing", missing),
+        ("unexpected", extra),
+        ("wrong shapes", wrong),
+        ("not floating point (weights are never cast from integers, bools or complex)", kinds),
+    )
+    problems = [f"{label} {items}" for label, items in labelled if items]
     if problems:
         raise CheckpointError(
             f"the {table.label} state dict does not match its config: " + "; ".join(problems)

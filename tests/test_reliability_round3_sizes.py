@@ -1,0 +1,118 @@
+"""Sizes and errors of the viewer and the CLI (issue 25, items 9 and 10): nothing allocates
+more than the input justifies, and every refusal names the limit and how to raise it; an
+output path that cannot be written, or a result that is not finite, is named."""
+
+import math
+
+import pytest
+import torch
+
+from analysis import decompose_resid, direct_logit_attribution, view
+from hookedattn import ByteTokenizer
+from hookedattn.__main__ import main as cli
+from hookedattn.testing import random_tiny_model
+from hookedattn.viewer import Page, attention, float32_base64
+
+SHIPPED = "bytes-attn-only-2l"
+
+
+def byte_model(n_ctx: int = 64):
+    fields = dict(n_layers=2, n_heads=4, n_ctx=n_ctx, d_vocab=259, attn_only=True)
+    return random_tiny_model(randomize_seed=3, tokenizer=ByteTokenizer(), **fields).eval()
+
+
+def never_run(x, hook):
+    raise AssertionError("the model ran before the page's size was checked")
+
+
+# ------------------------------------------------------------------ the attention page
+@pytest.mark.parametrize("n_tokens", [16_000, 100_000])
+def test_a_huge_attention_page_is_refused_before_the_model_runs(n_tokens):
+    """Guards: 16k tokens ran into a MemoryError at 6.8 GB, 100k asked for 10 GB."""
+    model = byte_model(n_ctx=200_000)
+    model.add_hook("hook_embed", never_run)
+    with pytest.raises(ValueError, match=r"pattern values .* more than max_values=8,388,608: .*"
+                       r"layers=\[\.\.\.\].* raise max_values \(--max-values"):  # fmt: skip
+        attention(model, "x" * n_tokens)
+
+
+def test_max_values_is_the_limit_both_ways():
+    """Guards: the limit is max_values exactly, and raising it makes the page."""
+    model = byte_model()
+    text = "abcabc"  # 7 tokens with <bos>: 2 layers x 4 heads x 49 = 392 values
+    with pytest.raises(ValueError, match=r"= 392 pattern values .* max_values=391"):
+        attention(model, text, max_values=391)
+    assert len(attention(model, text, max_values=392).data["tokens"]) == 7
+    assert attention(model, text, layers=[1], max_values=196).data["layers"] == [1]
+
+
+def test_a_cache_too_large_for_a_page_is_refused_too():
+    """Guards: the limit holds for patterns already cached, not only for text."""
+    model = byte_model()
+    _, cache = model.run_with_cache(model.to_tokens("abcabc"))
+    with pytest.raises(ValueError, match=r"max_values=100"):
+        attention(model, cache, max_values=100)
+
+
+def test_base64_of_patterns_is_their_float32_bytes():
+    """The encoding without a Python float per value reads back as the same float32."""
+    values = torch.randn(3, 5, 7, dtype=torch.float64)
+    decoded = torch.frombuffer(bytearray(__import__("base64").b64decode(float32_base64(values))),
+                               dtype=torch.float32)  # fmt: skip
+    assert torch.equal(decoded, values.float().flatten())
+
+
+# ------------------------------------------------------------------ non-finite results
+def test_a_page_of_nan_values_names_the_first_one():
+    """Guards: view.logit_attribution on a NaN model failed in the JSON encoder
+    ("Out of range float values are not JSON compliant"), naming nothing."""
+    model = byte_model()
+    with torch.no_grad():
+        model.embed.W_E[ord("b")] = math.nan
+    tokens = model.to_tokens("abcabc")
+    _, cache = model.run_with_cache(tokens)
+    dla = direct_logit_attribution(model, cache, decompose_resid(model, cache), tokens)
+    with pytest.raises(ValueError, match=r"bars page's data holds \d+ NaN or infinite value\(s\), "
+                       r"first data\['values'\]\[2\]"):  # fmt: skip
+        view.logit_attribution(model, cache, dla)
+    with pytest.raises(ValueError, match=r"first data\['x'\]\[1\] = inf"):
+        Page("t", {"kind": "bars", "x": [1.0, math.inf]})
+
+
+# ------------------------------------------------------------------ the command line
+def test_cache_precision_is_bounded(capsys):
+    """Guards: `cache --precision 100000000` allocated until killed."""
+    with pytest.raises(SystemExit) as exit_:
+        cli(["cache", SHIPPED, "ab", "pattern", "1", "--precision", "100000000"])
+    assert exit_.value.code == 2
+    assert "argument --precision: must be an int 0..20, got '100000000'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("k", ["0", "-5", "many"])
+def test_predict_k_must_be_positive(capsys, k):
+    """Guards: `predict -k -5` gave torch's raw topk error."""
+    with pytest.raises(SystemExit):
+        cli(["predict", SHIPPED, "ab", "-k", k])
+    assert "argument -k: must be an int >= 1" in capsys.readouterr().err
+
+
+def test_view_max_values_reaches_the_page(tmp_path, capsys):
+    """Guards: the CLI's page is held to --max-values, and the message says how to raise it."""
+    assert (
+        cli(["view", SHIPPED, "abcabc", "-o", str(tmp_path / "a.html"), "--max-values", "10"]) == 2
+    )
+    assert "more than max_values=10" in capsys.readouterr().err
+    assert not (tmp_path / "a.html").exists()
+
+
+@pytest.mark.parametrize("where", ["a folder", "under /proc", "a missing folder"])
+def test_an_output_path_that_cannot_be_written_is_named(tmp_path, capsys, where):
+    """Guards: a folder, an unwritable path or one under /proc printed a raw traceback
+    (`__main__` caught only FileNotFoundError)."""
+    out = {
+        "a folder": tmp_path,
+        "under /proc": "/proc/attention.html",
+        "a missing folder": tmp_path / "missing" / "a.html",
+    }[where]
+    assert cli(["view", SHIPPED, "ab", "-o", str(out)]) == 2
+    assert f"error: cannot write the page to {out}" in capsys.readouterr().err
