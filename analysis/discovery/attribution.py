@@ -51,7 +51,8 @@ def edge_attribution(
     corrupted_tokens: object,
     metric: Metric,
     method: str = "eap",
-    ig_steps: int | None = None,
+    # An int >= 1 or None, loosely annotated so that bad input gets our own message.
+    ig_steps: object = None,
     memory_budget: int | None = None,
 ) -> EdgeScores:
     """Every edge's estimated change of the metric when it alone is patched (module docstring).
@@ -94,7 +95,7 @@ def edge_attribution(
     )
 
 
-def _checked_steps(method: str, ig_steps: int | None) -> int:
+def _checked_steps(method: str, ig_steps: object) -> int:
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, got {method!r}")
     if method == "eap":

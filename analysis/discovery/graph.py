@@ -188,7 +188,10 @@ class Graph:
 
 
 def _unknown(what: str, label: object, valid: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(str(label), valid, n=3, cutoff=0.5)
+    # Compared in lower case, so that "L1H2.K" is closest to "L1H2.k", not to "L1H2.v".
+    lower = {v.lower(): v for v in valid}
+    close = difflib.get_close_matches(str(label).lower(), list(lower), n=3, cutoff=0.5)
+    close = [lower[c] for c in close]
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     shown = ", ".join(valid[:6]) + (", ..." if len(valid) > 6 else "")
     return f"no {what} {label!r} in this graph{hint} ({len(valid)} {what}s: {shown})"
