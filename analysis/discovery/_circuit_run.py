@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 from einops import einsum, rearrange
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
@@ -48,6 +48,7 @@ class CircuitRuns:
     corrupted: Float[Tensor, " batch"]
     metric: Metric
     ablation: str
+    hooks: dict[str, "HookEdges"]  # the edges into each receiver hook point
 
 
 def prepare(
@@ -75,6 +76,12 @@ def prepare(
     reference = sender_terms(split, corrupted, graph)
     if ablation == "mean":
         reference = reference.mean(1, keepdim=True).expand_as(reference)
+    hooks = {
+        hook: HookEdges.of(graph, hook) for hook in dict.fromkeys(r.hook for r in graph.receivers)
+    }
+    hooks = {
+        hook: HookEdges.of(graph, hook) for hook in dict.fromkeys(r.hook for r in graph.receivers)
+    }
     return CircuitRuns(
         split,
         graph,
@@ -85,6 +92,7 @@ def prepare(
         corrupted_metric,
         metric,
         ablation,
+        hooks,
     )
 
 
@@ -183,6 +191,48 @@ class _Current:
         return self._heads[layer]
 
 
+@dataclasses.dataclass(frozen=True)
+class HookEdges:
+    """The edges into the receivers at one hook point: their indices, and each one's head
+    (0 for an MLP's or the logits' input) and column among the senders those receivers
+    read (the same for all of them)."""
+
+    senders: tuple[int, ...]
+    per_head: bool
+    n_heads: int
+    edges: Int[Tensor, " edge"]
+    heads: Int[Tensor, " edge"]
+    columns: Int[Tensor, " edge"]
+
+    @classmethod
+    def of(cls, graph: Graph, hook: str) -> "HookEdges":
+        """The edges of `graph` into the receivers at `hook`."""
+        at = [i for i, r in enumerate(graph.receivers) if r.hook == hook]
+        senders = graph.senders_of(at[0])
+        per_head = graph.receivers[at[0]].kind in ("q", "k", "v")
+        column = {s: j for j, s in enumerate(senders)}
+        edges = [i for i, e in enumerate(graph.edges) if e.receiver in at]
+        heads = [graph.receivers[graph.edges[i].receiver].head if per_head else 0 for i in edges]
+        columns = [column[graph.edges[i].sender] for i in edges]
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.long)
+        return cls(
+            senders,
+            per_head,
+            len(at) if per_head else 1,
+            as_tensor(edges),
+            as_tensor(heads),
+            as_tensor(columns),
+        )
+
+    def weights(
+        self, ablated: Bool[Tensor, "variant edge"], dtype: torch.dtype
+    ) -> Float[Tensor, "variant head sender"]:
+        """1 where a variant ablates the edge from that sender into that head."""
+        weights = torch.zeros(len(ablated), self.n_heads, len(self.senders), dtype=dtype)
+        weights[:, self.heads, self.columns] = ablated[:, self.edges].to(dtype)
+        return weights
+
+
 def _receiver_edit(
     runs: CircuitRuns,
     current: _Current,
@@ -194,12 +244,11 @@ def _receiver_edit(
     ablates an edge into them): `sum_s weight[v, s, head] (reference_s - current_s)`
     added, the senders before block `start` as one fixed product, the others grouped by
     the part of the forward that writes them."""
-    graph = runs.graph
-    at = [i for i, r in enumerate(graph.receivers) if r.hook == hook]
-    senders = list(graph.senders_of(at[0]))
-    per_head = graph.receivers[at[0]].kind in ("q", "k", "v")
-    weights = _weights(graph, ablated, at, senders, per_head, runs.reference.dtype)
-    chosen = [j for j in range(len(senders)) if bool(weights[:, :, j].any())]
+    graph, at = runs.graph, runs.hooks[hook]
+    senders, per_head = list(at.senders), at.per_head
+    weights = at.weights(ablated, runs.reference.dtype)
+    used = weights.flatten(0, 1).any(0).tolist()
+    chosen = [j for j in range(len(senders)) if used[j]]
     if not chosen:
         return None
     fixed = [j for j in chosen if graph.senders[senders[j]].layer < start]
@@ -227,22 +276,3 @@ def _receiver_edit(
         return rearrange(by_variant + delta, "v b p h d -> (v b) p h d")
 
     return edit
-
-
-def _weights(
-    graph: Graph,
-    ablated: Bool[Tensor, "variant edge"],
-    at: list[int],
-    senders: list[int],
-    per_head: bool,
-    dtype: torch.dtype,
-) -> Float[Tensor, "variant head sender"]:
-    """1 where a variant ablates the edge from that sender into that head (the receivers
-    `at`, all at one hook point; one column for an MLP's or the logits' input)."""
-    weights = torch.zeros(len(ablated), len(at) if per_head else 1, len(senders), dtype=dtype)
-    column = {s: j for j, s in enumerate(senders)}
-    for i, edge in enumerate(graph.edges):
-        if edge.receiver in at:
-            head = graph.receivers[edge.receiver].head if per_head else 0
-            weights[:, head, column[edge.sender]] = ablated[:, i].to(dtype)
-    return weights

@@ -18,6 +18,8 @@ The threshold is in the metric's units (Conmy et al. use a KL divergence's).
 """
 
 import torch
+from jaxtyping import Bool
+from torch import Tensor
 
 from analysis.discovery._circuit_run import circuit_metrics, prepare
 from analysis.discovery.circuit import Circuit
@@ -54,7 +56,8 @@ def acdc(
         into = [i for i, e in enumerate(graph.edges) if e.receiver == r and kept[i]]
         if not into:
             continue
-        if not _has_edges_out(graph, kept, r):
+        out = _edges_out(graph, r)
+        if out is not None and not bool(kept[out].any()):  # nothing it reads can matter
             kept[into] = False
             continue
         tries = (~kept).repeat(len(into) + 1, 1)  # the circuit itself, then without each edge
@@ -71,24 +74,17 @@ def acdc(
     return Circuit(graph, frozenset(torch.nonzero(kept)[:, 0].tolist()), scores)
 
 
-def _has_edges_out(graph: Graph, kept: torch.Tensor, receiver: int) -> bool:
-    """Whether the node that receiver `receiver` belongs to still sends along a kept edge
-    (the logits always count; a key/value head through any query head of its group)."""
+def _edges_out(graph: Graph, receiver: int) -> Bool[Tensor, " edge"] | None:
+    """The edges out of the node that receiver `receiver` belongs to (a key/value head's:
+    those of every query head of its group); None for the logits, which always count."""
     r = graph.receivers[receiver]
     if r.kind == "logits":
-        return True
+        return None
     if r.kind == "mlp":
-        nodes = {
-            s
-            for s, sender in enumerate(graph.senders)
-            if sender.kind == "mlp" and sender.layer == r.layer
-        }
+        mine = lambda s: s.kind == "mlp" and s.layer == r.layer
     else:
         group = graph.n_heads // graph.n_kv_heads if r.kind in ("k", "v") else 1
         heads = range(r.head * group, (r.head + 1) * group)
-        nodes = {
-            s
-            for s, sender in enumerate(graph.senders)
-            if sender.kind == "head" and sender.layer == r.layer and sender.head in heads
-        }
-    return any(bool(kept[i]) and e.sender in nodes for i, e in enumerate(graph.edges))
+        mine = lambda s: s.kind == "head" and s.layer == r.layer and s.head in heads
+    nodes = {i for i, s in enumerate(graph.senders) if mine(s)}
+    return torch.tensor([e.sender in nodes for e in graph.edges])
