@@ -36,8 +36,7 @@ def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer
     """
     cfg = model.cfg
     flags = dict(use_split_qkv_input=qkv, use_attn_in=False, use_hook_mlp_in=cfg.has_mlp)
-    if all(getattr(cfg, flag) == value for flag, value in flags.items()):
-        return model
+    # Always a copy, even where the flags are already set: the model's own hooks stay off.
     split = HookedTransformer(cfg.replace(**flags, init_weights=False), model.tokenizer)
     # The same Parameter objects, assigned rather than copied into fresh ones.
     split.load_state_dict(model.state_dict(keep_vars=True), assign=True)

@@ -69,14 +69,17 @@ def edge_attribution(
     split = split_model(model)
     clean_tokens, corrupted_tokens = paired_tokens(split, clean_tokens, corrupted_tokens)
     names = [*term_hooks(split), FIRST]
+    # The terms need no per-head inputs: the corrupted run (and EAP-IG's clean one) runs
+    # the attention's one fused projection.
+    plain = split_model(model, qkv=False)
     with torch.no_grad():
-        logits, corrupted = split.run_with_cache(corrupted_tokens, names_filter=names)
+        logits, corrupted = plain.run_with_cache(corrupted_tokens, names_filter=names)
     corrupted_metric = metric_values(metric, logits).detach()
     if method == "eap":
         clean_metric, gradients, clean = _eap_pass(split, graph, clean_tokens, metric, names)
     else:
         with torch.no_grad():
-            logits, clean = split.run_with_cache(clean_tokens, names_filter=names)
+            logits, clean = plain.run_with_cache(clean_tokens, names_filter=names)
         clean_metric = metric_values(metric, logits).detach()
         budget = default_memory_budget(split) if memory_budget is None else memory_budget
         gradients = _ig_gradients(
