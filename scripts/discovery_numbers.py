@@ -36,6 +36,7 @@ from hookedattn import HookedTransformer
 MODELS = ("bytes-attn-only-2l", "bytes-gelu-2l")
 STEPS = (1, 5, 20)
 THRESHOLD = 0.1
+KEY_EDGE = "L0H5 -> L1H2.k"  # the previous-token head into the induction head's keys
 
 
 def methods(model: HookedTransformer, kwargs: dict) -> dict[str, Callable[[], object]]:
@@ -81,9 +82,23 @@ def agreement(model: HookedTransformer, kwargs: dict) -> list[dict]:
                 "spearman_abs": a.spearman_abs,
                 "top10": a.top_overlap,
                 "into L1H2.k": scores.top(1, receiver="L1H2.k").rows[0][0],
+                KEY_EDGE: scores[KEY_EDGE],
             }
         )
     return rows
+
+
+def second_copy_corrupted(model: HookedTransformer, n_seq: int) -> dict:
+    """The other corruption, the *second* copy re-drawn: the exact effects into L1H2.k."""
+    kwargs = prompts(repeated_tokens(n_seq=n_seq), PERIOD)
+    clean = kwargs["clean_tokens"]
+    corrupted = clean.clone()
+    generator = torch.Generator().manual_seed(1)
+    corrupted[:, PERIOD + 1 :] = torch.randint(
+        0, 256, corrupted[:, PERIOD + 1 :].shape, generator=generator
+    )
+    exact = edge_patching(model, **(kwargs | {"corrupted_tokens": corrupted}))
+    return {row[0]: row[3] for row in exact.top(3, receiver="L1H2.k").rows}
 
 
 def costs(model: HookedTransformer, kwargs: dict, rounds: int) -> dict[str, dict]:
@@ -154,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         model = HookedTransformer.from_pretrained(name)
         kwargs = prompts(repeated_tokens(n_seq=args.n_seq), PERIOD)
         entry = {"agreement": agreement(model, kwargs), "costs": costs(model, kwargs, args.rounds)}
+        if name == MODELS[0]:
+            entry["second copy re-drawn, into L1H2.k"] = second_copy_corrupted(model, args.n_seq)
         entry["peak_bytes"] = {m: peak_memory(name, m, args.n_seq) for m in entry["costs"]}
         report["models"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)

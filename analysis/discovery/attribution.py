@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 from einops import einsum, rearrange
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
@@ -138,7 +138,7 @@ def _capturing(hooks: Sequence[str], captured: dict[str, Tensor]) -> list[tuple[
 def _eap_pass(
     split: HookedTransformer,
     graph: Graph,
-    tokens: Tensor,
+    tokens: Int[Tensor, "batch pos"],
     metric: Metric,
     names: Sequence[str],
 ) -> tuple[Float[Tensor, " batch"], Gradients, ActivationCache]:
@@ -156,7 +156,7 @@ def _eap_pass(
     return values.detach(), gradients, ActivationCache(kept, split.cfg.n_layers)
 
 
-def _gradients(total: Tensor, captured: dict[str, Tensor]) -> Gradients:
+def _gradients(total: Float[Tensor, ""], captured: dict[str, Tensor]) -> Gradients:
     """d total / d each captured leaf (zeros where the total does not depend on it)."""
     order = list(captured)
     grads = torch.autograd.grad(total, [captured[n] for n in order], allow_unused=True)

@@ -124,7 +124,9 @@ class Faithfulness:
     corrupted: Float[Tensor, " batch"]
 
 
-def _fraction(values: Tensor, clean: Tensor, empty: Tensor) -> Tensor:
+def _fraction(
+    values: Float[Tensor, ""], clean: Float[Tensor, " batch"], empty: Float[Tensor, " batch"]
+) -> Float[Tensor, ""]:
     return (values - empty.mean()) / (clean.mean() - empty.mean())
 
 

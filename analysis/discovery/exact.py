@@ -16,14 +16,17 @@ That is the patched forward itself, without a per-head copy of the stream in eve
 
 import torch
 from einops import einsum
+from jaxtyping import Int
+from torch import Tensor
 
 from analysis._reading import weight
-from analysis.discovery._terms import sender_terms, split_model, term_hooks
+from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
 from analysis.discovery.graph import Graph
 from analysis.discovery.scores import EdgeScores
 from analysis.normalization import NormSite, normalize
 from analysis.patching._engine import Edit, sweep
 from analysis.patching._inputs import Metric, base_runs
+from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 
 # The patching engine's kinds of the MLPs' and the logits' inputs.
@@ -80,7 +83,7 @@ def _stream_hooks(graph: Graph) -> list[str]:
     return list(dict.fromkeys(r.hook for r in graph.receivers if r.kind in STREAM_KINDS))
 
 
-def _rows(graph: Graph, at: list[int]) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _rows(graph: Graph, at: list[int]) -> tuple[Int[Tensor, " edge"], tuple[int, ...]]:
     """Per edge, its sender's row in a table of the senders of receivers `at` (0 for
     edges into other receivers, whose masks are False), and those senders."""
     senders = graph.senders_of(at[0])  # the receivers of one hook point read the same
@@ -89,7 +92,7 @@ def _rows(graph: Graph, at: list[int]) -> tuple[torch.Tensor, tuple[int, ...]]:
     return torch.tensor(rows), senders
 
 
-def _stream_edit(graph: Graph, cache: object, hook: str, delta: torch.Tensor) -> Edit:
+def _stream_edit(graph: Graph, cache: ActivationCache, hook: str, delta: Terms) -> Edit:
     """An MLP's or the logits' input: each edge into it takes the clean input plus its
     sender's delta (one table row per sender)."""
     at = [i for i, r in enumerate(graph.receivers) if r.hook == hook]
@@ -104,10 +107,10 @@ def _stream_edit(graph: Graph, cache: object, hook: str, delta: torch.Tensor) ->
 def _attention_edit(
     model: HookedTransformer,
     graph: Graph,
-    cache: object,
+    cache: ActivationCache,
     layer: int,
     kind: str,
-    delta: torch.Tensor,
+    delta: Terms,
 ) -> Edit:
     """Every head's `kind` (q, k or v) of block `layer` as each of its edges makes it: the
     clean `resid_pre` plus the sender's delta, through `ln1`, projected by every head

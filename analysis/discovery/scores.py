@@ -118,8 +118,8 @@ class EdgeScores:
             "method": self.method,
             "ig_steps": self.ig_steps,
             "n_prompts": int(self.clean.shape[0]),
-            "clean": self.clean_baseline,
-            "corrupted": self.corrupted_baseline,
+            "clean": _finite(self.clean_baseline),
+            "corrupted": _finite(self.corrupted_baseline),
             "columns": {k: [_finite(v) for v in vs] for k, vs in columns.items()},
         }
 
