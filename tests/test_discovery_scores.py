@@ -312,3 +312,35 @@ def test_scores_of_different_graphs_cannot_be_compared(scores):
     other = edge_patching(linear_model(), **PROMPTS, metric=metric)
     with pytest.raises(ValueError, match="different graphs"):
         compare_edge_scores(other, scores)
+
+
+def test_declared_positions_and_a_tiny_memory_budget_change_nothing():
+    model = random_tiny_model(d_vocab=23)
+    last = lambda logits: logits[:, -1, 3] - logits[:, -1, 5]
+    prompts = dict(**PROMPTS, metric=last)
+    full = edge_patching(model, **prompts)
+    declared = edge_patching(model, **prompts, metric_positions=-1, memory_budget=1)
+    torch.testing.assert_close(declared.per_prompt, full.per_prompt, rtol=0, atol=1e-12)
+    ig = edge_attribution(model, **prompts, method="eap-ig", ig_steps=3)
+    one_at_a_time = edge_attribution(model, **prompts, method="eap-ig", ig_steps=3, memory_budget=1)
+    torch.testing.assert_close(one_at_a_time.per_prompt, ig.per_prompt, rtol=0, atol=1e-12)
+
+
+def test_the_model_is_left_as_it_was_and_its_own_hooks_do_not_run():
+    model = random_tiny_model(d_vocab=23)
+    reference = edge_attribution(model, **PROMPTS, metric=metric)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model.add_hook("blocks.0.hook_resid_post", lambda x, hook: x + 100.0)
+    try:
+        for scores in (
+            edge_attribution(model, **PROMPTS, metric=metric),
+            edge_attribution(model, **PROMPTS, metric=metric, method="eap-ig"),
+        ):
+            assert scores.per_prompt.shape == reference.per_prompt.shape
+        again = edge_attribution(model, **PROMPTS, metric=metric)
+        torch.testing.assert_close(again.per_prompt, reference.per_prompt, rtol=0, atol=0)
+        assert len(model.blocks[0].hook_resid_post.fwd_hooks) == 1  # still attached
+    finally:
+        model.reset_hooks()
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]) and param.grad is None, name
