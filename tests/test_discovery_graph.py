@@ -109,3 +109,15 @@ def test_the_copy_with_receiver_hooks_shares_the_weights_and_the_numbers():
     assert split.blocks[1].attn.W_Q is model.blocks[1].attn.W_Q
     with torch.no_grad():
         torch.testing.assert_close(split(TOKENS), model(TOKENS), rtol=0, atol=1e-10)
+
+
+def test_the_copy_is_kept_while_the_models_parameters_are_the_same_objects():
+    model = random_tiny_model(d_vocab=23)
+    first = split_model(model)
+    assert split_model(model) is first
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.mul_(2.0)  # an edit in place is the copy's too
+    assert split_model(model) is first
+    model.blocks[0].attn.W_Q = torch.nn.Parameter(model.blocks[0].attn.W_Q.detach() * 3.0)
+    second = split_model(model)
+    assert second is not first and second.blocks[0].attn.W_Q is model.blocks[0].attn.W_Q

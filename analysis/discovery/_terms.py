@@ -11,6 +11,8 @@ output. The receivers' inputs pass hook points only in a model built with
 the two give the same numbers.
 """
 
+import weakref
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -25,6 +27,12 @@ from hookedattn.core.names import get_act_name
 Terms = Float[Tensor, "sender batch pos d_model"]
 
 
+# The copies made so far, by model: building one costs more than a small model's forward.
+_COPIES: "weakref.WeakKeyDictionary[HookedTransformer, dict[bool, HookedTransformer]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer:
     """`model` with a hook point at every receiver's input, sharing its parameters.
 
@@ -32,15 +40,27 @@ def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer
     shared input (exact edge patching edits the heads' queries, keys and values, computed
     from the patched input, rather than their inputs: per-head copies of the stream in
     every patched pass would cost about a third of its time). Hooks attached to `model`
-    are not attached to the copy; its weights are the same tensors.
+    are not attached to the copy; its weights are the same tensors. A copy is kept for
+    the next call while the model's config and parameter objects stay the same.
     """
     cfg = model.cfg
     flags = dict(use_split_qkv_input=qkv, use_attn_in=False, use_hook_mlp_in=cfg.has_mlp)
-    # Always a copy, even where the flags are already set: the model's own hooks stay off.
-    split = HookedTransformer(cfg.replace(**flags, init_weights=False), model.tokenizer)
-    # The same Parameter objects, assigned rather than copied into fresh ones.
-    split.load_state_dict(model.state_dict(keep_vars=True), assign=True)
-    return split.train(model.training)
+    wanted = cfg.replace(**flags, init_weights=False)
+    kept = _COPIES.setdefault(model, {}).get(qkv)
+    if kept is None or kept.cfg != wanted or not _same_parameters(kept, model):
+        # Always a copy, even where the flags are already set: the model's own hooks stay off.
+        kept = HookedTransformer(wanted, model.tokenizer)
+        # The same Parameter objects, assigned rather than copied into fresh ones.
+        kept.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+        _COPIES[model][qkv] = kept
+    kept.tokenizer = model.tokenizer
+    return kept.train(model.training)
+
+
+def _same_parameters(copy: HookedTransformer, model: HookedTransformer) -> bool:
+    mine = dict(model.named_parameters())
+    theirs = dict(copy.named_parameters())
+    return mine.keys() == theirs.keys() and all(mine[k] is theirs[k] for k in mine)
 
 
 def term_hooks(model: HookedTransformer) -> list[str]:
