@@ -146,6 +146,40 @@ def _probe(spec: dict) -> int:
     return status_bytes("VmHWM") - baseline
 
 
+def markdown(report: dict) -> tuple[str, str]:
+    """The guide's two tables from a report: agreement, and costs with peak memory."""
+    names = list(report["models"])
+    lines = [
+        "| model | method | Spearman (signed) | Spearman (\\|score\\|) | top-10 overlap | "
+        f"`{KEY_EDGE}` | top edge into L1H2.k |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for row in report["models"][name]["agreement"]:
+            lines.append(
+                f"| `{name}` | {row['method']} | {row['spearman']:.3f} | {row['spearman_abs']:.3f} "
+                f"| {row['top10']:.1f} | {row[KEY_EDGE]:+.3f} | `{row['into L1H2.k']}` |"
+            )
+    agreement = "\n".join(lines)
+    lines = [
+        "| method | "
+        + " | ".join(f"`{n}`: x forward (min-max) | s | peak MB" for n in names)
+        + " |",
+        "|---|" + "---|---|---|" * len(names),
+    ]
+    for method in report["models"][names[0]]["costs"]:
+        cells = []
+        for name in names:
+            c = report["models"][name]["costs"][method]
+            peak = report["models"][name]["peak_bytes"][method] / 2**20
+            cells.append(
+                f"{c['ratio']:.1f} ({c['ratio_min']:.1f}-{c['ratio_max']:.1f}) | "
+                f"{c['median_s']:.3f} | {peak:.0f}"
+            )
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return agreement, "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the tables (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -175,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         report["models"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
     print(json.dumps(report))
+    for table in markdown(report):
+        print(f"\n{table}")
     return 0
 
 
