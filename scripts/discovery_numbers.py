@@ -156,9 +156,11 @@ def markdown(report: dict) -> tuple[str, str]:
     ]
     for name in names:
         for row in report["models"][name]["agreement"]:
+            # L0H5 and L1H2 are the previous-token and induction heads of the first model only.
+            key = f"{row[KEY_EDGE]:+.3f} | `{row['into L1H2.k']}`" if name == MODELS[0] else "- | -"
             lines.append(
                 f"| `{name}` | {row['method']} | {row['spearman']:.3f} | {row['spearman_abs']:.3f} "
-                f"| {row['top10']:.1f} | {row[KEY_EDGE]:+.3f} | `{row['into L1H2.k']}` |"
+                f"| {row['top10']:.1f} | {key} |"
             )
     agreement = "\n".join(lines)
     lines = [

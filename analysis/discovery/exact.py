@@ -48,8 +48,8 @@ def edge_patching(
     `metric` maps logits `[batch pos d_vocab]` to one value per prompt (`[batch]`).
     `memory_budget` (bytes) and `metric_positions` (the positions whose logits the metric
     reads: passes then stop at the last of them) are those of `activation_patch`. Runs on
-    a copy of the model that shares its weights and has a hook point at every receiver
-    (`use_split_qkv_input`); hooks attached to `model` do not run.
+    a copy of the model that shares its weights (with a hook point at each MLP's input);
+    hooks attached to `model` do not run.
     """
     graph = Graph.from_model(model)
     split = split_model(model, qkv=False)

@@ -16,7 +16,7 @@ block's heads too), or in a parallel block (`parallel_attn_mlp`) `resid_pre` lik
 heads; the logits read everything. With grouped-query attention a key/value head is read
 once for its whole group, so it is one receiver, `L1KV0.k` (key/value head 0 of block 1),
 with its senders counted once. What else is in a receiver's input (the attention's output
-bias `b_O`, a norm's bias after a sublayer) is the same for every prompt but is no edge:
+bias `b_O`, a norm's bias after a sublayer) is written by no sender, so it is no edge:
 `receiver_terms` lists it beside the edges, labelled as `decompose_resid` labels it.
 
 Behind a norm after a sublayer (`ln1_post`: Gemma 2, OLMo 2) a head's term is its share of
@@ -35,9 +35,6 @@ from torch import Tensor
 
 from analysis._naming import head_label
 from hookedattn.core.model import HookedTransformer
-
-SENDER_KINDS = ("embed", "head", "mlp")
-RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 
 
 @dataclasses.dataclass(frozen=True)
