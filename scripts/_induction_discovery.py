@@ -147,6 +147,12 @@ def _curve_figure(out: Path, r: DiscoveryResults) -> str:
     return "faithfulness.png"
 
 
+def _two(value: float) -> str:
+    """Two decimals, a rounded-away negative zero shown as 0.00."""
+    text = f"{value:.2f}"
+    return "0.00" if text == "-0.00" else text
+
+
 def _agreement_rows(r: DiscoveryResults, induction: str) -> str:
     """A Markdown table: each method's time, agreement with the exact effects, top key edge."""
     columns = [
@@ -240,7 +246,7 @@ def discovery_section(
         f"**Faithfulness curve.** The top-k edges by EAP-IG, every other edge corrupted, "
         f"against {N_RANDOM} random circuits of each size: "
         + ", ".join(
-            f"{k} edges {f:.2f} (random {m:.2f} ± {s:.2f})"
+            f"{k} edges {_two(f)} (random {_two(m)} ± {_two(s)})"
             for k, f, m, s in zip(
                 curve.sizes,
                 curve.faithfulness.tolist(),

@@ -225,12 +225,12 @@ class HookEdges:
         )
 
     def weights(
-        self, ablated: Bool[Tensor, "variant edge"], dtype: torch.dtype
+        self, ablated: Bool[Tensor, "variant edge"], dtype: torch.dtype, device: torch.device
     ) -> Float[Tensor, "variant head sender"]:
         """1 where a variant ablates the edge from that sender into that head."""
         weights = torch.zeros(len(ablated), self.n_heads, len(self.senders), dtype=dtype)
         weights[:, self.heads, self.columns] = ablated[:, self.edges].to(dtype)
-        return weights
+        return weights.to(device)
 
 
 def _receiver_edit(
@@ -246,7 +246,7 @@ def _receiver_edit(
     the part of the forward that writes them."""
     graph, at = runs.graph, runs.hooks[hook]
     senders, per_head = list(at.senders), at.per_head
-    weights = at.weights(ablated, runs.reference.dtype)
+    weights = at.weights(ablated.cpu(), runs.reference.dtype, runs.reference.device)
     used = weights.flatten(0, 1).any(0).tolist()
     chosen = [j for j in range(len(senders)) if used[j]]
     if not chosen:

@@ -51,7 +51,7 @@ def acdc(
     runs = prepare(model, clean_tokens, corrupted_tokens, metric, ablation)
     graph = runs.graph
     kept = torch.ones(len(graph), dtype=torch.bool)
-    effects = torch.zeros(len(graph), runs.clean.shape[0], dtype=runs.clean.dtype)
+    effects = runs.clean.new_zeros(len(graph), runs.clean.shape[0])
     for r in reversed(range(len(graph.receivers))):
         into = [i for i, e in enumerate(graph.edges) if e.receiver == r and kept[i]]
         if not into:
