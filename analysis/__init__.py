@@ -17,6 +17,21 @@ from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_c
 from analysis.composition import CompositionScores, composition_scores
 from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.discovery import (
+    Circuit,
+    EdgeAgreement,
+    EdgeScores,
+    Faithfulness,
+    FaithfulnessCurve,
+    Graph,
+    acdc,
+    compare_edge_scores,
+    edge_attribution,
+    edge_patching,
+    faithfulness,
+    faithfulness_curve,
+    receiver_terms,
+)
 from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.head_detectors import (
@@ -107,6 +122,23 @@ __all__ += [
     "full_qk_circuit",
     "ov_circuit",
     "qk_circuit",
+]
+
+# circuit discovery: the graph of edges, edge scores, circuits
+__all__ += [
+    "Circuit",
+    "EdgeAgreement",
+    "EdgeScores",
+    "Faithfulness",
+    "FaithfulnessCurve",
+    "Graph",
+    "acdc",
+    "compare_edge_scores",
+    "edge_attribution",
+    "edge_patching",
+    "faithfulness",
+    "faithfulness_curve",
+    "receiver_terms",
 ]
 
 # the namespaces of the induction report's measures and of the interactive views

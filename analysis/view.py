@@ -5,6 +5,7 @@
     view.logit_attribution(model, cache, dla)        # per-token bars, one per component
     view.decomposition(model, cache, decomp)         # the same for a residual decomposition
     view.patching(result)                            # a PatchingResult as a heatmap
+    view.circuit(scores, circuit=c, exact=exact)     # edges of a model as a graph
 
 Each returns a `hookedattn.viewer.Page`: `page.save("x.html")` writes one self-contained
 file, and a notebook displays it. The `*_table` functions are the `_repr_html_` of the
@@ -18,16 +19,20 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from analysis._naming import head_label
 from analysis._resid_stack import ResidStack
 from analysis.attribution import LogitAttribution
+from analysis.discovery import Circuit, EdgeScores, Graph
 from analysis.head_detectors import HeadScores
 from analysis.patching.result import PatchingResult
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
-from hookedattn.viewer import Page, attention, token_strings
+from hookedattn.viewer import CircuitEdge, CircuitNode, Page, attention, token_strings
+from hookedattn.viewer import circuit as circuit_page
 
 __all__ = [
     "attention",
+    "circuit",
     "decomposition",
     "head_scores_table",
     "logit_attribution",
@@ -144,6 +149,94 @@ def patching(result: PatchingResult, title: str | None = None) -> Page:
     rows = len(result.labels[0]) if len(result.axes) > 1 else 1
     default = f"{result.method} ({result.direction}) of {result.kind}"
     return Page(title or default, data, height=min(1400, 320 + 14 * rows))
+
+
+def _graph_nodes(graph: Graph) -> tuple[list[CircuitNode], dict[str, int], dict[str, int]]:
+    """The boxes in the forward's rows, and the box of each sender and each receiver."""
+    nodes: list[CircuitNode] = []
+    row = 0
+
+    def add(label: str) -> int:
+        nodes.append(CircuitNode(label, row))
+        return len(nodes) - 1
+
+    of_sender = {"embed": add("embed")}
+    of_receiver: dict[str, int] = {}
+    grouped = graph.n_kv_heads != graph.n_heads
+    for layer in range(graph.n_layers):
+        row += 1
+        for sender in graph.senders:
+            if sender.kind == "head" and sender.layer == layer:
+                of_sender[sender.label] = add(sender.label)
+        for g in range(graph.n_kv_heads) if grouped else ():
+            box = add(f"L{layer}KV{g}")
+            of_receiver[f"L{layer}KV{g}.k"] = of_receiver[f"L{layer}KV{g}.v"] = box
+        mlps = [s for s in graph.senders if s.kind == "mlp" and s.layer == layer]
+        if mlps:
+            row += 1
+            of_sender[mlps[0].label] = of_receiver[mlps[0].label] = add(mlps[0].label)
+    row += 1
+    of_receiver["logits"] = add("logits")
+    for receiver in graph.receivers:
+        if receiver.label not in of_receiver:  # a head's own q, k or v
+            of_receiver[receiver.label] = of_sender[head_label(receiver.layer, receiver.head)]
+    return nodes, of_sender, of_receiver
+
+
+def circuit(
+    scores: EdgeScores | Circuit,
+    *,
+    circuit: Circuit | None = None,
+    exact: EdgeScores | None = None,
+    top: int = 30,
+    title: str | None = None,
+) -> Page:
+    """A model's edges as a graph page: rows in the forward's order, each edge's width
+    and colour from its score, clicking an edge shows its exact patching effect.
+
+    `scores` are the edge scores drawn, or a `Circuit` (drawn by the scores it was chosen
+    by); `circuit` marks its edges (shown first); `exact` gives the exact patching
+    effects shown on click (`edge_patching`; the scores themselves when they are
+    exact). Without a circuit the page opens on the `top` edges of largest |score|.
+    """
+    if isinstance(scores, Circuit):
+        circuit = scores if circuit is None else circuit
+        if scores.scores is None:
+            raise ValueError("this circuit has no scores to draw: pass the EdgeScores too")
+        scores = scores.scores
+    graph = scores.graph
+    for other in (circuit, exact):
+        if other is not None and other.graph != graph:
+            raise ValueError(f"{other!r} is of another graph than these scores ({graph!r})")
+    if exact is None and scores.method == "edge patching":
+        exact = scores
+    nodes, of_sender, of_receiver = _graph_nodes(graph)
+    kept = set() if circuit is None else circuit.edges
+    edges = []
+    for i, edge in enumerate(graph.edges):
+        receiver = graph.receivers[edge.receiver]
+        port = receiver.kind if receiver.kind in ("q", "k", "v") else ""
+        sender = of_sender[graph.senders[edge.sender].label]
+        effect = None if exact is None else float(exact.scores[i])
+        score = float(scores.scores[i])
+        edges.append(
+            CircuitEdge(
+                edge.label, sender, of_receiver[receiver.label], port, score, effect, i in kept
+            )
+        )
+    method = (
+        scores.method if scores.ig_steps is None else f"{scores.method}, {scores.ig_steps} steps"
+    )
+    default = f"{graph.model_name}: {method}" + ("" if circuit is None else f", {circuit!r}")
+    return circuit_page(
+        nodes,
+        edges,
+        method=method,
+        clean=scores.clean_baseline,
+        corrupted=scores.corrupted_baseline,
+        top=top,
+        title=title or default,
+    )
 
 
 # --------------------------------------------------------------- notebook tables

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from _bench_reference import BareTransformer, build
+from _bench_settings import Setting
 from torch import Tensor
 
 from hookedattn import HookedTransformer
@@ -287,6 +288,115 @@ def _tl_patching(tl: Any, clean: Tensor, corrupted: Tensor, metric: Any, measure
     )
 
 
+# ------------------------------------------------------------------ circuit discovery
+
+IG_STEPS, ACDC_THRESHOLD = 5, 0.1
+
+
+def discovery_prompts(model: HookedTransformer, batch: int, pos: int) -> dict:
+    """`<bos>` and random bytes twice (clean), the first copy re-drawn (corrupted), and the
+    loss on the second copy (the induction report's discovery section, at this shape)."""
+    period, n_bytes = (pos - 1) // 2, min(256, model.cfg.d_vocab)
+    generator = torch.Generator().manual_seed(3)
+    segment = torch.randint(0, n_bytes, (batch, period), generator=generator)
+    bos = torch.full((batch, 1), min(256, model.cfg.d_vocab - 1))  # the byte models' <bos>
+    clean = torch.cat([bos, segment, segment], dim=1)
+    corrupted = clean.clone()
+    corrupted[:, 1 : period + 1] = torch.randint(0, n_bytes, (batch, period), generator=generator)
+    positions = torch.arange(period + 1, 2 * period)
+    targets = clean[:, positions + 1]
+
+    def second_copy_loss(logits: Tensor) -> Tensor:
+        logprobs = logits[:, positions].log_softmax(-1)
+        return -logprobs.gather(-1, targets[..., None])[..., 0].mean(-1)
+
+    device = model.cfg.device
+    return dict(
+        clean_tokens=clean.to(device),
+        corrupted_tokens=corrupted.to(device),
+        metric=second_copy_loss,
+    )
+
+
+def discovery_attribution(model: HookedTransformer, prompts: dict) -> Group:
+    """EAP, EAP-IG and ACDC over every edge, as multiples of one plain forward."""
+    from analysis.discovery import acdc, edge_attribution
+
+    bare, metric = BareTransformer(model), prompts["metric"]
+    entries = [
+        Entry(
+            "one forward of the clean prompts (bare reference)",
+            BARE,
+            lambda: metric(bare(prompts["clean_tokens"])),
+        ),
+        Entry(
+            "EAP, every edge",
+            OURS,
+            lambda: edge_attribution(model, **prompts),
+            lambda out: out.clean,
+        ),
+        Entry(
+            f"EAP-IG, every edge, {IG_STEPS} steps",
+            OURS,
+            lambda: edge_attribution(model, **prompts, method="eap-ig", ig_steps=IG_STEPS),
+            lambda out: out.clean,
+        ),
+        Entry(
+            f"ACDC, threshold {ACDC_THRESHOLD}",
+            OURS,
+            lambda: acdc(model, **prompts, threshold=ACDC_THRESHOLD),
+            lambda out: out.scores.clean,
+        ),
+    ]
+    return Group(entries, rtol=1e-3)
+
+
+def discovery_exact(model: HookedTransformer, prompts: dict) -> Group:
+    """Exact edge patching of every edge, batched, against one forward per edge."""
+    from analysis.discovery import edge_patching
+
+    measure = "exact edge patching, every edge"
+    entries = [
+        Entry(
+            f"{measure} (loop: one forward per edge)",
+            OURS,
+            lambda: _edge_patching_loop(model, prompts),
+        ),
+        Entry(measure, OURS, lambda: edge_patching(model, **prompts), lambda out: out.scores),
+    ]
+    return Group(entries, rtol=1e-3)
+
+
+def _edge_patching_loop(model: HookedTransformer, prompts: dict) -> Tensor:
+    """The definition, one forward per edge: the receiver's input (its own hook point, on
+    a copy with split inputs) plus the sender's corrupted-minus-clean term. `[edge]`."""
+    from analysis.discovery import Graph
+    from analysis.discovery._terms import sender_terms, split_model, term_hooks
+
+    graph, split, metric = Graph.from_model(model), split_model(model), prompts["metric"]
+    clean = prompts["clean_tokens"]
+    with torch.no_grad():
+        terms = [
+            sender_terms(split, split.run_with_cache(t, names_filter=term_hooks(split))[1], graph)
+            for t in (clean, prompts["corrupted_tokens"])
+        ]
+        delta = terms[1] - terms[0]
+        base = metric(split(clean))
+        out = torch.empty(len(graph))
+        for i, edge in enumerate(graph.edges):
+            receiver = graph.receivers[edge.receiver]
+
+            def patch(x: Tensor, hook: Any, r: Any = receiver, s: int = edge.sender) -> Tensor:
+                if r.head is None:
+                    return x + delta[s]
+                x[:, :, r.head] += delta[s]
+                return x
+
+            logits = split.run_with_hooks(clean, fwd_hooks=[(receiver.hook, patch)])
+            out[i] = (metric(logits) - base).mean()
+    return out
+
+
 # ------------------------------------------------------------------ sections
 
 
@@ -355,6 +465,38 @@ def analysis_section(run: Any, shipped: tuple | None) -> None:
         tl = run.tl_model(model, BareTransformer(model)(clean), clean)
         _time(run, "c", "activation patching", "analysis.patching.activation_patch",
               lambda: patching(model, tl, clean, corrupted))  # fmt: skip
+    _discovery_section(run, model)
+
+
+def _discovery_section(run: Any, model: HookedTransformer) -> None:
+    """Setting d: every edge of the shipped model scored, pruned and patched (no
+    TransformerLens column: transformer_lens 3.0 has no edge attribution or edge patching)."""
+    batch, pos = (2, 9) if run.quick else (8, min(127, model.cfg.n_ctx))
+    name = model.cfg.model_name
+    run.settings["d"] = Setting(
+        "d",
+        dataclasses.asdict(model.cfg),
+        batch,
+        pos,
+        f"shipped {name}, circuit discovery: repeated random bytes "
+        f"against the first copy re-drawn, loss on the second copy",
+    )
+    print(f"analysis [d] {run.settings['d'].description}")
+    prompts = discovery_prompts(model, batch, pos)
+    _time(
+        run,
+        "d",
+        "edge attribution",
+        "analysis.discovery.edge_attribution",
+        lambda: discovery_attribution(model, prompts),
+    )
+    _time(
+        run,
+        "d",
+        "exact edge patching",
+        "analysis.discovery.edge_patching",
+        lambda: discovery_exact(model, prompts),
+    )
 
 
 def _cfg_attn_only_tiny() -> dict:

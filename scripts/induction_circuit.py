@@ -10,7 +10,10 @@ gives measured times). The measures and thresholds are `analysis.induction`'s, w
 `tests/test_findings.py` checks on the same models.
 
 Figures and text are in `scripts/_induction_figures.py` and `scripts/_induction_text.py`;
-what the report measures beside `analysis.induction` is in `scripts/_induction_measures.py`.
+what the report measures beside `analysis.induction` is in `scripts/_induction_measures.py`,
+its sections on SAE features and on discovering the circuit from its edges
+(`analysis.discovery`) in `scripts/_induction_features.py` and
+`scripts/_induction_discovery.py`.
 """
 
 import argparse
@@ -47,6 +50,7 @@ from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _induction_figures as figures
+from _induction_discovery import discovery_section
 from _induction_features import feature_section, insert_section
 from _induction_measures import Circuit, Dynamics, dynamics, find_circuit
 from _induction_text import write_report
@@ -114,13 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     say = _Stages(5)
     two, results = _measure(say)
-    say("drawing the figures and writing the report")
+    say("drawing the figures, finding the circuit from its edges, writing the report")
     text = {name: t.per_position for name, t in results.text.items()}
     figures.draw_all(out, two, results, text)
     # The attention figure's sequence, every head, as a page to explore beside the figures.
     head = f"L1H{results.circuit.induction_head}"
     view.attention(two, figures.figure_prompt(), head=head).save(out / "attention.html")
     features = feature_section(two, repeated_tokens(), PERIOD)  # the shipped SAE's features
+    c = results.circuit  # the circuit found again from its edges alone (circuit.html)
+    discovery = discovery_section(
+        out, two, repeated_tokens(), PERIOD, c.prev_head, c.induction_head
+    )
     results = dataclasses.replace(
         results,
         seconds=time.perf_counter() - started,
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = write_report(out, results)
     insert_section(path, features)
+    insert_section(path, discovery)
     held = sum(f.holds for f in results.findings)
     print(f"{held}/{len(results.findings)} findings hold; report written to {path}")
     return 0

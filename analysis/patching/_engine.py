@@ -58,12 +58,16 @@ from hookedattn.core.names import get_act_name
 class Edit:
     """In variant i, replace the region `mask[i]` of activation `kind` of block `layer`
     by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]`. A mask
-    with a variant axis of size 1 is every variant's."""
+    with a variant axis of size 1 is every variant's. With `rows`, `source` is a table
+    `[row batch ...]` and variant i takes its row `rows[i]` (many variants, few sources:
+    exact edge patching, where every edge from one sender into one hook point shares one).
+    A source axis of size 1 (e.g. the head axis) broadcasts over the activation's."""
 
     kind: str
     layer: int
     mask: Bool[Tensor, "variant 1 ..."]
     source: Tensor
+    rows: Int[Tensor, " variant"] | None = None
 
     @property
     def hook(self) -> str:
@@ -77,7 +81,9 @@ class Edit:
 
     def source_of(self, variants: Tensor) -> Tensor:
         """The source of `variants`, `[variant batch ...]` (variant axis of size 1 if shared)."""
-        return self.source[variants] if self.per_variant else self.source[None]
+        if not self.per_variant:
+            return self.source[None]
+        return self.source[variants if self.rows is None else self.rows[variants]]
 
     def packed(self, packs: Sequence[Sequence[int]]) -> "Edit":
         """This edit for variants merged into packs: pack j has the union of its members'
@@ -93,7 +99,10 @@ class Edit:
         if not self.per_variant:
             return Edit(self.kind, self.layer, mask, self.source)
         assert all(len(members) == 1 for members in packs)
-        return Edit(self.kind, self.layer, mask, self.source[[m[0] for m in packs]])
+        firsts = [m[0] for m in packs]
+        if self.rows is not None:
+            return Edit(self.kind, self.layer, mask, self.source, self.rows[firsts])
+        return Edit(self.kind, self.layer, mask, self.source[firsts])
 
 
 def component_edits(components: Sequence[Component], source: ActivationCache) -> list[Edit]:

@@ -219,13 +219,22 @@ def itemsize(cfg: HookedTransformerConfig) -> int:
 
 def row_floats(cfg: HookedTransformerConfig, n_keys: int) -> int:
     """Numbers one position holds at the peak of a block attending to `n_keys` keys
-    (residual stream, q/k/v/z, scores and pattern, MLP hidden layer), with some slack."""
+    (residual stream, q/k/v/z, scores and pattern, MLP hidden layer, and the per-head
+    input copies where the config makes them), with some slack."""
     return (
         8 * cfg.d_model
         + 6 * cfg.n_heads * cfg.d_head
         + 3 * cfg.n_heads * n_keys
         + 3 * (cfg.d_mlp or 0)
+        + 2 * _input_copies(cfg) * cfg.d_model
     )
+
+
+def _input_copies(cfg: HookedTransformerConfig) -> int:
+    """Copies of the stream the attention reads per position (each, and its norm's output)."""
+    if cfg.use_split_qkv_input:
+        return cfg.n_heads + 2 * cfg.n_kv_heads
+    return cfg.n_heads if cfg.use_attn_in else 0
 
 
 def block_flops(cfg: HookedTransformerConfig, n_keys: int) -> int:

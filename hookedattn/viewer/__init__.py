@@ -9,18 +9,24 @@ A `Page` is a template, a stylesheet and a small script of this package's own, w
 data embedded as JSON; opening one needs no server and fetches nothing. `analysis.view`
 adds the views of analysis results (attributions, decompositions, patching) on the same
 machinery. `python -m hookedattn view MODEL PROMPT -o attention.html` writes the attention
-page from the shell.
+page from the shell. `circuit` draws a graph of components and scored edges (the circuit
+view; `analysis.view.circuit` makes one from edge scores).
 """
 
 from hookedattn.core import html_table
 from hookedattn.viewer.attention import attention, attention_data
+from hookedattn.viewer.circuit import CircuitEdge, CircuitNode, circuit, circuit_data
 from hookedattn.viewer.page import Page, float32_base64, script_json
 from hookedattn.viewer.tokens import token_strings
 
 __all__ = [
+    "CircuitEdge",
+    "CircuitNode",
     "Page",
     "attention",
     "attention_data",
+    "circuit",
+    "circuit_data",
     "float32_base64",
     "html_table",
     "script_json",

@@ -81,12 +81,15 @@ class Page:
     """A view of some data as one HTML document: `save(path)`, or display it in a notebook.
 
     `data` is the JSON object the page's script draws (its `"kind"` picks the view);
-    `height` is the pixel height a notebook gives the page's frame.
+    `height` is the pixel height a notebook gives the page's frame; `parts` names more
+    of this package's scripts (`.js`, run before `viewer.js`, which they give a view) and
+    stylesheets (`.css`) that the view needs.
     """
 
     title: str
     data: dict[str, Any]
     height: int = 720
+    parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.data.get("kind"), str):
@@ -99,16 +102,21 @@ class Page:
                 f"model's weights or inputs make NaN or inf there), and a page shows numbers "
                 f"only; find where they start with run_with_cache and torch.isfinite"
             )
+        for name in self.parts:
+            if not name.endswith((".js", ".css")):
+                raise ValueError(f"a page's parts are .js and .css files, got {name!r}")
 
     def html(self) -> str:
         """The whole document: template, style, script and data, ready to be written out."""
-        script = _asset("viewer.js")
+        scripts = [name for name in self.parts if name.endswith(".js")]
+        styles = [name for name in self.parts if name.endswith(".css")]
+        script = "\n".join(_asset(name) for name in [*scripts, "viewer.js"])
         # The script is inlined: a "</script" in it would end the element early, and
         # "<!--" or "<script" would change how the HTML parser reads the rest.
         assert not any(s in script.lower() for s in ("</script", "<script", "<!--"))
         fields = {
             "title": html.escape(self.title),
-            "style": _asset("viewer.css"),
+            "style": "\n".join(_asset(name) for name in ["viewer.css", *styles]),
             "data": script_json({"title": self.title, **self.data}),
             "script": script,
         }

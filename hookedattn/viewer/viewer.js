@@ -1,5 +1,6 @@
 /* hookedattn viewer: draws the JSON embedded in this page (element #hookedattn-data).
- * Three views, picked by data.kind: "attention", "bars", "patching". No library, nothing
+ * Three views, picked by data.kind: "attention", "bars", "patching" (and those of other
+ * scripts on the page, e.g. circuit.js's "circuit"). No library, nothing
  * fetched. Every string from the data reaches the page through textContent or an
  * attribute, never as markup, so markup inside a token is shown as text and never run.
  */
@@ -366,8 +367,12 @@
   const root = document.getElementById("hookedattn-root");
   root.replaceChildren();
   document.body.append(tip);
-  const views = { attention: attentionView, bars: barsView, patching: patchingView };
+  // Views in scripts of their own (circuit.js) register in window.hookedattnViews and
+  // get the drawing helpers here as their third argument.
+  const views = Object.assign({ attention: attentionView, bars: barsView, patching: patchingView },
+    window.hookedattnViews || {});
+  const kit = { el, svg, showTip, hideTip, exact, short, select, labelled };
   if (!(data.kind in views)) throw new Error(`no view for data of kind ${quoted(data.kind)}`);
-  views[data.kind](root, data);
+  views[data.kind](root, data, kit);
   document.body.dataset.ready = "true";
 })();
