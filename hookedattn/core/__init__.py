@@ -37,7 +37,15 @@ from hookedattn.core import names, tolerances
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weight_views import require_bilinear_scores
-from hookedattn.core._weights_io import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, read_config
+from hookedattn.core._weights_io import (
+    CONFIG_FILE,
+    MAX_CONFIG_BYTES,
+    WEIGHTS_FILE,
+    CheckpointError,
+    TensorHeader,
+    read_config,
+    read_safetensors_header,
+)
 from hookedattn.core.cache import ActivationCache, CacheEditedError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
@@ -71,6 +79,7 @@ HookedTransformerKeyValueCache = KeyValueCache
 
 __all__ = [
     "CONFIG_FILE",
+    "MAX_CONFIG_BYTES",
     "SVD",
     "WEIGHTS_FILE",
     "ActivationCache",
@@ -91,6 +100,7 @@ __all__ = [
     "LogitsAndLoss",
     "PretrainedInfo",
     "SpecialTokens",
+    "TensorHeader",
     "TokenizedText",
     "Tokenizer",
     "as_tokenizer",
@@ -108,6 +118,7 @@ __all__ = [
     "pretrained_info",
     "process_weights",
     "read_config",
+    "read_safetensors_header",
     "record_patterns",
     "require_bilinear_scores",
     "stacked_patterns",

@@ -27,7 +27,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from hookedattn.core._weights_io import MAX_CONFIG_BYTES, read_safetensors_header
+from hookedattn.core import MAX_CONFIG_BYTES, read_safetensors_header
 from hookedattn.sae._saelens_cfg import ARCHITECTURES, parse_config
 
 CFG_FILE = "cfg.json"
