@@ -14,7 +14,17 @@ import torch
 
 from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
+from hookedattn.core.hf import (
+    _gemma2,
+    _gpt2,
+    _llama,
+    _loading,
+    _mixtral,
+    _neox,
+    _olmo2,
+    _phi3,
+    _qwen3,
+)
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import (
     StateDict,
@@ -36,6 +46,7 @@ FAMILIES: tuple[Family, ...] = (
     _gemma2.FAMILY,
     _olmo2.FAMILY,
     _phi3.FAMILY,
+    _mixtral.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 
