@@ -22,8 +22,10 @@ from hookedattn.core.hf import (
     _mixtral,
     _neox,
     _olmo2,
+    _olmoe,
     _phi3,
     _qwen3,
+    _qwen_moe,
 )
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import (
@@ -47,6 +49,9 @@ FAMILIES: tuple[Family, ...] = (
     _olmo2.FAMILY,
     _phi3.FAMILY,
     _mixtral.FAMILY,
+    _qwen_moe.QWEN2_MOE,
+    _qwen_moe.QWEN3_MOE,
+    _olmoe.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 

@@ -117,6 +117,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "expert": cfg.num_experts or 0,
         "d_mlp_shared": cfg.d_mlp_shared or 0,
         "gate_up": 2,  # a fused gated MLP's two reads
+        "one": 1,
     }
 
 
