@@ -52,6 +52,11 @@ CASES = {
         num_experts_per_tok=2, norm_topk_prob=True, use_sliding_window=True, sliding_window=4)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(
         intermediate_size=8, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False)),
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(
+        head_dim=8, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=1.5, rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e4, factor=4.0, beta_fast=8.0, beta_slow=1.0,
+            truncate=False, original_max_position_embeddings=16))),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]

@@ -17,6 +17,7 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
     _gemma2,
     _gpt2,
+    _gpt_oss,
     _llama,
     _loading,
     _mixtral,
@@ -52,6 +53,7 @@ FAMILIES: tuple[Family, ...] = (
     _qwen_moe.QWEN2_MOE,
     _qwen_moe.QWEN3_MOE,
     _olmoe.FAMILY,
+    _gpt_oss.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 
