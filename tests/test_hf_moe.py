@@ -9,7 +9,8 @@ windows on some layers only; Qwen3-MoE's per-head q/k norms and `head_dim` != d_
 OLMoE's whole-projection q/k norms over 16 experts, 4 per token; GPT-OSS's attention sinks,
 alternating sliding and full layers, YaRN rotary, biased router and clamped experts; Gemma 3's
 local and global layers with their own rotary bases (the global one linearly scaled), q/k
-norms, `1 + w` gains and soft caps. Every norm gain, bias and sink is moved away from its
+norms, `1 + w` gains and the final soft cap (its config's attention soft cap is one HF's
+Gemma 3 never applies: the import agrees by ignoring it). Every norm gain, bias and sink is moved away from its
 neutral value, so that one the conversion forgot changes the logits.
 
 HF is run with its eager attention and eager experts (its loop over experts: the reference
@@ -57,6 +58,12 @@ CASES = {
         sliding_window=4, swiglu_limit=1.5, rope_parameters=dict(
             rope_type="yarn", rope_theta=1e4, factor=4.0, beta_fast=8.0, beta_slow=1.0,
             truncate=False, original_max_position_embeddings=16))),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        head_dim=16, intermediate_size=48, query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=100.0),
+            full_attention=dict(rope_type="linear", factor=2.0, rope_theta=5e4)))),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]

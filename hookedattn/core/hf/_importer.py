@@ -16,6 +16,7 @@ from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
     _gemma2,
+    _gemma3,
     _gpt2,
     _gpt_oss,
     _llama,
@@ -54,6 +55,7 @@ FAMILIES: tuple[Family, ...] = (
     _qwen_moe.QWEN3_MOE,
     _olmoe.FAMILY,
     _gpt_oss.FAMILY,
+    _gemma3.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 

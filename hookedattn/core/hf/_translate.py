@@ -120,10 +120,15 @@ def window(hf_config: Any) -> dict[str, Any]:
     return {"window_size": int(size), "attn_types": types}
 
 
-def llama_like(hf_config: Any, act_field: str = "hidden_act", yarn: bool = False) -> dict[str, Any]:
+def llama_like(
+    hf_config: Any,
+    act_field: str = "hidden_act",
+    yarn: bool = False,
+    rope: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The fields every Llama-descended config spells the same way: shape, grouped keys and
-    values, RMSNorm, a gated MLP, full-width rotary positions (YaRN's too, if `yarn`), the
-    window."""
+    values, RMSNorm, a gated MLP, full-width rotary positions (YaRN's too, if `yarn`; from
+    `rope` when given, see `rotary`), the window."""
     c = hf_config
     n_heads = c.num_attention_heads
     d_head = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -143,6 +148,6 @@ def llama_like(hf_config: Any, act_field: str = "hidden_act", yarn: bool = False
         "normalization_type": "RMS",
         "eps": c.rms_norm_eps,
         "attn_scale": d_head**0.5,
-        **rotary(c, d_head, yarn=yarn),
+        **rotary(c, d_head, yarn=yarn, rope=rope),
         **window(c),
     }
