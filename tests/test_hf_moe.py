@@ -10,8 +10,8 @@ OLMoE's whole-projection q/k norms over 16 experts, 4 per token; GPT-OSS's atten
 alternating sliding and full layers, YaRN rotary, biased router and clamped experts; Gemma 3's
 local and global layers with their own rotary bases (the global one linearly scaled), q/k
 norms, `1 + w` gains and the final soft cap (its config's attention soft cap is one HF's
-Gemma 3 never applies: the import agrees by ignoring it). Every norm gain, bias and sink is moved away from its
-neutral value, so that one the conversion forgot changes the logits.
+Gemma 3 never applies: the import agrees by ignoring it). Every norm gain, bias and sink is
+moved away from its neutral value, so that one the conversion forgot changes the logits.
 
 HF is run with its eager attention and eager experts (its loop over experts: the reference
 implementation). A float64 HF model still rounds some steps to float32: its RMSNorms, its

@@ -25,7 +25,7 @@ from hookedattn.core.components.norm import (
     make_norm,
     make_placed_norm,
 )
-from hookedattn.core.components.rotary import Rotary, rotary_frequencies
+from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
 
 __all__ = [
@@ -57,5 +57,6 @@ __all__ = [
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
+    "rotary_attention_factor",
     "rotary_frequencies",
 ]

@@ -62,6 +62,8 @@ def embedding_normaliser(hf_config: Any, dtype: torch.dtype, hf_model: Any = Non
 
 
 def scaled(normaliser: Tensor) -> Callable[[Tensor], Tensor]:
+    """The adjustment that multiplies `W_E` by the embedding's normaliser (Gemma 2, 3)."""
+
     def scale(W_E: Tensor) -> Tensor:
         return W_E * normaliser.to(W_E.device)
 

@@ -2,8 +2,9 @@
 
 Gemma 2's block (the `sqrt(d_model)` embedding, `1 + w` RMSNorm gains in float32, norms
 before and after each sublayer, GeGLU, scores scaled by `query_pre_attn_scalar ** -0.5`,
-the final logits' soft cap where the config sets one) with three changes: each head's queries and keys pass
-through an RMSNorm over `d_head` (`1 + w` gains too) before the rotation; the local
+the final logits' soft cap where the config sets one) with three changes: each head's
+queries and keys pass through an RMSNorm over `d_head` (`1 + w` gains too) before the
+rotation; the local
 (sliding-window) and global layers rotate by rotaries of their own, each from its own entry
 of `rope_parameters` (10k locally and 1M globally in the released models, the global one
 linearly scaled in the larger ones: our `rotary_base_local` and `rotary_scaling_factor_local`);
