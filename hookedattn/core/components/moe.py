@@ -115,6 +115,7 @@ class MoE(nn.Module):
         logits = self.hook_router_logits(affine(x, self.W_router, self.b_router))
         probs = kernels.router_probabilities(logits)
         indices = self.hook_expert_indices(probs.topk(self.experts_per_token, dim=-1).indices)
+        indices = kernels.checked_choice(self, indices)  # a hook's ids, in range
         weights = self.normalize(probs.gather(-1, indices))
         return indices, self.hook_expert_weights(weights.to(x.dtype))
 

@@ -24,6 +24,7 @@ from hookedattn.core.kernels._attention import (
 )
 from hookedattn.core.kernels._experts import (
     Dispatch,
+    checked_choice,
     dispatch,
     mix_experts,
     router_probabilities,
@@ -38,6 +39,7 @@ __all__ = [
     "FusedQKV",
     "attend",
     "attention_context",
+    "checked_choice",
     "dispatch",
     "fused_attention",
     "fuses_attention",

@@ -63,8 +63,6 @@ def mix_experts(
 ) -> Stream:
     """`sum over each token's choices of weight * moe.expert(e, x[token])`, grouped."""
     batch, pos, d_model = x.shape
-    if moe.hook_expert_indices.is_active:
-        _check_indices(indices, moe.num_experts)
     plan = dispatch(indices, moe.num_experts)
     tokens = x.reshape(batch * pos, d_model)
     rows = tokens[plan.token]
@@ -77,6 +75,14 @@ def mix_experts(
     weighted = out * weights.reshape(-1)[plan.order, None]
     mixed = tokens.new_zeros(batch * pos, d_model).index_add_(0, plan.token, weighted)
     return mixed.view(batch, pos, d_model)
+
+
+def checked_choice(moe: Any, indices: Int[Tensor, "batch pos k"]) -> Int[Tensor, "batch pos k"]:
+    """`indices`, checked to be expert ids of `moe` when a hook may have replaced them (a
+    `ValueError` naming the ids out of range); unchecked, at no cost, otherwise."""
+    if moe.hook_expert_indices.is_active:
+        _check_indices(indices, moe.num_experts)
+    return indices
 
 
 def _check_indices(indices: Tensor, num_experts: int) -> None:
