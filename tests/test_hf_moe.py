@@ -1,6 +1,7 @@
 """The mixture-of-experts families and Gemma 3 against `transformers` itself: logits, the
 residual stream entering each block, attention patterns, router logits, greedy generation
-(plain and left-padded), a padded batch against each sequence alone, and a saved directory.
+(plain and left-padded), a padded batch against each sequence alone, a saved directory, and
+a bfloat16 directory loaded without a float32 copy.
 
 Each case is a tiny random model built from the family's own config class (2 layers, d_model
 32, grouped keys and values), reaching the family's variants: Mixtral's sliding window; Qwen2-
@@ -24,6 +25,8 @@ import types
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import HookedTransformer
 
@@ -292,3 +295,37 @@ def test_the_import_shares_no_memory_with_the_hf_model(pair32):
     hf_pointers = {t.untyped_storage().data_ptr() for t in pair32.hf.state_dict().values()}
     for name, tensor in pair32.ours.state_dict().items():
         assert tensor.untyped_storage().data_ptr() not in hf_pointers, name
+
+
+class _LargeFloat32Tensors(TorchDispatchMode):
+    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
+            if wide and t.numel() >= self.numel:
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("case", ["mixtral", "gpt_oss"])
+def test_a_bfloat16_directory_loads_without_a_float32_copy(case, tmp_path):
+    make_hf(case).to(torch.bfloat16).save_pretrained(tmp_path)
+    smallest = 32 * 8  # no float32 tensor as large as one expert's smallest matrix
+    with _LargeFloat32Tensors(smallest) as recorder:
+        model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
+    assert recorder.seen == []
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    moe = model.blocks[1].mlp
+    if case == "mixtral":  # one file tensor per expert: w3 is the up projection, [d_mlp d_model]
+        up = stored["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+        assert torch.equal(moe.W_in[5], up.T)
+    else:  # stacked [expert d_model (d_mlp gate_up)], gate and up interleaved
+        gate_up = stored["model.layers.1.mlp.experts.gate_up_proj"]
+        assert torch.equal(moe.W_gate[5], gate_up[5, :, 0::2])
+        assert torch.equal(moe.W_in[5], gate_up[5, :, 1::2])
