@@ -17,6 +17,15 @@ from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_c
 from analysis.composition import CompositionScores, composition_scores
 from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.experts import (
+    ExpertRows,
+    ExpertUsage,
+    expert_rows,
+    expert_usage,
+    expert_writes,
+    shared_write,
+    usage_of_choices,
+)
 from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.head_detectors import (
@@ -107,6 +116,17 @@ __all__ += [
     "full_qk_circuit",
     "ov_circuit",
     "qk_circuit",
+]
+
+# mixtures of experts, at expert granularity
+__all__ += [
+    "ExpertRows",
+    "ExpertUsage",
+    "expert_rows",
+    "expert_usage",
+    "expert_writes",
+    "shared_write",
+    "usage_of_choices",
 ]
 
 # the namespaces of the induction report's measures and of the interactive views

@@ -4,7 +4,7 @@ A component is a `Component` (an activation of one block, optionally one head an
 position); a head may also be given as its label `"L1H2"` or as `(layer, head)`, which
 `parse_head` reads back. Every label in every analysis result is spelled here:
 `"L1H2"` (a head), `"L1H2 pos 4"` (a head at one position), `"L0 pos 4"`, `"L0N42"`
-(a neuron), and `"z L1H2 pos 4"` for a component with its kind.
+(a neuron), `"L0E3"` (an expert), and `"z L1H2 pos 4"` for a component with its kind.
 """
 
 import dataclasses
@@ -19,6 +19,11 @@ _HEAD_LABEL = re.compile(r"^L(\d+)H(\d+)$")
 def neuron_label(layer: int, neuron: int) -> str:
     """`"L{layer}N{neuron}"`, the label of one MLP neuron."""
     return f"L{layer}N{neuron}"
+
+
+def expert_label(layer: int, expert: int) -> str:
+    """`"L{layer}E{expert}"`, the label of one expert of a mixture of experts."""
+    return f"L{layer}E{expert}"
 
 
 def component_label(layer: int, head: int | None = None, pos: int | None = None) -> str:

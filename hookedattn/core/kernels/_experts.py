@@ -47,8 +47,8 @@ def dispatch(indices: Int[Tensor, "*tokens k"], num_experts: int) -> Dispatch:
 
 
 def router_probabilities(
-    logits: Float[Tensor, "batch pos expert"],
-) -> Float[Tensor, "batch pos expert"]:
+    logits: Float[Tensor, "*tokens expert"],
+) -> Float[Tensor, "*tokens expert"]:
     """`softmax(logits)` over the experts, in float32 for half-precision logits (as the
     reference implementations choose their experts), else in the logits' own dtype."""
     dtype = torch.float32 if logits.dtype in _LOW_PRECISION else logits.dtype
