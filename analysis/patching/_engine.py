@@ -29,6 +29,7 @@ gives NaN, which is caught.
 import dataclasses
 import heapq
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from einops import rearrange, repeat
@@ -54,16 +55,28 @@ from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.names import get_act_name
 
 
+@runtime_checkable
+class VariantSources(Protocol):
+    """Per-variant sources built when a pass asks for its variants (`source[variants]`:
+    `[variant batch ...]`), where holding every variant's at once would cost too much
+    (an expert's write: `analysis.patching._experts`)."""
+
+    ndim: int
+    device: torch.device
+
+    def __getitem__(self, variants: Tensor | Sequence[int]) -> Tensor: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Edit:
     """In variant i, replace the region `mask[i]` of activation `kind` of block `layer`
-    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]`. A mask
-    with a variant axis of size 1 is every variant's."""
+    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]` (a tensor,
+    or `VariantSources`). A mask with a variant axis of size 1 is every variant's."""
 
     kind: str
     layer: int
     mask: Bool[Tensor, "variant 1 ..."]
-    source: Tensor
+    source: Tensor | VariantSources
 
     @property
     def hook(self) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "NORM_SITES",
     "axis_names",
     "expand_key",
+    "expert_of",
     "get_act_name",
     "head_label",
     "is_rows",
@@ -178,7 +179,7 @@ def pos_axis(name: str) -> int:
     return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
 
 
-_ROWS_RE = re.compile(r"^blocks\.\d+\.mlp\.experts\.\d+\.hook_\w+$")
+_ROWS_RE = re.compile(r"^blocks\.\d+\.mlp\.experts\.(\d+)\.hook_\w+$")
 
 
 def is_rows(name: str) -> bool:
@@ -186,6 +187,12 @@ def is_rows(name: str) -> bool:
     one row per token routed to it, no batch or position axis (`blocks.0.mlp.experts.3.
     hook_out`)."""
     return bool(_ROWS_RE.match(name.removesuffix("_grad")))
+
+
+def expert_of(name: str) -> int | None:
+    """The expert whose rows the activation at `name` is (`is_rows`), or None."""
+    match = _ROWS_RE.match(name.removesuffix("_grad"))
+    return int(match.group(1)) if match else None
 
 
 # The axes of each activation, batch first, in the glossary's names (hookedattn/__init__.py).
