@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import HookedTransformer
+from hookedattn.testing import assert_residual_identities
 
 transformers = pytest.importorskip("transformers")
 
@@ -245,6 +246,11 @@ def test_router_logits_equal_hfs(pair64):
     for layer, logits in enumerate(expected):
         ours = cache[f"blocks.{layer}.mlp.hook_router_logits"].flatten(0, 1)
         assert max_abs(ours, logits) <= 1e-10, layer
+
+
+def test_the_imported_model_keeps_every_residual_identity(pair64):
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    assert not assert_residual_identities(pair64.ours, cache).skipped
 
 
 def test_greedy_generation_equals_hf_generate(pair32):

@@ -266,3 +266,31 @@ def test_short_names_reach_the_routing_and_expert_points():
     assert cache["shared_out", 0].shape == (2, 7, 16)
     assert cache["shared_post", 0].shape == (2, 7, 10)
     assert "blocks.1.mlp.experts.5.hook_pre_linear" in cache
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "sinks"])
+def test_every_residual_identity_holds_in_a_mixture_of_experts(variant):
+    from hookedattn.testing import assert_residual_identities
+
+    model = moe_model(**VARIANTS.get(variant, dict(use_attn_sinks=True)))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS)
+    check = assert_residual_identities(model, cache)
+    statements = " ".join(check.checked)
+    assert "at the tokens routed to expert 5" in statements
+    assert "sum of each token's weighted expert outputs" in statements
+    assert ("sinks" in statements) == (variant == "sinks")
+    assert not check.skipped
+
+
+def test_a_broken_mixture_fails_the_identities():
+    from hookedattn.testing import assert_residual_identities
+
+    model = moe_model()
+    hooks = [("blocks.1.mlp.experts.2.hook_out", lambda rows, hook: rows * 1.5)]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        _, cache = model.run_with_cache(TOKENS)
+    with pytest.raises(
+        AssertionError, match="experts.2.hook_out == blocks.1.mlp.experts.2.hook_post"
+    ):
+        assert_residual_identities(model, cache)
