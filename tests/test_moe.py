@@ -294,3 +294,13 @@ def test_a_broken_mixture_fails_the_identities():
         AssertionError, match="experts.2.hook_out == blocks.1.mlp.experts.2.hook_post"
     ):
         assert_residual_identities(model, cache)
+
+
+def test_a_saved_mixture_loads_back_with_its_routing(tmp_path):
+    model = moe_model(d_mlp_shared=10, shared_expert_gate=True, use_attn_sinks=True,
+                      swiglu_limit=0.7)  # fmt: skip
+    model.save(tmp_path)
+    loaded = HookedTransformer.load(tmp_path)
+    assert loaded.cfg == model.cfg
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), model(TOKENS))
