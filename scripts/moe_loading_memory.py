@@ -60,9 +60,14 @@ def write_checkpoint(folder: Path) -> None:
     import transformers
 
     config = transformers.OlmoeConfig(**SHAPE)
-    with torch.device("meta"):  # no float32 copy, no slow initialisation
-        hf = transformers.OlmoeForCausalLM(config)
-    hf = hf.to_empty(device="cpu").to(torch.bfloat16)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # parameters made in bfloat16: no float32 copy
+    try:
+        with torch.device("meta"):  # nothing allocated, no slow initialisation
+            hf = transformers.OlmoeForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    hf = hf.to_empty(device="cpu")
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in hf.named_parameters():

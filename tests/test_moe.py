@@ -304,3 +304,21 @@ def test_a_saved_mixture_loads_back_with_its_routing(tmp_path):
     assert loaded.cfg == model.cfg
     with torch.no_grad():
         assert torch.equal(loaded(TOKENS), model(TOKENS))
+
+
+@pytest.mark.parametrize("shape", [dict(swiglu_limit=0.7), dict(d_mlp_shared=10)])
+def test_grouped_products_equal_the_experts_one_by_one(shape):
+    from hookedattn.core.kernels._experts import _groups
+
+    model = moe_model(**shape).to(torch.float32)  # random biases: each row takes its own
+    moe, rows = model.blocks[0].mlp, torch.zeros(3, model.cfg.d_model)
+    one_by_one = [("blocks.1.mlp.experts.0.hook_in", lambda x, hook: None),
+                  ("blocks.0.mlp.experts.3.hook_out", lambda x, hook: None)]  # fmt: skip
+    with torch.no_grad():
+        assert _groups(moe, rows) and not _groups(moe, rows.double())
+        grouped = model(TOKENS)
+        hooked = model.run_with_hooks(TOKENS, fwd_hooks=one_by_one)
+        with model.hooks(fwd_hooks=one_by_one):
+            assert not _groups(moe, rows)
+    assert not _groups(moe, rows)  # gradients recorded: one expert at a time
+    torch.testing.assert_close(grouped, hooked, rtol=1e-5, atol=1e-5)

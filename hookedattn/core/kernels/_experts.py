@@ -9,6 +9,12 @@ and adds the rows back to their tokens in one scatter (`index_add`). An expert n
 chose does not run, unless a hook is attached to one of its points, in which case it runs
 on zero rows, so that its hooks (and a cache) see an empty `[0 ...]` activation.
 
+Where no expert's hook point is active, no gradient is being recorded and the dtype allows
+it (not float64), the experts' products run as three grouped matrix products over all the
+rows at once (`torch.nn.functional.grouped_mm`, one call for every expert, each expert's
+rows against its own weights): the same numbers to float rounding, without a Python step
+per expert. (torch's CPU grouped product has no reliable backward, hence no gradients.)
+
 A hook that replaces the chosen experts (`hook_expert_indices`) is checked to give expert
 ids in range before they index anything.
 """
@@ -66,15 +72,48 @@ def mix_experts(
     plan = dispatch(indices, moe.num_experts)
     tokens = x.reshape(batch * pos, d_model)
     rows = tokens[plan.token]
-    outputs, start = [], 0
-    for e, count in enumerate(plan.counts):
-        if count or moe.experts[e].is_active:
-            outputs.append(moe.expert(e, rows[start : start + count]))
-        start += count
-    out = torch.cat(outputs) if outputs else rows
+    if _groups(moe, rows):
+        out = _grouped_experts(moe, rows, plan, indices.reshape(-1)[plan.order])
+    else:
+        outputs, start = [], 0
+        for e, count in enumerate(plan.counts):
+            if count or moe.experts[e].is_active:
+                outputs.append(moe.expert(e, rows[start : start + count]))
+            start += count
+        out = torch.cat(outputs) if outputs else rows
     weighted = out * weights.reshape(-1)[plan.order, None]
     mixed = tokens.new_zeros(batch * pos, d_model).index_add_(0, plan.token, weighted)
     return mixed.view(batch, pos, d_model)
+
+
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _groups(moe: Any, rows: Tensor) -> bool:
+    """Whether the experts may run as grouped products (module docstring)."""
+    return (
+        rows.dtype in _GROUPED_DTYPES
+        and not torch.is_grad_enabled()
+        and hasattr(torch.nn.functional, "grouped_mm")
+        and not any(hooks.is_active for hooks in moe.experts)
+    )
+
+
+def _grouped_experts(
+    moe: Any, rows: Float[Tensor, "row d_model"], plan: Dispatch, expert: Int[Tensor, " row"]
+) -> Float[Tensor, "row d_model"]:
+    """`moe.expert(e, rows of e)` for every expert at once: each product is one grouped call,
+    and each row takes its own expert's bias."""
+    ends = torch.tensor(plan.counts, device=rows.device).cumsum(0).to(torch.int32)
+
+    def affine(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
+        out = torch.nn.functional.grouped_mm(x, W, offs=ends)
+        # Most families' experts have no biases (zeros here): skip the per-row gather then.
+        return out + b[expert] if bool(b.any()) else out
+
+    pre = affine(rows, moe.W_gate, moe.b_gate)
+    pre_linear = affine(rows, moe.W_in, moe.b_in)
+    return affine(moe.glu(pre, pre_linear), moe.W_out, moe.b_out)
 
 
 def checked_choice(moe: Any, indices: Int[Tensor, "batch pos k"]) -> Int[Tensor, "batch pos k"]:
