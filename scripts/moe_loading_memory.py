@@ -5,9 +5,14 @@
 Writes an OLMoE-shaped random checkpoint with `save_pretrained` (bfloat16, one tensor per
 expert and projection, as hub checkpoints are), then, in a fresh process, imports it with
 `HookedTransformer.from_hf(folder)` and reports the resident memory just before the import
-(after `transformers` and the config are loaded) and the peak (`ru_maxrss`), and the
-finished model's bytes. The figure is the growth over the model's size, (peak - before) /
-size: 1.0 would be the model alone. The checkpoint is deleted afterwards unless `--keep`
+(after `transformers` and the config are loaded) and the peak (`VmHWM` of /proc/self/status),
+and the finished model's bytes. The figure is the growth over the model's size, (peak -
+before) / size: 1.0 would be the model alone.
+
+The peak is `VmHWM`, not `ru_maxrss`: a child's `ru_maxrss` keeps the resident size it had
+between `fork` and `exec`, which is its parent's (measured here: 6.08 GB against a true
+peak of 3.94 GB right after a parent that had just written the checkpoint), while `VmHWM`
+belongs to the address space `exec` creates. The checkpoint is deleted afterwards unless `--keep`
 (it is several GB: check `df -h` first). A measurement, not a test: run it on its own.
 """
 
@@ -39,6 +44,10 @@ def resident():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
+def high_water_mark():  # the peak resident size of this address space, in bytes
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
 transformers.AutoConfig.from_pretrained(sys.argv[1])
 os.sync()
 for f in pathlib.Path(sys.argv[1]).glob("*.safetensors"):  # start with cold file pages
@@ -47,11 +56,12 @@ for f in pathlib.Path(sys.argv[1]).glob("*.safetensors"):  # start with cold fil
     os.close(fd)
 before = resident()
 model = HookedTransformer.from_hf(sys.argv[1])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = high_water_mark()
+maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 size = sum(t.nbytes for t in model.state_dict().values())
 params = sum(t.numel() for t in model.state_dict().values())
-print(json.dumps(dict(before=before, peak=peak, after=resident(), size=size, params=params,
-                      dtype=str(model.cfg.dtype))))
+print(json.dumps(dict(before=before, peak=peak, ru_maxrss=maxrss, after=resident(), size=size,
+                      params=params, dtype=str(model.cfg.dtype))))
 """
 
 

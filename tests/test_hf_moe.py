@@ -11,8 +11,11 @@ OLMoE's whole-projection q/k norms over 16 experts, 4 per token; GPT-OSS's atten
 alternating sliding and full layers, YaRN rotary, biased router and clamped experts; Gemma 3's
 local and global layers with their own rotary bases (the global one linearly scaled), q/k
 norms, `1 + w` gains and the final soft cap (its config's attention soft cap is one HF's
-Gemma 3 never applies: the import agrees by ignoring it). Every norm gain, bias and sink is
-moved away from its neutral value, so that one the conversion forgot changes the logits.
+Gemma 3 never applies: the import agrees by ignoring it); and two older dense families, GPT-J
+(parallel block with one shared LayerNorm, partial rotary in its own pair layout) and OPT
+(learned positions with their offset of two, biases everywhere, tied unembedding). Every norm
+gain, bias and sink is moved away from its neutral value, so that one the conversion forgot
+changes the logits.
 
 HF is run with its eager attention and eager experts (its loop over experts: the reference
 implementation). A float64 HF model still rounds some steps to float32: its RMSNorms, its
@@ -68,6 +71,12 @@ CASES = {
         final_logit_softcapping=3.0, rope_parameters=dict(
             sliding_attention=dict(rope_type="default", rope_theta=100.0),
             full_attention=dict(rope_type="linear", factor=2.0, rope_theta=5e4)))),
+    # Stretch: two older dense families (no grouped keys and values).
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(
+        n_embd=32, n_head=4, n_layer=2, n_positions=64, rotary_dim=4, n_inner=48,
+        activation_function="gelu_new")),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(
+        ffn_dim=48, word_embed_proj_dim=32, num_key_value_heads=None)),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
@@ -82,7 +91,7 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
     gemma = case.startswith("gemma")
     with torch.no_grad():
         for name, param in hf.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 # Gemma's gain is `1 + w`, so its neutral value is 0, not 1.
                 neutral = 0.0 if gemma or name.endswith("bias") else 1.0
                 param.copy_(neutral + 0.3 * torch.randn_like(param))
@@ -189,7 +198,8 @@ def test_the_config_is_the_family(case, pair32):
     cfg, hf_config = pair32.ours.cfg, pair32.hf.config
     assert cfg.original_architecture == CASES[case][0]
     assert (cfg.n_layers, cfg.d_model, cfg.d_vocab) == (2, hf_config.hidden_size, VOCAB)
-    assert cfg.n_kv_heads == 2 < cfg.n_heads
+    if case not in ("gptj", "opt"):
+        assert cfg.n_kv_heads == 2 < cfg.n_heads
     if is_moe(pair32):
         assert cfg.experts_per_token == hf_config.num_experts_per_tok < cfg.num_experts
 

@@ -19,12 +19,14 @@ from hookedattn.core.hf import (
     _gemma3,
     _gpt2,
     _gpt_oss,
+    _gptj,
     _llama,
     _loading,
     _mixtral,
     _neox,
     _olmo2,
     _olmoe,
+    _opt,
     _phi3,
     _qwen3,
     _qwen_moe,
@@ -56,6 +58,8 @@ FAMILIES: tuple[Family, ...] = (
     _olmoe.FAMILY,
     _gpt_oss.FAMILY,
     _gemma3.FAMILY,
+    _gptj.FAMILY,
+    _opt.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 

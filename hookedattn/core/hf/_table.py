@@ -118,6 +118,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_mlp_shared": cfg.d_mlp_shared or 0,
         "gate_up": 2,  # a fused gated MLP's two reads
         "one": 1,
+        "pos_offset": 2,  # OPT's position table starts two rows early
     }
 
 
