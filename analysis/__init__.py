@@ -32,6 +32,15 @@ from analysis.discovery import (
     faithfulness_curve,
     receiver_terms,
 )
+from analysis.experts import (
+    ExpertRows,
+    ExpertUsage,
+    expert_rows,
+    expert_usage,
+    expert_writes,
+    shared_write,
+    usage_of_choices,
+)
 from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
 from analysis.head_detectors import (
@@ -139,6 +148,17 @@ __all__ += [
     "faithfulness",
     "faithfulness_curve",
     "receiver_terms",
+]
+
+# mixtures of experts, at expert granularity
+__all__ += [
+    "ExpertRows",
+    "ExpertUsage",
+    "expert_rows",
+    "expert_usage",
+    "expert_writes",
+    "shared_write",
+    "usage_of_choices",
 ]
 
 # the namespaces of the induction report's measures and of the interactive views

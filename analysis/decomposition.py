@@ -22,6 +22,9 @@ On every block shape the sum is exact:
   at `resid_post`; an attention-only block has no MLP terms.
 - a gated MLP's neurons write `post_n · W_out[n]` with `post = act(x W_gate) * (x W_in +
   b_in)` (`hook_post`), as a plain MLP's do.
+- a mixture of experts writes `Σ_e g_e · out_e` over each token's chosen experts, plus a
+  shared expert's output where there is one (`analysis.experts`): at `"expert"`
+  granularity each expert is a term, zero at the tokens that did not choose it.
 - a norm after a sublayer (`ln1_post`, `ln2_post`: Gemma 2, OLMo 2) is part of what the
   sublayer writes: `L0_attn` is `hook_attn_out`, after that norm. Its divisor depends on all
   of the sublayer's heads or neurons together, so per head or per neuron the sublayer is
@@ -40,10 +43,11 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._naming import head_label, neuron_label
+from analysis._naming import expert_label, head_label, neuron_label
 from analysis._reading import activation, weight
 from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
+from analysis.experts import expert_writes, shared_write
 from analysis.head_results import head_results
 from analysis.normalization import NormSite, through_norm
 from hookedattn.core.cache import ActivationCache
@@ -52,7 +56,7 @@ from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import SparseAutoencoder
 
-GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "features")
+GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "expert", "features")
 Terms = Float[Tensor, "component batch pos d_model"]
 
 
@@ -151,6 +155,13 @@ def _head_writes_into(
 def _mlp_parts(
     model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
 ) -> _Parts:
+    if granularity == "neuron" and model.cfg.is_moe:
+        raise ValueError(
+            "granularity='neuron' is for dense MLPs; this model's MLPs are mixtures of experts: "
+            "use granularity='expert' (each expert's write, L0E3, ...)"
+        )
+    if granularity == "expert" and model.cfg.is_moe:
+        return _expert_parts(model, cache, layer)
     if granularity != "neuron":
         return [_given((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]
     post = activation(cache, ("post", layer))  # a gated MLP's too: act(gate) * linear
@@ -187,6 +198,19 @@ def _has_norm(model: HookedTransformer, site: str, layer: int) -> bool:
     return not isinstance(NormSite(site, layer).module(model), NoNorm)
 
 
+def _expert_parts(model: HookedTransformer, cache: ActivationCache, layer: int) -> _Parts:
+    """Each expert's write (zero where it was not chosen), the shared expert's, through the
+    norm after the MLP at its recorded divisor."""
+    terms = expert_writes(model, cache, layer)
+    labels = tuple(expert_label(layer, e) for e in range(terms.shape[0]))
+    shared = shared_write(model, cache, layer)
+    if shared is not None:
+        terms = torch.cat([terms, shared[None].to(terms.dtype)])
+        labels = (*labels, f"L{layer}_shared_expert")
+    terms, labels = through_norm(model, cache, NormSite("ln2_post", layer), terms, labels)
+    return [_given(labels, terms)]
+
+
 def decompose_resid(
     model: HookedTransformer,
     cache: ActivationCache,
@@ -207,6 +231,9 @@ def decompose_resid(
       `attn_out`/`mlp_out`, biases included);
     - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart;
     - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart;
+    - `"expert"`: heads as above, and, in a mixture of experts, each expert's write
+      `L0E0`, ... (zero where a token did not choose it; its biases inside it) and the
+      shared expert's `L0_shared_expert` (dense MLPs stay whole, `L0_mlp`);
     - `"features"`, with `sae` (spliced when the cache was recorded, at this point or an
       earlier one): each feature active in the batch `F12`, ..., `sae_b_dec` and
       `sae_error` at the SAE's point, then the later sublayers as with `"sublayer"`.

@@ -92,4 +92,6 @@ TARGETS = [
     ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "idle hooks", BARE_REF),
     # peak resident memory of one forward, against the bare model's (memory section)
     ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
+    # a mixture of experts, against transformers' eager forward on the same weights
+    ("moe", "moe", "forward, no hooks attached", 1.0, "issue 26", "transformers eager"),
 ]

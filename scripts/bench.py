@@ -13,8 +13,9 @@ and min-max of those ratios and of the times (`_bench_timing`). Before timing, e
 contender's output is checked against the reference's.
 
 When `transformer_lens` is installed (the optional `bench` extra) its numbers are another
-column on the same weights. Sections that need parts of hookedattn not present yet are
-skipped with a note; nothing is ever estimated.
+column on the same weights. The `moe` section times an imported mixture of experts against
+transformers' own forward on the same weights (`_bench_moe`). Sections that need parts of
+hookedattn not present yet are skipped with a note; nothing is ever estimated.
 
     python scripts/bench.py            # full run, writes docs/benchmarks/latest.{json,md}
     python scripts/bench.py --quick    # tiny settings, a smoke run of every section
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 import _bench_analysis as analyses  # noqa: E402
 from _bench_hf import hf_forward, hf_generate, hf_gpt2  # noqa: E402
 from _bench_memory import memory_probe, memory_section  # noqa: E402
+from _bench_moe import moe_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
 from _bench_same_math import SameMathTransformer  # noqa: E402
@@ -373,7 +375,7 @@ def _peak_ratio(run: Run, setting: str, mode: str) -> float | None:
 
 # ----------------------------------------------------------------------------- main
 
-SECTIONS = ("forward", "compile", "generation", "memory", "analysis")
+SECTIONS = ("forward", "compile", "generation", "memory", "analysis", "moe")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -426,6 +428,8 @@ def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tu
             memory_section(run, key, run.settings[key])
     if "analysis" in sections:
         analyses.analysis_section(run, shipped)
+    if "moe" in sections:
+        moe_section(run, _agrees, HF, OURS)
     return shipped
 
 
@@ -442,7 +446,8 @@ def _report(run: Run, args: argparse.Namespace, machine: dict, malloc: str, ship
             "malloc": malloc,
             "grad": "torch.no_grad()",
             "described": {k: s.description for k, s in run.settings.items()}
-            | ({"c": shipped[1].description} if shipped else {}),
+            | ({"c": shipped[1].description} if shipped else {})
+            | ({"moe": run.extra["moe_setting"]} if "moe_setting" in run.extra else {}),
         },
         "targets": _target_rows(run),
         "results": run.rows,

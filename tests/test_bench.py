@@ -64,11 +64,11 @@ def test_forward_measures_cover_every_setting(report):
         assert any(m.startswith("one hook on") for m in measures)
 
 
-def test_transformers_runs_the_same_weights_in_forward_and_generation(report):
+def test_transformers_runs_the_same_weights_in_forward_generation_and_moe(report):
     pytest.importorskip("transformers")
     data, _ = report
     sections = {r["section"] for r in data["results"] if r["contender"] == "transformers"}
-    assert sections == {"forward", "generation"}
+    assert sections == {"forward", "generation", "moe"}
 
 
 def test_long_context_peak_memory_is_a_target(report):

@@ -1,6 +1,7 @@
 """Activation patching: every component of one kind, patched one at a time, batched."""
 
-from analysis.patching._components import component_grid
+from analysis.patching import _experts
+from analysis.patching._components import EXPERT_KINDS, component_grid
 from analysis.patching._engine import component_edits, sweep
 from analysis.patching._inputs import Metric, base_runs, check_direction, paired_tokens
 from analysis.patching.result import PatchingResult
@@ -28,7 +29,9 @@ def activation_patch(
     `kind` is a short hook name: `"resid_pre"`, `"resid_mid"`, `"resid_post"`,
     `"attn_out"`, `"mlp_out"` (results `[layer pos]`); `"z"` (each head's output), `"q"`,
     `"k"`, `"v"`, `"pattern"` (results `[layer head]`, or `[layer pos head]` with
-    `by_pos=True`); see `available_kinds(model)` for all. `metric(logits)` maps
+    `by_pos=True`); in a mixture of experts `"expert_out"` (each expert's write, `[layer
+    expert]` or `[layer pos expert]`), `"router_logits"` and `"expert_indices"` (a token's
+    routing, `[layer pos]`); see `available_kinds(model)` for all. `metric(logits)` maps
     `[batch pos d_vocab_out]` logits to one number per prompt, `[batch]`; it is called on
     many variants at once through `torch.func.vmap` where it can be (checked against a
     plain call; one that vmap cannot run is called once per variant), so it should not
@@ -48,12 +51,20 @@ def activation_patch(
     check_direction(direction)
     n_pos = paired_tokens(model, clean_tokens, corrupted_tokens)[0].shape[1]
     grid = component_grid(model, kind, n_pos, by_pos)
-    hooks = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
+    experts = kind in EXPERT_KINDS
+    if experts:
+        _experts.check_patchable(model)
+        hooks = _experts.hook_names(model)
+    else:
+        hooks = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
     runs = base_runs(model, clean_tokens, corrupted_tokens, metric, hooks, metric_positions)
     denoising = direction == "denoising"
     target, source = (runs.corrupted, runs.clean) if denoising else (runs.clean, runs.corrupted)
-    edits = component_edits(grid.components, source.cache)
     components = grid.components
+    if experts:
+        edits = _experts.edits(model, components, source.cache, target.cache)
+    else:
+        edits = component_edits(components, source.cache)
     per_prompt = sweep(
         model, target, edits, len(components), metric, runs.declared, memory_budget,
         lambda i: components[i].label(),

@@ -18,7 +18,14 @@ from einops import reduce
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.patching._components import LAYOUTS, available_kinds, check_kind, component_grid
+from analysis.patching._components import (
+    LAYOUTS,
+    UNSUPPORTED,
+    available_kinds,
+    check_kind,
+    component_grid,
+    refuse_unsupported,
+)
 from analysis.patching._inputs import (
     Metric,
     check_direction,
@@ -116,8 +123,11 @@ def attribution_patch(
 
 def _checked_kinds(model: HookedTransformer, kinds: str | Sequence[str] | None) -> list[str]:
     if kinds is None:
-        kinds = available_kinds(model)
+        skipped = UNSUPPORTED["attribution patching"]
+        kinds = [k for k in available_kinds(model) if k not in skipped]
     kinds = [check_kind(model, k) for k in ([kinds] if isinstance(kinds, str) else kinds)]
+    for kind in kinds:
+        refuse_unsupported(kind, "attribution patching")
     if not kinds:
         raise ValueError("no component kinds to attribute")
     return kinds

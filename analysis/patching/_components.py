@@ -10,6 +10,15 @@ masks (`component_masks`), one row per patched variant.
 Each head's output is patched at `z` (`[batch pos head d_head]`): the attention write
 `sum_h z_h @ W_O[h]` is linear, so replacing `z_h` replaces head h's output exactly, and
 `z` exists in every model (`result` only with `use_attn_result`).
+
+In a mixture of experts the router's logits (`router_logits`: one token's, or one logit
+with `expert=`), its choices (`expert_indices`: the source's experts for that token, with
+the target's own weights for them) and the shared expert's output (`shared_out`) are
+activations like the others. What one expert writes (`expert_out`, `[layer expert]` or
+`[layer pos expert]`) is not: it lives in the rows of the tokens routed to it, which differ
+between the runs. Patching it replaces, at the component's positions, the target's write
+of that expert (zero where the token did not choose it) by the source's (zero likewise):
+the MLP's output changes by the difference of the two (`analysis.patching._experts`).
 """
 
 import dataclasses
@@ -43,8 +52,17 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "result": ("pos", "head", "d_model"),
     **{k: ("head", "pos", "key_pos") for k in ("attn_scores", "pattern")},
     **{k: ("pos", "d_mlp") for k in ("pre", "pre_linear", "post")},
+    # A mixture of experts' routing, and its shared expert's output.
+    "router_logits": ("pos", "expert"),
+    "expert_indices": ("pos", "k"),
+    "shared_out": ("pos", "d_model"),
+    # Each expert's write at each position: not an activation, patched at `mlp_out`.
+    "expert_out": ("pos", "expert", "d_model"),
 }
 HEAD_KINDS: frozenset[str] = frozenset(k for k, axes in LAYOUTS.items() if "head" in axes)
+# Kinds whose grid has an expert axis (router logits are patched a token at a time).
+EXPERT_KINDS: frozenset[str] = frozenset({"expert_out"})
+_MOE_KINDS = frozenset({"router_logits", "expert_indices", "expert_out"})
 # With grouped-query attention these have one head per key/value head.
 KEY_VALUE_KINDS: frozenset[str] = frozenset(
     {"k", "v", "rot_k", "k_input", "v_input", "k_norm_normalized", "k_norm_out"}
@@ -73,18 +91,39 @@ LOCAL_KINDS: frozenset[str] = frozenset(LAYOUTS) - {
 }
 
 
+# What each method cannot patch: an expert's write has no activation to differentiate or to
+# freeze (only `activation_patch` defines its patch), and chosen experts have no gradient.
+UNSUPPORTED: dict[str, frozenset[str]] = {
+    "path patching": frozenset({"expert_out"}),
+    "attribution patching": frozenset({"expert_out", "expert_indices"}),
+}
+
+
+def refuse_unsupported(kind: object, method: str) -> None:
+    """A `ValueError` naming `kind` if `method` ("path patching", ...) cannot patch it."""
+    if kind in UNSUPPORTED.get(method, ()):
+        why = "it has no gradient" if kind == "expert_indices" else "use activation_patch"
+        raise ValueError(f"{method} does not patch {kind!r} ({why})")
+
+
+def probe_name(kind: str, layer: int) -> str:
+    """The hook point that shows whether a model has `kind` in block `layer` (expert 0's
+    rows for `expert_out`)."""
+    return get_act_name(kind, layer, 0) if kind in EXPERT_KINDS else get_act_name(kind, layer)
+
+
 def available_kinds(model: HookedTransformer) -> list[str]:
     """The kinds this model can patch, in the order the forward reaches them."""
     if model.cfg.n_layers == 0:
         return []
     order = {name: i for i, name in enumerate(model.hook_dict)}
-    present = {k: order[get_act_name(k, 0)] for k in LAYOUTS if get_act_name(k, 0) in order}
+    present = {k: order[probe_name(k, 0)] for k in LAYOUTS if probe_name(k, 0) in order}
     return sorted(present, key=present.__getitem__)
 
 
 def check_kind(model: HookedTransformer, kind: str) -> str:
     """`kind` if this model has it; otherwise a `ValueError` naming the kinds it has."""
-    if kind in LAYOUTS and model.cfg.n_layers and get_act_name(kind, 0) in model.hook_dict:
+    if kind in LAYOUTS and model.cfg.n_layers and probe_name(kind, 0) in model.hook_dict:
         return kind
     kinds = available_kinds(model)
     if kind in LAYOUTS:
@@ -107,6 +146,10 @@ def _why_missing(model: HookedTransformer, kind: str) -> str:
         return "it has no rotary embedding"
     if kind.startswith(("q_norm_", "k_norm_")):
         return "it has no query/key norms (use_qk_norm=False)"
+    if kind in _MOE_KINDS:
+        return "its MLPs are dense, not mixtures of experts (num_experts is None)"
+    if kind == "shared_out":
+        return "it has no shared expert (d_mlp_shared is None)"
     flags = {"result": "use_attn_result", "mlp_in": "use_hook_mlp_in", "attn_in": "use_attn_in"}
     flag = flags.get(kind, "use_split_qkv_input")
     return f"it was built without {flag}=True"
@@ -140,13 +183,16 @@ def component_grid(
     """Every component of `kind`: `[layer pos]` / `[layer]`, `[layer head]` / `[layer pos head]`.
 
     `by_pos=None` patches the residual-stream kinds one position at a time and the head
-    kinds at every position at once (TransformerLens's defaults).
+    kinds at every position at once (TransformerLens's defaults); an expert's write
+    (`expert_out`: `[layer expert]`) like a head's.
     """
     check_kind(model, kind)
-    is_head = kind in HEAD_KINDS
-    by_pos = (not is_head) if by_pos is None else by_pos
-    sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": n_heads_of(model, kind)}
+    is_head, is_expert = kind in HEAD_KINDS, kind in EXPERT_KINDS
+    by_pos = (not (is_head or is_expert)) if by_pos is None else by_pos
+    sizes = {"layer": model.cfg.n_layers, "pos": n_pos, "head": n_heads_of(model, kind),
+             "expert": model.cfg.num_experts or 0}  # fmt: skip
     axes = ("layer",) + (("pos",) if by_pos else ()) + (("head",) if is_head else ())
+    axes += ("expert",) if is_expert else ()
     labels = tuple(tuple(str(i) for i in range(sizes[a])) for a in axes)
     return ComponentGrid(kind, axes, labels)
 
@@ -165,6 +211,13 @@ def check_component(model: HookedTransformer, component: Component, n_pos: int) 
         n_heads = n_heads_of(model, component.name)
         if not 0 <= component.head < n_heads:
             raise ValueError(f"{component}: head must be in 0..{n_heads - 1}")
+    if component.expert is not None:
+        if "expert" not in LAYOUTS[component.name]:
+            raise ValueError(f"{component}: {component.name!r} has no expert axis; use expert=None")
+        if not 0 <= component.expert < cfg.num_experts:
+            raise ValueError(f"{component}: expert must be in 0..{cfg.num_experts - 1}")
+    elif component.name in EXPERT_KINDS:
+        raise ValueError(f"{component}: {component.name!r} is one expert's: give expert=")
     if component.pos is not None and not 0 <= component.pos < n_pos:
         raise ValueError(f"{component}: pos must be in 0..{n_pos - 1} for {n_pos} positions")
     return component
@@ -191,7 +244,7 @@ def masks_at(
     at = [name == hook_name for name in hook_names]
     layout = LAYOUTS[components[at.index(True)].name]
     match = torch.tensor(at).reshape(-1, *([1] * len(layout)))
-    for axis_name in ("pos", "head"):
+    for axis_name in ("pos", "head", "expert"):
         if axis_name not in layout:
             continue
         axis = layout.index(axis_name)

@@ -29,6 +29,7 @@ gives NaN, which is caught.
 import dataclasses
 import heapq
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from einops import rearrange, repeat
@@ -54,19 +55,32 @@ from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.names import get_act_name
 
 
+@runtime_checkable
+class VariantSources(Protocol):
+    """Per-variant sources built when a pass asks for its variants (`source[variants]`:
+    `[variant batch ...]`), where holding every variant's at once would cost too much
+    (an expert's write: `analysis.patching._experts`)."""
+
+    ndim: int
+    device: torch.device
+
+    def __getitem__(self, variants: Tensor | Sequence[int]) -> Tensor: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Edit:
     """In variant i, replace the region `mask[i]` of activation `kind` of block `layer`
-    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]`. A mask
-    with a variant axis of size 1 is every variant's. With `rows`, `source` is a table
-    `[row batch ...]` and variant i takes its row `rows[i]` (many variants, few sources:
-    exact edge patching, where every edge from one sender into one hook point shares one).
-    A source axis of size 1 (e.g. the head axis) broadcasts over the activation's."""
+    by `source`: `[batch ...]` (one for every variant) or `[variant batch ...]` (a tensor,
+    or `VariantSources`). A mask with a variant axis of size 1 is every variant's. With
+    `rows`, `source` is a table `[row batch ...]` and variant i takes its row `rows[i]` (many
+    variants, few sources: exact edge patching, where every edge from one sender into one
+    hook point shares one). A source axis of size 1 (e.g. the head axis) broadcasts over the
+    activation's."""
 
     kind: str
     layer: int
     mask: Bool[Tensor, "variant 1 ..."]
-    source: Tensor
+    source: Tensor | VariantSources
     rows: Int[Tensor, " variant"] | None = None
 
     @property

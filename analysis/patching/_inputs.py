@@ -15,6 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from hookedattn import ActivationCache, HookedTransformer
+from hookedattn.core import names as _names
 from hookedattn.core.names import get_act_name
 
 Metric = Callable[[Tensor], Tensor]
@@ -206,6 +207,22 @@ def base_run(
     return _base_runs(model, [tokens], metric, names)[0]
 
 
+def prompts_of(cache: ActivationCache, rows: slice) -> dict[str, Tensor]:
+    """The activations of prompts `rows` of a cache of several batches run together. An
+    expert's rows (`names.is_rows`) are in `(batch, pos, slot)` order, so the prompts'
+    are the ones routed from among them (the routing must be in the cache too)."""
+    out = {}
+    for name, t in cache.items():
+        if not _names.is_rows(name):
+            out[name] = t[rows]
+            continue
+        layer, expert = _names.layer_of(name), _names.expert_of(name)
+        chosen = cache[f"blocks.{layer}.mlp.hook_expert_indices"] == expert
+        first, n = int(chosen[: rows.start].sum()), int(chosen[rows].sum())
+        out[name] = t[first : first + n]
+    return out
+
+
 def _base_runs(
     model: HookedTransformer,
     batches: Sequence[Int[Tensor, "batch pos"]],
@@ -231,7 +248,7 @@ def _base_runs(
     for tokens in batches:
         rows = slice(first, first + tokens.shape[0])
         first = rows.stop
-        kept = ActivationCache({n: t[rows] for n, t in cache.items()}, model.cfg.n_layers)
+        kept = ActivationCache(prompts_of(cache, rows), model.cfg.n_layers)
         values = metric_values(metric, logits[rows])
         runs.append(BaseRun(tokens, logits[rows], values.detach(), kept))
     return runs

@@ -28,6 +28,7 @@ from analysis.patching._components import (
     check_component,
     component_grid,
     component_masks,
+    refuse_unsupported,
 )
 from analysis.patching._engine import Edit, component_edits, record, sweep
 from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
@@ -101,6 +102,8 @@ def _checked_receivers(
     receivers = [receivers] if isinstance(receivers, Component) else list(receivers)
     if not receivers:
         raise ValueError("give at least one receiver, e.g. Component('k', 1, head=0)")
+    for r in receivers:
+        refuse_unsupported(getattr(r, "name", None), "path patching")
     return [check_component(model, r, n_pos) for r in receivers]
 
 
@@ -109,8 +112,11 @@ def _senders(
 ) -> tuple[list[Component], tuple[str, ...], tuple[tuple[str, ...], ...], str]:
     """The senders, and the axes, tick labels and kind of the result."""
     if isinstance(senders, str):
+        refuse_unsupported(senders, "path patching")
         grid = component_grid(model, senders, n_pos, by_pos=False)
         return list(grid.components), grid.axes, grid.labels, senders
+    for s in senders:
+        refuse_unsupported(getattr(s, "name", None), "path patching")
     sender_list = [check_component(model, s, n_pos) for s in senders]
     if not sender_list:
         raise ValueError("give at least one sender, or a kind such as 'z'")

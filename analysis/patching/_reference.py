@@ -12,7 +12,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.patching._components import LAYOUTS, Component
+from analysis.patching import _experts
+from analysis.patching._components import EXPERT_KINDS, LAYOUTS, Component
 from analysis.patching._inputs import Metric, metric_values
 from hookedattn import ActivationCache, HookedTransformer
 
@@ -21,7 +22,11 @@ def region(component: Component) -> tuple[int | slice, ...]:
     """The index of `component`'s region in its `[batch ...]` activation."""
     layout = ("batch", *LAYOUTS[component.name])
     index: list[int | slice] = [slice(None)] * len(layout)
-    for axis, value in (("pos", component.pos), ("head", component.head)):
+    for axis, value in (
+        ("pos", component.pos),
+        ("head", component.head),
+        ("expert", component.expert),
+    ):
         if value is not None:
             index[layout.index(axis)] = value
     return tuple(index)
@@ -44,7 +49,11 @@ def reference_sweep(
             patched[index] = source[hook.name][index]
             return patched
 
+        if component.name in EXPERT_KINDS:  # an expert's write: see `_experts`
+            hooks = _experts.reference_hooks(model, component, source)
+        else:
+            hooks = [(component.hook_name, patch)]
         with torch.no_grad():
-            logits = model.run_with_hooks(target, fwd_hooks=[(component.hook_name, patch)])
+            logits = model.run_with_hooks(target, fwd_hooks=hooks)
         rows.append(metric_values(metric, logits))
     return torch.stack(rows)

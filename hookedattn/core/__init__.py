@@ -25,6 +25,8 @@ Axis names, used in every shape annotation and einops pattern in this package an
     head        attention heads; d_head the width of one head's q, k, v, z
     kv_head     key/value heads (grouped-query attention)
     d_mlp       MLP neurons
+    expert      the experts of a mixture of experts; k the experts one token uses
+    row         one expert's rows: the tokens routed to it, in (batch, pos) order
     d_vocab     input vocabulary; d_vocab_out the output vocabulary
     layer       blocks
     component   terms of a residual-stream decomposition

@@ -132,10 +132,11 @@ class _Recorder:
     def record(self, name: str, x: Tensor) -> None:
         """Keep `x` under `name`, with the positions, batch axis, device and dtype asked for."""
         t = x.detach()
-        if self.index is not None:
+        rows = _names.is_rows(name)  # an expert's rows: no batch or position axis, kept whole
+        if self.index is not None and not rows:
             axis = _names.pos_axis(name.removesuffix("_grad"))
             t = _positions(t, axis, self.index, self.pos_slice, name)
-        if self.remove_batch_dim:
+        if self.remove_batch_dim and not rows:
             if t.shape[0] != 1:
                 raise ValueError(
                     f"remove_batch_dim=True needs a batch of 1, got {t.shape[0]} at {name}"

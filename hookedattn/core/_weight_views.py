@@ -17,6 +17,11 @@ the scores (`attn_scores_soft_cap`) acts after the QK circuit; a norm after the 
 (`ln1_post`) after the OV circuit. A model that normalises its queries and keys
 (`use_qk_norm`) has no QK circuit: its score is `norm(x_q W_Q) . norm(x_k W_K)`, not
 bilinear in the stream, and `QK` (with every function built on it) refuses it by name.
+With attention sinks (GPT-OSS) both circuits are defined: a head's sink is one more score,
+a constant per head outside the QK circuit, and its value is zero, so it adds nothing to
+the OV circuit (the pattern's rows then sum to less than one). YaRN's attention factor
+scales queries and keys with the rotation, and is outside the circuits as the rotation is.
+A mixture of experts changes only the MLPs: these circuits are the attention's.
 
 `HookedTransformer` exposes these as `model.QK`, `model.OV`, `model.W_E_pos`,
 `model.all_head_labels` and `model.tokens_to_residual_directions`.

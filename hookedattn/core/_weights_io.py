@@ -242,8 +242,21 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.positional_embedding_type == "standard"),
     ("n_heads", "blocks.0.attn.W_Q", 0, lambda cfg: cfg.n_layers > 0),
     ("d_head", "blocks.0.attn.W_Q", 2, lambda cfg: cfg.n_layers > 0),
-    ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: cfg.n_layers > 0 and not cfg.attn_only),
-)
+    ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
+    # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`.
+    ("num_experts", "blocks.0.mlp.W_in", 0, lambda cfg: _moe(cfg)),
+    ("d_mlp", "blocks.0.mlp.W_in", 2, lambda cfg: _moe(cfg)),
+    ("d_mlp_shared", "blocks.0.mlp.shared_expert.W_in", 1,
+     lambda cfg: _moe(cfg) and cfg.d_mlp_shared is not None),
+)  # fmt: skip
+
+
+def _dense_mlp(cfg: HookedTransformerConfig) -> bool:
+    return cfg.n_layers > 0 and not cfg.attn_only and not cfg.is_moe
+
+
+def _moe(cfg: HookedTransformerConfig) -> bool:
+    return cfg.n_layers > 0 and cfg.is_moe
 
 
 def check_header(

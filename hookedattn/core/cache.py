@@ -120,13 +120,17 @@ class ActivationCache(Mapping[str, Tensor]):
         return ActivationCache(moved, self.n_layers, self.has_batch_dim)
 
     def remove_batch_dim(self) -> "ActivationCache":
-        """A new cache with the batch axis (of size 1) removed from every tensor."""
+        """A new cache with the batch axis (of size 1) removed from every tensor (an
+        expert's rows, which have none, stay as they are)."""
         if not self.has_batch_dim:
             raise ValueError("this cache has no batch axis left to remove")
-        sizes = {t.shape[0] for t in self._data.values()}
+        batched = [name for name in self._data if not _names.is_rows(name)]
+        sizes = {self._data[name].shape[0] for name in batched}
         if sizes - {1}:
             raise ValueError(f"remove_batch_dim needs a batch of 1, got batch sizes {sizes}")
-        squeezed = {name: self[name][0] for name in self._data}
+        squeezed = {
+            name: self[name] if _names.is_rows(name) else self[name][0] for name in self._data
+        }
         return ActivationCache(squeezed, self.n_layers, has_batch_dim=False)
 
     def stack(self, name: str, layer_type: str | None = None) -> Float[Tensor, "layer ..."]:

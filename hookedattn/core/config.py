@@ -58,6 +58,15 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "NTK_by_parts_low_freq_factor": _POSITIVE,
     "NTK_by_parts_high_freq_factor": _POSITIVE,
     "NTK_original_ctx_len": FieldSpec(int, low=1, high=1 << 24),
+    "rotary_base_local": _OPTIONAL_POSITIVE,
+    "rotary_scaling_factor_local": _POSITIVE,
+    "use_yarn_rope": _FLAG,
+    "yarn_factor": _POSITIVE,
+    "yarn_beta_fast": _POSITIVE,
+    "yarn_beta_slow": _POSITIVE,
+    "yarn_original_ctx_len": FieldSpec(int, low=1, high=1 << 24),
+    "yarn_truncate": _FLAG,
+    "rotary_attention_factor": _POSITIVE,
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "gated_mlp": _FLAG,
@@ -67,8 +76,16 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "attn_scale": _OPTIONAL_POSITIVE,
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,
+    "use_attn_sinks": _FLAG,
     "window_size": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "attn_types": FieldSpec(tuple, item_choices=ATTN_TYPES, optional=True),
+    "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "experts_per_token": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "norm_topk_prob": _FLAG,
+    "d_mlp_shared": FieldSpec(int, low=1, high=1 << 22, optional=True),
+    "shared_expert_gate": _FLAG,
+    "swiglu_limit": _OPTIONAL_POSITIVE,
+    "swiglu_alpha": _POSITIVE,
     "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "use_attn_result": _FLAG,
     "use_split_qkv_input": _FLAG,
@@ -113,7 +130,22 @@ class HookedTransformerConfig:
       (itself included) in "local" layers; None `attn_types` makes every layer local.
     - rotary: `rotary_dim` dims of each head rotated in GPT-NeoX's half-split layout,
       `rotary_base`, `rotary_scaling_factor` (linear scaling) and Llama 3's frequency
-      bands (`use_NTK_by_parts_rope` and its `NTK_*` parameters, TransformerLens's names).
+      bands (`use_NTK_by_parts_rope` and its `NTK_*` parameters, TransformerLens's names),
+      or YaRN's (`use_yarn_rope` and its `yarn_*` parameters, GPT-OSS), whose cosines and
+      sines are also multiplied by `rotary_attention_factor`. `rotary_base_local` gives
+      the local layers a rotary of their own (Gemma 3): that base, scaled linearly by
+      `rotary_scaling_factor_local`; the global layers keep the rest.
+    - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
+      softmax as one more key with no value, so a pattern row sums to less than one
+      (GPT-OSS).
+    - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names):
+      each MLP is a router choosing `experts_per_token` of `num_experts` gated experts of
+      width `d_mlp` per token, their outputs mixed by the router's softmax weights (over
+      the chosen experts only when `norm_topk_prob`). `d_mlp_shared` adds an expert every
+      token uses (Qwen2-MoE), scaled by `sigmoid(x @ W_shared_gate)` when
+      `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU,
+      `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
+      limit)`, in place of `act_fn`.
     - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
       as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
       are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
@@ -143,6 +175,15 @@ class HookedTransformerConfig:
     NTK_by_parts_low_freq_factor: float = 1.0
     NTK_by_parts_high_freq_factor: float = 4.0
     NTK_original_ctx_len: int = 8192
+    rotary_base_local: float | None = None
+    rotary_scaling_factor_local: float = 1.0
+    use_yarn_rope: bool = False
+    yarn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_ctx_len: int = 4096
+    yarn_truncate: bool = True
+    rotary_attention_factor: float = 1.0
     d_vocab_out: int | None = None
     n_key_value_heads: int | None = None
     gated_mlp: bool = False
@@ -152,8 +193,16 @@ class HookedTransformerConfig:
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
+    use_attn_sinks: bool = False
     window_size: int | None = None
     attn_types: tuple[str, ...] | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    norm_topk_prob: bool = False
+    d_mlp_shared: int | None = None
+    shared_expert_gate: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
     eps: float = 1e-5
     use_attn_result: bool = False
     use_split_qkv_input: bool = False
@@ -239,6 +288,7 @@ class HookedTransformerConfig:
                 "use_attn_in gives every query head one input copy, which grouped keys and "
                 "values cannot share; use use_split_qkv_input (one copy per key/value head)"
             )
+        self._check_experts()
         if self.attn_types is not None:
             if self.window_size is None:
                 raise ValueError("attn_types with 'local' layers needs window_size")
@@ -248,6 +298,30 @@ class HookedTransformerConfig:
                     f"{self.n_layers}: give one 'global' or 'local' per layer"
                 )
 
+    def _check_experts(self) -> None:
+        moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit")
+        if self.num_experts is None:
+            if self.experts_per_token is not None:
+                raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
+            for field in moe_fields:
+                if getattr(self, field) not in (None, False):
+                    raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
+            return
+        if self.experts_per_token is None:
+            raise ValueError("num_experts needs experts_per_token (how many each token uses)")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} exceeds num_experts="
+                f"{self.num_experts}: a token chooses among the experts there are"
+            )
+        if self.attn_only or not self.gated_mlp or self.parallel_attn_mlp:
+            raise ValueError(
+                "a mixture of experts replaces a sequential block's gated MLP: it needs "
+                "attn_only=False, gated_mlp=True and parallel_attn_mlp=False"
+            )
+        if self.shared_expert_gate and self.d_mlp_shared is None:
+            raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+
     def _check_rotary(self) -> None:
         if self.positional_embedding_type != "rotary":
             return
@@ -255,6 +329,8 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"rotary_dim must be even and in 2..d_head={self.d_head}, got {self.rotary_dim}"
             )
+        if self.use_NTK_by_parts_rope and self.use_yarn_rope:
+            raise ValueError("use_NTK_by_parts_rope and use_yarn_rope are alternatives")
         if self.use_NTK_by_parts_rope and not (
             self.NTK_by_parts_low_freq_factor < self.NTK_by_parts_high_freq_factor
         ):
@@ -267,6 +343,11 @@ class HookedTransformerConfig:
     def has_mlp(self) -> bool:
         """Whether each block has an MLP sublayer."""
         return not self.attn_only
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether each block's MLP is a mixture of experts (`num_experts` set)."""
+        return self.num_experts is not None
 
     @property
     def n_kv_heads(self) -> int:

@@ -382,10 +382,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> "HookedTransformer":
         """Import a `transformers` causal LM, or a local directory holding one.
 
-        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2, OLMo 2 and Phi-3
-        (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional `transformers` (`pip
-        install hookedattn[hf]`); nothing is downloaded: a directory is read from its
-        safetensors files one tensor at a time, converted to `dtype` as it is read.
+        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2,
+        Phi-3, GPT-J, OPT, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE
+        and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional
+        `transformers` (`pip install hookedattn[hf]`); nothing is downloaded: a directory is
+        read from its safetensors files one tensor at a time, converted to `dtype` as it is
+        read.
         """
         return hf.from_hf(cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
 

@@ -16,8 +16,10 @@ __all__ = [
     "NORM_SITES",
     "axis_names",
     "expand_key",
+    "expert_of",
     "get_act_name",
     "head_label",
+    "is_rows",
     "layer_of",
     "pos_axis",
     "short_names",
@@ -32,6 +34,11 @@ _NORM = "blocks.{layer}.{layer_type}.hook_{name}"
 # The query and key norms (Qwen 3, OLMo 2, Gemma 3): `q_norm_out` is the normalised queries
 # that the rotation (or the scores) reads.
 _QK_NORM = "blocks.{layer}.attn.{site}.hook_{part}"
+# One expert of a mixture of experts, on the rows of its tokens: ("expert_out", 0, 3) is
+# expert 3 of block 0. A shared expert (Qwen2-MoE) is a gated MLP: ("shared_post", 0).
+_EXPERT = "blocks.{layer}.mlp.experts.{expert}.hook_{part}"
+_SHARED = "blocks.{layer}.mlp.shared_expert.hook_{part}"
+_EXPERT_PARTS = ("in", "pre", "pre_linear", "post", "out")
 
 _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")},
@@ -39,6 +46,12 @@ _TEMPLATES: dict[str, str] = {
     **{n: _ATTN for n in ("q", "k", "v", "z", "result", "rot_q", "rot_k")},
     **{n: _ATTN for n in ("attn_scores", "pattern")},
     **{n: _MLP for n in ("pre", "pre_linear", "post")},
+    **{
+        n: _MLP
+        for n in ("router_logits", "expert_indices", "expert_weights", "shared_gate", "shared_out")
+    },
+    **{f"expert_{part}": _EXPERT for part in _EXPERT_PARTS},
+    **{f"shared_{part}": _SHARED for part in ("pre", "pre_linear", "post")},
     **{n: _NORM for n in ("scale", "normalized")},
     **{
         f"{site}_{part}": _QK_NORM
@@ -70,13 +83,15 @@ def short_names() -> list[str]:
     return sorted({*_TEMPLATES, *_ALIASES, *_GLOBAL})
 
 
-def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+def get_act_name(name: str, layer: int | None = None, layer_type: str | int | None = None) -> str:
     """Expand a short activation name to a full hook name (TransformerLens's `get_act_name`).
 
     `get_act_name("pattern", 0)` is `"blocks.0.attn.hook_pattern"`;
     `get_act_name("scale", 1, "ln2")` is `"blocks.1.ln2.hook_scale"`;
     `get_act_name("scale")` is the final norm's `"ln_final.hook_scale"`;
-    `get_act_name("q_norm_out", 0)` is the query norm's `"blocks.0.attn.q_norm.hook_out"`.
+    `get_act_name("q_norm_out", 0)` is the query norm's `"blocks.0.attn.q_norm.hook_out"`;
+    `get_act_name("expert_out", 0, 3)` is expert 3's `"blocks.0.mlp.experts.3.hook_out"`
+    (the expert's index where a norm's name would go).
     A full name is returned unchanged. `layer` must already be non-negative here; the
     cache resolves negative layers because it knows how many there are.
     """
@@ -94,6 +109,14 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
     if not isinstance(layer, int) or layer < 0:
         raise ValueError(f"layer must be a non-negative int here, got {layer!r}")
     template = _TEMPLATES[name]
+    if template is _EXPERT:
+        if not isinstance(layer_type, int) or isinstance(layer_type, bool) or layer_type < 0:
+            raise ValueError(
+                f"{name!r} of layer {layer} needs the expert's index: ({name!r}, {layer}, 0); "
+                f"got {layer_type!r}"
+            )
+        part = name.removeprefix("expert_")
+        return template.format(layer=layer, expert=layer_type, part=part)
     if template is _NORM:
         if layer_type not in NORM_SITES:
             raise ValueError(
@@ -101,10 +124,15 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
                 f"({name!r}, {layer}, 'ln2'); got layer_type={layer_type!r}"
             )
     elif layer_type is not None:
-        raise ValueError(f"layer_type is only for 'scale' and 'normalized', not {name!r}")
+        raise ValueError(
+            f"layer_type is only for 'scale' and 'normalized' (a norm) and the expert_* names "
+            f"(an expert's index), not {name!r}"
+        )
     if template is _QK_NORM:
         site, part = name.rsplit("_", 1)
         return template.format(layer=layer, site=site, part=part)
+    if template is _SHARED:
+        return template.format(layer=layer, part=name.removeprefix("shared_"))
     return template.format(layer=layer, name=name, layer_type=layer_type)
 
 
@@ -117,7 +145,9 @@ def expand_key(key: str | tuple, n_layers: int) -> str:
     if isinstance(key, str):
         return get_act_name(key)
     if not isinstance(key, tuple) or not 1 <= len(key) <= 3 or not isinstance(key[0], str):
-        raise KeyError(f"cache keys are a hook name or (name, layer[, 'ln1'|'ln2']), got {key!r}")
+        raise KeyError(
+            f"cache keys are a hook name or (name, layer[, 'ln1'|'ln2'|expert]), got {key!r}"
+        )
     name, layer, layer_type = (*key, None, None)[:3]
     if layer is not None:
         if not isinstance(layer, int) or isinstance(layer, bool):
@@ -143,9 +173,26 @@ def pos_axis(name: str) -> int:
     """The position axis of the activation at `name` (with the batch axis first).
 
     Attention scores and patterns are `[batch head query_pos key_pos]`: their position is
-    the query position. Everything else is `[batch pos ...]`.
+    the query position. Everything else is `[batch pos ...]`, except an expert's rows
+    (`is_rows`), which have neither axis.
     """
     return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
+
+
+_ROWS_RE = re.compile(r"^blocks\.\d+\.mlp\.experts\.(\d+)\.hook_\w+$")
+
+
+def is_rows(name: str) -> bool:
+    """Whether the activation at `name` (or its gradient) is one expert's rows, `[row ...]`:
+    one row per token routed to it, no batch or position axis (`blocks.0.mlp.experts.3.
+    hook_out`)."""
+    return bool(_ROWS_RE.match(name.removesuffix("_grad")))
+
+
+def expert_of(name: str) -> int | None:
+    """The expert whose rows the activation at `name` is (`is_rows`), or None."""
+    match = _ROWS_RE.match(name.removesuffix("_grad"))
+    return int(match.group(1)) if match else None
 
 
 # The axes of each activation, batch first, in the glossary's names (hookedattn/__init__.py).
@@ -165,6 +212,11 @@ _AXES: dict[str, str] = {
     },
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
     **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "post")},
+    "router_logits": "batch pos expert",
+    **{n: "batch pos k" for n in ("expert_indices", "expert_weights")},
+    "shared_out": "batch pos d_model",
+    **{f"expert_{p}": "row d_model" for p in ("in", "out")},
+    **{f"expert_{p}": "row d_mlp" for p in ("pre", "pre_linear", "post")},
 }
 
 
@@ -180,6 +232,8 @@ def axis_names(name: str) -> tuple[str, ...]:
     short = parts[-1].removeprefix("hook_")
     if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
         short = f"{parts[-2]}_{short}"
+    if is_rows(name):
+        short = f"expert_{short}"
     return tuple(_AXES.get(short, "").split())
 
 

@@ -16,7 +16,13 @@ rounding, not by the rounding of each step.
 
 On the composed block shapes: an RMSNorm's gain (Gemma's `1 + w`, stored as `w`) folds
 like a LayerNorm's; grouped keys and values fold into the stored `_W_K`, `_W_V` (`_b_K`,
-`_b_V`), and a gated MLP's norm into both `W_gate` and `W_in`. What no weight can absorb is
+`_b_V`), and a gated MLP's norm into both `W_gate` and `W_in`. A mixture of experts' norm
+folds into every reader of its output: the router (`W_router`, `b_router`: the logits, so
+the routing, are unchanged) and each expert's `W_gate`, `W_in` (with their biases), and a
+shared expert's; `center_writing_weights` centres every expert's `W_out`, `b_out` (the
+mixture of centred writes is centred, whatever the weights). `fold_value_biases` is refused
+with attention sinks: a row of the pattern then sums to less than one, so `b_V` reaches the
+output scaled by each query's own row sum, not as a constant. What no weight can absorb is
 refused by name: a norm after a sublayer (`normalization_placement` "post" or
 "pre_and_post"; its divisor depends on the sublayer's output), a LayerNorm bias before a
 gated MLP (`W_gate` has no bias to take it), and centring the unembedding under a soft cap
@@ -98,7 +104,8 @@ def fold_value_biases(model: "HookedTransformer") -> "HookedTransformer":
     constant `b_V @ W_O`. With grouped-query attention each key/value head's bias is summed
     over the query heads that read it. Preserves: logits and `hook_attn_out` exactly (a
     norm after the attention sees the same input). Changes: `hook_v`, `hook_z` and
-    `hook_result` (they no longer include `b_V`).
+    `hook_result` (they no longer include `b_V`). Refused with attention sinks (module
+    docstring).
     """
     return _processed(model, [_fold_value_biases])
 
@@ -117,8 +124,8 @@ def process_weights(
     function: `fold_layer_norm` (skipped for a model without norms, or with norms it
     cannot fold), `center_writing_weights` (skipped unless every reader of the stream is
     a LayerNorm and no norm follows a sublayer), `center_unembed` (skipped under a soft
-    cap on the logits), `fold_value_biases`. Logits change only by `center_unembed`'s
-    per-position constant.
+    cap on the logits), `fold_value_biases` (skipped with attention sinks). Logits change
+    only by `center_unembed`'s per-position constant.
     """
     cfg = model.cfg
     steps: list[Transform] = []
@@ -128,7 +135,7 @@ def process_weights(
         steps.append(_center_writing_weights)
     if center_unembed and cfg.output_logits_soft_cap is None:
         steps.append(_center_unembed)
-    if fold_value_biases:
+    if fold_value_biases and not cfg.use_attn_sinks:
         steps.append(_fold_value_biases)
     return _processed(model, steps)
 
@@ -148,7 +155,9 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             f"sublayer (ln1_post, ln2_post), whose divisor depends on the sublayer's own "
             f"output: no weight can absorb it (only placement 'pre' folds)"
         )
-    if cfg.gated_mlp and cfg.normalization_type == "LN":
+    # A mixture's experts have a gate bias; a dense gated MLP, and a shared expert, not.
+    gate_without_bias = not cfg.is_moe or cfg.d_mlp_shared is not None
+    if cfg.gated_mlp and cfg.normalization_type == "LN" and gate_without_bias:
         return (
             "a LayerNorm bias before a gated MLP reaches W_gate, which has no bias to take "
             "it (normalization_type='LN' with gated_mlp=True)"
@@ -170,12 +179,25 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
             readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
         _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
         if cfg.has_mlp:
-            readers = [(f"{mlp}.W_in", f"{mlp}.b_in")]
-            if cfg.gated_mlp:
-                readers.append((f"{mlp}.W_gate", None))
-            _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
+            _fold_into_readers(state, f"blocks.{layer}.ln2", _mlp_readers(cfg, mlp), centre)
     _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
     return cfg.replace(normalization_type=_PRE_FORM[cfg.normalization_type])
+
+
+def _mlp_readers(cfg: HookedTransformerConfig, mlp: str) -> list[tuple[str, str | None]]:
+    """The weights (and biases) that read an MLP's input: a dense MLP's, or a mixture's
+    router, experts (stacked, `[expert d_model d_mlp]`) and shared expert."""
+    if not cfg.is_moe:
+        gate = [(f"{mlp}.W_gate", None)] if cfg.gated_mlp else []
+        return [(f"{mlp}.W_in", f"{mlp}.b_in"), *gate]
+    readers = [(f"{mlp}.W_router", f"{mlp}.b_router")]
+    readers += [(f"{mlp}.W_gate", f"{mlp}.b_gate"), (f"{mlp}.W_in", f"{mlp}.b_in")]
+    if cfg.d_mlp_shared is not None:
+        shared = f"{mlp}.shared_expert"
+        readers += [(f"{shared}.W_in", f"{shared}.b_in"), (f"{shared}.W_gate", None)]
+    if cfg.shared_expert_gate:
+        readers.append((f"{mlp}.W_shared_gate", None))
+    return readers
 
 
 def _fold_into_readers(
@@ -224,6 +246,8 @@ def _center_writing_weights(state: State, cfg: HookedTransformerConfig) -> Hooke
         writers += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
         if cfg.has_mlp:
             writers += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
+            shared = f"blocks.{layer}.mlp.shared_expert"
+            writers += [f"{shared}.W_out", f"{shared}.b_out"]  # where there is one
     for name in writers:
         if name in state:
             state[name] = _centred(state[name], dim=-1)
@@ -243,6 +267,12 @@ def _center_unembed(state: State, cfg: HookedTransformerConfig) -> HookedTransfo
 
 
 def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
+    if cfg.use_attn_sinks:
+        raise ValueError(
+            "fold_value_biases: with attention sinks (use_attn_sinks=True) a row of the "
+            "pattern sums to less than one, so b_V reaches the output scaled by each query's "
+            "row sum: it is not a constant that b_O could take"
+        )
     for layer in range(cfg.n_layers):
         attn = f"blocks.{layer}.attn"
         name = f"{attn}._b_V" if f"{attn}._b_V" in state else f"{attn}.b_V"

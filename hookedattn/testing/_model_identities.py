@@ -8,6 +8,7 @@ from hookedattn.core import names as _names
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
 from hookedattn.testing import _attention_identities as attn_ids
+from hookedattn.testing import _moe_identities as moe_ids
 from hookedattn.testing._identity import (
     TERMS,
     Get,
@@ -114,12 +115,12 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
-    out += [
-        attn_ids.scores(scores, q, k, attn_scale, attn.group, cfg.attn_scores_soft_cap),
-        attn_ids.softmax(pattern, scores),
-        attn_ids.rows_sum_to_one(pattern),
-        attn_ids.causal(pattern),
-    ]
+    out.append(attn_ids.scores(scores, q, k, attn_scale, attn.group, cfg.attn_scores_soft_cap))
+    if attn.sinks is None:
+        out += [attn_ids.softmax(pattern, scores), attn_ids.rows_sum_to_one(pattern)]
+    else:  # a sink takes its share of every row
+        out.append(moe_ids.sink_softmax(pattern, scores, attn.sinks))
+    out.append(attn_ids.causal(pattern))
     if attn.attn_type == "local":
         out.append(attn_ids.windowed(pattern, cfg.window_size))
     out.append(attn_ids.mix_values(z, pattern, v, attn.group))
@@ -177,6 +178,8 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         stream = _act("mlp_in", layer)
     if not isinstance(block.ln2, NoNorm):
         stream = f"blocks.{layer}.ln2.hook_out"
+    if model.cfg.is_moe:
+        return [*out, *moe_ids.moe(mlp, layer, stream, _placed_norm(model, layer, "ln2_post"))]
     read = "... d_model, d_model d_mlp -> ... d_mlp"
     if hasattr(mlp, "W_gate"):
         pre_linear = _act("pre_linear", layer)

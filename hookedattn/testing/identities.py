@@ -19,6 +19,10 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
                      gated: pre = x @ W_gate, pre_linear = x @ W_in + b_in,
                             post = act_fn(pre) * pre_linear
     mlp_out        = after(post @ W_out + b_out)
+                     a mixture of experts: the router and each expert's rows, and
+                     mlp_out = after(sum of each token's weighted expert outputs + shared)
+                     (`_moe_identities`); with attention sinks the pattern is the softmax
+                     with each head's sink logit, its rows summing below one
     resid_post     = resid_mid + mlp_out                    (parallel: resid_pre +
                                                              attn_out + mlp_out)
     resid_pre[L+1] = resid_post[L]
@@ -105,7 +109,8 @@ def assert_residual_identities(
     """
     if not isinstance(cache, ActivationCache):
         raise TypeError(f"cache must be an ActivationCache, got {type(cache).__name__}")
-    dtypes = {t.dtype for t in cache.values()} | {model.cfg.dtype}
+    # The chosen experts (int64) are ids, not values with a rounding error.
+    dtypes = {t.dtype for t in cache.values() if t.is_floating_point()} | {model.cfg.dtype}
     used = loosest_tolerance(dtypes, tol)
     get: Get = lambda name: cache[name].to(torch.float64)
     constants = constants or published_constants(model.cfg.d_head)

@@ -1,7 +1,7 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`, `make_mlp`, `make_norm`, `make_soft_cap`), so that every forward stays
+`make_attention`, `make_mlp` or `MoE`, `make_norm`, `make_soft_cap`), so that every forward stays
 the equation it implements.
 """
 
@@ -15,6 +15,7 @@ from hookedattn.core.components.block import (
 )
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
 from hookedattn.core.components.mlp import MLP, GatedMLP, gelu_new, make_mlp
+from hookedattn.core.components.moe import ExpertHooks, MoE
 from hookedattn.core.components.norm import (
     LayerNorm,
     LayerNormPre,
@@ -24,7 +25,7 @@ from hookedattn.core.components.norm import (
     make_norm,
     make_placed_norm,
 )
-from hookedattn.core.components.rotary import Rotary, rotary_frequencies
+from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
 
 __all__ = [
@@ -34,10 +35,12 @@ __all__ = [
     "AttnOnlyBlock",
     "Block",
     "Embed",
+    "ExpertHooks",
     "GatedMLP",
     "GroupedQueryAttention",
     "LayerNorm",
     "LayerNormPre",
+    "MoE",
     "NoNorm",
     "ParallelBlock",
     "PosEmbed",
@@ -54,5 +57,6 @@ __all__ = [
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
+    "rotary_attention_factor",
     "rotary_frequencies",
 ]

@@ -10,8 +10,14 @@ which is why each head's write can be read on its own (`hook_result`).
     q, k, v = x @ W_Q + b_Q, x @ W_K + b_K, x @ W_V + b_V      (hook_q, hook_k, hook_v)
     scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
     pattern = softmax over key positions                      (hook_pattern)
+              [with sinks: softmax over the keys and one sink logit s_h, the sink's share
+               dropped, so a row sums to 1 - its sink's share]
     z       = pattern @ v                                     (hook_z)
     out     = sum_h z_h @ W_O[h] + b_O                        (hook_result per head; OV circuit)
+
+An attention sink (`use_attn_sinks`, GPT-OSS; Xiao et al. 2023's sink token as a learned
+logit) is a key every query may read, whose value is zero: attending to it writes nothing,
+so a head can decline to move information without picking a real key.
 
 With grouped-query attention (`n_key_value_heads`) the query heads come in groups that
 share one key and value head: `hook_k`, `hook_v` are `[batch pos kv_head d_head]`, and
@@ -23,6 +29,7 @@ fused kernel where nothing reads the scores or pattern, the guards that keep non
 values from hiding or spreading, the fused q/k/v product) lives in `hookedattn.core.kernels`.
 """
 
+import torch
 from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -63,6 +70,9 @@ class Attention(nn.Module):
         self.attn_scale = cfg.attn_scale
         self.group = n_heads // cfg.n_kv_heads  # query heads per key/value head
         self.attn_type = cfg.layer_attn_type(layer)
+        # One logit per head, the sink's score in every query's softmax; None without sinks.
+        self.register_parameter("sinks", _param(n_heads, cfg=cfg) if cfg.use_attn_sinks else None)
+        self.normalize_scores = self._softmax_with_sinks if cfg.use_attn_sinks else self._softmax
         self.fused = kernels.fuses_attention(cfg)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
         self.project_qkv = self._project_per_head if per_head_input else self._project_shared
@@ -73,7 +83,7 @@ class Attention(nn.Module):
         self.hook_v = HookPoint()
         self.q_norm, self.k_norm = _qk_norms(cfg)
         if cfg.positional_embedding_type == "rotary":
-            self.rotary = Rotary(cfg)
+            self.rotary = Rotary(cfg, local=self.attn_type == "local")
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
             self.apply_positions = self._rotate
@@ -125,8 +135,22 @@ class Attention(nn.Module):
         position holds (an `inf` key, a NaN value), it contributes exactly nothing.
         """
         scores = self.hook_attn_scores(kernels.masked(self.scores(q, k), context, self.attn_type))
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        pattern = self.hook_pattern(self.normalize_scores(scores))
         return kernels.weighted_values(pattern, v, context.blocked[self.attn_type])
+
+    def _softmax(
+        self, scores: Float[Tensor, "batch head query_pos key_pos"]
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        return scores.softmax(dim=-1)
+
+    def _softmax_with_sinks(
+        self, scores: Float[Tensor, "batch head query_pos key_pos"]
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """The softmax over the keys and each head's sink logit, the sink's share dropped."""
+        batch, _, n_queries, _ = scores.shape
+        sink = repeat(self.sinks.to(scores.dtype), "head -> batch head query_pos 1",
+                      batch=batch, query_pos=n_queries)  # fmt: skip
+        return torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
 
     def scores(self, q: Queries, k: KeyValues) -> Float[Tensor, "batch head query_pos key_pos"]:
         """`cap(q . k / attn_scale)` for every query head and key position."""

@@ -14,7 +14,8 @@ the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`:
 what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
 real norm or the identity as `normalization_placement` says; how the stream enters the
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
-the MLP, plain or gated; the attention, full or grouped, global or windowed.
+the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
+global or windowed.
 """
 
 from einops import repeat
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from hookedattn.core.components.attention import AttnInput, make_attention
 from hookedattn.core.components.mlp import make_mlp
+from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_placed_norm
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -111,7 +113,7 @@ class AttnOnlyBlock(nn.Module):
         else:
             self.mlp_input = self._mlp_input
         self.ln2 = make_placed_norm(cfg, "pre")
-        self.mlp = make_mlp(cfg)
+        self.mlp = MoE(cfg) if cfg.is_moe else make_mlp(cfg)
         self.ln2_post = make_placed_norm(cfg, "post")
         self.hook_mlp_out = HookPoint()
 

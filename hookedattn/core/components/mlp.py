@@ -32,11 +32,11 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig) -> None:
+def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig, d_mlp: int) -> None:
     """The weights both MLPs share (`W_in`, `b_in`, `W_out`, `b_out`) and the activation."""
-    mlp.W_in = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
-    mlp.b_in = _param(cfg.d_mlp, cfg=cfg)
-    mlp.W_out = _param(cfg.d_mlp, cfg.d_model, cfg=cfg)
+    mlp.W_in = _param(cfg.d_model, d_mlp, cfg=cfg)
+    mlp.b_in = _param(d_mlp, cfg=cfg)
+    mlp.W_out = _param(d_mlp, cfg.d_model, cfg=cfg)
     mlp.b_out = _param(cfg.d_model, cfg=cfg)
     mlp.act_fn = ACTIVATIONS[cfg.act_fn]
 
@@ -46,7 +46,7 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        _add_linear_maps(self, cfg)
+        _add_linear_maps(self, cfg, cfg.d_mlp)
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
@@ -62,12 +62,14 @@ class GatedMLP(nn.Module):
     `hook_pre` is the gate's input `x @ W_gate`, `hook_pre_linear` the linear read `x @ W_in
     + b_in`, `hook_post` their product after the activation: all `[batch pos d_mlp]`, as in
     TransformerLens. A neuron's write to the stream is `hook_post[..., n] * W_out[n]`.
+    `d_mlp` overrides the config's width (a mixture of experts' shared expert).
     """
 
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
+    def __init__(self, cfg: HookedTransformerConfig, d_mlp: int | None = None) -> None:
         super().__init__()
-        self.W_gate = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
-        _add_linear_maps(self, cfg)
+        d_mlp = cfg.d_mlp if d_mlp is None else d_mlp
+        self.W_gate = _param(cfg.d_model, d_mlp, cfg=cfg)
+        _add_linear_maps(self, cfg, d_mlp)
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()

@@ -8,8 +8,15 @@ The frequencies are `base ** (-2i / rotary_dim)`, computed in float32 exactly as
 reference implementations of the families we import compute them (the models were trained
 with these numbers), divided by `rotary_scaling_factor` (linear scaling) or split into
 Llama 3's frequency bands (Meta's "NTK by parts": long wavelengths slowed by the factor,
-short ones kept, a smooth blend between). Angles `position * frequency` and their cosines
-are float32 too, then cast to the model's dtype.
+short ones kept, a smooth blend between) or YaRN's (Peng et al. 2023, section 3.2: the same
+idea with the band edges counted in rotations over the original context, and a linear ramp
+between). Angles `position * frequency` and their cosines are float32 too, multiplied by
+`rotary_attention_factor` (YaRN's temperature, 1 elsewhere: since both queries and keys
+are rotated, the scores scale by its square), then cast to the model's dtype.
+
+A model with `rotary_base_local` rotates its local (windowed) layers by a rotary of their
+own (Gemma 3: base 10k locally, 1M with linear scaling globally): plain frequencies of that
+base, divided by `rotary_scaling_factor_local`.
 """
 
 import math
@@ -22,13 +29,56 @@ from torch import Tensor, nn
 from hookedattn.core.config import HookedTransformerConfig
 
 
-def rotary_frequencies(cfg: HookedTransformerConfig) -> Float[Tensor, " half"]:
-    """The angular frequency of each rotated pair of dimensions, float32."""
-    exponents = torch.arange(0, cfg.rotary_dim, 2, dtype=torch.int64).float() / cfg.rotary_dim
-    inv_freq = 1.0 / (cfg.rotary_base**exponents)
+def rotary_frequencies(cfg: HookedTransformerConfig, local: bool = False) -> Float[Tensor, " half"]:
+    """The angular frequency of each rotated pair of dimensions, float32 (of the local
+    layers' own rotary when `local` and the model has one)."""
+    if local and cfg.rotary_base_local is not None:
+        local_freq = _plain(cfg.rotary_base_local, cfg.rotary_dim)
+        return _linear(local_freq, cfg.rotary_scaling_factor_local)
+    inv_freq = _plain(cfg.rotary_base, cfg.rotary_dim)
     if cfg.use_NTK_by_parts_rope:
         return _llama3_bands(inv_freq, cfg)
-    return inv_freq / cfg.rotary_scaling_factor if cfg.rotary_scaling_factor != 1.0 else inv_freq
+    if cfg.use_yarn_rope:
+        return _yarn_bands(cfg)
+    return _linear(inv_freq, cfg.rotary_scaling_factor)
+
+
+def rotary_attention_factor(cfg: HookedTransformerConfig, local: bool = False) -> float:
+    """What the cosines and sines are multiplied by: 1 for a local layer's own rotary."""
+    return 1.0 if local and cfg.rotary_base_local is not None else cfg.rotary_attention_factor
+
+
+def _plain(base: float, rotary_dim: int) -> Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (base**exponents)
+
+
+def _linear(inv_freq: Tensor, factor: float) -> Tensor:
+    return inv_freq / factor if factor != 1.0 else inv_freq
+
+
+def _yarn_bands(cfg: HookedTransformerConfig) -> Tensor:
+    """YaRN: each pair's frequency blends the original (`extrapolated`) and the one slowed by
+    `yarn_factor` (`interpolated`), by a ramp over the pairs between the band edges, as HF
+    computes it (`_compute_yarn_parameters`)."""
+    dim, base, context = cfg.rotary_dim, cfg.rotary_base, cfg.yarn_original_ctx_len
+    position_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolated = 1.0 / position_freqs
+    interpolated = 1.0 / (cfg.yarn_factor * position_freqs)
+
+    def edge(rotations: float) -> float:
+        # The pair index at which a wavelength fits `rotations` times into the context.
+        return (dim * math.log(context / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = edge(cfg.yarn_beta_fast), edge(cfg.yarn_beta_slow)
+    if cfg.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # HF's guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp
+    return interpolated * (1 - kept) + extrapolated * kept
 
 
 def _llama3_bands(inv_freq: Tensor, cfg: HookedTransformerConfig) -> Tensor:
@@ -45,11 +95,12 @@ def _llama3_bands(inv_freq: Tensor, cfg: HookedTransformerConfig) -> Tensor:
 class Rotary(nn.Module):
     """Rotates `[batch pos head d_head]` queries or keys by their positions."""
 
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
+    def __init__(self, cfg: HookedTransformerConfig, local: bool = False) -> None:
         super().__init__()
         self.rotary_dim = cfg.rotary_dim
+        self.attention_factor = rotary_attention_factor(cfg, local)
         # A buffer, not a parameter: derived from the config, never saved or trained.
-        self.register_buffer("inv_freq", rotary_frequencies(cfg), persistent=False)
+        self.register_buffer("inv_freq", rotary_frequencies(cfg, local), persistent=False)
         # The cosines of the last positions seen: every layer of one forward rotates by the
         # same positions, so the angles are computed once per forward, not once per layer.
         self._memo: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = None
@@ -63,7 +114,8 @@ class Rotary(nn.Module):
             return memo[2], memo[3]
         angles = positions.float()[..., None] * self.inv_freq.float()
         angles = rearrange(torch.cat([angles, angles], dim=-1), "batch pos rot -> batch pos 1 rot")
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        factor = self.attention_factor
+        cos, sin = (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 

@@ -4,7 +4,9 @@
     model = HookedTransformer.from_hf("path/to/dir", dtype=torch.bfloat16)   # local files
 
 One small private module per family (`_gpt2`, `_neox`, `_llama` for Llama, Mistral and Qwen2,
-`_qwen3`, `_gemma2`, `_olmo2`, `_phi3`), each a config translation and a table of tensor
+`_qwen3`, `_gemma2`, `_olmo2`, `_phi3`; the mixtures of experts `_mixtral`, `_qwen_moe` for
+Qwen2-MoE and Qwen3-MoE, `_olmoe`, `_gpt_oss`, sharing `_moe`; `_gemma3`, `_gptj`, `_opt`),
+each a config translation and a table of tensor
 renames and reshapes (`Rule`, `Table`); `_importer` runs the same steps for every family and
 `_loading` reads a directory's safetensors files tensor by tensor. What is exported below
 is the package's API; the modules are its machinery. Nothing here assumes random weights: the

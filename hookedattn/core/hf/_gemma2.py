@@ -61,7 +61,9 @@ def embedding_normaliser(hf_config: Any, dtype: torch.dtype, hf_model: Any = Non
     return torch.tensor(hf_config.hidden_size**0.5, dtype=built).to(dtype)
 
 
-def _scaled(normaliser: Tensor) -> Callable[[Tensor], Tensor]:
+def scaled(normaliser: Tensor) -> Callable[[Tensor], Tensor]:
+    """The adjustment that multiplies `W_E` by the embedding's normaliser (Gemma 2, 3)."""
+
     def scale(W_E: Tensor) -> Tensor:
         return W_E * normaliser.to(W_E.device)
 
@@ -74,7 +76,7 @@ def gemma2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
         cfg,
         norms=NORMS,
         norm_adjust=one_plus,
-        embed_adjust=_scaled(embedding_normaliser(hf_config, cfg.dtype, hf_model)),
+        embed_adjust=scaled(embedding_normaliser(hf_config, cfg.dtype, hf_model)),
     )
     return llama_like_table(hf_config, cfg, rules, "Gemma 2")
 

@@ -14,7 +14,23 @@ import torch
 
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _gemma2, _gpt2, _llama, _loading, _neox, _olmo2, _phi3, _qwen3
+from hookedattn.core.hf import (
+    _gemma2,
+    _gemma3,
+    _gpt2,
+    _gpt_oss,
+    _gptj,
+    _llama,
+    _loading,
+    _mixtral,
+    _neox,
+    _olmo2,
+    _olmoe,
+    _opt,
+    _phi3,
+    _qwen3,
+    _qwen_moe,
+)
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import (
     StateDict,
@@ -36,6 +52,14 @@ FAMILIES: tuple[Family, ...] = (
     _gemma2.FAMILY,
     _olmo2.FAMILY,
     _phi3.FAMILY,
+    _mixtral.FAMILY,
+    _qwen_moe.QWEN2_MOE,
+    _qwen_moe.QWEN3_MOE,
+    _olmoe.FAMILY,
+    _gpt_oss.FAMILY,
+    _gemma3.FAMILY,
+    _gptj.FAMILY,
+    _opt.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 

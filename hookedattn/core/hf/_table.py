@@ -14,6 +14,11 @@ keys), each rule takes its `part` of the HF tensor's first axis, which is the pi
 `split` lists one after another. A rule without an HF tensor is zeros (a bias the family does
 not have). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
 its scaled embedding); it receives the tensor already cast to the target dtype.
+
+A mixture of experts' weights are one tensor of ours per kind, stacked over experts
+(`W_in: [expert d_model d_mlp]`); files store one HF tensor per expert. A rule with
+`experts=n` names them with `{expert}` (`...experts.{expert}.up_proj.weight`), its pattern
+converts one of them, and the converted ones fill our tensor expert by expert.
 """
 
 import dataclasses
@@ -42,19 +47,30 @@ class Rule:
     # ("head d_head", "kv_head d_head", "kv_head d_head")); the rule reads piece `part`.
     split: tuple[str, ...] | None = None
     part: int = 0
+    # How many HF tensors (`{expert}` in `hf`) are stacked along our first axis; 0: one.
+    experts: int = 0
 
     def expand(self, n_layers: int) -> list["Rule"]:
         """This rule for every block, when it names `{layer}`; else itself."""
         if "{layer}" not in self.ours:
             return [self]
+        at = lambda name, layer: name.replace("{layer}", str(layer))
         return [
             dataclasses.replace(
                 self,
-                ours=self.ours.format(layer=layer),
-                hf=None if self.hf is None else self.hf.format(layer=layer),
+                ours=at(self.ours, layer),
+                hf=None if self.hf is None else at(self.hf, layer),
             )
             for layer in range(n_layers)
         ]
+
+    def hf_names(self) -> list[str]:
+        """The HF tensors this rule reads: one, or one per expert."""
+        if self.hf is None:
+            return []
+        if not self.experts:
+            return [self.hf]
+        return [self.hf.replace("{expert}", str(e)) for e in range(self.experts)]
 
 
 def zeros(ours: str, axes: str) -> Rule:
@@ -101,6 +117,11 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_vocab_out": cfg.d_vocab_out,
         "n_ctx": cfg.n_ctx,
         "qkv": 3,
+        "expert": cfg.num_experts or 0,
+        "d_mlp_shared": cfg.d_mlp_shared or 0,
+        "gate_up": 2,  # a fused gated MLP's two reads
+        "one": 1,
+        "pos_offset": 2,  # OPT's position table starts two rows early
     }
 
 
@@ -130,9 +151,10 @@ def _pieces(rule: Rule, sizes: Mapping[str, int]) -> list[int]:
 
 
 def our_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """The shape `rule` produces."""
+    """The shape `rule` produces (with the expert axis first for a stacked rule)."""
     shape = side_shape(rule.pattern.split("->")[1], sizes)
-    return shape[1:] if rule.pick is not None else shape
+    shape = shape[1:] if rule.pick is not None else shape
+    return (rule.experts, *shape) if rule.experts else shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +176,10 @@ class Table:
         """For each HF name the rules read, the name it is stored under in `present`."""
         found = {}
         for rule in self.rules:
-            if rule.hf is None:
-                continue
-            names = (rule.hf, *self.aliases.get(rule.hf, ()))
-            candidates = (*names, *(n.removeprefix(self.base_prefix) for n in names))
-            found[rule.hf] = next((c for c in candidates if c in present), rule.hf)
+            for hf in rule.hf_names():
+                names = (hf, *self.aliases.get(hf, ()))
+                candidates = (*names, *(n.removeprefix(self.base_prefix) for n in names))
+                found[hf] = next((c for c in candidates if c in present), hf)
         return found
 
 
@@ -176,11 +197,13 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
     )
     wrong = []
     for rule in table.rules:
-        stored = names.get(rule.hf)
-        if stored in source.shapes and tuple(source.shapes[stored]) != hf_shape(rule, sizes):
-            entry = f"{stored}: {tuple(source.shapes[stored])} instead of {hf_shape(rule, sizes)}"
-            if entry not in wrong:
-                wrong.append(entry)
+        for hf in rule.hf_names():
+            stored = names[hf]
+            if stored in source.shapes and tuple(source.shapes[stored]) != hf_shape(rule, sizes):
+                shape = tuple(source.shapes[stored])
+                entry = f"{stored}: {shape} instead of {hf_shape(rule, sizes)}"
+                if entry not in wrong:
+                    wrong.append(entry)
     kinds = sorted(
         f"{stored}: {source.dtypes[stored]}"
         for stored in read
@@ -217,21 +240,37 @@ def convert(
     for rule in table.rules:
         if rule.hf is None:
             yield rule.ours, torch.zeros(our_shape(rule, sizes), dtype=dtype, device=device)
-            continue
-        stored = source.get(names[rule.hf])
-        tensor = stored
-        if rule.split is not None:  # a view: only this piece is cast and copied
-            pieces = _pieces(rule, sizes)
-            tensor = tensor.narrow(0, sum(pieces[: rule.part]), pieces[rule.part])
-        tensor = tensor.to(device=device, dtype=dtype)
-        used = set(re.findall(r"\w+", rule.pattern))
-        axes = {name: size for name, size in sizes.items() if name in used}
-        tensor = rearrange(tensor, rule.pattern, **axes)
-        if rule.pick is not None:
-            tensor = tensor[rule.pick]
-        if rule.adjust is not None:
-            tensor = rule.adjust(tensor).to(dtype)
-        yield rule.ours, _owning(tensor, stored)
+        elif rule.experts:
+            stacked = torch.empty(our_shape(rule, sizes), dtype=dtype, device=device)
+            for e, hf in enumerate(rule.hf_names()):  # one HF tensor held at a time
+                stacked[e] = _converted(rule, source.get(names[hf]), sizes, dtype, device)
+            yield rule.ours, stacked
+        else:
+            stored = source.get(names[rule.hf])
+            yield rule.ours, _owning(_converted(rule, stored, sizes, dtype, device), stored)
+
+
+def _converted(
+    rule: Rule,
+    stored: Tensor,
+    sizes: Mapping[str, int],
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> Tensor:
+    """One HF tensor as `rule` makes it: its piece, cast, rearranged, picked and adjusted."""
+    tensor = stored
+    if rule.split is not None:  # a view: only this piece is cast and copied
+        pieces = _pieces(rule, sizes)
+        tensor = tensor.narrow(0, sum(pieces[: rule.part]), pieces[rule.part])
+    tensor = tensor.to(device=device, dtype=dtype)
+    used = set(re.findall(r"\w+", rule.pattern))
+    axes = {name: size for name, size in sizes.items() if name in used}
+    tensor = rearrange(tensor, rule.pattern, **axes)
+    if rule.pick is not None:
+        tensor = tensor[rule.pick]
+    if rule.adjust is not None:
+        tensor = rule.adjust(tensor).to(dtype)
+    return tensor
 
 
 def _owning(tensor: Tensor, stored: Tensor) -> Tensor:

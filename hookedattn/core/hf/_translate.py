@@ -7,6 +7,7 @@ positions and their scaling, sliding windows, the Llama-like shape fields).
 `config.head_dim`, which may differ from `hidden_size / num_attention_heads`.
 """
 
+import math
 from typing import Any
 
 # HF activation names to ours. `gelu_pytorch_tanh` is GPT-2's `gelu_new`: the same tanh
@@ -30,15 +31,25 @@ def activation(name: str, field: str = "hidden_act") -> str:
     return ACT_FNS[name]
 
 
-def rotary(hf_config: Any, d_head: int, partial: bool = False) -> dict[str, Any]:
+def rotary(
+    hf_config: Any,
+    d_head: int,
+    partial: bool = False,
+    yarn: bool = False,
+    rope: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Rotary fields: base, rotated width (`partial_rotary_factor` where the family applies
-    it, GPT-NeoX), and the "linear" or "llama3" frequency scaling."""
-    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    it, GPT-NeoX), and the "linear" or "llama3" frequency scaling; "yarn" too for the
+    families whose YaRN is tested against HF's (`yarn`: GPT-OSS). `rope` is the parameters
+    to read, when not the config's own `rope_parameters` (Gemma 3 keeps one per layer type).
+    """
+    rope = dict((getattr(hf_config, "rope_parameters", None) or {}) if rope is None else rope)
     rope_type = rope.get("rope_type", "default")
-    if rope_type not in ROPE_TYPES:
+    supported = (*ROPE_TYPES, "yarn") if yarn else ROPE_TYPES
+    if rope_type not in supported:
         raise ValueError(
             f"rope_type {rope_type!r} cannot be imported (its frequencies depend on the "
-            f"sequence or need attention scaling); supported: {', '.join(ROPE_TYPES)}"
+            f"sequence or need attention scaling); supported: {', '.join(supported)}"
         )
     factor = rope.get("partial_rotary_factor", 1.0) if partial else 1.0
     fields: dict[str, Any] = {
@@ -56,7 +67,34 @@ def rotary(hf_config: Any, d_head: int, partial: bool = False) -> dict[str, Any]
             "NTK_by_parts_high_freq_factor": float(rope["high_freq_factor"]),
             "NTK_original_ctx_len": int(rope["original_max_position_embeddings"]),
         }
+    if rope_type == "yarn":
+        fields |= _yarn(hf_config, rope)
     return fields
+
+
+def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's fields, with HF's defaults: the factor (else the ratio of the contexts), the
+    band edges (32 and 1 rotations), truncated edges, and the attention factor (given, else
+    `0.1 ln(factor) + 1`, or the ratio of two such with `mscale` and `mscale_all_dim`)."""
+    original = int(rope["original_max_position_embeddings"])
+    factor = rope.get("factor") or hf_config.max_position_embeddings / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rope.get("attention_factor")
+    if attention is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {
+        "use_yarn_rope": True,
+        "yarn_factor": float(factor),
+        "yarn_beta_fast": float(rope.get("beta_fast") or 32),
+        "yarn_beta_slow": float(rope.get("beta_slow") or 1),
+        "yarn_original_ctx_len": original,
+        "yarn_truncate": bool(rope.get("truncate", True)),
+        "rotary_attention_factor": float(attention),
+    }
 
 
 def window(hf_config: Any) -> dict[str, Any]:
@@ -82,9 +120,15 @@ def window(hf_config: Any) -> dict[str, Any]:
     return {"window_size": int(size), "attn_types": types}
 
 
-def llama_like(hf_config: Any, act_field: str = "hidden_act") -> dict[str, Any]:
+def llama_like(
+    hf_config: Any,
+    act_field: str = "hidden_act",
+    yarn: bool = False,
+    rope: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The fields every Llama-descended config spells the same way: shape, grouped keys and
-    values, RMSNorm, a gated MLP, full-width rotary positions, the window."""
+    values, RMSNorm, a gated MLP, full-width rotary positions (YaRN's too, if `yarn`; from
+    `rope` when given, see `rotary`), the window."""
     c = hf_config
     n_heads = c.num_attention_heads
     d_head = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -104,6 +148,6 @@ def llama_like(hf_config: Any, act_field: str = "hidden_act") -> dict[str, Any]:
         "normalization_type": "RMS",
         "eps": c.rms_norm_eps,
         "attn_scale": d_head**0.5,
-        **rotary(c, d_head),
+        **rotary(c, d_head, yarn=yarn, rope=rope),
         **window(c),
     }

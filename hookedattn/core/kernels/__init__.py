@@ -8,6 +8,7 @@ schedule: one call per sublayer decides how its equation runs in this forward.
     FusedQKV                         q, k, v of one input by one product; kept weights
     AttentionContext                 masks and positions every layer of a forward shares,
                                      each mask built the first time a layer reads it
+    mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
 
 Every path gives the equation's numbers to the dtype's rounding, and never hides or spreads
 a non-finite value; `use_fused_kernels=False` writes everything out, so that a cached run is
@@ -21,21 +22,33 @@ from hookedattn.core.kernels._attention import (
     masked,
     weighted_values,
 )
+from hookedattn.core.kernels._experts import (
+    Dispatch,
+    checked_choice,
+    dispatch,
+    mix_experts,
+    router_probabilities,
+)
 from hookedattn.core.kernels._masks import AttentionContext, attention_context, next_token_context
 from hookedattn.core.kernels._norm import fuses_norms, normalize
 from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
 
 __all__ = [
     "AttentionContext",
+    "Dispatch",
     "FusedQKV",
     "attend",
     "attention_context",
+    "checked_choice",
+    "dispatch",
     "fused_attention",
     "fuses_attention",
     "fuses_norms",
     "keeping_fused_weights",
     "masked",
+    "mix_experts",
     "next_token_context",
     "normalize",
+    "router_probabilities",
     "weighted_values",
 ]

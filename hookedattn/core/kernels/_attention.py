@@ -7,6 +7,10 @@ materialising them. Which one runs is decided per forward, from what is known at
 construction (`fuses_attention`: `use_fused_kernels`, and no soft cap, which no fused kernel
 applies) and whether a hook is attached to the scores or pattern (caching included).
 
+torch's fused kernel has no attention sinks (GPT-OSS); they are folded into its call exactly,
+as one more key every query reads (`_with_sink_key`), so a sink layer runs fused too, at the
+cost of one more key and one more query/key dimension.
+
 Non-finite values are never hidden and never spread: the fused result is kept only when its
 inputs and output are all finite. Otherwise the written-out equation runs, where a NaN or
 `inf` stays at the positions that read it. (A fused kernel adds the mask to the scores, so a
@@ -41,7 +45,7 @@ def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: Attention
     pattern in this forward, and every value is finite."""
     if not attn.fused or attn.hook_attn_scores.is_active or attn.hook_pattern.is_active:
         return attn.written_out(q, k, v, context)
-    z = fused_attention(q, k, v, context, attn.attn_type, attn.attn_scale, attn.group)
+    z = fused_attention(q, k, v, context, attn.attn_type, attn.attn_scale, attn.group, attn.sinks)
     # One reduction per operand, one synchronisation: a non-finite sum means some value
     # is not finite (or the sum overflows, and then the equation runs for nothing worse).
     if math.isfinite((z.sum() + q.sum() + k.sum() + v.sum()).item()):
@@ -57,14 +61,20 @@ def fused_attention(
     kind: str,
     attn_scale: float,
     group: int,
+    sinks: Float[Tensor, " head"] | None = None,
 ) -> Queries:
-    """`softmax(q k^T / attn_scale, blocked -> -inf) @ v` by one fused kernel.
+    """`softmax(q k^T / attn_scale, blocked -> -inf) @ v` by one fused kernel; with `sinks`,
+    each head's sink logit joins the softmax (`_with_sink_key`).
 
     The kernel takes `[batch head pos d_head]`: each operand has its `pos` and `head` axes
     swapped in and out (`transpose(1, 2)`, a view; a plain call rather than `rearrange`,
     whose parsing costs more than the kernel for one generated token).
     """
     allowed, is_causal = context.fused_mask(kind)
+    if sinks is not None:
+        if is_causal:  # the sink key sits after the last key: no causal kernel mask fits
+            allowed, is_causal = ~context.blocked[kind], False
+        q, k, v, allowed = _with_sink_key(q, k, v, allowed, sinks, attn_scale)
     z = nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2),  # batch pos head d_head -> batch head pos d_head
         k.transpose(1, 2),  # batch pos kv_head d_head -> batch kv_head pos d_head
@@ -75,6 +85,35 @@ def fused_attention(
         enable_gqa=group > 1,
     )
     return z.transpose(1, 2)  # batch head pos d_head -> batch pos head d_head
+
+
+def _with_sink_key(
+    q: Queries,
+    k: KeyValues,
+    v: KeyValues,
+    allowed: Bool[Tensor, "#batch 1 query_pos key_pos"] | None,
+    sinks: Float[Tensor, " head"],
+    attn_scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The sinks as one more key that every query reads: exactly the sink softmax.
+
+    Queries gain a last dimension holding `sinks[h] * attn_scale`, real keys a zero there,
+    and the sink key is zero except a one there, with a zero value: its score is
+    `sinks[h]` for every query of head h (the key is shared by a key/value group, the
+    per-head logit rides on the queries), and it adds to the softmax's denominator only.
+    """
+    batch, n_queries, n_heads, _ = q.shape
+    _, n_keys, kv_heads, d_head = k.shape
+    logit = (sinks * attn_scale).to(q.dtype)
+    q = torch.cat([q, logit.expand(batch, n_queries, n_heads)[..., None]], dim=-1)
+    k = torch.cat([k, k.new_zeros(batch, n_keys, kv_heads, 1)], dim=-1)
+    sink_key = k.new_zeros(batch, 1, kv_heads, d_head + 1)
+    sink_key[..., -1] = 1.0
+    k = torch.cat([k, sink_key], dim=1)
+    v = torch.cat([v, v.new_zeros(batch, 1, kv_heads, d_head)], dim=1)
+    if allowed is not None:
+        allowed = torch.cat([allowed, allowed.new_ones((*allowed.shape[:-1], 1))], dim=-1)
+    return q, k, v, allowed
 
 
 def masked(

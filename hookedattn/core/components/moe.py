@@ -1,0 +1,153 @@
+"""A mixture-of-experts MLP: a router that picks a few experts for each token, and the experts.
+
+    logits  = x @ W_router + b_router                     (hook_router_logits)  [batch pos expert]
+    chosen  = the k largest of softmax(logits)            (hook_expert_indices) [batch pos k]
+    g       = softmax(logits)[chosen], / their sum when norm_topk_prob
+                                                          (hook_expert_weights) [batch pos k]
+    expert e, on the rows of the tokens that chose it (experts.{e}.hook_*: [row ...]):
+      pre    = x @ W_gate[e] + b_gate[e]                  (hook_in is x itself; hook_pre)
+      linear = x @ W_in[e] + b_in[e]                      (hook_pre_linear)
+      post   = act(pre) * linear                          (hook_post)
+      out    = post @ W_out[e] + b_out[e]                 (hook_out)
+    routed  = sum over each token's k choices of g * out
+    mlp_out = routed + sigmoid(x @ W_shared_gate) * shared_expert(x)   (hook_shared_out)
+
+Each step reads the one before it through its hook point, so an edit there re-routes: edited
+logits choose again; edited indices take their own probabilities as weights (renormalised as
+the model does); edited weights mix as given; an edited expert output reaches exactly the
+tokens routed to it. An expert's rows are its tokens in the order `(batch, pos, slot)`, the
+order of `(hook_expert_indices == e).nonzero()`: a cache holds, per expert, only the rows
+routing implies, and the routing tells which token each row is (`analysis.experts`).
+
+The weights are stacked over experts (`W_in: [expert d_model d_mlp]`, ...), one tensor per
+kind, so that a tensor-parallel split shards them along `expert`. How the rows are gathered,
+computed expert by expert and scattered back is `kernels.mix_experts`; the equations are
+here. GPT-OSS's experts (`swiglu_limit`) clamp before their SwiGLU and add one to the linear
+read: `(clamp(linear, -l, l) + 1) * g * sigmoid(alpha g)`, `g = min(pre, l)`.
+"""
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from hookedattn.core import kernels
+from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.mlp import ACTIVATIONS, GatedMLP
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+
+Stream = Float[Tensor, "batch pos d_model"]
+Rows = Float[Tensor, "row d_model"]
+Choice = Int[Tensor, "batch pos k"]
+Weights = Float[Tensor, "batch pos k"]
+
+
+class ExpertHooks(nn.Module):
+    """One expert's hook points, each on the rows of the tokens routed to it: `hook_in`
+    `[row d_model]`, `hook_pre`, `hook_pre_linear`, `hook_post` `[row d_mlp]`, `hook_out`
+    `[row d_model]` (its output before the router's weight). Its weights are the MoE's,
+    at index `e` of the expert axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_in = HookPoint()
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+        self.hook_out = HookPoint()
+
+    @property
+    def is_active(self) -> bool:
+        """Whether a hook is attached to any of this expert's points."""
+        return any(
+            point.is_active
+            for point in (self.hook_in, self.hook_pre, self.hook_pre_linear, self.hook_post,
+                          self.hook_out)
+        )  # fmt: skip
+
+
+class MoE(nn.Module):
+    """A router over `num_experts` gated experts, `experts_per_token` per token, and an
+    optional shared expert (module docstring)."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        n, d_model, d_mlp = cfg.num_experts, cfg.d_model, cfg.d_mlp
+        self.num_experts, self.experts_per_token = n, cfg.experts_per_token
+        self.W_router = _param(d_model, n, cfg=cfg)
+        self.b_router = _param(n, cfg=cfg)
+        self.W_gate = _param(n, d_model, d_mlp, cfg=cfg)
+        self.b_gate = _param(n, d_mlp, cfg=cfg)
+        self.W_in = _param(n, d_model, d_mlp, cfg=cfg)
+        self.b_in = _param(n, d_mlp, cfg=cfg)
+        self.W_out = _param(n, d_mlp, d_model, cfg=cfg)
+        self.b_out = _param(n, d_model, cfg=cfg)
+        self.act_fn = ACTIVATIONS[cfg.act_fn]
+        self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+        self.glu = self._swiglu if cfg.swiglu_limit is None else self._clamped_swiglu
+        self.normalize = self._renormalized if cfg.norm_topk_prob else self._as_chosen
+        self.hook_router_logits = HookPoint()  # [batch pos expert]
+        self.hook_expert_indices = HookPoint()  # [batch pos k], int64
+        self.hook_expert_weights = HookPoint()  # [batch pos k]
+        self.experts = nn.ModuleList([ExpertHooks() for _ in range(n)])
+        self._add_shared_expert(cfg)
+
+    def _add_shared_expert(self, cfg: HookedTransformerConfig) -> None:
+        if cfg.d_mlp_shared is None:
+            self.with_shared = self._routed_only
+            return
+        self.shared_expert = GatedMLP(cfg, d_mlp=cfg.d_mlp_shared)
+        if cfg.shared_expert_gate:
+            self.W_shared_gate = _param(cfg.d_model, 1, cfg=cfg)
+            self.hook_shared_gate = HookPoint()  # [batch pos 1]
+            self.with_shared = self._gated_shared
+        else:
+            self.with_shared = self._plain_shared
+        self.hook_shared_out = HookPoint()  # [batch pos d_model]
+
+    def forward(self, x: Stream) -> Stream:
+        indices, weights = self.route(x)
+        routed = kernels.mix_experts(self, x, indices, weights)  # grouped by expert
+        return self.with_shared(x, routed)
+
+    def route(self, x: Stream) -> tuple[Choice, Weights]:
+        """Which experts each token uses and with what weights, through the router's hooks."""
+        logits = self.hook_router_logits(affine(x, self.W_router, self.b_router))
+        probs = kernels.router_probabilities(logits)
+        indices = self.hook_expert_indices(probs.topk(self.experts_per_token, dim=-1).indices)
+        indices = kernels.checked_choice(self, indices)  # a hook's ids, in range
+        weights = self.normalize(probs.gather(-1, indices))
+        return indices, self.hook_expert_weights(weights.to(x.dtype))
+
+    def expert(self, e: int, x: Rows) -> Rows:
+        """Expert `e` on the rows of its tokens: `post @ W_out[e] + b_out[e]`, unweighted."""
+        hooks = self.experts[e]
+        x = hooks.hook_in(x)
+        pre = hooks.hook_pre(torch.addmm(self.b_gate[e], x, self.W_gate[e]))
+        pre_linear = hooks.hook_pre_linear(torch.addmm(self.b_in[e], x, self.W_in[e]))
+        post = hooks.hook_post(self.glu(pre, pre_linear))
+        return hooks.hook_out(torch.addmm(self.b_out[e], post, self.W_out[e]))
+
+    def _swiglu(self, pre: Tensor, pre_linear: Tensor) -> Tensor:
+        return self.act_fn(pre) * pre_linear
+
+    def _clamped_swiglu(self, pre: Tensor, pre_linear: Tensor) -> Tensor:
+        limit = self.swiglu_limit
+        gate, linear = pre.clamp(max=limit), pre_linear.clamp(min=-limit, max=limit)
+        return (linear + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
+
+    def _renormalized(self, chosen: Tensor) -> Tensor:
+        return chosen / chosen.sum(dim=-1, keepdim=True)
+
+    def _as_chosen(self, chosen: Tensor) -> Tensor:
+        return chosen
+
+    def _routed_only(self, x: Stream, routed: Stream) -> Stream:
+        return routed
+
+    def _plain_shared(self, x: Stream, routed: Stream) -> Stream:
+        return routed + self.hook_shared_out(self.shared_expert(x))
+
+    def _gated_shared(self, x: Stream, routed: Stream) -> Stream:
+        gate = self.hook_shared_gate(torch.sigmoid(x @ self.W_shared_gate))
+        return routed + self.hook_shared_out(gate * self.shared_expert(x))
