@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import HookedTransformer
-from hookedattn.testing import assert_residual_identities
+from hookedattn.testing import Constants, assert_residual_identities, published_constants
 
 transformers = pytest.importorskip("transformers")
 
@@ -258,9 +258,20 @@ def test_router_logits_equal_hfs(pair64):
         assert max_abs(ours, logits) <= 1e-10, layer
 
 
+def hf_constants(config) -> Constants:
+    """The constants the checkpoint's own config states, under HF's names: the norms'
+    epsilon and what the scores are divided by (Gemma 3: `sqrt(query_pre_attn_scalar)`)."""
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    eps_names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next((getattr(config, name) for name in eps_names if hasattr(config, name)), 1e-5)
+    attn_scale = getattr(config, "query_pre_attn_scalar", d_head) ** 0.5
+    return published_constants(d_head, eps=eps, attn_scale=attn_scale)
+
+
 def test_the_imported_model_keeps_every_residual_identity(pair64):
     _, cache = pair64.ours.run_with_cache(TOKENS)
-    assert not assert_residual_identities(pair64.ours, cache).skipped
+    constants = hf_constants(pair64.hf.config)
+    assert not assert_residual_identities(pair64.ours, cache, constants=constants).skipped
 
 
 def test_greedy_generation_equals_hf_generate(pair32):
