@@ -27,6 +27,7 @@ from hookedattn.core import (
     _inputs,
     _pretrained,
     _recording,
+    _streaming,
     _tokenization,
     _weights_io,
     hf,
@@ -265,8 +266,11 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         return _tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
     # Continue a prompt token by token (`hookedattn.core._generation`; its parameters are in the
-    # signature, as `help(model.generate)` shows).
+    # signature, as `help(model.generate)` shows): all at once, step by step with each step's
+    # activations, or as a stream of tokens or text (TransformerLens's `generate_stream`).
     generate = _generation.generate
+    generate_steps = _generation.generate_steps
+    generate_stream = _streaming.generate_stream
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
