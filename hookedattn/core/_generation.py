@@ -18,6 +18,7 @@ forward (`names_filter`), and stops when the loop over it does; `generate(...,
 return_cache=True)` returns one cache over prompt and generated positions (`_generation_cache`).
 """
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -169,7 +170,6 @@ def default_stop(device: torch.device) -> StopRule:
     return StopRule(torch.empty(0, dtype=torch.long, device=device), 0)
 
 
-@torch.no_grad()
 def generation_steps(
     model: Any,
     tokens: Tensor,
@@ -215,7 +215,22 @@ def generation_steps(
     cache = KeyValueCache.empty(model.cfg, batch, capacity=capacity) if use_past_kv_cache else None
     loop = _Loop(model, tokens, mask, cache, choose, stop, recorder)
     with model.keeping_fused_weights():
-        yield from loop.steps(n_steps, record_last)
+        yield from _stepwise(loop.steps(n_steps, record_last), recorder)
+
+
+def _stepwise(steps: Iterator[GenerationStep], recorder: StepRecorder | None) -> Iterator:
+    """`steps`, each one made without gradients and with the recording hooks attached, and
+    neither while the caller holds a step: their own forwards between steps are theirs.
+    (`@torch.no_grad()` on a generator does this, but not once a type checker wraps it.)"""
+    try:
+        while True:
+            with torch.no_grad(), recorder.attached() if recorder else contextlib.nullcontext():
+                step = next(steps, None)
+            if step is None:
+                return
+            yield step
+    finally:
+        steps.close()
 
 
 def _chooser(
@@ -443,12 +458,10 @@ def generate(
         out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
         return output_of(model, out, input, req.text_in, return_type)
     recorder = StepRecorder(model, names_filter, device, dtype, keep=True)
-    with recorder.attached():
-        steps = generation_steps(
-            model, req.tokens, req.attention_mask, **req.options, recorder=recorder,
-            record_last=True,
-        )  # fmt: skip
-        out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
+    steps = generation_steps(
+        model, req.tokens, req.attention_mask, **req.options, recorder=recorder, record_last=True
+    )
+    out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
     # Without a KV cache every forward ran the whole sequence: the last one holds it all.
     stores = recorder.stores if use_past_kv_cache else recorder.stores[-1:]
     cache = assembled(stores, model.cfg.n_layers)
@@ -495,7 +508,9 @@ def generate_steps(
     activations at `names_filter` (None: every hook point) of the forward that computed the
     logits: the prompt's positions at the first step, then one position per row (the token
     chosen at the step before). Stop the loop to stop generating (a `break`, or closing
-    the iterator): the recording hooks are detached when the iterator ends.
+    the iterator). The recording hooks are attached only while a step is made: a forward
+    of your own between steps is not recorded, and hooks you attach between steps act
+    from the next step on.
     """
     req = request(
         model,
@@ -515,10 +530,9 @@ def generate_steps(
         seed=seed,
     )
     recorder = StepRecorder(model, names_filter, device, dtype)
-    with recorder.attached():
-        yield from generation_steps(
-            model, req.tokens, req.attention_mask, **req.options, recorder=recorder
-        )
+    yield from generation_steps(
+        model, req.tokens, req.attention_mask, **req.options, recorder=recorder
+    )
 
 
 def _prompt(
