@@ -22,7 +22,7 @@ from hookedattn.core.config import DTYPES
 from hookedattn.core.hook_points import LensHandle
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
-from hookedattn_tl import _generation
+from hookedattn_tl import _generation, _streaming
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.HookedTransformerConfig import HookedTransformerConfig
 from hookedattn_tl.past_key_value_caching import HookedTransformerKeyValueCache
@@ -228,6 +228,9 @@ class HookedTransformer(_CoreModel):
                 self, input, max_new_tokens, freq_penalty, options
             )
         return super().generate(input, max_new_tokens, **options)
+
+    # TL's streaming generation, with its signature (hookedattn_tl/_streaming.py).
+    generate_stream = _streaming.generate_stream
 
     # ------------------------------------------------------------------ weights
     @property
