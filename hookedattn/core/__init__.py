@@ -34,6 +34,12 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 """
 
 from hookedattn.core import names, tolerances
+from hookedattn.core._generation import (
+    GenerationPosition,
+    GenerationStep,
+    GenerationWithCache,
+    generation_position,
+)
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weights_io import CheckpointError
@@ -73,6 +79,9 @@ __all__ = [
     "CharTokenizer",
     "CheckpointError",
     "FactoredMatrix",
+    "GenerationPosition",
+    "GenerationStep",
+    "GenerationWithCache",
     "HFTokenizer",
     "HookPoint",
     "HookedRootModule",
@@ -92,6 +101,7 @@ __all__ = [
     "center_writing_weights",
     "fold_layer_norm",
     "fold_value_biases",
+    "generation_position",
     "get_act_name",
     "is_hook_point",
     "list_pretrained",

@@ -19,6 +19,7 @@ return_cache=True)` returns one cache over prompt and generated positions (`_gen
 """
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -45,6 +46,30 @@ from hookedattn.core.kv_cache import KeyValueCache
 __all__ = ["Sampling", "choose_next_tokens", "next_token_probs"]
 
 GREEDY = Sampling()
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPosition:
+    """Where the forward in progress is in a generation: `offset` is the position (in the
+    stored sequence, left padding included) of its first token, `n_prompt` the length of
+    the prompt. A hook reads it with `generation_position()` to tell prompt positions
+    (`< n_prompt`) from generated ones."""
+
+    offset: int
+    n_prompt: int
+
+
+_POSITION: contextvars.ContextVar[GenerationPosition | None] = contextvars.ContextVar(
+    "generation_position", default=None
+)
+
+
+def generation_position() -> GenerationPosition | None:
+    """The `GenerationPosition` of the forward in progress, if generation runs it; None
+    for any other forward (whose positions start at 0, unless it continues a KV cache of
+    your own). A hook called during `generate` reads where its activation is: positions
+    `offset .. offset + pos - 1` of the sequence."""
+    return _POSITION.get()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +286,7 @@ class _Loop:
         self.decoder = Decoder(model, cache) if cache is not None else None
         self.tokens, self.mask = tokens, mask
         self.new_tokens, self.new_mask = tokens, mask
+        self.n_prompt = tokens.shape[1]
         # Without padding the forward takes no mask: it then skips the padding checks and
         # per-row positions, a third of the torch calls of a one-token step.
         self.padded = not bool(mask.all())
@@ -296,6 +322,17 @@ class _Loop:
 
     def forward(self) -> tuple[Float[Tensor, "batch d_vocab_out"], ActivationCache | None]:
         """The logits of each row's last position, and the activations recorded."""
+        offset = 0 if self.cache is None else self.cache.length
+        position = _POSITION.set(GenerationPosition(offset, self.n_prompt))
+        try:
+            logits = self._logits()
+        finally:
+            _POSITION.reset(position)
+        if self.recorder is None:
+            return logits, None
+        return logits, step_cache(self.recorder.take(), self.model.cfg.n_layers)
+
+    def _logits(self) -> Float[Tensor, "batch d_vocab_out"]:
         model, cache, recorder = self.model, self.cache, self.recorder
         if recorder is not None:
             recorder.before_forward()
@@ -306,9 +343,7 @@ class _Loop:
             logits = _last_logits(model, self.new_tokens, mask, cache)
         else:
             logits = self.decoder.step(self.new_tokens, self.new_mask if self.padded else None)
-        if recorder is None:
-            return logits, None
-        return logits, step_cache(recorder.take(), model.cfg.n_layers)
+        return logits
 
 
 def _last_logits(
