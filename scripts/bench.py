@@ -248,6 +248,8 @@ def compile_section(run: Run, key: str) -> None:
 
 
 def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) -> None:
+    """Greedy decoding against the bare KV-cached loop (with and without a KV cache), and
+    the cost of `return_cache=True` against our own generation without it."""
     setting = run.settings[key]
     n_new, prompt = (8, 4) if run.quick else (n_new, prompt)
     print(f"generation [{key}] greedy {n_new} tokens after {prompt}, batch 1")
@@ -277,10 +279,41 @@ def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) ->
                 group[(measure, TL)] = lambda u=use_cache: tl.generate(
                     tokens, verbose=False, **_greedy(n_new, u)
                 )
-            for (_, contender), fn in group.items():
-                if not torch.equal(fn(), ref):
-                    raise AssertionError(f"{contender} generates other tokens than the bare model")
+            _check_same_tokens(run, group, ref, key)
             run.time_group("generation", key, group)
+        run.time_group("generation", key, _cache_group(model, tokens, n_new, ref))
+
+
+def _check_same_tokens(run: Run, group: dict, ref: Tensor, key: str) -> None:
+    """Every contender must write the bare model's tokens: ours always; another toolkit
+    whose float32 rounding picks another token at a near tie is left out, with a note."""
+    for (measure, contender), fn in list(group.items()):
+        if torch.equal(fn(), ref):
+            continue
+        if contender in (BARE, OURS):
+            raise AssertionError(f"{contender} generates other tokens than the bare model")
+        run.skip("generation", f"{key}: {measure}: {contender}", "wrote other tokens (a near tie)")
+        del group[(measure, contender)]
+
+
+def _cache_group(model: HookedTransformer, tokens: Tensor, n_new: int, ref: Tensor) -> dict:
+    """Our generation without a cache (the reference), and with `return_cache=True`: every
+    hook point, and the residual stream only."""
+    options = _greedy(n_new, True)
+    resid = [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    group = {
+        (f"greedy {n_new} tokens, KV cache", OURS): _our_generate(model, tokens, n_new, True),
+        (f"greedy {n_new} tokens, return_cache=True (every hook point)", OURS): lambda: (
+            model.generate(tokens, **options, return_cache=True).tokens
+        ),
+        (f"greedy {n_new} tokens, return_cache=True (resid_post only)", OURS): lambda: (
+            model.generate(tokens, **options, return_cache=True, names_filter=resid).tokens
+        ),
+    }
+    for (measure, _), fn in group.items():
+        if not torch.equal(fn(), ref):
+            raise AssertionError(f"hookedattn {measure}: other tokens than the bare model")
+    return group
 
 
 def _greedy(n_new: int, use_cache: bool) -> dict[str, Any]:
@@ -420,7 +453,8 @@ def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tu
         else:
             compile_section(run, "a")
     if "generation" in sections:
-        generation_section(run, "a")
+        for key in ("a", "b"):
+            generation_section(run, key)
     if "memory" in sections:
         for key in ("a", "long") if run.quick else ("a", "b", "long"):
             memory_section(run, key, run.settings[key])

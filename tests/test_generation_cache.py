@@ -8,6 +8,8 @@ from test_families_models import FAMILIES, family_model
 from test_fused_kernels import VARIANTS, pair
 
 from hookedattn import KeyValueCache
+from hookedattn.core._decode import Decoder
+from hookedattn.core._generation_cache import StepRecorder
 from hookedattn.testing import random_tokens
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -160,3 +162,31 @@ def test_breaking_out_of_the_steps_stops_generating_and_detaches_the_hooks():
     assert forwards == [4, 1, 1]  # no forward after the step that stopped it
     assert len(model.attached_hooks()) == 1  # ours only: the recording hooks are gone
     model.reset_hooks(including_permanent=True)
+
+
+# ---------------------------------------------------------------- recorded by the decode step
+def computed_by_the_decode_step(name):
+    """Every hook point but those that exist only written out (scores, pattern, scales)."""
+    return not name.endswith(("attn_scores", "pattern", "hook_scale", "hook_normalized"))
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_what_the_decode_step_computes_it_records_itself(name, padded):
+    model = family_model(name)
+    tokens, mask = prompt(model, 3, 5), None
+    if padded:
+        mask = torch.ones_like(tokens)
+        mask[0, :2] = 0
+    out = model.generate(
+        tokens, 4, attention_mask=mask, stop_at_eos=False, return_cache=True,
+        names_filter=computed_by_the_decode_step,
+    )  # fmt: skip
+    _, expected = model.run_with_cache(
+        out.tokens, attention_mask=out.attention_mask, names_filter=computed_by_the_decode_step
+    )
+    assert_cache_equal(out.cache, expected)
+    recorder = StepRecorder(model, computed_by_the_decode_step)
+    decoder = Decoder(model, KeyValueCache.empty(model.cfg, 1, capacity=4), recorder)
+    with recorder.attached():
+        assert decoder._taps() is not None  # the fast step, not the hooked one

@@ -23,6 +23,13 @@ per-head inputs or results, which sum to the shared product). It falls back to t
 step (`model._next_token_step`, or the forward with the mask for padded rows) exactly when
 a hook is attached anywhere, checked once per step.
 
+Recording: where the only hooks attached are a generation's own caching hooks
+(`generate(..., return_cache=True)`, `generate_steps`) and they sit at activations this step
+computes anyway (the residual stream, q, k, v, z, each sublayer's output, the norms'
+outputs, the MLP's neurons, the logits), the fast step records those activations itself
+(`_Step.tap`, at the places the components' hook points are). The attention scores and
+pattern, and a norm's scale, exist only written out: recording them takes the hooked step.
+
 Non-finite values: the hooked step keeps a fused attention result only when q, k, v and z
 are finite (`kernels.attend`). Here one synchronisation per step decides instead: the
 cache's keys and values are checked once (and again after any hooked step), then each step
@@ -50,6 +57,7 @@ from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.core.components.mlp import MLP, GatedMLP
 from hookedattn.core.components.norm import LayerNorm, LayerNormPre, NoNorm, RMSNorm, RMSNormPre
 from hookedattn.core.components.soft_cap import SoftCap
+from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 
@@ -73,8 +81,8 @@ class Decoder:
     rotary angles are computed once, for positions up to the cache's capacity.
     """
 
-    def __init__(self, model: Any, cache: KeyValueCache) -> None:
-        self.model, self.cache = model, cache
+    def __init__(self, model: Any, cache: KeyValueCache, recorder: Any = None) -> None:
+        self.model, self.cache, self.recorder = model, cache, recorder
         self.fast = _supported(model)
         self._past_finite = False  # checked before the first fast step, and after a hooked one
         if not self.fast:
@@ -82,8 +90,12 @@ class Decoder:
         cfg = model.cfg
         device = model.W_E.device
         tables = _RotaryTables(max(cache[0].capacity, cache.length + 1), device)
-        self.layers = [_Layer(b, cache[i], tables, cfg) for i, b in enumerate(model.blocks)]
+        self.layers = [_Layer(b, i, cache[i], tables, cfg) for i, b in enumerate(model.blocks)]
         self.written_out = any(not block.attn.fused for block in model.blocks)
+        self.tapped = {"hook_embed", "ln_final.hook_out", "unembed.hook_in", "unembed.hook_out"}
+        self.tapped |= {"hook_pos_embed"} if hasattr(model, "pos_embed") else set()
+        self.tapped = {n for n in self.tapped if n in model.hook_dict}
+        self.tapped |= {n for layer in self.layers for n in layer.tapped}
         self.ln_final = _norm(model.ln_final)
         self.pos_embed = model.pos_embed if hasattr(model, "pos_embed") else None
         self.W_U = _View(lambda W: W.T)
@@ -94,16 +106,31 @@ class Decoder:
     ) -> Logits:
         """The logits after `tokens`, one per row; `new_mask` marks padding (None: no row
         of the batch is padded, now or before)."""
-        if self.fast and not any(map(_is_active, self.model.hook_dict.values())):
+        taps = self._taps() if self.fast else None
+        if taps is not None:
             if not self._past_finite:
                 self._past_finite = _finite_past(self.cache)
             if self._past_finite:
                 try:
-                    return self._fast_step(tokens, new_mask)
+                    return self._fast_step(tokens, new_mask, taps)
                 except _NotFiniteError:
-                    pass  # the transaction has undone the step
+                    if self.recorder is not None:
+                        self.recorder.take()  # what the undone step recorded
         self._past_finite = False  # a hooked step may store what the fast path has not checked
         return self.hooked_step(tokens, new_mask)
+
+    def _taps(self) -> dict[str, Any] | None:
+        """The hook points the fast step records at (none where every point is idle), or
+        None where some hook asks for the hooked step."""
+        active = [p for p in self.model.hook_dict.values() if p._active]
+        if not active:
+            return {}
+        record = None if self.recorder is None else self.recorder.hook
+        for point in active:
+            only_recorded = not point._bwd and all(h.fn is record for h in point._fwd)
+            if not (only_recorded and point.name in self.tapped):
+                return None
+        return {point.name: point for point in active}
 
     def hooked_step(
         self, tokens: Int[Tensor, "batch 1"], new_mask: Int[Tensor, "batch 1"] | None
@@ -114,21 +141,26 @@ class Decoder:
         return self.model(tokens, attention_mask=new_mask, past_kv_cache=self.cache)[:, -1]
 
     def _fast_step(
-        self, tokens: Int[Tensor, "batch 1"], new_mask: Int[Tensor, "batch 1"] | None
+        self,
+        tokens: Int[Tensor, "batch 1"],
+        new_mask: Int[Tensor, "batch 1"] | None,
+        taps: dict[str, Any],
     ) -> Logits:
         model, cache = self.model, self.cache
         with cache.transaction():
-            step = _Step(cache.length, self._context(new_mask))
-            resid = nn.functional.embedding(tokens, model.embed.W_E)
+            record = None if self.recorder is None else self.recorder.hook
+            step = _Step(cache.length, self._context(new_mask), taps, record)
+            resid = step.tap("hook_embed", nn.functional.embedding(tokens, model.embed.W_E))
             if self.pos_embed is not None:
-                resid = resid + step.position_rows(self.pos_embed.W_pos)
+                rows = step.position_rows(self.pos_embed.W_pos)
+                resid = resid + step.tap("hook_pos_embed", rows, like=resid)
             checks: list[Tensor] = []
             for layer in self.layers:
                 resid = layer(resid, step, checks)
             unembed = model.unembed
-            x = self.ln_final(resid)
+            x = step.tap("unembed.hook_in", step.tap("ln_final.hook_out", self.ln_final(resid)))
             logits = unembed.soft_cap(nn.functional.linear(x, self.W_U(unembed.W_U), unembed.b_U))
-            logits = logits[:, -1]
+            logits = step.tap("unembed.hook_out", logits)[:, -1]
             checks.append(logits.sum())
             # One synchronisation per step (module docstring): a sum is finite only when
             # every term is (or it overflows, and then the hooked step runs for nothing worse).
@@ -156,9 +188,24 @@ class _Step:
     and, for a padded batch or a written-out layer, the attention context (positions per
     row and masks). Unpadded, every row is at position `past`."""
 
-    def __init__(self, past: int, context: AttentionContext | None) -> None:
+    def __init__(
+        self,
+        past: int,
+        context: AttentionContext | None,
+        taps: dict[str, Any],
+        record: Callable | None,
+    ) -> None:
         self.past, self.context = past, context
         self.per_row = context is not None
+        self.taps, self.record = taps, record
+
+    def tap(self, name: str, x: Tensor, like: Tensor | None = None) -> Tensor:
+        """`x`, recorded as the hook point `name` would record it, if it is one of the
+        step's taps (`like`: the shape the hooked step has there, of which `x` is one row)."""
+        point = self.taps.get(name)
+        if point is not None:
+            self.record(x if like is None else x.expand_as(like), point)
+        return x
 
     def position_rows(self, W_pos: Float[Tensor, "n_ctx d_model"]) -> Tensor:
         """Each row's row of `W_pos` at its position: `[batch 1 d_model]`, or unpadded the
@@ -205,6 +252,17 @@ def _supported_block(block: Any) -> bool:
             return False
         norms += [block.ln2, block.ln2_post]
     return all(type(norm) in _NORMS for norm in norms)
+
+
+def _is_point(block: Any, full_name: str, index: int) -> bool:
+    """Whether `blocks.{index}.<path>` names a hook point of `block` (a norm that is the
+    identity has none; a parallel block has no resid_mid)."""
+    module = block
+    for part in full_name.split(".")[2:]:
+        module = module._modules.get(part) if hasattr(module, "_modules") else None
+        if module is None:
+            return False
+    return isinstance(module, HookPoint)
 
 
 def _norm(norm: Any) -> Callable[[Tensor], Tensor]:
@@ -255,9 +313,22 @@ class _Layer:
     """One block's decode step; the block's shape picks its equation when this is built."""
 
     def __init__(
-        self, block: Any, entry: KeyValueCacheEntry, tables: _RotaryTables, cfg: Any
+        self, block: Any, index: int, entry: KeyValueCacheEntry, tables: _RotaryTables, cfg: Any
     ) -> None:
         attn = block.attn
+        # The hook points this step records at, where the components' hook points are.
+        self.at = {
+            name: f"blocks.{index}.{name}"
+            for name in (
+                *("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out"),
+                *("hook_mlp_out", "ln1.hook_out", "ln1_post.hook_out", "ln2.hook_out"),
+                *("ln2_post.hook_out", "attn.hook_q", "attn.hook_k", "attn.hook_v"),
+                *("attn.q_norm.hook_out", "attn.k_norm.hook_out", "attn.hook_rot_q"),
+                *("attn.hook_rot_k", "attn.hook_z", "mlp.hook_pre", "mlp.hook_pre_linear"),
+                "mlp.hook_post",
+            )
+        }
+        self.tapped = {full for full in self.at.values() if _is_point(block, full, index)}
         self.attn, self.entry, self.tables = attn, entry, tables
         self.ln1, self.ln1_post = _norm(block.ln1), _norm(block.ln1_post)
         self.q_norm, self.k_norm = _norm(attn.q_norm), _norm(attn.k_norm)
@@ -279,27 +350,38 @@ class _Layer:
         self.run = self._parallel if type(block) is ParallelBlock else self._sequential
 
     def __call__(self, resid: Resid, step: _Step, checks: list[Tensor]) -> Resid:
-        return self.run(resid, step, checks)
+        resid = step.tap(self.at["hook_resid_pre"], resid)
+        return step.tap(self.at["hook_resid_post"], self.run(resid, step, checks))
 
     def _attn_only(self, resid: Resid, step: _Step, checks: list) -> Resid:
         return resid + self.attend(resid, step, checks)
 
     def _sequential(self, resid: Resid, step: _Step, checks: list) -> Resid:
-        resid_mid = resid + self.attend(resid, step, checks)
-        return resid_mid + self.ln2_post(self.mlp_of(self.ln2(resid_mid)))
+        resid_mid = step.tap(self.at["hook_resid_mid"], resid + self.attend(resid, step, checks))
+        return resid_mid + self.feed_forward(resid_mid, step)
 
     def _parallel(self, resid: Resid, step: _Step, checks: list) -> Resid:
         attn_out = self.attend(resid, step, checks)
-        return resid + attn_out + self.ln2_post(self.mlp_of(self.ln2(resid)))
+        return resid + attn_out + self.feed_forward(resid, step)
+
+    def feed_forward(self, resid: Resid, step: _Step) -> Resid:
+        """`ln2_post(mlp(ln2(resid)))`."""
+        at = self.at
+        mlp_out = self.mlp_of(step.tap(at["ln2.hook_out"], self.ln2(resid)), step)
+        mlp_out = step.tap(at["ln2_post.hook_out"], self.ln2_post(mlp_out))
+        return step.tap(at["hook_mlp_out"], mlp_out)
 
     def attend(self, resid: Resid, step: _Step, checks: list) -> Resid:
         """`ln1_post(attn(ln1(resid)))`, the new key and value stored in the cache."""
-        attn = self.attn
-        qkv, (q, k, v) = self.project(self.ln1(resid))
-        q, k = self.q_norm(q), self.k_norm(k)
+        attn, at = self.attn, self.at
+        qkv, (q, k, v) = self.project(step.tap(at["ln1.hook_out"], self.ln1(resid)))
+        q, k, v = (step.tap(at[f"attn.hook_{c}"], t) for c, t in zip("qkv", (q, k, v), strict=True))
+        q = step.tap(at["attn.q_norm.hook_out"], self.q_norm(q))
+        k = step.tap(at["attn.k_norm.hook_out"], self.k_norm(k))
         if self.rotary is not None:
             cos, sin = self.tables.cos_sin(self.rotary, step, q.dtype)
-            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+            q = step.tap(at["attn.hook_rot_q"], self.rotary.rotate(q, cos, sin))
+            k = step.tap(at["attn.hook_rot_k"], self.rotary.rotate(k, cos, sin))
         if attn.fused:  # what a fused kernel could hide (the past was checked before)
             checks += (qkv.sum(),) if self.q_is_projected else (q.sum(), k.sum())
         k, v = self.entry.append(k, v)
@@ -307,8 +389,12 @@ class _Layer:
             z = self._fused(q, k, v, step)
         else:  # a soft cap, or use_fused_kernels=False: the equation written out
             z = attn.written_out(q, k, v, step.context).flatten(-2)
+        if at["attn.hook_z"] in step.taps:  # batch 1 (head d_head) -> batch 1 head d_head
+            step.tap(at["attn.hook_z"], z.unflatten(-1, (-1, q.shape[-1])))
         # Per-head results (use_attn_result) sum to this one product, to rounding.
-        return self.ln1_post(nn.functional.linear(z, self.W_O(attn.W_O), attn.b_O))
+        attn_out = nn.functional.linear(z, self.W_O(attn.W_O), attn.b_O)
+        attn_out = step.tap(at["ln1_post.hook_out"], self.ln1_post(attn_out))
+        return step.tap(at["hook_attn_out"], attn_out)
 
     def project(self, x: Resid) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
         """`x @ [W_Q W_K W_V] + [b_Q b_K b_V]` by the kept fused weights (`FusedQKV`), and
@@ -348,15 +434,18 @@ class _Layer:
         # batch head 1 d_head -> batch 1 (head d_head): with one position, the same memory.
         return z.view(z.shape[0], 1, -1)
 
-    def _plain_mlp(self, x: Resid) -> Resid:
+    def _plain_mlp(self, x: Resid, step: _Step) -> Resid:
         """`act(x @ W_in + b_in) @ W_out + b_out`, as `MLP.forward` computes it."""
-        mlp = self.mlp
-        pre = nn.functional.linear(x, self.W_in(mlp.W_in), mlp.b_in)
-        return nn.functional.linear(mlp.act_fn(pre), self.W_out(mlp.W_out), mlp.b_out)
+        mlp, at = self.mlp, self.at
+        pre = step.tap(at["mlp.hook_pre"], nn.functional.linear(x, self.W_in(mlp.W_in), mlp.b_in))
+        post = step.tap(at["mlp.hook_post"], mlp.act_fn(pre))
+        return nn.functional.linear(post, self.W_out(mlp.W_out), mlp.b_out)
 
-    def _gated_mlp(self, x: Resid) -> Resid:
+    def _gated_mlp(self, x: Resid, step: _Step) -> Resid:
         """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`, as `GatedMLP.forward`."""
-        mlp = self.mlp
+        mlp, at = self.mlp, self.at
+        pre = step.tap(at["mlp.hook_pre"], x @ mlp.W_gate)
         pre_linear = nn.functional.linear(x, self.W_in(mlp.W_in), mlp.b_in)
-        post = mlp.act_fn(x @ mlp.W_gate) * pre_linear
+        pre_linear = step.tap(at["mlp.hook_pre_linear"], pre_linear)
+        post = step.tap(at["mlp.hook_post"], mlp.act_fn(pre) * pre_linear)
         return nn.functional.linear(post, self.W_out(mlp.W_out), mlp.b_out)

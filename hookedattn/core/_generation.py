@@ -283,7 +283,7 @@ class _Loop:
     ) -> None:
         self.model, self.cache, self.choose, self.stop = model, cache, choose, stop
         self.recorder = recorder
-        self.decoder = Decoder(model, cache) if cache is not None else None
+        self.decoder = Decoder(model, cache, recorder) if cache is not None else None
         self.tokens, self.mask = tokens, mask
         self.new_tokens, self.new_mask = tokens, mask
         self.n_prompt = tokens.shape[1]

@@ -50,6 +50,7 @@ class StepRecorder:
         self.points = model.hook_points_for(names_filter)
         self.device, self.dtype, self.keep = device, dtype, keep
         self.must_copy = False
+        self.hook = self._record  # one bound method: the decode step knows its hooks by it
         self.stores: list[dict[str, Tensor]] = []
         self._store: dict[str, Tensor] = {}
 
@@ -57,7 +58,7 @@ class StepRecorder:
     def attached(self) -> Iterator["StepRecorder"]:
         """The recording hooks, attached for this thread's forwards until the block ends."""
         thread = threading.get_ident()
-        handles = [p.add_hook(self._record, _is_cache=True, _thread=thread) for p in self.points]
+        handles = [p.add_hook(self.hook, _is_cache=True, _thread=thread) for p in self.points]
         try:
             yield self
         finally:
@@ -70,6 +71,8 @@ class StepRecorder:
         self.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
 
     def _record(self, x: Tensor, hook: Any) -> None:
+        """Keep `x` as the activation at `hook` (a hook function; the decode step calls it
+        too, for the activations it records itself)."""
         t = x.detach()
         if self.device is not None or self.dtype is not None:
             t = t.to(device=self.device, dtype=self.dtype)
@@ -93,9 +96,9 @@ def step_cache(store: dict[str, Tensor], n_layers: int) -> ActivationCache:
 def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:
     """The activations of consecutive forwards over one sequence, joined along positions:
     what one forward over all of them records."""
-    names = list(stores[0])
+    names = list(stores[0])  # in forward order: the prompt's forward ran through the hooks
     for i, store in enumerate(stores):
-        if list(store) != names:
+        if set(store) != set(names):
             missing = sorted(set(names) ^ set(store))
             raise ValueError(
                 f"generation step {i} recorded other hook points than the first ({missing}): "
