@@ -271,34 +271,37 @@ def _standardised(x: Float[Tensor, "row d_in"]) -> tuple[Tensor, Tensor, Tensor]
 
 
 def _fit_logistic(x: Tensor, y: Tensor, l2: float, hook_name: str) -> Probe:
-    """Multinomial logistic regression: mean cross-entropy + `l2/2 |W|^2`, by L-BFGS."""
+    """Multinomial logistic regression: mean cross-entropy + `l2/2 |W|^2`, by L-BFGS with
+    the gradient written out (`_logistic_objective`)."""
     classes, target = y.unique(return_inverse=True)
     z, mean, std = _standardised(x)
-    W = torch.zeros(z.shape[1], len(classes), dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
+    W = torch.zeros(z.shape[1], len(classes), dtype=torch.float64)
+    b = torch.zeros(len(classes), dtype=torch.float64)
     optimizer = torch.optim.LBFGS(
-        [W, b], max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14,
+        [W, b], max_iter=500, tolerance_grad=1e-8, tolerance_change=1e-14,
         history_size=20, line_search_fn="strong_wolfe",
     )  # fmt: skip
 
     def objective() -> Tensor:
-        optimizer.zero_grad()
-        loss = _logistic_objective(z, target, W, b, l2)
-        loss.backward()
+        loss, W.grad, b.grad = _logistic_objective(z, target, W, b, l2)
         return loss
 
-    with torch.enable_grad():
-        optimizer.step(objective)
-    W, b = W.detach() / std[:, None], b.detach()
+    optimizer.step(objective)
+    W = W / std[:, None]
     return Probe("logistic", W, b - mean @ W, hook_name, classes)
 
 
 def _logistic_objective(
     z: Float[Tensor, "row d_in"], target: Int[Tensor, " row"], W: Tensor, b: Tensor, l2: float
-) -> Tensor:
-    """What a logistic probe minimises on standardised inputs `z`."""
-    loss = torch.nn.functional.cross_entropy(z @ W + b, target)
-    return loss + 0.5 * l2 * (W**2).sum()
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What a logistic probe minimises on standardised inputs `z`, and its gradients with
+    respect to `W` and `b`: `softmax(z W + b) - onehot(target)`, read back through `z`."""
+    logits = z @ W + b
+    loss = torch.nn.functional.cross_entropy(logits, target) + 0.5 * l2 * (W**2).sum()
+    residual = logits.softmax(dim=-1)
+    residual[torch.arange(len(target)), target] -= 1.0
+    residual /= len(target)
+    return loss, z.T @ residual + l2 * W, residual.sum(dim=0)
 
 
 def _fit_ridge(x: Tensor, y: Tensor, l2: float, hook_name: str) -> Probe:

@@ -58,7 +58,10 @@ def test_a_logistic_probe_is_at_the_minimum_of_its_objective():
     mean, std = x.mean(0), x.std(0)
     W = (report.probe.weight * std[:, None]).requires_grad_()  # back to standardised inputs
     b = (report.probe.bias + mean @ report.probe.weight).requires_grad_()
-    _logistic_objective((x - mean) / std, y, W, b, 0.01).backward()
+    loss, grad_W, grad_b = _logistic_objective((x - mean) / std, y, W, b, 0.01)
+    loss.backward()  # autograd, against the gradient written out
+    torch.testing.assert_close(grad_W, W.grad, rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(grad_b, b.grad, rtol=1e-8, atol=1e-12)
     assert W.grad.abs().max() < 1e-6 and b.grad.abs().max() < 1e-6
 
 
