@@ -34,12 +34,8 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 """
 
 from hookedattn.core import names, tolerances
-from hookedattn.core._generation import (
-    GenerationPosition,
-    GenerationStep,
-    GenerationWithCache,
-    generation_position,
-)
+from hookedattn.core._generate import GenerationWithCache
+from hookedattn.core._generation import GenerationPosition, GenerationStep, generation_position
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weights_io import CheckpointError

@@ -338,9 +338,8 @@ class _Layer:
         # Without q/k norms or rotation, q and k are slices of the product: one sum checks them.
         self.q_is_projected = self.rotary is None and not cfg.use_qk_norm
         self.window = cfg.window_size if attn.attn_type == "local" else None
-        self.W_O = _View(
-            lambda W: W.flatten(0, 1).T
-        )  # head d_head d_model -> (head d_head) d_model
+        # head d_head d_model -> (head d_head) d_model, transposed as `F.linear` takes it
+        self.W_O = _View(lambda W: W.flatten(0, 1).T)
         if type(block) is AttnOnlyBlock:
             self.run = self._attn_only
             return

@@ -14,13 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookedattn.core._generation import (
-    Generated,
-    _check_return_type,
-    generation_steps,
-    output_of,
-    request,
-)
+from hookedattn.core._generate import check_return_type, output_of, request
+from hookedattn.core._generation import Generated, generation_steps
 
 _INCOMPLETE = "\ufffd"
 
@@ -49,7 +44,7 @@ def generate_stream(
     token chunks `[batch n]` (the first with the prompt in front), or text (a string for a
     string prompt, one per row for a list), every `max_tokens_per_yield` new tokens and
     when generation ends. Joined, the chunks are `generate`'s output (module docstring)."""
-    _check_return_type(return_type)
+    check_return_type(return_type)
     if not isinstance(max_tokens_per_yield, int) or max_tokens_per_yield < 1:
         raise ValueError(f"max_tokens_per_yield must be an int >= 1, got {max_tokens_per_yield!r}")
     req = request(
