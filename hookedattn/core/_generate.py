@@ -93,6 +93,7 @@ def request(
 
 
 def check_return_type(return_type: str) -> None:
+    """Refuse a `return_type` that `generate` and `generate_stream` do not know."""
     if return_type not in ("input", "str", "tokens"):
         raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
 
