@@ -24,11 +24,13 @@ step (`model._next_token_step`, or the forward with the mask for padded rows) ex
 a hook is attached anywhere, checked once per step.
 
 Recording: where the only hooks attached are a generation's own caching hooks
-(`generate(..., return_cache=True)`, `generate_steps`) and they sit at activations this step
-computes anyway (the residual stream, q, k, v, z, each sublayer's output, the norms'
-outputs, the MLP's neurons, the logits), the fast step records those activations itself
-(`_Step.tap`, at the places the components' hook points are). The attention scores and
-pattern, and a norm's scale, exist only written out: recording them takes the hooked step.
+(`generate(..., return_cache=True)`, `generate_steps`), the fast step records what they ask
+for itself: the activations it computes anyway (the residual stream, q, k, v, z, each
+sublayer's output, the norms' outputs, the MLP's neurons, the logits) by `_Step.tap`, at the
+places the components' hook points are; a norm's scale and normalised stream, and a layer's
+attention scores and pattern, which exist only written out, by the components' own
+written-out equations (`kernels.normalize` takes `written_out` when those points are active;
+`Attention.written_out`), whose hook points record them, as on the hooked step.
 
 Non-finite values: the hooked step keeps a fused attention result only when q, k, v and z
 are finite (`kernels.attend`). Here one synchronisation per step decides instead: the
@@ -92,7 +94,9 @@ class Decoder:
         tables = _RotaryTables(max(cache[0].capacity, cache.length + 1), device)
         self.layers = [_Layer(b, i, cache[i], tables, cfg) for i, b in enumerate(model.blocks)]
         self.written_out = any(not block.attn.fused for block in model.blocks)
+        self.patterns = {name for layer in self.layers for name in layer.patterns}
         self.tapped = {"hook_embed", "ln_final.hook_out", "unembed.hook_in", "unembed.hook_out"}
+        self.tapped |= {"ln_final.hook_scale", "ln_final.hook_normalized"}
         self.tapped |= {"hook_pos_embed"} if hasattr(model, "pos_embed") else set()
         self.tapped = {n for n in self.tapped if n in model.hook_dict}
         self.tapped |= {n for layer in self.layers for n in layer.tapped}
@@ -149,7 +153,8 @@ class Decoder:
         model, cache = self.model, self.cache
         with cache.transaction():
             record = None if self.recorder is None else self.recorder.hook
-            step = _Step(cache.length, self._context(new_mask), taps, record)
+            written_out = self.written_out or not self.patterns.isdisjoint(taps)
+            step = _Step(cache.length, self._context(new_mask, written_out), taps, record)
             resid = step.tap("hook_embed", nn.functional.embedding(tokens, model.embed.W_E))
             if self.pos_embed is not None:
                 rows = step.position_rows(self.pos_embed.W_pos)
@@ -168,12 +173,15 @@ class Decoder:
                 raise _NotFiniteError
         return logits
 
-    def _context(self, new_mask: Int[Tensor, "batch 1"] | None) -> AttentionContext | None:
+    def _context(
+        self, new_mask: Int[Tensor, "batch 1"] | None, written_out: bool
+    ) -> AttentionContext | None:
         """The step's masks and positions, the cache's mask extended as the hooked step
-        extends it; None for an unpadded batch whose layers all run fused (they need none)."""
+        extends it; None for an unpadded batch whose layers all run fused (they need none;
+        `written_out`: some layer does not)."""
         cfg, cache = self.model.cfg, self.cache
         if new_mask is None:
-            if self.written_out:
+            if written_out:
                 return kernels.next_token_context(cache, cfg.window_size)
             cache.extend_mask(self._ones)
             return None
@@ -325,10 +333,16 @@ class _Layer:
                 *("ln2_post.hook_out", "attn.hook_q", "attn.hook_k", "attn.hook_v"),
                 *("attn.q_norm.hook_out", "attn.k_norm.hook_out", "attn.hook_rot_q"),
                 *("attn.hook_rot_k", "attn.hook_z", "mlp.hook_pre", "mlp.hook_pre_linear"),
-                "mlp.hook_post",
+                *("mlp.hook_post", "attn.hook_attn_scores", "attn.hook_pattern"),
             )
         }
-        self.tapped = {full for full in self.at.values() if _is_point(block, full, index)}
+        # Recorded by the norms' written-out equations (`kernels.normalize`), not tapped.
+        norms = ("ln1", "ln1_post", "ln2", "ln2_post", "attn.q_norm", "attn.k_norm")
+        inner = [f"{norm}.{point}" for norm in norms for point in ("hook_scale", "hook_normalized")]
+        names = [*self.at.values(), *(f"blocks.{index}.{name}" for name in inner)]
+        self.tapped = {full for full in names if _is_point(block, full, index)}
+        # Recorded by `Attention.written_out`: a step recording them runs the layer written out.
+        self.patterns = {self.at["attn.hook_attn_scores"], self.at["attn.hook_pattern"]}
         self.attn, self.entry, self.tables = attn, entry, tables
         self.ln1, self.ln1_post = _norm(block.ln1), _norm(block.ln1_post)
         self.q_norm, self.k_norm = _norm(attn.q_norm), _norm(attn.k_norm)
@@ -381,12 +395,13 @@ class _Layer:
             cos, sin = self.tables.cos_sin(self.rotary, step, q.dtype)
             q = step.tap(at["attn.hook_rot_q"], self.rotary.rotate(q, cos, sin))
             k = step.tap(at["attn.hook_rot_k"], self.rotary.rotate(k, cos, sin))
-        if attn.fused:  # what a fused kernel could hide (the past was checked before)
+        fused = attn.fused and self.patterns.isdisjoint(step.taps)
+        if fused:  # what a fused kernel could hide (the past was checked before)
             checks += (qkv.sum(),) if self.q_is_projected else (q.sum(), k.sum())
         k, v = self.entry.append(k, v)
-        if attn.fused:
+        if fused:
             z = self._fused(q, k, v, step)
-        else:  # a soft cap, or use_fused_kernels=False: the equation written out
+        else:  # a soft cap, use_fused_kernels=False, or recording the pattern: written out
             z = attn.written_out(q, k, v, step.context).flatten(-2)
         if at["attn.hook_z"] in step.taps:  # batch 1 (head d_head) -> batch 1 head d_head
             step.tap(at["attn.hook_z"], z.unflatten(-1, (-1, q.shape[-1])))
