@@ -78,6 +78,8 @@ from analysis.patching import (
     path_patch,
 )
 from analysis.plots import heatmap, heatmap_figure
+from analysis.probes import Probe, ProbeData, ProbeReadout, ProbeReport, train_probe
+from analysis.steering import SteeringSweep, SteeringVector, steering_sweep
 from analysis.tables import Table
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
 
@@ -179,4 +181,16 @@ __all__ += [
     "heatmap",
     "heatmap_figure",
     "path_patch",
+]
+
+# interpretability during generation: steering vectors, probes
+__all__ += [
+    "Probe",
+    "ProbeData",
+    "ProbeReadout",
+    "ProbeReport",
+    "SteeringSweep",
+    "SteeringVector",
+    "steering_sweep",
+    "train_probe",
 ]

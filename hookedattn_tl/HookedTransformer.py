@@ -20,7 +20,7 @@ from hookedattn.core import _tokenization, processing
 from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
-from hookedattn_tl import _generation
+from hookedattn_tl import _generation, _streaming
 from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.config import HookedTransformerConfig
@@ -264,6 +264,9 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                 self, input, max_new_tokens, freq_penalty, options
             )
         return super().generate(input, max_new_tokens, **options)
+
+    # TL's streaming generation, with its signature (hookedattn_tl/_streaming.py).
+    generate_stream = _streaming.generate_stream
 
     # ------------------------------------------------------------------ weights
     @property

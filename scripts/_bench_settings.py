@@ -90,6 +90,26 @@ TARGETS = [
     ("forward", "a", "run_with_cache, everything", 1.10, "idle hooks", BARE_REF),
     ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "idle hooks", BARE_REF),
     ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "idle hooks", BARE_REF),
+    # Interpretability during generation (issue 30): the decode step with idle hooks, and
+    # return_cache=True against our own generation without it (that group's reference).
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.15, "generation", BARE_REF),
+    ("generation", "b", "greedy 32 tokens, KV cache", 1.15, "generation", BARE_REF),
+    (
+        "generation",
+        "a",
+        "greedy 32 tokens, return_cache=True (every hook point)",
+        1.3,
+        "generation",
+        BARE_REF,
+    ),
+    (
+        "generation",
+        "b",
+        "greedy 32 tokens, return_cache=True (every hook point)",
+        1.3,
+        "generation",
+        BARE_REF,
+    ),
     # peak resident memory of one forward, against the bare model's (memory section)
     ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
     # a mixture of experts, against transformers' eager forward on the same weights

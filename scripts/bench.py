@@ -126,6 +126,7 @@ class Run:
         self.min_sample_s = 0.002 if args.quick else 0.05
         self.clock = CLOCKS[args.clock]
         self.use_tl = not args.no_transformer_lens
+        self.generation_groups = set(args.generation_groups.split(","))
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
         self.memory: list[dict] = []
@@ -250,39 +251,92 @@ def compile_section(run: Run, key: str) -> None:
 
 
 def generation_section(run: Run, key: str, n_new: int = 32, prompt: int = 16) -> None:
+    """Greedy decoding against the bare KV-cached loop (with and without a KV cache), and
+    the cost of `return_cache=True` against our own generation without it.
+
+    `run.generation_groups` picks the groups ("kv", "uncached", "cache"), so that a busy
+    machine can time them in separate runs. Uncached generation re-runs the whole sequence
+    per token: at GPT-2's shape that is the forward section's row 32 times over (minutes
+    of rounds), so it runs only at setting `a`.
+    """
     setting = run.settings[key]
     n_new, prompt = (8, 4) if run.quick else (n_new, prompt)
     print(f"generation [{key}] greedy {n_new} tokens after {prompt}, batch 1")
     model, tokens = build(setting.cfg, setting.batch, setting.pos)
     tokens = tokens[:1, :prompt]
     bare = BareTransformer(model)
+    groups = run.generation_groups
     with torch.no_grad():
         ref = bare.generate(tokens, n_new, use_cache=True)
         if not torch.equal(ref, bare.generate(tokens, n_new, use_cache=False)):
             raise AssertionError("the bare model's cached and uncached generations differ")
-        tl = run.tl_model(model, bare(tokens), tokens)
-        for use_cache, label in ((True, "KV cache"), (False, "no KV cache")):
-            measure = f"greedy {n_new} tokens, {label}"
-            group = {(measure, BARE): lambda u=use_cache: bare.generate(tokens, n_new, u)}
-            if use_cache:
-                group[(f"{measure} (forward + KeyValueCache loop)", OURS)] = _our_kv_loop(
-                    model, tokens, n_new
-                )
-            if hasattr(model, "generate"):
-                group[(measure, OURS)] = _our_generate(model, tokens, n_new, use_cache)
-            else:
-                run.skip("generation", f"{measure}: hookedattn", "model.generate missing")
-            hf = hf_gpt2(model)
-            if hf is not None:
-                group[(measure, HF)] = hf_generate(hf, tokens, n_new, use_cache)
-            if tl is not None:
-                group[(measure, TL)] = lambda u=use_cache: tl.generate(
-                    tokens, verbose=False, **_greedy(n_new, u)
-                )
-            for (_, contender), fn in group.items():
-                if not torch.equal(fn(), ref):
-                    raise AssertionError(f"{contender} generates other tokens than the bare model")
+        tl = run.tl_model(model, bare(tokens), tokens) if groups - {"cache"} else None
+        modes = [(True, "KV cache")] if "kv" in groups else []
+        modes += [(False, "no KV cache")] if "uncached" in groups and key == "a" else []
+        for use_cache, label in modes:
+            group = _toolkit_group(bare, model, tl, tokens, n_new, use_cache, label)
+            _check_same_tokens(run, group, ref, key)
             run.time_group("generation", key, group)
+        if "cache" in groups:
+            run.time_group("generation", key, _cache_group(model, tokens, n_new, ref))
+
+
+def _toolkit_group(
+    bare: BareTransformer,
+    model: HookedTransformer,
+    tl: Any,
+    tokens: Tensor,
+    n_new: int,
+    use_cache: bool,
+    label: str,
+) -> dict:
+    """The bare loop (the reference), ours, transformers' and TransformerLens's generate."""
+    measure = f"greedy {n_new} tokens, {label}"
+    group = {(measure, BARE): lambda: bare.generate(tokens, n_new, use_cache)}
+    if use_cache:
+        loop = f"{measure} (forward + KeyValueCache loop)"
+        group[(loop, OURS)] = _our_kv_loop(model, tokens, n_new)
+    group[(measure, OURS)] = _our_generate(model, tokens, n_new, use_cache)
+    hf = hf_gpt2(model)
+    if hf is not None:
+        group[(measure, HF)] = hf_generate(hf, tokens, n_new, use_cache)
+    if tl is not None:
+        group[(measure, TL)] = lambda: tl.generate(
+            tokens, verbose=False, **_greedy(n_new, use_cache)
+        )
+    return group
+
+
+def _check_same_tokens(run: Run, group: dict, ref: Tensor, key: str) -> None:
+    """Every contender must write the bare model's tokens: ours always; another toolkit
+    whose float32 rounding picks another token at a near tie is left out, with a note."""
+    for (measure, contender), fn in list(group.items()):
+        if torch.equal(fn(), ref):
+            continue
+        if contender in (BARE, OURS):
+            raise AssertionError(f"{contender} generates other tokens than the bare model")
+        run.skip("generation", f"{key}: {measure}: {contender}", "wrote other tokens (a near tie)")
+        del group[(measure, contender)]
+
+
+def _cache_group(model: HookedTransformer, tokens: Tensor, n_new: int, ref: Tensor) -> dict:
+    """Our generation without a cache (the reference), and with `return_cache=True`: every
+    hook point, and the residual stream only."""
+    options = _greedy(n_new, True)
+    resid = [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    group = {
+        (f"greedy {n_new} tokens, KV cache", OURS): _our_generate(model, tokens, n_new, True),
+        (f"greedy {n_new} tokens, return_cache=True (every hook point)", OURS): lambda: (
+            model.generate(tokens, **options, return_cache=True).tokens
+        ),
+        (f"greedy {n_new} tokens, return_cache=True (resid_post only)", OURS): lambda: (
+            model.generate(tokens, **options, return_cache=True, names_filter=resid).tokens
+        ),
+    }
+    for (measure, _), fn in group.items():
+        if not torch.equal(fn(), ref):
+            raise AssertionError(f"hookedattn {measure}: other tokens than the bare model")
+    return group
 
 
 def _greedy(n_new: int, use_cache: bool) -> dict[str, Any]:
@@ -385,6 +439,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
     parser.add_argument("--settings", default=None, help="forward settings, e.g. a,b,s64,s512")
+    parser.add_argument("--generation-settings", default="a,b", help="generation settings")
+    parser.add_argument(
+        "--generation-groups", default="kv,uncached,cache", help="of kv, uncached, cache"
+    )
     parser.add_argument("--no-transformer-lens", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
@@ -422,7 +480,8 @@ def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tu
         else:
             compile_section(run, "a")
     if "generation" in sections:
-        generation_section(run, "a")
+        for key in args.generation_settings.split(","):
+            generation_section(run, key)
     if "memory" in sections:
         for key in ("a", "long") if run.quick else ("a", "b", "long"):
             memory_section(run, key, run.settings[key])

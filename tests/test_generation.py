@@ -9,6 +9,7 @@ import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
 from hookedattn.core._generation import Generated, Sampling, generation_steps, next_token_probs
+from hookedattn.core._stopping import StopRule
 from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
 
@@ -52,6 +53,11 @@ def greedy_reference(model, prompt, n_new):
     for _ in range(n_new):
         tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
     return tokens[len(prompt) :]
+
+
+def stop_at(eos, pad=258):
+    """Rows end at the token `eos` and continue with `pad`."""
+    return StopRule(torch.tensor(eos), pad)
 
 
 def generate_tokens(model, tokens, mask, **options):
@@ -167,10 +173,7 @@ def test_stop_at_eos_pads_finished_sequences_and_stops_when_all_are(plain_model)
     expected = {row: greedy_reference(plain_model, p, 8) for row, p in enumerate(PROMPTS[:2])}
     eos = expected[0][2]  # the third token row 0 generates
     tokens, mask = left_padded(PROMPTS[:2])
-    out = generate_tokens(
-        plain_model, tokens, mask, max_new_tokens=8, stop_at_eos=True, eos_token_ids=[eos],
-        pad_token_id=258,
-    )  # fmt: skip
+    out = generate_tokens(plain_model, tokens, mask, max_new_tokens=8, stop=stop_at([eos]))
     for row in range(2):
         new = out.tokens[row, tokens.shape[1] :].tolist()
         new_mask = out.attention_mask[row, tokens.shape[1] :].tolist()
@@ -189,8 +192,8 @@ def test_a_row_that_finishes_first_pads_an_unpadded_batch(model, use_past_kv_cac
     expected = [greedy_reference(model, p, 8) for p in prompts]
     eos = next(t for t in expected[0] if t not in expected[1])  # row 0 stops, row 1 not
     out = generate_tokens(
-        model, torch.tensor(prompts), None, max_new_tokens=8, stop_at_eos=True,
-        eos_token_ids=[eos], pad_token_id=258, use_past_kv_cache=use_past_kv_cache,
+        model, torch.tensor(prompts), None, max_new_tokens=8, stop=stop_at([eos]),
+        use_past_kv_cache=use_past_kv_cache,
     )  # fmt: skip
     stop = expected[0].index(eos) + 1
     assert out.tokens[0, 3:].tolist() == expected[0][:stop] + [258] * (8 - stop)

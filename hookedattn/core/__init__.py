@@ -36,6 +36,8 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 """
 
 from hookedattn.core import names, tolerances
+from hookedattn.core._generate import GenerationWithCache
+from hookedattn.core._generation import GenerationPosition, GenerationStep, generation_position
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weight_views import require_bilinear_scores
@@ -90,6 +92,9 @@ __all__ = [
     "CharTokenizer",
     "CheckpointError",
     "FactoredMatrix",
+    "GenerationPosition",
+    "GenerationStep",
+    "GenerationWithCache",
     "HFTokenizer",
     "HookPoint",
     "HookedRootModule",
@@ -110,6 +115,7 @@ __all__ = [
     "center_writing_weights",
     "fold_layer_norm",
     "fold_value_biases",
+    "generation_position",
     "get_act_name",
     "html_table",
     "is_hook_point",

@@ -8,13 +8,18 @@ parallel is every position of one forward; what runs in sequence is only the cho
 next token, which needs the logits of the one before.
 
 Batches are left-padded (as in TransformerLens), so that the last position of every row is
-a real token whose logits choose the next one. A sequence that has produced EOS (with
-`stop_at_eos`) is continued with padding, masked out in the returned `attention_mask`.
-Hooks attached to the model (`with model.hooks(...)`) run at every step.
+a real token whose logits choose the next one. A row that has ended (`_stopping`: a stop
+token, a stop string, its own `max_new_tokens`) is continued with padding, masked out in the
+returned `attention_mask`. Hooks attached to the model (`with model.hooks(...)`) run at every
+step; with none attached, a step takes the fast decode path (`_decode`), to the same numbers.
+
+This module is the loop (`generation_steps`); `_generate` reads `generate`'s arguments and
+builds its output, `_streaming` streams it.
 """
 
+import contextlib
+import contextvars
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,90 +27,62 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from hookedattn.core import _tokenization
+from hookedattn.core._decode import Decoder
+from hookedattn.core._generation_cache import StepRecorder, step_cache
+from hookedattn.core._sampling import (
+    RowSampler,
+    Sampling,
+    choose_next_tokens,
+    next_token_probs,
+)
+from hookedattn.core._stopping import StopRule
+from hookedattn.core.cache import ActivationCache
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kv_cache import KeyValueCache
 
+# Re-exported: the TransformerLens facade and the tests read them here.
+__all__ = ["Sampling", "choose_next_tokens", "next_token_probs"]
+
+GREEDY = Sampling()
+
 
 @dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen from the logits.
+class GenerationPosition:
+    """Where the forward in progress is in a generation: `offset` is the position (in the
+    stored sequence, left padding included) of its first token, `n_prompt` the length of
+    the prompt. A hook reads it with `generation_position()` to tell prompt positions
+    (`< n_prompt`) from generated ones."""
 
-    Greedy (the most likely token, the first on ties) unless `do_sample`; sampling divides
-    the logits by `temperature` (0 means greedy), keeps the `top_k` most likely tokens,
-    then the smallest set of most likely tokens whose probability reaches `top_p`.
-    """
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self) -> None:
-        # `not (low <= x)` rather than `x < low`: NaN compares false with everything.
-        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
-            raise ValueError(
-                f"temperature must be a number >= 0 and finite (0 is greedy), got "
-                f"{self.temperature!r}"
-            )
-        if self.top_k is not None and (
-            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
-        ):
-            raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
-        if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] (a number) or None, got {self.top_p!r}")
-
-    @property
-    def greedy(self) -> bool:
-        """Whether the next token is the argmax of the logits."""
-        return not self.do_sample or self.temperature == 0
+    offset: int
+    n_prompt: int
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+_POSITION: contextvars.ContextVar[GenerationPosition | None] = contextvars.ContextVar(
+    "generation_position", default=None
+)
 
 
-def next_token_probs(
-    logits: Float[Tensor, "batch d_vocab_out"], sampling: Sampling
-) -> Float[Tensor, "batch d_vocab_out"]:
-    """The distribution a sampling step draws from: temperature, then top-k, then top-p."""
-    scaled = logits / sampling.temperature
-    if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
-        kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, -torch.inf)
-    probs = scaled.softmax(dim=-1)
-    if sampling.top_p is not None:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep a token when the tokens more likely than it do not yet reach top_p: the
-        # smallest prefix whose mass reaches top_p, never empty.
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        keep_sorted = mass_before < sampling.top_p
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = probs.masked_fill(~keep, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
-
-
-def choose_next_tokens(
-    logits: Float[Tensor, "batch d_vocab_out"],
-    sampling: Sampling,
-    generator: torch.Generator | None = None,
-) -> Int[Tensor, " batch"]:
-    """The next token of each sequence: the argmax, or a draw from `next_token_probs`."""
-    if sampling.greedy:
-        return logits.argmax(dim=-1)
-    probs = next_token_probs(logits.to(torch.float64), sampling)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+def generation_position() -> GenerationPosition | None:
+    """The `GenerationPosition` of the forward in progress, if generation runs it; None
+    for any other forward (whose positions start at 0, unless it continues a KV cache of
+    your own). A hook called during `generate` reads where its activation is: positions
+    `offset .. offset + pos - 1` of the sequence."""
+    return _POSITION.get()
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationStep:
-    """One step of generation: the tokens chosen, the logits they were chosen from, and
-    which sequences have produced EOS by now."""
+    """One step of generation: the token chosen for each row and the logits it was chosen
+    from; which rows have ended (this token included), and whether this token is a real one
+    of its row (False: padding after the row ended). `cache` holds the activations of the
+    forward that computed these logits (the prompt's positions at step 0, then the previous
+    token's), where the steps were asked to record them."""
 
     tokens: Int[Tensor, " batch"]
     logits: Float[Tensor, "batch d_vocab_out"]
     finished: Bool[Tensor, " batch"]
+    real: Bool[Tensor, " batch"]
+    cache: ActivationCache | None = None
 
     def __repr__(self) -> str:
         return f"GenerationStep(tokens={self.tokens.tolist()}, finished={self.finished.tolist()})"
@@ -128,18 +105,18 @@ class Generated:
         cls, model: Any, tokens: Tensor, attention_mask: Tensor | None, steps: Iterable
     ) -> "Generated":
         """The prompt and the tokens of `steps` (`generation_steps` of that prompt, run to
-        the end here), with their mask: a token is real up to and including the EOS that
-        finishes its sequence."""
+        the end here), with their mask: a token is real up to and including the one that
+        ends its row."""
         tokens, mask = _checked_prompt(model, tokens, attention_mask)
-        new_tokens, new_mask = [], []
-        alive = torch.ones_like(mask[:, 0])
+        new_tokens, real = [], []
         for step in steps:
-            new_tokens.append(step.tokens[:, None])
-            new_mask.append(alive[:, None])
-            alive = (~step.finished).long()
+            new_tokens.append(step.tokens)
+            real.append(step.real)
+        if not new_tokens:
+            return cls(tokens, mask, 0)
         return cls(
-            torch.cat([tokens, *new_tokens], dim=1),
-            torch.cat([mask, *new_mask], dim=1),
+            torch.cat([tokens, torch.stack(new_tokens, dim=1)], dim=1),
+            torch.cat([mask, torch.stack(real, dim=1).long()], dim=1),
             len(new_tokens),
         )
 
@@ -168,100 +145,186 @@ def _checked_prompt(
     return tokens, attention_mask
 
 
-def _check_length(cfg: Any, n_prompt: int, max_new_tokens: Any) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if n_prompt + max_new_tokens > cfg.n_ctx:
+def _limits(max_new_tokens: Any) -> tuple[int, list[int] | None]:
+    """The number of steps, and the per-row limits where `max_new_tokens` gives them."""
+    if isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, str):
+        for n in max_new_tokens:
+            _check_count(n)
+        return max(max_new_tokens, default=0), list(max_new_tokens)
+    _check_count(max_new_tokens)
+    return max_new_tokens, None
+
+
+def _check_count(n: Any) -> None:
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise TypeError(f"max_new_tokens must be an int or a list of ints, got {n!r}")
+    if n < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {n}")
+
+
+def _check_length(cfg: Any, n_prompt: int, n_steps: int) -> None:
+    if n_prompt + n_steps > cfg.n_ctx:
         raise ValueError(
-            f"a prompt of {n_prompt} positions plus max_new_tokens={max_new_tokens} exceeds "
+            f"a prompt of {n_prompt} positions plus max_new_tokens={n_steps} exceeds "
             f"the model's n_ctx={cfg.n_ctx}; at most {cfg.n_ctx - n_prompt} new "
             f"tokens fit after this prompt"
         )
 
 
-@torch.no_grad()
+def default_stop(device: torch.device) -> StopRule:
+    """No stop token, string or per-row limit: every row runs all the steps."""
+    return StopRule(torch.empty(0, dtype=torch.long, device=device), 0)
+
+
 def generation_steps(
     model: Any,
     tokens: Tensor,
     attention_mask: Tensor | None = None,
     *,
     max_new_tokens: Any,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = GREEDY,
     use_past_kv_cache: bool = True,
-    stop_at_eos: bool = False,
-    eos_token_ids: Sequence[int] = (),
-    pad_token_id: int = 0,
+    stop: StopRule | None = None,
     generator: torch.Generator | None = None,
+    seed: int | Sequence[int] | None = None,
+    recorder: StepRecorder | None = None,
+    record_last: bool = False,
 ) -> Iterator[GenerationStep]:
     """Generate step by step, yielding each step's choice and logits.
 
     With `use_past_kv_cache` the prompt runs once and every later step runs only the new
-    token against the cache; without, every step runs the whole sequence again. Both give
-    the same logits (the tests check it). With `stop_at_eos`, a sequence that has produced
-    one of `eos_token_ids` continues with `pad_token_id` (masked out), and the loop ends
-    when every sequence has. Meanwhile each layer keeps its fused q/k/v weights
-    (`keeping_fused_weights`: one token's product is as cheap as laying them out).
+    token against the cache (the fast decode step where no hook is attached); without,
+    every step runs the whole sequence again. Both give the same logits (the tests check
+    it). `max_new_tokens` is an int, or one per row (a row past its own ends, as at a stop
+    token: `stop`). Tokens are drawn from `generator`, or with `seed` from one generator per
+    row (`RowSampler`). With a `recorder` attached, each step carries the activations of
+    its forward; `record_last` runs one more forward over the last tokens chosen, so that
+    the recorder holds every position (its logits are not a step). Meanwhile each layer
+    keeps its fused q/k/v weights (`keeping_fused_weights`).
     """
     tokens, mask = _checked_prompt(model, tokens, attention_mask)
-    _check_length(model.cfg, tokens.shape[1], max_new_tokens)
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=tokens.device)
-    stop = _Stop(eos, pad_token_id) if stop_at_eos else None
-    cache = KeyValueCache.empty(model.cfg, tokens.shape[0]) if use_past_kv_cache else None
-
-    def choose(logits: Float[Tensor, "batch d_vocab_out"]) -> Int[Tensor, " batch"]:
-        return choose_next_tokens(logits, sampling, generator)
-
+    n_steps, limits = _limits(max_new_tokens)
+    _check_length(model.cfg, tokens.shape[1], n_steps)
+    batch, device = tokens.shape[0], tokens.device
+    stop = stop or default_stop(device)
+    if limits is not None:
+        if len(limits) != batch:
+            raise ValueError(
+                f"max_new_tokens has {len(limits)} entries but there are {batch} rows: give "
+                f"one per row, or one int for all"
+            )
+        stop = dataclasses.replace(stop, limits=torch.tensor(limits, device=device))
+    if seed is not None and generator is not None:
+        raise ValueError("give seed= (one generator per row) or generator=, not both")
+    choose = _chooser(sampling, generator, seed, batch)
+    capacity = tokens.shape[1] + n_steps  # the last forward of `record_last` included
+    cache = KeyValueCache.empty(model.cfg, batch, capacity=capacity) if use_past_kv_cache else None
+    loop = _Loop(model, tokens, mask, cache, choose, stop, recorder)
     with model.keeping_fused_weights():
-        yield from _steps(model, tokens, mask, cache, max_new_tokens, choose, stop)
+        yield from _stepwise(loop.steps(n_steps, record_last), recorder)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stop:
-    """A sequence ends at one of the ids `eos`, and continues with `pad`, masked out."""
+def _stepwise(steps: Iterator[GenerationStep], recorder: StepRecorder | None) -> Iterator:
+    """`steps`, each one made without gradients and with the recording hooks attached, and
+    neither while the caller holds a step: their own forwards between steps are theirs.
+    (`@torch.no_grad()` on a generator does this, but not once a type checker wraps it.)"""
+    try:
+        while True:
+            with torch.no_grad(), recorder.attached() if recorder else contextlib.nullcontext():
+                step = next(steps, None)
+            if step is None:
+                return
+            yield step
+    finally:
+        steps.close()
 
-    eos: Int[Tensor, " n_eos"]
-    pad: int
+
+def _chooser(
+    sampling: Sampling, generator: torch.Generator | None, seed: Any, batch: int
+) -> Callable[[Tensor], Tensor]:
+    if seed is not None:
+        sampler = RowSampler.for_batch(seed, batch)
+        return lambda logits: sampler.choose(logits, sampling)
+    return lambda logits: choose_next_tokens(logits, sampling, generator)
 
 
-def _steps(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    mask: Int[Tensor, "batch pos"],
-    cache: KeyValueCache | None,
-    max_new_tokens: int,
-    choose: Callable[[Tensor], Tensor],
-    stop: _Stop | None,
-) -> Iterator[GenerationStep]:
-    """`generation_steps` after its checks."""
-    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    # Without padding the forward takes no mask: it then skips the padding checks and
-    # per-row positions, a third of the torch calls of a one-token step.
-    padded = not bool(mask.all())
-    new_tokens, new_mask = tokens, mask
-    for _ in range(max_new_tokens):
+class _Loop:
+    """The state of one generation: the tokens so far (without a KV cache, every step runs
+    them all), which rows are padded or ended, and how a step's forward runs."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch pos"],
+        cache: KeyValueCache | None,
+        choose: Callable[[Tensor], Tensor],
+        stop: StopRule,
+        recorder: StepRecorder | None,
+    ) -> None:
+        self.model, self.cache, self.choose, self.stop = model, cache, choose, stop
+        self.recorder = recorder
+        self.decoder = Decoder(model, cache, recorder) if cache is not None else None
+        self.tokens, self.mask = tokens, mask
+        self.new_tokens, self.new_mask = tokens, mask
+        self.n_prompt = tokens.shape[1]
+        # Without padding the forward takes no mask: it then skips the padding checks and
+        # per-row positions, a third of the torch calls of a one-token step.
+        self.padded = not bool(mask.all())
+
+    def steps(self, n_steps: int, record_last: bool) -> Iterator[GenerationStep]:
+        """`n_steps` steps (fewer if every row ends first), then the last forward if asked."""
+        stop = self.stop
+        ended = stop.ended_before_start(self.tokens.shape[0], self.tokens.device)
+        real = ~ended  # without a stop rule, every token is real: one tensor for all steps
+        for n_done in range(1, n_steps + 1):
+            logits, cache = self.forward()
+            chosen = self.choose(logits)
+            if stop.pads:  # an ended row continues with padding, masked out
+                real = ~ended
+                chosen = torch.where(ended, torch.full_like(chosen, stop.pad), chosen)
+                self.padded = self.padded or bool(ended.any())
+                ended = stop.ended(chosen, ended, n_done)
+            self.advance(chosen, real)
+            yield GenerationStep(chosen, logits, ended, real, cache)
+            if stop.pads and bool(ended.all()):
+                break
+        if record_last and self.recorder is not None:
+            self.forward()
+
+    def advance(self, chosen: Int[Tensor, " batch"], real: Bool[Tensor, " batch"]) -> None:
+        """The next forward's input: the chosen tokens (with the KV cache, alone)."""
+        self.new_tokens = chosen[:, None]
+        if self.padded or self.cache is None:  # otherwise the forward takes no mask
+            self.new_mask = real.long()[:, None]
+        if self.cache is None:
+            self.tokens = torch.cat([self.tokens, self.new_tokens], dim=1)
+            self.mask = torch.cat([self.mask, self.new_mask], dim=1)
+
+    def forward(self) -> tuple[Float[Tensor, "batch d_vocab_out"], ActivationCache | None]:
+        """The logits of each row's last position, and the activations recorded."""
+        offset = 0 if self.cache is None else self.cache.length
+        position = _POSITION.set(GenerationPosition(offset, self.n_prompt))
+        try:
+            logits = self._logits()
+        finally:
+            _POSITION.reset(position)
+        if self.recorder is None:
+            return logits, None
+        return logits, step_cache(self.recorder.take(), self.model.cfg.n_layers)
+
+    def _logits(self) -> Float[Tensor, "batch d_vocab_out"]:
+        model, cache, recorder = self.model, self.cache, self.recorder
+        if recorder is not None:
+            recorder.before_forward()
         if cache is None:
-            logits = _last_logits(model, tokens, mask if padded else None, None)
-        elif padded or cache.length == 0:
-            logits = _last_logits(model, new_tokens, new_mask if padded else None, cache)
-        else:  # one chosen token per row after real tokens only: no input to check
-            logits = model._next_token_step(new_tokens, cache)
-        chosen = choose(logits)
-        if stop is not None:  # a finished sequence continues with padding, masked out
-            chosen = torch.where(finished, torch.full_like(chosen, stop.pad), chosen)
-            padded = padded or bool(finished.any())
-        new_tokens = chosen[:, None]
-        if padded or cache is None:
-            new_mask = (~finished).long()[:, None]
-        if cache is None:  # with a KV cache, the next step reads only the new token
-            tokens = torch.cat([tokens, new_tokens], dim=1)
-            mask = torch.cat([mask, new_mask], dim=1)
-        if stop is not None:
-            finished = finished | torch.isin(chosen, stop.eos)
-        yield GenerationStep(chosen, logits, finished)
-        if stop is not None and bool(finished.all()):
-            return
+            logits = _last_logits(model, self.tokens, self.mask if self.padded else None, None)
+        elif cache.length == 0:  # the prompt
+            mask = self.new_mask if self.padded else None
+            logits = _last_logits(model, self.new_tokens, mask, cache)
+        else:
+            logits = self.decoder.step(self.new_tokens, self.new_mask if self.padded else None)
+        return logits
 
 
 def _last_logits(
@@ -285,87 +348,3 @@ def _last_logits(
 def _hooked(module: torch.nn.Module) -> bool:
     """Whether a hook point in `module` has a hook attached."""
     return any(isinstance(m, HookPoint) and m.has_hooks() for m in module.modules())
-
-
-def generate(
-    model: Any,
-    input: Any = "",
-    max_new_tokens: Any = 10,
-    *,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_at_eos: bool = True,
-    eos_token_id: int | Sequence[int] | None = None,
-    use_past_kv_cache: bool = True,
-    prepend_bos: bool | None = None,
-    attention_mask: Tensor | None = None,
-    return_type: str = "input",
-    generator: torch.Generator | None = None,
-) -> Any:
-    """Continue a prompt token by token, with a KV cache; `HookedTransformer.generate`.
-
-    `input` is a string, a list of strings (left-padded) or token ids `[batch pos]` (with
-    their `attention_mask`, left-padded). Greedy unless `do_sample` (TransformerLens samples
-    by default); sampling divides the logits by `temperature`, keeps the `top_k` most
-    likely tokens, then those whose probability reaches `top_p` (`Sampling`), drawing from
-    `generator` if given. With `stop_at_eos` a sequence ends at `eos_token_id` (by default
-    the tokenizer's). `return_type`: "input" (text for text, tokens for tokens), "str" or
-    "tokens". Hooks attached to the model run at every step.
-    """
-    if return_type not in ("input", "str", "tokens"):
-        raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
-    sampling = Sampling(do_sample, temperature, top_k, top_p)
-    text_in = _tokenization.is_text(input)
-    tokens, attention_mask = _prompt(model, input, text_in, attention_mask, prepend_bos)
-    tokenizer = _tokenization.tokenizer_of(model) if model.tokenizer is not None else None
-    eos = _eos_ids(eos_token_id, tokenizer, stop_at_eos)
-    pad = tokenizer.padding_id() if tokenizer is not None else (eos[0] if eos else 0)
-    steps = generation_steps(
-        model,
-        tokens,
-        attention_mask,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        use_past_kv_cache=use_past_kv_cache,
-        stop_at_eos=stop_at_eos,
-        eos_token_ids=eos,
-        pad_token_id=pad,
-        generator=generator,
-    )
-    out = Generated.from_steps(model, tokens, attention_mask, steps)
-    if return_type == "tokens" or (return_type == "input" and not text_in):
-        return out.tokens
-    texts = [
-        _tokenization.tokenizer_of(model).decode(
-            row[keep.bool()].tolist(), skip_special_tokens=True
-        )
-        for row, keep in zip(out.tokens, out.attention_mask, strict=True)
-    ]
-    return texts[0] if isinstance(input, str) else texts
-
-
-def _prompt(
-    model: Any, input: Any, text_in: bool, attention_mask: Tensor | None, prepend_bos: Any
-) -> tuple[Any, Tensor | None]:
-    """The prompt's ids and mask: text tokenized and left-padded, ids as given."""
-    if not text_in:
-        return input, attention_mask
-    if attention_mask is not None:
-        raise TypeError("strings bring their own attention mask; do not pass one")
-    batch = _tokenization.tokenize(model, input, prepend_bos, padding_side="left")
-    return batch.tokens, batch.attention_mask
-
-
-def _eos_ids(eos_token_id: Any, tokenizer: Any, stop_at_eos: bool) -> list[int]:
-    if eos_token_id is None:
-        eos_token_id = None if tokenizer is None else tokenizer.eos_token_id
-    if eos_token_id is None:
-        if stop_at_eos:
-            raise ValueError(
-                "stop_at_eos=True needs an end-of-sequence token, and this model's tokenizer "
-                "has none: pass eos_token_id=, or stop_at_eos=False"
-            )
-        return []
-    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)

@@ -24,7 +24,9 @@ class KeyValueCacheEntry:
     Appending stores the new positions in buffers with room to spare (doubled when full),
     so that a generation step copies its own token, not the whole past again;
     `past_keys` and `past_values` are views of the filled part. Tensors given to the
-    constructor are never written to: the first append copies them into a buffer.
+    constructor are never written to: the first append copies them into a buffer. An entry
+    made by `preallocated` owns buffers of a given capacity from the start (generation
+    knows how many positions it will need), so no append ever copies the past.
     """
 
     def __init__(
@@ -35,6 +37,29 @@ class KeyValueCacheEntry:
     ) -> None:
         self.frozen = frozen
         self._set(past_keys, past_values)
+
+    @classmethod
+    def preallocated(
+        cls,
+        batch: int,
+        capacity: int,
+        n_heads: int,
+        d_head: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> "KeyValueCacheEntry":
+        """An empty entry owning buffers of `capacity` positions (it grows past them if
+        asked to, as any entry does)."""
+        shape = (batch, capacity, n_heads, d_head)
+        keys, values = (torch.empty(shape, dtype=dtype, device=device) for _ in range(2))
+        entry = cls(keys.narrow(1, 0, 0), values.narrow(1, 0, 0))
+        entry._keys, entry._values, entry._owned = keys, values, True
+        return entry
+
+    @property
+    def capacity(self) -> int:
+        """How many positions the buffers hold before an append must grow them."""
+        return self._keys.shape[1] if self._owned else self._length
 
     def _set(self, keys: Tensor, values: Tensor) -> None:
         self._keys, self._values = keys, values
@@ -125,15 +150,21 @@ class KeyValueCache:
 
     @classmethod
     def empty(
-        cls, cfg: HookedTransformerConfig, batch: int, device: str | torch.device | None = None
+        cls,
+        cfg: HookedTransformerConfig,
+        batch: int,
+        device: str | torch.device | None = None,
+        capacity: int = 0,
     ) -> "KeyValueCache":
-        """A cache holding no positions yet, for a batch of `batch` sequences."""
+        """A cache holding no positions yet, for a batch of `batch` sequences; with
+        `capacity`, every layer's buffers hold that many positions from the start (what
+        generation does: it knows the prompt and `max_new_tokens`)."""
         device = cfg.device if device is None else device
-        shape = (batch, 0, cfg.n_kv_heads, cfg.d_head)
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
+            raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         entries = [
-            KeyValueCacheEntry(
-                torch.empty(shape, dtype=cfg.dtype, device=device),
-                torch.empty(shape, dtype=cfg.dtype, device=device),
+            KeyValueCacheEntry.preallocated(
+                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device
             )
             for _ in range(cfg.n_layers)
         ]

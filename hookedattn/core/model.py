@@ -23,10 +23,11 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import (
-    _generation,
+    _generate,
     _inputs,
     _pretrained,
     _recording,
+    _streaming,
     _tokenization,
     _weights_io,
     hf,
@@ -264,9 +265,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
         return _tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
-    # Continue a prompt token by token (`hookedattn.core._generation`; its parameters are in the
-    # signature, as `help(model.generate)` shows).
-    generate = _generation.generate
+    # Continue a prompt token by token (`hookedattn.core._generate`; its parameters are in the
+    # signature, as `help(model.generate)` shows): all at once, step by step with each step's
+    # activations, or as a stream of tokens or text (TransformerLens's `generate_stream`).
+    generate = _generate.generate
+    generate_steps = _generate.generate_steps
+    generate_stream = _streaming.generate_stream
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

@@ -122,7 +122,15 @@ class Rotary(nn.Module):
     def forward(
         self, x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor, "batch pos"]
     ) -> Float[Tensor, "batch pos head d_head"]:
-        cos, sin = self.cos_sin(positions, x.dtype)
+        return self.rotate(x, *self.cos_sin(positions, x.dtype))
+
+    def rotate(
+        self,
+        x: Float[Tensor, "batch pos head d_head"],
+        cos: Float[Tensor, "#batch pos 1 rot"],
+        sin: Float[Tensor, "#batch pos 1 rot"],
+    ) -> Float[Tensor, "batch pos head d_head"]:
+        """`x` rotated by the angles whose `cos` and `sin` are given (from `cos_sin`)."""
         x_rot, x_pass = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         first, second = x_rot.chunk(2, dim=-1)
         rotated_half = torch.cat([-second, first], dim=-1)

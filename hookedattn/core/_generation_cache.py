@@ -1,0 +1,125 @@
+"""The activations of a generation: recorded at every step's forward, assembled into one
+`ActivationCache` over the prompt and the generated positions.
+
+Each forward of a KV-cached generation runs the positions the cache does not hold yet: the
+prompt first, then one token per row. Recording the chosen hook points at each of them and
+concatenating along the position axis gives what `run_with_cache` of the final sequence
+records, without running it again: position `i` reads keys and values of positions `<= i`
+only, so its activations do not depend on what came later. Attention scores and patterns
+grow a key position per step; each step's rows are padded with what the full forward holds
+at a later key (-inf scores, zero weights). The last generated token is never read by a
+forward that chooses a token, so the cache over it comes from one more step.
+"""
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hookedattn.core import names as _names
+from hookedattn.core.cache import ActivationCache
+
+NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
+# What the full forward holds at a key a query may not read (`kernels.masked`: -inf scores,
+# so zero weights).
+_LATER_KEY = {"hook_attn_scores": -torch.inf, "hook_pattern": 0.0}
+
+
+class StepRecorder:
+    """Caching hooks on the hook points `names_filter` chooses, for one generation.
+
+    Inside `attached()`, every forward's activations go into one store; `take()` hands it
+    over and starts the next. `device` and `dtype` move and cast each activation as it is
+    recorded (as `run_with_cache` does). An activation is kept without a copy unless a hook
+    that could edit it in place is attached. With `keep`, every store taken is also kept in
+    `stores`, in order (what `assembled` joins).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        names_filter: NamesFilter,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        keep: bool = False,
+    ) -> None:
+        self.model = model
+        self.points = model.hook_points_for(names_filter)
+        self.device, self.dtype, self.keep = device, dtype, keep
+        self.must_copy = False
+        self.hook = self._record  # one bound method: the decode step knows its hooks by it
+        self.stores: list[dict[str, Tensor]] = []
+        self._store: dict[str, Tensor] = {}
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator["StepRecorder"]:
+        """The recording hooks, attached for this thread's forwards until the block ends."""
+        thread = threading.get_ident()
+        handles = [p.add_hook(self.hook, _is_cache=True, _thread=thread) for p in self.points]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def before_forward(self) -> None:
+        """Decide whether this forward's activations are copied: only when a hook that is
+        not a cache is attached (it could edit them in place after they are recorded)."""
+        self.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+
+    def _record(self, x: Tensor, hook: Any) -> None:
+        """Keep `x` as the activation at `hook` (a hook function; the decode step calls it
+        too, for the activations it records itself)."""
+        t = x.detach()
+        if self.device is not None or self.dtype is not None:
+            t = t.to(device=self.device, dtype=self.dtype)
+        if self.must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            t = t.clone()
+        self._store[hook.name] = t
+
+    def take(self) -> dict[str, Tensor]:
+        """The activations recorded since the last `take`, by hook name."""
+        store, self._store = self._store, {}
+        if self.keep:
+            self.stores.append(store)
+        return store
+
+
+def step_cache(store: dict[str, Tensor], n_layers: int) -> ActivationCache:
+    """One forward's activations as a cache."""
+    return ActivationCache(store, n_layers)
+
+
+def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:
+    """The activations of consecutive forwards over one sequence, joined along positions:
+    what one forward over all of them records."""
+    names = list(stores[0])  # in forward order: the prompt's forward ran through the hooks
+    for i, store in enumerate(stores):
+        if set(store) != set(names):
+            missing = sorted(set(names) ^ set(store))
+            raise ValueError(
+                f"generation step {i} recorded other hook points than the first ({missing}): "
+                f"a cache over the generation needs every step to record the same ones"
+            )
+    n_keys = sum(store[names[0]].shape[_names.pos_axis(names[0])] for store in stores)
+    joined = {name: _joined([store[name] for store in stores], name, n_keys) for name in names}
+    return ActivationCache(joined, n_layers)
+
+
+def _joined(parts: list[Tensor], name: str, n_keys: int) -> Tensor:
+    axis = _names.pos_axis(name)
+    fill = _LATER_KEY.get(name.rpartition(".")[2])
+    if fill is not None:  # [batch head query_pos key_pos]: each step's keys so far
+        parts = [_padded_keys(p, n_keys, fill) for p in parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=axis)
+
+
+def _padded_keys(part: Tensor, n_keys: int, fill: float) -> Tensor:
+    missing = n_keys - part.shape[-1]
+    if missing == 0:
+        return part
+    later = part.new_full((*part.shape[:-1], missing), fill)
+    return torch.cat([part, later], dim=-1)

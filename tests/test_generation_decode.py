@@ -1,0 +1,201 @@
+"""The fast decode step against the hooked step: the same logits on every block shape, the
+same non-finite values, and the hooked step exactly when a hook is attached anywhere.
+
+The reference is the hooked step itself: the same generation with a no-op hook attached,
+which sends every step through the model's forward (`_next_token_step`).
+"""
+
+import pytest
+import torch
+from test_families_models import FAMILIES, family_model
+from test_fused_kernels import VARIANTS, pair
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from hookedattn import KeyValueCache
+from hookedattn.core._decode import Decoder
+from hookedattn.core._generation import generation_steps
+from hookedattn.core.components.mlp import MLP
+from hookedattn.testing import random_tokens
+
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # forces the hooked step
+
+
+def models(dtype=torch.float64):
+    out = {f"variant {k}": pair(v, dtype)[0] for k, v in VARIANTS.items()}
+    return out | {f"family {k}": family_model(k, dtype=dtype) for k in FAMILIES}
+
+
+MODELS = models()
+
+
+def prompt(model, padded, batch=3, pos=5):
+    tokens = random_tokens(model.cfg.d_vocab, batch, pos, seed=3)
+    if not padded:
+        return tokens, None
+    mask = torch.ones_like(tokens)
+    mask[0, :2] = 0
+    mask[2, :1] = 0
+    return tokens, mask
+
+
+def run(model, tokens, mask=None, hooks=(), n=6, **options):
+    with model.hooks(fwd_hooks=list(hooks)):
+        return list(generation_steps(model, tokens, mask, max_new_tokens=n, **options))
+
+
+def assert_same_steps(fast, hooked, tol):
+    assert [s.tokens.tolist() for s in fast] == [s.tokens.tolist() for s in hooked]
+    for i, (a, b) in enumerate(zip(fast, hooked, strict=True)):
+        torch.testing.assert_close(a.logits, b.logits, rtol=tol, atol=tol, equal_nan=True, msg=i)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", MODELS)
+def test_the_fast_step_gives_the_hooked_steps_logits(name, padded):
+    model = MODELS[name]
+    tokens, mask = prompt(model, padded)
+    assert_same_steps(run(model, tokens, mask), run(model, tokens, mask, NO_OP), 1e-10)
+
+
+@pytest.mark.parametrize("name", ["variant gpt2", "family gemma2", "family llama"])
+def test_the_fast_step_in_float32(name):
+    model = models(torch.float32)[name]
+    tokens, _ = prompt(model, False)
+    assert_same_steps(run(model, tokens), run(model, tokens, hooks=NO_OP), 1e-5)
+
+
+def test_the_fast_step_with_fused_kernels_off_is_the_hooked_step_bit_for_bit():
+    _, written = pair(VARIANTS["llama"], torch.float64)
+    tokens, _ = prompt(written, False)
+    assert_same_steps(run(written, tokens), run(written, tokens, hooks=NO_OP), 0.0)
+
+
+def synchronisations(model, hooks=()):
+    """`.item()` calls (host-device synchronisations) of one decode step."""
+    tokens = random_tokens(model.cfg.d_vocab, 2, 4, seed=1)
+    cache = KeyValueCache.empty(model.cfg, 2, capacity=8)
+    decoder = Decoder(model, cache)
+    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
+        model(tokens, past_kv_cache=cache)
+        decoder.step(tokens[:, :1], None)  # the first step checks the past once
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decoder.step(tokens[:, 1:2], None)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::item")
+
+
+def test_a_decode_step_with_idle_hooks_synchronises_once():
+    model = MODELS["variant gpt2"]
+    assert synchronisations(model) == 1
+    assert synchronisations(model, NO_OP) >= model.cfg.n_layers  # the guard of every layer
+
+
+def test_a_hook_anywhere_runs_at_every_step():
+    model = MODELS["family llama"]
+    seen = []
+    hooks = [("blocks.1.mlp.hook_post", lambda x, hook: seen.append(x.shape[1]))]
+    run(model, *prompt(model, False), hooks=hooks, n=4)
+    assert seen == [5, 1, 1, 1]
+
+
+def test_a_hook_attached_between_steps_runs_from_the_next_step_on():
+    model = MODELS["variant gpt2"]
+    tokens, _ = prompt(model, False)
+    direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    shift = [("blocks.0.hook_resid_post", lambda x, hook: x + direction.to(x.dtype))]
+
+    def steps(early_hooks):
+        it = generation_steps(model, tokens, max_new_tokens=4)
+        with model.hooks(fwd_hooks=early_hooks):
+            first = [next(it), next(it)]  # the prompt, then one decode step
+        with model.hooks(fwd_hooks=shift):
+            return first + list(it)
+
+    fast_early = steps([])
+    assert_same_steps(fast_early, steps(NO_OP), 1e-10)
+    assert not torch.allclose(fast_early[-1].logits, run(model, tokens, n=4)[-1].logits)
+
+
+# ---------------------------------------------------------------- non-finite values
+def poisoned(model, where):
+    """A copy of `model` with a NaN at `where`."""
+    model = model.copy()
+    with torch.no_grad():
+        if where == "W_Q":  # a fused kernel returns 0 for a NaN query among few keys
+            model.blocks[1].attn.W_Q[0, 0, 0] = float("nan")
+        elif where == "W_V":
+            model.blocks[0].attn.W_V[1, 3, 0] = float("nan")
+        elif where == "W_U":
+            model.unembed.W_U[2, 5] = float("nan")
+        elif where == "ln2":
+            model.blocks[0].ln2.w[3] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("where", ["W_Q", "W_V", "W_U", "ln2"])
+def test_a_nan_weight_shows_in_the_logits_as_on_the_hooked_step(where):
+    model = poisoned(MODELS["variant gpt2"], where)
+    tokens = random_tokens(model.cfg.d_vocab, 2, 2, seed=5)  # two keys at the first step
+    fast, hooked = run(model, tokens, n=3), run(model, tokens, hooks=NO_OP, n=3)
+    assert_same_steps(fast, hooked, 0.0)
+    assert all(step.logits.isnan().any() for step in fast)
+
+
+def test_a_nan_key_at_a_padding_position_stays_unread_as_on_the_hooked_step():
+    # A fused kernel adds -inf to a blocked score: NaN there would spread to every query.
+    model = MODELS["variant gpt2"]
+    tokens, mask = prompt(model, padded=True)
+
+    def poison(k, hook):
+        k[0, 0] = float("nan")  # row 0 is padded at positions 0 and 1
+
+    def steps(hooks_after_prompt):
+        it = generation_steps(model, tokens, mask, max_new_tokens=3)
+        with model.hooks(fwd_hooks=[("blocks.1.attn.hook_k", poison)]):
+            first = next(it)  # the prompt's keys are stored with the NaN
+        with model.hooks(fwd_hooks=hooks_after_prompt):
+            return [first, *it]
+
+    fast, hooked = steps([]), steps(NO_OP)
+    assert_same_steps(fast, hooked, 1e-10)
+    assert all(step.logits.isfinite().all() for step in fast)
+
+
+# ---------------------------------------------------------------- weights and modules
+def test_a_weight_edited_between_steps_is_seen_in_place_and_by_assignment():
+    def steps(model, hooks):
+        it = generation_steps(model, *prompt(model, False), max_new_tokens=5)
+        with model.hooks(fwd_hooks=hooks):
+            out = [next(it), next(it)]
+            with torch.no_grad():
+                model.blocks[0].attn.W_O.mul_(2.0)
+                model.blocks[1].mlp.W_out = nn.Parameter(model.blocks[1].mlp.W_out * 0.5)
+                model.unembed.W_U.add_(0.1)
+            return out + list(it)
+
+    fast = steps(MODELS["family neox"].copy(), [])
+    hooked = steps(MODELS["family neox"].copy(), NO_OP)
+    assert_same_steps(fast, hooked, 1e-10)
+
+
+class DoubledMLP(MLP):
+    """An MLP whose output is doubled: a module the fast step does not know."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_a_module_of_the_users_own_runs_the_hooked_step():
+    model = MODELS["variant gpt2"].copy()
+    doubled = DoubledMLP(model.cfg)
+    doubled.load_state_dict(model.blocks[0].mlp.state_dict())
+    model.blocks[0].mlp = doubled
+    model.setup()
+    tokens, _ = prompt(model, False)
+    steps = run(model, tokens, n=4)
+    sequence = torch.cat([tokens, *[s.tokens[:, None] for s in steps[:-1]]], dim=1)
+    with torch.no_grad():
+        full = model(sequence)[:, tokens.shape[1] - 1 :]
+    for i, step in enumerate(steps):
+        torch.testing.assert_close(step.logits, full[:, i], rtol=1e-10, atol=1e-10)
