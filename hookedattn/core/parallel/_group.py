@@ -102,12 +102,16 @@ def _world_size() -> int | None:
     return None if world is None else int(world)
 
 
-def same_on_every_rank(value: Any) -> Any:
-    """`value` as rank 0 has it, on every rank of the default process group (`value` itself
-    without one): for a decision made from a measurement (a time, the free memory), which
-    would differ between ranks and then make them run different collectives."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+def same_on_every_rank(model: Any, value: Any) -> Any:
+    """For a tensor-parallel `model`, `value` as its rank 0 has it (broadcast over the
+    model's ranks); for any other model, `value` itself.
+
+    For a decision made from a measurement (a time, the free memory): the ranks would
+    measure different numbers, decide differently, and then run different collectives.
+    """
+    group = getattr(model, "tp", None)
+    if not isinstance(group, TensorParallelGroup):
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, group_src=0, group=group.process_group)
     return box[0]
