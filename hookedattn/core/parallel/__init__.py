@@ -20,6 +20,15 @@ boundaries; nothing is split, so nothing is communicated but the stream.
 Every rank runs the same program: the same inputs, hooks and calls, in the same order.
 """
 
+from hookedattn.core.parallel._building import build_model
+from hookedattn.core.parallel._device_map import (
+    check_device,
+    infer_device_map,
+    n_devices_map,
+    place,
+    resolve_device_map,
+    unit_bytes,
+)
 from hookedattn.core.parallel._group import (
     TensorParallelGroup,
     same_on_every_rank,
@@ -51,13 +60,20 @@ __all__ = [
     "TensorParallelGroup",
     "TensorParallelModel",
     "VocabParallel",
+    "build_model",
+    "check_device",
     "check_tp_size",
     "full_state_dict",
+    "infer_device_map",
     "local_activations",
+    "n_devices_map",
     "parameter_slices",
+    "place",
+    "resolve_device_map",
     "same_on_every_rank",
     "sharded_hook_points",
     "tensor_parallel",
     "tensor_parallel_group",
     "tensor_parallel_plan",
+    "unit_bytes",
 ]

@@ -50,6 +50,10 @@ class TensorParallelGroup:
         """Every rank's part of an axis of `size`, in rank order."""
         return chunk_lengths(size, self.size)
 
+    def barrier(self) -> None:
+        """Wait for every rank of the group."""
+        dist.barrier(group=self.process_group)
+
     def __deepcopy__(self, memo: dict) -> "TensorParallelGroup":
         return self
 

@@ -33,7 +33,7 @@ from hookedattn.core.kv_cache import KeyValueCacheEntry
 from hookedattn.core.parallel._collectives import gather, replicated_input, sum_partials
 from hookedattn.core.parallel._group import TensorParallelGroup
 from hookedattn.core.parallel._hook_points import ShardedHookPoint
-from hookedattn.core.parallel._shards import LocalSlice
+from hookedattn.core.parallel._shards import LocalSlice, local_slice
 
 Resid = Float[Tensor, "batch pos d_model"]
 
@@ -170,18 +170,50 @@ class VocabParallelUnembed:
 
 
 # ------------------------------------------------------------------ sharding in place
+# Every sharded parameter: (the kind of module holding it, its name) -> (the axis cut, the
+# config field of that axis's size). Parameters not listed are replicated (norm gains,
+# `b_O`, `b_out`, `W_pos`). The loaders read the slices this table gives.
+SHARDED: dict[tuple[str, str], tuple[int, str]] = {
+    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O")},
+    **{("attn", w): (0, "n_kv_heads") for w in ("W_K", "W_V", "b_K", "b_V")},
+    **{("attn", w): (0, "n_kv_heads") for w in ("_W_K", "_W_V", "_b_K", "_b_V")},
+    **{("mlp", w): (1, "d_mlp") for w in ("W_in", "W_gate")},
+    **{("mlp", w): (0, "d_mlp") for w in ("b_in", "W_out")},
+    ("embed", "W_E"): (0, "d_vocab"),
+    ("unembed", "W_U"): (1, "d_vocab_out"),
+    ("unembed", "b_U"): (0, "d_vocab_out"),
+}
+
+
+def shard_plan(
+    names: list[str], cfg: HookedTransformerConfig, rank: int, n_ranks: int
+) -> dict[str, LocalSlice]:
+    """Rank `rank`'s slice of each parameter among the state-dict `names` that is sharded
+    over `n_ranks` ranks (`SHARDED`); the others are whole on every rank."""
+    plan = {}
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        rule = SHARDED.get((module.rpartition(".")[2], leaf))
+        if rule is not None:
+            axis, field = rule
+            plan[name] = local_slice(getattr(cfg, field), axis, rank, n_ranks)
+    return plan
+
+
+def _module_plan(
+    module: nn.Module, kind: str, cfg: HookedTransformerConfig, tp: TensorParallelGroup
+) -> dict[str, LocalSlice]:
+    names = [f"{kind}.{name}" for name in module._parameters]
+    return {n.split(".", 1)[1]: s for n, s in shard_plan(names, cfg, tp.rank, tp.size).items()}
+
+
 def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make `attn` (an `Attention`, grouped or not) hold this rank's heads, in place."""
     heads, kv = tp.slice_of(cfg.n_heads, 0), tp.slice_of(cfg.n_kv_heads, 0)
-    slices = {}
-    for name in list(attn._parameters):
-        if name in ("W_Q", "b_Q", "W_O"):
-            slices[name] = heads
-        elif name.lstrip("_") in ("W_K", "W_V", "b_K", "b_V"):
-            slices[name] = kv  # with one key/value head per query head, the same as `heads`
-        elif name != "b_O":
-            raise ValueError(f"no tensor-parallel rule for the attention parameter {name!r}")
-    _narrow_parameters(attn, slices)
+    unknown = sorted(set(attn._parameters) - {w for kind, w in SHARDED if kind == "attn"} - {"b_O"})
+    if unknown:
+        raise ValueError(f"no tensor-parallel rule for the attention parameters {unknown}")
+    _narrow_parameters(attn, _module_plan(attn, "attn", cfg, tp))
     _swap_class(attn, HeadParallelAttention)
     attn.tp, attn.kv_slice = tp, dataclasses.replace(kv, axis=2)
     attn.write = getattr(attn, attn.write.__name__)  # rebound to the sharded class's
@@ -232,12 +264,8 @@ def shard_mlp(mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGr
             f"no tensor-parallel rule for {type(mlp).__name__}: neurons split for MLP and "
             f"GatedMLP (experts would split on their expert axis, not yet written)"
         )
-    d_mlp = cfg.d_mlp
-    columns, rows = tp.slice_of(d_mlp, 1), tp.slice_of(d_mlp, 0)
-    slices = {"W_in": columns, "b_in": rows, "W_out": rows}
-    if "W_gate" in mlp._parameters:
-        slices["W_gate"] = columns
-    _narrow_parameters(mlp, slices)
+    rows = tp.slice_of(cfg.d_mlp, 0)
+    _narrow_parameters(mlp, _module_plan(mlp, "mlp", cfg, tp))
     _swap_class(mlp, mixin)
     mlp.tp = tp
     for point in ("hook_pre", "hook_pre_linear", "hook_post"):
@@ -247,7 +275,7 @@ def shard_mlp(mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGr
 def shard_embed(embed: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make the token embedding hold this rank's part of the vocabulary, in place."""
     part = tp.slice_of(cfg.d_vocab, 0)
-    _narrow_parameters(embed, {"W_E": part})
+    _narrow_parameters(embed, _module_plan(embed, "embed", cfg, tp))
     _swap_class(embed, VocabParallelEmbed)
     embed.tp, embed.vocab_slice = tp, part
 
@@ -257,7 +285,7 @@ def shard_unembed(
 ) -> None:
     """Make the unembedding hold this rank's part of the output vocabulary, in place."""
     part = tp.slice_of(cfg.d_vocab_out, 0)
-    _narrow_parameters(unembed, {"W_U": dataclasses.replace(part, axis=1), "b_U": part})
+    _narrow_parameters(unembed, _module_plan(unembed, "unembed", cfg, tp))
     _swap_class(unembed, VocabParallelUnembed)
     unembed.tp, unembed.vocab_slice = tp, dataclasses.replace(part, axis=-1)
 
