@@ -5,7 +5,9 @@ Each rank builds the same seeded one-process model (the reference), splits a cop
 two ranks, runs the same inputs through both and writes `<out>/rank<r>.json`: for every
 case and check, the largest difference from the reference relative to the reference's
 scale (`max|a - b| / max(1, max|b|)`), or a boolean. The test asserts on the numbers, so
-that a failure names the case and the check.
+that a failure names the case and the check. Then it loads the checkpoints named on the
+command line (HF directories, then one of ours) with `tp_size=2` and in one process, and
+writes `<out>/loading<r>.json`.
 """
 
 import copy
@@ -19,6 +21,7 @@ import torch
 torch.set_num_threads(1)
 
 from analysis import activation_patch  # noqa: E402
+from hookedattn import HookedTransformer  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
 from hookedattn.sae import SAEConfig, SparseAutoencoder  # noqa: E402
 from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
@@ -143,7 +146,53 @@ def check(ref, model) -> dict:
     return out
 
 
-def main(out_dir: str) -> None:
+def check_loaded(one, model) -> dict:
+    """A model loaded with `tp_size=2` against the same checkpoint loaded in one process:
+    every parameter is exactly this rank's slice of the whole, and it runs the same."""
+    whole = one.state_dict()
+    slices = parallel.parameter_slices(model)
+    exact = all(
+        torch.equal(t, whole[n] if n not in slices else whole[n].narrow(
+            slices[n].axis, slices[n].start, slices[n].length))
+        for n, t in model.state_dict().items()
+    )  # fmt: skip
+    tokens = random_tokens(one.cfg.d_vocab, batch=2, pos=6, seed=4)
+    (ref_logits, ref_cache), (logits, cache) = (
+        one.run_with_cache(tokens),
+        model.run_with_cache(tokens),
+    )
+    return {
+        "slices_exact": exact,
+        "sharded_parameters": len(slices),
+        "logits": relative(logits, ref_logits),
+        "cache": worst((cache[k], ref_cache[k]) for k in ref_cache),
+        "parameter_fraction": sum(p.numel() for p in model.parameters())
+        / sum(p.numel() for p in one.parameters()),
+    }
+
+
+def loading(out_dir: Path, hf_dirs: list[str], ours: str) -> dict:
+    results = {}
+    for path in hf_dirs:
+        one = HookedTransformer.from_hf(path, dtype=torch.float64)
+        model = HookedTransformer.from_hf(path, dtype=torch.float64, tp_size=2)
+        results[f"from_hf {Path(path).name}"] = check_loaded(one, model)
+    one, model = HookedTransformer.load(ours), HookedTransformer.load(ours, tp_size=2)
+    results["load"] = check_loaded(one, model)
+    model.save(out_dir / "saved")  # every rank calls it; rank 0 writes the whole model
+    saved = HookedTransformer.load(out_dir / "saved")
+    results["load"]["saved_whole"] = all(
+        torch.equal(t, one.state_dict()[n]) for n, t in saved.state_dict().items()
+    )
+    try:
+        HookedTransformer.load(ours, tp_size=4)
+        results["load"]["tp_size_4"] = "loaded"
+    except ValueError as error:
+        results["load"]["tp_size_4"] = str(error)
+    return results
+
+
+def main(out_dir: str, hf_dirs: list[str], ours: str) -> None:
     group = parallel.tensor_parallel_group(2)
     results = {}
     for name, fields in CASES.items():
@@ -154,7 +203,9 @@ def main(out_dir: str) -> None:
         results[name]["seconds"] = time.perf_counter() - start
     path = Path(out_dir) / f"rank{group.rank}.json"
     path.write_text(json.dumps(results, indent=1))
+    loaded = loading(Path(out_dir), hf_dirs, ours)
+    (Path(out_dir) / f"loading{group.rank}.json").write_text(json.dumps(loaded, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:-1], sys.argv[-1])

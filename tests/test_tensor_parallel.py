@@ -20,7 +20,7 @@ import torch
 
 from hookedattn.core import parallel
 from hookedattn.core.parallel._shards import chunk_lengths, chunk_range
-from hookedattn.testing import tiny_model
+from hookedattn.testing import random_tiny_model, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "_tensor_parallel_worker.py"
@@ -38,10 +38,45 @@ def torchrun(script: Path, *args: str, timeout: int = 400) -> None:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
+def launched(tmp_path_factory) -> Path:
+    """One launch for the whole file: the checks on split models, and the loading."""
     out = tmp_path_factory.mktemp("tensor_parallel")
-    torchrun(WORKER, str(out))
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    hf_dirs = [save_hf(family, out / family) for family in ("llama", "gpt2")]
+    random_tiny_model(d_vocab=33).save(out / "ours")  # 4 heads: tp_size=4 divides them
+    torchrun(WORKER, str(out), *map(str, hf_dirs), str(out / "ours"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(launched) -> list[dict]:
+    return [json.loads((launched / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def loaded(launched) -> list[dict]:
+    return [json.loads((launched / f"loading{r}.json").read_text()) for r in (0, 1)]
+
+
+def save_hf(family: str, path: Path) -> Path:
+    """A tiny HF model directory: Llama with grouped keys and values, or GPT-2 (fused
+    `c_attn`, a vocabulary of 65 cut 33 + 32)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        )  # fmt: skip
+        hf = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32,
+                                         vocab_size=65)  # fmt: skip
+        hf = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    hf.save_pretrained(path)
+    return path
 
 
 def checks(ranks: list[dict], *names: str):
@@ -106,6 +141,24 @@ def test_each_rank_holds_about_half_the_weights(ranks):
     fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction")]
     assert fractions and all(0.5 <= f <= 0.6 for f in fractions), fractions
     assert_close(ranks, "weight_views")  # model.W_Q etc. gather the whole weights
+
+
+def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):
+    for result in loaded:
+        assert set(result) == {"from_hf llama", "from_hf gpt2", "load"}
+        for name, values in result.items():
+            assert values["slices_exact"] and values["sharded_parameters"] > 10, name
+            assert values["logits"] <= 1e-12 and values["cache"] <= 1e-12, (name, values)
+            assert values["parameter_fraction"] <= 0.6, (name, values)
+
+
+def test_a_split_model_saves_as_the_whole_model(loaded):
+    assert all(result["load"]["saved_whole"] for result in loaded)
+
+
+def test_tp_size_other_than_the_job_is_refused_inside_torchrun(loaded):
+    for result in loaded:
+        assert "tp_size=4 but the job has 2 processes" in result["load"]["tp_size_4"]
 
 
 # ------------------------------------------------------------------ in one process
