@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import analysis
-from hookedattn.core import _tokenization, processing
+from hookedattn.core import _tokenization, parallel, processing
 from hookedattn.core.config import DTYPES
 from hookedattn.core.hook_points import LensHandle
 from hookedattn.core.loss import lm_cross_entropy_loss
@@ -372,7 +372,7 @@ class HookedTransformer(_CoreModel):
         weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
         each step returns a new model, so nothing is changed in place.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, n_devices, from_pretrained_kwargs)
+        _refuse_unsupported(refactor_factored_attn_matrices, from_pretrained_kwargs)
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
@@ -395,6 +395,8 @@ class HookedTransformer(_CoreModel):
             fold_value_biases=fold_value_biases,
         )
         model = _written_out(model)
+        if n_devices != 1:  # blocks over the first n devices, as TransformerLens places them
+            parallel.place(model, parallel.n_devices_map(n_devices, device))
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -442,15 +444,13 @@ def _written_out(model: HookedTransformer) -> HookedTransformer:
     return new
 
 
-def _refuse_unsupported(refactor: bool, n_devices: int, kwargs: dict[str, Any]) -> None:
+def _refuse_unsupported(refactor: bool, kwargs: dict[str, Any]) -> None:
     if refactor:
         raise ValueError(
             "refactor_factored_attn_matrices=True is not supported: hookedattn keeps "
             "W_Q, W_K, W_V, W_O as loaded; read the circuits from model.QK and model.OV "
             "(FactoredMatrix), which do not depend on how the factors are split"
         )
-    if n_devices != 1:
-        raise ValueError(f"n_devices={n_devices}: hookedattn runs a model on one device")
     ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
     given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
     unknown = sorted(set(kwargs) - ignored)

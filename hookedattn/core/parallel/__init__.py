@@ -22,6 +22,7 @@ Every rank runs the same program: the same inputs, hooks and calls, in the same 
 
 from hookedattn.core.parallel._building import build_model
 from hookedattn.core.parallel._device_map import (
+    balanced_slots,
     check_device,
     infer_device_map,
     n_devices_map,
@@ -60,6 +61,7 @@ __all__ = [
     "TensorParallelGroup",
     "TensorParallelModel",
     "VocabParallel",
+    "balanced_slots",
     "build_model",
     "check_device",
     "check_tp_size",

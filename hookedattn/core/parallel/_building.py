@@ -41,7 +41,7 @@ def build_model(
     check: Callable[[Any], None] | None = None,
     tp_size: int | None = None,
     device_map: DeviceMap | None = None,
-    max_memory: Mapping[str, float] | None = None,
+    max_memory: Mapping[str, float | int] | None = None,
 ) -> Any:
     """A `cls` of `cfg` with the parameters `read` gives (module docstring). `check(model)`
     runs on the meta model, before anything is read (names and shapes against a file)."""

@@ -88,7 +88,7 @@ def unit_bytes(model: Any) -> dict[str, int]:
 def infer_device_map(
     model: Any,
     devices: Sequence[str] | None = None,
-    max_memory: Mapping[str, float] | None = None,
+    max_memory: Mapping[str, float | int] | None = None,
 ) -> dict[str, str]:
     """Every unit's device: the embeddings and output on the first of `devices`, the blocks
     in order over all of them, contiguously, the largest load as small as it can be while
@@ -106,8 +106,8 @@ def infer_device_map(
     sizes = unit_bytes(model)
     fixed = sum(sizes[u] for u in sizes if not u.startswith("blocks."))
     blocks = [sizes[f"blocks.{i}"] for i in range(model.cfg.n_layers)]
-    limit = _smallest_feasible_load(blocks, fixed, capacity)
-    if limit is None:
+    slots = balanced_slots(blocks, fixed, capacity)
+    if slots is None:
         need = fixed + sum(blocks)
         raise ValueError(
             f"the model ({need / 1e9:.3g} GB: {fixed / 1e9:.3g} GB of embeddings and output on "
@@ -115,13 +115,30 @@ def infer_device_map(
             f"GB) does not fit max_memory={dict(max_memory or {})} over {devices}"
         )
     placed = {u: devices[0] for u in sizes if not u.startswith("blocks.")}
-    slot, load = 0, fixed
-    for i, size in enumerate(blocks):
-        while load + size > min(limit, capacity[slot]):
-            slot, load = slot + 1, 0
-        placed[f"blocks.{i}"] = devices[slot]
-        load += size
+    placed |= {f"blocks.{i}": devices[slot] for i, slot in enumerate(slots)}
     return {u: placed[u] for u in units(model)}
+
+
+def balanced_slots(
+    blocks: Sequence[int], fixed: int, capacity: Sequence[float | int]
+) -> list[int] | None:
+    """Each block's slot (an index into `capacity`): in order, contiguously, the first slot
+    starting with `fixed` bytes, no slot over its capacity, and the largest load as small
+    as any such placement allows; then, slot by slot, the rest placed by the same rule
+    (None where nothing fits)."""
+    blocks, capacity = list(blocks), list(capacity)
+    if _smallest_feasible_load(blocks, fixed, capacity) is None:
+        return None
+    slots, i, load = [], 0, fixed
+    for slot in range(len(capacity)):
+        limit = _smallest_feasible_load(blocks[i:], load, capacity[slot:])
+        assert limit is not None  # the whole fits, so what is left fits what is left
+        while i < len(blocks) and load + blocks[i] <= min(limit, capacity[slot]):
+            slots.append(slot)
+            load += blocks[i]
+            i += 1
+        load = 0
+    return slots
 
 
 def _all_devices() -> list[str]:
@@ -130,7 +147,7 @@ def _all_devices() -> list[str]:
     return ["cpu"]
 
 
-def _capacities(devices: list[str], max_memory: Mapping[str, float] | None) -> list[float]:
+def _capacities(devices: list[str], max_memory: Mapping[str, float | int] | None) -> list[float]:
     if not max_memory:
         return [math.inf] * len(devices)
     checked = {check_device(d): float(v) for d, v in max_memory.items()}
@@ -141,7 +158,7 @@ def _capacities(devices: list[str], max_memory: Mapping[str, float] | None) -> l
     return [checked.get(d, math.inf) / devices.count(d) for d in devices]
 
 
-def _fits(blocks: list[int], fixed: int, capacity: list[float], limit: float) -> bool:
+def _fits(blocks: list[int], fixed: int, capacity: list[float | int], limit: float | int) -> bool:
     """Whether the blocks, in order, fill the devices with no load above `limit`."""
     slot, load = 0, fixed
     if fixed > min(limit, capacity[0]):
@@ -151,10 +168,13 @@ def _fits(blocks: list[int], fixed: int, capacity: list[float], limit: float) ->
             slot, load = slot + 1, 0
             if slot == len(capacity):
                 return False
+        load += size
     return True
 
 
-def _smallest_feasible_load(blocks: list[int], fixed: int, capacity: list[float]) -> int | None:
+def _smallest_feasible_load(
+    blocks: list[int], fixed: int, capacity: list[float | int]
+) -> int | None:
     """The smallest largest-load of any contiguous placement (a bisection on it), or None."""
     low, high = max([fixed, *blocks]), fixed + sum(blocks)
     if not _fits(blocks, fixed, capacity, high):
@@ -166,7 +186,7 @@ def _smallest_feasible_load(blocks: list[int], fixed: int, capacity: list[float]
 
 
 def resolve_device_map(
-    model: Any, device_map: DeviceMap, max_memory: Mapping[str, float] | None = None
+    model: Any, device_map: DeviceMap, max_memory: Mapping[str, float | int] | None = None
 ) -> dict[str, str]:
     """Every unit's device from `device_map`: "auto", a list of devices, or a dict of units
     (`"blocks.3"`, `"embed"`, ...) to devices, which must give every block one. Units a dict
@@ -228,7 +248,9 @@ def device_of_parameter(name: str, placed: Mapping[str, str]) -> str:
     return placed[unit]
 
 
-def place(model: Any, device_map: DeviceMap, max_memory: Mapping[str, float] | None = None) -> Any:
+def place(
+    model: Any, device_map: DeviceMap, max_memory: Mapping[str, float | int] | None = None
+) -> Any:
     """Put `model`'s units on the devices `device_map` gives (see `resolve_device_map`),
     in place, and make each block's inputs follow: returns the model."""
     placed = resolve_device_map(model, device_map, max_memory)
