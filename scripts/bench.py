@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import _bench_analysis as analyses  # noqa: E402
+from _bench_distributed import distributed_section  # noqa: E402
 from _bench_hf import hf_forward, hf_generate, hf_gpt2  # noqa: E402
 from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
@@ -373,7 +374,7 @@ def _peak_ratio(run: Run, setting: str, mode: str) -> float | None:
 
 # ----------------------------------------------------------------------------- main
 
-SECTIONS = ("forward", "compile", "generation", "memory", "analysis")
+SECTIONS = ("forward", "compile", "generation", "memory", "analysis", "distributed")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -426,6 +427,8 @@ def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tu
             memory_section(run, key, run.settings[key])
     if "analysis" in sections:
         analyses.analysis_section(run, shipped)
+    if "distributed" in sections:  # 2 tensor-parallel ranks (torchrun) against one process
+        distributed_section(run)
     return shipped
 
 
