@@ -72,6 +72,21 @@ def test_from_hf_and_load_place_blocks_as_they_read_them(tmp_path):
     assert_runs_as_one_device(loaded, model, tokens)
 
 
+def test_from_hf_reads_each_block_onto_its_device(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    model = HookedTransformer.from_hf(tmp_path)
+    mapped = HookedTransformer.from_hf(tmp_path, device_map=["cpu", "cpu"])
+    assert set(mapped.device_map) == {"embed", "blocks.0", "blocks.1", "blocks.2", "ln_final",
+                                      "unembed"}  # fmt: skip
+    assert_runs_as_one_device(mapped, model, random_tokens(64, batch=2, pos=7))
+
+
 def test_blocks_are_balanced_by_bytes_after_the_embeddings():
     # 30 bytes of embeddings and output on the first device, then six blocks of 10.
     assert (

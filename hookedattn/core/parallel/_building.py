@@ -80,8 +80,11 @@ def build_model(
 def _buffer_devices(model: Any, placed: Mapping[str, str] | None, device: str) -> list:
     """Where each module holding buffers (rotary frequencies, built on the CPU when the
     model was built on the meta device) must go: its parameters' device."""
-    owners = {name.rsplit(".", 1)[0] if "." in name else "" for name, _ in model.named_buffers()}
-    return [
-        (owner, device if placed is None else device_of_parameter(owner + ".x", placed))
-        for owner in sorted(owners)
-    ]
+    owners = {name.rpartition(".")[0] for name, _ in model.named_buffers()}
+    return [(owner, _device_of(owner, placed, device)) for owner in sorted(owners)]
+
+
+def _device_of(module: str, placed: Mapping[str, str] | None, default: str) -> str:
+    if placed is None or not module:
+        return default
+    return device_of_parameter(f"{module}.x", placed)
