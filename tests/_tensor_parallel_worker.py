@@ -71,6 +71,11 @@ def check(ref, model) -> dict:
     out["weight_views"] = worst(
         (getattr(model, w), getattr(ref, w)) for w in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U")
     )
+    whole = ref.state_dict()
+    out["dtensor_state_dict"] = all(
+        torch.equal(t.full_tensor(), whole[n])
+        for n, t in parallel.dtensor_state_dict(model).items()
+    )
     out["logits"] = relative(model(tokens), ref(tokens))
     (ref_logits, ref_cache), (logits, cache) = (
         ref.run_with_cache(tokens),

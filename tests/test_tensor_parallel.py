@@ -141,6 +141,7 @@ def test_each_rank_holds_about_half_the_weights(ranks):
     fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction")]
     assert fractions and all(0.5 <= f <= 0.6 for f in fractions), fractions
     assert_close(ranks, "weight_views")  # model.W_Q etc. gather the whole weights
+    assert_true(ranks, "dtensor_state_dict")  # each slice a Shard of the whole weight
 
 
 def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):

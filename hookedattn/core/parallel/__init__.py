@@ -40,7 +40,11 @@ from hookedattn.core.parallel._hook_points import (
     local_activations,
     sharded_hook_points,
 )
-from hookedattn.core.parallel._model import TensorParallelModel, full_state_dict
+from hookedattn.core.parallel._model import (
+    TensorParallelModel,
+    dtensor_state_dict,
+    full_state_dict,
+)
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
 from hookedattn.core.parallel._styles import (
     HeadParallel,
@@ -65,6 +69,7 @@ __all__ = [
     "build_model",
     "check_device",
     "check_tp_size",
+    "dtensor_state_dict",
     "full_state_dict",
     "infer_device_map",
     "local_activations",

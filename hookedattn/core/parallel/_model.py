@@ -7,9 +7,11 @@ weights, so analysis written for one process (`model.OV`, `model.W_U`, ...) give
 one-process answer. Each view is a collective: every rank must read it.
 """
 
+import math
 from typing import Any
 
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hookedattn.core.parallel._collectives import gather
 from hookedattn.core.parallel._group import TensorParallelGroup
@@ -60,4 +62,24 @@ def full_state_dict(model: Any) -> dict[str, Tensor]:
     for name, tensor in model.state_dict().items():
         part = slices.get(name)
         tensors[name] = tensor if part is None else gather(tensor, part.axis, part.size, model.tp)
+    return tensors
+
+
+def dtensor_state_dict(model: Any) -> dict[str, DTensor]:
+    """The state dict of a tensor-parallel model as DTensors over its mesh: each sharded
+    parameter this rank's slice as `Shard(axis)` of the whole, the rest `Replicate()`;
+    what `torch.distributed.checkpoint` saves and loads shard by shard. No data moves."""
+    slices = parameter_slices(model)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        part = slices.get(name)
+        if part is None:
+            tensors[name] = DTensor.from_local(tensor, model.tp.mesh, [Replicate()])
+            continue
+        shape = list(tensor.shape)
+        shape[part.axis] = part.size
+        stride = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        tensors[name] = DTensor.from_local(
+            tensor, model.tp.mesh, [Shard(part.axis)], shape=tuple(shape), stride=tuple(stride)
+        )
     return tensors
