@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from hookedattn.core import kernels
 from hookedattn.core.components.block import AttnInputs
 from hookedattn.core.components.embed import affine
+from hookedattn.core.components.mlp import MLP, GatedMLP
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCacheEntry
 from hookedattn.core.parallel._collectives import gather, replicated_input, sum_partials
@@ -255,8 +256,6 @@ def shard_attention_inputs(
 
 def shard_mlp(mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make `mlp` (plain or gated) hold this rank's neurons, in place."""
-    from hookedattn.core.components.mlp import MLP, GatedMLP
-
     mixins = {MLP: NeuronParallelMLP, GatedMLP: NeuronParallelGatedMLP}
     mixin = next((m for cls, m in mixins.items() if type(mlp) is cls), None)
     if mixin is None:
