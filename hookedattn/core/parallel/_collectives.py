@@ -8,9 +8,8 @@ rank's part of an axis (the logits' vocabulary, a hook point's heads); backwards
 keeps its own part of the gradient.
 
 They run `torch.distributed`'s collectives on the mesh's process group (gloo or NCCL)
-directly. DTensor's `redistribute` does the same transfers; on this 2-core test machine it
-took about three times as long per call (7.3 ms against 2.3 ms for a 64-float all-reduce,
-gloo, 2 ranks), which a forward pays three times per block.
+directly: DTensor's `redistribute` does the same transfers with more work per call, which
+a forward would pay twice per block (measured in docs/guide/distributed.md).
 
 Under `torch.no_grad()` (patching, generation, caching) no autograd node is built.
 """
