@@ -102,6 +102,15 @@ def test_every_ranks_slice_is_that_slice_of_the_whole_tensor(hf_dir):
                 assert torch.equal(got, want), (name, rank, n_ranks)
 
 
+def test_runs_read_as_their_span_equal_the_runs_read_one_by_one(hf_dir, monkeypatch):
+    # MAX_RUNS=0: every dimension is read as the span of its runs, the runs then taken in
+    # memory (the path of an interleaved part picked out of every row).
+    monkeypatch.setattr(_slices, "MAX_RUNS", 0)
+    test_every_ranks_slice_is_that_slice_of_the_whole_tensor(hf_dir)
+    monkeypatch.setattr(_slices, "CHUNK_BYTES", 64)
+    test_a_directory_read_in_tiny_chunks_equals_every_tensor_read_whole(hf_dir, monkeypatch)
+
+
 def test_reading_a_slice_reads_its_bytes_and_no_more(tmp_path, monkeypatch):
     path = save_hf("llama", tmp_path)
     expected, (table, source, cfg) = whole_conversion(path)

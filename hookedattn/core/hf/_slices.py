@@ -12,8 +12,12 @@ A large tensor is read in chunks along the HF tensor's first axis, each copied i
 place in the finished tensor before the next is mapped: a bfloat16 checkpoint loads with
 the finished model plus one chunk resident, never a float32 copy, and a rank of a
 tensor-parallel job reads only its slices.
+
+A mixture of experts' rule (`experts=n`, one HF tensor per expert) is read expert by
+expert into our stacked tensor, one expert's tensor held at a time.
 """
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -31,6 +35,10 @@ Ranges = Mapping[str, tuple[int, int]]
 # A chunk of this many bytes (of the finished tensor) is read at a time: small beside a
 # model, large enough that a 100M model opens its file a few hundred times at most.
 CHUNK_BYTES = 4 << 20
+# A dimension cut into more runs than this (an interleaved part picked out of every row, as
+# GPT-OSS's `(d_mlp gate_up)`) is read as the span of its runs, the runs then taken in
+# memory: a few bytes more read, rather than one mapped region per run.
+MAX_RUNS = 16
 
 
 def _groups(side: str) -> list[list[str]]:
@@ -68,17 +76,23 @@ def read_regions(source: TensorSource, name: str, regions: list[tuple[slice, ...
 
 def _read_runs(source: TensorSource, name: str, runs: list[list[tuple[int, int]]]) -> Tensor:
     """The runs of every dimension, read (one region per combination) and joined."""
+    picked = {d: r for d, r in enumerate(runs) if len(r) > MAX_RUNS}
+    spans = [[(r[0][0], r[-1][1])] if d in picked else r for d, r in enumerate(runs)]
     combos: list[list[tuple[int, int]]] = [[]]
-    for dim_runs in runs:
+    for dim_runs in spans:
         combos = [[*c, r] for c in combos for r in dim_runs]
     regions = [tuple(slice(a, b) for a, b in combo) for combo in combos]
     parts = read_regions(source, name, regions)
     # Joined innermost dimension first: the combinations vary fastest in the last.
-    for dim in range(len(runs) - 1, -1, -1):
-        n = len(runs[dim])
+    for dim in range(len(spans) - 1, -1, -1):
+        n = len(spans[dim])
         if n > 1:
             parts = [torch.cat(parts[i : i + n], dim=dim) for i in range(0, len(parts), n)]
     (tensor,) = parts
+    for dim, dim_runs in picked.items():
+        first = dim_runs[0][0]
+        index = torch.cat([torch.arange(a - first, b - first) for a, b in dim_runs])
+        tensor = tensor.index_select(dim, index)
     return tensor
 
 
@@ -173,6 +187,10 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
 
     def read(name: str, local_slice: Any, device: str) -> Tensor:
         rule = rules[name]
+        # `Rule.experts` comes with the mixture-of-experts rules; a table without them has
+        # no stacked rule.
+        if getattr(rule, "experts", 0):
+            return _read_experts(rule, source, stored, sizes, local_slice, cfg.dtype, device)
         ranges = {}
         if local_slice is not None:
             axis = _our_axis(rule, local_slice.axis)
@@ -181,6 +199,32 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
         return read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
 
     return read
+
+
+def _read_experts(
+    rule: Rule,
+    source: TensorSource,
+    stored: Mapping[str, str],
+    sizes: Mapping[str, int],
+    local_slice: Any,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> Tensor:
+    """Our stacked tensor of an `experts=n` rule (`[expert ...]`), each expert read from
+    its own HF tensor (`{expert}` in the rule's name); `local_slice` may cut the expert
+    axis (axis 0: a rank's experts) or an axis of each expert's tensor."""
+    one = dataclasses.replace(rule, experts=0)
+    experts, ranges = (0, rule.experts), {}
+    if local_slice is not None and local_slice.axis == 0:
+        experts = (local_slice.start, local_slice.stop)
+    elif local_slice is not None:
+        ranges[_our_axis(one, local_slice.axis - 1)] = (local_slice.start, local_slice.stop)
+    local = {n: ranges[n][1] - ranges[n][0] if n in ranges else s for n, s in sizes.items()}
+    out = torch.empty((experts[1] - experts[0], *our_shape(one, local)), dtype=dtype, device=device)
+    for e in range(*experts):  # one expert's tensor held at a time
+        hf = stored[rule.hf.replace("{expert}", str(e))]
+        out[e - experts[0]] = read_rule_in_chunks(one, source, hf, sizes, ranges, dtype, device)
+    return out
 
 
 def _our_axis(rule: Rule, dim: int) -> str:
