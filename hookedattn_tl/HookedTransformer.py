@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import analysis
-from hookedattn.core import _tokenization, processing
+from hookedattn.core import _tokenization, parallel, processing
 from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
@@ -381,7 +381,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         this one then takes its modules and config (its hooks are detached, as a rebuilt
         TL model's would be), so references to this model see the processed weights.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, 1, {})
+        _refuse_unsupported(refactor_factored_attn_matrices, {})
         processed = _written_out(
             processing.process_weights(
                 self,
@@ -427,7 +427,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
         each step returns a new model, so nothing is changed in place.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, n_devices, from_pretrained_kwargs)
+        _refuse_unsupported(refactor_factored_attn_matrices, from_pretrained_kwargs)
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
@@ -450,6 +450,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             fold_value_biases=fold_value_biases,
         )
         model = _written_out(model)
+        if n_devices != 1:  # blocks over the first n devices, as TransformerLens places them
+            parallel.place(model, parallel.n_devices_map(n_devices, device))
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -497,15 +499,13 @@ def _written_out(model: HookedTransformer) -> HookedTransformer:
     return new
 
 
-def _refuse_unsupported(refactor: bool, n_devices: int, kwargs: dict[str, Any]) -> None:
+def _refuse_unsupported(refactor: bool, kwargs: dict[str, Any]) -> None:
     if refactor:
         raise ValueError(
             "refactor_factored_attn_matrices=True is not supported: hookedattn keeps "
             "W_Q, W_K, W_V, W_O as loaded; read the circuits from model.QK and model.OV "
             "(FactoredMatrix), which do not depend on how the factors are split"
         )
-    if n_devices != 1:
-        raise ValueError(f"n_devices={n_devices}: hookedattn runs a model on one device")
     ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
     given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
     unknown = sorted(set(kwargs) - ignored)

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import _bench_analysis as analyses  # noqa: E402
+from _bench_distributed import distributed_section  # noqa: E402
 from _bench_hf import hf_forward, hf_generate, hf_gpt2  # noqa: E402
 from _bench_memory import memory_probe, memory_section  # noqa: E402
 from _bench_moe import moe_section  # noqa: E402
@@ -429,7 +430,7 @@ def _peak_ratio(run: Run, setting: str, mode: str) -> float | None:
 
 # ----------------------------------------------------------------------------- main
 
-SECTIONS = ("forward", "compile", "generation", "memory", "analysis", "moe")
+SECTIONS = ("forward", "compile", "generation", "memory", "analysis", "moe", "distributed")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -489,6 +490,8 @@ def _run_sections(run: Run, args: argparse.Namespace, sections: list[str]) -> tu
         analyses.analysis_section(run, shipped)
     if "moe" in sections:
         moe_section(run, _agrees, HF, OURS)
+    if "distributed" in sections:  # 2 tensor-parallel ranks (torchrun) against one process
+        distributed_section(run)
     return shipped
 
 

@@ -33,6 +33,7 @@ import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.parallel import same_on_every_rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,9 +249,10 @@ def default_memory_budget(model: HookedTransformer) -> int:
     device = torch.device(model.cfg.device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return free // 4
+        return same_on_every_rank(model, free // 4)
     pages = _sysconf("SC_AVPHYS_PAGES") or _sysconf("SC_PHYS_PAGES")
-    return (pages * (_sysconf("SC_PAGE_SIZE") or 4096)) // 4 if pages else 2**31
+    budget = (pages * (_sysconf("SC_PAGE_SIZE") or 4096)) // 4 if pages else 2**31
+    return same_on_every_rank(model, budget)  # tensor-parallel ranks must plan alike
 
 
 def _sysconf(name: str) -> int:
@@ -301,7 +303,8 @@ def pass_cost(
     if key not in _MEASURED:
         stand_in = HookedTransformer(cfg)
         _MEASURED[key] = _measure(stand_in, n_pos, time_pass(stand_in, n_pos))
-    return _MEASURED[key]
+    # The ranks of a tensor-parallel model measure different times: they plan with rank 0's.
+    return same_on_every_rank(model, _MEASURED[key])
 
 
 def _one_block(cfg: HookedTransformerConfig) -> HookedTransformerConfig:

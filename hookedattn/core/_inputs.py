@@ -176,7 +176,7 @@ def _context(
 ) -> AttentionContext:
     batch, n_new = shape
     cfg = model.cfg
-    device = model.W_E.device
+    device = model.embed.W_E.device  # `model.W_E` gathers in a tensor-parallel model
     return attention_context(
         cfg.n_ctx, batch, n_new, attention_mask, past_kv_cache, cfg.window_size, device
     )

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
+from hookedattn.core import parallel
 from hookedattn.core.config import HookedTransformerConfig
 
 # A `HookedTransformer`, not imported by name: the model module imports this one.
@@ -130,12 +131,33 @@ def _ints(values: Any) -> bool:
 
 
 def save(model: Model, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """Write `config.json` (plus optional `metadata`) and `model.safetensors` into `path`."""
+    """Write `config.json` (plus optional `metadata`) and `model.safetensors` into `path`.
+
+    A tensor-parallel model is saved whole: every rank must call this; the sharded
+    parameters are gathered, rank 0 writes, and every rank returns once the files are
+    complete.
+    """
+    if not isinstance(model, parallel.TensorParallelModel):
+        return save_state(model.cfg, model.state_dict(), path, metadata)
+    tensors = parallel.full_state_dict(model)
+    if model.tp.rank == 0:
+        save_state(model.cfg, tensors, path, metadata)
+    model.tp.barrier()
+    return Path(path)
+
+
+def save_state(
+    config: HookedTransformerConfig,
+    tensors: dict[str, torch.Tensor],
+    path: str | Path,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint of `config` and the state dict `tensors` into `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = {"config": model.cfg.to_dict(), **({"metadata": metadata} if metadata else {})}
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    saved = {"config": config.to_dict(), **({"metadata": metadata} if metadata else {})}
+    (path / CONFIG_FILE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    tensors = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
     save_file(tensors, str(path / WEIGHTS_FILE))
     return path
 
@@ -181,6 +203,9 @@ def load(
     path: str | Path,
     device: str | None = None,
     dtype: torch.dtype | str | None = None,
+    tp_size: int | None = None,
+    device_map: Any = None,
+    max_memory: Any = None,
 ) -> Model:
     """Build a model from a checkpoint directory, checking every tensor against the config.
 
@@ -188,6 +213,9 @@ def load(
     read (see the module docstring). `device` overrides the config's (a device this
     machine lacks is an error that says so); `dtype` converts the weights to that dtype,
     which is otherwise the config's, and which every tensor in the file must then have.
+    The model is built on the meta device and each tensor read memory-mapped, a chunk at a
+    time, into the tensor it keeps; `tp_size` and `device_map` split or place it as
+    `HookedTransformer.from_hf` does, each rank or device reading only its part.
     """
     path = Path(path)
     if not path.exists():
@@ -207,16 +235,57 @@ def load(
     changes = {"device": device, "dtype": dtype}
     if any(v is not None for v in changes.values()):
         config = config.replace(**{k: v for k, v in changes.items() if v is not None})
-    _check_device(config.device, from_file=device is None, path=path)
+    if device_map is None and tp_size in (None, 1):
+        _check_device(config.device, from_file=device is None, path=path)
+    source = str(weights_path)
+    return parallel.build_model(
+        cls,
+        config,
+        lambda name, part, where: _read_tensor(weights_path, header, name, part, config, where),
+        check=lambda model: check_state_dict(model, header, source),
+        tp_size=tp_size,
+        device_map=device_map,
+        max_memory=max_memory,
+    )
+
+
+# A chunk of this many bytes is read at a time: the finished model plus one chunk resident.
+CHUNK_BYTES = 4 << 20
+
+
+def _read_tensor(
+    path: Path,
+    header: dict[str, TensorHeader],
+    name: str,
+    part: Any,
+    config: HookedTransformerConfig,
+    device: str,
+) -> torch.Tensor:
+    """The tensor `name` of the file (cut to `part`, a `LocalSlice`, if given) in the
+    config's dtype on `device`: mapped and copied a chunk of its first axis at a time."""
+    index = [slice(None)] * len(header[name].shape)
+    if part is not None:
+        index[part.axis] = slice(part.start, part.stop)
+    shape = [len(range(*s.indices(n))) for s, n in zip(index, header[name].shape, strict=True)]
+    out = torch.empty(shape, dtype=config.dtype, device=device)
+    rows = shape[0] if shape else 1
+    row_bytes = max(1, out.nbytes // max(1, rows))
+    step = max(1, CHUNK_BYTES // row_bytes)
+    first = index[0].indices(header[name].shape[0])[0] if shape else 0
     try:
-        tensors = load_file(str(weights_path), device=config.device)
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            if shape:
+                index[0] = slice(first + start, first + stop)
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                chunk = handle.get_slice(name)[tuple(index)]
+            (out.narrow(0, start, stop - start) if shape else out).copy_(chunk)
+            del chunk  # and with it the mapping of its pages
     except (SafetensorError, OSError, RuntimeError) as error:
         raise CheckpointError(
-            f"{weights_path} cannot be read (truncated or corrupted?): {error}"
+            f"{path} cannot be read (truncated or corrupted?): {error}"
         ) from error
-    model = cls(config)
-    load_checked_state_dict(model, tensors, source=str(weights_path))
-    return model
+    return out
 
 
 def _check_device(device: str, from_file: bool, path: Path) -> None:
@@ -336,18 +405,32 @@ def load_checked_state_dict(
     A tensor must be floating point where the model's is (its width is converted: the
     caller chose the model's dtype); bool, integer or complex weights are refused.
     """
+    got = {name: TensorHeader(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    check_state_dict(model, got, source)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    with torch.no_grad():
+        for name, param in expected.items():
+            param.copy_(tensors[name].to(param.dtype))
+
+
+def check_state_dict(
+    model: torch.nn.Module, got: dict[str, TensorHeader], source: str = "state dict"
+) -> None:
+    """A `CheckpointError` listing every tensor of `got` (names to shapes and dtypes, as a
+    header gives them) missing from the model, unexpected, misshapen or of the wrong kind
+    of dtype for it."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
     wrong = [
-        f"{name}: {tuple(tensors[name].shape)} instead of {tuple(t.shape)}"
+        f"{name}: {tuple(got[name].shape)} instead of {tuple(t.shape)}"
         for name, t in expected.items()
-        if name in tensors and tensors[name].shape != t.shape
+        if name in got and tuple(got[name].shape) != tuple(t.shape)
     ]
     kinds = [
-        f"{name}: {tensors[name].dtype} instead of {t.dtype}"
+        f"{name}: {got[name].dtype} instead of {t.dtype}"
         for name, t in expected.items()
-        if name in tensors and not _same_kind(tensors[name].dtype, t.dtype)
+        if name in got and not _same_kind(got[name].dtype, t.dtype)
     ]
     problems = []
     if missing:
@@ -360,9 +443,6 @@ def load_checked_state_dict(
         problems.append(f"wrong dtypes {kinds}")
     if problems:
         raise CheckpointError(f"{source} does not match the config: " + "; ".join(problems))
-    with torch.no_grad():
-        for name, param in expected.items():
-            param.copy_(tensors[name].to(param.dtype))
 
 
 def _same_kind(got: torch.dtype, want: torch.dtype) -> bool:

@@ -157,24 +157,38 @@ class HookPoint(nn.Module):
         object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
 
     def _run_hooks(self, x: Tensor) -> Tensor:
+        if self._fwd:
+            x = self._run_forward_hooks(x)
+        if self._bwd and x.requires_grad:
+            x = self._attach_backward_hooks(x)
+        return x
+
+    def _run_forward_hooks(self, x: Tensor) -> Tensor:
+        """The activation after every forward hook has read (or replaced) it, in order."""
         thread = _current_thread()
         for handle in tuple(self._fwd):
-            if handle.thread is not None and handle.thread != thread:
-                raise RuntimeError(self._foreign_hook_message(handle))
+            self._check_thread(handle, thread)
             out = handle.fn(x, hook=self)
             if out is not None:
                 x = self._checked_replacement(x, out, handle.fn)
-        if self._bwd and x.requires_grad:
-            # Hooks registered on one tensor run in the order they were registered, the
-            # forward's; when this tensor also passed an earlier hook point (resid_post ->
-            # the next resid_pre), that point's hooks would see the gradient before ours
-            # edit it. A view gives this point a node of its own, reached first backwards.
-            x = x.view_as(x)
-            for handle in tuple(self._bwd):
-                if handle.thread is not None and handle.thread != thread:
-                    raise RuntimeError(self._foreign_hook_message(handle))
-                x.register_hook(_GradientHook(handle.fn, self))
         return x
+
+    def _attach_backward_hooks(self, x: Tensor) -> Tensor:
+        """`x` with this point's backward hooks registered on the graph."""
+        # Hooks registered on one tensor run in the order they were registered, the
+        # forward's; when this tensor also passed an earlier hook point (resid_post ->
+        # the next resid_pre), that point's hooks would see the gradient before ours
+        # edit it. A view gives this point a node of its own, reached first backwards.
+        thread = _current_thread()
+        x = x.view_as(x)
+        for handle in tuple(self._bwd):
+            self._check_thread(handle, thread)
+            x.register_hook(_GradientHook(handle.fn, self))
+        return x
+
+    def _check_thread(self, handle: LensHandle, thread: int) -> None:
+        if handle.thread is not None and handle.thread != thread:
+            raise RuntimeError(self._foreign_hook_message(handle))
 
     def _foreign_hook_message(self, handle: LensHandle) -> str:
         fn_name = getattr(handle.fn, "__name__", repr(handle.fn))

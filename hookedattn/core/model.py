@@ -345,13 +345,19 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         path: str | Path,
         device: str | None = None,
         dtype: torch.dtype | str | None = None,
+        *,
+        tp_size: int | None = None,
+        device_map: Any = None,
+        max_memory: Any = None,
     ) -> "HookedTransformer":
         """Rebuild a model saved with `save` (no pickle: loading cannot run code).
 
         Weights load in the dtype the checkpoint's config names; `dtype=` converts them
-        (the only way a float width changes on load).
+        (the only way a float width changes on load). `tp_size` and `device_map` as in
+        `from_hf`.
         """
-        return _weights_io.load(cls, path, device=device, dtype=dtype)
+        placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
+        return _weights_io.load(cls, path, device=device, dtype=dtype, **placement)
 
     @classmethod
     def from_pretrained(
@@ -383,6 +389,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         tokenizer: Any = None,
         dtype: torch.dtype | str | None = None,
         device: str | None = None,
+        tp_size: int | None = None,
+        device_map: Any = None,
+        max_memory: Any = None,
     ) -> "HookedTransformer":
         """Import a `transformers` causal LM, or a local directory holding one.
 
@@ -390,10 +399,19 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         Phi-3, GPT-J, OPT, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE
         and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional
         `transformers` (`pip install hookedattn[hf]`); nothing is downloaded: a directory is
-        read from its safetensors files one tensor at a time, converted to `dtype` as it is
-        read.
+        read from its safetensors files memory-mapped, a chunk at a time, converted to
+        `dtype` as it is read, into a model built on the meta device.
+
+        Beyond one device (`hookedattn.core.parallel`): `tp_size=N` inside a `torchrun` job
+        of N processes splits heads, neurons and the vocabulary over them, each rank
+        reading only its slices; `device_map` ("auto", a list of devices, or a dict such as
+        `{"blocks.0": "cuda:0", ...}`, with `max_memory={device: bytes}`) places whole
+        blocks on devices.
         """
-        return hf.from_hf(cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device)
+        placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
+        return hf.from_hf(
+            cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device, **placement
+        )
 
     # ------------------------------------------------------------------ input checks
     def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:

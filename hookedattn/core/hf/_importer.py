@@ -2,9 +2,9 @@
 
 The steps, the same for every family: find the family (by class, or by the directory's
 `model_type`), translate the config, check every HF tensor's name and shape against the
-config's table, build the model with its parameters left uninitialised (untouched memory
-costs nothing), convert tensor by tensor, and assign the converted tensors as the model's
-parameters (no second copy).
+config's table, build the model on the meta device (split over ranks or placed on devices
+if asked), read each tensor in chunks into the tensor the model keeps (`_slices`: only the
+part this rank holds), and assign them as the model's parameters (no second copy).
 """
 
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hookedattn.core import parallel
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
@@ -30,6 +31,7 @@ from hookedattn.core.hf import (
     _phi3,
     _qwen3,
     _qwen_moe,
+    _slices,
 )
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import (
@@ -38,7 +40,6 @@ from hookedattn.core.hf._table import (
     TensorSource,
     axis_sizes,
     check_source,
-    convert,
     our_shape,
 )
 
@@ -71,14 +72,19 @@ def from_hf(
     tokenizer: Any = None,
     dtype: torch.dtype | str | None = None,
     device: str | None = None,
+    tp_size: int | None = None,
+    device_map: Any = None,
+    max_memory: Any = None,
 ) -> Any:
     """A `cls` (HookedTransformer) with the weights of a HF model or a local directory.
 
     `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`)
     or a directory holding its `config.json` and safetensors files (nothing is
     downloaded); from a directory the tokenizer saved there (if any) comes too. `dtype` and
-    `device` default to those of the weights (as stored, for a directory). No code from a
-    directory ever runs: one whose config or tokenizer config names custom code
+    `device` default to those of the weights (as stored, for a directory). `tp_size` splits
+    the model over the ranks of a torchrun job, `device_map` places its blocks
+    (`hookedattn.core.parallel`); either way each tensor is read only where it goes. No code
+    from a directory ever runs: one whose config or tokenizer config names custom code
     (`auto_map`) is refused, without a prompt (`hookedattn.core.hf._loading`).
     """
     if device is not None:
@@ -103,21 +109,29 @@ def from_hf(
     )
     table = family.table(hf_config, cfg, hf_model)
     check_source(table, tensors, cfg)
-    return build(cls, cfg, table, tensors, tokenizer)
+    placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
+    return build(cls, cfg, table, tensors, tokenizer, **placement)
 
 
 def build(
-    cls: type, cfg: HookedTransformerConfig, table: Table, tensors: TensorSource, tokenizer: Any
+    cls: type,
+    cfg: HookedTransformerConfig,
+    table: Table,
+    tensors: TensorSource,
+    tokenizer: Any,
+    **placement: Any,
 ) -> Any:
-    """The model of `cfg` holding `table`'s conversion of `tensors`."""
-    model = cls(cfg.replace(init_weights=False), tokenizer=tokenizer)
-    _check_table(model, table, cfg)
-    with torch.no_grad():
-        converted = dict(convert(table, tensors, cfg, cfg.dtype, cfg.device))
-    model.load_state_dict(converted, strict=True, assign=True)
-    # The config describes the model as it now is: one built from it is initialised.
-    model.cfg = cfg
-    return model
+    """The model of `cfg` holding `table`'s conversion of `tensors`: built on the meta
+    device, then each tensor read (in chunks, only this rank's slice where the model is
+    split) straight into the tensor the model keeps (`parallel.build_model`)."""
+    return parallel.build_model(
+        cls,
+        cfg,
+        _slices.table_reader(table, tensors, cfg),
+        tokenizer=tokenizer,
+        check=lambda model: _check_table(model, table, cfg),
+        **placement,
+    )
 
 
 def _check_table(model: torch.nn.Module, table: Table, cfg: HookedTransformerConfig) -> None:

@@ -67,6 +67,14 @@ class SafetensorsFiles:
         with safe_open(str(self._file[name]), framework="pt", device="cpu") as handle:
             return handle.get_tensor(name)
 
+    def read_regions(self, name: str, regions: list[tuple[slice, ...]]) -> list[Tensor]:
+        """The tensor `name` at each of `regions` (basic slices), through one mapping of its
+        file: only the pages those regions cover are read. The file is unmapped once the
+        returned tensors (views of it) are dropped."""
+        with safe_open(str(self._file[name]), framework="pt", device="cpu") as handle:
+            stored = handle.get_slice(name)
+            return [stored[region] for region in regions]
+
     def stored_dtype(self) -> torch.dtype:
         """The floating dtype most tensors are stored in (what `dtype="auto"` loads)."""
         floating = [dtype for dtype in self.dtypes.values() if dtype.is_floating_point]

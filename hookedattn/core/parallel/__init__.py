@@ -1,0 +1,86 @@
+"""Models beyond one device: tensor parallelism under `torchrun`, and device maps.
+
+    # torchrun --nproc_per_node 2 script.py            (gloo on CPUs, NCCL on GPUs)
+    model = HookedTransformer.from_hf("path/to/llama", tp_size=2)   # each rank reads its slices
+    logits, cache = model.run_with_cache(tokens)     # on every rank: the whole model's
+
+    model = HookedTransformer.from_hf("path/to/llama", device_map="auto")  # blocks over GPUs
+
+Tensor parallelism (`tensor_parallel`, built on torch's `DeviceMesh` and
+`parallelize_module` with one `ParallelStyle` per kind of module) splits attention heads
+(query heads with the key/value heads they read), MLP neurons and the vocabulary over the
+ranks. Each rank runs the components' own forwards on its slices; one collective per
+sublayer joins them (`_sublayers`). Every rank's model behaves as the whole model: full
+logits, and hooks and caches that see whole activations, gathered only at hook points
+that something reads (`ShardedHookPoint`); `local_activations` turns the gathering off.
+
+A device map (`place`) puts whole blocks on devices and moves the residual stream at block
+boundaries; nothing is split, so nothing is communicated but the stream.
+
+Every rank runs the same program: the same inputs, hooks and calls, in the same order.
+"""
+
+from hookedattn.core.parallel._building import build_model
+from hookedattn.core.parallel._device_map import (
+    balanced_slots,
+    check_device,
+    infer_device_map,
+    n_devices_map,
+    place,
+    resolve_device_map,
+    unit_bytes,
+)
+from hookedattn.core.parallel._group import (
+    TensorParallelGroup,
+    same_on_every_rank,
+    tensor_parallel_group,
+)
+from hookedattn.core.parallel._hook_points import (
+    ShardedHookPoint,
+    local_activations,
+    sharded_hook_points,
+)
+from hookedattn.core.parallel._model import (
+    TensorParallelModel,
+    dtensor_state_dict,
+    full_state_dict,
+)
+from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
+from hookedattn.core.parallel._styles import (
+    HeadParallel,
+    HeadParallelInputs,
+    NeuronParallel,
+    VocabParallel,
+    tensor_parallel,
+    tensor_parallel_plan,
+)
+from hookedattn.core.parallel._sublayers import parameter_slices
+
+__all__ = [
+    "HeadParallel",
+    "HeadParallelInputs",
+    "LocalSlice",
+    "NeuronParallel",
+    "ShardedHookPoint",
+    "TensorParallelGroup",
+    "TensorParallelModel",
+    "VocabParallel",
+    "balanced_slots",
+    "build_model",
+    "check_device",
+    "check_tp_size",
+    "dtensor_state_dict",
+    "full_state_dict",
+    "infer_device_map",
+    "local_activations",
+    "n_devices_map",
+    "parameter_slices",
+    "place",
+    "resolve_device_map",
+    "same_on_every_rank",
+    "sharded_hook_points",
+    "tensor_parallel",
+    "tensor_parallel_group",
+    "tensor_parallel_plan",
+    "unit_bytes",
+]
