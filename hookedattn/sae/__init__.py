@@ -26,6 +26,7 @@ from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
 from hookedattn.sae.cross_layer import CrossLayerTranscoder
 from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
+from hookedattn.sae.feature_examples import feature_examples
 from hookedattn.sae.replacement import replaced, transcoder_hook_name
 from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae, pretrained_sae_record
 from hookedattn.sae.shipped_transcoders import (
@@ -79,6 +80,7 @@ __all__ += [
     "TranscoderEvaluation",
     "TranscoderSet",
     "evaluate_transcoders",
+    "feature_examples",
     "list_pretrained_transcoders",
     "load_pretrained_transcoders",
     "load_transcoder_set",

@@ -60,7 +60,10 @@ def save_transcoder(tc: Any, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = tc.cfg
-    tensors = {n: getattr(tc, n).detach().contiguous().clone() for n in _tensor_names(c)}
+    owner = {"threshold": tc.activation}
+    tensors = {
+        n: getattr(owner.get(n, tc), n).detach().contiguous().clone() for n in _tensor_names(c)
+    }
     k = {"k": c.k} if c.k is not None else {}
     hooks = {"hook_name": c.hook_name, "hook_name_out": c.hook_name_out}
     cfg = {

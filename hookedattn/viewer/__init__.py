@@ -14,14 +14,17 @@ page from the shell.
 
 from hookedattn.core._html import html_table
 from hookedattn.viewer.attention import attention, attention_data
+from hookedattn.viewer.graph import GraphPage, graph_page
 from hookedattn.viewer.page import Page, float32_base64, script_json
 from hookedattn.viewer.tokens import token_strings
 
 __all__ = [
+    "GraphPage",
     "Page",
     "attention",
     "attention_data",
     "float32_base64",
+    "graph_page",
     "html_table",
     "script_json",
     "token_strings",
