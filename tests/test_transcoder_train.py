@@ -11,6 +11,7 @@ from hookedattn.sae import (
     Transcoder,
     TranscoderConfig,
     TranscoderSet,
+    feature_examples,
     train_cross_layer_transcoder,
     train_transcoder,
 )
@@ -160,3 +161,22 @@ def test_folding_the_normalisation_keeps_the_prediction(kind):
 def test_bad_arguments_are_refused(store, kw, message):
     with pytest.raises(ValueError, match=message):
         train(store, **kw)
+
+
+def test_feature_examples_are_the_top_activations_over_the_store(store, model):
+    tcs = [Transcoder(TranscoderConfig(64, 32, 64, f"blocks.{i}.ln2.hook_out",
+                                       f"blocks.{i}.hook_mlp_out", "topk", k=4, seed=i))
+           for i in range(2)]  # fmt: skip
+    examples = feature_examples(store, tcs, [(1, 3), (0, 5), (1, 9)], n=3, context=6,
+                                model=model, batch_size=1000)  # fmt: skip
+    assert set(examples) == {"1_3", "0_5", "1_9"}
+    acts = tcs[1].encode(store.rows("blocks.1.ln2.hook_out", slice(None)))[:, 3]
+    top = acts.topk(3)
+    assert [e["activation"] for e in examples["1_3"]] == pytest.approx(top.values.tolist())
+    origin = store.origin(top.indices)
+    for example, pos, token in zip(examples["1_3"], origin.position, origin.token, strict=True):
+        assert len(example["tokens"]) == min(int(pos) + 1, 6)
+        assert example["position"] == len(example["tokens"]) - 1
+        assert example["tokens"][-1] == model.to_str_tokens(token[None])[0]
+    with pytest.raises(ValueError, match="no feature 99 at layer 1"):
+        feature_examples(store, tcs, [(1, 99)])

@@ -168,22 +168,22 @@ def attribution_graph(
     features, acts = _active(f)
     n_f, n_pos, n = len(features), len(tokens), f.n_layers
     n_nodes = n_f + (n + 1) * n_pos + len(targets)
-    A = f.embed.new_zeros(n_nodes, n_nodes)
-    bias = f.embed.new_zeros(n_nodes)
+    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes))
     batches = 0
     for layer in range(n):
         for chunk in (features[:, 0] == layer).nonzero().flatten().split(batch_size):
-            _fill_feature_targets(f, features, acts, chunk, A, bias)
+            _fill_feature_targets(g, chunk)
             batches += 1
-    for start in range(0, len(targets), batch_size):
-        _fill_logit_targets(f, features, acts, targets, start, batch_size, A, bias)
+    logit_rows = torch.arange(n_f + (n + 1) * n_pos, n_nodes)
+    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
+        _fill_logit_targets(g, chosen, rows)
         batches += 1
     return AttributionGraph(
         prompt=prompt if isinstance(prompt, str) else "", tokens=tokens,
         token_strings=tuple(_frozen.token_texts(model, tokens.tolist())), n_layers=n,
         features=features, activations=acts, logit_tokens=targets,
         logit_strings=tuple(_frozen.token_texts(model, targets.tolist())),
-        logit_probabilities=probabilities[targets], adjacency=A, bias=bias,
+        logit_probabilities=probabilities[targets], adjacency=g.adjacency, bias=g.bias,
         backward_batches=batches, transcoders=repr(tset),
     )  # fmt: skip
 
@@ -214,38 +214,53 @@ def _active(f: _frozen.Frozen) -> tuple[Int[Tensor, "feature 3"], Float[Tensor, 
     return torch.cat(found), torch.cat(values)
 
 
-def _fill_feature_targets(f, features, acts, chunk, A, bias) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Filling:
+    """A graph being filled in: the frozen forward, the feature nodes, and the rows."""
+
+    f: _frozen.Frozen
+    features: Int[Tensor, "feature 3"]
+    acts: Float[Tensor, " feature"]
+    adjacency: Float[Tensor, "node node"]
+    bias: Float[Tensor, " node"]
+
+
+def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
     """The rows of feature targets `chunk` (all of one layer), from one sweep."""
-    layer = int(features[chunk[0], 0])
-    pos, index = features[chunk, 1], features[chunk, 2]
+    f = g.f
+    layer = int(g.features[chunk[0], 0])
+    pos, index = g.features[chunk, 1], g.features[chunk, 2]
     W_enc, b_enc = f.tset.encoder(layer)
     directions = W_enc.detach()[:, index].T  # target d_in
-    g = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
-    g[torch.arange(len(chunk)), pos] = directions
-    g = _frozen.input_transpose(f, layer, g)
+    seed = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
+    seed[torch.arange(len(chunk)), pos] = directions
+    seed = _frozen.input_transpose(f, layer, seed)
     own = b_enc.detach()[index] + _dot(_frozen.input_constant(f, layer), directions)
-    _fill_rows(f, features, acts, chunk, _frozen.sweep(f, g, layer), own, A, bias)
+    _fill_rows(g, chunk, _frozen.sweep(f, seed, layer), own)
 
 
-def _fill_logit_targets(f, features, acts, targets, start, size, A, bias) -> None:
-    """The rows of logit targets `start:start + size`, from one sweep."""
-    chosen = targets[start : start + size]
+def _fill_logit_targets(
+    g: _Filling, chosen: Int[Tensor, " target"], rows: Int[Tensor, " target"]
+) -> None:
+    """The rows `rows` of the logit targets `chosen` (token ids), from one sweep."""
+    f = g.f
     directions = f.W_U[:, chosen].T  # target d_model
-    g = f.embed.new_zeros(len(chosen), len(f.tokens), f.embed.shape[-1])
-    g[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], _last(f.scale_final))[:, 0]
+    seed = f.embed.new_zeros(len(chosen), len(f.tokens), f.embed.shape[-1])
+    last = None if f.scale_final is None else f.scale_final[-1:]
+    seed[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], last)[:, 0]
     own = f.b_U[chosen] + _dot(_frozen.norm_bias(f.ln_final), directions)
-    n_f, n_pos = len(features), len(f.tokens)
-    first = n_f + (f.n_layers + 1) * n_pos + start
-    rows = torch.arange(first, first + len(chosen))
-    _fill_rows(f, features, acts, rows, _frozen.sweep(f, g, None), own, A, bias)
+    _fill_rows(g, rows, _frozen.sweep(f, seed, None), own)
 
 
-def _fill_rows(f, features, acts, rows, s: _frozen.Sweep, own, A, bias) -> None:
+def _fill_rows(
+    g: _Filling, rows: Int[Tensor, " target"], s: _frozen.Sweep, own: Float[Tensor, " target"]
+) -> None:
     """Every edge into the targets `rows` (and their bias) from their sweep `s`."""
+    f, features, A = g.f, g.features, g.adjacency
     n_f, n_pos = len(features), len(f.tokens)
-    for layer, g in s.post.items():
+    for layer, grad in s.post.items():
         start = n_f + layer * n_pos
-        A[rows, start : start + n_pos] = einsum(g, f.errors[layer], "t p d, p d -> t p")
+        A[rows, start : start + n_pos] = einsum(grad, f.errors[layer], "t p d, p d -> t p")
     token_start = n_f + f.n_layers * n_pos
     A[rows, token_start : token_start + n_pos] = einsum(s.embed, f.embed, "t p d, p d -> t p")
     for source in range(f.n_layers):
@@ -258,18 +273,14 @@ def _fill_rows(f, features, acts, rows, s: _frozen.Sweep, own, A, bias) -> None:
         for out in written:
             W = f.tset.decoder(source, out).detach()[index]  # source d_out
             edge = edge + einsum(s.post[out][:, pos], W, "t s d, s d -> t s")
-        A[rows[:, None], columns[None]] = edge * acts[columns]
+        A[rows[:, None], columns[None]] = edge * g.acts[columns]
     constant = own.clone()
-    for layer, g in s.mid.items():
-        constant = constant + einsum(g, _frozen.attention_constant(f, layer), "t p d, p d -> t")
-    for layer, g in s.post.items():
-        constant = constant + einsum(g, _frozen.mlp_constant(f, layer), "t p d, d -> t")
-    bias[rows] = constant
+    for layer, grad in s.mid.items():
+        constant = constant + einsum(grad, _frozen.attention_constant(f, layer), "t p d, p d -> t")
+    for layer, grad in s.post.items():
+        constant = constant + einsum(grad, _frozen.mlp_constant(f, layer), "t p d, d -> t")
+    g.bias[rows] = constant
 
 
 def _dot(constant: Tensor | float, directions: Float[Tensor, "target d"]) -> Tensor | float:
     return directions @ constant if isinstance(constant, Tensor) else 0.0
-
-
-def _last(scale: Tensor | None) -> Tensor | None:
-    return None if scale is None else scale[-1:]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from hookedattn.sae.transcoder_set import TranscoderSet
@@ -51,7 +52,9 @@ def feature_examples(
     return out
 
 
-def _top_rows(store, tset, layer, chosen, n, batch_size) -> tuple[Tensor, Tensor]:
+def _top_rows(
+    store: Any, tset: TranscoderSet, layer: int, chosen: list[int], n: int, batch_size: int
+) -> tuple[Float[Tensor, "top feature"], Int[Tensor, "top feature"]]:
     """The `n` largest activations `[n feature]` of the `chosen` features and their rows."""
     best = torch.zeros(0, len(chosen), dtype=tset.dtype)
     best_rows = torch.zeros(0, len(chosen), dtype=torch.long)

@@ -40,6 +40,8 @@ from hookedattn.sae.transcoder import Transcoder
 from hookedattn.sae.transcoder_config import CrossLayerTranscoderConfig, TranscoderConfig
 from hookedattn.sae.transcoder_set import TranscoderSet
 
+Rows = dict[int, Tensor]  # a batch per layer, [batch d]
+
 
 @dataclasses.dataclass(frozen=True)
 class _Settings:
@@ -203,7 +205,9 @@ def _normalisation(store: Any, names: dict[int, str]) -> _Normalisation:
     return _Normalisation(mean, {layer: float(st.var.mean().sqrt()) for layer, st in stats.items()})
 
 
-def _train(tset: TranscoderSet, ins: dict, outs: dict, store: Any, s: _Settings) -> None:
+def _train(
+    tset: TranscoderSet, ins: dict[int, str], outs: dict[int, str], store: Any, s: _Settings
+) -> None:
     """The training loop (module docstring), in place on `tset`'s modules."""
     norm_in, norm_out = _normalisation(store, ins), _normalisation(store, outs)
     objective = _objective(tset, s)
@@ -232,7 +236,9 @@ def _train(tset: TranscoderSet, ins: dict, outs: dict, store: Any, s: _Settings)
     _fold(tset, norm_in, norm_out)
 
 
-def _pairs(store: Any, ins: dict, outs: dict, s: _Settings) -> Iterator[tuple[dict, dict]]:
+def _pairs(
+    store: Any, ins: dict[int, str], outs: dict[int, str], s: _Settings
+) -> Iterator[tuple[Rows, Rows]]:
     """`steps` batches of every input and output, row-aligned, epoch after epoch."""
     if len(store) < s.batch_size:
         raise ValueError(
@@ -280,7 +286,13 @@ def _objective(tset: TranscoderSet, s: _Settings) -> _Objective:
     return _Objective(_objectives.own_activation, _objectives.no_penalty)
 
 
-def _step(tset, optimizer, xs: dict, ys: dict, objective: _Objective):
+def _step(
+    tset: TranscoderSet,
+    optimizer: torch.optim.Optimizer,
+    xs: Rows,
+    ys: Rows,
+    objective: _Objective,
+) -> tuple[Tensor, Rows, Rows]:
     """One Adam step; the loss, each layer's activations and predictions, detached."""
     pres = {layer: tset.pre_activations(layer, xs[layer]) for layer in tset.layers}
     acts = {layer: objective.activate(tset, layer, pres[layer]) for layer in tset.layers}
@@ -307,8 +319,9 @@ def _constrain(tset: TranscoderSet) -> None:
 
 
 @torch.no_grad()
-def _measure(step: int, s: _Settings, loss, acts: dict, ys: dict, preds: dict,
-             since_fired: dict) -> TrainingStep:  # fmt: skip
+def _measure(
+    step: int, s: _Settings, loss: Tensor, acts: Rows, ys: Rows, preds: Rows, since_fired: Rows
+) -> TrainingStep:
     """The numbers logged after step `step`, over all the set's layers together."""
     l0 = sum(float((a > 0).sum(-1).float().mean()) for a in acts.values())
     residual = sum(float((ys[i] - preds[i]).pow(2).sum()) for i in ys)
