@@ -87,6 +87,7 @@ torch.set_num_threads(1)
 from hookedattn import HookedTransformer
 from hookedattn.sae import CrossLayerTranscoder, CrossLayerTranscoderConfig, Transcoder
 from hookedattn.sae import TranscoderConfig, load_pretrained_transcoders
+from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 from analysis.graphs import attribution_graph
 kind, n_pos, k, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = HookedTransformer.from_pretrained("bytes-gelu-2l")
@@ -119,8 +120,10 @@ def bench_graph(kind: str, n_pos: int, k: int, rounds: int) -> dict:
     """One graph case in a fresh process (module docstring); k=0: the shipped transcoders."""
     proc = subprocess.run(
         [sys.executable, "-c", GRAPH_CASE, kind, str(n_pos), str(k), str(rounds)],
-        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"the graph case {kind, n_pos, k} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["cpu_seconds_median"] = statistics.median(result["cpu_seconds"])
     return result
@@ -133,18 +136,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--tokens", type=float, default=1.5e5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", choices=("training", "graphs"), default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = HookedTransformer.from_pretrained(MODEL)
     results: dict = {"threads": 1, "timer": "CPU time (time.process_time)", "graphs": []}
-    with tempfile.TemporaryDirectory() as acts:
-        collect_activations(model, None, names=NAMES, out=acts, context=128,
-                            n_tokens=args.tokens, batch_size=32, progress=False)  # fmt: skip
-        results["training"] = bench_training(ActivationStore(acts), args.rounds, args.steps)
-    print(json.dumps(results["training"]), flush=True)
+    if args.only != "graphs":
+        with tempfile.TemporaryDirectory() as acts:
+            collect_activations(model, None, names=NAMES, out=acts, context=128,
+                                n_tokens=args.tokens, batch_size=32, progress=False)  # fmt: skip
+            results["training"] = bench_training(ActivationStore(acts), args.rounds, args.steps)
+        print(json.dumps(results["training"]), flush=True)
     cases = [(kind, n, 0) for kind in ("per_layer", "cross_layer") for n in (16, 32, 64, 128)]
     cases += [("per_layer", 64, k) for k in (8, 32, 64)]
-    for kind, n_pos, k in cases:
+    for kind, n_pos, k in cases if args.only != "training" else []:
         results["graphs"].append(bench_graph(kind, n_pos, k, min(args.rounds, 3)))
         print(json.dumps(results["graphs"][-1]), flush=True)
     results["peak_rss_mib_of_this_process"] = (

@@ -100,7 +100,7 @@ def test_a_features_incoming_edges_sum_to_its_pre_activation(model_kind, set_kin
         _, cache = model.run_with_cache(TOKENS[None])  # the plain model, no replacement
     for node, (layer, pos, feature) in enumerate(graph.features.tolist()):
         x = cache[tset.input_hook(layer)][0, pos]
-        W_enc, b_enc = tset.encoder(layer)
+        W_enc, b_enc = (p.detach() for p in tset.encoder(layer))
         pre = x @ W_enc[:, feature] + b_enc[feature]
         total = graph.adjacency[node].sum() + graph.bias[node]
         assert abs(float(total - pre)) < 1e-10, (graph.label(node), float(total), float(pre))

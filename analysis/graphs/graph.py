@@ -100,7 +100,8 @@ class AttributionGraph:
     def feature_node(self, layer: int, pos: int, feature: int) -> int:
         """The index of the active feature `feature` of layer `layer` at position `pos`; a
         `KeyError` when it is not active there."""
-        match = (self.features == torch.tensor([layer, pos, feature])).all(-1).nonzero()
+        wanted = torch.tensor([layer, pos, feature], device=self.features.device)
+        match = (self.features == wanted).all(-1).nonzero()
         if len(match) == 0:
             raise KeyError(f"feature {feature} of layer {layer} is not active at position {pos}")
         return int(match[0, 0])
@@ -174,7 +175,7 @@ def attribution_graph(
         for chunk in (features[:, 0] == layer).nonzero().flatten().split(batch_size):
             _fill_feature_targets(g, chunk)
             batches += 1
-    logit_rows = torch.arange(n_f + (n + 1) * n_pos, n_nodes)
+    logit_rows = torch.arange(n_f + (n + 1) * n_pos, n_nodes, device=targets.device)
     for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
         _fill_logit_targets(g, chosen, rows)
         batches += 1
@@ -233,7 +234,7 @@ def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
     W_enc, b_enc = f.tset.encoder(layer)
     directions = W_enc.detach()[:, index].T  # target d_in
     seed = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
-    seed[torch.arange(len(chunk)), pos] = directions
+    seed[torch.arange(len(chunk), device=seed.device), pos] = directions
     seed = _frozen.input_transpose(f, layer, seed)
     own = b_enc.detach()[index] + _dot(_frozen.input_constant(f, layer), directions)
     _fill_rows(g, chunk, _frozen.sweep(f, seed, layer), own)

@@ -97,7 +97,8 @@ def _threshold(scores: Tensor, fraction: float) -> Tensor:
     """The least score among the top scores that together hold `fraction` of the total."""
     ordered = scores.flatten().sort(descending=True).values
     cumulative = ordered.cumsum(0) / ordered.sum().clamp(min=1e-30)
-    index = int(torch.searchsorted(cumulative, torch.tensor(fraction, dtype=cumulative.dtype)))
+    goal = torch.tensor(fraction, dtype=cumulative.dtype, device=cumulative.device)
+    index = int(torch.searchsorted(cumulative, goal))
     return ordered[min(index, len(ordered) - 1)]
 
 
@@ -112,8 +113,8 @@ def prune_graph(
     A, n = graph.adjacency, graph.n_nodes
     n_f = graph.n_features
     first_token, first_logit = graph.token_node(0), graph.logit_node(0)
-    weights = torch.zeros(n, dtype=A.dtype)
-    weights[first_logit:] = graph.logit_probabilities.to(A.dtype)
+    weights = torch.zeros(n, dtype=A.dtype, device=A.device)
+    weights[first_logit:] = graph.logit_probabilities.to(A)
     steps = graph.n_layers + 2
     A_hat = normalized_adjacency(A)
     node_influence = influence(A_hat, weights, steps)
