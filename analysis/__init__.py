@@ -4,7 +4,7 @@ Pure functions of `(model, cache)`: they never mutate their inputs, never attach
 their own behalf (patching excepted, always scoped), and each returns one type.
 """
 
-from analysis import induction, view
+from analysis import graphs, induction, view
 from analysis._ablations import ablate, ablation_hooks
 from analysis._pattern_ablation import (
     frozen_pattern_hooks,
@@ -43,6 +43,15 @@ from analysis.experts import (
 )
 from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
+from analysis.graphs import (
+    AttributionGraph,
+    FeatureIntervention,
+    PrunedGraph,
+    attribution_graph,
+    graph_json,
+    intervene,
+    prune_graph,
+)
 from analysis.head_detectors import (
     HeadScores,
     detect_head,
@@ -165,6 +174,18 @@ __all__ += [
 
 # the namespaces of the induction report's measures and of the interactive views
 __all__ += ["induction", "view"]
+
+# attribution graphs through transcoder features (the whole package: analysis.graphs)
+__all__ += [
+    "AttributionGraph",
+    "FeatureIntervention",
+    "PrunedGraph",
+    "attribution_graph",
+    "graph_json",
+    "graphs",
+    "intervene",
+    "prune_graph",
+]
 
 # patching, ablations, plots
 __all__ += [

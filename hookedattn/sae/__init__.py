@@ -8,16 +8,44 @@
     cache["blocks.1.hook_resid_pre.sae.hook_acts"]   # [batch pos d_sae]
     print(evaluate_sae(model, sae, tokens))        # L0, FVE, dead, CE loss recovered
 
-Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features).
+Transcoders (MLP input -> MLP output) and the replacement model built from them:
+
+    tc = train_transcoder(store, 0, d_sae=1024, k=16, skip=True, steps=2000)  # or l1=, l0=
+    clt = train_cross_layer_transcoder(store, 2, d_sae=1024, k=16, steps=2000)
+    with replaced(model, [tc0, tc1]):              # or replaced(model, clt)
+        logits, cache = model.run_with_cache(tokens)    # the model's logits, to rounding
+    cache["blocks.0.transcoder.hook_acts"]          # [batch pos d_sae]
+    print(evaluate_transcoders(model, [tc0, tc1], tokens))  # L0, FVE, CE recovered per layer
+
+Axes: `d_in` (the width of the hook point the SAE reads), `d_sae` (its features), `d_out`
+(the width a transcoder writes), `layer_out` (the layers a cross-layer feature writes to).
 """
 
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
+from hookedattn.sae.cross_layer import CrossLayerTranscoder
 from hookedattn.sae.evaluation import SAEEvaluation, evaluate_sae
+from hookedattn.sae.feature_examples import feature_examples
+from hookedattn.sae.replacement import replaced, transcoder_hook_name
 from hookedattn.sae.shipped import list_pretrained_saes, load_pretrained_sae, pretrained_sae_record
+from hookedattn.sae.shipped_transcoders import (
+    list_pretrained_transcoders,
+    load_pretrained_transcoders,
+    pretrained_transcoders_record,
+)
 from hookedattn.sae.splice import sae_hook_name, spliced
 from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
+from hookedattn.sae.transcoder import TRANSCODER_HOOK_NAMES, LinearSkip, NoSkip, Transcoder
+from hookedattn.sae.transcoder_config import CrossLayerTranscoderConfig, TranscoderConfig
+from hookedattn.sae.transcoder_evaluation import (
+    LayerEvaluation,
+    TranscoderEvaluation,
+    evaluate_transcoders,
+)
+from hookedattn.sae.transcoder_files import load_transcoder_set, save_transcoder_set
+from hookedattn.sae.transcoder_set import TranscoderSet
+from hookedattn.sae.transcoder_training import train_cross_layer_transcoder, train_transcoder
 
 # `model.saes(...)` splices through this package; the core never imports it, so it is
 # registered here (and `import hookedattn` imports this package).
@@ -37,4 +65,29 @@ __all__ = [
     "sae_hook_name",
     "spliced",
     "train_sae",
+]
+
+# transcoders, the replacement model, and their files
+__all__ += [
+    "TRANSCODER_HOOK_NAMES",
+    "CrossLayerTranscoder",
+    "CrossLayerTranscoderConfig",
+    "LayerEvaluation",
+    "LinearSkip",
+    "NoSkip",
+    "Transcoder",
+    "TranscoderConfig",
+    "TranscoderEvaluation",
+    "TranscoderSet",
+    "evaluate_transcoders",
+    "feature_examples",
+    "list_pretrained_transcoders",
+    "load_pretrained_transcoders",
+    "load_transcoder_set",
+    "pretrained_transcoders_record",
+    "replaced",
+    "save_transcoder_set",
+    "train_cross_layer_transcoder",
+    "train_transcoder",
+    "transcoder_hook_name",
 ]

@@ -1,0 +1,287 @@
+"""Attribution graphs: one prediction explained through transcoder features, exactly.
+
+    graph = attribution_graph(model, transcoders, "def f(x):\\n    return f(", top_k=3)
+    graph.adjacency[t, s]          # the direct effect of node s on node t
+    pruned = prune_graph(graph, node_threshold=0.8)   # analysis.graphs.pruning
+
+The nodes, in order (circuit-tracer's): every active feature `(layer, pos, feature)`, one
+error node per `(layer, pos)` (what the transcoder misses of that MLP output), one input
+token per position, and the target logits at the last position. `adjacency[t, s]` is the
+direct linear effect of source `s` on target `t` with the attention patterns, norm scales
+and error terms frozen at this prompt's forward (`analysis.graphs._frozen`): `s`'s write
+carried by the frozen linear map to what `t` reads, a feature's pre-activation or a logit.
+No other node is on the path (features reached through another feature have their own
+edge to it); attention and the skip terms are part of the map, not nodes.
+
+What makes it exact: the replacement model with error terms is the model's own forward,
+and with those things frozen it is affine in what the nodes write. So for every target
+
+    Σ_s adjacency[t, s] + bias[t] = pre-activation of t   (or the logit)
+
+to rounding, where `bias[t]` is the sum of the constant terms on the way (norm biases,
+`b_V`, `b_O`, `b_dec`, `b_enc` or `b_U`: the "frozen bias terms"). The tests check this
+against the model's forward in float64 to 1e-10. The logit is the one before any soft cap.
+
+Node values: a feature's is its activation (an active feature's pre-activation, since every
+activation here passes its input unchanged where it fires), a token's its embedding, an
+error node's the error vector; an edge from a source is linear in it, so scaling a source by
+`1 + ε` changes each target by `ε` times the edge. `total_effects` follows that through the
+features downstream (each active feature passes a change of its pre-activation on one to
+one): the first-order change of each logit when a node is scaled.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from einops import einsum
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from analysis.graphs import _frozen
+from hookedattn.sae import TranscoderSet
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class AttributionGraph:
+    """The graph of one prompt's prediction (module docstring).
+
+    `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node
+    order, `activations` their values; `logit_tokens` the target tokens (at the last
+    position), `logit_strings` them as text and `logit_probabilities` their probabilities.
+    `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
+    each target (zero for nodes that are only sources). `backward_batches` counts the
+    transposed sweeps run.
+    """
+
+    prompt: str
+    tokens: Int[Tensor, " pos"]
+    token_strings: tuple[str, ...]
+    n_layers: int
+    features: Int[Tensor, "feature 3"]
+    activations: Float[Tensor, " feature"]
+    logit_tokens: Int[Tensor, " logit"]
+    logit_strings: tuple[str, ...]
+    logit_probabilities: Float[Tensor, " logit"]
+    adjacency: Float[Tensor, "node node"]
+    bias: Float[Tensor, " node"]
+    backward_batches: int
+    transcoders: str
+
+    # ------------------------------------------------------------------ the node order
+    @property
+    def n_pos(self) -> int:
+        """Positions in the prompt."""
+        return len(self.tokens)
+
+    @property
+    def n_features(self) -> int:
+        """Active feature nodes."""
+        return len(self.features)
+
+    @property
+    def n_nodes(self) -> int:
+        """All nodes: features, error nodes, tokens, logits."""
+        return self.adjacency.shape[0]
+
+    def error_node(self, layer: int, pos: int) -> int:
+        """The index of the error node of layer `layer` at position `pos`."""
+        return self.n_features + layer * self.n_pos + pos
+
+    def token_node(self, pos: int) -> int:
+        """The index of the input token at position `pos`."""
+        return self.n_features + self.n_layers * self.n_pos + pos
+
+    def logit_node(self, i: int) -> int:
+        """The index of the `i`-th target logit (`logit_tokens[i]`)."""
+        return self.n_features + (self.n_layers + 1) * self.n_pos + i
+
+    def feature_node(self, layer: int, pos: int, feature: int) -> int:
+        """The index of the active feature `feature` of layer `layer` at position `pos`; a
+        `KeyError` when it is not active there."""
+        wanted = torch.tensor([layer, pos, feature], device=self.features.device)
+        match = (self.features == wanted).all(-1).nonzero()
+        if len(match) == 0:
+            raise KeyError(f"feature {feature} of layer {layer} is not active at position {pos}")
+        return int(match[0, 0])
+
+    def label(self, node: int) -> str:
+        """A short name for a node: `L1.F42@7`, `L0.error@3`, `tok 'a'@2`, `logit 'b'`."""
+        if node < self.n_features:
+            layer, pos, feature = self.features[node].tolist()
+            return f"L{layer}.F{feature}@{pos}"
+        node -= self.n_features
+        if node < self.n_layers * self.n_pos:
+            return f"L{node // self.n_pos}.error@{node % self.n_pos}"
+        node -= self.n_layers * self.n_pos
+        if node < self.n_pos:
+            return f"tok {self.token_strings[node]!r}@{node}"
+        i = node - self.n_pos
+        return f"logit {self.logit_strings[i]!r}"
+
+    # ------------------------------------------------------------------ what it predicts
+    def total_effects(self) -> Float[Tensor, "logit node"]:
+        """`[i, s]`: the first-order change of target logit `i` per unit `ε` when node `s`
+        is scaled by `1 + ε`, through every path of the graph (each active feature passing
+        a change of its pre-activation on to its activation one to one)."""
+        A, n_f = self.adjacency, self.n_features
+        rows = [self.logit_node(i) for i in range(len(self.logit_tokens))]
+        current = A[rows]
+        total = current.clone()
+        for _ in range(self.n_layers):
+            current = (current[:, :n_f] / self.activations) @ A[:n_f]
+            total = total + current
+        return total
+
+    def __repr__(self) -> str:
+        logits = ", ".join(repr(s) for s in self.logit_strings)
+        return (
+            f"AttributionGraph({self.prompt!r}: {self.n_features} features, "
+            f"{self.n_layers * self.n_pos} error nodes, {self.n_pos} tokens, logits {logits}; "
+            f"{int((self.adjacency != 0).sum()):,} edges)"
+        )
+
+
+@torch.no_grad()
+def attribution_graph(
+    model: Any,
+    transcoders: Any,
+    prompt: Any,
+    *,
+    logits: int | Sequence[int] | None = None,
+    top_k: int = 5,
+    batch_size: int = 64,
+) -> AttributionGraph:
+    """The attribution graph of `model`'s prediction after `prompt` (text, or token ids
+    `[pos]`), with its MLPs replaced by `transcoders` (a list of per-layer ones, or a
+    `CrossLayerTranscoder`; every layer replaced).
+
+    The target logits are `logits` (token ids) or the `top_k` most probable next tokens.
+    Targets are swept down `batch_size` at a time (`backward_batches` counts the sweeps).
+    """
+    tset = TranscoderSet(transcoders)
+    _frozen.check_model(model, tset)
+    tokens = _frozen.prompt_tokens(model, prompt)
+    f = _frozen.freeze(model, tset, tokens)
+    probabilities = f.logits[-1].softmax(-1)
+    targets = _targets(logits, top_k, probabilities)
+    features, acts = _active(f)
+    n_f, n_pos, n = len(features), len(tokens), f.n_layers
+    n_nodes = n_f + (n + 1) * n_pos + len(targets)
+    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes))
+    batches = 0
+    for layer in range(n):
+        for chunk in (features[:, 0] == layer).nonzero().flatten().split(batch_size):
+            _fill_feature_targets(g, chunk)
+            batches += 1
+    logit_rows = torch.arange(n_f + (n + 1) * n_pos, n_nodes, device=targets.device)
+    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
+        _fill_logit_targets(g, chosen, rows)
+        batches += 1
+    return AttributionGraph(
+        prompt=prompt if isinstance(prompt, str) else "", tokens=tokens,
+        token_strings=tuple(_frozen.token_texts(model, tokens.tolist())), n_layers=n,
+        features=features, activations=acts, logit_tokens=targets,
+        logit_strings=tuple(_frozen.token_texts(model, targets.tolist())),
+        logit_probabilities=probabilities[targets], adjacency=g.adjacency, bias=g.bias,
+        backward_batches=batches, transcoders=repr(tset),
+    )  # fmt: skip
+
+
+def _targets(logits: Any, top_k: int, probabilities: Tensor) -> Int[Tensor, " logit"]:
+    if logits is None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        return probabilities.topk(min(top_k, len(probabilities))).indices
+    targets = torch.as_tensor([logits] if isinstance(logits, int) else list(logits))
+    n = len(probabilities)
+    if (
+        targets.numel() == 0
+        or targets.dtype.is_floating_point
+        or not bool(((targets >= 0) & (targets < n)).all())
+    ):
+        raise ValueError(f"logits must be token ids in 0..{n - 1}, got {logits!r}")
+    return targets
+
+
+def _active(f: _frozen.Frozen) -> tuple[Int[Tensor, "feature 3"], Float[Tensor, " feature"]]:
+    """Every `(layer, pos, feature)` with a nonzero activation, in that order, and its value."""
+    found, values = [], []
+    for layer, acts in enumerate(f.acts):
+        pos, feature = acts.nonzero(as_tuple=True)
+        found.append(torch.stack([torch.full_like(pos, layer), pos, feature], -1))
+        values.append(acts[pos, feature])
+    return torch.cat(found), torch.cat(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Filling:
+    """A graph being filled in: the frozen forward, the feature nodes, and the rows."""
+
+    f: _frozen.Frozen
+    features: Int[Tensor, "feature 3"]
+    acts: Float[Tensor, " feature"]
+    adjacency: Float[Tensor, "node node"]
+    bias: Float[Tensor, " node"]
+
+
+def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
+    """The rows of feature targets `chunk` (all of one layer), from one sweep."""
+    f = g.f
+    layer = int(g.features[chunk[0], 0])
+    pos, index = g.features[chunk, 1], g.features[chunk, 2]
+    W_enc, b_enc = f.tset.encoder(layer)
+    directions = W_enc.detach()[:, index].T  # target d_in
+    seed = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
+    seed[torch.arange(len(chunk), device=seed.device), pos] = directions
+    seed = _frozen.input_transpose(f, layer, seed)
+    own = b_enc.detach()[index] + _dot(_frozen.input_constant(f, layer), directions)
+    _fill_rows(g, chunk, _frozen.sweep(f, seed, layer), own)
+
+
+def _fill_logit_targets(
+    g: _Filling, chosen: Int[Tensor, " target"], rows: Int[Tensor, " target"]
+) -> None:
+    """The rows `rows` of the logit targets `chosen` (token ids), from one sweep."""
+    f = g.f
+    directions = f.W_U[:, chosen].T  # target d_model
+    seed = f.embed.new_zeros(len(chosen), len(f.tokens), f.embed.shape[-1])
+    last = None if f.scale_final is None else f.scale_final[-1:]
+    seed[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], last)[:, 0]
+    own = f.b_U[chosen] + _dot(_frozen.norm_bias(f.ln_final), directions)
+    _fill_rows(g, rows, _frozen.sweep(f, seed, None), own)
+
+
+def _fill_rows(
+    g: _Filling, rows: Int[Tensor, " target"], s: _frozen.Sweep, own: Float[Tensor, " target"]
+) -> None:
+    """Every edge into the targets `rows` (and their bias) from their sweep `s`."""
+    f, features, A = g.f, g.features, g.adjacency
+    n_f, n_pos = len(features), len(f.tokens)
+    for layer, grad in s.post.items():
+        start = n_f + layer * n_pos
+        A[rows, start : start + n_pos] = einsum(grad, f.errors[layer], "t p d, p d -> t p")
+    token_start = n_f + f.n_layers * n_pos
+    A[rows, token_start : token_start + n_pos] = einsum(s.embed, f.embed, "t p d, p d -> t p")
+    for source in range(f.n_layers):
+        columns = (features[:, 0] == source).nonzero().flatten()
+        written = [o for o in f.tset.outputs(source) if o in s.post]
+        if len(columns) == 0 or not written:
+            continue
+        pos, index = features[columns, 1], features[columns, 2]
+        edge = 0
+        for out in written:
+            W = f.tset.decoder(source, out).detach()[index]  # source d_out
+            edge = edge + einsum(s.post[out][:, pos], W, "t s d, s d -> t s")
+        A[rows[:, None], columns[None]] = edge * g.acts[columns]
+    constant = own.clone()
+    for layer, grad in s.mid.items():
+        constant = constant + einsum(grad, _frozen.attention_constant(f, layer), "t p d, p d -> t")
+    for layer, grad in s.post.items():
+        constant = constant + einsum(grad, _frozen.mlp_constant(f, layer), "t p d, d -> t")
+    g.bias[rows] = constant
+
+
+def _dot(constant: Tensor | float, directions: Float[Tensor, "target d"]) -> Tensor | float:
+    return directions @ constant if isinstance(constant, Tensor) else 0.0
