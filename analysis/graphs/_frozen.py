@@ -33,7 +33,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn.core._tokenization import is_text
+from hookedattn.core import is_text
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import TranscoderSet, replaced
