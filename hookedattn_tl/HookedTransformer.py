@@ -198,6 +198,13 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         """Each token as a string (TL's signature; `padding_side` changes nothing here)."""
         return super().to_str_tokens(input, self._prepend_bos(prepend_bos))
 
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """The text of token ids: `[pos]` or a list of ints (a string), `[batch pos]` (one
+        per row), and, as in TL, one id (an int or a 0-d tensor)."""
+        if (isinstance(tokens, Tensor) and tokens.ndim == 0) or isinstance(tokens, int):
+            tokens = torch.as_tensor(tokens).reshape(1)
+        return super().to_string(tokens)
+
     # Loosely annotated, so that a wrong type gets our message rather than a type-check's.
     def to_single_str_token(self, int_token: object) -> str:
         """The string of one token id."""

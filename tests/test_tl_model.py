@@ -100,6 +100,16 @@ def test_text_helpers_with_a_tokenizer():
     assert_close(model(["ab", "abcd"])[0, -1], short, atol=1e-5, rtol=1e-5)
 
 
+def test_to_string_of_one_token_id_as_tl():
+    tokenizer = CharTokenizer("abcdefg")
+    model = make_model(d_vocab=tokenizer.vocab_size)
+    model.tokenizer = tokenizer
+    token = model.to_single_token("c")
+    assert model.to_string(torch.tensor(token)) == "c"  # a 0-d tensor, as TL takes
+    assert model.to_string(token) == "c"
+    assert model.to_string(torch.tensor([token, token])) == "cc"
+
+
 def test_n_params_total_and_all_head_labels():
     model = make_model()
     assert model.n_params_total == sum(p.numel() for p in model.parameters())
