@@ -22,6 +22,7 @@ from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation
 from hookedattn_tl._errors import TLAssertionError
+from hookedattn_tl._refactor import refactor_factored_attn_matrices as refactor_attention
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.config import HookedTransformerConfig
 from hookedattn_tl.FactoredMatrix import FactoredMatrix
@@ -385,7 +386,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         this one then takes its modules and config (its hooks are detached, as a rebuilt
         TL model's would be), so references to this model see the processed weights.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, 1, {})
+        _refuse_unsupported(1, {})
         processed = _written_out(
             processing.process_weights(
                 self,
@@ -400,6 +401,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         self.__dict__.update(processed.__dict__)
         self.default_padding_side, self.default_prepend_bos = defaults
         self.setup()
+        if refactor_factored_attn_matrices:
+            refactor_attention(self)
         return self
 
     # ------------------------------------------------------------------ loading
@@ -431,7 +434,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
         each step returns a new model, so nothing is changed in place.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, n_devices, from_pretrained_kwargs)
+        _refuse_unsupported(n_devices, from_pretrained_kwargs)
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
@@ -454,6 +457,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             fold_value_biases=fold_value_biases,
         )
         model = _written_out(model)
+        if refactor_factored_attn_matrices:
+            refactor_attention(model)
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -501,13 +506,7 @@ def _written_out(model: HookedTransformer) -> HookedTransformer:
     return new
 
 
-def _refuse_unsupported(refactor: bool, n_devices: int, kwargs: dict[str, Any]) -> None:
-    if refactor:
-        raise ValueError(
-            "refactor_factored_attn_matrices=True is not supported: hookedattn keeps "
-            "W_Q, W_K, W_V, W_O as loaded; read the circuits from model.QK and model.OV "
-            "(FactoredMatrix), which do not depend on how the factors are split"
-        )
+def _refuse_unsupported(n_devices: int, kwargs: dict[str, Any]) -> None:
     if n_devices != 1:
         raise ValueError(f"n_devices={n_devices}: hookedattn runs a model on one device")
     ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}

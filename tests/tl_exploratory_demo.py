@@ -25,8 +25,18 @@ model = HookedTransformer(
     HookedTransformerConfig(**config), AutoTokenizer.from_pretrained(tokenizer_path)
 )
 model.load_state_dict(weights, strict=False)
-model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+model.process_weights_(
+    fold_ln=True,
+    center_writing_weights=True,
+    center_unembed=True,
+    refactor_factored_attn_matrices=True,
+)
 model.set_use_attn_result(True)
+# The refactored factors, where the SVD's signs do not show: column norms and biases.
+results["W_Q_column_norms"] = model.W_Q.norm(dim=-2)
+results["W_K_column_norms"] = model.W_K.norm(dim=-2)
+results["W_V_column_norms"] = model.W_V.norm(dim=-2)
+results["b_O"] = model.b_O
 device = model.cfg.device
 
 example_prompt = "After John and Mary went to the store, John gave a bottle of milk to"
