@@ -129,6 +129,18 @@ def test_refactor_factored_attn_matrices_balances_the_factors_and_keeps_the_logi
         assert_close(q_eff.norm(dim=1), k_eff.norm(dim=1), atol=1e-10, rtol=0)
 
 
+def test_from_pretrained_refactors_factored_attn_matrices_when_asked():
+    plain = HookedTransformer.from_pretrained("bytes-attn-only-2l")
+    refactored = HookedTransformer.from_pretrained(
+        "bytes-attn-only-2l", refactor_factored_attn_matrices=True
+    )
+    assert not refactored.blocks[0].attn.b_V.any()
+    W_O = refactored.blocks[1].attn.W_O
+    assert_close(W_O @ W_O.mT, torch.eye(W_O.shape[1]).expand_as(W_O @ W_O.mT), atol=1e-5, rtol=0)
+    tokens = torch.tensor([[1, 5, 2, 7, 3, 3]])
+    assert_close(refactored(tokens), plain(tokens), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [(dict(positional_embedding_type="rotary"), "rotary"), (dict(n_key_value_heads=1), "n_key")],
