@@ -22,6 +22,7 @@ from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _generation, _streaming
 from hookedattn_tl._errors import TLAssertionError
+from hookedattn_tl._refactor import refactor_factored_attn_matrices as refactor_attention
 from hookedattn_tl.ActivationCache import ActivationCache
 from hookedattn_tl.config import HookedTransformerConfig
 from hookedattn_tl.FactoredMatrix import FactoredMatrix
@@ -197,6 +198,13 @@ class HookedTransformer(HookedRootModule, _CoreModel):
     ) -> list:
         """Each token as a string (TL's signature; `padding_side` changes nothing here)."""
         return super().to_str_tokens(input, self._prepend_bos(prepend_bos))
+
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """The text of token ids: `[pos]` or a list of ints (a string), `[batch pos]` (one
+        per row), and, as in TL, one id (an int or a 0-d tensor)."""
+        if (isinstance(tokens, Tensor) and tokens.ndim == 0) or isinstance(tokens, int):
+            tokens = torch.as_tensor(tokens).reshape(1)
+        return super().to_string(tokens)
 
     # Loosely annotated, so that a wrong type gets our message rather than a type-check's.
     def to_single_str_token(self, int_token: object) -> str:
@@ -381,7 +389,6 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         this one then takes its modules and config (its hooks are detached, as a rebuilt
         TL model's would be), so references to this model see the processed weights.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, {})
         processed = _written_out(
             processing.process_weights(
                 self,
@@ -396,6 +403,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         self.__dict__.update(processed.__dict__)
         self.default_padding_side, self.default_prepend_bos = defaults
         self.setup()
+        if refactor_factored_attn_matrices:
+            refactor_attention(self)
         return self
 
     # ------------------------------------------------------------------ loading
@@ -427,7 +436,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
         each step returns a new model, so nothing is changed in place.
         """
-        _refuse_unsupported(refactor_factored_attn_matrices, from_pretrained_kwargs)
+        _refuse_unsupported(from_pretrained_kwargs)
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
@@ -450,6 +459,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             fold_value_biases=fold_value_biases,
         )
         model = _written_out(model)
+        if refactor_factored_attn_matrices:
+            refactor_attention(model)
         if n_devices != 1:  # blocks over the first n devices, as TransformerLens places them
             parallel.place(model, parallel.n_devices_map(n_devices, device))
         if default_padding_side is not None:
@@ -499,13 +510,7 @@ def _written_out(model: HookedTransformer) -> HookedTransformer:
     return new
 
 
-def _refuse_unsupported(refactor: bool, kwargs: dict[str, Any]) -> None:
-    if refactor:
-        raise ValueError(
-            "refactor_factored_attn_matrices=True is not supported: hookedattn keeps "
-            "W_Q, W_K, W_V, W_O as loaded; read the circuits from model.QK and model.OV "
-            "(FactoredMatrix), which do not depend on how the factors are split"
-        )
+def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
     ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
     given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
     unknown = sorted(set(kwargs) - ignored)

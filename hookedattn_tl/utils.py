@@ -161,6 +161,11 @@ def to_numpy(tensor: Any) -> Any:
     raise ValueError(f"to_numpy takes a tensor, array, list or number, got {type(tensor).__name__}")
 
 
+def get_corner(tensor: Tensor, n: int = 3) -> Tensor:
+    """The top-left corner of a tensor: its first `n` entries along every axis."""
+    return tensor[tuple(slice(n) for _ in range(tensor.ndim))]
+
+
 def transpose(tensor: Float[Tensor, "... a b"]) -> Float[Tensor, "... b a"]:
     """Swap the last two axes."""
     return tensor.transpose(-1, -2)
@@ -209,40 +214,56 @@ def test_prompt(
     prepend_bos: bool | None = None,
     top_k: int = 10,
 ) -> None:
-    """Print how the model ranks `answer` after `prompt` (TransformerLens's `test_prompt`).
+    """Print how the model ranks `answer` after `prompt` (TransformerLens's `test_prompt`,
+    line for line the same printout).
 
-    For each answer token: its rank, logit and probability, and the `top_k` tokens the
-    model prefers at that position.
+    One answer may span several tokens, each ranked at its position; several answers are
+    compared as next tokens only (their first tokens). For each answer token: its rank,
+    logit and probability, then (with `print_details`) the `top_k` tokens the model prefers
+    there; last, the ranks of the answer tokens.
     """
     answers = [answer] if isinstance(answer, str) else list(answer)
-    for one in answers:
-        if prepend_space_to_answer and not one.startswith(" "):
-            one = " " + one
-        prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)
-        answer_tokens = model.to_tokens(one, prepend_bos=False)
-        tokens = torch.cat([prompt_tokens, answer_tokens], dim=1)
-        n_prompt = prompt_tokens.shape[1]
-        if print_details:
-            print("Tokenized prompt:", model.to_str_tokens(prompt_tokens[0]))
-            print("Tokenized answer:", model.to_str_tokens(answer_tokens[0]))
-        with torch.no_grad():
-            logits = model(tokens)[0]
-        probs = logits.softmax(dim=-1)
-        for i, token in enumerate(answer_tokens[0].tolist()):
-            row, row_probs = logits[n_prompt - 1 + i], probs[n_prompt - 1 + i]
-            rank = int((row > row[token]).sum())
-            text = model.to_single_str_token(token)
+    several = len(answers) > 1
+    if prepend_space_to_answer:
+        answers = [a if a.startswith(" ") else " " + a for a in answers]
+    prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)
+    answer_tokens = model.to_tokens(answers, prepend_bos=False)
+    if several:
+        answer_tokens = answer_tokens[:, :1]
+    tokens = torch.cat([prompt_tokens.repeat(answer_tokens.shape[0], 1), answer_tokens], dim=1)
+    answer_strs = [model.to_str_tokens(a, prepend_bos=False) for a in answers]
+    n_prompt = prompt_tokens.shape[1]
+    if print_details:
+        print("Tokenized prompt:", model.to_str_tokens(prompt, prepend_bos=prepend_bos))
+        if several:
+            print("Tokenized answers:", answer_strs)
+        else:
+            print("Tokenized answer:", answer_strs[0])
+    with torch.no_grad():
+        logits = model(tokens)
+    probs = logits.softmax(dim=-1)
+    ranks = []
+    for index in range(n_prompt, n_prompt + (1 if several else len(answer_strs[0]))):
+        targets, strs = tokens[:, index], [a[index - n_prompt] for a in answer_strs]
+        row_probs = probs[:, index - 1]
+        order = row_probs.argsort(dim=-1, descending=True, stable=True)
+        rank_of = order.argsort(dim=-1)[range(len(strs)), targets].tolist()
+        ranks.append(list(zip(strs, rank_of, strict=True)))
+        if not print_details:
+            continue
+        lines = [
+            f"Rank: {rank_of[i]: <8} Logit: {float(logits[i, index - 1, targets[i]]):5.2f} "
+            f"Prob: {float(row_probs[i, targets[i]]):6.2%} Token: |{strs[i]}|"
+            for i in range(len(strs))
+        ]
+        print(f"Performance on answer token{'s' if several else ''}:\n" + "\n".join(lines))
+        for k in range(top_k):
+            top = order[0, k]
             print(
-                f"Performance on answer token:\nRank: {rank:<8} Logit: {float(row[token]):5.2f} "
-                f"Prob: {float(row_probs[token]):6.2%} Token: |{text}|"
+                f"Top {k}th token. Logit: {float(logits[0, index - 1, top]):5.2f} "
+                f"Prob: {float(row_probs[0, top]):6.2%} Token: |{model.to_string(top)}|"
             )
-            if print_details:
-                for k, top in enumerate(row.topk(min(top_k, row.shape[0])).indices.tolist()):
-                    print(
-                        f"Top {k}th token. Logit: {float(row[top]):5.2f} "
-                        f"Prob: {float(row_probs[top]):6.2%} "
-                        f"Token: |{model.to_single_str_token(top)}|"
-                    )
+    print(f"Ranks of the answer tokens: {[r[0] for r in ranks] if not several else ranks}")
 
 
 # pytest would collect `test_prompt` from a test module that imports it by name.
@@ -255,6 +276,7 @@ __all__ = [
     "gelu_new",
     "get_act_name",
     "get_attention_mask",
+    "get_corner",
     "lm_cross_entropy_loss",
     "remove_batch_dim",
     "solu",

@@ -9,7 +9,7 @@ from torch.testing import assert_close
 import analysis
 import hookedattn
 from hookedattn import CharTokenizer
-from hookedattn.testing import tiny_model
+from hookedattn.testing import random_tiny_model, tiny_model
 from hookedattn_tl import (
     HookedTransformer,
     HookedTransformerKeyValueCache,
@@ -100,6 +100,57 @@ def test_text_helpers_with_a_tokenizer():
     assert_close(model(["ab", "abcd"])[0, -1], short, atol=1e-5, rtol=1e-5)
 
 
+def test_to_string_of_one_token_id_as_tl():
+    tokenizer = CharTokenizer("abcdefg")
+    model = make_model(d_vocab=tokenizer.vocab_size)
+    model.tokenizer = tokenizer
+    token = model.to_single_token("c")
+    assert model.to_string(torch.tensor(token)) == "c"  # a 0-d tensor, as TL takes
+    assert model.to_string(token) == "c"
+    assert model.to_string(torch.tensor([token, token])) == "cc"
+
+
+def test_refactor_factored_attn_matrices_balances_the_factors_and_keeps_the_logits():
+    fields = dict(model_class=HookedTransformer, n_heads=2, d_head=4, d_mlp=16, d_vocab=12)
+    model = random_tiny_model(**fields)  # float64, every bias and gain random
+    before = model(TOKENS)
+    model.process_weights_(refactor_factored_attn_matrices=True)
+    assert_close(model(TOKENS).log_softmax(-1), before.log_softmax(-1), atol=1e-10, rtol=0)
+    eye = torch.eye(4, dtype=torch.float64).expand(2, 4, 4)
+    for block in model.blocks:
+        attn = block.attn
+        assert_close(attn.W_O @ attn.W_O.mT, eye, atol=1e-10, rtol=0)  # W_O = V^T
+        gram = attn.W_V.mT @ attn.W_V  # W_V = U S: orthogonal columns
+        assert_close(gram, torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1)), atol=1e-10, rtol=0)
+        assert not attn.b_V.any()
+        # [W_Q; b_Q] and [W_K; b_K] are U sqrt(S) and V sqrt(S): equal column norms.
+        q_eff = torch.cat([attn.W_Q, attn.b_Q[:, None]], dim=1)
+        k_eff = torch.cat([attn.W_K, attn.b_K[:, None]], dim=1)
+        assert_close(q_eff.norm(dim=1), k_eff.norm(dim=1), atol=1e-10, rtol=0)
+
+
+def test_from_pretrained_refactors_factored_attn_matrices_when_asked():
+    plain = HookedTransformer.from_pretrained("bytes-attn-only-2l")
+    refactored = HookedTransformer.from_pretrained(
+        "bytes-attn-only-2l", refactor_factored_attn_matrices=True
+    )
+    assert not refactored.blocks[0].attn.b_V.any()
+    W_O = refactored.blocks[1].attn.W_O
+    assert_close(W_O @ W_O.mT, torch.eye(W_O.shape[1]).expand_as(W_O @ W_O.mT), atol=1e-5, rtol=0)
+    tokens = torch.tensor([[1, 5, 2, 7, 3, 3]])
+    assert_close(refactored(tokens), plain(tokens), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [(dict(positional_embedding_type="rotary"), "rotary"), (dict(n_key_value_heads=1), "n_key")],
+)
+def test_refactor_factored_attn_matrices_refuses_rotary_and_grouped_query(fields, named):
+    model = tiny_model(model_class=HookedTransformer, n_heads=2, d_head=4, **fields)
+    with pytest.raises(ValueError, match=named):
+        model.process_weights_(refactor_factored_attn_matrices=True)
+
+
 def test_n_params_total_and_all_head_labels():
     model = make_model()
     assert model.n_params_total == sum(p.numel() for p in model.parameters())
@@ -175,8 +226,6 @@ def test_from_pretrained_with_hf_model_processes_by_default():
 
 
 def test_from_pretrained_refuses_what_it_cannot_do():
-    with pytest.raises(ValueError, match="refactor_factored_attn_matrices"):
-        HookedTransformer.from_pretrained("x", refactor_factored_attn_matrices=True)
     with pytest.raises(TypeError, match="first_n_layers"):
         HookedTransformer.from_pretrained("x", first_n_layers=1)
 

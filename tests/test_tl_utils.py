@@ -107,3 +107,6 @@ def test_test_prompt_prints_rank_and_top_tokens(capsys):
     out = capsys.readouterr().out
     assert "Tokenized prompt:" in out and "Rank:" in out
     assert out.count("Top ") == 3
+    # TL's last line: each answer token with its rank, as in the rank line above it.
+    rank = int(out.split("Rank: ")[1].split()[0])
+    assert out.rstrip().splitlines()[-1] == f"Ranks of the answer tokens: [('d', {rank})]"

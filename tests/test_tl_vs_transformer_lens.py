@@ -15,25 +15,14 @@ Without that environment the tests skip, saying how to build it; under CI (`CI` 
 fail instead, so CI always runs them.
 """
 
-import importlib.util
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.testing import assert_close
+from _tl_reference import VERSION, assert_same, require_tl_python, run_in_tl, script_module
 
 import hookedattn_tl
-
-ROOT = Path(__file__).resolve().parents[1]
-VERSION = "3.5.1"
-DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"transformer_lens-{VERSION}" / "bin"
-
-# float32 forwards of two implementations: their rounding differs, not their math.
-TOLERANCE = dict(atol=2e-5, rtol=2e-5)
 
 # Families both implement; the gated MLP without b_in: TransformerLens 3.5 adds b_in after
 # the gate's product (`act(x W_gate) * (x W_in) + b_in`), we inside it (`act(x W_gate) *
@@ -93,20 +82,6 @@ LAYERED = (
 )
 
 
-def tl_python() -> Path | None:
-    """The interpreter of TransformerLens's environment, if there is one."""
-    given = os.environ.get("HOOKEDATTN_TL_PYTHON")
-    candidate = Path(given) if given else DEFAULT_PYTHON / "python"
-    return candidate if candidate.exists() else None
-
-
-def _probes_module() -> Any:
-    spec = importlib.util.spec_from_file_location("tl_probes", ROOT / "scripts" / "tl_probes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter drawn at random, biases and gains too, so that every term matters."""
     model = hookedattn_tl.HookedTransformer(hookedattn_tl.HookedTransformerConfig(**config))
@@ -140,60 +115,20 @@ def setup(main_demo, tmp_path_factory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def theirs(setup, tmp_path_factory) -> dict[str, Any]:
     """Real TransformerLens's results, from a subprocess in its environment."""
-    python = tl_python()
-    if python is None:
-        message = (
-            f"TransformerLens {VERSION}'s environment is missing: run `bash "
-            f".ci/transformer_lens.sh` (or set HOOKEDATTN_TL_PYTHON)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI must run the comparison")
-        pytest.skip(message)
-    folder = tmp_path_factory.mktemp("tl")
-    source, target = folder / "in.pt", folder / "out.pt"
-    torch.save(setup, source)
-    command = [str(python), str(ROOT / "scripts" / "tl_probes.py"), str(source), str(target)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    env.pop("PYTHONPATH", None)  # TL's environment imports its own packages only
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return torch.load(target, weights_only=False)
+    require_tl_python()
+    return run_in_tl("tl_probes.py", setup, tmp_path_factory.mktemp("tl"))
 
 
 @pytest.fixture(scope="module")
 def ours(setup) -> dict[str, Any]:
     """hookedattn_tl's results of the same probes (layers spelled as TL does)."""
-    return _probes_module().probes(hookedattn_tl, setup["weights"], setup["config"])
+    return script_module("tl_probes").probes(hookedattn_tl, setup["weights"], setup["config"])
 
 
 @pytest.fixture(scope="module")
 def ours_from_end(setup) -> dict[str, Any]:
     """hookedattn_tl's results with every layer argument spelled from the end."""
-    return _probes_module().probes(hookedattn_tl, setup["weights"], setup["config"], True)
-
-
-def assert_same(ours: Any, theirs: Any, where: str) -> None:
-    """Equal structure, equal strings and ints, tensors and floats within TOLERANCE
-    (its absolute part relative to the largest entry: without norms the stream grows)."""
-    if isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, torch.Tensor), f"{where}: {type(ours).__name__}, not a tensor"
-        largest = max(1.0, float(theirs.abs().max())) if theirs.numel() else 1.0
-        assert_close(
-            ours.to(theirs.dtype),
-            theirs,
-            atol=TOLERANCE["atol"] * largest,
-            rtol=TOLERANCE["rtol"],
-            msg=lambda m: f"{where}: {m}",
-        )
-    elif isinstance(theirs, list | tuple):
-        assert isinstance(ours, list | tuple), f"{where}: {type(ours).__name__}, not a sequence"
-        assert len(ours) == len(theirs), f"{where}: {len(ours)} items, TL has {len(theirs)}"
-        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            assert_same(a, b, f"{where}[{i}]")
-    elif isinstance(theirs, float):
-        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-5), where
-    else:
-        assert ours == theirs, where
+    return script_module("tl_probes").probes(hookedattn_tl, setup["weights"], setup["config"], True)
 
 
 def test_the_probes_are_the_same_set(ours, theirs):
@@ -229,7 +164,9 @@ def test_layers_from_the_end_match_transformer_lens(group, ours_from_end, theirs
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_cached_activation_matches(variant, setup, theirs):
     run = setup["cached_runs"][variant]
-    mine = _probes_module().cached_run(hookedattn_tl, run["weights"], run["config"], run["tokens"])
+    mine = script_module("tl_probes").cached_run(
+        hookedattn_tl, run["weights"], run["config"], run["tokens"]
+    )
     reference = theirs["cached_runs"][variant]
     assert_same(mine["logits"], reference["logits"], "logits")
     assert set(reference["cache"]) <= set(mine["cache"])

@@ -43,7 +43,11 @@ _DESCRIPTIVE = {
 # value that is supported, why).
 _UNSUPPORTED = {
     "use_attn_scale": (True, "scores are always divided by attn_scale (set attn_scale=1.0)"),
-    "n_devices": (1, "a model runs on one device here"),
+    "n_devices": (
+        1,
+        "a config does not place a model: pass from_pretrained(..., n_devices=N), or use "
+        "hookedattn.core.parallel.place",
+    ),
     "load_in_4bit": (False, "there is no 4-bit quantisation"),
     "attention_dir": ("causal", "attention is causal (no bidirectional encoder)"),
     "scale_attn_by_inverse_layer_idx": (False, "no per-layer score scaling"),
