@@ -127,12 +127,17 @@ def _normalisation(store: Any, name: str) -> tuple[Tensor, float]:
     statistics): rows of unit mean square per dimension."""
     stats = store.stats(name)
     scale = float(stats.var.mean().sqrt())
-    if not math.isfinite(scale) or scale == 0 or not bool(stats.mean.isfinite().all()):
-        what = "no variance (every row is the same)" if scale == 0 else "non-finite statistics"
+    where = f"the store {getattr(store, 'path', store)}"
+    if not math.isfinite(scale) or not bool(stats.mean.isfinite().all()):
         raise ValueError(
-            f"the rows of {name} in the store {getattr(store, 'path', store)} have {what}: "
-            f"there is nothing for an SAE to learn (mean variance {scale**2:.3g}); check "
-            f"that the model's activations there are not constant, NaN or overflowing"
+            f"{where} holds NaN or infinite values in the rows of {name} (their mean or "
+            f"variance is not finite): the model produced them there, or the store is damaged"
+        )
+    if scale == 0:
+        raise ValueError(
+            f"the rows of {name} in {where} have no variance (every row is the same): there "
+            f"is nothing for an SAE to learn; check that the model's activations there are "
+            f"not constant"
         )
     return stats.mean.float(), scale
 
