@@ -86,7 +86,7 @@ def train_sae(
     SAE in float32, in the model's units.
     """
     _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size)
-    _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir)
+    _check_extras(lr, bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir)
     mean, scale = _normalisation(store, name)
     sae = _new_sae(store, name, d_sae, l1, k, seed)
     objective = _objective(sae, l1, l0, bandwidth, threshold)
@@ -255,12 +255,15 @@ def _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size) -> None:
         )
 
 
-def _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir) -> None:
+def _check_extras(
+    lr, bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir
+) -> None:
     if (checkpoint_every is None) != (checkpoint_dir is None):
         raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
-    for field, value in (("bandwidth", bandwidth), ("threshold", threshold)):
-        if not value > 0:
-            raise ValueError(f"{field} must be a positive number, got {value!r}")
+    for field, value in (("lr", lr), ("bandwidth", bandwidth), ("threshold", threshold)):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            raise ValueError(f"{field} must be a positive number, got {value!r} (finite)")
     if resample_every is not None and (
         not isinstance(resample_every, int)
         or isinstance(resample_every, bool)
