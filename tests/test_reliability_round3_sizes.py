@@ -3,6 +3,9 @@ more than the input justifies, and every refusal names the limit and how to rais
 output path that cannot be written, or a result that is not finite, is named."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import Page, attention, float32_base64
 
 SHIPPED = "bytes-attn-only-2l"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def byte_model(n_ctx: int = 64):
@@ -44,6 +48,43 @@ def test_max_values_is_the_limit_both_ways():
         attention(model, text, max_values=391)
     assert len(attention(model, text, max_values=392).data["tokens"]) == 7
     assert attention(model, text, layers=[1], max_values=196).data["layers"] == [1]
+
+
+# Under the suite's type checks a float layer never reaches `attention`; a user's call does.
+PLAIN_CALLS = """
+import numpy, torch
+from hookedattn import ByteTokenizer
+from hookedattn.testing import random_tiny_model
+from hookedattn.viewer import attention
+model = random_tiny_model(n_layers=2, n_heads=4, n_ctx=64, d_vocab=259, attn_only=True,
+                          randomize_seed=3, tokenizer=ByteTokenizer()).eval()
+for kwargs in [dict(layers=[0.5]), dict(layers=[1, 1.9]), dict(layers=[True]),
+               dict(max_values=-1), dict(max_values=1.5)]:
+    try:
+        attention(model, "abc", **kwargs)
+        print("made a page")
+    except ValueError as error:
+        print(error)
+print(attention(model, "abc", layers=[numpy.int64(1), torch.tensor(0)]).data["layers"])
+"""
+
+
+def test_float_layers_and_a_bad_max_values_are_refused_in_plain_use():
+    """Guards: layers=[0.5] drew layer 0 and [1, 1.9] layer 1 twice (int() cut them);
+    max_values=-1 or 1.5 was taken as a size. Numpy and tensor ints still choose layers."""
+    done = subprocess.run([sys.executable, "-c", PLAIN_CALLS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        "layers must be a non-empty list of ints in 0..1, got [0.5]",
+        "layers must be a non-empty list of ints in 0..1, got [1, 1.9]",
+        "layers must be a non-empty list of ints in 0..1, got [True]",
+    ]
+    assert lines[3:] == [
+        "max_values must be a positive int, got -1",
+        "max_values must be a positive int, got 1.5",
+        "[1, 0]",
+    ]
 
 
 def test_a_cache_too_large_for_a_page_is_refused_too():

@@ -143,11 +143,15 @@ def test_float_and_bool_indices_are_refused_not_truncated(store, index):
         store.rows(RESID, index)
 
 
-def test_an_out_of_range_index_names_the_row_and_the_range(store):
-    """Guards: an IndexError that did not say which row."""
+@pytest.mark.parametrize("bad", ["n in a tensor", "n", "2**70", "-2**70"])
+def test_an_out_of_range_index_names_the_row_and_the_range(store, bad):
+    """Guards: an IndexError that did not say which row; past int64, a TypeError about an
+    overflow in unpacking."""
     n = len(store)
-    with pytest.raises(IndexError, match=rf"row {n} is out of range .* \(valid: -{n}..{n - 1}\)"):
-        store.rows(RESID, torch.tensor([3, n]))
+    index = {"n in a tensor": torch.tensor([3, n]), "n": n, "2**70": 2**70, "-2**70": -(2**70)}
+    row = {"n in a tensor": n, "n": n, "2**70": 2**70, "-2**70": -(2**70)}[bad]
+    with pytest.raises(IndexError, match=rf"row {row} is out of range .* \(valid: -{n}..{n - 1}\)"):
+        store.rows(RESID, index[bad])
 
 
 # ------------------------------------------------------------------ a second writer

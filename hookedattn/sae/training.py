@@ -86,7 +86,9 @@ def train_sae(
     SAE in float32, in the model's units.
     """
     _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size)
-    _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir)
+    _check_extras(lr, bandwidth, threshold, checkpoint_dir, resample_every=resample_every,
+                  checkpoint_every=checkpoint_every, log_every=log_every,
+                  dead_window=dead_window)  # fmt: skip
     mean, scale = _normalisation(store, name)
     sae = _new_sae(store, name, d_sae, l1, k, seed)
     objective = _objective(sae, l1, l0, bandwidth, threshold)
@@ -127,12 +129,17 @@ def _normalisation(store: Any, name: str) -> tuple[Tensor, float]:
     statistics): rows of unit mean square per dimension."""
     stats = store.stats(name)
     scale = float(stats.var.mean().sqrt())
-    if not math.isfinite(scale) or scale == 0 or not bool(stats.mean.isfinite().all()):
-        what = "no variance (every row is the same)" if scale == 0 else "non-finite statistics"
+    where = f"the store {getattr(store, 'path', store)}"
+    if not math.isfinite(scale) or not bool(stats.mean.isfinite().all()):
         raise ValueError(
-            f"the rows of {name} in the store {getattr(store, 'path', store)} have {what}: "
-            f"there is nothing for an SAE to learn (mean variance {scale**2:.3g}); check "
-            f"that the model's activations there are not constant, NaN or overflowing"
+            f"{where} holds NaN or infinite values in the rows of {name} (their mean or "
+            f"variance is not finite): the model produced them there, or the store is damaged"
+        )
+    if scale == 0:
+        raise ValueError(
+            f"the rows of {name} in {where} have no variance (every row is the same): there "
+            f"is nothing for an SAE to learn; check that the model's activations there are "
+            f"not constant"
         )
     return stats.mean.float(), scale
 
@@ -250,18 +257,22 @@ def _check_arguments(store, name, d_sae, steps, l1, k, l0, batch_size) -> None:
         )
 
 
-def _check_extras(bandwidth, threshold, resample_every, checkpoint_every, checkpoint_dir) -> None:
-    if (checkpoint_every is None) != (checkpoint_dir is None):
+def _check_extras(lr, bandwidth, threshold, checkpoint_dir, **counts) -> None:
+    """The rates and widths are positive finite numbers; `counts` (every how many steps
+    something happens) positive ints, or None where the feature is optional."""
+    if (counts["checkpoint_every"] is None) != (checkpoint_dir is None):
         raise ValueError("checkpoints need both checkpoint_every and checkpoint_dir")
-    for field, value in (("bandwidth", bandwidth), ("threshold", threshold)):
-        if not value > 0:
-            raise ValueError(f"{field} must be a positive number, got {value!r}")
-    if resample_every is not None and (
-        not isinstance(resample_every, int)
-        or isinstance(resample_every, bool)
-        or resample_every < 1
-    ):
-        raise ValueError(f"resample_every must be a positive int or None, got {resample_every!r}")
+    for field, value in (("lr", lr), ("bandwidth", bandwidth), ("threshold", threshold)):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            raise ValueError(f"{field} must be a positive number, got {value!r} (finite)")
+    for field, value in counts.items():
+        optional = field in ("resample_every", "checkpoint_every")
+        if optional and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            kind = "a positive int or None" if optional else "a positive int"
+            raise ValueError(f"{field} must be {kind}, got {value!r}")
 
 
 def _batches(store: Any, name: str, batch_size: int, seed: int, steps: int) -> Iterator[Tensor]:

@@ -258,6 +258,8 @@ class ActivationStore:
                 f"row indices are ints, not bools ({index!r}); for a mask, pass "
                 f"mask.nonzero().squeeze(1)"
             )
+        if isinstance(index, int) and not -n <= index < n:
+            raise IndexError(_out_of_range(index, n, self.path))  # also past int64
         try:
             tensor = torch.as_tensor(index)
         except (TypeError, ValueError, RuntimeError) as error:
@@ -274,10 +276,7 @@ class ActivationStore:
         tensor = tensor.long()
         if tensor.numel() and (int(tensor.min()) < -n or int(tensor.max()) >= n):
             bad = int(tensor.min()) if int(tensor.min()) < -n else int(tensor.max())
-            raise IndexError(
-                f"row {bad} is out of range for the store {self.path} of {n:,} rows (valid: "
-                f"{-n}..{n - 1})"
-            )
+            raise IndexError(_out_of_range(bad, n, self.path))
         return tensor % max(n, 1)
 
     def _map(self, shard: int) -> MappedShard:
@@ -310,6 +309,10 @@ class ActivationStore:
                 source = source.reshape(-1)
             out.index_copy_(0, where, source.index_select(0, local))
         return out.reshape((*index.shape, *shape))
+
+
+def _out_of_range(row: int, n: int, path: Path) -> str:
+    return f"row {row} is out of range for the store {path} of {n:,} rows (valid: {-n}..{n - 1})"
 
 
 def _take(buffer: Tensor, order: Tensor | None, start: int, stop: int) -> Tensor:

@@ -10,6 +10,7 @@ attention it pays as a query, or receives as a key; the pattern as a heatmap wit
 tokens on both axes, each cell's exact value on hover.
 """
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,27 @@ def _tokens(model: HookedTransformer, prompt: Any) -> Any:
     if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
     return tokens
+
+
+def _is_int(value: object) -> bool:
+    """An int, a numpy int or an int tensor of one element; not a bool, never a float."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _chosen_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    """The page's layers: all, or `layers`, each an int in range (a float would be cut)."""
+    chosen = list(range(n_layers)) if layers is None else list(layers)
+    if not chosen or not all(_is_int(i) and 0 <= operator.index(i) < n_layers for i in chosen):
+        raise ValueError(
+            f"layers must be a non-empty list of ints in 0..{n_layers - 1}, got {layers!r}"
+        )
+    return [operator.index(layer) for layer in chosen]
 
 
 def _check_size(n_layers: int, n_heads: int, n_pos: int, n_seq: int, max_values: int) -> None:
@@ -149,10 +171,9 @@ def attention(
     """
     if model.cfg.n_layers == 0:
         raise ValueError("a model with 0 layers has no attention patterns to show")
-    n_layers = model.cfg.n_layers
-    chosen = list(range(n_layers)) if layers is None else [int(layer) for layer in layers]
-    if not chosen or any(not 0 <= layer < n_layers for layer in chosen):
-        raise ValueError(f"layers must be a non-empty list of layers in 0..{n_layers - 1}")
+    chosen = _chosen_layers(layers, model.cfg.n_layers)
+    if not _is_int(max_values) or operator.index(max_values) < 1:
+        raise ValueError(f"max_values must be a positive int, got {max_values!r}")
     if isinstance(cache_or_text, ActivationCache):
         cache = cache_or_text
     else:
