@@ -41,7 +41,7 @@ def torchrun(script: Path, *args: str, timeout: int = 400) -> None:
 def launched(tmp_path_factory) -> Path:
     """One launch for the whole file: the checks on split models, and the loading."""
     out = tmp_path_factory.mktemp("tensor_parallel")
-    hf_dirs = [save_hf(family, out / family) for family in ("llama", "gpt2")]
+    hf_dirs = [save_hf(family, out / family) for family in ("llama", "gpt2", "neox", "phi3")]
     random_tiny_model(d_vocab=33).save(out / "ours")  # 4 heads: tp_size=4 divides them
     torchrun(WORKER, str(out), *map(str, hf_dirs), str(out / "ours"))
     return out
@@ -58,16 +58,20 @@ def loaded(launched) -> list[dict]:
 
 
 def save_hf(family: str, path: Path) -> Path:
-    """A tiny HF model directory: Llama with grouped keys and values, or GPT-2 (fused
-    `c_attn`, a vocabulary of 65 cut 33 + 32)."""
+    """A tiny HF model directory: Llama with grouped keys and values, GPT-2 (fused
+    `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
+    Phi-3 (fused q/k/v of unequal parts, fused gate/up)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    if family == "llama":
-        config = transformers.LlamaConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        )  # fmt: skip
-        hf = transformers.LlamaForCausalLM(config)
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=32)  # fmt: skip
+    if family == "neox":
+        hf = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small, rotary_pct=0.5))
+    elif family == "phi3":
+        config = transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0)
+        hf = transformers.Phi3ForCausalLM(config)
+    elif family == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
     else:
         config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32,
                                          vocab_size=65)  # fmt: skip
@@ -146,7 +150,8 @@ def test_each_rank_holds_about_half_the_weights(ranks):
 
 def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):
     for result in loaded:
-        assert set(result) == {"from_hf llama", "from_hf gpt2", "load"}
+        families = ("llama", "gpt2", "neox", "phi3")
+        assert set(result) == {*(f"from_hf {family}" for family in families), "load"}
         for name, values in result.items():
             assert values["slices_exact"] and values["sharded_parameters"] > 10, name
             assert values["logits"] <= 1e-12 and values["cache"] <= 1e-12, (name, values)

@@ -175,7 +175,7 @@ class VocabParallelUnembed:
 # config field of that axis's size). Parameters not listed are replicated (norm gains,
 # `b_O`, `b_out`, `W_pos`). The loaders read the slices this table gives.
 SHARDED: dict[tuple[str, str], tuple[int, str]] = {
-    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O")},
+    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O", "sinks")},  # sinks: GPT-OSS
     **{("attn", w): (0, "n_kv_heads") for w in ("W_K", "W_V", "b_K", "b_V")},
     **{("attn", w): (0, "n_kv_heads") for w in ("_W_K", "_W_V", "_b_K", "_b_V")},
     **{("mlp", w): (1, "d_mlp") for w in ("W_in", "W_gate")},
@@ -204,14 +204,14 @@ def shard_plan(
 def _module_plan(
     module: nn.Module, kind: str, cfg: HookedTransformerConfig, tp: TensorParallelGroup
 ) -> dict[str, LocalSlice]:
-    names = [f"{kind}.{name}" for name in module._parameters]
+    names = [f"{kind}.{name}" for name in _present(module)]
     return {n.split(".", 1)[1]: s for n, s in shard_plan(names, cfg, tp.rank, tp.size).items()}
 
 
 def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make `attn` (an `Attention`, grouped or not) hold this rank's heads, in place."""
     heads, kv = tp.slice_of(cfg.n_heads, 0), tp.slice_of(cfg.n_kv_heads, 0)
-    unknown = sorted(set(attn._parameters) - {w for kind, w in SHARDED if kind == "attn"} - {"b_O"})
+    unknown = sorted(_present(attn) - {w for kind, w in SHARDED if kind == "attn"} - {"b_O"})
     if unknown:
         raise ValueError(f"no tensor-parallel rule for the attention parameters {unknown}")
     _narrow_parameters(attn, _module_plan(attn, "attn", cfg, tp))
@@ -287,6 +287,12 @@ def shard_unembed(
     _narrow_parameters(unembed, _module_plan(unembed, "unembed", cfg, tp))
     _swap_class(unembed, VocabParallelUnembed)
     unembed.tp, unembed.vocab_slice = tp, dataclasses.replace(part, axis=-1)
+
+
+def _present(module: nn.Module) -> set[str]:
+    """The names of `module`'s own parameters, less those registered as None (an optional
+    parameter the model does not have, such as `sinks` without attention sinks)."""
+    return {name for name, param in module._parameters.items() if param is not None}
 
 
 def _narrow_parameters(module: nn.Module, slices: dict[str, LocalSlice]) -> None:
