@@ -181,6 +181,18 @@ def test_stack_head_results_with_remainder_and_labels(model, cache):
     assert_close(scaled, centred_over_scale(raw, cache["scale", 1, "ln1"][:, -1]))
 
 
+@pytest.mark.parametrize("negative", [-1, -2, -3])
+def test_negative_layers_count_from_the_end_for_every_stack(cache, negative):
+    # -1 is the final stream, -2 the last block's input, as decompose_resid reads them; TL
+    # 3.5.1's stack_head_results reads -2 as range(-2) and returns an empty stack.
+    position = N_LAYERS + 1 + negative
+    heads, labels = cache.stack_head_results(layer=negative, return_labels=True)
+    assert labels == [f"L{layer}H{h}" for layer in range(position) for h in range(N_HEADS)]
+    assert_close(heads, cache.stack_head_results(layer=position))
+    assert_close(cache.decompose_resid(layer=negative), cache.decompose_resid(layer=position))
+    assert_close(cache.accumulated_resid(layer=negative), cache.accumulated_resid(layer=position))
+
+
 def test_compute_head_results_adds_hook_result_in_place(model, tokens):
     _, cache = model.run_with_cache(tokens)
     assert "blocks.0.attn.hook_result" not in cache

@@ -12,6 +12,7 @@ from hookedattn import CharTokenizer
 from hookedattn.testing import random_tiny_model, tiny_model
 from hookedattn_tl import (
     HookedTransformer,
+    HookedTransformerConfig,
     HookedTransformerKeyValueCache,
     TransformerLensKeyValueCache,
 )
@@ -279,3 +280,16 @@ def test_from_pretrained_returns_a_written_out_model_of_the_shipped_weights():
     assert torch.equal(model(tokens), model.run_with_cache(tokens)[0])
     core = hookedattn.HookedTransformer.from_pretrained("bytes-attn-only-2l")
     assert_close(model(tokens), core(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tl_config_with_experts_builds_the_cores_mixture_of_experts():
+    fields = dict(
+        n_layers=2, d_model=8, n_ctx=8, d_head=4, n_heads=2, d_mlp=6, d_vocab=10,
+        act_fn="silu", gated_mlp=True, normalization_type="RMS", num_experts=4,
+        experts_per_token=2, seed=3, dtype=torch.float64,
+    )  # fmt: skip
+    tl_model = HookedTransformer(HookedTransformerConfig(**fields))
+    core = hookedattn.HookedTransformer(hookedattn.HookedTransformerConfig(**fields))
+    core.load_state_dict(tl_model.state_dict())
+    assert tl_model.cfg.num_experts == 4 and tl_model.cfg.is_moe
+    assert_close(tl_model(TOKENS), core(TOKENS), rtol=0, atol=1e-12)

@@ -55,8 +55,6 @@ _UNSUPPORTED = {
     "post_embedding_ln": (False, "no norm after the embedding"),
     "use_hook_tokens": (False, "no hook_tokens"),
     "rotary_adjacent_pairs": (False, "rotary dims are rotated in GPT-NeoX's half-split layout"),
-    "num_experts": (None, "no mixture-of-experts MLP"),
-    "experts_per_token": (None, "no mixture-of-experts MLP"),
     "use_yarn_rope": (False, "no YaRN rotary scaling"),
     "tie_word_embeddings": (False, "W_U is its own parameter"),
 }

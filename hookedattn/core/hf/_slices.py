@@ -187,9 +187,7 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
 
     def read(name: str, local_slice: Any, device: str) -> Tensor:
         rule = rules[name]
-        # `Rule.experts` comes with the mixture-of-experts rules; a table without them has
-        # no stacked rule.
-        if getattr(rule, "experts", 0):
+        if rule.experts:  # one HF tensor per expert, stacked in ours
             return _read_experts(rule, source, stored, sizes, local_slice, cfg.dtype, device)
         ranges = {}
         if local_slice is not None:

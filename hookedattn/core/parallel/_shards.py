@@ -63,8 +63,7 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
                 f"heads, as many on every rank (and the key/value heads its query heads "
                 f"read); tp_size can be {', '.join(map(str, valid))} for this model"
             )
-    # `num_experts` comes with the mixture-of-experts config; a config without it has none.
-    if getattr(cfg, "num_experts", None) is not None:
+    if cfg.is_moe:
         raise ValueError(
             f"tp_size={tp_size}: this model is a mixture of experts "
             f"(num_experts={cfg.num_experts}), whose experts are not split over ranks yet; "
