@@ -290,6 +290,19 @@ def test_every_named_axis_of_a_mixtures_points_has_its_size():
     assert named == 2 * (3 + 6 * 5 + 4)  # per block: routing, 6 experts' rows, shared
 
 
+def test_an_sae_of_the_shared_experts_width_splices_at_its_neurons():
+    from hookedattn.sae import SAEConfig, SparseAutoencoder, spliced
+
+    model = moe_model(d_mlp_shared=10, shared_expert_gate=True)
+    point = "blocks.0.mlp.shared_expert.hook_post"
+    fits = SparseAutoencoder(SAEConfig(10, 20, hook_name=point)).to(torch.float64)
+    with torch.no_grad(), spliced(model, [fits]):
+        model(TOKENS)
+    too_narrow = SparseAutoencoder(SAEConfig(8, 20, hook_name=point)).to(torch.float64)
+    with pytest.raises(ValueError, match="d_mlp_shared=10"), spliced(model, [too_narrow]):
+        pass
+
+
 @pytest.mark.parametrize("variant", [*VARIANTS, "sinks"])
 def test_every_residual_identity_holds_in_a_mixture_of_experts(variant):
     from hookedattn.testing import assert_residual_identities
