@@ -35,6 +35,7 @@ AXES = {
     6: "d_head",
     24: "d_model",
     7: "d_mlp",
+    9: "d_mlp_shared",
     11: "d_vocab_out",
     1: "1",
 }

@@ -268,6 +268,41 @@ def test_short_names_reach_the_routing_and_expert_points():
     assert "blocks.1.mlp.experts.5.hook_pre_linear" in cache
 
 
+def test_every_named_axis_of_a_mixtures_points_has_its_size():
+    # axis_names is what the store, SAE splicing and the identities read a point's layout from.
+    # The points of the MLP: the router, the chosen experts, each expert's rows, the shared one.
+    from hookedattn.core import names
+
+    model = moe_model(d_mlp_shared=10, shared_expert_gate=True)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS)
+    sizes = {"batch": 2, "pos": 7, "row": None, "k": 2, "expert": 6}
+    named = 0
+    for name, activation in cache.items():
+        axes = names.axis_names(name)
+        if ".mlp." not in name or not axes:
+            continue
+        expected = [sizes[a] if a in sizes else getattr(model.cfg, a) for a in axes]
+        got = [None if e is None else n for e, n in zip(expected, activation.shape, strict=True)]
+        assert got == expected, (name, axes)
+        named += 1
+    assert names.axis_names("blocks.0.mlp.shared_expert.hook_post")[-1] == "d_mlp_shared"
+    assert named == 2 * (3 + 6 * 5 + 4)  # per block: routing, 6 experts' rows, shared
+
+
+def test_an_sae_of_the_shared_experts_width_splices_at_its_neurons():
+    from hookedattn.sae import SAEConfig, SparseAutoencoder, spliced
+
+    model = moe_model(d_mlp_shared=10, shared_expert_gate=True)
+    point = "blocks.0.mlp.shared_expert.hook_post"
+    fits = SparseAutoencoder(SAEConfig(10, 20, hook_name=point)).to(torch.float64)
+    with torch.no_grad(), spliced(model, [fits]):
+        model(TOKENS)
+    too_narrow = SparseAutoencoder(SAEConfig(8, 20, hook_name=point)).to(torch.float64)
+    with pytest.raises(ValueError, match="d_mlp_shared=10"), spliced(model, [too_narrow]):
+        pass
+
+
 @pytest.mark.parametrize("variant", [*VARIANTS, "sinks"])
 def test_every_residual_identity_holds_in_a_mixture_of_experts(variant):
     from hookedattn.testing import assert_residual_identities

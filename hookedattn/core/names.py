@@ -215,6 +215,7 @@ _AXES: dict[str, str] = {
     "router_logits": "batch pos expert",
     **{n: "batch pos k" for n in ("expert_indices", "expert_weights")},
     "shared_out": "batch pos d_model",
+    **{f"shared_{p}": "batch pos d_mlp_shared" for p in ("pre", "pre_linear", "post")},
     **{f"expert_{p}": "row d_model" for p in ("in", "out")},
     **{f"expert_{p}": "row d_mlp" for p in ("pre", "pre_linear", "post")},
 }
@@ -232,6 +233,8 @@ def axis_names(name: str) -> tuple[str, ...]:
     short = parts[-1].removeprefix("hook_")
     if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
         short = f"{parts[-2]}_{short}"
+    if len(parts) > 1 and parts[-2] == "shared_expert":  # its own width, d_mlp_shared
+        short = f"shared_{short}"
     if is_rows(name):
         short = f"expert_{short}"
     return tuple(_AXES.get(short, "").split())
