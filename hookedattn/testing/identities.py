@@ -33,7 +33,7 @@ them), GQA keys and values one per key/value head (each query head reads its gro
 `after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
 a soft cap (`c tanh(x / c)`; the identity elsewhere).
 
-and, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms),
+Besides, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms):
 
     <norm>.hook_scale      = sqrt(mean(centre(x)^2) + eps)  (centre: x - mean x for LayerNorm,
     <norm>.hook_normalized = centre(x) / <norm>.hook_scale   x itself for RMSNorm)
