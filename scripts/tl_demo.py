@@ -24,10 +24,13 @@ import torch
 
 
 def run_demo(source: str, namespace: dict[str, Any], filename: str) -> dict[str, Any]:
-    """The demo's `results` and its printed output, after running `source` in `namespace`."""
+    """The demo's `results` and its printed output, after running `source` in `namespace`.
+
+    A demo may set global torch state, as notebooks do (`torch.set_grad_enabled(False)`);
+    the grad mode is restored afterwards, so the demo leaves the process as it found it."""
     printed = io.StringIO()
     scope = dict(namespace)
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), torch.set_grad_enabled(torch.is_grad_enabled()):
         exec(compile(source, filename, "exec"), scope)
     return {"results": scope["results"], "printed": printed.getvalue()}
 

@@ -13,6 +13,9 @@ from hookedattn import HookedTransformer
 from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tokens, tiny_model
 
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 NAMES = ["blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post", "ln_final.hook_scale"]
 
 

@@ -13,6 +13,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "faults.py"
 FAULTS = tomllib.loads((ROOT / "scripts" / "data" / "faults.toml").read_text())["fault"]
@@ -96,6 +98,7 @@ def tiny_repository(root: Path) -> None:
     subprocess.run(["git", "init", "-q", str(root)], check=True)
 
 
+@pytest.mark.slow
 def test_the_check_names_the_files_that_catch_each_fault_and_leaves_the_tree_alone(tmp_path):
     tiny_repository(tmp_path)
     # The tiny repository's tests need none of the environment's pytest plugins.

@@ -157,14 +157,16 @@ def test_dtype_can_be_chosen(hf32):
 
 # ---------------------------------------------------------------- bad input
 def test_another_architecture_is_named():
-    # OPT (learned positions with an offset, ReLU) is not among the supported families.
-    opt = transformers.OPTForCausalLM(
-        transformers.OPTConfig(
-            vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2
-        )
+    # BLOOM (ALiBi positions) is not among the supported families.
+    bloom = transformers.BloomForCausalLM(_bloom_config())
+    with pytest.raises(ValueError, match=r"cannot import BloomForCausalLM \(model_type='bloom'\)"):
+        HookedTransformer.from_hf(bloom)
+
+
+def _bloom_config() -> "transformers.BloomConfig":
+    return transformers.BloomConfig(
+        vocab_size=32, hidden_size=16, n_layer=1, n_head=2, architectures=["BloomForCausalLM"]
     )
-    with pytest.raises(ValueError, match=r"cannot import OPTForCausalLM \(model_type='opt'\)"):
-        HookedTransformer.from_hf(opt)
 
 
 def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
@@ -173,12 +175,8 @@ def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
 
 
 def test_a_directory_of_another_architecture_is_named(tmp_path):
-    config = transformers.OPTConfig(
-        vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
-        architectures=["OPTForCausalLM"],
-    )  # fmt: skip
-    config.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="cannot import OPTForCausalLM.*supports GPT2LMHeadModel"):
+    transformers.BloomForCausalLM(_bloom_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="cannot import BloomForCausalLM.*supports GPT2LMHead"):
         HookedTransformer.from_hf(tmp_path)
 
 

@@ -5,6 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "induction_circuit.py"
 FIGURES = (

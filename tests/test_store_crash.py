@@ -7,9 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from hookedattn.store import ActivationStore, collect_activations
+
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 RESID = "blocks.1.hook_resid_pre"

@@ -5,9 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hookedattn.store import collect_activations, load_sweep, sweep
+
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]

@@ -22,6 +22,9 @@ from hookedattn.core import parallel
 from hookedattn.core.parallel._shards import chunk_lengths, chunk_range
 from hookedattn.testing import random_tiny_model, tiny_model
 
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "_tensor_parallel_worker.py"
 TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64

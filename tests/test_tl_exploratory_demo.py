@@ -28,6 +28,9 @@ from torch.testing import assert_close
 
 import hookedattn_tl
 
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 DEMO = Path(__file__).with_name("tl_exploratory_demo.py")
 
 

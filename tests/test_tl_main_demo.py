@@ -13,6 +13,9 @@ from torch.testing import assert_close
 
 import hookedattn_tl
 
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 
 def random_weights(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Weights with nonzero biases and gains, so that every term of every sum matters."""

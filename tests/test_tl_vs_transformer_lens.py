@@ -24,6 +24,9 @@ from _tl_reference import VERSION, assert_same, require_tl_python, run_in_tl, sc
 
 import hookedattn_tl
 
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
 # Families both implement; the gated MLP without b_in: TransformerLens 3.5 adds b_in after
 # the gate's product (`act(x W_gate) * (x W_in) + b_in`), we inside it (`act(x W_gate) *
 # (x W_in + b_in)`, as `hook_pre_linear` says); Llama-style models have no b_in.

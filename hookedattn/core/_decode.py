@@ -254,6 +254,8 @@ def _supported_block(block: Any) -> bool:
     attn = block.attn
     if type(attn) not in (Attention, GroupedQueryAttention) or type(attn.soft_cap) not in _CAPS:
         return False
+    if attn.sinks is not None:  # a sink's extra logit in every row: the hooked step has it
+        return False
     norms = [block.ln1, block.ln1_post, attn.q_norm, attn.k_norm]
     if type(block) is not AttnOnlyBlock:
         if type(block.mlp) not in (MLP, GatedMLP):
