@@ -90,7 +90,7 @@ TARGETS = [
     ("forward", "a", "run_with_cache, everything", 1.10, "idle hooks", BARE_REF),
     ("forward", "a", "one hook on blocks.1.hook_resid_post", 1.03, "idle hooks", BARE_REF),
     ("generation", "a", "greedy 32 tokens, KV cache", 1.30, "idle hooks", BARE_REF),
-    # Interpretability during generation (issue 30): the decode step with idle hooks, and
+    # Interpretability during generation: the decode step with idle hooks, and
     # return_cache=True against our own generation without it (that group's reference).
     ("generation", "a", "greedy 32 tokens, KV cache", 1.15, "generation", BARE_REF),
     ("generation", "b", "greedy 32 tokens, KV cache", 1.15, "generation", BARE_REF),
@@ -113,5 +113,5 @@ TARGETS = [
     # peak resident memory of one forward, against the bare model's (memory section)
     ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
     # a mixture of experts, against transformers' eager forward on the same weights
-    ("moe", "moe", "forward, no hooks attached", 1.0, "issue 26", "transformers eager"),
+    ("moe", "moe", "forward, no hooks attached", 1.0, "mixtures of experts", "transformers eager"),
 ]

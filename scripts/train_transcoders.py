@@ -34,7 +34,7 @@ from hookedattn.sae import (
 from hookedattn.store import ActivationStore, collect_activations, weights_sha256
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
-# Set before the shipped transcoders were trained (issue 29), per layer, on held-out text:
+# Set before the shipped transcoders were trained, per layer, on held-out text:
 # the prediction explains most of the MLP's output with few features, and the model with
 # that MLP replaced (no error term) keeps most of what the MLP is worth to the loss.
 BAR = {"fve_at_least": 0.80, "l0_below": 32, "ce_recovered_vs_mean_at_least": 0.80}

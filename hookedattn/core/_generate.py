@@ -157,17 +157,24 @@ def generate(
         generator=generator,
         seed=seed,
     )
-    if not return_cache:
-        steps = generation_steps(model, req.tokens, req.attention_mask, **req.options)
-        out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
-        return output_of(model, out, input, req.text_in, return_type)
-    recorder = StepRecorder(model, names_filter, device, dtype, keep=True)
+    if return_cache:
+        recorder = StepRecorder(model, names_filter, device, dtype, keep=True)
+        return _with_cache(model, req, recorder, input, return_type, use_past_kv_cache)
+    steps = generation_steps(model, req.tokens, req.attention_mask, **req.options)
+    out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
+    return output_of(model, out, input, req.text_in, return_type)
+
+
+def _with_cache(
+    model: Any, req: _Request, recorder: StepRecorder, input: Any, return_type: str, kv: bool
+) -> GenerationWithCache:
+    """`generate(..., return_cache=True)`: the generation, recording every step."""
     steps = generation_steps(
         model, req.tokens, req.attention_mask, **req.options, recorder=recorder, record_last=True
     )
     out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
     # Without a KV cache every forward ran the whole sequence: the last one holds it all.
-    stores = recorder.stores if use_past_kv_cache else recorder.stores[-1:]
+    stores = recorder.stores if kv else recorder.stores[-1:]
     cache = assembled(stores, model.cfg.n_layers)
     output = output_of(model, out, input, req.text_in, return_type)
     return GenerationWithCache(output, out.tokens, out.attention_mask, cache)
