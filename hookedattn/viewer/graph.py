@@ -1,9 +1,9 @@
 """The attribution-graph page: a graph in circuit-tracer's / Neuronpedia's JSON, drawn.
 
-    from analysis.graphs import attribution_graph, graph_json
-    from hookedattn.viewer import graph_page
-    page = graph_page(graph_json(graph), examples=feature_examples(store, tcs, features))
-    page.save("graph.html")
+    >>> from analysis.graphs import attribution_graph, graph_json
+    >>> from hookedattn.viewer import graph_page
+    >>> page = graph_page(graph_json(graph), examples=feature_examples(store, tcs, features))
+    >>> page.save("graph.html")
 
 On the page: one column per prompt position, one row per layer (tokens at the bottom,
 logits at the top), the kept nodes in their cells and the kept links between them (blue
