@@ -16,7 +16,6 @@ feature then changes the output by that feature's write, and gradients reach the
 not a path around them. Without edits, `recons + error` is the input to rounding.
 """
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -24,9 +23,10 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
 from hookedattn.sae import _io
 from hookedattn.sae._activations import make_activation, make_pre_bias
+from hookedattn.sae._coder_module import CoderModule
 from hookedattn.sae.config import SAEConfig
 
 In = Float[Tensor, "*batch d_in"]
@@ -34,7 +34,7 @@ Acts = Float[Tensor, "*batch d_sae"]
 HOOK_NAMES = ("hook_in", "hook_acts", "hook_recons", "hook_error", "hook_out")
 
 
-class SparseAutoencoder(HookedRootModule):
+class SparseAutoencoder(CoderModule):
     """A sparse autoencoder (see the module docstring); build one from an `SAEConfig`.
 
     `sae(x)` is the reconstruction; `sae.with_error(x)` adds the error term back.
@@ -118,19 +118,6 @@ class SparseAutoencoder(HookedRootModule):
         return recons, error
 
     # ------------------------------------------------------------------ conveniences
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the weights."""
-        return self.W_enc.dtype
-
-    def to(self, *args, **kwargs) -> "SparseAutoencoder":
-        """`nn.Module.to`, keeping `cfg.dtype` true to the weights."""
-        super().to(*args, **kwargs)
-        name = str(self.W_enc.dtype).removeprefix("torch.")
-        if name != self.cfg.dtype:
-            self.cfg = dataclasses.replace(self.cfg, dtype=name)
-        return self
-
     def save(self, path: str | Path) -> Path:
         """Write `cfg.json` and `sae_weights.safetensors` (SAELens's layout) into `path`."""
         return _io.save(self, path)

@@ -20,7 +20,6 @@ feature's write. `hookedattn.sae.replacement` puts transcoders in place of a mod
 `CrossLayerTranscoder` is the variant whose features write to every later MLP output.
 """
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -28,8 +27,9 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
 from hookedattn.sae import _transcoder_io
+from hookedattn.sae._coder_module import CoderModule
 from hookedattn.sae._coder_parts import make_coder_activation, seeded_generator
 from hookedattn.sae.transcoder_config import TranscoderConfig
 
@@ -61,7 +61,7 @@ class LinearSkip(nn.Module):
         return recons + einsum(x, self.W_skip, "... d_in, d_out d_in -> ... d_out")
 
 
-class Transcoder(HookedRootModule):
+class Transcoder(CoderModule):
     """A per-layer (or skip) transcoder (see the module docstring); build one from a
     `TranscoderConfig`.
 
@@ -135,19 +135,6 @@ class Transcoder(HookedRootModule):
     def W_skip(self) -> Tensor | None:
         """The skip term's `[d_out d_in]` weight, None for a plain transcoder."""
         return self.skip.W_skip
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the weights."""
-        return self.W_enc.dtype
-
-    def to(self, *args, **kwargs) -> "Transcoder":
-        """`nn.Module.to`, keeping `cfg.dtype` true to the weights."""
-        super().to(*args, **kwargs)
-        name = str(self.W_enc.dtype).removeprefix("torch.")
-        if name != self.cfg.dtype:
-            self.cfg = dataclasses.replace(self.cfg, dtype=name)
-        return self
 
     def save(self, path: str | Path) -> Path:
         """Write `cfg.json` and `sae_weights.safetensors` (SAELens's transcoder layout)."""
