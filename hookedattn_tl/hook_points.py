@@ -130,6 +130,7 @@ class HookPoint(_core.HookPoint):
         for handle in (*self._fwd, *self._bwd):
             user_hook = getattr(handle, "user_hook", None) or handle.fn
             handle.fn = user_hook if hook_conversion is None else _Converted(user_hook, self)
+        self._update_active()  # the hooks here changed: what a decode step decided is stale
 
     def _matching(self, dir: str, including_permanent: bool, level: int | None):
         for handle in (*self._fwd, *self._bwd):

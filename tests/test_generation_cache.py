@@ -191,3 +191,42 @@ def test_the_decode_step_records_every_hook_point_itself(name, padded):
     per_head_inputs = any(n.endswith("hook_q_input") for n in model.hook_dict)
     with recorder.attached():
         assert (decoder._taps() is None) == per_head_inputs
+
+
+# ---------------------------------------------------------------- deferred written-out records
+def _counting(module):
+    calls = []
+    method = module.written_out
+
+    def counted(*args):
+        calls.append(args[0].shape[1])  # the positions it ran over
+        return method(*args)
+
+    module.written_out = counted
+    return calls
+
+
+def test_a_cached_generation_writes_each_norm_and_pattern_out_once_after_the_steps():
+    model = family_model("llama")
+    attn_calls, norm_calls = _counting(model.blocks[0].attn), _counting(model.blocks[1].ln2)
+    out = model.generate(prompt(model, 2, 4), 5, stop_at_eos=False, return_cache=True)
+    # the prompt's forward (4 positions), then one call over the 5 decode steps' positions
+    assert attn_calls == [4, 5] and norm_calls == [4, 5]
+    _, expected = model.run_with_cache(out.tokens)
+    assert_cache_equal(out.cache, expected)
+
+
+def test_generate_steps_records_each_steps_patterns_at_that_step():
+    model = family_model("llama")
+    attn_calls = _counting(model.blocks[0].attn)
+    steps = list(model.generate_steps(prompt(model, 2, 4), 3, stop_at_eos=False))
+    assert attn_calls == [4, 1, 1]  # each step's cache is whole when the step is yielded
+    assert all("blocks.0.attn.hook_pattern" in step.cache for step in steps)
+
+
+def test_runs_of_consecutive_stores_are_found_in_order():
+    from hookedattn.core._decode import _runs
+
+    assert _runs([3, 4, 5, 7]) == [(0, 3), (3, 4)]
+    assert _runs([1]) == [(0, 1)]
+    assert _runs([2, 4, 6]) == [(0, 1), (1, 2), (2, 3)]

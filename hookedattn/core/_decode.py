@@ -32,6 +32,15 @@ attention scores and pattern, which exist only written out, by the components' o
 written-out equations (`kernels.normalize` takes `written_out` when those points are active;
 `Attention.written_out`), whose hook points record them, as on the hooked step.
 
+A generation that hands its steps' activations over only at the end (`return_cache=True`:
+the recorder `keep`s every step) defers those written-out equations: each step runs its
+fused kernels as a step that records nothing does, keeping each deferred norm's input and
+each deferred layer's queries; after the last step `record_deferred` runs every equation
+once over all those positions (the keys and values are the cache's), through the same
+hook points, and hands each step its rows. One call per equation instead of one per step,
+the same numbers to rounding (with `use_fused_kernels=False` nothing is deferred: every
+step runs written out, and its records are those of the forward bit for bit).
+
 Non-finite values: the hooked step keeps a fused attention result only when q, k, v and z
 are finite (`kernels.attend`). Here one synchronisation per step decides instead: the
 cache's keys and values are checked once (and again after any hooked step), then each step
@@ -52,7 +61,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn.core import kernels
+from hookedattn.core import hook_points, kernels
+from hookedattn.core import names as _names
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
 from hookedattn.core.components.block import AttnOnlyBlock, Block, ParallelBlock
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
@@ -86,7 +96,11 @@ class Decoder:
     def __init__(self, model: Any, cache: KeyValueCache, recorder: Any = None) -> None:
         self.model, self.cache, self.recorder = model, cache, recorder
         self.fast = _supported(model)
+        self.defers = recorder is not None and recorder.keep
+        # (index of the recorder's store, position, what the step deferred) per fast step
+        self.deferred: list[tuple[int, int, list[tuple[Any, tuple]]]] = []
         self._past_finite = False  # checked before the first fast step, and after a hooked one
+        self._taps_version, self._taps_now = -1, None
         if not self.fast:
             return
         cfg = model.cfg
@@ -100,7 +114,7 @@ class Decoder:
         self.tapped |= {"hook_pos_embed"} if hasattr(model, "pos_embed") else set()
         self.tapped = {n for n in self.tapped if n in model.hook_dict}
         self.tapped |= {n for layer in self.layers for n in layer.tapped}
-        self.ln_final = _norm(model.ln_final)
+        self.ln_final = _norm(model.ln_final, "ln_final")
         self.pos_embed = model.pos_embed if hasattr(model, "pos_embed") else None
         self.W_U = _View(lambda W: W.T)
         self._ones = torch.ones((cache.batch, 1), dtype=torch.long, device=device)
@@ -125,7 +139,14 @@ class Decoder:
 
     def _taps(self) -> dict[str, Any] | None:
         """The hook points the fast step records at (none where every point is idle), or
-        None where some hook asks for the hooked step."""
+        None where some hook asks for the hooked step; worked out again only after a hook
+        was attached or removed somewhere."""
+        version = hook_points.hooks_version()
+        if version != self._taps_version:
+            self._taps_now, self._taps_version = self._current_taps(), version
+        return self._taps_now
+
+    def _current_taps(self) -> dict[str, Any] | None:
         active = [p for p in self.model.hook_dict.values() if p._active]
         if not active:
             return {}
@@ -153,8 +174,10 @@ class Decoder:
         model, cache = self.model, self.cache
         with cache.transaction():
             record = None if self.recorder is None else self.recorder.hook
-            written_out = self.written_out or not self.patterns.isdisjoint(taps)
-            step = _Step(cache.length, self._context(new_mask, written_out), taps, record)
+            records_patterns = not self.defers and not self.patterns.isdisjoint(taps)
+            past = cache.length  # before `_context` extends the cache's mask
+            context = self._context(new_mask, self.written_out or records_patterns)
+            step = _Step(past, context, taps, record, self.defers)
             resid = step.tap("hook_embed", nn.functional.embedding(tokens, model.embed.W_E))
             if self.pos_embed is not None:
                 rows = step.position_rows(self.pos_embed.W_pos)
@@ -163,7 +186,8 @@ class Decoder:
             for layer in self.layers:
                 resid = layer(resid, step, checks)
             unembed = model.unembed
-            x = step.tap("unembed.hook_in", step.tap("ln_final.hook_out", self.ln_final(resid)))
+            normed = self.ln_final(resid, step)
+            x = step.tap("unembed.hook_in", step.tap("ln_final.hook_out", normed))
             logits = unembed.soft_cap(nn.functional.linear(x, self.W_U(unembed.W_U), unembed.b_U))
             logits = step.tap("unembed.hook_out", logits)[:, -1]
             checks.append(logits.sum())
@@ -171,7 +195,44 @@ class Decoder:
             # every term is (or it overflows, and then the hooked step runs for nothing worse).
             if not math.isfinite(torch.stack(checks).sum().item()):
                 raise _NotFiniteError
+        if step.deferred:
+            self.deferred.append((len(self.recorder.stores), step.past, step.deferred))
         return logits
+
+    def record_deferred(self) -> None:
+        """Record what the fast steps deferred (module docstring): each deferred norm's
+        written-out equation over the inputs of every step that deferred it, each deferred
+        layer's over their queries and the cache's keys and values, through the hook points
+        that record them; each step's store gets its own rows."""
+        groups: dict[int, tuple[Any, list[int], list[int], list[tuple]]] = {}
+        for index, position, deferrals in self.deferred:
+            for module, args in deferrals:
+                _, indices, positions, inputs = groups.setdefault(id(module), (module, [], [], []))
+                indices.append(index)
+                positions.append(position)
+                inputs.append(args)
+        self.deferred = []
+        stores = self.recorder.stores
+        for module, indices, positions, inputs in groups.values():
+            joined = [torch.cat(parts, dim=1) for parts in zip(*inputs, strict=True)]
+            if isinstance(module, Attention):
+                (q,) = joined
+                entry = self.cache[_layer_index(self.model, module)]
+                queries = torch.tensor(positions, device=q.device)
+                context = kernels.rows_context(
+                    self.cache.previous_attention_mask, queries, self.model.cfg.window_size
+                )
+                recorded = self.recorder.capture(
+                    lambda m=module, q=q, e=entry, c=context: m.written_out(
+                        q, e.past_keys, e.past_values, c
+                    )
+                )
+            else:
+                recorded = self.recorder.capture(lambda m=module, x=joined[0]: m.written_out(x))
+            for name, t in recorded.items():
+                axis = _names.pos_axis(name)
+                for start, stop in _runs(indices):  # one block per run of consecutive stores
+                    stores[indices[start]][name] = t.narrow(axis, start, stop - start)
 
     def _context(
         self, new_mask: Int[Tensor, "batch 1"] | None, written_out: bool
@@ -202,10 +263,14 @@ class _Step:
         context: AttentionContext | None,
         taps: dict[str, Any],
         record: Callable | None,
+        defers: bool = False,
     ) -> None:
         self.past, self.context = past, context
         self.per_row = context is not None
         self.taps, self.record = taps, record
+        # Whether written-out records wait for `Decoder.record_deferred`, and what waits.
+        self.defers = defers
+        self.deferred: list[tuple[Any, tuple]] = []
 
     def tap(self, name: str, x: Tensor, like: Tensor | None = None) -> Tensor:
         """`x`, recorded as the hook point `name` would record it, if it is one of the
@@ -275,15 +340,50 @@ def _is_point(block: Any, full_name: str, index: int) -> bool:
     return isinstance(module, HookPoint)
 
 
-def _norm(norm: Any) -> Callable[[Tensor], Tensor]:
-    """A norm's output without its module call or `hook_out`; the identity for none."""
+def _norm(norm: Any, name: str) -> Callable[[Tensor, "_Step"], Tensor]:
+    """The norm `name`'s output in a step, without its module call or `hook_out`; the
+    identity for none."""
     if isinstance(norm, NoNorm):
         return _identity
-    return lambda x: kernels.normalize(norm, x)
+    return _NormStep(norm, name)
 
 
-def _identity(x: Tensor) -> Tensor:
+def _identity(x: Tensor, step: "_Step") -> Tensor:
     return x
+
+
+class _NormStep:
+    """A norm in a decode step: `kernels.normalize` (written out where its scale or
+    normalised stream is recorded), or, where the step defers those records, the fused
+    kernel, its input kept for `Decoder.record_deferred`."""
+
+    def __init__(self, norm: Any, name: str) -> None:
+        self.norm = norm
+        self.inner = (f"{name}.hook_scale", f"{name}.hook_normalized")
+
+    def __call__(self, x: Tensor, step: "_Step") -> Tensor:
+        norm = self.norm
+        scale, normalized = self.inner
+        if step.defers and norm.fused and (scale in step.taps or normalized in step.taps):
+            step.deferred.append((norm, (x,)))
+            return kernels.fused_normalize(norm, x)
+        return kernels.normalize(norm, x)
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """The runs of consecutive values in increasing `indices`, as `(start, stop)` slices of
+    the list: `[3, 4, 5, 7]` -> `[(0, 3), (3, 4)]`."""
+    runs, start = [], 0
+    for i in range(1, len(indices) + 1):
+        if i == len(indices) or indices[i] != indices[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def _layer_index(model: Any, attn: Any) -> int:
+    """The index of the block whose attention is `attn`."""
+    return next(i for i, block in enumerate(model.blocks) if block.attn is attn)
 
 
 class _View:
@@ -346,8 +446,13 @@ class _Layer:
         # Recorded by `Attention.written_out`: a step recording them runs the layer written out.
         self.patterns = {self.at["attn.hook_attn_scores"], self.at["attn.hook_pattern"]}
         self.attn, self.entry, self.tables = attn, entry, tables
-        self.ln1, self.ln1_post = _norm(block.ln1), _norm(block.ln1_post)
-        self.q_norm, self.k_norm = _norm(attn.q_norm), _norm(attn.k_norm)
+        at = f"blocks.{index}"
+        self.ln1, self.ln1_post = (
+            _norm(block.ln1, f"{at}.ln1"),
+            _norm(block.ln1_post, f"{at}.ln1_post"),
+        )
+        self.q_norm = _norm(attn.q_norm, f"{at}.attn.q_norm")
+        self.k_norm = _norm(attn.k_norm, f"{at}.attn.k_norm")
         self.rotary = getattr(attn, "rotary", None)
         self.widths = attn.fused_qkv.widths
         self.equal_widths = len(set(self.widths)) == 1
@@ -359,7 +464,10 @@ class _Layer:
         if type(block) is AttnOnlyBlock:
             self.run = self._attn_only
             return
-        self.ln2, self.ln2_post = _norm(block.ln2), _norm(block.ln2_post)
+        self.ln2, self.ln2_post = (
+            _norm(block.ln2, f"{at}.ln2"),
+            _norm(block.ln2_post, f"{at}.ln2_post"),
+        )
         self.mlp, self.W_in, self.W_out = block.mlp, _View(lambda W: W.T), _View(lambda W: W.T)
         self.mlp_of = self._gated_mlp if type(block.mlp) is GatedMLP else self._plain_mlp
         self.run = self._parallel if type(block) is ParallelBlock else self._sequential
@@ -382,34 +490,37 @@ class _Layer:
     def feed_forward(self, resid: Resid, step: _Step) -> Resid:
         """`ln2_post(mlp(ln2(resid)))`."""
         at = self.at
-        mlp_out = self.mlp_of(step.tap(at["ln2.hook_out"], self.ln2(resid)), step)
-        mlp_out = step.tap(at["ln2_post.hook_out"], self.ln2_post(mlp_out))
+        mlp_out = self.mlp_of(step.tap(at["ln2.hook_out"], self.ln2(resid, step)), step)
+        mlp_out = step.tap(at["ln2_post.hook_out"], self.ln2_post(mlp_out, step))
         return step.tap(at["hook_mlp_out"], mlp_out)
 
     def attend(self, resid: Resid, step: _Step, checks: list) -> Resid:
         """`ln1_post(attn(ln1(resid)))`, the new key and value stored in the cache."""
         attn, at = self.attn, self.at
-        qkv, (q, k, v) = self.project(step.tap(at["ln1.hook_out"], self.ln1(resid)))
+        qkv, (q, k, v) = self.project(step.tap(at["ln1.hook_out"], self.ln1(resid, step)))
         q, k, v = (step.tap(at[f"attn.hook_{c}"], t) for c, t in zip("qkv", (q, k, v), strict=True))
-        q = step.tap(at["attn.q_norm.hook_out"], self.q_norm(q))
-        k = step.tap(at["attn.k_norm.hook_out"], self.k_norm(k))
+        q = step.tap(at["attn.q_norm.hook_out"], self.q_norm(q, step))
+        k = step.tap(at["attn.k_norm.hook_out"], self.k_norm(k, step))
         if self.rotary is not None:
             cos, sin = self.tables.cos_sin(self.rotary, step, q.dtype)
             q = step.tap(at["attn.hook_rot_q"], self.rotary.rotate(q, cos, sin))
             k = step.tap(at["attn.hook_rot_k"], self.rotary.rotate(k, cos, sin))
-        fused = attn.fused and self.patterns.isdisjoint(step.taps)
+        records_patterns = not self.patterns.isdisjoint(step.taps)
+        fused = attn.fused and (step.defers or not records_patterns)
         if fused:  # what a fused kernel could hide (the past was checked before)
             checks += (qkv.sum(),) if self.q_is_projected else (q.sum(), k.sum())
         k, v = self.entry.append(k, v)
         if fused:
             z = self._fused(q, k, v, step)
+            if records_patterns:  # recorded by `Decoder.record_deferred`
+                step.deferred.append((attn, (q,)))
         else:  # a soft cap, use_fused_kernels=False, or recording the pattern: written out
             z = attn.written_out(q, k, v, step.context).flatten(-2)
         if at["attn.hook_z"] in step.taps:  # batch 1 (head d_head) -> batch 1 head d_head
             step.tap(at["attn.hook_z"], z.unflatten(-1, (-1, q.shape[-1])))
         # Per-head results (use_attn_result) sum to this one product, to rounding.
         attn_out = nn.functional.linear(z, self.W_O(attn.W_O), attn.b_O)
-        attn_out = step.tap(at["ln1_post.hook_out"], self.ln1_post(attn_out))
+        attn_out = step.tap(at["ln1_post.hook_out"], self.ln1_post(attn_out, step))
         return step.tap(at["hook_attn_out"], attn_out)
 
     def project(self, x: Resid) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:

@@ -172,7 +172,8 @@ def _with_cache(
     steps = generation_steps(
         model, req.tokens, req.attention_mask, **req.options, recorder=recorder, record_last=True
     )
-    out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
+    with recorder.attached():  # once for every step: no caller runs between them
+        out = Generated.from_steps(model, req.tokens, req.attention_mask, steps)
     # Without a KV cache every forward ran the whole sequence: the last one holds it all.
     stores = recorder.stores if kv else recorder.stores[-1:]
     cache = assembled(stores, model.cfg.n_layers)

@@ -291,6 +291,8 @@ class _Loop:
                 break
         if record_last and self.recorder is not None:
             self.forward()
+        if self.decoder is not None and self.decoder.deferred:
+            self.decoder.record_deferred()
 
     def advance(self, chosen: Int[Tensor, " batch"], real: Bool[Tensor, " batch"]) -> None:
         """The next forward's input: the chosen tokens (with the KV cache, alone)."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookedattn.core import hook_points
 from hookedattn.core import names as _names
 from hookedattn.core.cache import ActivationCache
 
@@ -53,32 +54,54 @@ class StepRecorder:
         self.hook = self._record  # one bound method: the decode step knows its hooks by it
         self.stores: list[dict[str, Tensor]] = []
         self._store: dict[str, Tensor] = {}
+        self._attached = False
+        self._copy_version = -1
 
     @contextlib.contextmanager
     def attached(self) -> Iterator["StepRecorder"]:
-        """The recording hooks, attached for this thread's forwards until the block ends."""
+        """The recording hooks, attached for this thread's forwards until the block ends.
+        Inside a block of its own it attaches nothing more: a generation whose steps no
+        caller sees between them (`generate(..., return_cache=True)`) attaches them once."""
+        if self._attached:
+            yield self
+            return
         thread = threading.get_ident()
         handles = [p.add_hook(self.hook, _is_cache=True, _thread=thread) for p in self.points]
+        self._attached = True
         try:
             yield self
         finally:
+            self._attached = False
             for handle in handles:
                 handle.remove()
 
     def before_forward(self) -> None:
         """Decide whether this forward's activations are copied: only when a hook that is
         not a cache is attached (it could edit them in place after they are recorded)."""
-        self.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+        version = hook_points.hooks_version()  # unchanged since the last forward: no hook was
+        if version != self._copy_version:  # attached or removed since, the answer holds
+            self.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+            self._copy_version = version
 
     def _record(self, x: Tensor, hook: Any) -> None:
         """Keep `x` as the activation at `hook` (a hook function; the decode step calls it
         too, for the activations it records itself)."""
-        t = x.detach()
+        t = x.detach() if x.requires_grad else x  # a generation runs without gradients
         if self.device is not None or self.dtype is not None:
             t = t.to(device=self.device, dtype=self.dtype)
         if self.must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             t = t.clone()
         self._store[hook.name] = t
+
+    def capture(self, run: Callable[[], Any]) -> dict[str, Tensor]:
+        """What the hooks record while `run()` runs, kept out of the store being filled."""
+        store, self._store = self._store, {}
+        try:
+            run()
+            captured = self._store
+        finally:
+            self._store = store
+        return captured
 
     def take(self) -> dict[str, Tensor]:
         """The activations recorded since the last `take`, by hook name."""
@@ -95,17 +118,21 @@ def step_cache(store: dict[str, Tensor], n_layers: int) -> ActivationCache:
 
 def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:
     """The activations of consecutive forwards over one sequence, joined along positions:
-    what one forward over all of them records."""
-    names = list(stores[0])  # in forward order: the prompt's forward ran through the hooks
-    for i, store in enumerate(stores):
-        if set(store) != set(names):
-            missing = sorted(set(names) ^ set(store))
-            raise ValueError(
-                f"generation step {i} recorded other hook points than the first ({missing}): "
-                f"a cache over the generation needs every step to record the same ones"
-            )
-    n_keys = sum(store[names[0]].shape[_names.pos_axis(names[0])] for store in stores)
-    joined = {name: _joined([store[name] for store in stores], name, n_keys) for name in names}
+    what one forward over all of them records. A store may hold a name's activations over
+    the positions of several forwards (the decode step's deferred records: the later
+    stores of that run then lack the name); every name must cover every position once."""
+    names = list(dict.fromkeys(name for store in stores for name in store))  # forward order
+    parts = {name: [store[name] for store in stores if name in store] for name in names}
+    lengths = {name: sum(p.shape[_names.pos_axis(name)] for p in ps) for name, ps in parts.items()}
+    n_keys = max(lengths.values(), default=0)
+    short = sorted(name for name, length in lengths.items() if length != n_keys)
+    if short:
+        raise ValueError(
+            f"the generation's forwards recorded {short} at fewer positions than the others "
+            f"({n_keys}): a cache over the generation needs every step to record the same "
+            f"hook points"
+        )
+    joined = {name: _joined(parts[name], name, n_keys) for name in names}
     return ActivationCache(joined, n_layers)
 
 

@@ -28,6 +28,7 @@ attached with `add_hook` belong to the model and run in every thread. (Under
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -155,6 +156,8 @@ class HookPoint(nn.Module):
         # object.__setattr__, not nn.Module's: that one looks for parameters, buffers and
         # submodules on every assignment, and run_with_cache flips this flag twice per point.
         object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
+        global _version
+        _version = next(_CHANGES)
 
     def _run_hooks(self, x: Tensor) -> Tensor:
         if self._fwd:
@@ -217,6 +220,18 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, fwd={len(self._fwd)}, bwd={len(self._bwd)}"
+
+
+# Bumped whenever a hook is attached or removed at any hook point (`hooks_version`).
+_CHANGES = itertools.count(1)
+_version = 0
+
+
+def hooks_version() -> int:
+    """A number that changes whenever a hook is attached to or removed from any hook point
+    (of any model, in any thread): a decision about the attached hooks, cached with the
+    number it was made at, holds while the number is the same."""
+    return _version
 
 
 # torch.compile cannot trace threading.get_ident (it would split the graph at every hook
@@ -431,4 +446,4 @@ def is_hook_point(module: nn.Module) -> bool:
     return isinstance(module, HookPoint)
 
 
-__all__ = ["HookPoint", "HookedRootModule", "LensHandle", "is_hook_point"]
+__all__ = ["HookPoint", "HookedRootModule", "LensHandle", "hooks_version", "is_hook_point"]

@@ -132,11 +132,16 @@ class Attention(nn.Module):
 
         Blocked keys (later positions, padding, outside a local window) are replaced by
         -inf, never added to, and their values never multiplied in: whatever a blocked
-        position holds (an `inf` key, a NaN value), it contributes exactly nothing.
+        position holds (an `inf` key, a NaN value), it contributes exactly nothing. Where
+        no key is blocked (one unpadded query after a KV cache) there is nothing to mask.
         """
-        scores = self.hook_attn_scores(kernels.masked(self.scores(q, k), context, self.attn_type))
-        pattern = self.hook_pattern(self.normalize_scores(scores))
-        return kernels.weighted_values(pattern, v, context.blocked[self.attn_type])
+        scores = self.scores(q, k)
+        every_key = context.reads_every_key(self.attn_type)  # a generation step: none blocked
+        if not every_key:
+            scores = kernels.masked(scores, context, self.attn_type)
+        pattern = self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
+        blocked = None if every_key else context.blocked[self.attn_type]
+        return kernels.weighted_values(pattern, v, blocked)
 
     def _softmax(
         self, scores: Float[Tensor, "batch head query_pos key_pos"]

@@ -29,8 +29,13 @@ from hookedattn.core.kernels._experts import (
     mix_experts,
     router_probabilities,
 )
-from hookedattn.core.kernels._masks import AttentionContext, attention_context, next_token_context
-from hookedattn.core.kernels._norm import fuses_norms, normalize
+from hookedattn.core.kernels._masks import (
+    AttentionContext,
+    attention_context,
+    next_token_context,
+    rows_context,
+)
+from hookedattn.core.kernels._norm import fused_normalize, fuses_norms, normalize
 from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
 
 __all__ = [
@@ -42,6 +47,7 @@ __all__ = [
     "checked_choice",
     "dispatch",
     "fused_attention",
+    "fused_normalize",
     "fuses_attention",
     "fuses_norms",
     "keeping_fused_weights",
@@ -50,5 +56,6 @@ __all__ = [
     "next_token_context",
     "normalize",
     "router_probabilities",
+    "rows_context",
     "weighted_values",
 ]

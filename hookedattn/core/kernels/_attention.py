@@ -133,13 +133,14 @@ def masked(
 def weighted_values(
     pattern: Float[Tensor, "batch head query_pos key_pos"],
     v: KeyValues,
-    blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
+    blocked: Bool[Tensor, "#batch #head query_pos key_pos"] | None,
 ) -> Queries:
     """`z = pattern @ v`, each query head reading its group's values.
 
     A blocked key has weight 0, but `0 * inf` is NaN: where some value is not finite, each
     query's sum runs over the keys it may read only, so that a NaN later in the sequence
-    never reaches earlier positions.
+    never reaches earlier positions. `blocked` None: every query reads every key (then a
+    value that is not finite reaches every query anyway, and nothing needs checking).
     """
     kv_heads = v.shape[2]
     pattern = rearrange(
@@ -147,7 +148,7 @@ def weighted_values(
         "batch (kv_head group) query_pos key_pos -> batch kv_head group query_pos key_pos",
         kv_head=kv_heads,
     )
-    if not math.isfinite(v.sum().item()):  # a NaN or inf anywhere (or a sum that overflows)
+    if blocked is not None and not math.isfinite(v.sum().item()):  # a NaN or inf anywhere
         return _weighted_values_masked(pattern, v, blocked)
     z = einsum(
         pattern,

@@ -108,6 +108,21 @@ def attention_context(
     return AttentionContext(_blocked(past, n_new, full_mask, window_size, device), positions)
 
 
+def rows_context(
+    full_mask: Int[Tensor, "batch all_pos"],
+    queries: Int[Tensor, " query_pos"],
+    window_size: int | None,
+) -> AttentionContext:
+    """The context of the queries at positions `queries` of a sequence already stored
+    whole, its 0/1 mask `full_mask` (padding, if any, included): those rows of the forward
+    over the whole sequence, for recomputing them written out after the sequence is done."""
+    padded = not bool(full_mask.all())
+    padding = full_mask if padded else None
+    blocked = _blocked_rows(queries[:, None], padding, window_size, full_mask.shape[1])
+    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, queries]
+    return AttentionContext(blocked, positions)
+
+
 class _Blocked(dict):
     """`AttentionContext.blocked`, filled by `build()` when a kind is first read."""
 
@@ -130,7 +145,17 @@ def _blocked(
     """Where each query may not read a key: later keys, padding keys other than the query
     itself (`full_mask == 0`), and in a local layer keys `window_size` or more back."""
     query = torch.arange(past, past + n_new, device=device)[:, None]
-    key = torch.arange(past + n_new, device=device)[None, :]
+    return _blocked_rows(query, full_mask, window_size, past + n_new)
+
+
+def _blocked_rows(
+    query: Int[Tensor, "query_pos 1"],
+    full_mask: Int[Tensor, "batch all_pos"] | None,
+    window_size: int | None,
+    n_keys: int,
+) -> dict[str, Blocked]:
+    """`_blocked` for the queries at positions `query`, over keys `0..n_keys-1`."""
+    key = torch.arange(n_keys, device=query.device)[None, :]
     blocked = {"global": (key > query)[None, None]}
     if full_mask is not None:
         padding = (full_mask == 0)[:, None, None, :] & (key != query)

@@ -26,6 +26,14 @@ def normalize(norm: Any, x: Normed) -> Normed:
     `norm.fused` and neither `hook_scale` nor `hook_normalized` has a hook."""
     if not norm.fused or norm.hook_scale.is_active or norm.hook_normalized.is_active:
         return norm.written_out(x)
+    return fused_normalize(norm, x)
+
+
+def fused_normalize(norm: Any, x: Normed) -> Normed:
+    """`norm`'s output by one fused kernel, whatever is attached to its hook points: the
+    numbers of `written_out` to rounding (for a caller that records the written-out
+    `hook_scale` and `hook_normalized` otherwise, as the decode step does after the last
+    step)."""
     w, b = norm.weight_and_bias()
     if norm.centres:
         return nn.functional.layer_norm(x, norm.shape, w, b, eps=norm.eps)
