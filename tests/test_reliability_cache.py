@@ -61,6 +61,16 @@ def test_the_residual_stream_returned_is_not_the_cached_one(model):
     torch.testing.assert_close(cache["resid_post", 0], recorded)
 
 
+def test_the_logits_returned_are_the_cached_ones_and_an_edit_of_them_is_caught(model):
+    logits, cache = model.run_with_cache(TOKENS)
+    cached = cache["unembed.hook_out"]
+    assert cached.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()  # once
+    logits[0, 0, 0] = 1e6  # the caller's edit reaches the cached tensor: reading says so
+    with pytest.raises(CacheEditedError, match="unembed.hook_out"):
+        cache["unembed.hook_out"]
+    cache["resid_post", 1]  # the rest of the cache is untouched
+
+
 def test_caches_of_other_kinds_notice_edits_too(model):
     _, cache = model.run_with_cache(TOKENS, incl_bwd=True, return_type="loss")
     assert all(t is not None for t in cache.values())  # the backward edits nothing

@@ -4,9 +4,11 @@ What the cache holds never changes afterwards, and nothing outside it can change
 recorded tensor is the activation itself (no copy) unless something could write to it. It
 is copied when a hook that could edit it in place is attached, when it keeps only some
 positions, and when it is one of the caller's own tensors (the residual stream passed in
-with `start_at_layer`, the one returned with `stop_at_layer`). Each tensor's version
-counter is noted when it is recorded, so an in-place edit made afterwards by any other
-route is refused when the entry is next read (see `ActivationCache`).
+with `start_at_layer`, the one returned with `stop_at_layer`). The logits are the one
+exception: the largest activation, returned and cached as one tensor (as in
+TransformerLens) rather than twice. Each tensor's version counter is noted when it is
+recorded, so an in-place edit made afterwards by any other route (the returned logits
+included) is refused when the entry is next read (see `ActivationCache`).
 
 A cache records its own forward only. A hook may run the model again (a nested
 `run_with_cache`, or `model(other_prompt)`); the outer cache's hooks are still attached
@@ -191,20 +193,36 @@ def run_with_cache(
         for handle in handles:
             handle.remove()
     store, versions = recorder.store, recorder.versions
-    _copy_callers_tensors(store, versions, (model_args, model_kwargs, output))
+    shared = (output,) if _is_logits(store, output) else ()
+    _copy_callers_tensors(store, versions, (model_args, model_kwargs, output), shared)
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", 0)
     cache = ActivationCache(store, n_layers, has_batch_dim=not remove_batch_dim, _versions=versions)
     return output, cache
 
 
-def _copy_callers_tensors(store: dict[str, Tensor], versions: dict[str, int], caller: Any) -> None:
-    """Copy the recorded tensors that share storage with a tensor the caller holds.
+def _is_logits(store: dict[str, Tensor], output: Any) -> bool:
+    """Whether the forward's output is the logits recorded at `unembed.hook_out`."""
+    logits = store.get("unembed.hook_out")
+    return isinstance(output, Tensor) and logits is not None and _same_tensor(logits, output)
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    same_memory = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return same_memory and a.shape == b.shape and a.stride() == b.stride()
+
+
+def _copy_callers_tensors(
+    store: dict[str, Tensor], versions: dict[str, int], caller: Any, shared: tuple = ()
+) -> None:
+    """Copy the recorded tensors that share storage with a tensor the caller holds, except
+    those in `shared` (kept as one tensor, their edits caught by the version counters).
 
     The residual stream passed in with `start_at_layer` reaches the cache unchanged, and
     so does the one returned with `stop_at_layer`; without a copy, the caller editing
     their own tensor would edit the cache.
     """
-    theirs = {t.untyped_storage().data_ptr() for t in _tensors_in(caller) if t.numel()}
+    kept = {t.untyped_storage().data_ptr() for t in shared}
+    theirs = {t.untyped_storage().data_ptr() for t in _tensors_in(caller) if t.numel()} - kept
     for name, t in store.items():
         if t.numel() and t.untyped_storage().data_ptr() in theirs:
             if versions[name] != t._version:
