@@ -53,7 +53,13 @@ from hookedattn.core._weights_io import (
 from hookedattn.core.cache import ActivationCache, CacheEditedError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
-from hookedattn.core.hook_points import HookedRootModule, HookPoint, LensHandle, is_hook_point
+from hookedattn.core.hook_points import (
+    HookedRootModule,
+    HookPoint,
+    LensHandle,
+    hooks_version,
+    is_hook_point,
+)
 from hookedattn.core.html import html_table
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.loss import lm_cross_entropy_loss
@@ -117,6 +123,7 @@ __all__ = [
     "fold_value_biases",
     "generation_position",
     "get_act_name",
+    "hooks_version",
     "html_table",
     "is_hook_point",
     "is_text",
