@@ -7,7 +7,7 @@ the model kept as `cache.model`, and TL's methods with TL's arguments and return
 conventions (`(tensor, labels)` with `return_labels=True`, labels such as `"0_attn_out"`,
 `pos_slice`, `apply_ln` dividing by the cached scale without the norm's gain and bias).
 The sums come from `analysis` (`decompose_resid`, `accumulated_resid`, `head_results`,
-`normalize`); only the labels, slices and stacking order are TL's.
+`stacked_head_results`, `normalize`); only the labels, slices and stacking order are TL's.
 
 As in TransformerLens, `remove_batch_dim`, `to` and `compute_head_results` change the
 cache in place and return it.
