@@ -66,6 +66,7 @@ from analysis.head_results import (
     head_source_contributions,
     head_values,
     head_writes,
+    stacked_head_results,
 )
 from analysis.logit_lens import LogitLens, logit_lens
 from analysis.normalization import (
@@ -127,6 +128,7 @@ __all__: list[str] = [
     "prev_token_scores",
     "reading_norm",
     "repeated_random_tokens",
+    "stacked_head_results",
     "through_norm",
 ]
 

@@ -35,8 +35,9 @@ On every block shape the sum is exact:
   norm, and a LayerNorm's own bias is one more term (`L0_ln1_post_bias`).
 """
 
-import dataclasses
+import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from einops import rearrange
@@ -48,7 +49,7 @@ from analysis._reading import activation, weight
 from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
 from analysis.experts import expert_writes, shared_write
-from analysis.head_results import head_results
+from analysis.head_results import _results_into, head_results
 from analysis.normalization import NormSite, through_norm
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import NoNorm
@@ -60,17 +61,18 @@ GRANULARITIES: tuple[str, ...] = ("sublayer", "head", "neuron", "expert", "featu
 Terms = Float[Tensor, "component batch pos d_model"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Part:
-    """Some of a decomposition's terms: their labels, and how to write them into their rows
-    of the result (which is allocated once, so that no term is copied after it is made)."""
+class _Part(NamedTuple):
+    """Some of a decomposition's terms: their labels, and either the terms themselves or how
+    to write them into their rows of the result (which is allocated once, so that no term
+    is copied after it is made)."""
 
     labels: tuple[str, ...]
-    write: Callable[[Terms], None]
+    write: Callable[[Terms], None] | None = None
+    terms: Terms | None = None
 
 
 def _given(labels: tuple[str, ...], terms: Terms) -> _Part:
-    return _Part(labels, lambda out: out.copy_(terms))
+    return _Part(labels, terms=terms)
 
 
 def _bias(label: str, bias: Float[Tensor, " d_model"]) -> _Part:
@@ -115,8 +117,6 @@ def _broadcast(
 def _attn_parts(
     model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
 ) -> _Parts:
-    if granularity == "sublayer":
-        return [_given((f"L{layer}_attn",), activation(cache, ("attn_out", layer))[None])]
     attn = model.blocks[layer].attn
     labels = tuple(head_label(layer, h) for h in range(model.cfg.n_heads))
     bias_label = f"L{layer}_attn_bias"
@@ -136,20 +136,9 @@ def _attn_parts(
     z = activation(cache, ("z", layer))
 
     def write(out: Terms) -> None:
-        _head_writes_into(out, z, attn.W_O)
+        _results_into(out, z, weight(attn.W_O, z))
 
     return [_Part(labels, write), _bias(bias_label, attn.b_O)]
-
-
-def _head_writes_into(
-    out: Float[Tensor, "head batch pos d_model"],
-    z: Float[Tensor, "batch pos head d_head"],
-    W_O: Float[Tensor, "head d_head d_model"],
-) -> None:
-    """`out[h] = z[..., h, :] @ W_O[h]`, one batched product written straight into `out`."""
-    z_heads = rearrange(z, "batch pos head d_head -> head (batch pos) d_head")
-    flat_out = out.view(out.shape[0], -1, out.shape[-1])  # head (batch pos) d_model, a view
-    torch.bmm(z_heads, weight(W_O, z), out=flat_out)
 
 
 def _mlp_parts(
@@ -248,14 +237,19 @@ def decompose_resid(
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     site, layer = _resolve_point(model, layer, site)
-    if granularity == "features":
-        parts = _feature_parts(model, cache, site, layer, sae)
-    elif sae is not None:
+    if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
+    if granularity == "sublayer":  # the cached streams themselves, stacked
+        terms = _sublayer_terms(model, site, layer)
+        components = torch.stack([activation(cache, name) for _, name in terms])
+        labels = tuple(label for label, _ in terms)
     else:
-        parts = _parts(model, cache, site, layer, granularity)
-    components = _assembled(parts, activation(cache, "embed"))
-    labels = tuple(label for part in parts for label in part.labels)
+        if granularity == "features":
+            parts = _feature_parts(model, cache, site, layer, sae)
+        else:
+            parts = _parts(model, cache, site, layer, granularity)
+        components = _assembled(parts, activation(cache, "embed"))
+        labels = tuple(label for part in parts for label in part.labels)
     if check:
         target = activation(cache, get_act_name(site, layer))
         check_sums_to(
@@ -265,19 +259,57 @@ def decompose_resid(
 
 
 def _assembled(parts: _Parts, like: Float[Tensor, "batch pos d_model"]) -> Terms:
-    """The parts' terms in one tensor, allocated once and written part by part."""
+    """The parts' terms in one tensor, allocated once and written part by part (one
+    `torch.cat` when every part is given terms of `like`'s shape and dtype)."""
+    if all(_fits(part.terms, like) for part in parts):
+        return torch.cat([part.terms for part in parts])
     components = like.new_empty((sum(len(part.labels) for part in parts), *like.shape))
     start = 0
     for part in parts:
-        part.write(components[start : start + len(part.labels)])
-        start += len(part.labels)
+        stop = start + len(part.labels)
+        if part.write is None:
+            components[start:stop].copy_(part.terms)  # broadcast, or cast to like's dtype
+        else:
+            part.write(components[start:stop])
+        start = stop
     return components
+
+
+def _fits(terms: Terms | None, like: Float[Tensor, "batch pos d_model"]) -> bool:
+    return terms is not None and terms.shape[1:] == like.shape and terms.dtype == like.dtype
+
+
+def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tuple[str, str], ...]:
+    """`(label, hook name)` of each term of the stream at `(site, layer)` at granularity
+    `"sublayer"`: the cached embeddings and sublayer outputs (biases included)."""
+    learned_positions = model.cfg.positional_embedding_type == "standard"
+    return _sublayer_names(learned_positions, model.cfg.has_mlp, site, layer)
+
+
+@functools.lru_cache(maxsize=256)
+def _sublayer_names(
+    learned_positions: bool, has_mlp: bool, site: str, layer: int
+) -> tuple[tuple[str, str], ...]:
+    # Memoised: a function of the model's shape only, on the path of every sublayer call.
+    terms = [("embed", get_act_name("embed"))]
+    if learned_positions:
+        terms.append(("pos_embed", get_act_name("pos_embed")))
+    for block in range(layer + 1 if site == "resid_post" else layer):
+        terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
+        if has_mlp:
+            terms.append((f"L{block}_mlp", get_act_name("mlp_out", block)))
+    if site == "resid_mid":
+        terms.append((f"L{layer}_attn", get_act_name("attn_out", layer)))
+    return tuple(terms)
 
 
 def _parts(
     model: HookedTransformer, cache: ActivationCache, site: str, layer: int, granularity: str
 ) -> _Parts:
     """What wrote into the stream at `(site, layer)`, at a granularity of the model's own."""
+    if granularity == "sublayer":
+        terms = _sublayer_terms(model, site, layer)
+        return [_given((label,), activation(cache, name)[None]) for label, name in terms]
     parts: _Parts = [_given(("embed",), activation(cache, "embed")[None])]
     if model.cfg.positional_embedding_type == "standard":
         parts.append(_given(("pos_embed",), activation(cache, "pos_embed")[None]))

@@ -25,6 +25,7 @@ bias add up to `hook_attn_out`), though not what the head would write if it were
 import dataclasses
 from collections.abc import Sequence
 
+import torch
 from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
 from torch import Tensor
@@ -66,6 +67,44 @@ def head_results(
     z = activation(cache, ("z", layer))
     W_O = weight(model.blocks[layer].attn.W_O, z)
     return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+
+
+def stacked_head_results(
+    model: HookedTransformer, cache: ActivationCache
+) -> Float[Tensor, "layer head batch pos d_model"]:
+    """Every layer's `head_results`, in one tensor, head-major within each layer.
+
+    The numbers are `head_results`' (read from `hook_result` where cached, `z_h @ W_O[h]`
+    otherwise); they are written layer by layer into a tensor allocated once, so that
+    `rearrange(stack, "layer head ... -> (layer head) ...")` (TransformerLens's
+    `stack_head_results` order) is a view, not a copy.
+    """
+    n_layers = model.cfg.n_layers
+    first = activation(cache, ("z", 0)) if ("z", 0) in cache else head_results(model, cache, 0)
+    batch, pos, n_heads = first.shape[:3]
+    stack = first.new_empty((n_layers, n_heads, batch, pos, model.cfg.d_model))
+    for layer in range(n_layers):
+        computed = ("z", layer) in cache and ("result", layer) not in cache
+        z = activation(cache, ("z", layer)) if computed else None
+        if z is None or (z.requires_grad and torch.is_grad_enabled()):  # out= has no autograd
+            results = head_results(model, cache, layer)
+            by_head = rearrange(results, "batch pos head d_model -> head batch pos d_model")
+            stack[layer].copy_(by_head)
+        else:
+            _results_into(stack[layer], z, weight(model.blocks[layer].attn.W_O, z))
+    return stack
+
+
+def _results_into(
+    out: Float[Tensor, "head batch pos d_model"],
+    z: Float[Tensor, "batch pos head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+) -> None:
+    """`out[h] = z[..., h, :] @ W_O[h]`: one batched product written straight into `out`
+    (contiguous), the same product, to the bit, as `head_results`' einsum."""
+    z_heads = rearrange(z, "batch pos head d_head -> head (batch pos) d_head")
+    flat_out = out.view(out.shape[0], -1, out.shape[-1])  # head (batch pos) d_model, a view
+    torch.bmm(z_heads, W_O, out=flat_out)
 
 
 def head_writes(

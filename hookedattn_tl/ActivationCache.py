@@ -7,12 +7,13 @@ the model kept as `cache.model`, and TL's methods with TL's arguments and return
 conventions (`(tensor, labels)` with `return_labels=True`, labels such as `"0_attn_out"`,
 `pos_slice`, `apply_ln` dividing by the cached scale without the norm's gain and bias).
 The sums come from `analysis` (`decompose_resid`, `accumulated_resid`, `head_results`,
-`normalize`); only the labels, slices and stacking order are TL's.
+`stacked_head_results`, `normalize`); only the labels, slices and stacking order are TL's.
 
 As in TransformerLens, `remove_batch_dim`, `to` and `compute_head_results` change the
 cache in place and return it.
 """
 
+import functools
 import logging
 import re
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 import analysis
-from analysis.head_results import head_results
+from analysis.head_results import head_results, stacked_head_results
 from analysis.normalization import NormSite, normalize
 from hookedattn.core.cache import ActivationCache as _CoreCache
 from hookedattn_tl.utils import Slice, SliceInput, get_act_name
@@ -32,6 +33,9 @@ from hookedattn_tl.utils import Slice, SliceInput, get_act_name
 Stack = Float[Tensor, "component ..."]
 _SUBLAYER_LABEL = re.compile(r"^L(\d+)_(attn|mlp)$")
 _ACCUMULATED_LABEL = re.compile(r"^L(\d+)_resid_(pre|mid)$")
+# A copy that shares the original's memory until either is written to (copy-on-write), so
+# that a stack returned from the cache's own stack costs no copy unless it is edited.
+_lazy_clone = getattr(torch, "_lazy_clone", torch.clone)
 
 
 class ActivationCache(_CoreCache):
@@ -41,6 +45,9 @@ class ActivationCache(_CoreCache):
     `tokens` (set by `hookedattn_tl.HookedTransformer.run_with_cache`) are the input ids,
     which lets `hookedattn_tl.patching` run our batched patching engine from a clean cache.
     """
+
+    # compute_head_results' `[(layer head) ...]` stack, and the cache entries that view it.
+    _head_stack: tuple[Tensor, tuple[Tensor, ...]] | None = None
 
     def __init__(
         self,
@@ -79,19 +86,19 @@ class ActivationCache(_CoreCache):
     def _tl_key(self, key: Any) -> Any:
         """TL's reading of a key (`"k6"`, `("z", 0, "attn")`) when it names a cached tensor;
         otherwise the key itself, so that our shorthand and our error messages apply."""
-        if isinstance(key, str) and key not in self._data:
-            full = get_act_name(key)
-            return full if full in self._data else key
-        if isinstance(key, tuple) and 1 <= len(key) <= 3 and isinstance(key[0], str):
-            name, layer, layer_type = (*key, None, None)[:3]
-            if isinstance(layer, int) and not isinstance(layer, bool) and layer < 0:
-                layer += self.n_layers
-            try:
-                full = get_act_name(name, layer, layer_type)
-            except (TypeError, ValueError):
+        if isinstance(key, str):
+            if key in self._data:
                 return key
-            return full if full in self._data else key
-        return key
+            full = _tl_name(key, (str,), self.n_layers)
+        elif isinstance(key, tuple) and 1 <= len(key) <= 3 and isinstance(key[0], str):
+            types = tuple(map(type, key))
+            try:
+                full = _tl_name(key, types, self.n_layers)
+            except TypeError:  # an unhashable part: read it without the memo
+                full = _tl_name.__wrapped__(key, types, self.n_layers)
+        else:
+            return key
+        return full if full is not None and full in self._data else key
 
     def remove_batch_dim(self) -> "ActivationCache":
         """Remove the batch axis (of size one) from every tensor, in place; returns self."""
@@ -149,7 +156,7 @@ class ActivationCache(_CoreCache):
         if mlp_input and layer < self.n_layers:
             components = torch.cat([components, self["resid_mid", layer][None]])
             labels.append(f"{layer}_mid")
-        components = Slice(pos_slice).apply(components, dim=-2)
+        components = _sliced(Slice(pos_slice), components, dim=-2)
         if apply_ln:
             components = self.apply_ln_to_stack(
                 components,
@@ -182,19 +189,19 @@ class ActivationCache(_CoreCache):
         decomposition = analysis.decompose_resid(
             self.model, self, None if layer == self.n_layers else layer, site
         )
-        keep = []
+        kept = []
         for i, label in enumerate(decomposition.labels):
-            sublayer = _SUBLAYER_LABEL.match(label)
-            if sublayer is None:
+            tl_label, kind = _tl_sublayer_label(label)
+            if kind is None:
                 wanted = incl_embeds and (label != "embed" or self.has_embed)
-                keep.append((i, label) if wanted else None)
-                continue
-            block, kind = sublayer.groups()
-            wanted = mode in ("all", kind)
-            keep.append((i, f"{block}_{kind}_out") if wanted else None)
-        kept = [k for k in keep if k is not None]
-        components = decomposition.components[[i for i, _ in kept]]
-        components = Slice(pos_slice).apply(self._tl_shape(components), dim=-2)
+            else:
+                wanted = mode in ("all", kind)
+            if wanted:
+                kept.append((i, tl_label))
+        components = decomposition.components
+        if len(kept) < len(decomposition.labels):  # indexing copies: only to drop rows
+            components = components[[i for i, _ in kept]]
+        components = _sliced(Slice(pos_slice), self._tl_shape(components), dim=-2)
         if apply_ln:
             components = self.apply_ln_to_stack(
                 components, layer, pos_slice=pos_slice, mlp_input=mlp_input
@@ -281,13 +288,35 @@ class ActivationCache(_CoreCache):
 
     # ------------------------------------------------------------ heads and neurons
     def compute_head_results(self) -> None:
-        """Add each layer's per-head results `blocks.{l}.attn.hook_result`, in place."""
+        """Add each layer's per-head results `blocks.{l}.attn.hook_result`, in place.
+
+        With none cached yet, they are computed into one `[(layer head) ...]` stack, and
+        each layer's entry is a view of it, so that `stack_head_results` need not copy them.
+        """
+        names = [f"blocks.{layer}.attn.hook_result" for layer in range(self.n_layers)]
+        has_z = all(f"blocks.{layer}.attn.hook_z" in self._data for layer in range(self.n_layers))
+        if not has_z or any(name in self._data for name in names):
+            self._compute_head_results_by_layer()
+            return
+        stack = stacked_head_results(self.model, self)
+        stack = stack if self.has_batch_dim else stack[:, :, 0]
+        views = tuple(
+            rearrange(layer, "head ... pos d_model -> ... pos head d_model") for layer in stack
+        )
+        self._set_data({**self._data, **dict(zip(names, views, strict=True))})
+        self._head_stack = (
+            rearrange(stack, "layer head ... d_model -> (layer head) ... d_model"),
+            views,
+        )
+
+    def _compute_head_results_by_layer(self) -> None:
         for layer in range(self.n_layers):
             name = f"blocks.{layer}.attn.hook_result"
             if name in self._data:
                 logging.warning("Tried to compute head results when they were already cached")
                 return
-            result = self._tl_shape(head_results(self.model, self, layer))
+            result = head_results(self.model, self, layer)
+            result = result if self.has_batch_dim else result[0]
             self._set_data({**self._data, name: result})
 
     def stack_head_results(
@@ -301,18 +330,20 @@ class ActivationCache(_CoreCache):
         """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`.
 
         As in TL, the per-head results are added to the cache (`compute_head_results`) when
-        they are not in it yet."""
+        they are not in it yet, and the stack is a tensor of its own: editing it leaves the
+        cache as it is (when the cache's entries are the views `compute_head_results`
+        made, it is their stack, copied only if either side is written to)."""
         layer = self._stream_layer(layer)
         pos_slice = Slice(pos_slice)
         if f"blocks.{self.n_layers - 1}.attn.hook_result" not in self._data:
             self.compute_head_results()  # TL's side effect: the results stay in the cache
-        per_layer = [
-            pos_slice.apply(self[f"blocks.{block}.attn.hook_result"], dim=-3)
-            for block in range(layer)
-        ]
+        per_layer = [self[f"blocks.{block}.attn.hook_result"] for block in range(layer)]
         labels = [f"L{block}H{h}" for block in range(layer) for h in range(self.model.cfg.n_heads)]
-        if per_layer:
-            heads = torch.cat(per_layer, dim=-2)
+        stacked = self._head_stack_of(per_layer)
+        if stacked is not None:
+            components = _lazy_clone(_sliced(pos_slice, stacked, dim=-2))
+        elif per_layer:
+            heads = torch.cat([pos_slice.apply(r, dim=-3) for r in per_layer], dim=-2)
             components = rearrange(heads, "... component d_model -> component ... d_model")
         else:
             like = pos_slice.apply(self["hook_embed"], dim=-2)
@@ -322,6 +353,16 @@ class ActivationCache(_CoreCache):
         if apply_ln:
             components = self.apply_ln_to_stack(components, layer, pos_slice=pos_slice)
         return (components, labels) if return_labels else components
+
+    def _head_stack_of(self, per_layer: list[Tensor]) -> Tensor | None:
+        """The first rows of `compute_head_results`' stack, when `per_layer` are still its
+        views (not entries put in the cache since, nor a cache moved or sliced)."""
+        if self._head_stack is None or not per_layer:
+            return None
+        stack, views = self._head_stack
+        if any(got is not made for got, made in zip(per_layer, views, strict=False)):
+            return None
+        return stack[: len(per_layer) * views[0].shape[-2]]
 
     def get_neuron_results(
         self,
@@ -481,11 +522,43 @@ class ActivationCache(_CoreCache):
         return torch.cat([components, remainder[None]]), [*labels, "remainder"]
 
 
+@functools.lru_cache(maxsize=1024)
+def _tl_name(key: str | tuple, types: tuple[type, ...], n_layers: int) -> str | None:
+    """The full hook name TL's `get_act_name` reads in a key (negative layers counted from
+    the end), None where it refuses the key. Memoised: every read of the cache by the
+    analysis functions goes through it. `types` keeps `("k", True)` apart from `("k", 1)`."""
+    if isinstance(key, str):
+        return get_act_name(key)
+    name, layer, layer_type = (*key, None, None)[:3]
+    if isinstance(layer, int) and not isinstance(layer, bool) and layer < 0:
+        layer += n_layers
+    try:
+        return get_act_name(name, layer, layer_type)
+    except (TypeError, ValueError):
+        return None
+
+
 def _as_2d(project: Tensor | None) -> Tensor | None:
     """A `[d_model]` projection as `[d_model 1]`, so every path handles one shape."""
     return project[:, None] if project is not None and project.ndim == 1 else project
 
 
+def _sliced(pos_slice: Slice, tensor: Tensor, dim: int) -> Tensor:
+    """`pos_slice.apply(tensor, dim)`, skipped when it keeps everything (the default)."""
+    return tensor if pos_slice.mode == "identity" else pos_slice.apply(tensor, dim=dim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tl_sublayer_label(label: str) -> tuple[str, str | None]:
+    """`L3_attn` -> (`3_attn_out`, "attn"); `embed` -> (`embed`, None): TL's labels."""
+    sublayer = _SUBLAYER_LABEL.match(label)
+    if sublayer is None:
+        return label, None
+    block, kind = sublayer.groups()
+    return f"{block}_{kind}_out", kind
+
+
+@functools.lru_cache(maxsize=4096)
 def _accumulated_label(label: str) -> str:
     """`L3_resid_pre` -> `3_pre`, `final` -> `final_post`: TL's labels."""
     if label == "final":

@@ -209,6 +209,79 @@ def head_results(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
     return Group(entries)
 
 
+# ------------------------------------------------------------------ TL's cache methods
+
+# hookedattn_tl's cache against TransformerLens's, the same call on the same weights; TL's
+# row leads (the reference), so each ratio is ours over TL's in the same round.
+TL_CACHE_METHODS = {
+    "cache.stack_head_results(layer=-1)": lambda cache: cache.stack_head_results(layer=-1),
+    "cache.decompose_resid()": lambda cache: cache.decompose_resid(),
+    "cache.accumulated_resid()": lambda cache: cache.accumulated_resid(),
+}
+FIRST_STACK = "cache.stack_head_results(layer=-1), first call on the cache"
+
+
+@functools.lru_cache(maxsize=1)
+def _tl_caches(model: HookedTransformer, tl: Any, tokens: Tensor) -> tuple[Any, Any]:
+    """Our facade's cache and TransformerLens's, each from its own forward on the weights."""
+    import hookedattn_tl
+
+    facade = hookedattn_tl.HookedTransformer(model.cfg)
+    facade.load_state_dict(model.state_dict())
+    facade.eval()
+    return facade.run_with_cache(tokens)[1], tl.run_with_cache(tokens)[1]
+
+
+def tl_cache_method(measure: str) -> Callable[..., Group | None]:
+    """The group timing one of TL's cache methods, called again on one cache (as in a
+    notebook: the head results are computed by the first call and kept in the cache)."""
+    call = TL_CACHE_METHODS[measure]
+
+    def make(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group | None:
+        if tl is None:
+            return None
+        ours, theirs = _tl_caches(model, tl, tokens)
+        return Group(
+            [Entry(measure, TL, lambda: call(theirs)), Entry(measure, OURS, lambda: call(ours))]
+        )
+
+    return make
+
+
+def tl_first_stack(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group | None:
+    """`stack_head_results` on a cache without head results yet (they are computed)."""
+    if tl is None:
+        return None
+    from transformer_lens import ActivationCache as Theirs
+
+    from hookedattn_tl import ActivationCache as Ours
+
+    ours, theirs = _tl_caches(model, tl, tokens)
+    recorded = {name: dict(c.cache_dict) for name, c in (("ours", ours), ("theirs", theirs))}
+    for entries in recorded.values():
+        for name in [n for n in entries if n.endswith("attn.hook_result")]:
+            del entries[name]
+
+    def first(cache_type: type, entries: dict, owner: Any) -> Callable[[], Tensor]:
+        return lambda: cache_type(dict(entries), owner).stack_head_results(layer=-1)
+
+    return Group(
+        [
+            Entry(FIRST_STACK, TL, first(Theirs, recorded["theirs"], tl)),
+            Entry(FIRST_STACK, OURS, first(Ours, recorded["ours"], ours.model)),
+        ]
+    )
+
+
+_TL_GROUPS = (
+    *[
+        (f"TL's {measure}", "hookedattn_tl.ActivationCache", tl_cache_method(measure))
+        for measure in TL_CACHE_METHODS
+    ],
+    ("TL's stack_head_results, first call", "hookedattn_tl.ActivationCache", tl_first_stack),
+)
+
+
 # ------------------------------------------------------------------ patching
 
 
@@ -410,13 +483,16 @@ def _missing(need: str) -> str | None:
     return None if hasattr(mod, attr) else f"{need} does not exist yet"
 
 
-def _time(run: Any, key: str, label: str, need: str, make: Callable[[], Group]) -> None:
+def _time(run: Any, key: str, label: str, need: str, make: Callable[[], Group | None]) -> None:
     """Check and time one group once the code it measures exists."""
     why = _missing(need)
     if why is not None:
         run.skip("analysis", label, f"waits for {why}")
         return
     group = make()
+    if group is None:
+        run.skip("analysis", label, "needs transformer_lens (its row is the reference)")
+        return
     group.check()
     entries = {(e.measure, e.contender): e.fn for e in group.entries}
     # Analyses take seconds per call on setting b: fewer rounds than the forward.
@@ -431,10 +507,12 @@ _GROUPS: dict[str, tuple[tuple[str, str, Callable[..., Group]], ...]] = {
          lambda model, tl, tokens: composition(model, tl)),
         ("factored SVD", "analysis.circuits.full_ov_circuit",
          lambda model, tl, tokens: factored_svd(model, tl)),
+        *_TL_GROUPS,
     ),
     "a": (
         ("residual decomposition", "analysis.decomposition.decompose_resid", decomposition),
         ("head results", "analysis.head_results.head_results", head_results),
+        *_TL_GROUPS,
     ),
 }  # fmt: skip
 

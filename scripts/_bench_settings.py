@@ -63,7 +63,7 @@ QUICK = _by_key(
 )
 
 # The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
-BARE_REF, SAME_MATH = "bare", "same math"
+BARE_REF, SAME_MATH, TL_REF = "bare", "same math", "transformer_lens"
 SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference)"
 
 # (section, setting, measure, target, source, reference): a target on the median ratio of
@@ -114,4 +114,16 @@ TARGETS = [
     ("memory", "long", "hookedattn forward", 1.10, "idle hooks", BARE_REF),
     # a mixture of experts, against transformers' eager forward on the same weights
     ("moe", "moe", "forward, no hooks attached", 1.0, "mixtures of experts", "transformers eager"),
+    # hookedattn_tl's cache methods against TransformerLens 3.5.1's, the same call on the
+    # same weights (its row leads the group)
+    *(
+        ("analysis", key, measure, 1.0, "TL cache methods", TL_REF)
+        for key in ("a", "b")
+        for measure in (
+            "cache.stack_head_results(layer=-1)",
+            "cache.stack_head_results(layer=-1), first call on the cache",
+            "cache.decompose_resid()",
+            "cache.accumulated_resid()",
+        )
+    ),
 ]

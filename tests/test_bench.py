@@ -90,8 +90,10 @@ def test_forward_groups_also_measure_against_the_same_math_without_hooks(report)
         assert same[0]["ratio_same_math"] == {"median": 1.0, "min": 1.0, "max": 1.0}
         assert all("ratio_same_math" in r for r in members)
     assert "## Hooks against a hook-free forward of the same math" in markdown
-    # The MoE row is held against transformers (eager), the others against the bare model.
-    assert {t["reference"] for t in data["targets"]} == {"bare", "same math", "transformers eager"}
+    # The MoE row is held against transformers (eager), TL's cache methods against
+    # TransformerLens, the others against the bare model.
+    references = {"bare", "same math", "transformers eager", "transformer_lens"}
+    assert {t["reference"] for t in data["targets"]} == references
     assert data["settings"]["malloc"] in ("steady", "default")
 
 

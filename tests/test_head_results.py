@@ -5,7 +5,12 @@ import itertools
 import pytest
 import torch
 
-from analysis import SourceContributions, head_results, head_source_contributions
+from analysis import (
+    SourceContributions,
+    head_results,
+    head_source_contributions,
+    stacked_head_results,
+)
 from analysis.head_results import head_values
 from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import random_tiny_model, random_tokens
@@ -34,6 +39,21 @@ def test_head_results_from_z_equal_hook_result(norm, dtype):
         assert torch.equal(cached, cache["result", layer])
         computed = head_results(model, without_result, layer)
         torch.testing.assert_close(computed, cached, **tolerance(dtype).as_kwargs())
+
+
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
+@pytest.mark.parametrize("use_attn_result", (True, False))
+def test_stacked_head_results_are_each_layers_head_results_to_the_bit(use_attn_result, dtype):
+    model = _model(use_attn_result=use_attn_result, dtype=dtype)
+    _, cache = model.run_with_cache(TOKENS)
+    stack = stacked_head_results(model, cache)
+    assert stack.shape == (2, 4, 2, 6, model.cfg.d_model) and stack.is_contiguous()
+    for layer in range(2):
+        by_head = head_results(model, cache, layer).permute(2, 0, 1, 3)
+        assert torch.equal(stack[layer], by_head)
+        z, W_O = cache["z", layer], model.blocks[layer].attn.W_O.detach()
+        dense = torch.einsum("bphd,hdm->hbpm", z, W_O)
+        torch.testing.assert_close(stack[layer], dense, **tolerance(dtype).as_kwargs())
 
 
 @pytest.mark.parametrize("use_attn_result", (True, False))

@@ -203,6 +203,60 @@ def test_compute_head_results_adds_hook_result_in_place(model, tokens):
     assert_close(cache["result", 1], reference["result", 1])
 
 
+def test_head_results_are_added_after_every_activation_each_the_per_head_product(model, tokens):
+    _, cache = model.run_with_cache(tokens)
+    names_before = list(cache)
+    cache.compute_head_results()
+    added = [f"blocks.{layer}.attn.hook_result" for layer in range(N_LAYERS)]
+    assert list(cache) == names_before + added  # TL's order: appended, layer by layer
+    for layer in range(N_LAYERS):
+        z, W_O = cache["z", layer], model.blocks[layer].attn.W_O
+        for h in range(N_HEADS):
+            expected = torch.einsum("bpd,dm->bpm", z[:, :, h], W_O[h])
+            assert_close(cache["result", layer][:, :, h], expected)
+    heads = cache.stack_head_results()
+    for layer in range(N_LAYERS):
+        assert torch.equal(heads[layer * N_HEADS : (layer + 1) * N_HEADS],
+                           cache["result", layer].permute(2, 0, 1, 3))  # fmt: skip
+
+
+def test_the_head_stack_is_a_tensor_of_its_own(model, tokens):
+    # As in TL, where it is a new tensor: editing it leaves the cache and later stacks as
+    # they were (and the cache does not count as edited).
+    _, cache = model.run_with_cache(tokens)
+    heads = cache.stack_head_results()
+    before = heads.clone()
+    heads.mul_(0)
+    last = cache.stack_head_results(pos_slice=-1)
+    last[0] += 1
+    assert torch.equal(cache.stack_head_results(), before)
+    assert torch.equal(cache["result", 0].permute(2, 0, 1, 3), before[:N_HEADS])
+    assert torch.equal(cache.stack_head_results(pos_slice=-1), before[:, :, -1])
+
+
+def test_the_head_stack_is_the_same_from_recorded_results(model, tokens):
+    # Results recorded by the forward (use_attn_result) are stacked from the cache's entries.
+    _, computed = model.run_with_cache(tokens)
+    with_results = make_model()
+    with_results.set_use_attn_result(True)
+    _, recorded = with_results.run_with_cache(tokens)
+    for layer in (1, 2):
+        assert_close(
+            recorded.stack_head_results(layer, pos_slice=(1, 4)),
+            computed.stack_head_results(layer, pos_slice=(1, 4)),
+        )
+
+
+def test_head_results_without_a_batch_axis_cover_every_position(model):
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    _, batched = model.run_with_cache(tokens)
+    _, single = model.run_with_cache(tokens)
+    single.remove_batch_dim()
+    assert_close(single.stack_head_results(), batched.stack_head_results()[:, 0])
+    assert single["result", 1].shape == (5, N_HEADS, 12)
+    assert_close(single.stack_head_results(pos_slice=-1), batched.stack_head_results()[:, 0, -1])
+
+
 def test_stack_neuron_results_slices_and_remainder(model, cache):
     neurons, labels = cache.stack_neuron_results(2, return_labels=True, incl_remainder=True)
     assert len(labels) == N_LAYERS * D_MLP + 1 and labels[:2] == ["L0N0", "L0N1"]
