@@ -15,6 +15,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
+# transformer_lens 4 has only the bridge: two columns (`scripts/_bench_tl4.py`)
+TL4 = ("transformer_lens 4 bridge", "transformer_lens 4 native")
+CONTENDERS = ("bare", "hookedattn", "transformer_lens", "transformers", *TL4)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_every_section_reports_groups_led_by_their_reference(report):
         assert r["min_s"] <= r["median_s"] <= r["max_s"]
         assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
         assert r["rounds"] == 2 and r["inner"] >= 1
-        assert r["contender"] in ("bare", "hookedattn", "transformer_lens", "transformers")
+        assert r["contender"] in CONTENDERS
 
 
 def test_forward_measures_cover_every_setting(report):
