@@ -199,3 +199,24 @@ def test_a_module_of_the_users_own_runs_the_hooked_step():
         full = model(sequence)[:, tokens.shape[1] - 1 :]
     for i, step in enumerate(steps):
         torch.testing.assert_close(step.logits, full[:, i], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("where", ["module", "global"])
+def test_a_torch_forward_hook_runs_at_every_step(where):
+    model = MODELS["variant gpt2"].copy()
+    seen = []
+
+    def hook(module, args, output):
+        seen.append(output.shape[1])
+
+    if where == "module":
+        handle = model.blocks[1].mlp.register_forward_hook(hook)
+    else:
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: hook(m, a, out) if m is model.blocks[1].mlp else None
+        )
+    try:
+        run(model, *prompt(model, False), n=4)
+    finally:
+        handle.remove()
+    assert seen == [5, 1, 1, 1]  # the prompt, then each decode step through the modules

@@ -101,6 +101,7 @@ class Decoder:
         self.deferred: list[tuple[int, int, list[tuple[Any, tuple]]]] = []
         self._past_finite = False  # checked before the first fast step, and after a hooked one
         self._taps_version, self._taps_now = -1, None
+        self._modules = [m for m in model.modules() if not isinstance(m, HookPoint)]
         if not self.fast:
             return
         cfg = model.cfg
@@ -124,7 +125,7 @@ class Decoder:
     ) -> Logits:
         """The logits after `tokens`, one per row; `new_mask` marks padding (None: no row
         of the batch is padded, now or before)."""
-        taps = self._taps() if self.fast else None
+        taps = self._taps() if self.fast and not self._module_hooked() else None
         if taps is not None:
             if not self._past_finite:
                 self._past_finite = _finite_past(self.cache)
@@ -136,6 +137,15 @@ class Decoder:
                         self.recorder.take()  # what the undone step recorded
         self._past_finite = False  # a hooked step may store what the fast path has not checked
         return self.hooked_step(tokens, new_mask)
+
+    def _module_hooked(self) -> bool:
+        """Whether a torch hook (`register_forward_hook` and the like, on any module or
+        globally) would run in the model's forward: the fast step calls no module, so
+        then the hooked step runs. (A hook point is called without `nn.Module.__call__`,
+        so torch hooks on one never run, here or in the forward.)"""
+        if _global_module_hooks():
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._modules)
 
     def _taps(self) -> dict[str, Any] | None:
         """The hook points the fast step records at (none where every point is idle), or
@@ -293,6 +303,14 @@ class _Step:
         if self.per_row:
             return table[0][self.context.positions]
         return table.narrow(1, self.past, 1)
+
+
+def _global_module_hooks() -> bool:
+    """Whether a global module hook (`nn.modules.module.register_module_forward_hook`) is
+    registered."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
 
 def _finite_past(cache: KeyValueCache) -> bool:
