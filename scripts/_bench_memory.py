@@ -51,13 +51,22 @@ def reset_peak_rss() -> bool:
         return False
 
 
+SAME_NAMES = "hookedattn run_with_cache, TransformerLens's names"
 MEMORY_MODES = (
     "plain forward (bare reference)",
     "hookedattn forward",
     "hookedattn run_with_cache, everything",
+    SAME_NAMES,
     "transformer_lens forward",
     "transformer_lens run_with_cache, everything",
 )
+# The names a full cache of ours holds and TransformerLens's does not: each norm's output
+# (TL has no `hook_out` on its norms; its `unembed.hook_in` is the final norm's output).
+_OURS_ONLY = ("ln1.hook_out", "ln2.hook_out", "ln_final.hook_out")
+
+
+def _tl_names(name: str) -> bool:
+    return not name.endswith(_OURS_ONLY)
 
 
 def memory_probe(spec: dict) -> dict:
@@ -72,6 +81,7 @@ def memory_probe(spec: dict) -> dict:
         "plain forward (bare reference)": bare,
         f"{OURS} forward": subject,
         f"{OURS} run_with_cache, everything": subject.run_with_cache,
+        SAME_NAMES: lambda tokens: subject.run_with_cache(tokens, names_filter=_tl_names),
         f"{TL} forward": subject,
         f"{TL} run_with_cache, everything": subject.run_with_cache,
     }[mode]
@@ -92,6 +102,20 @@ def memory_probe(spec: dict) -> dict:
     return result
 
 
+def _probe(setting: Any, mode: str) -> dict:
+    """`mode`'s peak, measured by `bench.py --memory-probe` in a fresh process."""
+    spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--memory-probe", spec],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe {mode} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _cuda_probe(mode: str, fn: Any, tokens: Tensor) -> dict:
     """The peak of the accelerator's allocated memory above what it held before the run."""
     with torch.no_grad():
@@ -108,26 +132,29 @@ def _cuda_probe(mode: str, fn: Any, tokens: Tensor) -> dict:
     return result
 
 
-def memory_section(run: Any, key: str, setting: Any) -> None:
+def memory_section(run: Any, key: str, setting: Any, repeats: int | None = None) -> None:
+    """Each mode's peak in `repeats` fresh processes (3; 1 with `--quick`): the median, and
+    the min-max. A resident-memory peak moves by several MB from one process to the next
+    (which pages the allocator reuses), so one process is not a measurement."""
     print(f"memory [{key}] {setting.description}")
+    repeats = repeats or (1 if run.quick else 3)
     # At long context only the forwards: a full cache holds every layer's pattern by design.
     modes = MEMORY_MODES[:2] if key == "long" else MEMORY_MODES
     for mode in modes:
         if mode.startswith(TL) and not run.use_tl:
             continue
-        spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
-        proc = subprocess.run(
-            [sys.executable, str(BENCH), "--memory-probe", spec],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory probe {mode} failed:\n{proc.stderr[-2000:]}")
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        if "error" in result:
-            run.skip("memory", mode, result["error"])
+        if mode == SAME_NAMES and not run.use_tl:
             continue
+        results = [_probe(setting, mode) for _ in range(repeats)]
+        if "error" in results[0]:
+            run.skip("memory", mode, results[0]["error"])
+            continue
+        peaks = sorted(r["peak_extra_bytes"] for r in results)
+        result = results[0] | {
+            "peak_extra_bytes": peaks[len(peaks) // 2],
+            "peak_extra_bytes_range": [peaks[0], peaks[-1]],
+            "processes": repeats,
+        }
         run.memory.append({"setting": key} | result)
         cache = result.get("cache")
         detail = (

@@ -181,8 +181,8 @@ def _memory(report: dict) -> list[str]:
     if report["memory"]:
         lines += [
             "",
-            "## memory (one run in a fresh process; peak resident memory above the "
-            "resident memory before the run)",
+            "## memory (each mode run in fresh processes; peak resident memory above the "
+            "resident memory before the run: the median over processes, min-max in brackets)",
             "",
             "| setting | mode | peak extra (MB) | cache: names | summed over names (MB) | "
             "distinct storages (MB) |",
@@ -196,7 +196,8 @@ def _memory(report: dict) -> list[str]:
                 if c
                 else "- | - | -"
             )
-            lines.append(
-                f"| {r['setting']} | {r['mode']} | {r['peak_extra_bytes'] / 2**20:.1f} | {cache} |"
-            )
+            low, high = r.get("peak_extra_bytes_range", [r["peak_extra_bytes"]] * 2)
+            spread = f" ({low / 2**20:.1f}-{high / 2**20:.1f})" if low != high else ""
+            peak = f"{r['peak_extra_bytes'] / 2**20:.1f}{spread}"
+            lines.append(f"| {r['setting']} | {r['mode']} | {peak} | {cache} |")
     return lines
