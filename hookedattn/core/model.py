@@ -23,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import (
+    _fast_forward,
     _generate,
     _inputs,
     _pretrained,
@@ -129,10 +130,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
                 attention_mask=attention_mask,
                 past_kv_cache=past_kv_cache,
             )
-            resid = self._blocks(x.resid, x.context, past_kv_cache, x.start, x.stop)
             if stop_at_layer is not None:
-                return resid
-            logits = self.unembed(self.ln_final(resid))
+                return self._blocks(x.resid, x.context, past_kv_cache, x.start, x.stop)
+            logits = self._logits(x.resid, x.context, past_kv_cache, x.start)
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -141,6 +141,23 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
         loss = lm_cross_entropy_loss(logits, x.tokens, x.attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
+
+    def _logits(
+        self,
+        resid: Resid,
+        context: AttentionContext,
+        past_kv_cache: KeyValueCache | None,
+        start: int,
+    ) -> Logits:
+        """Blocks `start..`, the final norm and the unembedding: through the modules, or,
+        where nothing is listening, by the same equations without them (`_fast_forward`:
+        the same numbers, bit for bit)."""
+        if past_kv_cache is None:
+            logits = _fast_forward.logits(self, resid, context, start)
+            if logits is not None:
+                return logits
+        resid = self._blocks(resid, context, past_kv_cache, start, self.cfg.n_layers)
+        return self.unembed(self.ln_final(resid))
 
     def _blocks(
         self,

@@ -1,0 +1,214 @@
+"""The fast forward against the forward through the modules: the same logits bit for bit on
+every block shape, the same non-finite values, and the modules exactly when something
+listens (a hook point's hook, a torch hook, a module of one's own).
+
+The reference is the forward through the modules itself: the same call with a no-op hook
+attached, which makes every component run as a module (`model._logits`).
+"""
+
+import pytest
+import torch
+from test_families_models import FAMILIES, family_model
+from test_fused_kernels import VARIANTS, pair
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.core import _fast_forward
+from hookedattn.testing import random_tokens
+
+NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # the forward through the modules
+
+
+def models(dtype=torch.float64):
+    out = {f"variant {k}": pair(v, dtype)[0] for k, v in VARIANTS.items()}
+    out["variant llama written out"] = pair(VARIANTS["llama"], dtype)[1]
+    return out | {f"family {k}": family_model(k, dtype=dtype) for k in FAMILIES}
+
+
+MODELS = models()
+
+
+def batch(model, padded, size=3, pos=7):
+    tokens = random_tokens(model.cfg.d_vocab, size, pos, seed=3)
+    if not padded:
+        return tokens, None
+    mask = torch.ones_like(tokens)
+    mask[0, :2] = 0  # left padding
+    mask[2, -3:] = 0  # right padding
+    return tokens, mask
+
+
+def through_modules(model, *args, **kwargs):
+    with model.hooks(fwd_hooks=NO_OP):
+        return model(*args, **kwargs)
+
+
+def assert_identical(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), (a - b).abs().max()
+    assert torch.equal(a.isnan(), b.isnan())
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", MODELS)
+def test_the_fast_forward_gives_the_modules_logits_bit_for_bit(name, padded):
+    model = MODELS[name]
+    tokens, mask = batch(model, padded)
+    per_head = model.cfg.use_split_qkv_input or model.cfg.use_attn_in or model.cfg.use_attn_result
+    model(tokens, attention_mask=mask)
+    assert _fast_forward._built[model].exact is not per_head  # the fast forward ran
+    assert_identical(
+        model(tokens, attention_mask=mask), through_modules(model, tokens, attention_mask=mask)
+    )
+
+
+@pytest.mark.parametrize("name", ["variant gpt2", "variant llama", "family gemma2"])
+def test_the_fast_forward_in_float32_is_bit_for_bit(name):
+    model = models(torch.float32)[name]
+    tokens, _ = batch(model, False)
+    assert_identical(model(tokens), through_modules(model, tokens))
+
+
+def test_the_fast_forward_from_a_later_layer_and_its_loss():
+    model = MODELS["family llama"]
+    tokens, _ = batch(model, False)
+    resid = model(tokens, stop_at_layer=1)
+    fast = model(resid, start_at_layer=1, tokens=tokens, return_type="both")
+    slow = through_modules(model, resid, start_at_layer=1, tokens=tokens, return_type="both")
+    assert_identical(fast.logits, slow.logits)
+    assert_identical(fast.loss, slow.loss)
+
+
+def test_gradients_through_the_fast_forward_are_the_modules_gradients():
+    model = MODELS["variant gpt2"].copy()
+    tokens, _ = batch(model, False)
+    with torch.no_grad():  # a view kept without grad must not be reused with it
+        model(tokens)
+    grads = []
+    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+        model.zero_grad()
+        run(tokens, return_type="loss").backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
+
+
+def synchronisations(model, hooks=()):
+    """`.item()` calls (host-device synchronisations) of one forward."""
+    tokens, _ = batch(model, False)
+    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
+        model(tokens)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(tokens)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::item")
+
+
+def test_a_forward_with_idle_hooks_synchronises_once_past_the_input_check():
+    for n_layers in (2, 4):
+        model = HookedTransformer(
+            HookedTransformerConfig(
+                n_layers=n_layers, d_model=16, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=16, seed=0
+            )
+        )
+        assert synchronisations(model) == 3  # the ids' range (low, high), and the one check
+        assert synchronisations(model, NO_OP) >= 1 + n_layers  # the guard of every layer
+
+
+# ---------------------------------------------------------------- something listening
+def test_a_torch_forward_hook_on_a_submodule_runs():
+    model = MODELS["variant gpt2"].copy()
+    tokens, _ = batch(model, False)
+    calls = []
+    handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: calls.append(1))
+    model(tokens)
+    handle.remove()
+    model(tokens)
+    assert calls == [1]
+
+
+def test_a_global_module_hook_runs():
+    model = MODELS["variant gpt2"]
+    tokens, _ = batch(model, False)
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: seen.append(type(m).__name__)
+    )
+    try:
+        model(tokens)
+    finally:
+        handle.remove()
+    assert "MLP" in seen and "Attention" in seen
+
+
+class DoubledMLP(nn.Module):
+    """A module of one's own in the MLP's place."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.inner = mlp
+
+    def forward(self, x):
+        return 2 * self.inner(x)
+
+
+def test_a_module_assigned_after_a_forward_is_used():
+    model = MODELS["variant gpt2"].copy()
+    tokens, _ = batch(model, False)
+    before = model(tokens)
+    model.blocks[0].mlp = DoubledMLP(model.blocks[0].mlp)
+    model.setup()
+    after = model(tokens)
+    assert not torch.allclose(before, after)
+    assert_identical(after, through_modules(model, tokens))
+
+
+def test_weights_edited_between_forwards_are_read():
+    model = MODELS["family llama"].copy()
+    tokens, _ = batch(model, False)
+    model(tokens)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.mul_(1.5)  # in place
+        model.unembed.W_U = nn.Parameter(model.unembed.W_U * 0.5)  # replaced
+    assert_identical(model(tokens), through_modules(model, tokens))
+
+
+# ---------------------------------------------------------------- non-finite values
+def poisoned(model, where):
+    """A copy of `model` with a NaN or inf at `where`."""
+    model = model.copy()
+    with torch.no_grad():
+        if where == "W_Q":  # a fused kernel may return 0 for a NaN query
+            model.blocks[1].attn.W_Q[0, 0, 0] = float("nan")
+        elif where == "W_K":
+            model.blocks[0].attn.W_K[1, 2, 0] = float("inf")
+        elif where == "W_V":
+            model.blocks[0].attn.W_V[1, 3, 0] = float("nan")
+        elif where == "W_U":
+            model.unembed.W_U[2, 5] = float("nan")
+        elif where == "embedding":  # one token's embedding: only the positions after it
+            model.embed.W_E[4] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("where", ["W_Q", "W_K", "W_V", "W_U", "embedding"])
+def test_a_non_finite_weight_gives_the_modules_logits(where, padded):
+    model = poisoned(MODELS["variant gpt2"], where)
+    tokens, mask = batch(model, padded)
+    tokens[tokens == 4] = 5
+    tokens[1, 4] = 4
+    assert_identical(
+        model(tokens, attention_mask=mask), through_modules(model, tokens, attention_mask=mask)
+    )
+
+
+def test_a_nan_at_a_padded_position_reaches_no_real_token():
+    model = poisoned(MODELS["family llama"], "embedding")
+    tokens, mask = batch(model, True)
+    tokens[tokens == 4] = 5
+    tokens[0, 0] = 4  # padding
+    logits = model(tokens, attention_mask=mask)
+    assert logits[mask.bool()].isfinite().all()
+    assert_identical(logits, through_modules(model, tokens, attention_mask=mask))
