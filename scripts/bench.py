@@ -50,7 +50,7 @@ import _bench_analysis as analyses  # noqa: E402
 from _bench_distributed import distributed_section  # noqa: E402
 from _bench_generation import generation_section  # noqa: E402
 from _bench_hf import hf_forward, hf_gpt2  # noqa: E402
-from _bench_memory import memory_probe, memory_section  # noqa: E402
+from _bench_memory import LIVE, memory_probe, memory_section  # noqa: E402
 from _bench_moe import moe_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
@@ -334,8 +334,12 @@ def _target_rows(run: Run) -> list[dict]:
 
 def _peak_ratio(run: Run, setting: str, mode: str, reference: str) -> float | None:
     """Peak extra resident memory of `mode` over the reference's in one setting: the bare
-    forward's, or with reference "transformer_lens" TransformerLens's full cache."""
-    peaks = {m["mode"]: m.get("peak_extra_bytes") for m in run.memory if m["setting"] == setting}
+    forward's, or with reference "transformer_lens" TransformerLens's full cache; a mode
+    ending in `LIVE` compares the peaks of live tensor bytes instead."""
+    field = "peak_extra_bytes"
+    if mode.endswith(LIVE):
+        mode, field = mode.removesuffix(LIVE), "peak_live_bytes"
+    peaks = {m["mode"]: m.get(field) for m in run.memory if m["setting"] == setting}
     if reference == TL:
         over = peaks.get(f"{TL} run_with_cache, everything")
     else:

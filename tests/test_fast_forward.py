@@ -13,7 +13,7 @@ from test_fused_kernels import VARIANTS, pair
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
 from hookedattn.core import _fast_forward
 from hookedattn.testing import random_tokens
 
@@ -212,3 +212,44 @@ def test_a_nan_at_a_padded_position_reaches_no_real_token():
     logits = model(tokens, attention_mask=mask)
     assert logits[mask.bool()].isfinite().all()
     assert_identical(logits, through_modules(model, tokens, attention_mask=mask))
+
+
+# ---------------------------------------------------------------- a KV cache, stop_at_layer
+def test_the_fast_forward_stops_at_a_layer_bit_for_bit():
+    model = MODELS["variant neox"]
+    tokens, mask = batch(model, True)
+    for stop in (1, model.cfg.n_layers):
+        fast = model(tokens, attention_mask=mask, stop_at_layer=stop)
+        assert_identical(
+            fast, through_modules(model, tokens, attention_mask=mask, stop_at_layer=stop)
+        )
+
+
+@pytest.mark.parametrize("name", ["variant gpt2", "family llama", "variant mistral-window"])
+def test_the_fast_forward_extends_a_kv_cache_as_the_modules_do(name):
+    model = MODELS[name]
+    tokens, mask = batch(model, True, pos=9)
+    caches, logits = [], []
+    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+        cache = KeyValueCache.empty(model.cfg, tokens.shape[0])
+        first = run(tokens[:, :5], attention_mask=mask[:, :5], past_kv_cache=cache)
+        second = run(tokens[:, 5:], attention_mask=mask[:, 5:], past_kv_cache=cache)
+        caches.append(cache)
+        logits.append(torch.cat([first, second], dim=1))
+    assert_identical(logits[0], logits[1])
+    for fast, slow in zip(caches[0].entries, caches[1].entries, strict=True):
+        assert_identical(fast.past_keys, slow.past_keys)
+        assert_identical(fast.past_values, slow.past_values)
+
+
+def test_a_nan_in_a_cached_key_gives_the_modules_logits_and_cache():
+    model = MODELS["variant gpt2"]
+    tokens, _ = batch(model, False, pos=8)
+    results = []
+    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+        cache = KeyValueCache.empty(model.cfg, tokens.shape[0])
+        run(tokens[:, :4], past_kv_cache=cache)
+        cache[0].past_keys[0, 1, 0, 0] = float("nan")  # a fused kernel may hide it
+        results.append((run(tokens[:, 4:], past_kv_cache=cache), cache[0].past_keys.clone()))
+    assert_identical(results[0][0], results[1][0])
+    assert_identical(results[0][1], results[1][1])

@@ -102,7 +102,7 @@ class Decoder:
         cfg = model.cfg
         device = model.W_E.device
         tables = RotaryTables(max(cache[0].capacity, cache.length + 1), device)
-        self.layers = [Layer(b, i, cache[i], tables, cfg) for i, b in enumerate(model.blocks)]
+        self.layers = [Layer(b, i, tables, cfg) for i, b in enumerate(model.blocks)]
         self.written_out = any(not block.attn.fused for block in model.blocks)
         self.patterns = {name for layer in self.layers for name in layer.patterns}
         self.tapped = {"hook_embed", "ln_final.hook_out", "unembed.hook_in", "unembed.hook_out"}
@@ -178,7 +178,7 @@ class Decoder:
             records_patterns = not self.defers and not self.patterns.isdisjoint(taps)
             past = cache.length  # before `_context` extends the cache's mask
             context = self._context(new_mask, self.written_out or records_patterns)
-            step = Step(past, context, taps, record, self.defers)
+            step = Step(past, context, taps, record, self.defers, cache=cache, decoding=True)
             resid = step.tap("hook_embed", nn.functional.embedding(tokens, model.embed.W_E))
             if self.pos_embed is not None:
                 rows = step.position_rows(self.pos_embed.W_pos)

@@ -31,6 +31,7 @@ weak table and rebuilt whenever a module is assigned anywhere (torch's module
 registration hook) or a hook point's hooks change (`hook_points.hooks_version`).
 """
 
+import contextlib
 import itertools
 import math
 import weakref
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 from hookedattn.core import hook_points
 from hookedattn.core._fast_layers import (
     Layer,
+    NotFiniteError,
     PositionAngles,
     Step,
     View,
@@ -52,6 +54,7 @@ from hookedattn.core._fast_layers import (
 )
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import KeyValueCache
 
 Resid = Float[Tensor, "batch pos d_model"]
 Logits = Float[Tensor, "batch pos d_vocab_out"]
@@ -74,14 +77,26 @@ def structure_version() -> int:
     return _structure
 
 
-def logits(model: Any, resid: Resid, context: AttentionContext, start: int) -> Logits | None:
-    """The logits of blocks `start..` of `model` after `resid`, by the fast forward; None
-    where the model must run through its modules (a hook is attached, it is not built from
-    the known components, or some value was not finite)."""
+def run(
+    model: Any,
+    resid: Resid,
+    context: AttentionContext,
+    past_kv_cache: KeyValueCache | None,
+    start: int,
+    stop: int,
+    unembed: bool,
+) -> Tensor | None:
+    """Blocks `start..stop-1` of `model` after `resid` (extending `past_kv_cache`, if any),
+    then with `unembed` the final norm and the unembedding, by the fast forward: the logits,
+    or the stream leaving block `stop - 1`. None where the model must run through its
+    modules (a hook is attached, it is not built from the known components, or some value
+    was not finite; the cache is then as it was)."""
     fast = _built.get(model)
     if fast is None or fast.structure != _structure:
         fast = _built[model] = FastForward(model)
-    return fast(resid, context, start)
+    if not fast.applies():
+        return None
+    return fast(resid, context, past_kv_cache, range(start, stop), unembed)
 
 
 class FastForward:
@@ -99,28 +114,48 @@ class FastForward:
         # The model's own torch hooks run around its forward either way.
         self.modules = [m for m in model.modules() if not isinstance(m, HookPoint)][1:]
         angles = PositionAngles()
-        self.layers = [Layer(b, i, None, angles, cfg) for i, b in enumerate(model.blocks)]
+        self.layers = [Layer(b, i, angles, cfg) for i, b in enumerate(model.blocks)]
         self.ln_final = norm_step(model.ln_final, "ln_final")
         self.unembed = model.unembed
         self.W_U = View(lambda W: W.T)
 
-    def __call__(self, resid: Resid, context: AttentionContext, start: int) -> Logits | None:
-        """The logits, or None (see `logits`)."""
-        if not self.exact or not self.idle() or module_hooked(self.modules):
-            return None
-        step = Step(0, context, {}, None)
+    def applies(self) -> bool:
+        """Whether the model may run here: built from the known components, every hook
+        point idle, no torch hook on any of its modules."""
+        return self.exact and self.idle() and not module_hooked(self.modules)
+
+    def __call__(
+        self,
+        resid: Resid,
+        context: AttentionContext,
+        cache: KeyValueCache | None,
+        layers: range,
+        unembed: bool,
+    ) -> Tensor | None:
+        """The logits (with `unembed`) or the stream after `layers`; None if some value
+        was not finite (the cache's appends undone)."""
+        step = Step(0, context, {}, None, cache=cache)
         checks: list[Tensor] = []
-        for layer in self.layers[start:]:
-            resid = layer(resid, step, checks)
+        try:
+            with contextlib.nullcontext() if cache is None else cache.transaction():
+                for layer in self.layers[layers.start : layers.stop]:
+                    resid = layer(resid, step, checks)
+                out = self._unembed(resid, step) if unembed else resid
+                checks.append(out.sum())
+                # One synchronisation per forward (module docstring): a sum is finite only
+                # when every term is (or it overflows, and the modules run for nothing worse).
+                with torch.no_grad():
+                    if not math.isfinite(torch.stack(checks).sum().item()):
+                        raise NotFiniteError
+        except NotFiniteError:
+            return None
+        return out
+
+    def _unembed(self, resid: Resid, step: Step) -> Logits:
+        """`unembed(ln_final(resid))`."""
         unembed = self.unembed
         x = self.ln_final(resid, step)
-        logits = unembed.soft_cap(nn.functional.linear(x, self.W_U(unembed.W_U), unembed.b_U))
-        checks.append(logits.sum())
-        # One synchronisation per forward (module docstring): a sum is finite only when
-        # every term is (or it overflows, and then the hooked forward runs for nothing worse).
-        with torch.no_grad():
-            finite = math.isfinite(torch.stack(checks).sum().item())
-        return logits if finite else None
+        return unembed.soft_cap(nn.functional.linear(x, self.W_U(unembed.W_U), unembed.b_U))
 
     def idle(self) -> bool:
         """Whether every hook point of the model is idle (worked out again only after a

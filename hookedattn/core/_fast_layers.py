@@ -34,7 +34,7 @@ from hookedattn.core.components.norm import LayerNorm, LayerNormPre, NoNorm, RMS
 from hookedattn.core.components.soft_cap import SoftCap
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
-from hookedattn.core.kv_cache import KeyValueCacheEntry
+from hookedattn.core.kv_cache import KeyValueCache
 
 Resid = Float[Tensor, "batch pos d_model"]
 _NORMS = (NoNorm, LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
@@ -46,10 +46,12 @@ class NotFiniteError(Exception):
 
 
 class Step:
-    """What every layer of one pass shares: how many positions the KV cache held before it,
-    and the attention context (positions per row and masks; None for an unpadded decode
-    step whose layers all run fused, where every row is at position `past`); the hook
-    points recorded at (`taps`, by `record`) and the written-out records deferred."""
+    """What every layer of one pass shares: the KV cache the layers extend (`cache`, None
+    for none) and how many positions it held before; the attention context (positions per
+    row and masks; None for an unpadded decode step whose layers all run fused, where every
+    row is at position `past`); whether the pass is a decode step (`decoding`: its cache's
+    past was checked to be finite before); the hook points recorded at (`taps`, by
+    `record`) and the written-out records deferred."""
 
     def __init__(
         self,
@@ -58,7 +60,11 @@ class Step:
         taps: dict[str, Any],
         record: Callable | None,
         defers: bool = False,
+        *,
+        cache: KeyValueCache | None = None,
+        decoding: bool = False,
     ) -> None:
+        self.cache, self.decoding = cache, decoding
         self.past, self.context = past, context
         self.per_row = context is not None
         self.taps, self.record = taps, record
@@ -222,18 +228,13 @@ class PositionAngles:
 
 
 class Layer:
-    """One block's equations over a decode step's one new position (its keys and values
-    stored in `entry`, the layer's KV cache) or, with `entry` None, over a whole sequence;
-    the block's shape picks its equation when this is built. `tables`: the rotary angles
-    (`RotaryTables` or `PositionAngles`)."""
+    """One block's equations over a decode step's one new position or over a sequence, the
+    new keys and values appended to the step's KV cache (if any); the block's shape picks
+    its equation when this is built. `tables`: the rotary angles (`RotaryTables` or
+    `PositionAngles`)."""
 
     def __init__(
-        self,
-        block: Any,
-        index: int,
-        entry: KeyValueCacheEntry | None,
-        tables: "RotaryTables | PositionAngles",
-        cfg: Any,
+        self, block: Any, index: int, tables: "RotaryTables | PositionAngles", cfg: Any
     ) -> None:
         attn = block.attn
         # The hook points this step records at, where the components' hook points are.
@@ -255,7 +256,7 @@ class Layer:
         self.tapped = {full for full in names if _is_point(block, full, index)}
         # Recorded by `Attention.written_out`: a step recording them runs the layer written out.
         self.patterns = {self.at["attn.hook_attn_scores"], self.at["attn.hook_pattern"]}
-        self.attn, self.entry, self.tables = attn, entry, tables
+        self.attn, self.index, self.tables = attn, index, tables
         at = f"blocks.{index}"
         self.ln1, self.ln1_post = (
             norm_step(block.ln1, f"{at}.ln1"),
@@ -317,10 +318,10 @@ class Layer:
             k = step.tap(at["attn.hook_rot_k"], self.rotary.rotate(k, cos, sin))
         records_patterns = not self.patterns.isdisjoint(step.taps)
         fused = attn.fused and (step.defers or not records_patterns)
-        if fused:  # what a fused kernel could hide (a decode step's past was checked before)
-            checks += (qkv.sum(),) if self.q_is_projected else self._checked(q, k, v)
-        if self.entry is not None:
-            k, v = self.entry.append(k, v)
+        if step.cache is not None:
+            k, v = step.cache[self.index].append(k, v)
+        if fused:  # what a fused kernel could hide
+            checks += self._checked(qkv, q, k, v, step)
         if fused:
             z = self._fused(q, k, v, step)
             if records_patterns:  # recorded by `Decoder.record_deferred`
@@ -334,13 +335,19 @@ class Layer:
         attn_out = step.tap(at["ln1_post.hook_out"], self.ln1_post(attn_out, step))
         return step.tap(at["hook_attn_out"], attn_out)
 
-    def _checked(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, ...]:
-        """The sums that check a fused layer's inputs: q and k in a decode step (a value
-        that is not finite spreads to every logit of the one new position), q, k and v
-        over a sequence (where one at a padded position reaches no logit)."""
-        if self.entry is None:
-            return q.sum(), k.sum(), v.sum()
-        return q.sum(), k.sum()
+    def _checked(
+        self, qkv: Tensor, q: Tensor, k: Tensor, v: Tensor, step: Step
+    ) -> tuple[Tensor, ...]:
+        """The sums that check a fused layer's inputs (`k`, `v`: the cache's and the new).
+        A decode step: the new q and k only (its past was checked before, and a value that
+        is not finite spreads to every logit of its one position). Over a sequence also
+        every key and value (one at a padded position reaches no logit). Without rotation
+        or q/k norms, q, k and v are slices of the product: one sum checks the new ones."""
+        if step.decoding:
+            return (qkv.sum(),) if self.q_is_projected else (q.sum(), k.sum())
+        if self.q_is_projected and step.cache is None:
+            return (qkv.sum(),)
+        return q.sum(), k.sum(), v.sum()
 
     def project(self, x: Resid) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
         """`x @ [W_Q W_K W_V] + [b_Q b_K b_V]` by the kept fused weights (`FusedQKV`), and

@@ -130,9 +130,11 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
                 attention_mask=attention_mask,
                 past_kv_cache=past_kv_cache,
             )
-            if stop_at_layer is not None:
-                return self._blocks(x.resid, x.context, past_kv_cache, x.start, x.stop)
-            logits = self._logits(x.resid, x.context, past_kv_cache, x.start)
+            unembed = stop_at_layer is None
+            out = self._through_blocks(x.resid, x.context, past_kv_cache, x.start, x.stop, unembed)
+            if not unembed:
+                return out
+            logits = out
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -142,22 +144,23 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         loss = lm_cross_entropy_loss(logits, x.tokens, x.attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else LogitsAndLoss(logits, loss)
 
-    def _logits(
+    def _through_blocks(
         self,
         resid: Resid,
         context: AttentionContext,
         past_kv_cache: KeyValueCache | None,
         start: int,
-    ) -> Logits:
-        """Blocks `start..`, the final norm and the unembedding: through the modules, or,
-        where nothing is listening, by the same equations without them (`_fast_forward`:
-        the same numbers, bit for bit)."""
-        if past_kv_cache is None:
-            logits = _fast_forward.logits(self, resid, context, start)
-            if logits is not None:
-                return logits
-        resid = self._blocks(resid, context, past_kv_cache, start, self.cfg.n_layers)
-        return self.unembed(self.ln_final(resid))
+        stop: int,
+        unembed: bool,
+    ) -> Tensor:
+        """Blocks `start..stop-1`, then with `unembed` the final norm and the unembedding:
+        through the modules, or, where nothing is listening, by the same equations without
+        them (`_fast_forward`: the same numbers, bit for bit)."""
+        out = _fast_forward.run(self, resid, context, past_kv_cache, start, stop, unembed)
+        if out is not None:
+            return out
+        resid = self._blocks(resid, context, past_kv_cache, start, stop)
+        return self.unembed(self.ln_final(resid)) if unembed else resid
 
     def _blocks(
         self,
