@@ -71,12 +71,6 @@ def _module_assigned(module: nn.Module, name: str, submodule: Any) -> None:
 torch.nn.modules.module.register_module_module_registration_hook(_module_assigned)
 
 
-def structure_version() -> int:
-    """A number that changes whenever a module is assigned as another's submodule (in any
-    model): what the fast forward built from a model's modules is then rebuilt."""
-    return _structure
-
-
 def run(
     model: Any,
     resid: Resid,
@@ -96,7 +90,7 @@ def run(
         fast = _built[model] = FastForward(model)
     if not fast.applies():
         return None
-    return fast(resid, context, past_kv_cache, range(start, stop), unembed)
+    return fast(resid, context, past_kv_cache, start, stop, unembed)
 
 
 class FastForward:
@@ -129,16 +123,17 @@ class FastForward:
         resid: Resid,
         context: AttentionContext,
         cache: KeyValueCache | None,
-        layers: range,
+        start: int,
+        stop: int,
         unembed: bool,
     ) -> Tensor | None:
-        """The logits (with `unembed`) or the stream after `layers`; None if some value
-        was not finite (the cache's appends undone)."""
+        """The logits (with `unembed`) or the stream after blocks `start..stop-1`; None if
+        some value was not finite (the cache's appends undone)."""
         step = Step(0, context, {}, None, cache=cache)
         checks: list[Tensor] = []
         try:
             with contextlib.nullcontext() if cache is None else cache.transaction():
-                for layer in self.layers[layers.start : layers.stop]:
+                for layer in self.layers[start:stop]:
                     resid = layer(resid, step, checks)
                 out = self._unembed(resid, step) if unembed else resid
                 checks.append(out.sum())
