@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from _bench_reference import BareTransformer, build, transformer_lens_model
+from _bench_tl4 import BRIDGE, NATIVE, bridge_models, transformer_lens_major
 from torch import Tensor
 
 OURS, TL = "hookedattn", "transformer_lens"
@@ -59,7 +60,11 @@ MEMORY_MODES = (
     SAME_NAMES,
     "transformer_lens forward",
     "transformer_lens run_with_cache, everything",
+    *(f"{column} run_with_cache, everything" for column in (BRIDGE, NATIVE)),
 )
+# TransformerLens 4's full caches (`TransformerBridge`, `_bench_tl4`): its modes replace
+# TransformerLens 3's where version 4 is installed.
+TL4_MODES = MEMORY_MODES[-2:]
 # The names a full cache of ours holds and TransformerLens's does not: each norm's output
 # (TL has no `hook_out` on its norms; its `unembed.hook_in` is the final norm's output).
 _OURS_ONLY = ("ln1.hook_out", "ln2.hook_out", "ln_final.hook_out")
@@ -73,6 +78,12 @@ def memory_probe(spec: dict) -> dict:
     """Run one mode once in this (fresh) process and report its peak resident memory."""
     setting, mode = spec["setting"], spec["mode"]
     model, tokens = build(setting["cfg"], setting["batch"], setting["pos"])
+    if mode in TL4_MODES:
+        column = mode.removesuffix(" run_with_cache, everything")
+        bridge = bridge_models(model, (column,)).get(column)
+        if bridge is None:
+            return {"mode": mode, "error": "transformer_lens 4 is not installed"}
+        return _cpu_or_cuda_probe(model, mode, bridge.run_with_cache, tokens)
     subject = transformer_lens_model(model) if mode.startswith(TL) else model
     if subject is None:
         return {"mode": mode, "error": "transformer_lens is not installed"}
@@ -85,6 +96,12 @@ def memory_probe(spec: dict) -> dict:
         f"{TL} forward": subject,
         f"{TL} run_with_cache, everything": subject.run_with_cache,
     }[mode]
+    return _cpu_or_cuda_probe(model, mode, fn, tokens)
+
+
+def _cpu_or_cuda_probe(model: Any, mode: str, fn: Any, tokens: Tensor) -> dict:
+    """The peak of `fn(tokens)` over what the process held before: resident memory and
+    live tensor bytes on a CPU, allocated memory on an accelerator."""
     if model.cfg.device.startswith("cuda"):
         return _cuda_probe(mode, fn, tokens)
     with torch.no_grad():
@@ -167,9 +184,12 @@ def memory_section(run: Any, key: str, setting: Any, repeats: int | None = None)
     repeats = repeats or (1 if run.quick else 3)
     # At long context only the forwards: a full cache holds every layer's pattern by design.
     modes = MEMORY_MODES[:2] if key == "long" else MEMORY_MODES
+    major = transformer_lens_major()
     for mode in modes:
-        if mode.startswith(TL) and not run.use_tl:
-            continue
+        if mode.startswith(TL) and (
+            not run.use_tl or major is None or (mode in TL4_MODES) != (major >= 4)
+        ):
+            continue  # the installed TransformerLens's modes only
         if mode == SAME_NAMES and not run.use_tl:
             continue
         results = [_probe(setting, mode) for _ in range(repeats)]

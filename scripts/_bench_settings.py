@@ -64,6 +64,8 @@ QUICK = _by_key(
 
 # The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
 BARE_REF, SAME_MATH, TL_REF = "bare", "same math", "transformer_lens"
+# TransformerLens 4's columns (`_bench_tl4`): its bridge in compatibility mode, and as booted.
+BRIDGE, NATIVE = "transformer_lens 4 bridge", "transformer_lens 4 native"
 SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference)"
 
 # (section, setting, measure, target, source, reference): a target on the median ratio of
@@ -121,7 +123,8 @@ TARGETS = [
     ("forward", "s64", "forward, no hooks attached", 1.15, "speed round 3", BARE_REF),
     ("analysis", "c", "activation patching, every head x position", 0.1, "speed round 3", BARE_REF),
     # The full cache's peak against TransformerLens's for the same names (ours has five
-    # more: the norms' `hook_out`), in resident memory and in live tensor bytes.
+    # more: the norms' `hook_out`), in resident memory and in live tensor bytes; against
+    # TransformerLens 3.5.1, or TransformerLens 4's bridges where that is installed.
     *(
         (
             "memory",
@@ -129,8 +132,9 @@ TARGETS = [
             f"hookedattn run_with_cache, TransformerLens's names{live}",
             1.0,
             "speed round 3",
-            "transformer_lens",
+            column,
         )
+        for column in ("transformer_lens", BRIDGE, NATIVE)
         for key in ("a", "b")
         for live in ("", " (live tensors)")
     ),

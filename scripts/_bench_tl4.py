@@ -16,10 +16,11 @@ import warnings
 from typing import Any
 
 from _bench_hf import hf_gpt2
+from _bench_settings import BRIDGE, NATIVE
 
 from hookedattn import HookedTransformer
 
-BRIDGE, NATIVE = "transformer_lens 4 bridge", "transformer_lens 4 native"
+__all__ = ["BRIDGE", "NATIVE", "bridge_models", "transformer_lens_major"]
 
 
 def transformer_lens_major() -> int | None:
@@ -44,9 +45,11 @@ def _tokenizer(d_vocab: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="t0", pad_token="<pad>")
 
 
-def bridge_models(model: HookedTransformer) -> dict[str, Any]:
-    """`{column: TransformerBridge}` on `model`'s weights; empty where it cannot be built
-    (no TransformerLens 4, or a model that is not GPT-2-shaped)."""
+def bridge_models(
+    model: HookedTransformer, columns: tuple[str, ...] = (BRIDGE, NATIVE)
+) -> dict[str, Any]:
+    """`{column: TransformerBridge}` on `model`'s weights, for each of `columns`; empty
+    where it cannot be built (no TransformerLens 4, or a model that is not GPT-2-shaped)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # A filter that takes every name also names the hooks gated off in this model, which the
     # bridge warns it skips; they never fire in TransformerLens 3 either.
@@ -56,7 +59,7 @@ def bridge_models(model: HookedTransformer) -> dict[str, Any]:
     except ImportError:
         return {}
     bridges = {}
-    for column in (BRIDGE, NATIVE):
+    for column in columns:
         hf = hf_gpt2(model)  # a fresh copy each: the bridge replaces its modules in place
         if hf is None:
             return {}

@@ -55,7 +55,15 @@ from _bench_moe import moe_section  # noqa: E402
 from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
 from _bench_report import machine_info, markdown  # noqa: E402
 from _bench_same_math import SameMathTransformer  # noqa: E402
-from _bench_settings import FULL, QUICK, SAME_MATH, SAME_MATH_MEASURE, TARGETS, Setting  # noqa: E402
+from _bench_settings import (  # noqa: E402
+    BARE_REF,
+    FULL,
+    QUICK,
+    SAME_MATH,
+    SAME_MATH_MEASURE,
+    TARGETS,
+    Setting,
+)
 from _bench_timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: E402
 from _bench_tl4 import bridge_models, transformer_lens_major  # noqa: E402
 
@@ -334,16 +342,17 @@ def _target_rows(run: Run) -> list[dict]:
 
 def _peak_ratio(run: Run, setting: str, mode: str, reference: str) -> float | None:
     """Peak extra resident memory of `mode` over the reference's in one setting: the bare
-    forward's, or with reference "transformer_lens" TransformerLens's full cache; a mode
-    ending in `LIVE` compares the peaks of live tensor bytes instead."""
+    forward's, or with a TransformerLens column as reference ("transformer_lens", or a
+    TransformerLens 4 bridge) that column's full cache; a mode ending in `LIVE` compares
+    the peaks of live tensor bytes instead."""
     field = "peak_extra_bytes"
     if mode.endswith(LIVE):
         mode, field = mode.removesuffix(LIVE), "peak_live_bytes"
     peaks = {m["mode"]: m.get(field) for m in run.memory if m["setting"] == setting}
-    if reference == TL:
-        over = peaks.get(f"{TL} run_with_cache, everything")
-    else:
+    if reference == BARE_REF:
         over = peaks.get("plain forward (bare reference)")
+    else:  # a TransformerLens column's full cache
+        over = peaks.get(f"{reference} run_with_cache, everything")
     return None if not over or peaks.get(mode) is None else peaks[mode] / over
 
 

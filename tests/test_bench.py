@@ -93,9 +93,10 @@ def test_forward_groups_also_measure_against_the_same_math_without_hooks(report)
         assert same[0]["ratio_same_math"] == {"median": 1.0, "min": 1.0, "max": 1.0}
         assert all("ratio_same_math" in r for r in members)
     assert "## Hooks against a hook-free forward of the same math" in markdown
-    # The MoE row is held against transformers (eager), TL's cache methods against
-    # TransformerLens, the others against the bare model.
-    references = {"bare", "same math", "transformers eager", "transformer_lens"}
+    # The MoE row is held against transformers (eager), TL's cache methods and the full
+    # cache's memory against TransformerLens (3.5.1 or 4's bridges), the others against
+    # the bare model.
+    references = {"bare", "same math", "transformers eager", "transformer_lens", *TL4}
     assert {t["reference"] for t in data["targets"]} == references
     assert data["settings"]["malloc"] in ("steady", "default")
 
@@ -119,3 +120,30 @@ def test_targets_and_skipped_measures_are_listed_with_reasons(report):
         assert skipped["reason"]
     assert "| setting | measure | reference |" in markdown
     assert data["machine"]["cpu"] in markdown
+
+
+def test_memory_targets_read_each_transformer_lens_columns_full_cache(report, tmp_path):
+    # The same-names target against a TransformerLens 4 bridge divides by that column's
+    # full cache (recomputed from a report by --report-from, which times nothing).
+    data, _ = report
+    data = json.loads(json.dumps(data))
+    ours = "hookedattn run_with_cache, TransformerLens's names"
+    data["memory"] = [m for m in data["memory"] if m["setting"] != "a"] + [
+        {"setting": "a", "mode": ours, "peak_extra_bytes": 30, "peak_live_bytes": 9},
+        {"setting": "a", "mode": f"{TL4[0]} run_with_cache, everything", "peak_extra_bytes": 40,
+         "peak_live_bytes": 12},
+    ]  # fmt: skip
+    path = tmp_path / "latest.json"
+    path.write_text(json.dumps(data))
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--report-from", str(path)]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    targets = json.loads(path.read_text())["targets"]
+    measured = {
+        (t["measure"], t["reference"]): t["measured"]
+        for t in targets
+        if t["section"] == "memory" and t["setting"] == "a"
+    }
+    assert measured[ours, TL4[0]] == 30 / 40
+    assert measured[ours + " (live tensors)", TL4[0]] == 9 / 12
+    assert measured[ours, TL4[1]] is None  # that column did not run
+    assert measured[ours, "transformer_lens"] is None
