@@ -1,7 +1,8 @@
 """Memory measures of `scripts/bench.py`: cache sizes and peak resident memory.
 
 Each mode runs once in a fresh process (`bench.py --memory-probe`), so that memory the
-allocator kept from earlier runs cannot hide a peak.
+allocator kept from earlier runs cannot hide a peak; with `--malloc steady` (the default)
+that process fixes glibc's thresholds as the timed runs do (`_bench_timing.STEADY_MALLOC`).
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 from _bench_reference import BareTransformer, build, transformer_lens_model
+from _bench_timing import steady_malloc
 from _bench_tl4 import BRIDGE, NATIVE, bridge_models, transformer_lens_major
 from torch import Tensor
 
@@ -77,6 +79,8 @@ def _tl_names(name: str) -> bool:
 def memory_probe(spec: dict) -> dict:
     """Run one mode once in this (fresh) process and report its peak resident memory."""
     setting, mode = spec["setting"], spec["mode"]
+    if spec.get("steady_malloc"):
+        steady_malloc()
     model, tokens = build(setting["cfg"], setting["batch"], setting["pos"])
     if mode in TL4_MODES:
         column = mode.removesuffix(" run_with_cache, everything")
@@ -146,9 +150,11 @@ def live_tensor_peak(fn: Any, tokens: Tensor) -> int:
     return peak
 
 
-def _probe(setting: Any, mode: str) -> dict:
-    """`mode`'s peak, measured by `bench.py --memory-probe` in a fresh process."""
-    spec = json.dumps({"setting": dataclasses.asdict(setting), "mode": mode})
+def _probe(setting: Any, mode: str, steady: bool) -> dict:
+    """`mode`'s peak, measured by `bench.py --memory-probe` in a fresh process (`steady`:
+    with glibc's thresholds fixed)."""
+    spec = {"setting": dataclasses.asdict(setting), "mode": mode, "steady_malloc": steady}
+    spec = json.dumps(spec)
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--memory-probe", spec],
         capture_output=True,
@@ -192,7 +198,7 @@ def memory_section(run: Any, key: str, setting: Any, repeats: int | None = None)
             continue  # the installed TransformerLens's modes only
         if mode == SAME_NAMES and not run.use_tl:
             continue
-        results = [_probe(setting, mode) for _ in range(repeats)]
+        results = [_probe(setting, mode, run.steady_malloc) for _ in range(repeats)]
         if "error" in results[0]:
             run.skip("memory", mode, results[0]["error"])
             continue

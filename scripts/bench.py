@@ -155,6 +155,8 @@ class Run:
         self.min_sample_s = 0.002 if args.quick else 0.05
         self.clock = CLOCKS[args.clock]
         self.use_tl = not args.no_transformer_lens
+        # Each memory probe's process fixes glibc's thresholds as this one does.
+        self.steady_malloc = args.malloc == "steady"
         self.generation_groups = set(args.generation_groups.split(","))
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
