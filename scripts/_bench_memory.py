@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 from _bench_reference import BareTransformer, build, transformer_lens_model
+from _bench_settings import BRIDGE, NATIVE
 from _bench_timing import steady_malloc
-from _bench_tl4 import BRIDGE, NATIVE, bridge_models, transformer_lens_major
+from _bench_tl4 import bridge_models, transformer_lens_major
 from torch import Tensor
 
 OURS, TL = "hookedattn", "transformer_lens"

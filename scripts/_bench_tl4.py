@@ -20,8 +20,6 @@ from _bench_settings import BRIDGE, NATIVE
 
 from hookedattn import HookedTransformer
 
-__all__ = ["BRIDGE", "NATIVE", "bridge_models", "transformer_lens_major"]
-
 
 def transformer_lens_major() -> int | None:
     """The installed TransformerLens's major version, or None where it is not installed."""
