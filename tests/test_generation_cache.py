@@ -8,8 +8,6 @@ from test_families_models import FAMILIES, family_model
 from test_fused_kernels import VARIANTS, pair
 
 from hookedattn import KeyValueCache
-from hookedattn.core._decode import Decoder
-from hookedattn.core._generation_cache import StepRecorder
 from hookedattn.testing import random_tokens
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -164,7 +162,7 @@ def test_breaking_out_of_the_steps_stops_generating_and_detaches_the_hooks():
     model.reset_hooks(including_permanent=True)
 
 
-# ---------------------------------------------------------------- recorded by the decode step
+# ---------------------------------------------------------------- every block shape
 RECORDING_MODELS = {f"family {k}": k for k in FAMILIES} | {f"variant {k}": k for k in VARIANTS}
 
 
@@ -175,7 +173,7 @@ def recording_model(name):
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("name", RECORDING_MODELS)
-def test_the_decode_step_records_every_hook_point_itself(name, padded):
+def test_a_cached_generation_records_every_hook_point(name, padded):
     model = recording_model(name)
     tokens, mask = prompt(model, 3, 5), None
     if padded:
@@ -184,16 +182,9 @@ def test_the_decode_step_records_every_hook_point_itself(name, padded):
     out = model.generate(tokens, 4, attention_mask=mask, stop_at_eos=False, return_cache=True)
     _, expected = model.run_with_cache(out.tokens, attention_mask=out.attention_mask)
     assert_cache_equal(out.cache, expected)
-    recorder = StepRecorder(model, None)
-    decoder = Decoder(model, KeyValueCache.empty(model.cfg, 1, capacity=4), recorder)
-    # The fast step, not the hooked one; per-head input copies (hook_q_input, ...) are not
-    # made by the fast step (it runs their shared product), so caching them runs the hooked step.
-    per_head_inputs = any(n.endswith("hook_q_input") for n in model.hook_dict)
-    with recorder.attached():
-        assert (decoder._taps() is None) == per_head_inputs
 
 
-# ---------------------------------------------------------------- deferred written-out records
+# ---------------------------------------------------------------- written out at each step
 def _counting(module):
     calls = []
     method = module.written_out
@@ -206,27 +197,9 @@ def _counting(module):
     return calls
 
 
-def test_a_cached_generation_writes_each_norm_and_pattern_out_once_after_the_steps():
-    model = family_model("llama")
-    attn_calls, norm_calls = _counting(model.blocks[0].attn), _counting(model.blocks[1].ln2)
-    out = model.generate(prompt(model, 2, 4), 5, stop_at_eos=False, return_cache=True)
-    # the prompt's forward (4 positions), then one call over the 5 decode steps' positions
-    assert attn_calls == [4, 5] and norm_calls == [4, 5]
-    _, expected = model.run_with_cache(out.tokens)
-    assert_cache_equal(out.cache, expected)
-
-
 def test_generate_steps_records_each_steps_patterns_at_that_step():
     model = family_model("llama")
     attn_calls = _counting(model.blocks[0].attn)
     steps = list(model.generate_steps(prompt(model, 2, 4), 3, stop_at_eos=False))
     assert attn_calls == [4, 1, 1]  # each step's cache is whole when the step is yielded
     assert all("blocks.0.attn.hook_pattern" in step.cache for step in steps)
-
-
-def test_runs_of_consecutive_stores_are_found_in_order():
-    from hookedattn.core._decode import _runs
-
-    assert _runs([3, 4, 5, 7]) == [(0, 3), (3, 4)]
-    assert _runs([1]) == [(0, 1)]
-    assert _runs([2, 4, 6]) == [(0, 1), (1, 2), (2, 3)]

@@ -1,8 +1,9 @@
-"""The fast decode step against the hooked step: the same logits on every block shape, the
-same non-finite values, and the hooked step exactly when a hook is attached anywhere.
+"""The decode step checked once (nothing listening) against the decode step checked per
+layer (a hook attached): the same logits on every block shape, the same non-finite values,
+one synchronisation per step, and every hook, torch's included, at every step.
 
-The reference is the hooked step itself: the same generation with a no-op hook attached,
-which sends every step through the model's forward (`_next_token_step`).
+The reference is the same generation with a no-op hook attached: the model is then
+listened to, and every fused layer checks its own operands (`kernels.guarded`).
 """
 
 import pytest
@@ -13,13 +14,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from hookedattn import KeyValueCache
-from hookedattn.core._decode import Decoder
 from hookedattn.core._generation import generation_steps
 from hookedattn.core.components.mlp import MLP
 from hookedattn.testing import random_tokens
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # forces the hooked step
+NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # listened: a guard per layer
 
 
 def models(dtype=torch.float64):
@@ -45,28 +45,28 @@ def run(model, tokens, mask=None, hooks=(), n=6, **options):
         return list(generation_steps(model, tokens, mask, max_new_tokens=n, **options))
 
 
-def assert_same_steps(fast, hooked, tol):
-    assert [s.tokens.tolist() for s in fast] == [s.tokens.tolist() for s in hooked]
-    for i, (a, b) in enumerate(zip(fast, hooked, strict=True)):
+def assert_same_steps(once, per_layer, tol):
+    assert [s.tokens.tolist() for s in once] == [s.tokens.tolist() for s in per_layer]
+    for i, (a, b) in enumerate(zip(once, per_layer, strict=True)):
         torch.testing.assert_close(a.logits, b.logits, rtol=tol, atol=tol, equal_nan=True, msg=i)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("name", MODELS)
-def test_the_fast_step_gives_the_hooked_steps_logits(name, padded):
+def test_the_step_checked_once_gives_the_logits_checked_per_layer(name, padded):
     model = MODELS[name]
     tokens, mask = prompt(model, padded)
     assert_same_steps(run(model, tokens, mask), run(model, tokens, mask, NO_OP), 1e-10)
 
 
 @pytest.mark.parametrize("name", ["variant gpt2", "family gemma2", "family llama"])
-def test_the_fast_step_in_float32(name):
+def test_the_step_checked_once_in_float32(name):
     model = models(torch.float32)[name]
     tokens, _ = prompt(model, False)
     assert_same_steps(run(model, tokens), run(model, tokens, hooks=NO_OP), 1e-5)
 
 
-def test_the_fast_step_with_fused_kernels_off_is_the_hooked_step_bit_for_bit():
+def test_with_fused_kernels_off_the_step_is_the_listened_step_bit_for_bit():
     _, written = pair(VARIANTS["llama"], torch.float64)
     tokens, _ = prompt(written, False)
     assert_same_steps(run(written, tokens), run(written, tokens, hooks=NO_OP), 0.0)
@@ -76,12 +76,11 @@ def synchronisations(model, hooks=()):
     """`.item()` calls (host-device synchronisations) of one decode step."""
     tokens = random_tokens(model.cfg.d_vocab, 2, 4, seed=1)
     cache = KeyValueCache.empty(model.cfg, 2, capacity=8)
-    decoder = Decoder(model, cache)
     with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
         model(tokens, past_kv_cache=cache)
-        decoder.step(tokens[:, :1], None)  # the first step checks the past once
+        model._next_token_step(tokens[:, :1], cache)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            decoder.step(tokens[:, 1:2], None)
+            model._next_token_step(tokens[:, 1:2], cache)
     return sum(e.count for e in prof.key_averages() if e.key == "aten::item")
 
 
@@ -112,9 +111,9 @@ def test_a_hook_attached_between_steps_runs_from_the_next_step_on():
         with model.hooks(fwd_hooks=shift):
             return first + list(it)
 
-    fast_early = steps([])
-    assert_same_steps(fast_early, steps(NO_OP), 1e-10)
-    assert not torch.allclose(fast_early[-1].logits, run(model, tokens, n=4)[-1].logits)
+    once_early = steps([])
+    assert_same_steps(once_early, steps(NO_OP), 1e-10)
+    assert not torch.allclose(once_early[-1].logits, run(model, tokens, n=4)[-1].logits)
 
 
 # ---------------------------------------------------------------- non-finite values
@@ -134,15 +133,15 @@ def poisoned(model, where):
 
 
 @pytest.mark.parametrize("where", ["W_Q", "W_V", "W_U", "ln2"])
-def test_a_nan_weight_shows_in_the_logits_as_on_the_hooked_step(where):
+def test_a_nan_weight_shows_in_the_logits_as_when_checked_per_layer(where):
     model = poisoned(MODELS["variant gpt2"], where)
     tokens = random_tokens(model.cfg.d_vocab, 2, 2, seed=5)  # two keys at the first step
-    fast, hooked = run(model, tokens, n=3), run(model, tokens, hooks=NO_OP, n=3)
-    assert_same_steps(fast, hooked, 0.0)
-    assert all(step.logits.isnan().any() for step in fast)
+    once, per_layer = run(model, tokens, n=3), run(model, tokens, hooks=NO_OP, n=3)
+    assert_same_steps(once, per_layer, 0.0)
+    assert all(step.logits.isnan().any() for step in once)
 
 
-def test_a_nan_key_at_a_padding_position_stays_unread_as_on_the_hooked_step():
+def test_a_nan_key_at_a_padding_position_stays_unread_as_when_checked_per_layer():
     # A fused kernel adds -inf to a blocked score: NaN there would spread to every query.
     model = MODELS["variant gpt2"]
     tokens, mask = prompt(model, padded=True)
@@ -157,9 +156,9 @@ def test_a_nan_key_at_a_padding_position_stays_unread_as_on_the_hooked_step():
         with model.hooks(fwd_hooks=hooks_after_prompt):
             return [first, *it]
 
-    fast, hooked = steps([]), steps(NO_OP)
-    assert_same_steps(fast, hooked, 1e-10)
-    assert all(step.logits.isfinite().all() for step in fast)
+    once, per_layer = steps([]), steps(NO_OP)
+    assert_same_steps(once, per_layer, 1e-10)
+    assert all(step.logits.isfinite().all() for step in once)
 
 
 # ---------------------------------------------------------------- weights and modules
@@ -174,19 +173,19 @@ def test_a_weight_edited_between_steps_is_seen_in_place_and_by_assignment():
                 model.unembed.W_U.add_(0.1)
             return out + list(it)
 
-    fast = steps(MODELS["family neox"].copy(), [])
-    hooked = steps(MODELS["family neox"].copy(), NO_OP)
-    assert_same_steps(fast, hooked, 1e-10)
+    once = steps(MODELS["family neox"].copy(), [])
+    per_layer = steps(MODELS["family neox"].copy(), NO_OP)
+    assert_same_steps(once, per_layer, 1e-10)
 
 
 class DoubledMLP(MLP):
-    """An MLP whose output is doubled: a module the fast step does not know."""
+    """An MLP whose output is doubled: a module of one's own."""
 
     def forward(self, x):
         return 2 * super().forward(x)
 
 
-def test_a_module_of_the_users_own_runs_the_hooked_step():
+def test_a_module_of_the_users_own_runs_at_every_step():
     model = MODELS["variant gpt2"].copy()
     doubled = DoubledMLP(model.cfg)
     doubled.load_state_dict(model.blocks[0].mlp.state_dict())
@@ -219,4 +218,4 @@ def test_a_torch_forward_hook_runs_at_every_step(where):
         run(model, *prompt(model, False), n=4)
     finally:
         handle.remove()
-    assert seen == [5, 1, 1, 1]  # the prompt, then each decode step through the modules
+    assert seen == [5, 1, 1, 1]  # the prompt, then each decode step, once

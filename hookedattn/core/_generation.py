@@ -27,7 +27,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from hookedattn.core._decode import Decoder
 from hookedattn.core._generation_cache import StepRecorder, step_cache
 from hookedattn.core._sampling import (
     RowSampler,
@@ -264,7 +263,6 @@ class _Loop:
     ) -> None:
         self.model, self.cache, self.choose, self.stop = model, cache, choose, stop
         self.recorder = recorder
-        self.decoder = Decoder(model, cache, recorder) if cache is not None else None
         self.tokens, self.mask = tokens, mask
         self.new_tokens, self.new_mask = tokens, mask
         self.n_prompt = tokens.shape[1]
@@ -291,8 +289,6 @@ class _Loop:
                 break
         if record_last and self.recorder is not None:
             self.forward()
-        if self.decoder is not None and self.decoder.deferred:
-            self.decoder.record_deferred()
 
     def advance(self, chosen: Int[Tensor, " batch"], real: Bool[Tensor, " batch"]) -> None:
         """The next forward's input: the chosen tokens (with the KV cache, alone)."""
@@ -324,8 +320,11 @@ class _Loop:
         elif cache.length == 0:  # the prompt
             mask = self.new_mask if self.padded else None
             logits = _last_logits(model, self.new_tokens, mask, cache)
-        else:
-            logits = self.decoder.step(self.new_tokens, self.new_mask if self.padded else None)
+        elif self.padded:
+            logits = model(self.new_tokens, attention_mask=self.new_mask, past_kv_cache=cache)
+            logits = logits[:, -1]
+        else:  # one more real token per row: the forward without its input checks
+            logits = model._next_token_step(self.new_tokens, cache)
         return logits
 
 

@@ -288,6 +288,23 @@ class HookedRootModule(nn.Module):
             for child_name, child in module._modules.items():
                 if isinstance(child, HookPoint):
                     module.__dict__[child_name] = child
+        # What `is_listened` reads: every module but the root and the hook points (torch
+        # hooks on the root run once around a forward whatever it does inside).
+        self.__dict__["_watched"] = [m for m in self.modules() if not isinstance(m, HookPoint)][1:]
+        self.__dict__["_listened_at"] = (-1, False)
+
+    def is_listened(self) -> bool:
+        """Whether anything could observe a forward's inner steps now: a hook on any hook
+        point, or a torch hook (forward or backward) on any module below the root, or a
+        global one. Where nothing listens, a forward may run a step twice unseen (the
+        kernels' deferred guard). The hook points are asked again only after a hook was
+        attached or removed somewhere (`hooks_version`); modules assigned after `setup()`
+        are watched once `setup()` runs again."""
+        version, hooked = self._listened_at
+        if version != _version:
+            hooked = any(point._active for point in self.hook_dict.values())
+            self.__dict__["_listened_at"] = (_version, hooked)
+        return hooked or _torch_hooked(self._watched)
 
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in the order the forward pass reaches them."""
@@ -425,6 +442,22 @@ class HookedRootModule(nn.Module):
                 f"a hook target is a hook name or a filter function of names, got {name!r}"
             )
         return self.hook_points_for(name)
+
+
+def _torch_hooked(modules: list[nn.Module]) -> bool:
+    """Whether a torch hook (`register_forward_hook` and the like, forward or backward) is
+    registered globally or on one of `modules`. (A hook point skips `nn.Module.__call__`,
+    so torch hooks on one never run.)"""
+    from torch.nn.modules import module
+
+    if module._global_forward_hooks or module._global_forward_pre_hooks:
+        return True
+    if module._global_backward_hooks or module._global_backward_pre_hooks:
+        return True
+    return any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in modules
+    )
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:

@@ -23,7 +23,6 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import (
-    _fast_forward,
     _generate,
     _inputs,
     _pretrained,
@@ -153,14 +152,15 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         stop: int,
         unembed: bool,
     ) -> Tensor:
-        """Blocks `start..stop-1`, then with `unembed` the final norm and the unembedding:
-        through the modules, or, where nothing is listening, by the same equations without
-        them (`_fast_forward`: the same numbers, bit for bit)."""
-        out = _fast_forward.run(self, resid, context, past_kv_cache, start, stop, unembed)
-        if out is not None:
-            return out
-        resid = self._blocks(resid, context, past_kv_cache, start, stop)
-        return self.unembed(self.ln_final(resid)) if unembed else resid
+        """Blocks `start..stop-1`, then with `unembed` the final norm and the unembedding;
+        the fused kernels' non-finite guard decided once for all of them where nothing
+        listens (`kernels.guarded`)."""
+
+        def run() -> Tensor:
+            out = self._blocks(resid, context, past_kv_cache, start, stop)
+            return self.unembed(self.ln_final(out)) if unembed else out
+
+        return kernels.guarded(self, run, context.guard, past_kv_cache)
 
     def _blocks(
         self,
@@ -184,8 +184,8 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         the generation loop chose itself (hooks run as in any forward)."""
         with past_kv_cache.transaction():
             resid, context = _inputs.prepare_next_token(self, tokens, past_kv_cache)
-            resid = self._blocks(resid, context, past_kv_cache, 0, self.cfg.n_layers)
-            return self.unembed(self.ln_final(resid))[:, -1]
+            n_layers = self.cfg.n_layers
+            return self._through_blocks(resid, context, past_kv_cache, 0, n_layers, True)[:, -1]
 
     def _token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]

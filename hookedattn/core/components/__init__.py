@@ -14,7 +14,7 @@ from hookedattn.core.components.block import (
     make_block,
 )
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
-from hookedattn.core.components.mlp import MLP, GatedMLP, gelu_new, make_mlp
+from hookedattn.core.components.mlp import MLP, GatedMLP, gelu_new, glu, make_mlp
 from hookedattn.core.components.moe import ExpertHooks, MoE
 from hookedattn.core.components.norm import (
     LayerNorm,
@@ -51,6 +51,7 @@ __all__ = [
     "Unembed",
     "affine",
     "gelu_new",
+    "glu",
     "make_attention",
     "make_block",
     "make_mlp",

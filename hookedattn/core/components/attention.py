@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
-from hookedattn.core.components.embed import _param
+from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.norm import NoNorm, RMSNorm
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
@@ -211,7 +211,7 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         # `sum_h z[h] @ W_O[h] + b_O` as one product over (head d_head), the bias inside it.
         W_O = self.W_O.flatten(0, 1)  # head d_head d_model -> (head d_head) d_model, a view
-        return nn.functional.linear(z.flatten(-2), W_O.T, self.b_O)
+        return self.summed(z.flatten(-2), W_O, self.b_O)
 
     def _write_per_head(
         self, z: Float[Tensor, "batch pos head d_head"]
@@ -221,7 +221,21 @@ class Attention(nn.Module):
                 z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"
             )
         )
-        return reduce(result, "batch pos head d_model -> batch pos d_model", "sum") + self.b_O
+        return self.summed_heads(result) + self.b_O
+
+    # How the heads' writes add up: the steps a split of the heads over processes replaces
+    # (`hookedattn.core.parallel`: each process's heads, then a sum over processes).
+    def summed(
+        self, z: Float[Tensor, "batch pos hd"], W_O: Float[Tensor, "hd d_model"], b_O: Tensor
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """`z @ W_O + b_O` over every head's `(head d_head)` dimensions."""
+        return affine(z, W_O, b_O)
+
+    def summed_heads(
+        self, result: Float[Tensor, "batch pos head d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The sum of every head's result."""
+        return reduce(result, "batch pos head d_model -> batch pos d_model", "sum")
 
 
 class GroupedQueryAttention(Attention):

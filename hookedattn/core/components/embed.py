@@ -63,4 +63,16 @@ class Unembed(nn.Module):
     def forward(
         self, x: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_vocab_out"]:
-        return self.hook_out(self.soft_cap(affine(self.hook_in(x), self.W_U, self.b_U)))
+        logits = self.joined(affine(self.enter(self.hook_in(x)), self.W_U, self.b_U))
+        return self.hook_out(self.soft_cap(logits))
+
+    # The steps a split of the vocabulary over processes replaces (`hookedattn.core.parallel`).
+    def enter(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The stream the unembedding reads: itself."""
+        return x
+
+    def joined(
+        self, logits: Float[Tensor, "batch pos d_vocab_out"]
+    ) -> Float[Tensor, "batch pos d_vocab_out"]:
+        """Every token's logit: the logits as computed."""
+        return logits

@@ -24,6 +24,11 @@ def gelu_new(x: Tensor) -> Tensor:
     return nn.functional.gelu(x, approximate="tanh")
 
 
+def glu(act_fn: Callable[[Tensor], Tensor], pre: Tensor, pre_linear: Tensor) -> Tensor:
+    """A gated linear unit's neurons: `act(pre) * pre_linear` (Shazeer 2020)."""
+    return act_fn(pre) * pre_linear
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "gelu": nn.functional.gelu,
@@ -41,7 +46,21 @@ def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig, d_mlp: int) -
     mlp.act_fn = ACTIVATIONS[cfg.act_fn]
 
 
-class MLP(nn.Module):
+class _Neurons(nn.Module):
+    """What both MLPs share: where the stream enters the neurons and how their write back
+    sums over them, the steps a split of the neurons over processes replaces
+    (`hookedattn.core.parallel`)."""
+
+    def enter(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The stream the neurons read: itself."""
+        return x
+
+    def write(self, post: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_model"]:
+        """The neurons' write to the stream: `post @ W_out + b_out`, a sum over neurons."""
+        return affine(post, self.W_out, self.b_out)
+
+
+class MLP(_Neurons):
     """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
@@ -51,12 +70,13 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.enter(x)
         pre = self.hook_pre(affine(x, self.W_in, self.b_in))
         post = self.hook_post(self.act_fn(pre))
-        return affine(post, self.W_out, self.b_out)
+        return self.write(post)
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(_Neurons):
     """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`.
 
     `hook_pre` is the gate's input `x @ W_gate`, `hook_pre_linear` the linear read `x @ W_in
@@ -75,10 +95,11 @@ class GatedMLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.enter(x)
         pre = self.hook_pre(x @ self.W_gate)
         pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.act_fn(pre) * pre_linear)
-        return affine(post, self.W_out, self.b_out)
+        post = self.hook_post(glu(self.act_fn, pre, pre_linear))
+        return self.write(post)
 
 
 def make_mlp(cfg: HookedTransformerConfig) -> nn.Module:

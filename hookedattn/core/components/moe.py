@@ -26,13 +26,16 @@ here. GPT-OSS's experts (`swiglu_limit`) clamp before their SwiGLU and add one t
 read: `(clamp(linear, -l, l) + 1) * g * sigmoid(alpha g)`, `g = min(pre, l)`.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.mlp import ACTIVATIONS, GatedMLP
+from hookedattn.core.components.mlp import ACTIVATIONS, GatedMLP, glu
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 
@@ -40,6 +43,7 @@ Stream = Float[Tensor, "batch pos d_model"]
 Rows = Float[Tensor, "row d_model"]
 Choice = Int[Tensor, "batch pos k"]
 Weights = Float[Tensor, "batch pos k"]
+Affine = Callable[[Tensor, Tensor, Tensor], Tensor]  # (rows, stacked W, stacked b) -> rows
 
 
 class ExpertHooks(nn.Module):
@@ -120,16 +124,22 @@ class MoE(nn.Module):
         return indices, self.hook_expert_weights(weights.to(x.dtype))
 
     def expert(self, e: int, x: Rows) -> Rows:
-        """Expert `e` on the rows of its tokens: `post @ W_out[e] + b_out[e]`, unweighted."""
-        hooks = self.experts[e]
+        """Expert `e` on the rows of its tokens, unweighted, through its hook points."""
+        return self.experts_on_rows(x, lambda x, W, b: torch.addmm(b[e], x, W[e]), self.experts[e])
+
+    def experts_on_rows(self, x: Rows, affine: Affine, hooks: Any) -> Rows:
+        """`post @ W_out + b_out` of rows `x`, `post = glu(x @ W_gate + b_gate, x @ W_in +
+        b_in)`: `affine(x, W, b)` picks each row's expert's weights from the stacked `W`,
+        `b` (one expert's, or each row's own: `kernels.mix_experts`); `hooks` are the
+        expert's hook points (or none)."""
         x = hooks.hook_in(x)
-        pre = hooks.hook_pre(torch.addmm(self.b_gate[e], x, self.W_gate[e]))
-        pre_linear = hooks.hook_pre_linear(torch.addmm(self.b_in[e], x, self.W_in[e]))
+        pre = hooks.hook_pre(affine(x, self.W_gate, self.b_gate))
+        pre_linear = hooks.hook_pre_linear(affine(x, self.W_in, self.b_in))
         post = hooks.hook_post(self.glu(pre, pre_linear))
-        return hooks.hook_out(torch.addmm(self.b_out[e], post, self.W_out[e]))
+        return hooks.hook_out(affine(post, self.W_out, self.b_out))
 
     def _swiglu(self, pre: Tensor, pre_linear: Tensor) -> Tensor:
-        return self.act_fn(pre) * pre_linear
+        return glu(self.act_fn, pre, pre_linear)
 
     def _clamped_swiglu(self, pre: Tensor, pre_linear: Tensor) -> Tensor:
         limit = self.swiglu_limit

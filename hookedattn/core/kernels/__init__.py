@@ -8,6 +8,8 @@ schedule: one call per sublayer decides how its equation runs in this forward.
     FusedQKV                         q, k, v of one input by one product; kept weights
     AttentionContext                 masks and positions every layer of a forward shares,
                                      each mask built the first time a layer reads it
+    guarded(model, run, guard, cache) a forward whose fused kernels' operands are checked
+                                     for non-finite values once, where nothing listens
     mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
 
 Every path gives the equation's numbers to the dtype's rounding, and never hides or spreads
@@ -29,6 +31,7 @@ from hookedattn.core.kernels._experts import (
     mix_experts,
     router_probabilities,
 )
+from hookedattn.core.kernels._guard import FiniteGuard, guarded
 from hookedattn.core.kernels._masks import (
     AttentionContext,
     attention_context,
@@ -41,6 +44,7 @@ from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
 __all__ = [
     "AttentionContext",
     "Dispatch",
+    "FiniteGuard",
     "FusedQKV",
     "attend",
     "attention_context",
@@ -50,6 +54,7 @@ __all__ = [
     "fused_normalize",
     "fuses_attention",
     "fuses_norms",
+    "guarded",
     "keeping_fused_weights",
     "masked",
     "mix_experts",

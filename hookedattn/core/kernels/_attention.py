@@ -12,11 +12,9 @@ as one more key every query reads (`_with_sink_key`), so a sink layer runs fused
 cost of one more key and one more query/key dimension.
 
 Non-finite values are never hidden and never spread: the fused result is kept only when its
-inputs and output are all finite. Otherwise the written-out equation runs, where a NaN or
-`inf` stays at the positions that read it. (A fused kernel adds the mask to the scores, so a
-NaN at a blocked key, or an overflowing score, plus -inf is NaN at every query; and torch's
-CPU kernel returns 0 rather than NaN for a NaN query or key at some sizes.) The check is
-one reduction per operand and one synchronisation per layer.
+inputs and output are all finite (`_guard`: checked once per forward where nothing listens,
+otherwise per layer). Otherwise the written-out equation runs, where a NaN or `inf` stays at
+the positions that read it.
 """
 
 import math
@@ -46,9 +44,7 @@ def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: Attention
     if not attn.fused or attn.hook_attn_scores.is_active or attn.hook_pattern.is_active:
         return attn.written_out(q, k, v, context)
     z = fused_attention(q, k, v, context, attn.attn_type, attn.attn_scale, attn.group, attn.sinks)
-    # One reduction per operand, one synchronisation: a non-finite sum means some value
-    # is not finite (or the sum overflows, and then the equation runs for nothing worse).
-    if math.isfinite((z.sum() + q.sum() + k.sum() + v.sum()).item()):
+    if context.guard.keeps(z, q, k, v):  # checked here, or once for the forward (`_guard`)
         return z
     return attn.written_out(q, k, v, context)
 

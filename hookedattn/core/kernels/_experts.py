@@ -111,9 +111,20 @@ def _grouped_experts(
         # Most families' experts have no biases (zeros here): skip the per-row gather then.
         return out + b[expert] if bool(b.any()) else out
 
-    pre = affine(rows, moe.W_gate, moe.b_gate)
-    pre_linear = affine(rows, moe.W_in, moe.b_in)
-    return affine(moe.glu(pre, pre_linear), moe.W_out, moe.b_out)
+    return moe.experts_on_rows(rows, affine, _NO_HOOKS)
+
+
+class _NoHooks:
+    """Hook points that are the identity: every expert at once has none of its own."""
+
+    @staticmethod
+    def _identity(x: Tensor) -> Tensor:
+        return x
+
+    hook_in = hook_pre = hook_pre_linear = hook_post = hook_out = _identity
+
+
+_NO_HOOKS = _NoHooks()
 
 
 def checked_choice(moe: Any, indices: Int[Tensor, "batch pos k"]) -> Int[Tensor, "batch pos k"]:

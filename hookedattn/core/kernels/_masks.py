@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from hookedattn.core.kernels._guard import FiniteGuard
 from hookedattn.core.kv_cache import KeyValueCache
 
 Blocked = Bool[Tensor, "#batch 1 query_pos key_pos"]
@@ -32,7 +33,8 @@ class AttentionContext:
     """What every attention layer of one forward needs besides its input.
 
     `blocked[kind]` is True where a query may not read a key, for each kind of attention
-    ("global", and "local" in a model with a window).
+    ("global", and "local" in a model with a window); `guard` decides whether a fused
+    kernel's result stands.
     """
 
     blocked: dict[str, Blocked]
@@ -41,6 +43,8 @@ class AttentionContext:
     # fresh sequence without padding, in a global layer: the kernel's own causal mask) or
     # "none" (one query that may read every key: a generation step without padding).
     plain: dict[str, str] = dataclasses.field(default_factory=dict)
+    # How the forward's fused kernels are checked for non-finite values (`_guard`).
+    guard: FiniteGuard = dataclasses.field(default_factory=FiniteGuard, repr=False, compare=False)
     _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def additive(

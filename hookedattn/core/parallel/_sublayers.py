@@ -16,18 +16,20 @@ A head reads only its own q, k, v, so the attention of each head is computed exa
 one process; a sum over ranks of partial sums is the one-process sum in another order,
 which is the only difference (float32 ~1e-7, float64 ~1e-16 relative). Each class here is a
 mixin put before a component's own class (`shard_*` below swap it in, as FSDP2's
-`fully_shard` does), so the component's forward, written once, runs on every rank.
+`fully_shard` does) that replaces only the component's combine steps (where the stream
+enters the split weights, `enter`; how their writes add up, `write`, `summed`,
+`summed_heads`; how the vocabulary's parts join, `joined`), so the component's forward,
+written once, runs on every rank. (The embedding's lookup is its whole equation: its rows
+are looked up where they live and summed.)
 """
 
 import dataclasses
 
-from einops import einsum, reduce
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.components.block import AttnInputs
-from hookedattn.core.components.embed import affine
 from hookedattn.core.components.mlp import MLP, GatedMLP
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCacheEntry
@@ -39,8 +41,15 @@ from hookedattn.core.parallel._shards import LocalSlice, local_slice
 Resid = Float[Tensor, "batch pos d_model"]
 
 
+def partial_affine(x: Tensor, W: Tensor, b: Tensor, tp: TensorParallelGroup) -> Tensor:
+    """`x @ W + b` where `W`'s rows (the contracted axis) are split over the ranks: this
+    rank's rows' product, the ranks' partial sums added, then the bias once."""
+    return sum_partials(nn.functional.linear(x, W.T), tp) + b
+
+
 class HeadParallelAttention:
-    """An attention sublayer holding this rank's query heads and their key/value heads."""
+    """An attention sublayer holding this rank's query heads and their key/value heads:
+    their writes summed over the ranks."""
 
     tp: TensorParallelGroup
     kv_slice: LocalSlice
@@ -76,21 +85,13 @@ class HeadParallelAttention:
         entry.past_keys, entry.past_values = keys, values
         return entry
 
-    def _write_summed(self, z: Float[Tensor, "batch pos head d_head"]) -> Resid:
-        # `sum_h z[h] @ W_O[h] + b_O`: this rank's heads by one product, the ranks' sums
-        # added, the bias once.
-        W_O = self.W_O.flatten(0, 1)  # head d_head d_model -> (head d_head) d_model, a view
-        partial = nn.functional.linear(z.flatten(-2), W_O.T)
-        return sum_partials(partial, self.tp) + self.b_O
+    def summed(self, z: Tensor, W_O: Tensor, b_O: Tensor) -> Resid:
+        """`z @ W_O + b_O` over every rank's heads."""
+        return partial_affine(z, W_O, b_O, self.tp)
 
-    def _write_per_head(self, z: Float[Tensor, "batch pos head d_head"]) -> Resid:
-        result = self.hook_result(
-            einsum(
-                z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"
-            )
-        )
-        partial = reduce(result, "batch pos head d_model -> batch pos d_model", "sum")
-        return sum_partials(partial, self.tp) + self.b_O
+    def summed_heads(self, result: Float[Tensor, "batch pos head d_model"]) -> Resid:
+        """The sum of every rank's heads' results."""
+        return sum_partials(super().summed_heads(result), self.tp)
 
 
 class HeadParallelInputs(AttnInputs):
@@ -117,28 +118,18 @@ class HeadParallelInputs(AttnInputs):
 
 
 class NeuronParallelMLP:
-    """An MLP holding this rank's neurons: `W_in`, `b_in` columns, `W_out` rows."""
+    """An MLP, plain or gated, holding this rank's neurons: `W_in`, `b_in` (and `W_gate`)
+    columns, `W_out` rows; the stream enters them here, their writes summed over the ranks."""
 
     tp: TensorParallelGroup
 
-    def forward(self, x: Resid) -> Resid:
-        x = replicated_input(x, self.tp)
-        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.act_fn(pre))
-        return sum_partials(nn.functional.linear(post, self.W_out.T), self.tp) + self.b_out
+    def enter(self, x: Resid) -> Resid:
+        """The stream, entering the split neurons (backwards, the ranks' gradients summed)."""
+        return replicated_input(x, self.tp)
 
-
-class NeuronParallelGatedMLP:
-    """A gated MLP holding this rank's neurons (`W_gate` columns too)."""
-
-    tp: TensorParallelGroup
-
-    def forward(self, x: Resid) -> Resid:
-        x = replicated_input(x, self.tp)
-        pre = self.hook_pre(x @ self.W_gate)
-        pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.act_fn(pre) * pre_linear)
-        return sum_partials(nn.functional.linear(post, self.W_out.T), self.tp) + self.b_out
+    def write(self, post: Float[Tensor, "batch pos d_mlp"]) -> Resid:
+        """`post @ W_out + b_out` over every rank's neurons."""
+        return partial_affine(post, self.W_out, self.b_out, self.tp)
 
 
 class VocabParallelEmbed:
@@ -148,6 +139,7 @@ class VocabParallelEmbed:
     vocab_slice: LocalSlice
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Resid:
+        """`W_E[tokens]`: each rank's rows of its own tokens, zeros for the others, summed."""
         part = self.vocab_slice
         elsewhere = (tokens < part.start) | (tokens >= part.stop)
         local = (tokens - part.start).clamp(0, part.length - 1)
@@ -163,11 +155,13 @@ class VocabParallelUnembed:
     tp: TensorParallelGroup
     vocab_slice: LocalSlice
 
-    def forward(self, x: Resid) -> Float[Tensor, "batch pos d_vocab_out"]:
-        x = replicated_input(self.hook_in(x), self.tp)
-        logits = affine(x, self.W_U, self.b_U)
-        logits = gather(logits, -1, self.vocab_slice.size, self.tp)
-        return self.hook_out(self.soft_cap(logits))
+    def enter(self, x: Resid) -> Resid:
+        """The stream, entering the split vocabulary (backwards, the gradients summed)."""
+        return replicated_input(x, self.tp)
+
+    def joined(self, logits: Tensor) -> Float[Tensor, "batch pos d_vocab_out"]:
+        """Every rank's part of the vocabulary, concatenated."""
+        return gather(logits, -1, self.vocab_slice.size, self.tp)
 
 
 # ------------------------------------------------------------------ sharding in place
@@ -217,7 +211,6 @@ def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorPar
     _narrow_parameters(attn, _module_plan(attn, "attn", cfg, tp))
     _swap_class(attn, HeadParallelAttention)
     attn.tp, attn.kv_slice = tp, dataclasses.replace(kv, axis=2)
-    attn.write = getattr(attn, attn.write.__name__)  # rebound to the sharded class's
     local = cfg.replace(
         n_heads=heads.length,
         n_key_value_heads=None if cfg.n_key_value_heads is None else kv.length,
@@ -256,16 +249,14 @@ def shard_attention_inputs(
 
 def shard_mlp(mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make `mlp` (plain or gated) hold this rank's neurons, in place."""
-    mixins = {MLP: NeuronParallelMLP, GatedMLP: NeuronParallelGatedMLP}
-    mixin = next((m for cls, m in mixins.items() if type(mlp) is cls), None)
-    if mixin is None:
+    if type(mlp) not in (MLP, GatedMLP):
         raise ValueError(
             f"no tensor-parallel rule for {type(mlp).__name__}: neurons split for MLP and "
             f"GatedMLP (experts would split on their expert axis, not yet written)"
         )
     rows = tp.slice_of(cfg.d_mlp, 0)
     _narrow_parameters(mlp, _module_plan(mlp, "mlp", cfg, tp))
-    _swap_class(mlp, mixin)
+    _swap_class(mlp, NeuronParallelMLP)
     mlp.tp = tp
     for point in ("hook_pre", "hook_pre_linear", "hook_post"):
         _shard_hook_point(mlp, point, dataclasses.replace(rows, axis=-1), tp)

@@ -1,9 +1,9 @@
-"""The fast forward against the forward through the modules: the same logits bit for bit on
-every block shape, the same non-finite values, and the modules exactly when something
-listens (a hook point's hook, a torch hook, a module of one's own).
+"""The fused kernels' guard checked once per forward (nothing listening) against the guard
+checked per layer (something listening): the same logits bit for bit on every block shape,
+the same non-finite values, and one synchronisation past the input check.
 
-The reference is the forward through the modules itself: the same call with a no-op hook
-attached, which makes every component run as a module (`model._logits`).
+The reference is the same forward with a no-op hook attached: the model is then listened
+to, and every fused layer checks its own operands before the next runs.
 """
 
 import pytest
@@ -14,10 +14,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
-from hookedattn.core import _fast_forward
 from hookedattn.testing import random_tokens
 
-NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # the forward through the modules
+NO_OP = [("blocks.0.hook_resid_pre", lambda x, hook: None)]  # listened: a guard per layer
 
 
 def models(dtype=torch.float64):
@@ -39,7 +38,7 @@ def batch(model, padded, size=3, pos=7):
     return tokens, mask
 
 
-def through_modules(model, *args, **kwargs):
+def checked_per_layer(model, *args, **kwargs):
     with model.hooks(fwd_hooks=NO_OP):
         return model(*args, **kwargs)
 
@@ -52,41 +51,36 @@ def assert_identical(a, b):
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("name", MODELS)
-def test_the_fast_forward_gives_the_modules_logits_bit_for_bit(name, padded):
+def test_checked_once_gives_the_logits_checked_per_layer_bit_for_bit(name, padded):
     model = MODELS[name]
     tokens, mask = batch(model, padded)
-    per_head = model.cfg.use_split_qkv_input or model.cfg.use_attn_in or model.cfg.use_attn_result
-    model(tokens, attention_mask=mask)
-    assert _fast_forward._built[model].exact is not per_head  # the fast forward ran
     assert_identical(
-        model(tokens, attention_mask=mask), through_modules(model, tokens, attention_mask=mask)
+        model(tokens, attention_mask=mask), checked_per_layer(model, tokens, attention_mask=mask)
     )
 
 
 @pytest.mark.parametrize("name", ["variant gpt2", "variant llama", "family gemma2"])
-def test_the_fast_forward_in_float32_is_bit_for_bit(name):
+def test_checked_once_in_float32_is_bit_for_bit(name):
     model = models(torch.float32)[name]
     tokens, _ = batch(model, False)
-    assert_identical(model(tokens), through_modules(model, tokens))
+    assert_identical(model(tokens), checked_per_layer(model, tokens))
 
 
-def test_the_fast_forward_from_a_later_layer_and_its_loss():
+def test_checked_once_from_a_later_layer_and_its_loss():
     model = MODELS["family llama"]
     tokens, _ = batch(model, False)
     resid = model(tokens, stop_at_layer=1)
-    fast = model(resid, start_at_layer=1, tokens=tokens, return_type="both")
-    slow = through_modules(model, resid, start_at_layer=1, tokens=tokens, return_type="both")
-    assert_identical(fast.logits, slow.logits)
-    assert_identical(fast.loss, slow.loss)
+    once = model(resid, start_at_layer=1, tokens=tokens, return_type="both")
+    per_layer = checked_per_layer(model, resid, start_at_layer=1, tokens=tokens, return_type="both")
+    assert_identical(once.logits, per_layer.logits)
+    assert_identical(once.loss, per_layer.loss)
 
 
-def test_gradients_through_the_fast_forward_are_the_modules_gradients():
+def test_gradients_checked_once_are_the_gradients_checked_per_layer():
     model = MODELS["variant gpt2"].copy()
     tokens, _ = batch(model, False)
-    with torch.no_grad():  # a view kept without grad must not be reused with it
-        model(tokens)
     grads = []
-    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+    for run in (model, lambda *a, **k: checked_per_layer(model, *a, **k)):
         model.zero_grad()
         run(tokens, return_type="loss").backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -116,7 +110,7 @@ def test_a_forward_with_idle_hooks_synchronises_once_past_the_input_check():
         assert synchronisations(model, NO_OP) >= 1 + n_layers  # the guard of every layer
 
 
-# ---------------------------------------------------------------- something listening
+# ---------------------------------------------------------------- torch hooks run once
 def test_a_torch_forward_hook_on_a_submodule_runs():
     model = MODELS["variant gpt2"].copy()
     tokens, _ = batch(model, False)
@@ -161,7 +155,7 @@ def test_a_module_assigned_after_a_forward_is_used():
     model.setup()
     after = model(tokens)
     assert not torch.allclose(before, after)
-    assert_identical(after, through_modules(model, tokens))
+    assert_identical(after, checked_per_layer(model, tokens))
 
 
 def test_weights_edited_between_forwards_are_read():
@@ -171,7 +165,7 @@ def test_weights_edited_between_forwards_are_read():
     with torch.no_grad():
         model.blocks[0].attn.W_Q.mul_(1.5)  # in place
         model.unembed.W_U = nn.Parameter(model.unembed.W_U * 0.5)  # replaced
-    assert_identical(model(tokens), through_modules(model, tokens))
+    assert_identical(model(tokens), checked_per_layer(model, tokens))
 
 
 # ---------------------------------------------------------------- non-finite values
@@ -194,13 +188,13 @@ def poisoned(model, where):
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("where", ["W_Q", "W_K", "W_V", "W_U", "embedding"])
-def test_a_non_finite_weight_gives_the_modules_logits(where, padded):
+def test_a_non_finite_weight_gives_the_logits_checked_per_layer(where, padded):
     model = poisoned(MODELS["variant gpt2"], where)
     tokens, mask = batch(model, padded)
     tokens[tokens == 4] = 5
     tokens[1, 4] = 4
     assert_identical(
-        model(tokens, attention_mask=mask), through_modules(model, tokens, attention_mask=mask)
+        model(tokens, attention_mask=mask), checked_per_layer(model, tokens, attention_mask=mask)
     )
 
 
@@ -211,42 +205,42 @@ def test_a_nan_at_a_padded_position_reaches_no_real_token():
     tokens[0, 0] = 4  # padding
     logits = model(tokens, attention_mask=mask)
     assert logits[mask.bool()].isfinite().all()
-    assert_identical(logits, through_modules(model, tokens, attention_mask=mask))
+    assert_identical(logits, checked_per_layer(model, tokens, attention_mask=mask))
 
 
 # ---------------------------------------------------------------- a KV cache, stop_at_layer
-def test_the_fast_forward_stops_at_a_layer_bit_for_bit():
+def test_checked_once_stops_at_a_layer_bit_for_bit():
     model = MODELS["variant neox"]
     tokens, mask = batch(model, True)
     for stop in (1, model.cfg.n_layers):
-        fast = model(tokens, attention_mask=mask, stop_at_layer=stop)
+        once = model(tokens, attention_mask=mask, stop_at_layer=stop)
         assert_identical(
-            fast, through_modules(model, tokens, attention_mask=mask, stop_at_layer=stop)
+            once, checked_per_layer(model, tokens, attention_mask=mask, stop_at_layer=stop)
         )
 
 
 @pytest.mark.parametrize("name", ["variant gpt2", "family llama", "variant mistral-window"])
-def test_the_fast_forward_extends_a_kv_cache_as_the_modules_do(name):
+def test_checked_once_extends_a_kv_cache_as_checked_per_layer(name):
     model = MODELS[name]
     tokens, mask = batch(model, True, pos=9)
     caches, logits = [], []
-    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+    for run in (model, lambda *a, **k: checked_per_layer(model, *a, **k)):
         cache = KeyValueCache.empty(model.cfg, tokens.shape[0])
         first = run(tokens[:, :5], attention_mask=mask[:, :5], past_kv_cache=cache)
         second = run(tokens[:, 5:], attention_mask=mask[:, 5:], past_kv_cache=cache)
         caches.append(cache)
         logits.append(torch.cat([first, second], dim=1))
     assert_identical(logits[0], logits[1])
-    for fast, slow in zip(caches[0].entries, caches[1].entries, strict=True):
-        assert_identical(fast.past_keys, slow.past_keys)
-        assert_identical(fast.past_values, slow.past_values)
+    for once, per_layer in zip(caches[0].entries, caches[1].entries, strict=True):
+        assert_identical(once.past_keys, per_layer.past_keys)
+        assert_identical(once.past_values, per_layer.past_values)
 
 
-def test_a_nan_in_a_cached_key_gives_the_modules_logits_and_cache():
+def test_a_nan_in_a_cached_key_gives_the_logits_and_cache_checked_per_layer():
     model = MODELS["variant gpt2"]
     tokens, _ = batch(model, False, pos=8)
     results = []
-    for run in (model, lambda *a, **k: through_modules(model, *a, **k)):
+    for run in (model, lambda *a, **k: checked_per_layer(model, *a, **k)):
         cache = KeyValueCache.empty(model.cfg, tokens.shape[0])
         run(tokens[:, :4], past_kv_cache=cache)
         cache[0].past_keys[0, 1, 0, 0] = float("nan")  # a fused kernel may hide it

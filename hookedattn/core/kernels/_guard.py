@@ -1,0 +1,76 @@
+"""The fused kernels' guard against non-finite values: decided once per forward.
+
+A fused attention kernel may hide a value that is not finite (torch's CPU kernel returns 0
+rather than NaN for a NaN query or key at some sizes) or spread one (a NaN at a blocked
+key, plus the mask's -inf, is NaN at every query). So its result stands only where its
+operands were finite; otherwise the layer's written-out equation runs, which keeps a NaN or
+`inf` at exactly the positions that read it.
+
+A check is a reduction per operand and, to read it, a synchronisation. Where nothing can
+observe a forward (no hook on any hook point, no torch hook on any module:
+`HookedRootModule.is_listened`), `guarded` checks once: each fused layer only notes its
+sums (`FiniteGuard.keeps`), and one read of their total with the output's decides at the
+end. A value that is not finite in `z` or in the stream reaches the output (a position's
+logits read its own stream); what a kernel could hide is in its operands. If the total is
+not finite, the forward runs again with every layer checking on the spot, a KV cache's
+appends undone first: the numbers of the guard per layer, since every other step is the
+same. Where something listens, a second run would show it a first try, so each layer
+checks its own operands before the next runs.
+"""
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class FiniteGuard:
+    """How one forward checks its fused kernels' operands: on the spot (`deferred` None),
+    or noted in `deferred` for one check at the end (`guarded`)."""
+
+    def __init__(self) -> None:
+        self.deferred: list[Tensor] | None = None
+
+    def keeps(self, result: Tensor, *operands: Tensor) -> bool:
+        """Whether a fused kernel's `result` of these `operands` may stand: while the check
+        is deferred, the operands' sums are noted (the result reaches the output, checked
+        at the end) and it stands; otherwise whether result and operands are all finite (one
+        synchronisation: a sum is finite only when every term is, or it overflows, and then
+        the equation runs written out for nothing worse)."""
+        if self.deferred is not None:
+            self.deferred += [t.sum() for t in operands]
+            return True
+        return math.isfinite(torch.stack([t.sum() for t in (result, *operands)]).sum().item())
+
+    def finite(self, out: Tensor) -> bool:
+        """Whether `out` and every operand noted so far are finite (one synchronisation)."""
+        sums = [s.to(out.device) for s in self.deferred or ()]
+        with torch.no_grad():
+            return math.isfinite(torch.stack([out.sum(), *sums]).sum().item())
+
+
+class NotFiniteError(Exception):
+    """A forward whose check was deferred met a value that is not finite: run it again."""
+
+
+def guarded(model: Any, run: Callable[[], Tensor], guard: FiniteGuard, cache: Any) -> Tensor:
+    """`run()`, a forward whose fused kernels consult `guard`, checked once where nothing
+    listens to `model` (module docstring), and run again checking every layer if that check
+    fails; `cache` (a `KeyValueCache` or None) is left as the run that counts leaves it."""
+    if model.is_listened():
+        return run()
+    guard.deferred = []
+    try:
+        with contextlib.nullcontext() if cache is None else cache.transaction():
+            out = run()
+            if not guard.finite(out):
+                raise NotFiniteError
+        return out
+    except NotFiniteError:
+        pass
+    finally:
+        guard.deferred = None
+    return run()

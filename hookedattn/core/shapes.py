@@ -1,0 +1,42 @@
+"""The tensors the model passes around, named once with their axes (the glossary of
+`hookedattn.core`): what a signature means by a residual stream, a head's queries or the
+logits. jaxtyping checks them at test time (`--jaxtyping-packages`), at no cost otherwise.
+"""
+
+from jaxtyping import Float
+from torch import Tensor
+
+Resid = Float[Tensor, "batch pos d_model"]
+"""The residual stream, or anything written to it."""
+
+Logits = Float[Tensor, "batch pos d_vocab_out"]
+"""The unembedding's output."""
+
+HeadVectors = Float[Tensor, "batch pos head d_head"]
+"""Each query head's q, rotated q or z."""
+
+KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
+"""Each key/value head's k or v (one per query head without grouped queries)."""
+
+Queries = Float[Tensor, "batch query_pos head d_head"]
+"""The queries of one attention layer's forward."""
+
+KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
+"""The keys or values every query of a forward may read (a KV cache's past included)."""
+
+Scores = Float[Tensor, "batch head query_pos key_pos"]
+"""Attention scores, or the pattern after the softmax."""
+
+Normed = Float[Tensor, "batch pos *rest"]
+"""What a norm reads and writes: the stream, or per-head queries and keys."""
+
+__all__ = [
+    "HeadVectors",
+    "KeyValues",
+    "KeyVectors",
+    "Logits",
+    "Normed",
+    "Queries",
+    "Resid",
+    "Scores",
+]
