@@ -2,7 +2,7 @@
 
 The findings of Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits")
 and Olsson et al. 2022 ("In-context Learning and Induction Heads"), each read against a
-baseline. `scripts/induction_circuit.py` reports them on the shipped models and
+baseline. The induction report (`python scripts/induction`) shows them on the shipped models and
 `tests/test_findings.py` checks them, both through this module, so that the numbers and
 thresholds of the report and of the tests are one.
 

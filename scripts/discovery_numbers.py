@@ -25,9 +25,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_memory import reset_peak_rss, status_bytes
-from _induction_discovery import prompts
+# The benchmark's and the induction report's modules, by their plain names: memory.py from
+# scripts/bench/, discovery.py from scripts/induction/.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "induction"))
+from discovery import prompts
+from memory import reset_peak_rss, status_bytes
 
 from analysis import acdc, compare_edge_scores, edge_attribution, edge_patching
 from analysis.induction import PERIOD, repeated_tokens
@@ -61,7 +64,7 @@ def _forward(model: HookedTransformer, kwargs: dict) -> torch.Tensor:
 
 
 def _loop(model: HookedTransformer, kwargs: dict) -> torch.Tensor:
-    from _bench_analysis import _edge_patching_loop
+    from analyses import _edge_patching_loop  # scripts/bench/analyses.py
 
     return _edge_patching_loop(model, kwargs)
 

@@ -1,4 +1,4 @@
-"""`scripts/bench.py --quick` runs every section on tiny settings and writes its JSON schema.
+"""`python scripts/bench --quick` runs every section on tiny settings and writes its JSON schema.
 
 A smoke test of the benchmark script in a subprocess (nothing imports `scripts/`); it
 checks the report's structure, never a timing.
@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-# transformer_lens 4 has only the bridge: two columns (`scripts/_bench_tl4.py`)
+# transformer_lens 4 has only the bridge: two columns (`scripts/bench/tl4.py`)
 TL4 = ("transformer_lens 4 bridge", "transformer_lens 4 native")
 CONTENDERS = ("bare", "hookedattn", "transformer_lens", "transformers", *TL4)
 
@@ -23,7 +23,7 @@ CONTENDERS = ("bare", "hookedattn", "transformer_lens", "transformers", *TL4)
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--rounds", "2"]
+    command = [sys.executable, str(ROOT / "scripts" / "bench"), "--quick", "--rounds", "2"]
     command += ["--threads", "1", "--no-transformer-lens", "--out-dir", str(out)]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -135,7 +135,7 @@ def test_memory_targets_read_each_transformer_lens_columns_full_cache(report, tm
     ]  # fmt: skip
     path = tmp_path / "latest.json"
     path.write_text(json.dumps(data))
-    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--report-from", str(path)]
+    command = [sys.executable, str(ROOT / "scripts" / "bench"), "--report-from", str(path)]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
     targets = json.loads(path.read_text())["targets"]
     measured = {

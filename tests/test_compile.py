@@ -2,7 +2,7 @@
 
 One tiny model, because compiling is slow on a CPU: the two tests take 35-45 s together on
 our shared 2-core machine (the inductor cache on disk saves only part of it). Speed is
-measured in `scripts/bench.py` (the `compile` section), never here.
+measured by `python scripts/bench` (the `compile` section), never here.
 """
 
 import jaxtyping

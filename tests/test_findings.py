@@ -1,7 +1,7 @@
 """The findings of Elhage et al. 2021 and Olsson et al. 2022, checked on the shipped weights.
 
 The measures and thresholds are `analysis.induction`'s, the same that
-`scripts/induction_circuit.py` reports (its *Thresholds* section states each in words);
+`python scripts/induction` reports (its *Thresholds* section states each in words);
 the repeated sequences here are another random sample than the report's (seed 5). The
 criteria were fixed before the shipped models were trained:
 

@@ -1,4 +1,4 @@
-"""scripts/induction_circuit.py end to end: the report folder, and a folder it cannot write."""
+"""`python scripts/induction` end to end: the report folder, and a folder it cannot write."""
 
 import re
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "induction_circuit.py"
+SCRIPT = REPO / "scripts" / "induction"  # a folder: python runs its __main__.py
 FIGURES = (
     "attention_patterns.png",
     "head_scores.png",

@@ -1,4 +1,4 @@
-"""The induction report's feature section (scripts/_induction_features.py)."""
+"""The induction report's feature section (scripts/induction/features.py)."""
 
 import importlib.util
 import re
@@ -13,8 +13,8 @@ from hookedattn.sae import load_pretrained_sae
 from hookedattn.sae.shipped import pretrained_sae_record
 from hookedattn.store import weights_sha256
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "_induction_features.py"
-_spec = importlib.util.spec_from_file_location("_induction_features", SCRIPT)
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "induction" / "features.py"
+_spec = importlib.util.spec_from_file_location("induction_features", SCRIPT)
 section = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(section)
 

@@ -9,7 +9,7 @@ d_head]` matrix per projection, `view` + `transpose` to split the heads, the hea
 concatenated and multiplied by one `[n_heads * d_head, d_model]` output matrix, the causal
 mask by `masked_fill`, the norms and rotary written out. It shares no module, layout or
 einsum with `HookedTransformer`, so a test of the model against it is a test of the math.
-The weights are copied and laid out when it is built, so that timing a call (as `scripts/bench.py`
+The weights are copied and laid out when it is built, so that timing a call (as `scripts/bench`
 does, for "the same math without hook points") times the forward alone.
 
 It covers the block shape of the GPT-2 family and its common options: LN, LNPre, RMS,

@@ -1,4 +1,4 @@
-"""The figures of `scripts/induction_circuit.py` (matplotlib, Agg backend: no display needed).
+"""The figures of `scripts/induction` (matplotlib, Agg backend: no display needed).
 
 Each function draws one PNG into `out` and returns its file name. Sized for a page (about
 7 inches wide at 150 dpi), with every axis and colour bar labelled. Colours follow
@@ -263,7 +263,7 @@ PRINTABLE = "".join(map(chr, range(32, 127)))
 
 
 def draw_all(out: Path, model: object, r: object, text: dict[str, Tensor]) -> None:
-    """Every figure of the report, from the measurements `r` of `induction_circuit.main`."""
+    """Every figure of the report, from the measurements `r` of `main` in `__main__.py`."""
     _draw_attention(out, model, r)
     _draw_scores(out, r)
     _draw_losses_and_circuits(out, r, text)

@@ -1,6 +1,6 @@
 """Measure transcoder training throughput and attribution-graph cost on bytes-gelu-2l.
 
-    python scripts/bench_transcoders.py --rounds 5 --out reports/bench_transcoders.json
+    python scripts/bench/transcoders.py --rounds 5 --out reports/bench_transcoders.json
 
 Training: `train_transcoder` against a plain loop (the same batches from the same store,
 encode, TopK, decode, squared error, Adam, unit decoder rows; nothing else), in interleaved
@@ -120,7 +120,7 @@ def bench_graph(kind: str, n_pos: int, k: int, rounds: int) -> dict:
     """One graph case in a fresh process (module docstring); k=0: the shipped transcoders."""
     proc = subprocess.run(
         [sys.executable, "-c", GRAPH_CASE, kind, str(n_pos), str(k), str(rounds)],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"the graph case {kind, n_pos, k} failed:\n{proc.stderr[-3000:]}")

@@ -1,4 +1,4 @@
-"""Measurements behind the induction-circuit report (`scripts/induction_circuit.py`).
+"""Measurements behind the induction-circuit report (`scripts/induction`).
 
 The measures and thresholds themselves are `analysis.induction`'s, shared with
 `tests/test_findings.py`; this module gathers what the report needs beside them (the
@@ -115,7 +115,7 @@ def _attribution(model: HookedTransformer, cache: object, tokens: Tensor, second
 
 
 def _weight_circuits(model: HookedTransformer, prev: int, head: int) -> dict:
-    """The circuits of the two heads in token and position space (module `_induction_text`)."""
+    """The circuits of the two heads in token and position space (module `text`)."""
     printable = torch.arange(32, 127)  # the bytes a reader can see on the axes
     W_E, W_pos, W_U = model.W_E[printable], model.W_pos, model.W_U[:, printable]
     with torch.no_grad():

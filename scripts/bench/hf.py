@@ -1,4 +1,4 @@
-"""The `transformers` column of `scripts/bench.py`: the same weights in HuggingFace GPT-2.
+"""The `transformers` column of `scripts/bench`: the same weights in HuggingFace GPT-2.
 
 `GPT2LMHeadModel` stores each linear map as a `Conv1D` weight `[in out]` and fuses the
 heads' q, k, v into one `c_attn`; this lays our per-head weights out that way (the inverse

@@ -1,7 +1,7 @@
-"""The second reference of `scripts/bench.py`: the same math as hookedattn, without hook points.
+"""The second reference of `scripts/bench`: the same math as hookedattn, without hook points.
 
 What do hook points cost over "a hook-free forward of the same weights"? The bare reference
-(`_bench_reference.BareTransformer`) answers a different question: it uses
+(`reference.BareTransformer`) answers a different question: it uses
 `scaled_dot_product_attention` and a fused LayerNorm, other algorithms than ours, so its
 ratio mixes the cost of the hooks with the cost of materialising the attention pattern.
 This one is the suite's independent reference forward (`hookedattn.testing.reference`):

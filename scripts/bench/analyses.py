@@ -1,4 +1,4 @@
-"""Analysis measures of `scripts/bench.py`, each against a bare plain-torch reference.
+"""Analysis measures of `scripts/bench`, each against a bare plain-torch reference.
 
 Every function returns a `Group`: the reference first, then hookedattn's call and, when a
 TransformerLens model is given, its call on the same weights. `value(output)` maps each
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _bench_reference import BareTransformer, build
-from _bench_settings import Setting
+from reference import BareTransformer, build
+from settings import Setting
 from torch import Tensor
 
 from hookedattn import HookedTransformer
@@ -77,6 +77,7 @@ def bare_composition_scores(model: HookedTransformer, kind: str) -> Tensor:
 
 
 def composition(model: HookedTransformer, tl: Any, kind: str = "Q") -> Group:
+    """Composition scores of every head pair (`kind` Q, K or V), also on a first call."""
     from analysis.composition import _random_baseline, composition_scores
 
     def first_call() -> Any:  # as in a fresh process: the random baseline not memoised yet
@@ -110,6 +111,7 @@ def bare_full_ov_svd(model: HookedTransformer, layer: int, head: int) -> Tensor:
 
 
 def factored_svd(model: HookedTransformer, tl: Any, layer: int = 0, head: int = 0) -> Group:
+    """The singular values of one head's full OV circuit, from its factors."""
     from analysis.circuits import full_ov_circuit
 
     measure = "factored SVD of one OV circuit"
@@ -145,6 +147,7 @@ def bare_decomposition(model: HookedTransformer, cache: Any) -> Tensor:
 
 
 def decomposition(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
+    """The residual stream decomposed into embeddings, heads, biases and MLPs."""
     from analysis.decomposition import decompose_resid
 
     _, cache = model.run_with_cache(tokens)
@@ -172,6 +175,7 @@ def decomposition(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
 
 
 def head_results(model: HookedTransformer, tl: Any, tokens: Tensor) -> Group:
+    """Every head's write to the residual stream, every layer, from a cache."""
     from analysis.head_results import head_results as ours
 
     _, cache = model.run_with_cache(tokens)

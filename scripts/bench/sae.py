@@ -10,7 +10,7 @@ machine hits both; we report the median tokens/s of each and their ratio.
 Then one forward of 32 x 128 tokens: clean, with an SAE spliced, and clean plus the SAE run
 alone on the activation (the most splicing should cost).
 
-    python scripts/bench_sae.py --tokens 65536 --steps 100 --rounds 3
+    python scripts/bench/sae.py --tokens 65536 --steps 100 --rounds 3
 """
 
 import argparse

@@ -1,22 +1,22 @@
-"""The TransformerLens 4 columns of `scripts/bench.py`: `TransformerBridge` on our weights.
+"""The TransformerLens 4 columns of `scripts/bench`: `TransformerBridge` on our weights.
 
 TransformerLens 4 has no `HookedTransformer` of its own: its model is a bridge around a
-HuggingFace model. We boot it from the `transformers.GPT2LMHeadModel` that `_bench_hf`
+HuggingFace model. We boot it from the `transformers.GPT2LMHeadModel` that `hf.py`
 builds with our exact weights (`hf_model=`: nothing is read from disk or the hub), with a
 word-level tokenizer over our vocabulary, which the bridge insists on even for token input.
 Two columns: "bridge" with `enable_compatibility_mode(no_processing=True)`, the legacy
 HookedTransformer hook names and components without weight processing (folding the norms
 and centering the weights would change the logits the bench checks against the bare model),
 and "native", the bridge as booted. Both expose the names the bench hooks
-(`blocks.{i}.hook_resid_pre/mid/post`); `scripts/bench.py` checks that they fire.
+(`blocks.{i}.hook_resid_pre/mid/post`); `scripts/bench` checks that they fire.
 """
 
 import os
 import warnings
 from typing import Any
 
-from _bench_hf import hf_gpt2
-from _bench_settings import BRIDGE, NATIVE
+from hf import hf_gpt2
+from settings import BRIDGE, NATIVE
 
 from hookedattn import HookedTransformer
 

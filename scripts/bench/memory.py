@@ -1,8 +1,8 @@
-"""Memory measures of `scripts/bench.py`: cache sizes and peak resident memory.
+"""Memory measures of `scripts/bench`: cache sizes and peak resident memory.
 
-Each mode runs once in a fresh process (`bench.py --memory-probe`), so that memory the
+Each mode runs once in a fresh process (`scripts/bench --memory-probe`), so that memory the
 allocator kept from earlier runs cannot hide a peak; with `--malloc steady` (the default)
-that process fixes glibc's thresholds as the timed runs do (`_bench_timing.STEADY_MALLOC`).
+that process fixes glibc's thresholds as the timed runs do (`timing.STEADY_MALLOC`).
 """
 
 import dataclasses
@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _bench_reference import BareTransformer, build, transformer_lens_model
-from _bench_settings import BRIDGE, NATIVE
-from _bench_timing import steady_malloc
-from _bench_tl4 import bridge_models, transformer_lens_major
+from reference import BareTransformer, build, transformer_lens_model
+from settings import BRIDGE, NATIVE
+from timing import steady_malloc
+from tl4 import bridge_models, transformer_lens_major
 from torch import Tensor
 
 OURS, TL = "hookedattn", "transformer_lens"
-BENCH = Path(__file__).resolve().parent / "bench.py"
+BENCH = Path(__file__).resolve().parent  # run as a folder: its __main__.py
 
 
 def cache_stats(items: list[tuple[str, Tensor]]) -> dict:
@@ -38,6 +38,7 @@ def cache_stats(items: list[tuple[str, Tensor]]) -> dict:
 
 
 def status_bytes(field: str) -> int | None:
+    """A field of `/proc/self/status` (`VmHWM`, `VmRSS`) in bytes; None where it cannot be read."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
@@ -48,6 +49,7 @@ def status_bytes(field: str) -> int | None:
 
 
 def reset_peak_rss() -> bool:
+    """Reset this process's `VmHWM` to its current resident size; False where it cannot."""
     try:  # Linux: writing 5 to clear_refs resets VmHWM to the current resident size
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -65,7 +67,7 @@ MEMORY_MODES = (
     "transformer_lens run_with_cache, everything",
     *(f"{column} run_with_cache, everything" for column in (BRIDGE, NATIVE)),
 )
-# TransformerLens 4's full caches (`TransformerBridge`, `_bench_tl4`): its modes replace
+# TransformerLens 4's full caches (`TransformerBridge`, `tl4.py`): its modes replace
 # TransformerLens 3's where version 4 is installed.
 TL4_MODES = MEMORY_MODES[-2:]
 # The names a full cache of ours holds and TransformerLens's does not: each norm's output
@@ -152,7 +154,7 @@ def live_tensor_peak(fn: Any, tokens: Tensor) -> int:
 
 
 def _probe(setting: Any, mode: str, steady: bool) -> dict:
-    """`mode`'s peak, measured by `bench.py --memory-probe` in a fresh process (`steady`:
+    """`mode`'s peak, measured by `scripts/bench --memory-probe` in a fresh process (`steady`:
     with glibc's thresholds fixed)."""
     spec = {"setting": dataclasses.asdict(setting), "mode": mode, "steady_malloc": steady}
     spec = json.dumps(spec)

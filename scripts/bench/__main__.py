@@ -3,27 +3,32 @@
 Every measure is a ratio against a bare reference written here with the same weights (one
 fused qkv matmul, `scaled_dot_product_attention`, no hooks, no checks): the "physical
 limit" on this machine. The forward groups also time a second reference, hookedattn's own
-math written out without hook points (`_bench_same_math`: the explicit softmax over masked
+math written out without hook points (`same_math.py`: the explicit softmax over masked
 scores, the unfused LayerNorm: what hookedattn computes where a hook reads the scores), so
 that the cost of the hooks is told apart from the cost of the attention algorithm that they
 need. Contenders
 run interleaved in the same rounds (A B C, then C B A, ...), so a slow spell on a shared
 machine hits them all; each round gives one ratio per contender, and we report the median
-and min-max of those ratios and of the times (`_bench_timing`). Before timing, each
+and min-max of those ratios and of the times (`timing.py`). Before timing, each
 contender's output is checked against the reference's.
 
 When `transformer_lens` is installed (the optional `bench` extra) its numbers are another
 column on the same weights: TransformerLens 3's `HookedTransformer` ("transformer_lens"),
 or under TransformerLens 4, which has none, its `TransformerBridge` around the HuggingFace
-GPT-2 with our weights, in compatibility mode and as booted (`_bench_tl4`: the
+GPT-2 with our weights, in compatibility mode and as booted (`tl4.py`: the
 "transformer_lens 4 bridge" and "transformer_lens 4 native" columns). The two cannot share
 an interpreter; run the bench under each to get both. The `moe` section times an imported
-mixture of experts against transformers' own forward on the same weights (`_bench_moe`).
+mixture of experts against transformers' own forward on the same weights (`moe.py`).
 Sections that need parts of hookedattn not present yet are skipped with a note; nothing is
 ever estimated.
 
-    python scripts/bench.py            # full run, writes docs/benchmarks/latest.{json,md}
-    python scripts/bench.py --quick    # tiny settings, a smoke run of every section
+    python scripts/bench            # full run, writes docs/benchmarks/latest.{json,md}
+    python scripts/bench --quick    # tiny settings, a smoke run of every section
+
+This folder's other modules are the report's parts, imported by their plain names (running
+the folder puts it first on `sys.path`). Four also run on their own: `distributed.py` (a
+section here too), and the benches of the activation store, SAE training and transcoders
+(`store.py`, `sae.py`, `transcoders.py`), e.g. `python scripts/bench/store.py --quick`.
 
 Only torch and the standard library are used beyond hookedattn itself; the reference
 reshapes with plain torch on purpose (it is how one writes the fastest version by hand).
@@ -43,19 +48,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import _bench_analysis as analyses  # noqa: E402
-from _bench_distributed import distributed_section  # noqa: E402
-from _bench_generation import generation_section  # noqa: E402
-from _bench_hf import hf_forward, hf_gpt2  # noqa: E402
-from _bench_memory import LIVE, memory_probe, memory_section  # noqa: E402
-from _bench_moe import moe_section  # noqa: E402
-from _bench_reference import BareTransformer, build, transformer_lens_model  # noqa: E402
-from _bench_report import machine_info, markdown  # noqa: E402
-from _bench_same_math import SameMathTransformer  # noqa: E402
-from _bench_settings import (  # noqa: E402
+import analyses  # noqa: E402
+from distributed import distributed_section  # noqa: E402
+from generation import generation_section  # noqa: E402
+from hf import hf_forward, hf_gpt2  # noqa: E402
+from memory import LIVE, memory_probe, memory_section  # noqa: E402
+from moe import moe_section  # noqa: E402
+from reference import BareTransformer, build, transformer_lens_model  # noqa: E402
+from report import machine_info, markdown  # noqa: E402
+from same_math import SameMathTransformer  # noqa: E402
+from settings import (  # noqa: E402
     BARE_REF,
     FULL,
     QUICK,
@@ -64,8 +69,8 @@ from _bench_settings import (  # noqa: E402
     TARGETS,
     Setting,
 )
-from _bench_timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: E402
-from _bench_tl4 import bridge_models, transformer_lens_major  # noqa: E402
+from timing import CLOCKS, Contender, interleave, steady_malloc  # noqa: E402
+from tl4 import bridge_models, transformer_lens_major  # noqa: E402
 
 from hookedattn import HookedTransformer  # noqa: E402
 
@@ -164,6 +169,7 @@ class Run:
         self.extra: dict[str, Any] = {}
 
     def skip(self, section: str, measure: str, reason: str) -> None:
+        """Record (and print) a measure not taken, with why."""
         print(f"  skipped: {measure}: {reason}")
         self.skipped.append({"section": section, "measure": measure, "reason": reason})
 
@@ -220,6 +226,8 @@ class Run:
 
 
 def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
+    """The forward measures of setting `key` (or of the shipped model), in one group led by
+    the bare reference, each contender's logits checked against it first."""
     model, setting = shipped if shipped else (None, run.settings[key])
     print(f"forward [{key}] {setting.description}")
     if model is None:
@@ -257,6 +265,8 @@ def forward_section(run: Run, key: str, shipped: tuple | None = None) -> None:
 
 
 def compile_section(run: Run, key: str) -> None:
+    """`torch.compile` of the forward and of a fixed-names cache against eager, setting `key`;
+    the first calls' compile times go in `extra`."""
     setting = run.settings[key]
     print(f"torch.compile [{key}] {setting.description}")
     model, tokens = build(setting.cfg, setting.batch, setting.pos)

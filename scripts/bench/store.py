@@ -1,8 +1,8 @@
 """Benchmarks of the activation store (`hookedattn.store`): collection, memory, reading, ranks.
 
-    python scripts/_bench_store.py              # every measure (a few minutes on 2 cores)
-    python scripts/_bench_store.py --quick      # tiny settings: a smoke run
-    python scripts/_bench_store.py --json out.json
+    python scripts/bench/store.py              # every measure (a few minutes on 2 cores)
+    python scripts/bench/store.py --quick      # tiny settings: a smoke run
+    python scripts/bench/store.py --json out.json
 
 1. Collection throughput against a plain forward without hooks over the same contexts
    (stopping at the same layer), interleaved in rounds (plain, collect, collect, plain, ...)
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESID = "blocks.1.hook_resid_pre"
 
 
@@ -45,7 +45,7 @@ def shipped() -> Any:
 
 def gpt2_small_shape() -> Any:
     """The benchmark's GPT-2-small-shaped model (setting b: 12 layers, d_model 768), random."""
-    from _bench_settings import FULL
+    from settings import FULL
 
     from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig
 

@@ -1,4 +1,4 @@
-"""The bare reference of `scripts/bench.py`: the same weights, written for speed by hand.
+"""The bare reference of `scripts/bench`: the same weights, written for speed by hand.
 
 Plain torch (views and permutes rather than einops) on purpose: this is the fastest forward
 one would write without hooks, the "physical limit" every contender is measured against.
@@ -65,23 +65,27 @@ class BareTransformer(ReferenceTransformer):
         return fused
 
     def norm(self, x: Tensor, weights: dict | None) -> Tensor:
+        """LayerNorm with `weights` (`w`, `b`); the identity where there is none."""
         if weights is None:
             return x
         return F.layer_norm(x, (self.cfg.d_model,), weights["w"], weights["b"], self.cfg.eps)
 
     def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """Token embeddings plus positional ones from position `start`."""
         x = F.embedding(tokens, self.W_E)
         if self.W_pos is not None:
             x = x + self.W_pos[start : start + tokens.shape[1]]
         return x
 
     def qkv(self, layer: dict, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of `layer` from one fused matmul."""
         batch, pos, _ = x.shape
         qkv = F.linear(self.norm(x, layer["ln1"]), layer["W_qkv"], layer["b_qkv"])
         q, k, v = qkv.view(batch, pos, 3, self.cfg.n_heads, self.cfg.d_head).permute(2, 0, 3, 1, 4)
         return q, k, v  # each [batch head pos d_head]
 
     def finish_layer(self, layer: dict, x: Tensor, z: Tensor) -> Tensor:
+        """The stream after `layer`: the heads' outputs `z` written in, then the MLP."""
         batch, _, pos, _ = z.shape
         z = z.transpose(1, 2).reshape(batch, pos, -1)
         x = x + F.linear(z, layer["W_O"], layer["b_O"])
@@ -91,6 +95,7 @@ class BareTransformer(ReferenceTransformer):
         return x + F.linear(h, layer["W_out"], layer["b_out"])
 
     def unembed(self, x: Tensor) -> Tensor:
+        """Logits from the final stream."""
         return F.linear(self.norm(x, self.ln_final), self.W_U, self.b_U)
 
     def __call__(self, tokens: Tensor) -> Tensor:

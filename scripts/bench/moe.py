@@ -1,4 +1,4 @@
-"""The mixture-of-experts row of `scripts/bench.py`: our forward against transformers' own on
+"""The mixture-of-experts row of `scripts/bench`: our forward against transformers' own on
 the same weights.
 
 An OLMoE-shaped model (many small experts, several per token, q/k norms) is built from

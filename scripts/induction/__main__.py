@@ -1,7 +1,7 @@
 """The induction circuit of the shipped two-layer attention-only model, as a report.
 
-    python scripts/induction_circuit.py                 # writes reports/induction-circuit/
-    python scripts/induction_circuit.py --out DIR
+    python scripts/induction              # writes reports/induction-circuit/
+    python scripts/induction --out DIR
 
 Loads the shipped models (no training, no network), measures the findings of Elhage et al.
 2021 and Olsson et al. 2022 on them against their baselines, and writes `report.md` with
@@ -9,11 +9,11 @@ PNG figures into the folder, printing where. It takes under a minute of CPU (the
 gives measured times). The measures and thresholds are `analysis.induction`'s, which
 `tests/test_findings.py` checks on the same models.
 
-Figures and text are in `scripts/_induction_figures.py` and `scripts/_induction_text.py`;
-what the report measures beside `analysis.induction` is in `scripts/_induction_measures.py`,
-its sections on SAE features and on discovering the circuit from its edges
-(`analysis.discovery`) in `scripts/_induction_features.py` and
-`scripts/_induction_discovery.py`.
+This is the folder's `__main__.py`; the rest of `scripts/induction/` is its parts, imported
+by their plain names (running the folder puts it first on `sys.path`). Figures and text are
+in `figures.py` and `text.py`; what the report measures beside `analysis.induction` is in
+`measures.py`, its sections on SAE features and on discovering the circuit from its edges
+(`analysis.discovery`) in `features.py` and `discovery.py`.
 """
 
 import argparse
@@ -49,11 +49,11 @@ from hookedattn.core._pretrained import pretrained_info
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _induction_figures as figures
-from _induction_discovery import discovery_section
-from _induction_features import feature_section, insert_section
-from _induction_measures import Circuit, Dynamics, dynamics, find_circuit
-from _induction_text import write_report
+import figures
+from discovery import discovery_section
+from features import feature_section, insert_section
+from measures import Circuit, Dynamics, dynamics, find_circuit
+from text import write_report
 
 N_WINDOWS = 512  # held-out windows: the early-minus-late difference needs this many
 N_CHECKPOINT_WINDOWS = 128  # for each checkpoint: enough to follow the trend, 4x cheaper

@@ -1,8 +1,8 @@
-"""The distributed section of `scripts/bench.py`: two tensor-parallel ranks against one process.
+"""The distributed section of `scripts/bench`: two tensor-parallel ranks against one process.
 
-    python scripts/_bench_distributed.py              # settings a and b (minutes on 2 cores)
-    python scripts/_bench_distributed.py --quick      # a tiny setting: a smoke run
-    python scripts/bench.py --sections distributed    # the same, inside the benchmark report
+    python scripts/bench/distributed.py             # settings a and b (minutes on 2 cores)
+    python scripts/bench/distributed.py --quick     # a tiny setting: a smoke run
+    python scripts/bench --sections distributed     # the same, inside the benchmark report
 
 One `torchrun --nproc_per_node 2` job (gloo on CPUs, NCCL on GPUs): each rank loads the
 model split (`HookedTransformer.load(path, tp_size=2)`, reading its slices), then the whole
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SELF = Path(__file__).resolve()
 sys.path.insert(0, str(ROOT))
 
@@ -213,10 +213,10 @@ def rows(setting_key: str, measured: dict, group_start: int) -> list[dict]:
 
 
 def distributed_section(run: Any, keys: tuple[str, ...] = ("a", "b")) -> None:
-    """`scripts/bench.py`'s section: rows per setting, and the per-rank figures in `extra`."""
+    """`scripts/bench`'s section: rows per setting, and the per-rank figures in `extra`."""
     if run.quick:
         run.skip("distributed", "2 ranks against 1 process",
-                 "not in --quick runs (launches torchrun); python scripts/_bench_distributed.py "
+                 "not in --quick runs (launches torchrun); python scripts/bench/distributed.py "
                  "--quick is its smoke run")  # fmt: skip
         return
     run.extra["distributed"] = {}
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_load is not None:
         print(json.dumps(probe_load(args.probe_load)))
         return 0
-    from _bench_settings import FULL, QUICK
+    from settings import FULL, QUICK
 
     settings = QUICK if args.quick else FULL
     rounds = args.rounds or (3 if args.quick else 9)

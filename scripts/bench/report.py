@@ -1,4 +1,4 @@
-"""Reporting for `scripts/bench.py`: the machine, cache sizes, resident memory, Markdown."""
+"""Reporting for `scripts/bench`: the machine, cache sizes, resident memory, Markdown."""
 
 import os
 import platform
@@ -9,6 +9,7 @@ import torch
 
 
 def machine_info(root: Path) -> dict:
+    """The machine, the versions, the threads, the commit of `root` and the load at the start."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -53,8 +54,8 @@ def _cell(row: dict | None) -> str:
 
 
 _MALLOC = {
-    "steady": "with fixed thresholds (`_bench_timing.STEADY_MALLOC`), so that page faults "
-    "do not vary from one process to the next.",
+    "steady": "with fixed thresholds (`STEADY_MALLOC` in `scripts/bench/timing.py`), so that "
+    "page faults do not vary from one process to the next.",
     "default": "with its default adaptive thresholds.",
 }
 

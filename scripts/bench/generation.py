@@ -1,4 +1,4 @@
-"""Generation measures of `scripts/bench.py`: greedy decoding against the bare KV-cached
+"""Generation measures of `scripts/bench`: greedy decoding against the bare KV-cached
 loop, with and without a KV cache, beside transformers' and TransformerLens's `generate`,
 and the cost of `generate(..., return_cache=True)` against our generation without it."""
 
@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _bench_hf import hf_generate, hf_gpt2
-from _bench_reference import BareTransformer, build
-from _bench_tl4 import transformer_lens_major
+from hf import hf_generate, hf_gpt2
+from reference import BareTransformer, build
+from tl4 import transformer_lens_major
 from torch import Tensor
 
 from hookedattn import HookedTransformer

@@ -1,4 +1,4 @@
-"""Timing for `scripts/bench.py`: interleaved rounds, per-round ratios, the clock, malloc.
+"""Timing for `scripts/bench`: interleaved rounds, per-round ratios, the clock, malloc.
 
 Contenders run interleaved in the same rounds (A B C, then C B A, ...), so that a slow spell
 on a shared machine hits them all; each round gives one ratio per contender against the

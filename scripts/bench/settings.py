@@ -1,7 +1,7 @@
 """The benchmark's settings (model shapes and batches, full and quick) and its targets.
 
 Each target is on the median ratio of hookedattn's row to a reference timed in the same
-rounds; `scripts/bench.py` measures them and `_bench_report` writes them out.
+rounds; `scripts/bench` measures them and `report.py` writes them out.
 """
 
 import dataclasses
@@ -64,7 +64,7 @@ QUICK = _by_key(
 
 # The two references of the forward groups; `SAME_MATH` rows are also contender "bare".
 BARE_REF, SAME_MATH, TL_REF = "bare", "same math", "transformer_lens"
-# TransformerLens 4's columns (`_bench_tl4`): its bridge in compatibility mode, and as booted.
+# TransformerLens 4's columns (`tl4.py`): its bridge in compatibility mode, and as booted.
 BRIDGE, NATIVE = "transformer_lens 4 bridge", "transformer_lens 4 native"
 SAME_MATH_MEASURE = "plain forward, same math without hooks (hook-free reference)"
 

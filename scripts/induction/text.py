@@ -1,4 +1,4 @@
-"""The Markdown of `scripts/induction_circuit.py`'s report, from its measurements.
+"""The Markdown of `scripts/induction`'s report, from its measurements.
 
 Written for a reader of `scripts/worklog.py` (the executable notes this project started
 from): it uses their notation (`x @ W_Q`, the attention weights, `W_OV = W_V @ W_O`) and
@@ -378,12 +378,12 @@ def _questions_section(r: object) -> str:
 
 
 def write_report(out: Path, r: object) -> Path:
-    """Write `report.md` into `out` from the measurements `r` (see `induction_circuit.main`)."""
+    """Write `report.md` into `out` from the measurements `r` (see `main` in `__main__.py`)."""
     c = r.circuit
     P, H = f"L0H{c.prev_head}", f"L1H{c.induction_head}"
     sections = [
         f"# How `bytes-attn-only-2l` does induction\n\n"
-        f"Written by `python scripts/induction_circuit.py` in {r.seconds:.0f} s of wall "
+        f"Written by `python scripts/induction` in {r.seconds:.0f} s of wall "
         f"time ({r.cpu_seconds:.0f} s of CPU) from the shipped models "
         f"(`HookedTransformer.from_pretrained`), torch {r.torch_version}. Every number "
         f"below is measured by that run; every threshold is stated against a baseline "
