@@ -20,7 +20,7 @@ from hookedattn.core import _tokenization, parallel, processing
 from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
-from hookedattn_tl import _generation, _streaming
+from hookedattn_tl import _streaming
 from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl._refactor import refactor_factored_attn_matrices as refactor_attention
 from hookedattn_tl.ActivationCache import ActivationCache
@@ -238,8 +238,10 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         verbose: bool = True,
         **kwargs: Any,
     ) -> Any:
-        """TL's `generate`: samples by default; `freq_penalty` subtracts, before sampling,
-        `freq_penalty` times the number of times each token already occurs.
+        """TL's `generate`: samples by default; `freq_penalty` (with sampling, as in TL)
+        subtracts, after the temperature, `freq_penalty` times the number of times each
+        token already occurs in its row. Other keywords of the core's `generate` pass
+        through.
 
         `verbose` (TL's progress bar) is accepted and ignored. Without a tokenizer, text
         input and `stop_at_eos` without `eos_token_id` raise `TLAssertionError` (a
@@ -255,23 +257,21 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                     "generate(stop_at_eos=True) needs eos_token_id= when the model has no "
                     "tokenizer (or pass stop_at_eos=False)"
                 )
-        options = dict(
+        return super().generate(
+            input,
+            max_new_tokens,
             stop_at_eos=stop_at_eos,
             eos_token_id=eos_token_id,
             do_sample=do_sample,
             top_k=top_k,
             top_p=top_p,
             temperature=temperature,
+            freq_penalty=freq_penalty if do_sample else 0.0,  # TL's greedy path ignores it
             use_past_kv_cache=use_past_kv_cache,
             prepend_bos=self._prepend_bos(prepend_bos),
             return_type=return_type or "input",
             **kwargs,
         )
-        if freq_penalty and do_sample:
-            return _generation.generate_with_freq_penalty(
-                self, input, max_new_tokens, freq_penalty, options
-            )
-        return super().generate(input, max_new_tokens, **options)
 
     # TL's streaming generation, with its signature (hookedattn_tl/_streaming.py).
     generate_stream = _streaming.generate_stream

@@ -10,7 +10,7 @@ TL's chunks.
 from collections.abc import Iterator
 from typing import Any
 
-from hookedattn.core._streaming import generate_stream as _core_stream
+from hookedattn.core.generation import generate_stream as _core_stream
 
 
 def generate_stream(
@@ -33,11 +33,9 @@ def generate_stream(
     **kwargs: Any,
 ) -> Iterator[Any]:
     """TL's `generate_stream`: token chunks (the first with the prompt), or text for a text
-    prompt, joined equal to `generate`'s output. `freq_penalty` is not streamed: use
-    `generate` for it. Keyword arguments of the core's `generate_stream` (`seed`,
-    `stop_strings`, `attention_mask`, ...) pass through."""
-    if freq_penalty and do_sample:
-        raise ValueError("generate_stream does not apply freq_penalty; use generate for it")
+    prompt, joined equal to `generate`'s output (`freq_penalty` with sampling, as there).
+    Keyword arguments of the core's `generate_stream` (`seed`, `stop_strings`,
+    `attention_mask`, ...) pass through."""
     yield from _core_stream(
         model,
         input,
@@ -49,6 +47,7 @@ def generate_stream(
         top_k=top_k,
         top_p=top_p,
         temperature=temperature,
+        freq_penalty=freq_penalty if do_sample else 0.0,
         use_past_kv_cache=use_past_kv_cache,
         prepend_bos=model._prepend_bos(prepend_bos),
         return_type=return_type or "input",

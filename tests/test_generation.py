@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from hookedattn import ByteTokenizer, HookedTransformer, HookedTransformerConfig, KeyValueCache
-from hookedattn.core._generation import Generated, Sampling, generation_steps, next_token_probs
-from hookedattn.core._stopping import StopRule
+from hookedattn.core.generation import (
+    Generated,
+    GenerationOptions,
+    Sampling,
+    generation_steps,
+    next_token_probs,
+    prompt_of,
+)
 from hookedattn.core.tolerances import tolerance
 from hookedattn.testing import tiny_model
 
@@ -55,16 +61,17 @@ def greedy_reference(model, prompt, n_new):
     return tokens[len(prompt) :]
 
 
-def stop_at(eos, pad=258):
-    """Rows end at the token `eos` and continue with `pad`."""
-    return StopRule(torch.tensor(eos), pad)
+def steps_of(model, tokens, mask=None, **options):
+    """The steps of the generation loop; rows end only at `eos_token_id`, if given."""
+    options.setdefault("stop_at_eos", "eos_token_id" in options)
+    prompt = prompt_of(model, tokens, mask, None)
+    return prompt, generation_steps(model, prompt, GenerationOptions(**options))
 
 
 def generate_tokens(model, tokens, mask, **options):
-    """Every step of `generation_steps`, assembled with its prompt."""
-    return Generated.from_steps(
-        model, tokens, mask, generation_steps(model, tokens, mask, **options)
-    )
+    """Every step of the generation loop, assembled with its prompt (padding: 258, the byte
+    tokenizer's)."""
+    return Generated.from_steps(*steps_of(model, tokens, mask, **options))
 
 
 # ---------------------------------------------------------------- equivalences
@@ -85,7 +92,7 @@ def test_padded_batch_generates_what_each_prompt_generates_alone(model):
 
 def test_each_kv_cache_step_has_the_logits_of_a_full_forward(model):
     tokens, mask = left_padded(PROMPTS)
-    steps = list(generation_steps(model, tokens, mask, max_new_tokens=6))
+    steps = list(steps_of(model, tokens, mask, max_new_tokens=6)[1])
     full_tokens = torch.cat([tokens, *[s.tokens[:, None] for s in steps]], dim=1)
     full_mask = torch.cat([mask, torch.ones(len(PROMPTS), len(steps), dtype=torch.long)], dim=1)
     full = model(full_tokens, attention_mask=full_mask)
@@ -173,7 +180,7 @@ def test_stop_at_eos_pads_finished_sequences_and_stops_when_all_are(plain_model)
     expected = {row: greedy_reference(plain_model, p, 8) for row, p in enumerate(PROMPTS[:2])}
     eos = expected[0][2]  # the third token row 0 generates
     tokens, mask = left_padded(PROMPTS[:2])
-    out = generate_tokens(plain_model, tokens, mask, max_new_tokens=8, stop=stop_at([eos]))
+    out = generate_tokens(plain_model, tokens, mask, max_new_tokens=8, eos_token_id=[eos])
     for row in range(2):
         new = out.tokens[row, tokens.shape[1] :].tolist()
         new_mask = out.attention_mask[row, tokens.shape[1] :].tolist()
@@ -192,7 +199,7 @@ def test_a_row_that_finishes_first_pads_an_unpadded_batch(model, use_past_kv_cac
     expected = [greedy_reference(model, p, 8) for p in prompts]
     eos = next(t for t in expected[0] if t not in expected[1])  # row 0 stops, row 1 not
     out = generate_tokens(
-        model, torch.tensor(prompts), None, max_new_tokens=8, stop=stop_at([eos]),
+        model, torch.tensor(prompts), None, max_new_tokens=8, eos_token_id=[eos],
         use_past_kv_cache=use_past_kv_cache,
     )  # fmt: skip
     stop = expected[0].index(eos) + 1

@@ -14,8 +14,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from hookedattn import KeyValueCache
-from hookedattn.core._generation import generation_steps
 from hookedattn.core.components.mlp import MLP
+from hookedattn.core.generation import GenerationOptions, generation_steps, prompt_of
 from hookedattn.testing import random_tokens
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -40,9 +40,15 @@ def prompt(model, padded, batch=3, pos=5):
     return tokens, mask
 
 
+def loop_steps(model, tokens, mask=None, **options):
+    """The generation loop's steps (no stop token)."""
+    prompt = prompt_of(model, tokens, mask, None)
+    return generation_steps(model, prompt, GenerationOptions(stop_at_eos=False, **options))
+
+
 def run(model, tokens, mask=None, hooks=(), n=6, **options):
     with model.hooks(fwd_hooks=list(hooks)):
-        return list(generation_steps(model, tokens, mask, max_new_tokens=n, **options))
+        return list(loop_steps(model, tokens, mask, max_new_tokens=n, **options))
 
 
 def assert_same_steps(once, per_layer, tol):
@@ -105,7 +111,7 @@ def test_a_hook_attached_between_steps_runs_from_the_next_step_on():
     shift = [("blocks.0.hook_resid_post", lambda x, hook: x + direction.to(x.dtype))]
 
     def steps(early_hooks):
-        it = generation_steps(model, tokens, max_new_tokens=4)
+        it = loop_steps(model, tokens, max_new_tokens=4)
         with model.hooks(fwd_hooks=early_hooks):
             first = [next(it), next(it)]  # the prompt, then one decode step
         with model.hooks(fwd_hooks=shift):
@@ -150,7 +156,7 @@ def test_a_nan_key_at_a_padding_position_stays_unread_as_when_checked_per_layer(
         k[0, 0] = float("nan")  # row 0 is padded at positions 0 and 1
 
     def steps(hooks_after_prompt):
-        it = generation_steps(model, tokens, mask, max_new_tokens=3)
+        it = loop_steps(model, tokens, mask, max_new_tokens=3)
         with model.hooks(fwd_hooks=[("blocks.1.attn.hook_k", poison)]):
             first = next(it)  # the prompt's keys are stored with the NaN
         with model.hooks(fwd_hooks=hooks_after_prompt):
@@ -164,7 +170,7 @@ def test_a_nan_key_at_a_padding_position_stays_unread_as_when_checked_per_layer(
 # ---------------------------------------------------------------- weights and modules
 def test_a_weight_edited_between_steps_is_seen_in_place_and_by_assignment():
     def steps(model, hooks):
-        it = generation_steps(model, *prompt(model, False), max_new_tokens=5)
+        it = loop_steps(model, *prompt(model, False), max_new_tokens=5)
         with model.hooks(fwd_hooks=hooks):
             out = [next(it), next(it)]
             with torch.no_grad():

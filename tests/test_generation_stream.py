@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hookedattn import ByteTokenizer
-from hookedattn.core._sampling import RowSampler, Sampling, next_token_probs
+from hookedattn.core.generation import RowSampler, Sampling, next_token_probs
 from hookedattn.testing import tiny_model
 from hookedattn_tl import HookedTransformer as TLHookedTransformer
 

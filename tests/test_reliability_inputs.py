@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hookedattn.core._generation import Sampling
+from hookedattn.core.generation import Sampling
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.tokenizers import ByteTokenizer, CharTokenizer
 from hookedattn.testing import tiny_model

@@ -8,6 +8,8 @@
     model           HookedTransformer: prepare the input, run the blocks, unembed
     cache           ActivationCache, what run_with_cache returns
     kv_cache        keys and values of positions already run (generation)
+    generation      generate, generate_steps, generate_stream: the one loop and its options
+    shapes          the tensors passed around, named once with their axes
     hf              importers of HuggingFace families
     processing      weight folding and centring
     factored_matrix FactoredMatrix, for circuits
@@ -36,8 +38,6 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 """
 
 from hookedattn.core import names, tolerances
-from hookedattn.core._generate import GenerationWithCache
-from hookedattn.core._generation import GenerationPosition, GenerationStep, generation_position
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weight_views import require_bilinear_scores
@@ -53,6 +53,13 @@ from hookedattn.core._weights_io import (
 from hookedattn.core.cache import ActivationCache, CacheEditedError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
+from hookedattn.core.generation import (
+    GenerationOptions,
+    GenerationPosition,
+    GenerationStep,
+    GenerationWithCache,
+    generation_position,
+)
 from hookedattn.core.hook_points import (
     HookedRootModule,
     HookPoint,
@@ -98,6 +105,7 @@ __all__ = [
     "CharTokenizer",
     "CheckpointError",
     "FactoredMatrix",
+    "GenerationOptions",
     "GenerationPosition",
     "GenerationStep",
     "GenerationWithCache",

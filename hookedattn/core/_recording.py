@@ -74,11 +74,18 @@ def _thread() -> int:
     return threading.get_ident()
 
 
-class _Depth:
+class Depth:
     """How many forwards of the model are running on `thread` now (module docstring)."""
 
     def __init__(self, thread: int) -> None:
         self.thread, self.value = thread, 0
+
+    def watch(self, model: Any) -> list[Any]:
+        """Count `model`'s forwards from now on: the handles of the root's hooks that do."""
+        return [
+            model.register_forward_pre_hook(self.enter),
+            model.register_forward_hook(self.leave, always_call=True),
+        ]
 
     def enter(self, module: Any, args: Any) -> None:
         """A forward pre-hook of the root module."""
@@ -92,9 +99,9 @@ class _Depth:
 
 
 @dataclasses.dataclass
-class _Recorder:
+class Recorder:
     """Where a cached forward's activations go, and how each is kept (the options of
-    `run_with_cache`)."""
+    `run_with_cache`; a generation's recorder keeps each step's with the same rules)."""
 
     index: slice | Tensor | None
     pos_slice: PosSlice
@@ -104,7 +111,7 @@ class _Recorder:
     # Our forward never writes to an activation in place, but a user's hook may. Only then
     # can a recorded tensor change after the fact, so only then is it copied.
     must_copy: bool
-    depth: _Depth
+    depth: Depth
     store: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     versions: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -170,8 +177,8 @@ def run_with_cache(
     points = model.hook_points_for(names_filter)
     must_copy = any(not h.is_cache for h in model.attached_hooks())
     thread = threading.get_ident()
-    depth = _Depth(thread)
-    recorder = _Recorder(
+    depth = Depth(thread)
+    recorder = Recorder(
         _pos_index(pos_slice), pos_slice, remove_batch_dim, device, dtype, must_copy, depth
     )
     save = recorder.forward_hook()
@@ -181,10 +188,7 @@ def run_with_cache(
             p.add_hook(recorder.save_gradient, dir="bwd", _is_cache=True, _thread=thread)
             for p in points
         ]
-    handles += [
-        model.register_forward_pre_hook(depth.enter),
-        model.register_forward_hook(depth.leave, always_call=True),
-    ]
+    handles += depth.watch(model)
     try:
         output = model(*model_args, **model_kwargs)
         if incl_bwd:

@@ -65,7 +65,6 @@ MODEL: dict[str, str] = {
     "refactor_factored_attn_matrices": "model.QK and model.OV (FactoredMatrix circuits, the "
     "same however W_Q, W_K, W_V, W_O are split)",
     "all_composition_scores": "analysis.composition_scores(model)",
-    "generate_stream": "hookedattn.core._generation.generation_steps(model, tokens, ...)",
     "set_tokenizer": "model.tokenizer = hookedattn.HFTokenizer(tokenizer)",
     "list_hooks": "model.attached_hooks()",
     "load_and_process_state_dict": "model.load_state_dict(state_dict), then "

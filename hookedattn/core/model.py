@@ -23,13 +23,12 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import (
-    _generate,
     _inputs,
     _pretrained,
     _recording,
-    _streaming,
     _tokenization,
     _weights_io,
+    generation,
     hf,
     kernels,
 )
@@ -285,12 +284,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """The first (or, `mode="last"`, last) position of a token in a string or id sequence."""
         return _tokenization.get_token_position(self, single_token, input, mode, prepend_bos)
 
-    # Continue a prompt token by token (`hookedattn.core._generate`; its parameters are in the
+    # Continue a prompt token by token (`hookedattn.core.generation`; the options are in the
     # signature, as `help(model.generate)` shows): all at once, step by step with each step's
     # activations, or as a stream of tokens or text (TransformerLens's `generate_stream`).
-    generate = _generate.generate
-    generate_steps = _generate.generate_steps
-    generate_stream = _streaming.generate_stream
+    generate = generation.generate
+    generate_steps = generation.generate_steps
+    generate_stream = generation.generate_stream
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

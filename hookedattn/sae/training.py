@@ -92,26 +92,64 @@ def train_sae(
     mean, scale = _normalisation(store, name)
     sae = _new_sae(store, name, d_sae, l1, k, seed)
     objective = _objective(sae, l1, l0, bandwidth, threshold)
-    optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
-    since_fired = torch.zeros(d_sae, dtype=torch.long)
+    schedule = _Schedule(steps, batch_size, seed, resample_every, dead_window, log_every,
+                         checkpoint_every, checkpoint_dir)  # fmt: skip
     bar = tqdm(total=steps, disable=not progress, desc=f"SAE {name}", unit="step")
-    for step, batch in enumerate(_batches(store, name, batch_size, seed, steps)):
+    batches = _batches(store, name, batch_size, seed, steps)
+    _train(sae, objective, torch.optim.Adam(sae.parameters(), lr=lr), batches, (mean, scale),
+           schedule, bar, log)  # fmt: skip
+    bar.close()
+    _fold(sae, mean, scale)
+    _check_finite(sae, steps, lr)
+    return sae
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """When a training run resamples, logs and saves (`train_sae`'s arguments)."""
+
+    steps: int
+    batch_size: int
+    seed: int
+    resample_every: int | None
+    dead_window: int
+    log_every: int
+    checkpoint_every: int | None
+    checkpoint_dir: str | Path | None
+
+
+def _train(
+    sae: SparseAutoencoder,
+    objective: Any,
+    optimizer: torch.optim.Optimizer,
+    batches: Any,
+    units: tuple[Tensor, float],
+    run: _Schedule,
+    bar: Any,
+    log: list[TrainingStep] | None,
+) -> None:
+    """The training loop: one Adam step per batch of normalised rows (`units`: the mean
+    and scale), dead features counted, resampled, logged and checkpointed as `run` says."""
+    mean, scale = units
+    since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long)
+    for step, batch in enumerate(batches):
         x = (batch.float() - mean) / scale
         loss, acts, recons = _step(sae, optimizer, x, objective)
         # Activations are never negative, so a column's max says whether it fired; this
         # is a tenth of the cost of (acts > 0).any(0), which would be a tenth of a step.
         since_fired = torch.where(acts.amax(0) > 0, 0, since_fired + 1)
-        if resample_every is not None and (step + 1) % resample_every == 0 and step + 1 < steps:
-            since_fired = _resampled(sae, optimizer, x, since_fired, dead_window, seed, step)
-        if step % log_every == 0 or step == steps - 1:
-            record = _measure(step, batch_size, loss, acts, x, recons, since_fired, dead_window)
+        every = run.resample_every
+        if every is not None and (step + 1) % every == 0 and step + 1 < run.steps:
+            since_fired = _resampled(
+                sae, optimizer, x, since_fired, run.dead_window, run.seed, step
+            )
+        if step % run.log_every == 0 or step == run.steps - 1:
+            record = _measure(
+                step, run.batch_size, loss, acts, x, recons, since_fired, run.dead_window
+            )
             _report(bar, log, record)
-        _checkpoint(sae, mean, scale, step, checkpoint_every, checkpoint_dir)
+        _checkpoint(sae, mean, scale, step, run.checkpoint_every, run.checkpoint_dir)
         bar.update()
-    bar.close()
-    _fold(sae, mean, scale)
-    _check_finite(sae, steps, lr)
-    return sae
 
 
 def _check_finite(sae: SparseAutoencoder, steps: int, lr: float) -> None:

@@ -1,4 +1,4 @@
-"""Generating text: one token at a time, each step reading the keys and values of the
+"""The generation loop: one token at a time, each step reading the keys and values of the
 positions before it from a `KeyValueCache` instead of running them again.
 
 The parallel forward and this sequential loop compute the same numbers: position `i` only
@@ -7,42 +7,31 @@ step computes for position `i` are the logits a full forward gives at `i`. What 
 parallel is every position of one forward; what runs in sequence is only the choice of the
 next token, which needs the logits of the one before.
 
-Batches are left-padded (as in TransformerLens), so that the last position of every row is
-a real token whose logits choose the next one. A row that has ended (`_stopping`: a stop
-token, a stop string, its own `max_new_tokens`) is continued with padding, masked out in the
-returned `attention_mask`. Hooks attached to the model (`with model.hooks(...)`) run at every
-step; with none attached, a step takes the fast decode path (`_decode`), to the same numbers.
-
-This module is the loop (`generation_steps`); `_generate` reads `generate`'s arguments and
-builds its output, `_streaming` streams it.
+A step is the model's own forward over the new tokens (the same blocks, with a cache; where
+nothing listens, one check of the fused kernels per step). Batches are left-padded, so that
+the last position of every row is a real token whose logits choose the next one. A row that
+has ended (`_stopping`) is continued with padding, masked out in the returned mask. Hooks
+attached to the model run at every step.
 """
 
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from hookedattn.core._generation_cache import StepRecorder, step_cache
-from hookedattn.core._sampling import (
-    RowSampler,
-    Sampling,
-    choose_next_tokens,
-    next_token_probs,
-)
-from hookedattn.core._stopping import StopRule
+from hookedattn.core import _tokenization
 from hookedattn.core.cache import ActivationCache
+from hookedattn.core.generation._options import GenerationOptions, Prompt
+from hookedattn.core.generation._recording import StepRecorder
+from hookedattn.core.generation._sampling import FrequencyPenalty, RowSampler, choose_next_tokens
+from hookedattn.core.generation._stopping import StopRule, stop_rule
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kv_cache import KeyValueCache
-
-# Re-exported: the TransformerLens facade and the tests read them here.
-__all__ = ["Sampling", "choose_next_tokens", "next_token_probs"]
-
-GREEDY = Sampling()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,65 +89,49 @@ class Generated:
         return f"Generated(batch={batch}, pos={pos}, n_new={self.n_new})"
 
     @classmethod
-    def from_steps(
-        cls, model: Any, tokens: Tensor, attention_mask: Tensor | None, steps: Iterable
-    ) -> "Generated":
-        """The prompt and the tokens of `steps` (`generation_steps` of that prompt, run to
-        the end here), with their mask: a token is real up to and including the one that
-        ends its row."""
-        tokens, mask = _checked_prompt(model, tokens, attention_mask)
+    def from_steps(cls, prompt: Prompt, steps: Iterable[GenerationStep]) -> "Generated":
+        """The prompt and the tokens of `steps` (run to the end here), with their mask: a
+        token is real up to and including the one that ends its row."""
         new_tokens, real = [], []
         for step in steps:
             new_tokens.append(step.tokens)
             real.append(step.real)
         if not new_tokens:
-            return cls(tokens, mask, 0)
+            return cls(prompt.tokens, prompt.attention_mask, 0)
         return cls(
-            torch.cat([tokens, torch.stack(new_tokens, dim=1)], dim=1),
-            torch.cat([mask, torch.stack(real, dim=1).long()], dim=1),
+            torch.cat([prompt.tokens, torch.stack(new_tokens, dim=1)], dim=1),
+            torch.cat([prompt.attention_mask, torch.stack(real, dim=1).long()], dim=1),
             len(new_tokens),
         )
 
 
-def _checked_prompt(
-    model: Any, tokens: Tensor, attention_mask: Tensor | None
-) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-    tokens = model._as_tokens(tokens)
-    batch, n_prompt = tokens.shape
-    if n_prompt == 0:
-        raise ValueError("the prompt is empty: give at least one token to continue")
-    if attention_mask is None:
-        return tokens, torch.ones_like(tokens)
-    if tuple(attention_mask.shape) != (batch, n_prompt):
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens are "
-            f"{(batch, n_prompt)}"
-        )
-    attention_mask = attention_mask.to(device=tokens.device, dtype=torch.long)
-    if bool((attention_mask[:, -1] == 0).any()):
-        rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
-        raise ValueError(
-            f"rows {rows} end in padding: generation needs left padding, so that each row's "
-            f"last position is the token to continue (to_tokens(..., padding_side='left'))"
-        )
-    return tokens, attention_mask
+def generation_steps(
+    model: Any,
+    prompt: Prompt,
+    options: GenerationOptions,
+    recorder: StepRecorder | None = None,
+    record_last: bool = False,
+) -> Iterator[GenerationStep]:
+    """Generate step by step, yielding each step's choice and logits (`options` say how).
 
-
-def _limits(max_new_tokens: Any) -> tuple[int, list[int] | None]:
-    """The number of steps, and the per-row limits where `max_new_tokens` gives them."""
-    if isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, str):
-        for n in max_new_tokens:
-            _check_count(n)
-        return max(max_new_tokens, default=0), list(max_new_tokens)
-    _check_count(max_new_tokens)
-    return max_new_tokens, None
-
-
-def _check_count(n: Any) -> None:
-    if not isinstance(n, int) or isinstance(n, bool):
-        raise TypeError(f"max_new_tokens must be an int or a list of ints, got {n!r}")
-    if n < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {n}")
+    With `use_past_kv_cache` the prompt runs once and every later step runs only the new
+    token against the cache; without, every step runs the whole sequence again. Both give
+    the same logits (the tests check it). With a `recorder` attached, each step carries
+    the activations of its forward; `record_last` runs one more forward over the last
+    tokens chosen, so that the recorder holds every position (its logits are not a step).
+    Meanwhile each layer keeps its fused q/k/v weights (`keeping_fused_weights`).
+    """
+    batch, n_prompt = prompt.tokens.shape
+    _check_length(model.cfg, n_prompt, options.n_steps)
+    stop = _stop_rule(model, options, batch, prompt.tokens.device)
+    choose = _chooser(model, options, prompt)
+    capacity = n_prompt + options.n_steps  # the last forward of `record_last` included
+    cache = None
+    if options.use_past_kv_cache:
+        cache = KeyValueCache.empty(model.cfg, batch, capacity=capacity)
+    loop = _Loop(model, prompt, cache, choose, stop, recorder)
+    with model.keeping_fused_weights():
+        yield from _stepwise(loop.steps(options.n_steps, record_last), recorder)
 
 
 def _check_length(cfg: Any, n_prompt: int, n_steps: int) -> None:
@@ -170,57 +143,59 @@ def _check_length(cfg: Any, n_prompt: int, n_steps: int) -> None:
         )
 
 
-def default_stop(device: torch.device) -> StopRule:
-    """No stop token, string or per-row limit: every row runs all the steps."""
-    return StopRule(torch.empty(0, dtype=torch.long, device=device), 0)
+def _stop_rule(model: Any, options: GenerationOptions, batch: int, device: Any) -> StopRule:
+    """When each row ends: the options' stop tokens and strings, and per-row limits."""
+    tokenizer = _tokenization.tokenizer_of(model) if model.tokenizer is not None else None
+    stop = stop_rule(
+        tokenizer,
+        stop_at_eos=options.stop_at_eos,
+        eos_token_id=options.eos_token_id,
+        stop_strings=options.stop_strings,
+        device=device,
+    )
+    limits = options.limits
+    if limits is None:
+        return stop
+    if len(limits) != batch:
+        raise ValueError(
+            f"max_new_tokens has {len(limits)} entries but there are {batch} rows: give "
+            f"one per row, or one int for all"
+        )
+    return dataclasses.replace(stop, limits=torch.tensor(limits, device=device))
 
 
-def generation_steps(
-    model: Any,
-    tokens: Tensor,
-    attention_mask: Tensor | None = None,
-    *,
-    max_new_tokens: Any,
-    sampling: Sampling = GREEDY,
-    use_past_kv_cache: bool = True,
-    stop: StopRule | None = None,
-    generator: torch.Generator | None = None,
-    seed: int | Sequence[int] | None = None,
-    recorder: StepRecorder | None = None,
-    record_last: bool = False,
-) -> Iterator[GenerationStep]:
-    """Generate step by step, yielding each step's choice and logits.
+class _Chooser:
+    """Each step's choice of the next tokens from the logits: the logits steps (the
+    frequency penalty), then greedy or a draw (`generator`, or a generator per row)."""
 
-    With `use_past_kv_cache` the prompt runs once and every later step runs only the new
-    token against the cache (the fast decode step where no hook is attached); without,
-    every step runs the whole sequence again. Both give the same logits (the tests check
-    it). `max_new_tokens` is an int, or one per row (a row past its own ends, as at a stop
-    token: `stop`). Tokens are drawn from `generator`, or with `seed` from one generator per
-    row (`RowSampler`). With a `recorder` attached, each step carries the activations of
-    its forward; `record_last` runs one more forward over the last tokens chosen, so that
-    the recorder holds every position (its logits are not a step). Meanwhile each layer
-    keeps its fused q/k/v weights (`keeping_fused_weights`).
-    """
-    tokens, mask = _checked_prompt(model, tokens, attention_mask)
-    n_steps, limits = _limits(max_new_tokens)
-    _check_length(model.cfg, tokens.shape[1], n_steps)
-    batch, device = tokens.shape[0], tokens.device
-    stop = stop or default_stop(device)
-    if limits is not None:
-        if len(limits) != batch:
-            raise ValueError(
-                f"max_new_tokens has {len(limits)} entries but there are {batch} rows: give "
-                f"one per row, or one int for all"
-            )
-        stop = dataclasses.replace(stop, limits=torch.tensor(limits, device=device))
-    if seed is not None and generator is not None:
-        raise ValueError("give seed= (one generator per row) or generator=, not both")
-    choose = _chooser(sampling, generator, seed, batch)
-    capacity = tokens.shape[1] + n_steps  # the last forward of `record_last` included
-    cache = KeyValueCache.empty(model.cfg, batch, capacity=capacity) if use_past_kv_cache else None
-    loop = _Loop(model, tokens, mask, cache, choose, stop, recorder)
-    with model.keeping_fused_weights():
-        yield from _stepwise(loop.steps(n_steps, record_last), recorder)
+    def __init__(
+        self, options: GenerationOptions, batch: int, penalty: FrequencyPenalty | None
+    ) -> None:
+        self.sampling, self.generator, self.penalty = options.sampling, options.generator, penalty
+        self.rows = None
+        if options.seed is not None:
+            self.rows = RowSampler.for_batch(options.seed, batch)
+
+    def __call__(self, logits: Float[Tensor, "batch d_vocab_out"]) -> Int[Tensor, " batch"]:
+        if self.penalty is not None:
+            logits = self.penalty(logits)
+        if self.rows is not None:
+            return self.rows.choose(logits, self.sampling)
+        return choose_next_tokens(logits, self.sampling, self.generator)
+
+    def chosen(self, tokens: Int[Tensor, " batch"], real: Bool[Tensor, " batch"]) -> None:
+        """What the logits steps keep of each step: the tokens chosen."""
+        if self.penalty is not None:
+            self.penalty.add(tokens, real)
+
+
+def _chooser(model: Any, options: GenerationOptions, prompt: Prompt) -> _Chooser:
+    penalty = None
+    if options.freq_penalty:
+        d_vocab = model.cfg.d_vocab_out
+        args = (options.freq_penalty, options.sampling, prompt.tokens, prompt.attention_mask)
+        penalty = FrequencyPenalty(*args, d_vocab)
+    return _Chooser(options, prompt.tokens.shape[0], penalty)
 
 
 def _stepwise(steps: Iterator[GenerationStep], recorder: StepRecorder | None) -> Iterator:
@@ -238,15 +213,6 @@ def _stepwise(steps: Iterator[GenerationStep], recorder: StepRecorder | None) ->
         steps.close()
 
 
-def _chooser(
-    sampling: Sampling, generator: torch.Generator | None, seed: Any, batch: int
-) -> Callable[[Tensor], Tensor]:
-    if seed is not None:
-        sampler = RowSampler.for_batch(seed, batch)
-        return lambda logits: sampler.choose(logits, sampling)
-    return lambda logits: choose_next_tokens(logits, sampling, generator)
-
-
 class _Loop:
     """The state of one generation: the tokens so far (without a KV cache, every step runs
     them all), which rows are padded or ended, and how a step's forward runs."""
@@ -254,21 +220,20 @@ class _Loop:
     def __init__(
         self,
         model: Any,
-        tokens: Int[Tensor, "batch pos"],
-        mask: Int[Tensor, "batch pos"],
+        prompt: Prompt,
         cache: KeyValueCache | None,
-        choose: Callable[[Tensor], Tensor],
+        choose: _Chooser,
         stop: StopRule,
         recorder: StepRecorder | None,
     ) -> None:
         self.model, self.cache, self.choose, self.stop = model, cache, choose, stop
         self.recorder = recorder
-        self.tokens, self.mask = tokens, mask
-        self.new_tokens, self.new_mask = tokens, mask
-        self.n_prompt = tokens.shape[1]
+        self.tokens, self.mask = prompt.tokens, prompt.attention_mask
+        self.new_tokens, self.new_mask = self.tokens, self.mask
+        self.n_prompt = self.tokens.shape[1]
         # Without padding the forward takes no mask: it then skips the padding checks and
         # per-row positions, a third of the torch calls of a one-token step.
-        self.padded = not bool(mask.all())
+        self.padded = prompt.padded
 
     def steps(self, n_steps: int, record_last: bool) -> Iterator[GenerationStep]:
         """`n_steps` steps (fewer if every row ends first), then the last forward if asked."""
@@ -283,6 +248,7 @@ class _Loop:
                 chosen = torch.where(ended, torch.full_like(chosen, stop.pad), chosen)
                 self.padded = self.padded or bool(ended.any())
                 ended = stop.ended(chosen, ended, n_done)
+            self.choose.chosen(chosen, real)
             self.advance(chosen, real)
             yield GenerationStep(chosen, logits, ended, real, cache)
             if stop.pads and bool(ended.all()):
@@ -309,23 +275,23 @@ class _Loop:
             _POSITION.reset(position)
         if self.recorder is None:
             return logits, None
-        return logits, step_cache(self.recorder.take(), self.model.cfg.n_layers)
+        return logits, self.recorder.take()
 
     def _logits(self) -> Float[Tensor, "batch d_vocab_out"]:
-        model, cache, recorder = self.model, self.cache, self.recorder
-        if recorder is not None:
-            recorder.before_forward()
+        model, cache = self.model, self.cache
+        if self.recorder is not None:
+            self.recorder.before_forward()
+        mask = self.new_mask if self.padded else None
         if cache is None:
-            logits = _last_logits(model, self.tokens, self.mask if self.padded else None, None)
-        elif cache.length == 0:  # the prompt
-            mask = self.new_mask if self.padded else None
-            logits = _last_logits(model, self.new_tokens, mask, cache)
-        elif self.padded:
-            logits = model(self.new_tokens, attention_mask=self.new_mask, past_kv_cache=cache)
-            logits = logits[:, -1]
-        else:  # one more real token per row: the forward without its input checks
-            logits = model._next_token_step(self.new_tokens, cache)
-        return logits
+            return _last_logits(model, self.tokens, self.mask if self.padded else None, None)
+        if cache.length == 0:  # the prompt
+            return _last_logits(model, self.new_tokens, mask, cache)
+        if mask is not None:
+            return model(self.new_tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
+        # One more real token per row: the forward without its input checks (nor the
+        # model's `__call__`: a recorder counts it as its own forward).
+        with self.recorder.own_forward() if self.recorder else contextlib.nullcontext():
+            return model._next_token_step(self.new_tokens, cache)
 
 
 def _last_logits(

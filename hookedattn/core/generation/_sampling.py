@@ -126,3 +126,32 @@ class RowSampler:
         u = self.uniforms().to(cdf.device)[:, None] * cdf[:, -1:]
         index = torch.searchsorted(cdf, u, right=True)[:, 0]
         return index.clamp(max=cdf.shape[-1] - 1)
+
+
+class FrequencyPenalty:
+    """The logits step of `freq_penalty`: each token's logit lowered by `penalty` times the
+    number of times it occurs in its row so far (real tokens only, prompt included), after
+    the temperature (TransformerLens's order: `logits / T - penalty * count`). Counts are
+    kept as the rows grow, one update per step."""
+
+    def __init__(
+        self,
+        penalty: float,
+        sampling: Sampling,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch pos"],
+        d_vocab: int,
+    ) -> None:
+        # Choosing divides by the temperature (when it samples): the penalty goes in times it.
+        scale = sampling.temperature if not sampling.greedy else 1.0
+        self.step = scale * penalty
+        counts = torch.zeros(tokens.shape[0], d_vocab, dtype=torch.float64, device=tokens.device)
+        self.counts = counts.scatter_add_(1, tokens, mask.to(torch.float64))
+
+    def __call__(self, logits: Float[Tensor, "batch d_vocab_out"]) -> Tensor:
+        """`logits`, penalised (in float64)."""
+        return logits.to(torch.float64) - self.step * self.counts
+
+    def add(self, chosen: Int[Tensor, " batch"], real: Tensor) -> None:
+        """Count each row's newly chosen token (padding after a row ended is not counted)."""
+        self.counts.scatter_add_(1, chosen[:, None], real.to(torch.float64)[:, None])

@@ -9,6 +9,9 @@ only, so its activations do not depend on what came later. Attention scores and 
 grow a key position per step; each step's rows are padded with what the full forward holds
 at a later key (-inf scores, zero weights). The last generated token is never read by a
 forward that chooses a token, so the cache over it comes from one more step.
+
+Each activation is kept by `run_with_cache`'s own recorder (`core._recording.Recorder`):
+the same rules for what is copied, moved and cast, and for forwards nested in a hook.
 """
 
 import contextlib
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookedattn.core import hook_points
+from hookedattn.core import _recording, hook_points
 from hookedattn.core import names as _names
 from hookedattn.core.cache import ActivationCache
 
@@ -33,10 +36,9 @@ class StepRecorder:
     """Caching hooks on the hook points `names_filter` chooses, for one generation.
 
     Inside `attached()`, every forward's activations go into one store; `take()` hands it
-    over and starts the next. `device` and `dtype` move and cast each activation as it is
-    recorded (as `run_with_cache` does). An activation is kept without a copy unless a hook
-    that could edit it in place is attached. With `keep`, every store taken is also kept in
-    `stores`, in order (what `assembled` joins).
+    over (as a cache) and starts the next. `device` and `dtype` move and cast each
+    activation as it is recorded, as in `run_with_cache`. With `keep`, every store taken
+    is also kept in `stores`, in order (what `assembled` joins).
     """
 
     def __init__(
@@ -47,13 +49,11 @@ class StepRecorder:
         dtype: torch.dtype | None = None,
         keep: bool = False,
     ) -> None:
-        self.model = model
+        self.model, self.keep = model, keep
         self.points = model.hook_points_for(names_filter)
-        self.device, self.dtype, self.keep = device, dtype, keep
-        self.must_copy = False
-        self.hook = self._record  # one bound method: the decode step knows its hooks by it
+        self.depth = _recording.Depth(threading.get_ident())
+        self.recorder = _recording.Recorder(None, None, False, device, dtype, False, self.depth)
         self.stores: list[dict[str, Tensor]] = []
-        self._store: dict[str, Tensor] = {}
         self._attached = False
         self._copy_version = -1
 
@@ -65,8 +65,9 @@ class StepRecorder:
         if self._attached:
             yield self
             return
-        thread = threading.get_ident()
-        handles = [p.add_hook(self.hook, _is_cache=True, _thread=thread) for p in self.points]
+        thread, save = self.depth.thread, self.recorder.save_recorded
+        handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in self.points]
+        handles += self.depth.watch(self.model)
         self._attached = True
         try:
             yield self
@@ -75,52 +76,38 @@ class StepRecorder:
             for handle in handles:
                 handle.remove()
 
+    @contextlib.contextmanager
+    def own_forward(self) -> Iterator[None]:
+        """A forward of the generation's own that does not pass the model's `__call__` (the
+        decode step), counted as the root's hooks count the others: its activations are
+        recorded, those of a forward a hook runs inside it are not."""
+        self.depth.value += 1
+        try:
+            yield
+        finally:
+            self.depth.value -= 1
+
     def before_forward(self) -> None:
         """Decide whether this forward's activations are copied: only when a hook that is
         not a cache is attached (it could edit them in place after they are recorded)."""
         version = hook_points.hooks_version()  # unchanged since the last forward: no hook was
         if version != self._copy_version:  # attached or removed since, the answer holds
-            self.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+            must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+            self.recorder.must_copy = must_copy
             self._copy_version = version
 
-    def _record(self, x: Tensor, hook: Any) -> None:
-        """Keep `x` as the activation at `hook` (a hook function; the decode step calls it
-        too, for the activations it records itself)."""
-        t = x.detach() if x.requires_grad else x  # a generation runs without gradients
-        if self.device is not None or self.dtype is not None:
-            t = t.to(device=self.device, dtype=self.dtype)
-        if self.must_copy and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
-            t = t.clone()
-        self._store[hook.name] = t
-
-    def capture(self, run: Callable[[], Any]) -> dict[str, Tensor]:
-        """What the hooks record while `run()` runs, kept out of the store being filled."""
-        store, self._store = self._store, {}
-        try:
-            run()
-            captured = self._store
-        finally:
-            self._store = store
-        return captured
-
-    def take(self) -> dict[str, Tensor]:
-        """The activations recorded since the last `take`, by hook name."""
-        store, self._store = self._store, {}
+    def take(self) -> ActivationCache:
+        """The activations recorded since the last `take`, as one forward's cache."""
+        store, self.recorder.store = self.recorder.store, {}
+        versions, self.recorder.versions = self.recorder.versions, {}
         if self.keep:
             self.stores.append(store)
-        return store
-
-
-def step_cache(store: dict[str, Tensor], n_layers: int) -> ActivationCache:
-    """One forward's activations as a cache."""
-    return ActivationCache(store, n_layers)
+        return ActivationCache(dict(store), self.model.cfg.n_layers, _versions=dict(versions))
 
 
 def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:
     """The activations of consecutive forwards over one sequence, joined along positions:
-    what one forward over all of them records. A store may hold a name's activations over
-    the positions of several forwards (the decode step's deferred records: the later
-    stores of that run then lack the name); every name must cover every position once."""
+    what one forward over all of them records. Every name must cover every position once."""
     names = list(dict.fromkeys(name for store in stores for name in store))  # forward order
     parts = {name: [store[name] for store in stores if name in store] for name in names}
     lengths = {name: sum(p.shape[_names.pos_axis(name)] for p in ps) for name, ps in parts.items()}

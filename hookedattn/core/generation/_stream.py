@@ -8,74 +8,50 @@ way: the first chunk is the prompt's text and the first new text, and `"".join(c
 partial UTF-8 sequence (decoded as U+FFFD) waits for the tokens that complete it.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from hookedattn.core._generate import check_return_type, output_of, request
-from hookedattn.core._generation import Generated, generation_steps
+from hookedattn.core.generation._entry import check_return_type, output_of
+from hookedattn.core.generation._loop import Generated, generation_steps
+from hookedattn.core.generation._options import options_of, prompt_of, with_options
 
 _INCOMPLETE = "\ufffd"
 
 
+@with_options
 def generate_stream(
     model: Any,
     input: Any = "",
     max_new_tokens: Any = 10,
     max_tokens_per_yield: int = 25,
     *,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_at_eos: bool = True,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop_strings: str | Sequence[str] | None = None,
-    use_past_kv_cache: bool = True,
-    prepend_bos: bool | None = None,
     attention_mask: Tensor | None = None,
     return_type: str = "input",
-    generator: torch.Generator | None = None,
-    seed: int | Sequence[int] | None = None,
+    **options: Any,
 ) -> Iterator[Any]:
-    """Generate as `generate` does (the same arguments), yielding the output as it grows:
+    """Generate as `generate` does (the same options), yielding the output as it grows:
     token chunks `[batch n]` (the first with the prompt in front), or text (a string for a
     string prompt, one per row for a list), every `max_tokens_per_yield` new tokens and
     when generation ends. Joined, the chunks are `generate`'s output (module docstring)."""
     check_return_type(return_type)
     if not isinstance(max_tokens_per_yield, int) or max_tokens_per_yield < 1:
         raise ValueError(f"max_tokens_per_yield must be an int >= 1, got {max_tokens_per_yield!r}")
-    req = request(
-        model,
-        input,
-        max_new_tokens,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        stop_at_eos=stop_at_eos,
-        eos_token_id=eos_token_id,
-        stop_strings=stop_strings,
-        use_past_kv_cache=use_past_kv_cache,
-        prepend_bos=prepend_bos,
-        attention_mask=attention_mask,
-        generator=generator,
-        seed=seed,
-    )
-    as_text = return_type == "str" or (return_type == "input" and req.text_in)
+    opts = options_of(max_new_tokens, options)
+    prompt = prompt_of(model, input, attention_mask, opts.prepend_bos)
+    as_text = return_type == "str" or (return_type == "input" and prompt.text_in)
     chunks = _TextChunks(model, input) if as_text else _TokenChunks()
-    steps = generation_steps(model, req.tokens, req.attention_mask, **req.options)
-    prompt = Generated.from_steps(model, req.tokens, req.attention_mask, [])
+    start = Generated.from_steps(prompt, [])
     new_tokens, new_mask, yielded = [], [], False
-    for step in steps:
+    for step in generation_steps(model, prompt, opts):
         new_tokens.append(step.tokens[:, None])
         new_mask.append(step.real.long()[:, None])
         if len(new_tokens) % max_tokens_per_yield == 0:
-            yield chunks.next(prompt, new_tokens, new_mask, final=False)
+            yield chunks.next(start, new_tokens, new_mask, final=False)
             yielded = True
-    last = chunks.next(prompt, new_tokens, new_mask, final=True)
+    last = chunks.next(start, new_tokens, new_mask, final=True)
     if not yielded or _holds_something(last):  # what is left: tokens, or held-back text
         yield last
 
