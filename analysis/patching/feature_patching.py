@@ -9,6 +9,8 @@ over positions (gradient × activation: Syed et al. 2023; Marks et al. 2024 for 
 `feature_activation_patch` runs each patch. Both return a `PatchingResult` of kind
 `sae_features` over the axis `feature`, so `compare_patching(approx, exact)` tells where the
 first-order estimate fails.
+
+More in `docs/guide/saes.md`.
 """
 
 import dataclasses
@@ -18,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
+from analysis.patching.engine import Metric, metric_values, paired_tokens, warn_if_tied
 from analysis.patching.result import PatchingResult
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder, sae_hook_name

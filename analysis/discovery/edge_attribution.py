@@ -19,6 +19,8 @@ run stacked on the batch axis, as many together as the memory budget allows.
 Both are exact where the metric is linear in every receiver's input (no norms, attention
 patterns that do not depend on the input, a metric linear in the logits); tests check
 them against `edge_patching` there to float64 rounding.
+
+More in `docs/guide/discovery.md`.
 """
 
 from collections.abc import Sequence
@@ -29,10 +31,17 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.discovery.scores import EdgeScores
-from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
-from analysis.patching._plan import default_memory_budget, itemsize, row_floats
+from analysis.patching.engine import (
+    Metric,
+    default_memory_budget,
+    itemsize,
+    metric_values,
+    paired_tokens,
+    row_floats,
+    warn_if_tied,
+)
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 

@@ -8,6 +8,8 @@ recorded, and one backward pass give that for every component of every kind; sum
 products over a component's region gives its score. It is exact where the metric is
 linear in the activation (the last block's outputs, with no final norm) and drifts where
 the patch crosses a nonlinearity; `compare_patching` shows where.
+
+More in `docs/guide/patching.md`.
 """
 
 import dataclasses
