@@ -2,22 +2,24 @@
 
 Every causal method of `analysis` is built on the same pieces: the caller's inputs checked
 and the unpatched runs (`_inputs`), the batched sweep of patched variants (`_sweep`, with
-`_plan`'s memory figures), the regions a component covers (`_components`) and frozen
-attention patterns (`_pattern_ablation`). Edge patching, circuits and ACDC
-(`analysis.discovery`), attribution graphs' interventions (`analysis.attribution_graphs`),
-feature patching and ablations take them from here, never from a `_` module of
-`analysis.patching`; the modules of this package import each other directly. What each
-name does: its own docstring; how the engine runs: the module docstrings of `_sweep` and
-`_plan`, and the patching guide (`docs/guide/patching.md`).
+`_plan`'s memory figures), the regions a component covers (`_components`), frozen attention
+patterns (`_pattern_ablation`) and the gradient of a metric at hook points (`_gradients`).
+Edge patching, circuits and ACDC (`analysis.discovery`), attribution graphs' interventions
+(`analysis.attribution_graphs`), feature patching and ablations take them from here, never
+from a `_` module of `analysis.patching`; the modules of this package import each other
+directly. What each name does: its own docstring; how the engine runs: the module
+docstrings of `_sweep` and `_plan`, and the patching guide (`docs/guide/patching.md`).
 
     inputs       Metric, as_tokens, paired_tokens, metric_values, warn_if_tied, base_runs
     sweeps       Edit, sweep
     memory       default_memory_budget, itemsize, row_floats
     components   check_component, component_masks
     patterns     frozen_pattern_hooks, norm_sites
+    gradients    MetricGradients, metric_gradients
 """
 
 from analysis.patching._components import check_component, component_masks
+from analysis.patching._gradients import MetricGradients, metric_gradients
 from analysis.patching._inputs import (
     Metric,
     as_tokens,
@@ -33,6 +35,7 @@ from analysis.patching._sweep import Edit, sweep
 __all__ = [
     "Edit",
     "Metric",
+    "MetricGradients",
     "as_tokens",
     "base_runs",
     "check_component",
@@ -40,6 +43,7 @@ __all__ = [
     "default_memory_budget",
     "frozen_pattern_hooks",
     "itemsize",
+    "metric_gradients",
     "metric_values",
     "norm_sites",
     "paired_tokens",
