@@ -1,22 +1,30 @@
 """analysis: what a model's weights and cache mean.
 
 Pure functions of `(model, cache)`: they never mutate their inputs, never attach hooks on
-their own behalf (patching excepted, always scoped), and each returns one type.
+their own behalf (patching excepted, always scoped), and each returns one type. The rooms:
+`direct_logit_attribution`, `decomposition`, `circuits` and the other measures, one module
+each; `patching/` (causal interventions, and the engine the other packages share),
+`discovery/` (circuits in the model's computational graph of edges) and
+`attribution_graphs/` (transcoder features). The modules' former paths still import, with
+a `DeprecationWarning` (`analysis._moved`). The design page (`docs/design.md`) has the map.
 """
 
-from analysis import graphs, induction, view
-from analysis._ablations import ablate, ablation_hooks
-from analysis._pattern_ablation import (
-    frozen_pattern_hooks,
-    pattern_preserving_ablation,
-    pattern_preserving_hooks,
-)
+from analysis import _moved, attribution_graphs, induction, view
 from analysis._resid_stack import AccumulatedResid, Decomposition, DecompositionError, ResidStack
-from analysis.attribution import LogitAttribution, direct_logit_attribution
+from analysis.attribution_graphs import (
+    AttributionGraph,
+    FeatureIntervention,
+    PrunedGraph,
+    attribution_graph,
+    graph_json,
+    intervene,
+    prune_graph,
+)
 from analysis.circuits import full_ov_circuit, full_qk_circuit, ov_circuit, qk_circuit
 from analysis.composition import CompositionScores, composition_scores
 from analysis.copying import CopyingScores, copying_scores
 from analysis.decomposition import accumulated_resid, decompose_resid
+from analysis.direct_logit_attribution import LogitAttribution, direct_logit_attribution
 from analysis.discovery import (
     Circuit,
     EdgeAgreement,
@@ -41,17 +49,7 @@ from analysis.experts import (
     shared_write,
     usage_of_choices,
 )
-from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.features import feature_decomposition, feature_logit_attribution
-from analysis.graphs import (
-    AttributionGraph,
-    FeatureIntervention,
-    PrunedGraph,
-    attribution_graph,
-    graph_json,
-    intervene,
-    prune_graph,
-)
 from analysis.head_detectors import (
     HeadScores,
     detect_head,
@@ -81,11 +79,18 @@ from analysis.patching import (
     PatchingComparison,
     PatchingResult,
     PatchingResults,
+    ablate,
+    ablation_hooks,
     activation_patch,
     attribution_patch,
     available_kinds,
     compare_patching,
+    feature_activation_patch,
+    feature_attribution_patch,
+    frozen_pattern_hooks,
     path_patch,
+    pattern_preserving_ablation,
+    pattern_preserving_hooks,
 )
 from analysis.plots import heatmap, heatmap_figure
 from analysis.probes import Probe, ProbeData, ProbeReadout, ProbeReport, train_probe
@@ -177,12 +182,15 @@ __all__ += [
 # the namespaces of the induction report's measures and of the interactive views
 __all__ += ["induction", "view"]
 
-# attribution graphs through transcoder features (the whole package: analysis.graphs)
+# attribution graphs through transcoder features (the whole package: analysis.attribution_graphs,
+# also reached by its former name, analysis.graphs)
+graphs = attribution_graphs
 __all__ += [
     "AttributionGraph",
     "FeatureIntervention",
     "PrunedGraph",
     "attribution_graph",
+    "attribution_graphs",
     "graph_json",
     "graphs",
     "intervene",
@@ -217,3 +225,5 @@ __all__ += [
     "steering_sweep",
     "train_probe",
 ]
+
+_moved.install()

@@ -14,6 +14,8 @@ extends them with what the later sublayers write (at any granularity, where
 `decompose_resid`'s `"features"` has them as whole sublayers) and attributes the logits
 through the final norm at its recorded scale: the features', bias's and error's direct
 effects, which with the later terms, `ln_final_bias` and `b_U` add up to the logits.
+
+More in `docs/guide/saes.md`.
 """
 
 import torch
@@ -22,8 +24,8 @@ from torch import Tensor
 
 from analysis._resid_stack import Decomposition
 from analysis._sae_terms import feature_label, sae_point
-from analysis.attribution import LogitAttribution, direct_logit_attribution
 from analysis.decomposition import decompose_resid
+from analysis.direct_logit_attribution import LogitAttribution, direct_logit_attribution
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder

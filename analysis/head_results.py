@@ -1,8 +1,8 @@
 """What each attention head writes into the residual stream, and from which source position.
 
 A layer's attention output is a sum over heads, and each head's write is a sum over the
-source positions it attends to (the seed worklog's
-`residual["sat"] = x_in["sat"] + Σ_j A[sat, j] x_in[j] W_OV`):
+source positions it attends to (`residual["sat"] = x_in["sat"] + Σ_j A[sat, j] x_in[j] W_OV`
+in the worklog the project started from, `docs/guide/worklog.md`):
 
     attn_out[dest]        = Σ_h result_h[dest] + b_O
     result_h[dest]        = z_h[dest] @ W_O[h]
@@ -20,6 +20,7 @@ stream, and its divisor depends on all heads together; with that divisor fixed a
 value the forward recorded, the norm is linear, so each head's term through it
 (`head_writes`) is exact as a term of a sum (the terms, the norm of `b_O`, and a LayerNorm's
 bias add up to `hook_attn_out`), though not what the head would write if it were alone.
+More in `docs/guide/decomposition.md`.
 """
 
 import dataclasses

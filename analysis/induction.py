@@ -10,6 +10,8 @@ In-context learning (ICL) is measured in one sign convention throughout: the los
 less context minus the loss with more (first copy minus second copy of a repeated
 sequence; early minus late positions of held-out text), in nats, positive when the context
 helps. Olsson et al.'s "in-context learning score" is the negative of the text one.
+
+More in `docs/guide/shipped-models.md`.
 """
 
 import dataclasses
@@ -21,11 +23,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis._ablations import ablation_hooks
-from analysis._pattern_ablation import frozen_pattern_hooks
 from analysis.composition import CompositionScores, composition_scores
 from analysis.head_detectors import HeadScores, detect_head, induction_scores, prev_token_scores
-from analysis.patching import Component
+from analysis.patching import Component, ablation_hooks, frozen_pattern_hooks
 from hookedattn import ActivationCache, HookedTransformer, process_weights
 from hookedattn.core import pretrained_info
 from hookedattn.core.loss import lm_cross_entropy_loss

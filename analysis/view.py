@@ -10,6 +10,8 @@
 Each returns a `hookedattn.viewer.Page`: `page.save("x.html")` writes one self-contained
 file, and a notebook displays it. The `*_table` functions are the `_repr_html_` of the
 results (a cache's lives in `hookedattn`).
+
+More in `docs/guide/viewer.md`.
 """
 
 import itertools
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from analysis._naming import head_label
 from analysis._resid_stack import ResidStack
-from analysis.attribution import LogitAttribution
+from analysis.direct_logit_attribution import LogitAttribution
 from analysis.discovery import Circuit, EdgeScores, Graph
 from analysis.head_detectors import HeadScores
 from analysis.patching.result import PatchingResult

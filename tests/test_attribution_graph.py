@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from analysis.graphs import (
+from analysis.attribution_graphs import (
     FeatureIntervention,
     attribution_graph,
     graph_json,

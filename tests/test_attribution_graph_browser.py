@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.graphs import attribution_graph, graph_json, prune_graph
+from analysis.attribution_graphs import attribution_graph, graph_json, prune_graph
 from hookedattn import ByteTokenizer
 from hookedattn.sae import Transcoder, TranscoderConfig
 from hookedattn.testing import random_tiny_model

@@ -58,6 +58,24 @@ def test_the_applications_and_analysis_use_the_cores_public_api(path):
     assert not private, f"{path.name} imports private modules of the core: {sorted(private)}"
 
 
+@pytest.mark.parametrize(
+    "path",
+    [p for p in python_files("analysis") if "patching" not in p.relative_to(ROOT).parts],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_analysis_reaches_the_patching_engine_through_its_one_module(path):
+    private = {
+        name
+        for name in imported_module_paths(path)
+        if name.startswith("analysis.patching.")
+        and any(part.startswith("_") for part in name.split(".")[2:])
+    }
+    assert not private, (
+        f"{path.name} imports private modules of analysis.patching: {sorted(private)}; "
+        "take what it needs from analysis.patching.engine"
+    )
+
+
 def imported_module_paths(path: Path) -> set[str]:
     """Every module path `path` imports (`from a.b import c` counts as `a.b.c` and `a.b`),
     deferred and `TYPE_CHECKING` imports included."""

@@ -3,8 +3,8 @@ first-order estimate against a hand-written gradient; both comparable by compare
 
 import torch
 
-from analysis.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.patching import compare_patching
+from analysis.patching.feature_patching import feature_activation_patch, feature_attribution_patch
 from hookedattn.sae import SAEConfig, SparseAutoencoder
 from hookedattn.testing import tiny_model
 

@@ -17,15 +17,15 @@ well-defined term that can be patched alone.
 
 Every score is the metric's change when one edge carries the corrupted run's value of its
 sender and everything else is clean; prompts are keyword-only, as in `analysis.patching`.
-The modules: `graph` (the edges), `_terms` (each sender's term, and the copy of the model
-with a hook point at every receiver), `exact` (edge patching on the patching engine),
-`attribution` (EAP, EAP-IG), `scores` (the result type and the comparison),
-`_circuit_run` (forwards with edges ablated), `circuit` (circuits, faithfulness), `acdc`.
+The modules: `computational_graph` (the edges), `_terms` (each sender's term, and the
+copy of the model with a hook point at every receiver), `exact` (edge patching on the
+patching engine, `analysis.patching.engine`), `edge_attribution` (EAP, EAP-IG), `scores`
+(the result type and the comparison), `_circuit_run` (forwards with edges ablated),
+`circuit` (circuits, faithfulness), `acdc`. More in `docs/guide/discovery.md`.
 """
 
 from analysis.discovery._terms import receiver_terms
 from analysis.discovery.acdc import acdc
-from analysis.discovery.attribution import edge_attribution
 from analysis.discovery.circuit import (
     Circuit,
     Faithfulness,
@@ -33,8 +33,9 @@ from analysis.discovery.circuit import (
     faithfulness,
     faithfulness_curve,
 )
+from analysis.discovery.computational_graph import Edge, Graph, Receiver, Sender
+from analysis.discovery.edge_attribution import edge_attribution
 from analysis.discovery.exact import edge_patching
-from analysis.discovery.graph import Edge, Graph, Receiver, Sender
 from analysis.discovery.scores import EdgeAgreement, EdgeScores, compare_edge_scores
 
 __all__ = [

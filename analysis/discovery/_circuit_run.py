@@ -13,6 +13,8 @@ forward records; each MLP's `hook_mlp_out`) and the receivers' inputs are edited
 same forward, per head on a model with a hook point at each (`_terms.split_model`).
 Many circuits run together, stacked on the batch axis; a pass starts at the first block
 where any of its circuits ablates an edge (the blocks before are the clean run's).
+
+More in `docs/guide/discovery.md`.
 """
 
 import dataclasses
@@ -24,10 +26,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.head_results import head_writes
-from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
-from analysis.patching._plan import default_memory_budget, itemsize, row_floats
+from analysis.patching.engine import (
+    Metric,
+    default_memory_budget,
+    itemsize,
+    metric_values,
+    paired_tokens,
+    row_floats,
+    warn_if_tied,
+)
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import get_act_name, layer_of

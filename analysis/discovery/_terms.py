@@ -1,14 +1,16 @@
 """What each sender wrote into the stream, and the copy of the model whose receivers have
 hook points of their own.
 
-A receiver's input is a sum of its senders' terms (`graph` module docstring); an edge's
-patch replaces one term. The terms come from the exact residual decomposition
-(`decompose_resid(granularity="head")`): the embedding (with the learned positions), each
-head's write (through a norm after the attention at the recorded divisor), each MLP's
-output. The receivers' inputs pass hook points only in a model built with
+A receiver's input is a sum of its senders' terms (`computational_graph` module
+docstring); an edge's patch replaces one term. The terms come from the exact residual
+decomposition (`decompose_resid(granularity="head")`): the embedding (with the learned
+positions), each head's write (through a norm after the attention at the recorded
+divisor), each MLP's output. The receivers' inputs pass hook points only in a model built with
 `use_split_qkv_input` (per-head query, key and value inputs) and `use_hook_mlp_in`:
 `split_model` builds one that shares the original's parameters, so nothing is copied and
 the two give the same numbers.
+
+More in `docs/guide/discovery.md`.
 """
 
 import weakref
@@ -19,7 +21,7 @@ from torch import Tensor
 
 from analysis._resid_stack import Decomposition
 from analysis.decomposition import decompose_resid
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import get_act_name

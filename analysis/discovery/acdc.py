@@ -15,6 +15,8 @@ tried in one batched forward against the same circuit (the circuit itself is one
 variant of it) and removed together. Removals that each cost less than the threshold can
 cost more together; the returned circuit's own metric (`Faithfulness`) says what they did.
 The threshold is in the metric's units (Conmy et al. use a KL divergence's).
+
+More in `docs/guide/discovery.md`.
 """
 
 import torch
@@ -23,9 +25,9 @@ from torch import Tensor
 
 from analysis.discovery._circuit_run import circuit_metrics, prepare
 from analysis.discovery.circuit import Circuit
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.discovery.scores import EdgeScores
-from analysis.patching._inputs import Metric
+from analysis.patching.engine import Metric
 from hookedattn.core.model import HookedTransformer
 
 

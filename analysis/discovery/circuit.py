@@ -15,6 +15,8 @@ alone does what the model does; 0: no better than nothing.
 A faithfulness curve takes the `k` edges of largest |score| for each `k` of a list of
 sizes, beside random circuits of the same sizes (uniform draws of `k` edges, seeded): a
 circuit chosen by its scores should sit well above the random ones' mean.
+
+More in `docs/guide/discovery.md`.
 """
 
 import dataclasses
@@ -25,9 +27,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from analysis.discovery._circuit_run import circuit_metrics, prepare
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.discovery.scores import EdgeScores
-from analysis.patching._inputs import Metric
+from analysis.patching.engine import Metric
 from analysis.tables import Table
 from hookedattn.core.model import HookedTransformer
 

@@ -4,14 +4,16 @@ For each edge `s -> r`, one patched forward of the clean prompts in which receiv
 input has sender s's clean term replaced by its corrupted term, and nothing else is
 touched at r or before it; everything after r recomputes. Receiver r's input is then
 `clean_input_r - clean_term_s + corrupted_term_s`, a fixed tensor, so every edge is one
-variant of a patching sweep (`analysis.patching._engine`): the variants of one block run
-together, stacked on the batch axis, from that block on (the earlier blocks are clean);
-those of the last block's MLP or of the logits run that block alone.
+variant of a patching sweep (`analysis.patching.engine.sweep`): the variants of one block
+run together, stacked on the batch axis, from that block on (the earlier blocks are
+clean); those of the last block's MLP or of the logits run that block alone.
 
 A head's query, key or value receiver is patched where its projection passes (`hook_q`,
 `hook_k`, `hook_v`, before any q/k norm or rotation): the patched input through the
 block's `ln1` (its scale recomputed, as the forward would) and that head's weights.
 That is the patched forward itself, without a per-head copy of the stream in every pass.
+
+More in `docs/guide/discovery.md`.
 """
 
 import torch
@@ -21,11 +23,10 @@ from torch import Tensor
 
 from analysis._reading import weight
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.discovery.scores import EdgeScores
 from analysis.normalization import NormSite, normalize
-from analysis.patching._engine import Edit, sweep
-from analysis.patching._inputs import Metric, base_runs
+from analysis.patching.engine import Edit, Metric, base_runs, sweep
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 

@@ -5,6 +5,8 @@ corrupted run's value of its sender and everything else is clean (noising): exac
 (`edge_patching`), to first order (`"eap"`), or integrated along the inputs (`"eap-ig"`).
 The scores are in the metric's units, so the methods compare number for number
 (`compare_edge_scores`: Spearman's rank correlation and the overlap of the top k).
+
+More in `docs/guide/discovery.md`.
 """
 
 import dataclasses
@@ -17,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.tables import Table
 from hookedattn.viewer import html_table
 

@@ -1,4 +1,5 @@
-"""Causal interventions: activation, path and attribution patching.
+"""Causal interventions: activation, path and attribution patching, feature patching and
+ablations.
 
 Caching tells what a model computed; patching tells what mattered. Every function here
 attaches its hooks for one forward pass at a time, inside `model.hooks(...)`, and leaves
@@ -16,18 +17,25 @@ TransformerLens's `(model, corrupted_tokens, clean_cache, metric)` order would s
                       by_pos=None, direction="denoising") -> PatchingResults
     compare_patching(approx, exact) -> PatchingComparison
 
-The modules: `_components` (what can be patched), `_inputs` (the caller's inputs checked,
-and the two unpatched runs), `_reference` (the definition: one forward per patch), the
-engine that batches it, `_engine` (running the variants: packed where their patches stay
-at their positions, otherwise stacked on the batch axis) with `_plan` (which variants run
-together, from a cost measured at run time) and `_readout` (what the metric reads), and
-one module per method.
+Beside them, `feature_activation_patch` and `feature_attribution_patch` (SAE features),
+`ablate` and `ablation_hooks` (zero, mean, resample) and the pattern-preserving ablation.
+The modules: `_components`, `_inputs`, `_reference` (the definition: one forward per
+patch), `_sweep` with `_plan` and `_readout` (the engine that batches it), `_gradients`,
+one module per method, and `engine`, the door the other analysis packages use. More in
+`docs/guide/patching.md`.
 """
 
+from analysis.patching._ablations import ablate, ablation_hooks
 from analysis.patching._activation import activation_patch
-from analysis.patching._attribution import PatchingResults, attribution_patch
+from analysis.patching._attribution_patching import PatchingResults, attribution_patch
 from analysis.patching._components import Component, available_kinds
 from analysis.patching._path import path_patch
+from analysis.patching._pattern_ablation import (
+    frozen_pattern_hooks,
+    pattern_preserving_ablation,
+    pattern_preserving_hooks,
+)
+from analysis.patching.feature_patching import feature_activation_patch, feature_attribution_patch
 from analysis.patching.result import PatchingComparison, PatchingResult, compare_patching
 
 __all__ = [
@@ -35,9 +43,16 @@ __all__ = [
     "PatchingComparison",
     "PatchingResult",
     "PatchingResults",
+    "ablate",
+    "ablation_hooks",
     "activation_patch",
     "attribution_patch",
     "available_kinds",
     "compare_patching",
+    "feature_activation_patch",
+    "feature_attribution_patch",
+    "frozen_pattern_hooks",
     "path_patch",
+    "pattern_preserving_ablation",
+    "pattern_preserving_hooks",
 ]

@@ -1,9 +1,15 @@
-"""Activation patching: every component of one kind, patched one at a time, batched."""
+"""Activation patching: every component of one kind, patched one at a time, batched.
+
+The definition is `_reference` (one forward per patch); `_sweep` runs the same patches
+together. More in `docs/guide/patching.md`.
+"""
+
+from collections.abc import Sequence
 
 from analysis.patching import _experts
-from analysis.patching._components import EXPERT_KINDS, component_grid
-from analysis.patching._engine import component_edits, sweep
-from analysis.patching._inputs import Metric, base_runs, check_direction, paired_tokens
+from analysis.patching._components import EXPERT_KINDS, Component, component_grid
+from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
+from analysis.patching._sweep import Edit, component_edits, sweep
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.core.names import get_act_name
@@ -51,31 +57,38 @@ def activation_patch(
     check_direction(direction)
     n_pos = paired_tokens(model, clean_tokens, corrupted_tokens)[0].shape[1]
     grid = component_grid(model, kind, n_pos, by_pos)
-    experts = kind in EXPERT_KINDS
-    if experts:
-        _experts.check_patchable(model)
-        hooks = _experts.hook_names(model)
-    else:
-        hooks = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
+    hooks = _source_hooks(model, kind)
     runs = base_runs(model, clean_tokens, corrupted_tokens, metric, hooks, metric_positions)
     denoising = direction == "denoising"
     target, source = (runs.corrupted, runs.clean) if denoising else (runs.clean, runs.corrupted)
     components = grid.components
-    if experts:
-        edits = _experts.edits(model, components, source.cache, target.cache)
-    else:
-        edits = component_edits(components, source.cache)
     per_prompt = sweep(
-        model, target, edits, len(components), metric, runs.declared, memory_budget,
-        lambda i: components[i].label(),
+        model, target, _edits(model, kind, components, source, target), len(components),
+        metric, runs.declared, memory_budget, lambda i: components[i].label(),
     )  # fmt: skip
+    per_prompt = per_prompt.reshape(*grid.shape, -1)
     return PatchingResult(
-        method="activation patching",
-        direction=direction,
-        kind=kind,
-        axes=grid.axes,
-        labels=grid.labels,
-        per_prompt=per_prompt.reshape(*grid.shape, -1),
-        clean=runs.clean.metric,
-        corrupted=runs.corrupted.metric,
-    )
+        "activation patching", direction, kind, grid.axes, grid.labels, per_prompt,
+        runs.clean.metric, runs.corrupted.metric,
+    )  # fmt: skip
+
+
+def _source_hooks(model: HookedTransformer, kind: str) -> list[str]:
+    """The hook points the patches of `kind` take their values from."""
+    if kind in EXPERT_KINDS:
+        _experts.check_patchable(model)
+        return _experts.hook_names(model)
+    return [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
+
+
+def _edits(
+    model: HookedTransformer,
+    kind: str,
+    components: Sequence[Component],
+    source: BaseRun,
+    target: BaseRun,
+) -> list[Edit]:
+    """One edit per component: its region of the target run takes the source run's values."""
+    if kind in EXPERT_KINDS:
+        return _experts.edits(model, components, source.cache, target.cache)
+    return component_edits(components, source.cache)

@@ -14,6 +14,8 @@ target's `mlp_out` by the base run's plus the same difference, built when a pass
 its variants: in a sweep of single patches nothing upstream of a variant's edit changes, so
 the two agree (the tests check that they do). The MLP's output must be the mixture's own
 (no norm after the MLP, `ln2_post`), which holds for every imported mixture of experts.
+
+More in `docs/guide/moe.md`.
 """
 
 from collections.abc import Callable, Sequence
@@ -24,7 +26,7 @@ from torch import Tensor
 
 from analysis._naming import Component
 from analysis.experts import expert_rows
-from analysis.patching._engine import Edit
+from analysis.patching._sweep import Edit
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.core.components.norm import NoNorm
 

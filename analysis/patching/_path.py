@@ -15,6 +15,8 @@ receivers' input, carried on to the output by the unfrozen model. MLPs recompute
 `freeze_mlps=True` (the IOI paper treats them as part of the direct path). Denoising is
 the mirror image: corrupted prompts, the sender from the clean run, the rest frozen at
 its corrupted value. Each step stacks the senders along the batch axis.
+
+More in `docs/guide/patching.md`.
 """
 
 from collections.abc import Sequence
@@ -30,8 +32,8 @@ from analysis.patching._components import (
     component_masks,
     refuse_unsupported,
 )
-from analysis.patching._engine import Edit, component_edits, record, sweep
 from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
+from analysis.patching._sweep import Edit, component_edits, record, sweep
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.core.names import get_act_name

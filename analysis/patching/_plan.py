@@ -8,7 +8,7 @@ Two facts about a causal transformer decide what a variant must recompute:
   only, reading the earlier unpatched keys and values from a frozen KV cache.
 
 (A third, that an edit after its block mixes positions changes that block's output at its
-own positions only, is used before planning: `_engine` runs such blocks packed, several
+own positions only, is used before planning: `_sweep` runs such blocks packed, several
 variants to a sequence, and hands the planner what comes after them.)
 
 Variants of one block run together, stacked on the batch axis, all from the pass's first
@@ -21,6 +21,8 @@ The estimate is not a constant: the
 fixed cost of a pass and the time per row are measured once per configuration and
 sequence length (`pass_cost`), at a few sizes (a CPU gets slower per row once a pass
 outgrows its caches; an accelerator faster).
+
+More in `docs/guide/patching.md`.
 """
 
 import bisect

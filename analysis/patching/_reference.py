@@ -2,8 +2,10 @@
 
 Run the target prompts once per component, with that component's region of its activation
 replaced by the source run's, and measure. Slow and plain on purpose: the batched engine
-(`_engine`) must give exactly these numbers, and the tests check that it does for every
+(`_sweep`) must give exactly these numbers, and the tests check that it does for every
 kind, direction, option and model variant.
+
+More in `docs/guide/patching.md`.
 """
 
 from collections.abc import Sequence

@@ -8,7 +8,7 @@ is predicted as
 
 with `sources(L) = (L,)` for per-layer transcoders and `(0, ..., L)` for a cross-layer one.
 The replacement model (`hookedattn.sae.replacement`), the evaluation and the attribution
-graphs (`analysis.graphs`) read transcoders only through this view.
+graphs (`analysis.attribution_graphs`) read transcoders only through this view.
 """
 
 from collections.abc import Mapping, Sequence

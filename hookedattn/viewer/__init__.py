@@ -11,7 +11,7 @@ adds the views of analysis results (attributions, decompositions, patching) on t
 machinery. `python -m hookedattn view MODEL PROMPT -o attention.html` writes the attention
 page from the shell. `circuit` draws a graph of components and scored edges (the circuit
 view; `analysis.view.circuit` makes one from edge scores); `graph_page` draws an
-attribution graph of transcoder features (`analysis.graphs`).
+attribution graph of transcoder features (`analysis.attribution_graphs`).
 """
 
 from hookedattn.core import html_table

@@ -1,6 +1,6 @@
 """The attribution-graph page: a graph in circuit-tracer's / Neuronpedia's JSON, drawn.
 
-    >>> from analysis.graphs import attribution_graph, graph_json
+    >>> from analysis.attribution_graphs import attribution_graph, graph_json
     >>> from hookedattn.viewer import graph_page
     >>> page = graph_page(graph_json(graph), examples=feature_examples(store, tcs, features))
     >>> page.save("graph.html")
@@ -42,13 +42,14 @@ def graph_page(
     examples: dict[str, list[dict[str, Any]]] | None = None,
     title: str | None = None,
 ) -> GraphPage:
-    """The page of `graph` (circuit-tracer's graph JSON: `analysis.graphs.graph_json`), with
-    `examples` (`hookedattn.sae.feature_examples`: top activations by `"layer_feature"`)
-    shown when a feature is hovered."""
+    """The page of `graph` (circuit-tracer's graph JSON:
+    `analysis.attribution_graphs.graph_json`), with `examples`
+    (`hookedattn.sae.feature_examples`: top activations by `"layer_feature"`) shown when a
+    feature is hovered."""
     if not isinstance(graph, dict) or not {"metadata", "nodes", "links"} <= set(graph):
         raise ValueError(
             "graph must be a graph JSON object with metadata, nodes and links "
-            "(analysis.graphs.graph_json makes one)"
+            "(analysis.attribution_graphs.graph_json makes one)"
         )
     prompt = graph["metadata"].get("prompt", "")
     data = {"kind": "attribution_graph", "graph": graph, "examples": examples or {}}

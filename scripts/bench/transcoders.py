@@ -88,7 +88,7 @@ from hookedattn import HookedTransformer
 from hookedattn.sae import CrossLayerTranscoder, CrossLayerTranscoderConfig, Transcoder
 from hookedattn.sae import TranscoderConfig, load_pretrained_transcoders
 from hookedattn.training.corpus import heldout_windows, load_stdlib_corpus
-from analysis.graphs import attribution_graph
+from analysis.attribution_graphs import attribution_graph
 kind, n_pos, k, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = HookedTransformer.from_pretrained("bytes-gelu-2l")
 if k == 0:

@@ -9,6 +9,8 @@ over positions (gradient × activation: Syed et al. 2023; Marks et al. 2024 for 
 `feature_activation_patch` runs each patch. Both return a `PatchingResult` of kind
 `sae_features` over the axis `feature`, so `compare_patching(approx, exact)` tells where the
 first-order estimate fails.
+
+More in `docs/guide/saes.md`.
 """
 
 import dataclasses
@@ -18,7 +20,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
+from analysis.patching.engine import (
+    Metric,
+    metric_gradients,
+    metric_values,
+    paired_tokens,
+    warn_if_tied,
+)
 from analysis.patching.result import PatchingResult
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import SparseAutoencoder, sae_hook_name
@@ -99,16 +107,9 @@ def feature_attribution_patch(
     corrupted run (module docstring); `features` defaults to those active in either run."""
     runs = _runs(model, sae, clean_tokens, corrupted_tokens, metric)
     chosen = _features(runs.clean_acts, runs.corrupted_acts, features)
-    captured: dict[str, Tensor] = {}
-
-    def keep(acts: Tensor, hook) -> Tensor:
-        captured["acts"] = acts.detach().requires_grad_(True)
-        return captured["acts"]
-
-    with torch.enable_grad(), model.saes([sae]), model.hooks([(runs.acts_name, keep)]):
-        value = metric_values(metric, model(runs.corrupted_tokens))
-        (grad,) = torch.autograd.grad(value.sum(), captured["acts"])
-    # Each prompt's metric depends on its own row only, so the summed gradient is per prompt.
+    with model.saes([sae]):
+        forward = lambda: metric_values(metric, model(runs.corrupted_tokens))
+        grad = metric_gradients(model, [runs.acts_name], forward).gradients[runs.acts_name]
     delta = (runs.clean_acts - runs.corrupted_acts)[..., chosen]
     scores = (grad[..., chosen] * delta).sum(1).T
     return _result("attribution patching", chosen, runs.corrupted + scores, runs)

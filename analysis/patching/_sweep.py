@@ -6,24 +6,22 @@ A sweep is a base run and `n_variants` variants of it, each a set of region repl
 in each. Every step is a forward of the model's own blocks (`start_at_layer`,
 `stop_at_layer`, `past_kv_cache`), so every hook point on the way fires, and hooks
 attached to the model act as in any other forward (those that index positions or the
-batch see a pass's own rows).
-
-Two kinds of pass:
+batch see a pass's own rows). Two kinds of pass:
 
 - *packed*: a variant whose edits all lie after where their block mixes positions (a
   head's output, an MLP, ...: `LOCAL_KINDS`) changes that block's output at its own
-  positions only, and each of those rows depends on that variant's edits alone. Variants
-  of one block with disjoint windows of positions therefore share one sequence: one packed
-  pass gives all of them the block's output. After the last block that is their logits;
-  otherwise each goes on from the next block with its window taken from the pack.
+  positions only, so variants of one block with disjoint windows of positions share one
+  sequence: one packed pass gives all of them the block's output (their logits after the
+  last block; otherwise each goes on from the next block with its window of the pack).
 - *planned* (`_plan`): variants stacked along the batch axis (`(variant batch)`), from
   the pass's first block and position, after the unpatched keys and values of the
   positions before it (a frozen KV cache).
 
 With `declared` positions (the only ones whose logits the metric reads) a pass stops at
 the last of them, unembeds only them, and a variant that cannot reach them does not run;
-the metric gets logits that are NaN elsewhere, so a metric reading another position
-gives NaN, which is caught.
+the metric gets logits that are NaN elsewhere, so a metric reading another position gives
+NaN, which is caught. Other packages reach `sweep` and `Edit` through `engine`; the
+patching guide (`docs/guide/patching.md`) tells the rest.
 """
 
 import dataclasses

@@ -8,6 +8,8 @@ recorded, and one backward pass give that for every component of every kind; sum
 products over a component's region gives its score. It is exact where the metric is
 linear in the activation (the last block's outputs, with no final norm) and drifts where
 the patch crosses a nonlinearity; `compare_patching` shows where.
+
+More in `docs/guide/patching.md`.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from analysis.patching._components import (
     component_grid,
     refuse_unsupported,
 )
+from analysis.patching._gradients import metric_gradients
 from analysis.patching._inputs import (
     Metric,
     check_direction,
@@ -92,7 +95,8 @@ def attribution_patch(
     with torch.no_grad():
         source_logits, source_cache = model.run_with_cache(source, names_filter=names)
         source_metric = metric_values(metric, source_logits)
-    patched_metric, activations, grads = _with_gradients(model, patched, metric, names)
+    run = metric_gradients(model, names, lambda: metric_values(metric, model(patched)))
+    patched_metric, activations, grads = run.value, run.activations, run.gradients
     clean, corrupted = (
         (source_metric, patched_metric) if denoising else (patched_metric, source_metric)
     )
@@ -131,33 +135,6 @@ def _checked_kinds(model: HookedTransformer, kinds: str | Sequence[str] | None) 
     if not kinds:
         raise ValueError("no component kinds to attribute")
     return kinds
-
-
-def _with_gradients(
-    model: HookedTransformer, tokens: Tensor, metric: Metric, names: Sequence[str]
-) -> tuple[Float[Tensor, " batch"], dict[str, Tensor], dict[str, Tensor]]:
-    """The metric, the activations at `names` and the metric's gradient at each of them."""
-    captured: dict[str, Tensor] = {}
-
-    def capture(activation: Tensor, hook) -> Tensor:
-        if not activation.requires_grad:
-            # Nothing upstream needs a gradient (e.g. frozen weights): the graph starts here.
-            activation = activation.detach().requires_grad_()
-        captured[hook.name] = activation
-        return activation
-
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(name, capture) for name in names]):
-        logits = model(tokens)
-    values = metric_values(metric, logits)
-    # Prompts do not interact, so the gradient of the sum is each prompt's own gradient.
-    order = list(captured)
-    grads = torch.autograd.grad(values.sum(), [captured[n] for n in order], allow_unused=True)
-    gradients = {
-        name: torch.zeros_like(captured[name]) if grad is None else grad
-        for name, grad in zip(order, grads, strict=True)
-    }
-    activations = {name: t.detach() for name, t in captured.items()}
-    return values.detach(), activations, gradients
 
 
 def _region_sums(

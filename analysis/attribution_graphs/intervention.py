@@ -13,6 +13,8 @@ Two models to intervene in:
   `total_effects` to first order (exactly, while no feature crosses its threshold), and
   with `freeze_features=True` (every other feature held at its clean value too) by the
   graph's direct edge alone.
+
+More in `docs/guide/transcoders.md`.
 """
 
 import dataclasses
@@ -23,8 +25,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis._pattern_ablation import _norm_sites, frozen_pattern_hooks
-from analysis.graphs._frozen import prompt_tokens
+from analysis.attribution_graphs._frozen import prompt_tokens
+from analysis.patching.engine import frozen_pattern_hooks, norm_sites
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import TranscoderSet, replaced, transcoder_hook_name
 
@@ -102,7 +104,7 @@ def _clean_cache(model: Any, tset: TranscoderSet, tokens: Tensor) -> Any:
     """The unedited replacement forward's patterns, norm scales, error terms and features."""
     n = model.cfg.n_layers
     names = [get_act_name("pattern", layer) for layer in range(n)]
-    names += [site.hook("scale") for site in _norm_sites(model)]
+    names += [site.hook("scale") for site in norm_sites(model)]
     names += [transcoder_hook_name(layer, h) for layer in tset.layers
               for h in ("hook_error", "hook_acts")]  # fmt: skip
     with torch.no_grad(), replaced(model, tset):

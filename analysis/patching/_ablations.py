@@ -10,8 +10,8 @@ patching", section 2), each replacing the component's region of the activation:
   per prompt and component, seeded): a value the model does see, from an unrelated input.
 
 With `preserve_patterns=True` every attention pattern is also frozen to its unablated
-value (the pattern-preserving ablation of `analysis._pattern_ablation`, whose hooks are
-used here), so that later heads keep looking where they looked.
+value (the pattern-preserving ablation of `_pattern_ablation`, whose hooks are used here),
+so that later heads keep looking where they looked. More in `docs/guide/patching.md`.
 """
 
 from collections.abc import Callable, Sequence
@@ -21,9 +21,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis._naming import Component
-from analysis._pattern_ablation import frozen_pattern_hooks
-from analysis.patching._components import check_component, component_masks
-from analysis.patching._inputs import as_tokens
+from analysis.patching.engine import (
+    as_tokens,
+    check_component,
+    component_masks,
+    frozen_pattern_hooks,
+)
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.core.names import get_act_name, pos_axis
 

@@ -14,6 +14,8 @@ Every path ends at a token or an error node, and each step of `Â` passes on all
 it receives, so the sources' influence sums to that of the logits: `error_fraction`, the
 error nodes' share of it, is how much of the explanation the transcoders leave to their
 error terms (one minus Ameisen et al.'s "replacement score").
+
+More in `docs/guide/transcoders.md`.
 """
 
 import dataclasses
@@ -22,7 +24,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from analysis.graphs.graph import AttributionGraph
+from analysis.attribution_graphs.attribution_graph import AttributionGraph
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -19,14 +19,16 @@ target marked `is_target_logit`). `influence` is the node's cumulative influence
 and a link's `weight` the direct effect, source on target, as circuit-tracer writes them.
 Our measurements of the pruning ride along under `metadata.hookedattn` (readers that do
 not know it ignore it).
+
+More in `docs/guide/transcoders.md`.
 """
 
 import json
 from pathlib import Path
 from typing import Any
 
-from analysis.graphs.graph import AttributionGraph
-from analysis.graphs.pruning import PrunedGraph, prune_graph
+from analysis.attribution_graphs.attribution_graph import AttributionGraph
+from analysis.attribution_graphs.pruning import PrunedGraph, prune_graph
 
 
 def _cantor(x: int, y: int) -> int:

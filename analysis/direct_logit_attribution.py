@@ -13,6 +13,8 @@ With a soft cap on the logits (`output_logits_soft_cap`, Gemma 2: `logits = c ta
 c)`), what is attributed is the logit before the cap, `l` (`unembed.hook_in @ W_U + b_U`):
 the cap is not linear, and `l` is what the components sum to. The metric says so
 (`"logit before the soft cap"`); the capped logit is `c tanh(total() / c)`.
+
+More in `docs/guide/decomposition.md`.
 """
 
 import dataclasses

@@ -2,32 +2,25 @@
 
     graph = attribution_graph(model, transcoders, "def f(x):\\n    return f(", top_k=3)
     graph.adjacency[t, s]          # the direct effect of node s on node t
-    pruned = prune_graph(graph, node_threshold=0.8)   # analysis.graphs.pruning
 
 The nodes, in order (circuit-tracer's): every active feature `(layer, pos, feature)`, one
 error node per `(layer, pos)` (what the transcoder misses of that MLP output), one input
 token per position, and the target logits at the last position. `adjacency[t, s]` is the
 direct linear effect of source `s` on target `t` with the attention patterns, norm scales
-and error terms frozen at this prompt's forward (`analysis.graphs._frozen`): `s`'s write
-carried by the frozen linear map to what `t` reads, a feature's pre-activation or a logit.
-No other node is on the path (features reached through another feature have their own
-edge to it); attention and the skip terms are part of the map, not nodes.
+and error terms frozen at this prompt's forward (`_frozen`): `s`'s write carried by the
+frozen linear map to what `t` reads, a feature's pre-activation or a logit. No other node
+is on the path (a feature reached through another has its own edge); attention and the
+skip terms are part of the map, not nodes. The replacement model with error terms is the
+model's own forward, and with those things frozen it is affine in what the nodes write:
 
-What makes it exact: the replacement model with error terms is the model's own forward,
-and with those things frozen it is affine in what the nodes write. So for every target
+    Σ_s adjacency[t, s] + bias[t] = pre-activation of t   (or the logit, before any soft cap)
 
-    Σ_s adjacency[t, s] + bias[t] = pre-activation of t   (or the logit)
-
-to rounding, where `bias[t]` is the sum of the constant terms on the way (norm biases,
-`b_V`, `b_O`, `b_dec`, `b_enc` or `b_U`: the "frozen bias terms"). The tests check this
-against the model's forward in float64 to 1e-10. The logit is the one before any soft cap.
-
-Node values: a feature's is its activation (an active feature's pre-activation, since every
-activation here passes its input unchanged where it fires), a token's its embedding, an
-error node's the error vector; an edge from a source is linear in it, so scaling a source by
-`1 + ε` changes each target by `ε` times the edge. `total_effects` follows that through the
-features downstream (each active feature passes a change of its pre-activation on one to
-one): the first-order change of each logit when a node is scaled.
+to rounding, `bias[t]` the "frozen bias terms" on the way (norm biases, `b_V`, `b_O`,
+`b_dec`, `b_enc` or `b_U`); the tests check it in float64 to 1e-10. An edge is linear in
+its source's value (a feature's activation, a token's embedding, an error node's vector),
+so `total_effects`, which follows a change through the active features downstream, is the
+first-order change of each logit when a node is scaled by `1 + ε`. Pruning, export and
+interventions: the package's other modules; the guide: `docs/guide/transcoders.md`.
 """
 
 import dataclasses
@@ -39,7 +32,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.graphs import _frozen
+from analysis.attribution_graphs import _frozen
 from hookedattn.sae import TranscoderSet
 
 

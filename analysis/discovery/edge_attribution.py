@@ -19,9 +19,11 @@ run stacked on the batch axis, as many together as the memory budget allows.
 Both are exact where the metric is linear in every receiver's input (no norms, attention
 patterns that do not depend on the input, a metric linear in the logits); tests check
 them against `edge_patching` there to float64 rounding.
+
+More in `docs/guide/discovery.md`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from einops import einsum, rearrange
@@ -29,10 +31,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis.discovery._terms import Terms, sender_terms, split_model, term_hooks
-from analysis.discovery.graph import Graph
+from analysis.discovery.computational_graph import Graph
 from analysis.discovery.scores import EdgeScores
-from analysis.patching._inputs import Metric, metric_values, paired_tokens, warn_if_tied
-from analysis.patching._plan import default_memory_budget, itemsize, row_floats
+from analysis.patching.engine import (
+    Metric,
+    default_memory_budget,
+    itemsize,
+    metric_gradients,
+    metric_values,
+    paired_tokens,
+    row_floats,
+    warn_if_tied,
+)
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 
@@ -119,22 +129,6 @@ def _receiver_hooks(graph: Graph) -> list[str]:
     return list(dict.fromkeys(r.hook for r in graph.receivers))
 
 
-def _capturing(hooks: Sequence[str], captured: dict[str, Tensor]) -> list[tuple[str, object]]:
-    """Hooks adding a zero leaf to each receiver's input, kept in `captured`.
-
-    The gradient at the leaf is the metric's gradient at that input; adding it (rather
-    than detaching the input) keeps the paths through the receiver to everything before
-    it, and the logits' receiver is the stream itself.
-    """
-
-    def capture(activation: Tensor, hook) -> Tensor:
-        leaf = torch.zeros_like(activation).requires_grad_()
-        captured[hook.name] = leaf
-        return activation + leaf
-
-    return [(name, capture) for name in hooks]
-
-
 def _eap_pass(
     split: HookedTransformer,
     graph: Graph,
@@ -143,27 +137,15 @@ def _eap_pass(
     names: Sequence[str],
 ) -> tuple[Float[Tensor, " batch"], Gradients, ActivationCache]:
     """The clean run with the gradient at every receiver, and the activations at `names`."""
-    captured: dict[str, Tensor] = {}
     kept: dict[str, Tensor] = {}
 
     def keep(activation: Tensor, hook) -> None:
         kept[hook.name] = activation.detach()
 
-    hooks = _capturing(_receiver_hooks(graph), captured) + [(name, keep) for name in names]
-    with torch.enable_grad(), split.hooks(fwd_hooks=hooks):
-        values = metric_values(metric, split(tokens))
-    gradients = _gradients(values.sum(), captured)
-    return values.detach(), gradients, ActivationCache(kept, split.cfg.n_layers)
-
-
-def _gradients(total: Float[Tensor, ""], captured: dict[str, Tensor]) -> Gradients:
-    """d total / d each captured leaf (zeros where the total does not depend on it)."""
-    order = list(captured)
-    grads = torch.autograd.grad(total, [captured[n] for n in order], allow_unused=True)
-    return {
-        name: torch.zeros_like(captured[name]) if grad is None else grad
-        for name, grad in zip(order, grads, strict=True)
-    }
+    forward = lambda: metric_values(metric, split(tokens))
+    with split.hooks(fwd_hooks=[(name, keep) for name in names]):
+        run = metric_gradients(split, _receiver_hooks(graph), forward)
+    return run.value, run.gradients, ActivationCache(kept, split.cfg.n_layers)
 
 
 def _ig_gradients(
@@ -186,19 +168,25 @@ def _ig_gradients(
     for first in range(0, steps, chunk):
         a = alphas[first : first + chunk]
         stream = clean + a[:, None, None, None] * (corrupted - clean)
-        captured: dict[str, Tensor] = {}
-        with (
-            torch.enable_grad(),
-            split.hooks(fwd_hooks=_capturing(_receiver_hooks(graph), captured)),
-        ):
-            logits = split(rearrange(stream, "step b p d -> (step b) p d"), start_at_layer=0)
-            logits = rearrange(logits, "(step b) p v -> step b p v", step=len(a))
-            # One call per step: a metric may index its prompts (their answers) by batch row.
-            value = sum(metric_values(metric, logits[k]).sum() for k in range(len(a)))
-        for name, grad in _gradients(value, captured).items():
+        run = metric_gradients(split, _receiver_hooks(graph), _stacked_steps(split, stream, metric))
+        for name, grad in run.gradients.items():
             summed = rearrange(grad, "(step b) ... -> step b ...", step=len(a)).sum(0)
             total[name] = total[name] + summed if name in total else summed
     return {name: grad / steps for name, grad in total.items()}
+
+
+def _stacked_steps(
+    split: HookedTransformer, stream: Float[Tensor, "step batch pos d_model"], metric: Metric
+) -> Callable[[], Tensor]:
+    """The forward of the steps of `stream`, stacked on the batch axis: the metric summed."""
+
+    def forward() -> Tensor:
+        logits = split(rearrange(stream, "step b p d -> (step b) p d"), start_at_layer=0)
+        logits = rearrange(logits, "(step b) p v -> step b p v", step=stream.shape[0])
+        # One call per step: a metric may index its prompts (their answers) by batch row.
+        return sum(metric_values(metric, logits[k]).sum() for k in range(stream.shape[0]))
+
+    return forward
 
 
 def _edge_products(graph: Graph, delta: Terms, gradients: Gradients) -> Float[Tensor, "edge batch"]:

@@ -1,5 +1,5 @@
-"""The replacement model linearised on one prompt: attention patterns, norm scales, error
-terms and the feature activations frozen at their values in its forward.
+"""The replacement model linearised on one prompt (`docs/guide/transcoders.md`): attention
+patterns, norm scales, error terms and feature activations frozen at their forward's values.
 
 With the patterns and scales fixed, everything between the features is linear: a norm is
 `w ⊙ centre(x) / s + b` (no centring for RMS), an attention layer is

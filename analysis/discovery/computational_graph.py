@@ -1,8 +1,8 @@
-"""A model's computational graph as edges: who writes into the stream, who reads from it.
+"""A model's computational graph as edges: who writes into the stream, who reads from it
+(`Graph`; the discovery guide, `docs/guide/discovery.md`, draws one).
 
-The residual stream is a sum (`analysis.decomposition`), so every reader of it reads a sum
-of what every earlier writer wrote, and each (writer, reader) pair is one term of that sum:
-an *edge*. The writers (*senders*) and readers (*receivers*):
+The residual stream is a sum (`analysis.decomposition`), so each (writer, reader) pair is
+one term of what the reader reads: an *edge*. The writers (*senders*) and readers (*receivers*):
 
     senders    embed (the token embedding, with the learned positions where the model has
                them), each head's output L0H5, each MLP's output mlp0

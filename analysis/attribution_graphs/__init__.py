@@ -1,19 +1,26 @@
 """Attribution graphs: a prediction explained through transcoder features, edge by edge.
 
-    from analysis.graphs import attribution_graph, prune_graph, graph_json
+    from analysis.attribution_graphs import attribution_graph, prune_graph, graph_json
     graph = attribution_graph(model, transcoders, prompt)    # every direct effect, exact
     pruned = prune_graph(graph, node_threshold=0.8)           # the nodes that matter most
     graph_json(graph, pruned)                                 # circuit-tracer / Neuronpedia
     intervene(model, transcoders, prompt, [FeatureIntervention(1, 7, 42, 0.0)])
 
 Axes: `node` (features, error nodes, tokens, logits, in that order), `feature` (active
-features), `logit` (target logits).
+features), `logit` (target logits). The modules: `attribution_graph` (the graph and how it
+is built), `_frozen` (the linearised model), `pruning`, `export`, `intervention`. Formerly
+`analysis.graphs`, a name that still imports. More in `docs/guide/transcoders.md`.
 """
 
-from analysis.graphs.export import graph_json, save_graph_json
-from analysis.graphs.graph import AttributionGraph, attribution_graph
-from analysis.graphs.intervention import FeatureIntervention, intervene
-from analysis.graphs.pruning import PrunedGraph, influence, normalized_adjacency, prune_graph
+from analysis.attribution_graphs.attribution_graph import AttributionGraph, attribution_graph
+from analysis.attribution_graphs.export import graph_json, save_graph_json
+from analysis.attribution_graphs.intervention import FeatureIntervention, intervene
+from analysis.attribution_graphs.pruning import (
+    PrunedGraph,
+    influence,
+    normalized_adjacency,
+    prune_graph,
+)
 
 __all__ = [
     "AttributionGraph",

@@ -12,6 +12,8 @@ and the unembedding. MLPs, when present, are left to respond as they do.
 
 `frozen_pattern_hooks` gives the hooks alone, for other ablations and patching
 experiments to combine with their own.
+
+More in `docs/guide/patching.md`.
 """
 
 import functools
@@ -32,7 +34,8 @@ from hookedattn.core.names import get_act_name
 Hook = tuple[str, Callable[..., Tensor | None]]
 
 
-def _norm_sites(model: HookedTransformer) -> list[NormSite]:
+def norm_sites(model: HookedTransformer) -> list[NormSite]:
+    """Every norm of `model` whose scale a frozen forward holds (none without norms)."""
     if model.cfg.normalization_type is None:
         return []
     per_block = ("ln1", "ln2") if model.cfg.has_mlp else ("ln1",)
@@ -65,7 +68,7 @@ def frozen_pattern_hooks(
     """
     keys = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
     if freeze_norm_scales:
-        keys += [site.hook("scale") for site in _norm_sites(model)]
+        keys += [site.hook("scale") for site in norm_sites(model)]
     hooks = []
     for key in keys:
         if key not in clean_cache:
@@ -126,7 +129,7 @@ def pattern_preserving_ablation(
         )
     if clean_cache is None:
         keys = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
-        keys += [site.hook("scale") for site in _norm_sites(model)]
+        keys += [site.hook("scale") for site in norm_sites(model)]
         with torch.no_grad():
             _, clean_cache = model.run_with_cache(
                 tokens, names_filter=keys, return_type=None, **forward_kwargs
