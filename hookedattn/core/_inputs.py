@@ -16,15 +16,15 @@ import dataclasses
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from hookedattn.core import _tokenization
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels import AttentionContext, attention_context, next_token_context
 from hookedattn.core.kv_cache import KeyValueCache
+from hookedattn.core.shapes import Resid
 
-Resid = Float[Tensor, "batch pos d_model"]
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 

@@ -59,7 +59,7 @@ class StackedWeights:
             )
         return self.pos_embed.W_pos
 
-    # Circuit views (hookedattn/_weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
+    # Circuit views (hookedattn/core/_weight_views.py): OV = W_V @ W_O, QK = W_Q @ W_K.T.
     @property
     def QK(self) -> FactoredMatrix:
         """Every head's QK circuit `W_Q @ W_K.T`, factored: `[layer head d_model d_model]`."""

@@ -1,10 +1,10 @@
 """The key-value cache: keys and values of positions already run, so that generation runs
 each new token alone instead of the whole sequence again.
 
-This is the seed worklog's question "what happens in parallel, what in sequence" made
-concrete: a forward over `n` tokens computes all `n` positions at once, and running them one
-at a time against this cache gives the same numbers, because position `i` only ever reads
-keys and values of positions `<= i`.
+This is the question "what happens in parallel, what in sequence" (asked by the project's
+worklog, `docs/guide/worklog.md`) made concrete: a forward over `n` tokens computes all `n`
+positions at once, and running them one at a time against this cache gives the same
+numbers, because position `i` only ever reads keys and values of positions `<= i`.
 """
 
 import contextlib

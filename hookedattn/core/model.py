@@ -43,9 +43,7 @@ from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCache
 from hookedattn.core.loss import lm_cross_entropy_loss
-
-Resid = Float[Tensor, "batch pos d_model"]
-Logits = Float[Tensor, "batch pos d_vocab_out"]
+from hookedattn.core.shapes import Logits, Resid
 
 
 class LogitsAndLoss(NamedTuple):

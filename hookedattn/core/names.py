@@ -195,7 +195,7 @@ def expert_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# The axes of each activation, batch first, in the glossary's names (hookedattn/__init__.py).
+# The axes of each activation, batch first, in the glossary's names (hookedattn/core/__init__.py).
 _AXES: dict[str, str] = {
     **{
         n: "batch pos d_model"

@@ -4,8 +4,9 @@
     reference = ReferenceTransformer(model)          # the weights laid out once, then
     logits = reference(tokens)                       # called like a model
 
-It follows the seed worklog's recipe rather than the model's code: one `[d_model, n_heads *
-d_head]` matrix per projection, `view` + `transpose` to split the heads, the heads
+It follows the usual hand-written recipe (the one the project's worklog derives,
+`docs/guide/worklog.md`) rather than the model's code: one `[d_model, n_heads * d_head]`
+matrix per projection, `view` + `transpose` to split the heads, the heads
 concatenated and multiplied by one `[n_heads * d_head, d_model]` output matrix, the causal
 mask by `masked_fill`, the norms and rotary written out. It shares no module, layout or
 einsum with `HookedTransformer`, so a test of the model against it is a test of the math.

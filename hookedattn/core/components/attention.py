@@ -2,8 +2,8 @@
 
 Each head h reads the residual stream through `W_Q[h], W_K[h], W_V[h]: [d_model d_head]`
 and writes back through `W_O[h]: [d_head d_model]` (row vectors: `q = x @ W_Q[h]`). The
-seed worklog's `view(batch, seqlen, heads, d_head).transpose(1, 2)` split is the `head`
-axis of these weights: concatenating the heads' `z` and multiplying by one
+usual `view(batch, seqlen, heads, d_head).transpose(1, 2)` split of one big projection is
+the `head` axis of these weights: concatenating the heads' `z` and multiplying by one
 `[n_heads * d_head, d_model]` matrix is the same as summing `z_h @ W_O[h]` over heads,
 which is why each head's write can be read on its own (`hook_result`).
 
@@ -43,6 +43,7 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCacheEntry
+from hookedattn.core.shapes import HeadVectors, KeyValues, KeyVectors, Queries
 
 # Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
 # input can be patched alone), each read by its own head's weights.
@@ -50,10 +51,6 @@ _PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_
 
 # The stream itself, or a copy per query head or per key/value head.
 AttnInput = Float[Tensor, "batch pos ... d_model"]
-HeadVectors = Float[Tensor, "batch pos head d_head"]
-KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
-Queries = Float[Tensor, "batch query_pos head d_head"]
-KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 
 
 class Attention(nn.Module):

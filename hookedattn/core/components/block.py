@@ -30,8 +30,8 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCacheEntry
+from hookedattn.core.shapes import Resid
 
-Resid = Float[Tensor, "batch pos d_model"]
 PastKV = KeyValueCacheEntry | None  # this layer's keys and values of earlier positions
 
 

@@ -38,8 +38,8 @@ from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.mlp import ACTIVATIONS, GatedMLP, glu
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.shapes import Resid
 
-Stream = Float[Tensor, "batch pos d_model"]
 Rows = Float[Tensor, "row d_model"]
 Choice = Int[Tensor, "batch pos k"]
 Weights = Float[Tensor, "batch pos k"]
@@ -109,12 +109,12 @@ class MoE(nn.Module):
             self.with_shared = self._plain_shared
         self.hook_shared_out = HookPoint()  # [batch pos d_model]
 
-    def forward(self, x: Stream) -> Stream:
+    def forward(self, x: Resid) -> Resid:
         indices, weights = self.route(x)
         routed = kernels.mix_experts(self, x, indices, weights)  # grouped by expert
         return self.with_shared(x, routed)
 
-    def route(self, x: Stream) -> tuple[Choice, Weights]:
+    def route(self, x: Resid) -> tuple[Choice, Weights]:
         """Which experts each token uses and with what weights, through the router's hooks."""
         logits = self.hook_router_logits(affine(x, self.W_router, self.b_router))
         probs = kernels.router_probabilities(logits)
@@ -152,12 +152,12 @@ class MoE(nn.Module):
     def _as_chosen(self, chosen: Tensor) -> Tensor:
         return chosen
 
-    def _routed_only(self, x: Stream, routed: Stream) -> Stream:
+    def _routed_only(self, x: Resid, routed: Resid) -> Resid:
         return routed
 
-    def _plain_shared(self, x: Stream, routed: Stream) -> Stream:
+    def _plain_shared(self, x: Resid, routed: Resid) -> Resid:
         return routed + self.hook_shared_out(self.shared_expert(x))
 
-    def _gated_shared(self, x: Stream, routed: Stream) -> Stream:
+    def _gated_shared(self, x: Resid, routed: Resid) -> Resid:
         gate = self.hook_shared_gate(torch.sigmoid(x @ self.W_shared_gate))
         return routed + self.hook_shared_out(gate * self.shared_expert(x))

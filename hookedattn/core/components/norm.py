@@ -15,14 +15,12 @@ folded into the next layer's weights (`hookedattn.fold_layer_norm`).
 """
 
 import torch
-from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
-
-Normed = Float[Tensor, "batch pos *rest"]
+from hookedattn.core.shapes import Normed
 
 
 class NoNorm(nn.Module):

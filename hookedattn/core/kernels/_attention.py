@@ -27,9 +27,7 @@ from torch import Tensor, nn
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels._masks import AttentionContext
-
-Queries = Float[Tensor, "batch query_pos head d_head"]
-KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
+from hookedattn.core.shapes import KeyValues, Queries
 
 
 def fuses_attention(cfg: HookedTransformerConfig) -> bool:

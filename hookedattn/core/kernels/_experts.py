@@ -26,7 +26,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-Stream = Float[Tensor, "batch pos d_model"]
+from hookedattn.core.shapes import Resid
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -63,10 +64,10 @@ def router_probabilities(
 
 def mix_experts(
     moe: Any,
-    x: Stream,
+    x: Resid,
     indices: Int[Tensor, "batch pos k"],
     weights: Float[Tensor, "batch pos k"],
-) -> Stream:
+) -> Resid:
     """`sum over each token's choices of weight * moe.expert(e, x[token])`, grouped."""
     batch, pos, d_model = x.shape
     plan = dispatch(indices, moe.num_experts)

@@ -8,12 +8,10 @@ rounding) in one pass; `use_fused_kernels=False` writes every norm out always.
 
 from typing import Any
 
-from jaxtyping import Float
-from torch import Tensor, nn
+from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
-
-Normed = Float[Tensor, "batch pos *rest"]
+from hookedattn.core.shapes import Normed
 
 
 def fuses_norms(cfg: HookedTransformerConfig) -> bool:

@@ -16,9 +16,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.config import HookedTransformerConfig
-
-HeadVectors = Float[Tensor, "batch pos head d_head"]
-KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
+from hookedattn.core.shapes import HeadVectors, KeyVectors
 
 
 class FusedQKV:

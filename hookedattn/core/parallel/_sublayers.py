@@ -19,8 +19,8 @@ mixin put before a component's own class (`shard_*` below swap it in, as FSDP2's
 `fully_shard` does) that replaces only the component's combine steps (where the stream
 enters the split weights, `enter`; how their writes add up, `write`, `summed`,
 `summed_heads`; how the vocabulary's parts join, `joined`), so the component's forward,
-written once, runs on every rank. (The embedding's lookup is its whole equation: its rows
-are looked up where they live and summed.)
+written once, runs on every rank (the embedding's `lookup`: each row where it lives, the
+ranks' rows summed).
 """
 
 import dataclasses
@@ -37,8 +37,7 @@ from hookedattn.core.parallel._collectives import gather, replicated_input, sum_
 from hookedattn.core.parallel._group import TensorParallelGroup
 from hookedattn.core.parallel._hook_points import ShardedHookPoint
 from hookedattn.core.parallel._shards import LocalSlice, local_slice
-
-Resid = Float[Tensor, "batch pos d_model"]
+from hookedattn.core.shapes import Resid
 
 
 def partial_affine(x: Tensor, W: Tensor, b: Tensor, tp: TensorParallelGroup) -> Tensor:
@@ -138,7 +137,7 @@ class VocabParallelEmbed:
     tp: TensorParallelGroup
     vocab_slice: LocalSlice
 
-    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Resid:
+    def lookup(self, tokens: Int[Tensor, "batch pos"]) -> Resid:
         """`W_E[tokens]`: each rank's rows of its own tokens, zeros for the others, summed."""
         part = self.vocab_slice
         elsewhere = (tokens < part.start) | (tokens >= part.stop)
