@@ -247,3 +247,27 @@ def test_a_nan_in_a_cached_key_gives_the_logits_and_cache_checked_per_layer():
         results.append((run(tokens[:, 4:], past_kv_cache=cache), cache[0].past_keys.clone()))
     assert_identical(results[0][0], results[1][0])
     assert_identical(results[0][1], results[1][1])
+
+
+# ---------------------------------------------------------------- a cache's hooks do not listen
+def test_caching_the_residual_stream_synchronises_once_past_the_input_check():
+    model = MODELS["variant gpt2"]
+    tokens, _ = batch(model, False)
+    with torch.no_grad():
+        model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::item") == 3
+
+
+@pytest.mark.parametrize("where", ["W_Q", "W_K"])
+def test_a_cache_checked_once_records_what_the_guard_per_layer_gives(where):
+    # The first try's fused z hides the NaN; the cache must hold the second run's.
+    model = poisoned(MODELS["variant gpt2"], where)
+    tokens, _ = batch(model, False)
+    names = ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z", "blocks.1.hook_resid_post"]
+    _, once = model.run_with_cache(tokens, names_filter=names)
+    with model.hooks(fwd_hooks=NO_OP):
+        _, per_layer = model.run_with_cache(tokens, names_filter=names)
+    for name in names:
+        assert_identical(once[name], per_layer[name])

@@ -197,6 +197,28 @@ def _counting(module):
     return calls
 
 
+def test_a_cached_generation_writes_each_norm_and_pattern_out_once_after_the_steps():
+    model = family_model("llama")
+    attn_calls, norm_calls = _counting(model.blocks[0].attn), _counting(model.blocks[1].ln2)
+    out = model.generate(prompt(model, 2, 4), 5, stop_at_eos=False, return_cache=True)
+    # the prompt's 4 positions and the 5 steps' one each, in one call after the last step
+    assert attn_calls == [9] and norm_calls == [9]
+    _, expected = model.run_with_cache(out.tokens)
+    assert_cache_equal(out.cache, expected)
+
+
+def test_a_hook_that_needs_the_pattern_writes_it_out_at_every_step():
+    model = family_model("llama")
+    attn_calls = _counting(model.blocks[0].attn)
+    seen = []
+    hooks = [("blocks.0.attn.hook_pattern", lambda x, hook: seen.append(x.shape[2]))]
+    with model.hooks(fwd_hooks=hooks):
+        out = model.generate(prompt(model, 2, 4), 3, stop_at_eos=False, return_cache=True)
+    assert attn_calls == [4, 1, 1, 1] and seen == [4, 1, 1, 1]  # nothing left for later
+    _, expected = model.run_with_cache(out.tokens)
+    assert_cache_equal(out.cache, expected)
+
+
 def test_generate_steps_records_each_steps_patterns_at_that_step():
     model = family_model("llama")
     attn_calls = _counting(model.blocks[0].attn)

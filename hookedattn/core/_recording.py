@@ -141,7 +141,8 @@ class Recorder:
     def record(self, name: str, x: Tensor) -> None:
         """Keep `x` under `name`, with the positions, batch axis, device and dtype asked for."""
         t = x.detach()
-        rows = _names.is_rows(name)  # an expert's rows: no batch or position axis, kept whole
+        # An expert's rows have no batch or position axis: kept whole.
+        rows = (self.index is not None or self.remove_batch_dim) and _names.is_rows(name)
         if self.index is not None and not rows:
             axis = _names.pos_axis(name.removesuffix("_grad"))
             t = _positions(t, axis, self.index, self.pos_slice, name)

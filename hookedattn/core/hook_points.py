@@ -57,6 +57,9 @@ class LensHandle:
     # The thread whose scope attached this hook (`threading.get_ident()`), or None for a
     # hook of the model's own (attached with `add_hook`), which runs in every thread.
     thread: int | None = None
+    # A recorder that can take a written-out value later (`kernels.defer`): where every hook
+    # at a point has one, a fused kernel may run and hand each the equation's inputs.
+    defers_to: Any = None
 
     def remove(self) -> None:
         """Detach this hook from its hook point; a second call does nothing."""
@@ -77,6 +80,8 @@ class HookPoint(nn.Module):
         self._fwd: list[LensHandle] = []
         self._bwd: list[LensHandle] = []
         self._active = False
+        self._needs_value = False
+        self._listening = False  # a hook that is not a cache's (`HookedRootModule.is_listened`)
 
     def __call__(self, x: Tensor) -> Tensor:
         # The fast path: with no hook attached, a hook point is a single attribute test.
@@ -88,9 +93,15 @@ class HookPoint(nn.Module):
 
     @property
     def is_active(self) -> bool:
-        """Whether any hook (forward or backward, of any scope) is attached here now: what
-        the kernels read to decide whether an activation must be computed written out."""
+        """Whether any hook (forward or backward, of any scope) is attached here now."""
         return self._active
+
+    @property
+    def needs_value(self) -> bool:
+        """Whether a hook here needs the value in this forward: what the kernels read to
+        decide whether an activation that exists only written out must be computed. False
+        where every hook can take it later (`kernels.defer`)."""
+        return self._needs_value
 
     def layer(self) -> int | None:
         """The block this hook point belongs to, or None outside the blocks."""
@@ -122,13 +133,14 @@ class HookPoint(nn.Module):
         *,
         _is_cache: bool = False,
         _thread: int | None = None,
+        _defers_to: Any = None,
     ) -> LensHandle:
         """Attach `fn` here; `prepend=True` runs it before the hooks already attached."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(fn):
             raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
-        handle = LensHandle(self, fn, dir, is_permanent, _is_cache, _thread)
+        handle = LensHandle(self, fn, dir, is_permanent, _is_cache, _thread, _defers_to)
         hooks = self._fwd if dir == "fwd" else self._bwd
         hooks.insert(0, handle) if prepend else hooks.append(handle)
         self._update_active()
@@ -155,7 +167,10 @@ class HookPoint(nn.Module):
     def _update_active(self) -> None:
         # object.__setattr__, not nn.Module's: that one looks for parameters, buffers and
         # submodules on every assignment, and run_with_cache flips this flag twice per point.
-        object.__setattr__(self, "_active", bool(self._fwd or self._bwd))
+        handles = (*self._fwd, *self._bwd)
+        object.__setattr__(self, "_active", bool(handles))
+        object.__setattr__(self, "_needs_value", any(h.defers_to is None for h in handles))
+        object.__setattr__(self, "_listening", not all(h.is_cache for h in handles))
         global _version
         _version = next(_CHANGES)
 
@@ -279,14 +294,16 @@ class HookedRootModule(nn.Module):
             if isinstance(module, HookPoint):
                 module.name = name
                 self.hook_dict[name] = module
-        # An idle hook point's cost is mostly reading it off its parent: a submodule lives
-        # in `_modules`, reached through nn.Module.__getattr__ (Python) after the ordinary
-        # lookup fails. A copy of the reference in the parent's instance dict is found
-        # first. nn.Module.__setattr__ drops the copy when the attribute is reassigned; a
-        # hook point added otherwise is named only by `setup()`, which refreshes the copy.
+        # Reading a submodule off its parent costs more than an idle hook point or a small
+        # product: it lives in `_modules`, reached through nn.Module.__getattr__ (Python)
+        # after the ordinary lookup fails. A copy of the reference in the parent's instance
+        # dict is found first. nn.Module.__setattr__ drops the copy when the attribute is
+        # reassigned (`block.mlp = MyMLP()`); a submodule put in place otherwise
+        # (`add_module` over an existing name) is read through the copy until `setup()`
+        # runs again and refreshes it.
         for module in self.modules():
             for child_name, child in module._modules.items():
-                if isinstance(child, HookPoint):
+                if child is not None and child_name.isidentifier():
                     module.__dict__[child_name] = child
         # What `is_listened` reads: every module but the root and the hook points (torch
         # hooks on the root run once around a forward whatever it does inside).
@@ -294,15 +311,17 @@ class HookedRootModule(nn.Module):
         self.__dict__["_listened_at"] = (-1, False)
 
     def is_listened(self) -> bool:
-        """Whether anything could observe a forward's inner steps now: a hook on any hook
-        point, or a torch hook (forward or backward) on any module below the root, or a
-        global one. Where nothing listens, a forward may run a step twice unseen (the
-        kernels' deferred guard). The hook points are asked again only after a hook was
-        attached or removed somewhere (`hooks_version`); modules assigned after `setup()`
-        are watched once `setup()` runs again."""
+        """Whether anything could act on a forward's inner steps now: a hook on any hook
+        point other than a cache's recording hook (which keeps the last value it sees at
+        each name, so a second run only records again), or a torch hook (forward or
+        backward) on any module below the root, or a global one. Where nothing listens, a
+        forward may run a step twice unseen (the kernels' deferred guard). The hook points
+        are asked again only after a hook was attached or removed somewhere
+        (`hooks_version`); modules assigned after `setup()` are watched once `setup()`
+        runs again."""
         version, hooked = self._listened_at
         if version != _version:
-            hooked = any(point._active for point in self.hook_dict.values())
+            hooked = any(point._listening for point in self.hook_dict.values())
             self.__dict__["_listened_at"] = (_version, hooked)
         return hooked or _torch_hooked(self._watched)
 
@@ -454,10 +473,10 @@ def _torch_hooked(modules: list[nn.Module]) -> bool:
         return True
     if module._global_backward_hooks or module._global_backward_pre_hooks:
         return True
-    return any(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in modules
-    )
+    for m in modules:
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return True
+    return False
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:

@@ -168,9 +168,10 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         stop: int,
     ) -> Resid:
         """Blocks `start..stop-1` in turn, each reading its layer of the KV cache (if any)."""
+        blocks = self.blocks._modules  # ModuleList's own indexing is costlier than the dict's
         for layer in range(start, stop):
-            past = None if past_kv_cache is None else past_kv_cache[layer]
-            resid = self.blocks[layer](resid, context, past)
+            past = None if past_kv_cache is None else past_kv_cache.entries[layer]
+            resid = blocks[str(layer)](resid, context, past)
         return resid
 
     def _next_token_step(

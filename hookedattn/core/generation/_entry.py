@@ -80,7 +80,9 @@ def generate(
     if not return_cache:
         out = Generated.from_steps(prompt, generation_steps(model, prompt, opts))
         return output_of(model, out, input, prompt.text_in, return_type)
-    recorder = StepRecorder(model, names_filter, device, dtype, keep=True)
+    # Handed over only at the end: what exists only written out is read after the last step.
+    defers = opts.use_past_kv_cache
+    recorder = StepRecorder(model, names_filter, device, dtype, keep=True, defers=defers)
     steps = generation_steps(model, prompt, opts, recorder, record_last=True)
     with recorder.attached():  # once for every step: no caller runs between them
         out = Generated.from_steps(prompt, steps)

@@ -255,6 +255,8 @@ class _Loop:
                 break
         if record_last and self.recorder is not None:
             self.forward()
+        if self.recorder is not None and self.recorder.deferred:
+            self.recorder.finish(self.cache)
 
     def advance(self, chosen: Int[Tensor, " batch"], real: Bool[Tensor, " batch"]) -> None:
         """The next forward's input: the chosen tokens (with the KV cache, alone)."""
@@ -280,7 +282,7 @@ class _Loop:
     def _logits(self) -> Float[Tensor, "batch d_vocab_out"]:
         model, cache = self.model, self.cache
         if self.recorder is not None:
-            self.recorder.before_forward()
+            self.recorder.before_forward(0 if cache is None else cache.length)
         mask = self.new_mask if self.padded else None
         if cache is None:
             return _last_logits(model, self.tokens, self.mask if self.padded else None, None)

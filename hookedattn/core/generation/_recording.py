@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookedattn.core import _recording, hook_points
+from hookedattn.core import _recording, hook_points, kernels
 from hookedattn.core import names as _names
 from hookedattn.core.cache import ActivationCache
+from hookedattn.core.components.attention import Attention
+from hookedattn.core.hook_points import HookPoint
 
 NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 # What the full forward holds at a key a query may not read (`kernels.masked`: -inf scores,
@@ -38,7 +40,10 @@ class StepRecorder:
     Inside `attached()`, every forward's activations go into one store; `take()` hands it
     over (as a cache) and starts the next. `device` and `dtype` move and cast each
     activation as it is recorded, as in `run_with_cache`. With `keep`, every store taken
-    is also kept in `stores`, in order (what `assembled` joins).
+    is also kept in `stores`, in order (what `assembled` joins); with `defers` too, the
+    values that exist only written out (norm scales, attention scores and patterns) are
+    read later (`kernels.defer`: the fused kernels run at every step where no other hook
+    needs them, and `finish` runs each such equation once over every step's inputs).
     """
 
     def __init__(
@@ -48,12 +53,21 @@ class StepRecorder:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         keep: bool = False,
+        defers: bool = False,
     ) -> None:
         self.model, self.keep = model, keep
-        self.points = model.hook_points_for(names_filter)
+        points = model.hook_points_for(names_filter)
+        # (A tensor-parallel model's hook points gather over ranks: they record as they run.)
+        later = [p for p in points if defers and type(p) is HookPoint and _written_out_only(p)]
+        self.points = [p for p in points if p not in later]
+        self.later = later
         self.depth = _recording.Depth(threading.get_ident())
         self.recorder = _recording.Recorder(None, None, False, device, dtype, False, self.depth)
         self.stores: list[dict[str, Tensor]] = []
+        # (store, first position, module, inputs) of each equation a step left for `finish`
+        self.deferred: list[tuple[int, int, Any, tuple[Tensor, ...]]] = []
+        self.offset = 0
+        self._handles: list[Any] = []
         self._attached = False
         self._copy_version = -1
 
@@ -65,16 +79,21 @@ class StepRecorder:
         if self._attached:
             yield self
             return
-        thread, save = self.depth.thread, self.recorder.save_recorded
-        handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in self.points]
-        handles += self.depth.watch(self.model)
+        self._decide_copies()
+        thread, save = self.depth.thread, self.recorder.forward_hook()
+        self._handles = [p.add_hook(save, _is_cache=True, _thread=thread) for p in self.points]
+        self._handles += [
+            p.add_hook(save, _is_cache=True, _thread=thread, _defers_to=self) for p in self.later
+        ]
+        root = self.depth.watch(self.model)
         self._attached = True
         try:
             yield self
         finally:
             self._attached = False
-            for handle in handles:
+            for handle in [*self._handles, *root]:
                 handle.remove()
+            self._handles = []
 
     @contextlib.contextmanager
     def own_forward(self) -> Iterator[None]:
@@ -87,14 +106,40 @@ class StepRecorder:
         finally:
             self.depth.value -= 1
 
-    def before_forward(self) -> None:
-        """Decide whether this forward's activations are copied: only when a hook that is
-        not a cache is attached (it could edit them in place after they are recorded)."""
+    def before_forward(self, offset: int) -> None:
+        """A forward over positions from `offset` on is about to run. Decide whether its
+        activations are copied: only when a hook that is not a cache is attached (it could
+        edit them in place after they are recorded)."""
+        self.offset = offset
+        self._decide_copies()
+
+    def _decide_copies(self) -> None:
+        """Copy what is recorded only where a hook that is not a cache is attached; the
+        recording hooks take the one that keeps the tensor itself otherwise."""
         version = hook_points.hooks_version()  # unchanged since the last forward: no hook was
-        if version != self._copy_version:  # attached or removed since, the answer holds
-            must_copy = any(not h.is_cache for h in self.model.attached_hooks())
-            self.recorder.must_copy = must_copy
-            self._copy_version = version
+        if version == self._copy_version:  # attached or removed since, the answer holds
+            return
+        self.recorder.must_copy = any(not h.is_cache for h in self.model.attached_hooks())
+        save = self.recorder.forward_hook()
+        for handle in self._handles:
+            handle.fn = save
+        self._copy_version = version
+
+    def defer(self, module: Any, inputs: tuple[Tensor, ...]) -> None:
+        """Keep what a kernel hands over (`kernels.defer`) for `finish`, if this forward is
+        recorded (one a hook runs inside a step is not)."""
+        if self.depth.value != 1:
+            return
+        item = (len(self.stores), self.offset, module, inputs)
+        for i in range(len(self.deferred) - 1, -1, -1):  # this forward's items, newest first
+            if self.deferred[i][0] != item[0]:
+                break
+            if self.deferred[i][2] is module:
+                # A module run twice in one forward (`ln1` over per-head q, k, v copies): its
+                # hook points record the last run, so the cache keeps that one.
+                self.deferred[i] = item
+                return
+        self.deferred.append(item)
 
     def take(self) -> ActivationCache:
         """The activations recorded since the last `take`, as one forward's cache."""
@@ -103,6 +148,57 @@ class StepRecorder:
         if self.keep:
             self.stores.append(store)
         return ActivationCache(dict(store), self.model.cfg.n_layers, _versions=dict(versions))
+
+    def finish(self, cache: Any) -> None:
+        """Run every deferred equation once, over the inputs of every step that left it
+        (an attention's queries read the KV cache's keys and values, each query with its
+        own causal past and padding, as in the full forward), through the hook points that
+        record them; each step's store gets its own positions."""
+        groups: dict[int, list[tuple[int, int, Any, tuple[Tensor, ...]]]] = {}
+        for item in self.deferred:
+            groups.setdefault(id(item[2]), []).append(item)
+        self.deferred = []
+        for items in groups.values():
+            recorded = self._written_out(items, cache)
+            for name, t in recorded.items():
+                axis, start = _names.pos_axis(name), 0
+                for index, _, _, inputs in items:
+                    n = inputs[0].shape[1]
+                    self.stores[index][name] = t.narrow(axis, start, n)
+                    start += n
+
+    def _written_out(self, items: list, cache: Any) -> dict[str, Tensor]:
+        """One module's written-out equation over the deferred inputs, recorded."""
+        module = items[0][2]
+        joined = torch.cat([inputs[0] for _, _, _, inputs in items], dim=1)
+        store, self.recorder.store = self.recorder.store, {}
+        try:  # the hook points record it, through this recorder's own hooks
+            with self.own_forward():
+                if isinstance(module, Attention):
+                    self._attention(module, joined, items, cache)
+                else:
+                    module.written_out(joined)
+            return self.recorder.store
+        finally:
+            self.recorder.store = store
+
+    def _attention(self, attn: Any, q: Tensor, items: list, cache: Any) -> None:
+        """`attn.written_out` for queries at the deferred positions, over every key."""
+        positions = [o + i for _, o, _, inputs in items for i in range(inputs[0].shape[1])]
+        queries = torch.tensor(positions, device=q.device)
+        layer = next(i for i, block in enumerate(self.model.blocks) if block.attn is attn)
+        entry = cache[layer]
+        window = self.model.cfg.window_size
+        context = kernels.rows_context(cache.previous_attention_mask, queries, window)
+        attn.written_out(q, entry.past_keys, entry.past_values, context)
+
+
+def _written_out_only(point: HookPoint) -> bool:
+    """Whether `point`'s value exists only where its equation runs written out."""
+    return point.name.rpartition(".")[2] in _WRITTEN_OUT_ONLY
+
+
+_WRITTEN_OUT_ONLY = ("hook_scale", "hook_normalized", "hook_attn_scores", "hook_pattern")
 
 
 def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:

@@ -11,6 +11,7 @@ schedule: one call per sublayer decides how its equation runs in this forward.
     guarded(model, run, guard, cache) a forward whose fused kernels' operands are checked
                                      for non-finite values once, where nothing listens
     mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
+    defer(module, inputs, *points)   a written-out value read later, from its inputs
 
 Every path gives the equation's numbers to the dtype's rounding, and never hides or spreads
 a non-finite value; `use_fused_kernels=False` writes everything out, so that a cached run is
@@ -24,6 +25,7 @@ from hookedattn.core.kernels._attention import (
     masked,
     weighted_values,
 )
+from hookedattn.core.kernels._deferred import defer
 from hookedattn.core.kernels._experts import (
     Dispatch,
     checked_choice,
@@ -49,6 +51,7 @@ __all__ = [
     "attend",
     "attention_context",
     "checked_choice",
+    "defer",
     "dispatch",
     "fused_attention",
     "fused_normalize",

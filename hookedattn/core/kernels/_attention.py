@@ -26,6 +26,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels._deferred import defer
 from hookedattn.core.kernels._masks import AttentionContext
 from hookedattn.core.shapes import KeyValues, Queries
 
@@ -37,14 +38,17 @@ def fuses_attention(cfg: HookedTransformerConfig) -> bool:
 
 def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext) -> Queries:
     """`z` of the attention sublayer `attn`: `attn.written_out(q, k, v, context)`, or the
-    same numbers by one fused kernel where `attn.fused` and no hook reads the scores or
-    pattern in this forward, and every value is finite."""
-    if not attn.fused or attn.hook_attn_scores.is_active or attn.hook_pattern.is_active:
+    same numbers by one fused kernel where `attn.fused`, no hook needs the scores or pattern
+    in this forward (one that can wait gets `q`: `_deferred`), and every value is finite."""
+    scores, pattern = attn.hook_attn_scores, attn.hook_pattern
+    if not attn.fused or scores.needs_value or pattern.needs_value:
         return attn.written_out(q, k, v, context)
     z = fused_attention(q, k, v, context, attn.attn_type, attn.attn_scale, attn.group, attn.sinks)
-    if context.guard.keeps(z, q, k, v):  # checked here, or once for the forward (`_guard`)
-        return z
-    return attn.written_out(q, k, v, context)
+    if not context.guard.keeps(z, q, k, v):  # checked here, or once for the forward (`_guard`)
+        return attn.written_out(q, k, v, context)
+    if scores.is_active or pattern.is_active:  # read later, from the queries (`_deferred`)
+        defer(attn, (q,), scores, pattern)
+    return z
 
 
 def fused_attention(

@@ -8,10 +8,10 @@ operands were finite; otherwise the layer's written-out equation runs, which kee
 
 A check is a reduction per operand and, to read it, a synchronisation. Where nothing can
 observe a forward (no hook on any hook point, no torch hook on any module:
-`HookedRootModule.is_listened`), `guarded` checks once: each fused layer only notes its
-sums (`FiniteGuard.keeps`), and one read of their total with the output's decides at the
-end. A value that is not finite in `z` or in the stream reaches the output (a position's
-logits read its own stream); what a kernel could hide is in its operands. If the total is
+`HookedRootModule.is_listened`), `guarded` checks once: each fused layer only notes the sums
+of its queries and keys (`FiniteGuard.keeps`: what a kernel can hide), and one read of
+their total with the output's decides at the end (a value that is not finite in v, in z or
+in the stream reaches the output: a position's logits read its own stream). If the total is
 not finite, the forward runs again with every layer checking on the spot, a KV cache's
 appends undone first: the numbers of the guard per layer, since every other step is the
 same. Where something listens, a second run would show it a first try, so each layer
@@ -34,22 +34,23 @@ class FiniteGuard:
     def __init__(self) -> None:
         self.deferred: list[Tensor] | None = None
 
-    def keeps(self, result: Tensor, *operands: Tensor) -> bool:
-        """Whether a fused kernel's `result` of these `operands` may stand: while the check
-        is deferred, the operands' sums are noted (the result reaches the output, checked
-        at the end) and it stands; otherwise whether result and operands are all finite (one
-        synchronisation: a sum is finite only when every term is, or it overflows, and then
-        the equation runs written out for nothing worse)."""
+    def keeps(self, z: Tensor, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether a fused kernel's `z` of `q`, `k`, `v` may stand. While the check is
+        deferred, it stands and the sums of q and k are noted: they are what a fused kernel
+        can hide, while a value that is not finite in v or z (or spread by the kernel)
+        reaches the output, which is checked at the end. Otherwise, whether all four are
+        finite (one synchronisation: a sum is finite only when every term is, or it
+        overflows, and then the equation runs written out for nothing worse)."""
         if self.deferred is not None:
-            self.deferred += [t.sum() for t in operands]
+            self.deferred += [q.detach().sum(), k.detach().sum()]
             return True
-        return math.isfinite(torch.stack([t.sum() for t in (result, *operands)]).sum().item())
+        return math.isfinite(torch.stack([t.sum() for t in (z, q, k, v)]).sum().item())
 
     def finite(self, out: Tensor) -> bool:
         """Whether `out` and every operand noted so far are finite (one synchronisation)."""
-        sums = [s.to(out.device) for s in self.deferred or ()]
-        with torch.no_grad():
-            return math.isfinite(torch.stack([out.sum(), *sums]).sum().item())
+        device = out.device
+        sums = [s if s.device == device else s.to(device) for s in self.deferred or ()]
+        return math.isfinite(torch.stack([out.detach().sum(), *sums]).sum().item())
 
 
 class NotFiniteError(Exception):

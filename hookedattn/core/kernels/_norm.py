@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels._deferred import defer
 from hookedattn.core.shapes import Normed
 
 
@@ -21,9 +22,13 @@ def fuses_norms(cfg: HookedTransformerConfig) -> bool:
 
 def normalize(norm: Any, x: Normed) -> Normed:
     """`norm`'s output: `norm.written_out(x)`, or the same numbers by one fused kernel where
-    `norm.fused` and neither `hook_scale` nor `hook_normalized` has a hook."""
-    if not norm.fused or norm.hook_scale.is_active or norm.hook_normalized.is_active:
+    `norm.fused` and neither `hook_scale` nor `hook_normalized` has a hook that needs the
+    value now (one that can wait gets `x`: `_deferred`)."""
+    scale, normalized = norm.hook_scale, norm.hook_normalized
+    if not norm.fused or scale.needs_value or normalized.needs_value:
         return norm.written_out(x)
+    if scale.is_active or normalized.is_active:  # read later, from the input (`_deferred`)
+        defer(norm, (x,), scale, normalized)
     return fused_normalize(norm, x)
 
 

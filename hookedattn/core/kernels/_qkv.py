@@ -30,6 +30,7 @@ class FusedQKV:
         self.d_head = cfg.d_head
         n_q, n_kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
         self.widths = (n_q, n_kv, n_kv)
+        self.heads = (cfg.n_heads, cfg.n_kv_heads)
         self._keep = False
         self._kept: tuple[tuple, Tensor, Tensor] | None = None
 
@@ -50,15 +51,16 @@ class FusedQKV:
         """
         W, b = self.weights((W_Q, W_K, W_V, b_Q, b_K, b_V))
         qkv = nn.functional.linear(x, W, b)
-        # Three slices (`narrow`), not `split`: autograd lets a hook edit a slice in place,
-        # but not one of the several views a single call returns. Each is viewed as
-        # batch pos (head d_head) -> batch pos head d_head.
+        # batch pos (qkv_head d_head) -> batch pos qkv_head d_head, then three slices of the
+        # heads (`narrow`), not `split`: autograd lets a hook edit a slice in place, but not
+        # one of the several views a single call returns.
         batch, pos, _ = qkv.shape
-        (nq, nkv, _), d_head = self.widths, self.d_head
+        heads = qkv.view(batch, pos, -1, self.d_head)
+        n_q, n_kv = self.heads
         return (
-            qkv.narrow(-1, 0, nq).view(batch, pos, -1, d_head),
-            qkv.narrow(-1, nq, nkv).view(batch, pos, -1, d_head),
-            qkv.narrow(-1, nq + nkv, nkv).view(batch, pos, -1, d_head),
+            heads.narrow(2, 0, n_q),
+            heads.narrow(2, n_q, n_kv),
+            heads.narrow(2, n_q + n_kv, n_kv),
         )
 
     def weights(
