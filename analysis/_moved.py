@@ -4,20 +4,12 @@ The rooms were renamed for what they hold (the four kinds of attribution told ap
 two kinds of graph, the interventions gathered in `patching/`). A script that still
 imports a former path gets the module at its new one, the same module object, with a
 `DeprecationWarning` naming it; a submodule of a moved package resolves the same way
-(`analysis.graphs.pruning` is `analysis.attribution_graphs.pruning`). This is the
-counterpart of `hookedattn/_moved.py`; the design page (`docs/design.md`) lists the rooms.
-
-The finder goes first on `sys.meta_path`: a former package's submodules would otherwise be
-found a second time, as new module objects, through the new package's `__path__`.
+(`analysis.graphs.pruning` is `analysis.attribution_graphs.pruning`), by the finder the core
+uses for its own former paths (`hookedattn/_moved.py`); the design page (`docs/design.md`)
+lists the rooms.
 """
 
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-import warnings
-from types import ModuleType
+from hookedattn._moved import MovedFinder, install_finder
 
 # Modules before the renaming -> where they are now (private ones too: scripts used them).
 MOVED: dict[str, str] = {
@@ -36,41 +28,9 @@ MOVED: dict[str, str] = {
 
 def new_path(name: str) -> str | None:
     """Where the module `name` (a former path, or a submodule of one) lives now."""
-    for old in sorted(MOVED, key=len, reverse=True):  # the most specific former path first
-        if name == old or name.startswith(old + "."):
-            return MOVED[old] + name[len(old) :]
-    return None
-
-
-class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves a former path to the module at its new one (the same module object)."""
-
-    def __init__(self) -> None:
-        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}  # former path -> new spec
-
-    def find_spec(self, fullname: str, path: object, target: object = None):
-        if new_path(fullname) is None:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        new = new_path(spec.name)
-        warnings.warn(
-            f"{spec.name} has moved to {new}: import it from there (or the name itself "
-            f"from analysis)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        module = importlib.import_module(new)
-        self._specs[spec.name] = module.__spec__
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        # The import system has set the former path's spec on the module: give it its own.
-        module.__spec__ = self._specs.pop(module.__spec__.name)
+    return MovedFinder(MOVED, "analysis").new_path(name)
 
 
 def install() -> None:
     """Put the finder of former paths first on `sys.meta_path` (once)."""
-    if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _MovedFinder())
+    install_finder(MOVED, "analysis")

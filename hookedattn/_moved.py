@@ -34,39 +34,63 @@ ALIASES: dict[str, str] = {
 }
 
 
-def new_path(name: str) -> str | None:
-    """Where the module `name` (a former path, or a submodule of one) lives now."""
-    for old, new in MOVED.items():
-        if name == old or name.startswith(old + "."):
-            return new + name[len(old) :]
-    return None
+class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves each former path in `moved` (former -> new, submodules included) to the
+    module at its new one, the same module object, with a `DeprecationWarning` naming it
+    (the name itself can also be imported from `package`).
 
+    It goes first on `sys.meta_path`: a former package's submodules would otherwise be
+    found a second time, as new module objects, through the new package's `__path__`.
+    `analysis` uses it for its own former paths (`analysis/_moved.py`)."""
 
-class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves a former path to the module at its new one (the same module object)."""
+    def __init__(self, moved: dict[str, str], package: str) -> None:
+        self.moved, self.package = moved, package
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}  # former path -> new spec
+
+    def new_path(self, name: str) -> str | None:
+        """Where the module `name` (a former path, or a submodule of one) lives now."""
+        for old in sorted(self.moved, key=len, reverse=True):  # the most specific first
+            if name == old or name.startswith(old + "."):
+                return self.moved[old] + name[len(old) :]
+        return None
 
     def find_spec(self, fullname: str, path: object, target: object = None):
-        if new_path(fullname) is None:
+        """A spec loading the module at the new path, for a former path; None otherwise."""
+        if self.new_path(fullname) is None:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        new = new_path(spec.name)
+        """The module at the new path, after the warning that names it."""
+        new = self.new_path(spec.name)
         warnings.warn(
             f"{spec.name} has moved to {new}: import it from there (or the name itself from "
-            f"hookedattn)",
+            f"{self.package})",
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass
+        """Give the module back its own spec (the import system set the former path's)."""
+        module.__spec__ = self._specs.pop(module.__spec__.name)
+
+
+def new_path(name: str) -> str | None:
+    """Where the module `name` (a former path of the core, or a submodule of one) lives now."""
+    return MovedFinder(MOVED, "hookedattn").new_path(name)
+
+
+def install_finder(moved: dict[str, str], package: str) -> None:
+    """Put a `MovedFinder` of `package`'s former paths first on `sys.meta_path` (once)."""
+    if not any(isinstance(f, MovedFinder) and f.package == package for f in sys.meta_path):
+        sys.meta_path.insert(0, MovedFinder(moved, package))
 
 
 def install() -> None:
     """Register the namespaces' second names and the finder of former paths (once)."""
     for old, new in ALIASES.items():
         sys.modules.setdefault(old, importlib.import_module(new))
-    if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
-        sys.meta_path.append(_MovedFinder())
+    install_finder(MOVED, "hookedattn")

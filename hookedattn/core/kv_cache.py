@@ -218,7 +218,9 @@ class KeyValueCache:
 
     def extend_mask(self, new_mask: Int[Tensor, "batch new_pos"]) -> Int[Tensor, "batch all_pos"]:
         """The mask of past and new positions together; stored unless frozen."""
-        mask = torch.cat([self.previous_attention_mask, new_mask.to(torch.long)], dim=1)
+        if new_mask.dtype != torch.long:
+            new_mask = new_mask.long()
+        mask = torch.cat([self.previous_attention_mask, new_mask], dim=1)
         if not self.frozen:
             self.previous_attention_mask = mask
         return mask

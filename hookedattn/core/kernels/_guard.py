@@ -42,7 +42,7 @@ class FiniteGuard:
         finite (one synchronisation: a sum is finite only when every term is, or it
         overflows, and then the equation runs written out for nothing worse)."""
         if self.deferred is not None:
-            self.deferred += [q.detach().sum(), k.detach().sum()]
+            self.deferred += [q.sum(), k.sum()]
             return True
         return math.isfinite(torch.stack([t.sum() for t in (z, q, k, v)]).sum().item())
 
@@ -50,7 +50,7 @@ class FiniteGuard:
         """Whether `out` and every operand noted so far are finite (one synchronisation)."""
         device = out.device
         sums = [s if s.device == device else s.to(device) for s in self.deferred or ()]
-        return math.isfinite(torch.stack([out.detach().sum(), *sums]).sum().item())
+        return math.isfinite(torch.stack([out.sum(), *sums]).sum().item())
 
 
 class NotFiniteError(Exception):
