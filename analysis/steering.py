@@ -23,6 +23,8 @@ generated tokens gives the generation's logits exactly.
 
 import dataclasses
 import json
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,18 @@ from hookedattn.store import weights_sha256
 Positions = str | Sequence[int]
 _METADATA_KEY = "hookedattn.steering"
 _FORMAT = 1
+
+
+def _scale(scale: Any) -> float:
+    """`scale` as a float: a real number (a 0-d tensor too), finite (a `ValueError`
+    otherwise: a NaN scale makes every later logit NaN)."""
+    if isinstance(scale, Tensor) and scale.numel() == 1 and not scale.is_complex():
+        scale = scale.item()
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number, got {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    return float(scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +82,18 @@ class SteeringVector:
             )
         if self.aligned and self.vector.ndim < 2:
             raise ValueError(f"an aligned vector is [pos ...], got {tuple(self.vector.shape)}")
+        if not isinstance(self.vector, Tensor) or not self.vector.is_floating_point():
+            kind = self.vector.dtype if isinstance(self.vector, Tensor) else type(self.vector)
+            raise TypeError(
+                f"a steering vector is a real floating-point tensor, got {kind} (a complex "
+                f"vector would lose its imaginary part when added to a real activation)"
+            )
+        if not bool(self.vector.isfinite().all()):
+            raise ValueError(
+                f"the steering vector at {name} holds {int((~self.vector.isfinite()).sum())} "
+                f"values that are not finite (NaN or inf): added to the stream they make every "
+                f"later logit NaN"
+            )
 
     @property
     def hook_name(self) -> str:
@@ -145,7 +171,7 @@ class SteeringVector:
     # ----------------------------------------------------------------- applying it
     def hooks(
         self,
-        scale: float = 1.0,
+        scale: Any = 1.0,  # a real number; anything else gets `_scale`'s own error
         positions: Positions = "all",
         layers: Sequence[int] | None = None,
     ) -> list[tuple[str, Callable]]:
@@ -153,7 +179,7 @@ class SteeringVector:
         site in each of `layers`), at `positions`: for `model.hooks(fwd_hooks=...)`,
         `run_with_hooks`, or `run_with_cache` inside `model.hooks`."""
         where = [self.layer] if layers is None else list(layers)
-        hook = _SteeringHook(self, float(scale), _position_rule(positions), positions == "all")
+        hook = _SteeringHook(self, _scale(scale), _position_rule(positions), positions == "all")
         return [(self.name_at(layer), hook) for layer in where]
 
     # ----------------------------------------------------------------- files
@@ -330,6 +356,18 @@ class SteeringSweep:
         return "\n".join(rows)
 
 
+def _metric_value(value: Any, scale: float) -> float:
+    """A metric's value as a float: one number (a `ValueError` naming the shape otherwise)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"the metric returned a tensor of shape {tuple(value.shape)} at scale {scale}; "
+                f"a steering sweep reports one number per scale: reduce it (e.g. .mean())"
+            )
+        value = value.item()
+    return float(value)
+
+
 def steering_sweep(
     model: Any,
     steering: SteeringVector,
@@ -353,7 +391,7 @@ def steering_sweep(
         for scale in scales:
             hooks = steering.hooks(scale, positions, layers)
             logits = model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=hooks)
-            values.append(float(metric(logits)))
+            values.append(_metric_value(metric(logits), scale))
             steered = logits.log_softmax(dim=-1).double()
             kl = (clean.exp() * (clean - steered)).sum(dim=-1)  # batch pos
             real = torch.ones_like(kl) if attention_mask is None else attention_mask.double()

@@ -139,12 +139,27 @@ def poisoned(model, where):
 
 
 @pytest.mark.parametrize("where", ["W_Q", "W_V", "W_U", "ln2"])
-def test_a_nan_weight_shows_in_the_logits_as_when_checked_per_layer(where):
+def test_a_nan_weight_shows_in_the_decode_steps_logits_as_when_checked_per_layer(where):
     model = poisoned(MODELS["variant gpt2"], where)
-    tokens = random_tokens(model.cfg.d_vocab, 2, 2, seed=5)  # two keys at the first step
-    once, per_layer = run(model, tokens, n=3), run(model, tokens, hooks=NO_OP, n=3)
-    assert_same_steps(once, per_layer, 0.0)
-    assert all(step.logits.isnan().any() for step in once)
+    tokens = random_tokens(model.cfg.d_vocab, 2, 4, seed=5)
+    logits = []
+    for hooks in ([], NO_OP):
+        cache = KeyValueCache.empty(model.cfg, 2, capacity=4)
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            model(tokens[:, :2], past_kv_cache=cache)  # two keys at the first step
+            steps = [model._next_token_step(tokens[:, i : i + 1], cache) for i in (2, 3)]
+        logits.append(torch.stack(steps))
+    assert torch.equal(logits[0].nan_to_num(7.0), logits[1].nan_to_num(7.0))
+    assert logits[0].isnan().any(dim=-1).all()
+
+
+@pytest.mark.parametrize("where", ["W_Q", "W_U"])
+def test_generation_refuses_logits_that_are_not_finite(where):
+    # The argmax of NaN logits is token 0: a generation must not read as ordinary text.
+    model = poisoned(MODELS["variant gpt2"], where)
+    tokens = random_tokens(model.cfg.d_vocab, 2, 2, seed=5)
+    with pytest.raises(ValueError, match=r"rows \[0, 1\] at new token 1 are not finite"):
+        run(model, tokens, n=3)
 
 
 def test_a_nan_key_at_a_padding_position_stays_unread_as_when_checked_per_layer():

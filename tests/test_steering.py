@@ -144,6 +144,35 @@ def test_bad_steering_vectors(kwargs, message):
         SteeringVector(torch.zeros(16), **kwargs)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_vector_that_is_not_finite_is_refused(value):
+    vector = torch.zeros(16)
+    vector[3] = value
+    with pytest.raises(ValueError, match="1 values that are not finite"):
+        SteeringVector(vector, "resid_pre", 0)
+
+
+def test_a_complex_vector_is_refused():
+    with pytest.raises(TypeError, match="complex vector would lose its imaginary part"):
+        SteeringVector(torch.zeros(16, dtype=torch.complex64), "resid_pre", 0)
+
+
+@pytest.mark.parametrize(
+    ("scale", "error"),
+    [(float("nan"), ValueError), (float("inf"), ValueError), (True, TypeError), (1j, TypeError)],
+)
+def test_a_scale_that_is_not_a_finite_real_number_is_refused(scale, error):
+    v = SteeringVector(torch.zeros(16), "resid_pre", 0)
+    with pytest.raises(error, match="scale must be"):
+        v.hooks(scale)
+
+
+def test_a_sweep_metric_that_returns_a_vector_is_refused(model):
+    v = SteeringVector(torch.zeros(model.cfg.d_model), "resid_pre", 0)
+    with pytest.raises(ValueError, match=r"the metric returned a tensor of shape \(1, 3\)"):
+        steering_sweep(model, v, "ab", [1.0], lambda logits: logits[:, :, 0])
+
+
 def test_bad_positions_are_refused():
     v = SteeringVector(torch.zeros(16), "resid_pre", 0)
     with pytest.raises(ValueError, match="positions must be 'all', 'prompt', 'generated'"):

@@ -242,6 +242,7 @@ class _Loop:
         real = ~ended  # without a stop rule, every token is real: one tensor for all steps
         for n_done in range(1, n_steps + 1):
             logits, cache = self.forward()
+            _check_finite(logits, ended, n_done)
             chosen = self.choose(logits)
             if stop.pads:  # an ended row continues with padding, masked out
                 real = ~ended
@@ -294,6 +295,23 @@ class _Loop:
         # model's `__call__`: a recorder counts it as its own forward).
         with self.recorder.own_forward() if self.recorder else contextlib.nullcontext():
             return model._next_token_step(self.new_tokens, cache)
+
+
+def _check_finite(
+    logits: Float[Tensor, "batch d_vocab_out"], ended: Bool[Tensor, " batch"], n_done: int
+) -> None:
+    """Refuse logits that are not finite in a row still generating: a token chosen from
+    them (the argmax of NaNs is token 0) would read as ordinary text. (One synchronisation
+    per step; a row that has ended continues with padding whatever its logits.)"""
+    bad = ~(logits.isfinite().all(dim=-1) | ended)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        raise ValueError(
+            f"the logits of rows {rows} at new token {n_done} are not finite (NaN or inf): a "
+            f"hook (a steering vector or scale that is not finite?) or a weight made them so; "
+            f"generation never chooses a token from them. model(tokens) with the same hooks "
+            f"shows where they start"
+        )
 
 
 def _last_logits(
