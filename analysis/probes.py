@@ -203,6 +203,7 @@ def train_probe(
     train, test = _split(data.groups.cpu(), test_fraction, generator)
     x = data.activations.detach().double().cpu()
     labels = data.labels.detach().cpu()
+    _check_finite(x, labels, kind)
     fit = _fit_logistic if kind == "logistic" else _fit_ridge
 
     def held_out(y: Tensor) -> tuple[Probe, float, float]:
@@ -222,6 +223,21 @@ def train_probe(
         int(train.numel()),
         int(test.numel()),
     )
+
+
+def _check_finite(x: Tensor, labels: Tensor, kind: str) -> None:
+    """Refuse rows whose activations (or ridge targets) are not finite: one NaN or inf
+    turns every weight NaN, and the report would read as a chance-level probe."""
+    bad = ~x.isfinite().all(dim=-1)
+    if kind == "ridge" and labels.is_floating_point():
+        bad |= ~labels.double().isfinite().reshape(len(labels), -1).all(dim=-1)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        raise ValueError(
+            f"{len(rows)} of {len(x)} rows hold values that are not finite (NaN or inf), "
+            f"first rows {rows[:8]}: a probe fitted on them is NaN throughout; drop them "
+            f"(or find the hook or weight that made them)"
+        )
 
 
 def _split(

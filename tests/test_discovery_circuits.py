@@ -85,6 +85,52 @@ def test_a_threshold_above_every_effect_keeps_nothing():
     assert len(circuit) == 0 and circuit.labels == ()
 
 
+def test_acdc_refuses_a_metric_that_is_nan():
+    # abs(nan) < threshold is False: nothing would be pruned, the full graph returned.
+    nan_metric = lambda logits: last_logit(logits) * float("nan")
+    with pytest.raises(ValueError, match="the metric is not finite .* on the clean and corrupted"):
+        acdc(hand_built(), clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=nan_metric,
+             threshold=1e-6)  # fmt: skip
+
+
+def test_acdc_refuses_a_model_with_a_nan_weight():
+    model = hand_built()
+    with torch.no_grad():
+        model.blocks[2].attn.W_O[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="the metric is not finite"):
+        acdc(model, **PROMPTS, threshold=1e-6)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), -1.0])
+def test_acdc_refuses_a_threshold_that_is_not_a_number_at_least_zero(threshold):
+    with pytest.raises(ValueError, match="threshold must be a number >= 0"):
+        acdc(hand_built(), **PROMPTS, threshold=threshold)
+
+
+@pytest.mark.parametrize("method", ["acdc", "faithfulness", "edge_patching", "eap"])
+def test_an_empty_set_of_prompts_is_refused(method):
+    model = hand_built()
+    empty = CLEAN[:0]
+    prompts = dict(clean_tokens=empty, corrupted_tokens=empty, metric=last_logit)
+    run = {
+        "acdc": lambda: acdc(model, **prompts, threshold=1e-6),
+        "faithfulness": lambda: faithfulness(
+            model, Circuit.from_labels(Graph.from_model(model), VIA_M), **prompts
+        ),
+        "edge_patching": lambda: edge_patching(model, **prompts),
+        "eap": lambda: edge_attribution(model, **prompts),
+    }[method]
+    with pytest.raises(ValueError, match=r"the clean prompts have shape \(0, \d+\)"):
+        run()
+
+
+def test_eap_refuses_a_metric_without_a_gradient():
+    detached = lambda logits: last_logit(logits).detach()
+    with pytest.raises(ValueError, match="the metric's value has no gradient"):
+        edge_attribution(hand_built(), clean_tokens=CLEAN, corrupted_tokens=CORRUPTED,
+                         metric=detached)  # fmt: skip
+
+
 @pytest.mark.parametrize("shape", ["tiny", *FAMILIES])
 def test_circuit_forwards_agree_with_edge_patching_on_every_family(shape):
     model = random_tiny_model(d_vocab=23) if shape == "tiny" else family_model(shape)

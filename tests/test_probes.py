@@ -120,6 +120,22 @@ def test_bad_probe_arguments(kwargs, message):
         train_probe(synthetic("token"), **kwargs)
 
 
+@pytest.mark.parametrize(("rule", "kind"), [("token", "logistic"), ("value", "ridge")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_rows_that_are_not_finite_are_refused(rule, kind, value):
+    data = synthetic(rule)
+    data.activations[17, 3] = value  # one value among 4,800
+    with pytest.raises(ValueError, match=r"1 of 400 rows hold values that are not finite"):
+        train_probe(data, kind)
+
+
+def test_ridge_targets_that_are_not_finite_are_refused():
+    data = synthetic("value")
+    data.labels[5] = float("nan")
+    with pytest.raises(ValueError, match=r"first rows \[5\]"):
+        train_probe(data, "ridge")
+
+
 # ---------------------------------------------------------------- models and generation
 @pytest.fixture(scope="module")
 def model():

@@ -88,9 +88,6 @@ def prepare(
     hooks = {
         hook: HookEdges.of(graph, hook) for hook in dict.fromkeys(r.hook for r in graph.receivers)
     }
-    hooks = {
-        hook: HookEdges.of(graph, hook) for hook in dict.fromkeys(r.hook for r in graph.receivers)
-    }
     return CircuitRuns(
         split,
         graph,

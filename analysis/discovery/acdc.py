@@ -48,9 +48,11 @@ def acdc(
     edge was tried (removed from the circuit of its step); 0 for the edges of a node that
     had no edge out left. `ablation` as in `faithfulness`: `"patch"` or `"mean"`.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold < 0:
+    # `not x >= 0` rather than `x < 0`: NaN compares false with everything.
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 0:
         raise ValueError(f"threshold must be a number >= 0 (metric units), got {threshold!r}")
     runs = prepare(model, clean_tokens, corrupted_tokens, metric, ablation)
+    _check_finite(torch.stack([runs.clean, runs.corrupted]), "on the clean and corrupted prompts")
     graph = runs.graph
     kept = torch.ones(len(graph), dtype=torch.bool)
     effects = runs.clean.new_zeros(len(graph), runs.clean.shape[0])
@@ -66,6 +68,7 @@ def acdc(
         for j, i in enumerate(into):
             tries[j + 1, i] = True
         values = circuit_metrics(runs, tries, memory_budget)
+        _check_finite(values, f"with the edges into {graph.receivers[r].label} ablated")
         change = values[1:] - values[0]
         effects[into] = change
         removed = [
@@ -74,6 +77,17 @@ def acdc(
         kept[removed] = False
     scores = EdgeScores(graph, "acdc", effects, runs.clean, runs.corrupted)
     return Circuit(graph, frozenset(torch.nonzero(kept)[:, 0].tolist()), scores)
+
+
+def _check_finite(values: Tensor, where: str) -> None:
+    """Refuse metric values that are not finite: `abs(nan) < threshold` is False, so
+    nothing would be pruned and the full graph would come back as a believable circuit."""
+    if not bool(values.isfinite().all()):
+        raise ValueError(
+            f"the metric is not finite (NaN or inf) {where}: ACDC cannot compare an edge's "
+            f"effect with the threshold; check the metric, and the model's weights (a NaN "
+            f"weight makes every logit NaN)"
+        )
 
 
 def _edges_out(graph: Graph, receiver: int) -> Bool[Tensor, " edge"] | None:

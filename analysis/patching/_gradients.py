@@ -38,6 +38,13 @@ def metric_gradients(
     """Run `forward()` (a forward of `model` that returns the metric, one value per prompt
     or already summed) with gradients on, and return the gradient of its sum at every hook
     point of `names` (module docstring). Hooks already attached to `model` run as usual."""
+    tp = getattr(model, "tp", None)
+    if tp is not None:
+        raise ValueError(
+            f"gradients of a metric on a tensor-parallel model (tp_size={tp.size}) are "
+            f"refused: this rank's backward through the shards does not give the "
+            f"one-process gradients; load the model in one process for gradient methods"
+        )
     leaves: dict[str, Tensor] = {}
     activations: dict[str, Tensor] = {}
 
@@ -49,6 +56,12 @@ def metric_gradients(
 
     with torch.enable_grad(), model.hooks(fwd_hooks=[(name, capture) for name in names]):
         value = forward()
+    if not isinstance(value, Tensor) or not value.requires_grad:
+        raise ValueError(
+            "the metric's value has no gradient: return a differentiable function of the "
+            "logits (not one detached, turned into a number, or computed under "
+            "torch.no_grad())"
+        )
     order = list(leaves)
     grads = torch.autograd.grad(value.sum(), [leaves[n] for n in order], allow_unused=True)
     gradients = {

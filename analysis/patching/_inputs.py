@@ -47,6 +47,11 @@ def paired_tokens(
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
     """Clean and corrupted ids, which must have one shape: patches move position by position."""
     clean, corrupted = as_tokens(model, clean, "clean"), as_tokens(model, corrupted, "corrupted")
+    if clean.numel() == 0:
+        raise ValueError(
+            f"the clean prompts have shape {tuple(clean.shape)}: give at least one prompt of "
+            f"at least one token"
+        )
     if clean.shape != corrupted.shape:
         raise ValueError(
             f"clean tokens have shape {tuple(clean.shape)} but corrupted tokens "
