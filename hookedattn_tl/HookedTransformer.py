@@ -461,7 +461,9 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         model = _written_out(model)
         if refactor_factored_attn_matrices:
             refactor_attention(model)
-        if n_devices != 1:  # blocks over the first n devices, as TransformerLens places them
+        # Blocks over the first n devices, as TransformerLens places them (`True == 1`:
+        # the type is checked by `n_devices_map` before any comparison with 1).
+        if n_devices is True or n_devices != 1:
             parallel.place(model, parallel.n_devices_map(n_devices, device))
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side

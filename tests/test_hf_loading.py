@@ -98,6 +98,20 @@ def test_a_directory_without_safetensors_is_refused(llama, tmp_path):
         HookedTransformer.from_hf(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(llama, tmp_path, name):
+    # Opening a FIFO for reading blocks until a writer comes: nothing may open one.
+    import os
+
+    llama.config.save_pretrained(tmp_path)
+    if name != "model.safetensors":
+        save_file({k: v.contiguous() for k, v in llama.state_dict().items()},
+                  tmp_path / "model.safetensors")  # fmt: skip
+    os.mkfifo(tmp_path / name)
+    with pytest.raises(CheckpointError, match=f"{name} is not a regular file"):
+        HookedTransformer.from_hf(tmp_path)
+
+
 def test_a_checkpoint_that_does_not_match_its_config_is_listed(llama_dir, tmp_path):
     tensors = load_file(str(llama_dir / "model.safetensors"))
     del tensors["model.layers.1.mlp.up_proj.weight"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hookedattn import HookedTransformer
 from hookedattn.core import parallel
 from hookedattn.core.parallel._shards import chunk_lengths, chunk_range
 from hookedattn.testing import random_tiny_model, tiny_model
@@ -188,6 +189,26 @@ def test_a_tp_size_that_does_not_divide_the_heads_is_refused_with_the_valid_size
     message = r"tp_size=4 does not divide n_key_value_heads=2.*can be 1, 2 for"
     with pytest.raises(ValueError, match=message):
         parallel.check_tp_size(grouped, 4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(d_vocab=5), r"leaves rank 3 no token of d_vocab=5 .*\[2, 2, 1, 0\]"),
+        (dict(d_mlp=5), r"leaves rank 3 no neuron of d_mlp=5"),
+    ],
+)
+def test_a_size_that_leaves_a_rank_nothing_is_refused(fields, message):
+    # Parts are ceil-sized: 5 over 4 ranks is 2, 2, 1, 0, although 5 >= 4.
+    with pytest.raises(ValueError, match=message):
+        parallel.check_tp_size(tiny_model(n_heads=4, **fields).cfg, 4)
+
+
+@pytest.mark.parametrize("tp_size", [True, 0])
+def test_a_tp_size_that_is_not_a_positive_int_is_refused_on_load(tp_size, tmp_path):
+    tiny_model().save(tmp_path)
+    with pytest.raises(ValueError, match="tp_size must be an int >= 1"):
+        HookedTransformer.load(tmp_path, tp_size=tp_size)
 
 
 def test_q_k_norms_over_all_heads_cannot_be_split():

@@ -235,6 +235,8 @@ def load(
     changes = {"device": device, "dtype": dtype}
     if any(v is not None for v in changes.values()):
         config = config.replace(**{k: v for k, v in changes.items() if v is not None})
+    if tp_size is not None:  # `True == 1`: checked before any comparison with 1
+        tp_size = parallel.check_tp_size(config, tp_size)
     if device_map is None and tp_size in (None, 1):
         _check_device(config.device, from_file=device is None, path=path)
     source = str(weights_path)

@@ -143,6 +143,8 @@ def safetensors_files(path: Path) -> list[Path]:
     if index.is_file():
         return _indexed_files(path, index)
     files = sorted(path.glob("*.safetensors"))
+    for file in files:
+        _check_regular(file)
     if not files:
         saved = sorted(p.name for p in path.iterdir())
         raise CheckpointError(
@@ -150,6 +152,16 @@ def safetensors_files(path: Path) -> list[Path]:
             f"only; save the model with save_pretrained (transformers writes safetensors)"
         )
     return files
+
+
+def _check_regular(file: Path) -> None:
+    """A `CheckpointError` unless `file` is a regular file (a FIFO or a device would block
+    the header read forever, or never end)."""
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file} is not a regular file (a FIFO, a socket, a device or a folder): "
+            f"from_hf reads weights from regular files only"
+        )
 
 
 def _indexed_files(path: Path, index: Path) -> list[Path]:
@@ -176,6 +188,9 @@ def saved_tokenizer(path: Path) -> Any:
     """The tokenizer saved in `path` by `transformers`, or None where none was saved."""
     # Only where tokenizer files were saved: `AutoTokenizer` would otherwise build an empty
     # one. A directory of weights alone gives a model that works on token ids.
+    for name in _TOKENIZER_FILES:  # a FIFO among them would block the tokenizer's reader
+        if (path / name).exists():
+            _check_regular(path / name)
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         return None
     if (path / "tokenizer_config.json").is_file():

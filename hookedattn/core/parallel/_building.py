@@ -45,13 +45,13 @@ def build_model(
 ) -> Any:
     """A `cls` of `cfg` with the parameters `read` gives (module docstring). `check(model)`
     runs on the meta model, before anything is read (names and shapes against a file)."""
+    if tp_size is not None:  # `True == 1`: checked before any comparison with 1
+        tp_size = check_tp_size(cfg, tp_size)
     if tp_size not in (None, 1) and device_map is not None:
         raise ValueError(
             "tp_size and device_map are alternatives: tensor parallelism splits every layer "
             "over the ranks of a torchrun job, a device map places whole layers on devices"
         )
-    if tp_size not in (None, 1):
-        check_tp_size(cfg, tp_size)
     model = cls(cfg.replace(device="meta", init_weights=False), tokenizer=tokenizer)
     if check is not None:
         check(model)

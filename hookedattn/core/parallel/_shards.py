@@ -75,13 +75,14 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
             f"together (OLMo 2's q/k norm), which no rank can do with its own heads alone; "
             f"tensor parallelism needs per-head q/k norms or none"
         )
-    for field, count in (("d_vocab", cfg.d_vocab), ("d_vocab_out", cfg.d_vocab_out)):
-        if count < tp_size:
+    sizes = [("d_vocab", cfg.d_vocab, "token"), ("d_vocab_out", cfg.d_vocab_out, "token")]
+    if not cfg.attn_only:
+        sizes.append(("d_mlp", cfg.d_mlp or 0, "neuron"))
+    for field, count, what in sizes:
+        lengths = chunk_lengths(count, tp_size)
+        if min(lengths) == 0:  # ceil-sized chunks: 5 over 4 ranks is 2, 2, 1, 0
             raise ValueError(
-                f"tp_size={tp_size} exceeds {field}={count}: some rank would hold no token"
+                f"tp_size={tp_size} leaves rank {lengths.index(0)} no {what} of "
+                f"{field}={count} (the ranks' parts would be {lengths}): use fewer ranks"
             )
-    if not cfg.attn_only and (cfg.d_mlp or 0) < tp_size:
-        raise ValueError(
-            f"tp_size={tp_size} exceeds d_mlp={cfg.d_mlp}: some rank would hold no neuron"
-        )
     return tp_size
