@@ -225,3 +225,37 @@ def test_generate_steps_records_each_steps_patterns_at_that_step():
     steps = list(model.generate_steps(prompt(model, 2, 4), 3, stop_at_eos=False))
     assert attn_calls == [4, 1, 1]  # each step's cache is whole when the step is yielded
     assert all("blocks.0.attn.hook_pattern" in step.cache for step in steps)
+
+
+# ---------------------------------------------------------------- room for the cache
+def test_a_cache_that_will_not_fit_is_refused_after_the_prompt(monkeypatch):
+    from hookedattn.core.generation import _recording
+
+    model = family_model("llama")
+    forwards = []
+    model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: forwards.append(x.shape[1]))
+    monkeypatch.setattr(_recording, "free_memory", lambda device: 2**10)  # a device of 1 KiB
+    try:
+        with pytest.raises(ValueError, match=r"would take about .* GB, .* GB free .*names_filter"):
+            model.generate(prompt(model, 2, 4), 10, stop_at_eos=False, return_cache=True)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert forwards == [4]  # the prompt only: no step ran
+
+
+@pytest.mark.parametrize("name", ["family llama", "variant split-inputs"])
+def test_the_projected_size_is_the_size_of_the_cache(name, monkeypatch):
+    from hookedattn.core.generation import _recording
+
+    model = recording_model(name)
+    projected = []
+    original = _recording.StepRecorder.check_room
+
+    def check_room(self, n_first, n_total, device):
+        projected.append(self.projected_bytes(n_first, n_total)[0])
+        original(self, n_first, n_total, device)
+
+    monkeypatch.setattr(_recording.StepRecorder, "check_room", check_room)
+    out = model.generate(prompt(model, 2, 4), 6, stop_at_eos=False, return_cache=True)
+    actual = sum(t.numel() * t.element_size() for t in out.cache.values())
+    assert projected == [pytest.approx(actual, rel=1e-9)]

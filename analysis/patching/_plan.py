@@ -27,13 +27,13 @@ More in `docs/guide/patching.md`.
 
 import bisect
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.core import free_memory
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.parallel import same_on_every_rank
 
@@ -248,20 +248,9 @@ def block_flops(cfg: HookedTransformerConfig, n_keys: int) -> int:
 
 def default_memory_budget(model: HookedTransformer) -> int:
     """Bytes a pass may hold unless the caller says: a quarter of what the device has free."""
-    device = torch.device(model.cfg.device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return same_on_every_rank(model, free // 4)
-    pages = _sysconf("SC_AVPHYS_PAGES") or _sysconf("SC_PHYS_PAGES")
-    budget = (pages * (_sysconf("SC_PAGE_SIZE") or 4096)) // 4 if pages else 2**31
+    free = free_memory(model.cfg.device)
+    budget = free // 4 if free else 2**31
     return same_on_every_rank(model, budget)  # tensor-parallel ranks must plan alike
-
-
-def _sysconf(name: str) -> int:
-    try:
-        return max(0, os.sysconf(name))
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 @dataclasses.dataclass(frozen=True)

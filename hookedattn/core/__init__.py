@@ -38,6 +38,7 @@ Weights use the row-vector convention of the circuits papers: `q = x @ W_Q[h]`, 
 """
 
 from hookedattn.core import names, tolerances
+from hookedattn.core._memory import free_memory
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
 from hookedattn.core._weight_views import require_bilinear_scores
@@ -129,6 +130,7 @@ __all__ = [
     "center_writing_weights",
     "fold_layer_norm",
     "fold_value_biases",
+    "free_memory",
     "generation_position",
     "get_act_name",
     "hooks_version",

@@ -242,6 +242,8 @@ class _Loop:
         real = ~ended  # without a stop rule, every token is real: one tensor for all steps
         for n_done in range(1, n_steps + 1):
             logits, cache = self.forward()
+            if n_done == 1 and self.recorder is not None:  # before the steps that would fail
+                self.recorder.check_room(self.n_prompt, self.n_prompt + n_steps, logits.device)
             _check_finite(logits, ended, n_done)
             chosen = self.choose(logits)
             if stop.pads:  # an ended row continues with padding, masked out

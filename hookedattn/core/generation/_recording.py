@@ -24,6 +24,7 @@ from torch import Tensor
 
 from hookedattn.core import _recording, hook_points, kernels
 from hookedattn.core import names as _names
+from hookedattn.core._memory import free_memory
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.attention import Attention
 from hookedattn.core.hook_points import HookPoint
@@ -149,6 +150,53 @@ class StepRecorder:
             self.stores.append(store)
         return ActivationCache(dict(store), self.model.cfg.n_layers, _versions=dict(versions))
 
+    def check_room(self, n_first: int, n_total: int, device: Any) -> None:
+        """After the first forward (over `n_first` positions), refuse a generation whose
+        cache over `n_total` positions would not fit in the memory `device` has free (its
+        stores and the joined cache, twice the cache, are held at the end): a
+        `ValueError` with the sizes, before the steps run, rather than the allocator's
+        failure after them."""
+        free = free_memory(self.recorder.device or device)
+        if free is None or not self.keep or not self.stores:
+            return
+        total, patterns = self.projected_bytes(n_first, n_total)
+        if 2 * total > free:
+            raise ValueError(
+                f"the cache over this generation ({n_total} positions) would take about "
+                f"{_gb(total)} GB, held twice while it is joined, and the device has "
+                f"{_gb(free)} GB free (attention scores and patterns: {_gb(patterns)} GB, "
+                f"growing with the square of the length): record fewer hook points "
+                f"(names_filter=), fewer new tokens, a smaller dtype= or another device=, or "
+                f"use generate_steps, which hands each step's cache over as it is made"
+            )
+
+    def projected_bytes(self, n_first: int, n_total: int) -> tuple[float, float]:
+        """The bytes of the cache over `n_total` positions, from what the first forward
+        (over `n_first`) recorded and left for later: in all, and in scores and patterns
+        (which grow with the square of the length; the rest with the length)."""
+        grow, total, patterns = n_total / n_first, 0.0, 0.0
+        for name, t in self.stores[0].items():
+            quadratic = name.endswith(_KEY_AXES)
+            size = t.numel() * t.element_size() * (grow**2 if quadratic else grow)
+            total, patterns = total + size, patterns + (size if quadratic else 0)
+        for _, _, module, inputs in self.deferred:  # the first forward's, not recorded yet
+            size = self._deferred_bytes(module, inputs[0], n_total)
+            total += size
+            patterns += size if isinstance(module, Attention) else 0
+        return total, patterns
+
+    def _deferred_bytes(self, module: Any, x: Tensor, n_total: int) -> float:
+        """The bytes the values a module left for later will take over `n_total` positions:
+        each recorded score or pattern `[batch head n n]`; a norm's outputs like its input."""
+        itemsize = torch.empty((), dtype=self.recorder.dtype or x.dtype).element_size()
+        points = [p for p in self.later if p in module.modules()]
+        if isinstance(module, Attention):  # x: the queries, [batch pos head d_head]
+            return float(len(points) * x.shape[0] * x.shape[2] * n_total**2 * itemsize)
+        per_position = x.numel() / x.shape[1]  # hook_normalized: x's shape; hook_scale: 1 wide
+        widths = [per_position if p.name.endswith("normalized") else per_position / x.shape[-1]
+                  for p in points]  # fmt: skip
+        return float(sum(widths) * n_total * itemsize)
+
     def finish(self, cache: Any) -> None:
         """Run every deferred equation once, over the inputs of every step that left it
         (an attention's queries read the KV cache's keys and values, each query with its
@@ -199,6 +247,11 @@ def _written_out_only(point: HookPoint) -> bool:
 
 
 _WRITTEN_OUT_ONLY = ("hook_scale", "hook_normalized", "hook_attn_scores", "hook_pattern")
+_KEY_AXES = ("hook_attn_scores", "hook_pattern")  # [batch head query_pos key_pos]
+
+
+def _gb(n: float | int) -> str:
+    return f"{n / 2**30:.2f}"
 
 
 def assembled(stores: list[dict[str, Tensor]], n_layers: int) -> ActivationCache:
