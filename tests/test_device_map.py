@@ -118,6 +118,23 @@ def test_max_memory_is_respected_and_a_model_that_cannot_fit_is_refused():
     assert set(fits.values()) == {"cpu"}
 
 
+@pytest.mark.parametrize("value", [float("nan"), -1.0, 0, True])
+def test_a_max_memory_that_is_not_a_positive_number_is_refused(value):
+    model, _ = model_and_tokens()
+    with pytest.raises(ValueError, match=r"max_memory\['cpu'\] must be a positive number"):
+        parallel.infer_device_map(model, ["cpu"], max_memory={"cpu": value})
+
+
+def test_a_map_given_unit_by_unit_is_held_to_max_memory():
+    model, _ = model_and_tokens()
+    every = {f"blocks.{i}": "cpu" for i in range(model.cfg.n_layers)}
+    with pytest.raises(ValueError, match=r"device_map puts .* GB on cpu .*over its max_memory"):
+        parallel.place(model, every, max_memory={"cpu": 1000.0})
+    total = sum(parallel.unit_bytes(model).values())
+    placed = parallel.resolve_device_map(model, every, max_memory={"cpu": total})
+    assert set(placed.values()) == {"cpu"}
+
+
 @pytest.mark.parametrize(
     "device, message",
     [

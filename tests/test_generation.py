@@ -319,3 +319,10 @@ def test_stop_at_eos_needs_an_eos_token():
 def test_bad_generation_arguments(plain_model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         plain_model.generate(torch.tensor([PROMPTS[0]]), **{"max_new_tokens": 2, **kwargs})
+
+
+@pytest.mark.parametrize("eos", [259, -1, [5, 300]])
+def test_an_eos_token_outside_the_vocabulary_is_refused(plain_model, eos):
+    with pytest.raises(ValueError, match=r"eos_token_id \[-?\d+\] is outside .*ids 0\.\.258"):
+        plain_model.generate(torch.tensor([PROMPTS[1]]), 3, eos_token_id=eos)
+

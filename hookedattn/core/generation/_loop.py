@@ -153,6 +153,13 @@ def _stop_rule(model: Any, options: GenerationOptions, batch: int, device: Any) 
         stop_strings=options.stop_strings,
         device=device,
     )
+    vocab = model.cfg.d_vocab_out
+    outside = [t for t in stop.stop_tokens.tolist() if not 0 <= t < vocab]
+    if outside:
+        raise ValueError(
+            f"eos_token_id {outside} is outside the model's output vocabulary (ids 0.."
+            f"{vocab - 1}): no step could ever choose it, so no row would end there"
+        )
     limits = options.limits
     if limits is None:
         return stop

@@ -150,12 +150,22 @@ def _all_devices() -> list[str]:
 def _capacities(devices: list[str], max_memory: Mapping[str, float | int] | None) -> list[float]:
     if not max_memory:
         return [math.inf] * len(devices)
-    checked = {check_device(d): float(v) for d, v in max_memory.items()}
+    checked = {check_device(d): _bytes(d, v) for d, v in max_memory.items()}
     unknown = sorted(set(checked) - set(devices))
     if unknown:
         raise ValueError(f"max_memory names {unknown}, which are not among the devices {devices}")
     # A device named twice shares its memory between its slots.
     return [checked.get(d, math.inf) / devices.count(d) for d in devices]
+
+
+def _bytes(device: str, value: Any) -> float:
+    """`max_memory[device]` as bytes: a positive number (NaN compares false with every
+    load, so it would let any placement through)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"max_memory[{device!r}] must be a positive number of bytes, got {value!r}"
+        )
+    return float(value)
 
 
 def _fits(blocks: list[int], fixed: int, capacity: list[float | int], limit: float | int) -> bool:
@@ -199,10 +209,32 @@ def resolve_device_map(
             )
         return infer_device_map(model, None, max_memory)
     if isinstance(device_map, Mapping):
-        return _from_dict(model, device_map)
+        placed = _from_dict(model, device_map)
+        _check_loads(model, placed, max_memory)
+        return placed
     if isinstance(device_map, Sequence):
         return infer_device_map(model, list(device_map), max_memory)
     raise TypeError(f"device_map must be 'auto', a list or a dict, got {type(device_map).__name__}")
+
+
+def _check_loads(
+    model: Any, placed: dict[str, str], max_memory: Mapping[str, float | int] | None
+) -> None:
+    """Refuse a placement given unit by unit that puts more on a device than its
+    `max_memory` allows, naming the device, its load and its units."""
+    if not max_memory:
+        return
+    devices = list(dict.fromkeys(placed.values()))
+    capacity = dict(zip(devices, _capacities(devices, max_memory), strict=True))
+    sizes = unit_bytes(model)
+    for device in devices:
+        mine = [u for u, d in placed.items() if d == device]
+        load = sum(sizes[u] for u in mine)
+        if load > capacity[device]:
+            raise ValueError(
+                f"device_map puts {load / 1e9:.3g} GB on {device} ({', '.join(mine)}), over "
+                f"its max_memory of {capacity[device] / 1e9:.3g} GB"
+            )
 
 
 def _from_dict(model: Any, device_map: Mapping[str, str]) -> dict[str, str]:
