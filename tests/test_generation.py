@@ -325,4 +325,3 @@ def test_bad_generation_arguments(plain_model, kwargs, message):
 def test_an_eos_token_outside_the_vocabulary_is_refused(plain_model, eos):
     with pytest.raises(ValueError, match=r"eos_token_id \[-?\d+\] is outside .*ids 0\.\.258"):
         plain_model.generate(torch.tensor([PROMPTS[1]]), 3, eos_token_id=eos)
-

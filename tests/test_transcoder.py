@@ -252,6 +252,26 @@ def test_the_replacement_refuses_what_does_not_fit():
     assert not any("transcoder" in name for name in model.hook_dict)
 
 
+def test_a_transcoder_writing_another_width_is_refused():
+    model = make_model()
+    hooks = "blocks.0.ln2.hook_out", "blocks.0.hook_mlp_out"
+    narrow = Transcoder(TranscoderConfig(16, 8, 12, *hooks, dtype="float64"))
+    with (
+        pytest.raises(ValueError, match=r"write d_out=12, but .* write d_model=16"),
+        replaced(model, [narrow]),
+    ):
+        pass
+
+
+def test_a_transcoder_with_a_nan_weight_is_refused_by_name():
+    model = make_model()
+    tc = transcoder(0)
+    with torch.no_grad():
+        tc.W_dec[3, 2] = float("nan")
+    with pytest.raises(ValueError, match="W_dec holds 1 value.* not finite"), replaced(model, [tc]):
+        pass
+
+
 @torch.no_grad()
 def test_the_evaluation_measures_what_it_says():
     model, tcs = make_model(), SETS["skip_topk"]()

@@ -132,6 +132,14 @@ def test_non_finite_weights_are_refused(tmp_path, bad):
         Transcoder.load(saelens_folder(tmp_path / "tc", "transcoder", t))
 
 
+@pytest.mark.parametrize(("extra", "shape"), [("W_skip", (6, 8)), ("threshold", (24,))])
+def test_a_tensor_the_config_does_not_have_is_refused_not_dropped(tmp_path, extra, shape):
+    # A skip transcoder or a JumpReLU one read as plain ReLU would be silently wrong.
+    t = {name: rand(*s) for name, s in GOOD.items()} | {extra: rand(*shape)}
+    with pytest.raises(ValueError, match=rf"holds tensors its config does not have: \['{extra}'\]"):
+        Transcoder.load(saelens_folder(tmp_path / "tc", "transcoder", t))
+
+
 def test_a_missing_tensor_or_file_is_named(tmp_path):
     t = {name: rand(*shape) for name, shape in GOOD.items() if name != "b_dec"}
     with pytest.raises(ValueError, match="lacks b_dec"):
@@ -183,6 +191,31 @@ def test_a_transcoder_set_round_trips_through_circuit_tracers_layout(tmp_path):
         torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="circuit-tracer's per-layer files hold ReLU"):
         save_transcoder_set([random_transcoder("topk")], tmp_path / "topk")
+
+
+@pytest.mark.parametrize(
+    "filepath", ["../elsewhere/layer_0.safetensors", "/tmp/layer_0.safetensors"]
+)
+def test_a_set_naming_a_file_outside_its_folder_is_refused(tmp_path, filepath):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    config = {"model_name": "gpt2", "feature_input_hook": "ln2.hook_out",
+              "feature_output_hook": "hook_mlp_out",
+              "transcoders": [{"id": "t0", "layer": 0, "filepath": filepath}]}  # fmt: skip
+    (folder / "config.yaml").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="which is not a file inside"):
+        load_transcoder_set(folder)
+
+
+def test_a_jumprelu_layer_in_circuit_tracers_layout_is_refused_not_read_as_relu(tmp_path):
+    t = circuit_tracer_layer(tmp_path, 0) | {"activation_function.threshold": rand(24).abs()}
+    safetensors.torch.save_file(t, str(tmp_path / "layer_0.safetensors"))
+    entry = {"id": "t0", "layer": 0, "filepath": "layer_0.safetensors"}
+    config = {"model_name": "gpt2", "feature_input_hook": "ln2.hook_out",
+              "feature_output_hook": "hook_mlp_out", "transcoders": [entry]}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"activation_function.threshold.*a JumpReLU transcoder"):
+        load_transcoder_set(tmp_path)
 
 
 # ---------------------------------------------------------------------- circuit-tracer, cross-layer

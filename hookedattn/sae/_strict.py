@@ -101,6 +101,12 @@ def check_tensors(
     missing = sorted(set(expected) - set(found))
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; it holds {sorted(found)}")
+    extra = sorted(set(found) - set(expected))
+    if extra:  # a W_skip in a file whose config has none would be dropped, silently
+        raise ValueError(
+            f"{path} holds tensors its config does not have: {extra} (expected "
+            f"{sorted(expected)} for {sizes}): the file and its config disagree"
+        )
     for name, shape in expected.items():
         got_shape, got_dtype = found[name]
         if got_shape != shape:

@@ -234,11 +234,23 @@ def load_transcoder_set(cls: type, path: str | Path) -> list[Any]:
             )
         if layer in out:
             raise ValueError(f"{path / YAML_FILE} lists layer {layer} twice")
-        file = path / str(entry.get("filepath", ""))
-        out[layer] = _load_circuit_tracer_layer(cls, file, layer, *hooks)
+        out[layer] = _load_circuit_tracer_layer(cls, _inside(path, entry), layer, *hooks)
     if sorted(out) != list(range(len(out))):
         raise ValueError(f"{path / YAML_FILE}: layers {sorted(out)} are not 0..{len(out) - 1}")
     return [out[layer] for layer in sorted(out)]
+
+
+def _inside(path: Path, entry: dict[str, Any]) -> Path:
+    """The file an entry of `config.yaml` names, which must be inside the folder `path`
+    (a relative path without `..`: a folder never points a reader elsewhere)."""
+    name = entry.get("filepath")
+    relative = Path(name) if isinstance(name, str) and name else None
+    if relative is None or relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(
+            f"{path / YAML_FILE} names the file {name!r}, which is not a file inside {path}: "
+            f"a transcoder set is read from its own folder only"
+        )
+    return path / relative
 
 
 def _load_circuit_tracer_layer(cls: type, file: Path, layer: int, hook_in: str, hook_out: str):
@@ -252,9 +264,13 @@ def _load_circuit_tracer_layer(cls: type, file: Path, layer: int, hook_in: str, 
                 "b_dec": (d_out,), **({"W_skip": (d_out, d_in)} if skip else {})}  # fmt: skip
     dtype = _strict.one_dtype(file, found)
     sizes = f"W_enc's d_sae={d_sae}, d_in={d_in} and b_dec's d_out={d_out}"
+    thresholds = {"log_thresholds", "threshold", "activation_function.threshold"} & set(found)
+    if thresholds:  # read as ReLU, a JumpReLU transcoder would be silently wrong
+        raise ValueError(
+            f"{file} holds {sorted(thresholds)}: a JumpReLU transcoder, which this reader of "
+            f"circuit-tracer's ReLU files does not load (it would run as ReLU)"
+        )
     _strict.check_tensors(file, found, expected, None, sizes)
-    if "log_thresholds" in found or "threshold" in found:
-        raise ValueError(f"{file}: thresholds in a circuit-tracer ReLU file are not supported")
     cfg = TranscoderConfig(
         d_in, d_sae, d_out, f"blocks.{layer}.{hook_in}", f"blocks.{layer}.{hook_out}",
         skip=skip, dtype=dtype, seed=None,

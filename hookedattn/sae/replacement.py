@@ -147,6 +147,19 @@ def _check_fits(model: HookedRootModule, tset: TranscoderSet) -> None:
         raise ValueError(
             f"the transcoders read d_in={tset.d_in}, but the model's MLPs read d_model={d_model}"
         )
+    if d_model is not None and tset.d_out != d_model:
+        raise ValueError(
+            f"the transcoders write d_out={tset.d_out}, but the model's MLPs write "
+            f"d_model={d_model}: they cannot stand in for the MLPs"
+        )
+    for module in tset.modules:
+        for name, parameter in module.named_parameters():
+            bad = int((~parameter.detach().isfinite()).sum())
+            if bad:
+                raise ValueError(
+                    f"a transcoder's {name} holds {bad} value(s) that are not finite: in "
+                    f"place of the MLPs it would make the stream non-finite"
+                )
     dtype = getattr(cfg, "dtype", None)
     if dtype is not None and dtype != tset.dtype:
         raise ValueError(

@@ -97,6 +97,11 @@ class TranscoderSet:
         return self.modules[0].cfg.d_in
 
     @property
+    def d_out(self) -> int:
+        """The width of the outputs they write (the same for every layer)."""
+        return self.modules[0].cfg.d_out
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of the weights (all the set's transcoders share it)."""
         return self.modules[0].dtype
