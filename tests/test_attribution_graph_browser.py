@@ -4,6 +4,7 @@ from. Every page is watched for console errors and for requests (none may leave 
 """
 
 import itertools
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -179,4 +180,75 @@ def test_the_prompt_tokens_are_shown_as_text(browser, graph_doc, tmp_path):
     assert opened.page.locator("#graph b").count() == 0
     summary = opened.page.locator("#summary").inner_text()
     assert f"{len(graph_doc['nodes'])} nodes, {len(graph_doc['links'])} links" in summary
+    opened.close()
+
+
+def synthetic_graph(n_tokens: int, per_cell: int, n_links: int, seed: int = 0) -> dict:
+    """A graph JSON of the size a long unpruned prompt gives: `per_cell` features in each
+    (layer, position) of 2 layers, an error node and a token per position, one logit, and
+    `n_links` random links between them."""
+    g = torch.Generator().manual_seed(seed)
+    nodes = [{"node_id": f"E_{p}", "feature": None, "layer": "E", "ctx_idx": p,
+              "feature_type": "embedding", "influence": None, "activation": None}
+             for p in range(n_tokens)]  # fmt: skip
+    for layer in range(2):
+        for p in range(n_tokens):
+            nodes.append({"node_id": f"{layer}_err_{p}", "feature": None, "layer": str(layer),
+                          "ctx_idx": p, "feature_type": "mlp reconstruction error",
+                          "influence": 0.5, "activation": None})  # fmt: skip
+            for f in range(per_cell):
+                nodes.append({"node_id": f"{layer}_{p * per_cell + f}_{p}", "feature": f,
+                              "layer": str(layer), "ctx_idx": p,
+                              "feature_type": "cross layer transcoder",
+                              "influence": float(f) / per_cell, "activation": 1.0})  # fmt: skip
+    nodes.append({"node_id": "3_7_last", "feature": 7, "layer": "3", "ctx_idx": n_tokens - 1,
+                  "feature_type": "logit", "token_prob": 0.9, "is_target_logit": True,
+                  "influence": None, "activation": None})  # fmt: skip
+    ids = [n["node_id"] for n in nodes]
+    pairs = torch.randint(0, len(ids), (n_links, 2), generator=g).tolist()
+    weights = torch.randn(n_links, generator=g).tolist()
+    links = [{"source": ids[a], "target": ids[b], "weight": w}
+             for (a, b), w in zip(pairs, weights, strict=True)]  # fmt: skip
+    metadata = {
+        "slug": "synthetic",
+        "prompt": "",
+        "prompt_tokens": [f"t{p}" for p in range(n_tokens)],
+    }
+    return {"metadata": metadata, "nodes": nodes, "links": links}
+
+
+def test_a_graph_of_41_tokens_opens_fitted_with_readable_labels(browser, tmp_path):
+    graph = synthetic_graph(41, 6, 3000)
+    opened = Opened(browser, graph_page(graph).save(tmp_path / "graph.html"))
+    box = opened.page.eval_on_selector("#graph", "s => s.getBoundingClientRect().toJSON()")
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 1400  # no horizontal scrolling
+    labels = opened.page.eval_on_selector_all(
+        "#graph .token-label",
+        """ts => ts.map(t => ({size: parseFloat(getComputedStyle(t).fontSize),
+                               x: +t.getAttribute('x'), turned: t.hasAttribute('transform'),
+                               width: t.getBBox().width}))""",
+    )
+    assert len(labels) == 41 and all(label["size"] >= 10 for label in labels)
+    # Readable: consecutive labels do not overlap. Side by side, each fits its column;
+    # turned 60 degrees, their lines lie at least a font size apart.
+    step = labels[1]["x"] - labels[0]["x"]
+    for label in labels:
+        if label["turned"]:
+            assert step * math.sin(math.radians(60)) >= label["size"]
+        else:
+            assert label["width"] <= step
+    logit = opened.page.eval_on_selector(
+        "#graph .node.logit", "s => s.getBoundingClientRect().toJSON()"
+    )
+    assert 0 <= logit["x"] <= 1400 and 0 <= logit["y"] <= 900  # in view as it opens
+    opened.close("graph-41-tokens.png")
+
+
+def test_a_graph_of_150000_links_is_drawn(browser, tmp_path):
+    graph = synthetic_graph(127, 8, 150_000)
+    opened = Opened(browser, graph_page(graph).save(tmp_path / "graph.html"))
+    drawn = opened.page.eval_on_selector_all("#graph line.link", "ls => ls.length")
+    assert drawn == 150_000
+    summary = opened.page.locator("#summary").inner_text()
+    assert f"{len(graph['nodes'])} nodes, 150000 links" in summary
     opened.close()

@@ -4,8 +4,9 @@
  * every string from the data reaches the page through textContent or an attribute.
  *
  * Layout: one column per prompt position (token labels below), one row per layer from the
- * embeddings at the bottom to the logits at the top; the nodes of a (layer, position) cell
- * sit side by side in it, most influential first. Links are lines, blue for a positive
+ * embeddings at the bottom to the logits at the top, fitted to the window; the nodes of a
+ * (layer, position) cell sit side by side in it, most influential first. Links are lines,
+ * blue for a positive
  * direct effect and red for a negative one, width and opacity by |weight|. Hovering a node
  * shows what it is (and a feature's examples); clicking one keeps it and shows only its
  * links.
@@ -50,15 +51,26 @@
     }
     const rank = (n) => (n.feature_type === "logit" ? -n.token_prob : (n.influence === null ? 2 : n.influence));
     for (const list of cells.values()) list.sort((a, b) => rank(a) - rank(b));
-    const widest = Math.max(1, ...[...cells.values()].map((l) => l.length));
-    const colWidth = Math.max(28, Math.min(120, 10 * widest + 12));
-    const rowHeight = 76, left = 56, top = 18;
+    // Sizes by reduction, never by spreading an array into arguments: a graph of 10^5 links
+    // would exceed the call stack.
+    const largest = (values, floor) => values.reduce((m, v) => (v > m ? v : m), floor);
+    const widest = largest([...cells.values()].map((l) => l.length), 1);
+    // Fitted to the window: every column as wide as its nodes want, unless the prompt would
+    // not fit; then as narrow as the window needs, down to a width its label can still be
+    // read at (turned, below). A prompt too long even then scrolls, opened at its end,
+    // where the logits are.
+    const left = 56, top = 18, rowHeight = 76;
+    const room = Math.max(480, (document.documentElement.clientWidth || 1200) - 330) - left - 16;
+    const wanted = Math.max(28, Math.min(120, 10 * widest + 12));
+    const colWidth = Math.max(18, Math.min(wanted, room / Math.max(1, tokens.length)));
+    const turned = colWidth < 40;  // labels turned 60 degrees where a column is narrow
+    const labelRoom = turned ? 64 : 24;
     const width = left + colWidth * tokens.length + 16;
-    const height = top + rowHeight * rows.length + 40;
+    const height = top + rowHeight * rows.length + labelRoom + 16;
     const where = new Map();
     for (const [key, list] of cells) {
       const [row, pos] = key.split(":").map(Number);
-      const step = Math.min(10, (colWidth - 8) / Math.max(1, list.length));
+      const step = Math.min(10, (colWidth - 6) / Math.max(1, list.length));
       list.forEach((n, i) => {
         where.set(n.node_id, { x: left + colWidth * pos + colWidth / 2 + (i - (list.length - 1) / 2) * step, y: top + rowHeight * row + rowHeight / 2 });
       });
@@ -70,11 +82,15 @@
       root_svg.append(svg("text", { x: 4, y: y + 3, class: "row-label" }, name === "E" ? "tokens" : name === "logit" ? "logits" : `L${name}`));
       root_svg.append(svg("line", { x1: left, x2: width - 8, y1: y, y2: y, class: "row-line" }));
     });
+    const labelY = top + rowHeight * rows.length + 12;
     tokens.forEach((t, p) => {
-      root_svg.append(svg("text", { x: left + colWidth * p + colWidth / 2, y: height - 14, class: "token-label", "text-anchor": "middle", "data-pos": p }, visible(t)));
+      const x = left + colWidth * p + colWidth / 2;
+      const attrs = { x: x, y: labelY, class: "token-label", "text-anchor": turned ? "end" : "middle", "data-pos": p };
+      if (turned) attrs.transform = `rotate(-60 ${x} ${labelY})`;
+      root_svg.append(svg("text", attrs, visible(t)));
     });
 
-    const maxWeight = Math.max(1e-30, ...g.links.map((l) => Math.abs(l.weight)));
+    const maxWeight = largest(g.links.map((l) => Math.abs(l.weight)), 1e-30);
     const linkLayer = svg("g", { class: "links" });
     const links = g.links.filter((l) => where.has(l.source) && where.has(l.target)).map((l) => {
       const a = where.get(l.source), b = where.get(l.target), share = Math.abs(l.weight) / maxWeight;
@@ -156,6 +172,7 @@
     views.append(scroller, detail);
     root.append(el("h1", {}, d.title), el("div", { class: "info", id: "summary" }, summary.join("; ")), views);
     detail.append(el("p", { class: "muted" }, "hover a node; click to keep it and show only its links"));
+    scroller.scrollLeft = scroller.scrollWidth;  // the logits' end in view
   }
 
   const data = JSON.parse(document.getElementById("hookedattn-data").textContent);

@@ -291,7 +291,8 @@
         label: (a, b) => d.labels[a].localeCompare(d.labels[b], undefined, { numeric: true }),
       };
       order.sort(by[state.order]);
-      const scale = Math.max(...values.map(Math.abs)) || 1;
+      // A reduction, not a spread into arguments: a long row would exceed the call stack.
+      const scale = values.reduce((m, v) => Math.max(m, Math.abs(v)), 0) || 1;
       bars.replaceChildren();
       for (const c of order) {
         const v = values[c];
