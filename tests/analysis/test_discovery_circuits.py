@@ -3,9 +3,9 @@ on every family's block shape against exact edge patching."""
 
 import pytest
 import torch
-from test_families_models import FAMILIES, TOKENS, family_model
-from test_patching_path import CLEAN, CORRUPTED, hand_built, paths
-from test_patching_path import metric as last_logit
+from helpers.families import FAMILIES, TOKENS, family_model
+from helpers.linear_paths import CLEAN, CORRUPTED, hand_built, paths
+from helpers.linear_paths import metric as last_logit
 
 from analysis import (
     Circuit,
@@ -22,7 +22,7 @@ from hookedattn.testing import random_tiny_model
 TOL = dict(rtol=0, atol=1e-10)
 PROMPTS = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=last_logit)
 # S (L0H0) -> M (L1H0) -> R2 (L2H1) -> logits, and S -> R (L2H0) -> logits: the
-# hand-built model's two paths (tests/test_patching_path.py), edge by edge.
+# hand-built model's two paths (tests/helpers/linear_paths.py), edge by edge.
 VIA_M = ("embed -> L0H0.v", "L0H0 -> L1H0.v", "L1H0 -> L2H1.v", "L2H1 -> logits")
 VIA_R = ("embed -> L0H0.v", "L0H0 -> L2H0.v", "L2H0 -> logits")
 

@@ -3,7 +3,7 @@ receiver's input exactly the sum of its senders' terms (float64, 1e-10)."""
 
 import pytest
 import torch
-from test_families_models import FAMILIES, TOKENS, family_model
+from helpers.families import FAMILIES, TOKENS, family_model
 
 from analysis import Graph, receiver_terms
 from analysis.discovery._terms import split_model, term_hooks

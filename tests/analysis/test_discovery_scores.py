@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from test_families_models import FAMILIES, TOKENS, family_model
+from helpers.families import FAMILIES, TOKENS, family_model
 
 from analysis import (
     Graph,

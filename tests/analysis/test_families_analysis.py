@@ -1,6 +1,6 @@
 """Every analysis on every family's block shape, with its identity exact in float64.
 
-The shapes are those of tests/test_families_models.py. Each test states the identity the
+The shapes are those of tests/helpers/families.py. Each test states the identity the
 analysis promises and checks it against the cached forward (or refuses by name where the
 analysis does not apply).
 """
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 from einops import einsum, repeat
-from test_families_models import FAMILIES, TOKENS, family_model, family_run
+from helpers.families import FAMILIES, TOKENS, family_model, family_run
 
 from analysis import (
     apply_ln_to_stack,

@@ -7,7 +7,7 @@ autograd directly: `metric(corrupted) + sum (clean - corrupted) * d metric / d a
 
 import pytest
 import torch
-from test_families_models import FAMILIES, TOKENS, family_model
+from helpers.families import FAMILIES, TOKENS, family_model
 
 from analysis import activation_patch, attribution_patch, available_kinds
 from analysis.patching._components import component_grid

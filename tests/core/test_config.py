@@ -1,4 +1,7 @@
-"""Config validation: every inconsistency is a ValueError that names the field."""
+"""Config validation: every inconsistency is a ValueError that names the field, and every
+field is checked against its spec, the error naming its value and range."""
+
+import math
 
 import pytest
 import torch
@@ -61,6 +64,28 @@ def test_unknown_choices_name_the_closest_valid_ones(field, value, hint):
 def test_sizes_must_be_positive_ints(field):
     with pytest.raises(ValueError, match=field):
         config(**{field: -1})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("eps", -1.0, ValueError),
+        ("eps", math.nan, ValueError),
+        ("attn_scale", 0.0, ValueError),
+        ("attn_scale", math.nan, ValueError),
+        ("use_attn_result", "false", TypeError),
+        ("d_vocab_out", -1, ValueError),
+        ("d_mlp", True, TypeError),
+        ("init_range", "x", TypeError),
+        ("seed", "abc", TypeError),
+        ("n_layers", 10**7, ValueError),
+        ("rotary_base", math.inf, ValueError),
+    ],
+)
+def test_every_config_field_is_checked_with_its_name_value_and_range(field, value, error):
+    with pytest.raises(error, match=field) as info:
+        HookedTransformerConfig(**{**BASE, field: value})
+    assert repr(value) in str(info.value)
 
 
 def test_zero_layers_is_allowed():

@@ -2,12 +2,12 @@
 
 What folds is checked by running both models (a gain folded into the wrong reader, or
 left out of a grouped `_W_K`, changes the logits far beyond 1e-10 with the random gains of
-tests/test_families_models.py); what cannot fold is refused by name.
+tests/helpers/families.py); what cannot fold is refused by name.
 """
 
 import pytest
 import torch
-from test_families_models import FAMILIES, TOKENS, family_model, family_run
+from helpers.families import FAMILIES, TOKENS, family_model, family_run
 
 from hookedattn import (
     center_unembed,

@@ -8,8 +8,8 @@ to, and every fused layer checks its own operands before the next runs.
 
 import pytest
 import torch
-from test_families_models import FAMILIES, family_model
-from test_fused_kernels import VARIANTS, pair
+from helpers.families import FAMILIES, family_model
+from helpers.fused import VARIANTS, pair
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 

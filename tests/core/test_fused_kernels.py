@@ -3,57 +3,12 @@ fused kernels run, and they agree with the written-out path to the dtype's round
 
 import pytest
 import torch
+from helpers.fused import VARIANTS, pair
 from torch.profiler import ProfilerActivity, profile
 
-from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn import HookedTransformer, KeyValueCache
 
-BASE = dict(n_layers=2, d_model=32, n_heads=4, d_head=8, n_ctx=40, d_vocab=29, d_mlp=48)
-VARIANTS = {
-    "gpt2": {},
-    "attn-only": {"attn_only": True, "normalization_type": "LNPre"},
-    "llama": {
-        "normalization_type": "RMS",
-        "positional_embedding_type": "rotary",
-        "gated_mlp": True,
-        "act_fn": "silu",
-        "n_key_value_heads": 2,
-    },
-    "neox": {"positional_embedding_type": "rotary", "rotary_dim": 4, "parallel_attn_mlp": True},
-    "mistral-window": {
-        "normalization_type": "RMS",
-        "positional_embedding_type": "rotary",
-        "n_key_value_heads": 1,
-        "window_size": 3,
-    },
-    "olmo2": {
-        "normalization_type": "RMS",
-        "normalization_placement": "post",
-        "positional_embedding_type": "rotary",
-        "use_qk_norm": True,
-        "qk_norm_per_head": False,
-    },
-    "split-inputs": {
-        "use_split_qkv_input": True,
-        "n_key_value_heads": 2,
-        "normalization_type": "RMSPre",
-    },
-}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-def pair(overrides: dict, dtype: torch.dtype) -> tuple[HookedTransformer, HookedTransformer]:
-    """The same random weights (gains and biases perturbed), fused and written out."""
-    cfg = HookedTransformerConfig(**{**BASE, "seed": 0, "dtype": dtype, **overrides})
-    fused = HookedTransformer(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in fused.parameters():
-            param += 0.1 * torch.randn(param.shape, generator=generator).to(dtype)
-    written = HookedTransformer(cfg.replace(use_fused_kernels=False))
-    written.load_state_dict(fused.state_dict())
-    return fused, written
-
-
 TOKENS = torch.randint(0, 29, (3, 11), generator=torch.Generator().manual_seed(2))
 
 

@@ -1,10 +1,14 @@
-"""`KeyValueCacheEntry` keeps its positions in growing buffers; against plain concatenation."""
+"""`KeyValueCacheEntry` keeps its positions in growing buffers, against plain concatenation;
+and a forward that fails leaves its `KeyValueCache` as it was (all or nothing)."""
 
 import math
+from functools import partial
 
+import pytest
 import torch
 
-from hookedattn import KeyValueCacheEntry
+from hookedattn import KeyValueCache, KeyValueCacheEntry
+from hookedattn.testing import tiny_model
 
 
 def random_positions(n: int, seed: int, batch: int = 2) -> torch.Tensor:
@@ -71,3 +75,44 @@ def test_a_frozen_entry_returns_the_concatenation_and_keeps_its_past():
 def test_repr_is_short():
     entry = KeyValueCacheEntry(random_positions(3, 0), random_positions(3, 1), frozen=True)
     assert repr(entry) == "KeyValueCacheEntry(batch=2, pos=3, head=3, d_head=4, frozen)"
+
+
+# ------------------------------------------------------------ a failed forward
+make_model = partial(
+    tiny_model, n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=23, d_mlp=32
+)
+TOKENS = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+def raise_at(name):
+    def fail(x, hook):
+        raise RuntimeError(f"stop at {hook.name}")
+
+    return [(name, fail)]
+
+
+@pytest.mark.parametrize(
+    "site", ["blocks.1.attn.hook_z", "ln_final.hook_normalized", "blocks.0.attn.hook_k"]
+)
+def test_a_forward_that_raises_leaves_the_kv_cache_as_it_was(site):
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    before = [(e.past_keys.clone(), e.past_values.clone()) for e in cache.entries]
+    with pytest.raises(RuntimeError, match="stop at"):
+        model.run_with_hooks(TOKENS[:, 5:6], past_kv_cache=cache, fwd_hooks=raise_at(site))
+    assert cache.length == 5
+    for entry, (keys, values) in zip(cache.entries, before, strict=True):
+        assert torch.equal(entry.past_keys, keys) and torch.equal(entry.past_values, values)
+
+
+def test_a_retry_after_a_failed_step_gives_the_logits_of_one_step():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    with pytest.raises(RuntimeError):
+        model.run_with_hooks(
+            TOKENS[:, 5:6], past_kv_cache=cache, fwd_hooks=raise_at("ln_final.hook_normalized")
+        )
+    retried = model(TOKENS[:, 5:6], past_kv_cache=cache)
+    torch.testing.assert_close(retried[:, 0], model(TOKENS[:, :6])[:, 5], rtol=1e-10, atol=1e-10)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, LogitsAndLoss
+from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.testing import tiny_model
 from hookedattn.testing.reference import reference_forward
 
 
@@ -82,6 +84,15 @@ def test_forward_runs_in_every_dtype(dtype):
     assert torch.isfinite(logits).all()
 
 
+def test_forward_runs_under_shape_checks():
+    model = tiny_model(
+        d_model=32, d_vocab=50, use_split_qkv_input=True, use_attn_result=True,
+        positional_embedding_type="rotary", dtype=torch.float32,
+    )  # fmt: skip
+    logits, _ = model.run_with_cache(torch.randint(0, 50, (2, 5)))
+    assert logits.shape == (2, 5, 50)
+
+
 def test_one_seed_gives_the_same_weights_in_float32_and_float64():
     w32 = make_model(dtype=torch.float32).W_Q
     w64 = make_model(dtype=torch.float64).W_Q
@@ -125,6 +136,21 @@ def test_loss_per_token_has_one_loss_per_prediction():
     per_token = model(tokens, return_type="loss", loss_per_token=True)
     assert per_token.shape == (2, 9)
     torch.testing.assert_close(per_token.mean(), model(tokens, return_type="loss"))
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(2, 1, dtype=torch.long)])
+def test_the_mean_loss_of_one_position_is_refused_with_or_without_a_mask(mask):
+    logits, tokens = torch.randn(2, 1, 5), torch.tensor([[1], [2]])
+    with pytest.raises(ValueError, match="needs at least 2 positions"):
+        lm_cross_entropy_loss(logits, tokens, mask)
+    per_token = lm_cross_entropy_loss(logits, tokens, mask, per_token=True)
+    assert per_token.shape == (2, 0)
+
+
+def test_a_model_loss_of_one_position_is_refused():
+    model = tiny_model(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
+    with pytest.raises(ValueError, match="needs at least 2 positions"):
+        model(torch.tensor([[3]]), return_type="loss")
 
 
 def test_return_type_both_unpacks_as_logits_and_loss():

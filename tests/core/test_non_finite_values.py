@@ -1,24 +1,29 @@
-"""Non-finite weights are never hidden by the fused attention (issue 25, item 1).
+"""Non-finite values stay where they are, and are never hidden.
 
-torch's CPU `scaled_dot_product_attention` returns 0 rather than NaN for a NaN query or key
-at some sizes (one query position among them). A model whose weights hold one NaN or inf
-must therefore show it on the default (fused) path exactly where the written-out equation
-does: `model(t)`, `run_with_cache(t)` and a `use_fused_kernels=False` twin give non-finite
-logits at the same positions, and the same finite logits everywhere else.
+An inf or NaN key or value reaches no earlier position, a NaN in a padding position no
+real token, and a finite key whose scores overflow leaves earlier positions finite.
 
-On commit 256099a (the guard checked only the kernel's output) the first two tests fail
-for a NaN or inf in W_Q or W_K (a one-position forward, a one-token prompt and its decode
-steps), with and without grouped keys. With padding, torch's kernel propagated the NaN in
-every batch we tried, so the third test passed before the fix too: it keeps the fix from
+A NaN or inf weight shows on the default (fused) path exactly where the written-out
+equation shows it. torch's CPU `scaled_dot_product_attention` returns 0 rather than NaN
+for a NaN query or key at some sizes (one query position among them), so `model(t)`,
+`run_with_cache(t)` and a `use_fused_kernels=False` twin must give non-finite logits at
+the same positions, and the same finite logits everywhere else.
+
+On commit 256099a (the guard checked only the kernel's output) the first two weight tests
+fail for a NaN or inf in W_Q or W_K (a one-position forward, a one-token prompt and its
+decode steps), with and without grouped keys. With padding, torch's kernel propagated the
+NaN in every batch we tried, so the third passed before the fix too: it keeps the fix from
 regressing on the masked path.
 """
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
 from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
+from hookedattn.testing import tiny_model
 
 BASE = dict(n_layers=2, d_model=16, n_heads=4, d_head=4, n_ctx=16, d_vocab=23, d_mlp=32, seed=0)
 SHAPES = {
@@ -122,3 +127,51 @@ def test_a_non_finite_weight_shows_in_a_left_padded_batch(shape, site, value):
     assert_same_non_finite(got[real], reference[real], "padded model(t)")
     cached, _ = fused.run_with_cache(t, attention_mask=mask)
     assert_same_non_finite(cached[real], reference[real], "padded run_with_cache(t)")
+
+
+# ------------------------------------------------------------ non-finite activations
+make_model = partial(
+    tiny_model, n_layers=2, d_model=16, n_heads=2, d_head=8, n_ctx=32, d_vocab=23, d_mlp=32
+)
+TOKENS = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("site", ["blocks.0.attn.hook_k", "blocks.0.attn.hook_v"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_non_finite_key_or_value_never_reaches_earlier_positions(site, value):
+    model = make_model()
+
+    def poison(x, hook):
+        x[:, 5] = value
+        return x
+
+    logits = model.run_with_hooks(TOKENS, fwd_hooks=[(site, poison)])
+    clean = model(TOKENS)
+    torch.testing.assert_close(logits[:, :5], clean[:, :5], rtol=1e-12, atol=1e-12)
+    assert not logits[:, 5:].isfinite().all()
+
+
+def test_a_finite_key_whose_scores_overflow_leaves_earlier_positions_finite():
+    model = make_model(dtype=torch.float32)
+
+    def huge(k, hook):
+        k[:, 5] = 3e38
+        return k
+
+    logits = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_k", huge)])
+    assert logits[:, :5].isfinite().all()
+
+
+def test_nan_in_a_padding_position_does_not_reach_real_tokens():
+    model = make_model()
+    mask = torch.ones_like(TOKENS)
+    mask[:, :2] = 0  # left padding
+
+    def poison(resid, hook):
+        resid[:, :2] = math.nan
+        return resid
+
+    padded = model.run_with_hooks(
+        TOKENS, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_pre", poison)]
+    )
+    assert padded[:, 2:].isfinite().all()

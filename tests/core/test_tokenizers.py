@@ -76,6 +76,12 @@ def test_byte_tokenizer_rejects_out_of_range_ids():
         ByteTokenizer().decode([1, 259])
 
 
+def test_a_lone_surrogate_is_refused_naming_its_position():
+    with pytest.raises(ValueError, match=r"'\\ud800' at position 2 .* lone surrogate"):
+        ByteTokenizer().encode("ab\ud800c")
+    assert ByteTokenizer().decode(ByteTokenizer().encode("ab\U0001f600c")) == "ab\U0001f600c"
+
+
 # ---------------------------------------------------------------- char tokenizer
 def test_char_tokenizer_ids_follow_the_alphabet_then_specials():
     tok = CharTokenizer("ab ")
@@ -110,6 +116,12 @@ def test_char_tokenizer_names_a_character_outside_its_alphabet():
 def test_char_tokenizer_rejects_bad_alphabets(alphabet, message):
     with pytest.raises(ValueError, match=message):
         CharTokenizer(alphabet)
+
+
+def test_a_char_tokenizer_special_token_in_its_alphabet_is_refused():
+    with pytest.raises(ValueError, match=r"special tokens \['#'\] are also characters"):
+        CharTokenizer("ab#", bos_token="#")
+    CharTokenizer("ab#", bos_token="<bos>")  # names outside the alphabet are fine
 
 
 # ---------------------------------------------------------------- HF adapter

@@ -4,6 +4,8 @@ The independent reference is a plain loop written here: run the whole sequence t
 forward, take the argmax of the last position, append, repeat (no KV cache, no padding).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -268,6 +270,34 @@ def test_sampling_with_a_seeded_generator_is_reproducible(plain_model):
         )  # fmt: skip
 
     assert torch.equal(run(3), run(3))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", math.nan),
+        ("temperature", -0.5),
+        ("temperature", math.inf),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", math.nan),
+    ],
+)
+def test_sampling_settings_out_of_range_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        Sampling(do_sample=True, **{field: value})
+
+
+def test_generate_refuses_a_nan_temperature_before_running():
+    model = tiny_model(n_layers=1, d_model=8, n_heads=2, n_ctx=8, d_vocab=10, d_mlp=8)
+    with pytest.raises(ValueError, match="temperature must be a number >= 0 and finite"):
+        model.generate(
+            torch.tensor([[1, 2]]), max_new_tokens=2, do_sample=True, temperature=math.nan
+        )
+
+
+def test_a_zero_temperature_still_means_greedy():
+    assert Sampling(do_sample=True, temperature=0.0).greedy
 
 
 # ---------------------------------------------------------------- text in, text out

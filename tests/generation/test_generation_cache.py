@@ -4,8 +4,8 @@ padded and batched rows against each row alone, and the per-step caches of
 
 import pytest
 import torch
-from test_families_models import FAMILIES, family_model
-from test_fused_kernels import VARIANTS, pair
+from helpers.families import FAMILIES, family_model
+from helpers.fused import VARIANTS, pair
 
 from hookedattn import KeyValueCache
 from hookedattn.testing import random_tokens

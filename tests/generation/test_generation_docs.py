@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "guide" / "generation.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```\n\n```text\n(.*?)```", PAGE, flags=re.S)
 

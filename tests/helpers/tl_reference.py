@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = "3.5.1"
 DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"transformer_lens-{VERSION}" / "bin"
 

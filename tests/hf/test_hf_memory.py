@@ -78,9 +78,10 @@ def measure_loading(path) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 @pytest.mark.skipif(
     os.environ.get("HOOKEDATTN_MEMORY_TEST") != "1",
-    reason="a measurement, run on its own: HOOKEDATTN_MEMORY_TEST=1 pytest tests/test_hf_memory.py "
-    "(after two thousand other tests in the same session the loading subprocess peaks 200 MB "
-    "higher, an effect of the machine's state not yet explained)",
+    reason="a measurement, run on its own: HOOKEDATTN_MEMORY_TEST=1 pytest "
+    "tests/hf/test_hf_memory.py (after two thousand other tests in the same session the "
+    "loading subprocess peaks 200 MB higher, an effect of the machine's state not yet "
+    "explained)",
 )
 def test_loading_a_directory_holds_one_copy_of_the_weights(tmp_path):
     save_random_llama(tmp_path, SHAPE)

@@ -19,7 +19,7 @@ changes the logits.
 
 HF is run with its eager attention and eager experts (its loop over experts: the reference
 implementation). A float64 HF model still rounds some steps to float32: its RMSNorms, its
-attention softmax and its router softmax. As in tests/test_hf_families.py, the float64 checks
+attention softmax and its router softmax. As in tests/hf/test_hf_families.py, the float64 checks
 run HF's own model with those roundings of activations computed in float64 (`exact`) and
 agree with it to 1e-10; stock float64 HF agrees to 1e-5.
 """

@@ -1,4 +1,5 @@
-"""HF import runs no code from a model folder and reads nothing outside it (issue 25, item 6).
+"""HF import runs no code from a model folder and reads nothing outside it; a malformed
+index or config, weights of the wrong kind and a missing device are named.
 
 A folder whose `config.json` (or `tokenizer_config.json`) names custom code through
 `auto_map` holds a Python file that writes a marker when imported. `from_hf` must refuse it
@@ -25,7 +26,7 @@ from hookedattn import CheckpointError, HookedTransformer
 
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVIL_CODE = """
 import pathlib
 pathlib.Path({marker!r}).write_text("the folder's code ran")

@@ -2,14 +2,14 @@
 the stream, through the final norm, to the logits), the tokens each expert saw, and expert
 usage over an activation store, each against a loop over tokens or the model's own sum.
 
-float64 models with every weight, bias and gain random (`tests/test_moe.py`'s, and one with
-norms after each sublayer, so that the expert terms pass through `ln2_post`); sums are
+float64 models with every weight, bias and gain random (`tests/helpers/moe.py`'s, and one
+with norms after each sublayer, so that the expert terms pass through `ln2_post`); sums are
 checked to 1e-10.
 """
 
 import pytest
 import torch
-from test_moe import TOKENS, moe_by_token, moe_model, one_expert
+from helpers.moe import TOKENS, moe_by_token, moe_model, one_expert
 
 from analysis import (
     apply_ln_to_stack,

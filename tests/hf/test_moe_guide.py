@@ -1,12 +1,12 @@
 """docs/guide/moe.md: its hook-name list is what `scripts/hook_names.py --moe` generates from
-the code (its examples run in tests/test_docs.py)."""
+the code (its examples run in tests/project/test_docs.py)."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide" / "moe.md"
 # The examples import this checkout's packages, not another installed copy.
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

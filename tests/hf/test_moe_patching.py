@@ -10,7 +10,7 @@ forward's own rows and routing, the engine from the base runs' (module docstring
 
 import pytest
 import torch
-from test_moe import TOKENS, moe_model
+from helpers.moe import TOKENS, moe_model
 
 from analysis import Component, activation_patch, attribution_patch, available_kinds, path_patch
 from analysis.patching._components import component_grid

@@ -5,7 +5,7 @@ refused under attention sinks, and the circuits of a grouped-query sink layer.
 
 import pytest
 import torch
-from test_moe import TOKENS, moe_model
+from helpers.moe import TOKENS, moe_model
 
 from hookedattn import center_writing_weights, fold_layer_norm, fold_value_biases, process_weights
 

@@ -1,5 +1,6 @@
-"""Run under `torchrun --nproc_per_node 2` by tests/test_tensor_parallel.py: every check of a
-tensor-parallel model against the one-process model it was split from, on each rank.
+"""Run under `torchrun --nproc_per_node 2` by tests/parallel/test_tensor_parallel.py: every
+check of a tensor-parallel model against the one-process model it was split from, on each
+rank.
 
 Each rank builds the same seeded one-process model (the reference), splits a copy over the
 two ranks, runs the same inputs through both and writes `<out>/rank<r>.json`: for every

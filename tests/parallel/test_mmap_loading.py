@@ -7,7 +7,7 @@ tensor read in chunks of a few bytes equals the whole-tensor conversion (`_table
 the importer's earlier path), every rank's slice equals the slice of the whole tensor, and
 reading a slice reads its bytes and no more. Our own checkpoints load in chunks too.
 
-The measurements (`HOOKEDATTN_MEMORY_TEST=1`, as tests/test_hf_memory.py) write a ~100M
+The measurements (`HOOKEDATTN_MEMORY_TEST=1`, as tests/hf/test_hf_memory.py) write a ~100M
 parameter bfloat16 Llama and load it in fresh processes, reporting the growth of the
 resident set's high-water mark over the model's bytes.
 """
@@ -30,7 +30,7 @@ from hookedattn.core.parallel._sublayers import shard_plan
 from hookedattn.testing import random_tiny_model, random_tokens
 
 transformers = pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = dict(vocab_size=64, max_position_embeddings=32, num_hidden_layers=2)
 FAMILIES = {
@@ -234,7 +234,7 @@ def big_llama(tmp_path_factory):
     if os.environ.get("HOOKEDATTN_MEMORY_TEST") != "1":
         pytest.skip(
             "a measurement, run on its own: HOOKEDATTN_MEMORY_TEST=1 pytest "
-            "tests/test_mmap_loading.py (writes a 200 MB checkpoint)"
+            "tests/parallel/test_mmap_loading.py (writes a 200 MB checkpoint)"
         )
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc/self/statm")

@@ -1,12 +1,13 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/_tensor_parallel_worker.py`) runs every check on four models (GPT-2-like,
-Llama-like with grouped keys and values, per-head input copies in a parallel block, and a
-float32 model with fused kernels and per-head q/k norms) against the one-process model each
-rank splits, and reports per rank; each test below reads one kind of check. float64 agrees
-to 1e-12 and float32 to 1e-5, relative to the reference's scale: the ranks sum their heads'
-(or neurons') partial sums in another order than one process does, nothing else differs.
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on four models
+(GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
+block, and a float32 model with fused kernels and per-head q/k norms) against the
+one-process model each rank splits, and reports per rank; each test below reads one kind
+of check. float64 agrees to 1e-12 and float32 to 1e-5, relative to the reference's scale:
+the ranks sum their heads' (or neurons') partial sums in another order than one process
+does, nothing else differs.
 """
 
 import json
@@ -25,8 +26,8 @@ from hookedattn.testing import random_tiny_model, tiny_model
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "_tensor_parallel_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64
 
 

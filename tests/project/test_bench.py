@@ -14,7 +14,7 @@ import pytest
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # transformer_lens 4 has only the bridge: two columns (`scripts/bench/tl4.py`)
 TL4 = ("transformer_lens 4 bridge", "transformer_lens 4 native")
 CONTENDERS = ("bare", "hookedattn", "transformer_lens", "transformers", *TL4)

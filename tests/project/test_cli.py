@@ -1,11 +1,14 @@
-"""`python -m hookedattn`, run as a user would: in a subprocess."""
+"""`python -m hookedattn`, run as a user would: in a subprocess; and its bad arguments, each
+an `error:` line naming the limit (exit status 2), in this process."""
 
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from hookedattn import HookedTransformer, list_pretrained
+from hookedattn.__main__ import main as cli
 from hookedattn.core._pretrained import pretrained_info
 from hookedattn.testing import tiny_model
 
@@ -80,3 +83,45 @@ def test_an_unknown_activation_suggests_close_names():
     done = _cli("cache", "bytes-attn-only-2l", "x", "patern", "1")
     assert done.returncode == 2
     assert "did you mean 'pattern'" in done.stderr
+
+
+# ------------------------------------------------------------ bad arguments, in process
+SHIPPED = "bytes-attn-only-2l"
+
+
+def test_cache_precision_is_bounded(capsys):
+    """Guards: `cache --precision 100000000` allocated until killed."""
+    with pytest.raises(SystemExit) as exit_:
+        cli(["cache", SHIPPED, "ab", "pattern", "1", "--precision", "100000000"])
+    assert exit_.value.code == 2
+    assert "argument --precision: must be an int 0..20, got '100000000'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("k", ["0", "-5", "many"])
+def test_predict_k_must_be_positive(capsys, k):
+    """Guards: `predict -k -5` gave torch's raw topk error."""
+    with pytest.raises(SystemExit):
+        cli(["predict", SHIPPED, "ab", "-k", k])
+    assert "argument -k: must be an int >= 1" in capsys.readouterr().err
+
+
+def test_view_max_values_reaches_the_page(tmp_path, capsys):
+    """Guards: the CLI's page is held to --max-values, and the message says how to raise it."""
+    assert (
+        cli(["view", SHIPPED, "abcabc", "-o", str(tmp_path / "a.html"), "--max-values", "10"]) == 2
+    )
+    assert "more than max_values=10" in capsys.readouterr().err
+    assert not (tmp_path / "a.html").exists()
+
+
+@pytest.mark.parametrize("where", ["a folder", "under /proc", "a missing folder"])
+def test_an_output_path_that_cannot_be_written_is_named(tmp_path, capsys, where):
+    """Guards: a folder, an unwritable path or one under /proc printed a raw traceback
+    (`__main__` caught only FileNotFoundError)."""
+    out = {
+        "a folder": tmp_path,
+        "under /proc": "/proc/attention.html",
+        "a missing folder": tmp_path / "missing" / "a.html",
+    }[where]
+    assert cli(["view", SHIPPED, "ab", "-o", str(out)]) == 2
+    assert f"error: cannot write the page to {out}" in capsys.readouterr().err

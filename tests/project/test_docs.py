@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def examples(page: Path) -> list[str]:
     """The page's ```python blocks; a user's test file (it needs pytest's fixtures) is run by
-    tests/test_pytest_plugin.py instead."""
+    tests/project/test_pytest_plugin.py instead."""
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     return [block for block in blocks if "def test_" not in block]
 
 
-# The generation guide's examples are run by tests/test_generation_docs.py, which also holds
-# each one's printed output to the page's text block.
+# The generation guide's examples are run by tests/generation/test_generation_docs.py, which
+# also holds each one's printed output to the page's text block.
 CHECKED_ELSEWHERE = {ROOT / "docs" / "guide" / "generation.md"}
 PAGES_WITH_EXAMPLES = [page for page in PAGES if examples(page) and page not in CHECKED_ELSEWHERE]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "faults.py"
 FAULTS = tomllib.loads((ROOT / "scripts" / "data" / "faults.toml").read_text())["fault"]
 
@@ -37,7 +37,7 @@ def test_every_fault_names_at_least_two_existing_test_files_and_changes_its_line
     for fault in FAULTS:
         tests = fault["tests"]
         assert len(set(tests)) == len(tests) >= 2, fault["id"]
-        assert all((ROOT / t).is_file() and t.startswith("tests/test_") for t in tests), tests
+        assert all((ROOT / t).is_file() and Path(t).match("tests/*/test_*") for t in tests), tests
         assert fault["original"] != fault["replacement"], fault["id"]
 
 
@@ -58,7 +58,7 @@ def test_a_fault_whose_original_text_is_gone_no_longer_applies(tmp_path):
         file = "hookedattn/core/config.py"
         original = "this text is not in the file"
         replacement = "nor is this"
-        tests = ["tests/test_config.py", "tests/test_model.py"]
+        tests = ["tests/core/test_config.py", "tests/core/test_model.py"]
     """)
     )
     done = faults_script("--check", "--faults", str(listed))

@@ -1,7 +1,10 @@
 """The pytest plugin, loaded as a user's suite loads it: by its entry point, in a fresh pytest.
 
 A small user suite (below) runs once in a subprocess, with jaxtyping's shape checks on as in
-our own configuration; each test here reads one outcome from its JUnit report.
+our own configuration; each test here reads one outcome from its JUnit report. A shared
+model left changed is reported and restored; a suite that does not use the plugin's
+fixtures imports neither torch nor hookedattn, and a broken installation fails only the
+tests that use them.
 """
 
 import os
@@ -16,6 +19,8 @@ import torch
 from jaxtyping import TypeCheckError
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
+from hookedattn.core.tokenizers import ByteTokenizer
+from hookedattn.testing import tiny_model
 from hookedattn.testing._guards import HookRecorder, SharedModels
 
 PLUGIN = "hookedattn"  # the entry point: pytest registers the plugin under its name
@@ -279,3 +284,116 @@ def test_shared_models_restore_weights_and_report_nothing_when_untouched():
     model.W_E.data.add_(1.0)
     assert len(shared.check_and_restore(key)) == 1
     assert torch.equal(model.W_E, before)
+
+
+def tiny(name: str) -> HookedTransformer:
+    fields = dict(n_layers=1, d_model=8, n_heads=2, n_ctx=4, d_vocab=259, d_mlp=16)
+    return tiny_model(tokenizer=ByteTokenizer(), dtype=torch.float32, **fields).eval()
+
+
+def zero_hook(x, hook):
+    return x * 0
+
+
+CHANGES = {
+    "permanent hook": (lambda m: m.add_perma_hook("hook_embed", zero_hook), "hooks left"),
+    "dtype": (lambda m: m.to(torch.float64), "dtype or device of 'm' changed"),
+    "training mode": (lambda m: m.train(), "left in training mode"),
+    "requires_grad": (lambda m: m.W_E.requires_grad_(False), "requires_grad of 'm' changed"),
+    "tokenizer": (lambda m: setattr(m, "tokenizer", None), "tokenizer of 'm' was replaced"),
+    "cfg": (
+        lambda m: setattr(m, "cfg", m.cfg.replace(model_name="other")),
+        "config of 'm' was replaced",
+    ),
+    "hook ctx": (lambda m: m.hook_dict["hook_embed"].ctx.update(x=1), "hook.ctx left"),
+    ".grad": (lambda m: m(torch.tensor([[1, 2]]), return_type="loss").backward(), ".grad left"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_to_a_shared_model_is_reported_and_undone(change):
+    shared = SharedModels(tiny)
+    key, model = shared.get("m")
+    untouched = tiny("m")
+    make_change, message = CHANGES[change]
+    make_change(model)
+    problems = shared.check_and_restore(key)
+    assert any(message in p for p in problems), problems
+    _, model = shared.get("m")  # what the next test gets
+    assert shared.check_and_restore(key) == []
+    assert model.attached_hooks() == [] and not model.training
+    assert model.cfg == untouched.cfg and isinstance(model.tokenizer, ByteTokenizer)
+    assert all(p.grad is None and p.requires_grad for p in model.parameters())
+    assert all(not point.ctx for point in model.hook_dict.values())
+    for name, t in untouched.state_dict().items():
+        assert model.state_dict()[name].dtype == t.dtype and torch.equal(
+            model.state_dict()[name], t
+        )
+    tokens = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(model(tokens), untouched(tokens))
+
+
+# --------------------------------------------------------- the plugin as a guest
+UNRELATED = """
+import sys
+
+
+def test_unrelated():
+    assert "torch" not in sys.modules and "hookedattn" not in sys.modules
+"""
+
+USES_A_FIXTURE = """
+def test_uses_a_fixture(make_tiny_model):
+    make_tiny_model()
+"""
+
+
+def run_pytest(root: Path, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    if extra_path:
+        env["PYTHONPATH"] = extra_path
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-rA",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_an_unrelated_suite_imports_neither_torch_nor_hookedattn(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_unrelated.py").write_text(textwrap.dedent(UNRELATED))
+    completed = run_pytest(tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "1 passed" in completed.stdout
+
+
+def test_a_broken_installation_fails_only_the_tests_using_its_fixtures(tmp_path):
+    # A hookedattn whose import fails, found before the real one.
+    broken = tmp_path / "broken" / "hookedattn"
+    (broken / "pretrained").mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('hookedattn is broken here')\n")
+    (broken / "pretrained" / "index.json").write_text('{"tiny-x": {}}\n')
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    (suite / "test_unrelated.py").write_text(textwrap.dedent(UNRELATED))
+    (suite / "test_fixture.py").write_text(textwrap.dedent(USES_A_FIXTURE))
+    completed = run_pytest(suite, extra_path=str(tmp_path / "broken"))
+    out = completed.stdout + completed.stderr
+    assert "INTERNALERROR" not in out
+    assert "PASSED test_unrelated.py::test_unrelated" in out
+    assert "ERROR test_fixture.py::test_uses_a_fixture" in out
+    assert "hookedattn is broken here" in out

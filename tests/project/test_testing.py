@@ -1,4 +1,5 @@
-"""hookedattn.testing: the helpers pass on what is right and say what is wrong, and where."""
+"""hookedattn.testing: the helpers pass on what is right and say what is wrong, and where;
+a NaN or an infinity in a comparison fails it unless NaN on both sides is asked for."""
 
 import dataclasses
 import re
@@ -41,6 +42,7 @@ make_model = partial(random_tiny_model, n_ctx=12, d_vocab=20, d_mlp=32)
 
 
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1]])
+NAN, INF = float("nan"), float("inf")
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +285,8 @@ def test_a_leaked_hook_is_named_with_its_hook_point_and_definition():
     line = str(failure.value).splitlines()[1]
     defined_at = ablate.__code__.co_firstlineno
     assert re.fullmatch(
-        rf"  fwd hook .*ablate \(tests/test_testing\.py:{defined_at}\) at blocks\.1\.attn\.hook_z",
+        rf"  fwd hook .*ablate \(tests/project/test_testing\.py:{defined_at}\) "
+        r"at blocks\.1\.attn\.hook_z",
         line,
     )
     assert "reset_hooks()" in str(failure.value)
@@ -383,6 +386,26 @@ def test_decomposition_shapes_and_labels_are_checked():
         assert_decomposes(parts, torch.zeros(2, 5), ["a", "b"])
 
 
+@pytest.mark.parametrize(
+    ("components", "target"),
+    [
+        ([[NAN, 1.0], [1.0, 1.0]], [2.0, 2.0]),  # a NaN component: the bound was NaN
+        ([[1.0, 1.0], [1.0, 1.0]], [NAN, 2.0]),  # a NaN target
+        ([[NAN, 1.0], [1.0, 1.0]], [NAN, 2.0]),  # both, not asked for
+        ([[INF, 1.0], [-INF, 1.0]], [0.0, 2.0]),  # infinities that cancel to NaN
+    ],
+)
+def test_assert_decomposes_fails_on_nan(components, target):
+    parts = torch.tensor(components, dtype=torch.float64)
+    with pytest.raises(AssertionError, match="do not sum to the target"):
+        assert_decomposes(parts, torch.tensor(target, dtype=torch.float64))
+
+
+def test_assert_decomposes_accepts_nan_on_both_sides_only_when_asked():
+    parts = torch.tensor([[NAN, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    assert_decomposes(parts, torch.tensor([NAN, 2.0], dtype=torch.float64), equal_nan=True)
+
+
 # ---------------------------------------------------------------- assert_close_cache
 def test_caches_of_the_same_run_are_close():
     model = make_model()
@@ -420,6 +443,34 @@ def test_a_missing_activation_fails(clean):
     with pytest.raises(AssertionError, match="missing from cache_b: hook_embed, hook_pos_embed"):
         assert_close_cache(a, b)
     assert_close_cache(a, b, names=lambda n: "resid" in n)
+
+
+NAME = "blocks.0.hook_resid_pre"
+
+
+def cache_of(*values: float) -> ActivationCache:
+    return ActivationCache({NAME: torch.tensor([[values]], dtype=torch.float64)}, n_layers=1)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((NAN, 1.0), (0.5, 1.0)),  # NaN in the cache under test
+        ((0.5, 1.0), (NAN, 1.0)),  # NaN in the reference: the bound was NaN, so it passed
+        ((NAN, 1.0), (NAN, 1.0)),  # both, but equal_nan was not asked for
+        ((1.0, 1.0), (INF, 1.0)),  # a finite value against an infinity
+    ],
+)
+def test_assert_close_cache_fails_on_nan_and_infinity(a, b):
+    with pytest.raises(AssertionError, match=NAME):
+        assert_close_cache(cache_of(*a), cache_of(*b))
+
+
+def test_assert_close_cache_accepts_nan_on_both_sides_only_when_asked():
+    assert_close_cache(cache_of(NAN, 1.0), cache_of(NAN, 1.0), equal_nan=True)
+    assert_close_cache(cache_of(-INF, 1.0), cache_of(-INF, 1.0))
+    with pytest.raises(AssertionError):
+        assert_close_cache(cache_of(NAN, 1.0), cache_of(1.0, NAN), equal_nan=True)
 
 
 # ------------------------------------------------------------------------ packaging

@@ -11,7 +11,8 @@ from analysis.induction import PERIOD, repeated_tokens
 from hookedattn import HookedTransformer
 
 N_SEQ = 4  # the circuit is the same on every sequence: a few keep the test quick
-PREVIOUS, INDUCTION = "L0H5", "L1H2"  # the report's heads (tests/test_findings.py)
+# The report's heads (tests/shipped/test_induction_findings.py).
+PREVIOUS, INDUCTION = "L0H5", "L1H2"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hookedattn.core._pretrained import (
 )
 from hookedattn.training.presets import PRESETS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REQUIRED = {"bytes-attn-only-0l", "bytes-attn-only-1l", "bytes-attn-only-2l", "bytes-gelu-2l"}
 
 

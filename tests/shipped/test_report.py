@@ -10,7 +10,7 @@ import pytest
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "induction"  # a folder: python runs its __main__.py
 FIGURES = (
     "attention_patterns.png",

@@ -13,7 +13,7 @@ from hookedattn.sae import load_pretrained_sae
 from hookedattn.sae.shipped import pretrained_sae_record
 from hookedattn.store import weights_sha256
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "induction" / "features.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "induction" / "features.py"
 _spec = importlib.util.spec_from_file_location("induction_features", SCRIPT)
 section = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(section)

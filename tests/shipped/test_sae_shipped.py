@@ -1,7 +1,7 @@
 """The shipped SAE of the 2-layer model: its stated quality, measured again on held-out text.
 
 Its feature decomposition identities are checked with those of a random SAE at the same
-point, in tests/test_sae_features.py.
+point, in tests/features/test_sae_features.py.
 """
 
 import pytest
@@ -47,3 +47,12 @@ def test_loading_against_other_weights_is_refused():
     other = HookedTransformer.from_pretrained("bytes-attn-only-1l")
     with pytest.raises(ValueError, match="trained on bytes-attn-only-2l with weights sha256"):
         load_pretrained_sae(MODEL, POINT, model=other)
+
+
+def test_the_shipped_sae_still_loads():
+    """The SAE shipped in hookedattn/sae/pretrained/ passes every new check."""
+    from hookedattn.sae import list_pretrained_saes, load_pretrained_sae
+
+    for model_name, hook_name in list_pretrained_saes():
+        sae = load_pretrained_sae(model_name, hook_name)
+        assert sae.cfg.hook_name == hook_name and sae.cfg.reshape_activations == "none"

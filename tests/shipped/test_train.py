@@ -23,7 +23,7 @@ from hookedattn.training import (
 )
 from hookedattn.training.corpus import BOS, is_heldout, load_stdlib_corpus, repeated_random_tokens
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = HookedTransformerConfig(
     n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=16, d_vocab=259, attn_only=True,
     normalization_type=None, seed=0,

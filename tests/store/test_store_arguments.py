@@ -1,6 +1,6 @@
-"""The store's fingerprint and arguments (issue 25, item 3): a collection stores the model's
-own activations or is refused, every number is checked before anything is written, row
-indices are never truncated or flattened, and a refused second writer touches nothing."""
+"""The store's fingerprint and arguments: a collection stores the model's own activations or
+is refused, every number is checked before anything is written, row indices are never
+truncated or flattened, and a refused second writer touches nothing."""
 
 import importlib.util
 import os
@@ -11,20 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.store import RESID, byte_model
 
-from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, StoreError, collect_activations
-from hookedattn.testing import random_tiny_model
 
-RESID = "blocks.1.hook_resid_pre"
 TEXT = "import os\nprint(os.getcwd())\n" * 4
 OPTIONS = dict(names=[RESID], batch_size=2, shard_contexts=4, progress=False)
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def byte_model() -> HookedTransformer:
-    fields = dict(n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True)
-    return random_tiny_model(scale=0.5, tokenizer=ByteTokenizer(), **fields)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

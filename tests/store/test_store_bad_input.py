@@ -8,19 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.store import RESID, byte_model
 
-from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, StoreError, collect_activations
-from hookedattn.testing import random_tiny_model
 
-RESID = "blocks.1.hook_resid_pre"
 TEXT = "import os\nprint(os.getcwd())\n" * 20
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def byte_model(scale: float = 0.5) -> HookedTransformer:
-    fields = dict(n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True)
-    return random_tiny_model(scale=scale, tokenizer=ByteTokenizer(), **fields)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_store(out: Path, **kwargs) -> Path:
@@ -104,7 +97,8 @@ def test_float16_overflow_warns_with_the_count_of_infinities(tmp_path):
 DISK_FULL_WORKER = """
 import errno, json, sys, torch
 sys.path.insert(0, {tests!r})
-from test_store_bad_input import TEXT, RESID, byte_model
+from helpers.store import RESID, byte_model
+TEXT = {text!r}
 from hookedattn.store import ActivationStore, collect_activations
 out = sys.argv[1] + "/store"
 try:
@@ -128,7 +122,7 @@ def test_a_full_disk_is_a_clear_error_and_the_store_stays_readable(tmp_path):
         pytest.skip("needs util-linux unshare to mount a small tmpfs without root")
     (tmp_path / "disk").mkdir()
     worker = tmp_path / "worker.py"
-    worker.write_text(DISK_FULL_WORKER.format(tests=str(ROOT / "tests")))
+    worker.write_text(DISK_FULL_WORKER.format(tests=str(ROOT / "tests"), text=TEXT))
     script = f'mount -t tmpfs -o size=96k tmpfs "$1" && exec "{sys.executable}" "{worker}" "$1"'
     command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh"]
     done = subprocess.run([*command, str(tmp_path / "disk")], capture_output=True, text=True,

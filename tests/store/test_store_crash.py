@@ -15,7 +15,7 @@ from hookedattn.store import ActivationStore, collect_activations
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESID = "blocks.1.hook_resid_pre"
 ARGS = dict(n_tokens=16 * 4 * 100, batch_size=2, shard_contexts=4)  # 100 shards
 

@@ -13,7 +13,7 @@ from hookedattn.store import collect_activations, load_sweep, sweep
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]
 N_TOKENS, BATCH, SHARD = 16 * 4 * 7, 2, 4  # 7 shards: rank 0 takes 4, rank 1 takes 3
 

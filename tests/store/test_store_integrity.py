@@ -1,9 +1,10 @@
-"""Activation-store integrity (issue 25, item 2): every byte read back is the byte written.
+"""Activation-store integrity : every byte read back is the byte written.
 
 Each test damages one copy of a small store the way a disk, a careless copy or a hand edit
 would, and checks that reading refuses it with a `StoreError` naming the file (or field)
-and the remedy, instead of returning other rows. Before this round each of these read
-back without error (the shards carried no hashes, and the manifest's fields were trusted).
+and the remedy, instead of returning other rows. Before the store's format version 2 each
+of these read back without error (the shards carried no hashes, and the manifest's fields
+were trusted).
 """
 
 import json
@@ -12,20 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.store import RESID, byte_model
 
-from hookedattn import ByteTokenizer, HookedTransformer
 from hookedattn.store import ActivationStore, StoreError, collect_activations
-from hookedattn.testing import random_tiny_model
 
-RESID = "blocks.1.hook_resid_pre"
 TEXT = "import os\nprint(os.getcwd())\n" * 4
 OPTIONS = dict(names=[RESID], batch_size=2, shard_contexts=4, progress=False)
 REMEDY = r"rerun the same collect_activations call"
-
-
-def byte_model() -> HookedTransformer:
-    fields = dict(n_heads=2, d_head=8, n_ctx=8, d_vocab=259, attn_only=True)
-    return random_tiny_model(scale=0.5, tokenizer=ByteTokenizer(), **fields)
 
 
 @pytest.fixture(scope="module")

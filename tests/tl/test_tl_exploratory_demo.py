@@ -1,13 +1,13 @@
 """TransformerLens's Exploratory Analysis Demo, ported: the same numbers as real TL 3.5.1.
 
-tests/tl_exploratory_demo.py is TransformerLens code in the style of that demo (indirect
+tests/tl/tl_exploratory_demo.py is TransformerLens code in the style of that demo (indirect
 object identification: logit difference, the logit lens, direct logit attribution per
 layer and per head, activation patching by hand of the residual stream, attention and MLP
 outputs, head outputs, values and patterns, direct path patching, previous-token /
 duplicate / induction scores, ablating a head), on a small random GPT-2-style model with a
 BPE tokenizer saved in a local folder instead of GPT-2 from the hub. It runs unchanged
 after the alias line here and under real TransformerLens in its own environment
-(tests/_tl_reference.py), on the same weights; every entry of its `results` and every
+(tests/helpers/tl_reference.py), on the same weights; every entry of its `results` and every
 number it prints must agree.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _tl_reference import (
+from helpers.tl_reference import (
     assert_same,
     assert_same_printout,
     random_weights,

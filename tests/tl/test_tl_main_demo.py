@@ -1,6 +1,6 @@
 """A TransformerLens Main-Demo-style script runs on hookedattn with one changed import.
 
-The script (tests/tl_main_demo.py) is TransformerLens code: cache, attention patterns,
+The script (tests/tl/tl_main_demo.py) is TransformerLens code: cache, attention patterns,
 residual decomposition, logit lens, direct logit attribution, ablation, activation
 patching, induction scores, the OV circuit. Here it runs with `import transformer_lens`
 replaced by `import hookedattn_tl as transformer_lens`, and its numbers are checked

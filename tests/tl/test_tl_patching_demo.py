@@ -1,13 +1,13 @@
 """TransformerLens's activation-patching demo, ported: the same numbers as real TL 3.5.1.
 
-tests/tl_patching_demo.py is TransformerLens code in the style of
+tests/tl/tl_patching_demo.py is TransformerLens code in the style of
 Activation_Patching_in_TL_Demo: `transformer_lens.patching` on indirect object
 identification (the residual stream, head outputs over all positions and by position,
 every block, every head's output, query, key, value and pattern), then on induction in an
 attention-only model, corrupting either half of a repeated sequence. Its two hub models
 (GPT-2 small, attn-only-2l) are small random models of the same families here, with a BPE
 tokenizer saved in a local folder. It runs unchanged after the alias line here and under
-real TransformerLens in its own environment (tests/_tl_reference.py), on the same weights;
+real TransformerLens in its own environment (tests/helpers/tl_reference.py), on the same weights;
 every patching result and every number it prints must agree.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from _tl_reference import (
+from helpers.tl_reference import (
     assert_same,
     assert_same_printout,
     random_weights,

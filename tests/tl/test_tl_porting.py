@@ -1,7 +1,7 @@
 """The porting surface of hookedattn_tl: the alias line and what TL 3.5 code calls beyond the
 model (hook levels, the config, layers from the end, FactoredMatrix's TL errors, components,
 direct path patching, in-place processing). Each is checked against an independent
-reference here; tests/test_tl_vs_transformer_lens.py holds the same against real TL.
+reference here; tests/tl/test_tl_vs_transformer_lens.py holds the same against real TL.
 """
 
 import dataclasses

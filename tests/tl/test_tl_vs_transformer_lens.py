@@ -7,7 +7,7 @@ weights we give it. The same probe code runs here on `hookedattn_tl`, and every 
 compared: the cache's analysis methods with their options, every patching function (the
 pattern setters by destination and source position included), hook levels, start and stop
 layers, the key/value cache, generation, FactoredMatrix, utils; every cached activation of
-eight model variants; every number of the Main-Demo script (tests/tl_main_demo.py), which
+eight model variants; every number of the Main-Demo script (tests/tl/tl_main_demo.py), which
 runs unchanged under TL and after the alias line here. Layer arguments spelled from the
 end (`-2`) are held against TL's positive spelling (TL itself reads only `-1` so).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from _tl_reference import VERSION, assert_same, require_tl_python, run_in_tl, script_module
+from helpers.tl_reference import VERSION, assert_same, require_tl_python, run_in_tl, script_module
 
 import hookedattn_tl
 

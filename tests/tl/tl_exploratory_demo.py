@@ -3,7 +3,7 @@
 # object identification on GPT-2 small), written against TL's API, with GPT-2 replaced by a
 # small random model of the same family and a BPE tokenizer saved in a local folder.
 #
-# tests/test_tl_exploratory_demo.py runs this text unchanged under real TransformerLens
+# tests/tl/test_tl_exploratory_demo.py runs this text unchanged under real TransformerLens
 # 3.5.1 (in its own environment) and after `hookedattn_tl.install()` here, on the same
 # weights, and compares `results` and every number it prints. The caller provides
 # `weights` (a state dict), `config` (HookedTransformerConfig fields) and `tokenizer_path`

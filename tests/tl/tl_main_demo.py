@@ -1,8 +1,8 @@
 # ruff: noqa: F821  (`weights` and `config` come from the caller)
 # A TransformerLens 3.x script in the style of its Main Demo, written against TL's API.
 #
-# tests/test_tl_main_demo.py runs this text with its one import line changed to
-# `import hookedattn_tl as transformer_lens`; tests/test_tl_vs_transformer_lens.py runs
+# tests/tl/test_tl_main_demo.py runs this text with its one import line changed to
+# `import hookedattn_tl as transformer_lens`; tests/tl/test_tl_vs_transformer_lens.py runs
 # it unchanged under real TransformerLens too, on the same weights, and compares
 # `results`. The caller provides `weights` (a state dict) and `config` (a dict of
 # HookedTransformerConfig fields). Not a test module: it is read as text, never imported.

@@ -5,7 +5,7 @@
 # TL's API, with both hub models replaced by small random models of the same families and
 # a BPE tokenizer saved in a local folder.
 #
-# tests/test_tl_patching_demo.py runs this text unchanged under real TransformerLens 3.5.1
+# tests/tl/test_tl_patching_demo.py runs this text unchanged under real TransformerLens 3.5.1
 # (in its own environment) and after `hookedattn_tl.install()` here, on the same weights,
 # and compares `results` and every number it prints. The caller provides `weights` and
 # `config` (the GPT-2-style model), `attn_only_weights` and `attn_only_config` (the

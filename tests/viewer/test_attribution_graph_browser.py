@@ -23,7 +23,7 @@ except ImportError:  # the `browser` extra is not installed
     sync_playwright = None
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARTEFACTS = Path(__file__).resolve().parents[1] / "reports" / "tests" / "viewer"
+ARTEFACTS = Path(__file__).resolve().parents[2] / "reports" / "tests" / "viewer"
 ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

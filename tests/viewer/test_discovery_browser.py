@@ -3,8 +3,8 @@ back from the DOM against the scores it was made from; no console error, no requ
 
 import pytest
 import torch
-from test_families_models import TOKENS
-from test_viewer_browser import CHROMIUM, Opened, browser, saved, sync_playwright
+from helpers.browser import CHROMIUM, Opened, browser, saved, sync_playwright
+from helpers.families import TOKENS
 
 from analysis import Circuit, edge_attribution, edge_patching, view
 from hookedattn.testing import random_tiny_model
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
     sync_playwright is None or not CHROMIUM.exists(),
     reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium",
 )
-__all__ = ["browser"]  # the fixture, shared with the viewer's browser tests
+__all__ = ["browser"]  # the fixture, from tests/helpers/browser.py
 
 CORRUPTED = torch.randint(0, 23, TOKENS.shape, generator=torch.Generator().manual_seed(7))
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from test_families_models import TOKENS, family_model
+from helpers.families import TOKENS, family_model
 
 from analysis import Circuit, edge_attribution, edge_patching, view
 from hookedattn.testing import random_tiny_model

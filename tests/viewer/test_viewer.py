@@ -279,7 +279,7 @@ def test_notebook_tables_escape_labels(model):
 
 def test_cli_writes_the_attention_page(tmp_path, capsys):
     # A shipped two-layer attention-only model, whatever the registry calls it. In-process
-    # (tests/test_cli.py runs the CLI in subprocesses): the same parser and command.
+    # (tests/project/test_cli.py runs the CLI in subprocesses): the same parser and command.
     (name,) = [
         info.name
         for info in list_pretrained()

@@ -3,55 +3,25 @@
 Each test saves a page, opens it from a file:// URL and reads back from the DOM what the
 page shows, against the cache or result it was made from. Every page is watched for
 console errors and for requests (all intercepted; none may leave the file). Screenshots
-are kept in reports/tests/viewer/ (ignored by git) as the tests' artefacts.
+are kept in reports/tests/viewer/ (ignored by git) as the tests' artefacts (see
+tests/helpers/browser.py).
 """
-
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.browser import CHROMIUM, Opened, browser, saved, sync_playwright
 
 from analysis import activation_patch, decompose_resid, direct_logit_attribution, view
 from hookedattn import ByteTokenizer
 from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import attention
 
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the `browser` extra is not installed
-    sync_playwright = None
-
-CHROMIUM = Path("/usr/bin/chromium")
-ARTEFACTS = Path(__file__).resolve().parents[1] / "reports" / "tests" / "viewer"
-# No GPU, no sandbox (containers), and nothing the browser would fetch on its own.
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
 pytestmark = pytest.mark.skipif(
     sync_playwright is None or not CHROMIUM.exists(),
     reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium "
     "(apt-get install chromium); .ci/run installs both",
 )
-
-
-@pytest.fixture(scope="module")
-def browser():
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=ARGS,
-            viewport={"width": 1200, "height": 900},
-        )
-        yield context
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
+__all__ = ["browser"]  # the fixture, from tests/helpers/browser.py
 
 
 def last_logit_99(logits):
@@ -64,53 +34,11 @@ def model():
     return random_tiny_model(randomize_seed=3, tokenizer=ByteTokenizer(), **fields).eval()
 
 
-class Opened:
-    """A page opened in the browser, with what it logged and what it tried to fetch."""
-
-    def __init__(self, browser, path: Path, ready: bool = True) -> None:
-        self.url = path.resolve().as_uri()
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page = browser.new_page()
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else 0)
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
-        self.page.route("**/*", self._intercept)
-        self.page.goto(self.url)
-        if ready:  # the viewer's script has drawn the page
-            self.page.wait_for_selector("body[data-ready=true]", timeout=10_000)
-
-    def _intercept(self, route) -> None:
-        if route.request.url == self.url:
-            route.continue_()
-            return
-        self.requests.append(route.request.url)
-        route.abort()
-
-    def cells(self, svg_id: str) -> list[tuple[int, int, float]]:
-        return self.page.eval_on_selector_all(
-            f"#{svg_id} rect.cell",
-            "cells => cells.map(c => [+c.dataset.row, +c.dataset.col, c.dataset.value])",
-        )
-
-    def close(self, screenshot: str | None = None) -> None:
-        """Keep a screenshot, then check that the page logged no error and fetched nothing."""
-        if screenshot:
-            ARTEFACTS.mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=ARTEFACTS / screenshot, full_page=True)
-        self.page.close()
-        assert self.errors == [], self.errors
-        assert self.requests == [], self.requests
-
-
 def grid(cells: list, shape: tuple[int, int]) -> torch.Tensor:
     values = torch.full(shape, float("nan"), dtype=torch.float64)
     for row, col, value in cells:
         values[row, col] = float(value)
     return values
-
-
-def saved(page, tmp_path: Path, name: str) -> Path:
-    return page.save(tmp_path / name)
 
 
 def test_the_request_watch_sees_a_request(browser, tmp_path):

@@ -1,6 +1,6 @@
-"""Sizes and errors of the viewer and the CLI (issue 25, items 9 and 10): nothing allocates
-more than the input justifies, and every refusal names the limit and how to raise it; an
-output path that cannot be written, or a result that is not finite, is named."""
+"""Sizes and errors of the viewer's pages: nothing allocates more than the input justifies,
+every refusal names the limit and how to raise it, and a page whose data is not finite
+names its first such value. (The command line's limits: tests/project/test_cli.py.)"""
 
 import math
 import subprocess
@@ -12,12 +12,10 @@ import torch
 
 from analysis import decompose_resid, direct_logit_attribution, view
 from hookedattn import ByteTokenizer
-from hookedattn.__main__ import main as cli
 from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import Page, attention, float32_base64
 
-SHIPPED = "bytes-attn-only-2l"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def byte_model(n_ctx: int = 64):
@@ -118,42 +116,3 @@ def test_a_page_of_nan_values_names_the_first_one():
         view.logit_attribution(model, cache, dla)
     with pytest.raises(ValueError, match=r"first data\['x'\]\[1\] = inf"):
         Page("t", {"kind": "bars", "x": [1.0, math.inf]})
-
-
-# ------------------------------------------------------------------ the command line
-def test_cache_precision_is_bounded(capsys):
-    """Guards: `cache --precision 100000000` allocated until killed."""
-    with pytest.raises(SystemExit) as exit_:
-        cli(["cache", SHIPPED, "ab", "pattern", "1", "--precision", "100000000"])
-    assert exit_.value.code == 2
-    assert "argument --precision: must be an int 0..20, got '100000000'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("k", ["0", "-5", "many"])
-def test_predict_k_must_be_positive(capsys, k):
-    """Guards: `predict -k -5` gave torch's raw topk error."""
-    with pytest.raises(SystemExit):
-        cli(["predict", SHIPPED, "ab", "-k", k])
-    assert "argument -k: must be an int >= 1" in capsys.readouterr().err
-
-
-def test_view_max_values_reaches_the_page(tmp_path, capsys):
-    """Guards: the CLI's page is held to --max-values, and the message says how to raise it."""
-    assert (
-        cli(["view", SHIPPED, "abcabc", "-o", str(tmp_path / "a.html"), "--max-values", "10"]) == 2
-    )
-    assert "more than max_values=10" in capsys.readouterr().err
-    assert not (tmp_path / "a.html").exists()
-
-
-@pytest.mark.parametrize("where", ["a folder", "under /proc", "a missing folder"])
-def test_an_output_path_that_cannot_be_written_is_named(tmp_path, capsys, where):
-    """Guards: a folder, an unwritable path or one under /proc printed a raw traceback
-    (`__main__` caught only FileNotFoundError)."""
-    out = {
-        "a folder": tmp_path,
-        "under /proc": "/proc/attention.html",
-        "a missing folder": tmp_path / "missing" / "a.html",
-    }[where]
-    assert cli(["view", SHIPPED, "ab", "-o", str(out)]) == 2
-    assert f"error: cannot write the page to {out}" in capsys.readouterr().err
