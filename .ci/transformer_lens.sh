@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: TransformerLens 3.5.1 in a virtual environment of its own, for the by-value comparison
-# of hookedattn_tl with it (tests/test_tl_vs_transformer_lens.py runs scripts/tl_probes.py in
+# of hookedattn_tl with it (tests/tl/test_tl_vs_transformer_lens.py runs scripts/tl_probes.py in
 # it as a subprocess). Cached under ~/.cache/hookedattn/, keyed by the TL version, the
 # constraints (which pin torch to the local CPU wheel) and the Python version; a half-built
 # environment (no .complete marker) is rebuilt.

@@ -2,9 +2,9 @@
 
 The findings of Elhage et al. 2021 ("A Mathematical Framework for Transformer Circuits")
 and Olsson et al. 2022 ("In-context Learning and Induction Heads"), each read against a
-baseline. The induction report (`python scripts/induction`) shows them on the shipped models and
-`tests/test_findings.py` checks them, both through this module, so that the numbers and
-thresholds of the report and of the tests are one.
+baseline. The induction report (`python scripts/induction`) shows them on the shipped
+models and `tests/shipped/test_induction_findings.py` checks them, both through this module,
+so that the numbers and thresholds of the report and of the tests are one.
 
 In-context learning (ICL) is measured in one sign convention throughout: the loss with
 less context minus the loss with more (first copy minus second copy of a repeated

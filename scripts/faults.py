@@ -17,7 +17,7 @@ reported, never silently skipped. The exit status is 0 when every fault applies 
 caught by at least two test files (`--min-files`), 1 otherwise.
 
 Only the standard library is imported here (the tests run in subprocesses), so `--check`
-is instant and a unit test runs it (tests/test_faults.py).
+is instant and a unit test runs it (tests/project/test_faults.py).
 """
 
 import argparse

@@ -10,8 +10,8 @@ Run as a program with real TransformerLens (in its own environment):
     python scripts/tl_demo.py IN.pt OUT.pt
 
 reads `{"source", "namespace", "filename"}` from IN.pt and writes `run_demo`'s answer, and
-the TransformerLens version, to OUT.pt. tests/test_tl_exploratory_demo.py and
-tests/test_tl_patching_demo.py run it so.
+the TransformerLens version, to OUT.pt. tests/tl/test_tl_exploratory_demo.py and
+tests/tl/test_tl_patching_demo.py run it so.
 """
 
 import contextlib

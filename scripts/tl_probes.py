@@ -16,7 +16,7 @@ Run as a program with real TransformerLens (in its own environment):
 reads `{"weights", "config", "demo", "cached_runs"}` from IN.pt, and writes to OUT.pt the
 probes' results, those of the Main-Demo script `demo` (TL code, run as written), and the
 logits and cache of each model of `cached_runs` (name -> config, weights, tokens).
-tests/test_tl_vs_transformer_lens.py runs it so, and the same probes on hookedattn_tl.
+tests/tl/test_tl_vs_transformer_lens.py runs it so, and the same probes on hookedattn_tl.
 """
 
 import importlib.metadata

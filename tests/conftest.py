@@ -4,7 +4,7 @@ pytest has configured it, so the fixtures import them when they run.
 
 The tests' models come from `hookedattn.testing` (`tiny_model`, `random_tiny_model`,
 `random_tokens`, and the `make_tiny_model` fixture of its pytest plugin); this file holds
-what only this suite needs.
+what only this suite needs; what several test files share is in `tests/helpers/`.
 """
 
 from collections.abc import Callable
@@ -39,7 +39,7 @@ def saved_byte_model() -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class MainDemo:
-    """tests/tl_main_demo.py, TransformerLens code run on `config` and given `weights` by its
+    """tests/tl/tl_main_demo.py, TransformerLens code run on `config` and given `weights` by its
     caller: `source` as written, `ported` with its TransformerLens import changed to
     hookedattn_tl (the one change a user makes)."""
 
@@ -53,7 +53,7 @@ class MainDemo:
 def main_demo() -> MainDemo:
     """The Main-Demo-style script both implementations run, and its config: small, with every
     part the demo reads (LayerNorm, a GELU MLP, several heads)."""
-    path = Path(__file__).with_name("tl_main_demo.py")
+    path = Path(__file__).parent / "tl" / "tl_main_demo.py"
     source = path.read_text()
     assert source.splitlines().count("import transformer_lens") == 1
     ported = source.replace(

@@ -2,7 +2,7 @@
 
 `python scripts/train.py --preset NAME --ship` trains one from scratch and writes it into
 the package (`hookedattn/pretrained/NAME/`); the shipped `config.json` records the preset,
-so `tests/test_pretrained.py` can check that every shipped model is what its recipe makes.
+so `tests/shipped/test_pretrained.py` can check that every shipped model is what its recipe makes.
 
 All models read bytes (`ByteTokenizer`, 259 ids with `<bos>`, `<eos>`, `<pad>`), have a
 context of 128 tokens, a 64-wide residual stream, per layer 8 heads of width 16, and layer

@@ -7,7 +7,7 @@ Loads the shipped models (no training, no network), measures the findings of Elh
 2021 and Olsson et al. 2022 on them against their baselines, and writes `report.md` with
 PNG figures into the folder, printing where. It takes under a minute of CPU (the README
 gives measured times). The measures and thresholds are `analysis.induction`'s, which
-`tests/test_findings.py` checks on the same models.
+`tests/shipped/test_induction_findings.py` checks on the same models.
 
 This is the folder's `__main__.py`; the rest of `scripts/induction/` is its parts, imported
 by their plain names (running the folder puts it first on `sys.path`). Figures and text are

@@ -1,9 +1,9 @@
 """Measurements behind the induction-circuit report (`scripts/induction`).
 
 The measures and thresholds themselves are `analysis.induction`'s, shared with
-`tests/test_findings.py`; this module gathers what the report needs beside them (the
-circuits in token space, direct logit attribution, every checkpoint's scores) into small
-frozen dataclasses that the report script turns into findings, figures and text.
+`tests/shipped/test_induction_findings.py`; this module gathers what the report needs beside
+them (the circuits in token space, direct logit attribution, every checkpoint's scores) into
+small frozen dataclasses that the report script turns into findings, figures and text.
 """
 
 import dataclasses

@@ -1,0 +1,163 @@
+"""What the tests that hold hookedattn_tl against real TransformerLens 3.5.1 share.
+
+TransformerLens runs in an environment of its own (`.ci/transformer_lens.sh` builds it and
+links it at `~/.cache/hookedattn/transformer_lens-3.5.1/`; `HOOKEDATTN_TL_PYTHON` names
+another interpreter), as a subprocess. Without it the tests skip, saying how to build it;
+under CI (`CI` set) they fail instead, so CI always runs them. Not a test module.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = "3.5.1"
+DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"transformer_lens-{VERSION}" / "bin"
+
+# float32 forwards of two implementations: their rounding differs, not their math.
+TOLERANCE = dict(atol=2e-5, rtol=2e-5)
+
+
+def tl_python() -> Path | None:
+    """The interpreter of TransformerLens's environment, if there is one."""
+    given = os.environ.get("HOOKEDATTN_TL_PYTHON")
+    candidate = Path(given) if given else DEFAULT_PYTHON / "python"
+    return candidate if candidate.exists() else None
+
+
+def require_tl_python() -> Path:
+    """TransformerLens's interpreter; skips the test without one (fails it under CI)."""
+    python = tl_python()
+    if python is None:
+        message = (
+            f"TransformerLens {VERSION}'s environment is missing: run `bash "
+            f".ci/transformer_lens.sh` (or set HOOKEDATTN_TL_PYTHON)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI must run the comparison")
+        pytest.skip(message)
+    return python
+
+
+def run_in_tl(script: str, given: dict[str, Any], folder: Path) -> Any:
+    """`python scripts/<script> IN.pt OUT.pt` in TransformerLens's environment: its answer."""
+    python = require_tl_python()
+    source, target = folder / "in.pt", folder / "out.pt"
+    torch.save(given, source)
+    command = [str(python), str(ROOT / "scripts" / script), str(source), str(target)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("PYTHONPATH", None)  # TL's environment imports its own packages only
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(target, weights_only=False)
+
+
+def script_module(name: str) -> Any:
+    """`scripts/<name>.py`, imported from its file (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_same(ours: Any, theirs: Any, where: str) -> None:
+    """Equal structure, equal strings and ints, tensors and floats within TOLERANCE
+    (its absolute part relative to the largest entry: without norms the stream grows)."""
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor), f"{where}: {type(ours).__name__}, not a tensor"
+        largest = max(1.0, float(theirs.abs().max())) if theirs.numel() else 1.0
+        assert ours.dtype == theirs.dtype, f"{where}: {ours.dtype}, TL has {theirs.dtype}"
+        assert_close(
+            ours,
+            theirs,
+            atol=TOLERANCE["atol"] * largest,
+            rtol=TOLERANCE["rtol"],
+            msg=lambda m: f"{where}: {m}",
+        )
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, dict), f"{where}: {type(ours).__name__}, not a dict"
+        assert set(ours) == set(theirs), f"{where}: keys {set(ours) ^ set(theirs)} differ"
+        for key, value in theirs.items():
+            assert_same(ours[key], value, f"{where}/{key}")
+    elif isinstance(theirs, list | tuple):
+        assert isinstance(ours, list | tuple), f"{where}: {type(ours).__name__}, not a sequence"
+        assert len(ours) == len(theirs), f"{where}: {len(ours)} items, TL has {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-5), where
+    else:
+        assert ours == theirs, where
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def assert_same_printout(ours: str, theirs: str) -> int:
+    """The same text with the same numbers, each within one unit of its last printed digit
+    (two roundings of values 2e-5 apart can differ there) or within TOLERANCE (a float
+    printed in full). Returns how many numbers."""
+    our_numbers, their_numbers = NUMBER.findall(ours), NUMBER.findall(theirs)
+    assert NUMBER.split(ours) == NUMBER.split(theirs), "the printed text differs"
+    assert len(our_numbers) == len(their_numbers)
+    for i, (a, b) in enumerate(zip(our_numbers, their_numbers, strict=True)):
+        decimals = len(b.split(".")[1].split("e")[0]) if "." in b else 0
+        unit = 10.0**-decimals * (10.0 ** int(b.split("e")[1]) if "e" in b else 1.0)
+        close = TOLERANCE["atol"] * max(1.0, abs(float(b))) + TOLERANCE["rtol"] * abs(float(b))
+        allowed = max(unit * 1.01, close)
+        assert abs(float(a) - float(b)) <= allowed, f"printed number {i}: {a}, TL {b}"
+    return len(their_numbers)
+
+
+# The demos' text: the indirect-object prompts of both demos and the Exploratory demo's
+# other sentences, so that each name (" Mary", ...) is one token, as in GPT-2's vocabulary.
+DEMO_CORPUS = [
+    "When John and Mary went to the shops, John gave the bag to Mary",
+    "When Tom and James went to the park, James gave the ball to Tom",
+    "When Dan and Sid went to the shops, Sid gave an apple to Dan",
+    "After Martin and Amy went to the park, Amy gave a drink to Martin",
+    "After John and Mary went to the store, John gave a bottle of milk to Mary",
+    "Research in interpretability seeks to explain the behaviour of models.",
+]
+
+
+def save_demo_tokenizer(folder: Path) -> Path:
+    """A byte-level BPE tokenizer (GPT-2's kind) trained on DEMO_CORPUS, saved in `folder`
+    for `AutoTokenizer.from_pretrained(folder)`; `<|endoftext|>` is BOS, EOS and padding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,  # more than the corpus has pairs: every word becomes one token
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(DEMO_CORPUS, trainer)
+    special = "<|endoftext|>"
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=special, eos_token=special, pad_token=special
+    )
+    wrapped.save_pretrained(folder)
+    return folder
+
+
+def random_weights(tl: Any, config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every parameter of a `tl.HookedTransformer` of `config` drawn at random, biases and
+    gains too (gains around 1), so that every term of every sum matters."""
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(**config))
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(t.shape, generator=generator) * 0.3 + name.endswith(".w")
+        for name, t in model.state_dict().items()
+    }

@@ -1,0 +1,358 @@
+"""The mixture-of-experts families and Gemma 3 against `transformers` itself: logits, the
+residual stream entering each block, attention patterns, router logits, greedy generation
+(plain and left-padded), a padded batch against each sequence alone, a saved directory, and
+a bfloat16 directory loaded without a float32 copy.
+
+Each case is a tiny random model built from the family's own config class (2 layers, d_model
+32, grouped keys and values), reaching the family's variants: Mixtral's sliding window; Qwen2-
+MoE's gated shared expert and q/k/v biases, with the top-k weights renormalised and not, and
+windows on some layers only; Qwen3-MoE's per-head q/k norms and `head_dim` != d_model / heads;
+OLMoE's whole-projection q/k norms over 16 experts, 4 per token; GPT-OSS's attention sinks,
+alternating sliding and full layers, YaRN rotary, biased router and clamped experts; Gemma 3's
+local and global layers with their own rotary bases (the global one linearly scaled), q/k
+norms, `1 + w` gains and the final soft cap (its config's attention soft cap is one HF's
+Gemma 3 never applies: the import agrees by ignoring it); and two older dense families, GPT-J
+(parallel block with one shared LayerNorm, partial rotary in its own pair layout) and OPT
+(learned positions with their offset of two, biases everywhere, tied unembedding). Every norm
+gain, bias and sink is moved away from its neutral value, so that one the conversion forgot
+changes the logits.
+
+HF is run with its eager attention and eager experts (its loop over experts: the reference
+implementation). A float64 HF model still rounds some steps to float32: its RMSNorms, its
+attention softmax and its router softmax. As in tests/hf/test_hf_families.py, the float64 checks
+run HF's own model with those roundings of activations computed in float64 (`exact`) and
+agree with it to 1e-10; stock float64 HF agrees to 1e-5.
+"""
+
+import types
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hookedattn import HookedTransformer
+from hookedattn.testing import Constants, assert_residual_identities, published_constants
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, PAD = 64, 0
+COMMON = dict(
+    vocab_size=VOCAB, max_position_embeddings=64, num_hidden_layers=2, pad_token_id=PAD,
+    bos_token_id=1, eos_token_id=None, attn_implementation="eager",
+    experts_implementation="eager", initializer_range=0.3, hidden_size=32,
+    num_attention_heads=4, num_key_value_heads=2,
+)  # fmt: skip
+QWEN2_MOE = dict(
+    intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+    num_experts=8, num_experts_per_tok=2, use_sliding_window=True, sliding_window=4,
+    max_window_layers=1,
+)  # fmt: skip
+# HF class, config class, config overrides. Windows are 4 tokens, shorter than TOKENS.
+CASES = {
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+        intermediate_size=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=4)),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(**QWEN2_MOE, norm_topk_prob=False)),
+    "qwen2_moe_renormalised": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
+        **QWEN2_MOE, norm_topk_prob=True, tie_word_embeddings=True)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        head_dim=12, intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, use_sliding_window=True, sliding_window=4)),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(
+        intermediate_size=8, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False)),
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", dict(
+        head_dim=8, intermediate_size=16, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=1.5, rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e4, factor=4.0, beta_fast=8.0, beta_slow=1.0,
+            truncate=False, original_max_position_embeddings=16))),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        head_dim=16, intermediate_size=48, query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=100.0),
+            full_attention=dict(rope_type="linear", factor=2.0, rope_theta=5e4)))),
+    # Stretch: two older dense families (no grouped keys and values).
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(
+        n_embd=32, n_head=4, n_layer=2, n_positions=64, rotary_dim=4, n_inner=48,
+        activation_function="gelu_new")),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(
+        ffn_dim=48, word_embed_proj_dim=32, num_key_value_heads=None)),
+}  # fmt: skip
+TOKENS = torch.tensor(
+    [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
+)
+
+
+def make_hf(case: str, dtype: torch.dtype = torch.float32):
+    architecture, config_class, overrides = CASES[case]
+    config = getattr(transformers, config_class)(**{**COMMON, **overrides})
+    torch.manual_seed(0)
+    hf = getattr(transformers, architecture)(config).eval()
+    gemma = case.startswith("gemma")
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name or ".ln_" in name:
+                # Gemma's gain is `1 + w`, so its neutral value is 0, not 1.
+                neutral = 0.0 if gemma or name.endswith("bias") else 1.0
+                param.copy_(neutral + 0.3 * torch.randn_like(param))
+            elif name.endswith(("bias", "sinks")):
+                param.copy_(0.3 * torch.randn_like(param))
+    return hf.to(dtype)
+
+
+# ---------------------------------------------------------------- HF's math in float64
+def _rms_norm_float64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _gemma_rms_norm_float64(self, x):
+    # The gain `1 + w` is a constant of the model, rounded to float32 as HF rounds it.
+    gain = (1.0 + self.weight.float()).to(x.dtype)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
+
+
+def _softmax_router_float64(self, hidden_states):
+    # Mixtral's, Qwen's and OLMoE's router with its softmax in the input's dtype.
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    probs = logits.softmax(dim=-1)
+    top, indices = torch.topk(probs, self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, indices
+
+
+def _eager_attention_float64(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs
+):
+    # HF's `eager_attention_forward` (Gemma's soft cap, GPT-OSS's sinks), softmax in the
+    # input dtype.
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    sinks = getattr(module, "sinks", None)
+    if sinks is None:
+        weights = scores.softmax(dim=-1)
+    else:
+        sink = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def hf_float64_math(hf):
+    """`hf` (float64) with its float32 roundings of activations computed in float64."""
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    transformers.AttentionInterface.register("eager_float64_moe", _eager_attention_float64)
+    AttentionMaskInterface.register("eager_float64_moe", eager_mask)  # HF's additive masks
+    for module in hf.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            norm = _gemma_rms_norm_float64 if name.startswith("Gemma") else _rms_norm_float64
+            module.forward = types.MethodType(norm, module)
+        if name.endswith("TopKRouter") and not name.startswith("GptOss"):
+            module.forward = types.MethodType(_softmax_router_float64, module)
+    hf.set_attn_implementation("eager_float64_moe")
+    return hf
+
+
+class Pair:
+    """An HF model and our import of it, in one dtype; in float64 also `exact`."""
+
+    def __init__(self, case: str, dtype: torch.dtype) -> None:
+        self.hf = make_hf(case, dtype)
+        self.ours = HookedTransformer.from_hf(self.hf)
+        if dtype == torch.float64:
+            self.exact = hf_float64_math(make_hf(case, dtype))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def pair32(case):
+    return Pair(case, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pair64(case):
+    return Pair(case, torch.float64)
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach() - b.detach()).abs().max())
+
+
+def is_moe(pair: Pair) -> bool:
+    return pair.ours.cfg.num_experts is not None
+
+
+# ---------------------------------------------------------------- agreement
+def test_the_config_is_the_family(case, pair32):
+    cfg, hf_config = pair32.ours.cfg, pair32.hf.config
+    assert cfg.original_architecture == CASES[case][0]
+    assert (cfg.n_layers, cfg.d_model, cfg.d_vocab) == (2, hf_config.hidden_size, VOCAB)
+    if case not in ("gptj", "opt"):
+        assert cfg.n_kv_heads == 2 < cfg.n_heads
+    if is_moe(pair32):
+        assert cfg.experts_per_token == hf_config.num_experts_per_tok < cfg.num_experts
+
+
+LOGIT_REFERENCES = {
+    "hf_float32": (torch.float32, "hf", 1e-5),
+    "hf_float64": (torch.float64, "exact", 1e-10),
+    "stock_hf_float64_to_its_float32_roundings": (torch.float64, "hf", 1e-5),
+}
+
+
+@pytest.mark.parametrize("reference", LOGIT_REFERENCES)
+def test_logits_equal(reference, pair32, pair64):
+    dtype, forward, largest = LOGIT_REFERENCES[reference]
+    pair = pair32 if dtype == torch.float32 else pair64
+    with torch.no_grad():
+        expected = getattr(pair, forward)(TOKENS).logits
+    assert max_abs(pair.ours(TOKENS), expected) <= largest
+
+
+def test_the_default_hf_experts_agree_too(case, pair32):
+    # transformers' default experts ("grouped_mm" where torch has it) and its sdpa attention.
+    hf = make_hf(case)
+    hf.set_attn_implementation("sdpa") if hf._supports_sdpa else None
+    if is_moe(pair32):
+        hf.set_experts_implementation("grouped_mm")
+    with torch.no_grad():
+        assert max_abs(pair32.ours(TOKENS), hf(TOKENS).logits) <= 1e-5
+
+
+def test_residual_stream_equals_hf_hidden_states(pair64):
+    with torch.no_grad():
+        hidden = pair64.exact(TOKENS, output_hidden_states=True).hidden_states
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    for layer in range(pair64.ours.cfg.n_layers):
+        assert max_abs(cache["resid_pre", layer], hidden[layer]) <= 1e-10, layer
+    assert max_abs(cache["ln_final.hook_out"], hidden[-1]) <= 1e-10
+
+
+def test_attention_patterns_equal_hf_eager_attentions(pair64):
+    with torch.no_grad():
+        attentions = pair64.exact(TOKENS, output_attentions=True).attentions
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    for layer, expected in enumerate(attentions):
+        assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
+
+
+def test_router_logits_equal_hfs(pair64):
+    if not is_moe(pair64):
+        pytest.skip("a dense family has no router")
+    with torch.no_grad():
+        expected = pair64.exact(TOKENS, output_router_logits=True).router_logits
+    _, cache = pair64.ours.run_with_cache(TOKENS, names_filter=lambda n: "router" in n)
+    for layer, logits in enumerate(expected):
+        ours = cache[f"blocks.{layer}.mlp.hook_router_logits"].flatten(0, 1)
+        assert max_abs(ours, logits) <= 1e-10, layer
+
+
+def hf_constants(config) -> Constants:
+    """The constants the checkpoint's own config states, under HF's names: the norms'
+    epsilon and what the scores are divided by (Gemma 3: `sqrt(query_pre_attn_scalar)`)."""
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    eps_names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    eps = next((getattr(config, name) for name in eps_names if hasattr(config, name)), 1e-5)
+    attn_scale = getattr(config, "query_pre_attn_scalar", d_head) ** 0.5
+    return published_constants(d_head, eps=eps, attn_scale=attn_scale)
+
+
+def test_the_imported_model_keeps_every_residual_identity(pair64):
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    constants = hf_constants(pair64.hf.config)
+    assert not assert_residual_identities(pair64.ours, cache, constants=constants).skipped
+
+
+def test_greedy_generation_equals_hf_generate(pair32):
+    prompt = TOKENS[:, :5]
+    expected = pair32.hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=PAD)
+    ours = pair32.ours.generate(prompt, max_new_tokens=8, do_sample=False, stop_at_eos=False)
+    assert torch.equal(ours, expected)
+
+
+def test_a_left_padded_batch_equals_each_prompt_alone(pair64):
+    lengths = (9, 12)  # the first prompt is padded by 3, past the 4-token windows
+    tokens = torch.full((2, 12), PAD)
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        tokens[row, 12 - length :] = TOKENS[row, :length]
+        mask[row, 12 - length :] = 1
+    logits = pair64.ours(tokens, attention_mask=mask)
+    for row, length in enumerate(lengths):
+        alone = pair64.ours(TOKENS[row : row + 1, :length])[0]
+        assert max_abs(logits[row, 12 - length :], alone) <= 1e-10, row
+
+
+def test_left_padded_generation_equals_hf_generate(pair32):
+    tokens = torch.tensor([[PAD, PAD, PAD, 5, 17, 3], [8, 60, 1, 29, 4, 30]])
+    mask = (torch.arange(6) >= torch.tensor([[3], [0]])).long()
+    expected = pair32.hf.generate(
+        tokens, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD
+    )
+    ours = pair32.ours.generate(
+        tokens, max_new_tokens=8, do_sample=False, stop_at_eos=False, attention_mask=mask
+    )
+    assert torch.equal(ours, expected)
+
+
+def test_a_saved_directory_loads_like_the_live_model(pair32, tmp_path):
+    # The files keep one tensor per expert (`save_pretrained`'s layout); the live model
+    # stacks them.
+    pair32.hf.save_pretrained(tmp_path)
+    loaded = HookedTransformer.from_hf(tmp_path)
+    assert loaded.cfg == pair32.ours.cfg.replace(model_name=loaded.cfg.model_name)
+    ours = pair32.ours.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
+
+
+def test_the_import_shares_no_memory_with_the_hf_model(pair32):
+    hf_pointers = {t.untyped_storage().data_ptr() for t in pair32.hf.state_dict().values()}
+    for name, tensor in pair32.ours.state_dict().items():
+        assert tensor.untyped_storage().data_ptr() not in hf_pointers, name
+
+
+class _LargeFloat32Tensors(TorchDispatchMode):
+    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
+            if wide and t.numel() >= self.numel:
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("case", ["mixtral", "gpt_oss"])
+def test_a_bfloat16_directory_loads_without_a_float32_copy(case, tmp_path):
+    make_hf(case).to(torch.bfloat16).save_pretrained(tmp_path)
+    smallest = 32 * 8  # no float32 tensor as large as one expert's smallest matrix
+    with _LargeFloat32Tensors(smallest) as recorder:
+        model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
+    assert recorder.seen == []
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    moe = model.blocks[1].mlp
+    if case == "mixtral":  # one file tensor per expert: w3 is the up projection, [d_mlp d_model]
+        up = stored["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+        assert torch.equal(moe.W_in[5], up.T)
+    else:  # stacked [expert d_model (d_mlp gate_up)], gate and up interleaved
+        gate_up = stored["model.layers.1.mlp.experts.gate_up_proj"]
+        assert torch.equal(moe.W_gate[5], gate_up[5, :, 0::2])
+        assert torch.equal(moe.W_in[5], gate_up[5, :, 1::2])

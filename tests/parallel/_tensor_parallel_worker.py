@@ -1,0 +1,217 @@
+"""Run under `torchrun --nproc_per_node 2` by tests/parallel/test_tensor_parallel.py: every
+check of a tensor-parallel model against the one-process model it was split from, on each
+rank.
+
+Each rank builds the same seeded one-process model (the reference), splits a copy over the
+two ranks, runs the same inputs through both and writes `<out>/rank<r>.json`: for every
+case and check, the largest difference from the reference relative to the reference's
+scale (`max|a - b| / max(1, max|b|)`), or a boolean. The test asserts on the numbers, so
+that a failure names the case and the check. Then it loads the checkpoints named on the
+command line (HF directories, then one of ours) with `tp_size=2` and in one process, and
+writes `<out>/loading<r>.json`.
+"""
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+
+from analysis import activation_patch  # noqa: E402
+from hookedattn import HookedTransformer  # noqa: E402
+from hookedattn.core import parallel  # noqa: E402
+from hookedattn.sae import SAEConfig, SparseAutoencoder  # noqa: E402
+from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
+
+CASES = {
+    # LayerNorm, learned positions, GELU; a vocabulary of 33 is cut 17 + 16.
+    "gpt2_like": dict(d_vocab=33, act_fn="gelu_new", use_attn_result=True),
+    # RMSNorm, rotary, grouped keys and values (4 query heads, 2 key/value heads), SwiGLU.
+    "llama_like": dict(
+        n_key_value_heads=2, normalization_type="RMS", positional_embedding_type="rotary",
+        gated_mlp=True, act_fn="silu",
+    ),
+    # Per-head q/k/v input copies (grouped), a parallel block, hook_mlp_in.
+    "split_inputs": dict(
+        n_key_value_heads=2, use_split_qkv_input=True, use_hook_mlp_in=True,
+        parallel_attn_mlp=True,
+    ),
+    # float32, fused kernels where nothing reads the pattern, per-head q/k norms (Qwen 3).
+    "float32_fused": dict(
+        dtype=torch.float32, use_fused_kernels=True, n_key_value_heads=2,
+        positional_embedding_type="rotary", normalization_type="RMS", use_qk_norm=True,
+        qk_norm_per_head=True,
+    ),
+}  # fmt: skip
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+    return float((a.double() - b.double()).abs().max()) / scale if b.numel() else 0.0
+
+
+def worst(pairs) -> float:
+    return max((relative(a, b) for a, b in pairs), default=0.0)
+
+
+def check(ref, model) -> dict:
+    cfg, out = ref.cfg, {}
+    tokens = random_tokens(cfg.d_vocab, batch=2, pos=7, seed=3)
+    corrupted = tokens.clone()
+    corrupted[:, 2] = (tokens[:, 2] + 5) % cfg.d_vocab
+
+    out["parameter_fraction"] = sum(p.numel() for p in model.parameters()) / sum(
+        p.numel() for p in ref.parameters()
+    )
+    out["weight_views"] = worst(
+        (getattr(model, w), getattr(ref, w)) for w in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U")
+    )
+    whole = ref.state_dict()
+    out["dtensor_state_dict"] = all(
+        torch.equal(t.full_tensor(), whole[n])
+        for n, t in parallel.dtensor_state_dict(model).items()
+    )
+    out["logits"] = relative(model(tokens), ref(tokens))
+    (ref_logits, ref_cache), (logits, cache) = (
+        ref.run_with_cache(tokens),
+        model.run_with_cache(tokens),
+    )
+    out["cache_names"] = sorted(cache.keys()) == sorted(ref_cache.keys())
+    out["cache"] = worst((cache[k], ref_cache[k]) for k in ref_cache)
+    out["cached_logits"] = relative(logits, ref_logits)
+
+    def zero_head_3(z, hook):  # head 3 lives on rank 1
+        z[:, :, 3] = 0.0
+
+    def double_pattern(pattern, hook):
+        return pattern * 2.0
+
+    hooks = [("blocks.0.attn.hook_z", zero_head_3), ("blocks.1.attn.hook_pattern", double_pattern)]
+    edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
+    out["hook_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)
+    out["hook_edit_changes_logits"] = relative(edited, ref_logits) > 1e-3
+
+    metric = lambda logits: logits[:, -1, 1] - logits[:, -1, 0]
+    for kind in ("z", "resid_pre", "v", "pattern"):
+        kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+        expected = activation_patch(ref, kind, **kwargs).per_prompt
+        out[f"patch_{kind}"] = relative(
+            activation_patch(model, kind, **kwargs).per_prompt, expected
+        )
+    kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+    declared = activation_patch(ref, "v", metric_positions=-1, by_pos=True, **kwargs).per_prompt
+    got = activation_patch(model, "v", metric_positions=-1, by_pos=True, **kwargs).per_prompt
+    out["patch_v_by_pos_declared"] = relative(got, declared)
+
+    for use_past_kv_cache in (True, False):
+        kwargs = dict(max_new_tokens=6, stop_at_eos=False, use_past_kv_cache=use_past_kv_cache)
+        same = torch.equal(model.generate(tokens, **kwargs), ref.generate(tokens, **kwargs))
+        out[f"generate_kv_cache_{use_past_kv_cache}"] = same
+
+    if not cfg.attn_only:
+        sae = SparseAutoencoder(
+            SAEConfig(d_in=cfg.d_mlp, d_sae=24, hook_name="blocks.1.mlp.hook_post",
+                      dtype=str(cfg.dtype).removeprefix("torch."))
+        )  # fmt: skip
+        generator = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in sae.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+        with ref.saes([sae], use_error_term=False):
+            spliced_ref, sae_cache_ref = ref.run_with_cache(tokens)
+        with model.saes([sae], use_error_term=False):
+            spliced, sae_cache = model.run_with_cache(tokens)
+        out["sae_splice"] = relative(spliced, spliced_ref)
+        name = "blocks.1.mlp.hook_post.sae.hook_acts"
+        out["sae_acts"] = relative(sae_cache[name], sae_cache_ref[name])
+        out["sae_changes_logits"] = relative(spliced_ref, ref_logits) > 1e-3
+
+    with parallel.local_activations(model):
+        _, local = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_z")
+    part = model.hook_dict["blocks.0.attn.hook_z"].local_slice
+    whole = ref_cache["blocks.0.attn.hook_z"]
+    out["local_z"] = relative(
+        local["blocks.0.attn.hook_z"], whole.narrow(part.axis, part.start, part.length)
+    )
+    out["local_z_heads"] = [part.start, part.stop]
+
+    loss_ref, grads_ref = ref.run_with_cache(tokens, return_type="loss", incl_bwd=True)
+    loss, grads = model.run_with_cache(tokens, return_type="loss", incl_bwd=True)
+    out["loss"] = relative(loss, loss_ref)
+    gradient_names = [k for k in grads_ref if k.endswith("_grad")]
+    out["gradient_names"] = sorted(gradient_names) == sorted(
+        k for k in grads if k.endswith("_grad")
+    )
+    out["gradients"] = worst((grads[k], grads_ref[k]) for k in gradient_names)
+    return out
+
+
+def check_loaded(one, model) -> dict:
+    """A model loaded with `tp_size=2` against the same checkpoint loaded in one process:
+    every parameter is exactly this rank's slice of the whole, and it runs the same."""
+    whole = one.state_dict()
+    slices = parallel.parameter_slices(model)
+    exact = all(
+        torch.equal(t, whole[n] if n not in slices else whole[n].narrow(
+            slices[n].axis, slices[n].start, slices[n].length))
+        for n, t in model.state_dict().items()
+    )  # fmt: skip
+    tokens = random_tokens(one.cfg.d_vocab, batch=2, pos=6, seed=4)
+    (ref_logits, ref_cache), (logits, cache) = (
+        one.run_with_cache(tokens),
+        model.run_with_cache(tokens),
+    )
+    return {
+        "slices_exact": exact,
+        "sharded_parameters": len(slices),
+        "logits": relative(logits, ref_logits),
+        "cache": worst((cache[k], ref_cache[k]) for k in ref_cache),
+        "parameter_fraction": sum(p.numel() for p in model.parameters())
+        / sum(p.numel() for p in one.parameters()),
+    }
+
+
+def loading(out_dir: Path, hf_dirs: list[str], ours: str) -> dict:
+    results = {}
+    for path in hf_dirs:
+        one = HookedTransformer.from_hf(path, dtype=torch.float64)
+        model = HookedTransformer.from_hf(path, dtype=torch.float64, tp_size=2)
+        results[f"from_hf {Path(path).name}"] = check_loaded(one, model)
+    one, model = HookedTransformer.load(ours), HookedTransformer.load(ours, tp_size=2)
+    results["load"] = check_loaded(one, model)
+    model.save(out_dir / "saved")  # every rank calls it; rank 0 writes the whole model
+    saved = HookedTransformer.load(out_dir / "saved")
+    results["load"]["saved_whole"] = all(
+        torch.equal(t, one.state_dict()[n]) for n, t in saved.state_dict().items()
+    )
+    try:
+        HookedTransformer.load(ours, tp_size=4)
+        results["load"]["tp_size_4"] = "loaded"
+    except ValueError as error:
+        results["load"]["tp_size_4"] = str(error)
+    return results
+
+
+def main(out_dir: str, hf_dirs: list[str], ours: str) -> None:
+    group = parallel.tensor_parallel_group(2)
+    results = {}
+    for name, fields in CASES.items():
+        start = time.perf_counter()
+        ref = random_tiny_model(**fields)
+        model = parallel.tensor_parallel(copy.deepcopy(ref), group)
+        results[name] = check(ref, model)
+        results[name]["seconds"] = time.perf_counter() - start
+    path = Path(out_dir) / f"rank{group.rank}.json"
+    path.write_text(json.dumps(results, indent=1))
+    loaded = loading(Path(out_dir), hf_dirs, ours)
+    (Path(out_dir) / f"loading{group.rank}.json").write_text(json.dumps(loaded, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:-1], sys.argv[-1])

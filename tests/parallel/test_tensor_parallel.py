@@ -1,0 +1,232 @@
+"""Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
+what one process gives, and bad sizes or launches are refused by name.
+
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on four models
+(GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
+block, and a float32 model with fused kernels and per-head q/k norms) against the
+one-process model each rank splits, and reports per rank; each test below reads one kind
+of check. float64 agrees to 1e-12 and float32 to 1e-5, relative to the reference's scale:
+the ranks sum their heads' (or neurons') partial sums in another order than one process
+does, nothing else differs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hookedattn import HookedTransformer
+from hookedattn.core import parallel
+from hookedattn.core.parallel._shards import chunk_lengths, chunk_range
+from hookedattn.testing import random_tiny_model, tiny_model
+
+# End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
+TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64
+
+
+def torchrun(script: Path, *args: str, timeout: int = 400) -> None:
+    """Run `script` on two ranks (gloo); this checkout's packages first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node=2", str(script), *args]  # fmt: skip
+    done = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Path:
+    """One launch for the whole file: the checks on split models, and the loading."""
+    out = tmp_path_factory.mktemp("tensor_parallel")
+    hf_dirs = [save_hf(family, out / family) for family in ("llama", "gpt2", "neox", "phi3")]
+    random_tiny_model(d_vocab=33).save(out / "ours")  # 4 heads: tp_size=4 divides them
+    torchrun(WORKER, str(out), *map(str, hf_dirs), str(out / "ours"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(launched) -> list[dict]:
+    return [json.loads((launched / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def loaded(launched) -> list[dict]:
+    return [json.loads((launched / f"loading{r}.json").read_text()) for r in (0, 1)]
+
+
+def save_hf(family: str, path: Path) -> Path:
+    """A tiny HF model directory: Llama with grouped keys and values, GPT-2 (fused
+    `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
+    Phi-3 (fused q/k/v of unequal parts, fused gate/up)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=32)  # fmt: skip
+    if family == "neox":
+        hf = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small, rotary_pct=0.5))
+    elif family == "phi3":
+        config = transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0)
+        hf = transformers.Phi3ForCausalLM(config)
+    elif family == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
+    else:
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32,
+                                         vocab_size=65)  # fmt: skip
+        hf = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    hf.save_pretrained(path)
+    return path
+
+
+def checks(ranks: list[dict], *names: str):
+    """`(case, check, value, tolerance)` for every rank, case and named check."""
+    for result in ranks:
+        for case, values in result.items():
+            for name in names:
+                if name in values:
+                    yield case, name, values[name], TOLERANCE.get(case, 1e-12)
+
+
+def assert_close(ranks: list[dict], *names: str) -> None:
+    found = list(checks(ranks, *names))
+    assert found, names
+    bad = [(case, name, value) for case, name, value, tol in found if not value <= tol]
+    assert not bad, bad
+
+
+def assert_true(ranks: list[dict], *names: str) -> None:
+    found = list(checks(ranks, *names))
+    assert found, names
+    assert all(value is True for _, _, value, _ in found), found
+
+
+def test_logits_and_every_cached_activation_equal_one_process(ranks):
+    assert_true(ranks, "cache_names")
+    assert_close(ranks, "logits", "cached_logits", "cache")
+
+
+def test_a_hook_edits_the_whole_activation_and_the_edit_acts_on_the_right_rank(ranks):
+    # Head 3 of hook_z lives on rank 1; both ranks see it zeroed, as one process does.
+    assert_true(ranks, "hook_edit_changes_logits")
+    assert_close(ranks, "hook_edit")
+
+
+def test_activation_patching_equals_one_process(ranks):
+    assert_close(ranks, "patch_z", "patch_resid_pre", "patch_v", "patch_pattern")
+    assert_close(ranks, "patch_v_by_pos_declared")
+
+
+def test_greedy_generation_gives_the_one_process_tokens(ranks):
+    assert_true(ranks, "generate_kv_cache_True", "generate_kv_cache_False")
+
+
+def test_a_spliced_sae_at_a_sharded_hook_point_sees_every_neuron(ranks):
+    assert_true(ranks, "sae_changes_logits")
+    assert_close(ranks, "sae_splice", "sae_acts")
+
+
+def test_gradients_at_every_hook_point_equal_one_process(ranks):
+    assert_true(ranks, "gradient_names")
+    assert_close(ranks, "loss", "gradients")
+
+
+def test_local_activations_are_each_ranks_own_heads(ranks):
+    assert_close(ranks, "local_z")
+    heads = [sorted({tuple(v["local_z_heads"]) for v in result.values()}) for result in ranks]
+    assert heads == [[(0, 2)], [(2, 4)]]
+
+
+def test_each_rank_holds_about_half_the_weights(ranks):
+    fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction")]
+    assert fractions and all(0.5 <= f <= 0.6 for f in fractions), fractions
+    assert_close(ranks, "weight_views")  # model.W_Q etc. gather the whole weights
+    assert_true(ranks, "dtensor_state_dict")  # each slice a Shard of the whole weight
+
+
+def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):
+    for result in loaded:
+        families = ("llama", "gpt2", "neox", "phi3")
+        assert set(result) == {*(f"from_hf {family}" for family in families), "load"}
+        for name, values in result.items():
+            assert values["slices_exact"] and values["sharded_parameters"] > 10, name
+            assert values["logits"] <= 1e-12 and values["cache"] <= 1e-12, (name, values)
+            assert values["parameter_fraction"] <= 0.6, (name, values)
+
+
+def test_a_split_model_saves_as_the_whole_model(loaded):
+    assert all(result["load"]["saved_whole"] for result in loaded)
+
+
+def test_tp_size_other_than_the_job_is_refused_inside_torchrun(loaded):
+    for result in loaded:
+        assert "tp_size=4 but the job has 2 processes" in result["load"]["tp_size_4"]
+
+
+# ------------------------------------------------------------------ in one process
+def test_chunks_are_cut_as_torch_chunk_cuts():
+    for size in (1, 7, 32, 33, 50257):
+        for n_ranks in (1, 2, 3, 8):
+            pieces = torch.arange(size).chunk(n_ranks)
+            expected = [len(p) for p in pieces] + [0] * (n_ranks - len(pieces))
+            assert chunk_lengths(size, n_ranks) == expected
+            starts = [chunk_range(size, r, n_ranks)[0] for r in range(len(pieces))]
+            assert starts == [int(p[0]) for p in pieces]
+
+
+def test_a_tp_size_that_does_not_divide_the_heads_is_refused_with_the_valid_sizes():
+    with pytest.raises(ValueError, match=r"tp_size=3 does not divide n_heads=4.*can be 1, 2, 4"):
+        parallel.check_tp_size(tiny_model().cfg, 3)
+    grouped = tiny_model(n_heads=8, n_key_value_heads=2).cfg
+    message = r"tp_size=4 does not divide n_key_value_heads=2.*can be 1, 2 for"
+    with pytest.raises(ValueError, match=message):
+        parallel.check_tp_size(grouped, 4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(d_vocab=5), r"leaves rank 3 no token of d_vocab=5 .*\[2, 2, 1, 0\]"),
+        (dict(d_mlp=5), r"leaves rank 3 no neuron of d_mlp=5"),
+    ],
+)
+def test_a_size_that_leaves_a_rank_nothing_is_refused(fields, message):
+    # Parts are ceil-sized: 5 over 4 ranks is 2, 2, 1, 0, although 5 >= 4.
+    with pytest.raises(ValueError, match=message):
+        parallel.check_tp_size(tiny_model(n_heads=4, **fields).cfg, 4)
+
+
+@pytest.mark.parametrize("tp_size", [True, 0])
+def test_a_tp_size_that_is_not_a_positive_int_is_refused_on_load(tp_size, tmp_path):
+    tiny_model().save(tmp_path)
+    with pytest.raises(ValueError, match="tp_size must be an int >= 1"):
+        HookedTransformer.load(tmp_path, tp_size=tp_size)
+
+
+def test_q_k_norms_over_all_heads_cannot_be_split():
+    olmo_like = tiny_model(use_qk_norm=True, qk_norm_per_head=False, normalization_type="RMS").cfg
+    with pytest.raises(ValueError, match="over all heads together"):
+        parallel.check_tp_size(olmo_like, 2)
+
+
+def test_tp_size_outside_a_torchrun_job_is_refused(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(
+        ValueError, match=r"tp_size=2 needs a job of 2 processes started by torchrun"
+    ):
+        parallel.tensor_parallel_group(2)
+
+
+def test_tp_size_other_than_the_world_size_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"tp_size=2 but the job has 4 processes.*tp_size=4"):
+        parallel.tensor_parallel_group(2)

@@ -1,0 +1,254 @@
+"""The attribution-graph page in a real browser (Debian's headless Chromium, via Playwright):
+what it draws is read back from the DOM and checked against the graph JSON it was made
+from. Every page is watched for console errors and for requests (none may leave the file).
+"""
+
+import itertools
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.attribution_graphs import attribution_graph, graph_json, prune_graph
+from hookedattn import ByteTokenizer
+from hookedattn.sae import Transcoder, TranscoderConfig
+from hookedattn.testing import random_tiny_model
+from hookedattn.viewer import graph_page
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the `browser` extra is not installed
+    sync_playwright = None
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTEFACTS = Path(__file__).resolve().parents[2] / "reports" / "tests" / "viewer"
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+pytestmark = pytest.mark.skipif(
+    sync_playwright is None or not CHROMIUM.exists(),
+    reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium "
+    "(apt-get install chromium)",
+)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=str(CHROMIUM), headless=True, args=ARGS,
+            viewport={"width": 1400, "height": 900},
+        )  # fmt: skip
+        yield context
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def graph_doc():
+    fields = dict(n_ctx=32, d_vocab=259, act_fn="gelu", dtype=torch.float64)
+    model = random_tiny_model(randomize_seed=2, tokenizer=ByteTokenizer(), **fields)
+    tcs = []
+    for layer in range(2):
+        hooks = f"blocks.{layer}.ln2.hook_out", f"blocks.{layer}.hook_mlp_out"
+        cfg = TranscoderConfig(16, 48, 16, *hooks, "topk", k=4, skip=True, dtype="float64")
+        tcs.append(Transcoder(cfg))
+    graph = attribution_graph(model, tcs, "ab <b>c</b>\nab", top_k=2)
+    return graph_json(graph, prune_graph(graph, 0.9, 0.99))
+
+
+class Opened:
+    """A page opened in the browser, with what it logged and what it tried to fetch."""
+
+    def __init__(self, browser, path: Path) -> None:
+        self.url = path.resolve().as_uri()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page = browser.new_page()
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else 0)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.route("**/*", self._intercept)
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready=true]", timeout=10_000)
+
+    def _intercept(self, route) -> None:
+        if route.request.url == self.url:
+            route.continue_()
+            return
+        self.requests.append(route.request.url)
+        route.abort()
+
+    def close(self, screenshot: str | None = None) -> None:
+        if screenshot:
+            ARTEFACTS.mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=ARTEFACTS / screenshot, full_page=True)
+        self.page.close()
+        assert self.errors == [], self.errors
+        assert self.requests == [], self.requests
+
+
+def nodes_drawn(opened: Opened) -> list[dict]:
+    return opened.page.eval_on_selector_all(
+        "#graph .node",
+        """shapes => shapes.map(s => { const b = s.getBoundingClientRect();
+            return {id: s.dataset.nodeId, kind: s.dataset.kind, layer: s.dataset.layer,
+                    ctx: +s.dataset.ctx, x: b.x + b.width / 2, y: b.y + b.height / 2}; })""",
+    )
+
+
+def test_every_node_sits_in_its_token_column_and_layer_row(browser, graph_doc, tmp_path):
+    opened = Opened(browser, graph_page(graph_doc).save(tmp_path / "graph.html"))
+    drawn = nodes_drawn(opened)
+    assert sorted(n["id"] for n in drawn) == sorted(n["node_id"] for n in graph_doc["nodes"])
+    # columns: every node of a later position lies to the right of every node of an earlier one
+    by_pos: dict[int, list[float]] = {}
+    for n in drawn:
+        by_pos.setdefault(n["ctx"], []).append(n["x"])
+    positions = sorted(by_pos)
+    for a, b in itertools.pairwise(positions):
+        assert max(by_pos[a]) < min(by_pos[b])
+    # rows: tokens at the bottom, then layer 0, layer 1, and the logits at the top
+    row = {"E": 0, "0": 1, "1": 2, "3": 3}
+    heights = {}
+    for n in drawn:
+        heights.setdefault(row[n["layer"]], set()).add(round(n["y"], 3))
+    assert all(len(ys) == 1 for ys in heights.values())
+    ordered = [heights[r].pop() for r in sorted(heights)]
+    assert ordered == sorted(ordered, reverse=True)  # screen y grows downwards
+    opened.close("graph.png")
+
+
+def test_every_link_is_drawn_with_its_weight_and_sign(browser, graph_doc, tmp_path):
+    opened = Opened(browser, graph_page(graph_doc).save(tmp_path / "graph.html"))
+    links = opened.page.eval_on_selector_all(
+        "#graph line.link",
+        "ls => ls.map(l => [l.dataset.source, l.dataset.target, +l.dataset.weight, "
+        "l.classList.contains('neg')])",
+    )
+    expected = [
+        [k["source"], k["target"], k["weight"], k["weight"] < 0] for k in graph_doc["links"]
+    ]
+    assert sorted(links) == sorted(expected) and len(links) > 5
+    opened.close()
+
+
+def test_hovering_a_feature_shows_its_top_activations(browser, graph_doc, tmp_path):
+    feature = next(n for n in graph_doc["nodes"] if n["feature_type"] == "cross layer transcoder")
+    key = f"{feature['layer']}_{feature['node_id'].split('_')[1]}"
+    examples = {key: [{"activation": 2.5, "tokens": ["d", "e", "<i>f"], "position": 2},
+                      {"activation": 1.25, "tokens": ["x", "y"], "position": 0}]}  # fmt: skip
+    opened = Opened(browser, graph_page(graph_doc, examples).save(tmp_path / "graph.html"))
+    opened.page.hover(f"#graph .node[data-node-id='{feature['node_id']}']")
+    detail = opened.page.locator("#node-detail")
+    assert detail.locator("[data-fact=node]").inner_text() == feature["node_id"]
+    assert float(detail.locator("[data-fact=activation]").inner_text()) == pytest.approx(
+        feature["activation"], rel=1e-3
+    )
+    shown = opened.page.eval_on_selector_all(
+        "#node-detail .example",
+        "es => es.map(e => [+e.dataset.activation, e.querySelector('.hit').textContent])",
+    )
+    assert shown == [[2.5, "<i>f"], [1.25, "x"]]  # markup in a token is text
+    assert opened.page.locator("#node-detail i").count() == 0
+    opened.close("graph-hover.png")
+
+
+def test_clicking_a_node_keeps_only_its_links(browser, graph_doc, tmp_path):
+    opened = Opened(browser, graph_page(graph_doc).save(tmp_path / "graph.html"))
+    logit = next(n for n in graph_doc["nodes"] if n["is_target_logit"])
+    opened.page.click(f"#graph .node[data-node-id='{logit['node_id']}']")
+    shown = opened.page.eval_on_selector_all(
+        "#graph line.link:not(.faded)", "ls => ls.map(l => l.dataset.target)"
+    )
+    into = [k for k in graph_doc["links"] if logit["node_id"] in (k["source"], k["target"])]
+    assert len(shown) == len(into) > 0 and set(shown) == {logit["node_id"]}
+    opened.close()
+
+
+def test_the_prompt_tokens_are_shown_as_text(browser, graph_doc, tmp_path):
+    opened = Opened(browser, graph_page(graph_doc).save(tmp_path / "graph.html"))
+    labels = opened.page.eval_on_selector_all(
+        "#graph .token-label", "ts => ts.map(t => t.textContent)"
+    )
+    assert "<" in labels and "\u23ce" in labels  # a newline is drawn as ⏎
+    assert opened.page.locator("#graph b").count() == 0
+    summary = opened.page.locator("#summary").inner_text()
+    assert f"{len(graph_doc['nodes'])} nodes, {len(graph_doc['links'])} links" in summary
+    opened.close()
+
+
+def synthetic_graph(n_tokens: int, per_cell: int, n_links: int, seed: int = 0) -> dict:
+    """A graph JSON of the size a long unpruned prompt gives: `per_cell` features in each
+    (layer, position) of 2 layers, an error node and a token per position, one logit, and
+    `n_links` random links between them."""
+    g = torch.Generator().manual_seed(seed)
+    nodes = [{"node_id": f"E_{p}", "feature": None, "layer": "E", "ctx_idx": p,
+              "feature_type": "embedding", "influence": None, "activation": None}
+             for p in range(n_tokens)]  # fmt: skip
+    for layer in range(2):
+        for p in range(n_tokens):
+            nodes.append({"node_id": f"{layer}_err_{p}", "feature": None, "layer": str(layer),
+                          "ctx_idx": p, "feature_type": "mlp reconstruction error",
+                          "influence": 0.5, "activation": None})  # fmt: skip
+            for f in range(per_cell):
+                nodes.append({"node_id": f"{layer}_{p * per_cell + f}_{p}", "feature": f,
+                              "layer": str(layer), "ctx_idx": p,
+                              "feature_type": "cross layer transcoder",
+                              "influence": float(f) / per_cell, "activation": 1.0})  # fmt: skip
+    nodes.append({"node_id": "3_7_last", "feature": 7, "layer": "3", "ctx_idx": n_tokens - 1,
+                  "feature_type": "logit", "token_prob": 0.9, "is_target_logit": True,
+                  "influence": None, "activation": None})  # fmt: skip
+    ids = [n["node_id"] for n in nodes]
+    pairs = torch.randint(0, len(ids), (n_links, 2), generator=g).tolist()
+    weights = torch.randn(n_links, generator=g).tolist()
+    links = [{"source": ids[a], "target": ids[b], "weight": w}
+             for (a, b), w in zip(pairs, weights, strict=True)]  # fmt: skip
+    metadata = {
+        "slug": "synthetic",
+        "prompt": "",
+        "prompt_tokens": [f"t{p}" for p in range(n_tokens)],
+    }
+    return {"metadata": metadata, "nodes": nodes, "links": links}
+
+
+def test_a_graph_of_41_tokens_opens_fitted_with_readable_labels(browser, tmp_path):
+    graph = synthetic_graph(41, 6, 3000)
+    opened = Opened(browser, graph_page(graph).save(tmp_path / "graph.html"))
+    box = opened.page.eval_on_selector("#graph", "s => s.getBoundingClientRect().toJSON()")
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 1400  # no horizontal scrolling
+    labels = opened.page.eval_on_selector_all(
+        "#graph .token-label",
+        """ts => ts.map(t => ({size: parseFloat(getComputedStyle(t).fontSize),
+                               x: +t.getAttribute('x'), turned: t.hasAttribute('transform'),
+                               width: t.getBBox().width}))""",
+    )
+    assert len(labels) == 41 and all(label["size"] >= 10 for label in labels)
+    # Readable: consecutive labels do not overlap. Side by side, each fits its column;
+    # turned 60 degrees, their lines lie at least a font size apart.
+    step = labels[1]["x"] - labels[0]["x"]
+    for label in labels:
+        if label["turned"]:
+            assert step * math.sin(math.radians(60)) >= label["size"]
+        else:
+            assert label["width"] <= step
+    logit = opened.page.eval_on_selector(
+        "#graph .node.logit", "s => s.getBoundingClientRect().toJSON()"
+    )
+    assert 0 <= logit["x"] <= 1400 and 0 <= logit["y"] <= 900  # in view as it opens
+    opened.close("graph-41-tokens.png")
+
+
+def test_a_graph_of_150000_links_is_drawn(browser, tmp_path):
+    graph = synthetic_graph(127, 8, 150_000)
+    opened = Opened(browser, graph_page(graph).save(tmp_path / "graph.html"))
+    drawn = opened.page.eval_on_selector_all("#graph line.link", "ls => ls.length")
+    assert drawn == 150_000
+    summary = opened.page.locator("#summary").inner_text()
+    assert f"{len(graph['nodes'])} nodes, 150000 links" in summary
+    opened.close()
