@@ -134,7 +134,12 @@ def parser() -> argparse.ArgumentParser:
     for sub in (predict, cache):
         sub.add_argument("model", help="a shipped model name or a checkpoint directory")
         sub.add_argument("prompt")
-        sub.add_argument("--checkpoint", type=int, metavar="STEP")
+        sub.add_argument(
+            "--checkpoint",
+            type=int,
+            metavar="STEP",
+            help="a shipped model's intermediate checkpoint: its training step (`list` shows them)",
+        )
     predict.add_argument(
         "-k", type=_bounded_int(1), default=10, help="how many predictions (default 10)"
     )
@@ -153,7 +158,12 @@ def parser() -> argparse.ArgumentParser:
     view = commands.add_parser("view", help="write a prompt's attention patterns as an HTML page")
     view.add_argument("model", help="a shipped model name or a checkpoint directory")
     view.add_argument("prompt")
-    view.add_argument("--checkpoint", type=int, metavar="STEP")
+    view.add_argument(
+        "--checkpoint",
+        type=int,
+        metavar="STEP",
+        help="a shipped model's intermediate checkpoint: its training step (`list` shows them)",
+    )
     view.add_argument("-o", "--output", default="attention.html", help="default attention.html")
     view.add_argument("--head", help="the head shown first, e.g. L1H4, or all (default L0H0)")
     view.add_argument(

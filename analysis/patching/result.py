@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis._naming import component_label
+from analysis.tables import Table
 from hookedattn.viewer import html_table
 
 MAX_TABLE_CELLS = 24  # per axis of a patching grid shown as a table
@@ -85,16 +86,19 @@ class PatchingResult:
         head, pos = (int(ticks[a]) if a in ticks else None for a in ("head", "pos"))
         return component_label(int(ticks["layer"]), head, pos)
 
-    def top(self, k: int = 5) -> list[tuple[str, float]]:
-        """The `k` components with the largest effect, as `(label, normalised score)`."""
+    def top(self, k: int = 5) -> Table:
+        """The `k` components with the largest effect, largest first: a `Table` of
+        `(component, normalised)` rows, as every result's `top` is."""
         order = self.effect.abs().flatten().argsort(descending=True)[:k]
         indices = list(itertools.product(*(range(n) for n in self.shape)))
         flat = self.normalised.flatten()
-        return [(self.label(indices[i]), float(flat[i])) for i in order.tolist()]
+        rows = tuple((self.label(indices[i]), float(flat[i])) for i in order.tolist())
+        title = f"top {len(rows)}: {self.method} {self.kind}, normalised (0 corrupted, 1 clean)"
+        return Table(("component", "normalised"), rows, title)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.shape, strict=True))
-        top = "; ".join(f"{label}: {score:+.3f}" for label, score in self.top(3))
+        top = "; ".join(f"{label}: {score:+.3f}" for label, score in self.top(3).rows)
         return (
             f"PatchingResult({self.method}, {self.direction}, {self.kind} [{dims}], "
             f"clean {self.clean_baseline:.4g}, corrupted {self.corrupted_baseline:.4g}; "
@@ -117,7 +121,7 @@ class PatchingResult:
                 columns, rows, caption, "normalised: 0 corrupted, 1 clean", shade=True
             )
         k = min(10, math.prod(shape))
-        rows = [(label, score) for label, score in self.top(k)]
+        rows = list(self.top(k).rows)
         note = f"the {k} largest effects of {math.prod(shape)}; view.patching(result) shows all"
         return html_table(("component", "normalised"), rows, caption, note, shade=True)
 

@@ -63,6 +63,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
 
     # `hookedattn.sae.spliced`, registered by the SAE package when it is imported.
     sae_splicer: Callable[..., Any] | None = None
+    # The config of the checkpoint a model was imported from (`from_hf`: its config.json as
+    # a dict), an outside record of its constants for independent checks; None otherwise.
+    checkpoint_config: dict[str, Any] | None = None
 
     def __init__(self, cfg: HookedTransformerConfig, tokenizer: Any = None) -> None:
         super().__init__()

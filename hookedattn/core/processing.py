@@ -299,6 +299,7 @@ def _processed(model: "HookedTransformer", steps: list[Transform]) -> "HookedTra
         new = type(model)(cfg, tokenizer=model.tokenizer)
     load_checked_state_dict(new, state, source="processed weights")
     new.train(model.training)
+    new.checkpoint_config = model.checkpoint_config
     return new
 
 

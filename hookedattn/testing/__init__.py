@@ -37,6 +37,7 @@ from hookedattn.testing.models import (
 from hookedattn.testing.published import (
     Constants,
     attention_scale,
+    checkpoint_constants,
     gelu_tanh,
     published_constants,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "assert_no_hooks",
     "assert_residual_identities",
     "attention_scale",
+    "checkpoint_constants",
     "describe_handles",
     "gelu_tanh",
     "published_constants",

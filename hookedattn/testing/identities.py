@@ -67,7 +67,7 @@ from hookedattn.testing._compare import (
 )
 from hookedattn.testing._identity import Get, NotApplicableError
 from hookedattn.testing._model_identities import all_identities
-from hookedattn.testing.published import Constants, published_constants
+from hookedattn.testing.published import Constants, checkpoint_constants, published_constants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +99,12 @@ def assert_residual_identities(
 
     `cache` is one forward of `model` (any `names_filter`, `pos_slice`, `dtype` or batch
     axis). The tolerance is the loosest of the cache's and the model's dtypes (from
-    `hookedattn.core.tolerances`) unless `tol` is given. The constants are
-    `published_constants(d_head)` unless `constants` is given (for a model that sets its
-    own: state them from its source, `published_constants(d_head, eps=1e-6)`); where the
-    model's config disagrees with them, that is a failure too. Raises `AssertionError`
+    `hookedattn.core.tolerances`) unless `tol` is given. The constants are, unless
+    `constants` is given: for a model imported from a checkpoint, those its checkpoint's
+    config states (`checkpoint_constants`, from `model.checkpoint_config`); otherwise the
+    published ones (`published_constants(d_head)`; for a model that sets its own, state
+    them from its source, `published_constants(d_head, eps=1e-6)`). Where the model's
+    config disagrees with them, that is a failure too. Raises `AssertionError`
     naming each failing identity with its largest error, where it is and the bound it
     broke, or when no identity could be checked at all. Returns what was checked and what
     was skipped.
@@ -113,7 +115,7 @@ def assert_residual_identities(
     dtypes = {t.dtype for t in cache.values() if t.is_floating_point()} | {model.cfg.dtype}
     used = loosest_tolerance(dtypes, tol)
     get: Get = lambda name: cache[name].to(torch.float64)
-    constants = constants or published_constants(model.cfg.d_head)
+    constants = constants or _model_constants(model)
     checked, skipped, failures = [], [], []
     # The rotation is not recomputed here, so the rotary base is not among the constants used.
     for line in constants.disagreements(model.cfg, ("attn_scale", "eps")):
@@ -141,6 +143,15 @@ def assert_residual_identities(
             f"cache of {len(cache)} activations:\n  " + "\n  ".join(skipped)
         )
     return IdentityCheck(tuple(checked), tuple(skipped), used)
+
+
+def _model_constants(model: HookedTransformer) -> Constants:
+    """The constants to check `model` against: its checkpoint's own config where it was
+    imported from one (an outside record), the published ones for a model built here."""
+    source = getattr(model, "checkpoint_config", None)
+    if source:
+        return checkpoint_constants(model.cfg.d_head, source)
+    return published_constants(model.cfg.d_head)
 
 
 _STATE_HINT = (

@@ -30,6 +30,8 @@ The sources, each value written as they give it:
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +67,7 @@ class Constants:
     eps: float
     rotary_base: float
     stated: tuple[str, ...] = ()
+    source: str = "stated by the caller"  # where the stated ones come from
 
     def disagreements(
         self, cfg: object, fields: tuple[str, ...] = ("attn_scale", "eps", "rotary_base")
@@ -78,7 +81,7 @@ class Constants:
                 continue
             ours, theirs = getattr(self, field), float(getattr(cfg, field))
             if not math.isclose(ours, theirs, rel_tol=1e-12, abs_tol=0.0):
-                source = "stated by the caller" if field in self.stated else _SOURCES[field]
+                source = self.source if field in self.stated else _SOURCES[field]
                 lines.append(
                     f"{field}: the model's config has {theirs:g}, the check uses {ours:g} "
                     f"({source})"
@@ -110,3 +113,31 @@ def published_constants(d_head: int, **stated: float) -> Constants:
     published = dict(attn_scale=attention_scale(d_head), eps=NORM_EPS, rotary_base=ROTARY_BASE)
     values = {name: float(stated.get(name, published[name])) for name in valid}
     return Constants(**values, stated=tuple(name for name in valid if name in stated))
+
+
+# A checkpoint's config.json names its norm epsilon in one of these fields (transformers'
+# families: Llama and most others, GPT-2, GPT-NeoX and OPT, Falcon, ...).
+_EPS_FIELDS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps", "norm_epsilon")
+
+
+def checkpoint_constants(d_head: int, config: Mapping[str, Any]) -> Constants:
+    """The constants a checkpoint's own config states (its `config.json`, as a dict: the
+    record `HookedTransformer.from_hf` keeps in `model.checkpoint_config`), read here field
+    by field, apart from the import's translation of it: the norm epsilon (`rms_norm_eps`,
+    `layer_norm_epsilon`, ...), the attention scale (`sqrt(query_pre_attn_scalar)` where
+    the config gives one, Gemma's; else the published `sqrt(d_head)`) and the rotary base
+    (`rope_theta`, at the top or in `rope_parameters`). Fields it does not give keep their
+    published values."""
+    stated: dict[str, float] = {}
+    eps = next((config[f] for f in _EPS_FIELDS if isinstance(config.get(f), int | float)), None)
+    if eps is not None:
+        stated["eps"] = float(eps)
+    scalar = config.get("query_pre_attn_scalar")
+    if isinstance(scalar, int | float) and not isinstance(scalar, bool):
+        stated["attn_scale"] = float(scalar) ** 0.5
+    rope = config.get("rope_parameters")
+    theta = rope.get("rope_theta") if isinstance(rope, Mapping) else config.get("rope_theta")
+    if isinstance(theta, int | float) and not isinstance(theta, bool):
+        stated["rotary_base"] = float(theta)
+    constants = published_constants(d_head, **stated)
+    return dataclasses.replace(constants, source="from the checkpoint's config")

@@ -28,7 +28,12 @@ import pytest
 import torch
 
 from hookedattn import HookedTransformer
-from hookedattn.testing import Constants, assert_residual_identities, published_constants
+from hookedattn.testing import (
+    Constants,
+    assert_residual_identities,
+    checkpoint_constants,
+    published_constants,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -221,6 +226,26 @@ def hf_constants(config) -> Constants:
 def test_the_imported_model_keeps_every_residual_identity(pair64):
     _, cache = pair64.ours.run_with_cache(TOKENS)
     assert_residual_identities(pair64.ours, cache, constants=hf_constants(pair64.hf.config))
+
+
+def test_the_identities_read_the_constants_the_checkpoint_states(pair64):
+    # Recorded at import (model.checkpoint_config), read apart from the import's translation.
+    model = pair64.ours
+    recorded = checkpoint_constants(model.cfg.d_head, model.checkpoint_config)
+    stated = hf_constants(pair64.hf.config)
+    assert (recorded.eps, recorded.attn_scale) == (stated.eps, stated.attn_scale)
+    _, cache = model.run_with_cache(TOKENS)
+    assert_residual_identities(model, cache)
+
+
+def test_a_translation_that_loses_the_checkpoints_epsilon_fails_naming_it(pair64):
+    model = pair64.ours.copy()
+    name = next(n for n in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+                if n in model.checkpoint_config)  # fmt: skip
+    model.checkpoint_config = {**model.checkpoint_config, name: 10 * model.cfg.eps}
+    _, cache = model.run_with_cache(TOKENS)
+    with pytest.raises(AssertionError, match=r"eps: .*\(from the checkpoint's config\)"):
+        assert_residual_identities(model, cache)
 
 
 def test_greedy_generation_equals_hf_generate(pair32):

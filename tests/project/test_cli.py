@@ -1,6 +1,7 @@
 """`python -m hookedattn`, run as a user would: in a subprocess; and its bad arguments, each
 an `error:` line naming the limit (exit status 2), in this process."""
 
+import argparse
 import subprocess
 import sys
 
@@ -125,3 +126,16 @@ def test_an_output_path_that_cannot_be_written_is_named(tmp_path, capsys, where)
     }[where]
     assert cli(["view", SHIPPED, "ab", "-o", str(out)]) == 2
     assert f"error: cannot write the page to {out}" in capsys.readouterr().err
+
+
+def test_every_option_says_what_it_is():
+    from hookedattn.__main__ import parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.option_strings and not action.help
+    ]
+    assert silent == []

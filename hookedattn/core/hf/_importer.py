@@ -110,7 +110,9 @@ def from_hf(
     table = family.table(hf_config, cfg, hf_model)
     check_source(table, tensors, cfg)
     placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
-    return build(cls, cfg, table, tensors, tokenizer, **placement)
+    model = build(cls, cfg, table, tensors, tokenizer, **placement)
+    model.checkpoint_config = hf_config.to_dict()  # an outside record of its constants
+    return model
 
 
 def build(
