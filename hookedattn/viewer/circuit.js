@@ -24,7 +24,7 @@
     // ---- layout: rows of boxes, centred
     const rows = [];
     d.nodes.forEach((node, i) => { (rows[node.row] = rows[node.row] || []).push(i); });
-    const widest = Math.max(...rows.map((r) => (r ? r.length : 0)));
+    const widest = rows.reduce((m, r) => Math.max(m, r ? r.length : 0), 0);
     const width = 2 * PAD + widest * COL, height = 2 * PAD + (rows.length - 1) * ROW + BOX_H;
     const at = d.nodes.map(() => null);
     rows.forEach((members, row) => {
@@ -50,12 +50,37 @@
       nodeLayer.append(g);
     });
 
-    const paths = d.edges.map((e, i) => {
+    // An edge that skips rows runs straight down through a gap between the boxes of each
+    // row it crosses (the gap nearest its straight line), so that it never reads as
+    // entering a box it passes; between rows it bends, leaving and entering vertically.
+    const gaps = rows.map((members) => {
+      if (!members || !members.length) return null;
+      const first = at[members[0]].x;
+      return members.map((_, j) => first - COL / 2 + j * COL).concat([first + members.length * COL - COL / 2]);
+    });
+    function route(e) {
       const from = at[e.from], to = at[e.to];
       const x1 = from.x, y1 = from.y + BOX_H / 2, x2 = to.x + PORT_X[e.port], y2 = to.y - BOX_H / 2;
-      const bend = (y2 - y1) / 2;
+      const points = [[x1, y1]];
+      for (let row = d.nodes[e.from].row + 1; row < d.nodes[e.to].row; row++) {
+        if (!gaps[row]) continue;
+        const y = PAD + row * ROW + BOX_H / 2;
+        const straight = x1 + (x2 - x1) * (y - y1) / (y2 - y1);
+        const x = gaps[row].reduce((best, g) => (Math.abs(g - straight) < Math.abs(best - straight) ? g : best));
+        points.push([x, y - BOX_H / 2 - 4], [x, y + BOX_H / 2 + 4]);
+      }
+      points.push([x2, y2]);
+      let path = `M ${x1} ${y1}`;
+      for (let i = 1; i < points.length; i++) {
+        const [xa, ya] = points[i - 1], [xb, yb] = points[i], bend = (yb - ya) / 2;
+        path += xa === xb ? ` L ${xb} ${yb}` : ` C ${xa} ${ya + bend} ${xb} ${yb - bend} ${xb} ${yb}`;
+      }
+      return path;
+    }
+
+    const paths = d.edges.map((e, i) => {
       const path = svg("path", {
-        class: "edge", d: `M ${x1} ${y1} C ${x1} ${y1 + bend} ${x2} ${y2 - bend} ${x2} ${y2}`,
+        class: "edge", d: route(e),
         "data-index": i, "data-label": e.label, "data-score": String(e.score),
         "data-exact": e.exact === null ? "" : String(e.exact),
       });

@@ -83,3 +83,33 @@ def test_the_chooser_shows_the_top_edges_or_all(browser, scored, tmp_path):
     clean = float(page.text_content('[data-fact="clean baseline"]'))
     assert clean == pytest.approx(eap.clean_baseline, abs=1e-6)
     opened.close(screenshot="circuit-top.png")
+
+
+def test_an_edge_never_passes_through_a_box_it_does_not_join(browser, scored, tmp_path):
+    eap, _ = scored
+    opened = Opened(browser, saved(view.circuit(eap, top=len(eap)), tmp_path, "c.html"))
+    opened.page.select_option("#show", "all")
+    crossings = opened.page.evaluate(
+        """() => {
+        const boxes = [...document.querySelectorAll('#circuit g.node')].map(g => ({
+            label: g.dataset.label, r: g.querySelector('rect').getBBox()}));
+        const out = [];
+        for (const p of document.querySelectorAll('#circuit path.edge')) {
+            const [from, to] = p.dataset.label.split(' -> ');
+            const ends = [from, to.split('.')[0]];
+            const n = p.getTotalLength();
+            for (let s = 0; s <= n; s += 2) {
+                const q = p.getPointAtLength(s);
+                for (const b of boxes) {
+                    if (ends.includes(b.label)) continue;
+                    const inX = q.x > b.r.x && q.x < b.r.x + b.r.width;
+                    if (inX && q.y > b.r.y && q.y < b.r.y + b.r.height)
+                        out.push(`${p.dataset.label} through ${b.label}`);
+                }
+            }
+        }
+        return [...new Set(out)];
+    }"""
+    )
+    assert crossings == []
+    opened.close(screenshot="circuit-all.png")
