@@ -26,6 +26,7 @@ attached with `add_hook` belong to the model and run in every thread. (Under
 `torch.compile` the thread is read when the graph is traced.)
 """
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -305,10 +306,17 @@ class HookedRootModule(nn.Module):
             for child_name, child in module._modules.items():
                 if child is not None and child_name.isidentifier():
                     module.__dict__[child_name] = child
-        # What `is_listened` reads: every module but the root and the hook points (torch
-        # hooks on the root run once around a forward whatever it does inside).
-        self.__dict__["_watched"] = [m for m in self.modules() if not isinstance(m, HookPoint)][1:]
-        self.__dict__["_listened_at"] = (-1, False)
+        # What `is_listened` reads: the torch hooks of every module but the root and the
+        # hook points (torch hooks on the root run once around a forward whatever it does
+        # inside), each module's hook dicts replaced by ones that count their changes.
+        watched = [m for m in self.modules() if not isinstance(m, HookPoint)][1:]
+        for module in watched:
+            for field in _TORCH_HOOK_DICTS:
+                hooks = module.__dict__[field]
+                if not isinstance(hooks, _WatchedHooks):
+                    module.__dict__[field] = _WatchedHooks(hooks)
+        self.__dict__["_watched"] = watched
+        self.__dict__["_listened_at"] = (-1, -1, False)
 
     def is_listened(self) -> bool:
         """Whether anything could act on a forward's inner steps now: a hook on any hook
@@ -317,13 +325,15 @@ class HookedRootModule(nn.Module):
         backward) on any module below the root, or a global one. Where nothing listens, a
         forward may run a step twice unseen (the kernels' deferred guard). The hook points
         are asked again only after a hook was attached or removed somewhere
-        (`hooks_version`); modules assigned after `setup()` are watched once `setup()`
+        (`hooks_version`), the modules only after a torch hook was (their hook dicts count
+        it: `_WatchedHooks`); modules assigned after `setup()` are watched once `setup()`
         runs again."""
-        version, hooked = self._listened_at
-        if version != _version:
+        version, torch_version, hooked = self._listened_at
+        if version != _version or torch_version != _torch_version:
             hooked = any(point._listening for point in self.hook_dict.values())
-            self.__dict__["_listened_at"] = (_version, hooked)
-        return hooked or _torch_hooked(self._watched)
+            hooked = hooked or _torch_hooked(self._watched)
+            self.__dict__["_listened_at"] = (_version, _torch_version, hooked)
+        return hooked or _global_torch_hooks()
 
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in the order the forward pass reaches them."""
@@ -463,20 +473,52 @@ class HookedRootModule(nn.Module):
         return self.hook_points_for(name)
 
 
+# A module's dicts of torch hooks (`register_forward_hook` and the like add to them).
+_TORCH_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_torch_version = 0  # bumped whenever a watched module's torch hooks change
+
+
+class _WatchedHooks(collections.OrderedDict):
+    """A watched module's dict of torch hooks: each hook registered or removed (torch adds
+    one by key and removes it with `del`) bumps `_torch_version`."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        _torch_hooks_changed()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        _torch_hooks_changed()
+
+
+def _torch_hooks_changed() -> None:
+    global _torch_version
+    _torch_version = next(_CHANGES)
+
+
 def _torch_hooked(modules: list[nn.Module]) -> bool:
     """Whether a torch hook (`register_forward_hook` and the like, forward or backward) is
-    registered globally or on one of `modules`. (A hook point skips `nn.Module.__call__`,
-    so torch hooks on one never run.)"""
+    registered on one of `modules`. (A hook point skips `nn.Module.__call__`, so torch hooks
+    on one never run.)"""
+    return any(getattr(m, field) for m in modules for field in _TORCH_HOOK_DICTS)
+
+
+def _global_torch_hooks() -> bool:
+    """Whether a torch hook is registered for every module (`register_module_forward_hook`
+    and the like)."""
     from torch.nn.modules import module
 
-    if module._global_forward_hooks or module._global_forward_pre_hooks:
-        return True
-    if module._global_backward_hooks or module._global_backward_pre_hooks:
-        return True
-    for m in modules:
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-            return True
-    return False
+    return bool(
+        module._global_forward_hooks
+        or module._global_forward_pre_hooks
+        or module._global_backward_hooks
+        or module._global_backward_pre_hooks
+    )
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:

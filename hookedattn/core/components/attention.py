@@ -207,7 +207,8 @@ class Attention(nn.Module):
         self, z: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos d_model"]:
         # `sum_h z[h] @ W_O[h] + b_O` as one product over (head d_head), the bias inside it.
-        W_O = self.W_O.flatten(0, 1)  # head d_head d_model -> (head d_head) d_model, a view
+        # head d_head d_model -> (head d_head) d_model, a view (kept: `kernels.kept_view`)
+        W_O = kernels.kept_view(self.W_O, "_hookedattn_flat", _heads_flattened)
         return self.summed(z.flatten(-2), W_O, self.b_O)
 
     def _write_per_head(
@@ -261,6 +262,10 @@ class GroupedQueryAttention(Attention):
     W_V = property(lambda self: self._per_query_head(self._W_V), doc="`[head d_model d_head]`")
     b_K = property(lambda self: self._per_query_head(self._b_K), doc="`[head d_head]`")
     b_V = property(lambda self: self._per_query_head(self._b_V), doc="`[head d_head]`")
+
+
+def _heads_flattened(W_O: Tensor) -> Tensor:
+    return W_O.flatten(0, 1)
 
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from hookedattn.core.components.soft_cap import make_soft_cap
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels._views import transposed
 
 
 def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
@@ -17,8 +18,9 @@ def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
 def affine(
     x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_in d_out"], b: Float[Tensor, " d_out"]
 ) -> Float[Tensor, "... d_out"]:
-    """`x @ W + b` in one call: the bias is added inside the matmul, not in a second pass."""
-    return nn.functional.linear(x, W.T, b)
+    """`x @ W + b` in one call: the bias is added inside the matmul, not in a second pass
+    (`W.T`, the layout `F.linear` takes, kept between calls: `kernels.transposed`)."""
+    return nn.functional.linear(x, transposed(W), b)
 
 
 class Embed(nn.Module):

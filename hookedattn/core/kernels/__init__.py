@@ -12,6 +12,7 @@ schedule: one call per sublayer decides how its equation runs in this forward.
                                      for non-finite values once, where nothing listens
     mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
     defer(module, inputs, *points)   a written-out value read later, from its inputs
+    kept_view, transposed            a weight's views, kept between calls without grad
 
 Every path gives the equation's numbers to the dtype's rounding, and never hides or spreads
 a non-finite value; `use_fused_kernels=False` writes everything out, so that a cached run is
@@ -42,6 +43,7 @@ from hookedattn.core.kernels._masks import (
 )
 from hookedattn.core.kernels._norm import fused_normalize, fuses_norms, normalize
 from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
+from hookedattn.core.kernels._views import kept_view, transposed
 
 __all__ = [
     "AttentionContext",
@@ -59,11 +61,13 @@ __all__ = [
     "fuses_norms",
     "guarded",
     "keeping_fused_weights",
+    "kept_view",
     "masked",
     "mix_experts",
     "next_token_context",
     "normalize",
     "router_probabilities",
     "rows_context",
+    "transposed",
     "weighted_values",
 ]

@@ -43,7 +43,7 @@ from hookedattn.core.shapes import Resid
 def partial_affine(x: Tensor, W: Tensor, b: Tensor, tp: TensorParallelGroup) -> Tensor:
     """`x @ W + b` where `W`'s rows (the contracted axis) are split over the ranks: this
     rank's rows' product, the ranks' partial sums added, then the bias once."""
-    return sum_partials(nn.functional.linear(x, W.T), tp) + b
+    return sum_partials(nn.functional.linear(x, kernels.transposed(W)), tp) + b
 
 
 class HeadParallelAttention:
