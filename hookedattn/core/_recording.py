@@ -124,9 +124,10 @@ class Recorder:
         return self.save_recorded
 
     def save_reference(self, x: Tensor, hook: HookPoint) -> None:
-        """Keep the activation itself (of this cache's own forward only)."""
+        """Keep the activation itself (of this cache's own forward only; detached where it
+        is part of a graph, as it is, at no cost, where it is not)."""
         if self.depth.value == 1:
-            t = self.store[hook.name] = x.detach()
+            t = self.store[hook.name] = x.detach() if x.requires_grad else x
             self.versions[hook.name] = t._version
 
     def save_recorded(self, x: Tensor, hook: HookPoint) -> None:
@@ -140,7 +141,7 @@ class Recorder:
 
     def record(self, name: str, x: Tensor) -> None:
         """Keep `x` under `name`, with the positions, batch axis, device and dtype asked for."""
-        t = x.detach()
+        t = x.detach() if x.requires_grad else x
         # An expert's rows have no batch or position axis: kept whole.
         rows = (self.index is not None or self.remove_batch_dim) and _names.is_rows(name)
         if self.index is not None and not rows:

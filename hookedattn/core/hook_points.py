@@ -186,7 +186,8 @@ class HookPoint(nn.Module):
         """The activation after every forward hook has read (or replaced) it, in order."""
         thread = _current_thread()
         for handle in tuple(self._fwd):
-            self._check_thread(handle, thread)
+            if handle.thread is not None and handle.thread != thread:
+                raise RuntimeError(self._foreign_hook_message(handle))
             out = handle.fn(x, hook=self)
             if out is not None:
                 x = self._checked_replacement(x, out, handle.fn)
