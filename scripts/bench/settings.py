@@ -154,4 +154,12 @@ TARGETS = [
             "cache.accumulated_resid()",
         )
     ),
+    # Each equation in one place: the forward through the components, with no second copy
+    # of the model for speed (the targets of that change; "below every peer" for the full
+    # cache is read beside the TransformerLens column).
+    ("forward", "a", "forward, no hooks attached", 1.03, "one place", BARE_REF),
+    ("forward", "b", "forward, no hooks attached", 1.03, "one place", BARE_REF),
+    ("forward", "s64", "forward, no hooks attached", 1.20, "one place", BARE_REF),
+    ("generation", "a", "greedy 32 tokens, KV cache", 1.25, "one place", BARE_REF),
+    ("generation", "b", "greedy 32 tokens, KV cache", 1.25, "one place", BARE_REF),
 ]
