@@ -55,6 +55,11 @@ class _Neurons(nn.Module):
         """The stream the neurons read: itself."""
         return x
 
+    def activate(self, pre: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_mlp"]:
+        """The activation function on the neurons' input (TransformerLens's `*_ln`
+        activations add a norm after it: `hookedattn_tl`)."""
+        return self.act_fn(pre)
+
     def write(self, post: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_model"]:
         """The neurons' write to the stream: `post @ W_out + b_out`, a sum over neurons."""
         return affine(post, self.W_out, self.b_out)
@@ -72,7 +77,7 @@ class MLP(_Neurons):
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         x = self.enter(x)
         pre = self.hook_pre(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.act_fn(pre))
+        post = self.hook_post(self.activate(pre))
         return self.write(post)
 
 
@@ -98,7 +103,7 @@ class GatedMLP(_Neurons):
         x = self.enter(x)
         pre = self.hook_pre(x @ self.W_gate)
         pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(glu(self.act_fn, pre, pre_linear))
+        post = self.hook_post(glu(self.activate, pre, pre_linear))
         return self.write(post)
 
 

@@ -8,10 +8,7 @@ gated family: Llama, Mistral, Gemma have no MLP biases). See docs/guide/porting.
 
 from typing import Any
 
-from jaxtyping import Float
-from torch import Tensor
-
-from hookedattn.core.components.embed import affine
+from hookedattn.core.components import mlp as core
 from hookedattn_tl.components.mlps.mlp import MLP, _weight
 from hookedattn_tl.hook_points import HookPoint
 
@@ -25,11 +22,8 @@ class GatedMLP(MLP):
         self.W_gate = _weight(self.cfg.d_model, self.d_mlp, cfg=self.cfg, std=self.cfg.init_range)
         self.hook_pre_linear = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        gate = self.hook_pre(x @ self.W_gate)
-        linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.activate(gate) * linear)
-        return affine(post, self.W_out, self.b_out)
+    # The core gated MLP's equation, written once there.
+    forward = core.GatedMLP.forward
 
 
 __all__ = ["GatedMLP"]

@@ -1,8 +1,8 @@
 """TransformerLens's `MLP` component: `act(x @ W_in + b_in) @ W_out + b_out`, TL's activations.
 
-A standalone component with TL's constructor, for code that builds one; our models build
-`hookedattn.core.components.mlp.MLP`, whose equation (without `*_ln` activations) is this.
-With a `*_ln` activation (SoLU-LN), the norm runs between `hook_mid` and `hook_post`.
+A standalone component with TL's constructor, for code that builds one, running the core's
+own equation (`hookedattn.core.components.mlp.MLP.forward`). With a `*_ln` activation
+(SoLU-LN), the norm runs between `hook_mid` and `hook_post` (`activate`).
 """
 
 from typing import Any
@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.components.embed import affine
+from hookedattn.core.components import mlp as core
 from hookedattn_tl.components.mlps.can_be_used_as_mlp import CanBeUsedAsMLP
 from hookedattn_tl.hook_points import HookPoint
 
@@ -43,10 +43,11 @@ class MLP(CanBeUsedAsMLP):
             return self.act_fn(pre)
         return self.ln(self.hook_mid(self.act_fn(pre)))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
-        post = self.hook_post(self.activate(pre))
-        return affine(post, self.W_out, self.b_out)
+    # The core MLP's equation, written once there: `act(x @ W_in + b_in) @ W_out + b_out`,
+    # the activation through `activate` (above).
+    forward = core.MLP.forward
+    enter = core.MLP.enter
+    write = core.MLP.write
 
 
 __all__ = ["MLP"]
