@@ -17,7 +17,9 @@ from torch import Tensor
 
 def kept_view(weight: Tensor, name: str, make: Callable[[Tensor], Tensor]) -> Tensor:
     """`make(weight)`, a view of `weight`, kept on it under `name` (module docstring)."""
-    if weight.requires_grad and torch.is_grad_enabled():
+    # Under torch.compile the graph holds the view: nothing to keep (and a tensor's
+    # instance dict is not traceable).
+    if (weight.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
         return make(weight)
     key = (weight.data_ptr(), torch.is_inference_mode_enabled())
     kept = weight.__dict__.get(name)
