@@ -7,16 +7,19 @@
     python -m hookedattn view bytes-attn-only-2l "abcabc xyzxyz" -o attention.html
                                                           an interactive attention page
 
-MODEL is a shipped name (see `list`) or the path of a directory written by
-`HookedTransformer.save` / `scripts/train.py`; `--checkpoint STEP` picks a shipped model's
-intermediate checkpoint. Activation names are full hook names or shorthand (`pattern 1` is
-`blocks.1.attn.hook_pattern`), as `ActivationCache` takes them.
+MODEL is anything `HookedTransformer.from_pretrained` takes: a shipped name (see `list`), a
+folder (written by `HookedTransformer.save`, `scripts/train.py` or transformers'
+`save_pretrained`), a hub repo id (`EleutherAI/pythia-70m`, fetched into the Hugging Face
+cache; `--revision` picks a branch, tag or commit; `HF_HUB_OFFLINE=1` reads the cache only)
+or a TransformerLens name (`gpt2-small`). `--checkpoint STEP` picks a training checkpoint
+(a shipped model's, Pythia's, a TransformerLens toy model's). Activation names are full
+hook names or shorthand (`pattern 1` is `blocks.1.attn.hook_pattern`), as
+`ActivationCache` takes them.
 """
 
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,16 +32,16 @@ from hookedattn.viewer import attention
 from hookedattn.viewer.attention import MAX_VALUES
 
 
-def _load(model: str, checkpoint: int | None) -> HookedTransformer:
-    path = Path(model)
-    if path.is_dir():
-        if checkpoint is not None:
-            raise ValueError("--checkpoint picks a shipped model's checkpoint, not a directory's")
-        loaded = HookedTransformer.load(path)
-        if loaded.tokenizer is None and loaded.cfg.d_vocab >= ByteTokenizer().vocab_size:
-            loaded.tokenizer = ByteTokenizer()
-        return loaded
-    return HookedTransformer.from_pretrained(model, checkpoint_value=checkpoint)
+def _load(args: argparse.Namespace) -> HookedTransformer:
+    loaded = HookedTransformer.from_pretrained(
+        args.model, checkpoint_value=args.checkpoint, revision=args.revision
+    )
+    # A folder of ours saved without a tokenizer: the byte tokenizer, where it fits.
+    if loaded.tokenizer is None and loaded.cfg.d_vocab >= ByteTokenizer().vocab_size:
+        loaded.tokenizer = ByteTokenizer()
+    if loaded.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer, so it cannot read a text prompt")
+    return loaded
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -52,7 +55,7 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> None:
     """Print the prompt's tokens and the top-k next tokens with their probabilities."""
-    model = _load(args.model, args.checkpoint)
+    model = _load(args)
     tokens = model.to_tokens(args.prompt)
     with torch.no_grad():
         logits = model(tokens)[0, -1]
@@ -68,7 +71,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 def cmd_cache(args: argparse.Namespace) -> None:
     """Print the cache summary, or one activation's shape and values."""
-    model = _load(args.model, args.checkpoint)
+    model = _load(args)
     with torch.no_grad():
         _, cache = model.run_with_cache(args.prompt, return_type=None)
     if args.name is None:
@@ -84,7 +87,7 @@ def cmd_cache(args: argparse.Namespace) -> None:
 
 def cmd_view(args: argparse.Namespace) -> None:
     """Write the prompt's attention patterns, every head, as a self-contained HTML page."""
-    model = _load(args.model, args.checkpoint)
+    model = _load(args)
     page = attention(model, args.prompt, head=args.head, max_values=args.max_values)
     path = page.save(args.output)
     n_tokens, n_layers = len(page.data["tokens"]), len(page.data["layers"])
@@ -132,14 +135,7 @@ def parser() -> argparse.ArgumentParser:
     predict = commands.add_parser("predict", help="top next-token predictions for a prompt")
     cache = commands.add_parser("cache", help="cache summary, or one activation, for a prompt")
     for sub in (predict, cache):
-        sub.add_argument("model", help="a shipped model name or a checkpoint directory")
-        sub.add_argument("prompt")
-        sub.add_argument(
-            "--checkpoint",
-            type=int,
-            metavar="STEP",
-            help="a shipped model's intermediate checkpoint: its training step (`list` shows them)",
-        )
+        _model_arguments(sub)
     predict.add_argument(
         "-k", type=_bounded_int(1), default=10, help="how many predictions (default 10)"
     )
@@ -156,14 +152,7 @@ def parser() -> argparse.ArgumentParser:
     cache.add_argument("--squeeze", action="store_true", help="drop a batch axis of size 1")
     cache.set_defaults(run=cmd_cache)
     view = commands.add_parser("view", help="write a prompt's attention patterns as an HTML page")
-    view.add_argument("model", help="a shipped model name or a checkpoint directory")
-    view.add_argument("prompt")
-    view.add_argument(
-        "--checkpoint",
-        type=int,
-        metavar="STEP",
-        help="a shipped model's intermediate checkpoint: its training step (`list` shows them)",
-    )
+    _model_arguments(view)
     view.add_argument("-o", "--output", default="attention.html", help="default attention.html")
     view.add_argument("--head", help="the head shown first, e.g. L1H4, or all (default L0H0)")
     view.add_argument(
@@ -174,6 +163,25 @@ def parser() -> argparse.ArgumentParser:
     )
     view.set_defaults(run=cmd_view)
     return top
+
+
+def _model_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "model",
+        help="a shipped model, a folder (ours or save_pretrained's), a hub repo id "
+        "(ORG/NAME) or a TransformerLens name (gpt2-small)",
+    )
+    sub.add_argument("prompt")
+    sub.add_argument(
+        "--checkpoint",
+        type=int,
+        metavar="STEP",
+        help="a training checkpoint by its step: a shipped model's (`list` shows them), "
+        "Pythia's, or a TransformerLens toy model's",
+    )
+    sub.add_argument(
+        "--revision", help="a hub repo's branch, tag or commit (default: its main branch)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -429,14 +429,19 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         dtype: torch.dtype | str = "float32",
         **from_pretrained_kwargs: Any,
     ) -> "HookedTransformer":
-        """Load a model and process its weights for analysis, with TL's defaults.
+        """Load a model by name and process its weights for analysis, with TL's defaults.
 
-        `model_name` is one of our shipped models (`hookedattn.list_pretrained()`), or
-        pass `hf_model=` (a `transformers` GPT-2 or a local directory holding one). The
-        weights are then processed (`hookedattn.core.processing.process_weights`) as asked:
-        each step returns a new model, so nothing is changed in place.
+        `model_name` is anything `hookedattn.HookedTransformer.from_pretrained` takes: one
+        of TransformerLens's names (`"gpt2-small"`, `"pythia-70m"`, `"attn-only-2l"`), a
+        hub repo id, a folder, or a shipped model; `revision`, `token`, `cache_dir` and
+        `local_files_only` go to `huggingface_hub` (TL passes them on to transformers).
+        Or pass `hf_model=` (a live `transformers` model). The weights are then processed
+        (`hookedattn.core.processing.process_weights`) as asked: each step returns a new
+        model, so nothing is changed in place.
         """
+        hub_options = _hub_options(from_pretrained_kwargs)
         _refuse_unsupported(from_pretrained_kwargs)
+        dtype = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
@@ -444,11 +449,11 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                 model_name,
                 checkpoint_index=checkpoint_index,
                 checkpoint_value=checkpoint_value,
+                tokenizer=tokenizer,
+                dtype=dtype,
                 device=device,
+                **hub_options,
             )
-            if tokenizer is not None:
-                model.tokenizer = tokenizer
-        dtype = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
         if dtype != model.cfg.dtype:
             model = model.to(dtype)
         model = processing.process_weights(
@@ -512,6 +517,15 @@ def _written_out(model: HookedTransformer) -> HookedTransformer:
     return new
 
 
+_HUB_OPTIONS = ("revision", "token", "cache_dir", "local_files_only")
+
+
+def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments TransformerLens hands to transformers that choose what to
+    fetch (taken out of `kwargs`)."""
+    return {name: kwargs.pop(name) for name in _HUB_OPTIONS if name in kwargs}
+
+
 def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
     ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
     given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
@@ -521,7 +535,7 @@ def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
             f"from_pretrained does not support {', '.join(given + unknown)}; it takes "
             f"fold_ln, center_writing_weights, center_unembed, fold_value_biases, "
             f"checkpoint_index, checkpoint_value, hf_model, tokenizer, device, dtype, "
-            f"default_prepend_bos, default_padding_side"
+            f"default_prepend_bos, default_padding_side, {', '.join(_HUB_OPTIONS)}"
         )
 
 

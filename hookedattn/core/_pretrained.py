@@ -10,8 +10,8 @@ file is read: a corrupted or truncated file is an error that says how to get a g
     list_pretrained()                                                             # what there is
 
 Their names start with `bytes-` so that they cannot be taken for TransformerLens's hub
-models of similar names (`attn-only-2l`, `gelu-2l`: other sizes, other data); any other
-name is an error that says how to load such a model from a local copy (`from_hf`).
+models of similar names (`attn-only-2l`, `gelu-2l`: other sizes, other data), which
+`from_pretrained` loads from the hub (`hookedattn.core.hub`).
 
 `scripts/train.py --preset NAME --ship` rebuilds a model from its recipe
 (`hookedattn/training/presets.py`) and rewrites the index.
@@ -34,7 +34,6 @@ Model = Any
 PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 INDEX_FILE = "index.json"
 CHECKPOINTS_DIR = "checkpoints"
-_HUB_EXAMPLES = "'gpt2', 'attn-only-2l', 'gelu-2l', 'pythia-70m'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +61,11 @@ class PretrainedInfo:
         loss = f", held-out loss {final['heldout_loss']:.3f}" if final else ""
         plural = "s" if len(self.checkpoints) > 1 else ""
         return f"{self.name}: {shape}, {len(self.checkpoints)} checkpoint{plural}{loss}"
+
+
+def shipped_names(directory: str | Path = PRETRAINED_DIR) -> tuple[str, ...]:
+    """The names of the shipped models (no file but the index is read)."""
+    return tuple(sorted(_read_index(directory)))
 
 
 def list_pretrained(directory: str | Path = PRETRAINED_DIR) -> list[PretrainedInfo]:
@@ -112,6 +116,7 @@ def load_pretrained(
     checkpoint_index: int | None = None,
     checkpoint_value: int | None = None,
     device: str | None = None,
+    dtype: Any = None,
     directory: str | Path = PRETRAINED_DIR,
 ) -> Model:
     """Load a shipped model (or one of its checkpoints), with its `ByteTokenizer`.
@@ -128,7 +133,7 @@ def load_pretrained(
         files = entry["checkpoints"][str(step)]
     for file_name, expected in files.items():
         _verify(path / file_name, expected, entry.get("command", ""))
-    model = cls.load(path, device=device)
+    model = cls.load(path, device=device, dtype=dtype)
     model.tokenizer = ByteTokenizer()
     return model
 
@@ -193,10 +198,9 @@ def _entry(name: str, directory: str | Path) -> dict:
         close = difflib.get_close_matches(str(name), list(index), n=2, cutoff=0.5)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise KeyError(
-            f"no pretrained model named {name!r}{hint}; available: {', '.join(sorted(index))}. "
-            f"Other names ({_HUB_EXAMPLES}, ...) are TransformerLens hub models, which "
-            f"hookedattn does not download: save one locally with transformers and load it "
-            "with HookedTransformer.from_hf('path/to/local/dir')"
+            f"no shipped model named {name!r}{hint}; shipped: {', '.join(sorted(index))} "
+            f"(HookedTransformer.from_pretrained also loads hub repos and TransformerLens's "
+            f"names)"
         )
     return index[name]
 

@@ -14,6 +14,7 @@ stacked weight views (`model.W_Q: [layer head d_model d_head]`, `QK`, `OV`) live
 import contextlib
 import copy
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,12 +25,12 @@ from torch import Tensor, nn
 
 from hookedattn.core import (
     _inputs,
-    _pretrained,
     _recording,
     _tokenization,
     _weights_io,
     generation,
     hf,
+    hub,
     kernels,
 )
 from hookedattn.core._stacked_weights import StackedWeights
@@ -383,23 +384,53 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     @classmethod
     def from_pretrained(
         cls,
-        model_name: str,
+        model_name: str | os.PathLike,
         *,
         checkpoint_index: int | None = None,
         checkpoint_value: int | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        tokenizer: Any = None,
+        dtype: torch.dtype | str | None = None,
         device: str | None = None,
+        tp_size: int | None = None,
+        device_map: Any = None,
+        max_memory: Any = None,
     ) -> "HookedTransformer":
-        """Load a shipped model (offline, from package data), with its `ByteTokenizer`.
+        """Load a model by its name: a shipped model, a folder, a hub repo, a TL name.
 
-        `hookedattn.list_pretrained()` lists the names; `checkpoint_value` (a training step)
-        or `checkpoint_index` loads an intermediate checkpoint. See `hookedattn.core._pretrained`.
+        `model_name` is one of (`hookedattn.core.hub.resolve`):
+
+        - a shipped model (`hookedattn.list_pretrained()`: package data, no network);
+        - a folder written by `save`, by transformers' `save_pretrained`, or a
+          TransformerLens toy model;
+        - a hub repo id (`"EleutherAI/pythia-70m"`), at `revision` (a branch, tag or
+          commit), fetched through `huggingface_hub` with `token` (default: the stored one)
+          into `cache_dir` (default: `HF_HUB_CACHE`); only the files the import reads;
+          `local_files_only=True` (or `HF_HUB_OFFLINE=1`) reads the cache alone;
+        - one of TransformerLens's names or aliases (`"gpt2-small"`, `"pythia-70m"`,
+          `"attn-only-2l"`: `hookedattn.core.hub.tl_model_names()`).
+
+        `checkpoint_value` (a training step) or `checkpoint_index` picks a training
+        checkpoint: a shipped model's, a Pythia or Stanford CRFM revision (`step1000`), or
+        a TL toy model's checkpoint file. The weights load as stored unless `dtype` says
+        otherwise; `tp_size`, `device_map` and `max_memory` place them as in `from_hf`.
         """
-        return _pretrained.load_pretrained(
+        options = hub.HubOptions(revision, token, cache_dir, local_files_only)
+        return hub.load_model(
             cls,
             model_name,
+            options,
             checkpoint_index=checkpoint_index,
             checkpoint_value=checkpoint_value,
+            tokenizer=tokenizer,
+            dtype=dtype,
             device=device,
+            tp_size=tp_size,
+            device_map=device_map,
+            max_memory=max_memory,
         )
 
     @classmethod
@@ -413,15 +444,23 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         tp_size: int | None = None,
         device_map: Any = None,
         max_memory: Any = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
     ) -> "HookedTransformer":
-        """Import a `transformers` causal LM, or a local directory holding one.
+        """Import a `transformers` causal LM: a live model, a folder, or a hub repo id.
 
         GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2,
         Phi-3, GPT-J, OPT, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE
         and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional
-        `transformers` (`pip install hookedattn[hf]`); nothing is downloaded: a directory is
-        read from its safetensors files memory-mapped, a chunk at a time, converted to
-        `dtype` as it is read, into a model built on the meta device.
+        `transformers` (`pip install hookedattn[hf]`). A repo id (or a TransformerLens
+        name) is fetched through `huggingface_hub` at `revision`, with `token`, into
+        `cache_dir`, or read from the cache alone with `local_files_only=True`
+        (`from_pretrained` says more). A folder is read from its safetensors files
+        memory-mapped, a chunk at a time, converted to `dtype` as it is read, into a model
+        built on the meta device (pickled `pytorch_model.bin` only with
+        `torch.load(weights_only=True)`).
 
         Beyond one device (`hookedattn.core.parallel`): `tp_size=N` inside a `torchrun` job
         of N processes splits heads, neurons and the vocabulary over them, each rank
@@ -429,6 +468,14 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         `{"blocks.0": "cuda:0", ...}`, with `max_memory={device: bytes}`) places whole
         blocks on devices.
         """
+        options = hub.HubOptions(revision, token, cache_dir, local_files_only)
+        if isinstance(hf_model, str | os.PathLike):
+            hf_model = hub.hf_folder(hf_model, options)
+        elif options != hub.HubOptions():
+            raise ValueError(
+                "revision, token, cache_dir and local_files_only choose what to fetch by "
+                "name; a live transformers model has nothing to fetch"
+            )
         placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
         return hf.from_hf(
             cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device, **placement

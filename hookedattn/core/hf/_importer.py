@@ -79,8 +79,10 @@ def from_hf(
     """A `cls` (HookedTransformer) with the weights of a HF model or a local directory.
 
     `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`)
-    or a directory holding its `config.json` and safetensors files (nothing is
-    downloaded); from a directory the tokenizer saved there (if any) comes too. `dtype` and
+    or a directory holding its `config.json` and weights (safetensors, or pickled
+    `pytorch_model*.bin` read with `weights_only=True`); from a directory the tokenizer
+    saved there (if any) comes too. (A hub repo is fetched first, by
+    `hookedattn.core.hub`.) `dtype` and
     `device` default to those of the weights (as stored, for a directory). `tp_size` splits
     the model over the ranks of a torchrun job, `device_map` places its blocks
     (`hookedattn.core.parallel`); either way each tensor is read only where it goes. No code
@@ -94,7 +96,7 @@ def from_hf(
         _loading.check_directory(path)
         hf_config, hf_model = _loading.read_config(path), None
         family = family_of_config(hf_config)
-        tensors = _loading.SafetensorsFiles(_loading.safetensors_files(path))
+        tensors = _loading.weight_source(path)
         tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
         stored_dtype, stored_device = tensors.stored_dtype(), "cpu"
     else:

@@ -5,7 +5,12 @@ if one was saved there.
 
 Building the HF model first and converting it would hold two copies of the weights; reading
 the files tensor by tensor holds the finished model plus the one tensor being converted.
-Only local files are read: nothing is downloaded.
+Only local files are read: fetching a repo is `hookedattn.core.hub`'s.
+
+Safetensors first. A folder with only pickled weights (`pytorch_model*.bin`, as older
+repos have) is read with `torch.load(weights_only=True)`, which rebuilds tensors and
+refuses anything else, so no code from the file runs; a warning says so, since those
+files cannot be read a tensor at a time.
 
 No code from the folder ever runs, and nobody is asked: a `config.json` or
 `tokenizer_config.json` that names custom code (`auto_map`) is refused by name before
@@ -16,6 +21,7 @@ the ones in the folder: an index entry that leaves it (`../elsewhere/...`) is re
 """
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ from torch import Tensor
 from hookedattn.core._weights_io import MAX_CONFIG_BYTES, CheckpointError, read_safetensors_header
 
 _INDEX = "model.safetensors.index.json"
+_PICKLE_INDEX = "pytorch_model.bin.index.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
@@ -85,9 +92,9 @@ def check_directory(path: Path) -> None:
     """A FileNotFoundError unless `path` is a local model directory with a config.json."""
     if not path.is_dir():
         raise FileNotFoundError(
-            f"no model directory at {path}: from_hf reads local files only (nothing is "
-            f"downloaded), so pass a directory holding config.json and *.safetensors, "
-            f"e.g. one written by save_pretrained or a hub snapshot"
+            f"no model directory at {path}: pass a directory holding config.json and "
+            f"*.safetensors (one written by save_pretrained, or a hub snapshot), or a hub "
+            f"repo id to HookedTransformer.from_hf"
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {path}: not a HuggingFace model directory")
@@ -136,6 +143,20 @@ def read_config(path: Path) -> Any:
         ) from error
 
 
+def weight_source(path: Path) -> Any:
+    """The folder's weights as a `TensorSource`: its safetensors files, memory-mapped, or
+    where it has none its pickled `pytorch_model*.bin`, read safely (module docstring)."""
+    if (path / _INDEX).is_file() or any(path.glob("*.safetensors")):
+        return SafetensorsFiles(safetensors_files(path))
+    if (path / _PICKLE_INDEX).is_file() or any(path.glob("pytorch_model*.bin")):
+        return PickledFiles(pickled_files(path))
+    saved = sorted(p.name for p in path.iterdir())
+    raise CheckpointError(
+        f"no weights in {path} (it holds {saved}): from_hf reads *.safetensors (with "
+        f"{_INDEX} if sharded) or pytorch_model*.bin; save the model with save_pretrained"
+    )
+
+
 def safetensors_files(path: Path) -> list[Path]:
     """The weight files: the shards an index names (each inside `path`), else every
     `*.safetensors` there."""
@@ -149,9 +170,63 @@ def safetensors_files(path: Path) -> list[Path]:
         saved = sorted(p.name for p in path.iterdir())
         raise CheckpointError(
             f"no *.safetensors in {path} (it holds {saved}): from_hf reads safetensors "
-            f"only; save the model with save_pretrained (transformers writes safetensors)"
+            f"(or pytorch_model*.bin); save the model with save_pretrained"
         )
     return files
+
+
+def pickled_files(path: Path) -> list[Path]:
+    """The pickled weight files: the shards `pytorch_model.bin.index.json` names, else
+    every `pytorch_model*.bin`."""
+    index = path / _PICKLE_INDEX
+    files = (
+        _indexed_files(path, index) if index.is_file() else sorted(path.glob("pytorch_model*.bin"))
+    )
+    for file in files:
+        _check_regular(file)
+    return files
+
+
+class PickledFiles:
+    """The tensors of pickled state-dict files (`pytorch_model*.bin`) as a `TensorSource`,
+    read with `torch.load(weights_only=True, mmap=True)`: tensors only, never code."""
+
+    def __init__(self, files: list[Path]) -> None:
+        warnings.warn(
+            f"{files[0].parent} has pickled weights only ({', '.join(f.name for f in files)}): "
+            f"reading them with torch.load(weights_only=True), which runs no code from the "
+            f"file; safetensors would load a tensor at a time",
+            stacklevel=3,
+        )
+        self._tensors: dict[str, Tensor] = {}
+        for file in files:
+            self._tensors.update(_read_pickled(file))
+        self.shapes = {name: tuple(t.shape) for name, t in self._tensors.items()}
+        self.dtypes = {name: t.dtype for name, t in self._tensors.items()}
+
+    def get(self, name: str) -> Tensor:
+        """The tensor called `name`, as stored."""
+        return self._tensors[name]
+
+    def stored_dtype(self) -> torch.dtype:
+        """The floating dtype most tensors are stored in."""
+        floating = [dtype for dtype in self.dtypes.values() if dtype.is_floating_point]
+        return Counter(floating).most_common(1)[0][0] if floating else torch.float32
+
+
+def _read_pickled(file: Path) -> dict[str, Tensor]:
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"{file} does not load as plain tensors (torch.load(weights_only=True) refused "
+            f"it: {error}); hookedattn never unpickles anything else"
+        ) from error
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
+    ):
+        raise CheckpointError(f"{file} does not hold a state dict (names to tensors)")
+    return state
 
 
 def _check_regular(file: Path) -> None:
