@@ -21,7 +21,7 @@ from hookedattn.core.hub._errors import (
     NoWeightsError,
     RevisionNotFoundError,
 )
-from hookedattn.core.hub._fetch import HubOptions
+from hookedattn.core.hub._fetch import HubOptions, snapshot
 from hookedattn.core.hub._load import hf_folder, load_model
 from hookedattn.core.hub._names import official_name, tl_model_names
 from hookedattn.core.hub._resolve import KINDS, Resolved, resolve
@@ -41,5 +41,6 @@ __all__ = [
     "load_model",
     "official_name",
     "resolve",
+    "snapshot",
     "tl_model_names",
 ]
