@@ -64,7 +64,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     print(f"{args.model}: {tokens.shape[1]} tokens {model.to_str_tokens(tokens[0])}")
     print(f"top {len(top.values)} next tokens:")
     for rank, (p, token) in enumerate(zip(top.values, top.indices, strict=True), start=1):
-        shown = repr(model.tokenizer.str_token(int(token)))
+        shown = repr(model.to_str_tokens([int(token)])[0])
         logit = float(logits[token])
         print(f"  {rank:>2}. {shown:<8} id {int(token):>3}  p = {float(p):.4f}  logit {logit:+.3f}")
 

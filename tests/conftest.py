@@ -7,6 +7,8 @@ The tests' models come from `hookedattn.testing` (`tiny_model`, `random_tiny_mod
 what only this suite needs; what several test files share is in `tests/helpers/`.
 """
 
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,15 @@ from typing import Any
 
 import pytest
 import torch
+
+# No test reaches the real hub, or reads or fills the machine's cache: `huggingface_hub`
+# (read when first imported, after this) starts offline on an empty cache of the suite's
+# own, with no token. The tests of loading by name serve a hub of their own
+# (tests/helpers/hub.py) and point the client at it.
+_HF_HOME = tempfile.mkdtemp(prefix="hookedattn-tests-hf-")
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_CACHE"):
+    os.environ.pop(_name, None)
+os.environ.update(HF_HOME=_HF_HOME, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
 
 # The suite runs thousands of tiny forwards, where a second intra-op thread costs more in
 # synchronisation than it gains (and, on a shared 2-core machine, far more).

@@ -270,7 +270,7 @@ class HubServer:
         self.page_size = page_size
         self.expand_page_size = expand_page_size
         self._repos: dict[str, HubRepo] = {}
-        self._cuts: dict[str, int] = {}
+        self._cuts: dict[str, tuple[int, int]] = {}
         self._log: list[HubRequest] = []
         self._lock = threading.Lock()
         self._listeners: list[tuple[_Listener, threading.Thread]] = []
@@ -351,10 +351,11 @@ class HubServer:
             return self._repos[repo_id]
 
     def cut_download(
-        self, repo_id: str, filename: str, after_bytes: int, revision: str = "main"
+        self, repo_id: str, filename: str, after_bytes: int, revision: str = "main", times: int = 1
     ) -> None:
-        """Cut the next GET that sends this file's bytes: it announces the full Content-Length
-        but the connection closes after `after_bytes` bytes of the body. Once."""
+        """Cut the next `times` GETs that send this file's bytes: each announces the full
+        Content-Length but the connection closes after `after_bytes` bytes of the body (the
+        client retries a cut download 5 times, resuming, before it gives up)."""
         snapshot = self.repo(repo_id).snapshot(revision)
         if snapshot is None or filename not in snapshot.files:
             raise KeyError(f"{repo_id}@{revision} has no file {filename!r}")
@@ -362,7 +363,7 @@ class HubServer:
         if not 0 <= after_bytes < size:
             raise ValueError(f"after_bytes must be in [0, {size}), not {after_bytes}")
         with self._lock:
-            self._cuts[snapshot.files[filename].sha256] = after_bytes
+            self._cuts[snapshot.files[filename].sha256] = (after_bytes, times)
 
     # ------------------------------------------------------------------ what was asked
     @property
@@ -604,7 +605,10 @@ class HubServer:
         cut = None
         if request.method == "GET":
             with self._lock:
-                cut = self._cuts.pop(b.sha256, None)
+                if b.sha256 in self._cuts:
+                    cut, times = self._cuts.pop(b.sha256)
+                    if times > 1:
+                        self._cuts[b.sha256] = (cut, times - 1)
         return _Response(status, head, b.content[start:stop], cut)
 
 
@@ -737,13 +741,14 @@ def serve_hf_model(
     model: Any,
     tokenizer: Any = None,
     revision: str = "main",
+    save: Mapping[str, Any] | None = None,
     **repo: Any,
 ) -> HubRepo:
-    """Serve what `model.save_pretrained` (safetensors, transformers' default) and
+    """Serve what `model.save_pretrained(**save)` (safetensors, transformers' default) and
     `tokenizer.save_pretrained` write, as `revision` of `repo_id` (made with the `HubRepo`
     fields in `repo` if new)."""
     with tempfile.TemporaryDirectory(prefix="hub-model-") as folder:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, **(save or {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
         return server.add_files(repo_id, folder_files(Path(folder)), revision, **repo)

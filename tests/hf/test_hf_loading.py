@@ -87,14 +87,9 @@ def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(tmp_path):
     assert torch.equal(model.blocks[1].attn._W_K[1, :, 3], W_K[8 + 3])
 
 
-def test_a_hub_name_without_a_directory_says_to_pass_one():
-    with pytest.raises(FileNotFoundError, match="nothing is downloaded.*pass a directory"):
-        HookedTransformer.from_hf("meta-llama/Llama-3.2-1B")
-
-
 def test_a_directory_without_safetensors_is_refused(llama, tmp_path):
     llama.config.save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match=r"no \*\.safetensors in .*reads safetensors only"):
+    with pytest.raises(CheckpointError, match=r"no weights in .*reads \*\.safetensors"):
         HookedTransformer.from_hf(tmp_path)
 
 

@@ -17,7 +17,12 @@ the live models passed in.
 
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gpt2 import convert_gpt2_state_dict, gpt2_config
-from hookedattn.core.hf._importer import FAMILIES, SUPPORTED_ARCHITECTURES, from_hf
+from hookedattn.core.hf._importer import (
+    FAMILIES,
+    SUPPORTED_ARCHITECTURES,
+    family_of_folder,
+    from_hf,
+)
 from hookedattn.core.hf._table import Rule, Table
 
 __all__ = [
@@ -27,6 +32,7 @@ __all__ = [
     "Rule",
     "Table",
     "convert_gpt2_state_dict",
+    "family_of_folder",
     "from_hf",
     "gpt2_config",
 ]

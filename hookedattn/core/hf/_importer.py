@@ -178,6 +178,13 @@ def family_of_model(hf_model: Any) -> Family:
     raise ValueError(_unsupported(type(hf_model).__name__, model_type) + hint)
 
 
+def family_of_folder(path: Path) -> Family:
+    """The family of the checkpoint in folder `path`, from its `config.json` alone (so a
+    hub repo is refused before its weights are fetched): a ValueError names an architecture
+    hookedattn does not import, a CheckpointError a config that names custom code."""
+    return family_of_config(_loading.read_config(path))
+
+
 def family_of_config(hf_config: Any) -> Family:
     """The family of a directory's config, by its `model_type`."""
     model_type = getattr(hf_config, "model_type", None)
@@ -192,5 +199,5 @@ def _unsupported(name: str, model_type: Any) -> str:
     _loading.transformers_module()  # the ImportError that says how to install it, first
     return (
         f"cannot import {name} (model_type={model_type!r}): from_hf supports "
-        f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} (the families table: docs/guide/families.md)"
     )

@@ -128,9 +128,10 @@ def translate(error: Exception, repo_id: str, options: HubOptions) -> Exception:
         return NotCachedError(_not_cached(repo_id, revision, options, error))
     if _is_transport_error(error):
         return DownloadInterruptedError(
-            f"the download of {repo_id} (revision {revision!r}) stopped part way "
-            f"({type(error).__name__}: {error}); run the same load again: huggingface_hub "
-            f"resumes from the partial file it kept in {cache_folder(options)}"
+            f"the download of {repo_id} (revision {revision!r}) stopped part way, after "
+            f"huggingface_hub's own retries ({type(error).__name__}: {error}); run the same "
+            f"load again: the files that arrived whole are in the cache "
+            f"{cache_folder(options)} and only the rest is fetched"
         )
     if isinstance(error, errors.HFValidationError):
         return ModelNotFoundError(f"{repo_id!r} is not a hub repo id: {error}")

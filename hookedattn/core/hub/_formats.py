@@ -40,7 +40,7 @@ def format_of(folder: Path) -> str:
     config_file = folder / "config.json"
     if not config_file.is_file():
         held = sorted(p.name for p in folder.iterdir())[:12] if folder.is_dir() else []
-        raise CheckpointError(
+        raise FileNotFoundError(
             f"no config.json in {folder} (it holds {held}): not a model folder; a model "
             f"folder is one written by HookedTransformer.save or save_pretrained, or a "
             f"TransformerLens toy model"

@@ -13,10 +13,11 @@ or no connection) the same steps read the cache.
 """
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 
-from hookedattn.core import _pretrained
+from hookedattn.core import _pretrained, hf
 from hookedattn.core.hub import _fetch, _formats, _names, _transformerlens
 from hookedattn.core.hub._errors import ModelNotFoundError, NotCachedError, NoWeightsError
 from hookedattn.core.hub._fetch import HubOptions
@@ -60,6 +61,12 @@ def resolve(
     text = os.fspath(name)
     if Path(text).is_dir():
         return _local(Path(text), checkpoint)
+    if not isinstance(name, str) or _looks_like_path(text):
+        raise FileNotFoundError(
+            f"no model directory at {text}: pass a folder holding config.json (written by "
+            f"HookedTransformer.save or save_pretrained, a hub snapshot, or a TransformerLens "
+            f"toy model), or a name{_other_names(text)}"
+        )
     if text in _pretrained.shipped_names():
         return Resolved(text, "shipped", checkpoint=checkpoint)
     repo_id = _names.official_name(text) or text
@@ -71,7 +78,10 @@ def resolve(
         raise ModelNotFoundError(f"{error}{_other_names(text)}") from error
     except NotCachedError as error:
         if repo_id == text and "/" not in text:  # perhaps not a repo at all
-            raise NotCachedError(f"{error}{_other_names(text)}") from error
+            raise NotCachedError(
+                f"{text!r} is no shipped model and none of TransformerLens's names; as a hub "
+                f"repo id: {error}{_other_names(text)}"
+            ) from error
         raise
     kind = _formats.format_of(folder)
     if kind == "transformerlens":
@@ -83,6 +93,8 @@ def resolve(
             f"(checkpoint_index/checkpoint_value pick Pythia's and Stanford CRFM's "
             f"revisions, and TransformerLens toy models' files); pass revision=... instead"
         )
+    if kind == "transformers":
+        hf.family_of_folder(folder)  # an architecture we do not import, before the weights
     folder = _fetch.snapshot(repo_id, _formats.weight_names(folder, kind), options)
     if kind == "transformers" and not _has_weights(folder):
         folder = _fetch.snapshot(repo_id, _formats.pickled_names(folder), options)
@@ -120,14 +132,22 @@ def _check_repo_id(name: str, repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
-        looks_like_path = os.sep in name or name.startswith((".", "~"))
-        what = f"no folder {name!r}" if looks_like_path else f"{name!r} is not a hub repo id"
-        raise ModelNotFoundError(f"{what} ({error}){_other_names(name)}") from None
+        raise ModelNotFoundError(
+            f"{name!r} is not a hub repo id ({error}){_other_names(name)}"
+        ) from None
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name written as a path (absolute, `./x`, `~/x`, or with more than one `/`): a
+    folder that is not there, never a hub repo id."""
+    return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
 
 
 def _other_names(name: str) -> str:
     shipped = ", ".join(_pretrained.shipped_names())
-    close = _names.close_names(name)
+    by_lower = {n.lower(): n for n in _pretrained.shipped_names()}
+    close_shipped = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
+    close = [by_lower[n] for n in close_shipped] + _names.close_names(name)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     return (
         f".{hint} A model name is a shipped model ({shipped}), a local folder, a hub repo "
