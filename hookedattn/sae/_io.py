@@ -77,6 +77,12 @@ def load(cls: type, path: str | Path) -> Any:
     """The SAE (a `cls`, `SparseAutoencoder`) in folder `path` (ours or SAELens's); a
     `ValueError` says what is wrong. The class is given, not imported: the autoencoder
     module imports this one."""
+    return load_with_config(cls, path, read_config(path))
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The `cfg.json` of the SAE folder `path`, as written (checked to be a JSON object of a
+    sane size, in a folder that has the weights too)."""
     path = Path(path)
     missing = [f for f in (CFG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
     if missing:
@@ -88,9 +94,15 @@ def load(cls: type, path: str | Path) -> Any:
     if (path / CFG_FILE).stat().st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{path / CFG_FILE} is not an SAE config: it is larger than 16 MiB")
     try:
-        raw = json.loads((path / CFG_FILE).read_text())
+        return json.loads((path / CFG_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"{path / CFG_FILE} is not valid JSON: {e}") from None
+
+
+def load_with_config(cls: type, path: str | Path, raw: Any) -> Any:
+    """The SAE in folder `path` as the config `raw` (a `cfg.json`'s contents, perhaps
+    amended, as a release's overrides amend it) describes it."""
+    path = Path(path)
     parsed = parse_config(raw, path / CFG_FILE)
     expected = _expected_shapes(parsed.cfg)
     tensors = _read_tensors(path, expected)

@@ -9,11 +9,7 @@ and `threshold [d_sae]` (JumpReLU). SAELens has no TopK transcoder and no JumpRe
 transcoder: those are written as `"topk_transcoder"` (with `k`), `"topk_skip_transcoder"`,
 `"jumprelu_skip_transcoder"`, names SAELens refuses rather than misreads.
 
-circuit-tracer, per layer (`load_relu_transcoder`; ReLU transcoders only): one file per
-layer, `layer_{L}.safetensors`, with the encoder and decoder stored transposed, `W_enc
-[d_sae d_in]` and `W_dec [d_out d_sae]`, `b_enc`, `b_dec`, and `W_skip [d_out d_in]` for a
-skip transcoder; a `config.yaml` names the model, `feature_input_hook`,
-`feature_output_hook` (relative to a block) and each layer's file.
+circuit-tracer's per-layer sets are read and written by `hookedattn.sae._circuit_tracer_io`.
 
 circuit-tracer, cross-layer (`load_clt`): a folder of `W_enc_{l}.safetensors` (`W_enc_{l}
 [d_sae d_in]`, `b_enc_{l}`, `b_dec_{l}`, and `threshold_{l}` for JumpReLU) and
@@ -103,7 +99,7 @@ def load_transcoder(cls: type, path: str | Path) -> Any:
     sizes = f"d_in={cfg.d_in}, d_sae={cfg.d_sae}, d_out={cfg.d_out}"
     _strict.check_tensors(weights, _strict.tensor_shapes(weights), expected, cfg.torch_dtype, sizes)
     tc = cls(cfg)
-    _fill(tc, _strict.load_finite(weights, list(expected)))
+    fill(tc, _strict.load_finite(weights, list(expected)))
     return tc
 
 
@@ -166,7 +162,7 @@ def _transcoder_config(raw: dict[str, Any], where: Path) -> TranscoderConfig:
         raise ValueError(f"{where}: {e}") from None
 
 
-def _fill(module: Any, tensors: dict[str, torch.Tensor]) -> None:
+def fill(module: Any, tensors: dict[str, torch.Tensor]) -> None:
     """Copy checked tensors into a transcoder's parameters, by SAELens's names."""
     targets = {"W_enc": module.W_enc, "b_enc": module.b_enc, "W_dec": module.W_dec,
                "b_dec": module.b_dec}  # fmt: skip
@@ -177,108 +173,6 @@ def _fill(module: Any, tensors: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, param in targets.items():
             param.copy_(tensors[name])
-
-
-# ---------------------------------------------------------------- circuit-tracer, per layer
-def save_transcoder_set(transcoders: list[Any], path: str | Path, model_name: str = "") -> Path:
-    """Write per-layer ReLU transcoders in circuit-tracer's layout: `config.yaml` and
-    `layer_{L}.safetensors` per layer (encoder and decoder transposed)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for tc in transcoders:
-        c = tc.cfg
-        if c.activation != "relu":
-            raise ValueError(
-                f"circuit-tracer's per-layer files hold ReLU transcoders; the one at layer "
-                f"{c.layer} is {c.activation}: save it in SAELens's layout (tc.save(folder))"
-            )
-        tensors = {
-            "W_enc": tc.W_enc.detach().T.contiguous(),
-            "b_enc": tc.b_enc.detach().clone(),
-            "W_dec": tc.W_dec.detach().T.contiguous(),
-            "b_dec": tc.b_dec.detach().clone(),
-        }
-        if c.skip:
-            tensors["W_skip"] = tc.W_skip.detach().clone()
-        name = f"layer_{c.layer}.safetensors"
-        safetensors.torch.save_file(tensors, str(path / name))
-        entries.append({"id": f"layer_{c.layer}", "layer": c.layer, "filepath": name})
-    first = transcoders[0].cfg
-    config = {
-        "model_name": model_name,
-        "feature_input_hook": _relative(first.hook_name),
-        "feature_output_hook": _relative(first.hook_name_out),
-        "transcoders": entries,
-    }
-    (path / YAML_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return path
-
-
-def load_transcoder_set(cls: type, path: str | Path) -> list[Any]:
-    """The per-layer transcoders (each a `cls`) of a circuit-tracer folder, by layer."""
-    path = Path(path)
-    config = read_yaml(path / YAML_FILE)
-    entries = config.get("transcoders")
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{path / YAML_FILE} needs a non-empty list 'transcoders'")
-    hooks = [config.get(f) for f in ("feature_input_hook", "feature_output_hook")]
-    if not all(isinstance(h, str) and h for h in hooks):
-        raise ValueError(f"{path / YAML_FILE} needs feature_input_hook and feature_output_hook")
-    out = {}
-    for entry in entries:
-        layer = entry.get("layer") if isinstance(entry, dict) else None
-        if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
-            raise ValueError(
-                f"{path / YAML_FILE}: each transcoder needs a layer >= 0, got {entry!r}"
-            )
-        if layer in out:
-            raise ValueError(f"{path / YAML_FILE} lists layer {layer} twice")
-        out[layer] = _load_circuit_tracer_layer(cls, _inside(path, entry), layer, *hooks)
-    if sorted(out) != list(range(len(out))):
-        raise ValueError(f"{path / YAML_FILE}: layers {sorted(out)} are not 0..{len(out) - 1}")
-    return [out[layer] for layer in sorted(out)]
-
-
-def _inside(path: Path, entry: dict[str, Any]) -> Path:
-    """The file an entry of `config.yaml` names, which must be inside the folder `path`
-    (a relative path without `..`: a folder never points a reader elsewhere)."""
-    name = entry.get("filepath")
-    relative = Path(name) if isinstance(name, str) and name else None
-    if relative is None or relative.is_absolute() or ".." in relative.parts:
-        raise ValueError(
-            f"{path / YAML_FILE} names the file {name!r}, which is not a file inside {path}: "
-            f"a transcoder set is read from its own folder only"
-        )
-    return path / relative
-
-
-def _load_circuit_tracer_layer(cls: type, file: Path, layer: int, hook_in: str, hook_out: str):
-    found = _strict.tensor_shapes(file)
-    if "W_enc" not in found or len(found["W_enc"][0]) != 2:
-        raise ValueError(f"{file} lacks W_enc [d_sae d_in]; it holds {sorted(found)}")
-    d_sae, d_in = found["W_enc"][0]
-    d_out = found.get("b_dec", ((0,), None))[0][0]
-    skip = "W_skip" in found
-    expected = {"W_enc": (d_sae, d_in), "b_enc": (d_sae,), "W_dec": (d_out, d_sae),
-                "b_dec": (d_out,), **({"W_skip": (d_out, d_in)} if skip else {})}  # fmt: skip
-    dtype = _strict.one_dtype(file, found)
-    sizes = f"W_enc's d_sae={d_sae}, d_in={d_in} and b_dec's d_out={d_out}"
-    thresholds = {"log_thresholds", "threshold", "activation_function.threshold"} & set(found)
-    if thresholds:  # read as ReLU, a JumpReLU transcoder would be silently wrong
-        raise ValueError(
-            f"{file} holds {sorted(thresholds)}: a JumpReLU transcoder, which this reader of "
-            f"circuit-tracer's ReLU files does not load (it would run as ReLU)"
-        )
-    _strict.check_tensors(file, found, expected, None, sizes)
-    cfg = TranscoderConfig(
-        d_in, d_sae, d_out, f"blocks.{layer}.{hook_in}", f"blocks.{layer}.{hook_out}",
-        skip=skip, dtype=dtype, seed=None,
-    )  # fmt: skip
-    t = _strict.load_finite(file, list(expected))
-    tc = cls(cfg)
-    _fill(tc, {**t, "W_enc": t["W_enc"].T, "W_dec": t["W_dec"].T})
-    return tc
 
 
 # ---------------------------------------------------------------- circuit-tracer, cross-layer
@@ -394,11 +288,3 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a mapping, got {type(raw).__name__}")
     return raw
-
-
-def _relative(hook_name: str) -> str:
-    """`blocks.3.ln2.hook_out` -> `ln2.hook_out` (circuit-tracer names hooks within a block)."""
-    match = re.fullmatch(r"blocks\.\d+\.(.+)", hook_name)
-    if match is None:
-        raise ValueError(f"expected a hook name inside a block (blocks.L....), got {hook_name!r}")
-    return match.group(1)

@@ -127,6 +127,32 @@ class SparseAutoencoder(CoderModule):
         """Load an SAE saved by `save` or by SAELens (`cfg.json` + `sae_weights.safetensors`)."""
         return _io.load(cls, path)
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        release: str,
+        sae_id: str,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool = False,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+    ) -> "SparseAutoencoder":
+        """The SAE `sae_id` of SAELens's release `release` (`list_sae_releases()` lists
+        them; a hub repo id in SAELens's layout works too, `sae_id` being the folder),
+        fetching that SAE's files only: SAELens's `cfg.json` + `sae_weights.safetensors`
+        or Gemma Scope's `params.npz` / `params.safetensors`. `revision`, `token`,
+        `cache_dir`, `local_files_only` as for `HookedTransformer.from_pretrained`
+        (`HF_HUB_OFFLINE=1` reads the cache alone); `device`, `dtype`: where to put it.
+        An unknown name is a `KeyError` naming the close ones; the hub's errors are
+        `hookedattn.core.hub`'s (`GatedModelError`, `NotCachedError`, ...)."""
+        from hookedattn.sae.releases import _sae, _shared
+
+        options = _shared.options(revision, token, cache_dir, local_files_only)
+        return _sae.load(cls, release, sae_id, options, device, dtype)
+
     def extra_repr(self) -> str:
         c = self.cfg
         return f"d_in={c.d_in}, d_sae={c.d_sae}, hook_name={c.hook_name!r}, dtype={c.dtype}"

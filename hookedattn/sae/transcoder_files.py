@@ -1,10 +1,10 @@
-"""Per-layer transcoders as a set in circuit-tracer's layout (`hookedattn.sae._transcoder_io`
+"""Per-layer transcoders as a set in circuit-tracer's layout (`hookedattn.sae._circuit_tracer_io`
 describes every layout; a single transcoder saves in SAELens's with `tc.save(folder)`)."""
 
 from collections.abc import Sequence
 from pathlib import Path
 
-from hookedattn.sae import _transcoder_io
+from hookedattn.sae import _circuit_tracer_io
 from hookedattn.sae.transcoder import Transcoder
 
 
@@ -13,10 +13,10 @@ def save_transcoder_set(
 ) -> Path:
     """Write per-layer ReLU transcoders in circuit-tracer's layout: a `config.yaml` naming
     the model and the hooks, and `layer_{L}.safetensors` per layer; returns the folder."""
-    return _transcoder_io.save_transcoder_set(list(transcoders), path, model_name)
+    return _circuit_tracer_io.save_transcoder_set(list(transcoders), path, model_name)
 
 
 def load_transcoder_set(path: str | Path) -> list[Transcoder]:
     """The per-layer transcoders of a folder in circuit-tracer's layout (`config.yaml` and
     one `.safetensors` per layer), in layer order."""
-    return _transcoder_io.load_transcoder_set(Transcoder, path)
+    return _circuit_tracer_io.load_transcoder_set(Transcoder, path)

@@ -12,6 +12,7 @@ graphs (`analysis.attribution_graphs`) read transcoders only through this view.
 """
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +66,27 @@ class TranscoderSet:
         self.layers = tuple(sorted(by_layer))
         self._per_layer = by_layer
         self.modules = tuple(by_layer[layer] for layer in self.layers)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name: str,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool = False,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+    ) -> "TranscoderSet":
+        """The circuit-tracer transcoder set `name` names: a preset (`"gemma"`, `"llama"`;
+        `transcoder_presets()`) or a hub repo id, `org/repo[/folder][@revision]`, fetching
+        only the files its `config.yaml` lists (per-layer or cross-layer). The hub
+        keywords, `device` and `dtype` as for `SparseAutoencoder.from_pretrained`."""
+        from hookedattn.sae.releases import _shared, _transcoders
+
+        options = _shared.options(revision, token, cache_dir, local_files_only)
+        return cls(_transcoders.load(name, options, device, dtype))
 
     # ------------------------------------------------------------------ where it sits
     def input_hook(self, layer: int) -> str:

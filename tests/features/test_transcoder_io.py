@@ -207,14 +207,57 @@ def test_a_set_naming_a_file_outside_its_folder_is_refused(tmp_path, filepath):
         load_transcoder_set(folder)
 
 
-def test_a_jumprelu_layer_in_circuit_tracers_layout_is_refused_not_read_as_relu(tmp_path):
-    t = circuit_tracer_layer(tmp_path, 0) | {"activation_function.threshold": rand(24).abs()}
-    safetensors.torch.save_file(t, str(tmp_path / "layer_0.safetensors"))
+def one_layer_set(path, tensors, hub_schema=False):
+    """A folder holding `layer_0.safetensors` and its config in the first schema (entries
+    with a layer and a file) or the hub's (`model_kind`, no file list)."""
+    safetensors.torch.save_file(tensors, str(path / "layer_0.safetensors"))
+    hooks = {"feature_input_hook": "ln2.hook_out", "feature_output_hook": "hook_mlp_out"}
     entry = {"id": "t0", "layer": 0, "filepath": "layer_0.safetensors"}
-    config = {"model_name": "gpt2", "feature_input_hook": "ln2.hook_out",
-              "feature_output_hook": "hook_mlp_out", "transcoders": [entry]}  # fmt: skip
+    config = {"model_kind": "transcoder_set"} if hub_schema else {"transcoders": [entry]}
+    (path / "config.yaml").write_text(json.dumps({"model_name": "gpt2", **hooks, **config}))
+    return path
+
+
+def test_a_jumprelu_layer_in_circuit_tracers_layout_computes_its_math(tmp_path):
+    """Guards: a JumpReLU layer was read as ReLU. circuit-tracer's JumpReLU passes `pre`
+    where `pre > threshold`; ours `relu(pre)` there: the same for thresholds >= 0, and a
+    negative one is refused."""
+    t = circuit_tracer_layer(tmp_path, 0) | {"activation_function.threshold": rand(24).abs()}
+    (tc,) = load_transcoder_set(one_layer_set(tmp_path, t))
+    assert tc.cfg.activation == "jumprelu"
+    x = rand(5, 8)
+    pre = x @ t["W_enc"].T + t["b_enc"]
+    acts = pre * (pre > t["activation_function.threshold"])
+    torch.testing.assert_close(tc(x), acts @ t["W_dec"].T + t["b_dec"] + x @ t["W_skip"].T)
+    t["activation_function.threshold"][3] = -0.5
+    with pytest.raises(ValueError, match=r"threshold holds 1 negative value\(s\)"):
+        load_transcoder_set(one_layer_set(tmp_path, t))
+    t = circuit_tracer_layer(tmp_path, 0) | {"log_thresholds": rand(24)}
+    with pytest.raises(ValueError, match=r"\['log_thresholds'\]: not circuit-tracer's JumpReLU"):
+        load_transcoder_set(one_layer_set(tmp_path, t))
+
+
+@pytest.mark.parametrize("d_out", [8, 24], ids=["rectangular", "square"])
+def test_the_hub_schema_stores_the_decoder_features_first(tmp_path, d_out):
+    """circuit-tracer from 0.2 (`model_kind: transcoder_set`, no file list: the folder's
+    `layer_{L}.safetensors`) stores `W_dec [d_sae d_out]`; the first schema stored `[d_out
+    d_sae]`. A square decoder is read by its schema; a rectangular one by its shape."""
+    t = {"W_enc": rand(24, 8), "b_enc": rand(24), "W_dec": rand(24, d_out), "b_dec": rand(d_out)}
+    (tc,) = load_transcoder_set(one_layer_set(tmp_path, t, hub_schema=True))
+    x = rand(5, 8)
+    torch.testing.assert_close(tc(x), torch.relu(x @ t["W_enc"].T + t["b_enc"]) @ t["W_dec"]
+                               + t["b_dec"])  # fmt: skip
+    if d_out == 24:  # the first schema reads the same square file transposed
+        (first,) = load_transcoder_set(one_layer_set(tmp_path, t))
+        torch.testing.assert_close(first.W_dec, t["W_dec"].T)
+
+
+def test_a_local_set_naming_files_on_the_hub_says_how_to_fetch_them(tmp_path):
+    uri = "hf://google/gemma-scope-2b-pt-transcoders/layer_0/params.npz"
+    config = {"model_kind": "transcoder_set", "feature_input_hook": "ln2.hook_out",
+              "feature_output_hook": "hook_mlp_out", "transcoders": [uri]}  # fmt: skip
     (tmp_path / "config.yaml").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"activation_function.threshold.*a JumpReLU transcoder"):
+    with pytest.raises(ValueError, match=r"a file on the hub.*TranscoderSet.from_pretrained"):
         load_transcoder_set(tmp_path)
 
 
