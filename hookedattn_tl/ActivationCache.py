@@ -454,7 +454,11 @@ class ActivationCache(_CoreCache):
                 )
             parts.append(mlps)
             labels = labels + mlp_labels
-        for name, present in (("embed", self.has_embed), ("pos_embed", self.has_pos_embed)):
+        # A shortformer's positional embedding is cached but never enters the stream (TL
+        # lists it all the same, so its decomposition does not sum to the stream).
+        in_stream = self.model.cfg.positional_embedding_type == "standard"
+        pos_present = self.has_pos_embed and in_stream
+        for name, present in (("embed", self.has_embed), ("pos_embed", pos_present)):
             if present:
                 parts.append(pos_slice.apply(self[name], dim=-2)[None])
                 labels = [*labels, name]

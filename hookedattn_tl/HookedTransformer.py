@@ -18,6 +18,7 @@ from torch import Tensor
 import analysis
 from hookedattn.core import _tokenization, parallel, processing
 from hookedattn.core.config import ACT_FNS, DTYPES
+from hookedattn.core.config import HookedTransformerConfig as _CoreConfig
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
 from hookedattn_tl import _streaming
@@ -89,11 +90,33 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         past_kv_cache: Any = None,
         **kwargs: Any,
     ) -> Any:
-        """The core forward, with TL's argument order and text options."""
+        """The core forward, with TL's argument order and text options.
+
+        `shortformer_pos_embed` (a shortformer model's, `[batch pos d_model]`, with
+        `start_at_layer` only, as in TL) replaces the positional embedding every layer's
+        queries and keys read; without it the model computes that embedding from the
+        positions, also with `start_at_layer` (where TL would add none).
+        """
         if shortformer_pos_embed is not None:
-            raise ValueError(
-                "shortformer_pos_embed is not supported: hookedattn has no shortformer "
-                "positional embeddings (positional_embedding_type 'standard', 'rotary' or 'none')"
+            if start_at_layer is None:
+                raise ValueError(
+                    "shortformer_pos_embed is used with start_at_layer only (TL ignores it "
+                    "otherwise): from tokens or text the model computes the positional "
+                    "embedding itself"
+                )
+            return self._with_shortformer_pos_embed(
+                shortformer_pos_embed,
+                input,
+                return_type,
+                loss_per_token=loss_per_token,
+                prepend_bos=prepend_bos,
+                padding_side=padding_side,
+                start_at_layer=start_at_layer,
+                tokens=tokens,
+                attention_mask=attention_mask,
+                stop_at_layer=stop_at_layer,
+                past_kv_cache=past_kv_cache,
+                **kwargs,
             )
         custom_text = prepend_bos is not None or padding_side is not None
         custom_text = custom_text or self.default_padding_side != "right"
@@ -112,6 +135,17 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             past_kv_cache=past_kv_cache,
             **kwargs,
         )
+
+    def _with_shortformer_pos_embed(self, pos_embed: Tensor, *args: Any, **kwargs: Any) -> Any:
+        """The forward with `hook_pos_embed`'s value replaced by `pos_embed` (what TL's
+        `shortformer_pos_embed` argument is), for a shortformer model only."""
+        if self.cfg.positional_embedding_type != "shortformer":
+            raise ValueError(
+                f"shortformer_pos_embed is for a model with positional_embedding_type="
+                f"'shortformer'; this one has {self.cfg.positional_embedding_type!r}"
+            )
+        with self.hooks([("hook_pos_embed", lambda _, hook: pos_embed)]):
+            return self.forward(*args, **kwargs)
 
     def _from_end(self, layer: int | None) -> int | None:
         # TL slices the blocks with start_at_layer / stop_at_layer, so negatives count
@@ -152,11 +186,13 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         padding_side: str | None = None,
         attention_mask: Tensor | None = None,
         past_kv_cache: Any = None,
-    ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"], None, Any]:
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"], Tensor | None, Any]:
         """`(residual, tokens, shortformer_pos_embed, attention_mask)` before block 0.
 
         The residual is the embedding (plus positions) that block 0 reads; the hook points
-        on the way (`hook_embed`, `hook_pos_embed`) run. `shortformer_pos_embed` is None.
+        on the way (`hook_embed`, `hook_pos_embed`) run. `shortformer_pos_embed` is a
+        shortformer model's positional embedding (which every layer's queries and keys
+        read), None for the others.
         """
         if _tokenization.is_text(input):
             text = self.tokenize(input, self._prepend_bos(prepend_bos), self._side(padding_side))
@@ -165,10 +201,20 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                 attention_mask = text.attention_mask
         else:
             tokens = self._as_tokens(input)
-        resid = super().forward(
-            tokens, stop_at_layer=0, attention_mask=attention_mask, past_kv_cache=past_kv_cache
+        if self.cfg.positional_embedding_type != "shortformer":
+            resid = super().forward(
+                tokens, stop_at_layer=0, attention_mask=attention_mask, past_kv_cache=past_kv_cache
+            )
+            return resid, tokens, None, attention_mask
+        resid, cache = _CoreModel.run_with_cache(
+            self,
+            tokens,
+            names_filter="hook_pos_embed",
+            stop_at_layer=0,
+            attention_mask=attention_mask,
+            past_kv_cache=past_kv_cache,
         )
-        return resid, tokens, None, attention_mask
+        return resid, tokens, cache["hook_pos_embed"], attention_mask
 
     def loss_fn(
         self,
@@ -456,6 +502,9 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             )
         if dtype != model.cfg.dtype:
             model = model.to(dtype)
+        fold_ln, center_writing_weights, center_unembed = _shortformer_processing(
+            model.cfg, fold_ln, center_writing_weights, center_unembed
+        )
         model = processing.process_weights(
             model,
             fold_ln=fold_ln,
@@ -524,6 +573,32 @@ def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments TransformerLens hands to transformers that choose what to
     fetch (taken out of `kwargs`)."""
     return {name: kwargs.pop(name) for name in _HUB_OPTIONS if name in kwargs}
+
+
+def _shortformer_processing(
+    cfg: _CoreConfig,
+    fold_ln: bool,
+    center_writing_weights: bool,
+    center_unembed: bool,
+) -> tuple[bool, bool, bool]:
+    """TL's `from_pretrained` for a shortformer model: `fold_ln`, `center_writing_weights`
+    and `center_unembed` turned off, each with TL's warning (`hookedattn.core.processing`
+    says why the first two cannot be done; the third could, but TL leaves it)."""
+    if cfg.positional_embedding_type != "shortformer":
+        return fold_ln, center_writing_weights, center_unembed
+    for name, asked in (
+        ("fold_ln", fold_ln),
+        ("center_unembed", center_unembed),
+        ("center_writing_weights", center_writing_weights),
+    ):
+        if asked:
+            logging.warning(
+                "You tried to specify %s=True for a shortformer model, but this can't be "
+                "done! Setting %s=False instead.",
+                name,
+                name,
+            )
+    return False, False, False
 
 
 def _refuse_unsupported(kwargs: dict[str, Any]) -> None:

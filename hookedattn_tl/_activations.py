@@ -1,8 +1,8 @@
 """TransformerLens's activation functions, by TL's names (`SUPPORTED_ACTIVATIONS`).
 
 Our models' MLPs use `hookedattn.core.components.mlp.ACTIVATIONS` (relu, gelu, gelu_new,
-silu); the TL ones beyond those (SoLU, `gelu_fast`, `gelu_pytorch_tanh`) serve the facade's
-standalone components (`hookedattn_tl.components.MLP`).
+silu, solu_ln); the TL ones beyond those (plain SoLU, `gelu_fast`, `gelu_pytorch_tanh`) serve
+the facade's standalone components (`hookedattn_tl.components.MLP`).
 """
 
 from collections.abc import Callable
@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.components.mlp import gelu_new
+from hookedattn.core.components.mlp import gelu_new, solu
 
 
 def gelu_fast(input: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
@@ -22,12 +22,6 @@ def gelu_fast(input: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
 def gelu_pytorch_tanh(input: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
     """torch's GELU with `approximate="tanh"`."""
     return nn.functional.gelu(input, approximate="tanh")
-
-
-def solu(input: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
-    """SoLU, `x * softmax(x)` over the neurons (Elhage et al. 2022, "Softmax Linear Units");
-    the `solu_ln` variant's norm after it belongs to the MLP."""
-    return input * input.softmax(dim=-1)
 
 
 SUPPORTED_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {

@@ -55,6 +55,10 @@ CONFIGURATIONS = {
         "use_hook_mlp_in": True,
     },
     "One per-head input (use_attn_in)": {"use_attn_in": True},
+    "TransformerLens's SoLU toy models (shortformer positions, SoLU then a norm over neurons)": {
+        "positional_embedding_type": "shortformer",
+        "act_fn": "solu_ln",
+    },
     "Llama, Mistral, Qwen 2 (RMSNorm, gated MLP, grouped keys and values, rotary)": {
         **_RMS_ROTARY,
         "gated_mlp": True,

@@ -6,6 +6,8 @@ stream entering the first block it runs, with the attention context every layer 
     ids, mask     -> AttentionContext     masks and positions (after a KV cache, if any)
     ids           -> resid                the embedding (hook_embed, hook_pos_embed)
     resid given   -> checked stream       with start_at_layer: [batch pos d_model]
+    positions     -> context.pos_embed    shortformer: W_pos[positions] for the queries
+                                          and keys (hook_pos_embed), with either input
 
 `prepare` runs these once, in this order, and returns a `Prepared`; the forward then runs
 the blocks, the unembedding and the loss. Bad input gets an error naming the expected shape,
@@ -61,6 +63,7 @@ def prepare(
         tokens = as_tokens(model, input)
         context = _context(model, tokens.shape, attention_mask, past_kv_cache)
         resid = model.embed_tokens(tokens, context.positions)
+        context = model.with_query_key_positions(context)
         return Prepared(resid, context, start, stop, tokens, attention_mask)
     resid = _as_resid(model.cfg, input)
     if tokens is not None:
@@ -71,6 +74,7 @@ def prepare(
                 f"{tuple(resid.shape[:2])} (batch, pos): give the tokens of this stream"
             )
     context = _context(model, resid.shape[:2], attention_mask, past_kv_cache)
+    context = model.with_query_key_positions(context)
     return Prepared(resid, context, start, stop, tokens, attention_mask)
 
 
@@ -81,7 +85,8 @@ def prepare_next_token(
     real tokens. Nothing to check (the generation loop chose the ids, and checked the run
     once); the cache's mask gains the new position."""
     context = next_token_context(past_kv_cache, model.cfg.window_size)
-    return model.embed_tokens(tokens, context.positions), context
+    resid = model.embed_tokens(tokens, context.positions)
+    return resid, model.with_query_key_positions(context)
 
 
 def as_tokens(model: Any, input: Any) -> Int[Tensor, "batch pos"]:

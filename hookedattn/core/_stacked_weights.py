@@ -51,8 +51,9 @@ class StackedWeights:
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
-        """Learned positional embedding `[n_ctx d_model]` (standard positional embeddings only)."""
-        if self.cfg.positional_embedding_type != "standard":
+        """Learned positional embedding `[n_ctx d_model]`: added to the residual stream
+        ("standard"), or to every layer's query and key inputs only ("shortformer")."""
+        if not self.cfg.has_learned_positions:
             raise ValueError(
                 f"a model with positional_embedding_type="
                 f"{self.cfg.positional_embedding_type!r} has no W_pos"

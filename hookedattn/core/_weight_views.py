@@ -79,8 +79,17 @@ def W_E_pos(model: Model) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
 
     Row `t < d_vocab` embeds token `t`, row `d_vocab + p` position `p`; the input to the
     first block is the sum of one row of each kind, so a linear circuit applied to these
-    rows gives the token and the positional terms of that input separately.
+    rows gives the token and the positional terms of that input separately. Refused for a
+    shortformer model, whose positions never enter the stream (TransformerLens stacks them
+    all the same): read `model.W_E` and `model.W_pos` apart there.
     """
+    if model.cfg.positional_embedding_type == "shortformer":
+        raise ValueError(
+            "W_E_pos stacks the rows that sum to the stream entering block 0, but this model "
+            "has shortformer positional embeddings (positional_embedding_type='shortformer'): "
+            "W_pos is added to each layer's query and key inputs, not to the stream. Use "
+            "model.W_E (the stream) and model.W_pos (the queries' and keys' positions) apart"
+        )
     return torch.cat([model.W_E, model.W_pos], dim=0)
 
 

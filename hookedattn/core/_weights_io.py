@@ -310,7 +310,7 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("d_vocab", "embed.W_E", 0, lambda cfg: True),
     ("d_model", "embed.W_E", 1, lambda cfg: True),
     ("d_vocab_out", "unembed.W_U", 1, lambda cfg: True),
-    ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.positional_embedding_type == "standard"),
+    ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.has_learned_positions),
     ("n_heads", "blocks.0.attn.W_Q", 0, lambda cfg: cfg.n_layers > 0),
     ("d_head", "blocks.0.attn.W_Q", 2, lambda cfg: cfg.n_layers > 0),
     ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
@@ -367,7 +367,7 @@ def check_header(
         raise CheckpointError(
             f"{config_source} does not match {source}, nothing was built: {'; '.join(problems)}"
         )
-    if config.positional_embedding_type != "standard":
+    if not config.has_learned_positions:
         n_bytes = sum(math.prod(h.shape) * h.dtype.itemsize for h in header.values())
         limit = max(n_bytes, MAX_UNPINNED_BYTES)
         if config.n_ctx**2 > limit:

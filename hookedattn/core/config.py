@@ -18,10 +18,10 @@ import torch
 from hookedattn.core._field_specs import FieldSpec, check_field
 from hookedattn.core._field_specs import closest as _closest
 
-ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu")
+ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "solu_ln")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
-POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "rotary", "none")
+POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -146,6 +146,15 @@ class HookedTransformerConfig:
       `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU,
       `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
       limit)`, in place of `act_fn`.
+    - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
+      residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
+      `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
+      only (`ln1(resid) + W_pos[position]`), never to the values or the stream; "rotary"
+      rotates queries and keys; "none" has no positional signal.
+    - `act_fn="solu_ln"` (TransformerLens's SoLU models): `SoLU(x) = x * softmax(x)` over
+      the neurons (Elhage et al. 2022), then a LayerNorm over the neurons (`mlp.ln`, with
+      its own gain and bias where `normalization_type` is "LN", weightless otherwise, as
+      TransformerLens builds it); a plain MLP only (not gated, not experts).
     - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
       as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
       are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
@@ -278,6 +287,11 @@ class HookedTransformerConfig:
                 "d_mlp is required for a model with MLPs (attn_only=False); "
                 "give d_mlp, e.g. 4 * d_model, or set attn_only=True"
             )
+        if self.act_fn == "solu_ln" and self.has_mlp and (self.gated_mlp or self.is_moe):
+            raise ValueError(
+                "act_fn='solu_ln' normalises the neurons of a plain MLP; it has no gated "
+                "(gated_mlp=True) or mixture-of-experts form: use another act_fn there"
+            )
         if self.normalization_type is None and self.normalization_placement != "pre":
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
@@ -343,6 +357,12 @@ class HookedTransformerConfig:
     def has_mlp(self) -> bool:
         """Whether each block has an MLP sublayer."""
         return not self.attn_only
+
+    @property
+    def has_learned_positions(self) -> bool:
+        """Whether the model has a learned positional embedding `W_pos` ("standard": in the
+        residual stream; "shortformer": in the query and key inputs only)."""
+        return self.positional_embedding_type in ("standard", "shortformer")
 
     @property
     def is_moe(self) -> bool:

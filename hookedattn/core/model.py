@@ -4,6 +4,11 @@
     resid  = block(resid)  for each block             (see components/block.py)
     logits = ln_final(resid) @ W_U + b_U
 
+A shortformer model (`positional_embedding_type="shortformer"`) keeps `W_pos[positions]`
+(still at `hook_pos_embed`) out of the stream: `resid = W_E[tokens]`, and every block adds
+the positional embedding to its queries' and keys' normed inputs (the attention context
+carries it: `with_query_key_positions`).
+
 `forward` is that loop, after turning its input into a residual stream: text is tokenized
 and ids are checked (`_inputs.py`), and the masks and positions every attention layer
 shares are built once (`_masks.py`). Caching and editing happen at the hook points; the
@@ -76,12 +81,16 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         self.tokenizer = tokenizer
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [batch pos d_model]
-        if cfg.positional_embedding_type == "standard":
+        self.embed_tokens = self._token_embedding
+        self.with_query_key_positions = _without_query_key_positions
+        if cfg.has_learned_positions:
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
+        if cfg.positional_embedding_type == "standard":
             self.embed_tokens = self._token_and_position_embedding
-        else:  # rotary models rotate q and k instead; "none" has no positional signal
-            self.embed_tokens = self._token_embedding
+        elif cfg.positional_embedding_type == "shortformer":
+            self.with_query_key_positions = self._with_query_key_positions
+        # rotary models rotate q and k instead; "none" has no positional signal
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = make_norm(cfg)
         self.unembed = Unembed(cfg)
@@ -198,6 +207,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
         return self.hook_embed(self.embed(tokens))
+
+    def _with_query_key_positions(self, context: AttentionContext) -> AttentionContext:
+        """The context with the positional embedding of its positions, which every layer's
+        queries and keys read (shortformer: it never enters the stream)."""
+        pos_embed = self.hook_pos_embed(self.pos_embed(context.positions))
+        return dataclasses.replace(context, pos_embed=pos_embed)
 
     # ------------------------------------------------------------------ caching
     def run_with_cache(
@@ -486,6 +501,11 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """Checked token ids `[batch pos]` of ids or text (the input stage's check, for the
         generation loop and the TransformerLens facade)."""
         return _inputs.as_tokens(self, input)
+
+
+def _without_query_key_positions(context: AttentionContext) -> AttentionContext:
+    """The context as it is: no positional embedding for the queries and keys to read."""
+    return context
 
 
 @contextlib.contextmanager

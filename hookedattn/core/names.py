@@ -45,7 +45,7 @@ _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("mlp_in", "attn_in", "q_input", "k_input", "v_input")},
     **{n: _ATTN for n in ("q", "k", "v", "z", "result", "rot_q", "rot_k")},
     **{n: _ATTN for n in ("attn_scores", "pattern")},
-    **{n: _MLP for n in ("pre", "pre_linear", "post")},
+    **{n: _MLP for n in ("pre", "pre_linear", "mid", "post")},  # mid: solu_ln's, before its ln
     **{
         n: _MLP
         for n in ("router_logits", "expert_indices", "expert_weights", "shared_gate", "shared_out")
@@ -211,7 +211,9 @@ _AXES: dict[str, str] = {
         for p in ("normalized", "out")
     },
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
-    **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "post")},
+    **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "mid", "post")},
+    # The norm over the neurons of a `solu_ln` MLP (`blocks.0.mlp.ln.hook_normalized`).
+    "mlp_ln_normalized": "batch pos d_mlp",
     "router_logits": "batch pos expert",
     **{n: "batch pos k" for n in ("expert_indices", "expert_weights")},
     "shared_out": "batch pos d_model",
@@ -233,6 +235,8 @@ def axis_names(name: str) -> tuple[str, ...]:
     short = parts[-1].removeprefix("hook_")
     if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
         short = f"{parts[-2]}_{short}"
+    if parts[-3:-1] == ["mlp", "ln"]:  # a solu_ln MLP's norm, over the neurons
+        short = f"mlp_ln_{short}"
     if len(parts) > 1 and parts[-2] == "shared_expert":  # its own width, d_mlp_shared
         short = f"shared_{short}"
     if is_rows(name):

@@ -29,6 +29,22 @@ gated MLP (`W_gate` has no bias to take it), and centring the unembedding under 
 on the logits (the cap does not commute with the shift). Norms of queries and keys
 (`use_qk_norm`) sit after the projections and keep their gains; folding the residual norms
 before them leaves their inputs unchanged.
+
+The two variants of TransformerLens's toy models, as TransformerLens 3.5.1 processes them:
+
+- `act_fn="solu_ln"`: the LayerNorm over the neurons folds like the others, into the
+  weights that read its output: `W_out` takes its gain (and is centred over the neurons,
+  whose normalised values have zero mean), `b_out` its bias (`b @ W_out`); the norm
+  becomes weightless with the rest (`LN` -> `LNPre`).
+- `positional_embedding_type="shortformer"`: `W_pos` is added after `ln1`'s gain and bias,
+  to the query and key inputs only, and no weight takes `ln1` across that sum; nor is
+  `W_pos` a writing weight. TransformerLens's `from_pretrained` therefore turns
+  `fold_ln`, `center_writing_weights` and `center_unembed` off for these models (its
+  `process_weights_` does not, and then folds `ln1` into `W_Q`, `W_K` and centres
+  `W_pos`, which changes what the model computes). Here `fold_layer_norm` and
+  `center_writing_weights` refuse a shortformer model, naming it, and `process_weights`
+  skips them; `center_unembed` and `fold_value_biases` are exact for it and apply
+  (`hookedattn_tl`'s `from_pretrained` turns `center_unembed` off as TL's does).
 """
 
 from collections.abc import Callable
@@ -61,12 +77,15 @@ def fold_layer_norm(model: "HookedTransformer") -> "HookedTransformer":
     LayerNorm the reading weights are also centred along `d_model` (their component along
     the all-ones direction is multiplied by the mean of `x_hat`, which is zero).
 
+    A `solu_ln` MLP's norm over the neurons folds into `W_out`, `b_out` the same way.
+
     Preserves: logits exactly, and every activation except the norms' `hook_out` (now
     equal to `hook_normalized`, the stream before the gain and bias, itself unchanged). A
     model already in a `Pre` form is accepted (its reading weights are centred, if
     LayerNorm). A model without norms is refused, and so
     is one whose norms cannot all be folded (module docstring): norms after the
-    sublayers, or a LayerNorm bias before a gated MLP.
+    sublayers, a LayerNorm bias before a gated MLP, or shortformer positions (added after
+    `ln1`).
     """
     return _processed(model, [_fold_layer_norm])
 
@@ -79,8 +98,10 @@ def center_writing_weights(model: "HookedTransformer") -> "HookedTransformer":
     of the stream is a LayerNorm, which subtracts the mean first: `LN(x + c) = LN(x)` for a
     constant vector `c`. Changes: `hook_embed`, `hook_pos_embed`, `hook_resid_*`,
     `hook_attn_out`, `hook_mlp_out`, `hook_result` (each by its mean). Refused for RMSNorm
-    and norm-free models, whose readers see the mean, so centring would change the model,
-    and for norms after the sublayers, which stand between `W_O`, `W_out` and the stream.
+    and norm-free models, whose readers see the mean, so centring would change the model;
+    for norms after the sublayers, which stand between `W_O`, `W_out` and the stream; and
+    for shortformer positions (`W_pos` is read by the queries and keys after `ln1`, where
+    its mean is not removed; TransformerLens leaves these models uncentred).
     """
     return _processed(model, [_center_writing_weights])
 
@@ -121,11 +142,12 @@ def process_weights(
     """The usual processing for analysis, as a new model (TransformerLens's defaults).
 
     Applies, in order, each step that is asked for and that preserves this model's
-    function: `fold_layer_norm` (skipped for a model without norms, or with norms it
-    cannot fold), `center_writing_weights` (skipped unless every reader of the stream is
-    a LayerNorm and no norm follows a sublayer), `center_unembed` (skipped under a soft
-    cap on the logits), `fold_value_biases` (skipped with attention sinks). Logits change
-    only by `center_unembed`'s per-position constant.
+    function: `fold_layer_norm` (skipped for a model without norms, with norms it cannot
+    fold, or with shortformer positions), `center_writing_weights` (skipped unless every
+    reader of the stream is a LayerNorm, no norm follows a sublayer and the positions are
+    not shortformer), `center_unembed` (skipped under a soft cap on the logits),
+    `fold_value_biases` (skipped with attention sinks). Logits change only by
+    `center_unembed`'s per-position constant.
     """
     cfg = model.cfg
     steps: list[Transform] = []
@@ -149,6 +171,13 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
     """Why the norms of a model with this config cannot be folded, or None if they can."""
     if cfg.normalization_type is None:
         return "this model has no normalisation layers to fold"
+    if cfg.positional_embedding_type == "shortformer":
+        return (
+            "this model has shortformer positional embeddings (positional_embedding_type="
+            "'shortformer'): W_pos is added after ln1's gain and bias, to the query and key "
+            "inputs only, so no weight can take ln1's gain across that sum (TransformerLens's "
+            "from_pretrained turns fold_ln off for these models)"
+        )
     if cfg.normalization_placement != "pre":
         return (
             f"normalization_placement={cfg.normalization_placement!r} puts a norm after each "
@@ -180,8 +209,29 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
         _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
         if cfg.has_mlp:
             _fold_into_readers(state, f"blocks.{layer}.ln2", _mlp_readers(cfg, mlp), centre)
+        if cfg.has_mlp and cfg.act_fn == "solu_ln":
+            _fold_neuron_norm(state, mlp)
     _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
     return cfg.replace(normalization_type=_PRE_FORM[cfg.normalization_type])
+
+
+def _fold_neuron_norm(state: State, mlp: str) -> None:
+    """A `solu_ln` MLP's norm over the neurons into the weights that read it: `(w * x + b)
+    @ W_out + b_out = x @ (w[:, None] * W_out) + (b @ W_out + b_out)`, then `W_out` centred
+    over the neurons (x, a LayerNorm's output before its gain, has zero mean over them).
+
+    The norm is a LayerNorm whatever the model's `normalization_type` (weightless unless
+    "LN": then there is only the centring to do).
+    """
+    gain, bias = state.pop(f"{mlp}.ln.w", None), state.pop(f"{mlp}.ln.b", None)
+    W_out = state[f"{mlp}.W_out"]
+    if bias is not None:
+        state[f"{mlp}.b_out"] = state[f"{mlp}.b_out"] + einsum(
+            bias, W_out, "d_mlp, d_mlp d_model -> d_model"
+        )
+    if gain is not None:
+        W_out = W_out * gain[:, None]
+    state[f"{mlp}.W_out"] = _centred(W_out, dim=-2)
 
 
 def _mlp_readers(cfg: HookedTransformerConfig, mlp: str) -> list[tuple[str, str | None]]:
@@ -227,6 +277,14 @@ def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
             f"its mean (LayerNorm: normalization_type 'LN' or 'LNPre'), but this model has "
             f"normalization_type={cfg.normalization_type!r}: its readers see the mean, so "
             f"removing it would change what the model computes"
+        )
+    if cfg.positional_embedding_type == "shortformer":
+        return (
+            "center_writing_weights: this model has shortformer positional embeddings "
+            "(positional_embedding_type='shortformer'): W_pos is added to the query and key "
+            "inputs after ln1, where its mean is not removed, and TransformerLens leaves "
+            "every writing weight of these models uncentred (its from_pretrained turns "
+            "center_writing_weights off for them)"
         )
     if cfg.normalization_placement != "pre":
         return (

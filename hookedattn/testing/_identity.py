@@ -112,12 +112,17 @@ def linear(
     weights: str,
     post: NormAtScale | None = None,
     cap: float | None = None,
+    added: str | None = None,
 ) -> Identity:
     """`out == post(einsum(x, W, pattern) + b)`, or `cap(...)` with a soft cap; `weights`
-    names them in the statement, `post` is the norm after a sublayer (if any)."""
+    names them in the statement, `post` is the norm after a sublayer (if any), `added` an
+    activation added to `x` first (a shortformer's positions, the same for every head)."""
 
     def sides(get: Get) -> Sides:
         x_ = get(x)
+        if added is not None:
+            extra = get(added)
+            x_ = x_ + (extra if extra.ndim == x_.ndim else extra.unsqueeze(-2))
         W_ = weight(W, x_)
         expected, size = einsum(x_, W_, pattern), einsum(x_.abs(), W_.abs(), pattern)
         if b is not None:
@@ -129,9 +134,10 @@ def linear(
             size = size + expected.abs()
         return Sides(get(out), expected, size)
 
-    product = f"{x} @ {weights}"
+    product = f"{x} @ {weights}" if added is None else f"({x} + {added}) @ {weights}"
     statement = f"{out} == {product if post is None else f'{post.path}({product})'}"
-    needs = (out, x) if post is None else (out, x, post.scale)
+    needs = (out, x) if added is None else (out, x, added)
+    needs = needs if post is None else (*needs, post.scale)
     axes = _names.axis_names(out) or ("batch", "pos", pattern.rsplit(" ", 1)[-1])
     return Identity(statement, needs, axes, PRODUCTS, sides)
 

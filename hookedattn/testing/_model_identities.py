@@ -45,7 +45,7 @@ def all_identities(model: HookedTransformer, constants: Constants) -> list[Ident
     return out + _unembed(model)
 
 
-_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "mlp.ln")  # mlp.ln: solu_ln's, over neurons
 
 
 def _has_norm(model: HookedTransformer, path: str) -> bool:
@@ -72,7 +72,8 @@ def _gain(model: HookedTransformer, path: str) -> Identity:
         return Sides(get(out), expected, size)
 
     statement = f"{out} == {normalized} * w + b"
-    return Identity(statement, (out, normalized), ("batch", "pos", "d_model"), TERMS, sides)
+    axes = _names.axis_names(normalized) or ("batch", "pos", "d_model")
+    return Identity(statement, (out, normalized), axes, TERMS, sides)
 
 
 def _block(model: HookedTransformer, layer: int, constants: Constants) -> list[Identity]:
@@ -163,7 +164,10 @@ def _projections(model: HookedTransformer, layer: int) -> list[Identity]:
             source = _act("attn_in" if hasattr(block, "hook_attn_in") else "resid_pre", layer)
         pattern = _READ_PER_HEAD if per_head else _READ
         label = f"W_{x.upper()} + b_{x.upper()}"
-        out.append(linear(_act(x, layer), source, W, b, pattern, label))
+        # A shortformer's queries and keys read the positions too (its values do not).
+        shortformer = model.cfg.positional_embedding_type == "shortformer" and x != "v"
+        added = _names.get_act_name("pos_embed") if shortformer else None
+        out.append(linear(_act(x, layer), source, W, b, pattern, label, added=added))
     return out
 
 
@@ -186,6 +190,11 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         out.append(linear(pre, stream, mlp.W_gate, None, read, "W_gate"))
         out.append(linear(pre_linear, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
         out.append(gated_activation(post, pre, pre_linear, mlp.act_fn))
+    elif hasattr(mlp, "hook_mid"):  # solu_ln: the norm over the neurons after SoLU
+        mid = _act("mid", layer)
+        out.append(linear(pre, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
+        out.append(activation(mid, pre, mlp.act_fn))
+        out.append(sum_of(post, f"blocks.{layer}.mlp.ln.hook_out"))
     else:
         out.append(linear(pre, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
         out.append(activation(post, pre, mlp.act_fn))

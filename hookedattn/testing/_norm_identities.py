@@ -4,13 +4,14 @@
     <norm>.hook_normalized == centre(x) / <norm>.hook_scale
 
 with `x` the activation the norm reads (`resid_pre` for `ln1`, `resid_mid` or `mlp_in` for
-`ln2`, the last `resid_post` for `ln_final`, `hook_q` and `hook_k` for the q/k norms),
-`centre` the mean removed for LayerNorm (`normalization_type` "LN", "LNPre"; Ba et al. 2016)
-and the identity for RMSNorm (Zhang & Sennrich 2019; the q/k norms are RMS), and `eps` the
-published constant (`hookedattn.testing.published`), not the model's. Written from the
-formulas, never by calling the model's norm modules. A norm whose input is not cached
-(after a sublayer: its input is the sublayer's output before it) is not listed here; its
-gain, bias and centring are checked at its recorded divisor elsewhere.
+`ln2`, the last `resid_post` for `ln_final`, `hook_q` and `hook_k` for the q/k norms,
+`hook_mid` for a `solu_ln` MLP's `mlp.ln`, a LayerNorm over the neurons whatever the
+model's norms), `centre` the mean removed for LayerNorm (`normalization_type` "LN",
+"LNPre"; Ba et al. 2016) and the identity for RMSNorm (Zhang & Sennrich 2019; the q/k
+norms are RMS), and `eps` the published constant (`hookedattn.testing.published`), not the
+model's. Written from the formulas, never by calling the model's norm modules. A norm whose
+input is not cached (after a sublayer: its input is the sublayer's output before it) is not
+listed here; its gain, bias and centring are checked at its recorded divisor elsewhere.
 """
 
 from hookedattn.core import names as _names
@@ -36,6 +37,8 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
                 out += _norm(path, _act(x, layer), axes, False, constants.eps)
         if cfg.has_mlp and not isinstance(block.ln2, NoNorm):
             out += _norm(f"blocks.{layer}.ln2", _ln2_input(block, layer), 1, centres, constants.eps)
+        if cfg.has_mlp and hasattr(block.mlp, "hook_mid"):  # solu_ln: a LayerNorm, always
+            out += _norm(f"blocks.{layer}.mlp.ln", _act("mid", layer), 1, True, constants.eps)
     if not isinstance(model.ln_final, NoNorm):
         final = _act("resid_post", cfg.n_layers - 1)
         out += _norm("ln_final", final, 1, centres, constants.eps)

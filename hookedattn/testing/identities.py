@@ -3,9 +3,12 @@
 The residual stream is a sum. Each block reads it and adds what it writes, and each write
 is itself a sum over heads or neurons; so a cache of one forward satisfies, in order:
 
-    resid_pre[0]   = embed + pos_embed                      (embed alone: rotary, none)
+    resid_pre[0]   = embed + pos_embed                      (embed alone: rotary, none,
+                                                             shortformer)
     attn_in[h]     = resid_pre                              (per-head input copies)
-    q, k, v        = ln1.out @ W_Q, W_K, W_V + biases       (resid_pre where no ln1)
+    q, k, v        = ln1.out @ W_Q, W_K, W_V + biases       (resid_pre where no ln1;
+                                                             shortformer: (ln1.out +
+                                                             pos_embed) @ W_Q, W_K)
     q_norm.normalized = q / q_norm.scale, q_norm.out = w q_norm.normalized (likewise k)
     attn_scores    = cap(q k^T / attn_scale)                (unmasked entries; rot_q, rot_k
                                                              or the normed q, k if any)
@@ -16,6 +19,7 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
     resid_mid      = resid_pre + attn_out                   (attn-only: resid_post)
     mlp_in         = resid_mid                              (parallel: resid_pre)
     pre            = ln2.out @ W_in + b_in,         post = act_fn(pre)
+                     solu_ln: mid = solu(pre), post = mlp.ln.out
                      gated: pre = x @ W_gate, pre_linear = x @ W_in + b_in,
                             post = act_fn(pre) * pre_linear
     mlp_out        = after(post @ W_out + b_out)
@@ -33,7 +37,8 @@ them), GQA keys and values one per key/value head (each query head reads its gro
 `after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
 a soft cap (`c tanh(x / c)`; the identity elsewhere).
 
-Besides, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms):
+Besides, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms,
+a `solu_ln` MLP's `mlp.ln`):
 
     <norm>.hook_scale      = sqrt(mean(centre(x)^2) + eps)  (centre: x - mean x for LayerNorm,
     <norm>.hook_normalized = centre(x) / <norm>.hook_scale   x itself for RMSNorm)

@@ -86,6 +86,11 @@ class ReferenceTransformer:
     def __init__(self, model: HookedTransformer, constants: Constants | None = None) -> None:
         cfg = model.cfg
         unsupported = [f"{f}={getattr(cfg, f)!r}" for f, v in _SUPPORTED if getattr(cfg, f) != v]
+        # TransformerLens's toy-model variants (tests/core/test_toy_variants.py writes them out).
+        if cfg.positional_embedding_type == "shortformer":
+            unsupported.append("positional_embedding_type='shortformer'")
+        if cfg.has_mlp and cfg.act_fn not in self.activations:
+            unsupported.append(f"act_fn={cfg.act_fn!r}")
         if unsupported:
             raise NotImplementedError(
                 f"the reference forward writes out pre-norm blocks with plain attention and "

@@ -46,6 +46,8 @@ CASES = {
         positional_embedding_type="rotary", normalization_type="RMS", use_qk_norm=True,
         qk_norm_per_head=True,
     ),
+    # TransformerLens's toy models: shortformer positions (every layer's queries and keys).
+    "shortformer": dict(positional_embedding_type="shortformer"),
 }  # fmt: skip
 
 

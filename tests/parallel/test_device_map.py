@@ -204,3 +204,25 @@ def test_a_gpu_and_the_cpu_run_as_one_device():
     cache = assert_runs_as_one_device(mapped, model, tokens.to("cuda:0"), 1e-12)
     assert cache["blocks.0.hook_resid_pre"].device.type == "cuda"
     assert cache["blocks.3.hook_resid_pre"].device.type == "cpu"
+
+
+# A shortformer's positions travel with the attention context to each block's device.
+SHORTFORMER_MAPS = {
+    "two_slots": (["cpu", "cpu"], "cpu"),
+    "gpu_and_cpu": (
+        {"blocks.0": "cuda:0", "blocks.1": "cuda:0", "blocks.2": "cpu", "blocks.3": "cpu"},
+        "cuda:0",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param("two_slots"), pytest.param("gpu_and_cpu", marks=gpu_and_cpu)],
+)
+def test_a_shortformer_model_placed_over_devices_runs_as_one_device(where):
+    device_map, first = SHORTFORMER_MAPS[where]
+    model, tokens = model_and_tokens(positional_embedding_type="shortformer", act_fn="solu_ln")
+    mapped = parallel.place(model.copy(), device_map)
+    tolerance = 0.0 if first == "cpu" else 1e-12
+    assert_runs_as_one_device(mapped, model, tokens.to(first), tolerance)

@@ -14,7 +14,15 @@ from hookedattn.core.components.block import (
     make_block,
 )
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
-from hookedattn.core.components.mlp import MLP, GatedMLP, gelu_new, glu, make_mlp
+from hookedattn.core.components.mlp import (
+    MLP,
+    GatedMLP,
+    NeuronNormMLP,
+    gelu_new,
+    glu,
+    make_mlp,
+    solu,
+)
 from hookedattn.core.components.moe import ExpertHooks, MoE
 from hookedattn.core.components.norm import (
     LayerNorm,
@@ -41,6 +49,7 @@ __all__ = [
     "LayerNorm",
     "LayerNormPre",
     "MoE",
+    "NeuronNormMLP",
     "NoNorm",
     "ParallelBlock",
     "PosEmbed",
@@ -60,4 +69,5 @@ __all__ = [
     "make_soft_cap",
     "rotary_attention_factor",
     "rotary_frequencies",
+    "solu",
 ]

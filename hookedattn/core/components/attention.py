@@ -49,6 +49,10 @@ from hookedattn.core.shapes import HeadVectors, KeyValues, KeyVectors, Queries
 # input can be patched alone), each read by its own head's weights.
 _PER_HEAD_IN = "batch pos head d_model, head d_model d_head -> batch pos head d_head"
 
+# Separate query, key and value inputs, each shared by the heads (a shortformer's: the
+# queries' and keys' inputs carry the positions, the values' does not).
+_SHARED_IN = "batch pos d_model, head d_model d_head -> batch pos head d_head"
+
 # The stream itself, or a copy per query head or per key/value head.
 AttnInput = Float[Tensor, "batch pos ... d_model"]
 
@@ -72,7 +76,10 @@ class Attention(nn.Module):
         self.normalize_scores = self._softmax_with_sinks if cfg.use_attn_sinks else self._softmax
         self.fused = kernels.fuses_attention(cfg)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
-        self.project_qkv = self._project_per_head if per_head_input else self._project_shared
+        self.project_qkv = self._project_shared
+        if per_head_input or cfg.positional_embedding_type == "shortformer":
+            self.project_qkv = self._project_each
+            self.input_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
         self.fused_qkv = kernels.FusedQKV(cfg)
 
         self.hook_q = HookPoint()  # [batch pos head d_head]
@@ -179,15 +186,16 @@ class Attention(nn.Module):
         """Queries, keys and values of one shared input, by one product (`kernels.FusedQKV`)."""
         return self.fused_qkv.project(x, self.W_Q, self.b_Q, *self.key_value_weights())
 
-    def _project_per_head(
+    def _project_each(
         self, query_input: AttnInput, key_input: AttnInput, value_input: AttnInput
     ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
-        """Queries, keys and values of per-head input copies, each head its own product."""
+        """Queries, keys and values of their own inputs, a product each: per-head copies of
+        the stream, or (shortformer) query and key inputs that carry the positions."""
         W_K, b_K, W_V, b_V = self.key_value_weights()
         return (
-            einsum(query_input, self.W_Q, _PER_HEAD_IN) + self.b_Q,
-            einsum(key_input, W_K, _PER_HEAD_IN) + b_K,
-            einsum(value_input, W_V, _PER_HEAD_IN) + b_V,
+            einsum(query_input, self.W_Q, self.input_pattern) + self.b_Q,
+            einsum(key_input, W_K, self.input_pattern) + b_K,
+            einsum(value_input, W_V, self.input_pattern) + b_V,
         )
 
     def _unrotated(

@@ -15,10 +15,14 @@ what the sublayer writes, so `hook_attn_out` holds the normed output that is add
 real norm or the identity as `normalization_placement` says; how the stream enters the
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
-global or windowed.
+global or windowed. In a shortformer model the queries and keys read the positions too:
+
+    q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
+
+(TransformerLens's toy models: the positional embedding enters no residual stream.)
 """
 
-from einops import repeat
+from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -42,23 +46,38 @@ class AttnInputs:
     (`use_split_qkv_input`) separate copies for queries, keys and values behind
     `hook_q_input`, `hook_k_input`, `hook_v_input` (keys and values: one per key/value
     head). Per-head copies are new tensors, so an in-place edit of one never reaches the
-    stream. A plain object, not a module: the hook points and the norm belong to the block,
-    where TransformerLens names them.
+    stream. In a shortformer model the query and key inputs then gain the positional
+    embedding the context carries (each head's copy the same one). A plain object, not a
+    module: the hook points and the norm belong to the block, where TransformerLens names
+    them.
     """
 
     def __init__(self, block: nn.Module, cfg: HookedTransformerConfig) -> None:
         self.block = block
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        per_head = cfg.use_split_qkv_input or cfg.use_attn_in
         if cfg.use_split_qkv_input:
             self.inputs = self._split
         elif cfg.use_attn_in:
             self.inputs = self._per_head
         else:
             self.inputs = self._shared
+        self.positions = _without_positions
+        if cfg.positional_embedding_type == "shortformer":
+            self.positions = self._with_query_key_positions
+            # One positional embedding for every head's copy of the input.
+            self.pos_layout = (
+                "batch pos d_model -> batch pos 1 d_model"
+                if per_head
+                else "batch pos d_model -> batch pos d_model"
+            )
 
-    def __call__(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        """The query, key and value inputs (`inputs` is chosen when the block is built)."""
-        return self.inputs(resid)
+    def __call__(
+        self, resid: Resid, context: AttentionContext
+    ) -> tuple[AttnInput, AttnInput, AttnInput]:
+        """The query, key and value inputs (`inputs` and `positions` are chosen when the
+        block is built)."""
+        return self.positions(*self.inputs(resid), context)
 
     def _shared(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
         x = self.block.ln1(resid)
@@ -74,6 +93,25 @@ class AttnInputs:
         k_in = block.ln1(block.hook_k_input(_copies(resid, self.n_kv_heads)))
         v_in = block.ln1(block.hook_v_input(_copies(resid, self.n_kv_heads)))
         return q_in, k_in, v_in
+
+    def _with_query_key_positions(
+        self, q_in: AttnInput, k_in: AttnInput, v_in: AttnInput, context: AttentionContext
+    ) -> tuple[AttnInput, AttnInput, AttnInput]:
+        """Shortformer: the positional embedding added to the (normed) query and key inputs,
+        not to the values."""
+        pos_embed = self.position_embedding(context)
+        return q_in + pos_embed, k_in + pos_embed, v_in
+
+    def position_embedding(self, context: AttentionContext) -> AttnInput:
+        """The positional embedding the query and key inputs gain, laid out to add to them."""
+        return rearrange(context.pos_embed, self.pos_layout)
+
+
+def _without_positions(
+    q_in: AttnInput, k_in: AttnInput, v_in: AttnInput, context: AttentionContext
+) -> tuple[AttnInput, AttnInput, AttnInput]:
+    """The inputs as they are: the queries and keys read no positional embedding here."""
+    return q_in, k_in, v_in
 
 
 def _copies(resid: Resid, n: int) -> Float[Tensor, "batch pos head d_model"]:
@@ -124,7 +162,7 @@ class AttnOnlyBlock(nn.Module):
 
     def attend(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
         """What the attention sublayer writes: `ln1_post(attn(ln1(resid)))`."""
-        attn_out = self.attn(*self.attn_inputs(resid), context, past_kv)
+        attn_out = self.attn(*self.attn_inputs(resid, context), context, past_kv)
         return self.hook_attn_out(self.ln1_post(attn_out))
 
     def feed_forward(self, resid: Resid) -> Resid:

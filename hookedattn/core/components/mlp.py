@@ -2,6 +2,11 @@
 
 The gated form (SwiGLU in Llama, GeGLU in Gemma; Shazeer 2020) multiplies each neuron's
 activation by a second, linear read of the input: `act(x @ W_gate) * (x @ W_in + b_in)`.
+
+SoLU-LN (`act_fn="solu_ln"`, Elhage et al. 2022, "Softmax Linear Units"; TransformerLens's
+SoLU toy models) is an activation that is not elementwise: `SoLU(x) = x * softmax(x)` over
+the neurons, then a LayerNorm over the neurons, so `post = ln(solu(pre))`. A neuron's write
+is still `post[n] * W_out[n]`.
 """
 
 from collections.abc import Callable
@@ -11,6 +16,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.norm import LayerNorm, LayerNormPre
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 
@@ -24,6 +30,11 @@ def gelu_new(x: Tensor) -> Tensor:
     return nn.functional.gelu(x, approximate="tanh")
 
 
+def solu(x: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
+    """SoLU, `x * softmax(x)` over the neurons (the last axis)."""
+    return x * x.softmax(dim=-1)
+
+
 def glu(act_fn: Callable[[Tensor], Tensor], pre: Tensor, pre_linear: Tensor) -> Tensor:
     """A gated linear unit's neurons: `act(pre) * pre_linear` (Shazeer 2020)."""
     return act_fn(pre) * pre_linear
@@ -34,6 +45,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": nn.functional.gelu,
     "gelu_new": gelu_new,
     "silu": nn.functional.silu,
+    "solu_ln": solu,  # the LayerNorm after it belongs to the MLP (`NeuronNormMLP`)
 }
 
 
@@ -81,6 +93,34 @@ class MLP(_Neurons):
         return self.write(post)
 
 
+class NeuronNormMLP(MLP):
+    """An MLP whose activation is followed by a norm over the neurons (`act_fn="solu_ln"`):
+
+        pre  = x @ W_in + b_in               (hook_pre)
+        mid  = solu(pre)                     (hook_mid)
+        post = ln(mid)                       (ln.hook_scale, ln.hook_normalized, hook_post)
+        out  = post @ W_out + b_out
+
+    `ln` is a LayerNorm over `d_mlp` with its own gain and bias (`mlp.ln.w`, `mlp.ln.b`)
+    when `normalization_type` is "LN", and a weightless one otherwise (TransformerLens's
+    rule: after `fold_layer_norm` its gain and bias live in `W_out`, `b_out`).
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        _Neurons.__init__(self)
+        _add_linear_maps(self, cfg, cfg.d_mlp)
+        # Registered in the order the forward reaches them (hook_dict lists them so).
+        self.hook_pre = HookPoint()
+        self.hook_mid = HookPoint()
+        norm = LayerNorm if cfg.normalization_type == "LN" else LayerNormPre
+        self.ln = norm(cfg, (cfg.d_mlp,))
+        self.hook_post = HookPoint()
+
+    def activate(self, pre: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_mlp"]:
+        """SoLU on the neurons' input, then the norm over the neurons."""
+        return self.ln(self.hook_mid(self.act_fn(pre)))
+
+
 class GatedMLP(_Neurons):
     """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`.
 
@@ -108,5 +148,8 @@ class GatedMLP(_Neurons):
 
 
 def make_mlp(cfg: HookedTransformerConfig) -> nn.Module:
-    """The MLP the config asks for: plain or gated."""
-    return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
+    """The MLP the config asks for: plain, with a norm over the neurons (`solu_ln`), or
+    gated."""
+    if cfg.gated_mlp:
+        return GatedMLP(cfg)
+    return NeuronNormMLP(cfg) if cfg.act_fn == "solu_ln" else MLP(cfg)

@@ -34,7 +34,9 @@ class AttentionContext:
 
     `blocked[kind]` is True where a query may not read a key, for each kind of attention
     ("global", and "local" in a model with a window); `guard` decides whether a fused
-    kernel's result stands.
+    kernel's result stands. `pos_embed` is the learned positional embedding of the queries'
+    positions where every layer's queries and keys read it (shortformer models: the model
+    adds it, `HookedTransformer.with_query_key_positions`); None otherwise.
     """
 
     blocked: dict[str, Blocked]
@@ -43,6 +45,7 @@ class AttentionContext:
     # fresh sequence without padding, in a global layer: the kernel's own causal mask) or
     # "none" (one query that may read every key: a generation step without padding).
     plain: dict[str, str] = dataclasses.field(default_factory=dict)
+    pos_embed: Float[Tensor, "batch query_pos d_model"] | None = None
     # How the forward's fused kernels are checked for non-finite values (`_guard`).
     guard: FiniteGuard = dataclasses.field(default_factory=FiniteGuard, repr=False, compare=False)
     _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)

@@ -325,8 +325,12 @@ class _ToWeightsDevice:
                 return value
             last = self._moved.get(device)
             if last is None or last[0] is not value:
+                pos_embed = None if value.pos_embed is None else value.pos_embed.to(device)
                 moved = AttentionContext(
-                    _MovedMasks(value.blocked, device), value.positions.to(device), value.plain
+                    _MovedMasks(value.blocked, device),
+                    value.positions.to(device),
+                    value.plain,
+                    pos_embed=pos_embed,
                 )
                 self._moved[device] = last = (value, moved)
             return last[1]

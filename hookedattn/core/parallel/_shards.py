@@ -69,6 +69,13 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
             f"(num_experts={cfg.num_experts}), whose experts are not split over ranks yet; "
             f"load it in one process, or place its blocks with device_map="
         )
+    if cfg.has_mlp and cfg.act_fn == "solu_ln":
+        raise ValueError(
+            f"tp_size={tp_size}: this model's MLPs are SoLU-LN (act_fn='solu_ln'), whose "
+            f"softmax and LayerNorm over the neurons read every neuron of a token at once, "
+            f"so no rank can compute its own neurons alone; load it in one process, or "
+            f"place its blocks with device_map="
+        )
     if cfg.use_qk_norm and not cfg.qk_norm_per_head:
         raise ValueError(
             f"tp_size={tp_size}: this model normalises its queries and keys over all heads "

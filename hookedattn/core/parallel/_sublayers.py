@@ -115,6 +115,11 @@ class HeadParallelInputs(AttnInputs):
     def _split(self, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
         return super()._split(replicated_input(resid, self.tp))
 
+    def position_embedding(self, context: kernels.AttentionContext) -> Tensor:
+        """A shortformer's positional embedding, entering the sharded attention as the
+        stream does (backwards, its gradient summed over the ranks' heads)."""
+        return replicated_input(super().position_embedding(context), self.tp)
+
 
 class NeuronParallelMLP:
     """An MLP, plain or gated, holding this rank's neurons: `W_in`, `b_in` (and `W_gate`)

@@ -24,7 +24,8 @@ class CanBeUsedAsMLP(nn.Module):
 
     def select_activation_function(self) -> None:
         """Set `act_fn` from `cfg.act_fn`; a `*_ln` activation also gets `hook_mid` and a
-        norm over the neurons (`ln`: LayerNorm, or LayerNormPre for an "LNPre" config)."""
+        norm over the neurons (`ln`: LayerNorm for an "LN" config, else LayerNormPre, as
+        TL builds it and as `hookedattn.core.components.mlp.NeuronNormMLP` does)."""
         from hookedattn_tl.components.norms import LayerNorm, LayerNormPre
 
         name = self.cfg.act_fn
@@ -35,7 +36,7 @@ class CanBeUsedAsMLP(nn.Module):
         self.act_fn = SUPPORTED_ACTIVATIONS[name]
         if self.cfg.is_layer_norm_activation():
             self.hook_mid = HookPoint()  # [batch pos d_mlp], before the norm
-            norm = LayerNormPre if self.cfg.normalization_type == "LNPre" else LayerNorm
+            norm = LayerNorm if self.cfg.normalization_type == "LN" else LayerNormPre
             self.ln = norm(self.cfg, self.d_mlp)
 
 

@@ -38,10 +38,11 @@ class MLP(CanBeUsedAsMLP):
         self.hook_post = HookPoint()
 
     def activate(self, pre: Float[Tensor, "batch pos d_mlp"]) -> Float[Tensor, "batch pos d_mlp"]:
-        """The activation, and for a `*_ln` one the norm after it."""
+        """The activation, and for a `*_ln` one the norm after it (the core's step,
+        `NeuronNormMLP.activate`)."""
         if self.ln is None:
-            return self.act_fn(pre)
-        return self.ln(self.hook_mid(self.act_fn(pre)))
+            return core.MLP.activate(self, pre)
+        return core.NeuronNormMLP.activate(self, pre)
 
     # The core MLP's equation, written once there: `act(x @ W_in + b_in) @ W_out + b_out`,
     # the activation through `activate` (above).
