@@ -31,7 +31,7 @@ def from_pretrained_flags(config: dict) -> dict[str, bool]:
     return dict(fold_ln=on, center_writing_weights=on, center_unembed=on)
 
 
-def _random_state(model: Any, seed: int) -> dict[str, torch.Tensor]:
+def random_state(model: Any, seed: int) -> dict[str, torch.Tensor]:
     """Every parameter of `model` drawn at random (its buffers kept)."""
     generator = torch.Generator().manual_seed(seed)
     state = model.state_dict()
@@ -67,7 +67,7 @@ def _decoded(tl: Any, model: Any, tokens: torch.Tensor, prefix: int) -> torch.Te
 def run(tl: Any, config: dict, seed: int, tokens: torch.Tensor, prefix: int) -> dict[str, Any]:
     """One variant: raw and processed weights, each with its logits and cache."""
     model = tl.HookedTransformer(tl.HookedTransformerConfig(**config))
-    model.load_state_dict(_random_state(model, seed))
+    model.load_state_dict(random_state(model, seed))
     model.eval()
     out: dict[str, Any] = {"raw": {"state": _parameters(model), **_cached(model, tokens)}}
     out["raw"]["decoded"] = _decoded(tl, model, tokens, prefix)

@@ -745,10 +745,25 @@ def serve_hf_model(
     **repo: Any,
 ) -> HubRepo:
     """Serve what `model.save_pretrained(**save)` (safetensors, transformers' default) and
-    `tokenizer.save_pretrained` write, as `revision` of `repo_id` (made with the `HubRepo`
-    fields in `repo` if new)."""
+    `tokenizer.save_pretrained` write (either may be None), as `revision` of `repo_id` (made
+    with the `HubRepo` fields in `repo` if new)."""
     with tempfile.TemporaryDirectory(prefix="hub-model-") as folder:
-        model.save_pretrained(folder, **(save or {}))
+        if model is not None:
+            model.save_pretrained(folder, **(save or {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
         return server.add_files(repo_id, folder_files(Path(folder)), revision, **repo)
+
+
+def word_tokenizer() -> Any:
+    """A transformers tokenizer of 50 whole words, `w0` ... `w48` and `<|endoftext|>` (49:
+    BOS, EOS and unknown), split on white space: ids a test can read off the text."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(49)} | {"<|endoftext|>": 49}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=word_level, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )

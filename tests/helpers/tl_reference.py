@@ -46,13 +46,18 @@ def require_tl_python() -> Path:
     return python
 
 
-def run_in_tl(script: str, given: dict[str, Any], folder: Path) -> Any:
-    """`python scripts/<script> IN.pt OUT.pt` in TransformerLens's environment: its answer."""
+def run_in_tl(
+    script: str, given: dict[str, Any], folder: Path, env: dict[str, str] | None = None
+) -> Any:
+    """`python scripts/<script> IN.pt OUT.pt` in TransformerLens's environment: its answer.
+    Offline unless `env` (added to the environment) says otherwise."""
     python = require_tl_python()
     source, target = folder / "in.pt", folder / "out.pt"
     torch.save(given, source)
     command = [str(python), str(ROOT / "scripts" / script), str(source), str(target)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1") | (
+        env or {}
+    )
     env.pop("PYTHONPATH", None)  # TL's environment imports its own packages only
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.hub import cache_folder, go_offline, serve_hf_model
-from tokenizers import Tokenizer, models, pre_tokenizers
+from helpers.hub import cache_folder, go_offline, serve_hf_model, word_tokenizer
 
 import hookedattn_tl
 from hookedattn import HookedTransformer
@@ -27,15 +26,6 @@ from hookedattn.core.hub import (
 
 TOKENS = torch.tensor([[3, 17, 5, 9, 1, 44]])
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
-
-
-def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    vocab = {f"w{i}": i for i in range(49)} | {"<|endoftext|>": 49}
-    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=word_level, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
-    )
 
 
 def tiny_llama(seed: int = 0) -> transformers.PreTrainedModel:
@@ -89,7 +79,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def test_a_repo_loads_then_loads_from_the_cache_with_the_hub_gone(hub, monkeypatch):
-    serve_hf_model(hub, "tinyorg/tiny-llama", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/tiny-llama", tiny_llama(), word_tokenizer())
     hub.add_files("tinyorg/tiny-llama", {"README.md": "# tiny", "extra/other.safetensors": b"x"})
     model = HookedTransformer.from_pretrained("tinyorg/tiny-llama")
     # Only what the import reads: the config, the tokenizer, the weights.
@@ -109,7 +99,7 @@ def test_a_repo_loads_then_loads_from_the_cache_with_the_hub_gone(hub, monkeypat
 
 def test_a_cached_repo_loads_when_the_hub_cannot_be_reached(hub):
     # A cluster node without network but without HF_HUB_OFFLINE either.
-    serve_hf_model(hub, "tinyorg/tiny-llama", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/tiny-llama", tiny_llama(), word_tokenizer())
     expected = logits(HookedTransformer.from_pretrained("tinyorg/tiny-llama"))
     hub.stop()
     assert torch.equal(logits(HookedTransformer.from_pretrained("tinyorg/tiny-llama")), expected)
@@ -118,7 +108,7 @@ def test_a_cached_repo_loads_when_the_hub_cannot_be_reached(hub):
 def test_a_transformerlens_alias_loads_its_repo(hub, monkeypatch):
     repo_id = official_name("gpt2-small")
     assert repo_id == "gpt2"  # TransformerLens 3.5.1's official name
-    serve_hf_model(hub, repo_id, tiny_gpt2(), tiny_tokenizer())
+    serve_hf_model(hub, repo_id, tiny_gpt2(), word_tokenizer())
     model = HookedTransformer.from_pretrained("gpt2-small")
     expected = reference_logits(repo_id)
     assert_close(logits(model), expected)
@@ -127,8 +117,8 @@ def test_a_transformerlens_alias_loads_its_repo(hub, monkeypatch):
 
 
 def test_from_hf_loads_a_revision_into_its_own_snapshot(hub, monkeypatch):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(seed=0), tiny_tokenizer())
-    repo = serve_hf_model(hub, "tinyorg/m", tiny_llama(seed=1), tiny_tokenizer(), revision="v1")
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(seed=0), word_tokenizer())
+    repo = serve_hf_model(hub, "tinyorg/m", tiny_llama(seed=1), word_tokenizer(), revision="v1")
     main, v1 = repo.commit("main"), repo.commit("v1")
     by_branch = HookedTransformer.from_hf("tinyorg/m", revision="v1")
     by_commit = HookedTransformer.from_hf("tinyorg/m", revision=main)
@@ -145,7 +135,7 @@ def test_from_hf_loads_a_revision_into_its_own_snapshot(hub, monkeypatch):
 
 
 def test_the_facade_processes_weights_as_transformerlens_does(hub):
-    serve_hf_model(hub, "tinyorg/tiny-gpt2", tiny_gpt2(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/tiny-gpt2", tiny_gpt2(), word_tokenizer())
     expected = reference_logits("tinyorg/tiny-gpt2")
     processed = hookedattn_tl.HookedTransformer.from_pretrained("tinyorg/tiny-gpt2")
     plain = hookedattn_tl.HookedTransformer.from_pretrained_no_processing("tinyorg/tiny-gpt2")
@@ -163,7 +153,7 @@ def test_the_facade_processes_weights_as_transformerlens_does(hub):
 def test_a_sharded_checkpoint_fetches_the_shards_its_index_names(hub):
     hf = tiny_llama()
     repo_id = "tinyorg/sharded"
-    serve_hf_model(hub, repo_id, hf, tiny_tokenizer(), save={"max_shard_size": "8KB"})
+    serve_hf_model(hub, repo_id, hf, word_tokenizer(), save={"max_shard_size": "8KB"})
     shards = [p for p in hub.repo(repo_id).revisions["main"] if p.endswith(".safetensors")]
     assert len(shards) > 1
     model = HookedTransformer.from_pretrained(repo_id)
@@ -178,7 +168,7 @@ def test_a_sharded_checkpoint_fetches_the_shards_its_index_names(hub):
 
 def test_a_repo_of_pickled_weights_loads_them_without_running_code(hub):
     repo_id, hf = "tinyorg/pickled", tiny_gpt2()
-    serve_hf_model(hub, repo_id, hf, tiny_tokenizer())
+    serve_hf_model(hub, repo_id, hf, word_tokenizer())
     # transformers 5 writes safetensors only: the older form of the repo, by hand.
     files = hub.repo(repo_id).revisions["main"]
     state = io.BytesIO()
@@ -191,7 +181,7 @@ def test_a_repo_of_pickled_weights_loads_them_without_running_code(hub):
 
 
 def test_a_repo_that_names_custom_code_is_refused_before_its_weights(hub):
-    serve_hf_model(hub, "tinyorg/custom", tiny_gpt2(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/custom", tiny_gpt2(), word_tokenizer())
     config = hub.repo("tinyorg/custom").revisions["main"]["config.json"].decode()
     config = config.replace('"model_type"', '"auto_map": {"AutoModel": "x.Model"}, "model_type"')
     hub.add_files("tinyorg/custom", {"config.json": config, "x.py": "raise SystemExit"})
@@ -215,9 +205,9 @@ def test_an_architecture_not_imported_is_named_before_its_weights(hub):
 def test_pythia_checkpoints_are_revisions(hub):
     repo_id = official_name("pythia-14m")
     assert repo_id == "EleutherAI/pythia-14m"
-    serve_hf_model(hub, repo_id, tiny_neox(seed=0), tiny_tokenizer())
-    serve_hf_model(hub, repo_id, tiny_neox(seed=1), tiny_tokenizer(), revision="step1000")
-    serve_hf_model(hub, repo_id, tiny_neox(seed=2), tiny_tokenizer(), revision="step4")
+    serve_hf_model(hub, repo_id, tiny_neox(seed=0), word_tokenizer())
+    serve_hf_model(hub, repo_id, tiny_neox(seed=1), word_tokenizer(), revision="step1000")
+    serve_hf_model(hub, repo_id, tiny_neox(seed=2), word_tokenizer(), revision="step4")
     step1000 = reference_logits(repo_id, revision="step1000")
     assert_close(
         logits(HookedTransformer.from_pretrained("pythia-14m", checkpoint_value=1000)), step1000
@@ -230,7 +220,7 @@ def test_pythia_checkpoints_are_revisions(hub):
 
 
 def test_a_gated_repo_asks_for_the_licence_then_a_token(hub):
-    repo = serve_hf_model(hub, "tinyorg/gated", tiny_llama(), tiny_tokenizer(), gated=True)
+    repo = serve_hf_model(hub, "tinyorg/gated", tiny_llama(), word_tokenizer(), gated=True)
     with pytest.raises(GatedModelError, match=r"accept its licence.*hf auth login.*no token"):
         HookedTransformer.from_pretrained("tinyorg/gated")
     model = HookedTransformer.from_pretrained("tinyorg/gated", token=repo.token)
@@ -238,7 +228,7 @@ def test_a_gated_repo_asks_for_the_licence_then_a_token(hub):
 
 
 def test_a_gated_repo_refuses_a_token_it_does_not_know(hub):
-    serve_hf_model(hub, "tinyorg/gated", tiny_llama(), tiny_tokenizer(), gated=True)
+    serve_hf_model(hub, "tinyorg/gated", tiny_llama(), word_tokenizer(), gated=True)
     with pytest.raises(GatedModelError, match="the token passed was sent"):
         HookedTransformer.from_pretrained("tinyorg/gated", token="hf_someone_else")
 
@@ -254,13 +244,13 @@ def test_a_misspelt_transformerlens_name_is_answered_with_the_close_ones(hub):
 
 
 def test_an_unknown_revision(hub):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     with pytest.raises(RevisionNotFoundError, match=r"no revision 'v9'.*branch, a tag or a commit"):
         HookedTransformer.from_pretrained("tinyorg/m", revision="v9")
 
 
 def test_offline_and_not_cached_names_the_repo_the_cache_and_the_switch(hub, monkeypatch):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     go_offline(monkeypatch)
     with pytest.raises(NotCachedError) as error:
         HookedTransformer.from_pretrained("tinyorg/m")
@@ -272,7 +262,7 @@ def test_offline_and_not_cached_names_the_repo_the_cache_and_the_switch(hub, mon
 
 
 def test_local_files_only_reads_the_cache_alone(hub):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     with pytest.raises(NotCachedError, match="local_files_only=True"):
         HookedTransformer.from_pretrained("tinyorg/m", local_files_only=True)
     assert hub.requests == []
@@ -284,7 +274,7 @@ def test_local_files_only_reads_the_cache_alone(hub):
 
 
 def test_a_download_that_keeps_breaking_says_rerun_and_the_rerun_fetches_the_rest(hub):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     # The client retries 5 times; the sixth cut makes it give up.
     hub.cut_download("tinyorg/m", "model.safetensors", after_bytes=0, times=6)
     with pytest.raises(DownloadInterruptedError, match="run the same load again"):
@@ -296,7 +286,7 @@ def test_a_download_that_keeps_breaking_says_rerun_and_the_rerun_fetches_the_res
 
 
 def test_a_cache_dir_of_ones_own(hub, tmp_path):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     HookedTransformer.from_pretrained("tinyorg/m", cache_dir=tmp_path / "elsewhere")
     assert (tmp_path / "elsewhere" / "models--tinyorg--m" / "snapshots").is_dir()
     assert not cache_folder("tinyorg/m").exists()
@@ -312,9 +302,9 @@ def cli(*args: str) -> str:
 
 def test_the_cli_takes_a_hub_id_and_a_save_pretrained_folder(hub, tmp_path):
     hf = tiny_gpt2()
-    serve_hf_model(hub, "tinyorg/tiny-gpt2", hf, tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/tiny-gpt2", hf, word_tokenizer())
     hf.save_pretrained(tmp_path / "saved")
-    tiny_tokenizer().save_pretrained(tmp_path / "saved")
+    word_tokenizer().save_pretrained(tmp_path / "saved")
     # The subprocess reads the hub's address and cache from the environment `hub` set.
     by_id = cli("predict", "tinyorg/tiny-gpt2", "w3 w17 w5", "-k", "3")
     by_folder = cli("predict", str(tmp_path / "saved"), "w3 w17 w5", "-k", "3")
@@ -332,7 +322,7 @@ def test_a_folder_that_is_no_model_is_named(tmp_path):
 
 
 def test_warnings_do_not_escape_a_safetensors_load(hub):
-    serve_hf_model(hub, "tinyorg/m", tiny_llama(), tiny_tokenizer())
+    serve_hf_model(hub, "tinyorg/m", tiny_llama(), word_tokenizer())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         HookedTransformer.from_pretrained("tinyorg/m")
@@ -342,7 +332,7 @@ def test_a_path_string_is_a_folder_not_a_repo_id(hub, tmp_path):
     hf = tiny_llama()
     folder = tmp_path / "tinyorg" / "m"
     hf.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
     model = HookedTransformer.from_pretrained(str(folder))
     assert model.source.kind == "transformers" and model.source.repo_id is None
     assert hub.requests == []
