@@ -79,6 +79,8 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             raise TypeError(f"cfg must be a HookedTransformerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.tokenizer = tokenizer
+        # What a load by name read (`hookedattn.core.hub.Resolved`); None when built here.
+        self.source: Any = None
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [batch pos d_model]
         self.embed_tokens = self._token_embedding
@@ -484,17 +486,21 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         blocks on devices.
         """
         options = hub.HubOptions(revision, token, cache_dir, local_files_only)
+        found = None
         if isinstance(hf_model, str | os.PathLike):
-            hf_model = hub.hf_folder(hf_model, options)
+            found = hub.resolve_hf(hf_model, options)
+            hf_model = found.folder
         elif options != hub.HubOptions():
             raise ValueError(
                 "revision, token, cache_dir and local_files_only choose what to fetch by "
                 "name; a live transformers model has nothing to fetch"
             )
         placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
-        return hf.from_hf(
+        model = hf.from_hf(
             cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device, **placement
         )
+        model.source = found
+        return model
 
     # ------------------------------------------------------------------ input checks
     def _as_tokens(self, input: Any) -> Int[Tensor, "batch pos"]:

@@ -122,6 +122,7 @@ def test_from_hf_loads_a_revision_into_its_own_snapshot(hub, monkeypatch):
     main, v1 = repo.commit("main"), repo.commit("v1")
     by_branch = HookedTransformer.from_hf("tinyorg/m", revision="v1")
     by_commit = HookedTransformer.from_hf("tinyorg/m", revision=main)
+    assert HookedTransformer.from_pretrained("tinyorg/m", revision="v1").source.commit == v1
     assert_close(logits(by_branch), reference_logits("tinyorg/m", revision="v1"))
     assert_close(logits(by_commit), reference_logits("tinyorg/m"))
     assert not torch.allclose(logits(by_branch), logits(by_commit))

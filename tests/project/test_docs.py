@@ -4,14 +4,17 @@ Each page's examples run in one fresh interpreter, in order, each in a namespace
 (as a reader runs them one by one), in an empty folder.
 """
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -53,20 +56,57 @@ def _with_this_checkout() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_example_on_the_page_runs(page, tmp_path):
-    blocks = tmp_path / "blocks.json"
-    blocks.write_text(json.dumps(examples(page)))
-    runner = tmp_path / "run_examples.py"
-    runner.write_text(RUNNER)
-    proc = subprocess.run(
-        [sys.executable, str(runner), str(blocks)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_with_this_checkout(),
+# The pages whose examples load models by hub name run against a hub on 127.0.0.1 serving
+# tiny random models under those names (tests/helpers/hub.py), as a networked user's would.
+HUB_PAGES = {
+    ROOT / "README.md",
+    *(ROOT / "docs" / "guide" / p for p in ("loading.md", "porting.md")),
+}
+
+
+def serve_named_models(monkeypatch: pytest.MonkeyPatch, home: Path) -> Any:
+    """A started hub the environment points at, serving `gpt2` and `EleutherAI/pythia-70m`
+    (its `main` and `step1000`); a context manager that stops it."""
+    import transformers
+    from helpers.hub import HubServer, serve_hf_model, use_hub, word_tokenizer
+
+    server = HubServer().start()
+    use_hub(monkeypatch, server.url, home)
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=64, vocab_size=50)
+    serve_hf_model(server, "gpt2", transformers.GPT2LMHeadModel(gpt2), word_tokenizer())
+    neox = transformers.GPTNeoXConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        rotary_pct=0.5,
+        vocab_size=50,
+        max_position_embeddings=64,
     )
+    for revision in ("main", "step1000"):
+        model = transformers.GPTNeoXForCausalLM(neox)
+        serve_hf_model(server, "EleutherAI/pythia-70m", model, word_tokenizer(), revision)
+    return server
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_example_on_the_page_runs(page, tmp_path, monkeypatch):
+    with contextlib.ExitStack() as stack:
+        if page in HUB_PAGES:
+            stack.enter_context(serve_named_models(monkeypatch, tmp_path / "hf-home"))
+        blocks = tmp_path / "blocks.json"
+        blocks.write_text(json.dumps(examples(page)))
+        runner = tmp_path / "run_examples.py"
+        runner.write_text(RUNNER)
+        proc = subprocess.run(
+            [sys.executable, str(runner), str(blocks)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_with_this_checkout(),
+        )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

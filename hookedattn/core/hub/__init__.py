@@ -22,7 +22,7 @@ from hookedattn.core.hub._errors import (
     RevisionNotFoundError,
 )
 from hookedattn.core.hub._fetch import HubOptions, snapshot
-from hookedattn.core.hub._load import hf_folder, load_model
+from hookedattn.core.hub._load import load_model, resolve_hf
 from hookedattn.core.hub._names import official_name, tl_model_names
 from hookedattn.core.hub._resolve import KINDS, Resolved, resolve
 
@@ -37,10 +37,10 @@ __all__ = [
     "NotCachedError",
     "Resolved",
     "RevisionNotFoundError",
-    "hf_folder",
     "load_model",
     "official_name",
     "resolve",
+    "resolve_hf",
     "snapshot",
     "tl_model_names",
 ]

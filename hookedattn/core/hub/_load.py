@@ -75,16 +75,16 @@ def load_model(
     return model
 
 
-def hf_folder(name: str | os.PathLike, options: HubOptions) -> Path:
-    """The folder of a `transformers` checkpoint called `name` (a folder, a repo id or a
-    TransformerLens name), fetched if need be: what `from_hf` reads."""
+def resolve_hf(name: str | os.PathLike, options: HubOptions) -> Resolved:
+    """The `transformers` checkpoint called `name` (a folder, a repo id or a
+    TransformerLens name), fetched if need be: `folder` is what `from_hf` reads."""
     found = resolve(name, options)
     if found.kind != "transformers":
         raise ValueError(
             f"{found.name} is a {found.kind} checkpoint, not a transformers one: load it "
             f"with HookedTransformer.from_pretrained({found.name!r})"
         )
-    return found.folder
+    return found
 
 
 def _transformerlens_tokenizer(found: Resolved, options: HubOptions) -> Any:

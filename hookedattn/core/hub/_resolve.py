@@ -32,7 +32,8 @@ class Resolved:
     `kind` is one of `KINDS`; `folder` holds the checkpoint (a snapshot in the hub cache
     for a repo; None for a shipped model, which `_pretrained` finds); `repo_id` and
     `revision` say where it came from (None for local files); `weights` is the state-dict
-    file of a TransformerLens-format model; `checkpoint` a step asked for (shipped models)."""
+    file of a TransformerLens-format model; `checkpoint` a step asked for (shipped models);
+    `commit` the commit the files are of (a hub snapshot's, whatever `revision` named)."""
 
     name: str
     kind: str
@@ -41,6 +42,7 @@ class Resolved:
     revision: str | None = None
     weights: Path | None = None
     checkpoint: tuple[int | None, int | None] = (None, None)
+    commit: str | None = None
 
 
 def resolve(
@@ -86,7 +88,7 @@ def resolve(
     kind = _formats.format_of(folder)
     if kind == "transformerlens":
         weights = _transformerlens_weights(repo_id, folder, options, checkpoint)
-        return Resolved(text, kind, folder, repo_id, options.revision, weights)
+        return Resolved(text, kind, folder, repo_id, options.revision, weights, commit=folder.name)
     if any(c is not None for c in checkpoint) and _names.checkpointed_repos(repo_id) is None:
         raise ValueError(
             f"{repo_id} keeps no training checkpoints hookedattn knows of "
@@ -106,7 +108,7 @@ def resolve(
             f"reads (model.safetensors, safetensors shards with an index, or "
             f"pytorch_model.bin); it holds {held}"
         )
-    return Resolved(text, kind, folder, repo_id, options.revision)
+    return Resolved(text, kind, folder, repo_id, options.revision, commit=folder.name)
 
 
 def _local(folder: Path, checkpoint: tuple[int | None, int | None]) -> Resolved:
