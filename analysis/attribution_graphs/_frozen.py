@@ -89,8 +89,21 @@ def token_texts(model: Any, ids: list[int]) -> list[str]:
     return [str(s) for s in model.to_str_tokens(torch.tensor(ids))]
 
 
+def refuse_sharded(model: nn.Module) -> None:
+    """Refuse a tensor-parallel model: the linearisation would read this rank's slices of
+    the weights as if they were the whole."""
+    tp = getattr(model, "tp", None)
+    if tp is not None:
+        raise ValueError(
+            f"attribution graphs of a tensor-parallel model (tp_size={tp.size}) are refused: "
+            f"the linearisation reads this rank's slices of the weights as if they were the "
+            f"whole; load the model in one process for an attribution graph"
+        )
+
+
 def check_model(model: nn.Module, tset: TranscoderSet) -> None:
     """Refuse the model shapes whose linearisation this module does not write out."""
+    refuse_sharded(model)
     cfg = model.cfg
     problems = {
         "attn_only": "an attention-only model has no MLPs to replace",

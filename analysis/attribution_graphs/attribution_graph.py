@@ -153,6 +153,7 @@ def attribution_graph(
     The target logits are `logits` (token ids) or the `top_k` most probable next tokens.
     Targets are swept down `batch_size` at a time (`backward_batches` counts the sweeps).
     """
+    _frozen.refuse_sharded(model)
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)
     tokens = _frozen.prompt_tokens(model, prompt)

@@ -135,6 +135,10 @@ def test_a_spliced_sae_at_a_sharded_hook_point_sees_every_neuron(ranks):
     assert_close(ranks, "sae_splice", "sae_acts")
 
 
+def test_gradient_methods_refuse_a_sharded_model(ranks):
+    assert_true(ranks, "gradient_methods_refused")
+
+
 def test_gradients_at_every_hook_point_equal_one_process(ranks):
     assert_true(ranks, "gradient_names")
     assert_close(ranks, "loss", "gradients")
