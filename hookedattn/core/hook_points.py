@@ -19,6 +19,13 @@ on a model without learned positions). In the backward they act as two points in
 the later point's hooks see the gradient first, and what they return is what the earlier
 point's hooks (and its cached `_grad`) see.
 
+A forward installed on a hook point's instance (nnsight's `NNsight(model)` puts one on every
+module, to hand each module's output to a trace) is reached through `nn.Module.__call__`
+once the model has noticed it (`HookedRootModule._notice_wrappers`, at the start of
+each forward): the point then counts as listened, needs its value (the written-out equations
+run) and runs that forward, which runs the point's own hooks. Otherwise a hook point skips
+`nn.Module.__call__`, so a torch hook on one never runs.
+
 Threads: hooks attached for a scope (`hooks()`, `run_with_hooks`, `run_with_cache`) belong
 to the thread that attached them. A forward in another thread that would run one of them
 raises a `RuntimeError` instead, so two threads never see each other's scoped hooks; hooks
@@ -83,18 +90,25 @@ class HookPoint(nn.Module):
         self._active = False
         self._needs_value = False
         self._listening = False  # a hook that is not a cache's (`HookedRootModule.is_listened`)
+        # A forward installed on this instance (nnsight's): reached through nn.Module.__call__.
+        self._wrapped = False
 
     def __call__(self, x: Tensor) -> Tensor:
         # The fast path: with no hook attached, a hook point is a single attribute test.
         if not self._active:
             return x
+        if self._wrapped:
+            return nn.Module.__call__(self, x)  # the instance's forward, which calls ours
         return self._run_hooks(x)
 
-    forward = __call__
+    def forward(self, x: Tensor) -> Tensor:
+        """`x` after this point's hooks: what a forward installed on the instance wraps."""
+        return self._run_hooks(x)
 
     @property
     def is_active(self) -> bool:
-        """Whether any hook (forward or backward, of any scope) is attached here now."""
+        """Whether any hook (forward or backward, of any scope) is attached here now, or a
+        forward installed on the instance (nnsight's) may read or replace the value."""
         return self._active
 
     @property
@@ -165,13 +179,23 @@ class HookPoint(nn.Module):
             hooks.remove(handle)
         self._update_active()
 
+    def _notice_wrapper(self) -> None:
+        """Follow whether a forward is installed on this instance (`_wrapped`)."""
+        wrapped = "forward" in self.__dict__
+        if wrapped != self._wrapped:
+            object.__setattr__(self, "_wrapped", wrapped)
+            self._update_active()
+
     def _update_active(self) -> None:
         # object.__setattr__, not nn.Module's: that one looks for parameters, buffers and
         # submodules on every assignment, and run_with_cache flips this flag twice per point.
+        # An installed forward is a listener that needs the value now, and it may edit it.
         handles = (*self._fwd, *self._bwd)
-        object.__setattr__(self, "_active", bool(handles))
-        object.__setattr__(self, "_needs_value", any(h.defers_to is None for h in handles))
-        object.__setattr__(self, "_listening", not all(h.is_cache for h in handles))
+        wrapped = self._wrapped
+        object.__setattr__(self, "_active", wrapped or bool(handles))
+        needs_value = wrapped or any(h.defers_to is None for h in handles)
+        object.__setattr__(self, "_needs_value", needs_value)
+        object.__setattr__(self, "_listening", wrapped or not all(h.is_cache for h in handles))
         global _version
         _version = next(_CHANGES)
 
@@ -318,17 +342,32 @@ class HookedRootModule(nn.Module):
                     module.__dict__[field] = _WatchedHooks(hooks)
         self.__dict__["_watched"] = watched
         self.__dict__["_listened_at"] = (-1, -1, False)
+        self.__dict__["_wrapped_seen"] = None  # the hook points are asked at the next forward
+
+    def _notice_wrappers(self) -> None:
+        """Let every hook point follow whether a forward is installed on it (the module
+        docstring). nnsight's `NNsight(model)` installs one on every module at once, the
+        model's own included, so the hook points are asked again only when the model's own
+        forward has changed (or `setup()` ran): one dict lookup per forward otherwise.
+        Forwards call this before their first hook point."""
+        wrapped = "forward" in self.__dict__
+        if wrapped is not self.__dict__.get("_wrapped_seen"):
+            for point in self.hook_dict.values():
+                point._notice_wrapper()
+            self.__dict__["_wrapped_seen"] = wrapped
 
     def is_listened(self) -> bool:
         """Whether anything could act on a forward's inner steps now: a hook on any hook
         point other than a cache's recording hook (which keeps the last value it sees at
-        each name, so a second run only records again), or a torch hook (forward or
+        each name, so a second run only records again), a forward installed on a hook
+        point (nnsight's: `_notice_wrappers`), or a torch hook (forward or
         backward) on any module below the root, or a global one. Where nothing listens, a
         forward may run a step twice unseen (the kernels' deferred guard). The hook points
         are asked again only after a hook was attached or removed somewhere
         (`hooks_version`), the modules only after a torch hook was (their hook dicts count
         it: `_WatchedHooks`); modules assigned after `setup()` are watched once `setup()`
         runs again."""
+        self._notice_wrappers()
         version, torch_version, hooked = self._listened_at
         if version != _version or torch_version != _torch_version:
             hooked = any(point._listening for point in self.hook_dict.values())

@@ -130,6 +130,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         The model itself is the code below: the input stage (`_inputs.prepare`: tokenize,
         check, embed, masks), the blocks, the final norm and the unembedding, the loss.
         """
+        self._notice_wrappers()  # nnsight's, on the hook points (`hook_points` docstring)
         with _transaction(past_kv_cache):
             x = _inputs.prepare(
                 self,
@@ -195,6 +196,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """One generation step: the logits after one more token per row, which follows
         the cache's real (unpadded) tokens. `forward` without its input checks, for ids
         the generation loop chose itself (hooks run as in any forward)."""
+        self._notice_wrappers()
         with past_kv_cache.transaction():
             resid, context = _inputs.prepare_next_token(self, tokens, past_kv_cache)
             n_layers = self.cfg.n_layers

@@ -333,8 +333,10 @@ def _last_logits(
 
     Where no hook reads the final norm or the unembedding, only that position goes through
     them (a prompt of 16 tokens would otherwise pay 16 unembeddings for one); where one
-    does, every position does, so that the hook sees the whole forward.
+    does (or a forward installed on one, nnsight's), every position does, so that the hook
+    sees the whole forward.
     """
+    model._notice_wrappers()  # before the first forward of a model wrapped since its last
     if _hooked(model.ln_final) or _hooked(model.unembed):
         return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)[:, -1]
     n_layers = model.cfg.n_layers
@@ -345,5 +347,5 @@ def _last_logits(
 
 
 def _hooked(module: torch.nn.Module) -> bool:
-    """Whether a hook point in `module` has a hook attached."""
-    return any(isinstance(m, HookPoint) and m.has_hooks() for m in module.modules())
+    """Whether a hook point in `module` has a hook attached (or an installed forward)."""
+    return any(isinstance(m, HookPoint) and m.is_active for m in module.modules())
