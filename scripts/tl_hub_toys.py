@@ -12,8 +12,9 @@ IN.pt holds `{"make": {file: {"config", "seed"}}}` or `{"load": {"names", "token
   the file to `model.state_dict()`, buffers and all, the way TL's toy models were saved.
 - `load`: for each name, `from_pretrained_no_processing(name)` and `from_pretrained(name)`
   (TL's default processing) fetch the model from the hub `HF_ENDPOINT` names, and OUT.pt
-  maps the name to both models' logits on `tokens`, the ids `to_tokens("w3 w17")` gives,
-  and for a name in `checkpoints` (name -> step) the unprocessed logits at that step.
+  maps the name to both models' logits on `tokens` (and the unprocessed model's in
+  float64), the ids `to_tokens("w3 w17")` gives, and for a name in `checkpoints`
+  (name -> step) the unprocessed logits at that step.
 
 tests/hub/test_transformerlens_toys.py serves what `make` wrote from a hub on 127.0.0.1
 and holds hookedattn's loads of the same names against what `load` answered.
@@ -42,8 +43,10 @@ def load(tl: Any, names: list[str], tokens: torch.Tensor, checkpoints: dict[str,
     for name in names:
         raw = tl.HookedTransformer.from_pretrained_no_processing(name)
         processed = tl.HookedTransformer.from_pretrained(name)
+        raw64 = tl.HookedTransformer.from_pretrained_no_processing(name, dtype=torch.float64)
         answers[name] = {
             "raw": raw(tokens),
+            "raw64": raw64(tokens),
             "processed": processed(tokens),
             "processed_normalization": processed.cfg.normalization_type,
             "ids": raw.to_tokens("w3 w17")[0].tolist(),

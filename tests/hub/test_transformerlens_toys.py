@@ -113,6 +113,11 @@ def test_the_toy_models_load_by_name_as_transformerlens_loads_them(
         with torch.no_grad():
             assert_same(model(TOKENS), theirs[name]["raw"], f"{name} unprocessed")
         assert model.to_tokens("w3 w17")[0].tolist() == theirs[name]["ids"], name
+        in_float64 = HookedTransformer.from_pretrained(name, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                in_float64(TOKENS), theirs[name]["raw64"], atol=1e-12, rtol=0, msg=name
+            )
         processed = hookedattn_tl.HookedTransformer.from_pretrained(name)
         assert processed.cfg.normalization_type == theirs[name]["processed_normalization"], name
         with torch.no_grad():
