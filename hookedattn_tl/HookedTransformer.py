@@ -5,7 +5,8 @@ The subclass adds what TL code calls and the core spells differently or leaves o
 this model); `from_pretrained` processes the weights by default (fold the norms, centre
 the writing weights and the unembedding, fold the value biases), as TL does;
 `set_use_attn_result` and its siblings rebuild the blocks from a changed config (ours is
-frozen), sharing the same parameters; `generate` samples by default, as TL does.
+frozen), sharing the same parameters, and `model.cfg.use_attn_result = True` calls it (the
+model's config is its own, bound to it); `generate` samples by default, as TL does.
 """
 
 import logging
@@ -68,6 +69,21 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         _CoreModel.__init__(self, cfg, tokenizer)
         self.context_level = 0
         self.is_caching = False
+
+    @property
+    def cfg(self) -> HookedTransformerConfig:
+        """This model's own config (a facade config bound to it): TL's run-time flag
+        assignments on it, `model.cfg.use_attn_result = True`, call `set_use_attn_result`
+        (`hookedattn_tl.config.hooked_transformer_config` says why)."""
+        cfg = self.__dict__["_cfg"]
+        if cfg.bound_model is not self:  # a copy's, or one taken over from another model
+            cfg = self.__dict__["_cfg"] = cfg.bound_to(self)
+        return cfg
+
+    @cfg.setter
+    def cfg(self, cfg: _CoreConfig) -> None:
+        """Take `cfg` (a core config becomes the facade's) as this model's own, bound copy."""
+        self.__dict__["_cfg"] = HookedTransformerConfig.unwrap(cfg).bound_to(self)
 
     # TL keeps these two in its (mutable) config; ours is frozen, so they live here, set
     # by from_pretrained or by assignment.
@@ -390,13 +406,30 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         """Add (or remove) the per-head `hook_attn_in`."""
         self._rebuild_blocks(use_attn_in=use_attn_in)
 
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        """TL's flag for `hook_k` / `hook_v` widened to every query head: it changes nothing
+        on a model without grouped-query attention (stored, as in TL); on one with it, our
+        key and value hook points stay `[batch pos kv_head d_head]`, so it is refused."""
+        value = ungroup_grouped_query_attention
+        if not isinstance(value, bool):
+            raise TypeError(f"ungroup_grouped_query_attention must be a bool, got {value!r}")
+        if value and self.cfg.n_key_value_heads is not None:
+            raise ValueError(
+                f"ungroup_grouped_query_attention=True: hookedattn_tl keeps hook_k and hook_v "
+                f"grouped, [batch pos kv_head d_head] with kv_head="
+                f"{self.cfg.n_key_value_heads} of n_heads={self.cfg.n_heads}; repeat each "
+                f"key/value head for its group in your hook (einops.repeat) instead"
+            )
+        self.cfg.set_in_place(ungroup_grouped_query_attention=value)
+
     def _rebuild_blocks(self, **changes: bool) -> None:
         """Rebuild the blocks from `cfg.replace(**changes)`, sharing every parameter.
 
         The config is frozen and the blocks choose their hook points when they are built,
         so a toggle builds new blocks; they hold the same `Parameter` objects (an
         optimiser or a tied reference still sees them), and the hooks attached to a hook
-        point that still exists are attached again to its new self.
+        point that still exists are attached again to its new self. The model's own config
+        is then changed in place, so every reference to `model.cfg` reads the new flags.
         """
         cfg = self.cfg.replace(**changes)
         if cfg == self.cfg:
@@ -411,7 +444,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         old_points = {name: p for name, p in self.hook_dict.items() if name.startswith("blocks.")}
         new_blocks.train(self.training)
         self.blocks = new_blocks
-        self.cfg = cfg
+        self.cfg.set_in_place(**changes)
         self.setup()
         for name, point in old_points.items():
             for handle in (*point.fwd_hooks, *point.bwd_hooks):

@@ -15,7 +15,10 @@ The modules mirror TransformerLens's: `HookedTransformer` (a subclass of ours wh
 `run_with_cache` returns `ActivationCache`, TL's cache with its analysis methods bound to
 the model), `HookedRootModule` and `hook_points` (hook levels, handles, introspection),
 `config`, `utils` / `utilities`, `patching` (TL's argument order, our batched engine),
-`FactoredMatrix`, `cache` (the key/value cache), `conversion_utils`. Every method is built
+`FactoredMatrix`, `cache` (the key/value cache), `conversion_utils`; and SAELens 6's
+`HookedSAETransformer` (SAEs attached by hook name, cached under SAELens's names; SAELens's
+`from sae_lens import HookedSAETransformer` ports as `from hookedattn_tl import
+HookedSAETransformer`). Every method is built
 on `hookedattn` and `analysis`; docs/guide/porting.md lists where this package still
 differs from TL, and why.
 """
@@ -39,6 +42,7 @@ from hookedattn_tl.config import HookedTransformerConfig, TransformerLensConfig
 from hookedattn_tl.FactoredMatrix import FactoredMatrix
 from hookedattn_tl.hook_points import HookPoint
 from hookedattn_tl.HookedRootModule import HookedRootModule
+from hookedattn_tl.HookedSAETransformer import HookedSAETransformer
 from hookedattn_tl.HookedTransformer import HookedTransformer
 from hookedattn_tl.past_key_value_caching import (
     HookedTransformerKeyValueCache,
@@ -50,6 +54,7 @@ __all__ = [
     "FactoredMatrix",
     "HookPoint",
     "HookedRootModule",
+    "HookedSAETransformer",
     "HookedTransformer",
     "HookedTransformerConfig",
     "HookedTransformerKeyValueCache",

@@ -29,7 +29,7 @@ from analysis.patching.engine import (
 )
 from analysis.patching.result import PatchingResult
 from hookedattn.core.model import HookedTransformer
-from hookedattn.sae import SparseAutoencoder, sae_hook_name
+from hookedattn.sae import SparseAutoencoder, sae_hook_name, spliced
 
 KIND = "sae_features"
 
@@ -55,7 +55,8 @@ def _runs(
 ) -> _Runs:
     clean, corrupted = paired_tokens(model, clean, corrupted)
     acts_name = sae_hook_name(sae.cfg.hook_name, "hook_acts")
-    with torch.no_grad(), model.saes([sae]):
+    # `spliced`, not `model.saes`: a subclass (SAELens's HookedSAETransformer) redefines that.
+    with torch.no_grad(), spliced(model, [sae]):
         clean_logits, cache = model.run_with_cache(clean, names_filter=acts_name)
         corrupted_logits, corrupted_cache = model.run_with_cache(corrupted, names_filter=acts_name)
     clean_metric = metric_values(metric, clean_logits)
@@ -107,7 +108,7 @@ def feature_attribution_patch(
     corrupted run (module docstring); `features` defaults to those active in either run."""
     runs = _runs(model, sae, clean_tokens, corrupted_tokens, metric)
     chosen = _features(runs.clean_acts, runs.corrupted_acts, features)
-    with model.saes([sae]):
+    with spliced(model, [sae]):
         forward = lambda: metric_values(metric, model(runs.corrupted_tokens))
         grad = metric_gradients(model, [runs.acts_name], forward).gradients[runs.acts_name]
     delta = (runs.clean_acts - runs.corrupted_acts)[..., chosen]
@@ -129,7 +130,7 @@ def feature_activation_patch(
     runs = _runs(model, sae, clean_tokens, corrupted_tokens, metric)
     chosen = _features(runs.clean_acts, runs.corrupted_acts, features)
     rows = []
-    with model.saes([sae]):
+    with spliced(model, [sae]):
         for f in chosen:
 
             def patch(acts: Tensor, hook, f: int = f) -> Tensor:

@@ -7,6 +7,7 @@
     list_sae_releases(model="gemma-2-2b", hook="blocks.12.hook_resid_post")  # SAELens's names
     with model.saes([sae]):                       # spliced at its hook point, removed after
         logits, cache = model.run_with_cache(tokens)
+    handle = splice(model, [sae]); ...; handle.remove()   # the same, without a `with`
     cache["blocks.1.hook_resid_pre.sae.hook_acts"]   # [batch pos d_sae]
     print(evaluate_sae(model, sae, tokens))        # L0, FVE, dead, CE loss recovered
 
@@ -47,7 +48,7 @@ from hookedattn.sae.shipped_transcoders import (
     load_pretrained_transcoders,
     pretrained_transcoders_record,
 )
-from hookedattn.sae.splice import sae_hook_name, spliced
+from hookedattn.sae.splice import Splice, sae_hook_name, splice, spliced
 from hookedattn.sae.training import TrainingStep, fraction_of_variance_explained, train_sae
 from hookedattn.sae.transcoder import TRANSCODER_HOOK_NAMES, LinearSkip, NoSkip, Transcoder
 from hookedattn.sae.transcoder_config import CrossLayerTranscoderConfig, TranscoderConfig
@@ -69,6 +70,7 @@ __all__ = [
     "SAEConfig",
     "SAEEvaluation",
     "SparseAutoencoder",
+    "Splice",
     "TrainingStep",
     "evaluate_sae",
     "fraction_of_variance_explained",
@@ -78,6 +80,7 @@ __all__ = [
     "pretrained_sae_record",
     "register_sae_release",
     "sae_hook_name",
+    "splice",
     "spliced",
     "train_sae",
     "unregister_sae_release",

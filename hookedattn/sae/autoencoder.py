@@ -1,6 +1,7 @@
 """`SparseAutoencoder`: a dictionary of features for one hook point, with hook points of its own.
 
-    acts   = act((x - pre_bias) @ W_enc + b_enc)          hook_in -> hook_acts
+    pre    = (x - pre_bias) @ W_enc + b_enc               hook_in -> hook_acts_pre
+    acts   = act(pre)                                     hook_acts
     recons = acts @ W_dec + b_dec                         hook_recons
     error  = x - recons                                   hook_error
     out    = recons (+ error, when spliced exactly)       hook_out
@@ -31,7 +32,7 @@ from hookedattn.sae.config import SAEConfig
 
 In = Float[Tensor, "*batch d_in"]
 Acts = Float[Tensor, "*batch d_sae"]
-HOOK_NAMES = ("hook_in", "hook_acts", "hook_recons", "hook_error", "hook_out")
+HOOK_NAMES = ("hook_in", "hook_acts_pre", "hook_acts", "hook_recons", "hook_error", "hook_out")
 
 
 class SparseAutoencoder(CoderModule):
@@ -63,6 +64,7 @@ class SparseAutoencoder(CoderModule):
         self.pre_bias = make_pre_bias(cfg)
         self.activation = make_activation(cfg)
         self.hook_in = HookPoint()  # [*batch d_in]
+        self.hook_acts_pre = HookPoint()  # [*batch d_sae], before the activation
         self.hook_acts = HookPoint()  # [*batch d_sae]
         self.hook_recons = HookPoint()  # [*batch d_in]
         self.hook_error = HookPoint()  # [*batch d_in]
@@ -109,8 +111,11 @@ class SparseAutoencoder(CoderModule):
 
     def _hooked(self, x: In) -> tuple[In, In]:
         x = self.hook_in(x)
-        clean = self.encode(x)
-        acts = self.hook_acts(clean)
+        clean_pre = self.pre_activations(x)
+        pre = self.hook_acts_pre(clean_pre)
+        clean = self.activation(clean_pre)
+        # A hook that replaced the pre-activations needs their activation; otherwise reuse it.
+        acts = self.hook_acts(clean if pre is clean_pre else self.activation(pre))
         clean_recons = self.decode(clean)
         # A hook that replaced the features needs their decoding; otherwise reuse it.
         recons = self.hook_recons(clean_recons if acts is clean else self.decode(acts))

@@ -11,10 +11,16 @@ input; those attached inside it (the cache's included) see its output. The SAE's
 points join `model.hook_dict` right after the point, named `<point>.sae.hook_acts` etc., so
 `run_with_cache` records them and `hooks()` reaches them; they leave when the block ends,
 also when it raises. Splices nest; an SAE cannot be at two points, nor two SAEs at one.
+
+`splice(model, saes)` is the same splice without a `with`: it stays until its handle's
+`remove()`, its hooks are the model's (permanent, run in every thread, kept by
+`reset_hooks()`), and `names=` lists the SAE's hook points under other suffixes (SAELens's
+`hook_sae_acts_post` ...: what `hookedattn_tl.HookedSAETransformer.add_sae` builds on).
 """
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from einops import rearrange
@@ -25,6 +31,8 @@ from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 
 SAEs = Sequence[SparseAutoencoder] | Mapping[str, SparseAutoencoder]
+# Where the SAE's hook points are listed after the point: `<point>.sae.hook_acts`.
+SUFFIXES = {hook: f"sae.{hook}" for hook in HOOK_NAMES}
 
 
 def sae_hook_name(point: str, hook: str) -> str:
@@ -44,10 +52,56 @@ def spliced(
     placements = _placements(model, saes)
     with contextlib.ExitStack() as stack:
         for point, sae in placements:
-            stack.enter_context(_registered(model, point, sae))
+            stack.enter_context(_registered(model, point, sae, SUFFIXES))
         hooks = [(point, _splice_hook(sae, use_error_term)) for point, sae in placements]
         stack.enter_context(model.hooks(fwd_hooks=hooks))
         yield model
+
+
+@dataclasses.dataclass(frozen=True)
+class Splice:
+    """SAEs spliced by `splice()`: `points[i]` is where `saes[i]` sits; `remove()` takes
+    them out (a second call does nothing)."""
+
+    points: tuple[str, ...]
+    saes: tuple[SparseAutoencoder, ...]
+    _undo: Callable[[], None] = dataclasses.field(repr=False)
+
+    def remove(self) -> None:
+        """Take the SAEs out: the splice hooks detached, their hook points unlisted."""
+        self._undo()
+
+
+def splice(
+    model: HookedRootModule,
+    saes: SAEs,
+    use_error_term: bool = True,
+    *,
+    names: Mapping[str, str] = SUFFIXES,
+) -> Splice:
+    """Splice each SAE at its hook point until `.remove()` (module docstring): as `spliced`,
+    but the splice is the model's, not a `with` block's: its hooks are permanent (kept by
+    `reset_hooks()`) and run in every thread. `names` maps the SAE's hook points
+    (`HOOK_NAMES`) to the suffix each is listed under after the point; one left out runs
+    but is not listed (not cached, not hookable by name). `hook_in` must be listed."""
+    if "hook_in" not in names or not set(names) <= set(HOOK_NAMES):
+        raise ValueError(
+            f"names maps the SAE's hook points ({', '.join(HOOK_NAMES)}) to suffixes and must "
+            f"list hook_in; got keys {sorted(names)}"
+        )
+    placements = _placements(model, saes)
+    stack = contextlib.ExitStack()
+    try:
+        for point, sae in placements:
+            stack.enter_context(_registered(model, point, sae, names))
+        for point, sae in placements:
+            hook = _splice_hook(sae, use_error_term)
+            stack.callback(model.hook_dict[point].add_hook(hook, is_permanent=True).remove)
+    except BaseException:
+        stack.close()
+        raise
+    points, spliced_saes = zip(*placements, strict=True) if placements else ((), ())
+    return Splice(tuple(points), tuple(spliced_saes), stack.close)
 
 
 class _SpliceHook:
@@ -104,9 +158,9 @@ def _placements(model: HookedRootModule, saes: Any) -> list[tuple[str, SparseAut
         if point not in model.hook_dict:
             raise KeyError(_names.unknown_name_message(point, model.hook_dict))
         _check_fits(model, point, sae)
-        taken = point in dict(out) or sae_hook_name(point, "hook_in") in model.hook_dict
+        taken = point in dict(out) or _has_splice(model.hook_dict[point])
         if taken or sae.hook_in.name != "hook_in":
-            where = point if taken else sae.hook_in.name.removesuffix(".sae.hook_in")
+            where = point if taken else _where_spliced(model, sae)
             raise ValueError(
                 f"an SAE is already spliced at {where}: one SAE per hook point, one point "
                 f"per SAE (build another SAE, or end the other splice first)"
@@ -115,6 +169,17 @@ def _placements(model: HookedRootModule, saes: Any) -> list[tuple[str, SparseAut
     if len({id(sae) for _, sae in out}) != len(out):
         raise ValueError("the same SAE is listed twice: one point per SAE")
     return out
+
+
+def _has_splice(point: HookPoint) -> bool:
+    return any(isinstance(handle.fn, _SpliceHook) for handle in point.fwd_hooks)
+
+
+def _where_spliced(model: HookedRootModule, sae: SparseAutoencoder) -> str:
+    for name, point in model.hook_dict.items():
+        if any(getattr(h.fn, "sae", None) is sae for h in point.fwd_hooks):
+            return name
+    return f"another model's point (its hook_in is listed as {sae.hook_in.name})"
 
 
 def _check_fits(model: HookedRootModule, point: str, sae: SparseAutoencoder) -> None:
@@ -154,9 +219,12 @@ def _check_fits(model: HookedRootModule, point: str, sae: SparseAutoencoder) -> 
 
 
 @contextlib.contextmanager
-def _registered(model: HookedRootModule, point: str, sae: SparseAutoencoder) -> Iterator[None]:
-    """Name the SAE's hook points after `point` and list them in `model.hook_dict`."""
-    ours = {sae_hook_name(point, h): getattr(sae, h) for h in HOOK_NAMES}
+def _registered(
+    model: HookedRootModule, point: str, sae: SparseAutoencoder, suffixes: Mapping[str, str]
+) -> Iterator[None]:
+    """Name the SAE's hook points `<point>.<suffix>` and list them in `model.hook_dict`
+    (in `HOOK_NAMES` order, right after `point`); those without a suffix stay unlisted."""
+    ours = {f"{point}.{suffixes[h]}": getattr(sae, h) for h in HOOK_NAMES if h in suffixes}
     before = dict(model.hook_dict)
     rebuilt: dict[str, HookPoint] = {}
     for name, hook_point in before.items():

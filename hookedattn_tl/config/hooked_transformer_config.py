@@ -9,13 +9,29 @@ soft caps at `-1.0`, `initializer_range=-1.0`). A TL field whose non-default val
 for something hookedattn does not compute (`use_attn_scale=False`, `n_devices=2`,
 `load_in_4bit=True`, ...) is a `ValueError` naming it.
 
-The config is frozen, as ours is: assigning a field raises `FrozenInstanceError` naming
-what does it (`model.set_use_attn_result(True)` for the hook-point flags, `cfg.replace(...)`
-and a new model for the others). `use_fused_kernels` defaults to False: TL computes every
-activation written out, so `model(x)` equals `run_with_cache(x)[0]` bit for bit.
+`use_fused_kernels` defaults to False: TL computes every activation written out, so
+`model(x)` equals `run_with_cache(x)[0]` bit for bit.
+
+TL's run-time flags. TL code switches hook points on by assignment, `model.cfg.use_attn_result
+= True` (likewise `use_split_qkv_input`, `use_hook_mlp_in`, `use_attn_in`,
+`ungroup_grouped_query_attention`): TL's config is mutable and its blocks read the flags at
+every forward, and TL's `set_use_attn_result(x)` is that assignment. Ours is frozen and the
+blocks choose their hook points when they are built, so a flag takes effect only by
+rebuilding them, which the model's `set_*` does. The design: a facade model keeps its own
+copy of its config, bound to it (`bound_to`: a weak reference, dropped when the config is
+copied or pickled), and a bound config answers an assignment to one of these flags by
+calling its model's `set_<flag>(value)`: the same validation, the same rebuilt blocks
+(sharing the parameters), and the config updated in place, so `model.cfg` and every
+reference to it read the new value, as in TL. The alternatives were worse: a mutable
+config would disagree with blocks built from its old value, a proxy around the config
+would fail `isinstance` and equality, and rebuilding lazily at the next forward would leave
+`hook_dict` stale in between. Every other assignment (and a flag assigned on a config that
+belongs to no model, which may be shared with components built from it) raises
+`FrozenInstanceError` naming the flags that may be set and `cfg.replace(...)` for the rest.
 """
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -66,7 +82,17 @@ _SENTINELS = {
     "attn_scores_soft_cap": -1.0,
     "output_logits_soft_cap": -1.0,
 }
-_HOOK_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in")
+# TL's run-time flags, each applied by the model method of the same name (module docstring).
+FLAG_SETTERS = {
+    flag: f"set_{flag}"
+    for flag in (
+        "use_attn_result",
+        "use_split_qkv_input",
+        "use_hook_mlp_in",
+        "use_attn_in",
+        "ungroup_grouped_query_attention",
+    )
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,13 +152,71 @@ class HookedTransformerConfig(_Fields):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOOK_FLAGS:
-            hint = f"model.set_{name}({value!r}), which rebuilds the blocks' hook points"
+        model = self.bound_model
+        if name in FLAG_SETTERS and model is not None:
+            getattr(model, FLAG_SETTERS[name])(value)
+            return
+        flags = ", ".join(FLAG_SETTERS)
+        if name in FLAG_SETTERS:
+            message = (
+                f"this config belongs to no model (a model keeps its own, model.cfg, which "
+                f"takes the assignment); assign model.cfg.{name} = {value!r}, or build the "
+                f"model from cfg.replace({name}={value!r})"
+            )
+        elif name in _UNSUPPORTED:
+            message = (
+                f"hookedattn_tl does not support {name} ({_UNSUPPORTED[name][1]}); a model's "
+                f"config takes assignments to TL's run-time flags only: {flags}"
+            )
+        elif model is not None:
+            message = (
+                f"a model's config takes assignments to TL's run-time flags only ({flags}); "
+                f"for {name}, build a new model from cfg.replace({name}={value!r})"
+            )
         else:
-            hint = f"cfg.replace({name}={value!r}) and build a new model from it"
-        raise dataclasses.FrozenInstanceError(
-            f"cannot assign to field {name!r}: a hookedattn_tl config is frozen; use {hint}"
-        )
+            message = (
+                f"a hookedattn_tl config is frozen; use cfg.replace({name}={value!r}), and "
+                f"on a model's config assign only the flags {flags}"
+            )
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}: {message}")
+
+    # ------------------------------------------------------------------ a model's own config
+    @property
+    def bound_model(self) -> Any:
+        """The model this config is bound to (module docstring), or None."""
+        ref = self.__dict__.get("_model_ref")
+        return None if ref is None else ref()
+
+    def bound_to(self, model: Any) -> "HookedTransformerConfig":
+        """A copy of this config bound to `model`: assignments to TL's run-time flags on
+        it call `model.set_<flag>` (module docstring)."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__["_tl_extras"] = dict(self.__dict__.get("_tl_extras", _DESCRIPTIVE))
+        copy.__dict__["_model_ref"] = weakref.ref(model)
+        return copy
+
+    def set_in_place(self, **values: Any) -> None:
+        """Change fields of this config where it stands: for the model it is bound to,
+        once the model has applied them (`set_use_attn_result` ...), so that every
+        reference to `model.cfg` reads the new values. Checked as `replace` checks them."""
+        if self.bound_model is None:
+            raise ValueError("set_in_place is for a model's own config (bound_to); use replace")
+        fields = {f.name for f in dataclasses.fields(self)}
+        checked = self.replace(**{k: v for k, v in values.items() if k in fields})
+        for name, value in values.items():
+            if name in fields:
+                self.__dict__[name] = getattr(checked, name)
+            elif name in self._tl_extras:
+                self._tl_extras[name] = value
+            else:
+                raise AttributeError(f"{type(self).__name__!r} has no field {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle belongs to no model (and a weak reference cannot be pickled).
+        state = dict(self.__dict__)
+        state.pop("_model_ref", None)
+        return state
 
     @property
     def n_params(self) -> int:

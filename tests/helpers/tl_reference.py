@@ -51,7 +51,14 @@ def run_in_tl(
 ) -> Any:
     """`python scripts/<script> IN.pt OUT.pt` in TransformerLens's environment: its answer.
     Offline unless `env` (added to the environment) says otherwise."""
-    python = require_tl_python()
+    return run_script(require_tl_python(), script, given, folder, env)
+
+
+def run_script(
+    python: Path, script: str, given: dict[str, Any], folder: Path, env: dict[str, str] | None
+) -> Any:
+    """`python scripts/<script> IN.pt OUT.pt` with another environment's interpreter: its
+    answer. Offline unless `env` (added to the environment) says otherwise."""
     source, target = folder / "in.pt", folder / "out.pt"
     torch.save(given, source)
     command = [str(python), str(ROOT / "scripts" / script), str(source), str(target)]

@@ -114,9 +114,9 @@ def test_hook_conversion_wraps_every_hook():
 
 
 # ---------------------------------------------------------------- the config
-def test_assigning_a_hook_flag_names_the_method():
+def test_a_flag_assigned_on_a_config_of_no_model_names_the_model_s_config():
     cfg = HookedTransformerConfig(**SIZES)
-    with pytest.raises(dataclasses.FrozenInstanceError, match=r"set_use_attn_result\(True\)"):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"model\.cfg\.use_attn_result"):
         cfg.use_attn_result = True
 
 
