@@ -33,7 +33,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn.core import is_text
+from hookedattn.core import is_text, parallel
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import TranscoderSet, replaced
@@ -90,15 +90,12 @@ def token_texts(model: Any, ids: list[int]) -> list[str]:
 
 
 def refuse_sharded(model: nn.Module) -> None:
-    """Refuse a tensor-parallel model: the linearisation would read this rank's slices of
-    the weights as if they were the whole."""
-    tp = getattr(model, "tp", None)
-    if tp is not None:
-        raise ValueError(
-            f"attribution graphs of a tensor-parallel model (tp_size={tp.size}) are refused: "
-            f"the linearisation reads this rank's slices of the weights as if they were the "
-            f"whole; load the model in one process for an attribution graph"
-        )
+    """Refuse a tensor-parallel model (its weights are this rank's slices)."""
+    parallel.refuse_tensor_parallel(
+        model,
+        "attribution graphs",
+        "the linearisation would read this rank's slices of the weights as if they were the whole",
+    )
 
 
 def check_model(model: nn.Module, tset: TranscoderSet) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from hookedattn import HookedTransformer
+from hookedattn.core import parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +39,11 @@ def metric_gradients(
     """Run `forward()` (a forward of `model` that returns the metric, one value per prompt
     or already summed) with gradients on, and return the gradient of its sum at every hook
     point of `names` (module docstring). Hooks already attached to `model` run as usual."""
-    tp = getattr(model, "tp", None)
-    if tp is not None:
-        raise ValueError(
-            f"gradients of a metric on a tensor-parallel model (tp_size={tp.size}) are "
-            f"refused: this rank's backward through the shards does not give the "
-            f"one-process gradients; load the model in one process for gradient methods"
-        )
+    parallel.refuse_tensor_parallel(
+        model,
+        "gradients of a metric",
+        "this rank's backward through the shards does not give the one-process gradients",
+    )
     leaves: dict[str, Tensor] = {}
     activations: dict[str, Tensor] = {}
 

@@ -33,7 +33,6 @@ attached with `add_hook` belong to the model and run in every thread. (Under
 `torch.compile` the thread is read when the graph is traced.)
 """
 
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -44,6 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from hookedattn.core import _torch_hooks
 from hookedattn.core import names as _names
 
 HookFn = Callable[..., Tensor | None]
@@ -335,11 +335,7 @@ class HookedRootModule(nn.Module):
         # hook points (torch hooks on the root run once around a forward whatever it does
         # inside), each module's hook dicts replaced by ones that count their changes.
         watched = [m for m in self.modules() if not isinstance(m, HookPoint)][1:]
-        for module in watched:
-            for field in _TORCH_HOOK_DICTS:
-                hooks = module.__dict__[field]
-                if not isinstance(hooks, _WatchedHooks):
-                    module.__dict__[field] = _WatchedHooks(hooks)
+        _torch_hooks.watch(watched)
         self.__dict__["_watched"] = watched
         self.__dict__["_listened_at"] = (-1, -1, False)
         self.__dict__["_wrapped_seen"] = None  # the hook points are asked at the next forward
@@ -365,15 +361,15 @@ class HookedRootModule(nn.Module):
         forward may run a step twice unseen (the kernels' deferred guard). The hook points
         are asked again only after a hook was attached or removed somewhere
         (`hooks_version`), the modules only after a torch hook was (their hook dicts count
-        it: `_WatchedHooks`); modules assigned after `setup()` are watched once `setup()`
+        it: `_torch_hooks.watch`); modules assigned after `setup()` are watched once `setup()`
         runs again."""
         self._notice_wrappers()
         version, torch_version, hooked = self._listened_at
-        if version != _version or torch_version != _torch_version:
+        if version != _version or torch_version != _torch_hooks.version():
             hooked = any(point._listening for point in self.hook_dict.values())
-            hooked = hooked or _torch_hooked(self._watched)
-            self.__dict__["_listened_at"] = (_version, _torch_version, hooked)
-        return hooked or _global_torch_hooks()
+            hooked = hooked or _torch_hooks.hooked(self._watched)
+            self.__dict__["_listened_at"] = (_version, _torch_hooks.version(), hooked)
+        return hooked or _torch_hooks.global_hooks()
 
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in the order the forward pass reaches them."""
@@ -511,54 +507,6 @@ class HookedRootModule(nn.Module):
                 f"a hook target is a hook name or a filter function of names, got {name!r}"
             )
         return self.hook_points_for(name)
-
-
-# A module's dicts of torch hooks (`register_forward_hook` and the like add to them).
-_TORCH_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
-_torch_version = 0  # bumped whenever a watched module's torch hooks change
-
-
-class _WatchedHooks(collections.OrderedDict):
-    """A watched module's dict of torch hooks: each hook registered or removed (torch adds
-    one by key and removes it with `del`) bumps `_torch_version`."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        _torch_hooks_changed()
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        _torch_hooks_changed()
-
-
-def _torch_hooks_changed() -> None:
-    global _torch_version
-    _torch_version = next(_CHANGES)
-
-
-def _torch_hooked(modules: list[nn.Module]) -> bool:
-    """Whether a torch hook (`register_forward_hook` and the like, forward or backward) is
-    registered on one of `modules`. (A hook point skips `nn.Module.__call__`, so torch hooks
-    on one never run.)"""
-    return any(getattr(m, field) for m in modules for field in _TORCH_HOOK_DICTS)
-
-
-def _global_torch_hooks() -> bool:
-    """Whether a torch hook is registered for every module (`register_module_forward_hook`
-    and the like)."""
-    from torch.nn.modules import module
-
-    return bool(
-        module._global_forward_hooks
-        or module._global_forward_pre_hooks
-        or module._global_backward_hooks
-        or module._global_backward_pre_hooks
-    )
 
 
 def _pairs(pairs: Sequence, dir: str) -> list[tuple[NameOrFilter, HookFn]]:

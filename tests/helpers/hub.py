@@ -767,3 +767,33 @@ def word_tokenizer() -> Any:
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=word_level, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
     )
+
+
+# ---------------------------------------------------------------------- tiny causal LMs
+# Random transformers models of 2 layers, width 16 and the 50 words of `word_tokenizer`,
+# to serve under real names; `seed` draws other weights (another revision).
+_TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4)
+
+
+def tiny_causal_lm(family: str, seed: int = 0) -> Any:
+    """A tiny random `transformers` causal LM of `family` (`"gpt2"`, `"llama"` with
+    grouped keys and values, or `"gpt_neox"` with half-rotary heads), in eval mode."""
+    import torch
+    import transformers
+
+    configs = {
+        "gpt2": lambda: transformers.GPT2Config(
+            n_layer=2, n_embd=16, n_head=4, n_positions=64, vocab_size=50
+        ),
+        "llama": lambda: transformers.LlamaConfig(
+            **_TINY, num_key_value_heads=2, vocab_size=50, max_position_embeddings=64
+        ),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(
+            **_TINY, rotary_pct=0.5, vocab_size=50, max_position_embeddings=64
+        ),
+    }
+    if family not in configs:
+        raise ValueError(f"no tiny model of family {family!r}; families: {sorted(configs)}")
+    torch.manual_seed(seed)
+    config = configs[family]()
+    return transformers.AutoModelForCausalLM.from_config(config).eval()

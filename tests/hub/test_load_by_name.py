@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.hub import cache_folder, go_offline, serve_hf_model, word_tokenizer
+from helpers.hub import cache_folder, go_offline, serve_hf_model, tiny_causal_lm, word_tokenizer
 
 import hookedattn_tl
 from hookedattn import HookedTransformer
@@ -29,37 +29,15 @@ TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 
 
 def tiny_llama(seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_causal_lm("llama", seed)
 
 
 def tiny_gpt2(seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=32, vocab_size=50)
-    return transformers.GPT2LMHeadModel(config).eval()
+    return tiny_causal_lm("gpt2", seed)
 
 
 def tiny_neox(seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    config = transformers.GPTNeoXConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        rotary_pct=0.5,
-        vocab_size=50,
-        max_position_embeddings=32,
-    )
-    return transformers.GPTNeoXForCausalLM(config).eval()
+    return tiny_causal_lm("gpt_neox", seed)
 
 
 def reference_logits(repo_id: str, **hub_options) -> torch.Tensor:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -67,25 +66,13 @@ HUB_PAGES = {
 def serve_named_models(monkeypatch: pytest.MonkeyPatch, home: Path) -> Any:
     """A started hub the environment points at, serving `gpt2` and `EleutherAI/pythia-70m`
     (its `main` and `step1000`); a context manager that stops it."""
-    import transformers
-    from helpers.hub import HubServer, serve_hf_model, use_hub, word_tokenizer
+    from helpers.hub import HubServer, serve_hf_model, tiny_causal_lm, use_hub, word_tokenizer
 
     server = HubServer().start()
     use_hub(monkeypatch, server.url, home)
-    torch.manual_seed(0)
-    gpt2 = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=64, vocab_size=50)
-    serve_hf_model(server, "gpt2", transformers.GPT2LMHeadModel(gpt2), word_tokenizer())
-    neox = transformers.GPTNeoXConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        rotary_pct=0.5,
-        vocab_size=50,
-        max_position_embeddings=64,
-    )
-    for revision in ("main", "step1000"):
-        model = transformers.GPTNeoXForCausalLM(neox)
+    serve_hf_model(server, "gpt2", tiny_causal_lm("gpt2"), word_tokenizer())
+    for seed, revision in enumerate(("main", "step1000")):
+        model = tiny_causal_lm("gpt_neox", seed)
         serve_hf_model(server, "EleutherAI/pythia-70m", model, word_tokenizer(), revision)
     return server
 

@@ -71,20 +71,17 @@ def resolve(
         )
     if text in _pretrained.shipped_names():
         return Resolved(text, "shipped", checkpoint=checkpoint)
-    repo_id = _names.official_name(text) or text
+    return _repo(text, _names.official_name(text) or text, options, checkpoint)
+
+
+def _repo(
+    text: str, repo_id: str, options: HubOptions, checkpoint: tuple[int | None, int | None]
+) -> Resolved:
+    """The hub repo `repo_id` (what the name `text` means), fetched in two steps: the small
+    files, from which its kind is read, then the weights that kind reads."""
     _check_repo_id(text, repo_id)
     options = _checkpoint_revision(repo_id, options, checkpoint)
-    try:
-        folder = _fetch.snapshot(repo_id, _formats.FIRST_FILES, options)
-    except ModelNotFoundError as error:
-        raise ModelNotFoundError(f"{error}{_other_names(text)}") from error
-    except NotCachedError as error:
-        if repo_id == text and "/" not in text:  # perhaps not a repo at all
-            raise NotCachedError(
-                f"{text!r} is no shipped model and none of TransformerLens's names; as a hub "
-                f"repo id: {error}{_other_names(text)}"
-            ) from error
-        raise
+    folder = _first_files(text, repo_id, options)
     kind = _formats.format_of(folder)
     if kind == "transformerlens":
         weights = _transformerlens_weights(repo_id, folder, options, checkpoint)
@@ -109,6 +106,22 @@ def resolve(
             f"pytorch_model.bin); it holds {held}"
         )
     return Resolved(text, kind, folder, repo_id, options.revision, commit=folder.name)
+
+
+def _first_files(text: str, repo_id: str, options: HubOptions) -> Path:
+    """The repo's config, tokenizer and weight index; the errors say what else `text`
+    might have meant."""
+    try:
+        return _fetch.snapshot(repo_id, _formats.FIRST_FILES, options)
+    except ModelNotFoundError as error:
+        raise ModelNotFoundError(f"{error}{_other_names(text)}") from error
+    except NotCachedError as error:
+        if repo_id == text and "/" not in text:  # perhaps not a repo at all
+            raise NotCachedError(
+                f"{text!r} is no shipped model and none of TransformerLens's names; as a hub "
+                f"repo id: {error}{_other_names(text)}"
+            ) from error
+        raise
 
 
 def _local(folder: Path, checkpoint: tuple[int | None, int | None]) -> Resolved:

@@ -44,6 +44,7 @@ from hookedattn.core.parallel._model import (
     TensorParallelModel,
     dtensor_state_dict,
     full_state_dict,
+    refuse_tensor_parallel,
 )
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
 from hookedattn.core.parallel._styles import (
@@ -76,6 +77,7 @@ __all__ = [
     "n_devices_map",
     "parameter_slices",
     "place",
+    "refuse_tensor_parallel",
     "resolve_device_map",
     "same_on_every_rank",
     "sharded_hook_points",

@@ -54,6 +54,17 @@ class TensorParallelModel:
         return gather(self.unembed.b_U, 0, self.cfg.d_vocab_out, self.tp)
 
 
+def refuse_tensor_parallel(model: Any, what: str, why: str) -> None:
+    """A ValueError if `model` is split over ranks: `what` (a method) is refused on it,
+    for the reason `why`, and the remedy (one process) is named."""
+    tp = getattr(model, "tp", None)
+    if tp is not None:
+        raise ValueError(
+            f"{what} on a tensor-parallel model (tp_size={tp.size}) are refused: {why}; load "
+            f"the model in one process for them"
+        )
+
+
 def full_state_dict(model: Any) -> dict[str, Tensor]:
     """The one-process state dict of a tensor-parallel model: each sharded parameter
     gathered from every rank (a collective: every rank must call it), the rest as held."""
