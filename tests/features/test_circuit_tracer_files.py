@@ -454,6 +454,8 @@ def test_our_graph_with_its_conventions_is_circuit_tracers(ct):
     )
     assert graph.adjacency.shape == theirs["adjacency_matrix"].shape
     difference = (graph.adjacency - theirs["adjacency_matrix"]).abs().max()
-    print(f"largest edge difference {float(difference):.3g} of edges up to "
-          f"{float(graph.adjacency.abs().max()):.3g}; {int((graph.adjacency != 0).sum())} edges")
+    print(
+        f"largest edge difference {float(difference):.3g} of edges up to "
+        f"{float(graph.adjacency.abs().max()):.3g}; {int((graph.adjacency != 0).sum())} edges"
+    )
     assert float(difference) < 1e-5, float(difference)
