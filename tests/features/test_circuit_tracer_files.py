@@ -266,7 +266,7 @@ LLAMA = dict(n_layers=2, d_model=16, n_heads=4, d_head=4, n_key_value_heads=2, d
 
 def _tokenizer(folder: Path):
     """A small byte-level BPE tokenizer (`helpers.tl_reference`), saved in `folder`."""
-    from transformers import AutoTokenizer
+    AutoTokenizer = pytest.importorskip("transformers").AutoTokenizer
 
     return AutoTokenizer.from_pretrained(save_demo_tokenizer(folder / "tokenizer"))
 
