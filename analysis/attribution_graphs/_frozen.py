@@ -89,6 +89,14 @@ def token_texts(model: Any, ids: list[int]) -> list[str]:
     return [str(s) for s in model.to_str_tokens(torch.tensor(ids))]
 
 
+def prompt_text(model: Any, tokens: Int[Tensor, " pos"]) -> str:
+    """The prompt of token ids as text: decoded by the model's tokenizer (as circuit-tracer
+    decodes its input), or without one the ids' texts joined by spaces."""
+    if getattr(model, "tokenizer", None) is None:
+        return " ".join(token_texts(model, tokens.tolist()))
+    return str(model.to_string(tokens))
+
+
 def refuse_sharded(model: nn.Module) -> None:
     """Refuse a tensor-parallel model (its weights are this rank's slices)."""
     parallel.refuse_tensor_parallel(

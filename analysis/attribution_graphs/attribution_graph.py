@@ -21,6 +21,22 @@ its source's value (a feature's activation, a token's embedding, an error node's
 so `total_effects`, which follows a change through the active features downstream, is the
 first-order change of each logit when a node is scaled by `1 + ε`. Pruning, export and
 interventions: the package's other modules; the guide: `docs/guide/transcoders.md`.
+
+Two conventions of circuit-tracer's `attribute` are options (`demean_logits`,
+`drop_first_position`), off by default:
+
+- circuit-tracer's logit targets are each logit less the mean logit (the unembedding
+  column less the mean column, the direction that moves the softmax); ours are the logits
+  the model returns. `demean_logits=True` makes the targets its, and the identity above
+  holds with `logit - mean(logits)`.
+- circuit-tracer prepends a BOS and leaves position 0 out: no features there, zero error
+  vectors there. `drop_first_position=True` does the same; what those features and errors
+  write is then a frozen constant, counted in `bias` (the identity holds).
+
+They are off by default because the graph then accounts for the model's own output, every
+position included: our prompts start with a BOS only where the model's tokenizer adds one,
+so position 0 may be a word of the prompt, and a dropped node's effect would otherwise go
+unseen.
 """
 
 import dataclasses
@@ -45,7 +61,9 @@ class AttributionGraph:
     position), `logit_strings` them as text and `logit_probabilities` their probabilities.
     `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
     each target (zero for nodes that are only sources). `backward_batches` counts the
-    transposed sweeps run.
+    transposed sweeps run. `scan` names the transcoders in the graph JSON; `demeaned_logits`
+    and `dropped_first_position` say which of circuit-tracer's conventions it follows
+    (module docstring).
     """
 
     prompt: str
@@ -61,6 +79,9 @@ class AttributionGraph:
     bias: Float[Tensor, " node"]
     backward_batches: int
     transcoders: str
+    scan: str = ""
+    demeaned_logits: bool = False
+    dropped_first_position: bool = False
 
     # ------------------------------------------------------------------ the node order
     @property
@@ -145,6 +166,9 @@ def attribution_graph(
     logits: int | Sequence[int] | None = None,
     top_k: int = 5,
     batch_size: int = 64,
+    demean_logits: bool = False,
+    drop_first_position: bool = False,
+    scan: str | None = None,
 ) -> AttributionGraph:
     """The attribution graph of `model`'s prediction after `prompt` (text, or token ids
     `[pos]`), with its MLPs replaced by `transcoders` (a list of per-layer ones, or a
@@ -152,18 +176,31 @@ def attribution_graph(
 
     The target logits are `logits` (token ids) or the `top_k` most probable next tokens.
     Targets are swept down `batch_size` at a time (`backward_batches` counts the sweeps).
+    `demean_logits` and `drop_first_position` take circuit-tracer's conventions (module
+    docstring; both off by default, as said there). `scan` is circuit-tracer's name for the
+    transcoders (Neuronpedia's, e.g. `"gemma-2-2b"`), which the graph JSON carries; by
+    default `{model_name}/{kind}-{d_sae}`.
     """
     _frozen.refuse_sharded(model)
+    for name, flag in (
+        ("demean_logits", demean_logits),
+        ("drop_first_position", drop_first_position),
+    ):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)
     tokens = _frozen.prompt_tokens(model, prompt)
     f = _frozen.freeze(model, tset, tokens)
     probabilities = f.logits[-1].softmax(-1)
     targets = _targets(logits, top_k, probabilities)
-    features, acts = _active(f)
+    first = 1 if drop_first_position else 0
+    features, acts = _active(f, first)
     n_f, n_pos, n = len(features), len(tokens), f.n_layers
     n_nodes = n_f + (n + 1) * n_pos + len(targets)
-    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes))
+    errors, dropped = _dropped(f, first)
+    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes),
+                 errors, dropped, demean_logits)  # fmt: skip
     batches = 0
     for layer in range(n):
         for chunk in (features[:, 0] == layer).nonzero().flatten().split(batch_size):
@@ -173,14 +210,30 @@ def attribution_graph(
     for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
         _fill_logit_targets(g, chosen, rows)
         batches += 1
+    token_strings = tuple(_frozen.token_texts(model, tokens.tolist()))
     return AttributionGraph(
-        prompt=prompt if isinstance(prompt, str) else "", tokens=tokens,
-        token_strings=tuple(_frozen.token_texts(model, tokens.tolist())), n_layers=n,
+        prompt=prompt if isinstance(prompt, str) else _frozen.prompt_text(model, tokens),
+        tokens=tokens, token_strings=token_strings, n_layers=n,
         features=features, activations=acts, logit_tokens=targets,
         logit_strings=tuple(_frozen.token_texts(model, targets.tolist())),
         logit_probabilities=probabilities[targets], adjacency=g.adjacency, bias=g.bias,
         backward_batches=batches, transcoders=repr(tset),
+        scan=_scan(model, tset) if scan is None else _checked_scan(scan),
+        demeaned_logits=demean_logits, dropped_first_position=drop_first_position,
     )  # fmt: skip
+
+
+def _scan(model: Any, tset: TranscoderSet) -> str:
+    """`{model_name}/{kind}-{d_sae}`: the default name of the transcoders in the JSON."""
+    kind = "clt" if tset.kind == "cross_layer" else "plt"  # circuit-tracer's CLT / PLT
+    name = getattr(model.cfg, "model_name", "") or "model"
+    return f"{name}/{kind}-{tset.d_sae(tset.layers[0])}"
+
+
+def _checked_scan(scan: Any) -> str:
+    if not isinstance(scan, str) or not scan:
+        raise ValueError(f"scan must be a non-empty str (the transcoders' name), got {scan!r}")
+    return scan
 
 
 def _targets(logits: Any, top_k: int, probabilities: Tensor) -> Int[Tensor, " logit"]:
@@ -199,25 +252,55 @@ def _targets(logits: Any, top_k: int, probabilities: Tensor) -> Int[Tensor, " lo
     return targets
 
 
-def _active(f: _frozen.Frozen) -> tuple[Int[Tensor, "feature 3"], Float[Tensor, " feature"]]:
-    """Every `(layer, pos, feature)` with a nonzero activation, in that order, and its value."""
+def _active(
+    f: _frozen.Frozen, first: int
+) -> tuple[Int[Tensor, "feature 3"], Float[Tensor, " feature"]]:
+    """Every `(layer, pos, feature)` with a nonzero activation at positions `first..`, in
+    that order, and its value."""
     found, values = [], []
     for layer, acts in enumerate(f.acts):
         pos, feature = acts.nonzero(as_tuple=True)
+        pos, feature = pos[pos >= first], feature[pos >= first]
         found.append(torch.stack([torch.full_like(pos, layer), pos, feature], -1))
         values.append(acts[pos, feature])
     return torch.cat(found), torch.cat(values)
 
 
+def _dropped(
+    f: _frozen.Frozen, first: int
+) -> tuple[tuple[Float[Tensor, "pos d_model"], ...], tuple[Float[Tensor, "pos d_model"], ...]]:
+    """The error nodes' vectors, zero at positions before `first`, and what each layer's
+    features and error write there (the rest zero): constants, not nodes."""
+    if first == 0:
+        return f.errors, tuple(torch.zeros_like(e) for e in f.errors)
+    errors, dropped = [], []
+    for layer, error in enumerate(f.errors):
+        written = error.clone()
+        for source in f.tset.sources(layer):
+            W = f.tset.decoder(source, layer).detach()
+            written = written + einsum(f.acts[source], W, "p s, s d -> p d")
+        written[first:] = 0
+        kept = error.clone()
+        kept[:first] = 0
+        errors.append(kept)
+        dropped.append(written)
+    return tuple(errors), tuple(dropped)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Filling:
-    """A graph being filled in: the frozen forward, the feature nodes, and the rows."""
+    """A graph being filled in: the frozen forward, the feature nodes, the rows, the error
+    nodes' vectors and the writes left out of the nodes (`_dropped`), and whether the
+    logits are demeaned."""
 
     f: _frozen.Frozen
     features: Int[Tensor, "feature 3"]
     acts: Float[Tensor, " feature"]
     adjacency: Float[Tensor, "node node"]
     bias: Float[Tensor, " node"]
+    errors: tuple[Float[Tensor, "pos d_model"], ...]
+    dropped: tuple[Float[Tensor, "pos d_model"], ...]
+    demean_logits: bool
 
 
 def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
@@ -239,11 +322,13 @@ def _fill_logit_targets(
 ) -> None:
     """The rows `rows` of the logit targets `chosen` (token ids), from one sweep."""
     f = g.f
-    directions = f.W_U[:, chosen].T  # target d_model
+    directions, b_U = f.W_U[:, chosen].T, f.b_U[chosen]  # target d_model, target
+    if g.demean_logits:  # circuit-tracer's target: the logit less the mean logit
+        directions, b_U = directions - f.W_U.mean(-1), b_U - f.b_U.mean()
     seed = f.embed.new_zeros(len(chosen), len(f.tokens), f.embed.shape[-1])
     last = None if f.scale_final is None else f.scale_final[-1:]
     seed[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], last)[:, 0]
-    own = f.b_U[chosen] + _dot(_frozen.norm_bias(f.ln_final), directions)
+    own = b_U + _dot(_frozen.norm_bias(f.ln_final), directions)
     _fill_rows(g, rows, _frozen.sweep(f, seed, None), own)
 
 
@@ -255,7 +340,7 @@ def _fill_rows(
     n_f, n_pos = len(features), len(f.tokens)
     for layer, grad in s.post.items():
         start = n_f + layer * n_pos
-        A[rows, start : start + n_pos] = einsum(grad, f.errors[layer], "t p d, p d -> t p")
+        A[rows, start : start + n_pos] = einsum(grad, g.errors[layer], "t p d, p d -> t p")
     token_start = n_f + f.n_layers * n_pos
     A[rows, token_start : token_start + n_pos] = einsum(s.embed, f.embed, "t p d, p d -> t p")
     for source in range(f.n_layers):
@@ -274,6 +359,7 @@ def _fill_rows(
         constant = constant + einsum(grad, _frozen.attention_constant(f, layer), "t p d, p d -> t")
     for layer, grad in s.post.items():
         constant = constant + einsum(grad, _frozen.mlp_constant(f, layer), "t p d, d -> t")
+        constant = constant + einsum(grad, g.dropped[layer], "t p d, p d -> t")
     g.bias[rows] = constant
 
 

@@ -17,8 +17,15 @@ error node `"{layer}_-1_{pos}"` ("mlp reconstruction error"), a token `"E_{token
 (layer "E", "embedding"), a logit `"{n_layers + 1}_{token}_{pos}"` ("logit", the first
 target marked `is_target_logit`). `influence` is the node's cumulative influence score
 and a link's `weight` the direct effect, source on target, as circuit-tracer writes them.
-Our measurements of the pruning ride along under `metadata.hookedattn` (readers that do
-not know it ignore it).
+Our measurements of the pruning and the graph's conventions (`demeaned_logits`,
+`dropped_first_position`: whether it follows circuit-tracer's, `attribution_graph`) ride
+along under `metadata.hookedattn` (readers that do not know it ignore it). `prompt` is the
+prompt as text (token ids decoded), `scan` the transcoders' name (`graph.scan`).
+
+`save_graph_json` writes what circuit-tracer's `create_graph_files` writes for its local
+server (`circuit_tracer.frontend.local_server.serve(data_dir)`): the graph as
+`{slug}.json`, which the page fetches by slug, and the folder's index
+`graph-metadata.json`, `{"graphs": [metadata, ...]}`, one entry per slug.
 
 More in `docs/guide/transcoders.md`.
 """
@@ -75,7 +82,7 @@ def graph_json(
 ) -> dict[str, Any]:
     """The graph (its kept part, `pruned`, default `prune_graph(graph)`) as circuit-tracer's
     graph JSON (module docstring). `scan` names the transcoders (Neuronpedia's id for them);
-    by default, the set's description."""
+    by default `graph.scan`."""
     pruned = prune_graph(graph) if pruned is None else pruned
     if pruned.graph is not graph:
         raise ValueError("pruned is the pruning of another graph")
@@ -89,7 +96,7 @@ def graph_json(
     ]
     metadata = {
         "slug": slug,
-        "scan": scan or graph.transcoders,
+        "scan": scan or graph.scan,
         "transcoder_list": [],
         "prompt_tokens": list(graph.token_strings),
         "prompt": graph.prompt,
@@ -102,6 +109,8 @@ def graph_json(
             "error_fraction": pruned.error_fraction,
             "nodes_in_full_graph": graph.n_nodes,
             "edges_in_full_graph": int((graph.adjacency != 0).sum()),
+            "demeaned_logits": graph.demeaned_logits,
+            "dropped_first_position": graph.dropped_first_position,
         },
     }
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
@@ -109,9 +118,47 @@ def graph_json(
 
 
 def save_graph_json(
-    graph: AttributionGraph, path: str | Path, pruned: PrunedGraph | None = None, **kwargs: Any
+    graph: AttributionGraph,
+    path: str | Path,
+    pruned: PrunedGraph | None = None,
+    *,
+    slug: str | None = None,
+    scan: str = "",
 ) -> Path:
-    """Write `graph_json(graph, pruned, **kwargs)` to `path`; returns the path."""
+    """Write the graph JSON (`graph_json(graph, pruned, slug=, scan=)`) as circuit-tracer's
+    local server reads it (module docstring): into the folder `path` as `{slug}.json` (slug
+    default `"hookedattn-graph"`), or to the file `path`, `name.json`, whose name is the
+    slug; and add its metadata to `graph-metadata.json` beside it (replacing an entry of
+    the same slug). Returns the graph's file."""
     path = Path(path)
-    path.write_text(json.dumps(graph_json(graph, pruned, **kwargs), allow_nan=False) + "\n")
+    if path.suffix == ".json":
+        if slug not in (None, path.stem):
+            raise ValueError(
+                f"circuit-tracer's server finds a graph by its slug, as {{slug}}.json: slug "
+                f"{slug!r} cannot be saved as {path.name}; give the folder, or {slug}.json"
+            )
+        slug, folder = path.stem, path.parent
+    else:
+        slug, folder = slug or "hookedattn-graph", path
+        path = folder / f"{slug}.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    document = graph_json(graph, pruned, slug=slug, scan=scan)
+    path.write_text(json.dumps(document, allow_nan=False) + "\n")
+    _add_to_index(folder / "graph-metadata.json", document["metadata"])
     return path
+
+
+def _add_to_index(index: Path, metadata: dict[str, Any]) -> None:
+    """`graph-metadata.json`: circuit-tracer's fields of each graph's metadata, by slug."""
+    graphs = []
+    if index.is_file():
+        try:
+            graphs = json.loads(index.read_text())["graphs"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{index} is not circuit-tracer's graph index ({{'graphs': [...]}}): {e!r}; "
+                f"move it away to start a new one"
+            ) from None
+    entry = {k: v for k, v in metadata.items() if k != "hookedattn"}
+    graphs = [g for g in graphs if g.get("slug") != entry["slug"]] + [entry]
+    index.write_text(json.dumps({"graphs": graphs}, indent=2, allow_nan=False) + "\n")

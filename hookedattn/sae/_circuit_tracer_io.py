@@ -1,30 +1,33 @@
 """circuit-tracer's per-layer transcoder sets: a `config.yaml` and one file per layer.
 
-`config.yaml` names `feature_input_hook` and `feature_output_hook` (hook names within a
-block: `ln2.hook_normalized`, `hook_mlp_out`), the model, and the layers' files, in one of
-circuit-tracer's two schemas:
+The `config.yaml` names `feature_input_hook` and `feature_output_hook` (hooks within a
+block, circuit-tracer's names: `hookedattn.sae._circuit_tracer_names` maps them to ours),
+the model, and the layers' files, in one of circuit-tracer's two schemas, which are told
+apart by the config (the layer files hold the same tensor names in both, and no metadata):
 
-- the first (circuit-tracer's configs of 2025, and ours): `transcoders`, a list of `{id,
-  layer, filepath}`;
-- the hub's (circuit-tracer 0.2 on, `model_kind: transcoder_set`): `transcoders`, a list of
-  files (layer `i` the `i`-th), or no list, the files being `layer_{L}.safetensors` beside
-  the config; `activation` may say `relu`, `jumprelu` or `topk`.
+- circuit-tracer 0.5's (from 0.2 on, and what `save_transcoder_set` writes): `model_kind:
+  transcoder_set`, and `transcoders` a list of files (layer `i` the `i`-th) or no list, the
+  files being `layer_{L}.safetensors` beside the config (what circuit-tracer's cache holds,
+  read by `load_transcoders_from_cache`); `activation` may say `relu`, `jumprelu` or `topk`.
+  A layer's file is what `SingleLayerTranscoder.to_safetensors` writes: `W_enc [d_sae
+  d_in]`, `W_dec [d_sae d_out]`, `b_enc [d_sae]`, `b_dec [d_out]`, `W_skip [d_out d_in]` for
+  a skip transcoder, `activation_function.threshold [d_sae]` for a JumpReLU one.
+- the first (circuit-tracer's configs before 0.2): no `model_kind`; `transcoders` a list
+  of `{id, layer, filepath}`. Its files hold the same tensors with `W_dec [d_out d_sae]`
+  (that version transposed it on load).
 
-A file is `hf://org/repo/path?revision=...` (another repo's: `TranscoderSet.from_pretrained`
-fetches it) or a path in the set's own folder. Each layer's file is one of:
+A `W_dec` of the other schema's shape is refused, not transposed back on a guess (a square
+one could not be told). A file is `hf://org/repo/path?revision=...` (another repo's:
+`TranscoderSet.from_pretrained` fetches it) or a path in the set's own folder; besides
+safetensors, Gemma Scope's `params.npz` (the "gemma" set lists them): `W_enc [d_in d_sae]`,
+`W_dec [d_sae d_out]`, `b_enc`, `b_dec`, `threshold`, a JumpReLU transcoder as Gemma Scope
+computes it (ours).
 
-- `layer_{L}.safetensors`: `W_enc [d_sae d_in]`, `b_enc`, `W_dec`, `b_dec [d_out]`, and
-  `W_skip [d_out d_in]` for a skip transcoder, `activation_function.threshold [d_sae]` for a
-  JumpReLU one. `W_dec` was `[d_out d_sae]` in the first schema's files (transposed on
-  load) and is `[d_sae d_out]` in the hub's; the shape says which, and where `d_sae ==
-  d_out` the schema does. circuit-tracer's JumpReLU passes `pre` where `pre > threshold`,
-  ours `relu(pre)` there (SAELens's): the same for thresholds >= 0, so a negative one is
-  refused. Its TopK keeps negative values among the top k, ours does not: refused.
-- Gemma Scope's `params.npz` (the "gemma" set lists them): `W_enc [d_in d_sae]`, `W_dec
-  [d_sae d_out]`, `b_enc`, `b_dec`, `threshold`, a JumpReLU transcoder as Gemma Scope
-  computes it (ours).
-
-Everything a file says is checked before anything is allocated from it (`_strict`).
+circuit-tracer's JumpReLU passes `pre` where `pre > threshold`, ours `relu(pre)` there
+(SAELens's): the same for thresholds >= 0, so a negative one is refused on reading and
+written as 0 (the same function). Its TopK keeps negative values among the top k, ours does
+not: refused. Everything a file says is checked before anything is allocated from it
+(`_strict`).
 """
 
 import dataclasses
@@ -36,6 +39,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from hookedattn.sae import _circuit_tracer_names as _names
 from hookedattn.sae import _npz, _strict
 from hookedattn.sae._transcoder_io import YAML_FILE, fill, read_yaml
 from hookedattn.sae.transcoder_config import TranscoderConfig
@@ -43,56 +47,104 @@ from hookedattn.sae.transcoder_config import TranscoderConfig
 HUB_PREFIX = "hf://"
 _THRESHOLD = "activation_function.threshold"
 _GEMMA_SCOPE = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")
+# The two schemas (module docstring): how each stores `W_dec`.
+CURRENT = "circuit-tracer 0.5's schema (model_kind: transcoder_set)"
+FIRST = "circuit-tracer's first schema (no model_kind, transcoders listed with their layers)"
+_DECODER = {CURRENT: "d_sae d_out", FIRST: "d_out d_sae"}
 
 
 @dataclasses.dataclass(frozen=True)
 class SetConfig:
-    """What a set's `config.yaml` says: the hooks within a block, each layer's file (None:
-    `layer_{L}.safetensors` beside the config), how a square `W_dec` is stored, and the
-    activation it names (None: read off each file)."""
+    """What a set's `config.yaml` says: the hooks within a block (ours), each layer's file
+    (None: `layer_{L}.safetensors` beside the config), its schema (`CURRENT` or `FIRST`,
+    which fixes how `W_dec` is stored), and the activation it names (None: read off each
+    file)."""
 
     hook_in: str
     hook_out: str
     files: dict[int, str] | None
-    square_decoder: str  # "d_out d_sae" (the first schema) or "d_sae d_out" (the hub's)
+    schema: str
     activation: str | None = None
 
 
-def save_transcoder_set(transcoders: list[Any], path: str | Path, model_name: str = "") -> Path:
-    """Write per-layer ReLU transcoders in circuit-tracer's layout: `config.yaml` and
-    `layer_{L}.safetensors` per layer (encoder and decoder transposed)."""
+# ---------------------------------------------------------------------- writing
+def save_transcoder_set(
+    transcoders: list[Any], path: str | Path, model_name: str = "", scan: str | None = None
+) -> Path:
+    """Write per-layer ReLU or JumpReLU transcoders (skip or not) for layers `0..n-1` in
+    circuit-tracer 0.5's layout (module docstring): `layer_{L}.safetensors` per layer and a
+    `config.yaml` with `model_kind: transcoder_set`, `model_name`, the hooks in circuit-
+    tracer's names and `scan` (when given)."""
     path = Path(path)
+    first = _check_writable(transcoders)
     path.mkdir(parents=True, exist_ok=True)
-    entries = []
     for tc in transcoders:
-        c = tc.cfg
-        if c.activation != "relu":
-            raise ValueError(
-                f"circuit-tracer's per-layer files hold ReLU transcoders; the one at layer "
-                f"{c.layer} is {c.activation}: save it in SAELens's layout (tc.save(folder))"
-            )
         tensors = {
             "W_enc": tc.W_enc.detach().T.contiguous(),
+            "W_dec": tc.W_dec.detach().contiguous().clone(),
             "b_enc": tc.b_enc.detach().clone(),
-            "W_dec": tc.W_dec.detach().T.contiguous(),
             "b_dec": tc.b_dec.detach().clone(),
         }
-        if c.skip:
+        if tc.cfg.activation == "jumprelu":
+            # Below 0 ours and circuit-tracer's differ, and ours with a threshold t < 0 is
+            # circuit-tracer's with 0 (module docstring).
+            tensors[_THRESHOLD] = tc.activation.threshold.detach().clamp(min=0)
+        if tc.cfg.skip:
             tensors["W_skip"] = tc.W_skip.detach().clone()
-        name = f"layer_{c.layer}.safetensors"
-        safetensors.torch.save_file(tensors, str(path / name))
-        entries.append({"id": f"layer_{c.layer}", "layer": c.layer, "filepath": name})
-    first = transcoders[0].cfg
+        safetensors.torch.save_file(tensors, str(path / f"layer_{tc.cfg.layer}.safetensors"))
     config = {
+        "model_kind": _names.PER_LAYER,
         "model_name": model_name,
-        "feature_input_hook": _relative(first.hook_name),
-        "feature_output_hook": _relative(first.hook_name_out),
-        "transcoders": entries,
+        "feature_input_hook": _names.theirs(_names.within_block(first.hook_name)),
+        "feature_output_hook": _names.theirs(_names.within_block(first.hook_name_out)),
+        **({"scan": scan} if scan else {}),
     }
     (path / YAML_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 
+def _check_writable(transcoders: list[Any]) -> TranscoderConfig:
+    """What circuit-tracer's `TranscoderSet` requires of its transcoders (or a `ValueError`
+    saying what differs): layers `0..n-1`, one hook pair, one `d_sae`, `d_in == d_out`
+    (its `d_model`), ReLU or JumpReLU."""
+    if not transcoders:
+        raise ValueError("save_transcoder_set needs at least one transcoder")
+    layers = [tc.cfg.layer for tc in transcoders]
+    if sorted(layers, key=lambda x: -1 if x is None else x) != list(range(len(layers))):
+        raise ValueError(
+            f"circuit-tracer's set has one transcoder per layer 0..n-1; these are for layers "
+            f"{layers}"
+        )
+    by_layer = sorted(zip(layers, transcoders, strict=True), key=lambda pair: pair[0])
+    first = by_layer[0][1].cfg
+    hooks = (_names.within_block(first.hook_name), _names.within_block(first.hook_name_out))
+    for layer, tc in by_layer:
+        c = tc.cfg
+        if c.activation not in ("relu", "jumprelu"):
+            raise ValueError(
+                f"circuit-tracer's per-layer files hold ReLU or JumpReLU transcoders; the one at "
+                f"layer {layer} is {c.activation}: save it in SAELens's layout (tc.save(folder))"
+            )
+        if c.d_in != c.d_out:
+            raise ValueError(
+                f"circuit-tracer's transcoders map d_model to d_model; the one at layer {layer} "
+                f"maps d_in={c.d_in} to d_out={c.d_out}"
+            )
+        if c.d_sae != first.d_sae:
+            raise ValueError(
+                f"circuit-tracer's set has one d_sae; layer 0 has {first.d_sae}, layer {layer} "
+                f"{c.d_sae}"
+            )
+        mine = (_names.within_block(c.hook_name), _names.within_block(c.hook_name_out))
+        if mine != hooks:
+            raise ValueError(
+                f"circuit-tracer's set names one pair of hooks for every layer; layer 0 reads "
+                f"and writes {hooks}, layer {layer} {mine}"
+            )
+    return first
+
+
+# ---------------------------------------------------------------------- reading
 def load_transcoder_set(cls: type, path: str | Path) -> list[Any]:
     """The per-layer transcoders (each a `cls`) of a circuit-tracer folder, by layer."""
     path = Path(path)
@@ -113,10 +165,15 @@ def parse_config(raw: dict[str, Any], where: Path) -> SetConfig:
     if not all(isinstance(h, str) and h for h in hooks):
         raise ValueError(f"{where} needs feature_input_hook and feature_output_hook")
     kind = raw.get("model_kind")
-    if kind not in (None, "transcoder_set"):
+    if kind == _names.CROSS_LAYER:
         raise ValueError(
-            f"{where}: model_kind {kind!r} is not a per-layer set ('transcoder_set'); a "
-            f"'cross_layer_transcoder' loads with CrossLayerTranscoder.load"
+            f"{where}: model_kind {kind!r} is a cross-layer transcoder: load it with "
+            f"CrossLayerTranscoder.load"
+        )
+    if kind not in (None, _names.PER_LAYER):
+        raise ValueError(
+            f"{where}: model_kind {kind!r} is not circuit-tracer's; it is "
+            f"{_names.PER_LAYER!r} (per-layer) or {_names.CROSS_LAYER!r}"
         )
     activation = raw.get("activation")
     if activation == "topk":
@@ -126,22 +183,34 @@ def parse_config(raw: dict[str, Any], where: Path) -> SetConfig:
         )
     if activation not in (None, "relu", "jumprelu"):
         raise ValueError(f"{where}: activation {activation!r} is not relu, jumprelu or topk")
+    schema = FIRST if kind is None else CURRENT
     entries = raw.get("transcoders")
-    if entries is None and kind is None:
-        raise ValueError(f"{where} needs a non-empty list 'transcoders'")
-    files = None if entries is None else _files(entries, where)
-    square = "d_sae d_out" if kind else "d_out d_sae"
-    return SetConfig(hooks[0], hooks[1], files, square, activation)
+    if entries is None and schema is FIRST:
+        raise ValueError(
+            f"{where} has no model_kind (circuit-tracer's first schema), which lists its "
+            f"transcoders: it needs a non-empty list 'transcoders' of {{id, layer, filepath}}; "
+            f"circuit-tracer 0.5's says model_kind: {_names.PER_LAYER}"
+        )
+    files = None if entries is None else _files(entries, where, schema)
+    return SetConfig(_names.ours(hooks[0]), _names.ours(hooks[1]), files, schema, activation)
 
 
-def _files(entries: Any, where: Path) -> dict[int, str]:
+def _files(entries: Any, where: Path, schema: str) -> dict[int, str]:
+    """Each layer's file: the `i`-th for layer `i` (0.5's schema) or by its entry's layer
+    (the first)."""
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{where}: 'transcoders' must be a non-empty list, got {entries!r}")
+    wanted = "a file (a str)" if schema is CURRENT else "a mapping {id, layer, filepath}"
     files: dict[int, str] = {}
     for i, entry in enumerate(entries):
-        layer, ref = (i, entry) if isinstance(entry, str) else (None, None)
-        if isinstance(entry, dict):
-            layer, ref = entry.get("layer"), entry.get("filepath")
+        if not isinstance(entry, str if schema is CURRENT else dict):
+            raise ValueError(
+                f"{where}: in {schema} each transcoder is {wanted}, got {entry!r} (the schema "
+                f"fixes how W_dec is stored, so the two are not mixed)"
+            )
+        layer, ref = (
+            (i, entry) if isinstance(entry, str) else (entry.get("layer"), entry.get("filepath"))
+        )
         if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
             raise ValueError(f"{where}: each transcoder needs a layer >= 0, got {entry!r}")
         if not isinstance(ref, str) or not ref:
@@ -188,7 +257,7 @@ def read_layer(cls: type, file: Path, layer: int, config: SetConfig) -> Any:
         raise ValueError(f"{file} lacks W_enc [d_sae d_in] or b_dec [d_out]; it holds {shapes}")
     d_sae, d_in = found["W_enc"][0]
     (d_out,) = found["b_dec"][0]
-    transposed = _decoder_transposed(file, found, d_sae, d_out, config.square_decoder)
+    _check_decoder(file, shapes.get("W_dec"), d_sae, d_out, config.schema)
     odd = {"log_thresholds", "threshold"} & set(found)
     if odd:
         raise ValueError(
@@ -202,8 +271,9 @@ def read_layer(cls: type, file: Path, layer: int, config: SetConfig) -> Any:
             f"{'holds' if jumprelu else 'lacks'} {_THRESHOLD}"
         )
     skip = "W_skip" in found
+    features_first = _DECODER[config.schema] == "d_sae d_out"
     expected = {"W_enc": (d_sae, d_in), "b_enc": (d_sae,),
-                "W_dec": (d_out, d_sae) if transposed else (d_sae, d_out), "b_dec": (d_out,),
+                "W_dec": (d_sae, d_out) if features_first else (d_out, d_sae), "b_dec": (d_out,),
                 **({"W_skip": (d_out, d_in)} if skip else {}),
                 **({_THRESHOLD: (d_sae,)} if jumprelu else {})}  # fmt: skip
     sizes = f"W_enc's d_sae={d_sae}, d_in={d_in} and b_dec's d_out={d_out}"
@@ -213,22 +283,29 @@ def read_layer(cls: type, file: Path, layer: int, config: SetConfig) -> Any:
     if jumprelu:
         t["threshold"] = _non_negative(file, t.pop(_THRESHOLD))
     t["W_enc"] = t["W_enc"].T
-    t["W_dec"] = t["W_dec"].T if transposed else t["W_dec"]
+    t["W_dec"] = t["W_dec"] if features_first else t["W_dec"].T
     activation = "jumprelu" if jumprelu else "relu"
     return _build(cls, t, layer, config, activation, skip, dtype)
 
 
-def _decoder_transposed(
-    file: Path, found: dict[str, Any], d_sae: int, d_out: int, square: str
-) -> bool:
-    shape = found.get("W_dec", ((), None))[0]
-    if shape == (d_sae, d_out) and (d_sae != d_out or square == "d_sae d_out"):
-        return False
-    if shape == (d_out, d_sae):
-        return True
+def _check_decoder(
+    file: Path, shape: tuple[int, ...] | None, d_sae: int, d_out: int, schema: str
+) -> None:
+    """`W_dec` stored as the set's schema stores it (module docstring), or a `ValueError`
+    that names the schema and, for the other schema's shape, says so."""
+    layout = _DECODER[schema]
+    wanted = (d_sae, d_out) if layout == "d_sae d_out" else (d_out, d_sae)
+    if shape == wanted:
+        return
+    other = next(s for s in _DECODER if s is not schema)
+    hint = (
+        f"; that is how {other} stores it: the file and its config.yaml disagree"
+        if shape == wanted[::-1]
+        else ""
+    )
     raise ValueError(
-        f"{file}: W_dec has shape {shape}, expected ({d_sae}, {d_out}) [d_sae d_out] or "
-        f"({d_out}, {d_sae}) [d_out d_sae] for W_enc's d_sae={d_sae} and b_dec's d_out={d_out}"
+        f"{file}: W_dec has shape {shape}; the set's config.yaml is {schema}, which stores "
+        f"W_dec [{layout}] = {wanted} for W_enc's d_sae={d_sae} and b_dec's d_out={d_out}{hint}"
     )
 
 
@@ -285,11 +362,3 @@ def _build(
     tc = cls(cfg)
     fill(tc, t)
     return tc
-
-
-def _relative(hook_name: str) -> str:
-    """`blocks.3.ln2.hook_out` -> `ln2.hook_out` (circuit-tracer names hooks within a block)."""
-    match = re.fullmatch(r"blocks\.\d+\.(.+)", hook_name)
-    if match is None:
-        raise ValueError(f"expected a hook name inside a block (blocks.L....), got {hook_name!r}")
-    return match.group(1)

@@ -11,14 +11,17 @@ transcoder: those are written as `"topk_transcoder"` (with `k`), `"topk_skip_tra
 
 circuit-tracer's per-layer sets are read and written by `hookedattn.sae._circuit_tracer_io`.
 
-circuit-tracer, cross-layer (`load_clt`): a folder of `W_enc_{l}.safetensors` (`W_enc_{l}
-[d_sae d_in]`, `b_enc_{l}`, `b_dec_{l}`, and `threshold_{l}` for JumpReLU) and
+circuit-tracer 0.5, cross-layer (`load_clt`, `CrossLayerTranscoder.to_safetensors`): a
+folder of `W_enc_{l}.safetensors` (`W_enc_{l} [d_sae d_in]`, `b_enc_{l}`, `b_dec_{l}`, and
+`threshold_{l}` for JumpReLU, refused when negative as for a per-layer set) and
 `W_dec_{l}.safetensors` (`W_dec_{l} [d_sae layer_out d_out]`), one pair per layer, and a
-`config.yaml` (`model_name`, `feature_input_hook`, `feature_output_hook`, which SAELens's
-CLT loader reads). A TopK cross-layer transcoder has no circuit-tracer form; its
-`config.yaml` says `activation: topk` and `k` (circuit-tracer itself would take it for
-ReLU). Our `config.yaml` is written as JSON, which is also YAML; a hand-written YAML one
-is read with PyYAML when it is installed.
+`config.yaml` (`model_kind: cross_layer_transcoder`, which circuit-tracer's
+`load_transcoders_from_cache` needs, `model_name`, `feature_input_hook`,
+`feature_output_hook` in circuit-tracer's names: `_circuit_tracer_names`). A TopK
+cross-layer transcoder has no circuit-tracer form; its `config.yaml` says `activation: topk`
+and `k` under `hookedattn` (circuit-tracer itself would take it for ReLU). Our
+`config.yaml` is written as JSON, which is also YAML; circuit-tracer's (YAML) is read
+with PyYAML when it is installed.
 
 Everything a file says is checked before anything is allocated from it
 (`hookedattn.sae._strict`): integer sizes, a known dtype, each tensor's shape and dtype
@@ -33,6 +36,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from hookedattn.sae import _circuit_tracer_names as _ct_names
 from hookedattn.sae import _strict
 from hookedattn.sae.transcoder_config import CrossLayerTranscoderConfig, TranscoderConfig
 
@@ -177,7 +181,7 @@ def fill(module: Any, tensors: dict[str, torch.Tensor]) -> None:
 
 # ---------------------------------------------------------------- circuit-tracer, cross-layer
 def save_cross_layer(clt: Any, path: str | Path, model_name: str = "") -> Path:
-    """Write a `CrossLayerTranscoder` in circuit-tracer's layout (module docstring)."""
+    """Write a `CrossLayerTranscoder` in circuit-tracer 0.5's layout (module docstring)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = clt.cfg
@@ -186,14 +190,17 @@ def save_cross_layer(clt: Any, path: str | Path, model_name: str = "") -> Path:
                f"b_enc_{layer}": clt.b_enc[layer].detach().clone(),
                f"b_dec_{layer}": clt.b_dec[layer].detach().clone()}  # fmt: skip
         if c.activation == "jumprelu":
-            enc[f"threshold_{layer}"] = clt.activations[layer].threshold.detach().clone()
+            # ours with a threshold t < 0 is circuit-tracer's with 0 (_circuit_tracer_io)
+            threshold = clt.activations[layer].threshold.detach().clamp(min=0)
+            enc[f"threshold_{layer}"] = threshold
         safetensors.torch.save_file(enc, str(path / f"W_enc_{layer}.safetensors"))
         dec = {f"W_dec_{layer}": clt.W_dec[layer].detach().contiguous().clone()}
         safetensors.torch.save_file(dec, str(path / f"W_dec_{layer}.safetensors"))
     config = {
+        "model_kind": _ct_names.CROSS_LAYER,
         "model_name": model_name,
-        "feature_input_hook": c.feature_input_hook,
-        "feature_output_hook": c.feature_output_hook,
+        "feature_input_hook": _ct_names.theirs(c.feature_input_hook),
+        "feature_output_hook": _ct_names.theirs(c.feature_output_hook),
         "hookedattn": {"activation": c.activation, "k": c.k, "seed": c.seed},
     }
     (path / YAML_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -212,6 +219,12 @@ def load_cross_layer(cls: type, path: str | Path) -> Any:
             f"W_enc_{{n-1}}.safetensors and W_dec_*.safetensors; found: {found}"
         )
     config = read_yaml(path / YAML_FILE) if (path / YAML_FILE).is_file() else {}
+    kind = config.get("model_kind", _ct_names.CROSS_LAYER)
+    if kind != _ct_names.CROSS_LAYER:
+        raise ValueError(
+            f"{path / YAML_FILE}: model_kind {kind!r} is not a cross-layer transcoder "
+            f"({_ct_names.CROSS_LAYER!r}); a per-layer set loads with load_transcoder_set"
+        )
     cfg = _cross_layer_config(path, len(layers), config)
     tensors = {}
     for layer in range(cfg.n_layers):
@@ -242,8 +255,8 @@ def _cross_layer_config(path: Path, n_layers: int, config: dict) -> CrossLayerTr
     try:
         return CrossLayerTranscoderConfig(
             n_layers, d_in, d_sae, d_out, activation, k,
-            feature_input_hook=config.get("feature_input_hook", "hook_resid_mid"),
-            feature_output_hook=config.get("feature_output_hook", "hook_mlp_out"),
+            feature_input_hook=_ct_names.ours(config.get("feature_input_hook", "hook_resid_mid")),
+            feature_output_hook=_ct_names.ours(config.get("feature_output_hook", "hook_mlp_out")),
             dtype=_strict.one_dtype(first, found), seed=ours.get("seed"),
         )  # fmt: skip
     except ValueError as e:
@@ -262,8 +275,16 @@ def _check_cross_layer_files(
     sizes = f"n_layers={c.n_layers}, d_in={c.d_in}, d_sae={c.d_sae}, d_out={c.d_out}"
     _strict.check_tensors(enc, _strict.tensor_shapes(enc), expected_enc, c.torch_dtype, sizes)
     _strict.check_tensors(dec, _strict.tensor_shapes(dec), expected_dec, c.torch_dtype, sizes)
-    return {**_strict.load_finite(enc, list(expected_enc)),
-            **_strict.load_finite(dec, list(expected_dec))}  # fmt: skip
+    tensors = {**_strict.load_finite(enc, list(expected_enc)),
+               **_strict.load_finite(dec, list(expected_dec))}  # fmt: skip
+    negative = int((tensors.get(f"threshold_{layer}", torch.zeros(())) < 0).sum())
+    if negative:
+        raise ValueError(
+            f"{enc}: threshold_{layer} holds {negative} negative value(s); circuit-tracer's "
+            f"JumpReLU passes pre-activations between such a threshold and 0, ours (SAELens's) "
+            f"does not: not read"
+        )
+    return tensors
 
 
 # ---------------------------------------------------------------------- shared

@@ -24,10 +24,12 @@ def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=G).to(dtype)
 
 
-def random_transcoder(activation="relu", skip=False, layer=0, dtype="float32") -> Transcoder:
+def random_transcoder(
+    activation="relu", skip=False, layer=0, dtype="float32", d_out=6
+) -> Transcoder:
     k = {"k": 4} if activation == "topk" else {}
     hooks = f"blocks.{layer}.ln2.hook_out", f"blocks.{layer}.hook_mlp_out"
-    cfg = TranscoderConfig(8, 24, 6, *hooks, activation, skip=skip, dtype=dtype, **k)
+    cfg = TranscoderConfig(8, 24, d_out, *hooks, activation, skip=skip, dtype=dtype, **k)
     tc = Transcoder(cfg)
     with torch.no_grad():
         for name, p in tc.named_parameters():
@@ -182,15 +184,29 @@ def test_a_circuit_tracer_transcoder_set_computes_its_math(tmp_path):
         torch.testing.assert_close(tc(x), acts @ t["W_dec"].T + t["b_dec"] + x @ t["W_skip"].T)
 
 
-def test_a_transcoder_set_round_trips_through_circuit_tracers_layout(tmp_path):
-    tcs = [random_transcoder("relu", True, layer) for layer in range(2)]
+@pytest.mark.parametrize("activation", ["relu", "jumprelu"])
+def test_a_transcoder_set_round_trips_through_circuit_tracers_layout(tmp_path, activation):
+    tcs = [random_transcoder(activation, True, layer, d_out=8) for layer in (1, 0)]
     back = load_transcoder_set(save_transcoder_set(tcs, tmp_path, "gpt2"))
     x = rand(3, 8)
-    for a, b in zip(tcs, back, strict=True):
+    for a, b in zip(sorted(tcs, key=lambda tc: tc.cfg.layer), back, strict=True):
         assert (a.cfg.hook_name, a.cfg.hook_name_out) == (b.cfg.hook_name, b.cfg.hook_name_out)
+        assert b.cfg.activation == activation
         torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="circuit-tracer's per-layer files hold ReLU"):
-        save_transcoder_set([random_transcoder("topk")], tmp_path / "topk")
+
+
+@pytest.mark.parametrize(
+    "tcs, message",
+    [
+        ([random_transcoder("topk", d_out=8)], "hold ReLU or JumpReLU transcoders"),
+        ([random_transcoder(d_out=6)], "map d_model to d_model; .* d_in=8 to d_out=6"),
+        ([random_transcoder(layer=1, d_out=8)], r"per layer 0..n-1; these are for layers \[1\]"),
+    ],
+    ids=["topk", "d_in != d_out", "not from layer 0"],
+)
+def test_a_set_circuit_tracer_cannot_hold_is_not_written(tmp_path, tcs, message):
+    with pytest.raises(ValueError, match=message):
+        save_transcoder_set(tcs, tmp_path / "set")
 
 
 @pytest.mark.parametrize(
@@ -238,10 +254,11 @@ def test_a_jumprelu_layer_in_circuit_tracers_layout_computes_its_math(tmp_path):
 
 
 @pytest.mark.parametrize("d_out", [8, 24], ids=["rectangular", "square"])
-def test_the_hub_schema_stores_the_decoder_features_first(tmp_path, d_out):
-    """circuit-tracer from 0.2 (`model_kind: transcoder_set`, no file list: the folder's
-    `layer_{L}.safetensors`) stores `W_dec [d_sae d_out]`; the first schema stored `[d_out
-    d_sae]`. A square decoder is read by its schema; a rectangular one by its shape."""
+def test_the_config_says_how_w_dec_is_stored(tmp_path, d_out):
+    """circuit-tracer 0.5 (`model_kind: transcoder_set`, no file list: the folder's
+    `layer_{L}.safetensors`) stores `W_dec [d_sae d_out]`; its first schema (no
+    `model_kind`) stored `[d_out d_sae]`. The config says which, square or not; a file of
+    the other schema's shape is refused, not transposed on a guess."""
     t = {"W_enc": rand(24, 8), "b_enc": rand(24), "W_dec": rand(24, d_out), "b_dec": rand(d_out)}
     (tc,) = load_transcoder_set(one_layer_set(tmp_path, t, hub_schema=True))
     x = rand(5, 8)
@@ -250,6 +267,31 @@ def test_the_hub_schema_stores_the_decoder_features_first(tmp_path, d_out):
     if d_out == 24:  # the first schema reads the same square file transposed
         (first,) = load_transcoder_set(one_layer_set(tmp_path, t))
         torch.testing.assert_close(first.W_dec, t["W_dec"].T)
+        return
+    with pytest.raises(ValueError, match=r"W_dec has shape \(24, 8\); .* first schema .* "
+                       r"\[d_out d_sae\] = \(8, 24\).*that is how circuit-tracer 0.5"):  # fmt: skip
+        load_transcoder_set(one_layer_set(tmp_path, t))
+
+
+def test_the_two_schemas_list_their_files_each_its_own_way(tmp_path):
+    t = circuit_tracer_layer(tmp_path, 0)
+    hooks = {"feature_input_hook": "mlp.hook_in", "feature_output_hook": "mlp.hook_out"}
+    entry = {"id": "t0", "layer": 0, "filepath": "layer_0.safetensors"}
+    for config, message in [
+        ({"model_kind": "transcoder_set", "transcoders": [entry]}, "each transcoder is a file"),
+        ({"transcoders": ["layer_0.safetensors"]}, "each transcoder is a mapping"),
+        ({}, "no model_kind .* needs a non-empty list 'transcoders'"),
+        ({"model_kind": "sae"}, "model_kind 'sae' is not circuit-tracer's"),
+        ({"model_kind": "cross_layer_transcoder"}, "CrossLayerTranscoder.load"),
+    ]:
+        (tmp_path / "config.yaml").write_text(json.dumps({**hooks, **config}))
+        with pytest.raises(ValueError, match=message):
+            load_transcoder_set(tmp_path)
+    (tmp_path / "config.yaml").write_text(json.dumps({**hooks, "transcoders": [entry]}))
+    (tc,) = load_transcoder_set(tmp_path)  # circuit-tracer's hook names, read as ours
+    assert (tc.cfg.hook_name, tc.cfg.hook_name_out) == ("blocks.0.ln2.hook_out",
+                                                        "blocks.0.hook_mlp_out")  # fmt: skip
+    torch.testing.assert_close(tc.W_dec, t["W_dec"].T)
 
 
 def test_a_local_set_naming_files_on_the_hub_says_how_to_fetch_them(tmp_path):
