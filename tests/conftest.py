@@ -26,6 +26,11 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_CACHE
     os.environ.pop(_name, None)
 os.environ.update(HF_HOME=_HF_HOME, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
 
+# Nor hookedattn's own cache (`from_hf`'s memo of the architectures verified on load,
+# hookedattn.core.hf._verify): the suite keeps one of its own, so each kind of checkpoint is
+# verified once per session, and every subprocess it starts shares it.
+os.environ["HOOKEDATTN_CACHE"] = tempfile.mkdtemp(prefix="hookedattn-tests-cache-")
+
 # The suite runs thousands of tiny forwards, where a second intra-op thread costs more in
 # synchronisation than it gains (and, on a shared 2-core machine, far more).
 torch.set_num_threads(1)

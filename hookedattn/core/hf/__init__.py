@@ -13,6 +13,13 @@ is the package's API; the modules are its machinery. Nothing here assumes random
 same route loads real checkpoints for whoever has them locally. `transformers` is an
 optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
 the live models passed in.
+
+A directory is verified before its weights are read (`_verify`): a tiny twin of the
+checkpoint (`_tiny`: its config's class and structure, few layers, small widths, random
+weights) runs in `transformers` and through the family's import, and the first hook point
+where they part refuses the load (`VerificationError`); a pass is remembered per kind of
+checkpoint (`Verification`). `register_family` adds a family of one's own (or replaces a
+built-in one), verified the same way.
 """
 
 from hookedattn.core.hf._family import Family
@@ -22,8 +29,11 @@ from hookedattn.core.hf._importer import (
     SUPPORTED_ARCHITECTURES,
     family_of_folder,
     from_hf,
+    register_family,
+    unregister_family,
 )
 from hookedattn.core.hf._table import Rule, Table
+from hookedattn.core.hf._verify import Verification, VerificationError
 
 __all__ = [
     "FAMILIES",
@@ -31,8 +41,12 @@ __all__ = [
     "Family",
     "Rule",
     "Table",
+    "Verification",
+    "VerificationError",
     "convert_gpt2_state_dict",
     "family_of_folder",
     "from_hf",
     "gpt2_config",
+    "register_family",
+    "unregister_family",
 ]

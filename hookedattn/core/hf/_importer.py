@@ -32,6 +32,7 @@ from hookedattn.core.hf import (
     _qwen3,
     _qwen_moe,
     _slices,
+    _verify,
 )
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import (
@@ -63,6 +64,29 @@ FAMILIES: tuple[Family, ...] = (
     _opt.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
+# The families `register_family` added, the latest first: looked up before the built-in ones.
+_REGISTERED: list[Family] = []
+
+
+def register_family(family: Family) -> None:
+    """Import with `family`, ahead of the built-in families: a live model of the class
+    `family.architecture` (or a subclass), a directory whose `model_type` is
+    `family.model_type`. A family of one's own, or one that takes a built-in family's
+    place; a directory is verified on load with it like any other (`from_hf`).
+    `unregister_family` takes it back."""
+    _REGISTERED.insert(0, family)
+
+
+def unregister_family(family: Family) -> None:
+    """Take back a family `register_family` added: the one registered before it (or the
+    built-in one) applies again."""
+    if family not in _REGISTERED:
+        raise ValueError(f"{family.architecture} ({family.model_type}) is not registered")
+    _REGISTERED.remove(family)
+
+
+def _families() -> tuple[Family, ...]:
+    return (*_REGISTERED, *FAMILIES)
 
 
 def from_hf(
@@ -72,46 +96,113 @@ def from_hf(
     tokenizer: Any = None,
     dtype: torch.dtype | str | None = None,
     device: str | None = None,
+    verify: bool = True,
     tp_size: int | None = None,
     device_map: Any = None,
     max_memory: Any = None,
 ) -> Any:
     """A `cls` (HookedTransformer) with the weights of a HF model or a local directory.
 
-    `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`)
-    or a directory holding its `config.json` and weights (safetensors, or pickled
-    `pytorch_model*.bin` read with `weights_only=True`); from a directory the tokenizer
-    saved there (if any) comes too. (A hub repo is fetched first, by
-    `hookedattn.core.hub`.) `dtype` and
-    `device` default to those of the weights (as stored, for a directory). `tp_size` splits
-    the model over the ranks of a torchrun job, `device_map` places its blocks
-    (`hookedattn.core.parallel`); either way each tensor is read only where it goes. No code
-    from a directory ever runs: one whose config or tokenizer config names custom code
-    (`auto_map`) is refused, without a prompt (`hookedattn.core.hf._loading`).
+    `source` is a `transformers` causal LM of a supported family (`SUPPORTED_ARCHITECTURES`,
+    or one added with `register_family`) or a directory holding its `config.json` and
+    weights (safetensors, or pickled `pytorch_model*.bin` read with `weights_only=True`);
+    from a directory the tokenizer saved there (if any) comes too. (A hub repo is fetched
+    first, by `hookedattn.core.hub`.) `dtype` and `device` default to those of the weights
+    (as stored, for a directory). `tp_size` splits the model over the ranks of a torchrun
+    job, `device_map` places its blocks (`hookedattn.core.parallel`); either way each
+    tensor is read only where it goes. No code from a directory ever runs: one whose config
+    or tokenizer config names custom code (`auto_map`) is refused, without a prompt
+    (`hookedattn.core.hf._loading`).
+
+    A directory is verified before its weights are read (`verify=False` skips it): the
+    family's import of a tiny twin of the checkpoint (its config's class and structure,
+    few layers, small widths, random weights) must compute what `transformers` computes,
+    layer by layer, or a `VerificationError` names the first hook point where they part.
+    A pass is remembered per kind of checkpoint (`hookedattn.core.hf._verify`); the
+    model's `verification` says how it went (None for a live model, which is not checked).
     """
     if device is not None:
         _check_device(str(device), from_file=False, path=Path())
+    placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
     if isinstance(source, str | Path):
-        path = Path(source)
-        _loading.check_directory(path)
-        hf_config, hf_model = _loading.read_config(path), None
-        family = family_of_config(hf_config)
-        tensors = _loading.weight_source(path)
-        tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
-        stored_dtype, stored_device = tensors.stored_dtype(), "cpu"
-    else:
-        family = family_of_model(source)
-        hf_config, hf_model, tensors = source.config, source, StateDict(source.state_dict())
-        weight = next(source.parameters())
-        stored_dtype, stored_device = weight.dtype, str(weight.device)
-    cfg = family.config(
-        hf_config,
-        stored_dtype if dtype is None else dtype,
-        stored_device if device is None else device,
+        return _from_folder(cls, Path(source), tokenizer, dtype, device, verify, placement)
+    family = family_of_model(source)
+    weight = next(source.parameters())
+    dtype = weight.dtype if dtype is None else dtype
+    device = str(weight.device) if device is None else device
+    live = StateDict(source.state_dict())
+    model = _import(cls, family, source.config, source, live, tokenizer, dtype, device, placement)
+    model.verification = None
+    return model
+
+
+def _from_folder(
+    cls: type,
+    path: Path,
+    tokenizer: Any,
+    dtype: torch.dtype | str | None,
+    device: str | None,
+    verify: bool,
+    placement: dict[str, Any],
+) -> Any:
+    """The model of a directory: its config read and its family found, the family's import
+    verified (unless not asked), then its weights read."""
+    _loading.check_directory(path)
+    hf_config = _loading.read_config(path)
+    family = family_of_config(hf_config)
+    verification = _verified(cls, path, family, hf_config) if verify else None
+    model = _read_folder(cls, path, family, hf_config, tokenizer, dtype, device, placement)
+    model.verification = verification
+    return model
+
+
+def _verified(cls: type, path: Path, family: Family, hf_config: Any) -> _verify.Verification:
+    """`family`'s import of the checkpoint in `path`, verified on its tiny twin (read by
+    this module's own folder route, unverified) or found in the memo."""
+    family.config(hf_config)  # a variant the family refuses is named before any twin
+
+    def read_twin(folder: Path) -> Any:
+        config = _loading.read_config(folder)
+        return _read_folder(cls, folder, family, config, None, torch.float32, "cpu", {})
+
+    return _verify.verify(hf_config, family, read_twin, source=str(path))
+
+
+def _read_folder(
+    cls: type,
+    path: Path,
+    family: Family,
+    hf_config: Any,
+    tokenizer: Any,
+    dtype: torch.dtype | str | None,
+    device: str | None,
+    placement: dict[str, Any],
+) -> Any:
+    """The model of a checked directory's config, from its weight files."""
+    tensors = _loading.weight_source(path)
+    tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
+    dtype = tensors.stored_dtype() if dtype is None else dtype
+    return _import(
+        cls, family, hf_config, None, tensors, tokenizer, dtype, device or "cpu", placement
     )
+
+
+def _import(
+    cls: type,
+    family: Family,
+    hf_config: Any,
+    hf_model: Any,
+    tensors: TensorSource,
+    tokenizer: Any,
+    dtype: torch.dtype | str,
+    device: str,
+    placement: dict[str, Any],
+) -> Any:
+    """`family`'s conversion of `tensors`: the config translated, every tensor's name and
+    shape checked against the table, then the model built."""
+    cfg = family.config(hf_config, dtype, device)
     table = family.table(hf_config, cfg, hf_model)
     check_source(table, tensors, cfg)
-    placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
     model = build(cls, cfg, table, tensors, tokenizer, **placement)
     model.checkpoint_config = hf_config.to_dict()  # an outside record of its constants
     return model
@@ -163,14 +254,14 @@ def family_of_model(hf_model: Any) -> Family:
             f"{type(hf_model).__name__}"
         )
     classes = {c.__name__ for c in type(hf_model).__mro__}  # a subclass is its family too
-    for family in FAMILIES:
+    for family in _families():
         if family.architecture in classes:
             return family
     model_type = getattr(hf_model.config, "model_type", None)
     hint = next(
         (
             f" (for {f.model_type}, pass the {f.architecture}, which has the unembedding)"
-            for f in FAMILIES
+            for f in _families()
             if f.model_type == model_type
         ),
         "",
@@ -188,7 +279,7 @@ def family_of_folder(path: Path) -> Family:
 def family_of_config(hf_config: Any) -> Family:
     """The family of a directory's config, by its `model_type`."""
     model_type = getattr(hf_config, "model_type", None)
-    for family in FAMILIES:
+    for family in _families():
         if family.model_type == model_type:
             return family
     names = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
@@ -199,5 +290,6 @@ def _unsupported(name: str, model_type: Any) -> str:
     _loading.transformers_module()  # the ImportError that says how to install it, first
     return (
         f"cannot import {name} (model_type={model_type!r}): from_hf supports "
-        f"{', '.join(SUPPORTED_ARCHITECTURES)} (the families table: docs/guide/families.md)"
+        f"{', '.join(dict.fromkeys(f.architecture for f in _families()))} (the families "
+        f"table: docs/guide/families.md)"
     )

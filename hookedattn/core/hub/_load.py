@@ -29,10 +29,12 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: str | None = None,
     tokenizer: Any = None,
+    verify: bool = True,
     **placement: Any,
 ) -> Any:
     """A `cls` (HookedTransformer) of the model `name` means (`resolve`), with its
-    tokenizer (or `tokenizer`), in `dtype` (default: as stored) on `device`."""
+    tokenizer (or `tokenizer`), in `dtype` (default: as stored) on `device`; a
+    `transformers` checkpoint verified on load unless `verify=False` (`hf.from_hf`)."""
     options = HubOptions() if options is None else options
     found = resolve(
         name, options, checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value
@@ -56,7 +58,13 @@ def load_model(
         model.tokenizer = tokenizer or _loading.saved_tokenizer(found.folder)
     elif found.kind == "transformers":
         model = hf.from_hf(
-            cls, found.folder, tokenizer=tokenizer, dtype=dtype, device=device, **placement
+            cls,
+            found.folder,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            device=device,
+            verify=verify,
+            **placement,
         )
     else:
         if tokenizer is None:

@@ -1,0 +1,250 @@
+"""Verified on load: before a folder's weights are read, its architecture is checked on a tiny
+twin, once per kind of checkpoint.
+
+The twin (`_tiny`) is the checkpoint's own config class with the same architecture and every
+structural option, few layers, small widths and random weights. `transformers` runs it, and
+so does our import of it, by the folder route itself (the twin saved with `save_pretrained`,
+read back through the family's table); the residual stream is compared at every layer
+(`blocks.0.hook_resid_pre` is HF's first hidden state, `blocks.{i}.hook_resid_post` its
+`i + 1`-th; its last is after the final norm, our `ln_final.hook_out`), then the logits. The
+first point where they part refuses the import (`VerificationError`), naming it and by how
+much. What it cannot see: a size-dependent mistake the twin's sizes hide, and differences
+below float32's noise (the tolerance is 1e-4 of each tensor's largest value; a wrong norm
+epsilon shows, since the twin's embeddings are as small as the epsilon).
+
+A pass is remembered in `verified.json` in hookedattn's cache folder (`$HOOKEDATTN_CACHE`,
+else `$XDG_CACHE_HOME/hookedattn`, else `~/.cache/hookedattn`), keyed by what it depends
+on: hookedattn's core (a digest of its source), the `transformers` version, the family, the
+architecture and the twin's config (the checkpoint's structure: sizes aside, every field
+but names, dtypes and token ids). The next checkpoint of the same structure reads the
+memo and builds nothing. Adding a pass drops those of other versions of the core.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookedattn.core.hf import _loading, _tiny
+from hookedattn.core.hf._family import Family
+
+TOLERANCE = 1e-4  # of the largest |value| of each compared tensor
+_TOKENS = (2, 12)  # batch, positions: longer than the twin's windows
+_MEMO = "verified.json"
+# Config fields that change no forward of given token ids.
+_NOT_STRUCTURAL = frozenset(
+    ("_name_or_path", "name_or_path", "architectures", "transformers_version", "dtype",
+     "torch_dtype", "_attn_implementation", "_attn_implementation_autoset", "use_cache",
+     "output_hidden_states", "output_attentions", "return_dict", "_commit_hash", "id2label",
+     "label2id", "tokenizer_class")
+)  # fmt: skip
+
+
+class VerificationError(ValueError):
+    """Our import of an architecture does not compute what `transformers` computes, on the
+    checkpoint's tiny twin: nothing of the checkpoint's weights was read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """How a checkpoint's architecture was verified before its weights were read.
+
+    `remembered`: the pass was read from the memo (no twin built this time); `worst`: the
+    largest relative |Δ| over the compared points, of this pass or the one remembered;
+    `seconds`: what this check took.
+    """
+
+    architecture: str
+    key: str
+    remembered: bool
+    worst: float
+    seconds: float
+
+
+def verify(
+    hf_config: Any, family: Family, load: Callable[[Path], Any], source: str = ""
+) -> Verification:
+    """Verify `family`'s import of the checkpoint whose config is `hf_config` on its tiny
+    twin (module docstring), or find its pass in the memo. `load(folder)` imports a saved
+    folder without verifying it; `source` names the checkpoint in an error."""
+    start = time.perf_counter()
+    try:
+        twin_config = _tiny.tiny_config(hf_config)
+    except Exception as error:
+        raise VerificationError(
+            f"could not shrink the config of {source or family.architecture} to a tiny twin "
+            f"({type(error).__name__}: {error}); verify=False loads it unverified"
+        ) from error
+    key = memo_key(family, twin_config)
+    passed = _read_memo().get(key)
+    if passed is not None:
+        seconds = time.perf_counter() - start
+        return Verification(family.architecture, key, True, passed["worst"], seconds)
+    worst = _check_twin(family, twin_config, load, source)
+    seconds = time.perf_counter() - start
+    _remember(key, dict(architecture=family.architecture, worst=worst, seconds=seconds))
+    return Verification(family.architecture, key, False, worst, seconds)
+
+
+def _check_twin(family: Family, config: Any, load: Callable[[Path], Any], source: str) -> float:
+    """Build the twin, run it both ways, and return the worst relative |Δ|; raise a
+    `VerificationError` at the first point past the tolerance."""
+    transformers = _loading.transformers_module()
+    what = f"the tiny twin of {source or family.architecture}"
+    try:
+        with torch.random.fork_rng(devices=[]):  # HF's initialisation draws from it
+            twin = _tiny.random_hf_model(getattr(transformers, family.architecture), config)
+        with tempfile.TemporaryDirectory(prefix="hookedattn-twin-") as folder, _quiet():
+            twin.save_pretrained(folder)
+            ours = load(Path(folder))
+        tokens = torch.randint(
+            0, config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(0)
+        )
+        with torch.no_grad():
+            hf = twin(tokens, output_hidden_states=True)
+            points = _points(ours, hf)
+            logits, cache = ours.run_with_cache(tokens, names_filter=list(points))
+    except Exception as error:
+        raise VerificationError(
+            f"could not verify the import of {family.architecture} on {what}: "
+            f"{type(error).__name__}: {error}; verify=False loads it unverified"
+        ) from error
+    compared = [(name, label, cache[name], expected) for name, (label, expected) in points.items()]
+    compared.append(("logits", "logits", logits, hf.logits))
+    worst, agreeing = 0.0, []
+    for name, label, got, expected in compared:
+        scale = float(expected.abs().max()) or 1.0
+        delta = float((got - expected).abs().max())
+        if not delta <= TOLERANCE * scale:  # NaN parts too
+            where = f"our {name} parts from transformers' {label}"
+            raise VerificationError(_parting(family, what, where, delta, scale, agreeing, config))
+        worst, agreeing = max(worst, delta / scale), [*agreeing, name]
+    return worst
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """`transformers`' progress bars off (its `save_pretrained` shows one per file)."""
+    logging = _loading.transformers_module().utils.logging
+    shown = logging.is_progress_bar_enabled()
+    if shown:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+def _points(ours: Any, hf: Any) -> dict[str, tuple[str, torch.Tensor]]:
+    """Our hook point -> the HF hidden state it must equal (its label, the tensor), in the
+    order of the forward."""
+    hidden, n = hf.hidden_states, ours.cfg.n_layers
+    if len(hidden) != n + 1:
+        raise ValueError(f"transformers returned {len(hidden)} hidden states for {n} layers")
+    final = "ln_final.hook_out" if "ln_final.hook_out" in ours.hook_dict else None
+    names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(n - 1))]
+    names.append(final or f"blocks.{n - 1}.hook_resid_post")
+    return {name: (f"hidden_states[{i}]", hidden[i]) for i, name in enumerate(names)}
+
+
+def _parting(
+    family: Family,
+    what: str,
+    where: str,
+    delta: float,
+    scale: float,
+    agreeing: list[str],
+    config: Any,
+) -> str:
+    agreed = f" (the points before it agree: {', '.join(_fewer(agreeing))})" if agreeing else ""
+    return (
+        f"the import of {family.architecture} does not compute what transformers "
+        f"{_loading.transformers_module().__version__} computes: on {what} "
+        f"({config.num_hidden_layers} layers, random weights) {where} by {delta:.3g} "
+        f"(max |Δ|, {delta / scale:.3g} of its largest value {scale:.3g}; tolerance "
+        f"{TOLERANCE:g}){agreed}. No weights were read. The family's table or config "
+        f"translation is wrong for this checkpoint; verify=False loads it unverified"
+    )
+
+
+def _fewer(names: list[str]) -> list[str]:
+    """`names`, or the first and the last two where there are many."""
+    return names if len(names) <= 4 else [names[0], "...", *names[-2:]]
+
+
+def memo_key(family: Family, twin_config: Any) -> str:
+    """The memo's key of a twin: a digest of everything the verification depends on."""
+    transformers = _loading.transformers_module()
+    structure = {
+        k: v for k, v in twin_config.to_dict().items()
+        if k not in _NOT_STRUCTURAL and not k.endswith(("_token_id", "_token_ids"))
+    }  # fmt: skip
+    parts = dict(
+        hookedattn=_code_digest(),
+        transformers=transformers.__version__,
+        family=[_qualified(family.fields), _qualified(family.table)],
+        architecture=family.architecture,
+        structure=structure,
+    )
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _qualified(function: Callable[..., Any]) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of hookedattn's core (the model and the importers): a pass holds for this
+    code only."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_folder() -> Path:
+    """hookedattn's cache folder: `$HOOKEDATTN_CACHE`, else `$XDG_CACHE_HOME/hookedattn`,
+    else `~/.cache/hookedattn`."""
+    if os.environ.get("HOOKEDATTN_CACHE"):
+        return Path(os.environ["HOOKEDATTN_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hookedattn"
+
+
+def _read_memo() -> dict[str, Any]:
+    path = cache_folder() / _MEMO
+    try:
+        passes = json.loads(path.read_text()).get("passes", {})
+    except (OSError, ValueError, AttributeError):
+        return {}  # none yet, or unreadable: verify again
+    return passes if isinstance(passes, dict) else {}
+
+
+def _remember(key: str, entry: dict[str, Any]) -> None:
+    """Add a pass to the memo (written whole, then renamed into place); a cache folder that
+    cannot be written only means the next load verifies again."""
+    folder = cache_folder()
+    entry |= dict(transformers=_loading.transformers_module().__version__, code=_code_digest())
+    passes = {k: v for k, v in _read_memo().items() if v.get("code") == _code_digest()}
+    passes[key] = entry
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".verified-", suffix=".tmp")
+        with os.fdopen(handle, "w") as file:
+            json.dump({"passes": passes}, file, indent=1, sort_keys=True)
+        os.replace(temporary, folder / _MEMO)
+    except OSError:
+        pass
