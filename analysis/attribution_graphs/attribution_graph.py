@@ -40,6 +40,7 @@ unseen.
 """
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -169,6 +170,7 @@ def attribution_graph(
     demean_logits: bool = False,
     drop_first_position: bool = False,
     scan: str | None = None,
+    max_bytes: int | None = None,
 ) -> AttributionGraph:
     """The attribution graph of `model`'s prediction after `prompt` (text, or token ids
     `[pos]`), with its MLPs replaced by `transcoders` (a list of per-layer ones, or a
@@ -180,6 +182,9 @@ def attribution_graph(
     docstring; both off by default, as said there). `scan` is circuit-tracer's name for the
     transcoders (Neuronpedia's, e.g. `"gemma-2-2b"`), which the graph JSON carries; by
     default `{model_name}/{kind}-{d_sae}`.
+
+    The graph is a dense `[node node]` matrix: one refused up front, with its size, when it
+    would take more than `max_bytes` (default: half the memory free on its device now).
     """
     _frozen.refuse_sharded(model)
     for name, flag in (
@@ -198,6 +203,7 @@ def attribution_graph(
     features, acts = _active(f, first)
     n_f, n_pos, n = len(features), len(tokens), f.n_layers
     n_nodes = n_f + (n + 1) * n_pos + len(targets)
+    _check_size(n_nodes, f.embed, max_bytes)
     errors, dropped = _dropped(f, first)
     g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes),
                  errors, dropped, demean_logits)  # fmt: skip
@@ -285,6 +291,35 @@ def _dropped(
         errors.append(kept)
         dropped.append(written)
     return tuple(errors), tuple(dropped)
+
+
+def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
+    """Refuse a graph whose adjacency would take more than `max_bytes` (default: half the
+    free memory of `like`'s device, where it can be read)."""
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                  or max_bytes < 1):  # fmt: skip
+        raise ValueError(f"max_bytes must be a positive int (bytes) or None, got {max_bytes!r}")
+    budget = _free_memory(like.device) // 2 if max_bytes is None else max_bytes
+    needed = n_nodes * n_nodes * like.element_size()
+    if budget is not None and needed > budget:
+        source = "max_bytes" if max_bytes is not None else "half the free memory"
+        raise ValueError(
+            f"this attribution graph has {n_nodes:,} nodes: its adjacency [{n_nodes} "
+            f"{n_nodes}] in {like.dtype} would take {needed / 2**30:.2f} GiB, more than "
+            f"{budget / 2**30:.2f} GiB ({source}); use a shorter prompt, fewer active "
+            f"features (transcoders with a higher threshold) or fewer target logits, or "
+            f"pass a larger max_bytes"
+        )
+
+
+def _free_memory(device: torch.device) -> int | None:
+    """The bytes free on `device` now (None where this cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -287,6 +287,17 @@ def test_unsupported_models_are_refused():
         attribution_graph(model_of("LN"), per_layer(reads="hook_resid_pre"), TOKENS)
 
 
+def test_a_graph_larger_than_its_budget_is_refused_with_its_size(standard):
+    model, tcs, graph = standard
+    needed = graph.n_nodes**2 * 8  # float64
+    with pytest.raises(ValueError, match=rf"{graph.n_nodes:,} nodes: .* more than .*max_bytes"):
+        attribution_graph(model, tcs, TOKENS, top_k=3, max_bytes=needed - 1)
+    at_budget = attribution_graph(model, tcs, TOKENS, top_k=3, max_bytes=needed)
+    assert torch.equal(at_budget.adjacency, graph.adjacency)
+    with pytest.raises(ValueError, match="max_bytes must be a positive int"):
+        attribution_graph(model, tcs, TOKENS, max_bytes=0)
+
+
 # ---------------------------------------------------------------------- pruning
 def test_influence_is_the_sum_over_paths(standard):
     _, _, graph = standard
