@@ -187,12 +187,7 @@ def attribution_graph(
     would take more than `max_bytes` (default: half the memory free on its device now).
     """
     _frozen.refuse_sharded(model)
-    for name, flag in (
-        ("demean_logits", demean_logits),
-        ("drop_first_position", drop_first_position),
-    ):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    _check_flags(demean_logits=demean_logits, drop_first_position=drop_first_position)
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)
     tokens = _frozen.prompt_tokens(model, prompt)
@@ -291,6 +286,13 @@ def _dropped(
         errors.append(kept)
         dropped.append(written)
     return tuple(errors), tuple(dropped)
+
+
+def _check_flags(**flags: Any) -> None:
+    """Each of `flags` is True or False."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
 
 
 def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:

@@ -40,19 +40,7 @@ def load_model(
         name, options, checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value
     )
     if found.kind == "shipped":
-        if any(v is not None for v in placement.values()):
-            raise ValueError(
-                f"{found.name} is a shipped model of a few hundred kilobytes: it loads on one "
-                f"device (device=...), without tp_size or device_map"
-            )
-        model = _pretrained.load_pretrained(
-            cls,
-            found.name,
-            checkpoint_index=checkpoint_index,
-            checkpoint_value=checkpoint_value,
-            device=device,
-            dtype=dtype,
-        )
+        model = _shipped(cls, found, dtype, device, placement)
     elif found.kind == "hookedattn":
         model = cls.load(found.folder, device=device, dtype=dtype, **placement)
         model.tokenizer = tokenizer or _loading.saved_tokenizer(found.folder)
@@ -81,6 +69,21 @@ def load_model(
         )
     model.source = found
     return model
+
+
+def _shipped(
+    cls: type, found: Resolved, dtype: Any, device: str | None, placement: dict[str, Any]
+) -> Any:
+    """A shipped model, on one device (it is a few hundred kilobytes)."""
+    if any(v is not None for v in placement.values()):
+        raise ValueError(
+            f"{found.name} is a shipped model of a few hundred kilobytes: it loads on one "
+            f"device (device=...), without tp_size or device_map"
+        )
+    index, value = found.checkpoint
+    return _pretrained.load_pretrained(
+        cls, found.name, checkpoint_index=index, checkpoint_value=value, device=device, dtype=dtype
+    )
 
 
 def resolve_hf(name: str | os.PathLike, options: HubOptions) -> Resolved:
