@@ -103,6 +103,9 @@ def _check_twin(family: Family, config: Any, load: Callable[[Path], Any], source
     try:
         with torch.random.fork_rng(devices=[]):  # HF's initialisation draws from it
             twin = _tiny.random_hf_model(getattr(transformers, family.architecture), config)
+        # Under torchrun, transformers writes checkpoints on rank 0 only; each rank checks
+        # its own twin in a folder of its own, so each rank writes.
+        twin.should_save_on_this_rank = lambda is_main_process: True
         with tempfile.TemporaryDirectory(prefix="hookedattn-twin-") as folder, _quiet():
             twin.save_pretrained(folder)
             ours = load(Path(folder))
