@@ -202,15 +202,7 @@ def attribution_graph(
     errors, dropped = _dropped(f, first)
     g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes),
                  errors, dropped, demean_logits)  # fmt: skip
-    batches = 0
-    for layer in range(n):
-        for chunk in (features[:, 0] == layer).nonzero().flatten().split(batch_size):
-            _fill_feature_targets(g, chunk)
-            batches += 1
-    logit_rows = torch.arange(n_f + (n + 1) * n_pos, n_nodes, device=targets.device)
-    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
-        _fill_logit_targets(g, chosen, rows)
-        batches += 1
+    batches = _fill(g, targets, n_f + (n + 1) * n_pos, batch_size)
     token_strings = tuple(_frozen.token_texts(model, tokens.tolist()))
     return AttributionGraph(
         prompt=prompt if isinstance(prompt, str) else _frozen.prompt_text(model, tokens),
@@ -286,6 +278,21 @@ def _dropped(
         errors.append(kept)
         dropped.append(written)
     return tuple(errors), tuple(dropped)
+
+
+def _fill(g: "_Filling", targets: Int[Tensor, " logit"], first_logit: int, batch_size: int) -> int:
+    """Every row of the graph: the feature targets layer by layer, then the logits (rows
+    from `first_logit`), `batch_size` targets a sweep; returns how many sweeps."""
+    batches = 0
+    for layer in range(g.f.n_layers):
+        for chunk in (g.features[:, 0] == layer).nonzero().flatten().split(batch_size):
+            _fill_feature_targets(g, chunk)
+            batches += 1
+    logit_rows = torch.arange(first_logit, first_logit + len(targets), device=targets.device)
+    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
+        _fill_logit_targets(g, chosen, rows)
+        batches += 1
+    return batches
 
 
 def _check_flags(**flags: Any) -> None:

@@ -506,24 +506,11 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         records it. `verify=False` skips it; a live model is not checked.
         """
         options = hub.HubOptions(revision, token, cache_dir, local_files_only)
-        found = None
-        if isinstance(hf_model, str | os.PathLike):
-            found = hub.resolve_hf(hf_model, options)
-            hf_model = found.folder
-        elif options != hub.HubOptions():
-            raise ValueError(
-                "revision, token, cache_dir and local_files_only choose what to fetch by "
-                "name; a live transformers model has nothing to fetch"
-            )
+        found = _hf_source(hf_model, options)
         placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
+        source = hf_model if found is None else found.folder
         model = hf.from_hf(
-            cls,
-            hf_model,
-            tokenizer=tokenizer,
-            dtype=dtype,
-            device=device,
-            verify=verify,
-            **placement,
+            cls, source, tokenizer=tokenizer, dtype=dtype, device=device, verify=verify, **placement
         )
         model.source = found
         return model
@@ -533,6 +520,19 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         """Checked token ids `[batch pos]` of ids or text (the input stage's check, for the
         generation loop and the TransformerLens facade)."""
         return _inputs.as_tokens(self, input)
+
+
+def _hf_source(hf_model: Any, options: "hub.HubOptions") -> "hub.Resolved | None":
+    """What `from_hf` was given by name, resolved (and fetched) with `options`; None for a
+    live model, which takes no hub options."""
+    if isinstance(hf_model, str | os.PathLike):
+        return hub.resolve_hf(hf_model, options)
+    if options != hub.HubOptions():
+        raise ValueError(
+            "revision, token, cache_dir and local_files_only choose what to fetch by "
+            "name; a live transformers model has nothing to fetch"
+        )
+    return None
 
 
 def _without_query_key_positions(context: AttentionContext) -> AttentionContext:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from helpers.tl_reference import save_demo_tokenizer
+from helpers.tl_reference import require_peer_python, save_demo_tokenizer
 
 import hookedattn_tl
 from analysis.attribution_graphs import attribution_graph, graph_json, save_graph_json
@@ -34,7 +34,6 @@ from hookedattn.testing import random_tiny_model, random_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.5.0"
-DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / "circuit_tracer-0.5" / "bin" / "python"
 G = torch.Generator().manual_seed(44)
 
 
@@ -279,17 +278,10 @@ def llama_tl(tokenizer) -> hookedattn_tl.HookedTransformer:
 
 def ct_python() -> Path:
     """circuit-tracer's interpreter; skips the test without one (fails it under CI)."""
-    given = os.environ.get("HOOKEDATTN_CIRCUIT_TRACER_PYTHON")
-    python = Path(given) if given else DEFAULT_PYTHON
-    if not python.exists():
-        message = (
-            f"circuit-tracer {VERSION}'s environment is missing: run `bash "
-            f".ci/circuit_tracer.sh` (or set HOOKEDATTN_CIRCUIT_TRACER_PYTHON)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI must run the comparison")
-        pytest.skip(message)
-    return python
+    return require_peer_python(
+        f"circuit-tracer {VERSION}", "circuit_tracer-0.5", "circuit_tracer.sh",
+        "HOOKEDATTN_CIRCUIT_TRACER_PYTHON",
+    )  # fmt: skip
 
 
 def llama_weights(model: hookedattn_tl.HookedTransformer) -> dict[str, torch.Tensor]:

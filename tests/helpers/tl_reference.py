@@ -19,31 +19,33 @@ from torch.testing import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "3.5.1"
-DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"transformer_lens-{VERSION}" / "bin"
 
 # float32 forwards of two implementations: their rounding differs, not their math.
 TOLERANCE = dict(atol=2e-5, rtol=2e-5)
 
 
-def tl_python() -> Path | None:
-    """The interpreter of TransformerLens's environment, if there is one."""
-    given = os.environ.get("HOOKEDATTN_TL_PYTHON")
-    candidate = Path(given) if given else DEFAULT_PYTHON / "python"
-    return candidate if candidate.exists() else None
-
-
-def require_tl_python() -> Path:
-    """TransformerLens's interpreter; skips the test without one (fails it under CI)."""
-    python = tl_python()
-    if python is None:
-        message = (
-            f"TransformerLens {VERSION}'s environment is missing: run `bash "
-            f".ci/transformer_lens.sh` (or set HOOKEDATTN_TL_PYTHON)"
-        )
+def require_peer_python(peer: str, link: str, build: str, variable: str) -> Path:
+    """The interpreter of a peer library's environment (`peer`, e.g. "nnsight 0.8"), linked
+    at `~/.cache/hookedattn/<link>` by `.ci/<build>` or named by the environment variable
+    `variable`; skips the test without one (fails it under CI, which must run it)."""
+    given = os.environ.get(variable)
+    python = (
+        Path(given) if given else Path.home() / ".cache" / "hookedattn" / link / "bin" / "python"
+    )
+    if not python.exists():
+        message = f"{peer}'s environment is missing: run `bash .ci/{build}` (or set {variable})"
         if os.environ.get("CI"):
             pytest.fail(message + "; CI must run the comparison")
         pytest.skip(message)
     return python
+
+
+def require_tl_python() -> Path:
+    """TransformerLens's interpreter; skips the test without one (fails it under CI)."""
+    return require_peer_python(
+        f"TransformerLens {VERSION}", f"transformer_lens-{VERSION}", "transformer_lens.sh",
+        "HOOKEDATTN_TL_PYTHON",
+    )  # fmt: skip
 
 
 def run_in_tl(

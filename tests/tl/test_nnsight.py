@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.tl_reference import require_peer_python
 
 from hookedattn import HookedTransformer
 from hookedattn.testing import random_tiny_model, random_tokens, tolerance
@@ -30,7 +31,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.8"
-DEFAULT_PYTHON = Path.home() / ".cache" / "hookedattn" / f"nnsight-{VERSION}" / "bin" / "python"
 TOLERANCE = 1e-6  # float32, absolute: the largest difference allowed anywhere
 
 VARIANTS = {
@@ -52,17 +52,9 @@ NEW_TOKENS = 3
 
 def nnsight_python() -> Path:
     """nnsight's interpreter; skips the test without one (fails it under CI)."""
-    given = os.environ.get("HOOKEDATTN_NNSIGHT_PYTHON")
-    python = Path(given) if given else DEFAULT_PYTHON
-    if not python.exists():
-        message = (
-            f"nnsight {VERSION}'s environment is missing: run `bash .ci/nnsight.sh` "
-            f"(or set HOOKEDATTN_NNSIGHT_PYTHON)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI must run the comparison")
-        pytest.skip(message)
-    return python
+    return require_peer_python(
+        f"nnsight {VERSION}", f"nnsight-{VERSION}", "nnsight.sh", "HOOKEDATTN_NNSIGHT_PYTHON"
+    )
 
 
 def run_in_nnsight(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
