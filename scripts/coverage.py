@@ -51,7 +51,7 @@ from hookedattn import HookedTransformer
 from hookedattn.core import hf
 from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.hf import _tiny
-from hookedattn.core.hf._importer import family_of_config
+from hookedattn.core.hf._importer import families_of_config
 from hookedattn.core.hf._table import StateDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def _folder_family(config: Any) -> bool:
     """Whether a folder of this model type finds its family (by `model_type`, where a live
     model is found by its class)."""
     try:
-        family_of_config(config)
+        families_of_config(config)
     except ValueError:
         return False
     return True

@@ -197,6 +197,7 @@ def memo_key(family: Family, twin_config: Any) -> str:
         transformers=transformers.__version__,
         family=[_qualified(family.fields), _qualified(family.table)],
         architecture=family.architecture,
+        variant=family.variant,
         structure=structure,
     )
     text = json.dumps(parts, sort_keys=True, default=repr)
