@@ -89,7 +89,7 @@ class Convention:
     def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
         """The rules that read a checkpoint of this anatomy into `cfg`'s model."""
         a = self.anatomy
-        scale = lambda s: s.of(hf_config, cfg.d_head)  # noqa: E731
+        scale = lambda s: s.of(hf_config, cfg.d_head)
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
                  adjust=_times(scale(a.embed_scale))),
