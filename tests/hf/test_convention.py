@@ -156,3 +156,14 @@ def test_the_memo_key_tells_candidates_apart():
     halves, pairs, *_ = _convention.candidates(config)
     tiny = _tiny.tiny_config(config)
     assert _verify.memo_key(halves, tiny) != _verify.memo_key(pairs, tiny)
+
+
+def test_a_recognised_anatomy_is_remembered(monkeypatch):
+    config = twin("granite").config
+    first = _anatomy.recognise(config)
+
+    def no_twin(*args, **kwargs):
+        raise AssertionError("a twin was built for an anatomy already recognised")
+
+    monkeypatch.setattr(_tiny, "random_hf_model", no_twin)
+    assert _anatomy.recognise(config) == first

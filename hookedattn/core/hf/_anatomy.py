@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
-from hookedattn.core.hf import _loading, _tiny
+from hookedattn.core.hf import _loading, _tiny, _verify
 
 # A linear map's role -> the names architectures give it.
 ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
@@ -131,15 +131,16 @@ class Anatomy:
 
 def architecture_of(hf_config: Any) -> str:
     """The `transformers` causal-LM class of a config: the one it names, else the one its
-    model type is registered with."""
+    model type is registered with (by name: its modeling code is not imported here)."""
     transformers = _loading.transformers_module()
-    for name in getattr(hf_config, "architectures", None) or []:
-        if hasattr(transformers, name):
-            return name
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for name in getattr(hf_config, "architectures", None) or []:
+        if name in causal:
+            return name
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
-    if name is None or not hasattr(transformers, name):
+    if name is None:
         raise ValueError(
             f"model_type {getattr(hf_config, 'model_type', None)!r} names no causal LM "
             f"transformers {transformers.__version__} knows"
@@ -149,22 +150,40 @@ def architecture_of(hf_config: Any) -> str:
 
 def recognise(hf_config: Any) -> Anatomy:
     """The anatomy of `hf_config`'s architecture, read off its tiny twin (module
-    docstring); a `ValueError` names the first piece not recognised."""
+    docstring), or remembered from an earlier reading of the same structure (the memo's
+    "anatomies", `_verify`: no twin built); a `ValueError` names the first piece not
+    recognised."""
     architecture = architecture_of(hf_config)
     if not hasattr(hf_config, "num_hidden_layers"):
         parts = ", ".join(getattr(hf_config, "sub_configs", None) or ()) or "none"
         raise ValueError(f"a composite config (its parts: {parts}): import its language model")
     try:
         twin_config = _tiny.tiny_config(hf_config)
+        key = _verify.structure_key(twin_config, architecture=architecture, kind="anatomy")
+        known = _verify.read_memo("anatomies").get(key)
+        if known is not None:
+            return _from_json(known["anatomy"])
         with torch.random.fork_rng(devices=[]):
             twin = _tiny.random_hf_model(
                 getattr(_loading.transformers_module(), architecture), twin_config
             )
-        return _Reader(twin, twin_config, architecture).anatomy()
+        anatomy = _Reader(twin, twin_config, architecture).anatomy()
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"
         ) from error
+    _verify.remember(key, {"anatomy": dataclasses.asdict(anatomy)}, section="anatomies")
+    return anatomy
+
+
+def _from_json(fields: dict[str, Any]) -> Anatomy:
+    """An anatomy as `recognise` stored it (`dataclasses.asdict`: lists for tuples)."""
+
+    def tupled(x: Any) -> Any:
+        return tuple(tupled(i) for i in x) if isinstance(x, list) else x
+
+    values = {k: Scale(**v) if isinstance(v, dict) else tupled(v) for k, v in fields.items()}
+    return Anatomy(**values)
 
 
 class _Reader:

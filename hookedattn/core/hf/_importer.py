@@ -171,8 +171,9 @@ def _verified_of(
     if not verify:
         families[0].config(hf_config)
         return families[0], None
+    passed = [f for f in families if _verify.remembered(f, hf_config)]
     first_error = None
-    for family in families:
+    for family in passed[:1] or families:
         try:
             return family, _verified(cls, source, family, hf_config)
         except (_verify.VerificationError, ValueError) as error:
