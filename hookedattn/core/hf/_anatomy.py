@@ -63,9 +63,9 @@ _ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
 _EPSILONS = ("variance_epsilon", "eps", "epsilon")
 _TOKENS = (2, 7)
-# Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`; LayerNorm, Nemotron's
-# with `1 + w`; LayerNorm with no parameters (OLMo 1).
-NORM_KINDS = ("rms", "rms_one_plus", "layer", "layer_one_plus", "layer_bare")
+# Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
+# (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
+NORM_KINDS = ("rms", "rms_one_plus", "rms_bare", "layer", "layer_one_plus", "layer_bare")
 # Epsilons tried on a norm that keeps none as an attribute (after the config's own).
 _USUAL_EPSILONS = (1e-5, 1e-6)
 _CONFIG_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
@@ -120,6 +120,8 @@ class Anatomy:
     rotary: bool
     tied: bool
     unembed_bias: bool
+    sinks: bool  # one learned logit per head in every softmax (`use_attn_sinks`)
+    logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
     rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
@@ -148,12 +150,12 @@ def architecture_of(hf_config: Any) -> str:
     return name
 
 
-def recognise(hf_config: Any) -> Anatomy:
+def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
     """The anatomy of `hf_config`'s architecture, read off its tiny twin (module
     docstring), or remembered from an earlier reading of the same structure (the memo's
     "anatomies", `_verify`: no twin built); a `ValueError` names the first piece not
-    recognised."""
-    architecture = architecture_of(hf_config)
+    recognised. `architecture`: the causal-LM class, when known (a live model's)."""
+    architecture = architecture or architecture_of(hf_config)
     if not hasattr(hf_config, "num_hidden_layers"):
         parts = ", ".join(getattr(hf_config, "sub_configs", None) or ()) or "none"
         raise ValueError(f"a composite config (its parts: {parts}): import its language model")
@@ -205,12 +207,13 @@ class _Reader:
         norm_names = [n for n, m in children.items() if _is_norm(m)]
         others = [
             f"{n} ({type(m).__name__})" for n, m in children.items()
-            if n not in (attn, mlp, *norm_names) and not isinstance(m, nn.Dropout)
+            if n not in (attn, mlp, *norm_names) and not isinstance(m, nn.Dropout | nn.Identity)
         ]  # fmt: skip
         if others:
             raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
         self._check_layers_alike()
-        calls, logits, embed_ratio = self._watch()
+        capped = getattr(self.config, "final_logit_softcapping", None) is not None
+        calls, logits, embed_ratio = self._watch(capped)
         norms, parallel, writes = _wiring(calls, attn, mlp, norm_names)
         placement = _placement({ours for ours, _ in norms})
         attn_module, mlp_module = children[attn], children[mlp]
@@ -238,7 +241,8 @@ class _Reader:
             norm_kind=kind,
             norm_bias=bias,
             eps=eps,
-            attn_maps=_maps(attn_module, ATTENTION_ROLES, skip=qk or ()),
+            attn_maps=_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=_qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
             mlp_maps=_maps(mlp_module, MLP_ROLES, skip=()),
@@ -249,6 +253,7 @@ class _Reader:
             attn_write=self._explain(writes[0], "attention's write scale"),
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
+            logit_cap=capped,
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=self.twin.get_output_embeddings().weight is embed.weight,
             unembed_bias=getattr(self.twin.get_output_embeddings(), "bias", None) is not None,
@@ -272,9 +277,10 @@ class _Reader:
             )
         return norms[0]
 
-    def _watch(self) -> tuple[list[tuple[str, Tensor, Tensor]], float, float]:
+    def _watch(self, capped: bool) -> tuple[list[tuple[str, Tensor, Tensor]], float, float]:
         """Run the twin; the calls of the first layer's pieces (name, input, output) in
-        order, the layer's own call first, the logit scale and the embedding's output."""
+        order, the layer's own call first, the logit scale (of the logits before their soft
+        cap, when `capped`) and the embedding's scale."""
         calls: list[tuple[str, Tensor, Tensor]] = []
         seen: dict[str, Tensor] = {}
 
@@ -310,6 +316,9 @@ class _Reader:
         scale = _ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
+        if capped:  # undone: cap * atanh(logits / cap)
+            cap = float(self.config.final_logit_softcapping)
+            logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
         return calls, _ratio(logits, seen["unembed"], "the logits"), scale
 
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
@@ -459,6 +468,7 @@ def _one_norm(module: nn.Module, epsilons: tuple[float, ...]) -> tuple[str, bool
         candidates = {
             "rms": (rms * w) if w is not None else None,
             "rms_one_plus": (rms * (1 + w)) if w is not None else None,
+            "rms_bare": rms if w is None and bias is None else None,
             "layer": (layer * w + b) if w is not None else None,
             "layer_one_plus": (layer * (1 + w) + b) if w is not None else None,
             "layer_bare": layer if w is None and bias is None else None,
@@ -484,7 +494,10 @@ def _qk_norms(attn: nn.Module) -> tuple[str, str] | None:
 def _qk_norm_kind(attn: nn.Module, names: tuple[str, str] | None, d_head: int) -> str | None:
     if names is None:
         return None
-    width = getattr(attn, names[0]).weight.shape
+    gain = getattr(getattr(attn, names[0]), "weight", None)
+    if gain is None:
+        return "per_head"  # without parameters: per head (the verification will tell)
+    width = gain.shape
     if tuple(width) == (d_head,):
         return "per_head"
     if len(width) == 1 and width[0] % d_head == 0 and width[0] > d_head:
@@ -493,11 +506,14 @@ def _qk_norm_kind(attn: nn.Module, names: tuple[str, str] | None, d_head: int) -
 
 
 def _maps(
-    module: nn.Module, roles: dict[str, tuple[str, ...]], skip: tuple[str, ...]
+    module: nn.Module,
+    roles: dict[str, tuple[str, ...]],
+    skip: tuple[str, ...],
+    own_allowed: tuple[str, ...] = (),
 ) -> tuple[tuple[str, str, bool], ...]:
     """Each weight-bearing child as (role, name, has a bias): every one must have a role,
-    and a module must hold no parameter of its own."""
-    own = [n for n, _ in module.named_parameters(recurse=False)]
+    and a module must hold no parameter of its own but those `own_allowed`."""
+    own = [n for n, _ in module.named_parameters(recurse=False) if n not in own_allowed]
     if own:
         raise ValueError(f"{type(module).__name__} holds parameters not recognised: {own}")
     found = []

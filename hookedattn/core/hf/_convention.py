@@ -37,8 +37,8 @@ from hookedattn.core.hf._gemma2 import one_plus
 from hookedattn.core.hf._gptj import neighbours_to_halves
 from hookedattn.core.hf._table import Rule, Table, ones, zeros
 
-_NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "layer": "LN", "layer_one_plus": "LN",
-               "layer_bare": "LN"}  # fmt: skip
+_NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
+               "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
 _MLP_IN, _MLP_OUT = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
 
@@ -82,6 +82,8 @@ class Convention:
             "qk_norm_per_head": a.qk_norm != "whole",
             "attn_scale": 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
+            "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
+            "use_attn_sinks": a.sinks,
             **rotary,
             **_translate.window(c),
         }
@@ -173,12 +175,16 @@ class Convention:
             if o_bias
             else zeros(f"{b}.b_O", "d_model")
         )
+        if a.sinks:
+            rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
         if a.qk_norm_names:
-            shape = "d_head" if a.qk_norm == "per_head" else None
-            for ours, hf, heads in zip(
-                ("q_norm", "k_norm"), a.qk_norm_names, ("head", kv), strict=True
-            ):
-                pattern = "d_head -> d_head" if shape else f"({heads} d_head) -> {heads} d_head"
+            for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names, ("head", kv),
+                                       strict=True):  # fmt: skip
+                axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
+                if a.norm_kind in ("rms_bare", "layer_bare"):
+                    rules.append(ones(f"{b}.{ours}.w", axes))
+                    continue
+                pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
                 rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                                   adjust=_chain(_gain(a), order)))  # fmt: skip
         return rules  # fmt: skip
@@ -264,11 +270,11 @@ def head_width(hf_config: Any) -> int:
     return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
 
 
-def candidates(hf_config: Any) -> list[Family]:
+def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     """The families the anatomy of `hf_config` allows, the likelier first: one, or for a
     rotary architecture its rotation of halves, then of pairs (module docstring), in every
     layer, then (where some layers slide a window and some do not) in the sliding ones only."""
-    anatomy = recognise(hf_config)
+    anatomy = recognise(hf_config, architecture)
     layouts = ("halves", "pairs") if anatomy.rotary else ("halves",)
     types = set(getattr(hf_config, "layer_types", None) or ())
     mixed = {"full_attention", "sliding_attention"} <= types
@@ -291,7 +297,7 @@ def candidates(hf_config: Any) -> list[Family]:
 def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:
     """The gain (and bias) of one norm, multiplied by `write`."""
     kind, axes = anatomy.norm_kind, "d_model -> d_model"
-    if kind == "layer_bare":
+    if kind in ("layer_bare", "rms_bare"):
         gain = ones(f"{ours}.w", "d_model", times=write)
     else:
         gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), _times(write)))

@@ -285,7 +285,7 @@ def families_of_model(hf_model: Any) -> list[Family]:
             return [family]
     model_type = getattr(hf_model.config, "model_type", None)
     if not any(f.model_type == model_type for f in _families()):
-        return _by_convention(hf_model.config, type(hf_model).__name__)
+        return _by_convention(hf_model.config, type(hf_model).__name__, type(hf_model).__name__)
     hint = next(
         (
             f" (for {f.model_type}, pass the {f.architecture}, which has the unembedding)"
@@ -315,11 +315,12 @@ def families_of_config(hf_config: Any) -> list[Family]:
     return _by_convention(hf_config, ", ".join(names))
 
 
-def _by_convention(hf_config: Any, name: str) -> list[Family]:
-    """The convention's candidate families for `hf_config`; a ValueError names what in its
-    anatomy was not recognised."""
+def _by_convention(hf_config: Any, name: str, architecture: str | None = None) -> list[Family]:
+    """The convention's candidate families for `hf_config` (of the causal-LM class
+    `architecture`, when known); a ValueError names what in its anatomy was not
+    recognised."""
     try:
-        return _convention.candidates(hf_config)
+        return _convention.candidates(hf_config, architecture)
     except ValueError as error:
         raise ValueError(
             f"{_unsupported(name, getattr(hf_config, 'model_type', None))}; nor is it "
