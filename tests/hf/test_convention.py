@@ -9,7 +9,11 @@ embedding, of each write, of the softmax and of the logits (Granite), folded int
 (OLMo); LayerNorms with biases and a plain MLP with biases (StarCoder 2); blocks without
 rotary positions (SmolLM 3); squared ReLU and `1 + w` LayerNorms (Nemotron); partial
 rotary, a parallel block and an unembedding bias (Phi); a fused gate/up projection and
-rotated pairs (GLM). The reference is the HF model itself, in float64.
+rotated pairs (GLM); learned positions and one key/value head in a fused projection
+(GPT-BigCode); an MLP whose maps the layer holds itself, positions from row 2 of their
+table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-decoder config
+and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA). The
+reference is the HF model itself, in float64.
 """
 
 import pytest
@@ -24,7 +28,7 @@ from hookedattn.core.hf import _anatomy, _convention, _tiny, _verify  # noqa: E4
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
-                 "phi", "glm")  # fmt: skip
+                 "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

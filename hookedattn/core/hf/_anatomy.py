@@ -48,8 +48,8 @@ ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
     "q": ("q_proj", "query", "wq", "q"),
     "k": ("k_proj", "key", "wk", "k"),
     "v": ("v_proj", "value", "wv", "v"),
-    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear"),
-    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv"),  # [q; k; v] along the outputs
+    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
+    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
 }
 MLP_ROLES: dict[str, tuple[str, ...]] = {
     "gate": ("gate_proj", "w1", "wi_0"),
@@ -62,6 +62,7 @@ QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
 _ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
 _EPSILONS = ("variance_epsilon", "eps", "epsilon")
+_ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
 _TOKENS = (2, 7)
 # Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
 # (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
@@ -100,7 +101,7 @@ class Anatomy:
     final_norm: str  # "model.norm"
     unembed: str  # "lm_head"
     attn: str  # "self_attn"
-    mlp: str  # "mlp"
+    mlp: str  # "mlp"; "" where the MLP's maps are the layer's own (`fc1`, `fc2`)
     norms: tuple[tuple[str, str], ...]  # (ours, the layer's child), e.g. ("ln1", "input_layernorm")
     placement: str  # "pre", "post" or "pre_and_post"
     parallel: bool
@@ -121,6 +122,9 @@ class Anatomy:
     tied: bool
     unembed_bias: bool
     sinks: bool  # one learned logit per head in every softmax (`use_attn_sinks`)
+    positions: str | None  # the learned absolute positions' table ("model.embed_positions")
+    position_offset: int  # the row of position 0 in it
+    unused: tuple[str, ...]  # a layer's pieces a causal LM never calls (cross-attention)
     logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
     rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
@@ -203,20 +207,29 @@ class _Reader:
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
         attn = _child(children, _ATTENTION_NAMES, "Attention", "attention sublayer")
-        mlp = _child(children, _MLP_NAMES, "MLP", "MLP sublayer")
-        norm_names = [n for n, m in children.items() if _is_norm(m)]
+        mlp = _mlp_child(children)
+        self._check_layers_alike()
+        capped = getattr(self.config, "final_logit_softcapping", None) is not None
+        calls, logits, embed_ratio, positions = self._watch(capped)
+        called = {name for name, _, _ in calls}
+        # Cross-attention an encoder would feed is never called in a causal LM: unused.
+        unused = tuple(n for n in children if n not in called and _is_cross(n))
+        flat = _flat_mlp(children) if mlp == "" else ()
+        norm_names = [n for n, m in children.items() if _is_norm(m) and n not in unused]
         others = [
             f"{n} ({type(m).__name__})" for n, m in children.items()
-            if n not in (attn, mlp, *norm_names) and not isinstance(m, nn.Dropout | nn.Identity)
+            if n not in (attn, mlp, *flat, *norm_names, *unused, *_ACTIVATION_NAMES)
+            and not isinstance(m, nn.Dropout | nn.Identity)
         ]  # fmt: skip
         if others:
             raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
-        self._check_layers_alike()
-        capped = getattr(self.config, "final_logit_softcapping", None) is not None
-        calls, logits, embed_ratio = self._watch(capped)
+        if flat:  # the layer's own fc1/fc2: the MLP reads the first's input, writes the second's
+            ins = {name: (x, y) for name, x, y in calls}
+            calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
         norms, parallel, writes = _wiring(calls, attn, mlp, norm_names)
         placement = _placement({ours for ours, _ in norms})
-        attn_module, mlp_module = children[attn], children[mlp]
+        attn_module = children[attn]
+        mlp_module = children[mlp] if mlp else self.layer
         norm_modules = [children[hf] for _, hf in norms] + [self._final_norm()]
         qk = _qk_norms(attn_module)
         epsilons = [getattr(self.config, f) for f in _CONFIG_EPSILONS if hasattr(self.config, f)]
@@ -245,7 +258,10 @@ class _Reader:
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=_qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
-            mlp_maps=_maps(mlp_module, MLP_ROLES, skip=()),
+            mlp_maps=_maps(mlp_module, MLP_ROLES, skip=(), only=flat or None),
+            positions=positions[0],
+            position_offset=positions[1],
+            unused=unused,
             act_fn=_activation(mlp_module),
             embed_scale=self._explain(embed_ratio, "embedding scale"),
             attn_scale=self._explain(_attention_scaling(attn_module, d_head), "softmax scale",
@@ -277,10 +293,13 @@ class _Reader:
             )
         return norms[0]
 
-    def _watch(self, capped: bool) -> tuple[list[tuple[str, Tensor, Tensor]], float, float]:
+    def _watch(
+        self, capped: bool
+    ) -> tuple[list[tuple[str, Tensor, Tensor]], float, float, tuple[str | None, int]]:
         """Run the twin; the calls of the first layer's pieces (name, input, output) in
         order, the layer's own call first, the logit scale (of the logits before their soft
-        cap, when `capped`) and the embedding's scale."""
+        cap, when `capped`), the embedding's scale, and the learned positions' table and
+        offset (None, 0 without)."""
         calls: list[tuple[str, Tensor, Tensor]] = []
         seen: dict[str, Tensor] = {}
 
@@ -301,7 +320,11 @@ class _Reader:
             m.register_forward_hook(hook(n), with_kwargs=True)
             for n, m in self.layer.named_children()
         ]
-        handles.append(self.twin.get_input_embeddings().register_forward_hook(keep("embed")))
+        embed = self.twin.get_input_embeddings()
+        tables = {n: m for n, m in self.base.named_children()
+                  if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
+        handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
+        handles.append(embed.register_forward_hook(keep("embed")))
         handles.append(self.twin.get_output_embeddings().register_forward_hook(keep("unembed")))
         tokens = torch.randint(
             0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
@@ -312,14 +335,33 @@ class _Reader:
         finally:
             for handle in handles:
                 handle.remove()
-        embed = self.twin.get_input_embeddings()
         scale = _ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
+        positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
-        return calls, _ratio(logits, seen["unembed"], "the logits"), scale
+        return calls, _ratio(logits, seen["unembed"], "the logits"), scale, positions
+
+    def _positions(
+        self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]
+    ) -> tuple[str | None, int]:
+        """Which table's rows (and from which row) were added to the embedding before the
+        first layer; a ValueError if anything else was."""
+        tolerance = 1e-6 * (float(added.abs().max()) + 1e-12)
+        if float(added.abs().max()) <= 1e-7:
+            return None, 0
+        for name, table in tables.items():
+            if name in seen and torch.allclose(added, seen[name].expand_as(added), atol=tolerance):
+                rows, weight = added[0], table.weight.detach()
+                for offset in range(weight.shape[0] - rows.shape[0] + 1):
+                    if torch.allclose(weight[offset : offset + len(rows)], rows, atol=tolerance):
+                        return f"{self.base_name}.{name}".lstrip("."), offset
+        raise ValueError(
+            "the stream entering the first layer is not the embedding (plus "
+            "learned positions): an embedding norm or positions we do not read"
+        )
 
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """The config field (or the head width) that `value` is a function of."""
@@ -350,6 +392,27 @@ def _child(children: dict[str, nn.Module], names: tuple[str, ...], kind: str, wh
     if len(found) != 1:
         raise ValueError(f"a decoder layer holds {len(found)} {what}s ({found}); one recognised")
     return found[0]
+
+
+def _mlp_child(children: dict[str, nn.Module]) -> str:
+    """The MLP sublayer's name; "" where the layer holds its MLP's maps itself."""
+    if _flat_mlp(children):
+        return ""
+    return _child(children, _MLP_NAMES, "MLP", "MLP sublayer")
+
+
+def _flat_mlp(children: dict[str, nn.Module]) -> tuple[str, ...]:
+    """The names of an MLP's input and output maps held by the layer itself (BioGPT,
+    Whisper's decoder: `fc1`, `fc2`), or ()."""
+    if any(n in children for n in _MLP_NAMES):
+        return ()
+    up = next((n for n in MLP_ROLES["up"] if n in children), None)
+    down = next((n for n in MLP_ROLES["down"] if n in children), None)
+    return (up, down) if up and down else ()
+
+
+def _is_cross(name: str) -> bool:
+    return "encoder" in name or "cross" in name
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -510,15 +573,19 @@ def _maps(
     roles: dict[str, tuple[str, ...]],
     skip: tuple[str, ...],
     own_allowed: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
 ) -> tuple[tuple[str, str, bool], ...]:
-    """Each weight-bearing child as (role, name, has a bias): every one must have a role,
-    and a module must hold no parameter of its own but those `own_allowed`."""
+    """Each weight-bearing child (of those named `only`, when given) as (role, name, has a
+    bias): every one must have a role, and a module must hold no parameter of its own but
+    those `own_allowed`."""
     own = [n for n, _ in module.named_parameters(recurse=False) if n not in own_allowed]
     if own:
         raise ValueError(f"{type(module).__name__} holds parameters not recognised: {own}")
     found = []
     for name, child in module.named_children():
-        if name in skip or not any(True for _ in child.parameters()):
+        if name in skip or (only is not None and name not in only):
+            continue
+        if not any(True for _ in child.parameters()):
             continue
         role = next((r for r, names in roles.items() if name in names), None)
         if role is None or type(child) is not nn.Linear:
@@ -529,7 +596,7 @@ def _maps(
 
 def _activation(mlp: nn.Module) -> str:
     """Our name for the MLP's activation, by calling it on a range of values."""
-    act = next((getattr(mlp, a) for a in ("act_fn", "act", "activation_fn", "activation")
+    act = next((getattr(mlp, a) for a in _ACTIVATION_NAMES
                 if callable(getattr(mlp, a, None))), None)  # fmt: skip
     if act is None:
         raise ValueError(f"{type(mlp).__name__} has no activation we can find")

@@ -58,10 +58,14 @@ class Convention:
             raise ValueError(f"its config lacks a field the convention reads: {error}") from error
 
     def _fields(self, hf_config: Any) -> dict[str, Any]:
-        a, c = self.anatomy, hf_config
+        a, c = self.anatomy, _Decoder(hf_config)
         d_head = head_width(c)
         n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
+            n_kv = 1
         rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
+        if a.positions is not None:
+            rotary = {"positional_embedding_type": "standard"}
         roles = {role for role, _, _ in a.mlp_maps}
         return {
             "n_layers": c.num_hidden_layers,
@@ -70,7 +74,7 @@ class Convention:
             "d_vocab": c.vocab_size,
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
-            "d_mlp": c.intermediate_size,
+            "d_mlp": _mlp_width(c),
             "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
             "act_fn": a.act_fn,
             "gated_mlp": bool(roles & {"gate", "gate_up"}),
@@ -95,6 +99,7 @@ class Convention:
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
                  adjust=_times(scale(a.embed_scale))),
+            *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
             *self._attention_rules(cfg, scale(a.attn_write)),
             *self._mlp_rules(cfg, scale(a.mlp_write)),
@@ -108,10 +113,27 @@ class Convention:
         return Table(
             rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
-            ignored=(r"\.inv_freq$", r"\.original_inv_freq$"),
+            ignored=(
+                r"\.inv_freq$",
+                r"\.original_inv_freq$",
+                *(rf"\.{n}\." for n in a.unused),
+            ),
             label=f"{a.architecture} (by convention)",
             base_prefix=a.base,
         )
+
+    def _position_rules(self) -> list[Rule]:
+        """The learned positions, from the row of position 0 on."""
+        a = self.anatomy
+        if a.positions is None:
+            return []
+        if a.position_offset not in (0, 2):
+            raise ValueError(f"positions from row {a.position_offset} of their table: only "
+                             "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip
+        pattern, name = "n_ctx d_model -> n_ctx d_model", f"{a.positions}.weight"
+        if a.position_offset == 0:
+            return [Rule("pos_embed.W_pos", name, pattern)]
+        return [Rule("pos_embed.W_pos", name, pattern, split=("pos_offset", "n_ctx"), part=1)]
 
     def _norm_rules(self, hf_config: Any, cfg: HookedTransformerConfig) -> list[Rule]:
         """Each block norm; a write scale multiplies a post-norm's gain and bias."""
@@ -191,7 +213,7 @@ class Convention:
 
     def _mlp_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
         a, b = self.anatomy, "blocks.{layer}.mlp"
-        at = f"{a.layers}.{{layer}}.{a.mlp}"
+        at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         rules = []
         fused = a.role(a.mlp_maps, "gate_up")
@@ -262,6 +284,35 @@ def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
     elif anatomy.rotary_on == "sliding":
         fields["rotary_layers"] = tuple(t == "sliding_attention" for t in layer_types)
     return fields
+
+
+_DECODER_FIELDS = {"num_hidden_layers": "decoder_layers", "num_attention_heads":
+                   "decoder_attention_heads", "intermediate_size": "decoder_ffn_dim",
+                   "max_position_embeddings": "max_target_positions"}  # fmt: skip
+
+
+class _Decoder:
+    """A config read as a decoder's: an encoder-decoder config's `decoder_*` fields (its
+    causal LM is its decoder) in place of the ones `transformers` maps to the encoder's."""
+
+    def __init__(self, hf_config: Any) -> None:
+        self._config = hf_config
+
+    def __getattr__(self, name: str) -> Any:
+        own = _DECODER_FIELDS.get(name)
+        if own is not None and getattr(self._config, own, None) is not None:
+            return getattr(self._config, own)
+        return getattr(self._config, name)
+
+
+def _mlp_width(c: Any) -> int:
+    """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
+    where a config leaves it None, as GPT-2-like ones do)."""
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
+        if hasattr(c, name):
+            width = getattr(c, name)
+            return int(width) if width is not None else 4 * c.hidden_size
+    raise ValueError("the config names no MLP width (intermediate_size, n_inner, ffn_dim)")
 
 
 def head_width(hf_config: Any) -> int:
