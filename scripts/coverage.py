@@ -178,7 +178,13 @@ def _float64_delta(model: Any, tokens: torch.Tensor) -> float | None:
 def _generation(model: Any, ours: Any, tokens: torch.Tensor) -> str:
     prompt = tokens[:, :PROMPT]
     try:
-        model.generation_config.eos_token_id = None  # generate every token asked for
+        # Plain greedy decoding: every token asked for, no processor of the logits (the
+        # configs of some decoders force their end token last, or forbid repeats).
+        for field in ("eos_token_id", "forced_eos_token_id", "forced_bos_token_id",
+                      "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+                      "repetition_penalty", "min_length", "min_new_tokens", "suppress_tokens",
+                      "begin_suppress_tokens", "bad_words_ids"):  # fmt: skip
+            setattr(model.generation_config, field, None)
         expected = model.generate(
             prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
         )
