@@ -81,7 +81,10 @@ class ActivationCache(_CoreCache):
         return super().__getitem__(self._tl_key(key))
 
     def __contains__(self, key: object) -> bool:
-        return super().__contains__(self._tl_key(key))
+        try:
+            return super().__contains__(self._tl_key(key))
+        except KeyError:  # a TL 4 name no hook point here sees
+            return False
 
     def _tl_key(self, key: Any) -> Any:
         """TL's reading of a key (`"k6"`, `("z", 0, "attn")`) when it names a cached tensor;
@@ -89,6 +92,12 @@ class ActivationCache(_CoreCache):
         if isinstance(key, str):
             if key in self._data:
                 return key
+            resolve = getattr(self.model, "resolve_hook_alias", None)  # a TransformerBridge's
+            if resolve is not None:
+                grad = "_grad" if key.endswith("_grad") else ""
+                ours = resolve(key.removesuffix("_grad")) + grad
+                if ours in self._data:
+                    return ours
             full = _tl_name(key, (str,), self.n_layers)
         elif isinstance(key, tuple) and 1 <= len(key) <= 3 and isinstance(key[0], str):
             types = tuple(map(type, key))

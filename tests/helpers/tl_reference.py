@@ -48,6 +48,23 @@ def require_tl_python() -> Path:
     )  # fmt: skip
 
 
+TL4_VERSION = "4.3.0"
+
+
+def require_tl4_python() -> Path:
+    """TransformerLens 4's interpreter (`.ci/transformer_lens4.sh`); skips the test without
+    one (fails it under CI)."""
+    return require_peer_python(
+        f"TransformerLens {TL4_VERSION}", f"transformer_lens-{TL4_VERSION}",
+        "transformer_lens4.sh", "HOOKEDATTN_TL4_PYTHON",
+    )  # fmt: skip
+
+
+def run_in_tl4(script: str, given: dict[str, Any], folder: Path) -> Any:
+    """`python scripts/<script> IN.pt OUT.pt` in TransformerLens 4's environment (offline)."""
+    return run_script(require_tl4_python(), script, given, folder, None)
+
+
 def run_in_tl(
     script: str, given: dict[str, Any], folder: Path, env: dict[str, str] | None = None
 ) -> Any:
