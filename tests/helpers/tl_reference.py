@@ -183,6 +183,29 @@ def save_demo_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def save_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer GPT-2 with every weight drawn at random (norm gains around 1, nonzero
+    biases) and the demos' tokenizer (its vocabulary the model's), saved by transformers
+    into `folder`."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    save_demo_tokenizer(folder)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, n_positions=64,
+        vocab_size=len(AutoTokenizer.from_pretrained(folder)), bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = name.startswith("transformer.ln") or ".ln_" in name
+            gain = gain and name.endswith(".weight")
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + gain)
+    model.save_pretrained(folder)
+    return folder
+
+
 def random_weights(tl: Any, config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter of a `tl.HookedTransformer` of `config` drawn at random, biases and
     gains too (gains around 1), so that every term of every sum matters."""

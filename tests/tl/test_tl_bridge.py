@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tl_reference import run_in_tl4, save_demo_tokenizer, script_module
+from helpers.tl_reference import run_in_tl4, save_tiny_gpt2, script_module
 from torch.testing import assert_close
 
 import hookedattn_tl
@@ -25,28 +25,6 @@ PROMPTS = [
 
 # float32 forwards of two implementations: their rounding differs, not their math.
 ATOL = 1e-5
-
-
-def save_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer GPT-2 with every weight drawn at random (norm gains around 1, nonzero
-    biases) and the demos' tokenizer, saved by transformers into `folder`."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    save_demo_tokenizer(folder)
-    config = GPT2Config(
-        n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=1000,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            gain = name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
-            noise = torch.randn(p.shape, generator=generator) * 0.2
-            p.copy_(noise + (1.0 if gain or name.endswith("ln_f.weight") else 0.0))
-    model.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
