@@ -55,6 +55,15 @@ UNAVAILABLE: dict[str, str] = {
     "attn.qkv.hook_in": "blocks.{layer}.ln1.hook_out (the input of the fused QKV map)",
     "attn.qkv.hook_out": "blocks.{layer}.attn.hook_q, hook_k and hook_v (the fused map's "
     "three outputs, per head)",
+    "rotary_emb.hook_in": "hook_embed (the rotary table reads the embeddings only for their "
+    "dtype and device)",
+    **{
+        f"{where}.hook_{part}": "model.blocks[layer].attn.rotary.cos_sin(positions, dtype) "
+        "(the angles are computed, not hooked; hook_rot_q and hook_rot_k are the rotated "
+        "queries and keys)"
+        for where in ("rotary_emb", "attn")
+        for part in ("cos", "sin")
+    },
 }
 _BLOCK_NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 

@@ -206,6 +206,29 @@ def save_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def save_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama (RMS norms, rotary, grouped-query attention with 2 key/value heads,
+    gated MLP) with every weight drawn at random and the demos' tokenizer, saved by
+    transformers into `folder`."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    save_demo_tokenizer(folder)
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=len(AutoTokenizer.from_pretrained(folder)), bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = name.endswith("norm.weight")
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + gain)
+    model.save_pretrained(folder)
+    return folder
+
+
 def random_weights(tl: Any, config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter of a `tl.HookedTransformer` of `config` drawn at random, biases and
     gains too (gains around 1), so that every term of every sum matters."""

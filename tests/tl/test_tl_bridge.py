@@ -1,9 +1,9 @@
 """TransformerLens 4's entry, `TransformerBridge.boot_transformers`, after the alias line.
 
-The same local tiny GPT-2 (random weights, saved with transformers) is booted by real
-TransformerLens 4.3 in its own environment (scripts/tl4_probes.py, a subprocess) and by
-hookedattn_tl, with and without `enable_compatibility_mode()`; logits, every cached
-activation by TL 4's hook names and two hooked runs must agree. The checks without TL 4
+The same local tiny GPT-2, and a tiny Llama (random weights, saved with transformers), are
+booted by real TransformerLens 4.3 in its own environment (scripts/tl4_probes.py, a
+subprocess) and by hookedattn_tl, with and without `enable_compatibility_mode()`; logits,
+every cached activation by TL 4's hook names and two hooked runs must agree. The checks without TL 4
 hold the aliases, the errors and the processing to what TL 4.3 does.
 """
 
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tl_reference import run_in_tl4, save_tiny_gpt2, script_module
+from helpers.tl_reference import run_in_tl4, save_tiny_gpt2, save_tiny_llama, script_module
 from torch.testing import assert_close
 
 import hookedattn_tl
+from hookedattn_tl.model_bridge import hook_names
 
 # Two prompts of the same length in tokens (no padding), each word one token.
 PROMPTS = [
@@ -46,18 +47,31 @@ def bridge(folder, bridge_cls):
 
 
 # ------------------------------------------------------------------ against TL 4.3
-@pytest.fixture(scope="module")
-def tl4(folder, tmp_path_factory) -> dict:
+# GPT-2 (learned positions, LayerNorm, fused QKV) and Llama (rotary, RMS norms, grouped-query
+# attention, gated MLP): TL 4 names the components of each after its adapter.
+SAVERS = {"gpt2": save_tiny_gpt2, "llama": save_tiny_llama}
+# How many activations TL 4 caches for each, and how many of them no hook point here sees
+# (token ids and positions; the rotary tables' input and angles).
+# TL 4's raw Llama also caches the gated MLP's two inputs (mlp.gate.hook_in, mlp.in.hook_in).
+CACHED = {
+    ("gpt2", "raw"): (93, 2),
+    ("gpt2", "compat"): (93, 2),
+    ("llama", "raw"): (105, 8),
+    ("llama", "compat"): (101, 8),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def compared(request, tmp_path_factory, bridge_cls) -> tuple[str, dict, dict]:
+    """(architecture, TL 4.3's probes, ours) on the same saved model."""
+    arch = request.param
+    folder = SAVERS[arch](tmp_path_factory.mktemp(f"tiny_{arch}"))
     given = {"folder": str(folder), "text": PROMPTS}
-    return run_in_tl4("tl4_probes.py", given, tmp_path_factory.mktemp("tl4"))
-
-
-@pytest.fixture(scope="module")
-def ours(folder, bridge_cls, tl4) -> dict:
+    tl4 = run_in_tl4("tl4_probes.py", given, tmp_path_factory.mktemp("tl4"))
     # The same probe code, with `transformer_lens` resolving to hookedattn_tl; our cache
     # read by every name TL 4's lists.
-    names = list(tl4["compat"]["cache"])
-    return script_module("tl4_probes").probes(str(folder), PROMPTS, names)
+    names = list(dict.fromkeys([*tl4["raw"]["cache"], *tl4["compat"]["cache"]]))
+    return arch, tl4, script_module("tl4_probes").probes(str(folder), PROMPTS, names)
 
 
 def _close(ours: torch.Tensor, theirs: torch.Tensor, where: str) -> float:
@@ -73,7 +87,8 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor, where: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raw", "compat"])
-def test_logits_and_hooked_runs_match_transformer_lens_4(tl4, ours, mode):
+def test_logits_and_hooked_runs_match_transformer_lens_4(compared, mode):
+    _, tl4, ours = compared
     assert tl4["version"] == "4.3.0"
     assert torch.equal(ours[mode]["tokens"], tl4[mode]["tokens"])
     for part in ("logits", "ablated", "patched"):
@@ -85,18 +100,17 @@ def test_logits_and_hooked_runs_match_transformer_lens_4(tl4, ours, mode):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raw", "compat"])
-def test_every_cached_activation_matches_by_tl4_names(tl4, ours, mode):
+def test_every_cached_activation_matches_by_tl4_names(compared, mode):
+    arch, tl4, ours = compared
     cache, theirs = ours[mode]["cache"], tl4[mode]["cache"]
-    unavailable = {"embed.hook_in", "pos_embed.hook_in"}  # token ids and positions
-    assert unavailable <= set(theirs)
-    compared = 0
-    for name, tensor in theirs.items():
-        if name in unavailable:
-            assert name not in cache  # `name in cache` is False; reading it says why
-            continue
-        _close(cache[name], tensor, f"{mode} {name}")
-        compared += 1
-    assert compared == len(theirs) - 2 == 91
+    missing = [name for name in theirs if name not in cache]
+    # Each TL 4 name is either compared by value or one we say, by name, is not here.
+    assert all(hook_names.unavailable_message(name) for name in missing), [
+        name for name in missing if not hook_names.unavailable_message(name)
+    ]
+    for name in set(theirs) - set(missing):
+        _close(cache[name], theirs[name], f"{arch} {mode} {name}")
+    assert (len(theirs), len(missing)) == CACHED[arch, mode]
 
 
 # ------------------------------------------------------------------ without TL 4
