@@ -233,6 +233,10 @@ class TransformerBridge(HookedTransformer):
         """Every parameter by TL's name (`"blocks.0.attn.W_Q"`, `[head d_model d_head]`)."""
         return dict(self.tl_named_parameters())
 
+    def get_params(self) -> dict[str, Tensor]:
+        """TL 4's name for `tl_parameters`."""
+        return self.tl_parameters()
+
     def tl_named_parameters(self) -> Iterator[tuple[str, Tensor]]:
         """`(TL name, tensor)` for every parameter; ours are TL's names already."""
         return iter(self.state_dict(keep_vars=True).items())

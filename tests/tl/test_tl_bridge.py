@@ -203,3 +203,13 @@ def test_config_overrides_reach_the_model(folder, bridge_cls):
     short = bridge_cls.boot_transformers(str(folder), n_ctx=32, load_weights=False)
     assert short.cfg.n_ctx == 32
     assert short.to_tokens(PROMPTS[0]).shape[-1] == 16  # the tokenizer came along
+
+
+def test_tl4_spellings_of_the_entry_and_parameters(bridge, bridge_cls):
+    import transformer_lens
+    from transformer_lens.model_bridge.bridge import TransformerBridge
+
+    assert transformer_lens.TransformerBridge is TransformerBridge is bridge_cls
+    params = bridge.get_params()
+    assert params["blocks.0.attn.W_Q"].shape == (4, 32, 8)
+    assert dict(bridge.tl_named_parameters()).keys() == params.keys()
