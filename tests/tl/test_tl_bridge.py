@@ -35,10 +35,12 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bridge_cls():
+    """TL 4's import line after the alias line; the alias is removed after this module."""
     hookedattn_tl.install()
     from transformer_lens.model_bridge import TransformerBridge
 
-    return TransformerBridge
+    yield TransformerBridge
+    hookedattn_tl.uninstall()
 
 
 @pytest.fixture(scope="module")

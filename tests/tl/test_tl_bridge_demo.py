@@ -40,7 +40,10 @@ def runs(tmp_path_factory) -> tuple[dict, dict]:
         require_tl4_python(), "tl_demo.py", given, tmp_path_factory.mktemp("tl4"), None
     )
     hookedattn_tl.install()
-    ours = script_module("tl_demo").run_demo(source, given["namespace"], str(DEMO))
+    try:
+        ours = script_module("tl_demo").run_demo(source, given["namespace"], str(DEMO))
+    finally:
+        hookedattn_tl.uninstall()
     return ours, theirs
 
 
