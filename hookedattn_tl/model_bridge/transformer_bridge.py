@@ -131,7 +131,8 @@ class TransformerBridge(HookedTransformer):
         `model_name` is anything `hookedattn_tl.HookedTransformer.from_pretrained` takes (a
         hub id, a folder, one of TL's names). `hf_config_overrides` and `n_ctx` change the
         HF config before the weights load; `load_weights=False` builds the architecture
-        with transformers' random initialisation; `hf_model=` converts a live model.
+        with transformers' random initialisation; `hf_model=` converts a live model. Without
+        `device`, the model goes to the GPU when there is one, as in TL 4.
         `trust_remote_code`, `model_class`, `code_revision` and accelerate's placement
         arguments are refused, naming what to use instead.
         """
@@ -152,6 +153,8 @@ class TransformerBridge(HookedTransformer):
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(model_name)
+        if device is None and not n_devices:  # TL 4's default: the GPU when there is one
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         hub = {"revision": revision} if revision is not None else {}
         model = cls.from_pretrained(
             model_name,
