@@ -183,6 +183,9 @@ def test_filters_see_tl4_names_and_hooks_attach_by_them(bridge):
     )
     assert seen == ["blocks.0.mlp.hook_post"]
     assert torch.equal(cache["blocks.1.attn.hook_out"], cache["blocks.1.hook_attn_out"])
+    _, cache = bridge.run_with_cache(tokens)
+    assert torch.equal(cache["in", 1], cache["blocks.1.hook_resid_pre"])  # TL 4's shorthand
+    assert torch.equal(cache["out", -1], cache["blocks.1.hook_resid_post"])
     assert "embed.hook_in" not in cache
     with pytest.raises(KeyError, match="does not have; use the token ids"):
         cache["embed.hook_in"]
