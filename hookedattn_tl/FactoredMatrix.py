@@ -60,6 +60,11 @@ class FactoredMatrix(_core.FactoredMatrix):
     ) -> None:
         super().__init__(A, B)
 
+    def __repr__(self) -> str:
+        """TL's text, `FactoredMatrix: Shape(torch.Size([...])), Hidden Dim(mdim)` (printed by
+        its demos)."""
+        return f"FactoredMatrix: Shape({self.shape}), Hidden Dim({self.mdim})"
+
     __matmul__ = _tl_errors(_core.FactoredMatrix.__matmul__)
     __rmatmul__ = _tl_errors(_core.FactoredMatrix.__rmatmul__)
     __mul__ = _tl_errors(_core.FactoredMatrix.__mul__)
