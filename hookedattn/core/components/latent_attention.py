@@ -14,6 +14,8 @@ that every head shares.
     k_r   = x @ W_K_rope + b_K_rope                        (hook_k_rope) [batch pos d_rope]
     k     = [c_kv @ W_K[h], k_r]                           (hook_k) [batch pos head d_head]
     v     = c_kv @ W_V[h]                                  (hook_v) [batch pos head d_head_v]
+            (`W_K`, `W_V` are the two parts of one stored `W_KV_b: [head kv_rank d_nope +
+            d_head_v]`, as the keys and values come from one expansion of the latent)
     q, k  = their last rotary_dim dimensions rotated       (hook_rot_q, hook_rot_k)
     scores, pattern, z, out: as any attention (`Attention`: hook_attn_scores, hook_pattern,
             hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`)
@@ -69,7 +71,7 @@ class LatentAttention(Attention):
         torch.nn.Module.__init__(self)
         n_heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
         kv_rank, d_rope = cfg.kv_lora_rank, cfg.rotary_dim
-        self.d_nope = d_head - d_rope
+        self.d_nope, self.d_head_v = d_head - d_rope, cfg.d_head_v
         if cfg.q_lora_rank is None:
             self.W_Q = _param(n_heads, d_model, d_head, cfg=cfg)
             self.query_input = self._stream_as_query_input
@@ -87,8 +89,8 @@ class LatentAttention(Attention):
         self.W_K_rope = _param(d_model, d_rope, cfg=cfg)
         self.b_K_rope = _param(d_rope, cfg=cfg)
         self.hook_k_rope = HookPoint()  # [batch pos d_rope], one for every head
-        self.W_K = _param(n_heads, kv_rank, self.d_nope, cfg=cfg)
-        self.W_V = _param(n_heads, kv_rank, cfg.d_head_v, cfg=cfg)
+        # Each head's unrotated key and its value, side by side: one expansion of the latent.
+        self.W_KV_b = _param(n_heads, kv_rank, self.d_nope + cfg.d_head_v, cfg=cfg)
         self.W_O = _param(n_heads, cfg.d_head_v, d_model, cfg=cfg)
         self.b_O = _param(d_model, cfg=cfg)
         self._init_scoring(cfg, layer)
@@ -112,8 +114,8 @@ class LatentAttention(Attention):
         q = self.hook_q(self.per_head(self.query_input(x), self.W_Q))
         c_kv = self.hook_kv_latent(self.kv_a_norm(affine(x, self.W_KV_a, self.b_KV_a)))
         k_rope = self.hook_k_rope(affine(x, self.W_K_rope, self.b_K_rope))
-        k = self.hook_k(self.keys(self.per_head(c_kv, self.W_K), k_rope))
-        v = self.hook_v(self.per_head(c_kv, self.W_V))
+        k_nope, v = self.per_head(c_kv, self.W_KV_b).split([self.d_nope, self.d_head_v], dim=-1)
+        k, v = self.hook_k(self.keys(k_nope, k_rope)), self.hook_v(v)
         q, k = self.rotate_last(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
@@ -149,6 +151,16 @@ class LatentAttention(Attention):
         q = torch.cat([q[..., :d], self.rotary(q[..., d:], positions)], dim=-1)
         k = torch.cat([k[..., :d], self.rotary(k[..., d:], positions)], dim=-1)
         return self.hook_rot_q(q), self.hook_rot_k(k)
+
+    @property
+    def W_K(self) -> Float[Tensor, "head kv_rank d_nope"]:
+        """Each head's unrotated key read of the latent: `W_KV_b[..., :d_nope]`."""
+        return self.W_KV_b[..., : self.d_nope]
+
+    @property
+    def W_V(self) -> Float[Tensor, "head kv_rank d_head_v"]:
+        """Each head's value read of the latent: `W_KV_b[..., d_nope:]`."""
+        return self.W_KV_b[..., self.d_nope :]
 
     # The circuits between the latents (module docstring).
     @property

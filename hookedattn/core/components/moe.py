@@ -15,7 +15,7 @@
 DeepSeek V3's router (`router_scoring="sigmoid"`) scores each expert on its own and chooses
 among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free balancing):
 
-    logits  = x @ W_router + b_router, in float32         (hook_router_logits)
+    logits  = x @ W_router + b_router, at least float32   (hook_router_logits)
     s       = sigmoid(logits)
     chosen  = the k largest of s + b_router_choice, among the experts of the
               `topk_expert_groups` groups (of `n_expert_groups`) whose two best experts'
@@ -24,8 +24,8 @@ among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free bal
                                                           (hook_expert_weights)
 
 `b_router_choice` (HF's `e_score_correction_bias`) steers which experts are chosen, never
-their weights. The router runs in float32 whatever the model's dtype, as the reference does
-(its choices are part of the model: a float64 run chooses as the float32 one does).
+their weights. A half-precision model routes in float32, as the reference does (which
+routes in float32 in every dtype: a float64 model here routes in float64).
 
 Each step reads the one before it through its hook point, so an edit there re-routes: edited
 logits choose again; edited indices take their own probabilities as weights (renormalised as
@@ -121,7 +121,7 @@ class MoE(nn.Module):
         self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
         self.n_expert_groups, self.topk_expert_groups = cfg.n_expert_groups, cfg.topk_expert_groups
         self.routed_scaling_factor = cfg.routed_scaling_factor
-        self.router_logits, self.scores = self._float32_logits, torch.sigmoid
+        self.router_logits, self.scores = self._logits_at_least_float32, torch.sigmoid
         self.choose, self.scaled = self._group_limited_top_k, self._times_scaling_factor
 
     def _add_shared_expert(self, cfg: HookedTransformerConfig) -> None:
@@ -154,9 +154,9 @@ class MoE(nn.Module):
     def _logits(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
         return affine(x, self.W_router, self.b_router)
 
-    def _float32_logits(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
-        W, b = self.W_router.float(), self.b_router.float()
-        return affine(x.float(), W, b)
+    def _logits_at_least_float32(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: float32
+        return affine(x.to(dtype), self.W_router.to(dtype), self.b_router.to(dtype))
 
     def _top_k(self, scores: Float[Tensor, "batch pos expert"]) -> Choice:
         return scores.topk(self.experts_per_token, dim=-1).indices

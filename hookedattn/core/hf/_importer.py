@@ -16,6 +16,7 @@ from hookedattn.core import parallel
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
+    _deepseek,
     _gemma2,
     _gemma3,
     _gpt2,
@@ -62,6 +63,7 @@ FAMILIES: tuple[Family, ...] = (
     _gemma3.FAMILY,
     _gptj.FAMILY,
     _opt.FAMILY,
+    _deepseek.DEEPSEEK_V3,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.
