@@ -406,7 +406,9 @@ class HookedTransformerConfig:
                 f"hold fewer than experts_per_token={self.experts_per_token}"
             )
         if self.n_dense_layers and self.d_mlp_dense is None:
-            raise ValueError("n_dense_layers keeps dense MLPs in the first blocks: give d_mlp_dense")
+            raise ValueError(
+                "n_dense_layers keeps dense MLPs in the first blocks: give d_mlp_dense"
+            )
         if self.n_dense_layers > self.n_layers:
             raise ValueError(
                 f"n_dense_layers={self.n_dense_layers} exceeds n_layers={self.n_layers}"
@@ -434,7 +436,8 @@ class HookedTransformerConfig:
         if refused:
             raise ValueError(
                 f"latent attention (kv_lora_rank={self.kv_lora_rank}) is built with rotary "
-                f"positions, one key/value head per query head and one shared input; these settings cannot go with it: {', '.join(refused)}"
+                f"positions, one key/value head per query head and one shared input; these "
+                f"settings cannot go with it: {', '.join(refused)}"
             )
         if self.rotary_dim >= self.d_head:
             raise ValueError(

@@ -46,6 +46,6 @@ __all__ = [
     "Normed",
     "Queries",
     "Resid",
-    "Values",
     "Scores",
+    "Values",
 ]

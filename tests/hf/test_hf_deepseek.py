@@ -224,9 +224,7 @@ def test_greedy_generation_equals_hf_generate(pair32):
     assert torch.equal(ours, expected)
 
 
-def test_a_saved_directory_is_verified_and_loads_like_the_live_model(
-    pair32, tmp_path, monkeypatch
-):
+def test_a_saved_directory_is_verified_and_loads_like_the_live_model(pair32, tmp_path, monkeypatch):
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))  # no remembered pass
     pair32.hf.save_pretrained(tmp_path / "model")
     loaded = HookedTransformer.from_hf(tmp_path / "model")

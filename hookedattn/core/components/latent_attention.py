@@ -48,7 +48,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hookedattn.core import kernels
-from hookedattn.core.components.attention import AttnInput, Attention
+from hookedattn.core.components.attention import Attention, AttnInput
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.norm import RMSNorm
 from hookedattn.core.components.rotary import Rotary

@@ -165,15 +165,25 @@ def _attention_rules(cfg: HookedTransformerConfig, interleaved: bool, bias: bool
         return Rule(ours, hf, f"{axis} -> {axis}", **kwargs) if bias else zeros(ours, axis)
 
     if cfg.q_lora_rank is None:
-        query = [Rule(f"{b}.attn.W_Q", f"{a}.q_proj.weight",
-                      "(head d_head) d_model -> head d_model d_head", adjust=rotated)]
+        query = [
+            Rule(
+                f"{b}.attn.W_Q",
+                f"{a}.q_proj.weight",
+                "(head d_head) d_model -> head d_model d_head",
+                adjust=rotated,
+            )
+        ]
     else:
         query = [
             Rule(f"{b}.attn.W_Q_a", f"{a}.q_a_proj.weight", "q_rank d_model -> d_model q_rank"),
             latent_bias(f"{b}.attn.b_Q_a", f"{a}.q_a_proj.bias", "q_rank"),
             Rule(f"{b}.attn.q_a_norm.w", f"{a}.q_a_layernorm.weight", "q_rank -> q_rank"),
-            Rule(f"{b}.attn.W_Q", f"{a}.q_b_proj.weight",
-                 "(head d_head) q_rank -> head q_rank d_head", adjust=rotated),
+            Rule(
+                f"{b}.attn.W_Q",
+                f"{a}.q_b_proj.weight",
+                "(head d_head) q_rank -> head q_rank d_head",
+                adjust=rotated,
+            ),
         ]
     return [
         Rule(f"{b}.ln1.w", f"{L}.input_layernorm.weight", "d_model -> d_model"),
@@ -224,8 +234,11 @@ def _moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
     """The router, its choice bias, the experts and the shared experts."""
     rules = [
         *_moe.expert_rules(cfg, FILES, live=live),
-        Rule("blocks.{layer}.mlp.b_router_choice", f"{L}.mlp.gate.e_score_correction_bias",
-             "expert -> expert"),
+        Rule(
+            "blocks.{layer}.mlp.b_router_choice",
+            f"{L}.mlp.gate.e_score_correction_bias",
+            "expert -> expert",
+        ),
     ]
     if cfg.d_mlp_shared is None:
         return rules

@@ -6,14 +6,15 @@ the einops pattern that reshapes one into the other.
 
 `{layer}` expands to every block. The axis names are our glossary's (`head`, `kv_head`,
 `d_head`, `d_model`, `d_mlp`, `d_vocab`, `d_vocab_out`, `n_ctx`, and `qkv` = 3 for fused
-projections; latent attention's in `axis_sizes`), sized from our config, so the left side of a pattern is also the shape the
-HF tensor must have: a checkpoint is checked against the config, tensor by tensor, before
-any tensor is read. A fused tensor is one rule per part, each `pick`ing its index of the
-pattern's first output axis; where the parts differ in size (Phi-3's q, k, v with grouped
-keys), each rule takes its `part` of the HF tensor's first axis, which is the pieces
-`split` lists one after another. A rule without an HF tensor is zeros (a bias the family does
-not have). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
-its scaled embedding); it receives the tensor already cast to the target dtype.
+projections; latent attention's in `axis_sizes`), sized from our config, so the left side of
+a pattern is also the shape the HF tensor must have: a checkpoint is checked against the
+config, tensor by tensor, before any tensor is read. A fused tensor is one rule per part,
+each `pick`ing its index of the pattern's first output axis; where the parts differ in size
+(Phi-3's q, k, v with grouped keys), each rule takes its `part` of the HF tensor's first
+axis, which is the pieces `split` lists one after another. A rule without an HF tensor is
+zeros (a bias the family does not have). `adjust` is for the few values that are not a
+reshape (Gemma's `1 + w` gain, its scaled embedding; the order of DeepSeek's rotated
+dimensions); it receives the tensor already cast to the target dtype.
 
 A mixture of experts' weights are one tensor of ours per kind, stacked over experts
 (`W_in: [expert d_model d_mlp]`); files store one HF tensor per expert. A rule with
