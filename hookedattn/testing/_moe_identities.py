@@ -87,15 +87,19 @@ def _expert(moe_module: nn.Module, m: str, e: int, x: str, indices: str) -> list
 
 def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Module) -> Identity:
     renormalised = moe_module.normalize == moe_module._renormalized
+    sigmoid = getattr(moe_module, "routed_scaling_factor", None)  # DeepSeek V3's router
 
     def sides(get: Get) -> Sides:
-        chosen = get(logits).softmax(dim=-1).gather(-1, get(indices).long())
+        chosen = moe_module.scores(get(logits)).gather(-1, get(indices).long())
         if renormalised:
             chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+        chosen = moe_module.scaled(chosen)
         return Sides(get(weights), chosen, chosen)
 
     how = ", renormalised" if renormalised else ""
-    statement = f"{weights} == softmax({logits})[{indices}]{how}"
+    scores = f"sigmoid({logits})" if sigmoid is not None else f"softmax({logits})"
+    scaled = f" * {sigmoid:g}" if sigmoid is not None else ""
+    statement = f"{weights} == {scores}[{indices}]{how}{scaled}"
     return Identity(statement, (weights, logits, indices), _names.axis_names(weights), VALUE, sides)
 
 
