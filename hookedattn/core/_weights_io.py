@@ -314,7 +314,7 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("n_heads", "blocks.0.attn.W_Q", 0, lambda cfg: cfg.n_layers > 0),
     ("d_head", "blocks.0.attn.W_Q", 2, lambda cfg: cfg.n_layers > 0),
     ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
-    ("d_head_v", "blocks.0.attn.W_O", 1, lambda cfg: cfg.n_layers > 0),
+    ("d_value", "blocks.0.attn.W_O", 1, lambda cfg: cfg.n_layers > 0),
     ("kv_lora_rank", "blocks.0.attn.W_KV_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
     ("q_lora_rank", "blocks.0.attn.W_Q_a", 1,

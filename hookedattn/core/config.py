@@ -155,8 +155,9 @@ class HookedTransformerConfig:
       stream), and each query/key head ends in `rotary_dim` rotated dimensions whose key
       part is one projection shared by all heads; `d_head` is the query/key head width
       (unrotated plus rotated parts), `d_head_v` the value head width (None: `d_head`;
-      it may differ only in latent attention); the latents' RMSNorms have their own
-      epsilon `latent_norm_eps`. `components.latent_attention`.
+      it may differ only in latent attention; `d_value` is the width either way); the
+      latents' RMSNorms have their own epsilon `latent_norm_eps`.
+      `components.latent_attention`.
     - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names):
       each MLP is a router choosing `experts_per_token` of `num_experts` gated experts of
       width `d_mlp` per token, their outputs mixed by the router's softmax weights (over
@@ -278,7 +279,6 @@ class HookedTransformerConfig:
         for field, default in (
             ("d_vocab_out", self.d_vocab),
             ("attn_scale", math.sqrt(self.d_head)),
-            ("d_head_v", self.d_head),
             ("init_range", 0.8 / math.sqrt(self.d_model)),
         ):
             if getattr(self, field) is None:
@@ -418,7 +418,7 @@ class HookedTransformerConfig:
         if self.kv_lora_rank is None:
             if self.q_lora_rank is not None:
                 raise ValueError("q_lora_rank is a latent attention setting: give kv_lora_rank")
-            if self.d_head_v != self.d_head:
+            if self.d_head_v not in (None, self.d_head):
                 raise ValueError(
                     f"d_head_v={self.d_head_v} differs from d_head={self.d_head}, which only "
                     f"latent attention (kv_lora_rank) computes"
@@ -477,6 +477,11 @@ class HookedTransformerConfig:
     def is_moe(self) -> bool:
         """Whether each block's MLP is a mixture of experts (`num_experts` set)."""
         return self.num_experts is not None
+
+    @property
+    def d_value(self) -> int:
+        """The width of a head's value and `z`: `d_head_v`, or `d_head` where it is None."""
+        return self.d_head if self.d_head_v is None else self.d_head_v
 
     @property
     def is_latent_attention(self) -> bool:

@@ -169,7 +169,7 @@ class KeyValueCache:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         entries = [
             KeyValueCacheEntry.preallocated(
-                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_head_v
+                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
             )
             for _ in range(cfg.n_layers)
         ]

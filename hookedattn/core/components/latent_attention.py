@@ -71,7 +71,7 @@ class LatentAttention(Attention):
         torch.nn.Module.__init__(self)
         n_heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
         kv_rank, d_rope = cfg.kv_lora_rank, cfg.rotary_dim
-        self.d_nope, self.d_head_v = d_head - d_rope, cfg.d_head_v
+        self.d_nope, self.d_head_v = d_head - d_rope, cfg.d_value
         if cfg.q_lora_rank is None:
             self.W_Q = _param(n_heads, d_model, d_head, cfg=cfg)
             self.query_input = self._stream_as_query_input
@@ -90,8 +90,8 @@ class LatentAttention(Attention):
         self.b_K_rope = _param(d_rope, cfg=cfg)
         self.hook_k_rope = HookPoint()  # [batch pos d_rope], one for every head
         # Each head's unrotated key and its value, side by side: one expansion of the latent.
-        self.W_KV_b = _param(n_heads, kv_rank, self.d_nope + cfg.d_head_v, cfg=cfg)
-        self.W_O = _param(n_heads, cfg.d_head_v, d_model, cfg=cfg)
+        self.W_KV_b = _param(n_heads, kv_rank, self.d_nope + self.d_head_v, cfg=cfg)
+        self.W_O = _param(n_heads, self.d_head_v, d_model, cfg=cfg)
         self.b_O = _param(d_model, cfg=cfg)
         self._init_scoring(cfg, layer)
         self.hook_q = HookPoint()  # [batch pos head d_head]

@@ -128,8 +128,8 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "q_rank": cfg.q_lora_rank or 0,
         "kv_rank": cfg.kv_lora_rank or 0,
         "d_rope": cfg.rotary_dim or 0,
-        "d_kv": cfg.d_head - (cfg.rotary_dim or 0) + cfg.d_head_v,
-        "d_head_v": cfg.d_head_v,
+        "d_kv": cfg.d_head - (cfg.rotary_dim or 0) + cfg.d_value,
+        "d_head_v": cfg.d_value,
         "d_mlp_dense": cfg.d_mlp_dense or 0,
     }
 
