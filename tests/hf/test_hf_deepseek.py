@@ -1,5 +1,6 @@
 """DeepSeek V3 (multi-head latent attention, its sigmoid group-limited router, dense first
-layers) against `transformers`' `DeepseekV3ForCausalLM`: logits, the residual stream at every
+layers) against `transformers`' `DeepseekV3ForCausalLM`, and GLM-4-MoE-Lite (the same
+modules) against `Glm4MoeLiteForCausalLM`: logits, the residual stream at every
 layer, attention patterns, router logits, greedy generation with our KV cache, a saved
 directory verified on load, and the refusals.
 
@@ -8,7 +9,8 @@ query latent, YaRN rotary with `mscale_all_dim` (so the scale is not `1/sqrt(d_h
 interleaved rotary pairs, attention biases, 8 experts in 4 groups (2 chosen groups, 3
 experts a token, renormalised, scaled by 2.5), two shared experts, a value head narrower
 than the query/key head; "plain_q" projects queries straight from the stream, rotates
-halves (`rope_interleave=False`), has no biases, one group and no renormalisation. Every
+halves (`rope_interleave=False`), has no biases, one group and no renormalisation;
+"glm4_moe_lite" has 2 groups, 1 chosen, and a value head wider than the query/key head. Every
 norm gain, bias and `e_score_correction_bias` is moved away from its neutral value.
 
 A float64 HF model rounds its RMSNorms, its attention softmax and its router to float32; as in
@@ -24,6 +26,7 @@ import torch
 from hookedattn import HookedTransformer
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.hf import _verify
+from hookedattn.testing import assert_residual_identities, published_constants
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,21 +34,29 @@ VOCAB = 64
 COMMON = dict(
     vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
-    kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=10, first_k_dense_replace=1,
-    max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None,
-    attn_implementation="eager", experts_implementation="eager",
+    kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=10, max_position_embeddings=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=None, attn_implementation="eager",
+    experts_implementation="eager",
 )  # fmt: skip
+V3 = ("DeepseekV3ForCausalLM", "DeepseekV3Config")
+GLM = ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig")
+# HF class, config class, config overrides.
 CASES = {
-    "latent_q": dict(
+    "latent_q": (*V3, dict(
         q_lora_rank=20, v_head_dim=6, attention_bias=True, n_shared_experts=2,
         n_group=4, topk_group=2, num_experts_per_tok=3, norm_topk_prob=True,
-        routed_scaling_factor=2.5, rope_interleave=True,
+        routed_scaling_factor=2.5, rope_interleave=True, first_k_dense_replace=1,
         rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, mscale=0.7,
-                             mscale_all_dim=1.3, original_max_position_embeddings=16)),
-    "plain_q": dict(
+                             mscale_all_dim=1.3, original_max_position_embeddings=16))),
+    "plain_q": (*V3, dict(
         q_lora_rank=None, v_head_dim=10, attention_bias=False, n_shared_experts=1,
         n_group=1, topk_group=1, num_experts_per_tok=2, norm_topk_prob=False,
-        routed_scaling_factor=1.5, rope_interleave=False),
+        routed_scaling_factor=1.5, rope_interleave=False, first_k_dense_replace=1)),
+    # GLM-4-MoE-Lite: DeepSeek V3's modules, the dense blocks named by `mlp_layer_types`.
+    "glm4_moe_lite": (*GLM, dict(
+        q_lora_rank=20, v_head_dim=14, n_shared_experts=1, n_group=2, topk_group=1,
+        num_experts_per_tok=2, routed_scaling_factor=1.8, head_dim=8,
+        mlp_layer_types=["dense", "sparse", "sparse"])),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
@@ -53,9 +64,10 @@ TOKENS = torch.tensor(
 
 
 def make_hf(case: str, dtype: torch.dtype = torch.float32):
-    config = transformers.DeepseekV3Config(**{**COMMON, **CASES[case]})
+    architecture, config_class, overrides = CASES[case]
+    config = getattr(transformers, config_class)(**{**COMMON, **overrides})
     torch.manual_seed(0)
-    hf = transformers.DeepseekV3ForCausalLM(config).eval()
+    hf = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
         for name, param in hf.named_parameters():
             if "norm" in name:
@@ -149,7 +161,8 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_the_config_is_latent_attention_with_dense_first_layers(case, pair32):
     cfg, c = pair32.ours.cfg, pair32.hf.config
     assert cfg.kv_lora_rank == c.kv_lora_rank and cfg.q_lora_rank == c.q_lora_rank
-    assert (cfg.d_head, cfg.d_head_v, cfg.rotary_dim) == (18, c.v_head_dim, 8)
+    assert cfg.original_architecture == CASES[case][0]
+    assert (cfg.d_head, cfg.d_value, cfg.rotary_dim) == (18, c.v_head_dim, 8)
     assert (cfg.num_experts, cfg.n_dense_layers, cfg.router_scoring) == (8, 1, "sigmoid")
     assert all(isinstance(block.attn, LatentAttention) for block in pair32.ours.blocks)
 
@@ -217,6 +230,17 @@ def _resid_mid(pair, layer):
     return cache[f"blocks.{layer}.hook_resid_mid"]
 
 
+def test_the_imported_model_keeps_every_residual_identity(pair64):
+    # The constants from HF's own modules: its attention's scale (YaRN's mscale folded in)
+    # and its norms' epsilon.
+    hf_attn = pair64.hf.model.layers[0].self_attn
+    constants = published_constants(
+        pair64.ours.cfg.d_head, eps=pair64.hf.config.rms_norm_eps, attn_scale=1 / hf_attn.scaling
+    )
+    _, cache = pair64.ours.run_with_cache(TOKENS)
+    assert not assert_residual_identities(pair64.ours, cache, constants=constants).skipped
+
+
 def test_greedy_generation_equals_hf_generate(pair32):
     prompt = TOKENS[:, :5]
     expected = pair32.hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
@@ -239,10 +263,17 @@ def test_a_saved_directory_is_verified_and_loads_like_the_live_model(pair32, tmp
 
 # ---------------------------------------------------------------- refusals
 def test_grouped_keys_and_values_are_refused_by_name():
-    config = transformers.DeepseekV3Config(**{**COMMON, **CASES["plain_q"]})
+    config = transformers.DeepseekV3Config(**{**COMMON, **CASES["plain_q"][2]})
     config.num_key_value_heads = 2
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
         HookedTransformer.from_hf(transformers.DeepseekV3ForCausalLM(config))
+
+
+def test_a_dense_block_after_the_experts_is_refused_by_name():
+    config = transformers.Glm4MoeLiteConfig(**{**COMMON, **CASES["glm4_moe_lite"][2]})
+    config.mlp_layer_types = ["dense", "sparse", "dense"]
+    with pytest.raises(ValueError, match=r"mlp_layer_types=\['dense', 'sparse', 'dense'\]"):
+        HookedTransformer.from_hf(transformers.Glm4MoeLiteForCausalLM(config))
 
 
 def test_a_checkpoints_layers_past_the_model_are_not_read(tmp_path):

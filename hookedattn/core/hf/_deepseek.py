@@ -1,5 +1,6 @@
 """DeepSeek V3 (`DeepseekV3ForCausalLM`; Kimi K2 and other checkpoints of model type
-`deepseek_v3` too).
+`deepseek_v3` too), and GLM-4-MoE-Lite (`Glm4MoeLiteForCausalLM`), built of the same modules
+with its dense blocks named per layer (`mlp_layer_types`).
 
 Multi-head latent attention (`components.latent_attention`) in every block, and a dense
 gated MLP in the first `first_k_dense_replace` blocks, a mixture of experts after them: a
@@ -69,6 +70,11 @@ def deepseek_v3_fields(hf_config: Any) -> dict[str, Any]:
         )
     d_head = c.qk_nope_head_dim + d_rope
     rope = dict(getattr(c, "rope_parameters", None) or {})
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(
+            f"partial_rotary_factor={rope['partial_rotary_factor']} cannot be imported: latent "
+            f"attention rotates all qk_rope_head_dim={d_rope} dimensions of its rotary part"
+        )
     fields = {
         "n_layers": c.num_hidden_layers,
         "d_model": c.hidden_size,
@@ -101,8 +107,9 @@ def _mscale_squared(rope: dict[str, Any]) -> float:
 
 
 def _feed_forward(c: Any) -> dict[str, Any]:
-    """Dense MLPs in the first `first_k_dense_replace` blocks, a mixture of experts after."""
-    n_dense = min(c.first_k_dense_replace or 0, c.num_hidden_layers)
+    """Dense MLPs in the first `first_k_dense_replace` blocks (GLM-4-MoE-Lite: the leading
+    "dense" entries of `mlp_layer_types`), a mixture of experts after."""
+    n_dense = _dense_layers(c)
     if n_dense == c.num_hidden_layers:  # no block has experts
         return {"d_mlp": c.intermediate_size}
     shared = c.moe_intermediate_size * c.n_shared_experts if c.n_shared_experts else None
@@ -117,6 +124,20 @@ def _feed_forward(c: Any) -> dict[str, Any]:
         "n_dense_layers": n_dense,
         "d_mlp_dense": c.intermediate_size if n_dense else None,
     }
+
+
+def _dense_layers(c: Any) -> int:
+    """How many blocks, first, keep a dense MLP; a dense block after a mixture is refused."""
+    kinds = getattr(c, "mlp_layer_types", None)
+    if kinds is None:
+        return min(c.first_k_dense_replace or 0, c.num_hidden_layers)
+    n_dense = next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
+    if any(kind != "sparse" for kind in kinds[n_dense:]):
+        raise ValueError(
+            f"mlp_layer_types={list(kinds)} has a dense block after a mixture of experts, "
+            f"which cannot be imported: the dense blocks come first ('dense' then 'sparse')"
+        )
+    return n_dense
 
 
 def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -251,3 +272,7 @@ def _moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
 
 
 DEEPSEEK_V3 = Family("DeepseekV3ForCausalLM", "deepseek_v3", deepseek_v3_fields, deepseek_v3_table)
+# GLM-4-MoE-Lite (GLM-4.7-Flash): DeepSeek V3's modules, its dense blocks named per layer.
+GLM4_MOE_LITE = Family(
+    "Glm4MoeLiteForCausalLM", "glm4_moe_lite", deepseek_v3_fields, deepseek_v3_table
+)
