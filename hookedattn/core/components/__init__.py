@@ -5,12 +5,13 @@ Each variant is its own small module, chosen when the model is built (`make_bloc
 `make_soft_cap`), so that every forward stays the equation it implements.
 """
 
-from hookedattn.core.components.attention import Attention, GroupedQueryAttention, make_attention
+from hookedattn.core.components.attention import Attention, GroupedQueryAttention
 from hookedattn.core.components.block import (
     AttnInputs,
     AttnOnlyBlock,
     Block,
     ParallelBlock,
+    make_attention,
     make_block,
 )
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine

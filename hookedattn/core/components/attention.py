@@ -294,16 +294,6 @@ def _heads_flattened(W_O: Tensor) -> Tensor:
     return W_O.flatten(0, 1)
 
 
-def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
-    """Attention with one key/value head per query head, or grouped, or latent."""
-    if cfg.is_latent_attention:
-        # Imported here: latent attention subclasses `Attention`, so it imports this module.
-        from hookedattn.core.components.latent_attention import LatentAttention
-
-        return LatentAttention(cfg, layer)
-    return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
-
-
 def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
     """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), or none.
 

@@ -26,7 +26,12 @@ from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.components.attention import AttnInput, make_attention
+from hookedattn.core.components.attention import (
+    Attention,
+    AttnInput,
+    GroupedQueryAttention,
+)
+from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mlp import GatedMLP, make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_placed_norm
@@ -209,6 +214,14 @@ class ParallelBlock(AttnOnlyBlock):
         attn_out = self.attend(resid_pre, context, past_kv)
         mlp_out = self.feed_forward(resid_pre)
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
+
+
+def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
+    """The attention of block `layer`: one key/value head per query head, grouped, or
+    latent (`kv_lora_rank`)."""
+    if cfg.is_latent_attention:
+        return LatentAttention(cfg, layer)
+    return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
