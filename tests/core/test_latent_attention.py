@@ -310,6 +310,19 @@ def test_a_config_that_cannot_be_built_is_refused_by_name(changes, message):
         HookedTransformerConfig(**{**LATENT, **changes})
 
 
+def test_blocks_placed_over_two_device_slots_run_as_one_device(model):
+    mapped = parallel.place(model.copy(), ["cpu", "cpu"])
+    assert max_abs(mapped(TOKENS), model(TOKENS)) == 0
+    options = dict(max_new_tokens=4, do_sample=False, stop_at_eos=False)
+    assert torch.equal(mapped.generate(TOKENS, **options), model.generate(TOKENS, **options))
+
+
+def test_the_stacked_weights_are_the_latent_reads_and_absent_biases_are_named(model):
+    assert model.W_V.shape == (3, 4, 16, 8) and model.W_O.shape == (3, 4, 8, 32)
+    with pytest.raises(ValueError, match=r"attn \(LatentAttention\) has no b_V"):
+        model.b_V
+
+
 def test_tensor_parallelism_refuses_latent_attention(model):
     with pytest.raises(ValueError, match=r"tp_size=2: this model's attention is latent"):
         parallel.check_tp_size(model.cfg, 2)

@@ -39,7 +39,9 @@ this attention); between the latents they are exact bilinear maps:
     OV[h]      = W_V[h] @ W_O[h]                 [kv_rank d_model]  what a head writes per
                  key it attends to = c_kv OV[h]
 
-each a `FactoredMatrix` (`q_rank` is `d_model` without a query latent).
+each a `FactoredMatrix` (`q_rank` is `d_model` without a query latent). `model.W_Q`,
+`model.W_K`, `model.W_V` and `model.W_O` stack these layers' own (`W_Q: [layer head q_rank
+d_head]`, ...: reading the latents, not the stream); there is no `b_Q`, `b_K` or `b_V`.
 """
 
 import torch
