@@ -218,6 +218,20 @@ def test_generation_with_and_without_the_kv_cache_agree(model):
     assert torch.equal(cached, uncached)
 
 
+def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens(model):
+    # The latents, keys and values of each step, and the patterns the fused kernel left for
+    # later (over the KV cache's keys), are those of one forward over the final tokens.
+    # (Experts' rows are left out: a generation's cache of any mixture of experts fails to
+    # join them, a bug of the core's recorder that this branch does not touch.)
+    rows = lambda name: ".experts." in name
+    out = model.generate(TOKENS[:, :4], 5, stop_at_eos=False, return_cache=True,
+                         names_filter=lambda name: not rows(name))  # fmt: skip
+    _, expected = model.run_with_cache(out.tokens, names_filter=lambda name: not rows(name))
+    assert sorted(out.cache) == sorted(expected)
+    for name in expected:  # masked scores are -inf in both
+        torch.testing.assert_close(out.cache[name], expected[name], rtol=0, atol=1e-10, msg=name)
+
+
 # ---------------------------------------------------------------- analysis and processing
 @pytest.mark.parametrize("granularity", ["sublayer", "head", "expert"])
 def test_the_residual_decomposition_sums_to_the_stream(model, granularity):
