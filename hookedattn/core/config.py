@@ -94,6 +94,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "router_scoring": FieldSpec(str, choices=ROUTER_SCORINGS),
     "n_expert_groups": FieldSpec(int, low=1, high=1 << 16),
     "topk_expert_groups": FieldSpec(int, low=1, high=1 << 16),
+    "group_score_experts": FieldSpec(int, low=1, high=1 << 16),
     "routed_scaling_factor": _POSITIVE,
     "n_dense_layers": FieldSpec(int, low=0, high=100_000),
     "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),
@@ -166,12 +167,13 @@ class HookedTransformerConfig:
       `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU,
       `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
       limit)`, in place of `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each
-      expert by `sigmoid(logit)`, chooses by the scores plus a learned choice bias
-      (`b_router_choice`) among the experts of the `topk_expert_groups` best of
-      `n_expert_groups` groups, and weighs by the scores (renormalised when
-      `norm_topk_prob`) times `routed_scaling_factor`. `n_dense_layers` keeps a dense
-      gated MLP of width `d_mlp_dense` in the first blocks (DeepSeek's
-      `first_k_dense_replace`).
+      expert by `sigmoid(logit)` and chooses by the scores plus a learned choice bias
+      (`b_router_choice`). Either router may choose only among the experts of the
+      `topk_expert_groups` best of `n_expert_groups` groups (a group's score: the sum of
+      its `group_score_experts` best experts'; DeepSeek V3 2, V2 1), and weighs by the
+      scores (renormalised when `norm_topk_prob`) times `routed_scaling_factor`.
+      `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
+      (DeepSeek's `first_k_dense_replace`).
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
       residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
       `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
@@ -245,6 +247,7 @@ class HookedTransformerConfig:
     router_scoring: str = "softmax"
     n_expert_groups: int = 1
     topk_expert_groups: int = 1
+    group_score_experts: int = 2
     routed_scaling_factor: float = 1.0
     n_dense_layers: int = 0
     d_mlp_dense: int | None = None
@@ -353,7 +356,7 @@ class HookedTransformerConfig:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
                       "n_dense_layers", "d_mlp_dense")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
-                       routed_scaling_factor=1.0)  # fmt: skip
+                       group_score_experts=2, routed_scaling_factor=1.0)  # fmt: skip
         if self.num_experts is None:
             if self.experts_per_token is not None:
                 raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
@@ -364,7 +367,6 @@ class HookedTransformerConfig:
                 if getattr(self, field) != default:
                     raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
             return
-        self._check_routing()
         if self.experts_per_token is None:
             raise ValueError("num_experts needs experts_per_token (how many each token uses)")
         if self.experts_per_token > self.num_experts:
@@ -372,6 +374,7 @@ class HookedTransformerConfig:
                 f"experts_per_token={self.experts_per_token} exceeds num_experts="
                 f"{self.num_experts}: a token chooses among the experts there are"
             )
+        self._check_routing()
         if self.attn_only or not self.gated_mlp or self.parallel_attn_mlp:
             raise ValueError(
                 "a mixture of experts replaces a sequential block's gated MLP: it needs "
@@ -382,23 +385,16 @@ class HookedTransformerConfig:
 
     def _check_routing(self) -> None:
         groups, best = self.n_expert_groups, self.topk_expert_groups
-        if (groups, best, self.routed_scaling_factor) != (1, 1, 1.0) and (
-            self.router_scoring != "sigmoid"
-        ):
-            raise ValueError(
-                "n_expert_groups, topk_expert_groups and routed_scaling_factor belong to the "
-                f"sigmoid router (router_scoring='sigmoid'), got router_scoring="
-                f"{self.router_scoring!r}"
-            )
         if self.num_experts % groups or best > groups:
             raise ValueError(
                 f"n_expert_groups={groups} must divide num_experts={self.num_experts}, and "
                 f"topk_expert_groups={best} be at most n_expert_groups"
             )
-        if groups > 1 and self.num_experts // groups < 2:
+        if groups > 1 and self.num_experts // groups < self.group_score_experts:
             raise ValueError(
-                f"n_expert_groups={groups} leaves {self.num_experts // groups} expert per "
-                f"group; a group's score is the sum of its two best experts' (at least 2 each)"
+                f"n_expert_groups={groups} leaves {self.num_experts // groups} experts per "
+                f"group; a group's score is the sum of its group_score_experts="
+                f"{self.group_score_experts} best experts'"
             )
         if best * (self.num_experts // groups) < self.experts_per_token:
             raise ValueError(

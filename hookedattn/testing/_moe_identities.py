@@ -87,7 +87,7 @@ def _expert(moe_module: nn.Module, m: str, e: int, x: str, indices: str) -> list
 
 def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Module) -> Identity:
     renormalised = moe_module.normalize == moe_module._renormalized
-    sigmoid = getattr(moe_module, "routed_scaling_factor", None)  # DeepSeek V3's router
+    scoring, factor = moe_module.router_scoring, moe_module.routed_scaling_factor
 
     def sides(get: Get) -> Sides:
         chosen = moe_module.scores(get(logits)).gather(-1, get(indices).long())
@@ -97,8 +97,8 @@ def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Mod
         return Sides(get(weights), chosen, chosen)
 
     how = ", renormalised" if renormalised else ""
-    scores = f"sigmoid({logits})" if sigmoid is not None else f"softmax({logits})"
-    scaled = f" * {sigmoid:g}" if sigmoid is not None else ""
+    scores = f"{scoring}({logits})"
+    scaled = f" * {factor:g}" if factor != 1.0 else ""
     statement = f"{weights} == {scores}[{indices}]{how}{scaled}"
     return Identity(statement, (weights, logits, indices), _names.axis_names(weights), VALUE, sides)
 

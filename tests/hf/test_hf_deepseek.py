@@ -1,24 +1,28 @@
 """DeepSeek V3 (multi-head latent attention, its sigmoid group-limited router, dense first
-layers) against `transformers`' `DeepseekV3ForCausalLM`, and GLM-4-MoE-Lite (the same
-modules) against `Glm4MoeLiteForCausalLM`: logits, the residual stream at every
-layer, attention patterns, router logits, greedy generation with our KV cache, a saved
-directory verified on load, and the refusals.
+layers) against `transformers`' `DeepseekV3ForCausalLM`, and the families built of the same
+modules, GLM-4-MoE-Lite and DeepSeek V2: logits, the residual stream at every layer,
+attention patterns, router logits, residual identities, greedy generation with our KV cache,
+a saved directory verified on load, and the refusals.
 
-Two tiny random cases (3 layers, d_model 32, 4 heads) reach the variants: "latent_q" has a
-query latent, YaRN rotary with `mscale_all_dim` (so the scale is not `1/sqrt(d_head)`),
-interleaved rotary pairs, attention biases, 8 experts in 4 groups (2 chosen groups, 3
-experts a token, renormalised, scaled by 2.5), two shared experts, a value head narrower
-than the query/key head; "plain_q" projects queries straight from the stream, rotates
-halves (`rope_interleave=False`), has no biases, one group and no renormalisation;
-"glm4_moe_lite" has 2 groups, 1 chosen, and a value head wider than the query/key head. Every
-norm gain, bias and `e_score_correction_bias` is moved away from its neutral value.
+Tiny random cases (3 layers, d_model 32, 4 heads, a dense first block) reach the variants:
+"latent_q" has a query latent, YaRN rotary with `mscale_all_dim` (so the scale is not
+`1/sqrt(d_head)`), interleaved rotary pairs, attention biases, 8 experts in 4 groups (2
+chosen groups, 3 experts a token, renormalised, scaled by 2.5), two shared experts, a value
+head narrower than the query/key head; "plain_q" projects queries straight from the stream,
+rotates halves (`rope_interleave=False`), has no biases, one group and no renormalisation;
+"glm4_moe_lite" has 2 groups, 1 chosen, and a value head wider than the query/key head;
+DeepSeek V2's softmax router chooses within the best groups by their best expert
+("v2_grouped", with V3's attention variants) or among all ("v2_greedy", no shared expert).
+Every norm gain, bias and `e_score_correction_bias` is moved away from its neutral value.
 
-A float64 HF model rounds its RMSNorms, its attention softmax and its router to float32; as in
-tests/hf/test_hf_moe.py, the float64 checks run HF's own model with those steps computed in
-float64 (`exact`) and agree with it to 1e-10; stock float64 HF agrees to 1e-5.
+A float64 HF model rounds its RMSNorms, its attention softmax, its router (and V2 its
+rotary) to float32; as in tests/hf/test_hf_moe.py, the float64 checks run HF's own model
+with those steps computed in float64 (`exact`) and agree with it to 1e-10; stock float64 HF
+agrees to 1e-5.
 """
 
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -39,15 +43,17 @@ COMMON = dict(
     experts_implementation="eager",
 )  # fmt: skip
 V3 = ("DeepseekV3ForCausalLM", "DeepseekV3Config")
+V2 = ("DeepseekV2ForCausalLM", "DeepseekV2Config")
 GLM = ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig")
+YARN = dict(rope_type="yarn", rope_theta=1e4, factor=4.0, mscale=0.7, mscale_all_dim=1.3,
+            original_max_position_embeddings=16)  # fmt: skip
 # HF class, config class, config overrides.
 CASES = {
     "latent_q": (*V3, dict(
         q_lora_rank=20, v_head_dim=6, attention_bias=True, n_shared_experts=2,
         n_group=4, topk_group=2, num_experts_per_tok=3, norm_topk_prob=True,
         routed_scaling_factor=2.5, rope_interleave=True, first_k_dense_replace=1,
-        rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0, mscale=0.7,
-                             mscale_all_dim=1.3, original_max_position_embeddings=16))),
+        rope_parameters=YARN)),
     "plain_q": (*V3, dict(
         q_lora_rank=None, v_head_dim=10, attention_bias=False, n_shared_experts=1,
         n_group=1, topk_group=1, num_experts_per_tok=2, norm_topk_prob=False,
@@ -57,6 +63,14 @@ CASES = {
         q_lora_rank=20, v_head_dim=14, n_shared_experts=1, n_group=2, topk_group=1,
         num_experts_per_tok=2, routed_scaling_factor=1.8, head_dim=8,
         mlp_layer_types=["dense", "sparse", "sparse"])),
+    # DeepSeek V2: a softmax router, within the best groups by their best expert, or not.
+    "v2_grouped": (*V2, dict(
+        q_lora_rank=20, v_head_dim=6, attention_bias=True, n_shared_experts=2, n_group=4,
+        topk_group=2, num_experts_per_tok=3, routed_scaling_factor=2.5,
+        topk_method="group_limited_greedy", first_k_dense_replace=1, rope_parameters=YARN)),
+    "v2_greedy": (*V2, dict(
+        q_lora_rank=None, v_head_dim=10, n_shared_experts=0, num_experts_per_tok=2,
+        routed_scaling_factor=1.0, topk_method="greedy", first_k_dense_replace=1)),
 }  # fmt: skip
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
@@ -104,6 +118,49 @@ def _sigmoid_router_float64(self, hidden_states):
     return logits, weights * self.routed_scaling_factor, indices
 
 
+def _softmax_router_float64(self, hidden_states):
+    # DeepSeek V2's router in the input's dtype (HF casts to float32).
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    scores = logits.softmax(dim=-1)
+    if self.topk_method == "group_limited_greedy":
+        groups = scores.view(-1, self.num_group, self.num_experts // self.num_group)
+        best = torch.topk(groups.max(dim=-1).values, k=self.topk_group, dim=-1)[1]
+        kept = torch.zeros_like(groups[..., 0]).scatter(1, best, 1).bool()
+        scores = scores.masked_fill(~kept.repeat_interleave(groups.shape[-1], dim=-1), 0.0)
+    weights, indices = torch.topk(scores, k=self.top_k, dim=-1)
+    return logits, weights * self.routed_scaling_factor, indices
+
+
+def _complex_rotary_float64(xq, xk, freqs_cis):
+    # DeepSeek V2's rotary with the queries and keys kept in float64 (HF casts to float32);
+    # its angles' cosines and sines stay float32, as HF (and we) compute them.
+    as_complex = lambda x: torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    q, k = as_complex(xq), as_complex(xk)
+    rotation = freqs_cis.unsqueeze(1).to(q.dtype)
+    return torch.view_as_real(q * rotation).flatten(3), torch.view_as_real(k * rotation).flatten(3)
+
+
+def _rotation_by_cos_and_sin(self, x, position_ids):
+    # DeepSeek V2's rotations `polar(1, angle) * attention_scaling` with the float32 cosine
+    # and sine of `cos()` and `sin()`, which `polar` can round differently by an ulp.
+    angles = position_ids[..., None].float() * self.inv_freq.float()
+    return torch.complex(angles.cos(), angles.sin()) * self.attention_scaling
+
+
+class _WithFloat64Rotary:
+    """A DeepSeek V2 model called with its rotary in float64 (a module-level function)."""
+
+    def __init__(self, hf) -> None:
+        self.hf = hf
+
+    def __call__(self, *args, **kwargs):
+        from transformers.models.deepseek_v2 import modeling_deepseek_v2
+
+        with mock.patch.object(modeling_deepseek_v2, "apply_rotary_emb", _complex_rotary_float64):
+            return self.hf(*args, **kwargs)
+
+
 def _eager_attention_float64(module, query, key, value, attention_mask, scaling, **kwargs):
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -122,10 +179,14 @@ def hf_float64_math(hf):
         name = type(module).__name__
         if name.endswith("RMSNorm"):
             module.forward = types.MethodType(_rms_norm_float64, module)
+        if name == "DeepseekV2RotaryEmbedding":
+            module.forward = types.MethodType(_rotation_by_cos_and_sin, module)
         if name.endswith("TopkRouter"):
-            module.forward = types.MethodType(_sigmoid_router_float64, module)
+            v2 = hasattr(module, "topk_method")
+            router = _softmax_router_float64 if v2 else _sigmoid_router_float64
+            module.forward = types.MethodType(router, module)
     hf.set_attn_implementation("eager_float64_mla")
-    return hf
+    return _WithFloat64Rotary(hf) if type(hf).__name__.startswith("DeepseekV2") else hf
 
 
 class Pair:
@@ -163,7 +224,8 @@ def test_the_config_is_latent_attention_with_dense_first_layers(case, pair32):
     assert cfg.kv_lora_rank == c.kv_lora_rank and cfg.q_lora_rank == c.q_lora_rank
     assert cfg.original_architecture == CASES[case][0]
     assert (cfg.d_head, cfg.d_value, cfg.rotary_dim) == (18, c.v_head_dim, 8)
-    assert (cfg.num_experts, cfg.n_dense_layers, cfg.router_scoring) == (8, 1, "sigmoid")
+    scoring = "softmax" if CASES[case][0] == V2[0] else "sigmoid"
+    assert (cfg.num_experts, cfg.n_dense_layers, cfg.router_scoring) == (8, 1, scoring)
     assert all(isinstance(block.attn, LatentAttention) for block in pair32.ours.blocks)
 
 
@@ -214,8 +276,8 @@ def test_router_logits_equal_hfs(pair64):
 def test_the_group_limit_and_the_choice_bias_change_the_choice(pair64):
     # Without them (every group, no bias) some token would choose other experts: the case
     # tests something.
-    if pair64.ours.cfg.n_expert_groups == 1:
-        pytest.skip("one group")
+    if pair64.ours.cfg.n_expert_groups == 1 or pair64.ours.cfg.router_scoring == "softmax":
+        pytest.skip("one group, or no choice bias")
     _, cache = pair64.ours.run_with_cache(TOKENS, names_filter=lambda n: "expert_indices" in n)
     mlp = pair64.ours.blocks[1].mlp
     with torch.no_grad():

@@ -18,10 +18,13 @@ among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free bal
     logits  = x @ W_router + b_router, at least float32   (hook_router_logits)
     s       = sigmoid(logits)
     chosen  = the k largest of s + b_router_choice, among the experts of the
-              `topk_expert_groups` groups (of `n_expert_groups`) whose two best experts'
-              s + b_router_choice sum highest           (hook_expert_indices)
+              `topk_expert_groups` groups (of `n_expert_groups`) whose `group_score_experts`
+              (2) best experts' s + b_router_choice sum highest   (hook_expert_indices)
     g       = s[chosen], / their sum when norm_topk_prob, * routed_scaling_factor
                                                           (hook_expert_weights)
+
+DeepSeek V2's is the softmax router with the same group limit (a group's score: its best
+expert's, `group_score_experts=1`) and scaling, and no choice bias.
 
 `b_router_choice` (HF's `e_score_correction_bias`) steers which experts are chosen, never
 their weights. A half-precision model routes in float32, as the reference does (which
@@ -114,15 +117,20 @@ class MoE(nn.Module):
         self._add_shared_expert(cfg)
 
     def _add_scoring(self, cfg: HookedTransformerConfig) -> None:
+        self.router_scoring = cfg.router_scoring
         if cfg.router_scoring == "softmax":
             self.router_logits, self.scores = self._logits, kernels.router_probabilities
-            self.choose, self.scaled = self._top_k, self._as_chosen
-            return
-        self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
+            self.choice_scores = self._as_chosen
+        else:
+            self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
+            self.router_logits, self.scores = self._logits_at_least_float32, torch.sigmoid
+            self.choice_scores = self._with_choice_bias
         self.n_expert_groups, self.topk_expert_groups = cfg.n_expert_groups, cfg.topk_expert_groups
+        self.group_score_experts = cfg.group_score_experts
+        self.choose = self._group_limited_top_k if cfg.n_expert_groups > 1 else self._top_k
         self.routed_scaling_factor = cfg.routed_scaling_factor
-        self.router_logits, self.scores = self._logits_at_least_float32, torch.sigmoid
-        self.choose, self.scaled = self._group_limited_top_k, self._times_scaling_factor
+        scaled = cfg.routed_scaling_factor != 1.0
+        self.scaled = self._times_scaling_factor if scaled else self._as_chosen
 
     def _add_shared_expert(self, cfg: HookedTransformerConfig) -> None:
         if cfg.d_mlp_shared is None:
@@ -158,18 +166,22 @@ class MoE(nn.Module):
         dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: float32
         return affine(x.to(dtype), self.W_router.to(dtype), self.b_router.to(dtype))
 
+    def _with_choice_bias(self, scores: Float[Tensor, "batch pos expert"]) -> Tensor:
+        return scores + self.b_router_choice.to(scores.dtype)
+
     def _top_k(self, scores: Float[Tensor, "batch pos expert"]) -> Choice:
-        return scores.topk(self.experts_per_token, dim=-1).indices
+        return self.choice_scores(scores).topk(self.experts_per_token, dim=-1).indices
 
     def _group_limited_top_k(self, scores: Float[Tensor, "batch pos expert"]) -> Choice:
-        """The k best experts by `scores + b_router_choice`, among the experts of the
-        `topk_expert_groups` groups whose two best experts score highest together."""
-        choice = scores + self.b_router_choice.to(scores.dtype)
+        """The k best experts by their choice scores, among the experts of the
+        `topk_expert_groups` groups whose `group_score_experts` best experts score highest
+        together."""
+        choice = self.choice_scores(scores)
         grouped = rearrange(choice, "... (group member) -> ... group member",
                             group=self.n_expert_groups)  # fmt: skip
-        best_two = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
-        best_groups = best_two.topk(self.topk_expert_groups, dim=-1).indices
-        kept = torch.zeros_like(best_two, dtype=torch.bool).scatter(-1, best_groups, True)
+        best = grouped.topk(self.group_score_experts, dim=-1).values.sum(dim=-1)
+        best_groups = best.topk(self.topk_expert_groups, dim=-1).indices
+        kept = torch.zeros_like(best, dtype=torch.bool).scatter(-1, best_groups, True)
         kept = repeat(kept, "... group -> ... (group member)", member=grouped.shape[-1])
         return choice.masked_fill(~kept, -torch.inf).topk(self.experts_per_token, dim=-1).indices
 

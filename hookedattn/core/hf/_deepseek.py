@@ -1,6 +1,6 @@
 """DeepSeek V3 (`DeepseekV3ForCausalLM`; Kimi K2 and other checkpoints of model type
-`deepseek_v3` too), and GLM-4-MoE-Lite (`Glm4MoeLiteForCausalLM`), built of the same modules
-with its dense blocks named per layer (`mlp_layer_types`).
+`deepseek_v3` too), GLM-4-MoE-Lite (`Glm4MoeLiteForCausalLM`), built of the same modules
+with its dense blocks named per layer (`mlp_layer_types`), and DeepSeek V2 (below).
 
 Multi-head latent attention (`components.latent_attention`) in every block, and a dense
 gated MLP in the first `first_k_dense_replace` blocks, a mixture of experts after them: a
@@ -29,9 +29,12 @@ evens first, then odds (HF computes its interleaved rotation in that order too, 
 rotated queries and keys are its own, value for value). The scale is `1 / sqrt(d_head)`
 times YaRN's `mscale(factor, mscale_all_dim)` squared where the rotary is scaled.
 
-DeepSeek V2 (`deepseek_v2`) is not imported: its rotary runs in complex float32 whatever
-the model's dtype, and its router is a softmax with another group rule. Checkpoints' extra
-layers past `num_hidden_layers` (the multi-token prediction module) are not read.
+DeepSeek V2 (`DeepseekV2ForCausalLM`) is the same attention (its rotary always on
+interleaved pairs, computed as complex float32 numbers whatever the model's dtype: a
+float64 model agrees with it to float32's rounding there) with a softmax router: "greedy"
+top-k, or "group_limited_greedy" among the `topk_group` groups whose best expert scores
+highest, never renormalised, times `routed_scaling_factor`; no choice bias. Checkpoints'
+extra layers past `num_hidden_layers` (the multi-token prediction module) are not read.
 """
 
 import dataclasses
@@ -58,8 +61,43 @@ _LATENT = ("kv_rank", "d_rope")  # the pieces of kv_a_proj_with_mqa's rows
 
 
 def deepseek_v3_fields(hf_config: Any) -> dict[str, Any]:
-    """Our config's fields for a `transformers.DeepseekV3Config`."""
+    """Our config's fields for a `transformers.DeepseekV3Config` (or GLM-4-MoE-Lite's)."""
     c = hf_config
+    router = {
+        "router_scoring": "sigmoid",
+        "norm_topk_prob": bool(c.norm_topk_prob),
+        "n_expert_groups": c.n_group or 1,
+        "topk_expert_groups": c.topk_group or 1,
+    }
+    return _latent_attention_fields(c) | _feed_forward(c, router)
+
+
+def deepseek_v2_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.DeepseekV2Config`: V3's attention, a softmax
+    router ("greedy", or "group_limited_greedy": a group's score is its best expert's), its
+    weights never renormalised (V2's router ignores `norm_topk_prob`)."""
+    c = hf_config
+    if getattr(c, "mlp_bias", False):
+        raise ValueError("mlp_bias=True cannot be imported: a gated MLP here has no gate bias")
+    method = c.topk_method
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(
+            f"topk_method={method!r} cannot be imported; supported: 'greedy', "
+            f"'group_limited_greedy'"
+        )
+    grouped = method == "group_limited_greedy"
+    router = {
+        "router_scoring": "softmax",
+        "norm_topk_prob": False,
+        "n_expert_groups": (c.n_group or 1) if grouped else 1,
+        "topk_expert_groups": (c.topk_group or 1) if grouped else 1,
+        "group_score_experts": 1,
+    }
+    return _latent_attention_fields(c) | _feed_forward(c, router)
+
+
+def _latent_attention_fields(c: Any) -> dict[str, Any]:
+    """The shape, norms, rotary and latent attention of a DeepSeek config."""
     n_heads, d_rope = c.num_attention_heads, c.qk_rope_head_dim
     kv = getattr(c, "num_key_value_heads", None) or n_heads
     if kv != n_heads:
@@ -92,7 +130,7 @@ def deepseek_v3_fields(hf_config: Any) -> dict[str, Any]:
         "attn_scale": math.sqrt(d_head) / _mscale_squared(rope),
         **_translate.rotary(c, d_rope, yarn=True),
     }
-    return fields | _feed_forward(c)
+    return fields
 
 
 def _mscale_squared(rope: dict[str, Any]) -> float:
@@ -106,20 +144,18 @@ def _mscale_squared(rope: dict[str, Any]) -> float:
     return mscale * mscale
 
 
-def _feed_forward(c: Any) -> dict[str, Any]:
+def _feed_forward(c: Any, router: dict[str, Any]) -> dict[str, Any]:
     """Dense MLPs in the first `first_k_dense_replace` blocks (GLM-4-MoE-Lite: the leading
-    "dense" entries of `mlp_layer_types`), a mixture of experts after."""
+    "dense" entries of `mlp_layer_types`), a mixture of experts routed by `router` after."""
     n_dense = _dense_layers(c)
     if n_dense == c.num_hidden_layers:  # no block has experts
         return {"d_mlp": c.intermediate_size}
     shared = c.moe_intermediate_size * c.n_shared_experts if c.n_shared_experts else None
     return {
-        **_moe.routing(c.n_routed_experts, c.num_experts_per_tok, c.norm_topk_prob),
+        **_moe.routing(c.n_routed_experts, c.num_experts_per_tok, router.pop("norm_topk_prob")),
+        **router,
         "d_mlp": c.moe_intermediate_size,
         "d_mlp_shared": shared,
-        "router_scoring": "sigmoid",
-        "n_expert_groups": c.n_group or 1,
-        "topk_expert_groups": c.topk_group or 1,
         "routed_scaling_factor": float(c.routed_scaling_factor),
         "n_dense_layers": n_dense,
         "d_mlp_dense": c.intermediate_size if n_dense else None,
@@ -155,11 +191,13 @@ def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: An
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
         zeros("unembed.b_U", "d_vocab_out"),
     ]
+    # With n_shared_experts=0 HF keeps shared experts 0 neurons wide: nothing to read.
+    none_shared = (r"\.mlp\.shared_experts\.",) if cfg.d_mlp_shared is None else ()
     beyond = rf"^model\.layers\.(?!({'|'.join(map(str, range(cfg.n_layers)))})\.)\d+\."
     return Table(
         rules=tuple(rules),
         aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
-        ignored=(r"rotary_emb\.inv_freq$", beyond),
+        ignored=(r"rotary_emb\.inv_freq$", beyond, *none_shared),
         label="DeepSeek-V3",
         base_prefix="model.",
     )
@@ -252,15 +290,17 @@ def _dense_rules(cfg: HookedTransformerConfig) -> list[Rule]:
 
 
 def _moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
-    """The router, its choice bias, the experts and the shared experts."""
-    rules = [
-        *_moe.expert_rules(cfg, FILES, live=live),
-        Rule(
-            "blocks.{layer}.mlp.b_router_choice",
-            f"{L}.mlp.gate.e_score_correction_bias",
-            "expert -> expert",
-        ),
-    ]
+    """The router, its choice bias (the sigmoid router's), the experts and the shared
+    experts."""
+    rules = _moe.expert_rules(cfg, FILES, live=live)
+    if cfg.router_scoring == "sigmoid":
+        rules.append(
+            Rule(
+                "blocks.{layer}.mlp.b_router_choice",
+                f"{L}.mlp.gate.e_score_correction_bias",
+                "expert -> expert",
+            )
+        )
     if cfg.d_mlp_shared is None:
         return rules
     shared = [
@@ -272,6 +312,7 @@ def _moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
 
 
 DEEPSEEK_V3 = Family("DeepseekV3ForCausalLM", "deepseek_v3", deepseek_v3_fields, deepseek_v3_table)
+DEEPSEEK_V2 = Family("DeepseekV2ForCausalLM", "deepseek_v2", deepseek_v2_fields, deepseek_v3_table)
 # GLM-4-MoE-Lite (GLM-4.7-Flash): DeepSeek V3's modules, its dense blocks named per layer.
 GLM4_MOE_LITE = Family(
     "Glm4MoeLiteForCausalLM", "glm4_moe_lite", deepseek_v3_fields, deepseek_v3_table

@@ -64,6 +64,7 @@ FAMILIES: tuple[Family, ...] = (
     _gptj.FAMILY,
     _opt.FAMILY,
     _deepseek.DEEPSEEK_V3,
+    _deepseek.DEEPSEEK_V2,
     _deepseek.GLM4_MOE_LITE,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
