@@ -62,7 +62,6 @@ from hookedattn.core.kv_cache import KeyValueCacheEntry
 from hookedattn.core.shapes import HeadVectors
 
 Stream = Float[Tensor, "batch pos d_model"]
-QueryInput = Float[Tensor, "batch pos q_in"]  # the query latent, or the stream itself
 
 
 class LatentAttention(Attention):
@@ -123,6 +122,14 @@ class LatentAttention(Attention):
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
         return self.write(self.hook_z(z))
+
+    def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Refused: keys and values here are not read from the stream by one matrix each."""
+        raise TypeError(
+            "latent attention has no W_K, b_K, W_V, b_V reading the stream: its keys and "
+            "values are expanded from a normed latent (W_KV_a, kv_a_norm, W_KV_b) plus a "
+            "shared rotary key (W_K_rope)"
+        )
 
     def _query_latent(self, x: Stream) -> Float[Tensor, "batch pos q_rank"]:
         return self.hook_q_latent(self.q_a_norm(affine(x, self.W_Q_a, self.b_Q_a)))
