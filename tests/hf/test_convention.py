@@ -188,6 +188,22 @@ def test_a_mixture_by_convention_loads_from_its_files(tmp_path):
         assert torch.allclose(model(TOKENS), expected, atol=1e-5 * float(expected.abs().max()))
 
 
-def test_a_router_with_a_choice_bias_is_refused_by_name():
-    with pytest.raises(ValueError, match="e_score_correction_bias"):
-        HookedTransformer.from_hf(twin("minimax_m2"))
+def test_a_router_keeping_other_pieces_is_refused_by_name():
+    with pytest.raises(ValueError, match="moe_statics|not imported by convention|unexpected"):
+        HookedTransformer.from_hf(twin("ernie4_5_moe"))
+
+
+@pytest.mark.parametrize("model_type", ["minimax_m2", "glm4_moe", "kolibri1"])
+def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
+    model_type, tmp_path
+):
+    # MiniMax-M2: a sigmoid router with a choice bias; GLM-4-MoE: dense first layers, groups
+    # and shared experts; Kolibri: files that name the norms otherwise than the modules.
+    reference = twin(model_type, seed=2)
+    reference.save_pretrained(tmp_path / model_type)
+    for source in (reference, tmp_path / model_type):
+        model = HookedTransformer.from_hf(source)
+        with torch.no_grad():
+            expected = reference(TOKENS).logits
+            got = model(TOKENS)
+        assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
-from hookedattn.core.hf import _experts, _loading, _tiny, _verify
+from hookedattn.core.hf import _experts, _loading, _saved, _tiny, _verify
 from hookedattn.core.hf._experts import Experts
 
 # A linear map's role -> the names architectures give it.
@@ -127,6 +127,7 @@ class Anatomy:
     position_offset: int  # the row of position 0 in it
     unused: tuple[str, ...]  # a layer's pieces a causal LM never calls (cross-attention)
     experts: Experts | None  # the MLP is a mixture of experts (`_experts`)
+    renames: tuple[tuple[str, str], ...]  # (live name, the files' name) where they differ
     logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
     rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
@@ -192,6 +193,8 @@ def _from_json(fields: dict[str, Any]) -> Anatomy:
         return tuple(tupled(i) for i in x) if isinstance(x, list) else x
 
     def value(key: str, v: Any) -> Any:
+        if key == "renames":
+            return tuple(tuple(pair) for pair in v)
         if key == "experts":
             return None if v is None else Experts(**{k: tupled(x) for k, x in v.items()})
         return Scale(**v) if isinstance(v, dict) else tupled(v)
@@ -215,7 +218,7 @@ class _Reader:
         children = dict(self.layer.named_children())
         attn = _child(children, _ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = _mlp_child(children)
-        self._check_layers_alike()
+        n_dense = self._check_layers_alike(mlp)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         called = {name for name, _, _ in calls}
@@ -239,12 +242,18 @@ class _Reader:
         mlp_module = children[mlp] if mlp else self.layer
         norm_modules = [children[hf] for _, hf in norms] + [self._final_norm()]
         qk = _qk_norms(attn_module)
-        experts, act_fn = None, None
-        if mlp and _experts.block_name({mlp: mlp_module}):
-            act_fn = _activation(mlp_module.experts)
+        experts, act_fn, dense_maps = None, None, ()
+        moe_layer = self.layers[n_dense]
+        moe_block = getattr(moe_layer, mlp, None) if mlp else None
+        if moe_block is not None and _experts.block_name({mlp: moe_block}):
+            act_fn = _activation(moe_block.experts)
             experts = _experts.recognise(
-                mlp, mlp_module, self.twin, self.config, act_fn, self.layers_name
+                mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense
             )
+            if n_dense:
+                dense_maps = _maps(mlp_module, MLP_ROLES, skip=())
+                if _activation(mlp_module) != act_fn:
+                    raise ValueError("the dense and the expert MLPs' activations differ")
         act_fn = act_fn or _activation(mlp_module)
         epsilons = [getattr(self.config, f) for f in _CONFIG_EPSILONS if hasattr(self.config, f)]
         kind, bias, eps = _norm_kind(
@@ -253,6 +262,7 @@ class _Reader:
         )
         embed = self.twin.get_input_embeddings()
         d_head = _head_width(attn_module, self.config)
+        mlp_maps = dense_maps if experts else _maps(mlp_module, MLP_ROLES, (), only=flat or None)
         return Anatomy(
             architecture=self.architecture,
             layers=self.layers_name,
@@ -272,15 +282,17 @@ class _Reader:
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=_qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
-            mlp_maps=() if experts else _maps(mlp_module, MLP_ROLES, skip=(), only=flat or None),
+            mlp_maps=mlp_maps,
             experts=experts,
+            renames=_saved.renames(self.twin, self.layers_name),
             positions=positions[0],
             position_offset=positions[1],
             unused=unused,
             act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
-            attn_scale=self._explain(_attention_scaling(attn_module, d_head), "softmax scale",
-                                     d_head=d_head),
+            attn_scale=self._explain(
+                _attention_scaling(attn_module, d_head), "softmax scale", d_head=d_head
+            ),
             attn_write=self._explain(writes[0], "attention's write scale"),
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
@@ -288,16 +300,30 @@ class _Reader:
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=self.twin.get_output_embeddings().weight is embed.weight,
             unembed_bias=getattr(self.twin.get_output_embeddings(), "bias", None) is not None,
-        )  # fmt: skip
+        )
 
-    def _check_layers_alike(self) -> None:
-        first = _shapes(self.layer)
-        differing = [i for i, layer in enumerate(self.layers) if _shapes(layer) != first]
-        if differing:
+    def _check_layers_alike(self, mlp: str) -> int:
+        """How many first layers hold a dense MLP where the rest hold a mixture of experts
+        (DeepSeek's `first_k_dense_replace`), 0 if none; any other difference between the
+        layers is a ValueError."""
+
+        def without_mlp(layer: nn.Module) -> dict[str, Any]:
+            return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] != mlp}
+
+        first = without_mlp(self.layer)
+        differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]
+        kinds = [_experts.block_name(dict(layer.named_children())) is not None
+                 for layer in self.layers]  # fmt: skip
+        dense = kinds.index(True) if True in kinds else 0
+        mlps = [_shapes(layer.get_submodule(mlp)) for layer in self.layers] if mlp else []
+        mixed = any(mlps[i] != mlps[dense if kinds[i] else 0] for i in range(len(mlps)))
+        if differing or mixed or (True in kinds and not all(kinds[dense:])):
             raise ValueError(
-                f"decoder layers {differing} hold other pieces than layer 0 (a hybrid or a "
-                "per-layer variant): not recognised by convention"
+                f"decoder layers hold different pieces (layers {differing or 'with MLPs'} "
+                "differ from the first): a hybrid or a per-layer variant, not recognised by "
+                "convention"
             )
+        return dense
 
     def _final_norm(self) -> nn.Module:
         norms = [m for n, m in self.base.named_children() if _is_norm(m)]

@@ -25,13 +25,14 @@ permuting each head's query and key dimensions.
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _translate
+from hookedattn.core.hf import _experts, _translate
 from hookedattn.core.hf._anatomy import Anatomy, Scale, recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -112,6 +113,10 @@ class Convention:
                  adjust=_times(scale(a.logit_scale)))
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
+        if hf_model is None and a.renames:  # a folder: the names its files use
+            renamed = dict(a.renames)
+            rules = [r if r.hf not in renamed else dataclasses.replace(r, hf=renamed[r.hf])
+                     for r in rules]  # fmt: skip
         return Table(
             rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
@@ -216,11 +221,21 @@ class Convention:
     def _mlp_rules(
         self, cfg: HookedTransformerConfig, write: float, live: bool = False
     ) -> list[Rule]:
-        a, b = self.anatomy, "blocks.{layer}.mlp"
+        a = self.anatomy
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
-            return _expert_rules(a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live)
+            experts = _expert_rules(a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live)
+            if not cfg.n_dense_layers:
+                return experts
+            dense = [_widened(rule, "d_mlp_dense") for rule in self._dense_rules(at, out_scale)]
+            return [*_in_layers(dense, range(cfg.n_dense_layers)),
+                    *_in_layers(experts, range(cfg.n_dense_layers, cfg.n_layers))]  # fmt: skip
+        return self._dense_rules(at, out_scale)
+
+    def _dense_rules(self, at: str, out_scale: float) -> list[Rule]:
+        """A dense MLP's rules: gated or plain, fused or not."""
+        a, b = self.anatomy, "blocks.{layer}.mlp"
         rules = []
         fused = a.role(a.mlp_maps, "gate_up")
         if fused:
@@ -359,17 +374,32 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
 
 
 def _routing(c: Any, anatomy: Anatomy) -> dict[str, Any]:
-    """A mixture's fields: how many experts, how many per token, a shared expert."""
+    """A mixture's fields: how many experts, how many per token, how they are scored
+    (softmax; sigmoid where the router has a choice bias) and grouped, a shared expert,
+    dense first layers."""
     e = anatomy.experts
     if e is None:
         return {}
-    return {
+    fields = {
         "num_experts": int(getattr(c, e.count_field)),
         "experts_per_token": int(getattr(c, e.top_k_field)),
         "norm_topk_prob": anatomy.norm_topk,
         "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
         "shared_expert_gate": e.shared_gate is not None,
+        "routed_scaling_factor": float(getattr(c, "routed_scaling_factor", None) or 1.0),
     }
+    if e.choice_bias is not None:
+        fields |= {
+            "router_scoring": "sigmoid",
+            "n_expert_groups": int(getattr(c, "n_group", None) or 1),
+            "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
+        }
+    if e.dense_count_field is not None:
+        fields |= {
+            "n_dense_layers": _experts.dense_layers(c, e.dense_count_field),
+            "d_mlp_dense": int(getattr(c, e.dense_width_field)),
+        }
+    return fields
 
 
 _GATE_UP = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
@@ -424,7 +454,35 @@ def _expert_rules(
     if e.shared_gate:
         rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
                           "one d_model -> d_model one"))  # fmt: skip
+    if e.choice_bias and e.saved_choice_bias is None:  # never saved: zeros, as it starts
+        rules.append(zeros(f"{m}.b_router_choice", "expert"))
+    elif e.choice_bias:
+        bias = e.choice_bias if live else e.saved_choice_bias
+        rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", "expert -> expert"))
     return rules
+
+
+def _widened(rule: Rule, width: str) -> Rule:
+    """`rule` with the MLP's width axis named `width` (a dense layer's in a mixture)."""
+
+    def renamed(text: str) -> str:
+        return re.sub(r"\bd_mlp\b", width, text)
+
+    split = None if rule.split is None else tuple(renamed(piece) for piece in rule.split)
+    return dataclasses.replace(rule, pattern=renamed(rule.pattern), split=split)
+
+
+def _in_layers(rules: list[Rule], layers: range) -> list[Rule]:
+    """`rules` expanded for `layers` only."""
+    return [
+        dataclasses.replace(
+            rule,
+            ours=rule.ours.replace("{layer}", str(i)),
+            hf=None if rule.hf is None else rule.hf.replace("{layer}", str(i)),
+        )
+        for rule in rules
+        for i in layers
+    ]
 
 
 def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:

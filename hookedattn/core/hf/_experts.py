@@ -21,14 +21,11 @@ other piece is refused by name.
 """
 
 import dataclasses
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
 from torch import nn
 
-from hookedattn.core.hf import _loading
+from hookedattn.core.hf import _saved
 
 _BLOCKS = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 _ROUTERS = ("gate", "router")
@@ -39,6 +36,10 @@ _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_si
 _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
                   "shared_experts_intermediate_size", "moe_intermediate_size",
                   "intermediate_size")  # fmt: skip
+_CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
+_DENSE_COUNTS = ("first_k_dense_replace", "num_dense_layers", "first_dense_layers",
+                 "moe_layer_start_index")  # fmt: skip
+_DENSE_WIDTHS = ("intermediate_size", "first_dense_intermediate_size", "dense_intermediate_size")
 # A saved expert's projections: (gate, up, down) by the names checkpoints give them.
 _FILE_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
@@ -64,6 +65,13 @@ class Experts:
     shared_width_field: str | None
     norm_topk_field: str | None  # the config's `norm_topk_prob`, when it has one
     act_fn: str
+    # A learned bias added to the scores for choosing only (sigmoid routing, DeepSeek V3's
+    # `e_score_correction_bias`), live and as saved; None without.
+    choice_bias: str | None
+    saved_choice_bias: str | None
+    n_dense: int  # the twin's first layers with a dense MLP instead
+    dense_count_field: str | None  # the config field saying how many
+    dense_width_field: str | None
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -75,21 +83,29 @@ def block_name(children: dict[str, nn.Module]) -> str | None:
 
 
 def recognise(
-    block_name: str, block: nn.Module, twin: nn.Module, config: Any, act_fn: str, layers: str
+    block_name: str,
+    block: nn.Module,
+    twin: nn.Module,
+    config: Any,
+    act_fn: str,
+    layers: str,
+    n_dense: int = 0,
 ) -> Experts:
-    """The mixture in `block` (the first layer's), its config fields, and its saved names
-    (the twin saved once); a ValueError names a piece not recognised."""
+    """The mixture in `block` (the first such layer's, after `n_dense` dense ones), its
+    config fields, and its saved names (the twin saved once); a ValueError names a piece
+    not recognised."""
     children = dict(block.named_children())
     router = next((n for n in _ROUTERS if n in children), None)
     if router is None:
         raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
-    buffers = [n for n, _ in children[router].named_buffers()] + [
-        n for n, _ in block.named_buffers(recurse=False)
-    ]
-    if buffers or [n for n, _ in block.named_parameters(recurse=False)]:
+    kept = {f"{router}.{n}": n for n, _ in children[router].named_buffers()}
+    kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
+    kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
+    choice = next((k for k, n in kept.items() if n in _CHOICE_BIASES), None)
+    if set(kept) - {choice}:
         raise ValueError(
-            f"{type(block).__name__}'s router keeps {buffers or 'parameters'} beside its "
-            f"weight (a choice bias: sigmoid routing), not imported by convention"
+            f"{type(block).__name__}'s router keeps {sorted(set(kept) - {choice})} beside its "
+            f"weight, not imported by convention"
         )
     experts = children["experts"]
     params = dict(experts.named_parameters(recurse=False))
@@ -110,7 +126,7 @@ def recognise(
     if shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(children[shared]), "shared width")
     files, saved_stacked, saved_router, saved_shared = _saved_names(
-        twin, f"{layers}.0.", (int(count), int(d_model))
+        twin, f"{layers}.{n_dense}.", (int(count), int(d_model))
     )
     return Experts(
         block=block_name,
@@ -129,6 +145,11 @@ def recognise(
         shared_width_field=shared_width,
         norm_topk_field="norm_topk_prob" if hasattr(config, "norm_topk_prob") else None,
         act_fn=act_fn,
+        choice_bias=f"{block_name}.{choice}" if choice else None,
+        saved_choice_bias=_saved_choice_bias(twin, f"{layers}.{n_dense}.") if choice else None,
+        n_dense=n_dense,
+        dense_count_field=_dense_field(config, n_dense) if n_dense else None,
+        dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
     )
 
 
@@ -154,28 +175,24 @@ def _saved_names(
     layout may rename the block): the experts per expert (the gate, up and down names with
     `{expert}`) or stacked (two names), the router's weight, the shared expert's prefix; all
     relative to the layer."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    with tempfile.TemporaryDirectory(prefix="hookedattn-experts-") as folder:
-        logging = _loading.transformers_module().utils.logging
-        shown = logging.is_progress_bar_enabled()
-        logging.disable_progress_bar()
-        try:
-            twin.save_pretrained(folder)
-        finally:
-            if shown:
-                logging.enable_progress_bar()
-        for path in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(path, "pt") as file:
-                for name in file.keys():  # noqa: SIM118 - not iterable itself
-                    if name.startswith(prefix):
-                        shape = tuple(file.get_slice(name).get_shape())
-                        shapes[name.removeprefix(prefix)] = shape
+    shapes = {n.removeprefix(prefix): shape for n, shape in _saved_shapes(twin, prefix).items()}
     routers = [
         n for n, shape in shapes.items()
         if shape == router_shape and "expert" not in n and n.endswith(".weight")
     ]  # fmt: skip
     if len(routers) != 1:
         raise ValueError(f"the router is saved under names not recognised: {routers}")
+    return _experts_saved(shapes, routers[0])
+
+
+def _saved_shapes(twin: nn.Module, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The names and shapes `save_pretrained` writes for the twin, those under `prefix`."""
+    return {n: tuple(t.shape) for n, t in _saved.saved(twin).items() if n.startswith(prefix)}
+
+
+def _experts_saved(
+    shapes: dict[str, tuple[int, ...]], router: str
+) -> tuple[tuple[str, str, str] | None, tuple[str, str] | None, str, str | None]:
     shared = sorted({n.rsplit(".", 2)[0] for n in shapes if "shared" in n and "gate." not in n})
     files, stacked = None, None
     for gate, up, down in _FILE_NAMES:
@@ -189,4 +206,37 @@ def _saved_names(
         if len(three_d) != 2:
             raise ValueError(f"the experts are saved under names not recognised: {three_d}")
         stacked = (three_d[0], three_d[1])
-    return files, stacked, routers[0], shared[0] if len(shared) == 1 else None
+    return files, stacked, router, shared[0] if len(shared) == 1 else None
+
+
+def _dense_field(config: Any, n_dense: int) -> str:
+    """The field saying how many first layers are dense: one of `_DENSE_COUNTS`, or
+    "mlp_layer_types" (a list of "dense" / "sparse")."""
+    for name in _DENSE_COUNTS:
+        if getattr(config, name, None) == n_dense:
+            return name
+    types = getattr(config, "mlp_layer_types", None)
+    if types and sum(1 for t in types[:n_dense] if t == "dense") == n_dense:
+        return "mlp_layer_types"
+    raise ValueError(f"no config field gives the {n_dense} dense first layers: {_DENSE_COUNTS}")
+
+
+def dense_layers(config: Any, field: str) -> int:
+    """How many first layers of `config` are dense, by `field` (`_dense_field`)."""
+    if field == "mlp_layer_types":
+        types = list(config.mlp_layer_types)
+        count = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        if any(t == "dense" for t in types[count:]):
+            raise ValueError(f"mlp_layer_types {types}: dense layers after the first mixture")
+        return count
+    return int(getattr(config, field))
+
+
+def _saved_choice_bias(twin: nn.Module, prefix: str) -> str | None:
+    """Where the files keep the router's choice bias, relative to the layer; None where it
+    is not saved (a buffer outside the state dict: zeros, as the model starts with)."""
+    names = [n.removeprefix(prefix) for n in _saved_shapes(twin, prefix)
+             if n.endswith(_CHOICE_BIASES)]  # fmt: skip
+    if len(names) > 1:
+        raise ValueError(f"the router's choice bias is saved under several names: {names}")
+    return names[0] if names else None
