@@ -64,15 +64,20 @@ class TensorLike(Protocol):
     ndim: int
     shape: Any
 
-    def unsqueeze(self, dim: int) -> Any: ...
+    def unsqueeze(self, dim: int) -> Any:
+        """A new axis of size 1 at `dim` (a vector becomes a column)."""
 
-    def squeeze(self, dim: int) -> Any: ...
+    def squeeze(self, dim: int) -> Any:
+        """The axis `dim` (of size 1) dropped."""
 
-    def broadcast_to(self, shape: Any) -> Any: ...
+    def broadcast_to(self, shape: Any) -> Any:
+        """A view with the leading dimensions of `shape`."""
 
-    def __matmul__(self, other: Any) -> Any: ...
+    def __matmul__(self, other: Any) -> Any:
+        """`self @ other`."""
 
-    def __rmatmul__(self, other: Any) -> Any: ...
+    def __rmatmul__(self, other: Any) -> Any:
+        """`other @ self`."""
 
 
 def _is_tensor_like(value: Any) -> bool:
