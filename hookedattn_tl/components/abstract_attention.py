@@ -74,8 +74,8 @@ class AbstractAttention(AttentionInternals, _core.Attention):
         for module in self.modules():
             if type(module) is _core_hooks.HookPoint:
                 module.__class__ = HookPoint  # TL's hook API on the same hook points
-        if grouped and cfg.ungroup_grouped_query_attention:
-            _ungrouped.set_ungrouped(self, cfg, True)
+        if grouped:  # (also a rebuild of an ungrouped one, which may turn the flag off)
+            _ungrouped.set_ungrouped(self, cfg, cfg.ungroup_grouped_query_attention)
 
     # ------------------------------------------------------------------ TL's run-time flags
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:

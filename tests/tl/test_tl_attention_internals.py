@@ -139,3 +139,16 @@ def test_an_int_for_a_float_field_is_read_as_its_float():
     cfg = HookedTransformerConfig(**SIZES, n_ctx=16, rotary_base=1_000_000, eps=1)
     assert isinstance(cfg.rotary_base, float) and cfg.rotary_base == 1e6
     assert isinstance(cfg.eps, float) and cfg.eps == 1.0
+
+
+def test_ungrouping_a_grouped_component_by_assignment_and_back():
+    sizes = {**SIZES, "n_heads": 4, "d_head": 2, "n_ctx": 16}
+    attn = GroupedQueryAttention(HookedTransformerConfig(**sizes, n_key_value_heads=2))
+    keys, x = [], randn(1, 3, 8)
+    attn.hook_k.add_hook(lambda k, hook: keys.append(k.shape[2]))
+    before = attn(x, x, x)
+    attn.cfg.ungroup_grouped_query_attention = True
+    assert_close(attn(x, x, x), before)
+    attn.cfg.ungroup_grouped_query_attention = False
+    assert_close(attn(x, x, x), before)
+    assert keys == [2, 4, 2] and type(attn) is GroupedQueryAttention
