@@ -81,7 +81,10 @@ class ActivationCache(_CoreCache):
         return super().__getitem__(self._tl_key(key))
 
     def __contains__(self, key: object) -> bool:
-        return super().__contains__(self._tl_key(key))
+        try:
+            return super().__contains__(self._tl_key(key))
+        except KeyError:  # a TL 4 name no hook point here sees
+            return False
 
     def _tl_key(self, key: Any) -> Any:
         """TL's reading of a key (`"k6"`, `("z", 0, "attn")`) when it names a cached tensor;
@@ -89,6 +92,9 @@ class ActivationCache(_CoreCache):
         if isinstance(key, str):
             if key in self._data:
                 return key
+            ours = self._bridge_name(key)
+            if ours in self._data:
+                return ours
             full = _tl_name(key, (str,), self.n_layers)
         elif isinstance(key, tuple) and 1 <= len(key) <= 3 and isinstance(key[0], str):
             types = tuple(map(type, key))
@@ -96,9 +102,20 @@ class ActivationCache(_CoreCache):
                 full = _tl_name(key, types, self.n_layers)
             except TypeError:  # an unhashable part: read it without the memo
                 full = _tl_name.__wrapped__(key, types, self.n_layers)
+            if full is not None and full not in self._data:
+                full = self._bridge_name(full)  # TL 4's ("in", 0): blocks.0.hook_in
         else:
             return key
         return full if full is not None and full in self._data else key
+
+    def _bridge_name(self, name: str) -> str:
+        """Our name for TL 4's hook name `name` when the model is a TransformerBridge (which
+        raises, saying what to use, for a TL 4 name no hook point here sees); else `name`."""
+        resolve = getattr(self.model, "resolve_hook_alias", None)
+        if resolve is None:
+            return name
+        grad = "_grad" if name.endswith("_grad") else ""
+        return resolve(name.removesuffix("_grad")) + grad
 
     def remove_batch_dim(self) -> "ActivationCache":
         """Remove the batch axis (of size one) from every tensor, in place; returns self."""

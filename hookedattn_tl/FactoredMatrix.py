@@ -137,6 +137,11 @@ class FactoredMatrix(_core.FactoredMatrix):
                 f"{list(self.shape)}, {type(other).__name__} {list(other.shape)})"
             )
 
+    def __repr__(self) -> str:
+        """TL's text, `FactoredMatrix: Shape(torch.Size([...])), Hidden Dim(mdim)` (printed by
+        its demos)."""
+        return f"FactoredMatrix: Shape({self.shape}), Hidden Dim({self.mdim})"
+
     __mul__ = _tl_errors(_core.FactoredMatrix.__mul__)
     __rmul__ = __mul__
     __truediv__ = _tl_errors(_core.FactoredMatrix.__truediv__)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from hookedattn.core import _recording
 from hookedattn.core import hook_points as _core
 from hookedattn_tl.hook_points import (
     HookFunction,
@@ -191,6 +192,30 @@ class HookedRootModule(HookIntrospectionMixin, _core.HookedRootModule):
         """Run the forward with hooks attached for this call (see `hooks()`)."""
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*model_args, **model_kwargs)
+
+    def run_with_cache(
+        self,
+        *model_args: Any,
+        names_filter: NamesFilter = None,
+        device: Any = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        pos_slice: Any = None,
+        **model_kwargs: Any,
+    ) -> tuple[Any, Any]:
+        """`(output, cache)` of a forward of any root module (TL's `HookedRootModule` has
+        it, for models of your own); the cache maps each chosen hook name to its value.
+        `hookedattn_tl.HookedTransformer` returns TL's `ActivationCache` instead."""
+        return _recording.run_with_cache(
+            self,
+            model_args,
+            model_kwargs,
+            names_filter=names_filter,
+            device=device,
+            remove_batch_dim=remove_batch_dim,
+            incl_bwd=incl_bwd,
+            pos_slice=pos_slice,
+        )
 
     def add_caching_hooks(
         self,

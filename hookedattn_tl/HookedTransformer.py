@@ -183,7 +183,9 @@ class HookedTransformer(HookedRootModule, _CoreModel):
     ) -> tuple[Any, Any]:
         """`(output, cache)`: a TL `ActivationCache` bound to this model (or, with
         `return_cache_object=False`, a plain dict of tensors)."""
-        out, core = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        out, core = _CoreModel.run_with_cache(
+            self, *model_args, remove_batch_dim=remove_batch_dim, **kwargs
+        )
         if not return_cache_object:
             return out, dict(core)
         tokens = self._input_tokens(model_args, kwargs)

@@ -15,12 +15,12 @@ The modules mirror TransformerLens's: `HookedTransformer` (a subclass of ours wh
 `run_with_cache` returns `ActivationCache`, TL's cache with its analysis methods bound to
 the model), `HookedRootModule` and `hook_points` (hook levels, handles, introspection),
 `config`, `utils` / `utilities`, `patching` (TL's argument order, our batched engine),
-`FactoredMatrix`, `cache` (the key/value cache), `conversion_utils`; and SAELens 6's
-`HookedSAETransformer` (SAEs attached by hook name, cached under SAELens's names; SAELens's
-`from sae_lens import HookedSAETransformer` ports as `from hookedattn_tl import
-HookedSAETransformer`). Every method is built
-on `hookedattn` and `analysis`; docs/guide/porting.md lists where this package still
-differs from TL, and why.
+`FactoredMatrix`, `cache` (the key/value cache), `conversion_utils`, `model_bridge`
+(TransformerLens 4's entry: `TransformerBridge.boot_transformers`, TL 4's hook names); and
+SAELens 6's `HookedSAETransformer` (SAEs attached by hook name, cached under SAELens's
+names; SAELens's `from sae_lens import HookedSAETransformer` ports as `from hookedattn_tl
+import HookedSAETransformer`). Every method is built on `hookedattn` and `analysis`;
+docs/guide/porting.md lists where this package still differs from TL, and why.
 """
 
 from hookedattn_tl import (
@@ -29,6 +29,7 @@ from hookedattn_tl import (
     config,
     conversion_utils,
     hook_points,
+    model_bridge,
     patching,
     tools,
     utilities,
@@ -44,6 +45,7 @@ from hookedattn_tl.hook_points import HookPoint
 from hookedattn_tl.HookedRootModule import HookedRootModule
 from hookedattn_tl.HookedSAETransformer import HookedSAETransformer
 from hookedattn_tl.HookedTransformer import HookedTransformer
+from hookedattn_tl.model_bridge import TransformerBridge
 from hookedattn_tl.past_key_value_caching import (
     HookedTransformerKeyValueCache,
     HookedTransformerKeyValueCacheEntry,
@@ -59,6 +61,7 @@ __all__ = [
     "HookedTransformerConfig",
     "HookedTransformerKeyValueCache",
     "HookedTransformerKeyValueCacheEntry",
+    "TransformerBridge",
     "TransformerLensConfig",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
@@ -68,6 +71,7 @@ __all__ = [
     "conversion_utils",
     "hook_points",
     "install",
+    "model_bridge",
     "patching",
     "tools",
     "uninstall",

@@ -73,8 +73,10 @@ class HookPoint(_core.HookPoint):
         """
         if alias_names is not None:
             raise ValueError(
-                "alias_names is for TransformerBridge's compatibility mode, which hookedattn_tl "
-                f"does not have; attach the hook at each name instead (got {alias_names!r})"
+                "alias_names is TransformerBridge's per-hook-point list of alias names; here a "
+                "TransformerBridge answers TL 4's names through its hook_dict "
+                "(hookedattn_tl.model_bridge.hook_names): attach the hook at each name "
+                f"instead (got {alias_names!r})"
             )
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")

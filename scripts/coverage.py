@@ -51,7 +51,7 @@ from hookedattn import HookedTransformer
 from hookedattn.core import hf
 from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.hf import _tiny
-from hookedattn.core.hf._importer import family_of_config
+from hookedattn.core.hf._importer import families_of_config
 from hookedattn.core.hf._table import StateDict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def _folder_family(config: Any) -> bool:
     """Whether a folder of this model type finds its family (by `model_type`, where a live
     model is found by its class)."""
     try:
-        family_of_config(config)
+        families_of_config(config)
     except ValueError:
         return False
     return True
@@ -178,7 +178,13 @@ def _float64_delta(model: Any, tokens: torch.Tensor) -> float | None:
 def _generation(model: Any, ours: Any, tokens: torch.Tensor) -> str:
     prompt = tokens[:, :PROMPT]
     try:
-        model.generation_config.eos_token_id = None  # generate every token asked for
+        # Plain greedy decoding: every token asked for, no processor of the logits (the
+        # configs of some decoders force their end token last, or forbid repeats).
+        for field in ("eos_token_id", "forced_eos_token_id", "forced_bos_token_id",
+                      "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+                      "repetition_penalty", "min_length", "min_new_tokens", "suppress_tokens",
+                      "begin_suppress_tokens", "bad_words_ids"):  # fmt: skip
+            setattr(model.generation_config, field, None)
         expected = model.generate(
             prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
         )

@@ -18,7 +18,7 @@ import torch
 from hookedattn.core._field_specs import FieldSpec, check_field
 from hookedattn.core._field_specs import closest as _closest
 
-ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "solu_ln")
+ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
@@ -67,6 +67,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "yarn_original_ctx_len": FieldSpec(int, low=1, high=1 << 24),
     "yarn_truncate": _FLAG,
     "rotary_attention_factor": _POSITIVE,
+    "rotary_layers": FieldSpec(tuple, optional=True),
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "gated_mlp": _FLAG,
@@ -134,7 +135,9 @@ class HookedTransformerConfig:
       or YaRN's (`use_yarn_rope` and its `yarn_*` parameters, GPT-OSS), whose cosines and
       sines are also multiplied by `rotary_attention_factor`. `rotary_base_local` gives
       the local layers a rotary of their own (Gemma 3): that base, scaled linearly by
-      `rotary_scaling_factor_local`; the global layers keep the rest.
+      `rotary_scaling_factor_local`; the global layers keep the rest. `rotary_layers`
+      (one flag per block; None: every block) says which blocks rotate at all: SmolLM 3's
+      every fourth block and Cohere 2's global ones attend without positions.
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS).
@@ -193,6 +196,7 @@ class HookedTransformerConfig:
     yarn_original_ctx_len: int = 4096
     yarn_truncate: bool = True
     rotary_attention_factor: float = 1.0
+    rotary_layers: tuple[bool, ...] | None = None
     d_vocab_out: int | None = None
     n_key_value_heads: int | None = None
     gated_mlp: bool = False
@@ -234,8 +238,9 @@ class HookedTransformerConfig:
                     f"unknown dtype {self.dtype!r}: {_closest(self.dtype, tuple(DTYPES))}"
                 )
             set_("dtype", DTYPES[self.dtype])
-        if isinstance(self.attn_types, list):
-            set_("attn_types", tuple(self.attn_types))
+        for field in ("attn_types", "rotary_layers"):  # from JSON: lists
+            if isinstance(getattr(self, field), list):
+                set_(field, tuple(getattr(self, field)))
         for field in dataclasses.fields(self):
             set_(field.name, check_field(field.name, getattr(self, field.name), FIELD_SPECS))
         self._derive_heads()
@@ -337,6 +342,17 @@ class HookedTransformerConfig:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
 
     def _check_rotary(self) -> None:
+        if self.rotary_layers is not None:
+            flags = self.rotary_layers
+            if self.positional_embedding_type != "rotary":
+                raise ValueError(
+                    "rotary_layers is set, but positional_embedding_type is not "
+                    f"'rotary' (it is {self.positional_embedding_type!r})"
+                )
+            if len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags):
+                raise ValueError(
+                    f"rotary_layers must be {self.n_layers} booleans, one per block; got {flags}"
+                )
         if self.positional_embedding_type != "rotary":
             return
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head:
@@ -378,6 +394,12 @@ class HookedTransformerConfig:
     def use_normalization_before_and_after(self) -> bool:
         """TransformerLens's name for `normalization_placement == "pre_and_post"`."""
         return self.normalization_placement == "pre_and_post"
+
+    def layer_rotates(self, layer: int) -> bool:
+        """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""
+        if self.positional_embedding_type != "rotary":
+            return False
+        return self.rotary_layers is None or self.rotary_layers[layer]
 
     def layer_attn_type(self, layer: int) -> str:
         """ "local" (windowed) or "global" attention in block `layer`."""

@@ -109,7 +109,7 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     out = [*_projections(model, layer)]
     for name, which in ((q, "q_norm"), (k, "k_norm")):
         out += _norm_identity(model, f"{prefix}.{which}", name)
-    if cfg.positional_embedding_type == "rotary":
+    if cfg.layer_rotates(layer):
         q, k = _act("rot_q", layer), _act("rot_k", layer)
     elif cfg.use_qk_norm:
         q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"

@@ -48,6 +48,7 @@ _SUPPORTED = (
     ("output_logits_soft_cap", None),
     ("window_size", None),
     ("attn_types", None),
+    ("rotary_layers", None),
     ("rotary_scaling_factor", 1.0),
     ("use_NTK_by_parts_rope", False),
 )

@@ -48,6 +48,23 @@ def require_tl_python() -> Path:
     )  # fmt: skip
 
 
+TL4_VERSION = "4.3.0"
+
+
+def require_tl4_python() -> Path:
+    """TransformerLens 4's interpreter (`.ci/transformer_lens4.sh`); skips the test without
+    one (fails it under CI)."""
+    return require_peer_python(
+        f"TransformerLens {TL4_VERSION}", f"transformer_lens-{TL4_VERSION}",
+        "transformer_lens4.sh", "HOOKEDATTN_TL4_PYTHON",
+    )  # fmt: skip
+
+
+def run_in_tl4(script: str, given: dict[str, Any], folder: Path) -> Any:
+    """`python scripts/<script> IN.pt OUT.pt` in TransformerLens 4's environment (offline)."""
+    return run_script(require_tl4_python(), script, given, folder, None)
+
+
 def run_in_tl(
     script: str, given: dict[str, Any], folder: Path, env: dict[str, str] | None = None
 ) -> Any:
@@ -163,6 +180,52 @@ def save_demo_tokenizer(folder: Path) -> Path:
         tokenizer_object=tokenizer, bos_token=special, eos_token=special, pad_token=special
     )
     wrapped.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer GPT-2 with every weight drawn at random (norm gains around 1, nonzero
+    biases) and the demos' tokenizer (its vocabulary the model's), saved by transformers
+    into `folder`."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    save_demo_tokenizer(folder)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, n_positions=64,
+        vocab_size=len(AutoTokenizer.from_pretrained(folder)), bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = name.startswith("transformer.ln") or ".ln_" in name
+            gain = gain and name.endswith(".weight")
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + gain)
+    model.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama (RMS norms, rotary, grouped-query attention with 2 key/value heads,
+    gated MLP) with every weight drawn at random and the demos' tokenizer, saved by
+    transformers into `folder`."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    save_demo_tokenizer(folder)
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=len(AutoTokenizer.from_pretrained(folder)), bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = name.endswith("norm.weight")
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + gain)
+    model.save_pretrained(folder)
     return folder
 
 

@@ -50,8 +50,8 @@ def test_alias_resolves_submodules_to_the_same_objects(aliased):
 
 
 def test_alias_names_a_path_the_facade_does_not_have(aliased):
-    with pytest.raises(ModuleNotFoundError, match="transformer_lens.model_bridge"):
-        import transformer_lens.model_bridge  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="transformer_lens.lit"):
+        import transformer_lens.lit  # noqa: F401
 
 
 def test_alias_refuses_to_shadow_a_real_transformer_lens():

@@ -86,7 +86,7 @@ class Attention(nn.Module):
         self.hook_k = HookPoint()  # [batch pos kv_head d_head]
         self.hook_v = HookPoint()
         self.q_norm, self.k_norm = _qk_norms(cfg)
-        if cfg.positional_embedding_type == "rotary":
+        if cfg.layer_rotates(layer):
             self.rotary = Rotary(cfg, local=self.attn_type == "local")
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()

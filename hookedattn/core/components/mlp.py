@@ -30,6 +30,11 @@ def gelu_new(x: Tensor) -> Tensor:
     return nn.functional.gelu(x, approximate="tanh")
 
 
+def relu2(x: Tensor) -> Tensor:
+    """Squared ReLU, `relu(x)^2` (So et al. 2021, "Primer"; Nemotron, Persimmon)."""
+    return torch.relu(x).square()
+
+
 def solu(x: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_mlp"]:
     """SoLU, `x * softmax(x)` over the neurons (the last axis)."""
     return x * x.softmax(dim=-1)
@@ -45,6 +50,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": nn.functional.gelu,
     "gelu_new": gelu_new,
     "silu": nn.functional.silu,
+    "relu2": relu2,
     "solu_ln": solu,  # the LayerNorm after it belongs to the MLP (`NeuronNormMLP`)
 }
 

@@ -22,6 +22,9 @@ class Family:
     model_type: str  # `config.model_type`, e.g. "llama"
     fields: Callable[[Any], dict[str, Any]]
     table: Callable[[Any, HookedTransformerConfig, Any], Table]
+    # What else the translation depends on (the recognised anatomy of a family derived by
+    # convention, `_convention`); part of the key a verification is remembered under.
+    variant: str = ""
 
     def config(
         self, hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"

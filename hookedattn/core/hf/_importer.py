@@ -16,6 +16,7 @@ from hookedattn.core import parallel
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
+    _convention,
     _gemma2,
     _gemma3,
     _gpt2,
@@ -126,13 +127,19 @@ def from_hf(
     placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
     if isinstance(source, str | Path):
         return _from_folder(cls, Path(source), tokenizer, dtype, device, verify, placement)
-    family = family_of_model(source)
+    families = families_of_model(source)
     weight = next(source.parameters())
     dtype = weight.dtype if dtype is None else dtype
     device = str(weight.device) if device is None else device
     live = StateDict(source.state_dict())
+    verification = None
+    if families[0].variant:  # derived by convention: verified as a folder's would be
+        family, verification = _verified_of(cls, "a live " + type(source).__name__, families,
+                                            source.config, verify)  # fmt: skip
+    else:
+        family = families[0]
     model = _import(cls, family, source.config, source, live, tokenizer, dtype, device, placement)
-    model.verification = None
+    model.verification = verification
     return model
 
 
@@ -149,15 +156,33 @@ def _from_folder(
     verified (unless not asked), then its weights read."""
     _loading.check_directory(path)
     hf_config = _loading.read_config(path)
-    family = family_of_config(hf_config)
-    verification = _verified(cls, path, family, hf_config) if verify else None
+    families = families_of_config(hf_config)
+    family, verification = _verified_of(cls, str(path), families, hf_config, verify)
     model = _read_folder(cls, path, family, hf_config, tokenizer, dtype, device, placement)
     model.verification = verification
     return model
 
 
-def _verified(cls: type, path: Path, family: Family, hf_config: Any) -> _verify.Verification:
-    """`family`'s import of the checkpoint in `path`, verified on its tiny twin (read by
+def _verified_of(
+    cls: type, source: str, families: list[Family], hf_config: Any, verify: bool
+) -> tuple[Family, _verify.Verification | None]:
+    """The first of `families` whose import verifies (`_verified`), and its verification;
+    when none does, the first one's error. Unverified (`verify=False`): the first."""
+    if not verify:
+        families[0].config(hf_config)
+        return families[0], None
+    passed = [f for f in families if _verify.remembered(f, hf_config)]
+    first_error = None
+    for family in passed[:1] or families:
+        try:
+            return family, _verified(cls, source, family, hf_config)
+        except (_verify.VerificationError, ValueError) as error:
+            first_error = first_error or error
+    raise first_error
+
+
+def _verified(cls: type, source: str, family: Family, hf_config: Any) -> _verify.Verification:
+    """`family`'s import of the checkpoint `source`, verified on its tiny twin (read by
     this module's own folder route, unverified) or found in the memo."""
     family.config(hf_config)  # a variant the family refuses is named before any twin
 
@@ -165,7 +190,7 @@ def _verified(cls: type, path: Path, family: Family, hf_config: Any) -> _verify.
         config = _loading.read_config(folder)
         return _read_folder(cls, folder, family, config, None, torch.float32, "cpu", {})
 
-    return _verify.verify(hf_config, family, read_twin, source=str(path))
+    return _verify.verify(hf_config, family, read_twin, source=source)
 
 
 def _read_folder(
@@ -246,8 +271,9 @@ def _check_table(model: torch.nn.Module, table: Table, cfg: HookedTransformerCon
         )
 
 
-def family_of_model(hf_model: Any) -> Family:
-    """The family of a live HF model, by its class; anything else is named and refused."""
+def families_of_model(hf_model: Any) -> list[Family]:
+    """The family of a live HF model, by its class, else the candidates its anatomy allows
+    (`_convention`); anything else is named and refused."""
     if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
         raise TypeError(
             f"from_hf takes a transformers model or a local directory, got "
@@ -256,8 +282,10 @@ def family_of_model(hf_model: Any) -> Family:
     classes = {c.__name__ for c in type(hf_model).__mro__}  # a subclass is its family too
     for family in _families():
         if family.architecture in classes:
-            return family
+            return [family]
     model_type = getattr(hf_model.config, "model_type", None)
+    if not any(f.model_type == model_type for f in _families()):
+        return _by_convention(hf_model.config, type(hf_model).__name__, type(hf_model).__name__)
     hint = next(
         (
             f" (for {f.model_type}, pass the {f.architecture}, which has the unembedding)"
@@ -273,17 +301,31 @@ def family_of_folder(path: Path) -> Family:
     """The family of the checkpoint in folder `path`, from its `config.json` alone (so a
     hub repo is refused before its weights are fetched): a ValueError names an architecture
     hookedattn does not import, a CheckpointError a config that names custom code."""
-    return family_of_config(_loading.read_config(path))
+    return families_of_config(_loading.read_config(path))[0]
 
 
-def family_of_config(hf_config: Any) -> Family:
-    """The family of a directory's config, by its `model_type`."""
+def families_of_config(hf_config: Any) -> list[Family]:
+    """The family of a directory's config, by its `model_type`, else the candidates its
+    anatomy allows (`_convention`)."""
     model_type = getattr(hf_config, "model_type", None)
     for family in _families():
         if family.model_type == model_type:
-            return family
+            return [family]
     names = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
-    raise ValueError(_unsupported(", ".join(names), model_type))
+    return _by_convention(hf_config, ", ".join(names))
+
+
+def _by_convention(hf_config: Any, name: str, architecture: str | None = None) -> list[Family]:
+    """The convention's candidate families for `hf_config` (of the causal-LM class
+    `architecture`, when known); a ValueError names what in its anatomy was not
+    recognised."""
+    try:
+        return _convention.candidates(hf_config, architecture)
+    except ValueError as error:
+        raise ValueError(
+            f"{_unsupported(name, getattr(hf_config, 'model_type', None))}; nor is it "
+            f"imported by convention: {error}"
+        ) from error
 
 
 def _unsupported(name: str, model_type: Any) -> str:

@@ -11,8 +11,9 @@ HF tensor must have: a checkpoint is checked against the config, tensor by tenso
 any tensor is read. A fused tensor is one rule per part, each `pick`ing its index of the
 pattern's first output axis; where the parts differ in size (Phi-3's q, k, v with grouped
 keys), each rule takes its `part` of the HF tensor's first axis, which is the pieces
-`split` lists one after another. A rule without an HF tensor is zeros (a bias the family does
-not have). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
+`split` lists one after another. A rule without an HF tensor is a constant: zeros (a bias
+the family does not have) or its `fill` (the gain of a norm without parameters). `adjust`
+is for the few values that are not a reshape (Gemma's `1 + w` gain,
 its scaled embedding); it receives the tensor already cast to the target dtype.
 
 A mixture of experts' weights are one tensor of ours per kind, stacked over experts
@@ -49,6 +50,8 @@ class Rule:
     part: int = 0
     # How many HF tensors (`{expert}` in `hf`) are stacked along our first axis; 0: one.
     experts: int = 0
+    # The value of every entry of a rule without an HF tensor.
+    fill: float = 0.0
 
     def expand(self, n_layers: int) -> list["Rule"]:
         """This rule for every block, when it names `{layer}`; else itself."""
@@ -76,6 +79,11 @@ class Rule:
 def zeros(ours: str, axes: str) -> Rule:
     """A tensor the family does not have (a bias), as zeros of shape `axes`."""
     return Rule(ours, None, f"-> {axes}")
+
+
+def ones(ours: str, axes: str, times: float = 1.0) -> Rule:
+    """A gain the family does not have (a norm without parameters), as `times` everywhere."""
+    return Rule(ours, None, f"-> {axes}", fill=times)
 
 
 @runtime_checkable
@@ -239,7 +247,8 @@ def convert(
     names = table.source_names(source.shapes)
     for rule in table.rules:
         if rule.hf is None:
-            yield rule.ours, torch.zeros(our_shape(rule, sizes), dtype=dtype, device=device)
+            shape = our_shape(rule, sizes)
+            yield rule.ours, torch.full(shape, rule.fill, dtype=dtype, device=device)
         elif rule.experts:
             stacked = torch.empty(our_shape(rule, sizes), dtype=dtype, device=device)
             for e, hf in enumerate(rule.hf_names()):  # one HF tensor held at a time

@@ -19,6 +19,7 @@ ACT_FNS = {
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",
+    "relu2": "relu2",
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 _ATTN_TYPES = {"full_attention": "global", "sliding_attention": "local"}

@@ -187,20 +187,38 @@ def _fewer(names: list[str]) -> list[str]:
 
 def memo_key(family: Family, twin_config: Any) -> str:
     """The memo's key of a twin: a digest of everything the verification depends on."""
-    transformers = _loading.transformers_module()
+    return structure_key(
+        twin_config,
+        family=[_qualified(family.fields), _qualified(family.table)],
+        architecture=family.architecture,
+        variant=family.variant,
+    )
+
+
+def structure_key(twin_config: Any, **parts: Any) -> str:
+    """A digest of hookedattn's core, the `transformers` version, a twin's structure (its
+    config, names, dtypes and token ids aside) and `parts`."""
     structure = {
         k: v for k, v in twin_config.to_dict().items()
         if k not in _NOT_STRUCTURAL and not k.endswith(("_token_id", "_token_ids"))
     }  # fmt: skip
-    parts = dict(
+    parts |= dict(
         hookedattn=_code_digest(),
-        transformers=transformers.__version__,
-        family=[_qualified(family.fields), _qualified(family.table)],
-        architecture=family.architecture,
+        transformers=_loading.transformers_module().__version__,
         structure=structure,
     )
     text = json.dumps(parts, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def remembered(family: Family, hf_config: Any) -> bool:
+    """Whether `family`'s import of a checkpoint of `hf_config`'s structure has passed
+    before (a memo read; nothing is built)."""
+    try:
+        key = memo_key(family, _tiny.tiny_config(hf_config))
+    except Exception:
+        return False
+    return key in read_memo()
 
 
 def _qualified(function: Callable[..., Any]) -> str:
@@ -227,27 +245,47 @@ def cache_folder() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "hookedattn"
 
 
-def _read_memo() -> dict[str, Any]:
-    path = cache_folder() / _MEMO
+def _sections() -> dict[str, Any]:
     try:
-        passes = json.loads(path.read_text()).get("passes", {})
-    except (OSError, ValueError, AttributeError):
+        sections = json.loads((cache_folder() / _MEMO).read_text())
+    except (OSError, ValueError):
         return {}  # none yet, or unreadable: verify again
-    return passes if isinstance(passes, dict) else {}
+    return sections if isinstance(sections, dict) else {}
 
 
-def _remember(key: str, entry: dict[str, Any]) -> None:
-    """Add a pass to the memo (written whole, then renamed into place); a cache folder that
-    cannot be written only means the next load verifies again."""
+def read_memo(section: str = "passes") -> dict[str, Any]:
+    """One section of the memo: "passes" (verifications), "anatomies" (`_anatomy`)."""
+    entries = _sections().get(section, {})
+    return entries if isinstance(entries, dict) else {}
+
+
+def _read_memo() -> dict[str, Any]:
+    return read_memo()
+
+
+def remember(key: str, entry: dict[str, Any], section: str = "passes") -> None:
+    """Add an entry to a section of the memo (written whole, then renamed into place),
+    dropping the entries of other versions of the core; a cache folder that cannot be
+    written only means the next load works it out again."""
     folder = cache_folder()
-    entry |= dict(transformers=_loading.transformers_module().__version__, code=_code_digest())
-    passes = {k: v for k, v in _read_memo().items() if v.get("code") == _code_digest()}
-    passes[key] = entry
+    entry = entry | dict(
+        transformers=_loading.transformers_module().__version__, code=_code_digest()
+    )
+    sections = {
+        name: {k: v for k, v in entries.items()
+               if isinstance(v, dict) and v.get("code") == _code_digest()}
+        for name, entries in _sections().items() if isinstance(entries, dict)
+    }  # fmt: skip
+    sections.setdefault(section, {})[key] = entry
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=folder, prefix=".verified-", suffix=".tmp")
         with os.fdopen(handle, "w") as file:
-            json.dump({"passes": passes}, file, indent=1, sort_keys=True)
+            json.dump(sections, file, indent=1, sort_keys=True)
         os.replace(temporary, folder / _MEMO)
     except OSError:
         pass
+
+
+def _remember(key: str, entry: dict[str, Any]) -> None:
+    remember(key, entry)

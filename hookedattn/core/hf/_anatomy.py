@@ -1,0 +1,623 @@
+"""A checkpoint's anatomy, recognised by watching its tiny twin run.
+
+The importer by convention (`_convention`) needs to know, for an architecture no family
+module describes, what its pieces are and how they connect. It does not read the modeling
+code; it builds the checkpoint's tiny twin (`_tiny`: its own config class, few layers,
+small widths, random weights), runs it once with a forward hook on every piece of the
+first decoder layer and of the base model, and reads the answers off what it sees:
+
+    where           the list of decoder layers (the module list as long as the twin has
+                    layers), the embedding and unembedding (`get_input_embeddings` /
+                    `get_output_embeddings`), the final norm (the norm the base model calls
+                    after its last layer)
+    the block       which norms read the stream before a sublayer and which norm what a
+                    sublayer wrote (by following the tensors: a norm whose output the
+                    attention reads is `ln1`, one whose input is the attention's output is
+                    `ln1_post`, ...), and whether the MLP reads the stream the attention
+                    read (a parallel block)
+    the norms       what each norm computes, by calling it: RMSNorm with gain `w` or
+                    `1 + w`, LayerNorm with or without bias or gain, and its epsilon
+    the activation  the MLP's, by calling it on a range of values against ours
+    the scalars     what multiplies the embedding, each sublayer's write and the logits, and
+                    the attention's softmax scale, each measured on the twin and explained
+                    by the config field it comes from (`Scale`), so that it carries over to
+                    the checkpoint's own sizes
+    the weights     each linear map's role by its name (`q_proj`, `query`, `wq`, `qkv_proj`,
+                    `gate_proj`, `fc1`, ...), its bias by its presence, q/k norms over a
+                    head or over the whole projection by their gains' widths
+
+A piece it does not recognise (a sublayer of another kind, a weight without a role, norms
+that differ from layer to layer, an activation we do not compute) is a `ValueError` naming
+it: the architecture is refused, never guessed at. What it recognises is still only a
+hypothesis: `_verify` then checks the import against `transformers` on the same twin.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hookedattn.core.components.mlp import ACTIVATIONS
+from hookedattn.core.hf import _loading, _tiny, _verify
+
+# A linear map's role -> the names architectures give it.
+ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
+    "q": ("q_proj", "query", "wq", "q"),
+    "k": ("k_proj", "key", "wk", "k"),
+    "v": ("v_proj", "value", "wv", "v"),
+    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
+    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
+}
+MLP_ROLES: dict[str, tuple[str, ...]] = {
+    "gate": ("gate_proj", "w1", "wi_0"),
+    "up": ("up_proj", "w3", "wi_1", "fc1", "fc_in", "c_fc", "dense_h_to_4h"),
+    "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h"),
+    "gate_up": ("gate_up_proj",),  # [gate; up] along the outputs
+}
+QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
+            "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
+_ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn")
+_EPSILONS = ("variance_epsilon", "eps", "epsilon")
+_ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
+_TOKENS = (2, 7)
+# Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
+# (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
+NORM_KINDS = ("rms", "rms_one_plus", "rms_bare", "layer", "layer_one_plus", "layer_bare")
+# Epsilons tried on a norm that keeps none as an attribute (after the config's own).
+_USUAL_EPSILONS = (1e-5, 1e-6)
+_CONFIG_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """A scalar the twin showed, as a function of the config: `kind` of config field
+    `field` ("one": 1; "value": the field; "inverse": 1 / it; "sqrt", "rsqrt": its square
+    root and the inverse of that; `field` "d_head" is the attention's head width)."""
+
+    kind: str = "one"
+    field: str = ""
+
+    def of(self, hf_config: Any, d_head: int) -> float:
+        """The scalar for `hf_config`."""
+        if self.kind == "one":
+            return 1.0
+        x = float(d_head if self.field == "d_head" else getattr(hf_config, self.field))
+        return {"value": x, "inverse": 1 / x, "sqrt": math.sqrt(x), "rsqrt": x**-0.5}[self.kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class Anatomy:
+    """What `recognise` found: names relative to the model (`layers`, `embed`, ...) or to a
+    decoder layer (`attn`, `mlp`, norms), and the kinds and scalars above."""
+
+    architecture: str
+    layers: str  # "model.layers"
+    base: str  # "model." (the base model's prefix; "" when there is none)
+    embed: str  # "model.embed_tokens"
+    final_norm: str  # "model.norm"
+    unembed: str  # "lm_head"
+    attn: str  # "self_attn"
+    mlp: str  # "mlp"; "" where the MLP's maps are the layer's own (`fc1`, `fc2`)
+    norms: tuple[tuple[str, str], ...]  # (ours, the layer's child), e.g. ("ln1", "input_layernorm")
+    placement: str  # "pre", "post" or "pre_and_post"
+    parallel: bool
+    norm_kind: str  # one of NORM_KINDS, every norm of the model
+    norm_bias: bool
+    eps: float
+    attn_maps: tuple[tuple[str, str, bool], ...]  # (role, name, has bias)
+    qk_norm: str | None  # None, "per_head" or "whole"
+    qk_norm_names: tuple[str, str] | None
+    mlp_maps: tuple[tuple[str, str, bool], ...]
+    act_fn: str
+    embed_scale: Scale
+    attn_scale: Scale  # the softmax's: scores are multiplied by it
+    attn_write: Scale  # what the attention's write is multiplied by before it is added
+    mlp_write: Scale
+    logit_scale: Scale
+    rotary: bool
+    tied: bool
+    unembed_bias: bool
+    sinks: bool  # one learned logit per head in every softmax (`use_attn_sinks`)
+    positions: str | None  # the learned absolute positions' table ("model.embed_positions")
+    position_offset: int  # the row of position 0 in it
+    unused: tuple[str, ...]  # a layer's pieces a causal LM never calls (cross-attention)
+    logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
+    rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
+    # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
+    rotary_on: str = "all"
+
+    def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
+        """The name of the linear map with `role` and whether it has a bias; None if none."""
+        return next(((name, bias) for r, name, bias in maps if r == role), None)
+
+
+def architecture_of(hf_config: Any) -> str:
+    """The `transformers` causal-LM class of a config: the one it names, else the one its
+    model type is registered with (by name: its modeling code is not imported here)."""
+    transformers = _loading.transformers_module()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for name in getattr(hf_config, "architectures", None) or []:
+        if name in causal:
+            return name
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
+    if name is None:
+        raise ValueError(
+            f"model_type {getattr(hf_config, 'model_type', None)!r} names no causal LM "
+            f"transformers {transformers.__version__} knows"
+        )
+    return name
+
+
+def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
+    """The anatomy of `hf_config`'s architecture, read off its tiny twin (module
+    docstring), or remembered from an earlier reading of the same structure (the memo's
+    "anatomies", `_verify`: no twin built); a `ValueError` names the first piece not
+    recognised. `architecture`: the causal-LM class, when known (a live model's)."""
+    architecture = architecture or architecture_of(hf_config)
+    if not hasattr(hf_config, "num_hidden_layers"):
+        parts = ", ".join(getattr(hf_config, "sub_configs", None) or ()) or "none"
+        raise ValueError(f"a composite config (its parts: {parts}): import its language model")
+    try:
+        twin_config = _tiny.tiny_config(hf_config)
+        key = _verify.structure_key(twin_config, architecture=architecture, kind="anatomy")
+        known = _verify.read_memo("anatomies").get(key)
+        if known is not None:
+            return _from_json(known["anatomy"])
+        with torch.random.fork_rng(devices=[]):
+            twin = _tiny.random_hf_model(
+                getattr(_loading.transformers_module(), architecture), twin_config
+            )
+        anatomy = _Reader(twin, twin_config, architecture).anatomy()
+    except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
+        raise ValueError(
+            f"its tiny twin could not be read ({type(error).__name__}: {error})"
+        ) from error
+    _verify.remember(key, {"anatomy": dataclasses.asdict(anatomy)}, section="anatomies")
+    return anatomy
+
+
+def _from_json(fields: dict[str, Any]) -> Anatomy:
+    """An anatomy as `recognise` stored it (`dataclasses.asdict`: lists for tuples)."""
+
+    def tupled(x: Any) -> Any:
+        return tuple(tupled(i) for i in x) if isinstance(x, list) else x
+
+    values = {k: Scale(**v) if isinstance(v, dict) else tupled(v) for k, v in fields.items()}
+    return Anatomy(**values)
+
+
+class _Reader:
+    """One twin, watched: `anatomy` does the reading."""
+
+    def __init__(self, twin: nn.Module, config: Any, architecture: str) -> None:
+        self.twin, self.config, self.architecture = twin, config, architecture
+        self.names = {id(m): name for name, m in twin.named_modules()}
+        self.layers_name, layers = _layer_list(twin, config)
+        self.layers = list(layers)
+        self.layer = self.layers[0]
+        self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
+        self.base = twin.get_submodule(self.base_name) if self.base_name else twin
+
+    def anatomy(self) -> Anatomy:
+        children = dict(self.layer.named_children())
+        attn = _child(children, _ATTENTION_NAMES, "Attention", "attention sublayer")
+        mlp = _mlp_child(children)
+        self._check_layers_alike()
+        capped = getattr(self.config, "final_logit_softcapping", None) is not None
+        calls, logits, embed_ratio, positions = self._watch(capped)
+        called = {name for name, _, _ in calls}
+        # Cross-attention an encoder would feed is never called in a causal LM: unused.
+        unused = tuple(n for n in children if n not in called and _is_cross(n))
+        flat = _flat_mlp(children) if mlp == "" else ()
+        norm_names = [n for n, m in children.items() if _is_norm(m) and n not in unused]
+        others = [
+            f"{n} ({type(m).__name__})" for n, m in children.items()
+            if n not in (attn, mlp, *flat, *norm_names, *unused, *_ACTIVATION_NAMES)
+            and not isinstance(m, nn.Dropout | nn.Identity)
+        ]  # fmt: skip
+        if others:
+            raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
+        if flat:  # the layer's own fc1/fc2: the MLP reads the first's input, writes the second's
+            ins = {name: (x, y) for name, x, y in calls}
+            calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
+        norms, parallel, writes = _wiring(calls, attn, mlp, norm_names)
+        placement = _placement({ours for ours, _ in norms})
+        attn_module = children[attn]
+        mlp_module = children[mlp] if mlp else self.layer
+        norm_modules = [children[hf] for _, hf in norms] + [self._final_norm()]
+        qk = _qk_norms(attn_module)
+        epsilons = [getattr(self.config, f) for f in _CONFIG_EPSILONS if hasattr(self.config, f)]
+        kind, bias, eps = _norm_kind(
+            [*norm_modules, *(getattr(attn_module, n) for n in qk or ())],
+            (*epsilons, *_USUAL_EPSILONS),
+        )
+        embed = self.twin.get_input_embeddings()
+        d_head = _head_width(attn_module, self.config)
+        return Anatomy(
+            architecture=self.architecture,
+            layers=self.layers_name,
+            base=f"{self.base_name}." if self.base_name else "",
+            embed=self.names[id(embed)],
+            final_norm=self.names[id(self._final_norm())],
+            unembed=self.names[id(self.twin.get_output_embeddings())],
+            attn=attn,
+            mlp=mlp,
+            norms=tuple(norms),
+            placement=placement,
+            parallel=parallel,
+            norm_kind=kind,
+            norm_bias=bias,
+            eps=eps,
+            attn_maps=_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
+            qk_norm=_qk_norm_kind(attn_module, qk, d_head),
+            qk_norm_names=qk,
+            mlp_maps=_maps(mlp_module, MLP_ROLES, skip=(), only=flat or None),
+            positions=positions[0],
+            position_offset=positions[1],
+            unused=unused,
+            act_fn=_activation(mlp_module),
+            embed_scale=self._explain(embed_ratio, "embedding scale"),
+            attn_scale=self._explain(_attention_scaling(attn_module, d_head), "softmax scale",
+                                     d_head=d_head),
+            attn_write=self._explain(writes[0], "attention's write scale"),
+            mlp_write=self._explain(writes[1], "MLP's write scale"),
+            logit_scale=self._explain(logits, "logit scale"),
+            logit_cap=capped,
+            rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
+            tied=self.twin.get_output_embeddings().weight is embed.weight,
+            unembed_bias=getattr(self.twin.get_output_embeddings(), "bias", None) is not None,
+        )  # fmt: skip
+
+    def _check_layers_alike(self) -> None:
+        first = _shapes(self.layer)
+        differing = [i for i, layer in enumerate(self.layers) if _shapes(layer) != first]
+        if differing:
+            raise ValueError(
+                f"decoder layers {differing} hold other pieces than layer 0 (a hybrid or a "
+                "per-layer variant): not recognised by convention"
+            )
+
+    def _final_norm(self) -> nn.Module:
+        norms = [m for n, m in self.base.named_children() if _is_norm(m)]
+        if len(norms) != 1:
+            raise ValueError(
+                f"the base model holds {len(norms)} norms beside its layers "
+                f"({[type(m).__name__ for m in norms]}); one final norm is recognised"
+            )
+        return norms[0]
+
+    def _watch(
+        self, capped: bool
+    ) -> tuple[list[tuple[str, Tensor, Tensor]], float, float, tuple[str | None, int]]:
+        """Run the twin; the calls of the first layer's pieces (name, input, output) in
+        order, the layer's own call first, the logit scale (of the logits before their soft
+        cap, when `capped`), the embedding's scale, and the learned positions' table and
+        offset (None, 0 without)."""
+        calls: list[tuple[str, Tensor, Tensor]] = []
+        seen: dict[str, Tensor] = {}
+
+        def hook(name: str) -> Callable[..., None]:
+            def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+                calls.append((name, _first_tensor(args, kwargs), _first_output(output)))
+
+            return record
+
+        def keep(name: str) -> Callable[..., None]:
+            def record(module: nn.Module, args: tuple, output: Any) -> None:
+                seen[name] = _first_output(output)
+
+            return record
+
+        handles = [self.layer.register_forward_hook(hook(""), with_kwargs=True)]
+        handles += [
+            m.register_forward_hook(hook(n), with_kwargs=True)
+            for n, m in self.layer.named_children()
+        ]
+        embed = self.twin.get_input_embeddings()
+        tables = {n: m for n, m in self.base.named_children()
+                  if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
+        handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
+        handles.append(embed.register_forward_hook(keep("embed")))
+        handles.append(self.twin.get_output_embeddings().register_forward_hook(keep("unembed")))
+        tokens = torch.randint(
+            0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
+        )
+        try:
+            with torch.no_grad():
+                logits = self.twin(tokens).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+        scale = _ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
+        # The layer's own call is recorded last (its hook runs after its children's).
+        calls = [calls[-1], *calls[:-1]]
+        positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
+        if capped:  # undone: cap * atanh(logits / cap)
+            cap = float(self.config.final_logit_softcapping)
+            logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
+        return calls, _ratio(logits, seen["unembed"], "the logits"), scale, positions
+
+    def _positions(
+        self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]
+    ) -> tuple[str | None, int]:
+        """Which table's rows (and from which row) were added to the embedding before the
+        first layer; a ValueError if anything else was."""
+        tolerance = 1e-6 * (float(added.abs().max()) + 1e-12)
+        if float(added.abs().max()) <= 1e-7:
+            return None, 0
+        for name, table in tables.items():
+            if name in seen and torch.allclose(added, seen[name].expand_as(added), atol=tolerance):
+                rows, weight = added[0], table.weight.detach()
+                for offset in range(weight.shape[0] - rows.shape[0] + 1):
+                    if torch.allclose(weight[offset : offset + len(rows)], rows, atol=tolerance):
+                        return f"{self.base_name}.{name}".lstrip("."), offset
+        raise ValueError(
+            "the stream entering the first layer is not the embedding (plus "
+            "learned positions): an embedding norm or positions we do not read"
+        )
+
+    def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
+        """The config field (or the head width) that `value` is a function of."""
+        if math.isclose(value, 1.0, rel_tol=1e-6):
+            return Scale()
+        fields = {k: v for k, v in self.config.to_dict().items()
+                  if isinstance(v, int | float) and not isinstance(v, bool) and v > 0}  # fmt: skip
+        candidates = [("d_head", float(d_head))] if d_head else []
+        candidates += [(k, float(v)) for k, v in fields.items()]
+        for field, x in candidates:
+            for kind, f in (("value", x), ("inverse", 1 / x), ("sqrt", math.sqrt(x)),
+                            ("rsqrt", x**-0.5)):  # fmt: skip
+                if math.isclose(value, f, rel_tol=1e-5):
+                    return Scale(kind, field)
+        raise ValueError(f"the {what} {value:.6g} is no config field's function")
+
+
+def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:
+    for name, module in twin.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == config.num_hidden_layers:
+            return name, module
+    raise ValueError(f"no list of {config.num_hidden_layers} decoder layers found")
+
+
+def _child(children: dict[str, nn.Module], names: tuple[str, ...], kind: str, what: str) -> str:
+    found = [n for n in names if n in children]
+    found = found or [n for n, m in children.items() if type(m).__name__.endswith(kind)]
+    if len(found) != 1:
+        raise ValueError(f"a decoder layer holds {len(found)} {what}s ({found}); one recognised")
+    return found[0]
+
+
+def _mlp_child(children: dict[str, nn.Module]) -> str:
+    """The MLP sublayer's name; "" where the layer holds its MLP's maps itself."""
+    if _flat_mlp(children):
+        return ""
+    return _child(children, _MLP_NAMES, "MLP", "MLP sublayer")
+
+
+def _flat_mlp(children: dict[str, nn.Module]) -> tuple[str, ...]:
+    """The names of an MLP's input and output maps held by the layer itself (BioGPT,
+    Whisper's decoder: `fc1`, `fc2`), or ()."""
+    if any(n in children for n in _MLP_NAMES):
+        return ()
+    up = next((n for n in MLP_ROLES["up"] if n in children), None)
+    down = next((n for n in MLP_ROLES["down"] if n in children), None)
+    return (up, down) if up and down else ()
+
+
+def _is_cross(name: str) -> bool:
+    return "encoder" in name or "cross" in name
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def _shapes(module: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {n: (type(m).__name__, tuple(p.shape) if (p := getattr(m, "weight", None)) is not None
+                else ()) for n, m in module.named_modules()}  # fmt: skip
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Tensor:
+    for value in (*args, kwargs.get("hidden_states"), *kwargs.values()):
+        if isinstance(value, Tensor):
+            return value
+    raise ValueError("a piece of the layer was called without a tensor")
+
+
+def _first_output(output: Any) -> Tensor:
+    return output[0] if isinstance(output, tuple | list) else output
+
+
+def _wiring(
+    calls: list[tuple[str, Tensor, Tensor]], attn: str, mlp: str, norm_names: list[str]
+) -> tuple[list[tuple[str, str]], bool, tuple[float, float]]:
+    """Our norm names for the layer's norms, whether the block is parallel, and the scalar
+    each sublayer's write is multiplied by, from the tensors the calls passed."""
+    (_, resid, out), *pieces = calls
+    called = {name: (x, y) for name, x, y in pieces}
+    if attn not in called or mlp not in called:
+        raise ValueError("the twin's first layer did not call both its sublayers")
+    attn_in, attn_out = called[attn]
+    mlp_in, mlp_out = called[mlp]
+    norms = []
+    for name in norm_names:
+        if name not in called:
+            raise ValueError(f"the norm {name} is never called")
+        x, y = called[name]
+        if y is attn_in:
+            norms.append(("ln1", name))
+        if y is mlp_in:
+            norms.append(("ln2", name))
+        if x is attn_out:
+            norms.append(("ln1_post", name))
+        if x is mlp_out:
+            norms.append(("ln2_post", name))
+        if not any(hf == name for _, hf in norms):
+            raise ValueError(f"the norm {name} neither feeds a sublayer nor reads its output")
+    ours = dict(norms)
+    written_attn = called[ours["ln1_post"]][1] if "ln1_post" in ours else attn_out
+    written_mlp = called[ours["ln2_post"]][1] if "ln2_post" in ours else mlp_out
+    reads = called[ours["ln2"]][0] if "ln2" in ours else mlp_in
+    parallel = (
+        reads is resid
+        or (reads is attn_in and "ln1" in ours)
+        or bool("ln2" in ours and ours["ln2"] == ours.get("ln1"))
+    )
+    if parallel:  # out = resid + a A + m M: both scalars from one least-squares fit
+        basis = torch.stack([written_attn.flatten(), written_mlp.flatten()], dim=1).double()
+        fit = torch.linalg.lstsq(basis, (out - resid).flatten().double()[:, None]).solution
+        scales = (float(fit[0]), float(fit[1]))
+        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
+    else:
+        scales = (
+            _ratio(reads - resid, written_attn, "what the attention adds to the stream"),
+            _ratio(out - reads, written_mlp, "what the MLP adds to the stream"),
+        )
+        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
+    if not torch.allclose(rebuilt.double(), out.double(), rtol=1e-4, atol=1e-6):
+        raise ValueError("the layer's output is not its input plus what its sublayers write")
+    return norms, parallel, scales
+
+
+def _placement(ours: set[str]) -> str:
+    for placement, names in (("pre", {"ln1", "ln2"}), ("post", {"ln1_post", "ln2_post"}),
+                             ("pre_and_post", {"ln1", "ln2", "ln1_post", "ln2_post"})):  # fmt: skip
+        if ours == names:
+            return placement
+    raise ValueError(f"norms at {sorted(ours)}: not one of pre, post or pre-and-post norms")
+
+
+def _ratio(got: Tensor, base: Tensor, what: str) -> float:
+    """The one scalar `s` with `got = s * base`; a ValueError naming `what` if none."""
+    got, base = got.double(), base.double()
+    s = float((got * base).sum() / (base * base).sum())
+    if not torch.allclose(got, s * base, rtol=1e-4, atol=1e-7 * float(base.abs().max())):
+        raise ValueError(f"{what} is no scalar multiple of what it is made from")
+    return s
+
+
+def _norm_kind(modules: list[nn.Module], epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
+    """The one kind, bias and epsilon of every norm in `modules`, by calling each (with
+    `epsilons` tried where a norm keeps none as an attribute)."""
+    found = {_one_norm(m, epsilons) for m in modules}
+    if len(found) != 1:
+        raise ValueError(f"norms of different kinds or epsilons: {sorted(found)}")
+    return found.pop()
+
+
+def _one_norm(module: nn.Module, epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
+    """What one norm computes: its kind, whether it has a bias, its epsilon. The input is
+    as small as an epsilon, so that a wrong one shows."""
+    kept = next((float(getattr(module, a)) for a in _EPSILONS if hasattr(module, a)), None)
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    shape = getattr(module, "normalized_shape", None) or (8,)
+    width = weight.shape[-1] if weight is not None else int(shape[-1])
+    x = 1e-2 * (torch.randn(3, width, generator=torch.Generator().manual_seed(2)) + 0.5)
+    with torch.no_grad():
+        got = module(x).double()
+    x = x.double()
+    w = weight.double() if weight is not None else None
+    b = bias.double() if bias is not None else 0.0
+    for eps in (kept,) if kept is not None else epsilons:
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        layer = nn.functional.layer_norm(x, (width,), eps=eps)
+        candidates = {
+            "rms": (rms * w) if w is not None else None,
+            "rms_one_plus": (rms * (1 + w)) if w is not None else None,
+            "rms_bare": rms if w is None and bias is None else None,
+            "layer": (layer * w + b) if w is not None else None,
+            "layer_one_plus": (layer * (1 + w) + b) if w is not None else None,
+            "layer_bare": layer if w is None and bias is None else None,
+        }
+        for kind, expected in candidates.items():
+            if expected is not None and torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                return kind, bias is not None, float(eps)
+    raise ValueError(
+        f"{type(module).__name__} computes no norm we know (epsilons tried: "
+        f"{(kept,) if kept is not None else epsilons})"
+    )
+
+
+def _qk_norms(attn: nn.Module) -> tuple[str, str] | None:
+    children = dict(attn.named_children())
+    q = next((n for n in QK_NORMS["q_norm"] if n in children), None)
+    k = next((n for n in QK_NORMS["k_norm"] if n in children), None)
+    if (q is None) != (k is None):
+        raise ValueError("a norm of the queries or the keys, not both: not recognised")
+    return None if q is None else (q, k)
+
+
+def _qk_norm_kind(attn: nn.Module, names: tuple[str, str] | None, d_head: int) -> str | None:
+    if names is None:
+        return None
+    gain = getattr(getattr(attn, names[0]), "weight", None)
+    if gain is None:
+        return "per_head"  # without parameters: per head (the verification will tell)
+    width = gain.shape
+    if tuple(width) == (d_head,):
+        return "per_head"
+    if len(width) == 1 and width[0] % d_head == 0 and width[0] > d_head:
+        return "whole"
+    raise ValueError(f"q/k norm gains of shape {tuple(width)}: neither one head's nor all heads'")
+
+
+def _maps(
+    module: nn.Module,
+    roles: dict[str, tuple[str, ...]],
+    skip: tuple[str, ...],
+    own_allowed: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
+) -> tuple[tuple[str, str, bool], ...]:
+    """Each weight-bearing child (of those named `only`, when given) as (role, name, has a
+    bias): every one must have a role, and a module must hold no parameter of its own but
+    those `own_allowed`."""
+    own = [n for n, _ in module.named_parameters(recurse=False) if n not in own_allowed]
+    if own:
+        raise ValueError(f"{type(module).__name__} holds parameters not recognised: {own}")
+    found = []
+    for name, child in module.named_children():
+        if name in skip or (only is not None and name not in only):
+            continue
+        if not any(True for _ in child.parameters()):
+            continue
+        role = next((r for r, names in roles.items() if name in names), None)
+        if role is None or type(child) is not nn.Linear:
+            raise ValueError(f"{type(module).__name__}.{name} ({type(child).__name__}) has no role")
+        found.append((role, name, child.bias is not None))
+    return tuple(found)
+
+
+def _activation(mlp: nn.Module) -> str:
+    """Our name for the MLP's activation, by calling it on a range of values."""
+    act = next((getattr(mlp, a) for a in _ACTIVATION_NAMES
+                if callable(getattr(mlp, a, None))), None)  # fmt: skip
+    if act is None:
+        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
+    x = torch.linspace(-6, 6, 241)
+    with torch.no_grad():
+        got = act(x)
+    for name, ours in ACTIVATIONS.items():
+        if name != "solu_ln" and torch.allclose(got, ours(x), rtol=1e-6, atol=1e-6):
+            return name
+    raise ValueError(f"the activation {type(act).__name__} is none of ours: {sorted(ACTIVATIONS)}")
+
+
+def _head_width(attn: nn.Module, config: Any) -> int:
+    d_head = getattr(attn, "head_dim", None) or getattr(config, "head_dim", None)
+    return int(d_head or config.hidden_size // config.num_attention_heads)
+
+
+def _attention_scaling(attn: nn.Module, d_head: int) -> float:
+    if not getattr(attn, "is_causal", True):
+        raise ValueError(f"{type(attn).__name__} is not causal")
+    scaling = getattr(attn, "scaling", None)
+    if scaling is None:
+        raise ValueError(f"{type(attn).__name__} keeps no softmax scale (`scaling`)")
+    return float(scaling)

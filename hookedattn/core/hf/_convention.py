@@ -1,0 +1,382 @@
+"""The importer by convention: a family for an architecture no family module describes,
+derived from its anatomy (`_anatomy`: recognised by watching its tiny twin run).
+
+Everything a family module writes by hand is derived here from what was recognised:
+
+    config    the shape fields every `transformers` config spells alike (`hidden_size`,
+              `num_attention_heads`, `num_key_value_heads`, `head_dim`,
+              `intermediate_size`, `vocab_size`, `max_position_embeddings`), the rotary
+              positions and windows as `_translate` reads them, and from the anatomy the
+              norms (kind, placement, epsilon), the activation, a gated or plain and a
+              parallel or sequential block, q/k norms, the softmax scale
+    weights   one rule per recognised linear map and norm (`_table.Rule`): q/k/v/o or a
+              fused `[q; k; v]`, gate/up/down or a fused `[gate; up]`, biases where they
+              are and zeros where not, `1 + w` gains, and the scalars a model multiplies
+              its embedding, its sublayers' writes and its logits by folded into the
+              weights they multiply (so the model stays our plain components, and the
+              residual stream and its decomposition are the architecture's own)
+
+A rotary architecture may rotate each head's halves `(i, i + d / 2)` (ours, GPT-NeoX's,
+Llama's) or neighbouring pairs `(2i, 2i + 1)` (GPT-J's, GLM's, Cohere's): nothing in the
+module tree tells them apart, so `candidates` offers both and the verification keeps the
+one that computes what `transformers` computes; pairs are imported as GPT-J's are, by
+permuting each head's query and key dimensions.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _translate
+from hookedattn.core.hf._anatomy import Anatomy, Scale, recognise
+from hookedattn.core.hf._family import Family
+from hookedattn.core.hf._gemma2 import one_plus
+from hookedattn.core.hf._gptj import neighbours_to_halves
+from hookedattn.core.hf._table import Rule, Table, ones, zeros
+
+_NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
+               "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
+_MLP_IN, _MLP_OUT = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
+_HEADS_IN = "(head d_head) d_model -> head d_model d_head"
+
+
+@dataclasses.dataclass(frozen=True)
+class Convention:
+    """The config translation and table of one recognised anatomy."""
+
+    anatomy: Anatomy
+
+    def fields(self, hf_config: Any) -> dict[str, Any]:
+        """Our config's fields for `hf_config` (module docstring); a config without a field
+        the convention reads is a ValueError naming it."""
+        try:
+            return self._fields(hf_config)
+        except (AttributeError, KeyError) as error:
+            raise ValueError(f"its config lacks a field the convention reads: {error}") from error
+
+    def _fields(self, hf_config: Any) -> dict[str, Any]:
+        a, c = self.anatomy, _Decoder(hf_config)
+        d_head = head_width(c)
+        n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
+            n_kv = 1
+        rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
+        if a.positions is not None:
+            rotary = {"positional_embedding_type": "standard"}
+        roles = {role for role, _, _ in a.mlp_maps}
+        return {
+            "n_layers": c.num_hidden_layers,
+            "d_model": c.hidden_size,
+            "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
+            "d_vocab": c.vocab_size,
+            "n_heads": c.num_attention_heads,
+            "d_head": d_head,
+            "d_mlp": _mlp_width(c),
+            "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
+            "act_fn": a.act_fn,
+            "gated_mlp": bool(roles & {"gate", "gate_up"}),
+            "parallel_attn_mlp": a.parallel,
+            "normalization_type": _NORM_TYPES[a.norm_kind],
+            "normalization_placement": a.placement,
+            "eps": a.eps,
+            "use_qk_norm": a.qk_norm is not None,
+            "qk_norm_per_head": a.qk_norm != "whole",
+            "attn_scale": 1 / a.attn_scale.of(c, d_head),
+            "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
+            "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
+            "use_attn_sinks": a.sinks,
+            **rotary,
+            **_translate.window(c),
+        }
+
+    def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+        """The rules that read a checkpoint of this anatomy into `cfg`'s model."""
+        a = self.anatomy
+        scale = lambda s: s.of(hf_config, cfg.d_head)
+        rules = [
+            Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
+                 adjust=_times(scale(a.embed_scale))),
+            *self._position_rules(),
+            *self._norm_rules(hf_config, cfg),
+            *self._attention_rules(cfg, scale(a.attn_write)),
+            *self._mlp_rules(cfg, scale(a.mlp_write)),
+            *_norm(self.anatomy, "ln_final", a.final_norm, 1.0),
+            Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
+                 adjust=_times(scale(a.logit_scale))),
+            Rule("unembed.b_U", f"{a.unembed}.bias", "d_vocab_out -> d_vocab_out",
+                 adjust=_times(scale(a.logit_scale)))
+            if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
+        ]  # fmt: skip
+        return Table(
+            rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
+            aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
+            ignored=(
+                r"\.inv_freq$",
+                r"\.original_inv_freq$",
+                *(rf"\.{n}\." for n in a.unused),
+            ),
+            label=f"{a.architecture} (by convention)",
+            base_prefix=a.base,
+        )
+
+    def _position_rules(self) -> list[Rule]:
+        """The learned positions, from the row of position 0 on."""
+        a = self.anatomy
+        if a.positions is None:
+            return []
+        if a.position_offset not in (0, 2):
+            raise ValueError(f"positions from row {a.position_offset} of their table: only "
+                             "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip
+        pattern, name = "n_ctx d_model -> n_ctx d_model", f"{a.positions}.weight"
+        if a.position_offset == 0:
+            return [Rule("pos_embed.W_pos", name, pattern)]
+        return [Rule("pos_embed.W_pos", name, pattern, split=("pos_offset", "n_ctx"), part=1)]
+
+    def _norm_rules(self, hf_config: Any, cfg: HookedTransformerConfig) -> list[Rule]:
+        """Each block norm; a write scale multiplies a post-norm's gain and bias."""
+        a = self.anatomy
+        writes = {"ln1_post": a.attn_write, "ln2_post": a.mlp_write}
+        return [
+            rule
+            for ours, hf in a.norms
+            for rule in _norm(
+                a, f"blocks.{{layer}}.{ours}", f"{a.layers}.{{layer}}.{hf}",
+                writes.get(ours, Scale()).of(hf_config, cfg.d_head),
+            )
+        ]  # fmt: skip
+
+    def _attention_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+        a, b = self.anatomy, "blocks.{layer}.attn"
+        at = f"{a.layers}.{{layer}}.{a.attn}"
+        grouped = cfg.n_kv_heads != cfg.n_heads
+        kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if grouped else ("head", "W_K", "W_V")
+        order = self._order(cfg)
+        # Unlike a norm before it, a post-norm carries the write scale; W_O then does not.
+        o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
+        pieces = (("Q", "W_Q", "head", order), ("K", k_name, kv, order), ("V", v_name, kv, None))
+        rules = []
+        fused = a.role(a.attn_maps, "qkv")
+        split = ("head d_head", f"{kv} d_head", f"{kv} d_head")
+        for part, (letter, name, heads, permute) in enumerate(pieces):
+            pattern = f"({heads} d_head) d_model -> {heads} d_model d_head"
+            bias_name = name.replace("W", "b")
+            if fused:
+                rules.append(Rule(f"{b}.{name}", f"{at}.{fused[0]}.weight", pattern,
+                                  adjust=permute, split=split, part=part))  # fmt: skip
+                rules.append(
+                    Rule(f"{b}.{bias_name}", f"{at}.{fused[0]}.bias", f"({heads} d_head) -> "
+                         f"{heads} d_head", adjust=permute, split=split, part=part)
+                    if fused[1] else zeros(f"{b}.{bias_name}", f"{heads} d_head")
+                )  # fmt: skip
+                continue
+            hf, has_bias = a.role(a.attn_maps, letter.lower()) or (None, False)
+            if hf is None:
+                raise ValueError(f"no {letter.lower()} projection recognised")
+            rules.append(Rule(f"{b}.{name}", f"{at}.{hf}.weight", pattern, adjust=permute))
+            rules.append(
+                Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias", f"({heads} d_head) -> {heads} d_head",
+                     adjust=permute)
+                if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head")
+            )  # fmt: skip
+        o, o_bias = a.role(a.attn_maps, "o") or (None, False)
+        if o is None:
+            raise ValueError("no output projection recognised")
+        rules.append(
+            Rule(
+                f"{b}.W_O",
+                f"{at}.{o}.weight",
+                "d_model (head d_head) -> head d_head d_model",
+                adjust=_times(o_scale),
+            )
+        )
+        rules.append(
+            Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=_times(o_scale))
+            if o_bias
+            else zeros(f"{b}.b_O", "d_model")
+        )
+        if a.sinks:
+            rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
+        if a.qk_norm_names:
+            for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names, ("head", kv),
+                                       strict=True):  # fmt: skip
+                axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
+                if a.norm_kind in ("rms_bare", "layer_bare"):
+                    rules.append(ones(f"{b}.{ours}.w", axes))
+                    continue
+                pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
+                rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
+                                  adjust=_chain(_gain(a), order)))  # fmt: skip
+        return rules  # fmt: skip
+
+    def _mlp_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+        a, b = self.anatomy, "blocks.{layer}.mlp"
+        at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
+        out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
+        rules = []
+        fused = a.role(a.mlp_maps, "gate_up")
+        if fused:
+            if fused[1]:
+                raise ValueError("a fused gate/up projection with a bias: the gate has none here")
+            halves = ("d_mlp", "d_mlp")
+            rules += [Rule(f"{b}.W_gate", f"{at}.{fused[0]}.weight", _MLP_IN, split=halves),
+                      Rule(f"{b}.W_in", f"{at}.{fused[0]}.weight", _MLP_IN, split=halves, part=1),
+                      zeros(f"{b}.b_in", "d_mlp")]  # fmt: skip
+        else:
+            up, up_bias = a.role(a.mlp_maps, "up") or (None, False)
+            if up is None:
+                raise ValueError("no MLP input projection recognised")
+            gate = a.role(a.mlp_maps, "gate")
+            if gate:
+                if gate[1]:
+                    raise ValueError("a gate projection with a bias: the gate has none here")
+                rules.append(Rule(f"{b}.W_gate", f"{at}.{gate[0]}.weight", _MLP_IN))
+            rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", _MLP_IN))
+            rules.append(Rule(f"{b}.b_in", f"{at}.{up}.bias", "d_mlp -> d_mlp")
+                         if up_bias else zeros(f"{b}.b_in", "d_mlp"))  # fmt: skip
+        down, down_bias = a.role(a.mlp_maps, "down") or (None, False)
+        if down is None:
+            raise ValueError("no MLP output projection recognised")
+        rules.append(Rule(f"{b}.W_out", f"{at}.{down}.weight", _MLP_OUT, adjust=_times(out_scale)))
+        rules.append(
+            Rule(f"{b}.b_out", f"{at}.{down}.bias", "d_model -> d_model", adjust=_times(out_scale))
+            if down_bias
+            else zeros(f"{b}.b_out", "d_model")
+        )
+        return rules  # fmt: skip
+
+    def _order(self, cfg: HookedTransformerConfig) -> Callable[[Tensor], Tensor] | None:
+        """The permutation of each head's query and key dimensions for rotated pairs."""
+        if self.anatomy.rotary_layout != "pairs":
+            return None
+        order = neighbours_to_halves(cfg.rotary_dim or cfg.d_head, cfg.d_head)
+        return lambda W: W[..., order.to(W.device)]
+
+
+def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
+    """The rotary fields: `_translate.rotary`'s (one `rope_parameters` per layer type, as
+    Gemma 3 and OLMo 3 keep them, give the local layers a base of their own), and which
+    layers rotate (`no_rope_layers`, SmolLM 3's; or the anatomy's `rotary_on`)."""
+    c = hf_config
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    by_type = {k: v for k, v in rope.items() if k in ("full_attention", "sliding_attention")}
+    if by_type:
+        rope = dict(by_type.get("full_attention") or by_type["sliding_attention"])
+    if "rope_theta" not in rope:
+        theta = getattr(c, "rope_theta", None)
+        if theta is None:
+            raise ValueError("the config keeps no rotary base (rope_theta)")
+        rope["rope_theta"] = theta
+    if getattr(c, "partial_rotary_factor", None) is not None:
+        rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
+    fields = _translate.rotary(c, d_head, partial=True, yarn=True, rope=rope)
+    local = by_type.get("sliding_attention")
+    if local and local != by_type.get("full_attention", local):
+        if local.get("rope_type", "default") != "default":
+            raise ValueError(f"the sliding layers' rope_type {local['rope_type']!r}: only "
+                             "'default' is imported by convention")  # fmt: skip
+        fields["rotary_base_local"] = float(local["rope_theta"])
+    layer_types = getattr(c, "layer_types", None) or ()
+    if getattr(c, "no_rope_layers", None) is not None:
+        fields["rotary_layers"] = tuple(bool(f) for f in c.no_rope_layers)
+    elif anatomy.rotary_on == "sliding":
+        fields["rotary_layers"] = tuple(t == "sliding_attention" for t in layer_types)
+    return fields
+
+
+_DECODER_FIELDS = {"num_hidden_layers": "decoder_layers", "num_attention_heads":
+                   "decoder_attention_heads", "intermediate_size": "decoder_ffn_dim",
+                   "max_position_embeddings": "max_target_positions"}  # fmt: skip
+
+
+class _Decoder:
+    """A config read as a decoder's: an encoder-decoder config's `decoder_*` fields (its
+    causal LM is its decoder) in place of the ones `transformers` maps to the encoder's."""
+
+    def __init__(self, hf_config: Any) -> None:
+        self._config = hf_config
+
+    def __getattr__(self, name: str) -> Any:
+        own = _DECODER_FIELDS.get(name)
+        if own is not None and getattr(self._config, own, None) is not None:
+            return getattr(self._config, own)
+        return getattr(self._config, name)
+
+
+def _mlp_width(c: Any) -> int:
+    """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
+    where a config leaves it None, as GPT-2-like ones do)."""
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
+        if hasattr(c, name):
+            width = getattr(c, name)
+            return int(width) if width is not None else 4 * c.hidden_size
+    raise ValueError("the config names no MLP width (intermediate_size, n_inner, ffn_dim)")
+
+
+def head_width(hf_config: Any) -> int:
+    """A config's head width: `head_dim` where it sets one, else `hidden_size / heads`."""
+    c = hf_config
+    return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+
+
+def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
+    """The families the anatomy of `hf_config` allows, the likelier first: one, or for a
+    rotary architecture its rotation of halves, then of pairs (module docstring), in every
+    layer, then (where some layers slide a window and some do not) in the sliding ones only."""
+    anatomy = recognise(hf_config, architecture)
+    layouts = ("halves", "pairs") if anatomy.rotary else ("halves",)
+    types = set(getattr(hf_config, "layer_types", None) or ())
+    mixed = {"full_attention", "sliding_attention"} <= types
+    rotating = ("all", "sliding") if anatomy.rotary and mixed else ("all",)
+    families = []
+    for layout, on in ((layout, on) for on in rotating for layout in layouts):
+        convention = Convention(dataclasses.replace(anatomy, rotary_layout=layout, rotary_on=on))
+        families.append(
+            Family(
+                anatomy.architecture,
+                hf_config.model_type,
+                convention.fields,
+                convention.table,
+                variant=repr(convention.anatomy),
+            )
+        )
+    return families
+
+
+def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:
+    """The gain (and bias) of one norm, multiplied by `write`."""
+    kind, axes = anatomy.norm_kind, "d_model -> d_model"
+    if kind in ("layer_bare", "rms_bare"):
+        gain = ones(f"{ours}.w", "d_model", times=write)
+    else:
+        gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), _times(write)))
+    if _NORM_TYPES[kind] == "RMS":
+        return [gain]
+    bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=_times(write))
+            if anatomy.norm_bias else zeros(f"{ours}.b", "d_model"))  # fmt: skip
+    return [gain, bias]
+
+
+def _gain(anatomy: Anatomy) -> Callable[[Tensor], Tensor] | None:
+    return one_plus if anatomy.norm_kind in ("rms_one_plus", "layer_one_plus") else None
+
+
+def _times(factor: float) -> Callable[[Tensor], Tensor] | None:
+    if factor == 1.0:
+        return None
+    return lambda t: t * factor
+
+
+def _chain(*adjusts: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Tensor] | None:
+    steps = [f for f in adjusts if f is not None]
+    if not steps:
+        return None
+
+    def chained(t: Tensor) -> Tensor:
+        for step in steps:
+            t = step(t)
+        return t
+
+    return chained
