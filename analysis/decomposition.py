@@ -149,7 +149,7 @@ def _mlp_parts(
             "granularity='neuron' is for dense MLPs; this model's MLPs are mixtures of experts: "
             "use granularity='expert' (each expert's write, L0E3, ...)"
         )
-    if granularity == "expert" and model.cfg.is_moe:
+    if granularity == "expert" and model.cfg.layer_is_moe(layer):
         return _expert_parts(model, cache, layer)
     if granularity != "neuron":
         return [_given((f"L{layer}_mlp",), activation(cache, ("mlp_out", layer))[None])]

@@ -40,6 +40,12 @@ def _moe(model: HookedTransformer, layer: int) -> torch.nn.Module:
         )
     if not isinstance(layer, int) or isinstance(layer, bool) or not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must be an int in 0..{n_layers - 1} (or negative), got {layer!r}")
+    if not model.cfg.layer_is_moe(layer % n_layers):
+        raise ValueError(
+            f"block {layer % n_layers}'s MLP is dense (the first n_dense_layers="
+            f"{model.cfg.n_dense_layers} blocks are): its experts start at block "
+            f"{model.cfg.n_dense_layers}"
+        )
     return model.blocks[layer % n_layers].mlp
 
 

@@ -37,6 +37,7 @@ AXES = {
     7: "d_mlp",
     9: "d_mlp_shared",
     11: "d_vocab_out",
+    8: "d_head_v",
     1: "1",
 }
 _RMS_ROTARY = {"normalization_type": "RMS", "positional_embedding_type": "rotary"}
@@ -86,6 +87,16 @@ CONFIGURATIONS = {
         "output_logits_soft_cap": 30.0,
         "window_size": 2,
     },
+    "DeepSeek V3, Kimi K2 (multi-head latent attention: latents of queries and of keys and "
+    "values, a rotary key shared by every head, a narrower value head)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "silu",
+        "q_lora_rank": 10,
+        "kv_lora_rank": 12,
+        "rotary_dim": 2,
+        "d_head_v": 8,
+    },
     "OLMo 2 (norms after each sublayer only, q/k norm over all heads)": {
         **_RMS_ROTARY,
         "gated_mlp": True,
@@ -113,13 +124,16 @@ MOE_CONFIGURATIONS = {
         "shared_expert_gate": True,
     },
 }
-# The routing's axes are the experts and the chosen ones, sized like other axes here.
+# The routing's axes are the experts and the chosen ones, sized like other axes here; latent
+# attention's latents and shared rotary key have widths of their own: named from the code.
 _ROUTING = ("hook_router_logits", "hook_expert_indices", "hook_expert_weights")
+_LATENT = ("hook_q_latent", "hook_kv_latent", "hook_k_rope", "a_norm.hook_normalized",
+           "a_norm.hook_out")  # fmt: skip
 
 
 def shape_names(name: str, shape: tuple[int, ...]) -> str:
     """A recorded shape in axis names (`batch head query_pos key_pos`)."""
-    if _names.is_rows(name) or name.endswith(_ROUTING):
+    if _names.is_rows(name) or name.endswith(_ROUTING + _LATENT):
         return " ".join(_names.axis_names(name))
     axes = [AXES.get(size, str(size)) for size in shape]
     if name.endswith(("hook_attn_scores", "hook_pattern")):

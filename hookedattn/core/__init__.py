@@ -26,6 +26,8 @@ Axis names, used in every shape annotation and einops pattern in this package an
     d_model     the residual stream
     head        attention heads; d_head the width of one head's q, k, v, z
     kv_head     key/value heads (grouped-query attention)
+    q_rank, kv_rank  latent attention's query and key/value latents; d_rope the rotated
+                part of its query/key head; d_head_v its value head (d_head elsewhere)
     d_mlp       MLP neurons
     expert      the experts of a mixture of experts; k the experts one token uses
     row         one expert's rows: the tokens routed to it, in (batch, pos) order

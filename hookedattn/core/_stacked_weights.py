@@ -39,6 +39,12 @@ class StackedWeights:
             raise ValueError(f"a model with 0 layers has no {weight}")
         if module == "mlp" and self.cfg.attn_only:
             raise ValueError(f"an attention-only model has no {weight}")
+        first = getattr(self.blocks[0], module)
+        if not hasattr(first, weight):  # latent attention has no b_Q, b_K, b_V
+            raise ValueError(
+                f"this model's {module} ({type(first).__name__}) has no {weight}; its "
+                f"parameters are {[name for name, _ in first.named_parameters(recurse=False)]}"
+            )
         return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
 
     W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")

@@ -21,7 +21,10 @@ With attention sinks (GPT-OSS) both circuits are defined: a head's sink is one m
 a constant per head outside the QK circuit, and its value is zero, so it adds nothing to
 the OV circuit (the pattern's rows then sum to less than one). YaRN's attention factor
 scales queries and keys with the rotation, and is outside the circuits as the rotation is.
-A mixture of experts changes only the MLPs: these circuits are the attention's.
+A mixture of experts changes only the MLPs: these circuits are the attention's. Latent
+attention (DeepSeek) reads its keys and values from an RMS-normed latent of the stream, so
+it has no `d_model x d_model` circuits: `QK` and `OV` refuse it, and each layer's
+`attn.QK`, `attn.QK_rope` and `attn.OV` are its circuits between the latents.
 
 `HookedTransformer` exposes these as `model.QK`, `model.OV`, `model.W_E_pos`,
 `model.all_head_labels` and `model.tokens_to_residual_directions`.
@@ -60,6 +63,7 @@ def require_bilinear_scores(model: Model, what: str) -> None:
     gain) between the projection and the dot product, so no `d_model x d_model` matrix
     gives the scores: a QK circuit, and every score built from one, does not exist.
     """
+    _refuse_latent_attention(model, what, "QK")
     if model.cfg.use_qk_norm:
         raise ValueError(
             f"{what} needs attention scores bilinear in the residual stream, x_q W_Q W_K^T "
@@ -71,7 +75,20 @@ def require_bilinear_scores(model: Model, what: str) -> None:
 
 def OV(model: Model) -> FactoredMatrix:
     """Every head's OV circuit `W_V @ W_O`, `[layer head d_model d_model]`, factored."""
+    _refuse_latent_attention(model, "model.OV", "OV")
     return FactoredMatrix(model.W_V, model.W_O)
+
+
+def _refuse_latent_attention(model: Model, what: str, circuit: str) -> None:
+    """A `ValueError` for latent attention, whose circuits start from its normed latents."""
+    if model.cfg.is_latent_attention:
+        raise ValueError(
+            f"{what} needs heads that read the residual stream through a matrix; this model's "
+            f"attention is latent (kv_lora_rank={model.cfg.kv_lora_rank}): its keys and values "
+            f"(and queries, with q_lora_rank) are read from RMS-normed latents of the stream, "
+            f"so no d_model x d_model matrix gives them. Its circuits between the latents are "
+            f"model.blocks[layer].attn.{circuit} (components/latent_attention.py)"
+        )
 
 
 def W_E_pos(model: Model) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:

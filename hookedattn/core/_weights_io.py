@@ -314,11 +314,18 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("n_heads", "blocks.0.attn.W_Q", 0, lambda cfg: cfg.n_layers > 0),
     ("d_head", "blocks.0.attn.W_Q", 2, lambda cfg: cfg.n_layers > 0),
     ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
-    # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`.
-    ("num_experts", "blocks.0.mlp.W_in", 0, lambda cfg: _moe(cfg)),
-    ("d_mlp", "blocks.0.mlp.W_in", 2, lambda cfg: _moe(cfg)),
-    ("d_mlp_shared", "blocks.0.mlp.shared_expert.W_in", 1,
+    ("d_value", "blocks.0.attn.W_O", 1, lambda cfg: cfg.n_layers > 0),
+    ("kv_lora_rank", "blocks.0.attn.W_KV_a", 1,
+     lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
+    ("q_lora_rank", "blocks.0.attn.W_Q_a", 1,
+     lambda cfg: cfg.n_layers > 0 and cfg.q_lora_rank is not None),
+    # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`; its
+    # first blocks may keep dense MLPs (`{moe}`: the first block with experts).
+    ("num_experts", "blocks.{moe}.mlp.W_in", 0, lambda cfg: _moe(cfg)),
+    ("d_mlp", "blocks.{moe}.mlp.W_in", 2, lambda cfg: _moe(cfg)),
+    ("d_mlp_shared", "blocks.{moe}.mlp.shared_expert.W_in", 1,
      lambda cfg: _moe(cfg) and cfg.d_mlp_shared is not None),
+    ("d_mlp_dense", "blocks.0.mlp.W_in", 1, lambda cfg: _moe(cfg) and cfg.n_dense_layers > 0),
 )  # fmt: skip
 
 
@@ -327,7 +334,7 @@ def _dense_mlp(cfg: HookedTransformerConfig) -> bool:
 
 
 def _moe(cfg: HookedTransformerConfig) -> bool:
-    return cfg.n_layers > 0 and cfg.is_moe
+    return cfg.is_moe and cfg.n_dense_layers < cfg.n_layers
 
 
 def check_header(
@@ -355,7 +362,7 @@ def check_header(
         )
     problems = []
     for field, name, axis, needed in _PINS:
-        value = getattr(config, field)
+        value, name = getattr(config, field), name.format(moe=config.n_dense_layers)
         if not needed(config):
             continue
         if name not in header or len(header[name].shape) <= axis:

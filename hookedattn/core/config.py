@@ -23,6 +23,7 @@ NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSP
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
+ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -70,6 +71,10 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "rotary_layers": FieldSpec(tuple, optional=True),
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "q_lora_rank": FieldSpec(int, low=1, high=1 << 20, optional=True),
+    "kv_lora_rank": FieldSpec(int, low=1, high=1 << 20, optional=True),
+    "d_head_v": FieldSpec(int, low=1, high=1 << 16, optional=True),
+    "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,
@@ -87,6 +92,13 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "shared_expert_gate": _FLAG,
     "swiglu_limit": _OPTIONAL_POSITIVE,
     "swiglu_alpha": _POSITIVE,
+    "router_scoring": FieldSpec(str, choices=ROUTER_SCORINGS),
+    "n_expert_groups": FieldSpec(int, low=1, high=1 << 16),
+    "topk_expert_groups": FieldSpec(int, low=1, high=1 << 16),
+    "group_score_experts": FieldSpec(int, low=1, high=1 << 16),
+    "routed_scaling_factor": _POSITIVE,
+    "n_dense_layers": FieldSpec(int, low=0, high=100_000),
+    "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),
     "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "use_attn_result": _FLAG,
     "use_split_qkv_input": _FLAG,
@@ -141,6 +153,15 @@ class HookedTransformerConfig:
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS).
+    - multi-head latent attention (`kv_lora_rank`; DeepSeek V2/V3, Kimi K2): keys and
+      values are read from a shared low-rank latent of the stream (normed, width
+      `kv_lora_rank`), queries from one of width `q_lora_rank` (None: straight from the
+      stream), and each query/key head ends in `rotary_dim` rotated dimensions whose key
+      part is one projection shared by all heads; `d_head` is the query/key head width
+      (unrotated plus rotated parts), `d_head_v` the value head width (None: `d_head`;
+      it may differ only in latent attention; `d_value` is the width either way); the
+      latents' RMSNorms have their own epsilon `latent_norm_eps`.
+      `components.latent_attention`.
     - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names):
       each MLP is a router choosing `experts_per_token` of `num_experts` gated experts of
       width `d_mlp` per token, their outputs mixed by the router's softmax weights (over
@@ -148,7 +169,14 @@ class HookedTransformerConfig:
       token uses (Qwen2-MoE), scaled by `sigmoid(x @ W_shared_gate)` when
       `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU,
       `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
-      limit)`, in place of `act_fn`.
+      limit)`, in place of `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each
+      expert by `sigmoid(logit)` and chooses by the scores plus a learned choice bias
+      (`b_router_choice`). Either router may choose only among the experts of the
+      `topk_expert_groups` best of `n_expert_groups` groups (a group's score: the sum of
+      its `group_score_experts` best experts'; DeepSeek V3 2, V2 1), and weighs by the
+      scores (renormalised when `norm_topk_prob`) times `routed_scaling_factor`.
+      `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
+      (DeepSeek's `first_k_dense_replace`).
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
       residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
       `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
@@ -199,6 +227,10 @@ class HookedTransformerConfig:
     rotary_layers: tuple[bool, ...] | None = None
     d_vocab_out: int | None = None
     n_key_value_heads: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    d_head_v: int | None = None
+    latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
@@ -216,6 +248,13 @@ class HookedTransformerConfig:
     shared_expert_gate: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
+    router_scoring: str = "softmax"
+    n_expert_groups: int = 1
+    topk_expert_groups: int = 1
+    group_score_experts: int = 2
+    routed_scaling_factor: float = 1.0
+    n_dense_layers: int = 0
+    d_mlp_dense: int | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
     use_split_qkv_input: bool = False
@@ -255,6 +294,7 @@ class HookedTransformerConfig:
         if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
             set_("rotary_dim", self.d_head - self.d_head % 2)
         self._check_rotary()
+        self._check_latent_attention()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)
@@ -318,12 +358,18 @@ class HookedTransformerConfig:
                 )
 
     def _check_experts(self) -> None:
-        moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit")
+        moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
+                      "n_dense_layers", "d_mlp_dense")  # fmt: skip
+        routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
+                       group_score_experts=2, routed_scaling_factor=1.0)  # fmt: skip
         if self.num_experts is None:
             if self.experts_per_token is not None:
                 raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
             for field in moe_fields:
-                if getattr(self, field) not in (None, False):
+                if getattr(self, field) not in (None, False, 0):
+                    raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
+            for field, default in routing.items():
+                if getattr(self, field) != default:
                     raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
             return
         if self.experts_per_token is None:
@@ -333,6 +379,7 @@ class HookedTransformerConfig:
                 f"experts_per_token={self.experts_per_token} exceeds num_experts="
                 f"{self.num_experts}: a token chooses among the experts there are"
             )
+        self._check_routing()
         if self.attn_only or not self.gated_mlp or self.parallel_attn_mlp:
             raise ValueError(
                 "a mixture of experts replaces a sequential block's gated MLP: it needs "
@@ -340,6 +387,64 @@ class HookedTransformerConfig:
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+
+    def _check_routing(self) -> None:
+        groups, best = self.n_expert_groups, self.topk_expert_groups
+        if self.num_experts % groups or best > groups:
+            raise ValueError(
+                f"n_expert_groups={groups} must divide num_experts={self.num_experts}, and "
+                f"topk_expert_groups={best} be at most n_expert_groups"
+            )
+        if groups > 1 and self.num_experts // groups < self.group_score_experts:
+            raise ValueError(
+                f"n_expert_groups={groups} leaves {self.num_experts // groups} experts per "
+                f"group; a group's score is the sum of its group_score_experts="
+                f"{self.group_score_experts} best experts'"
+            )
+        if best * (self.num_experts // groups) < self.experts_per_token:
+            raise ValueError(
+                f"topk_expert_groups={best} groups of {self.num_experts // groups} experts "
+                f"hold fewer than experts_per_token={self.experts_per_token}"
+            )
+        if self.n_dense_layers and self.d_mlp_dense is None:
+            raise ValueError(
+                "n_dense_layers keeps dense MLPs in the first blocks: give d_mlp_dense"
+            )
+        if self.n_dense_layers > self.n_layers:
+            raise ValueError(
+                f"n_dense_layers={self.n_dense_layers} exceeds n_layers={self.n_layers}"
+            )
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_lora_rank is None:
+            if self.q_lora_rank is not None:
+                raise ValueError("q_lora_rank is a latent attention setting: give kv_lora_rank")
+            if self.d_head_v not in (None, self.d_head):
+                raise ValueError(
+                    f"d_head_v={self.d_head_v} differs from d_head={self.d_head}, which only "
+                    f"latent attention (kv_lora_rank) computes"
+                )
+            return
+        refused = [
+            f"{field}={getattr(self, field)!r}"
+            for field, plain in (
+                ("positional_embedding_type", "rotary"), ("n_key_value_heads", None),
+                ("use_split_qkv_input", False), ("use_attn_in", False),
+                ("use_qk_norm", False), ("use_attn_sinks", False),
+            )
+            if getattr(self, field) != plain
+        ]  # fmt: skip
+        if refused:
+            raise ValueError(
+                f"latent attention (kv_lora_rank={self.kv_lora_rank}) is built with rotary "
+                f"positions, one key/value head per query head and one shared input; these "
+                f"settings cannot go with it: {', '.join(refused)}"
+            )
+        if self.rotary_dim >= self.d_head:
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be below d_head={self.d_head}: in latent "
+                f"attention the rotated part ends each query/key head, after its unrotated part"
+            )
 
     def _check_rotary(self) -> None:
         if self.rotary_layers is not None:
@@ -384,6 +489,20 @@ class HookedTransformerConfig:
     def is_moe(self) -> bool:
         """Whether each block's MLP is a mixture of experts (`num_experts` set)."""
         return self.num_experts is not None
+
+    @property
+    def d_value(self) -> int:
+        """The width of a head's value and `z`: `d_head_v`, or `d_head` where it is None."""
+        return self.d_head if self.d_head_v is None else self.d_head_v
+
+    @property
+    def is_latent_attention(self) -> bool:
+        """Whether attention is multi-head latent attention (`kv_lora_rank` set)."""
+        return self.kv_lora_rank is not None
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether block `layer`'s MLP is a mixture of experts (past the dense first ones)."""
+        return self.is_moe and layer >= self.n_dense_layers
 
     @property
     def n_kv_heads(self) -> int:

@@ -19,7 +19,8 @@ from hookedattn.core.config import HookedTransformerConfig
 
 
 class KeyValueCacheEntry:
-    """One layer's past keys and values, `[batch pos kv_head d_head]` (keys after rotation).
+    """One layer's past keys and values, `[batch pos kv_head d_head]` (keys after rotation;
+    values `d_head_v` wide, which differs from `d_head` in latent attention).
 
     Appending stores the new positions in buffers with room to spare (doubled when full),
     so that a generation step copies its own token, not the whole past again;
@@ -32,7 +33,7 @@ class KeyValueCacheEntry:
     def __init__(
         self,
         past_keys: Float[Tensor, "batch pos head d_head"],
-        past_values: Float[Tensor, "batch pos head d_head"],
+        past_values: Float[Tensor, "batch pos head d_head_v"],
         frozen: bool = False,
     ) -> None:
         self.frozen = frozen
@@ -47,11 +48,15 @@ class KeyValueCacheEntry:
         d_head: int,
         dtype: torch.dtype,
         device: str | torch.device,
+        d_head_v: int | None = None,
     ) -> "KeyValueCacheEntry":
         """An empty entry owning buffers of `capacity` positions (it grows past them if
-        asked to, as any entry does)."""
-        shape = (batch, capacity, n_heads, d_head)
-        keys, values = (torch.empty(shape, dtype=dtype, device=device) for _ in range(2))
+        asked to, as any entry does); values `d_head_v` wide (default `d_head`)."""
+        d_head_v = d_head if d_head_v is None else d_head_v
+        keys, values = (
+            torch.empty((batch, capacity, n_heads, width), dtype=dtype, device=device)
+            for width in (d_head, d_head_v)
+        )
         entry = cls(keys.narrow(1, 0, 0), values.narrow(1, 0, 0))
         entry._keys, entry._values, entry._owned = keys, values, True
         return entry
@@ -77,21 +82,21 @@ class KeyValueCacheEntry:
         self._set(keys, self.past_values)
 
     @property
-    def past_values(self) -> Float[Tensor, "batch pos head d_head"]:
+    def past_values(self) -> Float[Tensor, "batch pos head d_head_v"]:
         """The values of the positions so far."""
         return self._values.narrow(1, 0, self._length)
 
     @past_values.setter
-    def past_values(self, values: Float[Tensor, "batch pos head d_head"]) -> None:
+    def past_values(self, values: Float[Tensor, "batch pos head d_head_v"]) -> None:
         """Replace the past values (read, never written to)."""
         self._set(self.past_keys, values)
 
     def append(
         self,
         new_keys: Float[Tensor, "batch new_pos head d_head"],
-        new_values: Float[Tensor, "batch new_pos head d_head"],
+        new_values: Float[Tensor, "batch new_pos head d_head_v"],
     ) -> tuple[
-        Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head"]
+        Float[Tensor, "batch all_pos head d_head"], Float[Tensor, "batch all_pos head d_head_v"]
     ]:
         """Past and new keys and values together; stored unless the cache is frozen."""
         if self.frozen:
@@ -164,7 +169,7 @@ class KeyValueCache:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         entries = [
             KeyValueCacheEntry.preallocated(
-                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device
+                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
             )
             for _ in range(cfg.n_layers)
         ]

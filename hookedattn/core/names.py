@@ -45,6 +45,8 @@ _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("mlp_in", "attn_in", "q_input", "k_input", "v_input")},
     **{n: _ATTN for n in ("q", "k", "v", "z", "result", "rot_q", "rot_k")},
     **{n: _ATTN for n in ("attn_scores", "pattern")},
+    # Latent attention's latents (after their norms) and its shared rotary key.
+    **{n: _ATTN for n in ("q_latent", "kv_latent", "k_rope")},
     **{n: _MLP for n in ("pre", "pre_linear", "mid", "post")},  # mid: solu_ln's, before its ln
     **{
         n: _MLP
@@ -211,6 +213,10 @@ _AXES: dict[str, str] = {
         for p in ("normalized", "out")
     },
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
+    # Latent attention (v and z are `d_head_v` wide there): its latents and shared key.
+    **{n: "batch pos q_rank" for n in ("q_latent", "q_a_norm_normalized", "q_a_norm_out")},
+    **{n: "batch pos kv_rank" for n in ("kv_latent", "kv_a_norm_normalized", "kv_a_norm_out")},
+    "k_rope": "batch pos d_rope",
     **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "mid", "post")},
     # The norm over the neurons of a `solu_ln` MLP (`blocks.0.mlp.ln.hook_normalized`).
     "mlp_ln_normalized": "batch pos d_mlp",
@@ -233,7 +239,7 @@ def axis_names(name: str) -> tuple[str, ...]:
     """
     parts = name.removesuffix("_grad").split(".")
     short = parts[-1].removeprefix("hook_")
-    if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
+    if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm"):
         short = f"{parts[-2]}_{short}"
     if parts[-3:-1] == ["mlp", "ln"]:  # a solu_ln MLP's norm, over the neurons
         short = f"mlp_ln_{short}"

@@ -146,7 +146,8 @@ def process_weights(
     fold, or with shortformer positions), `center_writing_weights` (skipped unless every
     reader of the stream is a LayerNorm, no norm follows a sublayer and the positions are
     not shortformer), `center_unembed` (skipped under a soft cap on the logits),
-    `fold_value_biases` (skipped with attention sinks). Logits change only by
+    `fold_value_biases` (skipped with attention sinks, and for latent attention, which has
+    no value bias). Logits change only by
     `center_unembed`'s per-position constant.
     """
     cfg = model.cfg
@@ -157,7 +158,7 @@ def process_weights(
         steps.append(_center_writing_weights)
     if center_unembed and cfg.output_logits_soft_cap is None:
         steps.append(_center_unembed)
-    if fold_value_biases and not cfg.use_attn_sinks:
+    if fold_value_biases and not cfg.use_attn_sinks and not cfg.is_latent_attention:
         steps.append(_fold_value_biases)
     return _processed(model, steps)
 
@@ -201,14 +202,10 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
     centre = cfg.normalization_type in _CENTRING_NORMS
     for layer in range(cfg.n_layers):
         attn, mlp = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
-        readers = [(f"{attn}.W_Q", f"{attn}.b_Q")]
-        for kind in "KV":  # grouped-query attention stores them as _W_K, _b_K, ...
-            grouped = f"{attn}._W_{kind}" in state
-            stored = f"{attn}._" if grouped else f"{attn}."
-            readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
-        _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
+        _fold_into_readers(state, f"blocks.{layer}.ln1", _attn_readers(cfg, attn, state), centre)
         if cfg.has_mlp:
-            _fold_into_readers(state, f"blocks.{layer}.ln2", _mlp_readers(cfg, mlp), centre)
+            readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
+            _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
         if cfg.has_mlp and cfg.act_fn == "solu_ln":
             _fold_neuron_norm(state, mlp)
     _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
@@ -234,10 +231,34 @@ def _fold_neuron_norm(state: State, mlp: str) -> None:
     state[f"{mlp}.W_out"] = _centred(W_out, dim=-2)
 
 
-def _mlp_readers(cfg: HookedTransformerConfig, mlp: str) -> list[tuple[str, str | None]]:
-    """The weights (and biases) that read an MLP's input: a dense MLP's, or a mixture's
-    router, experts (stacked, `[expert d_model d_mlp]`) and shared expert."""
-    if not cfg.is_moe:
+def _attn_readers(
+    cfg: HookedTransformerConfig, attn: str, state: State
+) -> list[tuple[str, str | None]]:
+    """The weights (and biases) that read an attention's input: W_Q, W_K, W_V (grouped-query
+    attention stores the last two as _W_K, _W_V), or latent attention's projections to its
+    latents and its shared rotary key (its latents' own norms keep their gains)."""
+    if cfg.is_latent_attention:
+        query = [(f"{attn}.W_Q", None)] if cfg.q_lora_rank is None else [
+            (f"{attn}.W_Q_a", f"{attn}.b_Q_a")
+        ]  # fmt: skip
+        return [
+            *query,
+            (f"{attn}.W_KV_a", f"{attn}.b_KV_a"),
+            (f"{attn}.W_K_rope", f"{attn}.b_K_rope"),
+        ]
+    readers: list[tuple[str, str | None]] = [(f"{attn}.W_Q", f"{attn}.b_Q")]
+    for kind in "KV":
+        stored = f"{attn}._" if f"{attn}._W_{kind}" in state else f"{attn}."
+        readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
+    return readers
+
+
+def _mlp_readers(
+    cfg: HookedTransformerConfig, mlp: str, experts: bool
+) -> list[tuple[str, str | None]]:
+    """The weights (and biases) that read an MLP's input: a dense MLP's, or (`experts`) a
+    mixture's router, experts (stacked, `[expert d_model d_mlp]`) and shared expert."""
+    if not experts:
         gate = [(f"{mlp}.W_gate", None)] if cfg.gated_mlp else []
         return [(f"{mlp}.W_in", f"{mlp}.b_in"), *gate]
     readers = [(f"{mlp}.W_router", f"{mlp}.b_router")]
@@ -331,6 +352,8 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
             "pattern sums to less than one, so b_V reaches the output scaled by each query's "
             "row sum: it is not a constant that b_O could take"
         )
+    if cfg.is_latent_attention:
+        return cfg  # its values have no bias to fold
     for layer in range(cfg.n_layers):
         attn = f"blocks.{layer}.attn"
         name = f"{attn}._b_V" if f"{attn}._b_V" in state else f"{attn}.b_V"

@@ -24,6 +24,13 @@ Queries = Float[Tensor, "batch query_pos head d_head"]
 KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 """The keys or values every query of a forward may read (a KV cache's past included)."""
 
+Values = Float[Tensor, "batch key_pos kv_head d_head_v"]
+"""The values every query of a forward may read; a head's value width `d_head_v` is its
+query/key width `d_head` except in latent attention."""
+
+HeadOutputs = Float[Tensor, "batch query_pos head d_head_v"]
+"""Each query head's `z`: its pattern's mix of the values."""
+
 Scores = Float[Tensor, "batch head query_pos key_pos"]
 """Attention scores, or the pattern after the softmax."""
 
@@ -31,6 +38,7 @@ Normed = Float[Tensor, "batch pos *rest"]
 """What a norm reads and writes: the stream, or per-head queries and keys."""
 
 __all__ = [
+    "HeadOutputs",
     "HeadVectors",
     "KeyValues",
     "KeyVectors",
@@ -39,4 +47,5 @@ __all__ = [
     "Queries",
     "Resid",
     "Scores",
+    "Values",
 ]

@@ -8,6 +8,7 @@ from hookedattn.core import names as _names
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
 from hookedattn.testing import _attention_identities as attn_ids
+from hookedattn.testing import _latent_identities as latent_ids
 from hookedattn.testing import _moe_identities as moe_ids
 from hookedattn.testing._identity import (
     TERMS,
@@ -45,7 +46,8 @@ def all_identities(model: HookedTransformer, constants: Constants) -> list[Ident
     return out + _unembed(model)
 
 
-_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "mlp.ln")  # mlp.ln: solu_ln's, over neurons
+# mlp.ln: solu_ln's, over neurons; attn.q_a_norm, attn.kv_a_norm: latent attention's latents'
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "mlp.ln", "attn.q_a_norm", "attn.kv_a_norm")
 
 
 def _has_norm(model: HookedTransformer, path: str) -> bool:
@@ -151,6 +153,9 @@ def _projections(model: HookedTransformer, layer: int) -> list[Identity]:
     normed = not isinstance(block.ln1, NoNorm)
     if split and normed:
         return []
+    if model.cfg.is_latent_attention:  # one shared input, through ln1
+        source = f"blocks.{layer}.ln1.hook_out" if normed else _act("resid_pre", layer)
+        return latent_ids.projections(model, layer, source)
     W_K, b_K, W_V, b_V = block.attn.key_value_weights()
     weights = {"q": (block.attn.W_Q, block.attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}
     per_head = split or hasattr(block, "hook_attn_in")
@@ -182,7 +187,7 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         stream = _act("mlp_in", layer)
     if not isinstance(block.ln2, NoNorm):
         stream = f"blocks.{layer}.ln2.hook_out"
-    if model.cfg.is_moe:
+    if model.cfg.layer_is_moe(layer):
         return [*out, *moe_ids.moe(mlp, layer, stream, _placed_norm(model, layer, "ln2_post"))]
     read = "... d_model, d_model d_mlp -> ... d_mlp"
     if hasattr(mlp, "W_gate"):
@@ -238,9 +243,9 @@ def _placed_norm(model: HookedTransformer, layer: int, which: str) -> NormAtScal
 def _norm_identity(model: HookedTransformer, path: str, x: str) -> list[Identity]:
     """`<path>.hook_normalized` and `<path>.hook_out` are norm(x) before and after the gain
     and bias, at its recorded scale; none where there is no norm."""
-    module = model.get_submodule(path)
-    if isinstance(module, NoNorm):
+    if not _has_norm(model, path):  # NoNorm, or none at all (latent attention's q/k)
         return []
+    module = model.get_submodule(path)
     norm = NormAtScale(path, module)
     axes = _names.axis_names(x)
 

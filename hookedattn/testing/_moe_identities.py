@@ -87,15 +87,19 @@ def _expert(moe_module: nn.Module, m: str, e: int, x: str, indices: str) -> list
 
 def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Module) -> Identity:
     renormalised = moe_module.normalize == moe_module._renormalized
+    scoring, factor = moe_module.router_scoring, moe_module.routed_scaling_factor
 
     def sides(get: Get) -> Sides:
-        chosen = get(logits).softmax(dim=-1).gather(-1, get(indices).long())
+        chosen = moe_module.scores(get(logits)).gather(-1, get(indices).long())
         if renormalised:
             chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+        chosen = moe_module.scaled(chosen)
         return Sides(get(weights), chosen, chosen)
 
     how = ", renormalised" if renormalised else ""
-    statement = f"{weights} == softmax({logits})[{indices}]{how}"
+    scores = f"{scoring}({logits})"
+    scaled = f" * {factor:g}" if factor != 1.0 else ""
+    statement = f"{weights} == {scores}[{indices}]{how}{scaled}"
     return Identity(statement, (weights, logits, indices), _names.axis_names(weights), VALUE, sides)
 
 

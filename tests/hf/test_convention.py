@@ -12,8 +12,10 @@ rotary, a parallel block and an unembedding bias (Phi); a fused gate/up projecti
 rotated pairs (GLM); learned positions and one key/value head in a fused projection
 (GPT-BigCode); an MLP whose maps the layer holds itself, positions from row 2 of their
 table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-decoder config
-and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA). The
-reference is the HF model itself, in float64.
+and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA);
+mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlmo, Aria with
+a shared expert, Granite-MoE with its multipliers). The reference is the HF model itself,
+in float64.
 """
 
 import pytest
@@ -28,7 +30,8 @@ from hookedattn.core.hf import _anatomy, _convention, _tiny, _verify  # noqa: E4
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
-                 "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa")  # fmt: skip
+                 "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
+                 "aria_text", "granitemoe")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -171,3 +174,20 @@ def test_a_recognised_anatomy_is_remembered(monkeypatch):
 
     monkeypatch.setattr(_tiny, "random_hf_model", no_twin)
     assert _anatomy.recognise(config) == first
+
+
+def test_a_mixture_by_convention_loads_from_its_files(tmp_path):
+    # `save_pretrained` writes one tensor per expert and projection, under names of the
+    # checkpoint's own (`_experts`): the folder route reads them.
+    reference = twin("mellum", seed=4)
+    reference.save_pretrained(tmp_path / "mellum")
+    model = HookedTransformer.from_hf(tmp_path / "mellum")
+    assert model.cfg.num_experts == reference.config.num_local_experts
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        assert torch.allclose(model(TOKENS), expected, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_a_router_with_a_choice_bias_is_refused_by_name():
+    with pytest.raises(ValueError, match="e_score_correction_bias"):
+        HookedTransformer.from_hf(twin("minimax_m2"))

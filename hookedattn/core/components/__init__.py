@@ -1,19 +1,21 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`, `make_mlp` or `MoE`, `make_norm`, `make_soft_cap`), so that every forward stays
-the equation it implements.
+`make_attention`: full, grouped or latent; `make_mlp` or `MoE`, `make_norm`,
+`make_soft_cap`), so that every forward stays the equation it implements.
 """
 
-from hookedattn.core.components.attention import Attention, GroupedQueryAttention, make_attention
+from hookedattn.core.components.attention import Attention, GroupedQueryAttention
 from hookedattn.core.components.block import (
     AttnInputs,
     AttnOnlyBlock,
     Block,
     ParallelBlock,
+    make_attention,
     make_block,
 )
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mlp import (
     MLP,
     GatedMLP,
@@ -46,6 +48,7 @@ __all__ = [
     "ExpertHooks",
     "GatedMLP",
     "GroupedQueryAttention",
+    "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
     "MoE",

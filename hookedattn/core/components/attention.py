@@ -43,7 +43,14 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCacheEntry
-from hookedattn.core.shapes import HeadVectors, KeyValues, KeyVectors, Queries
+from hookedattn.core.shapes import (
+    HeadOutputs,
+    HeadVectors,
+    KeyValues,
+    KeyVectors,
+    Queries,
+    Values,
+)
 
 # Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
 # input can be patched alone), each read by its own head's weights.
@@ -68,13 +75,7 @@ class Attention(nn.Module):
         self.W_O = _param(n_heads, d_head, d_model, cfg=cfg)
         self.b_Q = _param(n_heads, d_head, cfg=cfg)
         self.b_O = _param(d_model, cfg=cfg)
-        self.attn_scale = cfg.attn_scale
-        self.group = n_heads // cfg.n_kv_heads  # query heads per key/value head
-        self.attn_type = cfg.layer_attn_type(layer)
-        # One logit per head, the sink's score in every query's softmax; None without sinks.
-        self.register_parameter("sinks", _param(n_heads, cfg=cfg) if cfg.use_attn_sinks else None)
-        self.normalize_scores = self._softmax_with_sinks if cfg.use_attn_sinks else self._softmax
-        self.fused = kernels.fuses_attention(cfg)
+        self._init_scoring(cfg, layer)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
         self.project_qkv = self._project_shared
         if per_head_input or cfg.positional_embedding_type == "shortformer":
@@ -93,10 +94,27 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
+        self._init_pattern_and_write(cfg)
+
+    def _init_scoring(self, cfg: HookedTransformerConfig, layer: int) -> None:
+        """How scores become a pattern: the scale, the keys a query may read, the softmax
+        (with sinks or not), and whether a fused kernel may run it."""
+        self.attn_scale = cfg.attn_scale
+        self.group = cfg.n_heads // cfg.n_kv_heads  # query heads per key/value head
+        self.attn_type = cfg.layer_attn_type(layer)
+        # One logit per head, the sink's score in every query's softmax; None without sinks.
+        self.register_parameter(
+            "sinks", _param(cfg.n_heads, cfg=cfg) if cfg.use_attn_sinks else None
+        )
+        self.normalize_scores = self._softmax_with_sinks if cfg.use_attn_sinks else self._softmax
+        self.fused = kernels.fuses_attention(cfg)
+
+    def _init_pattern_and_write(self, cfg: HookedTransformerConfig) -> None:
+        """The hook points from the scores on, and how the heads' `z` are written back."""
         self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
         self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
         self.hook_pattern = HookPoint()
-        self.hook_z = HookPoint()  # [batch pos head d_head]
+        self.hook_z = HookPoint()  # [batch pos head d_head_v]
         if cfg.use_attn_result:
             self.hook_result = HookPoint()  # [batch pos head d_model]
             self.write = self._write_per_head
@@ -130,8 +148,8 @@ class Attention(nn.Module):
         return self.write(self.hook_z(z))
 
     def written_out(
-        self, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext
-    ) -> Queries:
+        self, q: Queries, k: KeyValues, v: Values, context: AttentionContext
+    ) -> HeadOutputs:
         """`z = softmax(scores) @ v` step by step, the scores and pattern at their hook points.
 
         Blocked keys (later positions, padding, outside a local window) are replaced by
@@ -274,11 +292,6 @@ class GroupedQueryAttention(Attention):
 
 def _heads_flattened(W_O: Tensor) -> Tensor:
     return W_O.flatten(0, 1)
-
-
-def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
-    """Attention with one key/value head per query head, or grouped."""
-    return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
 
 
 def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:

@@ -26,8 +26,13 @@ from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.components.attention import AttnInput, make_attention
-from hookedattn.core.components.mlp import make_mlp
+from hookedattn.core.components.attention import (
+    Attention,
+    AttnInput,
+    GroupedQueryAttention,
+)
+from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.mlp import GatedMLP, make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_placed_norm
 from hookedattn.core.config import HookedTransformerConfig
@@ -144,14 +149,14 @@ class AttnOnlyBlock(nn.Module):
         self.ln1_post = make_placed_norm(cfg, "post")
         self.hook_attn_out = HookPoint()
 
-    def _add_mlp(self, cfg: HookedTransformerConfig) -> None:
+    def _add_mlp(self, cfg: HookedTransformerConfig, layer: int) -> None:
         if cfg.use_hook_mlp_in:
             self.hook_mlp_in = HookPoint()
             self.mlp_input = self._hooked_mlp_input
         else:
             self.mlp_input = self._mlp_input
         self.ln2 = make_placed_norm(cfg, "pre")
-        self.mlp = MoE(cfg) if cfg.is_moe else make_mlp(cfg)
+        self.mlp = _make_feed_forward(cfg, layer)
         self.ln2_post = make_placed_norm(cfg, "post")
         self.hook_mlp_out = HookPoint()
 
@@ -185,7 +190,7 @@ class Block(AttnOnlyBlock):
         self.hook_resid_pre = HookPoint()
         self._add_attention(cfg, layer)
         self.hook_resid_mid = HookPoint()
-        self._add_mlp(cfg)
+        self._add_mlp(cfg, layer)
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
@@ -201,7 +206,7 @@ class ParallelBlock(AttnOnlyBlock):
         nn.Module.__init__(self)
         self.hook_resid_pre = HookPoint()
         self._add_attention(cfg, layer)
-        self._add_mlp(cfg)
+        self._add_mlp(cfg, layer)
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
@@ -209,6 +214,22 @@ class ParallelBlock(AttnOnlyBlock):
         attn_out = self.attend(resid_pre, context, past_kv)
         mlp_out = self.feed_forward(resid_pre)
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
+
+
+def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
+    """The attention of block `layer`: one key/value head per query head, grouped, or
+    latent (`kv_lora_rank`)."""
+    if cfg.is_latent_attention:
+        return LatentAttention(cfg, layer)
+    return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
+
+
+def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
+    """The MLP of block `layer`: a mixture of experts, or dense (in every block, or in the
+    first `n_dense_layers` of a mixture of experts, `d_mlp_dense` wide)."""
+    if cfg.layer_is_moe(layer):
+        return MoE(cfg)
+    return GatedMLP(cfg, d_mlp=cfg.d_mlp_dense) if cfg.is_moe else make_mlp(cfg)
 
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:

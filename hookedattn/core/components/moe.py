@@ -12,6 +12,24 @@
     routed  = sum over each token's k choices of g * out
     mlp_out = routed + sigmoid(x @ W_shared_gate) * shared_expert(x)   (hook_shared_out)
 
+DeepSeek V3's router (`router_scoring="sigmoid"`) scores each expert on its own and chooses
+among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free balancing):
+
+    logits  = x @ W_router + b_router, at least float32   (hook_router_logits)
+    s       = sigmoid(logits)
+    chosen  = the k largest of s + b_router_choice, among the experts of the
+              `topk_expert_groups` groups (of `n_expert_groups`) whose `group_score_experts`
+              (2) best experts' s + b_router_choice sum highest   (hook_expert_indices)
+    g       = s[chosen], / their sum when norm_topk_prob, * routed_scaling_factor
+                                                          (hook_expert_weights)
+
+DeepSeek V2's is the softmax router with the same group limit (a group's score: its best
+expert's, `group_score_experts=1`) and scaling, and no choice bias.
+
+`b_router_choice` (HF's `e_score_correction_bias`) steers which experts are chosen, never
+their weights. A half-precision model routes in float32, as the reference does (which
+routes in float32 in every dtype: a float64 model here routes in float64).
+
 Each step reads the one before it through its hook point, so an edit there re-routes: edited
 logits choose again; edited indices take their own probabilities as weights (renormalised as
 the model does); edited weights mix as given; an edited expert output reaches exactly the
@@ -30,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from einops import rearrange, repeat
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -90,11 +109,28 @@ class MoE(nn.Module):
         self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
         self.glu = self._swiglu if cfg.swiglu_limit is None else self._clamped_swiglu
         self.normalize = self._renormalized if cfg.norm_topk_prob else self._as_chosen
+        self._add_scoring(cfg)
         self.hook_router_logits = HookPoint()  # [batch pos expert]
         self.hook_expert_indices = HookPoint()  # [batch pos k], int64
         self.hook_expert_weights = HookPoint()  # [batch pos k]
         self.experts = nn.ModuleList([ExpertHooks() for _ in range(n)])
         self._add_shared_expert(cfg)
+
+    def _add_scoring(self, cfg: HookedTransformerConfig) -> None:
+        self.router_scoring = cfg.router_scoring
+        if cfg.router_scoring == "softmax":
+            self.router_logits, self.scores = self._logits, kernels.router_probabilities
+            self.choice_scores = self._as_chosen
+        else:
+            self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
+            self.router_logits, self.scores = self._logits_at_least_float32, torch.sigmoid
+            self.choice_scores = self._with_choice_bias
+        self.n_expert_groups, self.topk_expert_groups = cfg.n_expert_groups, cfg.topk_expert_groups
+        self.group_score_experts = cfg.group_score_experts
+        self.choose = self._group_limited_top_k if cfg.n_expert_groups > 1 else self._top_k
+        self.routed_scaling_factor = cfg.routed_scaling_factor
+        scaled = cfg.routed_scaling_factor != 1.0
+        self.scaled = self._times_scaling_factor if scaled else self._as_chosen
 
     def _add_shared_expert(self, cfg: HookedTransformerConfig) -> None:
         if cfg.d_mlp_shared is None:
@@ -116,12 +152,41 @@ class MoE(nn.Module):
 
     def route(self, x: Resid) -> tuple[Choice, Weights]:
         """Which experts each token uses and with what weights, through the router's hooks."""
-        logits = self.hook_router_logits(affine(x, self.W_router, self.b_router))
-        probs = kernels.router_probabilities(logits)
-        indices = self.hook_expert_indices(probs.topk(self.experts_per_token, dim=-1).indices)
+        logits = self.hook_router_logits(self.router_logits(x))
+        scores = self.scores(logits)
+        indices = self.hook_expert_indices(self.choose(scores))
         indices = kernels.checked_choice(self, indices)  # a hook's ids, in range
-        weights = self.normalize(probs.gather(-1, indices))
+        weights = self.scaled(self.normalize(scores.gather(-1, indices)))
         return indices, self.hook_expert_weights(weights.to(x.dtype))
+
+    def _logits(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
+        return affine(x, self.W_router, self.b_router)
+
+    def _logits_at_least_float32(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: float32
+        return affine(x.to(dtype), self.W_router.to(dtype), self.b_router.to(dtype))
+
+    def _with_choice_bias(self, scores: Float[Tensor, "batch pos expert"]) -> Tensor:
+        return scores + self.b_router_choice.to(scores.dtype)
+
+    def _top_k(self, scores: Float[Tensor, "batch pos expert"]) -> Choice:
+        return self.choice_scores(scores).topk(self.experts_per_token, dim=-1).indices
+
+    def _group_limited_top_k(self, scores: Float[Tensor, "batch pos expert"]) -> Choice:
+        """The k best experts by their choice scores, among the experts of the
+        `topk_expert_groups` groups whose `group_score_experts` best experts score highest
+        together."""
+        choice = self.choice_scores(scores)
+        grouped = rearrange(choice, "... (group member) -> ... group member",
+                            group=self.n_expert_groups)  # fmt: skip
+        best = grouped.topk(self.group_score_experts, dim=-1).values.sum(dim=-1)
+        best_groups = best.topk(self.topk_expert_groups, dim=-1).indices
+        kept = torch.zeros_like(best, dtype=torch.bool).scatter(-1, best_groups, True)
+        kept = repeat(kept, "... group -> ... (group member)", member=grouped.shape[-1])
+        return choice.masked_fill(~kept, -torch.inf).topk(self.experts_per_token, dim=-1).indices
+
+    def _times_scaling_factor(self, weights: Weights) -> Weights:
+        return weights * self.routed_scaling_factor
 
     def expert(self, e: int, x: Rows) -> Rows:
         """Expert `e` on the rows of its tokens, unweighted, through its hook points."""

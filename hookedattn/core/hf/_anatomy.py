@@ -41,7 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
-from hookedattn.core.hf import _loading, _tiny, _verify
+from hookedattn.core.hf import _experts, _loading, _tiny, _verify
+from hookedattn.core.hf._experts import Experts
 
 # A linear map's role -> the names architectures give it.
 ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
@@ -60,7 +61,7 @@ MLP_ROLES: dict[str, tuple[str, ...]] = {
 QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
             "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
 _ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
 _EPSILONS = ("variance_epsilon", "eps", "epsilon")
 _ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
 _TOKENS = (2, 7)
@@ -125,10 +126,12 @@ class Anatomy:
     positions: str | None  # the learned absolute positions' table ("model.embed_positions")
     position_offset: int  # the row of position 0 in it
     unused: tuple[str, ...]  # a layer's pieces a causal LM never calls (cross-attention)
+    experts: Experts | None  # the MLP is a mixture of experts (`_experts`)
     logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
     rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
+    norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -188,8 +191,12 @@ def _from_json(fields: dict[str, Any]) -> Anatomy:
     def tupled(x: Any) -> Any:
         return tuple(tupled(i) for i in x) if isinstance(x, list) else x
 
-    values = {k: Scale(**v) if isinstance(v, dict) else tupled(v) for k, v in fields.items()}
-    return Anatomy(**values)
+    def value(key: str, v: Any) -> Any:
+        if key == "experts":
+            return None if v is None else Experts(**{k: tupled(x) for k, x in v.items()})
+        return Scale(**v) if isinstance(v, dict) else tupled(v)
+
+    return Anatomy(**{k: value(k, v) for k, v in fields.items()})
 
 
 class _Reader:
@@ -232,6 +239,13 @@ class _Reader:
         mlp_module = children[mlp] if mlp else self.layer
         norm_modules = [children[hf] for _, hf in norms] + [self._final_norm()]
         qk = _qk_norms(attn_module)
+        experts, act_fn = None, None
+        if mlp and _experts.block_name({mlp: mlp_module}):
+            act_fn = _activation(mlp_module.experts)
+            experts = _experts.recognise(
+                mlp, mlp_module, self.twin, self.config, act_fn, self.layers_name
+            )
+        act_fn = act_fn or _activation(mlp_module)
         epsilons = [getattr(self.config, f) for f in _CONFIG_EPSILONS if hasattr(self.config, f)]
         kind, bias, eps = _norm_kind(
             [*norm_modules, *(getattr(attn_module, n) for n in qk or ())],
@@ -258,11 +272,12 @@ class _Reader:
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=_qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
-            mlp_maps=_maps(mlp_module, MLP_ROLES, skip=(), only=flat or None),
+            mlp_maps=() if experts else _maps(mlp_module, MLP_ROLES, skip=(), only=flat or None),
+            experts=experts,
             positions=positions[0],
             position_offset=positions[1],
             unused=unused,
-            act_fn=_activation(mlp_module),
+            act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
             attn_scale=self._explain(_attention_scaling(attn_module, d_head), "softmax scale",
                                      d_head=d_head),

@@ -24,6 +24,7 @@ permuting each head's query and key dimensions.
 """
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -74,10 +75,11 @@ class Convention:
             "d_vocab": c.vocab_size,
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
-            "d_mlp": _mlp_width(c),
+            "d_mlp": _mlp_width(c) if a.experts is None else getattr(c, a.experts.width_field),
+            **_routing(c, a),
             "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
             "act_fn": a.act_fn,
-            "gated_mlp": bool(roles & {"gate", "gate_up"}),
+            "gated_mlp": bool(roles & {"gate", "gate_up"}) or a.experts is not None,
             "parallel_attn_mlp": a.parallel,
             "normalization_type": _NORM_TYPES[a.norm_kind],
             "normalization_placement": a.placement,
@@ -102,7 +104,7 @@ class Convention:
             *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
             *self._attention_rules(cfg, scale(a.attn_write)),
-            *self._mlp_rules(cfg, scale(a.mlp_write)),
+            *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *_norm(self.anatomy, "ln_final", a.final_norm, 1.0),
             Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
                  adjust=_times(scale(a.logit_scale))),
@@ -211,10 +213,14 @@ class Convention:
                                   adjust=_chain(_gain(a), order)))  # fmt: skip
         return rules  # fmt: skip
 
-    def _mlp_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+    def _mlp_rules(
+        self, cfg: HookedTransformerConfig, write: float, live: bool = False
+    ) -> list[Rule]:
         a, b = self.anatomy, "blocks.{layer}.mlp"
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
+        if a.experts is not None:
+            return _expert_rules(a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live)
         rules = []
         fused = a.role(a.mlp_maps, "gate_up")
         if fused:
@@ -330,9 +336,16 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     types = set(getattr(hf_config, "layer_types", None) or ())
     mixed = {"full_attention", "sliding_attention"} <= types
     rotating = ("all", "sliding") if anatomy.rotary and mixed else ("all",)
+    experts = anatomy.experts
+    renorm = (False,) if experts is None else (True, False)
+    if experts is not None and experts.norm_topk_field:
+        renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
     families = []
-    for layout, on in ((layout, on) for on in rotating for layout in layouts):
-        convention = Convention(dataclasses.replace(anatomy, rotary_layout=layout, rotary_on=on))
+    for on, layout, norm_topk in itertools.product(rotating, layouts, renorm):
+        chosen = dataclasses.replace(
+            anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk
+        )
+        convention = Convention(chosen)
         families.append(
             Family(
                 anatomy.architecture,
@@ -343,6 +356,75 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
             )
         )
     return families
+
+
+def _routing(c: Any, anatomy: Anatomy) -> dict[str, Any]:
+    """A mixture's fields: how many experts, how many per token, a shared expert."""
+    e = anatomy.experts
+    if e is None:
+        return {}
+    return {
+        "num_experts": int(getattr(c, e.count_field)),
+        "experts_per_token": int(getattr(c, e.top_k_field)),
+        "norm_topk_prob": anatomy.norm_topk,
+        "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
+        "shared_expert_gate": e.shared_gate is not None,
+    }
+
+
+_GATE_UP = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
+_GATE_UP_T = "expert d_model (gate_up d_mlp) -> gate_up expert d_model d_mlp"
+_DOWN = "expert d_model d_mlp -> expert d_mlp d_model"
+_DOWN_T = "expert d_mlp d_model -> expert d_mlp d_model"
+
+
+def _expert_rules(
+    e: Any, layer: str, cfg: HookedTransformerConfig, out_scale: float, live: bool
+) -> list[Rule]:
+    """The router's, the experts' and the shared expert's rules (unexpanded): stacked as a
+    live model keeps them, or as the files hold them (`_experts.Experts`)."""
+    m, at = "blocks.{layer}.mlp", f"{layer}"
+    gate_up, down = (_GATE_UP_T, _DOWN_T) if e.transposed else (_GATE_UP, _DOWN)
+    out = _times(out_scale)
+    router = f"{e.router}.weight" if live else e.saved_router
+    rules = [Rule(f"{m}.W_router", f"{at}.{router}", "expert d_model -> d_model expert")]
+    if live or e.saved_stacked:
+        up_name, down_name = (
+            (f"{e.stacked}.gate_up_proj", f"{e.stacked}.down_proj") if live else e.saved_stacked
+        )
+        rules += [
+            Rule(f"{m}.W_gate", f"{at}.{up_name}", gate_up, pick=0),
+            Rule(f"{m}.W_in", f"{at}.{up_name}", gate_up, pick=1),
+            Rule(f"{m}.W_out", f"{at}.{down_name}", down, adjust=out),
+        ]
+    else:
+        n, (g, u, d) = cfg.num_experts, e.files
+        rules += [
+            Rule(f"{m}.W_gate", f"{at}.{g}", _MLP_IN, experts=n),
+            Rule(f"{m}.W_in", f"{at}.{u}", _MLP_IN, experts=n),
+            Rule(f"{m}.W_out", f"{at}.{d}", _MLP_OUT, experts=n, adjust=out),
+        ]
+    rules += [
+        zeros(f"{m}.b_router", "expert"),
+        zeros(f"{m}.b_gate", "expert d_mlp"),
+        zeros(f"{m}.b_in", "expert d_mlp"),
+        zeros(f"{m}.b_out", "expert d_model"),
+    ]
+    if e.shared:
+        s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
+        shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
+        shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
+        rules += [
+            Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
+            Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in),
+            zeros(f"{s}.b_in", "d_mlp_shared"),
+            Rule(f"{s}.W_out", f"{hf}.down_proj.weight", shared_out, adjust=out),
+            zeros(f"{s}.b_out", "d_model"),
+        ]
+    if e.shared_gate:
+        rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
+                          "one d_model -> d_model one"))  # fmt: skip
+    return rules
 
 
 def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:

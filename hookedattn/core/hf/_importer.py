@@ -17,6 +17,7 @@ from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
     _convention,
+    _deepseek,
     _gemma2,
     _gemma3,
     _gpt2,
@@ -63,6 +64,9 @@ FAMILIES: tuple[Family, ...] = (
     _gemma3.FAMILY,
     _gptj.FAMILY,
     _opt.FAMILY,
+    _deepseek.DEEPSEEK_V3,
+    _deepseek.DEEPSEEK_V2,
+    _deepseek.GLM4_MOE_LITE,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.

@@ -6,15 +6,16 @@ the einops pattern that reshapes one into the other.
 
 `{layer}` expands to every block. The axis names are our glossary's (`head`, `kv_head`,
 `d_head`, `d_model`, `d_mlp`, `d_vocab`, `d_vocab_out`, `n_ctx`, and `qkv` = 3 for fused
-projections), sized from our config, so the left side of a pattern is also the shape the
-HF tensor must have: a checkpoint is checked against the config, tensor by tensor, before
-any tensor is read. A fused tensor is one rule per part, each `pick`ing its index of the
-pattern's first output axis; where the parts differ in size (Phi-3's q, k, v with grouped
-keys), each rule takes its `part` of the HF tensor's first axis, which is the pieces
-`split` lists one after another. A rule without an HF tensor is a constant: zeros (a bias
-the family does not have) or its `fill` (the gain of a norm without parameters). `adjust`
-is for the few values that are not a reshape (Gemma's `1 + w` gain,
-its scaled embedding); it receives the tensor already cast to the target dtype.
+projections; latent attention's in `axis_sizes`), sized from our config, so the left side of
+a pattern is also the shape the HF tensor must have: a checkpoint is checked against the
+config, tensor by tensor, before any tensor is read. A fused tensor is one rule per part,
+each `pick`ing its index of the pattern's first output axis; where the parts differ in size
+(Phi-3's q, k, v with grouped keys), each rule takes its `part` of the HF tensor's first
+axis, which is the pieces `split` lists one after another. A rule without an HF tensor is a
+constant: zeros (a bias the family does not have) or its `fill` (the gain of a norm without
+parameters). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
+its scaled embedding; the order of DeepSeek's rotated dimensions); it receives the tensor
+already cast to the target dtype.
 
 A mixture of experts' weights are one tensor of ours per kind, stacked over experts
 (`W_in: [expert d_model d_mlp]`); files store one HF tensor per expert. A rule with
@@ -130,6 +131,14 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "gate_up": 2,  # a fused gated MLP's two reads
         "one": 1,
         "pos_offset": 2,  # OPT's position table starts two rows early
+        # Latent attention: the latents' widths, the rotated part of a head, and a head's
+        # unrotated key and value side by side.
+        "q_rank": cfg.q_lora_rank or 0,
+        "kv_rank": cfg.kv_lora_rank or 0,
+        "d_rope": cfg.rotary_dim or 0,
+        "d_kv": cfg.d_head - (cfg.rotary_dim or 0) + cfg.d_value,
+        "d_head_v": cfg.d_value,
+        "d_mlp_dense": cfg.d_mlp_dense or 0,
     }
 
 

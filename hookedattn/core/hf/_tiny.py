@@ -324,6 +324,8 @@ def random_hf_model(model_class: Callable[[Any], Any], config: Any, seed: int = 
 
     with torch.no_grad():
         for param in model.parameters():  # tied ones once
+            if param.numel() == 0:  # a part 0 wide (DeepSeek V2's n_shared_experts=0)
+                continue
             if param.ndim >= 2:
                 param.copy_(normal(param.shape, 1 / math.sqrt(param.shape[-1])))
             else:

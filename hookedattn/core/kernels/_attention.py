@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels._deferred import defer
 from hookedattn.core.kernels._masks import AttentionContext
-from hookedattn.core.shapes import KeyValues, Queries
+from hookedattn.core.shapes import HeadOutputs, KeyValues, Queries, Values
 
 
 def fuses_attention(cfg: HookedTransformerConfig) -> bool:
@@ -36,7 +36,9 @@ def fuses_attention(cfg: HookedTransformerConfig) -> bool:
     return cfg.use_fused_kernels and cfg.attn_scores_soft_cap is None
 
 
-def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: AttentionContext) -> Queries:
+def attend(
+    attn: Any, q: Queries, k: KeyValues, v: Values, context: AttentionContext
+) -> HeadOutputs:
     """`z` of the attention sublayer `attn`: `attn.written_out(q, k, v, context)`, or the
     same numbers by one fused kernel where `attn.fused`, no hook needs the scores or pattern
     in this forward (one that can wait gets `q`: `_deferred`), and every value is finite."""
@@ -54,13 +56,13 @@ def attend(attn: Any, q: Queries, k: KeyValues, v: KeyValues, context: Attention
 def fused_attention(
     q: Queries,
     k: KeyValues,
-    v: KeyValues,
+    v: Values,
     context: AttentionContext,
     kind: str,
     attn_scale: float,
     group: int,
     sinks: Float[Tensor, " head"] | None = None,
-) -> Queries:
+) -> HeadOutputs:
     """`softmax(q k^T / attn_scale, blocked -> -inf) @ v` by one fused kernel; with `sinks`,
     each head's sink logit joins the softmax (`_with_sink_key`).
 
@@ -88,7 +90,7 @@ def fused_attention(
 def _with_sink_key(
     q: Queries,
     k: KeyValues,
-    v: KeyValues,
+    v: Values,
     allowed: Bool[Tensor, "#batch 1 query_pos key_pos"] | None,
     sinks: Float[Tensor, " head"],
     attn_scale: float,
@@ -108,7 +110,7 @@ def _with_sink_key(
     sink_key = k.new_zeros(batch, 1, kv_heads, d_head + 1)
     sink_key[..., -1] = 1.0
     k = torch.cat([k, sink_key], dim=1)
-    v = torch.cat([v, v.new_zeros(batch, 1, kv_heads, d_head)], dim=1)
+    v = torch.cat([v, v.new_zeros(batch, 1, kv_heads, v.shape[-1])], dim=1)
     if allowed is not None:
         allowed = torch.cat([allowed, allowed.new_ones((*allowed.shape[:-1], 1))], dim=-1)
     return q, k, v, allowed
@@ -130,9 +132,9 @@ def masked(
 
 def weighted_values(
     pattern: Float[Tensor, "batch head query_pos key_pos"],
-    v: KeyValues,
+    v: Values,
     blocked: Bool[Tensor, "#batch #head query_pos key_pos"] | None,
-) -> Queries:
+) -> HeadOutputs:
     """`z = pattern @ v`, each query head reading its group's values.
 
     A blocked key has weight 0, but `0 * inf` is NaN: where some value is not finite, each
@@ -161,9 +163,9 @@ def weighted_values(
 
 def _weighted_values_masked(
     pattern: Float[Tensor, "batch kv_head group query_pos key_pos"],
-    v: KeyValues,
+    v: Values,
     blocked: Bool[Tensor, "#batch #head query_pos key_pos"],
-) -> Queries:
+) -> HeadOutputs:
     # The terms pattern * v one by one, blocked ones replaced by exact zeros, then summed.
     blocked = rearrange(
         blocked.expand(pattern.shape[0], -1, -1, -1)[:, :1],

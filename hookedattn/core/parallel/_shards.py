@@ -63,6 +63,13 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
                 f"heads, as many on every rank (and the key/value heads its query heads "
                 f"read); tp_size can be {', '.join(map(str, valid))} for this model"
             )
+    if cfg.is_latent_attention:
+        raise ValueError(
+            f"tp_size={tp_size}: this model's attention is latent (kv_lora_rank="
+            f"{cfg.kv_lora_rank}), whose latents and shared rotary key every head reads, and "
+            f"whose heads are not split over ranks yet; load it in one process, or place its "
+            f"blocks with device_map="
+        )
     if cfg.is_moe:
         raise ValueError(
             f"tp_size={tp_size}: this model is a mixture of experts "
