@@ -26,6 +26,7 @@ from hookedattn_tl import _streaming
 from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl._refactor import refactor_factored_attn_matrices as refactor_attention
 from hookedattn_tl.ActivationCache import ActivationCache
+from hookedattn_tl.components import _ungrouped
 from hookedattn_tl.config import HookedTransformerConfig
 from hookedattn_tl.FactoredMatrix import FactoredMatrix
 from hookedattn_tl.HookedRootModule import HookedRootModule
@@ -69,6 +70,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         _CoreModel.__init__(self, cfg, tokenizer)
         self.context_level = 0
         self.is_caching = False
+        if getattr(cfg, "ungroup_grouped_query_attention", False):
+            self._ungroup_blocks(True)
 
     @property
     def cfg(self) -> HookedTransformerConfig:
@@ -113,6 +116,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         queries and keys read; without it the model computes that embedding from the
         positions, also with `start_at_layer` (where TL would add none).
         """
+        if past_kv_cache is not None:
+            self._check_cache_grouping()
         if shortformer_pos_embed is not None:
             if start_at_layer is None:
                 raise ValueError(
@@ -311,6 +316,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         input and `stop_at_eos` without `eos_token_id` raise `TLAssertionError` (a
         `ValueError` that TL code catches as the `AssertionError` TL raises).
         """
+        if use_past_kv_cache:
+            self._check_cache_grouping()
         if self.tokenizer is None:
             if _tokenization.is_text(input):
                 raise TLAssertionError(
@@ -409,20 +416,30 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         self._rebuild_blocks(use_attn_in=use_attn_in)
 
     def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
-        """TL's flag for `hook_k` / `hook_v` widened to every query head: it changes nothing
-        on a model without grouped-query attention (stored, as in TL); on one with it, our
-        key and value hook points stay `[batch pos kv_head d_head]`, so it is refused."""
+        """Keys and values per query head: `hook_k`, `hook_v` (and `hook_k_input`,
+        `hook_v_input`) widened to `n_heads` (`hookedattn_tl.components._ungrouped`); the
+        output is unchanged. Stored only, on a model without grouped-query attention."""
         value = ungroup_grouped_query_attention
         if not isinstance(value, bool):
             raise TypeError(f"ungroup_grouped_query_attention must be a bool, got {value!r}")
-        if value and self.cfg.n_key_value_heads is not None:
-            raise ValueError(
-                f"ungroup_grouped_query_attention=True: hookedattn_tl keeps hook_k and hook_v "
-                f"grouped, [batch pos kv_head d_head] with kv_head="
-                f"{self.cfg.n_key_value_heads} of n_heads={self.cfg.n_heads}; repeat each "
-                f"key/value head for its group in your hook (einops.repeat) instead"
-            )
+        self._ungroup_blocks(value)
         self.cfg.set_in_place(ungroup_grouped_query_attention=value)
+
+    def _ungroup_blocks(self, ungrouped: bool) -> None:
+        if self.cfg.n_key_value_heads is None:
+            return  # no grouped key/value heads: nothing to widen
+        for block in self.blocks:
+            _ungrouped.set_ungrouped(block.attn, self.cfg, ungrouped)
+            block.attn_inputs.n_kv_heads = self.cfg.n_heads if ungrouped else self.cfg.n_kv_heads
+
+    def _check_cache_grouping(self) -> None:
+        if self.cfg.ungroup_grouped_query_attention and self.cfg.n_key_value_heads is not None:
+            raise ValueError(
+                "ungroup_grouped_query_attention=True: keys and values are per query head, "
+                f"{self.cfg.n_heads} of them, but a key/value cache holds the "
+                f"{self.cfg.n_key_value_heads} key/value heads (TL's fails the same way); "
+                "pass use_past_kv_cache=False, or set the flag back to False first"
+            )
 
     def _rebuild_blocks(self, **changes: bool) -> None:
         """Rebuild the blocks from `cfg.replace(**changes)`, sharing every parameter.

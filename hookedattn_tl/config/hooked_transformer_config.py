@@ -5,9 +5,11 @@ fields that describe a model without changing its math here (`tokenizer_name`, t
 checkpoint labels, `default_prepend_bos`, ...): they are accepted and stored. TL's
 sentinels read as "the default" (`d_vocab=-1` or left out: 1, for the parts that have no
 vocabulary; a model refuses it), (`n_heads=-1`, `d_vocab_out=-1`, `attn_scale=-1.0`, the
-soft caps at `-1.0`, `initializer_range=-1.0`). A TL field whose non-default value asks
-for something hookedattn does not compute (`use_attn_scale=False`, `n_devices=2`,
-`load_in_4bit=True`, ...) is a `ValueError` naming it.
+soft caps at `-1.0`, `initializer_range=-1.0`), and an int given for one of our float
+fields (`rotary_base=1_000_000`; TL's are `Union[float, int]`) as its float. A TL field
+whose non-default value asks for something hookedattn does not compute
+(`use_attn_scale=False`, `n_devices=2`, `load_in_4bit=True`, ...) is a `ValueError`
+naming it.
 
 `use_fused_kernels` defaults to False: TL computes every activation written out, so
 `model(x)` equals `run_with_cache(x)[0]` bit for bit.
@@ -100,6 +102,12 @@ class _Fields(_CoreConfig):
     use_fused_kernels: bool = False
 
 
+# Our float fields; TL types them `Union[float, int]`, so an int there is read as its float.
+_FLOAT_FIELDS = tuple(
+    f.name for f in dataclasses.fields(_CoreConfig) if f.type in (float, float | None)
+)
+
+
 class HookedTransformerConfig(_Fields):
     """`hookedattn.HookedTransformerConfig` with TransformerLens's extra fields, sentinels,
     `unwrap`, `n_params` and `is_layer_norm_activation`; every activation written out by
@@ -121,6 +129,10 @@ class HookedTransformerConfig(_Fields):
         for field, sentinel in _SENTINELS.items():
             if fields.get(field) == sentinel:
                 fields[field] = None
+        for field in _FLOAT_FIELDS:
+            value = fields.get(field)
+            if isinstance(value, int) and not isinstance(value, bool):
+                fields[field] = float(value)
         # TL's d_vocab=-1 (left out): "from the tokenizer". Kept as 1 for the parts that have
         # no vocabulary (a component, a cache); a model refuses such a config.
         extras["d_vocab_known"] = fields.get("d_vocab", -1) != -1 or len(args) >= 4
@@ -195,6 +207,13 @@ class HookedTransformerConfig(_Fields):
         copy.__dict__["_tl_extras"] = dict(self.__dict__.get("_tl_extras", _DESCRIPTIVE))
         copy.__dict__["_model_ref"] = weakref.ref(model)
         return copy
+
+    def replace(self, **changes: Any) -> "HookedTransformerConfig":
+        """A copy with some fields (or TL's descriptive ones) changed, validated again; the
+        descriptive fields not named are carried over."""
+        extras = self.__dict__.get("_tl_extras", _DESCRIPTIVE)
+        kept = {k: extras[k] for k in _DESCRIPTIVE if k != "d_vocab_known" and k in extras}
+        return dataclasses.replace(self, **{**kept, **changes})
 
     def set_in_place(self, **values: Any) -> None:
         """Change fields of this config where it stands: for the model it is bound to,

@@ -79,15 +79,71 @@ def test_a_refused_value_leaves_the_model_as_it_was():
         make_model(attn_only=True).cfg.use_hook_mlp_in = True
 
 
-def test_ungrouping_is_stored_without_grouping_and_refused_with_it():
+def test_ungrouping_is_stored_without_grouping():
     model = make_model()
     names = list(model.hook_dict)
     model.cfg.ungroup_grouped_query_attention = True  # as in TL: changes nothing here
     assert model.cfg.ungroup_grouped_query_attention and list(model.hook_dict) == names
-    grouped = make_model(n_heads=4, d_head=4, n_key_value_heads=2)
-    with pytest.raises(ValueError, match="kv_head=2 of n_heads=4"):
-        grouped.cfg.ungroup_grouped_query_attention = True
-    assert not grouped.cfg.ungroup_grouped_query_attention
+
+
+def grouped_model(**changes) -> HookedTransformer:
+    return make_model(n_heads=4, d_head=4, n_key_value_heads=2, **changes)
+
+
+def test_ungrouping_widens_the_key_and_value_hooks_to_every_query_head():
+    model = grouped_model(use_split_qkv_input=True)
+    before = model(TOKENS)
+    model.cfg.ungroup_grouped_query_attention = True
+    logits, cache = model.run_with_cache(TOKENS)
+    for name in ("attn.hook_k", "attn.hook_v", "hook_k_input", "hook_v_input"):
+        assert cache[f"blocks.0.{name}"].shape[2] == 4
+    assert_close(logits, before, rtol=0, atol=1e-10)
+    model.cfg.ungroup_grouped_query_attention = False
+    assert model.run_with_cache(TOKENS)[1]["blocks.0.attn.hook_k"].shape[2] == 2
+
+
+def test_an_ungrouped_key_hook_edits_one_query_head_alone():
+    model = grouped_model()
+    model.set_ungroup_grouped_query_attention(True)
+
+    def zero_head_1(k, hook):
+        k[:, :, 1] = 0.0
+        return k
+
+    _, clean = model.run_with_cache(TOKENS)
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_k", zero_head_1)]):
+        _, edited = model.run_with_cache(TOKENS)
+    pattern = clean["blocks.0.attn.hook_pattern"]
+    edited_pattern = edited["blocks.0.attn.hook_pattern"]
+    assert not torch.allclose(pattern[:, 1], edited_pattern[:, 1])
+    assert_close(pattern[:, 0], edited_pattern[:, 0], **CLOSE)  # head 0 shares head 1's keys
+
+
+def test_ungrouping_survives_another_flag_and_keeps_the_parameters():
+    model = grouped_model()
+    W_K = model.blocks[0].attn._W_K
+    model.cfg.ungroup_grouped_query_attention = True
+    model.cfg.use_attn_result = True
+    _, cache = model.run_with_cache(TOKENS)
+    assert cache["blocks.0.attn.hook_k"].shape[2] == 4 and model.blocks[0].attn._W_K is W_K
+    assert model.W_K.shape == (2, 4, model.cfg.d_model, 4)  # still one per query head
+
+
+def test_an_ungrouped_model_refuses_a_key_value_cache_naming_the_flag():
+    model = HookedTransformer(grouped_model().cfg.replace(ungroup_grouped_query_attention=True))
+    assert model.blocks[0].attn.group == 1  # built ungrouped
+    with pytest.raises(ValueError, match="use_past_kv_cache=False"):
+        model.generate(TOKENS[:1], max_new_tokens=2, stop_at_eos=False, verbose=False)
+    out = model.generate(
+        TOKENS[:1], max_new_tokens=2, stop_at_eos=False, use_past_kv_cache=False, verbose=False
+    )
+    assert out.shape == (1, TOKENS.shape[1] + 2)
+
+
+def test_ungrouping_refuses_a_key_norm_over_all_heads():
+    model = grouped_model(use_qk_norm=True, qk_norm_per_head=False)
+    with pytest.raises(ValueError, match="qk_norm_per_head=False"):
+        model.cfg.ungroup_grouped_query_attention = True
 
 
 def test_other_assignments_name_the_flags():

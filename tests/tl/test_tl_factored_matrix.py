@@ -63,3 +63,57 @@ def test_vh_is_tl_s_right_singular_vectors():
     U, S, Vh = fm.svd()  # TransformerLens's unpacking and naming
     assert_close(U @ torch.diag_embed(S) @ Vh.mT, a @ b)
     assert fm.Vh is fm.V
+
+
+class _Wrapped:
+    """A tensor-like: speaks the protocol TL's products use, and is no tensor."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    ndim = property(lambda self: self.tensor.ndim)
+    shape = property(lambda self: self.tensor.shape)
+
+    def unsqueeze(self, dim: int) -> "_Wrapped":
+        return _Wrapped(self.tensor.unsqueeze(dim))
+
+    def squeeze(self, dim: int) -> "_Wrapped":
+        return _Wrapped(self.tensor.squeeze(dim))
+
+    def broadcast_to(self, shape: tuple) -> "_Wrapped":
+        return _Wrapped(self.tensor.broadcast_to(shape))
+
+    def __matmul__(self, other: object) -> "_Wrapped":
+        if isinstance(other, FactoredMatrix):
+            return NotImplemented
+        return _Wrapped(self.tensor @ getattr(other, "tensor", other))
+
+    def __rmatmul__(self, other: object) -> "_Wrapped":
+        return _Wrapped(getattr(other, "tensor", other) @ self.tensor)
+
+
+def test_product_with_a_tensor_like_matrix_is_factored_and_keeps_its_type():
+    a, b, m = randn(2, 3), randn(3, 4, seed=1), randn(4, 5, seed=2)
+    product = FactoredMatrix(a, b) @ _Wrapped(m)
+    assert isinstance(product, FactoredMatrix)
+    assert isinstance(product.AB, _Wrapped)
+    assert_close(product.AB.tensor, a @ b @ m)
+
+
+def test_tensor_like_matrix_times_a_factored_matrix_is_factored():
+    a, b, m = randn(3, 4), randn(4, 6, seed=1), randn(5, 3, seed=2)
+    product = _Wrapped(m) @ FactoredMatrix(a, b)
+    assert isinstance(product, FactoredMatrix)
+    assert_close(product.AB.tensor, m @ a @ b)
+
+
+def test_product_with_tensor_like_vectors_is_a_tensor_like_vector():
+    a, b = randn(2, 3), randn(3, 4, seed=1)
+    right, left = randn(4, seed=2), randn(2, seed=3)
+    assert_close((FactoredMatrix(a, b) @ _Wrapped(right)).tensor, a @ b @ right)
+    assert_close(FactoredMatrix(a, b).__rmatmul__(_Wrapped(left)).tensor, left @ a @ b)
+
+
+def test_product_with_a_tensor_like_of_the_wrong_size_names_both_shapes():
+    with pytest.raises(AssertionError, match=r"inner sizes 4 and 5 differ.*_Wrapped \[5, 2\]"):
+        FactoredMatrix(randn(2, 3), randn(3, 4)) @ _Wrapped(randn(5, 2))

@@ -64,3 +64,12 @@ def test_backward_hook_returning_a_one_tuple_replaces_the_gradient():
     model.zero_grad()
     model.run_with_hooks(TOKENS, return_type="loss", bwd_hooks=[("hook_embed", double)]).backward()
     assert_close(model.embed.W_E.grad, 2 * plain_W_E)
+
+
+def test_a_prepended_hook_is_listed_and_run_first():
+    point, order = HookPoint(), []
+    point.add_hook(lambda x, hook: order.append("appended"), dir="fwd")
+    point.add_hook(lambda x, hook: order.append("prepended"), dir="fwd", prepend=True)
+    point(torch.zeros(2))
+    assert order == ["prepended", "appended"]
+    assert point.fwd_hooks[0].user_hook(None, None) is None and order[-1] == "prepended"
