@@ -23,6 +23,7 @@ from hookedattn.core.components.mlp import (
     gelu_new,
     glu,
     make_mlp,
+    relu2,
     solu,
 )
 from hookedattn.core.components.moe import ExpertHooks, MoE
@@ -70,6 +71,7 @@ __all__ = [
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
+    "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
     "solu",
