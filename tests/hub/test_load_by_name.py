@@ -318,3 +318,18 @@ def test_a_path_string_is_a_folder_not_a_repo_id(hub, tmp_path):
     with torch.no_grad():
         assert_close(logits(model), hf(TOKENS).logits)
     assert Path(model.source.folder) == folder
+
+
+def test_an_architecture_without_a_family_loads_by_name_verified(hub):
+    # SmolLM 3 has no family module: recognised by convention from its config's twin, then
+    # verified, then its weights fetched and read (by their names in the files).
+    config = transformers.SmolLM3Config(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    serve_hf_model(hub, "tinyorg/smol", transformers.SmolLM3ForCausalLM(config).eval())
+    model = HookedTransformer.from_pretrained("tinyorg/smol")
+    assert model.verification is not None and model.cfg.rotary_layers is not None
+    assert_close(logits(model), reference_logits("tinyorg/smol"))
