@@ -5,10 +5,13 @@
 
 One small private module per family (`_gpt2`, `_neox`, `_llama` for Llama, Mistral and Qwen2,
 `_qwen3`, `_gemma2`, `_olmo2`, `_phi3`; the mixtures of experts `_mixtral`, `_qwen_moe` for
-Qwen2-MoE and Qwen3-MoE, `_olmoe`, `_gpt_oss`, sharing `_moe`; `_gemma3`, `_gptj`, `_opt`),
-each a config translation and a table of tensor
-renames and reshapes (`Rule`, `Table`); `_importer` runs the same steps for every family and
-`_loading` reads a directory's safetensors files tensor by tensor. What is exported below
+Qwen2-MoE and Qwen3-MoE, `_olmoe`, `_gpt_oss`, sharing `_moe`; `_gemma3`, `_gptj`, `_opt`;
+`_deepseek` for latent attention), each a config translation and a table of tensor renames
+and reshapes (`Rule`, `Table`). An architecture no module describes is imported by
+convention (`_anatomy` recognises its pieces by watching its tiny twin run, `_experts` its
+mixture of experts, `_saved` the names its files use, `_convention` derives its family from
+them, and the verification decides among the candidates). `_importer` runs the same steps
+for every family and `_loading` reads a directory's safetensors files tensor by tensor. What is exported below
 is the package's API; the modules are its machinery. Nothing here assumes random weights: the
 same route loads real checkpoints for whoever has them locally. `transformers` is an
 optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
