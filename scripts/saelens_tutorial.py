@@ -3,19 +3,25 @@
 (tutorials/basic_loading_and_analysing.ipynb, unchanged since SAELens 6.0), ported.
 
 Its code cells as SAELens wrote them, after the alias line, with the plots printed instead
-of drawn. Each line that changes in the port follows a comment `# SAELens: <the original line>`: the SAE
-class (`hookedattn.sae.SparseAutoencoder`, loaded by the same release name) and the SAE's
-hook name, which ours keeps as `cfg.hook_name` where SAELens's is `cfg.metadata.hook_name`.
-Ours keeps no training metadata, so the context size and BOS setting that the tutorial reads
-from `sae.cfg.metadata` are written out (the values in the release's `cfg.json`).
+of drawn (the L0 histogram as counts). Each line that changes in the port follows a comment
+`# SAELens: <the original line>`:
+- the SAE class: `hookedattn.sae.SparseAutoencoder`, loaded by the same release name;
+- the SAE's hook name, which ours keeps as `cfg.hook_name` (SAELens: `cfg.metadata`);
+- the context size and BOS setting, which the tutorial reads from `sae.cfg.metadata`: ours
+  keeps no training metadata, so they are written out (the values in the release's cfg.json);
+- the last cell's hook, which returns the prompt's reconstruction while `test_prompt` runs
+  the prompt and the answer, one position more. TransformerLens runs the rest of the model
+  on the shorter stream; our hook points refuse a changed shape, so the port writes the
+  reconstruction over the prompt's positions and keeps the answer's: the same logits where
+  `test_prompt` reads them (attention is causal).
 
 The dataset cell reads the texts from `texts` when the caller gives them (the test passes
 local text; NeelNanda/pile-10k otherwise) and cuts them into rows of the SAE's context with a
 few lines of its own in place of `transformer_lens.utils.tokenize_and_concatenate` (which
 needs `datasets`, not a dependency here): the texts joined by EOS, tokenized, a BOS first.
 Left out: the Colab set-up, the HTML viewer helper, the feature dashboards (sae-dashboard)
-and the Neuronpedia quick list (a web service). The last section is SAELens's Hooked SAE
-Transformer demo's analysis on the same SAE: the features that fire on the prompt, the
+and the Neuronpedia quick list (a web service). The last section is the analysis of SAELens's
+Hooked SAE Transformer demo on the same SAE: the features that fire on the prompt, the
 feature density on the batch, the logit-lens view of the top feature (`W_dec @ W_U`) and its
 ablation through the SAE with the error term.
 
@@ -47,7 +53,7 @@ print(f"Device: {device}")
 from transformer_lens import HookedTransformer
 
 # SAELens: from sae_lens import SAE
-from hookedattn.sae import SparseAutoencoder as SAE
+from hookedattn.sae import SparseAutoencoder as SAE  # noqa: N814  (the tutorial's name)
 
 model = HookedTransformer.from_pretrained("gpt2-small", device=device)
 
@@ -71,7 +77,7 @@ if texts is None:
 
 def tokenize_and_concatenate(texts, tokenizer, max_length, add_bos_token):
     """Rows of `max_length` tokens: the texts joined by EOS, tokenized, BOS first."""
-    ids = tokenizer(tokenizer.eos_token.join(texts))["input_ids"]
+    ids = tokenizer(tokenizer.eos_token.join(texts), add_special_tokens=False)["input_ids"]
     width = max_length - 1 if add_bos_token else max_length
     rows = torch.tensor(ids[: len(ids) // width * width]).reshape(-1, width)
     if add_bos_token:
@@ -204,14 +210,14 @@ _, cache = sae_model.run_with_cache_with_saes(example_prompt, saes=[sae])
 last_acts = cache[f"{hook_name}.hook_sae_acts_post"][0, -1]
 print("features active at the last token:", (last_acts > 0).sum().item())
 top_values, top_features = last_acts.topk(5)
-for value, feature in zip(top_values, top_features):
+for value, feature in zip(top_values, top_features, strict=True):
     print(f"feature {feature.item()}: {value.item():.4f}")
 results["last_acts"] = last_acts
 
 feature_density = (feature_acts[:, 1:] > 0).float().mean((0, 1))
 print("dead features on the batch:", (feature_density == 0).sum().item())
-densest = feature_density.topk(5)
-for density, feature in zip(densest.values, densest.indices):
+densest = feature_density.sort(descending=True, stable=True)  # ties in feature order
+for density, feature in zip(densest.values[:5], densest.indices[:5], strict=True):
     print(f"feature {feature.item()} density {density.item():.4f}")
 results["feature_density"] = feature_density
 
@@ -221,7 +227,7 @@ feature_logits = sae.W_dec[feature] @ sae_model.W_U
 top_logits = feature_logits.topk(5)
 bottom_logits = feature_logits.topk(5, largest=False)
 for name, found in (("promoted", top_logits), ("suppressed", bottom_logits)):
-    for logit, token in zip(found.values, found.indices):
+    for logit, token in zip(found.values, found.indices, strict=True):
         print(f"{name}: {sae_model.to_string(token)!r} {logit.item():.4f}")
 results["feature_logits"] = feature_logits
 
@@ -242,7 +248,14 @@ ablated_logits = sae_model.run_with_hooks(
     fwd_hooks=[(f"{hook_name}.hook_sae_acts_post", partial(ablate_feature_hook, feature=feature))],
 )
 sae_model.reset_saes()
-print("with the SAE and its error term, the logits as they were:", torch.allclose(kept_logits, clean_logits, atol=1e-4))
-print(f"answer logit: clean {clean_logits[0, -1, answer_token].item():.4f}, ablated {ablated_logits[0, -1, answer_token].item():.4f}")
-print(f"loss: clean {sae_model(example_prompt, return_type='loss').item():.4f}, ablated {sae_model.loss_fn(ablated_logits, tokens).item():.4f}")
+print(
+    "with the SAE and its error term, the logits as they were:",
+    torch.allclose(kept_logits, clean_logits, atol=1e-4),
+)
+print(
+    f"answer logit: clean {clean_logits[0, -1, answer_token].item():.4f}, ablated {ablated_logits[0, -1, answer_token].item():.4f}"
+)
+print(
+    f"loss: clean {sae_model(example_prompt, return_type='loss').item():.4f}, ablated {sae_model.loss_fn(ablated_logits, tokens).item():.4f}"
+)
 results["ablated_logits"] = ablated_logits
