@@ -10,8 +10,9 @@ Run as a program with real TransformerLens (in its own environment):
     python scripts/tl_demo.py IN.pt OUT.pt
 
 reads `{"source", "namespace", "filename"}` from IN.pt and writes `run_demo`'s answer, and
-the TransformerLens version, to OUT.pt. tests/tl/test_tl_exploratory_demo.py and
-tests/tl/test_tl_patching_demo.py run it so.
+the version of the library it ran on (`package` in IN.pt, TransformerLens by default), to
+OUT.pt. tests/tl/test_tl_exploratory_demo.py, tests/tl/test_tl_patching_demo.py and
+tests/tl/test_saelens_tutorial.py (SAELens's) run it so.
 """
 
 import contextlib
@@ -41,7 +42,7 @@ def main() -> None:
     source, target = sys.argv[1], sys.argv[2]
     given = torch.load(source, weights_only=False)
     answer = run_demo(given["source"], given["namespace"], given["filename"])
-    answer["version"] = importlib.metadata.version("transformer_lens")
+    answer["version"] = importlib.metadata.version(given.get("package", "transformer_lens"))
     torch.save(answer, target)
 
 

@@ -112,13 +112,17 @@ class SparseAutoencoder(CoderModule):
     def _hooked(self, x: In) -> tuple[In, In]:
         x = self.hook_in(x)
         clean_pre = self.pre_activations(x)
-        pre = self.hook_acts_pre(clean_pre)
+        # The unedited features and reconstruction (the error term's), taken before any hook
+        # sees them: a hook may edit its tensor in place and return it.
         clean = self.activation(clean_pre)
-        # A hook that replaced the pre-activations needs their activation; otherwise reuse it.
-        acts = self.hook_acts(clean if pre is clean_pre else self.activation(pre))
         clean_recons = self.decode(clean)
-        # A hook that replaced the features needs their decoding; otherwise reuse it.
-        recons = self.hook_recons(clean_recons if acts is clean else self.decode(acts))
+        pre = self.hook_acts_pre(clean_pre)
+        # Past a point with hooks, what they returned is computed on; otherwise the clean
+        # values are reused.
+        edited_pre = self.hook_acts_pre.has_hooks("fwd")
+        acts = self.hook_acts(self.activation(pre) if edited_pre else clean)
+        edited = edited_pre or self.hook_acts.has_hooks("fwd")
+        recons = self.hook_recons(self.decode(acts) if edited else clean_recons)
         error = self.hook_error((x - clean_recons).detach())
         return recons, error
 

@@ -124,9 +124,11 @@ class Transcoder(CoderModule):
         hook edits the features (the error is the unedited one)."""
         x = self.hook_in(x)
         clean = self.encode(x)
-        acts = self.hook_acts(clean)
+        # Decoded before a hook sees the features: it may edit them in place and return them.
         clean_recons = self.decode(clean, x)
-        recons = self.hook_recons(clean_recons if acts is clean else self.decode(acts, x))
+        acts = self.hook_acts(clean)
+        edited = self.hook_acts.has_hooks("fwd")
+        recons = self.hook_recons(self.decode(acts, x) if edited else clean_recons)
         error = self.hook_error((y - clean_recons).detach())
         return self.hook_out(recons + error)
 

@@ -76,6 +76,23 @@ def test_with_error_gives_back_the_target():
     torch.testing.assert_close(tc.with_error(x, y), y, rtol=1e-12, atol=1e-12)
 
 
+def test_a_feature_edited_in_place_acts_through_the_error_term():
+    # SAELens's tutorials ablate with `acts[..., f] = 0; return acts`: the same tensor back.
+    tc = transcoder(0)
+    x, y = torch.randn(4, 16, dtype=torch.float64), torch.randn(4, 16, dtype=torch.float64)
+    acts = tc.encode(x)
+
+    def zero_first(a, hook):
+        a[..., :5] = 0.0
+        return a
+
+    tc.hook_acts.add_hook(zero_first)
+    edited = acts.clone()
+    edited[..., :5] = 0.0
+    expected = y + tc.decode(edited, x) - tc.decode(acts, x)
+    torch.testing.assert_close(tc.with_error(x, y), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("activation", ["relu", "topk", "jumprelu"])
 def test_a_cross_layer_transcoder_writes_every_later_layer(activation):
     c = clt(activation)

@@ -114,6 +114,31 @@ def test_an_edited_feature_acts_through_the_error_term():
     assert_close(logits, expected, **EXACT)
 
 
+@pytest.mark.parametrize("point", ["hook_sae_acts_pre", "hook_sae_acts_post"])
+def test_a_feature_edited_in_place_acts_through_the_error_term(point):
+    # SAELens's tutorials ablate with `acts[:, :, f] = 0; return acts`: the same tensor back.
+    # Zeroing a pre-activation zeroes its ReLU feature too.
+    model, sae = make_model(), make_sae()
+    model.add_sae(sae, use_error_term=True)
+
+    def zero_first(acts, hook):
+        acts[..., :5] = 0.0
+        return acts
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(TOKENS, fwd_hooks=[(f"{POINT}.{point}", zero_first)])
+    model.reset_saes()
+
+    def edit(acts):
+        acts = acts.clone()
+        acts[..., :5] = 0.0
+        return acts
+
+    expected, _ = by_hand(model, sae, True, edit=edit)
+    assert_close(logits, expected, **EXACT)
+    assert (logits - model(TOKENS)).abs().max() > 1e-3
+
+
 def test_run_with_hooks_with_saes_reaches_the_sae_points():
     model, sae = make_model(), make_sae()
     seen = []
