@@ -110,7 +110,8 @@ class QKAttribution:
             (self.query_labels[i // width], self.key_labels[i % width], float(flat[i]))
             for i in order
         )
-        return Table(("query writer", "key writer", "term"), rows, f"top {len(rows)} of {self!r}")
+        title = f"the {len(rows)} largest terms of {self._which()}"
+        return Table(("query writer", "key writer", "term"), rows, title)
 
     def totals(self, side: str = "query", n: int | None = None) -> Table:
         """Each writer's total on one side (`"query"`: row sums, `"key"`: column sums),
@@ -123,7 +124,11 @@ class QKAttribution:
             else (self.key_labels, self.key_totals())
         )
         rows = sorted(zip(labels, values.tolist(), strict=True), key=lambda row: -abs(row[1]))
-        return Table((f"{side} writer", "total"), tuple(rows[:n]), f"{side} side of {self!r}")
+        title = f"{side}-side totals of {self._which()}"
+        return Table((f"{side} writer", "total"), tuple(rows[:n]), title)
+
+    def _which(self) -> str:
+        return f"L{self.layer}H{self.head}'s score, query {self.query_pos} -> key {self.key_pos}"
 
     def __repr__(self) -> str:
         cap = (

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers.families import FAMILIES, TOKENS, family_run
 
-from analysis import QKAttribution, decompose_resid, qk_attribution
+from analysis import DecompositionError, QKAttribution, decompose_resid, qk_attribution
 from analysis.tables import Table
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
@@ -254,6 +254,16 @@ def test_totals_are_the_row_and_column_sums():
     assert len(attribution.totals("query", n=3)) == 3
     with pytest.raises(ValueError, match="side must be 'query' or 'key', got 'value'"):
         attribution.totals("value")
+
+
+def test_check_refuses_weights_changed_after_the_forward():
+    model = random_tiny_model(n_ctx=16, d_vocab=23, d_mlp=24, normalization_type="LN")
+    _, cache = model.run_with_cache(TOKENS)
+    with torch.no_grad():
+        model.blocks[1].attn.W_Q.mul_(1.01)
+    qk_attribution(model, cache, 1, 0, 6, 2)  # unchecked: no comparison with the cache
+    with pytest.raises(DecompositionError, match="the query of L1H0 at position 6"):
+        qk_attribution(model, cache, 1, 0, 6, 2, check=True)
 
 
 def test_an_unknown_label_names_the_closest():
