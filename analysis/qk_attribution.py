@@ -36,9 +36,10 @@ What is exact, and where it stops:
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
-from einops import einsum, rearrange, reduce
+from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
 from torch import Tensor
 
@@ -162,38 +163,91 @@ def qk_attribution(
     (after any q/k norm and rotation) and the terms with the score, and a
     `DecompositionError` says where they differ beyond rounding.
     """
-    layer, head = (
-        _index(layer, model.cfg.n_layers, "layer"),
-        _index(head, model.cfg.n_heads, "head"),
+    where = _where(model, cache, layer, head, query_pos, key_pos, batch)
+    stream = decompose_resid(model, cache, where.layer, "resid_pre", "head")
+    sides = tuple(
+        StreamWriters(stream.components[:, where.batch, pos], stream.labels)
+        for pos in (where.query_pos, where.key_pos)
     )
+    return attribution_of_writers(model, cache, where, sides, check=check)
+
+
+class StreamWriters(NamedTuple):
+    """Vectors that sum to the residual stream entering a layer at one position, labelled."""
+
+    vectors: Float[Tensor, "writer d_model"]
+    labels: tuple[str, ...]
+
+
+class Score(NamedTuple):
+    """Which score: head `head` of `layer`, from `query_pos` to `key_pos` of batch element
+    `batch`, every index checked and non-negative; `cached` its value in the cache."""
+
+    layer: int
+    head: int
+    query_pos: int
+    key_pos: int
+    batch: int
+    cached: Tensor
+
+
+def _where(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int,
+    head: int,
+    query_pos: int,
+    key_pos: int,
+    batch: int,
+) -> Score:
+    """The score asked for, its indices checked; refused where the query does not read the
+    key or the model's attention is not decomposed here."""
+    layer = _index(layer, model.cfg.n_layers, "layer")
+    head = _index(head, model.cfg.n_heads, "head")
     _refuse_unsupported(model)
     scores = activation(cache, ("attn_scores", layer))
     batch = _index(batch, scores.shape[0], "batch")
     query_pos = _index(query_pos, scores.shape[2], "query_pos")
     key_pos = _index(key_pos, scores.shape[3], "key_pos")
-    cached_score = scores[batch, head, query_pos, key_pos]
-    if not torch.isfinite(cached_score):
+    cached = scores[batch, head, query_pos, key_pos]
+    if not torch.isfinite(cached):
         readable = torch.isfinite(scores[batch, head, query_pos]).nonzero().flatten().tolist()
         raise ValueError(
             f"query {query_pos} of L{layer}H{head} does not read key {key_pos} (a later "
-            f"position, outside its window, or padding): its score is {float(cached_score)}; "
+            f"position, outside its window, or padding): its score is {float(cached)}; "
             f"the keys it reads: {readable}"
         )
+    return Score(layer, head, query_pos, key_pos, batch, cached)
+
+
+def attribution_of_writers(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    where: Score,
+    sides: tuple[StreamWriters, StreamWriters],
+    *,
+    check: bool = False,
+) -> QKAttribution:
+    """The score `where` as the terms of the given writers of the stream at the query's and
+    the key's positions (each side's vectors summing to `resid_pre` there): any split of
+    the stream, the heads and MLPs of `decompose_resid` or an attribution graph's nodes."""
+    layer, head, query_pos, key_pos, batch, cached_score = where
     positions = (query_pos, key_pos)
-    writers, labels = _writers(model, cache, layer, batch, positions)
     attn = model.blocks[layer].attn
     heads = (head, head // attn.group)  # the query head, and the key/value head it reads
-    queries = _side(model, cache, "q", layer, heads, batch, query_pos, writers[:, 0])
-    keys = _side(model, cache, "k", layer, heads, batch, key_pos, writers[:, 1])
+    (queries, query_labels), (keys, key_labels) = (
+        _side(model, cache, side, layer, heads, batch, pos, writers)
+        for side, pos, writers in zip("qk", positions, sides, strict=True)
+    )
     terms = einsum(
         queries / attn.attn_scale,  # scaled as the forward scales it: q, before the product
         keys,
         "query_writer d_head, key_writer d_head -> query_writer key_writer",
     )
     capped = not isinstance(attn.soft_cap, NoNorm)
-    score = (
-        _uncapped_score(model, cache, layer, heads, batch, positions) if capped else cached_score
-    )
+    score = cached_score
+    if capped:  # the cache holds the score after the cap
+        score = _uncapped_score(model, cache, layer, heads, batch, positions)
     if check:
         _check(model, cache, layer, heads, batch, positions, (queries, keys))
         check_sums_to(
@@ -204,8 +258,8 @@ def qk_attribution(
         )
     return QKAttribution(
         terms,
-        (*labels, "b_Q"),
-        (*labels, "b_K"),
+        query_labels,
+        key_labels,
         float(score),
         layer,
         head,
@@ -238,24 +292,6 @@ def _refuse_unsupported(model: HookedTransformer) -> None:
         )
 
 
-def _writers(
-    model: HookedTransformer,
-    cache: ActivationCache,
-    layer: int,
-    batch: int,
-    positions: tuple[int, int],
-) -> tuple[Float[Tensor, "writer 2 d_model"], tuple[str, ...]]:
-    """Every writer of `resid_pre` at the query's and the key's positions, through `ln1` at
-    its cached divisor, the norm's bias one more writer."""
-    stream = decompose_resid(model, cache, layer, "resid_pre", "head")
-    at = list(positions)
-    writers, labels = through_norm(
-        model, cache, NormSite("ln1", layer), stream.components[:, :, at], stream.labels,
-        positions=at,
-    )  # fmt: skip
-    return writers[:, batch], labels
-
-
 def _side(
     model: HookedTransformer,
     cache: ActivationCache,
@@ -264,21 +300,30 @@ def _side(
     heads: tuple[int, int],
     batch: int,
     pos: int,
-    writers: Float[Tensor, "stream_writer d_model"],
-) -> WriterVectors:
+    writers: StreamWriters,
+) -> tuple[WriterVectors, tuple[str, ...]]:
     """Each writer's part of the query (`side="q"`) or the key (`"k"`) of query head
-    `heads[0]` (whose key/value head is `heads[1]`): projected, its bias appended as one
-    more writer, through the q/k norm at its cached divisor, rotated by `pos`'s angle."""
+    `heads[0]` (whose key/value head is `heads[1]`), with their labels: through `ln1` at its
+    cached divisor (its bias one more writer), projected (the projection's bias, `b_Q` or
+    `b_K`, one more), through the q/k norm at its cached divisor, rotated by `pos`'s angle."""
     head, kv_head = heads
     attn = model.blocks[layer].attn
+    ln1 = NormSite("ln1", layer)
+    normed, labels = writers.vectors, writers.labels
+    if not isinstance(ln1.module(model), NoNorm):
+        n_batch = activation(cache, ln1.hook("scale")).shape[0]
+        # The cached divisors are per batch element: the writers repeated over the batch.
+        stream = repeat(normed, "writer d_model -> writer batch 1 d_model", batch=n_batch)
+        normed, labels = through_norm(model, cache, ln1, stream, labels, positions=[pos])
+        normed = normed[:, batch, 0]
     # W_K and b_K show each key/value head once per query head of its group.
     W, b = (attn.W_Q, attn.b_Q) if side == "q" else (attn.W_K, attn.b_K)
     vectors = einsum(
-        writers,
-        weight(W[head], writers),
+        normed,
+        weight(W[head], normed),
         "stream_writer d_model, d_model d_head -> stream_writer d_head",
     )
-    vectors = torch.cat([vectors, weight(b[head], writers)[None]])
+    vectors = torch.cat([vectors, weight(b[head], normed)[None]])
     norm = attn.q_norm if side == "q" else attn.k_norm
     if not isinstance(norm, NoNorm):
         index = head if side == "q" else kv_head  # the norm's own head axis
@@ -292,7 +337,7 @@ def _side(
         cos, sin = attn.rotary.cos_sin(positions, vectors.dtype)
         rotated = attn.rotary.rotate(rearrange(vectors, "term d_head -> term 1 1 d_head"), cos, sin)
         vectors = rearrange(rotated, "term 1 1 d_head -> term d_head")
-    return vectors
+    return vectors, (*labels, "b_Q" if side == "q" else "b_K")
 
 
 def _cached_vector(
