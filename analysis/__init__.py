@@ -17,6 +17,7 @@ from analysis.attribution_graphs import (
     PrunedGraph,
     attribution_graph,
     graph_json,
+    graph_qk_attribution,
     intervene,
     prune_graph,
 )
@@ -195,6 +196,7 @@ __all__ += [
     "attribution_graph",
     "attribution_graphs",
     "graph_json",
+    "graph_qk_attribution",
     "graphs",
     "intervene",
     "prune_graph",

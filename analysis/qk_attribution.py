@@ -378,7 +378,7 @@ def _check(
     heads: tuple[int, int],
     batch: int,
     positions: tuple[int, int],
-    sides: tuple[WriterVectors, WriterVectors],
+    sides: tuple[Tensor, Tensor],  # [term d_head] each, a count of its own
 ) -> None:
     """`DecompositionError` unless each side's writers sum to the cached query or key."""
     for side, head, pos, vectors in zip("qk", heads, positions, sides, strict=True):
