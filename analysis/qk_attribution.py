@@ -166,20 +166,20 @@ def qk_attribution(
     where = _where(model, cache, layer, head, query_pos, key_pos, batch)
     stream = decompose_resid(model, cache, where.layer, "resid_pre", "head")
     sides = tuple(
-        StreamWriters(stream.components[:, where.batch, pos], stream.labels)
+        _StreamWriters(stream.components[:, where.batch, pos], stream.labels)
         for pos in (where.query_pos, where.key_pos)
     )
-    return attribution_of_writers(model, cache, where, sides, check=check)
+    return _attribution_of_writers(model, cache, where, sides, check=check)
 
 
-class StreamWriters(NamedTuple):
+class _StreamWriters(NamedTuple):
     """Vectors that sum to the residual stream entering a layer at one position, labelled."""
 
     vectors: Float[Tensor, "writer d_model"]
     labels: tuple[str, ...]
 
 
-class Score(NamedTuple):
+class _Score(NamedTuple):
     """Which score: head `head` of `layer`, from `query_pos` to `key_pos` of batch element
     `batch`, every index checked and non-negative; `cached` its value in the cache."""
 
@@ -199,7 +199,7 @@ def _where(
     query_pos: int,
     key_pos: int,
     batch: int,
-) -> Score:
+) -> _Score:
     """The score asked for, its indices checked; refused where the query does not read the
     key or the model's attention is not decomposed here."""
     layer = _index(layer, model.cfg.n_layers, "layer")
@@ -217,14 +217,14 @@ def _where(
             f"position, outside its window, or padding): its score is {float(cached)}; "
             f"the keys it reads: {readable}"
         )
-    return Score(layer, head, query_pos, key_pos, batch, cached)
+    return _Score(layer, head, query_pos, key_pos, batch, cached)
 
 
-def attribution_of_writers(
+def _attribution_of_writers(
     model: HookedTransformer,
     cache: ActivationCache,
-    where: Score,
-    sides: tuple[StreamWriters, StreamWriters],
+    where: _Score,
+    sides: tuple[_StreamWriters, _StreamWriters],
     *,
     check: bool = False,
 ) -> QKAttribution:
@@ -300,7 +300,7 @@ def _side(
     heads: tuple[int, int],
     batch: int,
     pos: int,
-    writers: StreamWriters,
+    writers: _StreamWriters,
 ) -> tuple[WriterVectors, tuple[str, ...]]:
     """Each writer's part of the query (`side="q"`) or the key (`"k"`) of query head
     `heads[0]` (whose key/value head is `heads[1]`), with their labels: through `ln1` at its

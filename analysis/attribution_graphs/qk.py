@@ -11,7 +11,7 @@ forward), the stream entering layer L at a position p is
 the token's embedding (with its positional embedding), each earlier head's result and
 attention bias, each active feature's write (`act · W_dec`; a cross-layer feature's writes
 to every layer below L summed), each transcoder's decoder bias and skip term, and the error
-node. `analysis.qk_attribution.attribution_of_writers` carries these through `ln1`, the
+node. `analysis.qk_attribution._attribution_of_writers` carries these through `ln1`, the
 projections, q/k norms and rotation with the divisors frozen, so the terms sum exactly to
 the score (before any soft cap), feature against feature: Kamath et al. 2025's "QK
 attributions" of circuit-tracer's attention follow-up, exact here.
@@ -27,7 +27,7 @@ from analysis._reading import activation, weight
 from analysis.attribution_graphs import _frozen
 from analysis.attribution_graphs.attribution_graph import AttributionGraph
 from analysis.head_results import head_results
-from analysis.qk_attribution import QKAttribution, StreamWriters, _where, attribution_of_writers
+from analysis.qk_attribution import QKAttribution, _attribution_of_writers, _StreamWriters, _where
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import TranscoderSet, replaced, transcoder_hook_name
@@ -59,7 +59,7 @@ def graph_qk_attribution(
         _node_writers(model, tset, cache, graph, where.layer, pos)
         for pos in (where.query_pos, where.key_pos)
     )
-    return attribution_of_writers(model, cache, where, sides, check=check)
+    return _attribution_of_writers(model, cache, where, sides, check=check)
 
 
 def _node_writers(
@@ -69,7 +69,7 @@ def _node_writers(
     graph: AttributionGraph,
     layer: int,
     pos: int,
-) -> StreamWriters:
+) -> _StreamWriters:
     """What wrote the stream entering `layer` at `pos`, in the replacement model's terms."""
     token = activation(cache, "blocks.0.hook_resid_pre")[0, pos]
     vectors: list[Float[Tensor, " d_model"]] = [token]
@@ -98,4 +98,4 @@ def _node_writers(
     for (source, feature), write in sorted(features.items()):
         vectors.append(write)
         labels.append(f"L{source}.F{feature}@{pos}")
-    return StreamWriters(torch.stack(vectors), tuple(labels))
+    return _StreamWriters(torch.stack(vectors), tuple(labels))
