@@ -31,8 +31,10 @@ What is exact, and where it stops:
 - Rotary angles are those of positions `0..pos-1`, a forward without padding or a KV
   cache; `check=True` compares the query and key sides with the cached ones and refuses
   a cache recorded otherwise.
+- A shortformer's queries and keys read the positional embedding after `ln1`, outside the
+  stream: it is one more writer, `pos_embed`, on each side.
 - Latent attention (`kv_lora_rank`) reads the stream through latents with norms of their
-  own, and a shortformer's queries read positions outside the stream: both are refused.
+  own: it is refused.
 """
 
 import dataclasses
@@ -284,12 +286,6 @@ def _refuse_unsupported(model: HookedTransformer) -> None:
             f"{cfg.kv_lora_rank}): its queries and keys read the stream through latents with "
             f"norms of their own; models with W_Q, W_K per head are supported"
         )
-    if cfg.positional_embedding_type == "shortformer":
-        raise ValueError(
-            "qk_attribution does not decompose a shortformer's scores: its queries and keys "
-            "read positional embeddings that are not in the residual stream; positional "
-            "embeddings 'standard', 'rotary' and 'none' are supported"
-        )
 
 
 def _side(
@@ -303,19 +299,12 @@ def _side(
     writers: _StreamWriters,
 ) -> tuple[WriterVectors, tuple[str, ...]]:
     """Each writer's part of the query (`side="q"`) or the key (`"k"`) of query head
-    `heads[0]` (whose key/value head is `heads[1]`), with their labels: through `ln1` at its
-    cached divisor (its bias one more writer), projected (the projection's bias, `b_Q` or
+    `heads[0]` (whose key/value head is `heads[1]`), with their labels: as the attention
+    reads it (`_attention_input`), projected (the projection's bias, `b_Q` or
     `b_K`, one more), through the q/k norm at its cached divisor, rotated by `pos`'s angle."""
     head, kv_head = heads
     attn = model.blocks[layer].attn
-    ln1 = NormSite("ln1", layer)
-    normed, labels = writers.vectors, writers.labels
-    if not isinstance(ln1.module(model), NoNorm):
-        n_batch = activation(cache, ln1.hook("scale")).shape[0]
-        # The cached divisors are per batch element: the writers repeated over the batch.
-        stream = repeat(normed, "writer d_model -> writer batch 1 d_model", batch=n_batch)
-        normed, labels = through_norm(model, cache, ln1, stream, labels, positions=[pos])
-        normed = normed[:, batch, 0]
+    normed, labels = _attention_input(model, cache, layer, batch, pos, writers)
     # W_K and b_K show each key/value head once per query head of its group.
     W, b = (attn.W_Q, attn.b_Q) if side == "q" else (attn.W_K, attn.b_K)
     vectors = einsum(
@@ -338,6 +327,30 @@ def _side(
         rotated = attn.rotary.rotate(rearrange(vectors, "term d_head -> term 1 1 d_head"), cos, sin)
         vectors = rearrange(rotated, "term 1 1 d_head -> term d_head")
     return vectors, (*labels, "b_Q" if side == "q" else "b_K")
+
+
+def _attention_input(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    layer: int,
+    batch: int,
+    pos: int,
+    writers: _StreamWriters,
+) -> tuple[Float[Tensor, "term d_model"], tuple[str, ...]]:
+    """The writers through `ln1` at its cached divisor, its bias one more writer; in a
+    shortformer, the positional embedding the queries and keys read after it, one more."""
+    ln1 = NormSite("ln1", layer)
+    normed, labels = writers.vectors, writers.labels
+    if not isinstance(ln1.module(model), NoNorm):
+        n_batch = activation(cache, ln1.hook("scale")).shape[0]
+        # The cached divisors are per batch element: the writers repeated over the batch.
+        stream = repeat(normed, "writer d_model -> writer batch 1 d_model", batch=n_batch)
+        normed, labels = through_norm(model, cache, ln1, stream, labels, positions=[pos])
+        normed = normed[:, batch, 0]
+    if model.cfg.positional_embedding_type == "shortformer":
+        pos_embed = activation(cache, "pos_embed")[batch, pos]  # never in the stream
+        normed, labels = torch.cat([normed, pos_embed[None]]), (*labels, "pos_embed")
+    return normed, labels
 
 
 def _cached_vector(

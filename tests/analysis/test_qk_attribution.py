@@ -88,6 +88,28 @@ def test_check_finds_both_sides_equal_to_the_cached_queries_and_keys(shape):
         qk_attribution(model, cache, layer, -1, 6, 5, batch=1, check=True)
 
 
+OTHER_SHAPES = {
+    "window": dict(window_size=3),
+    "per-head inputs": dict(use_attn_in=True),
+    "split q/k/v inputs, grouped, rotary": dict(
+        use_split_qkv_input=True, n_key_value_heads=2, positional_embedding_type="rotary"
+    ),
+    "attention only": dict(attn_only=True),
+    "no norms": dict(normalization_type=None),
+    "cached head results": dict(use_attn_result=True),
+}
+
+
+@pytest.mark.parametrize("extra", OTHER_SHAPES.values(), ids=OTHER_SHAPES)
+def test_other_block_shapes_sum_exactly(extra):
+    model = random_tiny_model(n_ctx=16, d_vocab=23, d_mlp=24, **extra)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS)
+    for head, query, key in ((3, 8, 6), (0, 5, 5), (1, 2, 0)):
+        attribution = qk_attribution(model, cache, 1, head, query, key, batch=1, check=True)
+        assert abs(attribution.sum() - attribution.score) < EXACT
+
+
 # ------------------------------------------------------------------ brute-force reference
 def _project_by_hand(W, vector):
     """`vector @ W`, one sum per output dimension."""
@@ -331,11 +353,14 @@ def test_latent_attention_is_refused():
         qk_attribution(model, cache, 0, 0, 3, 1)
 
 
-def test_a_shortformer_is_refused():
-    model = random_tiny_model(positional_embedding_type="shortformer", attn_only=True)
-    _, cache = model.run_with_cache(TOKENS[:, :5])
-    with pytest.raises(ValueError, match="shortformer"):
-        qk_attribution(model, cache, 0, 0, 3, 1)
+def test_a_shortformers_positions_are_a_writer_after_the_norm():
+    model = random_tiny_model(positional_embedding_type="shortformer", d_vocab=23, d_mlp=24)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS)
+    attribution = qk_attribution(model, cache, 1, 2, 8, 3, batch=1, check=True)
+    assert attribution.query_labels[-3:] == ("L1_ln1_bias", "pos_embed", "b_Q")
+    assert "pos_embed" not in decompose_resid(model, cache, 1).labels  # not in the stream
+    assert abs(attribution.sum() - attribution.score) < EXACT
 
 
 def test_repr_names_the_head_the_positions_and_the_cap():
