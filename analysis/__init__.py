@@ -17,6 +17,7 @@ from analysis.attribution_graphs import (
     PrunedGraph,
     attribution_graph,
     graph_json,
+    graph_qk_attribution,
     intervene,
     prune_graph,
 )
@@ -94,6 +95,7 @@ from analysis.patching import (
 )
 from analysis.plots import heatmap, heatmap_figure
 from analysis.probes import Probe, ProbeData, ProbeReadout, ProbeReport, train_probe
+from analysis.qk_attribution import QKAttribution, qk_attribution
 from analysis.steering import SteeringSweep, SteeringVector, steering_sweep
 from analysis.tables import Table
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
@@ -107,6 +109,7 @@ __all__: list[str] = [
     "LogitAttribution",
     "LogitLens",
     "NormSite",
+    "QKAttribution",
     "ResidStack",
     "SourceContributions",
     "Table",
@@ -131,6 +134,7 @@ __all__: list[str] = [
     "pattern_preserving_ablation",
     "pattern_preserving_hooks",
     "prev_token_scores",
+    "qk_attribution",
     "reading_norm",
     "repeated_random_tokens",
     "stacked_head_results",
@@ -192,6 +196,7 @@ __all__ += [
     "attribution_graph",
     "attribution_graphs",
     "graph_json",
+    "graph_qk_attribution",
     "graphs",
     "intervene",
     "prune_graph",

@@ -5,11 +5,13 @@
     pruned = prune_graph(graph, node_threshold=0.8)           # the nodes that matter most
     graph_json(graph, pruned)                                 # circuit-tracer / Neuronpedia
     intervene(model, transcoders, prompt, [FeatureIntervention(1, 7, 42, 0.0)])
+    graph_qk_attribution(model, transcoders, graph, layer=1, head=6, key_pos=14)  # QK side
 
 Axes: `node` (features, error nodes, tokens, logits, in that order), `feature` (active
 features), `logit` (target logits). The modules: `attribution_graph` (the graph and how it
-is built), `_frozen` (the linearised model), `pruning`, `export`, `intervention`. Formerly
-`analysis.graphs`, a name that still imports. More in `docs/guide/transcoders.md`.
+is built), `_frozen` (the linearised model), `pruning`, `export`, `intervention`, and `qk`
+(one attention score in terms of the graph's nodes). Formerly `analysis.graphs`, a name
+that still imports. More in `docs/guide/transcoders.md`.
 """
 
 from analysis.attribution_graphs.attribution_graph import AttributionGraph, attribution_graph
@@ -21,6 +23,7 @@ from analysis.attribution_graphs.pruning import (
     normalized_adjacency,
     prune_graph,
 )
+from analysis.attribution_graphs.qk import graph_qk_attribution
 
 __all__ = [
     "AttributionGraph",
@@ -28,6 +31,7 @@ __all__ = [
     "PrunedGraph",
     "attribution_graph",
     "graph_json",
+    "graph_qk_attribution",
     "influence",
     "intervene",
     "normalized_adjacency",
