@@ -11,8 +11,8 @@ and reshapes (`Rule`, `Table`). An architecture no module describes is imported 
 convention (`_anatomy` recognises its pieces by watching its tiny twin run, `_experts` its
 mixture of experts, `_saved` the names its files use, `_convention` derives its family from
 them, and the verification decides among the candidates). `_importer` runs the same steps
-for every family and `_loading` reads a directory's safetensors files tensor by tensor. What is exported below
-is the package's API; the modules are its machinery. Nothing here assumes random weights: the
+for every family and `_loading` reads a directory's safetensors files tensor by tensor.
+What is exported below is the package's API; the modules are its machinery. Nothing here assumes random weights: the
 same route loads real checkpoints for whoever has them locally. `transformers` is an
 optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
 the live models passed in.
