@@ -12,9 +12,9 @@ convention (`_anatomy` recognises its pieces by watching its tiny twin run, `_ex
 mixture of experts, `_saved` the names its files use, `_convention` derives its family from
 them, and the verification decides among the candidates). `_importer` runs the same steps
 for every family and `_loading` reads a directory's safetensors files tensor by tensor.
-What is exported below is the package's API; the modules are its machinery. Nothing here assumes random weights: the
-same route loads real checkpoints for whoever has them locally. `transformers` is an
-optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
+What is exported below is the package's API; the modules are its machinery. Nothing here
+assumes random weights: the same route loads real checkpoints for whoever has them locally.
+`transformers` is an optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
 the live models passed in.
 
 A directory is verified before its weights are read (`_verify`): a tiny twin of the
