@@ -14,8 +14,9 @@ them, and the verification decides among the candidates). `_importer` runs the s
 for every family and `_loading` reads a directory's safetensors files tensor by tensor.
 What is exported below is the package's API; the modules are its machinery. Nothing here
 assumes random weights: the same route loads real checkpoints for whoever has them locally.
-`transformers` is an optional extra (`pip install hookedattn[hf]`), used only to read configs, tokenizers and
-the live models passed in.
+`transformers` is an optional extra (`pip install hookedattn[hf]`), used to read configs,
+tokenizers and the live models passed in, and to build the tiny twins the verification and
+the convention run.
 
 A directory is verified before its weights are read (`_verify`): a tiny twin of the
 checkpoint (`_tiny`: its config's class and structure, few layers, small widths, random
