@@ -26,7 +26,7 @@ from hookedattn import HookedTransformer
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("hookedattn.core.hf")
-from hookedattn.core.hf import _anatomy, _convention, _tiny, _verify  # noqa: E402
+from hookedattn.core.hf import _anatomy, _convention, _probes, _tiny, _verify  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
@@ -137,7 +137,7 @@ def test_a_norm_is_recognised_by_what_it_computes(norm, kind, bias):
     with torch.no_grad():
         for p in norm.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
-    assert _anatomy._one_norm(norm, (1e-5, 1e-6))[:2] == (kind, bias)
+    assert _probes.one_norm(norm, (1e-5, 1e-6))[:2] == (kind, bias)
 
 
 def test_a_wrong_epsilon_is_told_apart():
@@ -145,17 +145,17 @@ def test_a_wrong_epsilon_is_told_apart():
     del norm.eps  # keeps none we can read: the ones tried must match
     norm.forward = lambda x: nn.functional.layer_norm(x, (8,), eps=1e-3)
     with pytest.raises(ValueError, match="computes no norm we know"):
-        _anatomy._one_norm(norm, (1e-5, 1e-6))
+        _probes.one_norm(norm, (1e-5, 1e-6))
 
 
 def test_a_scalar_is_explained_by_the_config_field_it_comes_from():
-    reader = object.__new__(_anatomy._Reader)
-    reader.config = transformers.GraniteConfig(embedding_multiplier=12.0, logits_scaling=8.0)
-    assert reader._explain(12.0, "x") == _anatomy.Scale("value", "embedding_multiplier")
-    assert reader._explain(1 / 8.0, "x") == _anatomy.Scale("inverse", "logits_scaling")
-    assert reader._explain(16**-0.5, "x", d_head=16) == _anatomy.Scale("rsqrt", "d_head")
+    config = transformers.GraniteConfig(embedding_multiplier=12.0, logits_scaling=8.0)
+    Scale = _probes.Scale
+    assert _probes.explain(12.0, config, "x") == Scale("value", "embedding_multiplier")
+    assert _probes.explain(1 / 8.0, config, "x") == Scale("inverse", "logits_scaling")
+    assert _probes.explain(16**-0.5, config, "x", d_head=16) == Scale("rsqrt", "d_head")
     with pytest.raises(ValueError, match="no config field"):
-        reader._explain(0.123456, "x")
+        _probes.explain(0.123456, config, "x")
 
 
 def test_the_memo_key_tells_candidates_apart():

@@ -33,16 +33,24 @@ hypothesis: `_verify` then checks the import against `transformers` on the same 
 """
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.components.mlp import ACTIVATIONS
 from hookedattn.core.hf import _experts, _loading, _saved, _tiny, _verify
 from hookedattn.core.hf._experts import Experts
+from hookedattn.core.hf._probes import (
+    ACTIVATION_NAMES,
+    CONFIG_EPSILONS,
+    USUAL_EPSILONS,
+    Scale,
+    activation,
+    explain,
+    norm_kind,
+    ratio,
+)
 
 # A linear map's role -> the names architectures give it.
 ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
@@ -62,32 +70,7 @@ QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
             "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
 _ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
-_EPSILONS = ("variance_epsilon", "eps", "epsilon")
-_ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
 _TOKENS = (2, 7)
-# Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
-# (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
-NORM_KINDS = ("rms", "rms_one_plus", "rms_bare", "layer", "layer_one_plus", "layer_bare")
-# Epsilons tried on a norm that keeps none as an attribute (after the config's own).
-_USUAL_EPSILONS = (1e-5, 1e-6)
-_CONFIG_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    """A scalar the twin showed, as a function of the config: `kind` of config field
-    `field` ("one": 1; "value": the field; "inverse": 1 / it; "sqrt", "rsqrt": its square
-    root and the inverse of that; `field` "d_head" is the attention's head width)."""
-
-    kind: str = "one"
-    field: str = ""
-
-    def of(self, hf_config: Any, d_head: int) -> float:
-        """The scalar for `hf_config`."""
-        if self.kind == "one":
-            return 1.0
-        x = float(d_head if self.field == "d_head" else getattr(hf_config, self.field))
-        return {"value": x, "inverse": 1 / x, "sqrt": math.sqrt(x), "rsqrt": x**-0.5}[self.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +89,7 @@ class Anatomy:
     norms: tuple[tuple[str, str], ...]  # (ours, the layer's child), e.g. ("ln1", "input_layernorm")
     placement: str  # "pre", "post" or "pre_and_post"
     parallel: bool
-    norm_kind: str  # one of NORM_KINDS, every norm of the model
+    norm_kind: str  # one of `_probes.NORM_KINDS`, every norm of the model
     norm_bias: bool
     eps: float
     attn_maps: tuple[tuple[str, str, bool], ...]  # (role, name, has bias)
@@ -221,59 +204,26 @@ class _Reader:
         n_dense = self._check_layers_alike(mlp)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
-        called = {name for name, _, _ in calls}
-        # Cross-attention an encoder would feed is never called in a causal LM: unused.
-        unused = tuple(n for n in children if n not in called and _is_cross(n))
-        flat = _flat_mlp(children) if mlp == "" else ()
-        norm_names = [n for n, m in children.items() if _is_norm(m) and n not in unused]
-        others = [
-            f"{n} ({type(m).__name__})" for n, m in children.items()
-            if n not in (attn, mlp, *flat, *norm_names, *unused, *_ACTIVATION_NAMES)
-            and not isinstance(m, nn.Dropout | nn.Identity)
-        ]  # fmt: skip
-        if others:
-            raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
-        if flat:  # the layer's own fc1/fc2: the MLP reads the first's input, writes the second's
-            ins = {name: (x, y) for name, x, y in calls}
-            calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
+        unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = _wiring(calls, attn, mlp, norm_names)
-        placement = _placement({ours for ours, _ in norms})
         attn_module = children[attn]
         mlp_module = children[mlp] if mlp else self.layer
-        norm_modules = [children[hf] for _, hf in norms] + [self._final_norm()]
         qk = _qk_norms(attn_module)
-        experts, act_fn, dense_maps = None, None, ()
-        moe_layer = self.layers[n_dense]
-        moe_block = getattr(moe_layer, mlp, None) if mlp else None
-        if moe_block is not None and _experts.block_name({mlp: moe_block}):
-            act_fn = _activation(moe_block.experts)
-            experts = _experts.recognise(
-                mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense
-            )
-            if n_dense:
-                dense_maps = _maps(mlp_module, MLP_ROLES, skip=())
-                if _activation(mlp_module) != act_fn:
-                    raise ValueError("the dense and the expert MLPs' activations differ")
-        act_fn = act_fn or _activation(mlp_module)
-        epsilons = [getattr(self.config, f) for f in _CONFIG_EPSILONS if hasattr(self.config, f)]
-        kind, bias, eps = _norm_kind(
-            [*norm_modules, *(getattr(attn_module, n) for n in qk or ())],
-            (*epsilons, *_USUAL_EPSILONS),
-        )
-        embed = self.twin.get_input_embeddings()
+        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
+        epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
+        kind, bias, eps = norm_kind(
+            [*(children[hf] for _, hf in norms), self._final_norm(),
+             *(getattr(attn_module, n) for n in qk or ())],
+            (*epsilons, *USUAL_EPSILONS),
+        )  # fmt: skip
         d_head = _head_width(attn_module, self.config)
-        mlp_maps = dense_maps if experts else _maps(mlp_module, MLP_ROLES, (), only=flat or None)
+        scaling = _attention_scaling(attn_module, d_head)
         return Anatomy(
-            architecture=self.architecture,
-            layers=self.layers_name,
-            base=f"{self.base_name}." if self.base_name else "",
-            embed=self.names[id(embed)],
-            final_norm=self.names[id(self._final_norm())],
-            unembed=self.names[id(self.twin.get_output_embeddings())],
+            **self._places(),
             attn=attn,
             mlp=mlp,
             norms=tuple(norms),
-            placement=placement,
+            placement=_placement({ours for ours, _ in norms}),
             parallel=parallel,
             norm_kind=kind,
             norm_bias=bias,
@@ -290,17 +240,73 @@ class _Reader:
             unused=unused,
             act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
-            attn_scale=self._explain(
-                _attention_scaling(attn_module, d_head), "softmax scale", d_head=d_head
-            ),
+            attn_scale=self._explain(scaling, "softmax scale", d_head=d_head),
             attn_write=self._explain(writes[0], "attention's write scale"),
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
-            rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
-            tied=self.twin.get_output_embeddings().weight is embed.weight,
-            unembed_bias=getattr(self.twin.get_output_embeddings(), "bias", None) is not None,
         )
+
+    def _places(self) -> dict[str, Any]:
+        """Where the model keeps its layers, embedding, final norm and unembedding."""
+        embed, unembed = self.twin.get_input_embeddings(), self.twin.get_output_embeddings()
+        return dict(
+            architecture=self.architecture,
+            layers=self.layers_name,
+            base=f"{self.base_name}." if self.base_name else "",
+            embed=self.names[id(embed)],
+            final_norm=self.names[id(self._final_norm())],
+            unembed=self.names[id(unembed)],
+            rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
+            tied=unembed.weight is embed.weight,
+            unembed_bias=getattr(unembed, "bias", None) is not None,
+        )
+
+    def _pieces(
+        self,
+        children: dict[str, nn.Module],
+        attn: str,
+        mlp: str,
+        calls: list[tuple[str, Tensor, Tensor]],
+    ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
+        """The layer's pieces a causal LM never calls (cross-attention an encoder would
+        feed), the MLP maps it holds itself, and its norms; any other piece is a ValueError.
+        An MLP of the layer's own maps is added to `calls` as one call (the first map's
+        input, the last one's output)."""
+        called = {name for name, _, _ in calls}
+        unused = tuple(n for n in children if n not in called and _is_cross(n))
+        flat = _flat_mlp(children) if mlp == "" else ()
+        norm_names = [n for n, m in children.items() if _is_norm(m) and n not in unused]
+        others = [
+            f"{n} ({type(m).__name__})" for n, m in children.items()
+            if n not in (attn, mlp, *flat, *norm_names, *unused, *ACTIVATION_NAMES)
+            and not isinstance(m, nn.Dropout | nn.Identity)
+        ]  # fmt: skip
+        if others:
+            raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
+        if flat:
+            ins = {name: (x, y) for name, x, y in calls}
+            calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
+        return unused, flat, norm_names
+
+    def _feed_forward(
+        self, mlp: str, mlp_module: nn.Module, n_dense: int, flat: tuple[str, ...]
+    ) -> tuple[Experts | None, str, tuple[tuple[str, str, bool], ...]]:
+        """The mixture of experts (if the layers after the `n_dense` dense ones hold one),
+        the activation, and the dense MLP's maps (the first layer's)."""
+        moe_block = getattr(self.layers[n_dense], mlp, None) if mlp else None
+        if moe_block is None or not _experts.block_name({mlp: moe_block}):
+            maps = _maps(mlp_module, MLP_ROLES, (), only=flat or None)
+            return None, activation(mlp_module), maps
+        act_fn = activation(moe_block.experts)
+        experts = _experts.recognise(
+            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense
+        )
+        if not n_dense:
+            return experts, act_fn, ()
+        if activation(mlp_module) != act_fn:
+            raise ValueError("the dense and the expert MLPs' activations differ")
+        return experts, act_fn, _maps(mlp_module, MLP_ROLES, skip=())
 
     def _check_layers_alike(self, mlp: str) -> int:
         """How many first layers hold a dense MLP where the rest hold a mixture of experts
@@ -376,14 +382,14 @@ class _Reader:
         finally:
             for handle in handles:
                 handle.remove()
-        scale = _ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
+        scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
         positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
-        return calls, _ratio(logits, seen["unembed"], "the logits"), scale, positions
+        return calls, ratio(logits, seen["unembed"], "the logits"), scale, positions
 
     def _positions(
         self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]
@@ -405,19 +411,8 @@ class _Reader:
         )
 
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
-        """The config field (or the head width) that `value` is a function of."""
-        if math.isclose(value, 1.0, rel_tol=1e-6):
-            return Scale()
-        fields = {k: v for k, v in self.config.to_dict().items()
-                  if isinstance(v, int | float) and not isinstance(v, bool) and v > 0}  # fmt: skip
-        candidates = [("d_head", float(d_head))] if d_head else []
-        candidates += [(k, float(v)) for k, v in fields.items()]
-        for field, x in candidates:
-            for kind, f in (("value", x), ("inverse", 1 / x), ("sqrt", math.sqrt(x)),
-                            ("rsqrt", x**-0.5)):  # fmt: skip
-                if math.isclose(value, f, rel_tol=1e-5):
-                    return Scale(kind, field)
-        raise ValueError(f"the {what} {value:.6g} is no config field's function")
+        """`value` as a function of the twin's config (`_probes.explain`)."""
+        return explain(value, self.config, what, d_head)
 
 
 def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:
@@ -518,8 +513,8 @@ def _wiring(
         rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
     else:
         scales = (
-            _ratio(reads - resid, written_attn, "what the attention adds to the stream"),
-            _ratio(out - reads, written_mlp, "what the MLP adds to the stream"),
+            ratio(reads - resid, written_attn, "what the attention adds to the stream"),
+            ratio(out - reads, written_mlp, "what the MLP adds to the stream"),
         )
         rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
     if not torch.allclose(rebuilt.double(), out.double(), rtol=1e-4, atol=1e-6):
@@ -533,57 +528,6 @@ def _placement(ours: set[str]) -> str:
         if ours == names:
             return placement
     raise ValueError(f"norms at {sorted(ours)}: not one of pre, post or pre-and-post norms")
-
-
-def _ratio(got: Tensor, base: Tensor, what: str) -> float:
-    """The one scalar `s` with `got = s * base`; a ValueError naming `what` if none."""
-    got, base = got.double(), base.double()
-    s = float((got * base).sum() / (base * base).sum())
-    if not torch.allclose(got, s * base, rtol=1e-4, atol=1e-7 * float(base.abs().max())):
-        raise ValueError(f"{what} is no scalar multiple of what it is made from")
-    return s
-
-
-def _norm_kind(modules: list[nn.Module], epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
-    """The one kind, bias and epsilon of every norm in `modules`, by calling each (with
-    `epsilons` tried where a norm keeps none as an attribute)."""
-    found = {_one_norm(m, epsilons) for m in modules}
-    if len(found) != 1:
-        raise ValueError(f"norms of different kinds or epsilons: {sorted(found)}")
-    return found.pop()
-
-
-def _one_norm(module: nn.Module, epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
-    """What one norm computes: its kind, whether it has a bias, its epsilon. The input is
-    as small as an epsilon, so that a wrong one shows."""
-    kept = next((float(getattr(module, a)) for a in _EPSILONS if hasattr(module, a)), None)
-    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-    shape = getattr(module, "normalized_shape", None) or (8,)
-    width = weight.shape[-1] if weight is not None else int(shape[-1])
-    x = 1e-2 * (torch.randn(3, width, generator=torch.Generator().manual_seed(2)) + 0.5)
-    with torch.no_grad():
-        got = module(x).double()
-    x = x.double()
-    w = weight.double() if weight is not None else None
-    b = bias.double() if bias is not None else 0.0
-    for eps in (kept,) if kept is not None else epsilons:
-        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        layer = nn.functional.layer_norm(x, (width,), eps=eps)
-        candidates = {
-            "rms": (rms * w) if w is not None else None,
-            "rms_one_plus": (rms * (1 + w)) if w is not None else None,
-            "rms_bare": rms if w is None and bias is None else None,
-            "layer": (layer * w + b) if w is not None else None,
-            "layer_one_plus": (layer * (1 + w) + b) if w is not None else None,
-            "layer_bare": layer if w is None and bias is None else None,
-        }
-        for kind, expected in candidates.items():
-            if expected is not None and torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
-                return kind, bias is not None, float(eps)
-    raise ValueError(
-        f"{type(module).__name__} computes no norm we know (epsilons tried: "
-        f"{(kept,) if kept is not None else epsilons})"
-    )
 
 
 def _qk_norms(attn: nn.Module) -> tuple[str, str] | None:
@@ -633,21 +577,6 @@ def _maps(
             raise ValueError(f"{type(module).__name__}.{name} ({type(child).__name__}) has no role")
         found.append((role, name, child.bias is not None))
     return tuple(found)
-
-
-def _activation(mlp: nn.Module) -> str:
-    """Our name for the MLP's activation, by calling it on a range of values."""
-    act = next((getattr(mlp, a) for a in _ACTIVATION_NAMES
-                if callable(getattr(mlp, a, None))), None)  # fmt: skip
-    if act is None:
-        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
-    x = torch.linspace(-6, 6, 241)
-    with torch.no_grad():
-        got = act(x)
-    for name, ours in ACTIVATIONS.items():
-        if name != "solu_ln" and torch.allclose(got, ours(x), rtol=1e-6, atol=1e-6):
-            return name
-    raise ValueError(f"the activation {type(act).__name__} is none of ours: {sorted(ACTIVATIONS)}")
 
 
 def _head_width(attn: nn.Module, config: Any) -> int:

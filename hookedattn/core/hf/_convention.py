@@ -156,67 +156,65 @@ class Convention:
         ]  # fmt: skip
 
     def _attention_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+        """The q/k/v projections (`_projection_rules`), the output projection (carrying
+        the write scale unless a post-norm does), the sinks and the q/k norm gains."""
         a, b = self.anatomy, "blocks.{layer}.attn"
         at = f"{a.layers}.{{layer}}.{a.attn}"
-        grouped = cfg.n_kv_heads != cfg.n_heads
-        kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if grouped else ("head", "W_K", "W_V")
+        kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
         order = self._order(cfg)
-        # Unlike a norm before it, a post-norm carries the write scale; W_O then does not.
         o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
-        pieces = (("Q", "W_Q", "head", order), ("K", k_name, kv, order), ("V", v_name, kv, None))
-        rules = []
-        fused = a.role(a.attn_maps, "qkv")
-        split = ("head d_head", f"{kv} d_head", f"{kv} d_head")
-        for part, (letter, name, heads, permute) in enumerate(pieces):
-            pattern = f"({heads} d_head) d_model -> {heads} d_model d_head"
-            bias_name = name.replace("W", "b")
-            if fused:
-                rules.append(Rule(f"{b}.{name}", f"{at}.{fused[0]}.weight", pattern,
-                                  adjust=permute, split=split, part=part))  # fmt: skip
-                rules.append(
-                    Rule(f"{b}.{bias_name}", f"{at}.{fused[0]}.bias", f"({heads} d_head) -> "
-                         f"{heads} d_head", adjust=permute, split=split, part=part)
-                    if fused[1] else zeros(f"{b}.{bias_name}", f"{heads} d_head")
-                )  # fmt: skip
-                continue
-            hf, has_bias = a.role(a.attn_maps, letter.lower()) or (None, False)
-            if hf is None:
-                raise ValueError(f"no {letter.lower()} projection recognised")
-            rules.append(Rule(f"{b}.{name}", f"{at}.{hf}.weight", pattern, adjust=permute))
-            rules.append(
-                Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias", f"({heads} d_head) -> {heads} d_head",
-                     adjust=permute)
-                if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head")
-            )  # fmt: skip
         o, o_bias = a.role(a.attn_maps, "o") or (None, False)
         if o is None:
             raise ValueError("no output projection recognised")
-        rules.append(
-            Rule(
-                f"{b}.W_O",
-                f"{at}.{o}.weight",
-                "d_model (head d_head) -> head d_head d_model",
-                adjust=_times(o_scale),
-            )
-        )
-        rules.append(
+        rules = [
+            *self._projection_rules(at, kv, order),
+            Rule(f"{b}.W_O", f"{at}.{o}.weight", "d_model (head d_head) -> head d_head d_model",
+                 adjust=_times(o_scale)),
             Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=_times(o_scale))
-            if o_bias
-            else zeros(f"{b}.b_O", "d_model")
-        )
+            if o_bias else zeros(f"{b}.b_O", "d_model"),
+        ]  # fmt: skip
         if a.sinks:
             rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
-        if a.qk_norm_names:
-            for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names, ("head", kv),
-                                       strict=True):  # fmt: skip
-                axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
-                if a.norm_kind in ("rms_bare", "layer_bare"):
-                    rules.append(ones(f"{b}.{ours}.w", axes))
-                    continue
-                pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
-                rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
-                                  adjust=_chain(_gain(a), order)))  # fmt: skip
-        return rules  # fmt: skip
+        for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names or (), ("head", kv),
+                                   strict=False):  # fmt: skip
+            axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
+            if a.norm_kind in ("rms_bare", "layer_bare"):
+                rules.append(ones(f"{b}.{ours}.w", axes))
+                continue
+            pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
+            rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
+                              adjust=_chain(_gain(a), order)))  # fmt: skip
+        return rules
+
+    def _projection_rules(
+        self, at: str, kv: str, order: Callable[[Tensor], Tensor] | None
+    ) -> list[Rule]:
+        """W_Q, W_K, W_V and their biases, from separate maps or one fused `[q; k; v]`
+        (queries and keys permuted for rotated pairs)."""
+        a, b = self.anatomy, "blocks.{layer}.attn"
+        k_name, v_name = ("_W_K", "_W_V") if kv == "kv_head" else ("W_K", "W_V")
+        pieces = (("q", "W_Q", "head", order), ("k", k_name, kv, order), ("v", v_name, kv, None))
+        fused = a.role(a.attn_maps, "qkv")
+        split = ("head d_head", f"{kv} d_head", f"{kv} d_head") if fused else None
+        rules = []
+        for part, (role, name, heads, permute) in enumerate(pieces):
+            hf, has_bias = fused or a.role(a.attn_maps, role) or (None, False)
+            if hf is None:
+                raise ValueError(f"no {role} projection recognised")
+            where = dict(split=split, part=part if fused else 0, adjust=permute)
+            bias_name = name.replace("W", "b")
+            rules.append(
+                Rule(
+                    f"{b}.{name}",
+                    f"{at}.{hf}.weight",
+                    f"({heads} d_head) d_model -> {heads} d_model d_head",
+                    **where,
+                )
+            )
+            rules.append(Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias",
+                              f"({heads} d_head) -> {heads} d_head", **where)
+                         if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head"))  # fmt: skip
+        return rules
 
     def _mlp_rules(
         self, cfg: HookedTransformerConfig, write: float, live: bool = False

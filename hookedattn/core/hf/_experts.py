@@ -95,27 +95,9 @@ def recognise(
     config fields, and its saved names (the twin saved once); a ValueError names a piece
     not recognised."""
     children = dict(block.named_children())
-    router = next((n for n in _ROUTERS if n in children), None)
-    if router is None:
-        raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
-    kept = {f"{router}.{n}": n for n, _ in children[router].named_buffers()}
-    kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
-    kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
-    choice = next((k for k, n in kept.items() if n in _CHOICE_BIASES), None)
-    if set(kept) - {choice}:
-        raise ValueError(
-            f"{type(block).__name__}'s router keeps {sorted(set(kept) - {choice})} beside its "
-            f"weight, not imported by convention"
-        )
-    experts = children["experts"]
-    params = dict(experts.named_parameters(recurse=False))
-    if set(params) != {"gate_up_proj", "down_proj"}:
-        raise ValueError(f"{type(experts).__name__} holds {sorted(params)}, not stacked "
-                         "gate_up_proj and down_proj")  # fmt: skip
+    router, choice = _router(block, children)
     count, d_model = children[router].weight.shape
-    gate_up = params["gate_up_proj"].shape
-    transposed = gate_up[1] == d_model and gate_up[2] != d_model
-    width = (gate_up[2] if transposed else gate_up[1]) // 2
+    transposed, width = _stacked(children["experts"], int(d_model))
     shared = next((n for n in _SHARED if n in children), None)
     gate = "shared_expert_gate" if "shared_expert_gate" in children else None
     known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
@@ -151,6 +133,36 @@ def recognise(
         dense_count_field=_dense_field(config, n_dense) if n_dense else None,
         dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
     )
+
+
+def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str | None]:
+    """The router's name and its choice bias's (None without one); anything else the
+    router or the block keeps is a ValueError."""
+    router = next((n for n in _ROUTERS if n in children), None)
+    if router is None:
+        raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
+    kept = {f"{router}.{n}": n for n, _ in children[router].named_buffers()}
+    kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
+    kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
+    choice = next((k for k, n in kept.items() if n in _CHOICE_BIASES), None)
+    if set(kept) - {choice}:
+        raise ValueError(
+            f"{type(block).__name__}'s router keeps {sorted(set(kept) - {choice})} beside its "
+            f"weight, not imported by convention"
+        )
+    return router, choice
+
+
+def _stacked(experts: nn.Module, d_model: int) -> tuple[bool, int]:
+    """Whether the stacked experts keep `[expert d_model (gate_up d_mlp)]` (transposed),
+    and their width."""
+    params = dict(experts.named_parameters(recurse=False))
+    if set(params) != {"gate_up_proj", "down_proj"}:
+        raise ValueError(f"{type(experts).__name__} holds {sorted(params)}, not stacked "
+                         "gate_up_proj and down_proj")  # fmt: skip
+    gate_up = params["gate_up_proj"].shape
+    transposed = gate_up[1] == d_model and gate_up[2] != d_model
+    return transposed, (gate_up[2] if transposed else gate_up[1]) // 2
 
 
 def _width(mlp: nn.Module) -> int:

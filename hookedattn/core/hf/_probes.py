@@ -1,0 +1,131 @@
+"""What one piece of a tiny twin computes, found by calling it (`_anatomy`'s probes).
+
+    norms        called on an input as small as an epsilon (so that a wrong one shows):
+                 RMSNorm with gain `w`, Gemma's `1 + w` or none; LayerNorm with or without
+                 bias, Nemotron's `1 + w`, or without parameters; the epsilon the module
+                 keeps, else the first that matches of the config's and the usual ones
+    activations  called on [-6, 6] against ours (`components.mlp.ACTIVATIONS`)
+    scalars      the one number a tensor is a multiple of another by, and the config field
+                 a number is a function of (`Scale`: so that it carries over from the
+                 twin's sizes to the checkpoint's)
+
+Each answers with our name for what it found, or a ValueError naming the piece.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hookedattn.core.components.mlp import ACTIVATIONS
+
+# Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
+# (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
+NORM_KINDS = ("rms", "rms_one_plus", "rms_bare", "layer", "layer_one_plus", "layer_bare")
+# Epsilons tried on a norm that keeps none as an attribute (after the config's own).
+USUAL_EPSILONS = (1e-5, 1e-6)
+CONFIG_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
+ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
+_EPSILONS = ("variance_epsilon", "eps", "epsilon")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """A scalar the twin showed, as a function of the config: `kind` of config field
+    `field` ("one": 1; "value": the field; "inverse": 1 / it; "sqrt", "rsqrt": its square
+    root and the inverse of that; `field` "d_head" is the attention's head width)."""
+
+    kind: str = "one"
+    field: str = ""
+
+    def of(self, hf_config: Any, d_head: int) -> float:
+        """The scalar for `hf_config`."""
+        if self.kind == "one":
+            return 1.0
+        x = float(d_head if self.field == "d_head" else getattr(hf_config, self.field))
+        return {"value": x, "inverse": 1 / x, "sqrt": math.sqrt(x), "rsqrt": x**-0.5}[self.kind]
+
+
+def explain(value: float, config: Any, what: str, d_head: int | None = None) -> Scale:
+    """The config field (or the head width `d_head`) that `value` is a function of, as
+    measured on a twin of `config`; a ValueError naming `what` if none is."""
+    if math.isclose(value, 1.0, rel_tol=1e-6):
+        return Scale()
+    fields = {k: v for k, v in config.to_dict().items()
+              if isinstance(v, int | float) and not isinstance(v, bool) and v > 0}  # fmt: skip
+    candidates = [("d_head", float(d_head))] if d_head else []
+    candidates += [(k, float(v)) for k, v in fields.items()]
+    for field, x in candidates:
+        for kind, f in (("value", x), ("inverse", 1 / x), ("sqrt", math.sqrt(x)),
+                        ("rsqrt", x**-0.5)):  # fmt: skip
+            if math.isclose(value, f, rel_tol=1e-5):
+                return Scale(kind, field)
+    raise ValueError(f"the {what} {value:.6g} is no config field's function")
+
+
+def ratio(got: Tensor, base: Tensor, what: str) -> float:
+    """The one scalar `s` with `got = s * base`; a ValueError naming `what` if none."""
+    got, base = got.double(), base.double()
+    s = float((got * base).sum() / (base * base).sum())
+    if not torch.allclose(got, s * base, rtol=1e-4, atol=1e-7 * float(base.abs().max())):
+        raise ValueError(f"{what} is no scalar multiple of what it is made from")
+    return s
+
+
+def norm_kind(modules: list[nn.Module], epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
+    """The one kind, bias and epsilon of every norm in `modules`, by calling each (with
+    `epsilons` tried where a norm keeps none as an attribute)."""
+    found = {one_norm(m, epsilons) for m in modules}
+    if len(found) != 1:
+        raise ValueError(f"norms of different kinds or epsilons: {sorted(found)}")
+    return found.pop()
+
+
+def one_norm(module: nn.Module, epsilons: tuple[float, ...]) -> tuple[str, bool, float]:
+    """What one norm computes: its kind, whether it has a bias, its epsilon. The input is
+    as small as an epsilon, so that a wrong one shows."""
+    kept = next((float(getattr(module, a)) for a in _EPSILONS if hasattr(module, a)), None)
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    shape = getattr(module, "normalized_shape", None) or (8,)
+    width = weight.shape[-1] if weight is not None else int(shape[-1])
+    x = 1e-2 * (torch.randn(3, width, generator=torch.Generator().manual_seed(2)) + 0.5)
+    with torch.no_grad():
+        got = module(x).double()
+    x = x.double()
+    w = weight.double() if weight is not None else None
+    b = bias.double() if bias is not None else 0.0
+    for eps in (kept,) if kept is not None else epsilons:
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        layer = nn.functional.layer_norm(x, (width,), eps=eps)
+        candidates = {
+            "rms": (rms * w) if w is not None else None,
+            "rms_one_plus": (rms * (1 + w)) if w is not None else None,
+            "rms_bare": rms if w is None and bias is None else None,
+            "layer": (layer * w + b) if w is not None else None,
+            "layer_one_plus": (layer * (1 + w) + b) if w is not None else None,
+            "layer_bare": layer if w is None and bias is None else None,
+        }
+        for kind, expected in candidates.items():
+            if expected is not None and torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                return kind, bias is not None, float(eps)
+    raise ValueError(
+        f"{type(module).__name__} computes no norm we know (epsilons tried: "
+        f"{(kept,) if kept is not None else epsilons})"
+    )
+
+
+def activation(mlp: nn.Module) -> str:
+    """Our name for the MLP's activation, by calling it on a range of values."""
+    act = next((getattr(mlp, a) for a in ACTIVATION_NAMES
+                if callable(getattr(mlp, a, None))), None)  # fmt: skip
+    if act is None:
+        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
+    x = torch.linspace(-6, 6, 241)
+    with torch.no_grad():
+        got = act(x)
+    for name, ours in ACTIVATIONS.items():
+        if name != "solu_ln" and torch.allclose(got, ours(x), rtol=1e-6, atol=1e-6):
+            return name
+    raise ValueError(f"the activation {type(act).__name__} is none of ours: {sorted(ACTIVATIONS)}")
