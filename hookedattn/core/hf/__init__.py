@@ -3,12 +3,13 @@
     model = HookedTransformer.from_hf(hf_model)          # a live GPT2LMHeadModel, LlamaFor...
     model = HookedTransformer.from_hf("path/to/dir", dtype=torch.bfloat16)   # local files
 
-One small private module per family (`_gpt2`, `_neox`, `_llama` for Llama, Mistral and Qwen2,
-`_qwen3`, `_gemma2`, `_olmo2`, `_phi3`; the mixtures of experts `_mixtral`, `_qwen_moe` for
-Qwen2-MoE and Qwen3-MoE, `_olmoe`, `_gpt_oss`, sharing `_moe`; `_gemma3`, `_gptj`, `_opt`;
-`_deepseek` for latent attention), each a config translation and a table of tensor renames
-and reshapes (`Rule`, `Table`). An architecture no module describes is imported by
-convention (`_anatomy` recognises its pieces by watching its tiny twin run, `_experts` its
+One small private module per family written out (`_gpt2`, `_neox`, `_llama`, `_gemma2`,
+`_gemma3`, `_gpt_oss` sharing `_moe` with `_deepseek` for latent attention, `_gptj`, `_opt`),
+each a config translation and a table of tensor renames and reshapes (`Rule`, `Table`): what
+the convention cannot see (GPT-2's `Conv1D`, GPT-NeoX's fused heads, Gemma's rounding of its
+constants, GPT-OSS's clamped experts, latent attention, GPT-J's and OPT's constants outside
+their configs). Every other architecture is imported by convention (`_anatomy` recognises
+its pieces by watching its tiny twin run, `_probes` what each piece computes, `_experts` its
 mixture of experts, `_saved` the names its files use, `_convention` derives its family from
 them, and the verification decides among the candidates). `_importer` runs the same steps
 for every family and `_loading` reads a directory's safetensors files tensor by tensor.

@@ -1,15 +1,14 @@
-"""Llama (`LlamaForCausalLM`), Mistral (`MistralForCausalLM`) and Qwen2 (`Qwen2ForCausalLM`),
-and the table the later Llama-like families (Qwen3, Gemma 2, OLMo 2) extend.
+"""Llama (`LlamaForCausalLM`), and the table the Llama-like families written out (Gemma 2
+and 3, GPT-OSS) extend. Mistral, Qwen 2 and 3, OLMo 2, Phi-3 and the mixtures Mixtral,
+Qwen-MoE and OLMoE are imported by convention (`_convention`): what they add to Llama
+(windows, biases, q/k norms, post-norms, fused projections, experts) is recognised there.
 
 Beyond GPT-2: RMSNorm, a gated MLP (`down(act(gate(x)) * up(x))`: our `W_gate`, `W_in`,
 `W_out`), grouped-query attention (`num_key_value_heads` < `num_attention_heads`: keys and
 values stored once per group as `_W_K`, `_W_V: [kv_head d_model d_head]`; query head `h`
 reads group `h // (head / kv_head)`, as HF's `repeat_kv`), rotary positions on the whole
-head, and mostly no biases. The three differ only in small ways:
-
-    Llama    `attention_bias` (q, k, v and o), `rope_parameters` "linear" or "llama3"
-    Mistral  a sliding window in every layer, no attention biases
-    Qwen2    q, k, v biases (none on o), a window on the layers past `max_window_layers`
+head, biases on q, k, v and o together when `attention_bias`, `rope_parameters` "linear"
+or "llama3".
 
 Every weight is an `nn.Linear` `[out in]`, so each one is transposed.
 """
@@ -93,7 +92,7 @@ def llama_like_table(
 
 
 def llama_fields(hf_config: Any) -> dict[str, Any]:
-    """Our config's fields for a Llama, Mistral or Qwen 2 config."""
+    """Our config's fields for a Llama config."""
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError(
             "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
@@ -108,16 +107,4 @@ def llama_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = No
     return llama_like_table(hf_config, cfg, rules, "Llama")
 
 
-def mistral_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
-    """Mistral: no biases (its window is in the config)."""
-    return llama_like_table(hf_config, cfg, llama_like_rules(cfg), "Mistral")
-
-
-def qwen2_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
-    """Qwen2: biases on q, k and v, none on o."""
-    return llama_like_table(hf_config, cfg, llama_like_rules(cfg, qkv_bias=True), "Qwen2")
-
-
 LLAMA = Family("LlamaForCausalLM", "llama", llama_fields, llama_table)
-MISTRAL = Family("MistralForCausalLM", "mistral", llama_fields, mistral_table)
-QWEN2 = Family("Qwen2ForCausalLM", "qwen2", llama_fields, qwen2_table)
