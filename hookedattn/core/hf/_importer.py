@@ -321,6 +321,7 @@ def _unsupported(name: str, model_type: Any) -> str:
     _loading.transformers_module()  # the ImportError that says how to install it, first
     return (
         f"cannot import {name} (model_type={model_type!r}): from_hf supports "
-        f"{', '.join(dict.fromkeys(f.architecture for f in _families()))} (the families "
-        f"table: docs/guide/families.md)"
+        f"{', '.join(dict.fromkeys(f.architecture for f in _families()))} written out, and "
+        f"what its convention recognises (the families table and the coverage page: "
+        f"docs/guide/families.md, docs/guide/coverage.md)"
     )
