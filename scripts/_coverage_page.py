@@ -82,7 +82,7 @@ def _refused(records: list[dict[str, Any]]) -> list[str]:
         unsupported = message.startswith("ValueError: cannot import") and "model_type=" in message
         rows.append(
             f"| `{r['architecture']}` | {r['model_type']} | {_by_names(r)} | {_by_import(r)} "
-            f"| {'no family of its model type' if unsupported else _cell(message, 90)} |"
+            f"| {'no family of its model type' if unsupported else _cell(message, 110)} |"
         )
     return rows
 

@@ -259,8 +259,13 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _refusal(error: Exception) -> str:
-    # The unsupported-architecture message lists every family; the entry needs its start.
-    return _short(error).split(": from_hf supports")[0]
+    # The unsupported-architecture message lists every family written out; the entry needs
+    # why the convention did not recognise it, or else the message's start.
+    text = _short(error, limit=2000)
+    if "nor is it imported by convention: " in text:
+        reason = text.split("nor is it imported by convention: ", 1)[1]
+        return f"{type(error).__name__}: not recognised by convention: {reason[:300]}"
+    return text.split(": from_hf supports")[0]
 
 
 def _short(error: Exception, limit: int = 300) -> str:
