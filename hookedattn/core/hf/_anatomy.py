@@ -51,25 +51,23 @@ from hookedattn.core.hf._probes import (
     norm_kind,
     ratio,
 )
+from hookedattn.core.hf._roles import (
+    ATTENTION_NAMES,
+    ATTENTION_ROLES,
+    MLP_ROLES,
+    attention_head_width,
+    attention_scaling,
+    child,
+    flat_mlp,
+    is_cross,
+    is_norm,
+    linear_maps,
+    mlp_child,
+    qk_norm_kind,
+    qk_norms,
+)
+from hookedattn.core.hf._wiring import placement, wiring
 
-# A linear map's role -> the names architectures give it.
-ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
-    "q": ("q_proj", "query", "wq", "q"),
-    "k": ("k_proj", "key", "wk", "k"),
-    "v": ("v_proj", "value", "wv", "v"),
-    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
-    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
-}
-MLP_ROLES: dict[str, tuple[str, ...]] = {
-    "gate": ("gate_proj", "w1", "wi_0"),
-    "up": ("up_proj", "w3", "wi_1", "fc1", "fc_in", "c_fc", "dense_h_to_4h"),
-    "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h"),
-    "gate_up": ("gate_up_proj",),  # [gate; up] along the outputs
-}
-QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
-            "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
-_ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
 _TOKENS = (2, 7)
 
 
@@ -199,16 +197,16 @@ class _Reader:
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
-        attn = _child(children, _ATTENTION_NAMES, "Attention", "attention sublayer")
-        mlp = _mlp_child(children)
+        attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
+        mlp = mlp_child(children)
         n_dense = self._check_layers_alike(mlp)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
-        norms, parallel, writes = _wiring(calls, attn, mlp, norm_names)
+        norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         attn_module = children[attn]
         mlp_module = children[mlp] if mlp else self.layer
-        qk = _qk_norms(attn_module)
+        qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
         epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
         kind, bias, eps = norm_kind(
@@ -216,21 +214,23 @@ class _Reader:
              *(getattr(attn_module, n) for n in qk or ())],
             (*epsilons, *USUAL_EPSILONS),
         )  # fmt: skip
-        d_head = _head_width(attn_module, self.config)
-        scaling = _attention_scaling(attn_module, d_head)
+        d_head = attention_head_width(attn_module, self.config)
+        scaling = attention_scaling(attn_module, d_head)
         return Anatomy(
             **self._places(),
             attn=attn,
             mlp=mlp,
             norms=tuple(norms),
-            placement=_placement({ours for ours, _ in norms}),
+            placement=placement({ours for ours, _ in norms}),
             parallel=parallel,
             norm_kind=kind,
             norm_bias=bias,
             eps=eps,
-            attn_maps=_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            attn_maps=linear_maps(
+                attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)
+            ),
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
-            qk_norm=_qk_norm_kind(attn_module, qk, d_head),
+            qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
             mlp_maps=mlp_maps,
             experts=experts,
@@ -274,9 +274,9 @@ class _Reader:
         An MLP of the layer's own maps is added to `calls` as one call (the first map's
         input, the last one's output)."""
         called = {name for name, _, _ in calls}
-        unused = tuple(n for n in children if n not in called and _is_cross(n))
-        flat = _flat_mlp(children) if mlp == "" else ()
-        norm_names = [n for n, m in children.items() if _is_norm(m) and n not in unused]
+        unused = tuple(n for n in children if n not in called and is_cross(n))
+        flat = flat_mlp(children) if mlp == "" else ()
+        norm_names = [n for n, m in children.items() if is_norm(m) and n not in unused]
         others = [
             f"{n} ({type(m).__name__})" for n, m in children.items()
             if n not in (attn, mlp, *flat, *norm_names, *unused, *ACTIVATION_NAMES)
@@ -296,7 +296,7 @@ class _Reader:
         the activation, and the dense MLP's maps (the first layer's)."""
         moe_block = getattr(self.layers[n_dense], mlp, None) if mlp else None
         if moe_block is None or not _experts.block_name({mlp: moe_block}):
-            maps = _maps(mlp_module, MLP_ROLES, (), only=flat or None)
+            maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
             return None, activation(mlp_module), maps
         act_fn = activation(moe_block.experts)
         experts = _experts.recognise(
@@ -306,7 +306,7 @@ class _Reader:
             return experts, act_fn, ()
         if activation(mlp_module) != act_fn:
             raise ValueError("the dense and the expert MLPs' activations differ")
-        return experts, act_fn, _maps(mlp_module, MLP_ROLES, skip=())
+        return experts, act_fn, linear_maps(mlp_module, MLP_ROLES, skip=())
 
     def _check_layers_alike(self, mlp: str) -> int:
         """How many first layers hold a dense MLP where the rest hold a mixture of experts
@@ -332,7 +332,7 @@ class _Reader:
         return dense
 
     def _final_norm(self) -> nn.Module:
-        norms = [m for n, m in self.base.named_children() if _is_norm(m)]
+        norms = [m for n, m in self.base.named_children() if is_norm(m)]
         if len(norms) != 1:
             raise ValueError(
                 f"the base model holds {len(norms)} norms beside its layers "
@@ -422,39 +422,6 @@ def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:
     raise ValueError(f"no list of {config.num_hidden_layers} decoder layers found")
 
 
-def _child(children: dict[str, nn.Module], names: tuple[str, ...], kind: str, what: str) -> str:
-    found = [n for n in names if n in children]
-    found = found or [n for n, m in children.items() if type(m).__name__.endswith(kind)]
-    if len(found) != 1:
-        raise ValueError(f"a decoder layer holds {len(found)} {what}s ({found}); one recognised")
-    return found[0]
-
-
-def _mlp_child(children: dict[str, nn.Module]) -> str:
-    """The MLP sublayer's name; "" where the layer holds its MLP's maps itself."""
-    if _flat_mlp(children):
-        return ""
-    return _child(children, _MLP_NAMES, "MLP", "MLP sublayer")
-
-
-def _flat_mlp(children: dict[str, nn.Module]) -> tuple[str, ...]:
-    """The names of an MLP's input and output maps held by the layer itself (BioGPT,
-    Whisper's decoder: `fc1`, `fc2`), or ()."""
-    if any(n in children for n in _MLP_NAMES):
-        return ()
-    up = next((n for n in MLP_ROLES["up"] if n in children), None)
-    down = next((n for n in MLP_ROLES["down"] if n in children), None)
-    return (up, down) if up and down else ()
-
-
-def _is_cross(name: str) -> bool:
-    return "encoder" in name or "cross" in name
-
-
-def _is_norm(module: nn.Module) -> bool:
-    return "norm" in type(module).__name__.lower()
-
-
 def _shapes(module: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {n: (type(m).__name__, tuple(p.shape) if (p := getattr(m, "weight", None)) is not None
                 else ()) for n, m in module.named_modules()}  # fmt: skip
@@ -469,125 +436,3 @@ def _first_tensor(args: tuple, kwargs: dict) -> Tensor:
 
 def _first_output(output: Any) -> Tensor:
     return output[0] if isinstance(output, tuple | list) else output
-
-
-def _wiring(
-    calls: list[tuple[str, Tensor, Tensor]], attn: str, mlp: str, norm_names: list[str]
-) -> tuple[list[tuple[str, str]], bool, tuple[float, float]]:
-    """Our norm names for the layer's norms, whether the block is parallel, and the scalar
-    each sublayer's write is multiplied by, from the tensors the calls passed."""
-    (_, resid, out), *pieces = calls
-    called = {name: (x, y) for name, x, y in pieces}
-    if attn not in called or mlp not in called:
-        raise ValueError("the twin's first layer did not call both its sublayers")
-    attn_in, attn_out = called[attn]
-    mlp_in, mlp_out = called[mlp]
-    norms = []
-    for name in norm_names:
-        if name not in called:
-            raise ValueError(f"the norm {name} is never called")
-        x, y = called[name]
-        if y is attn_in:
-            norms.append(("ln1", name))
-        if y is mlp_in:
-            norms.append(("ln2", name))
-        if x is attn_out:
-            norms.append(("ln1_post", name))
-        if x is mlp_out:
-            norms.append(("ln2_post", name))
-        if not any(hf == name for _, hf in norms):
-            raise ValueError(f"the norm {name} neither feeds a sublayer nor reads its output")
-    ours = dict(norms)
-    written_attn = called[ours["ln1_post"]][1] if "ln1_post" in ours else attn_out
-    written_mlp = called[ours["ln2_post"]][1] if "ln2_post" in ours else mlp_out
-    reads = called[ours["ln2"]][0] if "ln2" in ours else mlp_in
-    parallel = (
-        reads is resid
-        or (reads is attn_in and "ln1" in ours)
-        or bool("ln2" in ours and ours["ln2"] == ours.get("ln1"))
-    )
-    if parallel:  # out = resid + a A + m M: both scalars from one least-squares fit
-        basis = torch.stack([written_attn.flatten(), written_mlp.flatten()], dim=1).double()
-        fit = torch.linalg.lstsq(basis, (out - resid).flatten().double()[:, None]).solution
-        scales = (float(fit[0]), float(fit[1]))
-        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
-    else:
-        scales = (
-            ratio(reads - resid, written_attn, "what the attention adds to the stream"),
-            ratio(out - reads, written_mlp, "what the MLP adds to the stream"),
-        )
-        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
-    if not torch.allclose(rebuilt.double(), out.double(), rtol=1e-4, atol=1e-6):
-        raise ValueError("the layer's output is not its input plus what its sublayers write")
-    return norms, parallel, scales
-
-
-def _placement(ours: set[str]) -> str:
-    for placement, names in (("pre", {"ln1", "ln2"}), ("post", {"ln1_post", "ln2_post"}),
-                             ("pre_and_post", {"ln1", "ln2", "ln1_post", "ln2_post"})):  # fmt: skip
-        if ours == names:
-            return placement
-    raise ValueError(f"norms at {sorted(ours)}: not one of pre, post or pre-and-post norms")
-
-
-def _qk_norms(attn: nn.Module) -> tuple[str, str] | None:
-    children = dict(attn.named_children())
-    q = next((n for n in QK_NORMS["q_norm"] if n in children), None)
-    k = next((n for n in QK_NORMS["k_norm"] if n in children), None)
-    if (q is None) != (k is None):
-        raise ValueError("a norm of the queries or the keys, not both: not recognised")
-    return None if q is None else (q, k)
-
-
-def _qk_norm_kind(attn: nn.Module, names: tuple[str, str] | None, d_head: int) -> str | None:
-    if names is None:
-        return None
-    gain = getattr(getattr(attn, names[0]), "weight", None)
-    if gain is None:
-        return "per_head"  # without parameters: per head (the verification will tell)
-    width = gain.shape
-    if tuple(width) == (d_head,):
-        return "per_head"
-    if len(width) == 1 and width[0] % d_head == 0 and width[0] > d_head:
-        return "whole"
-    raise ValueError(f"q/k norm gains of shape {tuple(width)}: neither one head's nor all heads'")
-
-
-def _maps(
-    module: nn.Module,
-    roles: dict[str, tuple[str, ...]],
-    skip: tuple[str, ...],
-    own_allowed: tuple[str, ...] = (),
-    only: tuple[str, ...] | None = None,
-) -> tuple[tuple[str, str, bool], ...]:
-    """Each weight-bearing child (of those named `only`, when given) as (role, name, has a
-    bias): every one must have a role, and a module must hold no parameter of its own but
-    those `own_allowed`."""
-    own = [n for n, _ in module.named_parameters(recurse=False) if n not in own_allowed]
-    if own:
-        raise ValueError(f"{type(module).__name__} holds parameters not recognised: {own}")
-    found = []
-    for name, child in module.named_children():
-        if name in skip or (only is not None and name not in only):
-            continue
-        if not any(True for _ in child.parameters()):
-            continue
-        role = next((r for r, names in roles.items() if name in names), None)
-        if role is None or type(child) is not nn.Linear:
-            raise ValueError(f"{type(module).__name__}.{name} ({type(child).__name__}) has no role")
-        found.append((role, name, child.bias is not None))
-    return tuple(found)
-
-
-def _head_width(attn: nn.Module, config: Any) -> int:
-    d_head = getattr(attn, "head_dim", None) or getattr(config, "head_dim", None)
-    return int(d_head or config.hidden_size // config.num_attention_heads)
-
-
-def _attention_scaling(attn: nn.Module, d_head: int) -> float:
-    if not getattr(attn, "is_causal", True):
-        raise ValueError(f"{type(attn).__name__} is not causal")
-    scaling = getattr(attn, "scaling", None)
-    if scaling is None:
-        raise ValueError(f"{type(attn).__name__} keeps no softmax scale (`scaling`)")
-    return float(scaling)

@@ -1,0 +1,136 @@
+"""What a decoder layer's pieces are, by their names and their modules' types.
+
+The names architectures give each linear map (`ATTENTION_ROLES`, `MLP_ROLES`) and each
+sublayer (`ATTENTION_NAMES`, `MLP_NAMES`), and the readers `_anatomy` asks of one module at
+a time: which child is the attention or the MLP, each weight-bearing child's role, the q/k
+norms and whether they act per head, the head width and the softmax scale. Nothing here
+runs a model; `_wiring` reads what the twin's run passed between the pieces.
+"""
+
+from typing import Any
+
+from torch import nn
+
+# A linear map's role -> the names architectures give it.
+ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
+    "q": ("q_proj", "query", "wq", "q"),
+    "k": ("k_proj", "key", "wk", "k"),
+    "v": ("v_proj", "value", "wv", "v"),
+    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
+    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
+}
+MLP_ROLES: dict[str, tuple[str, ...]] = {
+    "gate": ("gate_proj", "w1", "wi_0"),
+    "up": ("up_proj", "w3", "wi_1", "fc1", "fc_in", "c_fc", "dense_h_to_4h"),
+    "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h"),
+    "gate_up": ("gate_up_proj",),  # [gate; up] along the outputs
+}
+QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
+            "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
+ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+
+
+def child(children: dict[str, nn.Module], names: tuple[str, ...], kind: str, what: str) -> str:
+    """The one child named one of `names` (else whose type ends in `kind`); a ValueError
+    naming what was found when there is not exactly one."""
+    found = [n for n in names if n in children]
+    found = found or [n for n, m in children.items() if type(m).__name__.endswith(kind)]
+    if len(found) != 1:
+        raise ValueError(f"a decoder layer holds {len(found)} {what}s ({found}); one recognised")
+    return found[0]
+
+
+def mlp_child(children: dict[str, nn.Module]) -> str:
+    """The MLP sublayer's name; "" where the layer holds its MLP's maps itself."""
+    if flat_mlp(children):
+        return ""
+    return child(children, MLP_NAMES, "MLP", "MLP sublayer")
+
+
+def flat_mlp(children: dict[str, nn.Module]) -> tuple[str, ...]:
+    """The names of an MLP's input and output maps held by the layer itself (BioGPT,
+    Whisper's decoder: `fc1`, `fc2`), or ()."""
+    if any(n in children for n in MLP_NAMES):
+        return ()
+    up = next((n for n in MLP_ROLES["up"] if n in children), None)
+    down = next((n for n in MLP_ROLES["down"] if n in children), None)
+    return (up, down) if up and down else ()
+
+
+def is_cross(name: str) -> bool:
+    """Whether a layer's child is cross-attention (fed by an encoder) by its name."""
+    return "encoder" in name or "cross" in name
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether a module is a norm, by its type's name."""
+    return "norm" in type(module).__name__.lower()
+
+
+def qk_norms(attn: nn.Module) -> tuple[str, str] | None:
+    """The names of the attention's query and key norms; None without them."""
+    children = dict(attn.named_children())
+    q = next((n for n in QK_NORMS["q_norm"] if n in children), None)
+    k = next((n for n in QK_NORMS["k_norm"] if n in children), None)
+    if (q is None) != (k is None):
+        raise ValueError("a norm of the queries or the keys, not both: not recognised")
+    return None if q is None else (q, k)
+
+
+def qk_norm_kind(attn: nn.Module, names: tuple[str, str] | None, d_head: int) -> str | None:
+    """ "per_head" or "whole" (over the projection), by the width of the norms' gains."""
+    if names is None:
+        return None
+    gain = getattr(getattr(attn, names[0]), "weight", None)
+    if gain is None:
+        return "per_head"  # without parameters: per head (the verification will tell)
+    width = gain.shape
+    if tuple(width) == (d_head,):
+        return "per_head"
+    if len(width) == 1 and width[0] % d_head == 0 and width[0] > d_head:
+        return "whole"
+    raise ValueError(f"q/k norm gains of shape {tuple(width)}: neither one head's nor all heads'")
+
+
+def linear_maps(
+    module: nn.Module,
+    roles: dict[str, tuple[str, ...]],
+    skip: tuple[str, ...],
+    own_allowed: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
+) -> tuple[tuple[str, str, bool], ...]:
+    """Each weight-bearing child (of those named `only`, when given) as (role, name, has a
+    bias): every one must have a role, and a module must hold no parameter of its own but
+    those `own_allowed`."""
+    own = [n for n, _ in module.named_parameters(recurse=False) if n not in own_allowed]
+    if own:
+        raise ValueError(f"{type(module).__name__} holds parameters not recognised: {own}")
+    found = []
+    for name, child in module.named_children():
+        if name in skip or (only is not None and name not in only):
+            continue
+        if not any(True for _ in child.parameters()):
+            continue
+        role = next((r for r, names in roles.items() if name in names), None)
+        if role is None or type(child) is not nn.Linear:
+            raise ValueError(f"{type(module).__name__}.{name} ({type(child).__name__}) has no role")
+        found.append((role, name, child.bias is not None))
+    return tuple(found)
+
+
+def attention_head_width(attn: nn.Module, config: Any) -> int:
+    """The attention's head width: its own `head_dim`, the config's, or d_model / heads."""
+    d_head = getattr(attn, "head_dim", None) or getattr(config, "head_dim", None)
+    return int(d_head or config.hidden_size // config.num_attention_heads)
+
+
+def attention_scaling(attn: nn.Module, d_head: int) -> float:
+    """The softmax scale the attention keeps (`scaling`); a ValueError if it is not causal
+    or keeps none."""
+    if not getattr(attn, "is_causal", True):
+        raise ValueError(f"{type(attn).__name__} is not causal")
+    scaling = getattr(attn, "scaling", None)
+    if scaling is None:
+        raise ValueError(f"{type(attn).__name__} keeps no softmax scale (`scaling`)")
+    return float(scaling)

@@ -1,0 +1,72 @@
+"""How a decoder layer's pieces connect, read off the tensors its twin's run passed.
+
+A norm whose output a sublayer reads is that sublayer's pre-norm (`ln1`, `ln2`); one whose
+input is a sublayer's output is its post-norm (`ln1_post`, `ln2_post`); the MLP reading the
+stream the attention read makes the block parallel; and what each sublayer adds to the
+stream, divided by what it computed, is the scalar its write is multiplied by.
+"""
+
+import torch
+from torch import Tensor
+
+from hookedattn.core.hf._probes import ratio
+
+
+def wiring(
+    calls: list[tuple[str, Tensor, Tensor]], attn: str, mlp: str, norm_names: list[str]
+) -> tuple[list[tuple[str, str]], bool, tuple[float, float]]:
+    """Our norm names for the layer's norms, whether the block is parallel, and the scalar
+    each sublayer's write is multiplied by, from the tensors the calls passed."""
+    (_, resid, out), *pieces = calls
+    called = {name: (x, y) for name, x, y in pieces}
+    if attn not in called or mlp not in called:
+        raise ValueError("the twin's first layer did not call both its sublayers")
+    attn_in, attn_out = called[attn]
+    mlp_in, mlp_out = called[mlp]
+    norms = []
+    for name in norm_names:
+        if name not in called:
+            raise ValueError(f"the norm {name} is never called")
+        x, y = called[name]
+        if y is attn_in:
+            norms.append(("ln1", name))
+        if y is mlp_in:
+            norms.append(("ln2", name))
+        if x is attn_out:
+            norms.append(("ln1_post", name))
+        if x is mlp_out:
+            norms.append(("ln2_post", name))
+        if not any(hf == name for _, hf in norms):
+            raise ValueError(f"the norm {name} neither feeds a sublayer nor reads its output")
+    ours = dict(norms)
+    written_attn = called[ours["ln1_post"]][1] if "ln1_post" in ours else attn_out
+    written_mlp = called[ours["ln2_post"]][1] if "ln2_post" in ours else mlp_out
+    reads = called[ours["ln2"]][0] if "ln2" in ours else mlp_in
+    parallel = (
+        reads is resid
+        or (reads is attn_in and "ln1" in ours)
+        or bool("ln2" in ours and ours["ln2"] == ours.get("ln1"))
+    )
+    if parallel:  # out = resid + a A + m M: both scalars from one least-squares fit
+        basis = torch.stack([written_attn.flatten(), written_mlp.flatten()], dim=1).double()
+        fit = torch.linalg.lstsq(basis, (out - resid).flatten().double()[:, None]).solution
+        scales = (float(fit[0]), float(fit[1]))
+        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
+    else:
+        scales = (
+            ratio(reads - resid, written_attn, "what the attention adds to the stream"),
+            ratio(out - reads, written_mlp, "what the MLP adds to the stream"),
+        )
+        rebuilt = resid + scales[0] * written_attn + scales[1] * written_mlp
+    if not torch.allclose(rebuilt.double(), out.double(), rtol=1e-4, atol=1e-6):
+        raise ValueError("the layer's output is not its input plus what its sublayers write")
+    return norms, parallel, scales
+
+
+def placement(ours: set[str]) -> str:
+    """ "pre", "post" or "pre_and_post" for the set of our norm names a layer holds."""
+    for placement, names in (("pre", {"ln1", "ln2"}), ("post", {"ln1_post", "ln2_post"}),
+                             ("pre_and_post", {"ln1", "ln2", "ln1_post", "ln2_post"})):  # fmt: skip
+        if ours == names:
+            return placement
+    raise ValueError(f"norms at {sorted(ours)}: not one of pre, post or pre-and-post norms")
