@@ -23,7 +23,7 @@ NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSP
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
-ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
+ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -171,10 +171,12 @@ class HookedTransformerConfig:
       `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
       limit)`, in place of `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each
       expert by `sigmoid(logit)` and chooses by the scores plus a learned choice bias
-      (`b_router_choice`). Either router may choose only among the experts of the
-      `topk_expert_groups` best of `n_expert_groups` groups (a group's score: the sum of
-      its `group_score_experts` best experts'; DeepSeek V3 2, V2 1), and weighs by the
-      scores (renormalised when `norm_topk_prob`) times `routed_scaling_factor`.
+      (`b_router_choice`); `"softmax_biased"` (Ernie 4.5) chooses by the softmax's
+      probabilities plus that bias and weighs by the probabilities. Any router may
+      choose only among the experts of the `topk_expert_groups` best of `n_expert_groups`
+      groups (a group's score: the sum of its `group_score_experts` best experts';
+      DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
+      times `routed_scaling_factor`.
       `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
       (DeepSeek's `first_k_dense_replace`).
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
@@ -380,10 +382,11 @@ class HookedTransformerConfig:
                 f"{self.num_experts}: a token chooses among the experts there are"
             )
         self._check_routing()
-        if self.attn_only or not self.gated_mlp or self.parallel_attn_mlp:
+        if self.attn_only or not self.gated_mlp:
             raise ValueError(
-                "a mixture of experts replaces a sequential block's gated MLP: it needs "
-                "attn_only=False, gated_mlp=True and parallel_attn_mlp=False"
+                "a mixture of experts replaces a block's gated MLP: it needs "
+                f"attn_only=False and gated_mlp=True (got attn_only={self.attn_only}, "
+                f"gated_mlp={self.gated_mlp})"
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")

@@ -188,17 +188,27 @@ def test_a_mixture_by_convention_loads_from_its_files(tmp_path):
         assert torch.allclose(model(TOKENS), expected, atol=1e-5 * float(expected.abs().max()))
 
 
-def test_a_router_keeping_other_pieces_is_refused_by_name():
-    with pytest.raises(ValueError, match="moe_statics|not imported by convention|unexpected"):
-        HookedTransformer.from_hf(twin("ernie4_5_moe"))
+@pytest.mark.parametrize(
+    ("model_type", "scoring"),
+    [("flint", "sigmoid"), ("ernie4_5_moe", "softmax_biased"), ("qwen2_moe", "softmax")],
+)
+def test_the_verification_picks_the_router_the_architecture_uses(model_type, scoring):
+    # Nothing in a router's modules tells softmax from sigmoid scoring, nor a choice bias
+    # over probabilities (Ernie 4.5) from one over sigmoid scores (DeepSeek V3): candidates.
+    assert HookedTransformer.from_hf(twin(model_type)).cfg.router_scoring == scoring
 
 
-@pytest.mark.parametrize("model_type", ["minimax_m2", "glm4_moe", "kolibri1"])
+@pytest.mark.parametrize(
+    "model_type", ["minimax_m2", "glm4_moe", "kolibri1", "flint", "ernie4_5_moe", "cohere2_moe"]
+)
 def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     model_type, tmp_path
 ):
     # MiniMax-M2: a sigmoid router with a choice bias; GLM-4-MoE: dense first layers, groups
-    # and shared experts; Kolibri: files that name the norms otherwise than the modules.
+    # and shared experts; Kolibri: files that name the norms otherwise than the modules;
+    # Flint: sigmoid scores without a bias, dense layers listed (`mlp_only_layers`); Ernie
+    # 4.5: a choice bias over softmax probabilities, kept in a module of the router's own
+    # and saved as `[1 expert]`; Cohere 2 MoE: the mixture in a parallel block.
     reference = twin(model_type, seed=2)
     reference.save_pretrained(tmp_path / model_type)
     for source in (reference, tmp_path / model_type):

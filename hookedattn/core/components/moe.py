@@ -23,6 +23,9 @@ among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free bal
     g       = s[chosen], / their sum when norm_topk_prob, * routed_scaling_factor
                                                           (hook_expert_weights)
 
+Ernie 4.5's (`"softmax_biased"`) is the softmax router in float32 with the choice bias:
+`p = softmax(logits)`, chosen the k largest of `p + b_router_choice`, `g = p[chosen]`.
+
 DeepSeek V2's is the softmax router with the same group limit (a group's score: its best
 expert's, `group_score_experts=1`) and scaling, and no choice bias.
 
@@ -121,9 +124,11 @@ class MoE(nn.Module):
         if cfg.router_scoring == "softmax":
             self.router_logits, self.scores = self._logits, kernels.router_probabilities
             self.choice_scores = self._as_chosen
-        else:
+        else:  # "sigmoid", "softmax_biased": at least float32, chosen with a learned bias
             self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
-            self.router_logits, self.scores = self._logits_at_least_float32, torch.sigmoid
+            self.router_logits = self._logits_at_least_float32
+            biased_softmax = cfg.router_scoring == "softmax_biased"
+            self.scores = kernels.router_probabilities if biased_softmax else torch.sigmoid
             self.choice_scores = self._with_choice_bias
         self.n_expert_groups, self.topk_expert_groups = cfg.n_expert_groups, cfg.topk_expert_groups
         self.group_score_experts = cfg.group_score_experts

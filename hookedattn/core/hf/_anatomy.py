@@ -114,6 +114,8 @@ class Anatomy:
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
     norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
+    # How a mixture's router scores experts (`HookedTransformerConfig.router_scoring`).
+    router_scoring: str = "softmax"
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -208,7 +210,7 @@ class _Reader:
         mlp_module = children[mlp] if mlp else self.layer
         qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
-        epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
+        epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
         kind, bias, eps = norm_kind(
             [*(children[hf] for _, hf in norms), self._final_norm(),
              *(getattr(attn_module, n) for n in qk or ())],

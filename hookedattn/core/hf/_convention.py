@@ -353,11 +353,15 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     renorm = (False,) if experts is None else (True, False)
     if experts is not None and experts.norm_topk_field:
         renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
+    scorings = ("softmax",)
+    if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
+        scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
     families = []
-    for on, layout, norm_topk in itertools.product(rotating, layouts, renorm):
+    for on, layout, norm_topk, scoring in itertools.product(rotating, layouts, renorm, scorings):
         chosen = dataclasses.replace(
-            anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk
-        )
+            anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
+            router_scoring=scoring,
+        )  # fmt: skip
         convention = Convention(chosen)
         families.append(
             Family(
@@ -386,9 +390,9 @@ def _routing(c: Any, anatomy: Anatomy) -> dict[str, Any]:
         "shared_expert_gate": e.shared_gate is not None,
         "routed_scaling_factor": float(getattr(c, "routed_scaling_factor", None) or 1.0),
     }
-    if e.choice_bias is not None:
+    if anatomy.router_scoring != "softmax":
         fields |= {
-            "router_scoring": "sigmoid",
+            "router_scoring": anatomy.router_scoring,
             "n_expert_groups": int(getattr(c, "n_group", None) or 1),
             "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
         }
@@ -452,11 +456,12 @@ def _expert_rules(
     if e.shared_gate:
         rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
                           "one d_model -> d_model one"))  # fmt: skip
-    if e.choice_bias and e.saved_choice_bias is None:  # never saved: zeros, as it starts
+    unsaved = e.choice_bias and e.saved_choice_bias is None  # zeros, as the model starts
+    if unsaved or (cfg.router_scoring != "softmax" and not e.choice_bias):
         rules.append(zeros(f"{m}.b_router_choice", "expert"))
     elif e.choice_bias:
         bias = e.choice_bias if live else e.saved_choice_bias
-        rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", "expert -> expert"))
+        rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", e.choice_bias_pattern))
     return rules
 
 

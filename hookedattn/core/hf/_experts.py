@@ -72,6 +72,8 @@ class Experts:
     n_dense: int  # the twin's first layers with a dense MLP instead
     dense_count_field: str | None  # the config field saying how many
     dense_width_field: str | None
+    # The choice bias's shape as the files keep it: `[expert]`, or `[1 expert]` (Ernie).
+    choice_bias_pattern: str = "expert -> expert"
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -128,6 +130,7 @@ def recognise(
         norm_topk_field="norm_topk_prob" if hasattr(config, "norm_topk_prob") else None,
         act_fn=act_fn,
         choice_bias=f"{block_name}.{choice}" if choice else None,
+        choice_bias_pattern=_choice_bias_pattern(block, choice),
         saved_choice_bias=_saved_choice_bias(twin, f"{layers}.{n_dense}.") if choice else None,
         n_dense=n_dense,
         dense_count_field=_dense_field(config, n_dense) if n_dense else None,
@@ -141,7 +144,9 @@ def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str 
     router = next((n for n in _ROUTERS if n in children), None)
     if router is None:
         raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
-    kept = {f"{router}.{n}": n for n, _ in children[router].named_buffers()}
+    kept = {f"{router}.{n}": n.rsplit(".", 1)[-1] for n, _ in children[router].named_buffers()}
+    kept |= {f"{router}.{n}": n.rsplit(".", 1)[-1]  # Ernie's gate.moe_statics.e_score_...
+             for n, _ in children[router].named_parameters() if "." in n}  # fmt: skip
     kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
     kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
     choice = next((k for k, n in kept.items() if n in _CHOICE_BIASES), None)
@@ -222,19 +227,27 @@ def _experts_saved(
 
 
 def _dense_field(config: Any, n_dense: int) -> str:
-    """The field saying how many first layers are dense: one of `_DENSE_COUNTS`, or
-    "mlp_layer_types" (a list of "dense" / "sparse")."""
+    """The field saying how many first layers are dense: one of `_DENSE_COUNTS`,
+    "mlp_layer_types" (a list of "dense" / "sparse") or "mlp_only_layers" (the dense
+    layers' indices)."""
     for name in _DENSE_COUNTS:
         if getattr(config, name, None) == n_dense:
             return name
     types = getattr(config, "mlp_layer_types", None)
     if types and sum(1 for t in types[:n_dense] if t == "dense") == n_dense:
         return "mlp_layer_types"
+    if list(getattr(config, "mlp_only_layers", None) or ()) == list(range(n_dense)):
+        return "mlp_only_layers"
     raise ValueError(f"no config field gives the {n_dense} dense first layers: {_DENSE_COUNTS}")
 
 
 def dense_layers(config: Any, field: str) -> int:
     """How many first layers of `config` are dense, by `field` (`_dense_field`)."""
+    if field == "mlp_only_layers":
+        dense = sorted(config.mlp_only_layers)
+        if dense != list(range(len(dense))):
+            raise ValueError(f"mlp_only_layers {dense}: dense layers after the first mixture")
+        return len(dense)
     if field == "mlp_layer_types":
         types = list(config.mlp_layer_types)
         count = next((i for i, t in enumerate(types) if t != "dense"), len(types))
@@ -252,3 +265,17 @@ def _saved_choice_bias(twin: nn.Module, prefix: str) -> str | None:
     if len(names) > 1:
         raise ValueError(f"the router's choice bias is saved under several names: {names}")
     return names[0] if names else None
+
+
+def _choice_bias_pattern(block: nn.Module, choice: str | None) -> str:
+    """How the choice bias is laid out: `[expert]`, or `[1 expert]` (Ernie 4.5's)."""
+    if choice is None:
+        return "expert -> expert"
+    bias = dict((*block.named_parameters(), *block.named_buffers()))[choice]
+    if bias.dim() == 2 and bias.shape[0] == 1:
+        return "one expert -> (one expert)"
+    if bias.dim() != 1:
+        raise ValueError(
+            f"a choice bias of shape {tuple(bias.shape)}: neither [expert] nor [1 expert]"
+        )
+    return "expert -> expert"
