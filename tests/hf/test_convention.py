@@ -199,8 +199,10 @@ def test_the_verification_picks_the_router_the_architecture_uses(model_type, sco
 
 
 @pytest.mark.parametrize(
-    "model_type", ["minimax_m2", "glm4_moe", "kolibri1", "flint", "ernie4_5_moe", "cohere2_moe"]
-)
+    "model_type",
+    ["minimax_m2", "glm4_moe", "kolibri1", "flint", "ernie4_5_moe", "cohere2_moe",
+     "granitemoeshared", "granitemoe_swa"],
+)  # fmt: skip
 def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     model_type, tmp_path
 ):
@@ -208,7 +210,9 @@ def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     # and shared experts; Kolibri: files that name the norms otherwise than the modules;
     # Flint: sigmoid scores without a bias, dense layers listed (`mlp_only_layers`); Ernie
     # 4.5: a choice bias over softmax probabilities, kept in a module of the router's own
-    # and saved as `[1 expert]`; Cohere 2 MoE: the mixture in a parallel block.
+    # and saved as `[1 expert]`; Cohere 2 MoE: the mixture in a parallel block; Granite
+    # MoE shared: a fused shared expert beside the mixture, not in it; Granite MoE SWA:
+    # stacked experts the files keep untransposed where the live model transposes them.
     reference = twin(model_type, seed=2)
     reference.save_pretrained(tmp_path / model_type)
     for source in (reference, tmp_path / model_type):

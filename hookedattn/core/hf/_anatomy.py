@@ -279,13 +279,18 @@ class _Reader:
         unused = tuple(n for n in children if n not in called and is_cross(n))
         flat = flat_mlp(children) if mlp == "" else ()
         norm_names = [n for n, m in children.items() if is_norm(m) and n not in unused]
+        beside = _shared_beside(children, mlp)
         others = [
             f"{n} ({type(m).__name__})" for n, m in children.items()
-            if n not in (attn, mlp, *flat, *norm_names, *unused, *ACTIVATION_NAMES)
+            if n not in (attn, mlp, *flat, *norm_names, *unused, *beside, *ACTIVATION_NAMES)
             and not isinstance(m, nn.Dropout | nn.Identity)
         ]  # fmt: skip
         if others:
             raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
+        if beside:  # what the MLP writes: the mixture's output plus the shared expert's
+            at = {name: i for i, (name, _, _) in enumerate(calls)}
+            (_, x, y), (_, _, shared) = calls[at[mlp]], calls[at[beside[0]]]
+            calls[at[mlp]] = (mlp, x, y + shared)
         if flat:
             ins = {name: (x, y) for name, x, y in calls}
             calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
@@ -301,8 +306,9 @@ class _Reader:
             maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
             return None, activation(mlp_module), maps
         act_fn = activation(moe_block.experts)
+        beside = dict(self.layers[n_dense].named_children())
         experts = _experts.recognise(
-            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense
+            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense, beside
         )
         if not n_dense:
             return experts, act_fn, ()
@@ -415,6 +421,13 @@ class _Reader:
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
+
+
+def _shared_beside(children: dict[str, nn.Module], mlp: str) -> tuple[str, ...]:
+    """A shared expert the layer holds beside its mixture (Granite's `shared_mlp`), or ()."""
+    if not mlp or "shared_mlp" not in children or not _experts.block_name({mlp: children[mlp]}):
+        return ()
+    return ("shared_mlp",)
 
 
 def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:

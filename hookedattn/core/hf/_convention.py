@@ -416,7 +416,8 @@ def _expert_rules(
     """The router's, the experts' and the shared expert's rules (unexpanded): stacked as a
     live model keeps them, or as the files hold them (`_experts.Experts`)."""
     m, at = "blocks.{layer}.mlp", f"{layer}"
-    gate_up, down = (_GATE_UP_T, _DOWN_T) if e.transposed else (_GATE_UP, _DOWN)
+    transposed = e.transposed if live or e.saved_transposed is None else e.saved_transposed
+    gate_up, down = (_GATE_UP_T, _DOWN_T) if transposed else (_GATE_UP, _DOWN)
     out = _times(out_scale)
     router = f"{e.router}.weight" if live else e.saved_router
     rules = [Rule(f"{m}.W_router", f"{at}.{router}", "expert d_model -> d_model expert")]
@@ -446,11 +447,16 @@ def _expert_rules(
         s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
         shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
         shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
+        if len(e.shared_maps) == 2:  # [gate; up] fused (Granite's input_linear)
+            fused, halves = f"{hf}.{e.shared_maps[0]}.weight", ("d_mlp_shared", "d_mlp_shared")
+            rules += [Rule(f"{s}.W_gate", fused, shared_in, split=halves),
+                      Rule(f"{s}.W_in", fused, shared_in, split=halves, part=1)]  # fmt: skip
+        else:
+            rules += [Rule(f"{s}.W_gate", f"{hf}.{e.shared_maps[0]}.weight", shared_in),
+                      Rule(f"{s}.W_in", f"{hf}.{e.shared_maps[1]}.weight", shared_in)]  # fmt: skip
         rules += [
-            Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
-            Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in),
             zeros(f"{s}.b_in", "d_mlp_shared"),
-            Rule(f"{s}.W_out", f"{hf}.down_proj.weight", shared_out, adjust=out),
+            Rule(f"{s}.W_out", f"{hf}.{e.shared_maps[-1]}.weight", shared_out, adjust=out),
             zeros(f"{s}.b_out", "d_model"),
         ]
     if e.shared_gate:

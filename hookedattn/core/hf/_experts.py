@@ -30,6 +30,7 @@ from hookedattn.core.hf import _saved
 _BLOCKS = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 _ROUTERS = ("gate", "router")
 _SHARED = ("shared_experts", "shared_expert", "shared_mlp")
+_GATED, _FUSED = ("gate_proj", "up_proj", "down_proj"), ("input_linear", "output_linear")
 _COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k_experts", "moe_k")
 _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
@@ -72,6 +73,10 @@ class Experts:
     n_dense: int  # the twin's first layers with a dense MLP instead
     dense_count_field: str | None  # the config field saying how many
     dense_width_field: str | None
+    # The files' stacked experts transposed (`transposed`) or not; None: as the live ones.
+    saved_transposed: bool | None = None
+    # The shared expert's maps: (gate, up, down), or ([gate; up] fused, down) (Granite's).
+    shared_maps: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
     # The choice bias's shape as the files keep it: `[expert]`, or `[1 expert]` (Ernie).
     choice_bias_pattern: str = "expert -> expert"
 
@@ -92,15 +97,19 @@ def recognise(
     act_fn: str,
     layers: str,
     n_dense: int = 0,
+    beside: dict[str, nn.Module] | None = None,
 ) -> Experts:
     """The mixture in `block` (the first such layer's, after `n_dense` dense ones), its
     config fields, and its saved names (the twin saved once); a ValueError names a piece
-    not recognised."""
+    not recognised. `beside`: the layer's other children, where a shared expert may sit
+    beside the block (Granite's `shared_mlp`, added to what the block writes)."""
     children = dict(block.named_children())
     router, choice = _router(block, children)
     count, d_model = children[router].weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
     shared = next((n for n in _SHARED if n in children), None)
+    layer_shared = next((n for n in _SHARED if n in (beside or {})), None) if not shared else None
+    shared_module = children[shared] if shared else (beside or {}).get(layer_shared)
     gate = "shared_expert_gate" if "shared_expert_gate" in children else None
     known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
     others = [n for n, m in children.items() if n not in known and any(m.parameters())]
@@ -109,11 +118,24 @@ def recognise(
     shared_width = None
     if shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(children[shared]), "shared width")
+    elif layer_shared:
+        shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
     files, saved_stacked, saved_router, saved_shared = _saved_names(
         twin, f"{layers}.{n_dense}.", (int(count), int(d_model))
     )
+    saved_transposed = transposed
+    if saved_stacked is not None:  # which is [gate; up], and how the files lay it out
+        shapes = _saved_shapes(twin, f"{layers}.{n_dense}.")
+        at = f"{layers}.{n_dense}."
+        gate_up = [n for n in saved_stacked if 2 * width in shapes[at + n]]
+        if len(gate_up) != 1:
+            raise ValueError(f"the stacked experts' [gate; up] is not told apart: {saved_stacked}")
+        down = next(n for n in saved_stacked if n != gate_up[0])
+        saved_stacked = (gate_up[0], down)
+        saved_transposed = shapes[at + gate_up[0]][1] == d_model != 2 * width
     return Experts(
         block=block_name,
+        saved_transposed=saved_transposed,
         router=f"{block_name}.{router}",
         stacked=f"{block_name}.experts",
         transposed=transposed,
@@ -121,7 +143,8 @@ def recognise(
         saved_stacked=saved_stacked,
         saved_router=saved_router,
         saved_shared=saved_shared,
-        shared=f"{block_name}.{shared}" if shared else None,
+        shared=f"{block_name}.{shared}" if shared else layer_shared,
+        shared_maps=_shared_maps(shared_module) if shared_module is not None else _GATED,
         shared_gate=f"{block_name}.{gate}" if gate else None,
         count_field=_field(config, _COUNTS, count, "expert count"),
         top_k_field=_field(config, _TOP_K, None, "experts per token"),
@@ -170,8 +193,18 @@ def _stacked(experts: nn.Module, d_model: int) -> tuple[bool, int]:
     return transposed, (gate_up[2] if transposed else gate_up[1]) // 2
 
 
+def _shared_maps(mlp: nn.Module) -> tuple[str, ...]:
+    """The shared expert's maps by name: `_GATED`, or `_FUSED` ([gate; up], down)."""
+    names = set(dict(mlp.named_children()))
+    for maps in (_GATED, _FUSED):
+        if set(maps) <= names:
+            return maps
+    raise ValueError(f"the shared expert {type(mlp).__name__} holds maps not recognised: {names}")
+
+
 def _width(mlp: nn.Module) -> int:
-    down = next((m for n, m in mlp.named_children() if n in ("down_proj", "w2", "fc2")), None)
+    down = next((m for n, m in mlp.named_children() if n in ("down_proj", "w2", "fc2",
+                                                             "output_linear")), None)  # fmt: skip
     if down is None:
         raise ValueError(f"the shared expert {type(mlp).__name__} has no down projection")
     return int(down.weight.shape[1])
