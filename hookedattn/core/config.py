@@ -24,6 +24,7 @@ NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
 ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased")
+ATTN_GATES: tuple[str, ...] = ("sigmoid", "softplus")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -83,6 +84,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,
     "use_attn_sinks": _FLAG,
+    "attn_gate": FieldSpec(str, choices=ATTN_GATES, optional=True),
+    "attn_gate_per_head": _FLAG,
     "window_size": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "attn_types": FieldSpec(tuple, item_choices=ATTN_TYPES, optional=True),
     "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
@@ -153,6 +156,10 @@ class HookedTransformerConfig:
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS).
+    - `attn_gate` ("sigmoid", Qwen3-Next; "softplus", Laguna): each head's `z` is
+      multiplied by `gate(x @ W_G[h] + b_G[h])` of the attention's input before `W_O`
+      reads it, one factor per dimension of the head, or one per head
+      (`attn_gate_per_head`).
     - multi-head latent attention (`kv_lora_rank`; DeepSeek V2/V3, Kimi K2): keys and
       values are read from a shared low-rank latent of the stream (normed, width
       `kv_lora_rank`), queries from one of width `q_lora_rank` (None: straight from the
@@ -241,6 +248,8 @@ class HookedTransformerConfig:
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
     use_attn_sinks: bool = False
+    attn_gate: str | None = None
+    attn_gate_per_head: bool = False
     window_size: int | None = None
     attn_types: tuple[str, ...] | None = None
     num_experts: int | None = None
@@ -433,7 +442,7 @@ class HookedTransformerConfig:
             for field, plain in (
                 ("positional_embedding_type", "rotary"), ("n_key_value_heads", None),
                 ("use_split_qkv_input", False), ("use_attn_in", False),
-                ("use_qk_norm", False), ("use_attn_sinks", False),
+                ("use_qk_norm", False), ("use_attn_sinks", False), ("attn_gate", None),
             )
             if getattr(self, field) != plain
         ]  # fmt: skip

@@ -22,7 +22,9 @@ the routing, are unchanged) and each expert's `W_gate`, `W_in` (with their biase
 shared expert's; `center_writing_weights` centres every expert's `W_out`, `b_out` (the
 mixture of centred writes is centred, whatever the weights). `fold_value_biases` is refused
 with attention sinks: a row of the pattern then sums to less than one, so `b_V` reaches the
-output scaled by each query's own row sum, not as a constant. What no weight can absorb is
+output scaled by each query's own row sum, not as a constant; and with an output gate
+(`attn_gate`), which scales it by each query's gate. The gate reads the attention's input,
+so `ln1` folds into `W_G`, `b_G` as into `W_Q`. What no weight can absorb is
 refused by name: a norm after a sublayer (`normalization_placement` "post" or
 "pre_and_post"; its divisor depends on the sublayer's output), a LayerNorm bias before a
 gated MLP (`W_gate` has no bias to take it), and centring the unembedding under a soft cap
@@ -146,8 +148,8 @@ def process_weights(
     fold, or with shortformer positions), `center_writing_weights` (skipped unless every
     reader of the stream is a LayerNorm, no norm follows a sublayer and the positions are
     not shortformer), `center_unembed` (skipped under a soft cap on the logits),
-    `fold_value_biases` (skipped with attention sinks, and for latent attention, which has
-    no value bias). Logits change only by
+    `fold_value_biases` (skipped with attention sinks or an output gate, and for latent
+    attention, which has no value bias). Logits change only by
     `center_unembed`'s per-position constant.
     """
     cfg = model.cfg
@@ -158,7 +160,7 @@ def process_weights(
         steps.append(_center_writing_weights)
     if center_unembed and cfg.output_logits_soft_cap is None:
         steps.append(_center_unembed)
-    if fold_value_biases and not cfg.use_attn_sinks and not cfg.is_latent_attention:
+    if fold_value_biases and not (cfg.use_attn_sinks or cfg.is_latent_attention or cfg.attn_gate):
         steps.append(_fold_value_biases)
     return _processed(model, steps)
 
@@ -250,6 +252,8 @@ def _attn_readers(
     for kind in "KV":
         stored = f"{attn}._" if f"{attn}._W_{kind}" in state else f"{attn}."
         readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
+    if cfg.attn_gate is not None:  # the output gate reads the same input
+        readers.append((f"{attn}.W_G", f"{attn}.b_G"))
     return readers
 
 
@@ -351,6 +355,12 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
             "fold_value_biases: with attention sinks (use_attn_sinks=True) a row of the "
             "pattern sums to less than one, so b_V reaches the output scaled by each query's "
             "row sum: it is not a constant that b_O could take"
+        )
+    if cfg.attn_gate is not None:
+        raise ValueError(
+            f"fold_value_biases: with an output gate (attn_gate={cfg.attn_gate!r}) b_V "
+            "reaches the output multiplied by each query's gate: it is not a constant that "
+            "b_O could take"
         )
     if cfg.is_latent_attention:
         return cfg  # its values have no bias to fold

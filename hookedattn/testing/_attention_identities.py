@@ -127,8 +127,9 @@ _MIX = (
 )
 
 
-def mix_values(z: str, pattern: str, v: str, group: int) -> Identity:
-    """`z == pattern @ v`, each query head reading its group's value head."""
+def mix_values(z: str, pattern: str, v: str, group: int, gate: str | None = None) -> Identity:
+    """`z == pattern @ v`, each query head reading its group's value head; times the
+    output gate, where the attention has one (`attn_gate`)."""
 
     def sides(get: Get) -> Sides:
         p, v_ = get(pattern), get(v)
@@ -136,10 +137,15 @@ def mix_values(z: str, pattern: str, v: str, group: int) -> Identity:
         p = _grouped(p, group, "... (kv_head group) q k -> ... kv_head group q k")
         ungroup = "... q kv_head group d -> ... q (kv_head group) d"
         expected = rearrange(einsum(p, v_, _MIX), ungroup)
-        return Sides(get(z), expected, rearrange(einsum(p.abs(), v_.abs(), _MIX), ungroup))
+        size = rearrange(einsum(p.abs(), v_.abs(), _MIX), ungroup)
+        if gate is not None:
+            g = get(gate)
+            expected, size = expected * g, size * g.abs()
+        return Sides(get(z), expected, size)
 
-    statement = f"{z} == {pattern} @ {v}"
-    return Identity(statement, (z, pattern, v), _names.axis_names(z), PRODUCTS, sides)
+    statement = f"{z} == {pattern} @ {v}" + ("" if gate is None else f" * {gate}")
+    needs = (z, pattern, v) if gate is None else (z, pattern, v, gate)
+    return Identity(statement, needs, _names.axis_names(z), PRODUCTS, sides)
 
 
 def heads_sum(attn_out: str, result: str, b_O: nn.Parameter, post: NormAtScale | None) -> Identity:

@@ -126,7 +126,8 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     out.append(attn_ids.causal(pattern))
     if attn.attn_type == "local":
         out.append(attn_ids.windowed(pattern, cfg.window_size))
-    out.append(attn_ids.mix_values(z, pattern, v, attn.group))
+    gate = f"{prefix}.hook_attn_gate" if cfg.attn_gate is not None else None
+    out.append(attn_ids.mix_values(z, pattern, v, attn.group, gate))
     post = _placed_norm(model, layer, "ln1_post")
     if hasattr(attn, "hook_result"):
         out.append(attn_ids.heads_sum(attn_out, result, attn.b_O, post))

@@ -14,8 +14,9 @@ rotated pairs (GLM); learned positions and one key/value head in a fused project
 table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-decoder config
 and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA);
 mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlmo, Aria with
-a shared expert, Granite-MoE with its multipliers). The reference is the HF model itself,
-in float64.
+a shared expert, Granite-MoE with its multipliers); output gates on the heads (Laguna's own
+softplus map per head, MiniCPM 5 MoE's sigmoid rows beside the queries'). The reference is
+the HF model itself, in float64.
 """
 
 import pytest
@@ -31,7 +32,7 @@ from hookedattn.core.hf import _anatomy, _convention, _probes, _tiny, _verify  #
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
-                 "aria_text", "granitemoe")  # fmt: skip
+                 "aria_text", "granitemoe", "laguna", "minicpm5_moe")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -186,6 +187,17 @@ def test_a_mixture_by_convention_loads_from_its_files(tmp_path):
     with torch.no_grad():
         expected = reference(TOKENS).logits
         assert torch.allclose(model(TOKENS), expected, atol=1e-5 * float(expected.abs().max()))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "gate", "per_head"),
+    [("laguna", "softplus", True), ("minicpm5_moe", "sigmoid", False)],
+)
+def test_an_output_gate_is_imported_with_its_function_and_width(model_type, gate, per_head):
+    # Laguna: its own map, one softplus factor per head; MiniCPM 5 MoE: `[q_h; gate_h]` rows
+    # in one map, a sigmoid factor per dimension. The function is a candidate.
+    cfg = HookedTransformer.from_hf(twin(model_type)).cfg
+    assert (cfg.attn_gate, cfg.attn_gate_per_head) == (gate, per_head)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ which is why each head's write can be read on its own (`hook_result`).
               [with sinks: softmax over the keys and one sink logit s_h, the sink's share
                dropped, so a row sums to 1 - its sink's share]
     z       = pattern @ v                                     (hook_z)
+              [gated: z_h * gate(x @ W_G[h] + b_G[h]), the gate (hook_attn_gate) one
+               factor per dimension of the head or one per head (Qwen3-Next, Laguna)]
     out     = sum_h z_h @ W_O[h] + b_O                        (hook_result per head; OV circuit)
 
 An attention sink (`use_attn_sinks`, GPT-OSS; Xiao et al. 2023's sink token as a learned
@@ -51,6 +53,9 @@ from hookedattn.core.shapes import (
     Queries,
     Values,
 )
+
+# What an output gate (`attn_gate`) does to its pre-activation.
+GATES = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 # Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
 # input can be patched alone), each read by its own head's weights.
@@ -114,6 +119,16 @@ class Attention(nn.Module):
         self.soft_cap = make_soft_cap(cfg.attn_scores_soft_cap)
         self.hook_attn_scores = HookPoint()  # [batch head query_pos key_pos]
         self.hook_pattern = HookPoint()
+        self.gated = self._ungated
+        if cfg.attn_gate is not None:
+            d_gate = 1 if cfg.attn_gate_per_head else cfg.d_head
+            self.W_G = _param(cfg.n_heads, cfg.d_model, d_gate, cfg=cfg)
+            self.b_G = _param(cfg.n_heads, d_gate, cfg=cfg)
+            self.gate_fn = GATES[cfg.attn_gate]
+            self.gate_pattern = (_PER_HEAD_IN if cfg.use_split_qkv_input or cfg.use_attn_in
+                                 else _SHARED_IN)  # fmt: skip
+            self.hook_attn_gate = HookPoint()  # [batch pos head d_gate]
+            self.gated = self._gated
         self.hook_z = HookPoint()  # [batch pos head d_head_v]
         if cfg.use_attn_result:
             self.hook_result = HookPoint()  # [batch pos head d_model]
@@ -145,7 +160,15 @@ class Attention(nn.Module):
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
-        return self.write(self.hook_z(z))
+        return self.write(self.hook_z(self.gated(z, query_input)))
+
+    def _ungated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
+        return z
+
+    def _gated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
+        """`z * gate(x @ W_G + b_G)` per head (per dimension, or one factor per head)."""
+        pre = einsum(query_input, self.W_G, self.gate_pattern) + self.b_G
+        return z * self.hook_attn_gate(self.gate_fn(pre)).to(z.dtype)
 
     def written_out(
         self, q: Queries, k: KeyValues, v: Values, context: AttentionContext

@@ -59,6 +59,7 @@ from hookedattn.core.hf._roles import (
     attention_scaling,
     child,
     flat_mlp,
+    gated_queries,
     is_cross,
     is_norm,
     linear_maps,
@@ -116,6 +117,10 @@ class Anatomy:
     norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
     # How a mixture's router scores experts (`HookedTransformerConfig.router_scoring`).
     router_scoring: str = "softmax"
+    # An output gate on each head's z (`HookedTransformerConfig.attn_gate`): its function
+    # (a candidate: "sigmoid" or "softplus"; None without a gate) and width.
+    attn_gate: str | None = None
+    attn_gate_per_head: bool | None = None  # None: no gate
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -218,6 +223,10 @@ class _Reader:
         )  # fmt: skip
         d_head = attention_head_width(attn_module, self.config)
         scaling = attention_scaling(attn_module, d_head)
+        attn_maps, gate_per_head = gated_queries(
+            linear_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            attn_module, self.config.num_attention_heads, d_head,
+        )  # fmt: skip
         return Anatomy(
             **self._places(),
             attn=attn,
@@ -228,9 +237,8 @@ class _Reader:
             norm_kind=kind,
             norm_bias=bias,
             eps=eps,
-            attn_maps=linear_maps(
-                attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)
-            ),
+            attn_maps=attn_maps,
+            attn_gate_per_head=gate_per_head,
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,

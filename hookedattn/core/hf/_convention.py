@@ -61,6 +61,17 @@ class Convention:
 
     def _fields(self, hf_config: Any) -> dict[str, Any]:
         a, c = self.anatomy, _Decoder(hf_config)
+        if (getattr(c, "moe_router_logit_softcapping", None) or 0.0) > 0.0:
+            raise ValueError(
+                f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
+                "whose logits are soft-capped is not imported"
+            )
+        per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
+        if per_layer - {c.num_attention_heads}:
+            raise ValueError(
+                f"num_attention_heads_per_layer={c.num_attention_heads_per_layer}: blocks with "
+                f"different head counts are not imported (every block has n_heads)"
+            )
         d_head = head_width(c)
         n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
@@ -91,6 +102,8 @@ class Convention:
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
             "use_attn_sinks": a.sinks,
+            "attn_gate": a.attn_gate,
+            "attn_gate_per_head": bool(a.attn_gate_per_head),
             **rotary,
             **_translate.window(c),
         }
@@ -175,6 +188,7 @@ class Convention:
         ]  # fmt: skip
         if a.sinks:
             rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
+        rules += self._gate_rules(at)
         for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names or (), ("head", kv),
                                    strict=False):  # fmt: skip
             axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
@@ -185,6 +199,26 @@ class Convention:
             rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                               adjust=_chain(_gain(a), order)))  # fmt: skip
         return rules
+
+    def _gate_rules(self, at: str) -> list[Rule]:
+        """An output gate's `W_G`, `b_G`: its own map (one factor per head or per
+        dimension), or the second half of each head's rows of a `[q_h; gate_h]` map."""
+        a, b = self.anatomy, "blocks.{layer}.attn"
+        if a.attn_gate is None:
+            return []
+        own, fused = a.role(a.attn_maps, "gate"), a.role(a.attn_maps, "q_gate")
+        hf, has_bias = own or fused or (None, False)
+        width = "one" if a.attn_gate_per_head else "d_head"
+        if own:
+            pattern = f"(head {width}) d_model -> head d_model {width}"
+            weight = Rule(f"{b}.W_G", f"{at}.{hf}.weight", pattern)
+            bias = Rule(f"{b}.b_G", f"{at}.{hf}.bias", f"(head {width}) -> head {width}")
+        else:
+            pattern = "(head gate_up d_head) d_model -> gate_up head d_model d_head"
+            weight = Rule(f"{b}.W_G", f"{at}.{hf}.weight", pattern, pick=1)
+            bias = Rule(f"{b}.b_G", f"{at}.{hf}.bias",
+                        "(head gate_up d_head) -> gate_up head d_head", pick=1)  # fmt: skip
+        return [weight, bias if has_bias else zeros(f"{b}.b_G", f"head {width}")]
 
     def _projection_rules(
         self, at: str, kv: str, order: Callable[[Tensor], Tensor] | None
@@ -198,21 +232,26 @@ class Convention:
         split = ("head d_head", f"{kv} d_head", f"{kv} d_head") if fused else None
         rules = []
         for part, (role, name, heads, permute) in enumerate(pieces):
-            hf, has_bias = fused or a.role(a.attn_maps, role) or (None, False)
+            gated = role == "q" and a.role(a.attn_maps, "q_gate")  # [q_h; gate_h] per head
+            hf, has_bias = fused or gated or a.role(a.attn_maps, role) or (None, False)
             if hf is None:
                 raise ValueError(f"no {role} projection recognised")
             where = dict(split=split, part=part if fused else 0, adjust=permute)
+            rows = f"({heads} d_head)"
+            if gated:
+                where["pick"], rows = 0, f"({heads} gate_up d_head)"
             bias_name = name.replace("W", "b")
+            after = "gate_up " if gated else ""
             rules.append(
                 Rule(
                     f"{b}.{name}",
                     f"{at}.{hf}.weight",
-                    f"({heads} d_head) d_model -> {heads} d_model d_head",
+                    f"{rows} d_model -> {after}{heads} d_model d_head",
                     **where,
                 )
             )
             rules.append(Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias",
-                              f"({heads} d_head) -> {heads} d_head", **where)
+                              f"{rows} -> {after}{heads} d_head", **where)
                          if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head"))  # fmt: skip
         return rules
 
@@ -353,14 +392,17 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     renorm = (False,) if experts is None else (True, False)
     if experts is not None and experts.norm_topk_field:
         renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
+    gates = (None,) if anatomy.attn_gate_per_head is None else ("sigmoid", "softplus")
     scorings = ("softmax",)
     if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
         scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
     families = []
-    for on, layout, norm_topk, scoring in itertools.product(rotating, layouts, renorm, scorings):
+    for on, layout, norm_topk, scoring, gate in itertools.product(
+        rotating, layouts, renorm, scorings, gates
+    ):
         chosen = dataclasses.replace(
             anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
-            router_scoring=scoring,
+            router_scoring=scoring, attn_gate=gate,
         )  # fmt: skip
         convention = Convention(chosen)
         families.append(

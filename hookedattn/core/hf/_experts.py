@@ -168,8 +168,8 @@ def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str 
     if router is None:
         raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
     kept = {f"{router}.{n}": n.rsplit(".", 1)[-1] for n, _ in children[router].named_buffers()}
-    kept |= {f"{router}.{n}": n.rsplit(".", 1)[-1]  # Ernie's gate.moe_statics.e_score_...
-             for n, _ in children[router].named_parameters() if "." in n}  # fmt: skip
+    own = [n for n, _ in children[router].named_parameters() if n not in ("weight", "bias")]
+    kept |= {f"{router}.{n}": n.rsplit(".", 1)[-1] for n in own}  # Ernie's: moe_statics.*
     kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
     kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
     choice = next((k for k, n in kept.items() if n in _CHOICE_BIASES), None)
@@ -228,7 +228,8 @@ def _saved_names(
     shapes = {n.removeprefix(prefix): shape for n, shape in _saved_shapes(twin, prefix).items()}
     routers = [
         n for n, shape in shapes.items()
-        if shape == router_shape and "expert" not in n and n.endswith(".weight")
+        if shape == router_shape and n.endswith(".weight")
+        and not any(other in n for other in ("expert", "attn", "attention"))
     ]  # fmt: skip
     if len(routers) != 1:
         raise ValueError(f"the router is saved under names not recognised: {routers}")

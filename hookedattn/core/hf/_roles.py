@@ -18,6 +18,8 @@ ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
     "v": ("v_proj", "value", "wv", "v"),
     "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
     "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
+    "gate": ("g_proj", "gate_proj"),  # an output gate's own map (Laguna, AFMoE)
+    "q_gate": ("q_gate_proj",),  # [q_h; gate_h] for each head h (MiniCPM 5 MoE)
 }
 MLP_ROLES: dict[str, tuple[str, ...]] = {
     "gate": ("gate_proj", "w1", "wi_0"),
@@ -134,3 +136,28 @@ def attention_scaling(attn: nn.Module, d_head: int) -> float:
     if scaling is None:
         raise ValueError(f"{type(attn).__name__} keeps no softmax scale (`scaling`)")
     return float(scaling)
+
+
+def gated_queries(
+    maps: tuple[tuple[str, str, bool], ...], attn: nn.Module, n_heads: int, d_head: int
+) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
+    """The maps with a query projection twice as wide as the heads relabelled `q_gate`
+    (Qwen3-Next's `q_proj`: `[q_h; gate_h]` per head), and whether the output gate gives
+    one factor per head (True), one per dimension (False), or there is none (None)."""
+    widths = {name: getattr(attn, name).out_features for _, name, _ in maps}
+    relabel = (
+        {"q": "q_gate"}
+        if any(r == "q" and widths[n] == 2 * n_heads * d_head for r, n, _ in maps)
+        else {}
+    )
+    maps = tuple((relabel.get(r, r), n, bias) for r, n, bias in maps)
+    roles = {r: n for r, n, _ in maps}
+    if "gate" in roles:
+        width = widths[roles["gate"]]
+        if width not in (n_heads, n_heads * d_head):
+            raise ValueError(
+                f"an output gate {width} wide: neither one per head ({n_heads}) nor one per "
+                f"dimension ({n_heads * d_head})"
+            )
+        return maps, width == n_heads
+    return maps, (False if "q_gate" in roles else None)

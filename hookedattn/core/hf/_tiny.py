@@ -48,7 +48,7 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(
         ("num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_attention_heads",
          "encoder_attention_heads", "swa_num_attention_heads", "linear_num_value_heads",
-         "linear_num_heads", "index_n_heads"),
+         "linear_num_heads", "index_n_heads", "num_attention_heads_per_layer"),
         HEADS,
     ),
     **dict.fromkeys(
