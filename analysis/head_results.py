@@ -250,14 +250,21 @@ def head_source_contributions(
             f"{size:,} elements (batch × head × query_pos × key_pos × d_model) exceed "
             f"max_elements={max_elements:,}; ask for fewer destinations with query_pos="
         )
-    written = einsum(
-        v,
-        weight(model.blocks[layer].attn.W_O, v),
-        "batch key_pos head d_head, head d_head d_model -> batch head key_pos d_model",
-    )
-    contributions = rearrange(pattern, "batch head q k -> batch head q k 1") * rearrange(
-        written, "batch head k d_model -> batch head 1 k d_model"
-    )
+    W_O = weight(model.blocks[layer].attn.W_O, v)
+    if model.cfg.attn_gate is None:
+        written = einsum(
+            v, W_O, "batch key_pos head d_head, head d_head d_model -> batch head key_pos d_model"
+        )
+        written = rearrange(written, "batch head k d_model -> batch head 1 k d_model")
+    else:  # the query's gate scales each value it reads, dimension by dimension
+        gate = activation(cache, f"blocks.{layer}.attn.hook_attn_gate")[:, list(positions)]
+        gate = gate.expand(*gate.shape[:-1], v.shape[-1])  # one factor per head: widened
+        written = einsum(
+            v, gate.to(v.dtype), W_O,
+            "batch k head d_head, batch q head d_head, head d_head d_model "
+            "-> batch head q k d_model",
+        )  # fmt: skip
+    contributions = rearrange(pattern, "batch head q k -> batch head q k 1") * written
     contributions = _through_post_norm(model, cache, layer, contributions, positions)
     return SourceContributions(contributions, pattern, layer, positions)
 

@@ -7,6 +7,8 @@ summing to the sublayer's output, the residual identities and the KV cache.
 import pytest
 import torch
 
+from analysis import decompose_resid
+from analysis.head_results import head_source_contributions, head_writes
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.core.processing import fold_value_biases, process_weights
 from hookedattn.testing import assert_residual_identities, randomize_parameters
@@ -71,6 +73,20 @@ def test_each_heads_write_is_its_gated_z_through_W_O(model):
     assert torch.allclose(cache["blocks.1.attn.hook_result"], result, atol=1e-12)
     summed = result.sum(dim=2) + attn.b_O
     assert torch.allclose(cache["blocks.1.hook_attn_out"], summed, atol=1e-12)
+
+
+def test_source_contributions_sum_to_each_gated_heads_write(model):
+    # Each query's gate scales every value it reads: a source's share is gated too.
+    _, cache = model.run_with_cache(TOKENS)
+    contributions = head_source_contributions(model, cache, 1, [2, 6])
+    expected = head_writes(model, cache, 1)[:, [2, 6]]
+    assert torch.allclose(contributions.sum_sources(), expected, atol=1e-12)
+
+
+def test_the_residual_decomposition_sums_to_the_stream(model):
+    _, cache = model.run_with_cache(TOKENS)
+    decomposition = decompose_resid(model, cache, granularity="head", check=True)
+    assert torch.allclose(decomposition.sum(), cache[decomposition.hook_name], atol=1e-12)
 
 
 def test_residual_identities_hold(model):
