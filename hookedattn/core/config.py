@@ -80,6 +80,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,
+    "qk_norm_after_rotary": _FLAG,
     "attn_scale": _OPTIONAL_POSITIVE,
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,
@@ -140,7 +141,8 @@ class HookedTransformerConfig:
     - `normalization_placement`: "pre" (norm before each sublayer), "post" (norm of each
       sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
-      (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2).
+      (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
+      `qk_norm_after_rotary` (HunYuan).
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
@@ -244,6 +246,7 @@ class HookedTransformerConfig:
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
+    qk_norm_after_rotary: bool = False
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None

@@ -109,9 +109,12 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     prefix = f"blocks.{layer}.attn"
     q, k = _act("q", layer), _act("k", layer)
     out = [*_projections(model, layer)]
+    rotates = cfg.layer_rotates(layer)
+    if rotates and cfg.qk_norm_after_rotary:  # the norms read the rotated q and k
+        q, k = _act("rot_q", layer), _act("rot_k", layer)
     for name, which in ((q, "q_norm"), (k, "k_norm")):
         out += _norm_identity(model, f"{prefix}.{which}", name)
-    if cfg.layer_rotates(layer):
+    if rotates and not cfg.qk_norm_after_rotary:
         q, k = _act("rot_q", layer), _act("rot_k", layer)
     elif cfg.use_qk_norm:
         q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"

@@ -32,7 +32,9 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
             out += _norm(f"blocks.{layer}.ln1", read_ln1, 1, centres, constants.eps)
         if cfg.use_qk_norm:
             axes = 1 if cfg.qk_norm_per_head else 2
-            for which, x in (("q_norm", "q"), ("k_norm", "k")):
+            after = cfg.qk_norm_after_rotary and cfg.layer_rotates(layer)  # rotated q, k
+            for which, x in (("q_norm", "rot_q" if after else "q"),
+                             ("k_norm", "rot_k" if after else "k")):  # fmt: skip
                 path = f"blocks.{layer}.attn.{which}"
                 out += _norm(path, _act(x, layer), axes, False, constants.eps)
         if cfg.has_mlp and not isinstance(block.ln2, NoNorm):

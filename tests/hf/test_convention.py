@@ -107,11 +107,23 @@ def test_a_piece_not_recognised_is_named():
         HookedTransformer.from_hf(twin("diffllama"))
 
 
-def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification():
-    # HunYuan normalises queries and keys after rotating them; ours before: every piece is
-    # recognised, and the verification refuses it at the first block.
-    with pytest.raises(hf.VerificationError, match=r"blocks\.0\.hook_resid_post parts"):
-        HookedTransformer.from_hf(twin("hunyuan_v1_dense"))
+def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification(tmp_path):
+    # HunYuan normalises queries and keys after rotating them: nothing in its modules says
+    # so. Forced to the first candidate (norms before the rotation), every piece is
+    # recognised and the verification refuses it at the first block; left to choose, it
+    # keeps the candidate that computes what transformers computes.
+    reference = twin("hunyuan_v1_dense")
+    reference.save_pretrained(tmp_path / "hunyuan")
+    before, after = _convention.candidates(reference.config)[:2]
+    assert "qk_norm_after_rotary=False" in before.variant
+    assert "qk_norm_after_rotary=True" in after.variant
+    hf.register_family(before)
+    try:
+        with pytest.raises(hf.VerificationError, match=r"blocks\.0\.hook_resid_post parts"):
+            HookedTransformer.from_hf(tmp_path / "hunyuan")
+    finally:
+        hf.unregister_family(before)
+    assert HookedTransformer.from_hf(tmp_path / "hunyuan").cfg.qk_norm_after_rotary
 
 
 def test_a_composite_config_names_its_parts():

@@ -8,6 +8,8 @@ the `head` axis of these weights: concatenating the heads' `z` and multiplying b
 which is why each head's write can be read on its own (`hook_result`).
 
     q, k, v = x @ W_Q + b_Q, x @ W_K + b_K, x @ W_V + b_V      (hook_q, hook_k, hook_v)
+    q, k    = rotary(q_norm(q)), rotary(k_norm(k))            (hook_rot_q, hook_rot_k;
+              [q_norm(rotary(q)), ... with `qk_norm_after_rotary`]    each step optional)
     scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
     pattern = softmax over key positions                      (hook_pattern)
               [with sinks: softmax over the keys and one sink logit s_h, the sink's share
@@ -99,7 +101,21 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
+        self.normed_and_positioned = (
+            self._rotated_then_normed if cfg.qk_norm_after_rotary else self._normed_then_rotated
+        )
         self._init_pattern_and_write(cfg)
+
+    def _normed_then_rotated(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
+        return self.apply_positions(self.q_norm(q), self.k_norm(k), context)
+
+    def _rotated_then_normed(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Tensor, Tensor]:
+        q, k = self.apply_positions(q, k, context)
+        return self.q_norm(q), self.k_norm(k)
 
     def _init_scoring(self, cfg: HookedTransformerConfig, layer: int) -> None:
         """How scores become a pattern: the scale, the keys a query may read, the softmax
@@ -155,8 +171,8 @@ class Attention(nn.Module):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
         q, k, v = self.project_qkv(query_input, key_input, value_input)
-        q, k, v = self.q_norm(self.hook_q(q)), self.k_norm(self.hook_k(k)), self.hook_v(v)
-        q, k = self.apply_positions(q, k, context)
+        q, k = self.normed_and_positioned(self.hook_q(q), self.hook_k(k), context)
+        v = self.hook_v(v)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel

@@ -121,6 +121,7 @@ class Anatomy:
     # (a candidate: "sigmoid" or "softplus"; None without a gate) and width.
     attn_gate: str | None = None
     attn_gate_per_head: bool | None = None  # None: no gate
+    qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""

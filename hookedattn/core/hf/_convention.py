@@ -98,6 +98,7 @@ class Convention:
             "eps": a.eps,
             "use_qk_norm": a.qk_norm is not None,
             "qk_norm_per_head": a.qk_norm != "whole",
+            "qk_norm_after_rotary": a.qk_norm_after_rotary,
             "attn_scale": 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
@@ -393,16 +394,17 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     if experts is not None and experts.norm_topk_field:
         renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
     gates = (None,) if anatomy.attn_gate_per_head is None else ("sigmoid", "softplus")
+    orders = (False, True) if anatomy.qk_norm and anatomy.rotary else (False,)
     scorings = ("softmax",)
     if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
         scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
     families = []
-    for on, layout, norm_topk, scoring, gate in itertools.product(
-        rotating, layouts, renorm, scorings, gates
+    for on, layout, norm_topk, scoring, gate, after in itertools.product(
+        rotating, layouts, renorm, scorings, gates, orders
     ):
         chosen = dataclasses.replace(
             anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
-            router_scoring=scoring, attn_gate=gate,
+            router_scoring=scoring, attn_gate=gate, qk_norm_after_rotary=after,
         )  # fmt: skip
         convention = Convention(chosen)
         families.append(
@@ -430,7 +432,9 @@ def _routing(c: Any, anatomy: Anatomy) -> dict[str, Any]:
         "norm_topk_prob": anatomy.norm_topk,
         "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
         "shared_expert_gate": e.shared_gate is not None,
-        "routed_scaling_factor": float(getattr(c, "routed_scaling_factor", None) or 1.0),
+        "routed_scaling_factor": float(
+            getattr(c, "routed_scaling_factor", None) or getattr(c, "route_scale", None) or 1.0
+        ),
     }
     if anatomy.router_scoring != "softmax":
         fields |= {

@@ -105,7 +105,8 @@ def recognise(
     beside the block (Granite's `shared_mlp`, added to what the block writes)."""
     children = dict(block.named_children())
     router, choice = _router(block, children)
-    count, d_model = children[router].weight.shape
+    router_map = _router_map(children[router])  # "" or the Linear it holds (AFMoE's "gate")
+    count, d_model = children[router].get_submodule(router_map).weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
     shared = next((n for n in _SHARED if n in children), None)
     layer_shared = next((n for n in _SHARED if n in (beside or {})), None) if not shared else None
@@ -136,7 +137,7 @@ def recognise(
     return Experts(
         block=block_name,
         saved_transposed=saved_transposed,
-        router=f"{block_name}.{router}",
+        router=f"{block_name}.{router}" + (f".{router_map}" if router_map else ""),
         stacked=f"{block_name}.experts",
         transposed=transposed,
         files=files,
@@ -168,7 +169,9 @@ def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str 
     if router is None:
         raise ValueError(f"{type(block).__name__} has no router ({_ROUTERS})")
     kept = {f"{router}.{n}": n.rsplit(".", 1)[-1] for n, _ in children[router].named_buffers()}
-    own = [n for n, _ in children[router].named_parameters() if n not in ("weight", "bias")]
+    linear = _router_map(children[router])
+    mapped = ("weight", "bias") if not linear else (f"{linear}.weight", f"{linear}.bias")
+    own = [n for n, _ in children[router].named_parameters() if n not in mapped]
     kept |= {f"{router}.{n}": n.rsplit(".", 1)[-1] for n in own}  # Ernie's: moe_statics.*
     kept |= {n: n for n, _ in block.named_buffers(recurse=False)}
     kept |= {n: n for n, _ in block.named_parameters(recurse=False)}
@@ -179,6 +182,20 @@ def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str 
             f"weight, not imported by convention"
         )
     return router, choice
+
+
+def _router_map(router: nn.Module) -> str:
+    """ "" where the router keeps its weight itself; the name of the one linear map it
+    holds where it does not (AFMoE's `router.gate`)."""
+    if isinstance(getattr(router, "weight", None), nn.Parameter):
+        return ""
+    linears = [n for n, m in router.named_children() if isinstance(m, nn.Linear)]
+    if len(linears) != 1:
+        raise ValueError(
+            f"the router {type(router).__name__} keeps no weight and {len(linears)} linear "
+            f"maps ({linears}); one is recognised"
+        )
+    return linears[0]
 
 
 def _stacked(experts: nn.Module, d_model: int) -> tuple[bool, int]:
