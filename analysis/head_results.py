@@ -66,7 +66,7 @@ def head_results(
             f"names_filter used?)"
         )
     z = activation(cache, ("z", layer))
-    W_O = weight(model.blocks[layer].attn.W_O, z)
+    W_O = weight(model.layer_weight(layer, "attn", "W_O"), z)
     return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 

@@ -50,6 +50,7 @@ from analysis._resid_stack import check_sums_to, label_index
 from analysis.decomposition import decompose_resid
 from analysis.normalization import NormSite, through_norm
 from analysis.tables import Table
+from hookedattn.core import parallel
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
@@ -279,6 +280,11 @@ def _index(value: object, size: int, what: str) -> int:
 
 
 def _refuse_unsupported(model: HookedTransformer) -> None:
+    parallel.refuse_tensor_parallel(
+        model,
+        "QK attributions (qk_attribution)",
+        "they read a block's W_Q, W_K of this rank's heads as if they were every head's",
+    )
     cfg = model.cfg
     if cfg.is_latent_attention:
         raise ValueError(

@@ -38,6 +38,14 @@ class TensorParallelModel:
         axis, field = _STACKED[weight]
         return gather(local, axis + 1, getattr(self.cfg, field), self.tp)  # +1: `layer`
 
+    def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
+        """Block `layer`'s `module.weight`, gathered from every rank when it is sharded."""
+        local = super().layer_weight(layer, module, weight)
+        if weight not in _STACKED:
+            return local
+        axis, field = _STACKED[weight]
+        return gather(local, axis, getattr(self.cfg, field), self.tp)
+
     @property
     def W_E(self) -> Tensor:
         """Token embedding `[d_vocab d_model]`, gathered from every rank."""
