@@ -21,8 +21,15 @@ torch.set_num_threads(1)
 from analysis import (  # noqa: E402
     attribution_graph,
     attribution_patch,
+    decompose_resid,
+    direct_logit_attribution,
     edge_attribution,
+    edge_patching,
+    head_source_contributions,
+    head_values,
+    logit_lens,
     qk_attribution,
+    stacked_head_results,
 )
 from analysis.attribution_graphs import graph_qk_attribution  # noqa: E402
 from analysis.patching.engine import metric_gradients  # noqa: E402
@@ -32,6 +39,7 @@ from hookedattn.sae.training import train_sae  # noqa: E402
 from hookedattn.sae.transcoder_training import train_transcoder  # noqa: E402
 from hookedattn.store import ActivationStore, collect_activations  # noqa: E402
 from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
+from hookedattn.training import train  # noqa: E402
 
 MODELS = {
     # LayerNorm, learned positions; a vocabulary of 33 is cut 17 + 16.
@@ -125,6 +133,42 @@ def gradient_methods(ref, model, dtype: str) -> dict:
     return out
 
 
+def weight_readers(ref, model) -> dict:
+    """What reads a layer's weights with whole activations, exact edge patching included
+    (EAP's reference): each on the split model against the one-process model."""
+    cfg, out = ref.cfg, {}
+    tokens = random_tokens(cfg.d_vocab, batch=2, pos=7, seed=3)
+    corrupted = tokens.clone()
+    corrupted[:, 2] = (tokens[:, 2] + 5) % cfg.d_vocab
+    metric = lambda logits: logits[:, -1, 1] - logits[:, -1, 0]
+    kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+    compare(out, "edge_patching", edge_patching(model, **kwargs).per_prompt,
+            edge_patching(ref, **kwargs).per_prompt)  # fmt: skip
+    without_v = lambda name: not name.endswith(("hook_v", "hook_result"))
+    (_, mine), (_, theirs) = (
+        m.run_with_cache(tokens, names_filter=without_v) for m in (model, ref)
+    )
+    answers = torch.tensor([cfg.d_vocab - 1, 2])  # the last token lives on rank 1
+    for m, cache, key in ((model, mine, "got"), (ref, theirs, "expected")):
+        out[key] = {
+            "dla": direct_logit_attribution(
+                m, cache, decompose_resid(m, cache), answers[:, None]).contributions,
+            "logit_lens": logit_lens(m, cache).logits,
+            "head_values": head_values(m, cache, 1),
+            "stacked_head_results": stacked_head_results(m, cache),
+            "head_source_contributions": head_source_contributions(m, cache, 1, -1).contributions,
+        }  # fmt: skip
+    for name, expected in out.pop("expected").items():
+        compare(out, name, out["got"][name], expected)
+    del out["got"]
+    try:
+        train(model, None, None)
+        out["train_refused"] = "train ran"
+    except ValueError as error:
+        out["train_refused"] = str(error)
+    return out
+
+
 def training(ref, model, out_dir: Path) -> dict:
     """Collect a store with each model, then one step of SAE and transcoder training on each."""
     cfg, out = ref.cfg, {}
@@ -165,6 +209,8 @@ def main(out_dir: str) -> None:
             ref = random_tiny_model(dtype=dtype, **fields)
             model = parallel.tensor_parallel(copy.deepcopy(ref), group)
             case = gradient_methods(ref, model, dtype_name)
+            if dtype is torch.float64:
+                case |= weight_readers(ref, model)
             ratio = parameter_bytes(model) / parameter_bytes(ref)
             assert ratio <= 0.6, (model_name, dtype_name, ratio)
             case["parameter_bytes_ratio"] = ratio

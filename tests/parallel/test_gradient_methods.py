@@ -5,12 +5,14 @@ One launch (`tests/parallel/_gradient_methods_worker.py`) runs, for a GPT-2-like
 Llama-like model (grouped keys and values, rotary, SwiGLU) in float64 and float32, each
 method on the split model and on the one-process model it was split from, in the same
 process: the metric's gradient at every sharded hook point, attribution patching of every
-kind, EAP, EAP-IG and an attribution graph; in float32 also a store collected by each model
-and one step of SAE and of transcoder training on each store. float64 agrees to 1e-10 and
-float32 to 1e-5, relative to the reference's scale (the ranks add their partial sums in
-another order; nothing else differs). Before the fix of the hook points' backward
-(`parallel._collectives.own_part`), the gradient at a sharded hook point held only this
-rank's heads, and attribution patching of `z` differed by 0.30 on a value of 1.39.
+kind, EAP, EAP-IG and an attribution graph; in float64 also what reads a layer's whole
+weights (exact edge patching, DLA, the logit lens, per-head values and writes); in float32 a
+store collected by each model and one step of SAE and of transcoder training on each store.
+float64 agrees to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks
+add their partial sums in another order; nothing else differs). Before the fix of the hook
+points' backward (`parallel._collectives.own_part`), the gradient at a sharded hook point
+held only this rank's heads, and attribution patching of `z` differed by 0.30 on a value of
+1.39.
 """
 
 import json
@@ -23,6 +25,8 @@ from helpers.torchrun import torchrun
 WORKER = Path(__file__).with_name("_gradient_methods_worker.py")
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 METHODS = ("metric_gradients", "attribution_patch", "eap", "eap-ig", "attribution_graph")
+READERS = ("edge_patching", "dla", "logit_lens", "head_values", "stacked_head_results",
+           "head_source_contributions")  # fmt: skip
 CASES = ("gpt2_like float64", "gpt2_like float32", "llama_like float64", "llama_like float32")
 
 
@@ -52,6 +56,23 @@ def test_the_gradients_cover_every_sharded_hook_point_and_every_kind(ranks):
     for case, values, _ in cases(ranks):
         assert values["gradient_names"] and values["sharded_points"] >= 16, case
         assert values["attribution_kinds"] and values["graph_nodes"], case
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_what_reads_a_layers_whole_weights_equals_one_process(ranks, reader):
+    # Exact edge patching (EAP's reference), DLA, the logit lens, per-head values and writes:
+    # they read W_O, W_V, W_Q, W_K, W_U through the model's gathered views.
+    for case, values, tolerance in cases(ranks):
+        if case.endswith("float64"):
+            assert values[reader] <= tolerance, (case, reader, values[reader])
+
+
+def test_training_the_model_itself_refuses_a_split_model_naming_what_works(ranks):
+    for case, values, _ in cases(ranks):
+        if case.endswith("float64"):
+            refusal = values["train_refused"]
+            assert "(hookedattn.training.train) on a tensor-parallel model" in refusal, case
+            assert "SAE and transcoder training on a store" in refusal, case
 
 
 def test_a_store_collected_by_a_split_model_trains_as_the_one_process_store(ranks):

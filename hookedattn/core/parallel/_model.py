@@ -46,6 +46,13 @@ class TensorParallelModel:
         axis, field = _STACKED[weight]
         return gather(local, axis, getattr(self.cfg, field), self.tp)
 
+    def key_value_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Block `layer`'s `W_K, b_K, W_V, b_V` per key/value head, gathered from every rank."""
+        W_K, b_K, W_V, b_V = (
+            gather(w, 0, self.cfg.n_kv_heads, self.tp) for w in super().key_value_weights(layer)
+        )
+        return W_K, b_K, W_V, b_V
+
     @property
     def W_E(self) -> Tensor:
         """Token embedding `[d_vocab d_model]`, gathered from every rank."""
