@@ -33,8 +33,14 @@ from analysis import (  # noqa: E402
 )
 from analysis.attribution_graphs import graph_qk_attribution  # noqa: E402
 from analysis.patching.engine import metric_gradients  # noqa: E402
+from analysis.patching.feature_patching import feature_attribution_patch  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
-from hookedattn.sae import Transcoder, TranscoderConfig  # noqa: E402
+from hookedattn.sae import (  # noqa: E402
+    SAEConfig,
+    SparseAutoencoder,
+    Transcoder,
+    TranscoderConfig,
+)
 from hookedattn.sae.training import train_sae  # noqa: E402
 from hookedattn.sae.transcoder_training import train_transcoder  # noqa: E402
 from hookedattn.store import ActivationStore, collect_activations  # noqa: E402
@@ -106,6 +112,16 @@ def gradient_methods(ref, model, dtype: str) -> dict:
         expected = edge_attribution(ref, method=method, **kwargs).per_prompt
         got = edge_attribution(model, method=method, **kwargs).per_prompt
         compare(out, method, got, expected)
+
+    sae = SparseAutoencoder(SAEConfig(d_in=cfg.d_mlp, d_sae=24, hook_name="blocks.1.mlp.hook_post",
+                                      dtype=dtype))  # fmt: skip
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    got, expected = (feature_attribution_patch(m, sae, **kwargs) for m in (model, ref))
+    out["feature_attribution_features"] = got.labels == expected.labels
+    compare(out, "feature_attribution_patch", got.per_prompt, expected.per_prompt)
 
     tset = transcoders(cfg, dtype)
     expected = attribution_graph(ref, tset, tokens[0], top_k=3)

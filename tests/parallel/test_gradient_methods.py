@@ -5,9 +5,10 @@ One launch (`tests/parallel/_gradient_methods_worker.py`) runs, for a GPT-2-like
 Llama-like model (grouped keys and values, rotary, SwiGLU) in float64 and float32, each
 method on the split model and on the one-process model it was split from, in the same
 process: the metric's gradient at every sharded hook point, attribution patching of every
-kind, EAP, EAP-IG and an attribution graph; in float64 also what reads a layer's whole
-weights (exact edge patching, DLA, the logit lens, per-head values and writes); in float32 a
-store collected by each model and one step of SAE and of transcoder training on each store.
+kind and of an SAE's features, EAP, EAP-IG and an attribution graph; in float64 also what
+reads a layer's whole weights (exact edge patching, DLA, the logit lens, per-head values
+and writes); in float32 a store collected by each model and one step of SAE and of
+transcoder training on each store.
 float64 agrees to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks
 add their partial sums in another order; nothing else differs). Before the fix of the hook
 points' backward (`parallel._collectives.own_part`), the gradient at a sharded hook point
@@ -16,15 +17,20 @@ held only this rank's heads, and attribution patching of `z` differed by 0.30 on
 """
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.torchrun import torchrun
+from helpers.torchrun import ROOT, torchrun
 
 WORKER = Path(__file__).with_name("_gradient_methods_worker.py")
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-METHODS = ("metric_gradients", "attribution_patch", "eap", "eap-ig", "attribution_graph")
+METHODS = ("metric_gradients", "attribution_patch", "feature_attribution_patch", "eap", "eap-ig",
+           "attribution_graph")  # fmt: skip
 READERS = ("edge_patching", "dla", "logit_lens", "head_values", "stacked_head_results",
            "head_source_contributions")  # fmt: skip
 CASES = ("gpt2_like float64", "gpt2_like float32", "llama_like float64", "llama_like float32")
@@ -56,6 +62,7 @@ def test_the_gradients_cover_every_sharded_hook_point_and_every_kind(ranks):
     for case, values, _ in cases(ranks):
         assert values["gradient_names"] and values["sharded_points"] >= 16, case
         assert values["attribution_kinds"] and values["graph_nodes"], case
+        assert values["feature_attribution_features"], case
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -94,3 +101,31 @@ def test_qk_attributions_refuse_a_split_model_naming_the_method(ranks):
         assert "QK attributions (qk_attribution) on a tensor-parallel model" in plain, case
         assert "(graph_qk_attribution) on a tensor-parallel model" in graph, case
         assert "load the model in one process" in graph, case
+
+
+# ------------------------------------------------------------------ the guide's example
+SCRIPT = ROOT / "scripts" / "tp_gradient_methods.py"
+GUIDE = ROOT / "docs" / "guide" / "distributed.md"
+
+
+def test_the_guides_example_is_the_script_as_it_is():
+    command = "# torchrun --nproc_per_node 2 scripts/tp_gradient_methods.py --dtype float64\n"
+    blocks = re.findall(r"```text\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    shown = [block.removeprefix(command) for block in blocks if block.startswith(command)]
+    assert shown == [SCRIPT.read_text()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float64", 1e-12), ("float32", 2e-5)])
+def test_the_guides_example_runs_and_finds_the_one_process_answers(dtype, tolerance):
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node=2", str(SCRIPT), "--dtype", dtype]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(launch, cwd=ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = re.findall(r"rank (\d)  (\S+) +max \|split - one process\| = (\S+)", done.stdout)
+    methods = {method for _, method, _ in found}
+    assert methods == {"attribution_patch", "eap", "eap-ig", "attribution_graph"}, done.stdout
+    assert {rank for rank, _, _ in found} == {"0", "1"}
+    assert all(float(value) <= tolerance for _, _, value in found), found
