@@ -50,7 +50,6 @@ from analysis._resid_stack import check_sums_to, label_index
 from analysis.decomposition import decompose_resid
 from analysis.normalization import NormSite, through_norm
 from analysis.tables import Table
-from hookedattn.core import parallel
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
@@ -280,11 +279,6 @@ def _index(value: object, size: int, what: str) -> int:
 
 
 def _refuse_unsupported(model: HookedTransformer) -> None:
-    parallel.refuse_tensor_parallel(
-        model,
-        "QK attributions (qk_attribution)",
-        "they read a block's W_Q, W_K of this rank's heads as if they were every head's",
-    )
     cfg = model.cfg
     if cfg.is_latent_attention:
         raise ValueError(
@@ -311,8 +305,10 @@ def _side(
     head, kv_head = heads
     attn = model.blocks[layer].attn
     normed, labels = _attention_input(model, cache, layer, batch, pos, writers)
-    # W_K and b_K show each key/value head once per query head of its group.
-    W, b = (attn.W_Q, attn.b_Q) if side == "q" else (attn.W_K, attn.b_K)
+    # W_K and b_K show each key/value head once per query head of its group; whole (every
+    # head, gathered from a tensor-parallel model's ranks).
+    names = ("W_Q", "b_Q") if side == "q" else ("W_K", "b_K")
+    W, b = (model.layer_weight(layer, "attn", name) for name in names)
     vectors = einsum(
         normed,
         weight(W[head], normed),

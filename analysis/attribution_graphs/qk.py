@@ -28,7 +28,6 @@ from analysis.attribution_graphs import _frozen
 from analysis.attribution_graphs.attribution_graph import AttributionGraph
 from analysis.head_results import head_results
 from analysis.qk_attribution import QKAttribution, _attribution_of_writers, _StreamWriters, _where
-from hookedattn.core import parallel
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.sae import TranscoderSet, replaced, transcoder_hook_name
@@ -51,12 +50,6 @@ def graph_qk_attribution(
     terms between them (module docstring). `transcoders` are the graph's; `check` as for
     `qk_attribution`. Their terms sum to the score to float rounding.
     """
-    parallel.refuse_tensor_parallel(
-        model,
-        "QK attributions of graph nodes (graph_qk_attribution)",
-        "qk_attribution reads this rank's heads' W_Q and W_K as if they were every head's "
-        "(attribution_graph itself works on a split model)",
-    )
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)
     with replaced(model, tset), torch.no_grad():

@@ -124,28 +124,23 @@ def gradient_methods(ref, model, dtype: str) -> dict:
     compare(out, "feature_attribution_patch", got.per_prompt, expected.per_prompt)
 
     tset = transcoders(cfg, dtype)
-    expected = attribution_graph(ref, tset, tokens[0], top_k=3)
-    got = attribution_graph(model, tset, tokens[0], top_k=3)
-    out["graph_nodes"] = torch.equal(got.features, expected.features) and torch.equal(
-        got.logit_tokens, expected.logit_tokens
+    expected_graph = attribution_graph(ref, tset, tokens[0], top_k=3)
+    got_graph = attribution_graph(model, tset, tokens[0], top_k=3)
+    out["graph_nodes"] = torch.equal(got_graph.features, expected_graph.features) and torch.equal(
+        got_graph.logit_tokens, expected_graph.logit_tokens
     )
-    compare(out, "attribution_graph", got.adjacency, expected.adjacency)
-    compare(out, "attribution_graph", got.bias, expected.bias)
+    compare(out, "attribution_graph", got_graph.adjacency, expected_graph.adjacency)
+    compare(out, "attribution_graph", got_graph.bias, expected_graph.bias)
 
-    refusals = []
-    for method, call in (
-        (
-            "qk_attribution",
-            lambda: qk_attribution(model, ref.run_with_cache(tokens)[1], 1, 0, 5, 2),
-        ),
-        ("graph_qk_attribution", lambda: graph_qk_attribution(model, tset, got, 1, 0, 2)),
-    ):
-        try:
-            call()
-            refusals.append(f"{method} ran")
-        except ValueError as error:
-            refusals.append(str(error))
-    out["refusals"] = refusals
+    # QK attributions read W_Q, W_K of a head on the other rank (head 3, key/value head 1).
+    (_, mine), (_, theirs) = (m.run_with_cache(tokens) for m in (model, ref))
+    got, expected = qk_attribution(model, mine, 1, 3, 5, 2), qk_attribution(ref, theirs, 1, 3, 5, 2)
+    out["qk_labels"] = got.query_labels == expected.query_labels
+    compare(out, "qk_attribution", got.terms, expected.terms)
+    got = graph_qk_attribution(model, tset, got_graph, 1, 3, 2)
+    expected = graph_qk_attribution(ref, tset, expected_graph, 1, 3, 2)
+    out["qk_labels"] &= got.key_labels == expected.key_labels
+    compare(out, "qk_attribution", got.terms, expected.terms)
     return out
 
 

@@ -5,11 +5,11 @@ One launch (`tests/parallel/_gradient_methods_worker.py`) runs, for a GPT-2-like
 Llama-like model (grouped keys and values, rotary, SwiGLU) in float64 and float32, each
 method on the split model and on the one-process model it was split from, in the same
 process: the metric's gradient at every sharded hook point, attribution patching of every
-kind and of an SAE's features, EAP, EAP-IG and an attribution graph; in float64 also what
-reads a layer's whole weights (exact edge patching, DLA, the logit lens, per-head values
-and writes); in float32 a store collected by each model and one step of SAE and of
-transcoder training on each store.
-float64 agrees to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks
+kind and of an SAE's features, EAP, EAP-IG, an attribution graph and QK attributions (of
+the stream's writers and of the graph's nodes); in float64 also what reads a layer's whole
+weights (exact edge patching, DLA, the logit lens, per-head values and writes); in float32
+a store collected by each model and one step of SAE and of transcoder training on each
+store. float64 agrees to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks
 add their partial sums in another order; nothing else differs). Before the fix of the hook
 points' backward (`parallel._collectives.own_part`), the gradient at a sharded hook point
 held only this rank's heads, and attribution patching of `z` differed by 0.30 on a value of
@@ -30,7 +30,7 @@ from helpers.torchrun import ROOT, torchrun
 WORKER = Path(__file__).with_name("_gradient_methods_worker.py")
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 METHODS = ("metric_gradients", "attribution_patch", "feature_attribution_patch", "eap", "eap-ig",
-           "attribution_graph")  # fmt: skip
+           "attribution_graph", "qk_attribution")  # fmt: skip
 READERS = ("edge_patching", "dla", "logit_lens", "head_values", "stacked_head_results",
            "head_source_contributions")  # fmt: skip
 CASES = ("gpt2_like float64", "gpt2_like float32", "llama_like float64", "llama_like float32")
@@ -62,7 +62,7 @@ def test_the_gradients_cover_every_sharded_hook_point_and_every_kind(ranks):
     for case, values, _ in cases(ranks):
         assert values["gradient_names"] and values["sharded_points"] >= 16, case
         assert values["attribution_kinds"] and values["graph_nodes"], case
-        assert values["feature_attribution_features"], case
+        assert values["feature_attribution_features"] and values["qk_labels"], case
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -93,14 +93,6 @@ def test_a_store_collected_by_a_split_model_trains_as_the_one_process_store(rank
 def test_each_rank_holds_at_most_six_tenths_of_the_parameter_bytes(ranks):
     for case, values, _ in cases(ranks):
         assert values["parameter_bytes_ratio"] <= 0.6, (case, values["parameter_bytes_ratio"])
-
-
-def test_qk_attributions_refuse_a_split_model_naming_the_method(ranks):
-    for case, values, _ in cases(ranks):
-        plain, graph = values["refusals"]
-        assert "QK attributions (qk_attribution) on a tensor-parallel model" in plain, case
-        assert "(graph_qk_attribution) on a tensor-parallel model" in graph, case
-        assert "load the model in one process" in graph, case
 
 
 # ------------------------------------------------------------------ the guide's example
