@@ -136,7 +136,7 @@ def _attn_parts(
     z = activation(cache, ("z", layer))
 
     def write(out: Terms) -> None:
-        _results_into(out, z, weight(attn.W_O, z))
+        _results_into(out, z, weight(model.layer_weight(layer, "attn", "W_O"), z))
 
     return [_Part(labels, write), _bias(bias_label, attn.b_O)]
 
@@ -158,7 +158,7 @@ def _mlp_parts(
     labels = tuple(neuron_label(layer, n) for n in range(post.shape[-1]))
     bias_label = f"L{layer}_mlp_bias"
     if _has_norm(model, "ln2_post", layer):
-        neurons = _neuron_writes(post, weight(mlp.W_out, post))
+        neurons = _neuron_writes(post, weight(model.layer_weight(layer, "mlp", "W_out"), post))
         terms = torch.cat([neurons, _broadcast(mlp.b_out, neurons[0])])
         terms, labels = through_norm(
             model, cache, NormSite("ln2_post", layer), terms, (*labels, bias_label)
@@ -166,7 +166,8 @@ def _mlp_parts(
         return [_given(labels, terms)]
 
     def write(out: Terms) -> None:
-        torch.mul(_by_neuron(post), weight(mlp.W_out, post)[:, None, None, :], out=out)
+        W_out = weight(model.layer_weight(layer, "mlp", "W_out"), post)
+        torch.mul(_by_neuron(post), W_out[:, None, None, :], out=out)
 
     return [_Part(labels, write), _bias(bias_label, mlp.b_out)]
 

@@ -125,7 +125,8 @@ def direct_logit_attribution(
         decomposition = apply_ln_to_stack(model, cache, decomposition)
     components = decomposition.components
     shape = tuple(components.shape[1:3])
-    W_U, b_U = weight(model.unembed.W_U, components), weight(model.unembed.b_U, components)
+    # The model's views: a tensor-parallel model's whole vocabulary, gathered.
+    W_U, b_U = weight(model.W_U, components), weight(model.b_U, components)
     grid = _token_grid(model, tokens, shape, "tokens")
     directions, bias = W_U[:, grid], b_U[grid]
     metric = "logit"

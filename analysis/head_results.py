@@ -66,7 +66,7 @@ def head_results(
             f"names_filter used?)"
         )
     z = activation(cache, ("z", layer))
-    W_O = weight(model.blocks[layer].attn.W_O, z)
+    W_O = weight(model.layer_weight(layer, "attn", "W_O"), z)
     return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
 
@@ -92,7 +92,7 @@ def stacked_head_results(
             by_head = rearrange(results, "batch pos head d_model -> head batch pos d_model")
             stack[layer].copy_(by_head)
         else:
-            _results_into(stack[layer], z, weight(model.blocks[layer].attn.W_O, z))
+            _results_into(stack[layer], z, weight(model.layer_weight(layer, "attn", "W_O"), z))
     return stack
 
 
@@ -146,11 +146,9 @@ def head_values(
             v, "batch pos kv_head d_head -> batch pos (kv_head group) d_head", group=group
         )
     x = normalize(model, NormSite("ln1", layer), activation(cache, ("resid_pre", layer)))
-    attn = model.blocks[layer].attn
-    v = einsum(
-        x, weight(attn.W_V, x), "batch pos d_model, head d_model d_head -> batch pos head d_head"
-    )
-    return v + weight(attn.b_V, x)
+    W_V, b_V = (model.layer_weight(layer, "attn", w) for w in ("W_V", "b_V"))
+    v = einsum(x, weight(W_V, x), "batch pos d_model, head d_model d_head -> batch pos head d_head")
+    return v + weight(b_V, x)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -250,7 +248,7 @@ def head_source_contributions(
             f"{size:,} elements (batch × head × query_pos × key_pos × d_model) exceed "
             f"max_elements={max_elements:,}; ask for fewer destinations with query_pos="
         )
-    W_O = weight(model.blocks[layer].attn.W_O, v)
+    W_O = weight(model.layer_weight(layer, "attn", "W_O"), v)
     if model.cfg.attn_gate is None:
         written = einsum(
             v, W_O, "batch key_pos head d_head, head d_head d_model -> batch head key_pos d_model"

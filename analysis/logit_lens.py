@@ -103,8 +103,8 @@ def logit_lens(
     """
     streams = accumulated_resid(model, cache, incl_mid=incl_mid)
     normalized = normalize(model, NormSite("ln_final"), streams.components)
-    unembed = model.unembed
-    logits = normalized @ weight(unembed.W_U, normalized) + weight(unembed.b_U, normalized)
+    # The model's views: a tensor-parallel model's whole vocabulary, gathered.
+    logits = normalized @ weight(model.W_U, normalized) + weight(model.b_U, normalized)
     cap = model.cfg.output_logits_soft_cap
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap  # the order of SoftCap's own arithmetic

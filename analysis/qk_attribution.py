@@ -305,8 +305,10 @@ def _side(
     head, kv_head = heads
     attn = model.blocks[layer].attn
     normed, labels = _attention_input(model, cache, layer, batch, pos, writers)
-    # W_K and b_K show each key/value head once per query head of its group.
-    W, b = (attn.W_Q, attn.b_Q) if side == "q" else (attn.W_K, attn.b_K)
+    # W_K and b_K show each key/value head once per query head of its group; whole (every
+    # head, gathered from a tensor-parallel model's ranks).
+    names = ("W_Q", "b_Q") if side == "q" else ("W_K", "b_K")
+    W, b = (model.layer_weight(layer, "attn", name) for name in names)
     vectors = einsum(
         normed,
         weight(W[head], normed),

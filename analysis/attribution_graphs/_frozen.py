@@ -33,12 +33,23 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hookedattn.core import is_text, parallel
+from hookedattn.core import is_text
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.names import get_act_name
 from hookedattn.sae import TranscoderSet, replaced
 
 Stream = Float[Tensor, "target pos d_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionWeights:
+    """One attention layer's weights that the linearisation reads, whole (every head; on a
+    tensor-parallel model gathered from the ranks) and detached."""
+
+    W_V: Float[Tensor, "head d_model d_head"]
+    b_V: Float[Tensor, "head d_head"]
+    W_O: Float[Tensor, "head d_head d_model"]
+    b_O: Float[Tensor, " d_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +72,7 @@ class Frozen:
     acts: tuple[Float[Tensor, "pos _"], ...]  # d_sae may differ between layers
     pre: tuple[Float[Tensor, "pos _"], ...]
     errors: tuple[Float[Tensor, "pos d_model"], ...]
-    attn: tuple[nn.Module, ...]
+    attn: tuple[AttentionWeights, ...]
     W_U: Float[Tensor, "d_model d_vocab_out"]
     b_U: Float[Tensor, " d_vocab_out"]
 
@@ -97,18 +108,8 @@ def prompt_text(model: Any, tokens: Int[Tensor, " pos"]) -> str:
     return str(model.to_string(tokens))
 
 
-def refuse_sharded(model: nn.Module) -> None:
-    """Refuse a tensor-parallel model (its weights are this rank's slices)."""
-    parallel.refuse_tensor_parallel(
-        model,
-        "attribution graphs",
-        "the linearisation would read this rank's slices of the weights as if they were the whole",
-    )
-
-
 def check_model(model: nn.Module, tset: TranscoderSet) -> None:
     """Refuse the model shapes whose linearisation this module does not write out."""
-    refuse_sharded(model)
     cfg = model.cfg
     problems = {
         "attn_only": "an attention-only model has no MLPs to replace",
@@ -175,9 +176,20 @@ def freeze(model: nn.Module, tset: TranscoderSet, tokens: Int[Tensor, " pos"]) -
         reads_normed=tuple(tset.input_hook(i).endswith("ln2.hook_out") for i in range(n)),
         acts=per_layer("transcoder.hook_acts"),
         pre=tuple(tset.pre_activations(i, x) for i, x in enumerate(inputs)),
-        errors=per_layer("transcoder.hook_error"), attn=tuple(b.attn for b in blocks),
-        W_U=model.unembed.W_U.detach(), b_U=model.unembed.b_U.detach(),
+        errors=per_layer("transcoder.hook_error"), attn=attention_weights(model),
+        W_U=model.W_U.detach(), b_U=model.b_U.detach(),
     )  # fmt: skip
+
+
+def attention_weights(model: nn.Module) -> tuple[AttentionWeights, ...]:
+    """Every layer's `AttentionWeights`: a split model's heads gathered from its ranks."""
+    return tuple(
+        AttentionWeights(
+            *(model.layer_weight(layer, "attn", w).detach() for w in ("W_V", "b_V", "W_O")),
+            model.blocks[layer].attn.b_O.detach(),
+        )
+        for layer in range(model.cfg.n_layers)
+    )
 
 
 # ---------------------------------------------------------------------- transposed maps
@@ -203,9 +215,9 @@ def attention_transpose(f: Frozen, layer: int, g: Stream) -> Stream:
     """The gradient at the stream entering block `layer`, through its attention (pattern and
     `ln1` scale frozen), from the gradient `g` at the attention's output."""
     attn = f.attn[layer]
-    g_z = einsum(g, attn.W_O.detach(), "t q d, h e d -> t q h e")
+    g_z = einsum(g, attn.W_O, "t q d, h e d -> t q h e")
     g_v = einsum(f.patterns[layer], g_z, "h q k, t q h e -> t k h e")
-    g_in = einsum(g_v, attn.W_V.detach(), "t k h e, h d e -> t k d")
+    g_in = einsum(g_v, attn.W_V, "t k h e, h d e -> t k d")
     return norm_transpose(f.ln1[layer], g_in, f.scale1[layer])
 
 
@@ -214,10 +226,10 @@ def attention_constant(f: Frozen, layer: int) -> Float[Tensor, "pos d_model"]:
     carried by each pattern row (which sums to one, to rounding), and `b_O`."""
     attn = f.attn[layer]
     value_bias = einsum(norm_bias(f.ln1[layer]) + torch.zeros_like(f.embed[0]),
-                        attn.W_V.detach(), "d, h d e -> h e") + attn.b_V.detach()  # fmt: skip
-    per_head = einsum(value_bias, attn.W_O.detach(), "h e, h e d -> h d")
+                        attn.W_V, "d, h d e -> h e") + attn.b_V  # fmt: skip
+    per_head = einsum(value_bias, attn.W_O, "h e, h e d -> h d")
     rows = f.patterns[layer].sum(-1)  # head pos
-    return einsum(rows, per_head, "h q, h d -> q d") + attn.b_O.detach()
+    return einsum(rows, per_head, "h q, h d -> q d") + attn.b_O
 
 
 def input_transpose(f: Frozen, layer: int, g: Float[Tensor, "target pos d_in"]) -> Stream:

@@ -186,7 +186,6 @@ def attribution_graph(
     The graph is a dense `[node node]` matrix: one refused up front, with its size, when it
     would take more than `max_bytes` (default: half the memory free on its device now).
     """
-    _frozen.refuse_sharded(model)
     _check_flags(demean_logits=demean_logits, drop_first_position=drop_first_position)
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)

@@ -22,6 +22,7 @@ from torch import Tensor
 from analysis._resid_stack import Decomposition
 from analysis.decomposition import decompose_resid
 from analysis.discovery.computational_graph import Graph
+from hookedattn.core import parallel
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 from hookedattn.core.names import get_act_name
@@ -51,9 +52,9 @@ def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer
     kept = _COPIES.setdefault(model, {}).get(qkv)
     if kept is None or kept.cfg != wanted or not _same_parameters(kept, model):
         # Always a copy, even where the flags are already set: the model's own hooks stay off.
-        kept = HookedTransformer(wanted, model.tokenizer)
-        # The same Parameter objects, assigned rather than copied into fresh ones.
-        kept.load_state_dict(model.state_dict(keep_vars=True), assign=True)
+        # The same Parameter objects, assigned rather than copied into fresh ones (on a
+        # tensor-parallel model, this rank's slices, in a copy split as the model is).
+        kept = parallel.sharing_parameters(HookedTransformer, model, wanted)
         _COPIES[model][qkv] = kept
     kept.tokenizer = model.tokenizer
     return kept.train(model.training)

@@ -120,9 +120,12 @@ def _attention_edit(
     rows, senders = _rows(graph, at)
     stream = cache[f"blocks.{layer}.hook_resid_pre"][None] + delta[list(senders)]
     x = normalize(model, NormSite("ln1", layer), stream)
-    attn = model.blocks[layer].attn
-    W_K, b_K, W_V, b_V = attn.key_value_weights()
-    W, b = {"q": (attn.W_Q, attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}[kind]
+    # Whole weights: a tensor-parallel model's heads gathered from its ranks.
+    if kind == "q":
+        W, b = (model.layer_weight(layer, "attn", w) for w in ("W_Q", "b_Q"))
+    else:
+        W_K, b_K, W_V, b_V = model.key_value_weights(layer)
+        W, b = (W_K, b_K) if kind == "k" else (W_V, b_V)
     table = einsum(x, weight(W, x), "s b p d_model, head d_model d_head -> s b p head d_head")
     table = table + weight(b, x)
     mask = torch.zeros(len(graph), 1, 1, W.shape[0], 1, dtype=torch.bool)

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 from hookedattn import HookedTransformer
-from hookedattn.core import parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +38,6 @@ def metric_gradients(
     """Run `forward()` (a forward of `model` that returns the metric, one value per prompt
     or already summed) with gradients on, and return the gradient of its sum at every hook
     point of `names` (module docstring). Hooks already attached to `model` run as usual."""
-    parallel.refuse_tensor_parallel(
-        model,
-        "gradients of a metric",
-        "this rank's backward through the shards does not give the one-process gradients",
-    )
     leaves: dict[str, Tensor] = {}
     activations: dict[str, Tensor] = {}
 

@@ -47,6 +47,17 @@ class StackedWeights:
             )
         return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
 
+    def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
+        """Block `layer`'s `module` (`"attn"`, `"mlp"`) parameter `weight`, whole: on a
+        tensor-parallel model, gathered from every rank (a collective), here the block's
+        own tensor."""
+        return getattr(getattr(self.blocks[layer], module), weight)
+
+    def key_value_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Block `layer`'s attention `W_K, b_K, W_V, b_V` as stored, one per key/value head,
+        whole (on a tensor-parallel model, gathered from every rank: a collective)."""
+        return self.blocks[layer].attn.key_value_weights()
+
     W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
     W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
     b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")

@@ -8,6 +8,7 @@ variables everything runs as rank 0 of 1.
 
 import dataclasses
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,3 +63,13 @@ def barrier() -> None:
     """Wait for every rank (nothing to wait for with one process)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def from_main(value: Any) -> Any:
+    """Rank 0's `value` (any picklable object) on every rank; `value` itself without a
+    process group. Every rank must call it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

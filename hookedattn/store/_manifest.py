@@ -27,6 +27,7 @@ from typing import Any
 
 import safetensors.torch
 
+from hookedattn.core import parallel
 from hookedattn.store._files import commit, temporary_name
 
 FORMAT = "hookedattn-activation-store"
@@ -101,8 +102,12 @@ def plan_shards(n_contexts: int, shard_contexts: int, rows_per_context: int) -> 
 
 
 def weights_sha256(model: Any) -> str:
-    """SHA-256 of the model's state dict as safetensors bytes (names, dtypes, shapes, values)."""
-    tensors = {n: t.detach().contiguous().cpu() for n, t in model.state_dict().items()}
+    """SHA-256 of the model's state dict as safetensors bytes (names, dtypes, shapes, values);
+    a tensor-parallel model's whole one (gathered: every rank must call this), so that it
+    hashes as the same model in one process does."""
+    split = getattr(model, "tp", None) is not None
+    state = parallel.full_state_dict(model) if split else model.state_dict()
+    tensors = {n: t.detach().contiguous().cpu() for n, t in state.items()}
     return hashlib.sha256(safetensors.torch.save(tensors)).hexdigest()
 
 

@@ -4,6 +4,11 @@ Each rank (see `_distributed`) computes the shards `rank, rank + world_size, ...
 already on disk under its final name with this collection's fingerprint is kept, so a
 rerun after a crash does only what is missing and ends with the same bytes. Rank 0 writes
 the manifest before the others start and again, complete, after they are all done.
+
+A tensor-parallel model's ranks hold one model between them: they run every shard
+together (the same contexts in the same order, as its collectives need), its hooks see
+whole activations, and rank 0 alone writes; the bytes are the one-process collection's
+to float rounding, and the weights are hashed whole (`weights_sha256`).
 """
 
 import dataclasses
@@ -109,11 +114,15 @@ def collect_activations(
         _prepare_folder(out, job.digest, overwrite)
         write_manifest(out, job.manifest)
     _distributed.barrier()
-    mine = [job.shards[i] for i in ranks.share(len(job.shards))]
+    split = getattr(model, "tp", None) is not None  # its ranks run every shard together
+    mine = job.shards if split else [job.shards[i] for i in ranks.share(len(job.shards))]
     started, cpu_started = time.perf_counter(), time.process_time()
     done = [s for s in mine if _shard_is_complete(out / s.file, s, job)]
+    if split:  # every rank must run the same shards: rank 0's reading of the folder decides
+        done = _distributed.from_main(done)
     todo = [s for s in mine if s not in done]
-    _write_shards(model, job, out, todo, dtype, _bar(todo, ranks, progress))
+    writes = ranks.is_main or not split
+    _write_shards(model, job, out, todo, dtype, _bar(todo, ranks, progress), writes)
     _distributed.barrier()
     if ranks.is_main:
         _finish(out, job.manifest, job.shards, job.names, dtype)
@@ -195,9 +204,19 @@ def _check_no_hooks(model: Any) -> None:
 
 
 def _write_shards(
-    model: Any, job: _Job, out: Path, todo: list[ShardSpec], dtype: torch.dtype, bar: Any
+    model: Any,
+    job: _Job,
+    out: Path,
+    todo: list[ShardSpec],
+    dtype: torch.dtype,
+    bar: Any,
+    writes: bool = True,
 ) -> None:
-    """Compute and write the shards `todo`; a full disk is an error saying what is kept."""
+    """Compute and write the shards `todo` (only compute them where not `writes`: a
+    tensor-parallel rank other than 0); a full disk is an error saying what is kept."""
+    if not writes:
+        _run(model, job, todo, _NoWriter(), bar)
+        return
     writer = ShardWriter(out, job.row_shapes, dtype, {"fingerprint": job.digest})
     try:
         _run(model, job, todo, writer, bar)
@@ -256,6 +275,26 @@ def _run(model: Any, job: _Job, todo: list[ShardSpec], writer: ShardWriter, bar:
     finally:
         writer.abort()  # a no-op after close(); after an error, no thread is left waiting
         bar.close()
+
+
+class _NoWriter:
+    """A `ShardWriter` that writes nothing: a tensor-parallel rank other than 0 runs the
+    forwards with rank 0 and leaves the writing to it."""
+
+    def begin(self, spec: ShardSpec) -> None:
+        """Nothing to open."""
+
+    def add(self, activations: dict[str, Tensor], tokens: Tensor) -> None:
+        """Nothing to queue."""
+
+    def end(self) -> None:
+        """Nothing to commit."""
+
+    def close(self) -> None:
+        """Nothing to wait for."""
+
+    def abort(self) -> None:
+        """Nothing to stop."""
 
 
 def _as_rows(name: str, activation: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm import tqdm
 
+from hookedattn.core import parallel
 from hookedattn.core.model import HookedTransformer
 from hookedattn.training.checkpoints import RunState, latest_checkpoint, resume, save_checkpoint
 from hookedattn.training.config import TrainConfig, learning_rate
@@ -100,6 +101,13 @@ def train(
     `on_checkpoint(step, path)` is called after each is written. `progress` shows a `tqdm`
     bar (tokens/s, loss, learning rate) and the evaluations on stderr.
     """
+    parallel.refuse_tensor_parallel(
+        model,
+        "training the model's own weights (hookedattn.training.train)",
+        "its gradient-norm clipping would read each rank's slices as the whole and its "
+        "checkpoints each rank's optimizer state; SAE and transcoder training on a store "
+        "that the split model collected do work",
+    )
     run_dir = None if run_dir is None else Path(run_dir)
     optimizer = make_optimizer(model, cfg)
     state = RunState(step=0, history=[], train_seconds=0.0, cpu_seconds=0.0)

@@ -21,7 +21,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from analysis import activation_patch, attribution_graph, attribution_patch  # noqa: E402
+from analysis import activation_patch  # noqa: E402
 from hookedattn import HookedTransformer  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
 from hookedattn.sae import SAEConfig, SparseAutoencoder  # noqa: E402
@@ -111,19 +111,7 @@ def check(ref, model) -> dict:
     got = activation_patch(model, "v", metric_positions=-1, by_pos=True, **kwargs).per_prompt
     out["patch_v_by_pos_declared"] = relative(got, declared)
 
-    # Gradient methods refuse a sharded model (their backward is not yet the one-process one).
-    refusals = []
-    for method in (
-        lambda: attribution_patch(model, "z", **kwargs),
-        lambda: attribution_graph(model, None, tokens[0]),
-    ):
-        try:
-            method()
-            refusals.append(False)
-        except ValueError as error:
-            refusals.append("tensor-parallel" in str(error))
-    out["gradient_methods_refused"] = all(refusals)
-
+    # Gradient methods: tests/parallel/test_gradient_methods.py.
     for use_past_kv_cache in (True, False):
         kwargs = dict(max_new_tokens=6, stop_at_eos=False, use_past_kv_cache=use_past_kv_cache)
         same = torch.equal(model.generate(tokens, **kwargs), ref.generate(tokens, **kwargs))

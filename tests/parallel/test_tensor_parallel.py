@@ -11,13 +11,11 @@ does, nothing else differs.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.torchrun import torchrun
 
 from hookedattn import HookedTransformer
 from hookedattn.core import parallel
@@ -27,19 +25,8 @@ from hookedattn.testing import random_tiny_model, tiny_model
 # End to end (subprocesses, torchrun, real TransformerLens): run in CI with `-m slow`.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64
-
-
-def torchrun(script: Path, *args: str, timeout: int = 400) -> None:
-    """Run `script` on two ranks (gloo); this checkout's packages first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc_per_node=2", str(script), *args]  # fmt: skip
-    done = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +120,6 @@ def test_greedy_generation_gives_the_one_process_tokens(ranks):
 def test_a_spliced_sae_at_a_sharded_hook_point_sees_every_neuron(ranks):
     assert_true(ranks, "sae_changes_logits")
     assert_close(ranks, "sae_splice", "sae_acts")
-
-
-def test_gradient_methods_refuse_a_sharded_model(ranks):
-    assert_true(ranks, "gradient_methods_refused")
 
 
 def test_gradients_at_every_hook_point_equal_one_process(ranks):

@@ -20,7 +20,7 @@ boundaries; nothing is split, so nothing is communicated but the stream.
 Every rank runs the same program: the same inputs, hooks and calls, in the same order.
 """
 
-from hookedattn.core.parallel._building import build_model
+from hookedattn.core.parallel._building import build_model, sharing_parameters
 from hookedattn.core.parallel._device_map import (
     balanced_slots,
     check_device,
@@ -81,6 +81,7 @@ __all__ = [
     "resolve_device_map",
     "same_on_every_rank",
     "sharded_hook_points",
+    "sharing_parameters",
     "tensor_parallel",
     "tensor_parallel_group",
     "tensor_parallel_plan",

@@ -77,6 +77,23 @@ def build_model(
     return model
 
 
+def sharing_parameters(cls: type, model: Any, cfg: HookedTransformerConfig) -> Any:
+    """A `cls` of `cfg` (the sizes of `model`'s config; other hook points or kernels) whose
+    parameters are `model`'s own tensors, assigned rather than copied. A split `model`
+    gets a twin split as it is (built on the meta device, split over the same ranks, then
+    given this rank's slices), so nothing is gathered and nothing copied."""
+    tp = getattr(model, "tp", None)
+    twin = cls(cfg if tp is None else cfg.replace(device="meta"), tokenizer=model.tokenizer)
+    if tp is not None:
+        tensor_parallel(twin, tp)
+    twin.load_state_dict(model.state_dict(keep_vars=True), strict=True, assign=True)
+    if tp is not None:
+        twin.cfg = cfg
+        for module_name, buffer_device in _buffer_devices(twin, None, cfg.device):
+            torch.nn.Module.to(twin.get_submodule(module_name), buffer_device)
+    return twin
+
+
 def _buffer_devices(model: Any, placed: Mapping[str, str] | None, device: str) -> list:
     """Where each module holding buffers (rotary frequencies, built on the CPU when the
     model was built on the meta device) must go: its parameters' device."""

@@ -1,11 +1,20 @@
-"""The three collectives a tensor-parallel forward needs, each differentiable.
+"""The four collectives a tensor-parallel forward needs, each differentiable, each with
+its adjoint as its backward.
 
 Megatron-LM's pair (Shoeybi et al. 2019, section 3): a replicated activation enters a
 sharded product through `replicated_input` (the identity; backwards, the ranks' partial
 gradients are summed), and the sharded product's partial results leave through
 `sum_partials` (summed over the ranks; backwards, the identity). `gather` concatenates each
 rank's part of an axis (the logits' vocabulary, a hook point's heads); backwards each rank
-keeps its own part of the gradient.
+keeps its own part of the gradient. `own_part` is its mirror (Megatron's scatter): a whole
+tensor, the same on every rank, cut to this rank's part; backwards the ranks' parts of the
+gradient are gathered, so that the whole has its whole gradient on every rank.
+
+Each backward is right because the gradients reaching a replicated tensor are the same on
+every rank: what follows it is computed alike on every rank, or its sharded uses leave
+through `sum_partials` or `gather`. A hook point's hooks run on a whole activation between
+a `gather` and an `own_part` (`ShardedHookPoint`), so a tensor a hook adds there (the zero
+leaf of `analysis`'s metric gradients) gets the one-process gradient on every rank.
 
 They run `torch.distributed`'s collectives on the mesh's process group (gloo or NCCL)
 directly: DTensor's `redistribute` does the same transfers with more work per call, which
@@ -19,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hookedattn.core.parallel._group import TensorParallelGroup
+from hookedattn.core.parallel._shards import LocalSlice
 
 
 def sum_partials(x: Tensor, group: TensorParallelGroup) -> Tensor:
@@ -42,16 +52,16 @@ def gather(x: Tensor, axis: int, size: int, group: TensorParallelGroup) -> Tenso
     the gradient of its own part (right where what follows the gather is the same on
     every rank, as the logits are)."""
     if x.requires_grad and torch.is_grad_enabled():
-        return _Gathered.apply(x, axis, size, group, False)
+        return _Gathered.apply(x, axis, size, group)
     return gathered(x, axis, size, group)
 
 
-def gather_for_hooks(x: Tensor, axis: int, size: int, group: TensorParallelGroup) -> Tensor:
-    """`gather`, for hooks that may move values between the ranks' parts: backwards, the
-    gradients of the whole are summed over the ranks before each keeps its own part."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return _Gathered.apply(x, axis, size, group, True)
-    return gathered(x, axis, size, group)
+def own_part(whole: Tensor, part: LocalSlice, group: TensorParallelGroup) -> Tensor:
+    """This rank's `part` of `whole` (a tensor the same on every rank), a new tensor;
+    backwards, every rank's part of the gradient gathered into the whole's gradient."""
+    if whole.requires_grad and torch.is_grad_enabled():
+        return _OwnPart.apply(whole, part, group)
+    return whole.narrow(part.axis, part.start, part.length).contiguous()
 
 
 def gathered(x: Tensor, axis: int, size: int, group: TensorParallelGroup) -> Tensor:
@@ -103,15 +113,23 @@ class _ReplicatedInput(torch.autograd.Function):
 
 class _Gathered(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, x: Tensor, axis: int, size: int, group: TensorParallelGroup, sum_first: bool
-    ) -> Tensor:
-        ctx.axis, ctx.group, ctx.sum_first = axis % x.ndim, group, sum_first
+    def forward(ctx, x: Tensor, axis: int, size: int, group: TensorParallelGroup) -> Tensor:
+        ctx.axis = axis % x.ndim
         ctx.start, ctx.length = sum(group.lengths(size)[: group.rank]), x.shape[ctx.axis]
         return gathered(x, axis, size, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        if ctx.sum_first:
-            grad = _all_reduce(grad.clone(), ctx.group)
-        return grad.narrow(ctx.axis, ctx.start, ctx.length).contiguous(), None, None, None, None
+        return grad.narrow(ctx.axis, ctx.start, ctx.length).contiguous(), None, None, None
+
+
+class _OwnPart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, whole: Tensor, part: LocalSlice, group: TensorParallelGroup) -> Tensor:
+        ctx.part, ctx.group = part, group
+        return whole.narrow(part.axis, part.start, part.length).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        part = ctx.part
+        return gathered(grad.contiguous(), part.axis, part.size, ctx.group), None, None

@@ -61,12 +61,16 @@ class ShardedHookPoint(HookPoint):
         if not self.gathering:
             return super()._run_forward_hooks(x)
         part = self.slice_of(x)
-        whole = _collectives.gather_for_hooks(x, part.axis, part.size, self.group)
-        version = whole._version
+        whole = _collectives.gather(x, part.axis, part.size, self.group)
+        # An inference tensor keeps no version counter: an edit in place cannot be told
+        # from a read, so its slice is taken again (a copy) either way.
+        version = None if whole.is_inference() else whole._version
         out = super()._run_forward_hooks(whole)
-        if out is whole and whole._version == version:
+        if out is whole and version is not None and whole._version == version:
             return x  # read, not edited: this rank's slice is the one it had
-        return out.narrow(part.axis, part.start, part.length).contiguous()
+        # Backwards, the ranks' parts are gathered: what the hooks made (a leaf added, an
+        # edit) gets the whole gradient on every rank, as in one process.
+        return _collectives.own_part(out, part, self.group)
 
     def _attach_backward_hooks(self, x: Tensor) -> Tensor:
         if not self.gathering:

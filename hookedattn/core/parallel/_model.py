@@ -38,6 +38,21 @@ class TensorParallelModel:
         axis, field = _STACKED[weight]
         return gather(local, axis + 1, getattr(self.cfg, field), self.tp)  # +1: `layer`
 
+    def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
+        """Block `layer`'s `module.weight`, gathered from every rank when it is sharded."""
+        local = super().layer_weight(layer, module, weight)
+        if weight not in _STACKED:
+            return local
+        axis, field = _STACKED[weight]
+        return gather(local, axis, getattr(self.cfg, field), self.tp)
+
+    def key_value_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Block `layer`'s `W_K, b_K, W_V, b_V` per key/value head, gathered from every rank."""
+        W_K, b_K, W_V, b_V = (
+            gather(w, 0, self.cfg.n_kv_heads, self.tp) for w in super().key_value_weights(layer)
+        )
+        return W_K, b_K, W_V, b_V
+
     @property
     def W_E(self) -> Tensor:
         """Token embedding `[d_vocab d_model]`, gathered from every rank."""
