@@ -32,7 +32,8 @@ from hookedattn.core.hf import _anatomy, _convention, _probes, _tiny, _verify  #
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
-                 "aria_text", "granitemoe", "laguna", "minicpm5_moe")  # fmt: skip
+                 "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
+                 "hunyuan_v1_moe")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +84,38 @@ def test_the_verification_picks_the_rotation_the_architecture_uses(tmp_path):
     model = HookedTransformer.from_hf(tmp_path / "cohere")
     with torch.no_grad():
         assert torch.allclose(model(TOKENS), reference(TOKENS).logits, atol=1e-5)
+
+
+def test_the_verification_picks_the_fused_query_key_value_layout(tmp_path):
+    # GPT-NeoX (written out as a family too) keeps [q_h; k_h; v_h] head by head in one map:
+    # by convention the stacked [q; k; v] guess comes first and is refused, the head-by-head
+    # one computes what transformers computes.
+    reference = twin("gpt_neox")
+    reference.save_pretrained(tmp_path / "neox")
+    layouts = {}  # the first candidate of each layout (rotated halves)
+    for candidate in _convention.candidates(reference.config):
+        layouts.setdefault(candidate.variant.split("qkv_layout='")[1].split("'")[0], candidate)
+    for layout, works in (("stacked", False), ("per_head", True)):
+        hf.register_family(layouts[layout])
+        try:
+            if works:
+                model = HookedTransformer.from_hf(tmp_path / "neox")
+                with torch.no_grad():
+                    expected = reference(TOKENS).logits
+                    assert torch.allclose(model(TOKENS), expected, atol=1e-5)
+            else:
+                with pytest.raises(hf.VerificationError):
+                    HookedTransformer.from_hf(tmp_path / "neox")
+        finally:
+            hf.unregister_family(layouts[layout])
+
+
+def test_an_attention_keeping_no_softmax_scale_is_verified_among_the_usual_ones():
+    # GPT-Neo wraps its attention and keeps no `scaling`: it does not scale its scores,
+    # and slides a window in every other layer (`attention_layers`).
+    model = HookedTransformer.from_hf(twin("gpt_neo"))
+    assert model.cfg.attn_scale == 1.0
+    assert model.cfg.attn_types is not None and "local" in model.cfg.attn_types
 
 
 def test_a_folder_by_convention_is_verified_once(tmp_path):

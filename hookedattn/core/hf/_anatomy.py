@@ -66,10 +66,13 @@ from hookedattn.core.hf._roles import (
     mlp_child,
     qk_norm_kind,
     qk_norms,
+    unwrapped_attention,
 )
 from hookedattn.core.hf._wiring import placement, wiring
 
 _TOKENS = (2, 7)
+# A softmax scale the attention does not keep: the candidates try the usual ones.
+UNKNOWN = Scale("unknown", "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,9 @@ class Anatomy:
     attn_gate: str | None = None
     attn_gate_per_head: bool | None = None  # None: no gate
     qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
+    # A fused q/k/v map's rows: "stacked" [q; k; v], or "per_head" [q_h; k_h; v_h] for
+    # each head h (GPT-NeoX's, Persimmon's): a candidate.
+    qkv_layout: str = "stacked"
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -212,7 +218,7 @@ class _Reader:
         calls, logits, embed_ratio, positions = self._watch(capped)
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
-        attn_module = children[attn]
+        inner, attn_module = unwrapped_attention(children[attn])
         mlp_module = children[mlp] if mlp else self.layer
         qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
@@ -230,7 +236,7 @@ class _Reader:
         )  # fmt: skip
         return Anatomy(
             **self._places(),
-            attn=attn,
+            attn=attn + inner,
             mlp=mlp,
             norms=tuple(norms),
             placement=placement({ours for ours, _ in norms}),
@@ -251,7 +257,9 @@ class _Reader:
             unused=unused,
             act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
-            attn_scale=self._explain(scaling, "softmax scale", d_head=d_head),
+            attn_scale=UNKNOWN
+            if scaling is None
+            else self._explain(scaling, "softmax scale", d_head=d_head),
             attn_write=self._explain(writes[0], "attention's write scale"),
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import _experts, _translate
-from hookedattn.core.hf._anatomy import Anatomy, Scale, recognise
+from hookedattn.core.hf._anatomy import UNKNOWN, Anatomy, Scale, recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
 from hookedattn.core.hf._gptj import neighbours_to_halves
@@ -239,10 +239,13 @@ class Convention:
                 raise ValueError(f"no {role} projection recognised")
             where = dict(split=split, part=part if fused else 0, adjust=permute)
             rows = f"({heads} d_head)"
+            if fused and a.qkv_layout == "per_head":  # [q_h; k_h; v_h] head by head
+                where = dict(pick=part, adjust=permute)
+                rows = "(head qkv d_head)"
             if gated:
                 where["pick"], rows = 0, f"({heads} gate_up d_head)"
             bias_name = name.replace("W", "b")
-            after = "gate_up " if gated else ""
+            after = "gate_up " if gated else "qkv " if "pick" in where and fused else ""
             rules.append(
                 Rule(
                     f"{b}.{name}",
@@ -395,16 +398,24 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
         renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
     gates = (None,) if anatomy.attn_gate_per_head is None else ("sigmoid", "softplus")
     orders = (False, True) if anatomy.qk_norm and anatomy.rotary else (False,)
+    fused = anatomy.role(anatomy.attn_maps, "qkv") is not None
+    heads = getattr(hf_config, "num_attention_heads", None)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
+    softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
+    if anatomy.attn_scale == UNKNOWN:
+        softmax = (Scale("rsqrt", "d_head"), Scale())
     scorings = ("softmax",)
     if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
         scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
     families = []
-    for on, layout, norm_topk, scoring, gate, after in itertools.product(
-        rotating, layouts, renorm, scorings, gates, orders
+    for on, layout, norm_topk, scoring, gate, after, scale, qkv in itertools.product(
+        rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts
     ):
         chosen = dataclasses.replace(
             anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
             router_scoring=scoring, attn_gate=gate, qk_norm_after_rotary=after,
+            attn_scale=scale, qkv_layout=qkv,
         )  # fmt: skip
         convention = Convention(chosen)
         families.append(

@@ -17,7 +17,8 @@ ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
     "k": ("k_proj", "key", "wk", "k"),
     "v": ("v_proj", "value", "wv", "v"),
     "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
-    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn"),  # [q; k; v] along the outputs
+    # [q; k; v] along the outputs, or [q_h; k_h; v_h] head by head (`Anatomy.qkv_layout`)
+    "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn", "query_key_value"),
     "gate": ("g_proj", "gate_proj"),  # an output gate's own map (Laguna, AFMoE)
     "q_gate": ("q_gate_proj",),  # [q_h; gate_h] for each head h (MiniCPM 5 MoE)
 }
@@ -115,7 +116,7 @@ def linear_maps(
         if not any(True for _ in child.parameters()):
             continue
         role = next((r for r, names in roles.items() if name in names), None)
-        if role is None or type(child) is not nn.Linear:
+        if role is None or not isinstance(child, nn.Linear):  # a subclass: verified anyway
             raise ValueError(f"{type(module).__name__}.{name} ({type(child).__name__}) has no role")
         found.append((role, name, child.bias is not None))
     return tuple(found)
@@ -127,15 +128,23 @@ def attention_head_width(attn: nn.Module, config: Any) -> int:
     return int(d_head or config.hidden_size // config.num_attention_heads)
 
 
-def attention_scaling(attn: nn.Module, d_head: int) -> float:
-    """The softmax scale the attention keeps (`scaling`); a ValueError if it is not causal
-    or keeps none."""
+def attention_scaling(attn: nn.Module, d_head: int) -> float | None:
+    """The softmax scale the attention keeps (`scaling`), None where it keeps none (the
+    verification then chooses among the usual ones); a ValueError if it is not causal."""
     if not getattr(attn, "is_causal", True):
         raise ValueError(f"{type(attn).__name__} is not causal")
     scaling = getattr(attn, "scaling", None)
-    if scaling is None:
-        raise ValueError(f"{type(attn).__name__} keeps no softmax scale (`scaling`)")
-    return float(scaling)
+    return None if scaling is None else float(scaling)
+
+
+def unwrapped_attention(attn: nn.Module) -> tuple[str, nn.Module]:
+    """The module that holds the attention's maps, and its name under `attn`: `attn` itself
+    ("", attn), or the one attention it wraps (GPT-Neo's `attn.attention`)."""
+    own = [n for n, m in attn.named_children() if isinstance(m, nn.Linear)]
+    inner = [(n, m) for n, m in attn.named_children() if type(m).__name__.endswith("Attention")]
+    if own or len(inner) != 1:
+        return "", attn
+    return f".{inner[0][0]}", inner[0][1]
 
 
 def gated_queries(

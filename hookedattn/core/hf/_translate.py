@@ -99,12 +99,21 @@ def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
 
 
 def window(hf_config: Any) -> dict[str, Any]:
-    """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`.
+    """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`
+    (GPT-Neo's: `window_size` and `attention_layers`).
 
     A config with a window and no `layer_types` (Mistral) slides it in every layer; Qwen's
     `sliding_window` is already None unless `use_sliding_window`.
     """
     size = getattr(hf_config, "sliding_window", None)
+    if size is None and getattr(hf_config, "attention_layers", None):  # GPT-Neo's
+        types = tuple(_ATTN_TYPES.get(kind, kind) for kind in hf_config.attention_layers)
+        unknown = sorted(set(types) - {"global", "local"})
+        if unknown:
+            raise ValueError(f"attention_layers {unknown} cannot be imported: global, local")
+        if "local" not in types:
+            return {}
+        return {"window_size": int(hf_config.window_size), "attn_types": types}
     if size is None:
         return {}
     layer_types = getattr(hf_config, "layer_types", None)
