@@ -15,8 +15,9 @@ table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-deco
 and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA);
 mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlmo, Aria with
 a shared expert, Granite-MoE with its multipliers); output gates on the heads (Laguna's own
-softplus map per head, MiniCPM 5 MoE's sigmoid rows beside the queries'). The reference is
-the HF model itself, in float64.
+softplus map per head, MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention
+under DeepSeek's names (Youtu; MiniCPM 3 with its muP scalars). The reference is the HF
+model itself, in float64.
 """
 
 import pytest
@@ -33,7 +34,7 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
-                 "hunyuan_v1_moe")  # fmt: skip
+                 "hunyuan_v1_moe", "youtu", "minicpm3")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -202,6 +203,45 @@ def test_a_scalar_is_explained_by_the_config_field_it_comes_from():
     assert _probes.explain(16**-0.5, config, "x", d_head=16) == Scale("rsqrt", "d_head")
     with pytest.raises(ValueError, match="no config field"):
         _probes.explain(0.123456, config, "x")
+
+
+def test_a_scalar_of_two_config_fields_is_explained():
+    # MiniCPM's muP: each write times scale_depth / sqrt(num_hidden_layers), and the final
+    # norm's output divided by hidden_size / dim_model_base before the unembedding.
+    anatomy = _anatomy.recognise(transformers.AutoConfig.for_model("minicpm3"))
+    assert anatomy.attn_write == _probes.Scale("over_sqrt", "scale_depth/num_hidden_layers")
+    assert anatomy.logit_scale == _probes.Scale("ratio", "dim_model_base/hidden_size")
+    assert anatomy.latent
+
+
+@pytest.mark.parametrize(
+    ("model_type", "settings"),
+    [
+        ("granite", dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                         attention_multiplier=0.0078125, logits_scaling=8.0)),
+        ("minicpm3", dict(scale_emb=12, scale_depth=1.4, dim_model_base=32)),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_wider_than_its_twin_keeps_its_scalars(model_type, settings):
+    # Granite 3's settings on a model wider than the twin: on the twin (MLP 128, width 64)
+    # 0.0078125 is also 1 / the MLP width and 8 also sqrt(width); only a second twin with
+    # the settings changed tells which field each scalar follows (`_scalars`).
+    sizes = dict(hidden_size=96, intermediate_size=200, num_attention_heads=6,
+                 num_key_value_heads=6, num_hidden_layers=2, vocab_size=150)  # fmt: skip
+    if model_type == "minicpm3":
+        sizes |= dict(q_lora_rank=24, kv_lora_rank=20, qk_nope_head_dim=12, qk_rope_head_dim=4,
+                      v_head_dim=10, head_dim=16)  # fmt: skip
+    config = transformers.AutoConfig.for_model(model_type, **sizes, **settings)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    reference = _tiny.random_hf_model(model_class, config, seed=6).double()
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        got = model(TOKENS)
+    # (1e-6: the rotary's angles are float32 on both sides, the rest float64.)
+    assert float((got - expected).abs().max()) <= 1e-6 * float(expected.abs().max())
 
 
 def test_the_memo_key_tells_candidates_apart():

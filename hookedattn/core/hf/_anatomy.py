@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.hf import _experts, _loading, _saved, _tiny, _verify
+from hookedattn.core.hf import _experts, _loading, _saved, _scalars, _tiny, _verify
 from hookedattn.core.hf._experts import Experts
 from hookedattn.core.hf._probes import (
     ACTIVATION_NAMES,
@@ -128,6 +128,9 @@ class Anatomy:
     # A fused q/k/v map's rows: "stacked" [q; k; v], or "per_head" [q_h; k_h; v_h] for
     # each head h (GPT-NeoX's, Persimmon's): a candidate.
     qkv_layout: str = "stacked"
+    # Multi-head latent attention under DeepSeek's names (`kv_a_proj_with_mqa`, ...): its
+    # maps are read as `_deepseek` reads them; `attn_maps` is then empty.
+    latent: bool = False
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -172,13 +175,27 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
             twin = _tiny.random_hf_model(
                 getattr(_loading.transformers_module(), architecture), twin_config
             )
-        anatomy = _Reader(twin, twin_config, architecture).anatomy()
+        reader = _Reader(twin, twin_config, architecture)
+        anatomy = _scalars.disambiguated(
+            reader.anatomy(), reader.measured, twin_config, hf_config,
+            lambda config: _measured(config, architecture),
+        )  # fmt: skip
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"
         ) from error
     _verify.remember(key, {"anatomy": dataclasses.asdict(anatomy)}, section="anatomies")
     return anatomy
+
+
+def _measured(twin_config: Any, architecture: str) -> dict[str, float]:
+    """The scalars a twin of `twin_config` multiplies by (`_scalars`' second twin)."""
+    with torch.random.fork_rng(devices=[]):
+        twin = _tiny.random_hf_model(getattr(_loading.transformers_module(), architecture),
+                                     twin_config)  # fmt: skip
+    reader = _Reader(twin, twin_config, architecture)
+    reader.anatomy()
+    return reader.measured
 
 
 def _from_json(fields: dict[str, Any]) -> Anatomy:
@@ -228,12 +245,17 @@ class _Reader:
              *(getattr(attn_module, n) for n in qk or ())],
             (*epsilons, *USUAL_EPSILONS),
         )  # fmt: skip
+        latent = hasattr(attn_module, "kv_a_proj_with_mqa")  # DeepSeek's latent attention
         d_head = attention_head_width(attn_module, self.config)
-        scaling = attention_scaling(attn_module, d_head)
-        attn_maps, gate_per_head = gated_queries(
+        scaling = None if latent else attention_scaling(attn_module, d_head)
+        attn_maps, gate_per_head = ((), None) if latent else gated_queries(
             linear_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
             attn_module, self.config.num_attention_heads, d_head,
         )  # fmt: skip
+        self.measured = {"embed_scale": embed_ratio, "attn_write": writes[0],
+                         "mlp_write": writes[1], "logit_scale": logits}  # fmt: skip
+        if scaling is not None:
+            self.measured["attn_scale"] = scaling
         return Anatomy(
             **self._places(),
             attn=attn + inner,
@@ -245,6 +267,7 @@ class _Reader:
             norm_bias=bias,
             eps=eps,
             attn_maps=attn_maps,
+            latent=latent,
             attn_gate_per_head=gate_per_head,
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
@@ -397,7 +420,11 @@ class _Reader:
                   if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
         handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
         handles.append(embed.register_forward_hook(keep("embed")))
-        handles.append(self.twin.get_output_embeddings().register_forward_hook(keep("unembed")))
+        unembed = self.twin.get_output_embeddings()
+        handles.append(unembed.register_forward_hook(keep("unembed")))
+        handles.append(unembed.register_forward_pre_hook(
+            lambda module, args: seen.__setitem__("unembed_in", args[0])))  # fmt: skip
+        handles.append(self._final_norm().register_forward_hook(keep("final_norm")))
         tokens = torch.randint(
             0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
         )
@@ -410,11 +437,18 @@ class _Reader:
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
+        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
+            scale *= ratio(calls[0][1], seen["embed"], "the first layer's input")
+            positions: tuple[str | None, int] = (None, 0)
+        except ValueError:  # or plus learned positions
+            positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
-        return calls, ratio(logits, seen["unembed"], "the logits"), scale, positions
+        # What multiplies the final norm's output before the unembedding reads it (MiniCPM's
+        # `hidden_size / dim_model_base`) scales the logits as much as what follows it.
+        before = ratio(seen["unembed_in"], seen["final_norm"], "the unembedding's input")
+        return calls, before * ratio(logits, seen["unembed"], "the logits"), scale, positions
 
     def _positions(
         self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]

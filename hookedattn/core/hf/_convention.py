@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _experts, _translate
+from hookedattn.core.hf import _deepseek, _experts, _translate
 from hookedattn.core.hf._anatomy import UNKNOWN, Anatomy, Scale, recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -80,7 +80,7 @@ class Convention:
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
         roles = {role for role, _, _ in a.mlp_maps}
-        return {
+        fields = {
             "n_layers": c.num_hidden_layers,
             "d_model": c.hidden_size,
             "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
@@ -99,7 +99,7 @@ class Convention:
             "use_qk_norm": a.qk_norm is not None,
             "qk_norm_per_head": a.qk_norm != "whole",
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
-            "attn_scale": 1 / a.attn_scale.of(c, d_head),
+            "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
             "use_attn_sinks": a.sinks,
@@ -108,6 +108,9 @@ class Convention:
             **rotary,
             **_translate.window(c),
         }
+        if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
+            fields |= _deepseek.latent_attention_fields(c)
+        return fields
 
     def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
         """The rules that read a checkpoint of this anatomy into `cfg`'s model."""
@@ -118,7 +121,7 @@ class Convention:
                  adjust=_times(scale(a.embed_scale))),
             *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
-            *self._attention_rules(cfg, scale(a.attn_write)),
+            *self._attention_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *_norm(self.anatomy, "ln_final", a.final_norm, 1.0),
             Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
@@ -169,11 +172,19 @@ class Convention:
             )
         ]  # fmt: skip
 
-    def _attention_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+    def _attention_rules(
+        self, cfg: HookedTransformerConfig, write: float, hf_config: Any
+    ) -> list[Rule]:
         """The q/k/v projections (`_projection_rules`), the output projection (carrying
-        the write scale unless a post-norm does), the sinks and the q/k norm gains."""
+        the write scale unless a post-norm does), the sinks and the q/k norm gains; a
+        latent attention's as `_deepseek` reads them."""
         a, b = self.anatomy, "blocks.{layer}.attn"
         at = f"{a.layers}.{{layer}}.{a.attn}"
+        if a.latent:
+            o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
+            interleaved = a.rotary_layout == "pairs"
+            bias = bool(getattr(hf_config, "attention_bias", False))
+            return _deepseek.latent_attention_rules(cfg, at, interleaved, bias, _times(o_scale))
         kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
         order = self._order(cfg)
         o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
@@ -389,6 +400,8 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     layer, then (where some layers slide a window and some do not) in the sliding ones only."""
     anatomy = recognise(hf_config, architecture)
     layouts = ("halves", "pairs") if anatomy.rotary else ("halves",)
+    if anatomy.latent and hasattr(hf_config, "rope_interleave"):  # DeepSeek's: it says
+        layouts = ("pairs",) if hf_config.rope_interleave else ("halves",)
     types = set(getattr(hf_config, "layer_types", None) or ())
     mixed = {"full_attention", "sliding_attention"} <= types
     rotating = ("all", "sliding") if anatomy.rotary and mixed else ("all",)
@@ -403,7 +416,7 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
     softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
-    if anatomy.attn_scale == UNKNOWN:
+    if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())
     scorings = ("softmax",)
     if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax

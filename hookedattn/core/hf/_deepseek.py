@@ -98,6 +98,24 @@ def deepseek_v2_fields(hf_config: Any) -> dict[str, Any]:
 
 def _latent_attention_fields(c: Any) -> dict[str, Any]:
     """The shape, norms, rotary and latent attention of a DeepSeek config."""
+    return {
+        "n_layers": c.num_hidden_layers,
+        "d_model": c.hidden_size,
+        "n_ctx": c.max_position_embeddings,
+        "d_vocab": c.vocab_size,
+        "act_fn": _translate.activation(c.hidden_act),
+        "gated_mlp": True,
+        "normalization_type": "RMS",
+        "eps": c.rms_norm_eps,
+        **latent_attention_fields(c),
+    }
+
+
+def latent_attention_fields(c: Any) -> dict[str, Any]:
+    """The latent attention's fields of a config that spells them as DeepSeek's does
+    (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`):
+    the heads, the latents' widths, the scale and the rotary (the importer by convention
+    reads these for the other architectures built on it: Youtu, ...)."""
     n_heads, d_rope = c.num_attention_heads, c.qk_rope_head_dim
     kv = getattr(c, "num_key_value_heads", None) or n_heads
     if kv != n_heads:
@@ -113,24 +131,16 @@ def _latent_attention_fields(c: Any) -> dict[str, Any]:
             f"partial_rotary_factor={rope['partial_rotary_factor']} cannot be imported: latent "
             f"attention rotates all qk_rope_head_dim={d_rope} dimensions of its rotary part"
         )
-    fields = {
-        "n_layers": c.num_hidden_layers,
-        "d_model": c.hidden_size,
-        "n_ctx": c.max_position_embeddings,
-        "d_vocab": c.vocab_size,
+    return {
         "n_heads": n_heads,
+        "n_key_value_heads": None,
         "d_head": d_head,
         "d_head_v": c.v_head_dim,
         "q_lora_rank": c.q_lora_rank,
         "kv_lora_rank": c.kv_lora_rank,
-        "act_fn": _translate.activation(c.hidden_act),
-        "gated_mlp": True,
-        "normalization_type": "RMS",
-        "eps": c.rms_norm_eps,
         "attn_scale": math.sqrt(d_head) / _mscale_squared(rope),
         **_translate.rotary(c, d_rope, yarn=True),
     }
-    return fields
 
 
 def _mscale_squared(rope: dict[str, Any]) -> float:
@@ -214,7 +224,23 @@ def _each_layer(rules: list[Rule], layers: Iterable[int]) -> list[Rule]:
 
 
 def _attention_rules(cfg: HookedTransformerConfig, interleaved: bool, bias: bool) -> list[Rule]:
-    b, a = "blocks.{layer}", f"{L}.self_attn"
+    return [
+        Rule("blocks.{layer}.ln1.w", f"{L}.input_layernorm.weight", "d_model -> d_model"),
+        *latent_attention_rules(cfg, f"{L}.self_attn", interleaved, bias),
+        Rule("blocks.{layer}.ln2.w", f"{L}.post_attention_layernorm.weight", "d_model -> d_model"),
+    ]
+
+
+def latent_attention_rules(
+    cfg: HookedTransformerConfig,
+    a: str,
+    interleaved: bool,
+    bias: bool,
+    out: Callable[[Tensor], Tensor] | None = None,
+) -> list[Rule]:
+    """The rules of a latent attention kept at `a` (`{layer}` in it), DeepSeek's names
+    (module docstring); `out` adjusts `W_O`, `b_O` (a write scale folded in)."""
+    b = "blocks.{layer}"
     d_nope = cfg.d_head - cfg.rotary_dim
     rotated = _deinterleaved(d_nope) if interleaved else None
     rotated_only = _deinterleaved(0) if interleaved else None
@@ -245,7 +271,6 @@ def _attention_rules(cfg: HookedTransformerConfig, interleaved: bool, bias: bool
             ),
         ]
     return [
-        Rule(f"{b}.ln1.w", f"{L}.input_layernorm.weight", "d_model -> d_model"),
         *query,
         Rule(f"{b}.attn.W_KV_a", f"{kv_a}.weight", "kv_rank d_model -> d_model kv_rank",
              split=_LATENT, part=0),
@@ -258,10 +283,9 @@ def _attention_rules(cfg: HookedTransformerConfig, interleaved: bool, bias: bool
         Rule(f"{b}.attn.W_KV_b", f"{a}.kv_b_proj.weight",
              "(head d_kv) kv_rank -> head kv_rank d_kv"),
         Rule(f"{b}.attn.W_O", f"{a}.o_proj.weight",
-             "d_model (head d_head_v) -> head d_head_v d_model"),
-        Rule(f"{b}.attn.b_O", f"{a}.o_proj.bias", "d_model -> d_model") if bias
+             "d_model (head d_head_v) -> head d_head_v d_model", adjust=out),
+        Rule(f"{b}.attn.b_O", f"{a}.o_proj.bias", "d_model -> d_model", adjust=out) if bias
         else zeros(f"{b}.attn.b_O", "d_model"),
-        Rule(f"{b}.ln2.w", f"{L}.post_attention_layernorm.weight", "d_model -> d_model"),
     ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ Each answers with our name for what it found, or a ValueError naming the piece.
 """
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -35,7 +36,9 @@ _EPSILONS = ("variance_epsilon", "eps", "epsilon")
 class Scale:
     """A scalar the twin showed, as a function of the config: `kind` of config field
     `field` ("one": 1; "value": the field; "inverse": 1 / it; "sqrt", "rsqrt": its square
-    root and the inverse of that; `field` "d_head" is the attention's head width)."""
+    root and the inverse of that; `field` "d_head" is the attention's head width), or of
+    two fields `field` "a/b" ("ratio": a / b; "over_sqrt": a / sqrt(b): MiniCPM's
+    `scale_depth / sqrt(num_hidden_layers)`)."""
 
     kind: str = "one"
     field: str = ""
@@ -44,25 +47,48 @@ class Scale:
         """The scalar for `hf_config`."""
         if self.kind == "one":
             return 1.0
+        if self.kind in ("ratio", "over_sqrt"):  # two fields: "a/b"
+            a, b = (float(getattr(hf_config, f)) for f in self.field.split("/"))
+            return a / b if self.kind == "ratio" else a / math.sqrt(b)
         x = float(d_head if self.field == "d_head" else getattr(hf_config, self.field))
         return {"value": x, "inverse": 1 / x, "sqrt": math.sqrt(x), "rsqrt": x**-0.5}[self.kind]
 
 
 def explain(value: float, config: Any, what: str, d_head: int | None = None) -> Scale:
     """The config field (or the head width `d_head`) that `value` is a function of, as
-    measured on a twin of `config`; a ValueError naming `what` if none is."""
+    measured on a twin of `config` (the first reading of `explain_all`: one field before
+    two); a ValueError naming `what` if none is."""
+    readings = explain_all(value, config, d_head)
+    if not readings:
+        raise ValueError(f"the {what} {value:.6g} is no config field's function")
+    return readings[0]
+
+
+def explain_all(value: float, config: Any, d_head: int | None = None) -> list[Scale]:
+    """Every reading of `value` as a function of `config`'s fields (module docstring of
+    `_scalars`: more than one may fit a twin): 1 alone; else one field's value, inverse,
+    square root or its inverse (the head width first), then two fields' ratio or one over
+    the other's square root."""
     if math.isclose(value, 1.0, rel_tol=1e-6):
-        return Scale()
-    fields = {k: v for k, v in config.to_dict().items()
+        return [Scale()]
+    fields = {k: float(v) for k, v in config.to_dict().items()
               if isinstance(v, int | float) and not isinstance(v, bool) and v > 0}  # fmt: skip
-    candidates = [("d_head", float(d_head))] if d_head else []
-    candidates += [(k, float(v)) for k, v in fields.items()]
-    for field, x in candidates:
+    singles = [("d_head", float(d_head))] if d_head else []
+    singles += list(fields.items())
+    readings = [
+        Scale(kind, field)
+        for field, x in singles
         for kind, f in (("value", x), ("inverse", 1 / x), ("sqrt", math.sqrt(x)),
-                        ("rsqrt", x**-0.5)):  # fmt: skip
-            if math.isclose(value, f, rel_tol=1e-5):
-                return Scale(kind, field)
-    raise ValueError(f"the {what} {value:.6g} is no config field's function")
+                        ("rsqrt", x**-0.5))
+        if math.isclose(value, f, rel_tol=1e-5)
+    ]  # fmt: skip
+    readings += [
+        Scale(kind, f"{a}/{b}")
+        for (a, x), (b, y) in itertools.permutations(fields.items(), 2)  # MiniCPM's muP
+        for kind, f in (("ratio", x / y), ("over_sqrt", x / math.sqrt(y)))
+        if math.isclose(value, f, rel_tol=1e-5)
+    ]
+    return readings
 
 
 def ratio(got: Tensor, base: Tensor, what: str) -> float:
