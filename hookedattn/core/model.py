@@ -43,7 +43,7 @@ from hookedattn.core._tl_names import TLNamesMixin
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.block import make_block
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
-from hookedattn.core.components.norm import make_norm
+from hookedattn.core.components.norm import make_final_norm
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -97,7 +97,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             self.with_query_key_positions = self._with_query_key_positions
         # rotary models rotate q and k instead; "none" has no positional signal
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
-        self.ln_final = make_norm(cfg)
+        self.ln_final = make_final_norm(cfg)
         self.unembed = Unembed(cfg)
         if cfg.init_weights:
             self.init_weights()

@@ -1,0 +1,85 @@
+"""Post-residual norms (`normalization_placement="post_residual"`, the original
+Transformer's, GPT-1's, BERT's): the block against a brute-force reference written here,
+its hook points, and the analysis that assumes a sum refusing it by name."""
+
+import pytest
+import torch
+
+from hookedattn import HookedTransformer, HookedTransformerConfig
+
+TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
+
+
+def post_residual_model(**changes) -> HookedTransformer:
+    cfg = dict(n_layers=2, d_model=16, n_ctx=12, d_vocab=11, n_heads=4, d_mlp=24,
+               act_fn="gelu_new", normalization_placement="post_residual", seed=0,
+               dtype=torch.float64, use_fused_kernels=False)  # fmt: skip
+    model = HookedTransformer(HookedTransformerConfig(**(cfg | changes)))
+    with torch.no_grad():  # gains and biases away from 1 and 0, so a misplaced norm shows
+        for name, param in model.named_parameters():
+            if name.endswith((".w", ".b", "b_in", "b_out", "b_O", "b_Q", "b_U")):
+                param.add_(0.3 * torch.randn(param.shape, dtype=param.dtype))
+    return model
+
+
+def layer_norm(x, w, b, eps):
+    x = x - x.mean(-1, keepdim=True)
+    return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) + b
+
+
+def brute_force_logits(model: HookedTransformer, tokens):
+    """The post-residual transformer written out, one head and one position at a time."""
+    cfg, gelu = model.cfg, torch.nn.functional.gelu
+    n_pos = tokens.shape[1]
+    x = model.embed.W_E[tokens] + model.pos_embed.W_pos[:n_pos]
+    for block in model.blocks:
+        a = block.attn
+        attn_out = torch.zeros_like(x) + a.b_O
+        for h in range(cfg.n_heads):
+            q = x @ a.W_Q[h] + a.b_Q[h]
+            k = x @ a.W_K[h] + a.b_K[h]
+            v = x @ a.W_V[h] + a.b_V[h]
+            for i in range(n_pos):
+                scores = (q[:, i : i + 1] @ k[:, : i + 1].transpose(1, 2)) / cfg.attn_scale
+                z = torch.softmax(scores, -1) @ v[:, : i + 1]
+                attn_out[:, i] += (z @ a.W_O[h])[:, 0]
+        mid_norm, post_norm = block.ln_resid_mid, block.ln_resid_post
+        x = layer_norm(x + attn_out, mid_norm.w, mid_norm.b, cfg.eps)
+        m = block.mlp
+        hidden = gelu(x @ m.W_in + m.b_in, approximate="tanh")
+        x = layer_norm(x + hidden @ m.W_out + m.b_out, post_norm.w, post_norm.b, cfg.eps)
+    return x @ model.unembed.W_U + model.unembed.b_U
+
+
+def test_the_block_computes_the_post_residual_equations():
+    model = post_residual_model()
+    with torch.no_grad():
+        got, want = model(TOKENS), brute_force_logits(model, TOKENS)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_the_fused_kernels_compute_the_same_numbers():
+    model = post_residual_model()
+    fused = post_residual_model(use_fused_kernels=True)
+    fused.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(fused(TOKENS), model(TOKENS), rtol=0, atol=1e-10)
+
+
+def test_the_hook_points_hold_the_normed_streams_and_the_writes():
+    model = post_residual_model()
+    _, cache = model.run_with_cache(TOKENS)
+    block = model.blocks[0]
+    summed = cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"]
+    torch.testing.assert_close(cache["blocks.0.hook_resid_mid"], block.ln_resid_mid(summed))
+    summed = cache["blocks.0.hook_resid_mid"] + cache["blocks.0.hook_mlp_out"]
+    torch.testing.assert_close(cache["blocks.0.hook_resid_post"], block.ln_resid_post(summed))
+    # The norms record their divisors as every norm does, by the names' shorthand.
+    assert cache["scale", 1, "ln_resid_post"].shape == (2, 8, 1)
+    assert "ln_final.hook_scale" not in cache  # the last block's norm is the final one
+
+
+@pytest.mark.parametrize("changes", [dict(attn_only=True), dict(parallel_attn_mlp=True)])
+def test_the_placement_needs_a_sequential_block(changes):
+    with pytest.raises(ValueError, match="post_residual.*sequential"):
+        post_residual_model(**changes)
