@@ -26,6 +26,21 @@ class DecompositionError(ValueError):
     """Components that should add up to a cached activation do not, beyond rounding."""
 
 
+def refuse_post_residual_norms(cfg: "object", what: str) -> None:
+    """A `ValueError` naming why `what` cannot be had where norms follow the adds
+    (`normalization_placement="post_residual"`: GPT-1, BERT, BART): each norm rescales the
+    whole stream by a divisor of its own, so the stream past it is no sum of what was
+    written into it."""
+    if getattr(cfg, "normalization_placement", "pre") == "post_residual":
+        raise ValueError(
+            f"{what}: a post-residual norm rescales the stream "
+            f"(normalization_placement='post_residual', ln_resid_mid and ln_resid_post after "
+            f"each add); the decomposition does not sum. Only blocks.0.hook_resid_pre (the "
+            f"embeddings) decomposes; read the streams themselves (accumulated_resid) or "
+            f"each sublayer's write (attn_out, mlp_out)"
+        )
+
+
 def label_index(labels: tuple[str, ...], label: str, what: str) -> int:
     """The position of `label` in `labels`; a `KeyError` names the closest labels."""
     if not isinstance(label, str):

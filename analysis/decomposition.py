@@ -46,7 +46,12 @@ from torch import Tensor
 
 from analysis._naming import expert_label, head_label, neuron_label
 from analysis._reading import activation, weight
-from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
+from analysis._resid_stack import (
+    AccumulatedResid,
+    Decomposition,
+    check_sums_to,
+    refuse_post_residual_norms,
+)
 from analysis._sae_terms import feature_terms, sae_point
 from analysis.experts import expert_writes, shared_write
 from analysis.head_results import _results_into, head_results
@@ -237,6 +242,8 @@ def decompose_resid(
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     site, layer = _resolve_point(model, layer, site)
+    if (site, layer) != ("resid_pre", 0):
+        refuse_post_residual_norms(model.cfg, f"decompose_resid of {get_act_name(site, layer)}")
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
     if granularity == "sublayer":  # the cached streams themselves, stacked

@@ -83,3 +83,24 @@ def test_the_hook_points_hold_the_normed_streams_and_the_writes():
 def test_the_placement_needs_a_sequential_block(changes):
     with pytest.raises(ValueError, match="post_residual.*sequential"):
         post_residual_model(**changes)
+
+
+def test_decompositions_past_a_post_residual_norm_refuse_by_name():
+    from analysis import decompose_resid, direct_logit_attribution
+
+    model = post_residual_model()
+    _, cache = model.run_with_cache(TOKENS)
+    embeddings = decompose_resid(model, cache, layer=0, check=True)  # before any norm: a sum
+    assert embeddings.labels == ("embed", "pos_embed")
+    with pytest.raises(ValueError, match="post-residual norm rescales the stream"):
+        decompose_resid(model, cache)
+    with pytest.raises(ValueError, match="post-residual norm rescales the stream"):
+        direct_logit_attribution(model, cache, embeddings, tokens=1)
+
+
+@pytest.mark.parametrize("step", ["fold_layer_norm", "center_writing_weights"])
+def test_weight_processing_refuses_post_residual_norms(step):
+    import hookedattn
+
+    with pytest.raises(ValueError, match="post_residual"):
+        getattr(hookedattn, step)(post_residual_model())
