@@ -26,18 +26,23 @@ class DecompositionError(ValueError):
     """Components that should add up to a cached activation do not, beyond rounding."""
 
 
-def refuse_post_residual_norms(cfg: "object", what: str) -> None:
-    """A `ValueError` naming why `what` cannot be had where norms follow the adds
-    (`normalization_placement="post_residual"`: GPT-1, BERT, BART): each norm rescales the
-    whole stream by a divisor of its own, so the stream past it is no sum of what was
-    written into it."""
-    if getattr(cfg, "normalization_placement", "pre") == "post_residual":
+def refuse_unsummed(cfg: "object", what: str, *, past_embeddings: bool = True) -> None:
+    """A `ValueError` naming why `what` cannot be had where the stream is no sum of what
+    was written into it: norms after the adds (`normalization_placement="post_residual"`:
+    GPT-1, BERT, BART) rescale the whole stream past the embeddings, by a divisor of their
+    own; a norm of the embeddings (`embed_norm`) rescales it from the start; a head
+    transform (`unembed_transform`) makes the logits no linear function of it."""
+    if past_embeddings and getattr(cfg, "normalization_placement", "") == "post_residual":
         raise ValueError(
             f"{what}: a post-residual norm rescales the stream "
             f"(normalization_placement='post_residual', ln_resid_mid and ln_resid_post after "
-            f"each add); the decomposition does not sum. Only blocks.0.hook_resid_pre (the "
-            f"embeddings) decomposes; read the streams themselves (accumulated_resid) or "
-            f"each sublayer's write (attn_out, mlp_out)"
+            f"each add); the decomposition does not sum. Read the streams themselves "
+            f"(accumulated_resid) or each sublayer's write (attn_out, mlp_out)"
+        )
+    if getattr(cfg, "embed_norm", False):
+        raise ValueError(
+            f"{what}: the embeddings pass a norm (embed_norm=True, ln_embed) that rescales "
+            f"the stream; the decomposition does not sum"
         )
 
 

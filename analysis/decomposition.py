@@ -50,7 +50,7 @@ from analysis._resid_stack import (
     AccumulatedResid,
     Decomposition,
     check_sums_to,
-    refuse_post_residual_norms,
+    refuse_unsummed,
 )
 from analysis._sae_terms import feature_terms, sae_point
 from analysis.experts import expert_writes, shared_write
@@ -242,8 +242,9 @@ def decompose_resid(
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     site, layer = _resolve_point(model, layer, site)
-    if (site, layer) != ("resid_pre", 0):
-        refuse_post_residual_norms(model.cfg, f"decompose_resid of {get_act_name(site, layer)}")
+    past_embeddings = (site, layer) != ("resid_pre", 0)
+    what = f"decompose_resid of {get_act_name(site, layer)}"
+    refuse_unsummed(model.cfg, what, past_embeddings=past_embeddings)
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
     if granularity == "sublayer":  # the cached streams themselves, stacked

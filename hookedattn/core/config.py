@@ -76,6 +76,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "d_head_v": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
+    "embed_norm": _FLAG,
+    "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-1], optional=True),
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,
@@ -139,6 +141,9 @@ class HookedTransformerConfig:
       "post_residual" (the original Transformer's: a norm of the stream after each add,
       `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
       the last block's `ln_resid_post` is it).
+    - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
+      added; BERT, BART). `unembed_transform`: an activation names BERT's head transform
+      before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2).
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
@@ -235,6 +240,8 @@ class HookedTransformerConfig:
     d_head_v: int | None = None
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
+    embed_norm: bool = False
+    unembed_transform: str | None = None
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
@@ -344,6 +351,11 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
                 f"but normalization_type is None (no norms)"
+            )
+        if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
+            raise ValueError(
+                "embed_norm and unembed_transform each hold a norm, but normalization_type "
+                "is None (no norms)"
             )
         if self.normalization_placement == "post_residual" and not self._is_sequential:
             raise ValueError(

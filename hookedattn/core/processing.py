@@ -179,6 +179,12 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "inputs only, so no weight can take ln1's gain across that sum (TransformerLens's "
             "from_pretrained turns fold_ln off for these models)"
         )
+    if cfg.embed_norm or cfg.unembed_transform is not None:
+        return (
+            "the norm of the embeddings (embed_norm, ln_embed) or of the head transform "
+            "(unembed_transform, ln_unembed) reads no weight matrix that could take its "
+            "gain and bias: folding would drop them"
+        )
     if cfg.normalization_placement == "post_residual":
         return (
             "normalization_placement='post_residual' norms the stream after each add "

@@ -104,3 +104,39 @@ def test_weight_processing_refuses_post_residual_norms(step):
 
     with pytest.raises(ValueError, match="post_residual"):
         getattr(hookedattn, step)(post_residual_model())
+
+
+def bert_like_model(**changes) -> HookedTransformer:
+    """Post-residual norms, an embedding norm and a head transform, as BERT's."""
+    return post_residual_model(embed_norm=True, unembed_transform="gelu", **changes)
+
+
+def test_the_embedding_norm_and_the_head_transform_are_the_equations():
+    model = bert_like_model()
+    _, cache = model.run_with_cache(TOKENS)
+    summed = cache["hook_embed"] + cache["hook_pos_embed"]
+    ln_embed = model.ln_embed
+    want = layer_norm(summed, ln_embed.w, ln_embed.b, model.cfg.eps)
+    torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], want, rtol=0, atol=1e-12)
+    head, final = model.unembed_transform, cache["blocks.1.hook_resid_post"]
+    hidden = torch.nn.functional.gelu(final @ head.W_dense + head.b_dense)
+    normed = layer_norm(hidden, head.ln_unembed.w, head.ln_unembed.b, model.cfg.eps)
+    want = normed @ model.unembed.W_U + model.unembed.b_U
+    torch.testing.assert_close(model(TOKENS), want, rtol=0, atol=1e-10)
+
+
+def test_an_embedding_norm_and_a_head_transform_refuse_what_needs_a_sum():
+    from analysis import decompose_resid, direct_logit_attribution
+
+    model = bert_like_model(normalization_placement="pre")
+    _, cache = model.run_with_cache(TOKENS)
+    with pytest.raises(ValueError, match="embed_norm"):
+        decompose_resid(model, cache, layer=0)
+    plain = post_residual_model(normalization_placement="pre", unembed_transform="gelu")
+    _, cache = plain.run_with_cache(TOKENS)
+    with pytest.raises(ValueError, match="no linear function"):
+        direct_logit_attribution(plain, cache, decompose_resid(plain, cache), tokens=1)
+    import hookedattn
+
+    with pytest.raises(ValueError, match="unembed_transform"):
+        hookedattn.fold_layer_norm(plain)

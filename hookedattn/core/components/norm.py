@@ -137,6 +137,11 @@ def make_norm(cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None
     return _NORMS[cfg.normalization_type](cfg, shape)
 
 
+def make_embed_norm(cfg: HookedTransformerConfig) -> nn.Module:
+    """The norm of the embeddings before the first block (`embed_norm`), or none."""
+    return make_norm(cfg) if cfg.embed_norm else NoNorm()
+
+
 def make_final_norm(cfg: HookedTransformerConfig) -> nn.Module:
     """The norm before the unembedding; none after post-residual norms, whose last one
     (`ln_resid_post` of the last block) already normed the stream."""
