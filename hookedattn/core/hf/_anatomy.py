@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.hf import _experts, _loading, _saved, _tiny, _verify
+from hookedattn.core.hf import _experts, _loading, _saved, _split_layers, _tiny, _verify
 from hookedattn.core.hf._experts import Experts
 from hookedattn.core.hf._probes import (
     ACTIVATION_NAMES,
@@ -114,6 +114,16 @@ class Anatomy:
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
     norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
+    # BERT-likes (`_split_layers`) and BART-likes: the norm of the embeddings, the
+    # token-type table whose row 0 every token gets (folded into the positions), whether
+    # the positions' offset rows count in `max_position_embeddings` (RoBERTa's), and the
+    # head transform before the decoder (its dense map, norm and activation).
+    embed_norm: str | None = None
+    token_types: str | None = None
+    positions_within: bool = False
+    head_dense: str | None = None
+    head_norm: str | None = None
+    head_act: str | None = None
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -158,7 +168,13 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
             twin = _tiny.random_hf_model(
                 getattr(_loading.transformers_module(), architecture), twin_config
             )
-        anatomy = _Reader(twin, twin_config, architecture).anatomy()
+            layers_name, layers = _layer_list(twin, twin_config)
+            if _split_layers.is_split(layers[0]):  # BERT's layout
+                anatomy = Anatomy(
+                    **_split_layers.read(twin, twin_config, architecture, layers_name)
+                )
+            else:
+                anatomy = _Reader(twin, twin_config, architecture).anatomy()
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"

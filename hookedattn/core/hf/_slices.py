@@ -194,7 +194,12 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
             axis = _our_axis(rule, local_slice.axis)
             ranges[axis] = (local_slice.start, local_slice.stop)
         hf = stored.get(rule.hf)
-        return read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
+        tensor = read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
+        if rule.plus_first_row is not None:  # a constant row every token gets (BERT's)
+            low, high = ranges.get("d_model", (0, cfg.d_model))
+            first = source.get(stored[rule.plus_first_row])[0, low:high]
+            tensor = tensor + first.to(device=device, dtype=cfg.dtype)
+        return tensor
 
     return read
 
