@@ -43,12 +43,17 @@ from hookedattn.core.hf._probes import (
     norm_kind,
     ratio,
 )
-from hookedattn.core.hf._roles import attention_head_width, attention_scaling, is_cross, is_norm
+from hookedattn.core.hf._roles import attention_head_width, is_cross, is_norm
 from hookedattn.core.hf._wiring import placement, wiring
 
 _TOKENS = (2, 7)
 _ATTENTION = ("self.query", "self.key", "self.value", "output.dense")  # under `attention`
 _MLP = ("intermediate.dense", "output.dense")
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A norm is a leaf here: RoBERTa-PreLayerNorm's every module has "Norm" in its name."""
+    return is_norm(module) and not any(True for _ in module.children())
 
 
 def is_split(layer: nn.Module) -> bool:
@@ -77,15 +82,20 @@ class _Watcher:
         self.base = getattr(twin, "base_model_prefix", "")
         inside = (f"{layers_name}.", self.names[id(self.unembed)])
         self.outer_norms = {n: m for n, m in twin.named_modules()
-                            if is_norm(m) and not n.startswith(inside)}  # fmt: skip
+                            if _is_norm(m) and not n.startswith(inside)}  # fmt: skip
 
     def fields(self, architecture: str) -> dict[str, Any]:
         """Every field `Anatomy` needs (module docstring)."""
+        if not getattr(self.config, "is_decoder", False):
+            raise ValueError(
+                "is_decoder=False: this layout's attention is then bidirectional (a masked "
+                "LM's), not a causal LM's; a decoder checkpoint sets is_decoder=True"
+            )
         self._check_pieces()
         seen = self._watch()
         unused = tuple(n for n, _ in self.layer.named_children() if is_cross(n))
         layer_norms = [n for n, m in self.layer.named_modules()
-                       if is_norm(m) and not n.startswith(unused or ("\0",))]  # fmt: skip
+                       if _is_norm(m) and not n.startswith(unused or ("\0",))]  # fmt: skip
         calls = [("", *seen["layer"]), ("attn", seen["attn_in"], seen["attn_out"]),
                  ("mlp", seen["mlp_in"], seen["mlp_out"]),
                  *((n, *seen[f"norm:{n}"]) for n in layer_norms)]  # fmt: skip
@@ -103,7 +113,9 @@ class _Watcher:
         )  # fmt: skip
         attention = self.layer.attention.self
         d_head = attention_head_width(attention, self.config)
-        scaling = attention_scaling(attention, d_head)
+        # Causal by `is_decoder` (above). MegatronBERT's keeps no scale: then BERT's own,
+        # 1 / sqrt(d_head), a hypothesis the verification checks.
+        scaling = float(getattr(attention, "scaling", d_head**-0.5))
         logits = ratio(seen["logits"], seen["unembed_out"], "the logits")
         return dict(
             architecture=architecture,
@@ -166,7 +178,7 @@ class _Watcher:
                 raise ValueError(f"{name} ({type(module).__name__}) is not a linear map")
         unknown = [n for n, m in self.layer.named_modules()
                    if any(True for _ in m.parameters(recurse=False)) and n not in known
-                   and not is_norm(m) and not is_cross(n.split(".")[0])]  # fmt: skip
+                   and not _is_norm(m) and not is_cross(n.split(".")[0])]  # fmt: skip
         if unknown:
             raise ValueError(f"a decoder layer holds pieces not recognised: {unknown}")
 
@@ -190,7 +202,7 @@ class _Watcher:
                    (layer.attention.output.dense, "attn_w"), (layer.intermediate.dense, "mlp"),
                    (layer.output.dense, "mlp_w"), (self.layers[-1], "last"),
                    (self.embed, "embed"), (self.unembed, "unembed")]  # fmt: skip
-        watched += [(m, f"norm:{n}") for n, m in layer.named_modules() if is_norm(m)]
+        watched += [(m, f"norm:{n}") for n, m in layer.named_modules() if _is_norm(m)]
         watched += [(m, f"outer:{n}") for n, m in self.outer_norms.items()]
         watched += [(m, f"table:{n}") for n, m in self.twin.named_modules()
                     if isinstance(m, nn.Embedding) and m is not self.embed]  # fmt: skip
@@ -205,6 +217,11 @@ class _Watcher:
         finally:
             for handle in handles:
                 handle.remove()
+        if "attn" not in seen:
+            raise ValueError(
+                "attention.self was never called: the layer replaced its attention while it "
+                "ran (BigBird's block-sparse attention switching to full)"
+            )
         seen["attn_in"], seen["attn_out"] = seen["attn"][0], seen["attn_w"][1]
         seen["mlp_in"], seen["mlp_out"] = seen["mlp"][0], seen["mlp_w"][1]
         seen["unembed_out"] = seen["unembed"][1]
@@ -224,9 +241,15 @@ class _Watcher:
         norm = next((n for n, m in self.outer_norms.items() if f"outer:{n}" in seen
                      and _close(seen[f"outer:{n}"][1], entering)), None)  # fmt: skip
         summed = seen[f"outer:{norm}"][0] if norm else entering
+        if summed.shape != seen["embed"][1].shape:
+            raise ValueError(
+                f"the embeddings are {seen['embed'][1].shape[-1]} wide and the stream "
+                f"{entering.shape[-1]}: a projection or a concatenation between them "
+                "(ELECTRA's embedding_size, RemBERT's, RoCBERT's) we do not read"
+            )
         added = summed - seen["embed"][1]
         tables = {key.removeprefix("table:"): value for key, value in seen.items()
-                  if key.startswith("table:")}  # fmt: skip
+                  if key.startswith("table:") and value[1].shape[-1] == added.shape[-1]}  # fmt: skip
         types = next((n for n, (_, y) in tables.items()
                       if _close(y, self._table(n)[0].expand_as(y))), None)  # fmt: skip
         if types is not None:
