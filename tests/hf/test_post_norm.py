@@ -1,7 +1,10 @@
-"""Architectures with post-residual norms (GPT-1, the BERT family, BART-likes), imported
-and compared with `transformers` on tiny random twins: the logits and every layer's
-residual stream in float64 (to 1e-10 of their scale) and float32 (1e-5), and greedy
-generation token for token."""
+"""Architectures with post-residual norms (GPT-1, the BERT family, BART-likes) and the
+BERT-likes' pre-norm variants, imported and compared with `transformers` on tiny random
+twins: the logits and every layer's residual stream in float64 (to 1e-10 of their scale)
+and float32 (1e-5), and greedy generation token for token.
+
+The tokens avoid RoBERTa's padding id (1): RoBERTa-likes give a padding token no position
+of its own, which an imported model, counting every position, does not copy."""
 
 import copy
 
@@ -14,9 +17,12 @@ from hookedattn import HookedTransformer
 transformers = pytest.importorskip("transformers")
 from hookedattn.core.hf import _tiny  # noqa: E402
 
-TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12],
-                       [9, 2, 2, 31, 7, 50, 6, 13, 3, 1, 40, 22]])  # fmt: skip
-ARCHITECTURES = ("openai-gpt",)
+TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 11, 29, 77, 4, 12],
+                       [9, 21, 20, 31, 7, 50, 6, 13, 3, 14, 40, 22]])  # fmt: skip
+POST_RESIDUAL = ("openai-gpt", "bert", "bert-generation", "ernie", "roberta", "camembert",
+                 "xlm-roberta", "data2vec-text")  # fmt: skip
+PRE_NORM_BERTS = ("megatron-bert", "roberta-prelayernorm", "xlm-roberta-xl")
+ARCHITECTURES = POST_RESIDUAL + PRE_NORM_BERTS
 
 
 @pytest.fixture(autouse=True)
@@ -25,12 +31,14 @@ def memo(tmp_path, monkeypatch):
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
 
 
-def twin(model_type: str, seed: int = 3) -> nn.Module:
+def twin(model_type: str, seed: int = 3, decoder: bool = True) -> nn.Module:
     """A tiny random causal LM of `model_type`, as the verification builds one."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type))
+    if hasattr(config, "is_decoder"):  # BERT-likes are causal LMs as decoders only
+        config.is_decoder = decoder
     return _tiny.random_hf_model(model_class, config, seed=seed).eval()
 
 
@@ -56,19 +64,49 @@ def test_logits_and_every_residual_stream_equal_transformers(model_type, dtype, 
         )
 
 
+# RoBERTa-likes, whose positions start at row `padding_idx + 1` of their table: HF's
+# `generate` feeds them position ids from 0 (`_prepare_position_ids_for_generation`), which
+# their own forward never does, so theirs is compared with greedy decoding by that forward.
+ROBERTA_LIKE = ("roberta", "camembert", "xlm-roberta", "data2vec-text",
+                "roberta-prelayernorm", "xlm-roberta-xl")  # fmt: skip
+
+
+def greedy(reference: nn.Module, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """`n` greedy tokens by HF's forward on the whole sequence so far, step by step."""
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(n):
+            next_token = reference(tokens).logits[:, -1:].argmax(-1)
+            tokens = torch.cat([tokens, next_token], dim=1)
+    return tokens
+
+
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_greedy_generation_equals_transformers(model_type):
     reference = twin(model_type)
     model = HookedTransformer.from_hf(copy.deepcopy(reference))
     prompt = TOKENS[:1, :4] % reference.config.vocab_size
-    for field in ("eos_token_id", "forced_eos_token_id", "forced_bos_token_id"):
-        setattr(reference.generation_config, field, None)
-    expected = reference.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
     ours = model.generate(prompt, max_new_tokens=6, do_sample=False, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert torch.equal(ours, greedy(reference, prompt, 6))
+    if model_type not in ROBERTA_LIKE:
+        for field in ("eos_token_id", "forced_eos_token_id", "forced_bos_token_id"):
+            setattr(reference.generation_config, field, None)
+        expected = reference.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(ours, expected)
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_the_import_is_post_residual(model_type):
-    model = HookedTransformer.from_hf(twin(model_type))
-    assert model.cfg.normalization_placement == "post_residual"
+@pytest.mark.parametrize(
+    ("model_type", "placement"), [("openai-gpt", "post_residual"), ("bert", "post_residual"),
+                                  ("megatron-bert", "pre")])  # fmt: skip
+def test_the_import_places_the_norms_where_the_architecture_does(model_type, placement):
+    assert HookedTransformer.from_hf(twin(model_type)).cfg.normalization_placement == placement
+
+
+def test_a_bert_decoder_has_an_embedding_norm_and_a_head_transform():
+    model = HookedTransformer.from_hf(twin("bert"))
+    assert model.cfg.embed_norm and model.cfg.unembed_transform == "gelu"
+
+
+def test_a_bert_that_is_not_a_decoder_is_refused_naming_why():
+    with pytest.raises(ValueError, match="is_decoder=False"):
+        HookedTransformer.from_hf(twin("bert", decoder=False))
