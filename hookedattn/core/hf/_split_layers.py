@@ -248,8 +248,9 @@ class _Watcher:
                 "(ELECTRA's embedding_size, RemBERT's, RoCBERT's) we do not read"
             )
         added = summed - seen["embed"][1]
+        width = added.shape[-1]
         tables = {key.removeprefix("table:"): value for key, value in seen.items()
-                  if key.startswith("table:") and value[1].shape[-1] == added.shape[-1]}  # fmt: skip
+                  if key.startswith("table:") and value[1].shape[-1] == width}  # fmt: skip
         types = next((n for n, (_, y) in tables.items()
                       if _close(y, self._table(n)[0].expand_as(y))), None)  # fmt: skip
         if types is not None:
