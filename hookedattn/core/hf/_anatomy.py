@@ -210,6 +210,7 @@ class _Reader:
         self.layer = self.layers[0]
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
+        self.embed_norm: str | None = None  # found by `_watch`
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
@@ -226,18 +227,23 @@ class _Reader:
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
         epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
         kind, bias, eps = norm_kind(
-            [*(children[hf] for _, hf in norms), self._final_norm(),
+            [*(children[hf] for _, hf in norms),
+             *(m for m in (self._final_norm(), self._embed_norm_module()) if m is not None),
              *(getattr(attn_module, n) for n in qk or ())],
             (*epsilons, *USUAL_EPSILONS),
         )  # fmt: skip
         d_head = attention_head_width(attn_module, self.config)
         scaling = attention_scaling(attn_module, d_head)
+        where = placement({ours for ours, _ in norms})
+        if (self._final_norm() is None) != (where == "post_residual"):
+            raise ValueError(f"{where} norms and {'no' if self._final_norm() is None else 'a'} "
+                             "final norm: not recognised")  # fmt: skip
         return Anatomy(
             **self._places(),
             attn=attn,
             mlp=mlp,
             norms=tuple(norms),
-            placement=placement({ours for ours, _ in norms}),
+            placement=where,
             parallel=parallel,
             norm_kind=kind,
             norm_bias=bias,
@@ -261,6 +267,7 @@ class _Reader:
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
+            embed_norm=self.embed_norm,
         )
 
     def _places(self) -> dict[str, Any]:
@@ -271,7 +278,7 @@ class _Reader:
             layers=self.layers_name,
             base=f"{self.base_name}." if self.base_name else "",
             embed=self.names[id(embed)],
-            final_norm=self.names[id(self._final_norm())],
+            final_norm=self.names.get(id(self._final_norm()), ""),
             unembed=self.names[id(unembed)],
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=unembed.weight is embed.weight,
@@ -347,14 +354,25 @@ class _Reader:
             )
         return dense
 
-    def _final_norm(self) -> nn.Module:
-        norms = [m for n, m in self.base.named_children() if is_norm(m)]
+    def _final_norm(self) -> nn.Module | None:
+        """The base model's norm beside its layers that is not the embeddings' (None where
+        the last layer's post-residual norm is the final one)."""
+        norms = [m for n, m in self.base.named_children()
+                 if is_norm(m) and self._in_base(n) != self.embed_norm]  # fmt: skip
+        if not norms:
+            return None
         if len(norms) != 1:
             raise ValueError(
                 f"the base model holds {len(norms)} norms beside its layers "
                 f"({[type(m).__name__ for m in norms]}); one final norm is recognised"
             )
         return norms[0]
+
+    def _in_base(self, name: str) -> str:
+        return f"{self.base_name}.{name}".lstrip(".")
+
+    def _embed_norm_module(self) -> nn.Module | None:
+        return None if self.embed_norm is None else self.twin.get_submodule(self.embed_norm)
 
     def _watch(
         self, capped: bool
@@ -387,6 +405,9 @@ class _Reader:
         tables = {n: m for n, m in self.base.named_children()
                   if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
         handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
+        base_norms = {n: m for n, m in self.base.named_children() if is_norm(m)}
+        handles += [m.register_forward_hook(hook(f"norm:{n}"), with_kwargs=True)
+                    for n, m in base_norms.items()]  # fmt: skip
         handles.append(embed.register_forward_hook(keep("embed")))
         handles.append(self.twin.get_output_embeddings().register_forward_hook(keep("unembed")))
         tokens = torch.randint(
@@ -399,9 +420,18 @@ class _Reader:
             for handle in handles:
                 handle.remove()
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
+        outer = {name.removeprefix("norm:"): (x, y) for name, x, y in calls
+                 if name.startswith("norm:")}  # fmt: skip
+        calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
+        entering = calls[0][1]
+        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
+        normed = [n for n, (x, y) in outer.items() if y.shape == entering.shape
+                  and torch.allclose(y, entering)]  # fmt: skip
+        self.embed_norm = self._in_base(normed[0]) if normed else None
+        summed = outer[normed[0]][0] if normed else entering
+        positions = self._positions(summed - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
