@@ -211,6 +211,7 @@ class _Reader:
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
         self.embed_norm: str | None = None  # found by `_watch`
+        self.embed_norm_is_final = False
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
@@ -357,8 +358,8 @@ class _Reader:
     def _final_norm(self) -> nn.Module | None:
         """The base model's norm beside its layers that is not the embeddings' (None where
         the last layer's post-residual norm is the final one)."""
-        norms = [m for n, m in self.base.named_children()
-                 if is_norm(m) and self._in_base(n) != self.embed_norm]  # fmt: skip
+        norms = [m for n, m in self.base.named_children() if is_norm(m)
+                 and (self._in_base(n) != self.embed_norm or self.embed_norm_is_final)]  # fmt: skip
         if not norms:
             return None
         if len(norms) != 1:
@@ -420,17 +421,21 @@ class _Reader:
             for handle in handles:
                 handle.remove()
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
-        outer = {name.removeprefix("norm:"): (x, y) for name, x, y in calls
-                 if name.startswith("norm:")}  # fmt: skip
+        outer: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        for name, x, y in calls:
+            if name.startswith("norm:"):
+                outer.setdefault(name.removeprefix("norm:"), []).append((x, y))
         calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
         entering = calls[0][1]
         # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
-        normed = [n for n, (x, y) in outer.items() if y.shape == entering.shape
-                  and torch.allclose(y, entering)]  # fmt: skip
+        # One module may norm the embeddings and, called again, the last stream (nanochat's).
+        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
+                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
         self.embed_norm = self._in_base(normed[0]) if normed else None
-        summed = outer[normed[0]][0] if normed else entering
+        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
+        summed = outer[normed[0]][0][0] if normed else entering
         positions = self._positions(summed - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)

@@ -329,7 +329,8 @@ def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
 
 _DECODER_FIELDS = {"num_hidden_layers": "decoder_layers", "num_attention_heads":
                    "decoder_attention_heads", "intermediate_size": "decoder_ffn_dim",
-                   "max_position_embeddings": "max_target_positions"}  # fmt: skip
+                   "max_position_embeddings": "max_target_positions",
+                   "vocab_size": "decoder_vocab_size"}  # fmt: skip
 
 
 class _Decoder:
