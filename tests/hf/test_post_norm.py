@@ -20,9 +20,11 @@ from hookedattn.core.hf import _tiny  # noqa: E402
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 11, 29, 77, 4, 12],
                        [9, 21, 20, 31, 7, 50, 6, 13, 3, 14, 40, 22]])  # fmt: skip
 POST_RESIDUAL = ("openai-gpt", "bert", "bert-generation", "ernie", "roberta", "camembert",
-                 "xlm-roberta", "data2vec-text")  # fmt: skip
-PRE_NORM_BERTS = ("megatron-bert", "roberta-prelayernorm", "xlm-roberta-xl")
-ARCHITECTURES = POST_RESIDUAL + PRE_NORM_BERTS
+                 "xlm-roberta", "data2vec-text",
+                 "bart", "mvp", "plbart", "trocr", "marian")  # fmt: skip
+# Pre-norm relatives with an embedding norm (and BERT's head transform).
+PRE_NORM = ("megatron-bert", "roberta-prelayernorm", "xlm-roberta-xl", "mbart")
+ARCHITECTURES = POST_RESIDUAL + PRE_NORM
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +99,8 @@ def test_greedy_generation_equals_transformers(model_type):
 
 @pytest.mark.parametrize(
     ("model_type", "placement"), [("openai-gpt", "post_residual"), ("bert", "post_residual"),
-                                  ("megatron-bert", "pre")])  # fmt: skip
+                                  ("bart", "post_residual"), ("megatron-bert", "pre"),
+                                  ("mbart", "pre")])  # fmt: skip
 def test_the_import_places_the_norms_where_the_architecture_does(model_type, placement):
     assert HookedTransformer.from_hf(twin(model_type)).cfg.normalization_placement == placement
 
@@ -105,6 +108,12 @@ def test_the_import_places_the_norms_where_the_architecture_does(model_type, pla
 def test_a_bert_decoder_has_an_embedding_norm_and_a_head_transform():
     model = HookedTransformer.from_hf(twin("bert"))
     assert model.cfg.embed_norm and model.cfg.unembed_transform == "gelu"
+
+
+def test_a_bart_decoder_has_an_embedding_norm_and_no_final_norm():
+    model = HookedTransformer.from_hf(twin("bart"))
+    assert model.cfg.embed_norm and model.cfg.unembed_transform is None
+    assert "ln_final.hook_scale" not in model.hook_dict
 
 
 def test_a_bert_that_is_not_a_decoder_is_refused_naming_why():
