@@ -119,3 +119,17 @@ def test_a_bart_decoder_has_an_embedding_norm_and_no_final_norm():
 def test_a_bert_that_is_not_a_decoder_is_refused_naming_why():
     with pytest.raises(ValueError, match="is_decoder=False"):
         HookedTransformer.from_hf(twin("bert", decoder=False))
+
+
+def test_the_anatomy_round_trips_through_the_memo_and_old_entries_still_load():
+    import dataclasses
+    import json
+
+    from hookedattn.core.hf import _anatomy
+
+    anatomy = _anatomy.recognise(twin("bert").config)
+    stored = json.loads(json.dumps(dataclasses.asdict(anatomy)))
+    assert _anatomy._from_json(stored) == anatomy
+    new = ("embed_norm", "token_types", "positions_within", "head_dense", "head_norm", "head_act")
+    before = _anatomy._from_json({k: v for k, v in stored.items() if k not in new})
+    assert before.embed_norm is None and before.head_act is None
