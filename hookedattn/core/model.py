@@ -486,11 +486,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> "HookedTransformer":
         """Import a `transformers` causal LM: a live model, a folder, or a hub repo id.
 
-        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2,
-        Phi-3, GPT-J, OPT, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE
-        and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional
-        `transformers` (`pip install hookedattn[hf]`). A repo id (or a TransformerLens
-        name) is fetched through `huggingface_hub` at `revision`, with `token`, into
+        GPT-2, GPT-1, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2, Phi-3,
+        GPT-J, OPT, BERT and BART decoders, and the mixtures of experts Mixtral, Qwen2-MoE,
+        Qwen3-MoE, OLMoE and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES` and the
+        convention). Needs the optional `transformers` (`pip install hookedattn[hf]`). A
+        repo id (or a TransformerLens name) is fetched through `huggingface_hub` at
+        `revision`, with `token`, into
         `cache_dir`, or read from the cache alone with `local_files_only=True`
         (`from_pretrained` says more). A folder is read from its safetensors files
         memory-mapped, a chunk at a time, converted to `dtype` as it is read, into a model
