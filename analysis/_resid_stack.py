@@ -26,26 +26,6 @@ class DecompositionError(ValueError):
     """Components that should add up to a cached activation do not, beyond rounding."""
 
 
-def refuse_unsummed(cfg: "object", what: str, *, past_embeddings: bool = True) -> None:
-    """A `ValueError` naming why `what` cannot be had where the stream is no sum of what
-    was written into it: norms after the adds (`normalization_placement="post_residual"`:
-    GPT-1, BERT, BART) rescale the whole stream past the embeddings, by a divisor of their
-    own; a norm of the embeddings (`embed_norm`) rescales it from the start; a head
-    transform (`unembed_transform`) makes the logits no linear function of it."""
-    if past_embeddings and getattr(cfg, "normalization_placement", "") == "post_residual":
-        raise ValueError(
-            f"{what}: a post-residual norm rescales the stream "
-            f"(normalization_placement='post_residual', ln_resid_mid and ln_resid_post after "
-            f"each add); the decomposition does not sum. Read the streams themselves "
-            f"(accumulated_resid) or each sublayer's write (attn_out, mlp_out)"
-        )
-    if getattr(cfg, "embed_norm", False):
-        raise ValueError(
-            f"{what}: the embeddings pass a norm (embed_norm=True, ln_embed) that rescales "
-            f"the stream; the decomposition does not sum"
-        )
-
-
 def label_index(labels: tuple[str, ...], label: str, what: str) -> int:
     """The position of `label` in `labels`; a `KeyError` names the closest labels."""
     if not isinstance(label, str):

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from analysis._reading import weight
-from analysis._resid_stack import Decomposition, label_index, refuse_unsummed
+from analysis._resid_stack import Decomposition, label_index
 from analysis.normalization import apply_ln_to_stack
 from analysis.tables import Table
 from hookedattn.core.cache import ActivationCache
@@ -115,7 +115,6 @@ def direct_logit_attribution(
     `b_U`, sum to the model's logits exactly (to rounding); with a soft cap on the
     logits, to the logits before the cap (module docstring).
     """
-    refuse_unsummed(model.cfg, "direct_logit_attribution")
     if model.cfg.unembed_transform is not None:
         raise ValueError(
             f"direct_logit_attribution: a head transform (unembed_transform="

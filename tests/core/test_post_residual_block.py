@@ -85,17 +85,50 @@ def test_the_placement_needs_a_sequential_block(changes):
         post_residual_model(**changes)
 
 
-def test_decompositions_past_a_post_residual_norm_refuse_by_name():
-    from analysis import decompose_resid, direct_logit_attribution
+@pytest.mark.parametrize("site", ["resid_pre", "resid_mid", "resid_post"])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_the_decomposition_through_frozen_norms_sums_to_the_stream(site, layer):
+    from analysis import decompose_resid
 
     model = post_residual_model()
     _, cache = model.run_with_cache(TOKENS)
-    embeddings = decompose_resid(model, cache, layer=0, check=True)  # before any norm: a sum
-    assert embeddings.labels == ("embed", "pos_embed")
-    with pytest.raises(ValueError, match="post-residual norm rescales the stream"):
-        decompose_resid(model, cache)
-    with pytest.raises(ValueError, match="post-residual norm rescales the stream"):
-        direct_logit_attribution(model, cache, embeddings, tokens=1)
+    decomposition = decompose_resid(model, cache, layer=layer, site=site)
+    want = cache[f"blocks.{layer}.hook_{site}"]
+    torch.testing.assert_close(decomposition.components.sum(0), want, rtol=0, atol=1e-10)
+
+
+def test_the_decomposition_labels_each_norms_bias_and_passes_each_write_through_later_norms():
+    from analysis import decompose_resid
+
+    model = post_residual_model()
+    _, cache = model.run_with_cache(TOKENS)
+    decomposition = decompose_resid(model, cache, layer=0, site="resid_post")
+    assert decomposition.labels == ("embed", "pos_embed", "L0_attn", "L0_ln_resid_mid_bias",
+                                    "L0_mlp", "L0_ln_resid_post_bias")  # fmt: skip
+    # The MLP's write passed the last norm only: centred, divided by its scale, times w.
+    norm = model.blocks[0].ln_resid_post
+    mlp_out = cache["blocks.0.hook_mlp_out"]
+    want = norm.w * (mlp_out - mlp_out.mean(-1, keepdim=True)) / cache["scale", 0, "ln_resid_post"]
+    torch.testing.assert_close(decomposition["L0_mlp"], want, rtol=0, atol=1e-12)
+
+
+def test_direct_logit_attribution_through_frozen_norms_sums_to_the_logits():
+    from analysis import decompose_resid, direct_logit_attribution
+
+    model = post_residual_model()
+    logits, cache = model.run_with_cache(TOKENS)
+    attribution = direct_logit_attribution(model, cache, decompose_resid(model, cache), tokens=4)
+    assert "b_U" in attribution.labels
+    torch.testing.assert_close(attribution.total(), logits[..., 4], rtol=0, atol=1e-10)
+
+
+def test_finer_granularities_refuse_where_norms_rescale_the_stream():
+    from analysis import decompose_resid
+
+    model = post_residual_model()
+    _, cache = model.run_with_cache(TOKENS)
+    with pytest.raises(ValueError, match="only granularity='sublayer'"):
+        decompose_resid(model, cache, granularity="head")
 
 
 @pytest.mark.parametrize("step", ["fold_layer_norm", "center_writing_weights"])
@@ -108,7 +141,7 @@ def test_weight_processing_refuses_post_residual_norms(step):
 
 def bert_like_model(**changes) -> HookedTransformer:
     """Post-residual norms, an embedding norm and a head transform, as BERT's."""
-    return post_residual_model(embed_norm=True, unembed_transform="gelu", **changes)
+    return post_residual_model(**(dict(embed_norm=True, unembed_transform="gelu") | changes))
 
 
 def test_the_embedding_norm_and_the_head_transform_are_the_equations():
@@ -125,13 +158,19 @@ def test_the_embedding_norm_and_the_head_transform_are_the_equations():
     torch.testing.assert_close(model(TOKENS), want, rtol=0, atol=1e-10)
 
 
-def test_an_embedding_norm_and_a_head_transform_refuse_what_needs_a_sum():
+def test_an_embedding_norm_decomposes_through_its_frozen_scale():
+    from analysis import decompose_resid
+
+    model = bert_like_model(normalization_placement="pre", unembed_transform=None)
+    _, cache = model.run_with_cache(TOKENS)
+    for layer in (0, 1):
+        decomposition = decompose_resid(model, cache, layer=layer, check=True)
+        assert decomposition.labels[:3] == ("embed", "pos_embed", "ln_embed_bias")
+
+
+def test_a_head_transform_refuses_direct_logit_attribution_and_folding():
     from analysis import decompose_resid, direct_logit_attribution
 
-    model = bert_like_model(normalization_placement="pre")
-    _, cache = model.run_with_cache(TOKENS)
-    with pytest.raises(ValueError, match="embed_norm"):
-        decompose_resid(model, cache, layer=0)
     plain = post_residual_model(normalization_placement="pre", unembed_transform="gelu")
     _, cache = plain.run_with_cache(TOKENS)
     with pytest.raises(ValueError, match="no linear function"):
