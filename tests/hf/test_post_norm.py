@@ -133,3 +133,16 @@ def test_the_anatomy_round_trips_through_the_memo_and_old_entries_still_load():
     new = ("embed_norm", "token_types", "positions_within", "head_dense", "head_norm", "head_act")
     before = _anatomy._from_json({k: v for k, v in stored.items() if k not in new})
     assert before.embed_norm is None and before.head_act is None
+
+
+@pytest.mark.parametrize("model_type", ["openai-gpt", "bart"])
+def test_an_imported_model_decomposes_exactly_through_its_frozen_norms(model_type):
+    from analysis import decompose_resid, direct_logit_attribution
+
+    model = HookedTransformer.from_hf(twin(model_type).double())
+    tokens = TOKENS % model.cfg.d_vocab
+    logits, cache = model.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        decompose_resid(model, cache, layer=layer, site="resid_mid", check=True)
+    attribution = direct_logit_attribution(model, cache, decompose_resid(model, cache), tokens=5)
+    torch.testing.assert_close(attribution.total(), logits[..., 5], rtol=0, atol=1e-10)
