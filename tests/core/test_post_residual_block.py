@@ -179,3 +179,11 @@ def test_a_head_transform_refuses_direct_logit_attribution_and_folding():
 
     with pytest.raises(ValueError, match="unembed_transform"):
         hookedattn.fold_layer_norm(plain)
+
+
+def test_a_saved_bert_like_model_loads_as_it_was(tmp_path):
+    model = bert_like_model()
+    loaded = HookedTransformer.load(model.save(tmp_path / "bert-like"))
+    assert loaded.cfg == model.cfg
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
