@@ -9,12 +9,15 @@ first decoder layer and of the base model, and reads the answers off what it see
     where           the list of decoder layers (the module list as long as the twin has
                     layers), the embedding and unembedding (`get_input_embeddings` /
                     `get_output_embeddings`), the final norm (the norm the base model calls
-                    after its last layer)
+                    after its last layer; none after post-residual norms), a norm of the
+                    embeddings (the base model's norm whose output enters the first layer:
+                    BART's `layernorm_embedding`)
     the block       which norms read the stream before a sublayer and which norm what a
                     sublayer wrote (by following the tensors: a norm whose output the
                     attention reads is `ln1`, one whose input is the attention's output is
-                    `ln1_post`, ...), and whether the MLP reads the stream the attention
-                    read (a parallel block)
+                    `ln1_post`, one whose input is the stream plus that output is
+                    `ln_resid_mid`, ...), and whether the MLP reads the stream the attention
+                    read (a parallel block); BERT's split layers are read by `_split_layers`
     the norms       what each norm computes, by calling it: RMSNorm with gain `w` or
                     `1 + w`, LayerNorm with or without bias or gain, and its epsilon
     the activation  the MLP's, by calling it on a range of values against ours

@@ -208,9 +208,7 @@ class _Watcher:
                     if isinstance(m, nn.Embedding) and m is not self.embed]  # fmt: skip
         watched += [(m, f"linear:{n}") for n, m in self._outer_linears().items()]
         handles = [m.register_forward_hook(keep(key), with_kwargs=True) for m, key in watched]
-        tokens = torch.randint(
-            3, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
-        )
+        tokens = torch.randint(3, self.config.vocab_size, _TOKENS, generator=_seeded())
         try:
             with torch.no_grad():
                 seen["logits"] = self.twin(tokens).logits
@@ -333,7 +331,7 @@ class _Watcher:
                    reader_module.register_forward_pre_hook(read_input)]  # fmt: skip
         try:
             with torch.no_grad():
-                self.twin(torch.randint(3, self.config.vocab_size, _TOKENS))
+                self.twin(torch.randint(3, self.config.vocab_size, _TOKENS, generator=_seeded()))
         finally:
             for handle in handles:
                 handle.remove()
@@ -341,6 +339,11 @@ class _Watcher:
             if name != "solu_ln" and got and _close(got[0], ours(x), rtol=1e-6):
                 return name
         raise ValueError(f"the activation between {dense} and {reader} is none of ours")
+
+
+def _seeded() -> torch.Generator:
+    # Token ids from 3: clear of the padding ids (0, 1) whose positions RoBERTa treats apart.
+    return torch.Generator().manual_seed(1)
 
 
 def _close(a: Tensor, b: Tensor, rtol: float = 1e-5) -> bool:
