@@ -187,3 +187,12 @@ def test_a_saved_bert_like_model_loads_as_it_was(tmp_path):
     assert loaded.cfg == model.cfg
     with torch.no_grad():
         torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
+
+
+def test_the_residual_identity_check_refuses_a_normed_stream_by_name():
+    from hookedattn.testing import assert_residual_identities
+
+    model = post_residual_model()
+    _, cache = model.run_with_cache(TOKENS)
+    with pytest.raises(ValueError, match="do not hold where norms rescale the stream"):
+        assert_residual_identities(model, cache)
