@@ -105,7 +105,14 @@ def normalize(
     The same operations, in the same order, as `hookedattn.core.components.norm`, without
     running its hook points (so no attached hook fires).
     """
-    module = norm.module(model)
+    return normalize_by(norm.module(model), x)
+
+
+def normalize_by(
+    module: nn.Module, x: Float[Tensor, "*stack batch pos d_model"]
+) -> Float[Tensor, "*stack batch pos d_model"]:
+    """`normalize` by a norm module itself (one outside the blocks' and the final norm's
+    places: the head transform's `ln_unembed`)."""
     if isinstance(module, NoNorm):
         return x
     if isinstance(module, LayerNormPre):

@@ -196,3 +196,12 @@ def test_the_residual_identity_check_refuses_a_normed_stream_by_name():
     _, cache = model.run_with_cache(TOKENS)
     with pytest.raises(ValueError, match="do not hold where norms rescale the stream"):
         assert_residual_identities(model, cache)
+
+
+@pytest.mark.parametrize("placement", ["post_residual", "pre"])
+def test_the_logit_lens_ends_at_the_models_logits_through_a_head_transform(placement):
+    from analysis.logit_lens import logit_lens
+
+    model = bert_like_model(normalization_placement=placement)
+    logits, cache = model.run_with_cache(TOKENS)
+    torch.testing.assert_close(logit_lens(model, cache)["final"], logits, rtol=0, atol=1e-10)
