@@ -29,7 +29,14 @@ from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf._loading import SafetensorsFiles
-from hookedattn.core.hf._table import Rule, Table, TensorSource, axis_sizes, our_shape
+from hookedattn.core.hf._table import (
+    Rule,
+    Table,
+    TensorSource,
+    axis_sizes,
+    our_shape,
+    plus_first_row,
+)
 
 Ranges = Mapping[str, tuple[int, int]]
 # A chunk of this many bytes (of the finished tensor) is read at a time: small beside a
@@ -195,11 +202,7 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
             ranges[axis] = (local_slice.start, local_slice.stop)
         hf = stored.get(rule.hf)
         tensor = read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
-        if rule.plus_first_row is not None:  # a constant row every token gets (BERT's)
-            low, high = ranges.get("d_model", (0, cfg.d_model))
-            first = source.get(stored[rule.plus_first_row])[0, low:high]
-            tensor = tensor + first.to(device=device, dtype=cfg.dtype)
-        return tensor
+        return plus_first_row(rule, tensor, source, stored, ranges.get("d_model"))
 
     return read
 

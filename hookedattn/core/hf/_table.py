@@ -277,10 +277,25 @@ def convert(
         else:
             stored = source.get(names[rule.hf])
             tensor = _owning(_converted(rule, stored, sizes, dtype, device), stored)
-            if rule.plus_first_row is not None:
-                first = source.get(names[rule.plus_first_row])[0]
-                tensor = tensor + first.to(device=device, dtype=dtype)
-            yield rule.ours, tensor
+            yield rule.ours, plus_first_row(rule, tensor, source, names)
+
+
+def plus_first_row(
+    rule: Rule,
+    tensor: Tensor,
+    source: TensorSource,
+    names: Mapping[str, str],
+    columns: tuple[int, int] | None = None,
+) -> Tensor:
+    """`tensor` with the first row of the rule's `plus_first_row` table added to each of
+    its rows (its `columns` only, where `tensor` holds a slice of `d_model`); `tensor`
+    itself for a rule without one."""
+    if rule.plus_first_row is None:
+        return tensor
+    first = source.get(names[rule.plus_first_row])[0]
+    if columns is not None:
+        first = first[columns[0] : columns[1]]
+    return tensor + first.to(device=tensor.device, dtype=tensor.dtype)
 
 
 def _converted(
