@@ -205,3 +205,14 @@ def test_the_logit_lens_ends_at_the_models_logits_through_a_head_transform(place
     model = bert_like_model(normalization_placement=placement)
     logits, cache = model.run_with_cache(TOKENS)
     torch.testing.assert_close(logit_lens(model, cache)["final"], logits, rtol=0, atol=1e-10)
+
+
+def test_a_bert_like_model_loads_over_a_device_map(tmp_path):
+    model = bert_like_model()
+    model.save(tmp_path / "bert-like")
+    mapped = HookedTransformer.load(tmp_path / "bert-like", device_map=["cpu", "cpu"])
+    assert {"ln_embed", "unembed_transform"} <= set(mapped.device_map)
+    with torch.no_grad():
+        torch.testing.assert_close(mapped(TOKENS), model(TOKENS), rtol=0, atol=0)
+    kwargs = dict(max_new_tokens=4, stop_at_eos=False)
+    assert torch.equal(mapped.generate(TOKENS, **kwargs), model.generate(TOKENS, **kwargs))
