@@ -72,6 +72,7 @@ from analysis.normalization import (
     NormSite,
     apply_ln_to_stack,
     normalize,
+    normalize_by,
     reading_norm,
     through_norm,
 )
@@ -131,6 +132,7 @@ __all__: list[str] = [
     "induction_scores",
     "logit_lens",
     "normalize",
+    "normalize_by",
     "pattern_preserving_ablation",
     "pattern_preserving_hooks",
     "prev_token_scores",

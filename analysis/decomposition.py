@@ -25,6 +25,12 @@ On every block shape the sum is exact:
 - a mixture of experts writes `Σ_e g_e · out_e` over each token's chosen experts, plus a
   shared expert's output where there is one (`analysis.experts`): at `"expert"`
   granularity each expert is a term, zero at the tokens that did not choose it.
+- norms of the stream itself (post-residual norms, `ln_resid_mid`/`ln_resid_post`: GPT-1,
+  BERT, BART; a norm of the embeddings, `ln_embed`) rescale everything written before them:
+  at granularity `"sublayer"` (the only one there) each earlier term is passed through
+  each such norm at the scale the forward recorded (centred, divided, times the gain) and
+  the norm's bias is a term of its own (`L0_ln_resid_mid_bias`), so the terms sum to the
+  stream exactly; each is its write's share of this forward's stream, as below.
 - a norm after a sublayer (`ln1_post`, `ln2_post`: Gemma 2, OLMo 2) is part of what the
   sublayer writes: `L0_attn` is `hook_attn_out`, after that norm. Its divisor depends on all
   of the sublayer's heads or neurons together, so per head or per neuron the sublayer is
@@ -240,7 +246,16 @@ def decompose_resid(
     site, layer = _resolve_point(model, layer, site)
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
-    if granularity == "sublayer":  # the cached streams themselves, stacked
+    if _normed_stream(model.cfg) and granularity != "sublayer":
+        raise ValueError(
+            f"granularity={granularity!r}: the stream of this model passes norms of its own "
+            f"(post-residual norms, or a norm of the embeddings) that rescale it, so only "
+            f"granularity='sublayer' decomposes it (through those norms at their recorded "
+            f"scales)"
+        )
+    if _normed_stream(model.cfg):
+        components, labels = _through_stream_norms(model, cache, site, layer)
+    elif granularity == "sublayer":  # the cached streams themselves, stacked
         terms = _sublayer_terms(model, site, layer)
         components = torch.stack([activation(cache, name) for _, name in terms])
         labels = tuple(label for label, _ in terms)
@@ -278,6 +293,36 @@ def _assembled(parts: _Parts, like: Float[Tensor, "batch pos d_model"]) -> Terms
 
 def _fits(terms: Terms | None, like: Float[Tensor, "batch pos d_model"]) -> bool:
     return terms is not None and terms.shape[1:] == like.shape and terms.dtype == like.dtype
+
+
+def _normed_stream(cfg: object) -> bool:
+    """Whether norms rescale the stream itself: post-residual norms, an embedding norm."""
+    return cfg.normalization_placement == "post_residual" or cfg.embed_norm
+
+
+def _through_stream_norms(
+    model: HookedTransformer, cache: ActivationCache, site: str, layer: int
+) -> tuple[Float[Tensor, "component batch pos d_model"], tuple[str, ...]]:
+    """The stream at `(site, layer)` where norms rescale the stream itself (module
+    docstring): the embeddings and each sublayer's write, each passed through every norm of
+    the stream after it at the scale the forward recorded (`through_norm`: centred, divided,
+    times the gain), each norm's bias a term of its own (`ln_embed_bias`,
+    `L0_ln_resid_mid_bias`, ...). They sum to the stream exactly."""
+    terms = _sublayer_terms(model, site, layer)
+    embeddings = [(label, name) for label, name in terms if label in ("embed", "pos_embed")]
+    components = torch.stack([activation(cache, name) for _, name in embeddings])
+    labels = tuple(label for label, _ in embeddings)
+    components, labels = through_norm(model, cache, NormSite("ln_embed"), components, labels)
+    post_residual = model.cfg.normalization_placement == "post_residual"
+    for label, name in terms[len(embeddings) :]:
+        components = torch.cat([components, activation(cache, name)[None]])
+        labels = (*labels, label)
+        block, sublayer = int(label[1 : label.index("_")]), label.rsplit("_", 1)[1]
+        if post_residual:
+            which = "ln_resid_mid" if sublayer == "attn" else "ln_resid_post"
+            norm = NormSite(which, block)
+            components, labels = through_norm(model, cache, norm, components, labels)
+    return components, labels
 
 
 def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tuple[str, str], ...]:

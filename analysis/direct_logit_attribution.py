@@ -115,6 +115,12 @@ def direct_logit_attribution(
     `b_U`, sum to the model's logits exactly (to rounding); with a soft cap on the
     logits, to the logits before the cap (module docstring).
     """
+    if model.cfg.unembed_transform is not None:
+        raise ValueError(
+            f"direct_logit_attribution: a head transform (unembed_transform="
+            f"{model.cfg.unembed_transform!r}: dense, activation, norm) sits between the "
+            f"final stream and W_U, so the logits are no linear function of the stream"
+        )
     final = model.cfg.n_layers - 1
     if (decomposition.site, decomposition.layer) != ("resid_post", final):
         raise ValueError(

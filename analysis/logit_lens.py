@@ -1,6 +1,7 @@
 """The logit lens: read the residual stream at every layer as if it were the final one.
 
-Each stream goes through the final norm and the unembedding. The norm's scale is
+Each stream goes through the final norm (and a head transform, BERT's, where the model
+has one) and the unembedding. The norm's scale is
 recomputed for each layer's own stream. TransformerLens's `accumulated_resid(...,
 apply_ln=True)` divides every layer's stream by the scale cached for the final stream
 instead; since a stream's size grows with depth, that shrinks early layers' logits by the
@@ -18,9 +19,10 @@ from torch import Tensor
 from analysis._reading import weight
 from analysis._resid_stack import label_index
 from analysis.decomposition import accumulated_resid
-from analysis.normalization import NormSite, normalize
+from analysis.normalization import NormSite, normalize, normalize_by
 from analysis.tables import Table
 from hookedattn.core.cache import ActivationCache
+from hookedattn.core.components.mlp import ACTIVATIONS
 from hookedattn.core.model import HookedTransformer
 
 _ORDINALS = ("1st", "2nd", "3rd")
@@ -102,10 +104,23 @@ def logit_lens(
     that the last entry is the model's own logits.
     """
     streams = accumulated_resid(model, cache, incl_mid=incl_mid)
-    normalized = normalize(model, NormSite("ln_final"), streams.components)
+    normalized = _through_head(model, normalize(model, NormSite("ln_final"), streams.components))
     # The model's views: a tensor-parallel model's whole vocabulary, gathered.
     logits = normalized @ weight(model.W_U, normalized) + weight(model.b_U, normalized)
     cap = model.cfg.output_logits_soft_cap
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap  # the order of SoftCap's own arithmetic
     return LogitLens(logits, streams.labels, getattr(model, "tokenizer", None))
+
+
+def _through_head(
+    model: HookedTransformer, x: Float[Tensor, "layer batch pos d_model"]
+) -> Float[Tensor, "layer batch pos d_model"]:
+    """The head transform before the unembedding, where the model has one (BERT's: dense,
+    activation, norm, its scale recomputed per stream), without firing its hook points."""
+    act_fn = model.cfg.unembed_transform
+    if act_fn is None:
+        return x
+    head = model.unembed_transform
+    hidden = x @ weight(head.W_dense, x) + weight(head.b_dense, x)
+    return normalize_by(head.ln_unembed, ACTIVATIONS[act_fn](hidden))

@@ -34,13 +34,16 @@ from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.model import HookedTransformer
 
-NormWhich = Literal["ln1", "ln2", "ln1_post", "ln2_post", "ln_final"]
+NormWhich = Literal[
+    "ln1", "ln2", "ln1_post", "ln2_post", "ln_resid_mid", "ln_resid_post", "ln_final", "ln_embed"
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class NormSite:
     """One norm module of a model: `ln1`/`ln2` (before a block's sublayers), `ln1_post`/
-    `ln2_post` (after them) of a block, or `ln_final` (layer None)."""
+    `ln2_post` (after them), `ln_resid_mid`/`ln_resid_post` (after its adds) of a block, or
+    `ln_final` or `ln_embed` (layer None)."""
 
     which: NormWhich
     layer: int | None = None
@@ -48,12 +51,12 @@ class NormSite:
     @property
     def name(self) -> str:
         """The module path, e.g. `blocks.2.ln1` or `ln_final`."""
-        return "ln_final" if self.layer is None else f"blocks.{self.layer}.{self.which}"
+        return self.which if self.layer is None else f"blocks.{self.layer}.{self.which}"
 
     @property
     def label(self) -> str:
         """The prefix of its labels, e.g. `L2_ln1` or `ln_final`."""
-        return "ln_final" if self.layer is None else f"L{self.layer}_{self.which}"
+        return self.which if self.layer is None else f"L{self.layer}_{self.which}"
 
     def hook(self, what: Literal["scale", "normalized", "out"]) -> str:
         """The full name of its `hook_scale`, `hook_normalized` (before the gain) or
@@ -63,7 +66,7 @@ class NormSite:
     def module(self, model: HookedTransformer) -> nn.Module:
         """The norm module itself (a `NoNorm`, the identity, where the model has none there)."""
         if self.layer is None:
-            return model.ln_final
+            return getattr(model, self.which)
         return getattr(model.blocks[self.layer], self.which)
 
 
@@ -102,7 +105,14 @@ def normalize(
     The same operations, in the same order, as `hookedattn.core.components.norm`, without
     running its hook points (so no attached hook fires).
     """
-    module = norm.module(model)
+    return normalize_by(norm.module(model), x)
+
+
+def normalize_by(
+    module: nn.Module, x: Float[Tensor, "*stack batch pos d_model"]
+) -> Float[Tensor, "*stack batch pos d_model"]:
+    """`normalize` by a norm module itself (one outside the blocks' and the final norm's
+    places: the head transform's `ln_unembed`)."""
     if isinstance(module, NoNorm):
         return x
     if isinstance(module, LayerNormPre):

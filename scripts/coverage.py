@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import inspect
 import json
 import multiprocessing
 import os
@@ -91,6 +92,7 @@ def measure(entry: Entry) -> dict[str, Any]:
     try:
         model_class = getattr(transformers, entry.architecture)
         config = model_config(model_class, transformers.CONFIG_MAPPING[entry.model_type]())
+        as_decoder(model_class, config)
         stage = "shrink"
         tiny = _tiny.tiny_config(config)
         stage = "build"
@@ -121,6 +123,15 @@ def model_config(model_class: Any, config: Any) -> Any:
         return config
     parts = [getattr(config, name, None) for name in config.sub_configs]
     return next((part for part in parts if isinstance(part, wanted)), config)
+
+
+def as_decoder(model_class: Any, config: Any) -> None:
+    """`is_decoder=True` where the causal-LM class reads it to be one (BERT-likes, whose
+    attention is otherwise bidirectional: a causal LM's checkpoint sets it)."""
+    with contextlib.suppress(OSError, TypeError):
+        asks = "is_decoder" in inspect.getsource(model_class.__init__)
+        if getattr(config, "is_decoder", None) is False and asks:
+            config.is_decoder = True
 
 
 def build(model_class: Any, config: Any) -> Any:

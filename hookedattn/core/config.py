@@ -20,7 +20,7 @@ from hookedattn.core._field_specs import closest as _closest
 
 ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
-NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post")
+NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post", "post_residual")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
 ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased")
@@ -77,6 +77,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "d_head_v": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
+    "embed_norm": _FLAG,
+    "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-1], optional=True),
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,
@@ -139,7 +141,13 @@ class HookedTransformerConfig:
     - `gated_mlp`: `act(x @ W_gate) * (x @ W_in + b_in)` before `W_out` (SwiGLU, GeGLU).
     - `parallel_attn_mlp`: attention and MLP both read `resid_pre` (GPT-NeoX, GPT-J).
     - `normalization_placement`: "pre" (norm before each sublayer), "post" (norm of each
-      sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2).
+      sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2),
+      "post_residual" (the original Transformer's: a norm of the stream after each add,
+      `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
+      the last block's `ln_resid_post` is it).
+    - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
+      added; BERT, BART). `unembed_transform`: an activation names BERT's head transform
+      before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan).
@@ -243,6 +251,8 @@ class HookedTransformerConfig:
     d_head_v: int | None = None
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
+    embed_norm: bool = False
+    unembed_transform: str | None = None
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
@@ -355,6 +365,17 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
                 f"but normalization_type is None (no norms)"
+            )
+        if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
+            raise ValueError(
+                "embed_norm and unembed_transform each hold a norm, but normalization_type "
+                "is None (no norms)"
+            )
+        if self.normalization_placement == "post_residual" and not self._is_sequential:
+            raise ValueError(
+                "normalization_placement='post_residual' norms the stream after each of a "
+                "sequential block's two adds: it needs attn_only=False and "
+                "parallel_attn_mlp=False"
             )
         if self.use_attn_in and self.n_key_value_heads not in (None, self.n_heads):
             raise ValueError(
@@ -493,6 +514,10 @@ class HookedTransformerConfig:
     def has_mlp(self) -> bool:
         """Whether each block has an MLP sublayer."""
         return not self.attn_only
+
+    @property
+    def _is_sequential(self) -> bool:
+        return not self.attn_only and not self.parallel_attn_mlp
 
     @property
     def has_learned_positions(self) -> bool:

@@ -1,8 +1,12 @@
 """`HookedTransformer`: a GPT-style decoder built from hook points.
 
-    resid  = W_E[tokens] + W_pos[positions]          (hook_embed, hook_pos_embed)
-    resid  = block(resid)  for each block             (see components/block.py)
-    logits = ln_final(resid) @ W_U + b_U
+    resid  = ln_embed(W_E[tokens] + W_pos[positions])   (hook_embed, hook_pos_embed)
+    resid  = block(resid)  for each block                (see components/block.py)
+    logits = unembed_transform(ln_final(resid)) @ W_U + b_U
+
+`ln_embed` (`embed_norm`: BERT, BART) and `unembed_transform` (BERT's head: dense, act,
+norm) are the identity where the config has none; there is no `ln_final` after
+post-residual norms (`normalization_placement="post_residual"`).
 
 A shortformer model (`positional_embedding_type="shortformer"`) keeps `W_pos[positions]`
 (still at `hook_pos_embed`) out of the stream: `resid = W_E[tokens]`, and every block adds
@@ -43,7 +47,8 @@ from hookedattn.core._tl_names import TLNamesMixin
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.block import make_block
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
-from hookedattn.core.components.norm import make_norm
+from hookedattn.core.components.norm import make_embed_norm, make_final_norm
+from hookedattn.core.components.unembed_transform import make_unembed_transform
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookedRootModule, HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -96,8 +101,10 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         elif cfg.positional_embedding_type == "shortformer":
             self.with_query_key_positions = self._with_query_key_positions
         # rotary models rotate q and k instead; "none" has no positional signal
+        self.ln_embed = make_embed_norm(cfg)
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
-        self.ln_final = make_norm(cfg)
+        self.ln_final = make_final_norm(cfg)
+        self.unembed_transform = make_unembed_transform(cfg)
         self.unembed = Unembed(cfg)
         if cfg.init_weights:
             self.init_weights()
@@ -174,7 +181,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
 
         def run() -> Tensor:
             out = self._blocks(resid, context, past_kv_cache, start, stop)
-            return self.unembed(self.ln_final(out)) if unembed else out
+            return self.unembed(self.unembed_transform(self.ln_final(out))) if unembed else out
 
         return kernels.guarded(self, run, context.guard, past_kv_cache)
 
@@ -208,12 +215,13 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     def _token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
-        return self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))
+        embed, pos_embed = self.embed(tokens), self.pos_embed(positions)
+        return self.ln_embed(self.hook_embed(embed) + self.hook_pos_embed(pos_embed))
 
     def _token_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
-        return self.hook_embed(self.embed(tokens))
+        return self.ln_embed(self.hook_embed(self.embed(tokens)))
 
     def _with_query_key_positions(self, context: AttentionContext) -> AttentionContext:
         """The context with the positional embedding of its positions, which every layer's
@@ -478,11 +486,12 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> "HookedTransformer":
         """Import a `transformers` causal LM: a live model, a folder, or a hub repo id.
 
-        GPT-2, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2,
-        Phi-3, GPT-J, OPT, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE
-        and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES`). Needs the optional
-        `transformers` (`pip install hookedattn[hf]`). A repo id (or a TransformerLens
-        name) is fetched through `huggingface_hub` at `revision`, with `token`, into
+        GPT-2, GPT-1, GPT-NeoX (Pythia), Llama, Mistral, Qwen 2 and 3, Gemma 2 and 3, OLMo 2, Phi-3,
+        GPT-J, OPT, BERT and BART decoders, and the mixtures of experts Mixtral, Qwen2-MoE,
+        Qwen3-MoE, OLMoE and GPT-OSS (`hookedattn.core.hf.SUPPORTED_ARCHITECTURES` and the
+        convention). Needs the optional `transformers` (`pip install hookedattn[hf]`). A
+        repo id (or a TransformerLens name) is fetched through `huggingface_hub` at
+        `revision`, with `token`, into
         `cache_dir`, or read from the cache alone with `local_files_only=True`
         (`from_pretrained` says more). A folder is read from its safetensors files
         memory-mapped, a chunk at a time, converted to `dtype` as it is read, into a model

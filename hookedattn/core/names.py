@@ -76,7 +76,10 @@ _GLOBAL: dict[str, str] = {
     "ln_final_scale": "ln_final.hook_scale",
     "ln_final_normalized": "ln_final.hook_normalized",
 }
-NORM_SITES: tuple[str, ...] = ("ln1", "ln2", "ln1_post", "ln2_post")
+# Before and after each sublayer, and after each add (post-residual norms).
+NORM_SITES: tuple[str, ...] = (
+    "ln1", "ln2", "ln1_post", "ln2_post", "ln_resid_mid", "ln_resid_post",
+)  # fmt: skip
 _LAYER_RE = re.compile(r"^blocks\.(\d+)\.")
 
 

@@ -181,6 +181,18 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "inputs only, so no weight can take ln1's gain across that sum (TransformerLens's "
             "from_pretrained turns fold_ln off for these models)"
         )
+    if cfg.embed_norm or cfg.unembed_transform is not None:
+        return (
+            "the norm of the embeddings (embed_norm, ln_embed) or of the head transform "
+            "(unembed_transform, ln_unembed) reads no weight matrix that could take its "
+            "gain and bias: folding would drop them"
+        )
+    if cfg.normalization_placement == "post_residual":
+        return (
+            "normalization_placement='post_residual' norms the stream after each add "
+            "(ln_resid_mid, ln_resid_post): a post-residual norm rescales the stream by a "
+            "divisor of the sum, which no weight can absorb (only placement 'pre' folds)"
+        )
     if cfg.normalization_placement != "pre":
         return (
             f"normalization_placement={cfg.normalization_placement!r} puts a norm after each "
@@ -310,6 +322,13 @@ def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
             "inputs after ln1, where its mean is not removed, and TransformerLens leaves "
             "every writing weight of these models uncentred (its from_pretrained turns "
             "center_writing_weights off for them)"
+        )
+    if cfg.normalization_placement == "post_residual":
+        return (
+            "center_writing_weights: with normalization_placement='post_residual' each "
+            "sublayer's write is added to the stream before a norm that centres the sum "
+            "itself; a post-residual norm rescales the stream, so centring the writes is "
+            "neither needed nor a fold of anything"
         )
     if cfg.normalization_placement != "pre":
         return (

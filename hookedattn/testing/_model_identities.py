@@ -31,6 +31,15 @@ def all_identities(model: HookedTransformer, constants: Constants) -> list[Ident
     """Every identity of `model`'s forward, in the order the forward computes them (the
     norms' last), with the attention scale and the norms' epsilon from `constants`."""
     cfg = model.cfg
+    normed = cfg.normalization_placement == "post_residual" or cfg.embed_norm
+    if normed or cfg.unembed_transform is not None:
+        raise ValueError(
+            "the residual identities listed here (resid_pre[0] = embed + pos_embed, resid_mid "
+            "= resid_pre + attn_out, logits = ln_final(resid) W_U + b_U) do not hold where "
+            "norms rescale the stream (normalization_placement='post_residual', embed_norm) "
+            "or a head transform precedes W_U (unembed_transform); their identities are not "
+            "written yet"
+        )
     out: list[Identity] = []
     if not cfg.n_layers:
         return out

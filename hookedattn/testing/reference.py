@@ -43,6 +43,8 @@ from hookedattn.testing.published import Constants, gelu_tanh, published_constan
 # does not write out.
 _SUPPORTED = (
     ("normalization_placement", "pre"),
+    ("embed_norm", False),
+    ("unembed_transform", None),
     ("use_qk_norm", False),
     ("attn_scores_soft_cap", None),
     ("output_logits_soft_cap", None),

@@ -2,7 +2,8 @@
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
 `make_attention`: full, grouped or latent; `make_mlp` or `MoE`, `make_norm`,
-`make_soft_cap`), so that every forward stays the equation it implements.
+`make_embed_norm`, `make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that
+every forward stays the equation it implements.
 """
 
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
@@ -11,6 +12,7 @@ from hookedattn.core.components.block import (
     AttnOnlyBlock,
     Block,
     ParallelBlock,
+    PostResidualBlock,
     make_attention,
     make_block,
 )
@@ -33,11 +35,18 @@ from hookedattn.core.components.norm import (
     NoNorm,
     RMSNorm,
     RMSNormPre,
+    make_embed_norm,
+    make_final_norm,
     make_norm,
     make_placed_norm,
 )
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
+from hookedattn.core.components.unembed_transform import (
+    NoTransform,
+    UnembedTransform,
+    make_unembed_transform,
+)
 
 __all__ = [
     "MLP",
@@ -55,22 +64,28 @@ __all__ = [
     "MoE",
     "NeuronNormMLP",
     "NoNorm",
+    "NoTransform",
     "ParallelBlock",
     "PosEmbed",
+    "PostResidualBlock",
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
     "SoftCap",
     "Unembed",
+    "UnembedTransform",
     "affine",
     "gelu_new",
     "glu",
     "make_attention",
     "make_block",
+    "make_embed_norm",
+    "make_final_norm",
     "make_mlp",
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
+    "make_unembed_transform",
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",

@@ -9,6 +9,13 @@ In a parallel block (GPT-NeoX, GPT-J) both sublayers read `resid_pre` and there 
 `resid_mid`: `resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre))`. An
 attention-only block has no MLP and no `resid_mid`.
 
+In a post-residual-norm block (the original Transformer's, GPT-1's, BERT's:
+`normalization_placement="post_residual"`) the sublayers read the stream as it is and a
+norm follows each add, so `resid_mid` and `resid_post` are normed streams:
+
+    resid_mid  = ln_resid_mid(resid_pre + attn(resid_pre))
+    resid_post = ln_resid_post(resid_mid + mlp(resid_mid))
+
 The parts are chosen when the block is built, so the forwards stay these equations:
 the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`: part of
 what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
@@ -34,7 +41,7 @@ from hookedattn.core.components.attention import (
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mlp import GatedMLP, make_mlp
 from hookedattn.core.components.moe import MoE
-from hookedattn.core.components.norm import make_placed_norm
+from hookedattn.core.components.norm import make_norm, make_placed_norm
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -216,6 +223,32 @@ class ParallelBlock(AttnOnlyBlock):
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 
 
+class PostResidualBlock(AttnOnlyBlock):
+    """`resid_mid = ln_resid_mid(resid_pre + attn(resid_pre))`, `resid_post =
+    ln_resid_post(resid_mid + mlp(resid_mid))`: the norms rescale the stream itself.
+
+    `ln1`, `ln2` (and the sublayers' post-norms) are the identity here, as the placement
+    makes them; `hook_attn_out` and `hook_mlp_out` are what each sublayer adds, and
+    `hook_resid_mid`, `hook_resid_post` the normed sums, the streams the next sublayer reads.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.ln_resid_mid = make_norm(cfg)
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.ln_resid_post = make_norm(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        resid_mid = self.hook_resid_mid(self.ln_resid_mid(resid_pre + attn_out))
+        return self.hook_resid_post(self.ln_resid_post(resid_mid + self.feed_forward(resid_mid)))
+
+
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
     latent (`kv_lora_rank`)."""
@@ -233,7 +266,10 @@ def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
 
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
-    """The block the config asks for: attention-only, sequential or parallel."""
+    """The block the config asks for: attention-only, sequential, parallel, or sequential
+    with post-residual norms."""
+    if cfg.normalization_placement == "post_residual":
+        return PostResidualBlock(cfg, layer)
     if cfg.attn_only:
         return AttnOnlyBlock(cfg, layer)
     return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

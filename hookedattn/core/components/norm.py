@@ -137,6 +137,19 @@ def make_norm(cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None
     return _NORMS[cfg.normalization_type](cfg, shape)
 
 
+def make_embed_norm(cfg: HookedTransformerConfig) -> nn.Module:
+    """The norm of the embeddings before the first block (`embed_norm`), or none."""
+    return make_norm(cfg) if cfg.embed_norm else NoNorm()
+
+
+def make_final_norm(cfg: HookedTransformerConfig) -> nn.Module:
+    """The norm before the unembedding; none after post-residual norms, whose last one
+    (`ln_resid_post` of the last block) already normed the stream."""
+    if cfg.normalization_placement == "post_residual":
+        return NoNorm()
+    return make_norm(cfg)
+
+
 def make_placed_norm(cfg: HookedTransformerConfig, where: str) -> nn.Module:
     """The norm before ("pre") or after ("post") a sublayer, if the config places one there."""
     placed = cfg.normalization_placement in (where, "pre_and_post")

@@ -9,12 +9,15 @@ first decoder layer and of the base model, and reads the answers off what it see
     where           the list of decoder layers (the module list as long as the twin has
                     layers), the embedding and unembedding (`get_input_embeddings` /
                     `get_output_embeddings`), the final norm (the norm the base model calls
-                    after its last layer)
+                    after its last layer; none after post-residual norms), a norm of the
+                    embeddings (the base model's norm whose output enters the first layer:
+                    BART's `layernorm_embedding`)
     the block       which norms read the stream before a sublayer and which norm what a
                     sublayer wrote (by following the tensors: a norm whose output the
                     attention reads is `ln1`, one whose input is the attention's output is
-                    `ln1_post`, ...), and whether the MLP reads the stream the attention
-                    read (a parallel block)
+                    `ln1_post`, one whose input is the stream plus that output is
+                    `ln_resid_mid`, ...), and whether the MLP reads the stream the attention
+                    read (a parallel block); BERT's split layers are read by `_split_layers`
     the norms       what each norm computes, by calling it: RMSNorm with gain `w` or
                     `1 + w`, LayerNorm with or without bias or gain, and its epsilon
     the activation  the MLP's, by calling it on a range of values against ours
@@ -39,7 +42,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.hf import _experts, _loading, _saved, _scalars, _tiny, _verify
+from hookedattn.core.hf import (
+    _experts,
+    _loading,
+    _saved,
+    _scalars,
+    _split_layers,
+    _tiny,
+    _verify,
+)
 from hookedattn.core.hf._experts import Experts
 from hookedattn.core.hf._probes import (
     ACTIVATION_NAMES,
@@ -131,6 +142,16 @@ class Anatomy:
     # Multi-head latent attention under DeepSeek's names (`kv_a_proj_with_mqa`, ...): its
     # maps are read as `_deepseek` reads them; `attn_maps` is then empty.
     latent: bool = False
+    # BERT-likes (`_split_layers`) and BART-likes: the norm of the embeddings, the
+    # token-type table whose row 0 every token gets (folded into the positions), whether
+    # the positions' offset rows count in `max_position_embeddings` (RoBERTa's), and the
+    # head transform before the decoder (its dense map, norm and activation).
+    embed_norm: str | None = None
+    token_types: str | None = None
+    positions_within: bool = False
+    head_dense: str | None = None
+    head_norm: str | None = None
+    head_act: str | None = None
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -175,11 +196,17 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
             twin = _tiny.random_hf_model(
                 getattr(_loading.transformers_module(), architecture), twin_config
             )
-        reader = _Reader(twin, twin_config, architecture)
-        anatomy = _scalars.disambiguated(
-            reader.anatomy(), reader.measured, twin_config, hf_config,
-            lambda config: _measured(config, architecture),
-        )  # fmt: skip
+            layers_name, layers = _layer_list(twin, twin_config)
+            if _split_layers.is_split(layers[0]):  # BERT's layout
+                anatomy = Anatomy(
+                    **_split_layers.read(twin, twin_config, architecture, layers_name)
+                )
+            else:
+                reader = _Reader(twin, twin_config, architecture)
+                anatomy = _scalars.disambiguated(
+                    reader.anatomy(), reader.measured, twin_config, hf_config,
+                    lambda config: _measured(config, architecture),
+                )  # fmt: skip
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"
@@ -225,6 +252,8 @@ class _Reader:
         self.layer = self.layers[0]
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
+        self.embed_norm: str | None = None  # found by `_watch`
+        self.embed_norm_is_final = False
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
@@ -241,7 +270,8 @@ class _Reader:
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
         epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
         kind, bias, eps = norm_kind(
-            [*(children[hf] for _, hf in norms), self._final_norm(),
+            [*(children[hf] for _, hf in norms),
+             *(m for m in (self._final_norm(), self._embed_norm_module()) if m is not None),
              *(getattr(attn_module, n) for n in qk or ())],
             (*epsilons, *USUAL_EPSILONS),
         )  # fmt: skip
@@ -256,12 +286,16 @@ class _Reader:
                          "mlp_write": writes[1], "logit_scale": logits}  # fmt: skip
         if scaling is not None:
             self.measured["attn_scale"] = scaling
+        where = placement({ours for ours, _ in norms})
+        if (self._final_norm() is None) != (where == "post_residual"):
+            raise ValueError(f"{where} norms and {'no' if self._final_norm() is None else 'a'} "
+                             "final norm: not recognised")  # fmt: skip
         return Anatomy(
             **self._places(),
             attn=attn + inner,
             mlp=mlp,
             norms=tuple(norms),
-            placement=placement({ours for ours, _ in norms}),
+            placement=where,
             parallel=parallel,
             norm_kind=kind,
             norm_bias=bias,
@@ -287,6 +321,7 @@ class _Reader:
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
+            embed_norm=self.embed_norm,
         )
 
     def _places(self) -> dict[str, Any]:
@@ -297,7 +332,7 @@ class _Reader:
             layers=self.layers_name,
             base=f"{self.base_name}." if self.base_name else "",
             embed=self.names[id(embed)],
-            final_norm=self.names[id(self._final_norm())],
+            final_norm=self.names.get(id(self._final_norm()), ""),
             unembed=self.names[id(unembed)],
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=unembed.weight is embed.weight,
@@ -379,14 +414,25 @@ class _Reader:
             )
         return dense
 
-    def _final_norm(self) -> nn.Module:
-        norms = [m for n, m in self.base.named_children() if is_norm(m)]
+    def _final_norm(self) -> nn.Module | None:
+        """The base model's norm beside its layers that is not the embeddings' (None where
+        the last layer's post-residual norm is the final one)."""
+        norms = [m for n, m in self.base.named_children() if is_norm(m)
+                 and (self._in_base(n) != self.embed_norm or self.embed_norm_is_final)]  # fmt: skip
+        if not norms:
+            return None
         if len(norms) != 1:
             raise ValueError(
                 f"the base model holds {len(norms)} norms beside its layers "
                 f"({[type(m).__name__ for m in norms]}); one final norm is recognised"
             )
         return norms[0]
+
+    def _in_base(self, name: str) -> str:
+        return f"{self.base_name}.{name}".lstrip(".")
+
+    def _embed_norm_module(self) -> nn.Module | None:
+        return None if self.embed_norm is None else self.twin.get_submodule(self.embed_norm)
 
     def _watch(
         self, capped: bool
@@ -419,12 +465,14 @@ class _Reader:
         tables = {n: m for n, m in self.base.named_children()
                   if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
         handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
+        base_norms = {n: m for n, m in self.base.named_children() if is_norm(m)}
+        handles += [m.register_forward_hook(hook(f"norm:{n}"), with_kwargs=True)
+                    for n, m in base_norms.items()]  # fmt: skip
         handles.append(embed.register_forward_hook(keep("embed")))
         unembed = self.twin.get_output_embeddings()
         handles.append(unembed.register_forward_hook(keep("unembed")))
         handles.append(unembed.register_forward_pre_hook(
             lambda module, args: seen.__setitem__("unembed_in", args[0])))  # fmt: skip
-        handles.append(self._final_norm().register_forward_hook(keep("final_norm")))
         tokens = torch.randint(
             0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
         )
@@ -435,19 +483,38 @@ class _Reader:
             for handle in handles:
                 handle.remove()
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
+        outer: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        for name, x, y in calls:
+            if name.startswith("norm:"):
+                outer.setdefault(name.removeprefix("norm:"), []).append((x, y))
+        calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
+        entering = calls[0][1]
+        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
+        # One module may norm the embeddings and, called again, the last stream (nanochat's).
+        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
+                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
+        self.embed_norm = self._in_base(normed[0]) if normed else None
+        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
+        summed = outer[normed[0]][0][0] if normed else entering
         try:  # the embedding's output, multiplied after the module (Granite's multiplier)
-            scale *= ratio(calls[0][1], seen["embed"], "the first layer's input")
+            scale *= ratio(summed, seen["embed"], "the first layer's input")
             positions: tuple[str | None, int] = (None, 0)
         except ValueError:  # or plus learned positions
-            positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
+            positions = self._positions(summed - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
         # What multiplies the final norm's output before the unembedding reads it (MiniCPM's
         # `hidden_size / dim_model_base`) scales the logits as much as what follows it.
-        before = ratio(seen["unembed_in"], seen["final_norm"], "the unembedding's input")
+        final = self._final_norm()  # None: the last layer's post-residual norm
+        name = next((n for n, m in base_norms.items() if m is final), None)
+        before = (
+            1.0
+            if name is None
+            else ratio(seen["unembed_in"], outer[name][-1][1], "the unembedding's input")
+        )
         return calls, before * ratio(logits, seen["unembed"], "the logits"), scale, positions
 
     def _positions(

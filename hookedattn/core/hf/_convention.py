@@ -80,10 +80,11 @@ class Convention:
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
         roles = {role for role, _, _ in a.mlp_maps}
+        n_ctx = getattr(c, "max_position_embeddings", None) or 2048
         fields = {
             "n_layers": c.num_hidden_layers,
             "d_model": c.hidden_size,
-            "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
+            "n_ctx": n_ctx - a.position_offset if a.positions_within else n_ctx,
             "d_vocab": c.vocab_size,
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
@@ -105,6 +106,8 @@ class Convention:
             "use_attn_sinks": a.sinks,
             "attn_gate": a.attn_gate,
             "attn_gate_per_head": bool(a.attn_gate_per_head),
+            "embed_norm": a.embed_norm is not None,
+            "unembed_transform": a.head_act,
             **rotary,
             **_translate.window(c),
         }
@@ -123,7 +126,9 @@ class Convention:
             *self._norm_rules(hf_config, cfg),
             *self._attention_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
-            *_norm(self.anatomy, "ln_final", a.final_norm, 1.0),
+            *(_norm(a, "ln_embed", a.embed_norm, 1.0) if a.embed_norm else []),
+            *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
+            *self._head_rules(),
             Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
                  adjust=_times(scale(a.logit_scale))),
             Rule("unembed.b_U", f"{a.unembed}.bias", "d_vocab_out -> d_vocab_out",
@@ -141,6 +146,8 @@ class Convention:
                 r"\.inv_freq$",
                 r"\.original_inv_freq$",
                 *(rf"\.{n}\." for n in a.unused),
+                # A live model's second name of a tensor it ties (BERT's decoder bias).
+                *(rf"^{re.escape(saved)}$" for _, saved in a.renames if hf_model is not None),
             ),
             label=f"{a.architecture} (by convention)",
             base_prefix=a.base,
@@ -155,9 +162,24 @@ class Convention:
             raise ValueError(f"positions from row {a.position_offset} of their table: only "
                              "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip
         pattern, name = "n_ctx d_model -> n_ctx d_model", f"{a.positions}.weight"
+        # Token type 0, which every token gets, is a constant of the positions' rows.
+        plus = f"{a.token_types}.weight" if a.token_types else None
         if a.position_offset == 0:
-            return [Rule("pos_embed.W_pos", name, pattern)]
-        return [Rule("pos_embed.W_pos", name, pattern, split=("pos_offset", "n_ctx"), part=1)]
+            return [Rule("pos_embed.W_pos", name, pattern, plus_first_row=plus)]
+        split = ("pos_offset", "n_ctx")
+        return [Rule("pos_embed.W_pos", name, pattern, split=split, part=1, plus_first_row=plus)]
+
+    def _head_rules(self) -> list[Rule]:
+        """BERT's head transform before the decoder: a square dense map and a norm."""
+        a, ours = self.anatomy, "unembed_transform"
+        if a.head_dense is None:
+            return []
+        square = "d_model_out d_model -> d_model d_model_out"
+        return [
+            Rule(f"{ours}.W_dense", f"{a.head_dense}.weight", square),
+            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model"),
+            *_norm(a, f"{ours}.ln_unembed", a.head_norm, 1.0),
+        ]  # fmt: skip
 
     def _norm_rules(self, hf_config: Any, cfg: HookedTransformerConfig) -> list[Rule]:
         """Each block norm; a write scale multiplies a post-norm's gain and bias."""
@@ -361,7 +383,8 @@ def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
 
 _DECODER_FIELDS = {"num_hidden_layers": "decoder_layers", "num_attention_heads":
                    "decoder_attention_heads", "intermediate_size": "decoder_ffn_dim",
-                   "max_position_embeddings": "max_target_positions"}  # fmt: skip
+                   "max_position_embeddings": "max_target_positions",
+                   "vocab_size": "decoder_vocab_size"}  # fmt: skip
 
 
 class _Decoder:

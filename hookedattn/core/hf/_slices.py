@@ -29,7 +29,14 @@ from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf._loading import SafetensorsFiles
-from hookedattn.core.hf._table import Rule, Table, TensorSource, axis_sizes, our_shape
+from hookedattn.core.hf._table import (
+    Rule,
+    Table,
+    TensorSource,
+    axis_sizes,
+    our_shape,
+    plus_first_row,
+)
 
 Ranges = Mapping[str, tuple[int, int]]
 # A chunk of this many bytes (of the finished tensor) is read at a time: small beside a
@@ -194,7 +201,8 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
             axis = _our_axis(rule, local_slice.axis)
             ranges[axis] = (local_slice.start, local_slice.stop)
         hf = stored.get(rule.hf)
-        return read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
+        tensor = read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
+        return plus_first_row(rule, tensor, source, stored, ranges.get("d_model"))
 
     return read
 

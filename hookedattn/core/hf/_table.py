@@ -53,6 +53,9 @@ class Rule:
     experts: int = 0
     # The value of every entry of a rule without an HF tensor.
     fill: float = 0.0
+    # An HF table `[rows d_model]` whose first row is added to every row of ours: BERT's
+    # token type 0, the same for every token of an input, folded into the positions.
+    plus_first_row: str | None = None
 
     def expand(self, n_layers: int) -> list["Rule"]:
         """This rule for every block, when it names `{layer}`; else itself."""
@@ -75,6 +78,10 @@ class Rule:
         if not self.experts:
             return [self.hf]
         return [self.hf.replace("{expert}", str(e)) for e in range(self.experts)]
+
+    def read_names(self) -> list[str]:
+        """Every HF tensor this rule reads: `hf_names` and the table of `plus_first_row`."""
+        return self.hf_names() + ([self.plus_first_row] if self.plus_first_row else [])
 
 
 def zeros(ours: str, axes: str) -> Rule:
@@ -118,6 +125,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
     """The size of every axis name a rule's pattern may use, from our config."""
     return {
         "d_model": cfg.d_model,
+        "d_model_out": cfg.d_model,  # the other side of a square map (a head transform)
         "d_head": cfg.d_head,
         "head": cfg.n_heads,
         "kv_head": cfg.n_kv_heads,
@@ -193,7 +201,7 @@ class Table:
         """For each HF name the rules read, the name it is stored under in `present`."""
         found = {}
         for rule in self.rules:
-            for hf in rule.hf_names():
+            for hf in rule.read_names():
                 names = (hf, *self.aliases.get(hf, ()))
                 candidates = (*names, *(n.removeprefix(self.base_prefix) for n in names))
                 found[hf] = next((c for c in candidates if c in present), hf)
@@ -221,6 +229,9 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
                 entry = f"{stored}: {shape} instead of {hf_shape(rule, sizes)}"
                 if entry not in wrong:
                     wrong.append(entry)
+        added = names.get(rule.plus_first_row or "")
+        if added in source.shapes and tuple(source.shapes[added])[1:] != (cfg.d_model,):
+            wrong.append(f"{added}: {tuple(source.shapes[added])} instead of (rows, d_model)")
     kinds = sorted(
         f"{stored}: {source.dtypes[stored]}"
         for stored in read
@@ -265,7 +276,26 @@ def convert(
             yield rule.ours, stacked
         else:
             stored = source.get(names[rule.hf])
-            yield rule.ours, _owning(_converted(rule, stored, sizes, dtype, device), stored)
+            tensor = _owning(_converted(rule, stored, sizes, dtype, device), stored)
+            yield rule.ours, plus_first_row(rule, tensor, source, names)
+
+
+def plus_first_row(
+    rule: Rule,
+    tensor: Tensor,
+    source: TensorSource,
+    names: Mapping[str, str],
+    columns: tuple[int, int] | None = None,
+) -> Tensor:
+    """`tensor` with the first row of the rule's `plus_first_row` table added to each of
+    its rows (its `columns` only, where `tensor` holds a slice of `d_model`); `tensor`
+    itself for a rule without one."""
+    if rule.plus_first_row is None:
+        return tensor
+    first = source.get(names[rule.plus_first_row])[0]
+    if columns is not None:
+        first = first[columns[0] : columns[1]]
+    return tensor + first.to(device=tensor.device, dtype=tensor.dtype)
 
 
 def _converted(

@@ -3,7 +3,10 @@
 A norm whose output a sublayer reads is that sublayer's pre-norm (`ln1`, `ln2`); one whose
 input is a sublayer's output is its post-norm (`ln1_post`, `ln2_post`); the MLP reading the
 stream the attention read makes the block parallel; and what each sublayer adds to the
-stream, divided by what it computed, is the scalar its write is multiplied by.
+stream, divided by what it computed, is the scalar its write is multiplied by. Norms that
+read the stream plus a sublayer's write are post-residual norms (GPT-1's, BERT's, BART's:
+`ln_resid_mid` after the attention's add, whose output the MLP reads, and `ln_resid_post`
+after the MLP's, whose output leaves the layer).
 """
 
 import torch
@@ -23,6 +26,9 @@ def wiring(
         raise ValueError("the twin's first layer did not call both its sublayers")
     attn_in, attn_out = called[attn]
     mlp_in, mlp_out = called[mlp]
+    post_residual = _post_residual(called, resid, out, attn_out, mlp_in, mlp_out, norm_names)
+    if post_residual is not None:
+        return post_residual, False, (1.0, 1.0)
     norms = []
     for name in norm_names:
         if name not in called:
@@ -63,10 +69,40 @@ def wiring(
     return norms, parallel, scales
 
 
+def _post_residual(
+    called: dict[str, tuple[Tensor, Tensor]],
+    resid: Tensor,
+    out: Tensor,
+    attn_out: Tensor,
+    mlp_in: Tensor,
+    mlp_out: Tensor,
+    norm_names: list[str],
+) -> list[tuple[str, str]] | None:
+    """The layer's two norms as `ln_resid_mid` and `ln_resid_post` where they norm the
+    stream after each add (one reads `resid + attn_out` and feeds the MLP, the other reads
+    that plus `mlp_out` and is the layer's output); None where they do not."""
+
+    def same(a: Tensor, b: Tensor) -> bool:
+        return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+
+    mid = [n for n in norm_names if n in called and same(called[n][0], resid + attn_out)
+           and same(called[n][1], mlp_in)]  # fmt: skip
+    if len(norm_names) != 2 or len(mid) != 1:
+        return None
+    (post,) = [n for n in norm_names if n != mid[0]]
+    x, y = called.get(post, (None, None))
+    if x is None or not same(x, mlp_in + mlp_out) or not same(y, out):
+        return None
+    return [("ln_resid_mid", mid[0]), ("ln_resid_post", post)]
+
+
 def placement(ours: set[str]) -> str:
     """ "pre", "post" or "pre_and_post" for the set of our norm names a layer holds."""
     for placement, names in (("pre", {"ln1", "ln2"}), ("post", {"ln1_post", "ln2_post"}),
-                             ("pre_and_post", {"ln1", "ln2", "ln1_post", "ln2_post"})):  # fmt: skip
+                             ("pre_and_post", {"ln1", "ln2", "ln1_post", "ln2_post"}),
+                             ("post_residual", {"ln_resid_mid", "ln_resid_post"})):  # fmt: skip
         if ours == names:
             return placement
-    raise ValueError(f"norms at {sorted(ours)}: not one of pre, post or pre-and-post norms")
+    raise ValueError(
+        f"norms at {sorted(ours)}: not one of pre, post, pre-and-post or post-residual norms"
+    )

@@ -36,7 +36,9 @@ from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCacheEntry
 
 DeviceMap = str | Sequence[str] | Mapping[str, str]
-FIRST_DEVICE_UNITS = ("embed", "pos_embed", "ln_final", "unembed")
+FIRST_DEVICE_UNITS = (
+    "embed", "pos_embed", "ln_embed", "ln_final", "unembed_transform", "unembed",
+)  # fmt: skip
 
 
 def check_device(device: Any) -> str:
@@ -72,7 +74,10 @@ def check_device(device: Any) -> str:
 def units(model: Any) -> list[str]:
     """The model's placeable units, in forward order."""
     names = ["embed", *(["pos_embed"] if hasattr(model, "pos_embed") else [])]
-    return [*names, *(f"blocks.{i}" for i in range(model.cfg.n_layers)), "ln_final", "unembed"]
+    names += ["ln_embed"] if model.cfg.embed_norm else []  # BERT's, BART's
+    head = ["unembed_transform"] if model.cfg.unembed_transform is not None else []
+    blocks = [f"blocks.{i}" for i in range(model.cfg.n_layers)]
+    return [*names, *blocks, "ln_final", *head, "unembed"]
 
 
 def unit_bytes(model: Any) -> dict[str, int]:
@@ -297,7 +302,7 @@ def follow_devices(model: Any, placed: Mapping[str, str]) -> None:
     block and the output a pre-hook moving its inputs to its weights' device (once)."""
     if not getattr(model, "_follows_devices", False):
         mover = _ToWeightsDevice()
-        for module in (*model.blocks, model.ln_final, model.unembed):
+        for module in (*model.blocks, model.ln_final, model.unembed_transform, model.unembed):
             module.register_forward_pre_hook(mover)
         model._follows_devices = True
     model.device_map = dict(placed)
