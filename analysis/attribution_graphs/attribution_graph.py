@@ -200,16 +200,16 @@ def attribution_graph(
     n_nodes = n_f + (n + 1) * n_pos + len(targets)
     _check_size(n_nodes, f.embed, max_bytes)
     errors, dropped = _dropped(f, first)
-    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes),
-                 errors, dropped, demean_logits)  # fmt: skip
-    batches = _fill(g, targets, n_f + (n + 1) * n_pos, batch_size)
+    g = _Context(f, features, acts, errors, dropped, demean_logits)
+    adjacency, bias = f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes)
+    batches = _fill(g, adjacency, bias, targets, batch_size)
     token_strings = tuple(_frozen.token_texts(model, tokens.tolist()))
     return AttributionGraph(
         prompt=prompt if isinstance(prompt, str) else _frozen.prompt_text(model, tokens),
         tokens=tokens, token_strings=token_strings, n_layers=n,
         features=features, activations=acts, logit_tokens=targets,
         logit_strings=tuple(_frozen.token_texts(model, targets.tolist())),
-        logit_probabilities=probabilities[targets], adjacency=g.adjacency, bias=g.bias,
+        logit_probabilities=probabilities[targets], adjacency=adjacency, bias=bias,
         backward_batches=batches, transcoders=repr(tset),
         scan=_scan(model, tset) if scan is None else _checked_scan(scan),
         demeaned_logits=demean_logits, dropped_first_position=drop_first_position,
@@ -280,17 +280,20 @@ def _dropped(
     return tuple(errors), tuple(dropped)
 
 
-def _fill(g: "_Filling", targets: Int[Tensor, " logit"], first_logit: int, batch_size: int) -> int:
-    """Every row of the graph: the feature targets layer by layer, then the logits (rows
-    from `first_logit`), `batch_size` targets a sweep; returns how many sweeps."""
-    batches = 0
+def _fill(
+    g: "_Context", adjacency: Tensor, bias: Tensor, targets: Int[Tensor, " logit"], batch_size: int
+) -> int:
+    """Every row of the graph: the feature targets layer by layer, then the logits,
+    `batch_size` targets a sweep; returns how many sweeps."""
+    batches, n_nodes = 0, len(adjacency)
     for layer in range(g.f.n_layers):
         for chunk in (g.features[:, 0] == layer).nonzero().flatten().split(batch_size):
-            _fill_feature_targets(g, chunk)
+            adjacency[chunk], bias[chunk] = feature_rows(g, chunk, n_nodes)
             batches += 1
-    logit_rows = torch.arange(first_logit, first_logit + len(targets), device=targets.device)
-    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
-        _fill_logit_targets(g, chosen, rows)
+    first_logit = g.n_nodes_before_logits
+    logit_rows_ = torch.arange(first_logit, first_logit + len(targets), device=targets.device)
+    for chosen, rows in zip(targets.split(batch_size), logit_rows_.split(batch_size), strict=True):
+        adjacency[rows], bias[rows] = logit_rows(g, chosen, n_nodes)
         batches += 1
     return batches
 
@@ -332,39 +335,47 @@ def _free_memory(device: torch.device) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Filling:
-    """A graph being filled in: the frozen forward, the feature nodes, the rows, the error
+class _Context:
+    """What filling a graph's rows reads: the frozen forward, the feature nodes, the error
     nodes' vectors and the writes left out of the nodes (`_dropped`), and whether the
     logits are demeaned."""
 
     f: _frozen.Frozen
     features: Int[Tensor, "feature 3"]
     acts: Float[Tensor, " feature"]
-    adjacency: Float[Tensor, "node node"]
-    bias: Float[Tensor, " node"]
     errors: tuple[Float[Tensor, "pos d_model"], ...]
     dropped: tuple[Float[Tensor, "pos d_model"], ...]
     demean_logits: bool
 
+    @property
+    def n_nodes_before_logits(self) -> int:
+        """Features, error nodes and tokens: the index of the first logit node."""
+        return len(self.features) + (self.f.n_layers + 1) * len(self.f.tokens)
 
-def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
-    """The rows of feature targets `chunk` (all of one layer), from one sweep."""
-    f = g.f
+
+def feature_rows(
+    g: _Context, chunk: Int[Tensor, " target"], n_nodes: int
+) -> tuple[Float[Tensor, "target node"], Float[Tensor, " target"]]:
+    """The rows `[target node]` of feature targets `chunk` (all of one layer) and their
+    bias, from one sweep. The sweep runs on the prompt up to the chunk's last position:
+    attention is causal, so nothing after it reaches these targets."""
     layer = int(g.features[chunk[0], 0])
     pos, index = g.features[chunk, 1], g.features[chunk, 2]
+    f = _frozen.prefix(g.f, int(pos.max()) + 1)
     W_enc, b_enc = f.tset.encoder(layer)
     directions = W_enc.detach()[:, index].T  # target d_in
     seed = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
     seed[torch.arange(len(chunk), device=seed.device), pos] = directions
     seed = _frozen.input_transpose(f, layer, seed)
     own = b_enc.detach()[index] + _dot(_frozen.input_constant(f, layer), directions)
-    _fill_rows(g, chunk, _frozen.sweep(f, seed, layer), own)
+    return _rows(g, f, _frozen.sweep(f, seed, layer), own, n_nodes)
 
 
-def _fill_logit_targets(
-    g: _Filling, chosen: Int[Tensor, " target"], rows: Int[Tensor, " target"]
-) -> None:
-    """The rows `rows` of the logit targets `chosen` (token ids), from one sweep."""
+def logit_rows(
+    g: _Context, chosen: Int[Tensor, " target"], n_nodes: int
+) -> tuple[Float[Tensor, "target node"], Float[Tensor, " target"]]:
+    """The rows `[target node]` of the logit targets `chosen` (token ids) and their bias,
+    from one sweep."""
     f = g.f
     directions, b_U = f.W_U[:, chosen].T, f.b_U[chosen]  # target d_model, target
     if g.demean_logits:  # circuit-tracer's target: the logit less the mean logit
@@ -373,38 +384,46 @@ def _fill_logit_targets(
     last = None if f.scale_final is None else f.scale_final[-1:]
     seed[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], last)[:, 0]
     own = b_U + _dot(_frozen.norm_bias(f.ln_final), directions)
-    _fill_rows(g, rows, _frozen.sweep(f, seed, None), own)
+    return _rows(g, f, _frozen.sweep(f, seed, None), own, n_nodes)
 
 
-def _fill_rows(
-    g: _Filling, rows: Int[Tensor, " target"], s: _frozen.Sweep, own: Float[Tensor, " target"]
-) -> None:
-    """Every edge into the targets `rows` (and their bias) from their sweep `s`."""
-    f, features, A = g.f, g.features, g.adjacency
-    n_f, n_pos = len(features), len(f.tokens)
+def _rows(
+    g: _Context, f: _frozen.Frozen, s: _frozen.Sweep, own: Float[Tensor, " target"], n_nodes: int
+) -> tuple[Float[Tensor, "target node"], Float[Tensor, " target"]]:
+    """Every edge into the targets of sweep `s` (and their bias); `f` is the frozen forward
+    on the prompt's first `m` positions, those the sweep ran on (sources after them are 0)."""
+    features, m = g.features, len(f.tokens)
+    n_f, n_pos = len(features), len(g.f.tokens)
+    A = f.embed.new_zeros(len(own), n_nodes)
     for layer, grad in s.post.items():
         start = n_f + layer * n_pos
-        A[rows, start : start + n_pos] = einsum(grad, g.errors[layer], "t p d, p d -> t p")
+        A[:, start : start + m] = einsum(grad, g.errors[layer][:m], "t p d, p d -> t p")
     token_start = n_f + f.n_layers * n_pos
-    A[rows, token_start : token_start + n_pos] = einsum(s.embed, f.embed, "t p d, p d -> t p")
+    A[:, token_start : token_start + m] = einsum(s.embed, f.embed, "t p d, p d -> t p")
     for source in range(f.n_layers):
-        columns = (features[:, 0] == source).nonzero().flatten()
+        columns = ((features[:, 0] == source) & (features[:, 1] < m)).nonzero().flatten()
         written = [o for o in f.tset.outputs(source) if o in s.post]
         if len(columns) == 0 or not written:
             continue
-        pos, index = features[columns, 1], features[columns, 2]
-        edge = 0
-        for out in written:
-            W = f.tset.decoder(source, out).detach()[index]  # source d_out
-            edge = edge + einsum(s.post[out][:, pos], W, "t s d, s d -> t s")
-        A[rows[:, None], columns[None]] = edge * g.acts[columns]
+        # in blocks of sources: the gathered gradients are `[target source d_model]`
+        for block in columns.split(max(1, _GATHER_ELEMENTS // (len(own) * f.embed.shape[-1]))):
+            pos, index = features[block, 1], features[block, 2]
+            edge = 0
+            for out in written:
+                W = f.tset.decoder(source, out).detach()[index]  # source d_out
+                edge = edge + einsum(s.post[out][:, pos], W, "t s d, s d -> t s")
+            A[:, block] = edge * g.acts[block]
     constant = own.clone()
     for layer, grad in s.mid.items():
         constant = constant + einsum(grad, _frozen.attention_constant(f, layer), "t p d, p d -> t")
     for layer, grad in s.post.items():
         constant = constant + einsum(grad, _frozen.mlp_constant(f, layer), "t p d, d -> t")
-        constant = constant + einsum(grad, g.dropped[layer], "t p d, p d -> t")
-    g.bias[rows] = constant
+        constant = constant + einsum(grad, g.dropped[layer][:m], "t p d, p d -> t")
+    return A, constant
+
+
+# The most elements of gathered gradients `_rows` holds at once (64 MiB in float64).
+_GATHER_ELEMENTS = 2**23
 
 
 def _dot(constant: Tensor | float, directions: Float[Tensor, "target d"]) -> Tensor | float:
