@@ -40,7 +40,6 @@ unseen.
 """
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,39 +47,20 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.attribution_graphs import _rows
+from analysis.attribution_graphs import _budget, _rows
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
-class AttributionGraph:
-    """The graph of one prompt's prediction (module docstring).
+class NodeOrder:
+    """The node order of a prompt's graph (module docstring), for the classes that hold one:
+    they have `tokens`, `token_strings`, `n_layers`, `features`, `logit_tokens` and
+    `logit_strings`."""
 
-    `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node
-    order, `activations` their values; `logit_tokens` the target tokens (at the last
-    position), `logit_strings` them as text and `logit_probabilities` their probabilities.
-    `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
-    each target (zero for nodes that are only sources). `backward_batches` counts the
-    transposed sweeps run. `scan` names the transcoders in the graph JSON; `demeaned_logits`
-    and `dropped_first_position` say which of circuit-tracer's conventions it follows
-    (module docstring).
-    """
-
-    prompt: str
     tokens: Int[Tensor, " pos"]
     token_strings: tuple[str, ...]
     n_layers: int
     features: Int[Tensor, "feature 3"]
-    activations: Float[Tensor, " feature"]
     logit_tokens: Int[Tensor, " logit"]
     logit_strings: tuple[str, ...]
-    logit_probabilities: Float[Tensor, " logit"]
-    adjacency: Float[Tensor, "node node"]
-    bias: Float[Tensor, " node"]
-    backward_batches: int
-    transcoders: str
-    scan: str = ""
-    demeaned_logits: bool = False
-    dropped_first_position: bool = False
 
     # ------------------------------------------------------------------ the node order
     @property
@@ -96,7 +76,7 @@ class AttributionGraph:
     @property
     def n_nodes(self) -> int:
         """All nodes: features, error nodes, tokens, logits."""
-        return self.adjacency.shape[0]
+        return self.n_features + (self.n_layers + 1) * self.n_pos + len(self.logit_tokens)
 
     def error_node(self, layer: int, pos: int) -> int:
         """The index of the error node of layer `layer` at position `pos`."""
@@ -132,6 +112,38 @@ class AttributionGraph:
             return f"tok {self.token_strings[node]!r}@{node}"
         i = node - self.n_pos
         return f"logit {self.logit_strings[i]!r}"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class AttributionGraph(NodeOrder):
+    """The graph of one prompt's prediction (module docstring).
+
+    `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node
+    order, `activations` their values; `logit_tokens` the target tokens (at the last
+    position), `logit_strings` them as text and `logit_probabilities` their probabilities.
+    `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
+    each target (zero for nodes that are only sources). `backward_batches` counts the
+    transposed sweeps run. `scan` names the transcoders in the graph JSON; `demeaned_logits`
+    and `dropped_first_position` say which of circuit-tracer's conventions it follows
+    (module docstring).
+    """
+
+    prompt: str
+    tokens: Int[Tensor, " pos"]
+    token_strings: tuple[str, ...]
+    n_layers: int
+    features: Int[Tensor, "feature 3"]
+    activations: Float[Tensor, " feature"]
+    logit_tokens: Int[Tensor, " logit"]
+    logit_strings: tuple[str, ...]
+    logit_probabilities: Float[Tensor, " logit"]
+    adjacency: Float[Tensor, "node node"]
+    bias: Float[Tensor, " node"]
+    backward_batches: int
+    transcoders: str
+    scan: str = ""
+    demeaned_logits: bool = False
+    dropped_first_position: bool = False
 
     # ------------------------------------------------------------------ what it predicts
     def total_effects(self) -> Float[Tensor, "logit node"]:
@@ -202,7 +214,8 @@ def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
                                   or max_bytes < 1):  # fmt: skip
         raise ValueError(f"max_bytes must be a positive int (bytes) or None, got {max_bytes!r}")
-    budget = _free_memory(like.device) // 2 if max_bytes is None else max_bytes
+    free = _budget.free_memory(like.device)
+    budget = (None if free is None else free // 2) if max_bytes is None else max_bytes
     needed = n_nodes * n_nodes * like.element_size()
     if budget is not None and needed > budget:
         source = "max_bytes" if max_bytes is not None else "half the free memory"
@@ -213,16 +226,6 @@ def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
             f"features (transcoders with a higher threshold) or fewer target logits, or "
             f"pass a larger max_bytes"
         )
-
-
-def _free_memory(device: torch.device) -> int | None:
-    """The bytes free on `device` now (None where this cannot be read)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _fill(
