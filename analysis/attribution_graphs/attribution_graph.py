@@ -50,7 +50,7 @@ from torch import Tensor
 from analysis.attribution_graphs import _budget, _rows
 
 
-class NodeOrder:
+class _NodeOrder:
     """The node order of a prompt's graph (module docstring), for the classes that hold one:
     they have `tokens`, `token_strings`, `n_layers`, `features`, `logit_tokens` and
     `logit_strings`."""
@@ -115,7 +115,7 @@ class NodeOrder:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class AttributionGraph(NodeOrder):
+class AttributionGraph(_NodeOrder):
     """The graph of one prompt's prediction (module docstring).
 
     `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node

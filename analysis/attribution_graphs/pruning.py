@@ -104,7 +104,7 @@ def _threshold(scores: Tensor, fraction: float) -> Tensor:
     return ordered[min(index, len(ordered) - 1)]
 
 
-def check_thresholds(node_threshold: float, edge_threshold: float) -> None:
+def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
     """Each threshold is a number in [0, 1]."""
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
@@ -116,7 +116,7 @@ def prune_graph(
 ) -> PrunedGraph:
     """Keep the nodes holding `node_threshold` of the influence on the target logits, and
     of their edges those holding `edge_threshold` (module docstring)."""
-    check_thresholds(node_threshold, edge_threshold)
+    _check_thresholds(node_threshold, edge_threshold)
     A, n = graph.adjacency, graph.n_nodes
     n_f = graph.n_features
     first_token, first_logit = graph.token_node(0), graph.logit_node(0)

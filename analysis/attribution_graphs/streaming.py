@@ -44,12 +44,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analysis.attribution_graphs import _budget, _rows
-from analysis.attribution_graphs.attribution_graph import NodeOrder
-from analysis.attribution_graphs.pruning import _threshold, check_thresholds
+from analysis.attribution_graphs.attribution_graph import _NodeOrder
+from analysis.attribution_graphs.pruning import _check_thresholds, _threshold
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class PrunedAttributionGraph(NodeOrder):
+class PrunedAttributionGraph(_NodeOrder):
     """A prompt's attribution graph pruned while it was computed (module docstring).
 
     Nodes are numbered as in `AttributionGraph` (`features`, `logit_tokens` and the rest as
@@ -147,7 +147,7 @@ def pruned_attribution_graph(
     `top_k`, `demean_logits`, `drop_first_position` and `scan` are `attribution_graph`'s.
     A `tqdm` bar counts the sweeps unless `progress` is False.
     """
-    check_thresholds(node_threshold, edge_threshold)
+    _check_thresholds(node_threshold, edge_threshold)
     if max_feature_nodes is not None and (
         isinstance(max_feature_nodes, bool)
         or not isinstance(max_feature_nodes, int)
