@@ -194,7 +194,9 @@ def attribution_graph(
     default `{model_name}/{kind}-{d_sae}`.
 
     The graph is a dense `[node node]` matrix: one refused up front, with its size, when it
-    would take more than `max_bytes` (default: half the memory free on its device now).
+    would take more than `max_bytes` (default: half the memory available on its device
+    now). Its memory grows with the square of the prompt's length; `pruned_attribution_graph`
+    gives its pruned graph in memory that grows linearly.
     """
     p = _rows.prepare(model, transcoders, prompt, logits, top_k, demean_logits, drop_first_position)
     _check_size(p.n_nodes, p.g.f.embed, max_bytes)
@@ -224,7 +226,8 @@ def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
             f"{n_nodes}] in {like.dtype} would take {needed / 2**30:.2f} GiB, more than "
             f"{budget / 2**30:.2f} GiB ({source}); use a shorter prompt, fewer active "
             f"features (transcoders with a higher threshold) or fewer target logits, or "
-            f"pass a larger max_bytes"
+            f"pass a larger max_bytes, or compute the pruned graph in chunks without the "
+            f"dense one (pruned_attribution_graph)"
         )
 
 

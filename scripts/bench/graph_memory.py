@@ -74,12 +74,14 @@ wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 g = pruned.graph if mode == "dense" else pruned
 print(json.dumps({
-    "model": model_name, "mode": mode, "tokens": n_pos, "k": k,
+    "model": model_name, "mode": mode, "tokens": n_pos,
+    "k": None if model_name == "bytes-gelu-2l" else k,
     "budget": budget if mode == "streamed" else None,
     "max_feature_nodes": max_features if mode == "streamed" else None,
     "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
     "peak_rss_added_mib": round((after - before) / 1024, 1),
     "nodes": g.n_nodes, "features": g.n_features,
+    "dense_adjacency_mib": round(g.n_nodes ** 2 * g.activations.element_size() / 2**20, 1),
     "kept_nodes": pruned.n_nodes if mode == "dense" else int(pruned.node_mask.sum()),
     "kept_features": len(pruned.kept_features()), "edges_kept": pruned.n_edges,
     "sweeps": pruned.graph.backward_batches if mode == "dense" else pruned.sweeps,
