@@ -17,9 +17,13 @@ time is wall clock with the process's CPU time beside it. Two ways to the pruned
 Two models: the shipped `bytes-gelu-2l` with its per-layer transcoders (learned
 positional embeddings, so at most its `n_ctx`, 128 tokens), and a random one without a
 context limit (rotary positions, 4 layers, d_model 256, TopK transcoders of `--k` features
-a position, random weights). The scaling exponent is the slope of a least-squares line
-through log(peak memory) against log(tokens); `ratio_4x` divides the memory at the
-longest prompt by that at a quarter of its length, where both were measured.
+a position, random weights), and a light random one shaped like the shipped model (2
+layers, d_model 64, rotary, `--light-k` features a position) for the longest prompts: the
+time grows faster than the square of the length (every feature's row is computed, and a
+row's sweep carries the prompt through every layer's attention). The scaling exponent is
+the slope of a least-squares line through log(peak memory) against log(tokens);
+`ratio_4x` divides the memory at the longest prompt by that at a quarter of its length,
+where both were measured.
 """
 
 import argparse
@@ -50,7 +54,7 @@ if model_name == "bytes-gelu-2l":
 else:
     from hookedattn.sae import Transcoder, TranscoderConfig
     from hookedattn.testing import random_tiny_model
-    d, n_layers = 256, 4
+    d, n_layers = (256, 4) if model_name == "random-d256-4l" else (64, 2)
     model = random_tiny_model(n_layers=n_layers, d_model=d, n_heads=8, d_mlp=4 * d,
                               n_ctx=max(n_pos, 16), d_vocab=512, dtype=torch.float32,
                               act_fn="gelu", positional_embedding_type="rotary")
@@ -134,18 +138,23 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=330.0, help="seconds per case")
     parser.add_argument("--random-tokens", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--dense-tokens", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--light-tokens", type=int, nargs="*", default=[256, 1024, 2048, 4096])
+    parser.add_argument("--light-k", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     shipped = [32, 64, 128]
     random_lengths, dense_lengths = args.random_tokens, args.dense_tokens
     if args.quick:
         shipped, random_lengths, dense_lengths = [16, 32], [16, 32], [16, 32]
+        args.light_tokens = [16, 32]
     cases = [("bytes-gelu-2l", mode, n) for mode in ("dense", "streamed") for n in shipped]
     cases += [("random-d256-4l", "dense", n) for n in dense_lengths]
     cases += [("random-d256-4l", "streamed", n) for n in random_lengths]
+    cases += [("random-d64-2l", "streamed", n) for n in args.light_tokens]
     results: list[dict[str, Any]] = []
     for model, mode, n_pos in cases:
-        results.append(run_case(model, mode, n_pos, args.k, args.budget,
+        k = args.light_k if model == "random-d64-2l" else args.k
+        results.append(run_case(model, mode, n_pos, k, args.budget,
                                 args.max_feature_nodes, args.timeout))  # fmt: skip
         print(json.dumps(results[-1]), flush=True)
     fits = {}
@@ -159,14 +168,25 @@ def main() -> None:
         "threads": 1,
         "budget": args.budget,
         "max_feature_nodes": args.max_feature_nodes,
-        "random_model": {
-            "n_layers": 4,
-            "d_model": 256,
-            "n_heads": 8,
-            "d_sae": 2048,
-            "k": args.k,
-            "positions": "rotary",
-            "dtype": "float32",
+        "random_models": {
+            "random-d256-4l": {
+                "n_layers": 4,
+                "d_model": 256,
+                "n_heads": 8,
+                "d_sae": 2048,
+                "k": args.k,
+                "positions": "rotary",
+                "dtype": "float32",
+            },
+            "random-d64-2l": {
+                "n_layers": 2,
+                "d_model": 64,
+                "n_heads": 8,
+                "d_sae": 512,
+                "k": args.light_k,
+                "positions": "rotary",
+                "dtype": "float32",
+            },
         },
         "cases": results,
         "scaling": fits,
