@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+MODELS = ["bytes-gelu-2l", "random-d256-4l", "random-d64-2l"]
 
 CASE = """
 import json, resource, sys, time, torch
@@ -140,7 +141,8 @@ def main() -> None:
     parser.add_argument("--dense-tokens", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--light-tokens", type=int, nargs="*", default=[256, 1024, 2048, 4096])
     parser.add_argument("--light-k", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--json", type=Path, default=None, help="merged into, if it exists")
     args = parser.parse_args()
     shipped = [32, 64, 128]
     random_lengths, dense_lengths = args.random_tokens, args.dense_tokens
@@ -151,14 +153,20 @@ def main() -> None:
     cases += [("random-d256-4l", "dense", n) for n in dense_lengths]
     cases += [("random-d256-4l", "streamed", n) for n in random_lengths]
     cases += [("random-d64-2l", "streamed", n) for n in args.light_tokens]
+    cases = [case for case in cases if case[0] in args.models]
     results: list[dict[str, Any]] = []
     for model, mode, n_pos in cases:
         k = args.light_k if model == "random-d64-2l" else args.k
         results.append(run_case(model, mode, n_pos, k, args.budget,
                                 args.max_feature_nodes, args.timeout))  # fmt: skip
         print(json.dumps(results[-1]), flush=True)
+    if args.json is not None and args.json.exists():  # keep the cases not rerun
+        ran = {(r["model"], r["mode"], r["tokens"]) for r in results}
+        earlier = json.loads(args.json.read_text())["cases"]
+        results = [r for r in earlier if (r["model"], r["mode"], r["tokens"]) not in ran] + results
+    results.sort(key=lambda r: (MODELS.index(r["model"]), r["mode"], r["tokens"]))
     fits = {}
-    for model, mode in sorted({(m, mo) for m, mo, _ in cases}):
+    for model, mode in sorted({(r["model"], r["mode"]) for r in results}):
         fits[f"{model} {mode}"] = exponent(
             [r for r in results if r["model"] == model and r["mode"] == mode]
         )
