@@ -101,6 +101,17 @@ class PrunedAttributionGraph(_NodeOrder):
         """Edges kept."""
         return int(self.edge_mask.sum())
 
+    def row(self, node: int) -> int:
+        """The row of `adjacency` that holds node `node`'s incoming edges; a `KeyError` when
+        they are not stored (only the kept features' and the logits' are)."""
+        match = (self.nodes[self.rows] == node).nonzero()
+        if len(match) == 0:
+            raise KeyError(
+                f"the incoming edges of {self.label(node)} are not stored: only those of the "
+                f"{len(self.rows)} kept features and target logits"
+            )
+        return int(match[0, 0])
+
     def kept_nodes(self) -> Int[Tensor, " node"]:
         """The node ids pruning kept in the end, in order."""
         return self.nodes[self.node_mask]

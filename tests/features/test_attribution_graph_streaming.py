@@ -103,6 +103,9 @@ def test_a_stored_rows_edges_rest_and_bias_sum_to_what_it_reads(model_kind, set_
             token = streamed.logit_tokens[node - streamed.logit_node(0)]
             expected = float(logits[0, -1, token])
         assert abs(total - expected) < 1e-10, (streamed.label(node), total, expected)
+    assert streamed.row(streamed.logit_node(1)) == len(streamed.rows) - 2
+    with pytest.raises(KeyError, match="not stored"):
+        streamed.row(streamed.token_node(0))
 
 
 def test_the_budget_changes_the_chunks_not_the_graph():
