@@ -12,7 +12,9 @@ time is wall clock with the process's CPU time beside it. Two ways to the pruned
 - `dense`: `prune_graph(attribution_graph(...))`, the `[node node]` matrix first;
 - `streamed`: `pruned_attribution_graph(...)` under `--budget`, with at most
   `--max-feature-nodes` features kept (the kept block would otherwise grow with the
-  square of the kept features).
+  square of the kept features);
+- `freeze`: the frozen forward alone (`_frozen.freeze`, which every graph starts with),
+  and the attention patterns it keeps.
 
 Two models: the shipped `bytes-gelu-2l` with its per-layer transcoders (learned
 positional embeddings, so at most its `n_ctx`, 128 tokens), and a random one without a
@@ -66,6 +68,10 @@ else:
     tokens = torch.randint(0, 512, (n_pos,), generator=torch.Generator().manual_seed(1))
 
 def graph(tokens):
+    if mode == "freeze":  # the frozen forward alone: what every graph starts with
+        from analysis.attribution_graphs import _frozen
+        from hookedattn.sae import TranscoderSet
+        return _frozen.freeze(model, TranscoderSet(tcs), tokens)
     if mode == "dense":
         return prune_graph(attribution_graph(model, tcs, tokens, top_k=5, max_bytes=2**40))
     return pruned_attribution_graph(model, tcs, tokens, top_k=5, memory_budget=budget,
@@ -77,6 +83,13 @@ wall, cpu = time.perf_counter(), time.process_time()
 pruned = graph(tokens)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if mode == "freeze":
+    print(json.dumps({"model": model_name, "mode": mode, "tokens": n_pos,
+                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                      "peak_rss_added_mib": round((after - before) / 1024, 1),
+                      "patterns_held_mib": sum(p.numel() * p.element_size()
+                                               for p in pruned.patterns) / 2**20}))
+    sys.exit(0)
 g = pruned.graph if mode == "dense" else pruned
 print(json.dumps({
     "model": model_name, "mode": mode, "tokens": n_pos,
@@ -141,6 +154,7 @@ def main() -> None:
     parser.add_argument("--dense-tokens", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--light-tokens", type=int, nargs="*", default=[256, 1024, 2048, 4096])
     parser.add_argument("--light-k", type=int, default=1)
+    parser.add_argument("--freeze-tokens", type=int, nargs="*", default=[1024, 2048, 4096])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--json", type=Path, default=None, help="merged into, if it exists")
     args = parser.parse_args()
@@ -148,11 +162,12 @@ def main() -> None:
     random_lengths, dense_lengths = args.random_tokens, args.dense_tokens
     if args.quick:
         shipped, random_lengths, dense_lengths = [16, 32], [16, 32], [16, 32]
-        args.light_tokens = [16, 32]
+        args.light_tokens = args.freeze_tokens = [16, 32]
     cases = [("bytes-gelu-2l", mode, n) for mode in ("dense", "streamed") for n in shipped]
     cases += [("random-d256-4l", "dense", n) for n in dense_lengths]
     cases += [("random-d256-4l", "streamed", n) for n in random_lengths]
     cases += [("random-d64-2l", "streamed", n) for n in args.light_tokens]
+    cases += [("random-d64-2l", "freeze", n) for n in args.freeze_tokens]
     cases = [case for case in cases if case[0] in args.models]
     results: list[dict[str, Any]] = []
     for model, mode, n_pos in cases:
