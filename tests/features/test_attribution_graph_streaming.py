@@ -148,3 +148,21 @@ def test_memory_budgets_are_read_and_bad_ones_refused():
         pruned_attribution_graph(model, tcs, TOKENS, memory_budget=1024, progress=False)
     with pytest.raises(ValueError, match="max_feature_nodes"):
         pruned_attribution_graph(model, tcs, TOKENS, max_feature_nodes=0, progress=False)
+
+
+def test_circuit_tracers_conventions_give_the_same_pruned_graph_both_ways():
+    model, tcs = build("LN", "skip topk")
+    flags = dict(demean_logits=True, drop_first_position=True)
+    graph = attribution_graph(model, tcs, TOKENS, top_k=3, **flags)
+    dense = prune_graph(graph, 0.95, 0.99)
+    streamed = pruned_attribution_graph(model, tcs, TOKENS, top_k=3, node_threshold=0.95,
+                                        edge_threshold=0.99, memory_budget=SMALL,
+                                        progress=False, **flags)  # fmt: skip
+    assert streamed.demeaned_logits and streamed.dropped_first_position
+    torch.testing.assert_close(streamed.influence, dense.influence, rtol=0, atol=1e-10)
+    assert torch.equal(streamed.kept_nodes(), dense.node_mask.nonzero().flatten())
+    rows = streamed.nodes[streamed.rows]
+    assert torch.equal(streamed.edge_mask, dense.edge_mask[rows][:, streamed.nodes])
+    totals = streamed.adjacency.sum(-1) + streamed.rest + streamed.bias
+    torch.testing.assert_close(totals, graph.adjacency[rows].sum(-1) + graph.bias[rows],
+                               rtol=0, atol=1e-10)  # fmt: skip
