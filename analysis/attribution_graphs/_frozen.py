@@ -192,6 +192,25 @@ def attention_weights(model: nn.Module) -> tuple[AttentionWeights, ...]:
     )
 
 
+def prefix(f: Frozen, m: int) -> Frozen:
+    """The frozen forward on the prompt's first `m` positions. Attention is causal, so this
+    is what the same forward fixes on the shorter prompt: targets at positions below `m`
+    are swept on it alone (the gradients at later positions are zero)."""
+    if m == len(f.tokens):
+        return f
+
+    def cut(x: Tensor | None) -> Tensor | None:
+        return None if x is None else x[:m]
+
+    return dataclasses.replace(
+        f, tokens=f.tokens[:m], logits=f.logits[:m], embed=f.embed[:m],
+        patterns=tuple(p[:, :m, :m] for p in f.patterns), scale1=tuple(map(cut, f.scale1)),
+        scale2=tuple(map(cut, f.scale2)), scale_final=cut(f.scale_final),
+        acts=tuple(a[:m] for a in f.acts), pre=tuple(a[:m] for a in f.pre),
+        errors=tuple(e[:m] for e in f.errors),
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------- transposed maps
 def norm_transpose(norm: nn.Module, g: Stream, scale: Tensor | None) -> Stream:
     """The gradient through a norm with its scale frozen: `centre(w ⊙ g) / s`."""

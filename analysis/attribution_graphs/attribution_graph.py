@@ -40,49 +40,27 @@ unseen.
 """
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.attribution_graphs import _frozen
-from hookedattn.sae import TranscoderSet
+from analysis.attribution_graphs import _budget, _rows
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
-class AttributionGraph:
-    """The graph of one prompt's prediction (module docstring).
+class _NodeOrder:
+    """The node order of a prompt's graph (module docstring), for the classes that hold one:
+    they have `tokens`, `token_strings`, `n_layers`, `features`, `logit_tokens` and
+    `logit_strings`."""
 
-    `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node
-    order, `activations` their values; `logit_tokens` the target tokens (at the last
-    position), `logit_strings` them as text and `logit_probabilities` their probabilities.
-    `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
-    each target (zero for nodes that are only sources). `backward_batches` counts the
-    transposed sweeps run. `scan` names the transcoders in the graph JSON; `demeaned_logits`
-    and `dropped_first_position` say which of circuit-tracer's conventions it follows
-    (module docstring).
-    """
-
-    prompt: str
     tokens: Int[Tensor, " pos"]
     token_strings: tuple[str, ...]
     n_layers: int
     features: Int[Tensor, "feature 3"]
-    activations: Float[Tensor, " feature"]
     logit_tokens: Int[Tensor, " logit"]
     logit_strings: tuple[str, ...]
-    logit_probabilities: Float[Tensor, " logit"]
-    adjacency: Float[Tensor, "node node"]
-    bias: Float[Tensor, " node"]
-    backward_batches: int
-    transcoders: str
-    scan: str = ""
-    demeaned_logits: bool = False
-    dropped_first_position: bool = False
 
     # ------------------------------------------------------------------ the node order
     @property
@@ -98,7 +76,7 @@ class AttributionGraph:
     @property
     def n_nodes(self) -> int:
         """All nodes: features, error nodes, tokens, logits."""
-        return self.adjacency.shape[0]
+        return self.n_features + (self.n_layers + 1) * self.n_pos + len(self.logit_tokens)
 
     def error_node(self, layer: int, pos: int) -> int:
         """The index of the error node of layer `layer` at position `pos`."""
@@ -134,6 +112,38 @@ class AttributionGraph:
             return f"tok {self.token_strings[node]!r}@{node}"
         i = node - self.n_pos
         return f"logit {self.logit_strings[i]!r}"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class AttributionGraph(_NodeOrder):
+    """The graph of one prompt's prediction (module docstring).
+
+    `features: [feature 3]` holds `(layer, pos, index)` of each active feature, in node
+    order, `activations` their values; `logit_tokens` the target tokens (at the last
+    position), `logit_strings` them as text and `logit_probabilities` their probabilities.
+    `adjacency: [node node]` is targets by sources; `bias: [node]` the frozen bias terms of
+    each target (zero for nodes that are only sources). `backward_batches` counts the
+    transposed sweeps run. `scan` names the transcoders in the graph JSON; `demeaned_logits`
+    and `dropped_first_position` say which of circuit-tracer's conventions it follows
+    (module docstring).
+    """
+
+    prompt: str
+    tokens: Int[Tensor, " pos"]
+    token_strings: tuple[str, ...]
+    n_layers: int
+    features: Int[Tensor, "feature 3"]
+    activations: Float[Tensor, " feature"]
+    logit_tokens: Int[Tensor, " logit"]
+    logit_strings: tuple[str, ...]
+    logit_probabilities: Float[Tensor, " logit"]
+    adjacency: Float[Tensor, "node node"]
+    bias: Float[Tensor, " node"]
+    backward_batches: int
+    transcoders: str
+    scan: str = ""
+    demeaned_logits: bool = False
+    dropped_first_position: bool = False
 
     # ------------------------------------------------------------------ what it predicts
     def total_effects(self) -> Float[Tensor, "logit node"]:
@@ -184,121 +194,20 @@ def attribution_graph(
     default `{model_name}/{kind}-{d_sae}`.
 
     The graph is a dense `[node node]` matrix: one refused up front, with its size, when it
-    would take more than `max_bytes` (default: half the memory free on its device now).
+    would take more than `max_bytes` (default: half the memory available on its device
+    now). Its memory grows with the square of the prompt's length; `pruned_attribution_graph`
+    gives its pruned graph in memory that grows linearly.
     """
-    _check_flags(demean_logits=demean_logits, drop_first_position=drop_first_position)
-    tset = TranscoderSet(transcoders)
-    _frozen.check_model(model, tset)
-    tokens = _frozen.prompt_tokens(model, prompt)
-    f = _frozen.freeze(model, tset, tokens)
-    probabilities = f.logits[-1].softmax(-1)
-    targets = _targets(logits, top_k, probabilities)
-    first = 1 if drop_first_position else 0
-    features, acts = _active(f, first)
-    n_f, n_pos, n = len(features), len(tokens), f.n_layers
-    n_nodes = n_f + (n + 1) * n_pos + len(targets)
-    _check_size(n_nodes, f.embed, max_bytes)
-    errors, dropped = _dropped(f, first)
-    g = _Filling(f, features, acts, f.embed.new_zeros(n_nodes, n_nodes), f.embed.new_zeros(n_nodes),
-                 errors, dropped, demean_logits)  # fmt: skip
-    batches = _fill(g, targets, n_f + (n + 1) * n_pos, batch_size)
-    token_strings = tuple(_frozen.token_texts(model, tokens.tolist()))
+    p = _rows.prepare(model, transcoders, prompt, logits, top_k, demean_logits, drop_first_position)
+    _check_size(p.n_nodes, p.g.f.embed, max_bytes)
+    adjacency, bias = p.g.f.embed.new_zeros(p.n_nodes, p.n_nodes), p.g.f.embed.new_zeros(p.n_nodes)
+    batches = _fill(p.g, adjacency, bias, p.targets, batch_size)
     return AttributionGraph(
-        prompt=prompt if isinstance(prompt, str) else _frozen.prompt_text(model, tokens),
-        tokens=tokens, token_strings=token_strings, n_layers=n,
-        features=features, activations=acts, logit_tokens=targets,
-        logit_strings=tuple(_frozen.token_texts(model, targets.tolist())),
-        logit_probabilities=probabilities[targets], adjacency=g.adjacency, bias=g.bias,
-        backward_batches=batches, transcoders=repr(tset),
-        scan=_scan(model, tset) if scan is None else _checked_scan(scan),
-        demeaned_logits=demean_logits, dropped_first_position=drop_first_position,
-    )  # fmt: skip
-
-
-def _scan(model: Any, tset: TranscoderSet) -> str:
-    """`{model_name}/{kind}-{d_sae}`: the default name of the transcoders in the JSON."""
-    kind = "clt" if tset.kind == "cross_layer" else "plt"  # circuit-tracer's CLT / PLT
-    name = getattr(model.cfg, "model_name", "") or "model"
-    return f"{name}/{kind}-{tset.d_sae(tset.layers[0])}"
-
-
-def _checked_scan(scan: Any) -> str:
-    if not isinstance(scan, str) or not scan:
-        raise ValueError(f"scan must be a non-empty str (the transcoders' name), got {scan!r}")
-    return scan
-
-
-def _targets(logits: Any, top_k: int, probabilities: Tensor) -> Int[Tensor, " logit"]:
-    if logits is None:
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
-        return probabilities.topk(min(top_k, len(probabilities))).indices
-    targets = torch.as_tensor([logits] if isinstance(logits, int) else list(logits))
-    n = len(probabilities)
-    if (
-        targets.numel() == 0
-        or targets.dtype.is_floating_point
-        or not bool(((targets >= 0) & (targets < n)).all())
-    ):
-        raise ValueError(f"logits must be token ids in 0..{n - 1}, got {logits!r}")
-    return targets
-
-
-def _active(
-    f: _frozen.Frozen, first: int
-) -> tuple[Int[Tensor, "feature 3"], Float[Tensor, " feature"]]:
-    """Every `(layer, pos, feature)` with a nonzero activation at positions `first..`, in
-    that order, and its value."""
-    found, values = [], []
-    for layer, acts in enumerate(f.acts):
-        pos, feature = acts.nonzero(as_tuple=True)
-        pos, feature = pos[pos >= first], feature[pos >= first]
-        found.append(torch.stack([torch.full_like(pos, layer), pos, feature], -1))
-        values.append(acts[pos, feature])
-    return torch.cat(found), torch.cat(values)
-
-
-def _dropped(
-    f: _frozen.Frozen, first: int
-) -> tuple[tuple[Float[Tensor, "pos d_model"], ...], tuple[Float[Tensor, "pos d_model"], ...]]:
-    """The error nodes' vectors, zero at positions before `first`, and what each layer's
-    features and error write there (the rest zero): constants, not nodes."""
-    if first == 0:
-        return f.errors, tuple(torch.zeros_like(e) for e in f.errors)
-    errors, dropped = [], []
-    for layer, error in enumerate(f.errors):
-        written = error.clone()
-        for source in f.tset.sources(layer):
-            W = f.tset.decoder(source, layer).detach()
-            written = written + einsum(f.acts[source], W, "p s, s d -> p d")
-        written[first:] = 0
-        kept = error.clone()
-        kept[:first] = 0
-        errors.append(kept)
-        dropped.append(written)
-    return tuple(errors), tuple(dropped)
-
-
-def _fill(g: "_Filling", targets: Int[Tensor, " logit"], first_logit: int, batch_size: int) -> int:
-    """Every row of the graph: the feature targets layer by layer, then the logits (rows
-    from `first_logit`), `batch_size` targets a sweep; returns how many sweeps."""
-    batches = 0
-    for layer in range(g.f.n_layers):
-        for chunk in (g.features[:, 0] == layer).nonzero().flatten().split(batch_size):
-            _fill_feature_targets(g, chunk)
-            batches += 1
-    logit_rows = torch.arange(first_logit, first_logit + len(targets), device=targets.device)
-    for chosen, rows in zip(targets.split(batch_size), logit_rows.split(batch_size), strict=True):
-        _fill_logit_targets(g, chosen, rows)
-        batches += 1
-    return batches
-
-
-def _check_flags(**flags: Any) -> None:
-    """Each of `flags` is True or False."""
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
+        **_rows.header(model, prompt, p, scan),
+        adjacency=adjacency,
+        bias=bias,
+        backward_batches=batches,
+    )
 
 
 def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
@@ -307,7 +216,8 @@ def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
                                   or max_bytes < 1):  # fmt: skip
         raise ValueError(f"max_bytes must be a positive int (bytes) or None, got {max_bytes!r}")
-    budget = _free_memory(like.device) // 2 if max_bytes is None else max_bytes
+    free = _budget.free_memory(like.device)
+    budget = (None if free is None else free // 2) if max_bytes is None else max_bytes
     needed = n_nodes * n_nodes * like.element_size()
     if budget is not None and needed > budget:
         source = "max_bytes" if max_bytes is not None else "half the free memory"
@@ -316,95 +226,28 @@ def _check_size(n_nodes: int, like: Tensor, max_bytes: int | None) -> None:
             f"{n_nodes}] in {like.dtype} would take {needed / 2**30:.2f} GiB, more than "
             f"{budget / 2**30:.2f} GiB ({source}); use a shorter prompt, fewer active "
             f"features (transcoders with a higher threshold) or fewer target logits, or "
-            f"pass a larger max_bytes"
+            f"pass a larger max_bytes, or compute the pruned graph in chunks without the "
+            f"dense one (pruned_attribution_graph)"
         )
 
 
-def _free_memory(device: torch.device) -> int | None:
-    """The bytes free on `device` now (None where this cannot be read)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Filling:
-    """A graph being filled in: the frozen forward, the feature nodes, the rows, the error
-    nodes' vectors and the writes left out of the nodes (`_dropped`), and whether the
-    logits are demeaned."""
-
-    f: _frozen.Frozen
-    features: Int[Tensor, "feature 3"]
-    acts: Float[Tensor, " feature"]
-    adjacency: Float[Tensor, "node node"]
-    bias: Float[Tensor, " node"]
-    errors: tuple[Float[Tensor, "pos d_model"], ...]
-    dropped: tuple[Float[Tensor, "pos d_model"], ...]
-    demean_logits: bool
-
-
-def _fill_feature_targets(g: _Filling, chunk: Int[Tensor, " target"]) -> None:
-    """The rows of feature targets `chunk` (all of one layer), from one sweep."""
-    f = g.f
-    layer = int(g.features[chunk[0], 0])
-    pos, index = g.features[chunk, 1], g.features[chunk, 2]
-    W_enc, b_enc = f.tset.encoder(layer)
-    directions = W_enc.detach()[:, index].T  # target d_in
-    seed = f.embed.new_zeros(len(chunk), len(f.tokens), f.embed.shape[-1])
-    seed[torch.arange(len(chunk), device=seed.device), pos] = directions
-    seed = _frozen.input_transpose(f, layer, seed)
-    own = b_enc.detach()[index] + _dot(_frozen.input_constant(f, layer), directions)
-    _fill_rows(g, chunk, _frozen.sweep(f, seed, layer), own)
-
-
-def _fill_logit_targets(
-    g: _Filling, chosen: Int[Tensor, " target"], rows: Int[Tensor, " target"]
-) -> None:
-    """The rows `rows` of the logit targets `chosen` (token ids), from one sweep."""
-    f = g.f
-    directions, b_U = f.W_U[:, chosen].T, f.b_U[chosen]  # target d_model, target
-    if g.demean_logits:  # circuit-tracer's target: the logit less the mean logit
-        directions, b_U = directions - f.W_U.mean(-1), b_U - f.b_U.mean()
-    seed = f.embed.new_zeros(len(chosen), len(f.tokens), f.embed.shape[-1])
-    last = None if f.scale_final is None else f.scale_final[-1:]
-    seed[:, -1] = _frozen.norm_transpose(f.ln_final, directions[:, None], last)[:, 0]
-    own = b_U + _dot(_frozen.norm_bias(f.ln_final), directions)
-    _fill_rows(g, rows, _frozen.sweep(f, seed, None), own)
-
-
-def _fill_rows(
-    g: _Filling, rows: Int[Tensor, " target"], s: _frozen.Sweep, own: Float[Tensor, " target"]
-) -> None:
-    """Every edge into the targets `rows` (and their bias) from their sweep `s`."""
-    f, features, A = g.f, g.features, g.adjacency
-    n_f, n_pos = len(features), len(f.tokens)
-    for layer, grad in s.post.items():
-        start = n_f + layer * n_pos
-        A[rows, start : start + n_pos] = einsum(grad, g.errors[layer], "t p d, p d -> t p")
-    token_start = n_f + f.n_layers * n_pos
-    A[rows, token_start : token_start + n_pos] = einsum(s.embed, f.embed, "t p d, p d -> t p")
-    for source in range(f.n_layers):
-        columns = (features[:, 0] == source).nonzero().flatten()
-        written = [o for o in f.tset.outputs(source) if o in s.post]
-        if len(columns) == 0 or not written:
-            continue
-        pos, index = features[columns, 1], features[columns, 2]
-        edge = 0
-        for out in written:
-            W = f.tset.decoder(source, out).detach()[index]  # source d_out
-            edge = edge + einsum(s.post[out][:, pos], W, "t s d, s d -> t s")
-        A[rows[:, None], columns[None]] = edge * g.acts[columns]
-    constant = own.clone()
-    for layer, grad in s.mid.items():
-        constant = constant + einsum(grad, _frozen.attention_constant(f, layer), "t p d, p d -> t")
-    for layer, grad in s.post.items():
-        constant = constant + einsum(grad, _frozen.mlp_constant(f, layer), "t p d, d -> t")
-        constant = constant + einsum(grad, g.dropped[layer], "t p d, p d -> t")
-    g.bias[rows] = constant
-
-
-def _dot(constant: Tensor | float, directions: Float[Tensor, "target d"]) -> Tensor | float:
-    return directions @ constant if isinstance(constant, Tensor) else 0.0
+def _fill(
+    g: _rows.Context,
+    adjacency: Tensor,
+    bias: Tensor,
+    targets: Int[Tensor, " logit"],
+    batch_size: int,
+) -> int:
+    """Every row of the graph: the feature targets layer by layer, then the logits,
+    `batch_size` targets a sweep; returns how many sweeps."""
+    batches, n_nodes = 0, len(adjacency)
+    for layer in range(g.f.n_layers):
+        for chunk in (g.features[:, 0] == layer).nonzero().flatten().split(batch_size):
+            adjacency[chunk], bias[chunk] = _rows.feature_rows(g, chunk, n_nodes)
+            batches += 1
+    first_logit = g.n_nodes_before_logits
+    logit_rows_ = torch.arange(first_logit, first_logit + len(targets), device=targets.device)
+    for chosen, rows in zip(targets.split(batch_size), logit_rows_.split(batch_size), strict=True):
+        adjacency[rows], bias[rows] = _rows.logit_rows(g, chosen, n_nodes)
+        batches += 1
+    return batches

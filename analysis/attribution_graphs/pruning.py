@@ -104,14 +104,19 @@ def _threshold(scores: Tensor, fraction: float) -> Tensor:
     return ordered[min(index, len(ordered) - 1)]
 
 
+def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
+    """Each threshold is a number in [0, 1]."""
+    for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
 def prune_graph(
     graph: AttributionGraph, node_threshold: float = 0.8, edge_threshold: float = 0.98
 ) -> PrunedGraph:
     """Keep the nodes holding `node_threshold` of the influence on the target logits, and
     of their edges those holding `edge_threshold` (module docstring)."""
-    for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    _check_thresholds(node_threshold, edge_threshold)
     A, n = graph.adjacency, graph.n_nodes
     n_f = graph.n_features
     first_token, first_logit = graph.token_node(0), graph.logit_node(0)

@@ -26,9 +26,10 @@ ever estimated.
     python scripts/bench --quick    # tiny settings, a smoke run of every section
 
 This folder's other modules are the report's parts, imported by their plain names (running
-the folder puts it first on `sys.path`). Four also run on their own: `distributed.py` (a
-section here too), and the benches of the activation store, SAE training and transcoders
-(`store.py`, `sae.py`, `transcoders.py`), e.g. `python scripts/bench/store.py --quick`.
+the folder puts it first on `sys.path`). Five also run on their own: `distributed.py` (a
+section here too), and the benches of the activation store, SAE training, transcoders and
+attribution graphs' memory against the prompt's length (`store.py`, `sae.py`,
+`transcoders.py`, `graph_memory.py`), e.g. `python scripts/bench/store.py --quick`.
 
 Only torch and the standard library are used beyond hookedattn itself; the reference
 reshapes with plain torch on purpose (it is how one writes the fastest version by hand).
