@@ -1,0 +1,24 @@
+"""A causal depthwise convolution along the positions: each channel mixes its own last
+`d_conv` values,
+
+    y[t, c] = sum_k W_conv[c, k] * u[t - (d_conv - 1) + k, c] + b_conv[c],   u[< 0] = 0,
+
+so tap `d_conv - 1` reads the current position and tap 0 the oldest. The short-convolution
+and Mamba-2 mixers (`short_conv`, `mamba2`) both read their inputs through one.
+"""
+
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor, nn
+
+
+def causal_conv(
+    u: Float[Tensor, "batch pos channel"],
+    W_conv: Float[Tensor, "channel d_conv"],
+    b_conv: Float[Tensor, " channel"],
+) -> Float[Tensor, "batch pos channel"]:
+    """The equation above: the positions before the first read as zeros."""
+    d_conv = W_conv.shape[-1]
+    padded = nn.functional.pad(u, (0, 0, d_conv - 1, 0))  # d_conv - 1 zero positions first
+    windows = padded.unfold(1, d_conv, 1)  # [batch pos channel d_conv]: each position's past
+    return einsum(windows, W_conv, "batch pos channel k, channel k -> batch pos channel") + b_conv
