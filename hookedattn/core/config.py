@@ -530,6 +530,19 @@ class HookedTransformerConfig:
         kind of `mixer_config.MIXER_KINDS` in a hybrid model (`mixers`)."""
         return "attention" if self.mixers is None else self.mixers.layers[layer]
 
+    def require_attention(self, what: str, layers: Any = None) -> None:
+        """A ValueError naming the blocks (of `layers`; None: all) whose sublayer is not
+        attention, for `what`, which needs heads there."""
+        layers = range(self.n_layers) if layers is None else layers
+        others = {layer: self.layer_mixer(layer) for layer in layers}
+        others = {layer: kind for layer, kind in others.items() if kind != "attention"}
+        if others:
+            raise ValueError(
+                f"{what} needs attention heads, but in this hybrid model blocks "
+                f"{sorted(others)} hold {sorted(set(others.values()))} in attention's place "
+                f"(their write is blocks.L.hook_attn_out; their internals blocks.L.mixer.*)"
+            )
+
     def layer_rotates(self, layer: int) -> bool:
         """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""
         if self.positional_embedding_type != "rotary":
