@@ -160,3 +160,17 @@ def test_what_needs_heads_refuses_mixer_layers_by_name() -> None:
     assert head_results(model, cache, 1).shape == (1, 5, 3, D_MODEL)
     with pytest.raises(ValueError, match=r"blocks \[0, 2\] hold \['mamba2', 'short_conv'\]"):
         _ = model.W_Q
+
+
+def test_hybrid_generation_reruns_the_prefix() -> None:
+    from hookedattn.core.kv_cache import KeyValueCache
+
+    model = _hybrid()
+    prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(10))
+    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
+    tokens = prompt
+    for _ in range(5):  # greedy, each step a plain forward of the whole sequence
+        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, tokens)
+    with pytest.raises(ValueError, match="a KV cache needs attention heads"):
+        KeyValueCache.empty(model.cfg, 2)
