@@ -174,3 +174,18 @@ def test_hybrid_generation_reruns_the_prefix() -> None:
     assert torch.equal(generated, tokens)
     with pytest.raises(ValueError, match="a KV cache needs attention heads"):
         KeyValueCache.empty(model.cfg, 2)
+
+
+@pytest.mark.parametrize("norm", ["RMS", "LN"])
+def test_hybrid_weight_processing_keeps_the_log_probs(norm: str) -> None:
+    from hookedattn.core import processing
+
+    cfg = _cfg(("short_conv", "attention", "mamba2")).replace(
+        normalization_type=norm, gated_mlp=norm == "RMS"
+    )
+    model = _randomised(HookedTransformer(cfg), 11)  # norm gains and biases too
+    tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
+    processed = processing.process_weights(model)
+    assert processed.cfg.normalization_type == f"{norm}Pre"
+    expected = model(tokens).log_softmax(-1)
+    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
