@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.hf import _experts, _loading, _saved, _tiny, _verify
+from hookedattn.core.hf import _experts, _loading, _mixers, _saved, _tiny, _verify
 from hookedattn.core.hf._experts import Experts
+from hookedattn.core.hf._mixers import Mixers
 from hookedattn.core.hf._probes import (
     ACTIVATION_NAMES,
     CONFIG_EPSILONS,
@@ -114,6 +115,9 @@ class Anatomy:
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
     norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
+    # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
+    # norms and wiring are then read off the first layer that attends.
+    mixers: Mixers | None = None
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -178,6 +182,8 @@ def _from_json(fields: dict[str, Any]) -> Anatomy:
             return tuple(tuple(pair) for pair in v)
         if key == "experts":
             return None if v is None else Experts(**{k: tupled(x) for k, x in v.items()})
+        if key == "mixers":
+            return None if v is None else _mixers.from_json(v)
         return Scale(**v) if isinstance(v, dict) else tupled(v)
 
     return Anatomy(**{k: value(k, v) for k, v in fields.items()})
@@ -191,7 +197,8 @@ class _Reader:
         self.names = {id(m): name for name, m in twin.named_modules()}
         self.layers_name, layers = _layer_list(twin, config)
         self.layers = list(layers)
-        self.layer = self.layers[0]
+        self.mixers, attending = self._mixers()
+        self.layer = self.layers[attending[0] if attending else 0]
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
 
@@ -199,13 +206,15 @@ class _Reader:
         children = dict(self.layer.named_children())
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
-        n_dense = self._check_layers_alike(mlp)
+        mixing = (attn, self.mixers.name) if self.mixers else ()
+        n_dense = self._check_layers_alike(mlp, mixing)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         attn_module = children[attn]
-        mlp_module = children[mlp] if mlp else self.layer
+        first = self.layers[0]  # a hybrid's first layer may not attend, but holds the dense MLP
+        mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
         epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
@@ -245,6 +254,7 @@ class _Reader:
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
+            mixers=self.mixers,
         )
 
     def _places(self) -> dict[str, Any]:
@@ -308,13 +318,15 @@ class _Reader:
             raise ValueError("the dense and the expert MLPs' activations differ")
         return experts, act_fn, linear_maps(mlp_module, MLP_ROLES, skip=())
 
-    def _check_layers_alike(self, mlp: str) -> int:
+    def _check_layers_alike(self, mlp: str, mixing: tuple[str, ...] = ()) -> int:
         """How many first layers hold a dense MLP where the rest hold a mixture of experts
         (DeepSeek's `first_k_dense_replace`), 0 if none; any other difference between the
-        layers is a ValueError."""
+        layers is a ValueError (but for a hybrid's attention or mixer, named in `mixing`)."""
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] != mlp}
+            return {
+                n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in (mlp, *mixing)
+            }
 
         first = without_mlp(self.layer)
         differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]
@@ -330,6 +342,19 @@ class _Reader:
                 "convention"
             )
         return dense
+
+    def _mixers(self) -> tuple[Mixers | None, list[int]]:
+        """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and
+        which layers attend."""
+        attention, mixers = [], []
+        for layer in self.layers:
+            children = dict(layer.named_children())
+            found = [n for n, m in children.items()
+                     if n in ATTENTION_NAMES or type(m).__name__.endswith("Attention")]  # fmt: skip
+            attention.append(found[0] if len(found) == 1 else None)
+            mixers.append(_mixers.mixer_child(children, tuple(found)))
+        attending = [i for i, name in enumerate(attention) if name is not None]
+        return _mixers.recognise(self.layers, self.config, attention, mixers), attending
 
     def _final_norm(self) -> nn.Module:
         norms = [m for n, m in self.base.named_children() if is_norm(m)]
@@ -362,7 +387,11 @@ class _Reader:
 
             return record
 
+        def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen["first layer"] = _first_tensor(args, kwargs)
+
         handles = [self.layer.register_forward_hook(hook(""), with_kwargs=True)]
+        handles.append(self.layers[0].register_forward_pre_hook(enter, with_kwargs=True))
         handles += [
             m.register_forward_hook(hook(n), with_kwargs=True)
             for n, m in self.layer.named_children()
@@ -385,7 +414,7 @@ class _Reader:
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        positions = self._positions(calls[0][1] - seen["embed"], tables, seen)
+        positions = self._positions(seen["first layer"] - seen["embed"], tables, seen)
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))

@@ -93,6 +93,7 @@ class Convention:
             "use_attn_sinks": a.sinks,
             **rotary,
             **_translate.window(c),
+            **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
         }
 
     def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -104,7 +105,7 @@ class Convention:
                  adjust=_times(scale(a.embed_scale))),
             *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
-            *self._attention_rules(cfg, scale(a.attn_write)),
+            *self._sublayer_rules(cfg, scale(a.attn_write)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *_norm(self.anatomy, "ln_final", a.final_norm, 1.0),
             Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
@@ -154,6 +155,17 @@ class Convention:
                 writes.get(ours, Scale()).of(hf_config, cfg.d_head),
             )
         ]  # fmt: skip
+
+    def _sublayer_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
+        """The attention's rules; in a hybrid, in the layers that attend, and the mixers'
+        (`_mixers`) in the others."""
+        a = self.anatomy
+        attention = self._attention_rules(cfg, write)
+        if a.mixers is None:
+            return attention
+        attending = [i for i in range(cfg.n_layers) if cfg.layer_mixer(i) == "attention"]
+        o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
+        return [*_in_layers(attention, attending), *a.mixers.rules(a.layers, cfg, o_scale)]
 
     def _attention_rules(self, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
         """The q/k/v projections (`_projection_rules`), the output projection (carrying
