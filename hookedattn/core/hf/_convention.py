@@ -339,6 +339,12 @@ class _Decoder:
 def _mlp_width(c: Any) -> int:
     """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
     where a config leaves it None, as GPT-2-like ones do)."""
+    if getattr(c, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of it, scaled, rounded up
+        width = int(2 * c.intermediate_size / 3)
+        if getattr(c, "block_ffn_dim_multiplier", None) is not None:
+            width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
+            width = multiple * ((width + multiple - 1) // multiple)
+        return width
     for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
         if hasattr(c, name):
             width = getattr(c, name)
