@@ -488,7 +488,7 @@ def _widened(rule: Rule, width: str) -> Rule:
     return dataclasses.replace(rule, pattern=renamed(rule.pattern), split=split)
 
 
-def _in_layers(rules: list[Rule], layers: range) -> list[Rule]:
+def _in_layers(rules: list[Rule], layers: range | list[int]) -> list[Rule]:
     """`rules` expanded for `layers` only."""
     return [
         dataclasses.replace(
