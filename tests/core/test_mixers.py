@@ -13,6 +13,7 @@ from hookedattn.core.components.causal_conv import causal_conv
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels import attention_context
 from hookedattn.core.mixer_config import MixerConfig
 
 D_MODEL = 12
@@ -27,6 +28,11 @@ def _cfg(
         normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
         act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
     )  # fmt: skip
+
+
+def _alone(x: torch.Tensor) -> object:
+    """The context of an unpadded batch like `x` (no KV cache, no window)."""
+    return attention_context(64, x.shape[0], x.shape[1], None, None, None, "cpu")
 
 
 def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -62,7 +68,7 @@ def test_short_conv_matches_its_loop() -> None:
                 y += conv.W_conv[:, k] * b * h
         c = x[:, t] @ conv.W_C + conv.b_C
         expected[:, t] = (c * (y + conv.b_conv)) @ conv.W_out + conv.b_out
-    torch.testing.assert_close(conv(x), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(conv(x, _alone(x)), expected, rtol=0, atol=1e-12)
 
 
 def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +113,9 @@ def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
 def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float) -> None:
     mixer = _randomised(Mamba2Mixer(_cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max)), 3)
     x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    torch.testing.assert_close(mixer(x), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        mixer(x, _alone(x)), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10
+    )
 
 
 def test_mamba2_mixing_is_causal_and_float32_close() -> None:
@@ -115,11 +123,13 @@ def test_mamba2_mixing_is_causal_and_float32_close() -> None:
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     changed = x.clone()
     changed[:, 6:] += 1.0
-    torch.testing.assert_close(mixer(changed)[:, :6], mixer(x)[:, :6], rtol=0, atol=0)
+    torch.testing.assert_close(
+        mixer(changed, _alone(x))[:, :6], mixer(x, _alone(x))[:, :6], rtol=0, atol=0
+    )
     single = Mamba2Mixer(_cfg(("mamba2",), dtype=torch.float32))
     single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
     with torch.no_grad():
-        got, expected = single(x.float()).double(), mixer(x)
+        got, expected = single(x.float(), _alone(x)).double(), mixer(x, _alone(x))
     assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
 
 
@@ -189,3 +199,20 @@ def test_hybrid_weight_processing_keeps_the_log_probs(norm: str) -> None:
     assert processed.cfg.normalization_type == f"{norm}Pre"
     expected = model(tokens).log_softmax(-1)
     torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
+    model = _hybrid()
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    row = pad + short if side == "left" else short + pad
+    tokens = torch.tensor([row, long])
+    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
+                         [1] * 6])  # fmt: skip
+    batched = model(tokens, attention_mask=mask)
+    real = slice(len(pad), None) if side == "left" else slice(0, 3)
+    torch.testing.assert_close(
+        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)

@@ -18,6 +18,7 @@ from hookedattn import HookedTransformer
 
 transformers = pytest.importorskip("transformers")
 from hookedattn.core.hf import _tiny  # noqa: E402
+from hookedattn.core.kernels import attention_context  # noqa: E402
 
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12], [9, 2, 2, 71, 30, 6, 5, 14, 100, 3, 3, 50]]
@@ -88,7 +89,7 @@ def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
                     dtype=torch.float64)  # fmt: skip
     with torch.no_grad():
         want = theirs(x)
-        got = model.blocks[layer].mixer(x)
+        got = model.blocks[layer].mixer(x, attention_context(64, 2, 9, None, None, None, "cpu"))
     # float64 throughout for the short convolution; the Mamba-2 scan casts to float32.
     assert _worst(got, want) <= (1e-12 if module == "conv" else 1e-6)
 

@@ -170,7 +170,7 @@ class AttnOnlyBlock(nn.Module):
         """What the mixer writes: `ln1_post(mixer(ln1(resid)))`. It keeps no cache: a
         forward with `past_kv` is refused before it gets here (`generation` reruns the
         whole prefix instead)."""
-        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid))))
+        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid), context)))
 
     def _add_mlp(self, cfg: HookedTransformerConfig, layer: int) -> None:
         if cfg.use_hook_mlp_in:

@@ -33,11 +33,13 @@ import torch
 from einops import einsum, rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
+from torch.nn.functional import silu, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.shapes import Resid
 
 Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
@@ -95,37 +97,25 @@ class Mamba2Mixer(nn.Module):
         )
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid) -> Resid:
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
         m = self.settings
         x = self.hook_in(x)
+        real = real_positions(context)  # no real token reads padding
         z = affine(x, self.W_z, self.b_z)
-        u = nn.functional.silu(
-            causal_conv(affine(x, self.W_xBC, self.b_xBC), self.W_conv, self.b_conv)
-        )
-        xs, B, C = u.split(
-            [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state], dim=-1
-        )
-        xs = rearrange(
-            xs,
-            "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head",
-            ssm_head=m.n_ssm_heads,
-        )
-        B, C = (
-            rearrange(t, "batch pos (group n) -> batch pos group n", group=m.n_ssm_groups)
-            for t in (B, C)
-        )
-        dt = nn.functional.softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(
-            m.dt_min, m.dt_max
-        )
-        mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C))
+        u = silu(causal_conv(affine(x, self.W_xBC, self.b_xBC) * real, self.W_conv, self.b_conv))
+        widths = [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state]
+        xs, B, C = u.split(widths, dim=-1)
+        xs = rearrange(xs, "batch pos (ssm_head p) -> batch pos ssm_head p", ssm_head=m.n_ssm_heads)
+        B, C = (rearrange(t, "batch pos (group n) -> batch pos group n", group=m.n_ssm_groups)
+                for t in (B, C))  # fmt: skip
+        dt = softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(m.dt_min, m.dt_max)
+        readable = rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
+        mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C) * readable)
         y = einsum(mixing, xs, "batch ssm_head q k, batch k ssm_head p -> batch q ssm_head p")
         y = y + xs * rearrange(self.D, "ssm_head -> ssm_head 1")
-        gated = rearrange(y, "batch pos ssm_head p -> batch pos (ssm_head p)") * nn.functional.silu(
-            z
-        )
-        return self.hook_out(
-            affine(self._group_rms_norm(gated) * self.w_norm, self.W_out, self.b_out)
-        )
+        gated = rearrange(y, "batch pos ssm_head p -> batch pos (ssm_head p)") * silu(z)
+        normed = self._group_rms_norm(gated) * self.w_norm
+        return self.hook_out(affine(normed, self.W_out, self.b_out))
 
     def _group_rms_norm(
         self, g: Float[Tensor, "batch pos d_inner"]

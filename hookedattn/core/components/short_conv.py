@@ -11,13 +11,13 @@ The two gates are elementwise: the input gate `b` before the convolution, the ou
 further back.
 """
 
-from jaxtyping import Float
-from torch import Tensor, nn
+from torch import nn
 
-from hookedattn.core.components.causal_conv import causal_conv
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.shapes import Resid
 
 
@@ -40,14 +40,10 @@ class ShortConv(nn.Module):
         self.b_out = _param(d_model, cfg=cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid) -> Resid:
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
         x = self.hook_in(x)
-        b, c, h = (
-            affine(x, self.W_B, self.b_B),
-            affine(x, self.W_C, self.b_C),
-            affine(x, self.W_X, self.b_X),
-        )
-        conv: Float[Tensor, "batch pos d_model"] = self.hook_conv(
-            causal_conv(b * h, self.W_conv, self.b_conv)
-        )
+        b, c = affine(x, self.W_B, self.b_B), affine(x, self.W_C, self.b_C)
+        h = affine(x, self.W_X, self.b_X)
+        gated_in = b * h * real_positions(context)  # no real token reads padding
+        conv = self.hook_conv(causal_conv(gated_in, self.W_conv, self.b_conv))
         return self.hook_out(affine(c * conv, self.W_out, self.b_out))
