@@ -216,3 +216,10 @@ def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
         batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
     )
     torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
+    from hookedattn.core.parallel._shards import check_tp_size
+
+    with pytest.raises(ValueError, match=r"hybrid model's mixers \(\['attention', 'mamba2'"):
+        check_tp_size(_cfg(("short_conv", "attention", "mamba2")), 3)
