@@ -570,6 +570,8 @@ class HookedTransformerConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown config fields {unknown}; known fields are {sorted(known)}")
+        if isinstance(data.get("mixers"), dict):  # JSON's form of a MixerConfig
+            data = data | {"mixers": MixerConfig.coerce(data["mixers"])}
         return cls(**data)
 
     def to_json(self) -> str:

@@ -48,8 +48,6 @@ class MixerConfig:
     ssm_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        if isinstance(self.layers, list):  # from JSON
-            object.__setattr__(self, "layers", tuple(self.layers))
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
         if unknown:
             raise ValueError(f"unknown mixer kinds {unknown} in layers; valid: {MIXER_KINDS}")
@@ -82,5 +80,5 @@ class MixerConfig:
             unknown = sorted(set(value) - known)
             if unknown:
                 raise ValueError(f"unknown mixer settings {unknown}; known: {sorted(known)}")
-            return cls(**value)
+            return cls(**value | {"layers": tuple(value.get("layers", ()))})
         raise TypeError(f"mixers must be a MixerConfig, a dict or None, got {type(value).__name__}")

@@ -223,3 +223,13 @@ def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
 
     with pytest.raises(ValueError, match=r"hybrid model's mixers \(\['attention', 'mamba2'"):
         check_tp_size(_cfg(("short_conv", "attention", "mamba2")), 3)
+
+
+def test_a_hybrid_saves_and_loads(tmp_path) -> None:
+    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
+    _randomised(model, 13)
+    model.save(tmp_path / "hybrid")
+    loaded = HookedTransformer.load(tmp_path / "hybrid")
+    assert loaded.cfg == model.cfg
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)

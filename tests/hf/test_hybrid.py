@@ -114,3 +114,12 @@ def test_a_mixer_we_do_not_compute_is_refused_by_its_parts():
                 _tiny.tiny_config(transformers.AutoConfig.for_model("jamba")),
             )
         )
+
+
+def test_a_hybrid_anatomy_round_trips_through_the_memo():
+    from hookedattn.core.hf import _anatomy
+
+    config = twin("bamba").config
+    first = _anatomy.recognise(config)  # read off the twin, then remembered
+    again = _anatomy.recognise(config)  # read from the memo's JSON
+    assert again == first and again.mixers.kind == "mamba2"
