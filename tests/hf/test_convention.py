@@ -14,7 +14,8 @@ rotated pairs (GLM); learned positions and one key/value head in a fused project
 table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-decoder config
 and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA);
 mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlmo, Aria with
-a shared expert, Granite-MoE with its multipliers). The reference is the HF model itself,
+a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a shared MLP
+beside the experts' block). The reference is the HF model itself,
 in float64.
 """
 
@@ -31,7 +32,7 @@ from hookedattn.core.hf import _anatomy, _convention, _probes, _tiny, _verify  #
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
-                 "aria_text", "granitemoe")  # fmt: skip
+                 "aria_text", "granitemoe", "granitemoeshared")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
-is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba), beside attention
-layers. Each is compared with `transformers` on a tiny random twin: the logits and every
-residual stream in float32 and float64, and greedy generation; and each mixer module with
-ours in float64 on random inputs.
+is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
+beside attention layers. Each is compared with `transformers` on a tiny random twin: the
+logits and every residual stream in float32 and float64, and greedy generation; and each
+mixer module with ours in float64 on random inputs.
 
 `transformers` runs its RMSNorms and its Mamba-2 scan in float32 whatever the model's dtype
 (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with our float64
@@ -28,6 +28,7 @@ HYBRIDS = {
     "bamba": {},
     "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "num_hidden_layers": 4},
     "lfm2_moe": {},
+    "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
 }  # fmt: skip
 
 

@@ -210,13 +210,18 @@ class _Reader:
         n_dense = self._check_layers_alike(mlp, mixing)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
+        beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
+        if beside is not None:  # one MLP: the block's write and the shared expert's, summed
+            shared = {n: y for n, _, y in calls}[beside]
+            calls = [(n, x, y + shared if n == mlp else y) for n, x, y in calls if n != beside]
+            children = {n: m for n, m in children.items() if n != beside}
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         attn_module = children[attn]
         first = self.layers[0]  # a hybrid's first layer may not attend, but holds the dense MLP
         mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
-        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
+        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat, beside)
         epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
         kind, bias, eps = norm_kind(
             [*(children[hf] for _, hf in norms), self._final_norm(),
@@ -300,7 +305,12 @@ class _Reader:
         return unused, flat, norm_names
 
     def _feed_forward(
-        self, mlp: str, mlp_module: nn.Module, n_dense: int, flat: tuple[str, ...]
+        self,
+        mlp: str,
+        mlp_module: nn.Module,
+        n_dense: int,
+        flat: tuple[str, ...],
+        beside: str | None = None,
     ) -> tuple[Experts | None, str, tuple[tuple[str, str, bool], ...]]:
         """The mixture of experts (if the layers after the `n_dense` dense ones hold one),
         the activation, and the dense MLP's maps (the first layer's)."""
@@ -309,8 +319,13 @@ class _Reader:
             maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
             return None, activation(mlp_module), maps
         act_fn = activation(moe_block.experts)
+        shared = None
+        if beside is not None:
+            shared = (beside, self.layers[n_dense].get_submodule(beside))
+            if activation(shared[1]) != act_fn:
+                raise ValueError("the shared expert's and the experts' activations differ")
         experts = _experts.recognise(
-            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense
+            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense, shared
         )
         if not n_dense:
             return experts, act_fn, ()

@@ -460,11 +460,20 @@ def _expert_rules(
         s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
         shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
         shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
+        halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
+        gate, up, down = (
+            (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
+             Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
+             f"{hf}.output_linear.weight")
+            if e.shared_fused else
+            (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
+             Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
+        )  # fmt: skip
         rules += [
-            Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
-            Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in),
+            gate,
+            up,
             zeros(f"{s}.b_in", "d_mlp_shared"),
-            Rule(f"{s}.W_out", f"{hf}.down_proj.weight", shared_out, adjust=out),
+            Rule(f"{s}.W_out", down, shared_out, adjust=out),
             zeros(f"{s}.b_out", "d_model"),
         ]
     if e.shared_gate:

@@ -72,6 +72,9 @@ class Experts:
     n_dense: int  # the twin's first layers with a dense MLP instead
     dense_count_field: str | None  # the config field saying how many
     dense_width_field: str | None
+    # The shared expert's gate and up maps fused in one `input_linear` `[gate; up]`, its down
+    # map `output_linear` (Granite's `shared_mlp`, beside the block in the layer).
+    shared_fused: bool = False
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -90,10 +93,12 @@ def recognise(
     act_fn: str,
     layers: str,
     n_dense: int = 0,
+    beside: tuple[str, nn.Module] | None = None,
 ) -> Experts:
     """The mixture in `block` (the first such layer's, after `n_dense` dense ones), its
     config fields, and its saved names (the twin saved once); a ValueError names a piece
-    not recognised."""
+    not recognised. `beside`: a shared expert the layer holds beside the block (its name in
+    the layer, the module), whose write the layer adds to the block's."""
     children = dict(block.named_children())
     router, choice = _router(block, children)
     count, d_model = children[router].weight.shape
@@ -104,9 +109,12 @@ def recognise(
     others = [n for n, m in children.items() if n not in known and any(m.parameters())]
     if others:
         raise ValueError(f"{type(block).__name__} holds pieces not recognised: {others}")
+    shared_module = children[shared] if shared else None
+    if beside is not None:
+        shared, shared_module = beside
     shared_width = None
     if shared:
-        shared_width = _field(config, _SHARED_WIDTHS, _width(children[shared]), "shared width")
+        shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
     files, saved_stacked, saved_router, saved_shared = _saved_names(
         twin, f"{layers}.{n_dense}.", (int(count), int(d_model))
     )
@@ -119,7 +127,7 @@ def recognise(
         saved_stacked=saved_stacked,
         saved_router=saved_router,
         saved_shared=saved_shared,
-        shared=f"{block_name}.{shared}" if shared else None,
+        shared=(shared if beside else f"{block_name}.{shared}") if shared else None,
         shared_gate=f"{block_name}.{gate}" if gate else None,
         count_field=_field(config, _COUNTS, count, "expert count"),
         top_k_field=_field(config, _TOP_K, None, "experts per token"),
@@ -132,7 +140,16 @@ def recognise(
         n_dense=n_dense,
         dense_count_field=_dense_field(config, n_dense) if n_dense else None,
         dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
+        shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
     )
+
+
+def beside_block(children: dict[str, nn.Module], block: str) -> str | None:
+    """The name of a shared expert a layer holds beside its mixture-of-experts `block`
+    (Granite's `shared_mlp`), or None."""
+    if block not in children or not hasattr(children[block], "experts"):
+        return None
+    return next((n for n in _SHARED if n in children and n != block), None)
 
 
 def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str | None]:
@@ -166,7 +183,8 @@ def _stacked(experts: nn.Module, d_model: int) -> tuple[bool, int]:
 
 
 def _width(mlp: nn.Module) -> int:
-    down = next((m for n, m in mlp.named_children() if n in ("down_proj", "w2", "fc2")), None)
+    downs = ("down_proj", "w2", "fc2", "output_linear")
+    down = next((m for n, m in mlp.named_children() if n in downs), None)
     if down is None:
         raise ValueError(f"the shared expert {type(mlp).__name__} has no down projection")
     return int(down.weight.shape[1])
@@ -214,7 +232,9 @@ def _experts_saved(
             files = tuple(f"{block}{{expert}}.{p}.weight" for p in (gate, up, down))
             break
     else:
-        three_d = sorted(n for n, shape in shapes.items() if len(shape) == 3)
+        block = router.split(".")[0]  # not a hybrid's convolutions, [channel 1 d_conv]
+        three_d = sorted(n for n, shape in shapes.items()
+                         if len(shape) == 3 and n.split(".")[0] == block)  # fmt: skip
         if len(three_d) != 2:
             raise ValueError(f"the experts are saved under names not recognised: {three_d}")
         stacked = (three_d[0], three_d[1])
