@@ -233,3 +233,12 @@ def test_a_hybrid_saves_and_loads(tmp_path) -> None:
     assert loaded.cfg == model.cfg
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
     torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+def test_a_fresh_hybrid_writes_through_its_mixers() -> None:
+    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
+    assert torch.equal(model.blocks[0].mixer.w_norm, torch.ones_like(model.blocks[0].mixer.w_norm))
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(15))
+    _, cache = model.run_with_cache(tokens)
+    for layer in (0, 2):
+        assert float(cache[f"blocks.{layer}.hook_attn_out"].abs().max()) > 0
