@@ -173,7 +173,10 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
         if n not in known and any(isinstance(c, nn.Conv1d) for c in m.modules())
     ]  # fmt: skip
     if len(found) > 1:
-        raise ValueError(f"a decoder layer holds {len(found)} mixers ({found}); one recognised")
+        raise ValueError(
+            f"a decoder layer holds {len(found)} pieces with a convolution ({found}); one "
+            f"mixer in attention's place is recognised"
+        )
     return found[0] if found else None
 
 
