@@ -124,3 +124,15 @@ def test_a_hybrid_anatomy_round_trips_through_the_memo():
     first = _anatomy.recognise(config)  # read off the twin, then remembered
     again = _anatomy.recognise(config)  # read from the memo's JSON
     assert again == first and again.mixers.kind == "mamba2"
+
+
+@pytest.mark.parametrize("model_type", HYBRIDS)
+def test_an_imported_hybrid_processes_exactly(model_type):
+    from hookedattn.core import processing
+
+    model = HookedTransformer.from_hf(twin(model_type, seed=3).double())
+    processed = processing.process_weights(model)  # the norms folded into the mixers too
+    assert processed.cfg.normalization_type == "RMSPre"
+    with torch.no_grad():
+        expected, got = model(TOKENS).log_softmax(-1), processed(TOKENS).log_softmax(-1)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
