@@ -204,6 +204,8 @@ class _Reader:
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
+        if self.mixers is not None and "attention" not in dict(self.mixers.pattern).values():
+            return self._attention_free(children)
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
         mixing = (attn, self.mixers.name) if self.mixers else ()
@@ -261,6 +263,38 @@ class _Reader:
             logit_cap=capped,
             mixers=self.mixers,
         )
+
+    def _attention_free(self, children: dict[str, nn.Module]) -> Anatomy:
+        """A model whose every layer is one norm and one mixer, `x + mixer(norm(x))`
+        (Mamba 2): no attention, no MLP; the rest read as for any model."""
+        mixer = self.mixers.name
+        norms = [n for n, m in children.items() if is_norm(m)]
+        others = [n for n in children if n not in (mixer, *norms)]
+        if len(norms) != 1 or others:
+            raise ValueError(f"an attention-free layer of {sorted(children)}: one norm and "
+                             "one mixer are recognised")  # fmt: skip
+        calls, logits, embed_ratio, positions = self._watch(capped=False)
+        (_, resid, out), *pieces = calls
+        called = {name: (x, y) for name, x, y in pieces}
+        if called[norms[0]][1] is not called[mixer][0]:
+            raise ValueError(f"the norm {norms[0]} does not feed the mixer {mixer}")
+        write = ratio(out - resid, called[mixer][1], "what the mixer adds to the stream")
+        epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
+        kind, bias, eps = norm_kind(
+            [children[norms[0]], self._final_norm()], (*epsilons, *USUAL_EPSILONS)
+        )
+        none = Scale()
+        return Anatomy(
+            **self._places(), attn="", mlp="", norms=(("ln1", norms[0]),), placement="pre",
+            parallel=False, norm_kind=kind, norm_bias=bias, eps=eps, attn_maps=(),
+            qk_norm=None, qk_norm_names=None, mlp_maps=(), act_fn="relu",
+            embed_scale=self._explain(embed_ratio, "embedding scale"), attn_scale=none,
+            attn_write=self._explain(write, "mixer's write scale"), mlp_write=none,
+            logit_scale=self._explain(logits, "logit scale"), sinks=False,
+            positions=positions[0], position_offset=positions[1], unused=(), experts=None,
+            renames=_saved.renames(self.twin, self.layers_name), logit_cap=False,
+            mixers=self.mixers,
+        )  # fmt: skip
 
     def _places(self) -> dict[str, Any]:
         """Where the model keeps its layers, embedding, final norm and unembedding."""

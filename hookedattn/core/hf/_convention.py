@@ -61,6 +61,8 @@ class Convention:
 
     def _fields(self, hf_config: Any) -> dict[str, Any]:
         a, c = self.anatomy, _Decoder(hf_config)
+        if a.attn == "":
+            return _attention_free_fields(c, a)
         d_head = head_width(c)
         n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
@@ -160,6 +162,8 @@ class Convention:
         """The attention's rules; in a hybrid, in the layers that attend, and the mixers'
         (`_mixers`) in the others."""
         a = self.anatomy
+        if a.attn == "":  # attention-free: mixers only
+            return a.mixers.rules(a.layers, cfg, write)
         attention = self._attention_rules(cfg, write)
         if a.mixers is None:
             return attention
@@ -232,6 +236,8 @@ class Convention:
         self, cfg: HookedTransformerConfig, write: float, live: bool = False
     ) -> list[Rule]:
         a = self.anatomy
+        if cfg.attn_only:  # an attention-free model's layers hold no MLP either
+            return []
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
@@ -334,6 +340,24 @@ class _Decoder:
         if own is not None and getattr(self._config, own, None) is not None:
             return getattr(self._config, own)
         return getattr(self._config, name)
+
+
+def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
+    """An attention-free model's fields (every layer `x + mixer(norm(x))`): no MLPs, no
+    positions; one nominal head as wide as the stream, never built (no layer attends)."""
+    return {
+        "n_layers": c.num_hidden_layers,
+        "d_model": c.hidden_size,
+        "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
+        "d_vocab": c.vocab_size,
+        "n_heads": 1,
+        "d_head": c.hidden_size,
+        "attn_only": True,
+        "normalization_type": _NORM_TYPES[a.norm_kind],
+        "eps": a.eps,
+        "positional_embedding_type": "none",
+        "mixers": a.mixers.config(c),
+    }
 
 
 def _mlp_width(c: Any) -> int:
