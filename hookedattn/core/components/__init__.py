@@ -1,7 +1,8 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`: full, grouped or latent; `make_mlp` or `MoE`, `make_norm`,
+`make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution or
+Mamba-2 in attention's place; `make_mlp` or `MoE`, `make_norm`,
 `make_soft_cap`), so that every forward stays the equation it implements.
 """
 
@@ -13,9 +14,12 @@ from hookedattn.core.components.block import (
     ParallelBlock,
     make_attention,
     make_block,
+    make_mixer,
 )
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
 from hookedattn.core.components.mlp import (
     MLP,
     GatedMLP,
@@ -37,6 +41,7 @@ from hookedattn.core.components.norm import (
     make_placed_norm,
 )
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
+from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
+    "Mamba2Mixer",
     "MoE",
     "NeuronNormMLP",
     "NoNorm",
@@ -60,19 +66,24 @@ __all__ = [
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
+    "ShortConv",
     "SoftCap",
     "Unembed",
     "affine",
+    "causal_conv",
     "gelu_new",
     "glu",
     "make_attention",
     "make_block",
+    "make_mixer",
     "make_mlp",
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
+    "real_positions",
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
     "solu",
+    "ssd_mixing",
 ]

@@ -27,7 +27,8 @@ def causal_conv(
     d_conv = W_conv.shape[-1]
     padded = nn.functional.pad(u, (0, 0, d_conv - 1, 0))  # d_conv - 1 zero positions first
     windows = padded.unfold(1, d_conv, 1)  # [batch pos channel d_conv]: each position's past
-    return einsum(windows, W_conv, "batch pos channel k, channel k -> batch pos channel") + b_conv
+    taps = "batch pos channel d_conv, channel d_conv -> batch pos channel"
+    return einsum(windows, W_conv, taps) + b_conv
 
 
 def real_positions(context: AttentionContext) -> Bool[Tensor, "#batch pos 1"]:

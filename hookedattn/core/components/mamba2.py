@@ -53,18 +53,19 @@ def ssd_mixing(
 ) -> Mixing:
     """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after."""
     n_pos, heads_per_group = dt.shape[1], A.shape[0] // B.shape[2]
-    decay_rate = rearrange(dt * A, "batch pos ssm_head -> batch ssm_head pos")
+    decay_rate = rearrange(dt * A, "batch pos ssm_head -> batch ssm_head pos")  # dt_r A
     # sum_{r = s+1..t} a_r for every (t, s): a cumulative sum down the rows of the matrix
     # holding a_r at (r, s) for r > s; sums of the rates themselves, never differences of
     # running totals, so that no cancellation loses precision on long sequences.
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=dt.device).tril()  # s <= t
     later = causal.tril(-1)  # r > s
-    rates = repeat(decay_rate, "batch ssm_head r -> batch ssm_head r s", s=n_pos) * later
+    rows = "batch ssm_head query_pos -> batch ssm_head query_pos key_pos"  # rows r, columns s
+    rates = repeat(decay_rate, rows, key_pos=n_pos) * later
     log_decay = rates.cumsum(dim=-2).masked_fill(~causal, -torch.inf)  # s > t: no mixing
-    CB = einsum(
-        C, B, "batch query_pos group n, batch key_pos group n -> batch group query_pos key_pos"
-    )
-    CB = repeat(CB, "batch group q k -> batch (group per_group) q k", per_group=heads_per_group)
+    CB = einsum(C, B, "batch query_pos group d_state, batch key_pos group d_state "
+                "-> batch group query_pos key_pos")  # fmt: skip
+    CB = repeat(CB, "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos",
+                per_group=heads_per_group)  # fmt: skip
     step = rearrange(dt, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
     return CB * log_decay.exp() * step
 
@@ -105,15 +106,18 @@ class Mamba2Mixer(nn.Module):
         u = silu(causal_conv(affine(x, self.W_xBC, self.b_xBC) * real, self.W_conv, self.b_conv))
         widths = [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state]
         xs, B, C = u.split(widths, dim=-1)
-        xs = rearrange(xs, "batch pos (ssm_head p) -> batch pos ssm_head p", ssm_head=m.n_ssm_heads)
-        B, C = (rearrange(t, "batch pos (group n) -> batch pos group n", group=m.n_ssm_groups)
-                for t in (B, C))  # fmt: skip
+        xs = rearrange(xs, "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head",
+                       ssm_head=m.n_ssm_heads)  # fmt: skip
+        B, C = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
+                          group=m.n_ssm_groups) for t in (B, C))  # fmt: skip
         dt = softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(m.dt_min, m.dt_max)
         readable = rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
         mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C) * readable)
-        y = einsum(mixing, xs, "batch ssm_head q k, batch k ssm_head p -> batch q ssm_head p")
+        y = einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
+                   "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
         y = y + xs * rearrange(self.D, "ssm_head -> ssm_head 1")
-        gated = rearrange(y, "batch pos ssm_head p -> batch pos (ssm_head p)") * silu(z)
+        flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
+        gated = rearrange(y, flat) * silu(z)
         normed = self._group_rms_norm(gated) * self.w_norm
         return self.hook_out(affine(normed, self.W_out, self.b_out))
 
