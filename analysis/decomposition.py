@@ -123,6 +123,9 @@ def _broadcast(
 def _attn_parts(
     model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
 ) -> _Parts:
+    kind = model.cfg.layer_mixer(layer)
+    if kind != "attention":  # a hybrid's mixer has no heads: its write as one term
+        return [_given((f"L{layer}_{kind}",), activation(cache, ("attn_out", layer))[None])]
     attn = model.blocks[layer].attn
     labels = tuple(head_label(layer, h) for h in range(model.cfg.n_heads))
     bias_label = f"L{layer}_attn_bias"
@@ -225,7 +228,9 @@ def decompose_resid(
 
     - `"sublayer"`: `embed`, `pos_embed`, `L0_attn`, `L0_mlp`, ... (the cached
       `attn_out`/`mlp_out`, biases included);
-    - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart;
+    - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart (in a
+      hybrid model, a block with a mixer in attention's place has no heads: its whole
+      write, `hook_attn_out`, is one term labelled by its kind, `L0_mamba2`);
     - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart;
     - `"expert"`: heads as above, and, in a mixture of experts, each expert's write
       `L0E0`, ... (zero where a token did not choose it; its biases inside it) and the

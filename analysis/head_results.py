@@ -57,6 +57,7 @@ def head_results(
     (`ln1_post`), that norm's input; `head_writes` is what reaches the stream.
     """
     layer = _layer(model, layer)
+    model.cfg.require_attention(f"head_results of layer {layer}", [layer])
     if ("result", layer) in cache:
         return activation(cache, ("result", layer))
     if ("z", layer) not in cache:

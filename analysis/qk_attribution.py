@@ -205,6 +205,7 @@ def _where(
     """The score asked for, its indices checked; refused where the query does not read the
     key or the model's attention is not decomposed here."""
     layer = _index(layer, model.cfg.n_layers, "layer")
+    model.cfg.require_attention(f"qk_attribution of layer {layer}", [layer])
     head = _index(head, model.cfg.n_heads, "head")
     _refuse_unsupported(model)
     scores = activation(cache, ("attn_scores", layer))

@@ -111,6 +111,7 @@ def prompt_text(model: Any, tokens: Int[Tensor, " pos"]) -> str:
 def check_model(model: nn.Module, tset: TranscoderSet) -> None:
     """Refuse the model shapes whose linearisation this module does not write out."""
     cfg = model.cfg
+    cfg.require_attention("an attribution graph (attention frozen head by head)")
     problems = {
         "attn_only": "an attention-only model has no MLPs to replace",
         "parallel_attn_mlp": "parallel blocks (the MLP reads resid_pre) are not supported",

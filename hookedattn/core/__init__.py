@@ -28,6 +28,9 @@ Axis names, used in every shape annotation and einops pattern in this package an
     kv_head     key/value heads (grouped-query attention)
     q_rank, kv_rank  latent attention's query and key/value latents; d_rope the rotated
                 part of its query/key head; d_head_v its value head (d_head elsewhere)
+    channel, d_conv  a hybrid's convolution: its channels and the positions it spans
+    ssm_head, d_ssm_head, d_state, group  a Mamba-2 mixer's heads, their width, the state
+                per head row, the groups of heads sharing B and C; d_inner its inner width
     d_mlp       MLP neurons
     expert      the experts of a mixture of experts; k the experts one token uses
     row         one expert's rows: the tokens routed to it, in (batch, pos) order
@@ -73,6 +76,7 @@ from hookedattn.core.hook_points import (
 from hookedattn.core.html import html_table
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.loss import lm_cross_entropy_loss
+from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.core.model import HookedTransformer, LogitsAndLoss
 from hookedattn.core.names import get_act_name
 from hookedattn.core.patterns import record_patterns, stacked_patterns
@@ -122,6 +126,7 @@ __all__ = [
     "KeyValueCacheEntry",
     "LensHandle",
     "LogitsAndLoss",
+    "MixerConfig",
     "PretrainedInfo",
     "SpecialTokens",
     "TensorHeader",

@@ -39,6 +39,8 @@ class StackedWeights:
             raise ValueError(f"a model with 0 layers has no {weight}")
         if module == "mlp" and self.cfg.attn_only:
             raise ValueError(f"an attention-only model has no {weight}")
+        if module == "attn":
+            self.cfg.require_attention(f"the stacked {weight}")
         first = getattr(self.blocks[0], module)
         if not hasattr(first, weight):  # latent attention has no b_Q, b_K, b_V
             raise ValueError(

@@ -311,13 +311,13 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("d_model", "embed.W_E", 1, lambda cfg: True),
     ("d_vocab_out", "unembed.W_U", 1, lambda cfg: True),
     ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.has_learned_positions),
-    ("n_heads", "blocks.0.attn.W_Q", 0, lambda cfg: cfg.n_layers > 0),
-    ("d_head", "blocks.0.attn.W_Q", 2, lambda cfg: cfg.n_layers > 0),
+    ("n_heads", "blocks.{attn}.attn.W_Q", 0, lambda cfg: _attends(cfg)),
+    ("d_head", "blocks.{attn}.attn.W_Q", 2, lambda cfg: _attends(cfg)),
     ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
-    ("d_value", "blocks.0.attn.W_O", 1, lambda cfg: cfg.n_layers > 0),
-    ("kv_lora_rank", "blocks.0.attn.W_KV_a", 1,
+    ("d_value", "blocks.{attn}.attn.W_O", 1, lambda cfg: _attends(cfg)),
+    ("kv_lora_rank", "blocks.{attn}.attn.W_KV_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
-    ("q_lora_rank", "blocks.0.attn.W_Q_a", 1,
+    ("q_lora_rank", "blocks.{attn}.attn.W_Q_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.q_lora_rank is not None),
     # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`; its
     # first blocks may keep dense MLPs (`{moe}`: the first block with experts).
@@ -327,6 +327,15 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
      lambda cfg: _moe(cfg) and cfg.d_mlp_shared is not None),
     ("d_mlp_dense", "blocks.0.mlp.W_in", 1, lambda cfg: _moe(cfg) and cfg.n_dense_layers > 0),
 )  # fmt: skip
+
+
+def _first_attention(cfg: HookedTransformerConfig) -> int:
+    """The first block that attends (`{attn}`; a hybrid's first blocks may not)."""
+    return next((i for i in range(cfg.n_layers) if cfg.layer_mixer(i) == "attention"), 0)
+
+
+def _attends(cfg: HookedTransformerConfig) -> bool:
+    return cfg.n_layers > 0 and cfg.layer_mixer(_first_attention(cfg)) == "attention"
 
 
 def _dense_mlp(cfg: HookedTransformerConfig) -> bool:
@@ -362,7 +371,8 @@ def check_header(
         )
     problems = []
     for field, name, axis, needed in _PINS:
-        value, name = getattr(config, field), name.format(moe=config.n_dense_layers)
+        value = getattr(config, field)
+        name = name.format(moe=config.n_dense_layers, attn=_first_attention(config))
         if not needed(config):
             continue
         if name not in header or len(header[name].shape) <= axis:

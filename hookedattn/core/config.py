@@ -17,6 +17,7 @@ import torch
 
 from hookedattn.core._field_specs import FieldSpec, check_field
 from hookedattn.core._field_specs import closest as _closest
+from hookedattn.core.mixer_config import MixerConfig
 
 ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
@@ -105,6 +106,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "routed_scaling_factor": _POSITIVE,
     "n_dense_layers": FieldSpec(int, low=0, high=100_000),
     "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),
+    "mixers": FieldSpec(MixerConfig, optional=True),
     "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "use_attn_result": _FLAG,
     "use_split_qkv_input": _FLAG,
@@ -196,6 +198,8 @@ class HookedTransformerConfig:
       times `routed_scaling_factor`.
       `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
       (DeepSeek's `first_k_dense_replace`).
+    - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
+      sublayer that mixes positions (a short convolution, a Mamba-2 layer) in its place.
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
       residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
       `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
@@ -279,6 +283,7 @@ class HookedTransformerConfig:
     routed_scaling_factor: float = 1.0
     n_dense_layers: int = 0
     d_mlp_dense: int | None = None
+    mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
     use_split_qkv_input: bool = False
@@ -301,6 +306,7 @@ class HookedTransformerConfig:
                     f"unknown dtype {self.dtype!r}: {_closest(self.dtype, tuple(DTYPES))}"
                 )
             set_("dtype", DTYPES[self.dtype])
+        set_("mixers", MixerConfig.coerce(self.mixers))  # from JSON: a dict
         for field in ("attn_types", "rotary_layers"):  # from JSON: lists
             if isinstance(getattr(self, field), list):
                 set_(field, tuple(getattr(self, field)))
@@ -383,6 +389,11 @@ class HookedTransformerConfig:
                 "values cannot share; use use_split_qkv_input (one copy per key/value head)"
             )
         self._check_experts()
+        if self.mixers is not None and len(self.mixers.layers) != self.n_layers:
+            raise ValueError(
+                f"mixers.layers has {len(self.mixers.layers)} entries but n_layers="
+                f"{self.n_layers}: give one sublayer kind per layer"
+            )
         if self.attn_types is not None:
             if self.window_size is None:
                 raise ValueError("attn_types with 'local' layers needs window_size")
@@ -554,6 +565,24 @@ class HookedTransformerConfig:
         """TransformerLens's name for `normalization_placement == "pre_and_post"`."""
         return self.normalization_placement == "pre_and_post"
 
+    def layer_mixer(self, layer: int) -> str:
+        """The sublayer that mixes positions in block `layer`: "attention", or another
+        kind of `mixer_config.MIXER_KINDS` in a hybrid model (`mixers`)."""
+        return "attention" if self.mixers is None else self.mixers.layers[layer]
+
+    def require_attention(self, what: str, layers: Any = None) -> None:
+        """A ValueError naming the blocks (of `layers`; None: all) whose sublayer is not
+        attention, for `what`, which needs heads there."""
+        layers = range(self.n_layers) if layers is None else layers
+        others = {layer: self.layer_mixer(layer) for layer in layers}
+        others = {layer: kind for layer, kind in others.items() if kind != "attention"}
+        if others:
+            raise ValueError(
+                f"{what} needs attention heads, but in this hybrid model blocks "
+                f"{sorted(others)} hold {sorted(set(others.values()))} in attention's place "
+                f"(their write is blocks.L.hook_attn_out; their internals blocks.L.mixer.*)"
+            )
+
     def layer_rotates(self, layer: int) -> bool:
         """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""
         if self.positional_embedding_type != "rotary":
@@ -581,6 +610,8 @@ class HookedTransformerConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown config fields {unknown}; known fields are {sorted(known)}")
+        if isinstance(data.get("mixers"), dict):  # JSON's form of a MixerConfig
+            data = data | {"mixers": MixerConfig.coerce(data["mixers"])}
         return cls(**data)
 
     def to_json(self) -> str:

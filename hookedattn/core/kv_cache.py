@@ -164,6 +164,7 @@ class KeyValueCache:
         """A cache holding no positions yet, for a batch of `batch` sequences; with
         `capacity`, every layer's buffers hold that many positions from the start (what
         generation does: it knows the prompt and `max_new_tokens`)."""
+        cfg.require_attention("a KV cache")
         device = cfg.device if device is None else device
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")

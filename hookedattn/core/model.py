@@ -327,7 +327,8 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Normal(0, init_range) for weight matrices, zero biases, unit norm gains.
+        """Normal(0, init_range) for weight matrices, zero biases (and a Mamba-2 mixer's
+        `A_log`, `D`, `dt_bias`), unit norm gains.
 
         Drawn in float32 from a generator seeded by `cfg.seed` (the global RNG when None)
         and then cast, so models of different dtypes from one seed hold the same weights.
@@ -340,7 +341,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             if leaf.startswith("W_"):
                 values = torch.randn(param.shape, generator=generator) * self.cfg.init_range
                 param.copy_(values.to(param.dtype))
-            elif leaf == "w":
+            elif leaf == "w" or leaf.startswith("w_"):  # norm gains (Mamba-2's `w_norm`)
                 param.fill_(1.0)
             else:
                 param.zero_()

@@ -30,7 +30,9 @@ refused by name: a norm after a sublayer (`normalization_placement` "post" or
 gated MLP (`W_gate` has no bias to take it), and centring the unembedding under a soft cap
 on the logits (the cap does not commute with the shift). Norms of queries and keys
 (`use_qk_norm`) sit after the projections and keep their gains; folding the residual norms
-before them leaves their inputs unchanged.
+before them leaves their inputs unchanged. In a hybrid model the norm before a mixer folds
+into the maps by which it reads the stream, and its `W_out`, `b_out` are centred with the
+other writing weights.
 
 The two variants of TransformerLens's toy models, as TransformerLens 3.5.1 processes them:
 
@@ -216,7 +218,10 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
     centre = cfg.normalization_type in _CENTRING_NORMS
     for layer in range(cfg.n_layers):
         attn, mlp = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
-        _fold_into_readers(state, f"blocks.{layer}.ln1", _attn_readers(cfg, attn, state), centre)
+        readers = _attn_readers(cfg, attn, state)
+        if cfg.layer_mixer(layer) != "attention":
+            readers = _mixer_readers(cfg, layer)
+        _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
         if cfg.has_mlp:
             readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
             _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
@@ -267,6 +272,17 @@ def _attn_readers(
     if cfg.attn_gate is not None:  # the output gate reads the same input
         readers.append((f"{attn}.W_G", f"{attn}.b_G"))
     return readers
+
+
+# A hybrid's mixers read the stream through affine maps only (`components.short_conv`,
+# `components.mamba2`): the norm before them folds into those maps as into W_Q, W_K, W_V.
+_MIXER_INPUTS = {"short_conv": ("B", "C", "X"), "mamba2": ("z", "xBC", "dt")}
+
+
+def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
+    """The weights (and biases) by which block `layer`'s mixer reads its input."""
+    mixer = f"blocks.{layer}.mixer"
+    return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for n in _MIXER_INPUTS[cfg.layer_mixer(layer)]]
 
 
 def _mlp_readers(
@@ -346,6 +362,7 @@ def _center_writing_weights(state: State, cfg: HookedTransformerConfig) -> Hooke
     writers = ["embed.W_E", "pos_embed.W_pos"]
     for layer in range(cfg.n_layers):
         writers += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
+        writers += [f"blocks.{layer}.mixer.W_out", f"blocks.{layer}.mixer.b_out"]  # a hybrid's
         if cfg.has_mlp:
             writers += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
             shared = f"blocks.{layer}.mlp.shared_expert"
@@ -384,6 +401,8 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
     if cfg.is_latent_attention:
         return cfg  # its values have no bias to fold
     for layer in range(cfg.n_layers):
+        if cfg.layer_mixer(layer) != "attention":
+            continue  # a hybrid's mixer: no values
         attn = f"blocks.{layer}.attn"
         name = f"{attn}._b_V" if f"{attn}._b_V" in state else f"{attn}.b_V"
         b_V, W_O = state[name], state[f"{attn}.W_O"]

@@ -14,10 +14,10 @@ rotated pairs (GLM); learned positions and one key/value head in a fused project
 table and a scaled embedding (BioGPT); a decoder's own fields in an encoder-decoder config
 and cross-attention a causal LM never calls (Whisper); attention sinks (Granite SWA);
 mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlmo, Aria with
-a shared expert, Granite-MoE with its multipliers); output gates on the heads (Laguna's own
-softplus map per head, MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention
-under DeepSeek's names (Youtu; MiniCPM 3 with its muP scalars). The reference is the HF
-model itself, in float64.
+a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a shared MLP
+beside the experts' block); output gates on the heads (Laguna's own softplus map per head,
+MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSeek's names
+(Youtu; MiniCPM 3 with its muP scalars). The reference is the HF model itself, in float64.
 """
 
 import pytest
@@ -34,7 +34,7 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
-                 "hunyuan_v1_moe", "youtu", "minicpm3")  # fmt: skip
+                 "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

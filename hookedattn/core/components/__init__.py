@@ -1,9 +1,10 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`: full, grouped or latent; `make_mlp` or `MoE`, `make_norm`,
-`make_embed_norm`, `make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that
-every forward stays the equation it implements.
+`make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution or
+Mamba-2 in attention's place; `make_mlp` or `MoE`, `make_norm`, `make_embed_norm`,
+`make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that every forward stays
+the equation it implements.
 """
 
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
@@ -15,9 +16,12 @@ from hookedattn.core.components.block import (
     PostResidualBlock,
     make_attention,
     make_block,
+    make_mixer,
 )
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
 from hookedattn.core.components.mlp import (
     MLP,
     GatedMLP,
@@ -41,6 +45,7 @@ from hookedattn.core.components.norm import (
     make_placed_norm,
 )
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
+from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
 from hookedattn.core.components.unembed_transform import (
     NoTransform,
@@ -61,6 +66,7 @@ __all__ = [
     "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
+    "Mamba2Mixer",
     "MoE",
     "NeuronNormMLP",
     "NoNorm",
@@ -71,23 +77,28 @@ __all__ = [
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
+    "ShortConv",
     "SoftCap",
     "Unembed",
     "UnembedTransform",
     "affine",
+    "causal_conv",
     "gelu_new",
     "glu",
     "make_attention",
     "make_block",
     "make_embed_norm",
     "make_final_norm",
+    "make_mixer",
     "make_mlp",
     "make_norm",
     "make_placed_norm",
     "make_soft_cap",
     "make_unembed_transform",
+    "real_positions",
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
     "solu",
+    "ssd_mixing",
 ]

@@ -22,7 +22,9 @@ what the sublayer writes, so `hook_attn_out` holds the normed output that is add
 real norm or the identity as `normalization_placement` says; how the stream enters the
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
-global or windowed. In a shortformer model the queries and keys read the positions too:
+global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
+(`ShortConv`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out` holds. In a
+shortformer model the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
@@ -39,9 +41,11 @@ from hookedattn.core.components.attention import (
     GroupedQueryAttention,
 )
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import GatedMLP, make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_norm, make_placed_norm
+from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -144,6 +148,9 @@ class AttnOnlyBlock(nn.Module):
         self.hook_resid_post = HookPoint()
 
     def _add_attention(self, cfg: HookedTransformerConfig, layer: int) -> None:
+        if cfg.layer_mixer(layer) != "attention":
+            self._add_mixer(cfg, layer)
+            return
         if cfg.use_split_qkv_input:
             self.hook_q_input = HookPoint()  # [batch pos head d_model]
             self.hook_k_input = HookPoint()  # [batch pos kv_head d_model]
@@ -155,6 +162,22 @@ class AttnOnlyBlock(nn.Module):
         self.attn = make_attention(cfg, layer)
         self.ln1_post = make_placed_norm(cfg, "post")
         self.hook_attn_out = HookPoint()
+
+    def _add_mixer(self, cfg: HookedTransformerConfig, layer: int) -> None:
+        """A hybrid model's block `layer` mixes positions by another sublayer in attention's
+        place (`mixer_config`): read through `ln1`, written through `ln1_post` and
+        `hook_attn_out`, as attention's is."""
+        self.ln1 = make_placed_norm(cfg, "pre")
+        self.mixer = make_mixer(cfg, layer)
+        self.ln1_post = make_placed_norm(cfg, "post")
+        self.hook_attn_out = HookPoint()
+        self.attend = self._mix
+
+    def _mix(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
+        """What the mixer writes: `ln1_post(mixer(ln1(resid)))`. It keeps no cache: a
+        forward with `past_kv` is refused before it gets here (`generation` reruns the
+        whole prefix instead)."""
+        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid), context)))
 
     def _add_mlp(self, cfg: HookedTransformerConfig, layer: int) -> None:
         if cfg.use_hook_mlp_in:
@@ -255,6 +278,11 @@ def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     if cfg.is_latent_attention:
         return LatentAttention(cfg, layer)
     return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
+
+
+def make_mixer(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
+    """The sublayer in attention's place in block `layer` of a hybrid model."""
+    return {"short_conv": ShortConv, "mamba2": Mamba2Mixer}[cfg.layer_mixer(layer)](cfg)
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from hookedattn.core.hf import (
     _experts,
     _loading,
+    _mixers,
     _saved,
     _scalars,
     _split_layers,
@@ -52,6 +53,7 @@ from hookedattn.core.hf import (
     _verify,
 )
 from hookedattn.core.hf._experts import Experts
+from hookedattn.core.hf._mixers import Mixers
 from hookedattn.core.hf._probes import (
     ACTIVATION_NAMES,
     CONFIG_EPSILONS,
@@ -152,6 +154,9 @@ class Anatomy:
     head_dense: str | None = None
     head_norm: str | None = None
     head_act: str | None = None
+    # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
+    # norms and wiring are then read off the first layer that attends.
+    mixers: Mixers | None = None
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
@@ -236,6 +241,8 @@ def _from_json(fields: dict[str, Any]) -> Anatomy:
             return tuple(tuple(pair) for pair in v)
         if key == "experts":
             return None if v is None else Experts(**{k: tupled(x) for k, x in v.items()})
+        if key == "mixers":
+            return None if v is None else _mixers.from_json(v)
         return Scale(**v) if isinstance(v, dict) else tupled(v)
 
     return Anatomy(**{k: value(k, v) for k, v in fields.items()})
@@ -249,25 +256,36 @@ class _Reader:
         self.names = {id(m): name for name, m in twin.named_modules()}
         self.layers_name, layers = _layer_list(twin, config)
         self.layers = list(layers)
-        self.layer = self.layers[0]
+        self.mixers, attending = self._mixers()
+        self.layer = self.layers[attending[0] if attending else 0]
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
+        self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
     def anatomy(self) -> Anatomy:
         children = dict(self.layer.named_children())
+        if self.mixers is not None and "attention" not in dict(self.mixers.pattern).values():
+            return self._attention_free(children)
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
-        n_dense = self._check_layers_alike(mlp)
+        mixing = (attn, self.mixers.name) if self.mixers else ()
+        n_dense = self._check_layers_alike(mlp, mixing)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
+        beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
+        if beside is not None:  # one MLP: the block's write and the shared expert's, summed
+            shared = {n: y for n, _, y in calls}[beside]
+            calls = [(n, x, y + shared if n == mlp else y) for n, x, y in calls if n != beside]
+            children = {n: m for n, m in children.items() if n != beside}
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         inner, attn_module = unwrapped_attention(children[attn])
-        mlp_module = children[mlp] if mlp else self.layer
+        first = self.layers[0]  # a hybrid's first layer may not attend, but holds the dense MLP
+        mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
-        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat)
+        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat, beside)
         epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
         kind, bias, eps = norm_kind(
             [*(children[hf] for _, hf in norms),
@@ -322,7 +340,40 @@ class _Reader:
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
             embed_norm=self.embed_norm,
+            mixers=self.mixers,
         )
+
+    def _attention_free(self, children: dict[str, nn.Module]) -> Anatomy:
+        """A model whose every layer is one norm and one mixer, `x + mixer(norm(x))`
+        (Mamba 2): no attention, no MLP; the rest read as for any model."""
+        mixer = self.mixers.name
+        norms = [n for n, m in children.items() if is_norm(m)]
+        others = [n for n in children if n not in (mixer, *norms)]
+        if len(norms) != 1 or others:
+            raise ValueError(f"an attention-free layer of {sorted(children)}: one norm and "
+                             "one mixer are recognised")  # fmt: skip
+        calls, logits, embed_ratio, positions = self._watch(capped=False)
+        (_, resid, out), *pieces = calls
+        called = {name: (x, y) for name, x, y in pieces}
+        if called[norms[0]][1] is not called[mixer][0]:
+            raise ValueError(f"the norm {norms[0]} does not feed the mixer {mixer}")
+        write = ratio(out - resid, called[mixer][1], "what the mixer adds to the stream")
+        epsilons = [getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)]
+        kind, bias, eps = norm_kind(
+            [children[norms[0]], self._final_norm()], (*epsilons, *USUAL_EPSILONS)
+        )
+        none = Scale()
+        return Anatomy(
+            **self._places(), attn="", mlp="", norms=(("ln1", norms[0]),), placement="pre",
+            parallel=False, norm_kind=kind, norm_bias=bias, eps=eps, attn_maps=(),
+            qk_norm=None, qk_norm_names=None, mlp_maps=(), act_fn="relu",
+            embed_scale=self._explain(embed_ratio, "embedding scale"), attn_scale=none,
+            attn_write=self._explain(write, "mixer's write scale"), mlp_write=none,
+            logit_scale=self._explain(logits, "logit scale"), sinks=False,
+            positions=positions[0], position_offset=positions[1], unused=(), experts=None,
+            renames=_saved.renames(self.twin, self.layers_name), logit_cap=False,
+            mixers=self.mixers,
+        )  # fmt: skip
 
     def _places(self) -> dict[str, Any]:
         """Where the model keeps its layers, embedding, final norm and unembedding."""
@@ -354,25 +405,25 @@ class _Reader:
         unused = tuple(n for n in children if n not in called and is_cross(n))
         flat = flat_mlp(children) if mlp == "" else ()
         norm_names = [n for n, m in children.items() if is_norm(m) and n not in unused]
-        beside = _shared_beside(children, mlp)
         others = [
             f"{n} ({type(m).__name__})" for n, m in children.items()
-            if n not in (attn, mlp, *flat, *norm_names, *unused, *beside, *ACTIVATION_NAMES)
+            if n not in (attn, mlp, *flat, *norm_names, *unused, *ACTIVATION_NAMES)
             and not isinstance(m, nn.Dropout | nn.Identity)
         ]  # fmt: skip
         if others:
             raise ValueError(f"a decoder layer holds pieces not recognised: {others}")
-        if beside:  # what the MLP writes: the mixture's output plus the shared expert's
-            at = {name: i for i, (name, _, _) in enumerate(calls)}
-            (_, x, y), (_, _, shared) = calls[at[mlp]], calls[at[beside[0]]]
-            calls[at[mlp]] = (mlp, x, y + shared)
         if flat:
             ins = {name: (x, y) for name, x, y in calls}
             calls.append(("", ins[flat[0]][0], ins[flat[-1]][1]))
         return unused, flat, norm_names
 
     def _feed_forward(
-        self, mlp: str, mlp_module: nn.Module, n_dense: int, flat: tuple[str, ...]
+        self,
+        mlp: str,
+        mlp_module: nn.Module,
+        n_dense: int,
+        flat: tuple[str, ...],
+        beside: str | None = None,
     ) -> tuple[Experts | None, str, tuple[tuple[str, str, bool], ...]]:
         """The mixture of experts (if the layers after the `n_dense` dense ones hold one),
         the activation, and the dense MLP's maps (the first layer's)."""
@@ -381,9 +432,13 @@ class _Reader:
             maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
             return None, activation(mlp_module), maps
         act_fn = activation(moe_block.experts)
-        beside = dict(self.layers[n_dense].named_children())
+        shared = None
+        if beside is not None:
+            shared = (beside, self.layers[n_dense].get_submodule(beside))
+            if activation(shared[1]) != act_fn:
+                raise ValueError("the shared expert's and the experts' activations differ")
         experts = _experts.recognise(
-            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense, beside
+            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense, shared
         )
         if not n_dense:
             return experts, act_fn, ()
@@ -391,13 +446,15 @@ class _Reader:
             raise ValueError("the dense and the expert MLPs' activations differ")
         return experts, act_fn, linear_maps(mlp_module, MLP_ROLES, skip=())
 
-    def _check_layers_alike(self, mlp: str) -> int:
+    def _check_layers_alike(self, mlp: str, mixing: tuple[str, ...] = ()) -> int:
         """How many first layers hold a dense MLP where the rest hold a mixture of experts
         (DeepSeek's `first_k_dense_replace`), 0 if none; any other difference between the
-        layers is a ValueError."""
+        layers is a ValueError (but for a hybrid's attention or mixer, named in `mixing`)."""
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] != mlp}
+            return {
+                n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in (mlp, *mixing)
+            }
 
         first = without_mlp(self.layer)
         differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]
@@ -413,6 +470,19 @@ class _Reader:
                 "convention"
             )
         return dense
+
+    def _mixers(self) -> tuple[Mixers | None, list[int]]:
+        """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and
+        which layers attend."""
+        attention, mixers = [], []
+        for layer in self.layers:
+            children = dict(layer.named_children())
+            found = [n for n, m in children.items()
+                     if n in ATTENTION_NAMES or type(m).__name__.endswith("Attention")]  # fmt: skip
+            attention.append(found[0] if len(found) == 1 else None)
+            mixers.append(_mixers.mixer_child(children, tuple(found)))
+        attending = [i for i, name in enumerate(attention) if name is not None]
+        return _mixers.recognise(self.layers, self.config, attention, mixers), attending
 
     def _final_norm(self) -> nn.Module | None:
         """The base model's norm beside its layers that is not the embeddings' (None where
@@ -456,7 +526,11 @@ class _Reader:
 
             return record
 
+        def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen["first layer"] = _first_tensor(args, kwargs)
+
         handles = [self.layer.register_forward_hook(hook(""), with_kwargs=True)]
+        handles.append(self.layers[0].register_forward_pre_hook(enter, with_kwargs=True))
         handles += [
             m.register_forward_hook(hook(n), with_kwargs=True)
             for n, m in self.layer.named_children()
@@ -490,7 +564,7 @@ class _Reader:
         calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        entering = calls[0][1]
+        entering = seen["first layer"]
         # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
         # One module may norm the embeddings and, called again, the last stream (nanochat's).
         normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
@@ -539,13 +613,6 @@ class _Reader:
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
-
-
-def _shared_beside(children: dict[str, nn.Module], mlp: str) -> tuple[str, ...]:
-    """A shared expert the layer holds beside its mixture (Granite's `shared_mlp`), or ()."""
-    if not mlp or "shared_mlp" not in children or not _experts.block_name({mlp: children[mlp]}):
-        return ()
-    return ("shared_mlp",)
 
 
 def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:

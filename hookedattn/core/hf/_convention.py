@@ -61,6 +61,8 @@ class Convention:
 
     def _fields(self, hf_config: Any) -> dict[str, Any]:
         a, c = self.anatomy, _Decoder(hf_config)
+        if a.attn == "":
+            return _attention_free_fields(c, a)
         if (getattr(c, "moe_router_logit_softcapping", None) or 0.0) > 0.0:
             raise ValueError(
                 f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
@@ -110,6 +112,7 @@ class Convention:
             "unembed_transform": a.head_act,
             **rotary,
             **_translate.window(c),
+            **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -124,7 +127,7 @@ class Convention:
                  adjust=_times(scale(a.embed_scale))),
             *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
-            *self._attention_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
+            *self._sublayer_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *(_norm(a, "ln_embed", a.embed_norm, 1.0) if a.embed_norm else []),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
@@ -193,6 +196,21 @@ class Convention:
                 writes.get(ours, Scale()).of(hf_config, cfg.d_head),
             )
         ]  # fmt: skip
+
+    def _sublayer_rules(
+        self, cfg: HookedTransformerConfig, write: float, hf_config: Any
+    ) -> list[Rule]:
+        """The attention's rules; in a hybrid, in the layers that attend, and the mixers'
+        (`_mixers`) in the others."""
+        a = self.anatomy
+        if a.attn == "":  # attention-free: mixers only
+            return a.mixers.rules(a.layers, cfg, write)
+        attention = self._attention_rules(cfg, write, hf_config)
+        if a.mixers is None:
+            return attention
+        attending = [i for i in range(cfg.n_layers) if cfg.layer_mixer(i) == "attention"]
+        o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
+        return [*_in_layers(attention, attending), *a.mixers.rules(a.layers, cfg, o_scale)]
 
     def _attention_rules(
         self, cfg: HookedTransformerConfig, write: float, hf_config: Any
@@ -296,6 +314,8 @@ class Convention:
         self, cfg: HookedTransformerConfig, write: float, live: bool = False
     ) -> list[Rule]:
         a = self.anatomy
+        if cfg.attn_only:  # an attention-free model's layers hold no MLP either
+            return []
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
@@ -401,9 +421,33 @@ class _Decoder:
         return getattr(self._config, name)
 
 
+def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
+    """An attention-free model's fields (every layer `x + mixer(norm(x))`): no MLPs, no
+    positions; one nominal head as wide as the stream, never built (no layer attends)."""
+    return {
+        "n_layers": c.num_hidden_layers,
+        "d_model": c.hidden_size,
+        "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
+        "d_vocab": c.vocab_size,
+        "n_heads": 1,
+        "d_head": c.hidden_size,
+        "attn_only": True,
+        "normalization_type": _NORM_TYPES[a.norm_kind],
+        "eps": a.eps,
+        "positional_embedding_type": "none",
+        "mixers": a.mixers.config(c),
+    }
+
+
 def _mlp_width(c: Any) -> int:
     """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
     where a config leaves it None, as GPT-2-like ones do)."""
+    if getattr(c, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of it, scaled, rounded up
+        width = int(2 * c.intermediate_size / 3)
+        if getattr(c, "block_ffn_dim_multiplier", None) is not None:
+            width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
+            width = multiple * ((width + multiple - 1) // multiple)
+        return width
     for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
         if hasattr(c, name):
             width = getattr(c, name)
@@ -540,16 +584,20 @@ def _expert_rules(
         s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
         shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
         shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
-        if len(e.shared_maps) == 2:  # [gate; up] fused (Granite's input_linear)
-            fused, halves = f"{hf}.{e.shared_maps[0]}.weight", ("d_mlp_shared", "d_mlp_shared")
-            rules += [Rule(f"{s}.W_gate", fused, shared_in, split=halves),
-                      Rule(f"{s}.W_in", fused, shared_in, split=halves, part=1)]  # fmt: skip
-        else:
-            rules += [Rule(f"{s}.W_gate", f"{hf}.{e.shared_maps[0]}.weight", shared_in),
-                      Rule(f"{s}.W_in", f"{hf}.{e.shared_maps[1]}.weight", shared_in)]  # fmt: skip
+        halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
+        gate, up, down = (
+            (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
+             Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
+             f"{hf}.output_linear.weight")
+            if e.shared_fused else
+            (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
+             Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
+        )  # fmt: skip
         rules += [
+            gate,
+            up,
             zeros(f"{s}.b_in", "d_mlp_shared"),
-            Rule(f"{s}.W_out", f"{hf}.{e.shared_maps[-1]}.weight", shared_out, adjust=out),
+            Rule(f"{s}.W_out", down, shared_out, adjust=out),
             zeros(f"{s}.b_out", "d_model"),
         ]
     if e.shared_gate:
@@ -574,7 +622,7 @@ def _widened(rule: Rule, width: str) -> Rule:
     return dataclasses.replace(rule, pattern=renamed(rule.pattern), split=split)
 
 
-def _in_layers(rules: list[Rule], layers: range) -> list[Rule]:
+def _in_layers(rules: list[Rule], layers: range | list[int]) -> list[Rule]:
     """`rules` expanded for `layers` only."""
     return [
         dataclasses.replace(

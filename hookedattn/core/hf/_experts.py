@@ -30,7 +30,6 @@ from hookedattn.core.hf import _saved
 _BLOCKS = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 _ROUTERS = ("gate", "router")
 _SHARED = ("shared_experts", "shared_expert", "shared_mlp")
-_GATED, _FUSED = ("gate_proj", "up_proj", "down_proj"), ("input_linear", "output_linear")
 _COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k_experts", "moe_k")
 _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
@@ -75,10 +74,11 @@ class Experts:
     dense_width_field: str | None
     # The files' stacked experts transposed (`transposed`) or not; None: as the live ones.
     saved_transposed: bool | None = None
-    # The shared expert's maps: (gate, up, down), or ([gate; up] fused, down) (Granite's).
-    shared_maps: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
     # The choice bias's shape as the files keep it: `[expert]`, or `[1 expert]` (Ernie).
     choice_bias_pattern: str = "expert -> expert"
+    # The shared expert's gate and up maps fused in one `input_linear` `[gate; up]`, its down
+    # map `output_linear` (Granite's `shared_mlp`, beside the block in the layer).
+    shared_fused: bool = False
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -97,29 +97,28 @@ def recognise(
     act_fn: str,
     layers: str,
     n_dense: int = 0,
-    beside: dict[str, nn.Module] | None = None,
+    beside: tuple[str, nn.Module] | None = None,
 ) -> Experts:
     """The mixture in `block` (the first such layer's, after `n_dense` dense ones), its
     config fields, and its saved names (the twin saved once); a ValueError names a piece
-    not recognised. `beside`: the layer's other children, where a shared expert may sit
-    beside the block (Granite's `shared_mlp`, added to what the block writes)."""
+    not recognised. `beside`: a shared expert the layer holds beside the block (its name in
+    the layer, the module), whose write the layer adds to the block's."""
     children = dict(block.named_children())
     router, choice = _router(block, children)
     router_map = _router_map(children[router])  # "" or the Linear it holds (AFMoE's "gate")
     count, d_model = children[router].get_submodule(router_map).weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
     shared = next((n for n in _SHARED if n in children), None)
-    layer_shared = next((n for n in _SHARED if n in (beside or {})), None) if not shared else None
-    shared_module = children[shared] if shared else (beside or {}).get(layer_shared)
     gate = "shared_expert_gate" if "shared_expert_gate" in children else None
     known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
     others = [n for n, m in children.items() if n not in known and any(m.parameters())]
     if others:
         raise ValueError(f"{type(block).__name__} holds pieces not recognised: {others}")
+    shared_module = children[shared] if shared else None
+    if beside is not None:
+        shared, shared_module = beside
     shared_width = None
     if shared:
-        shared_width = _field(config, _SHARED_WIDTHS, _width(children[shared]), "shared width")
-    elif layer_shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
     files, saved_stacked, saved_router, saved_shared = _saved_names(
         twin, f"{layers}.{n_dense}.", (int(count), int(d_model))
@@ -144,8 +143,7 @@ def recognise(
         saved_stacked=saved_stacked,
         saved_router=saved_router,
         saved_shared=saved_shared,
-        shared=f"{block_name}.{shared}" if shared else layer_shared,
-        shared_maps=_shared_maps(shared_module) if shared_module is not None else _GATED,
+        shared=(shared if beside else f"{block_name}.{shared}") if shared else None,
         shared_gate=f"{block_name}.{gate}" if gate else None,
         count_field=_field(config, _COUNTS, count, "expert count"),
         top_k_field=_field(config, _TOP_K, None, "experts per token"),
@@ -159,7 +157,16 @@ def recognise(
         n_dense=n_dense,
         dense_count_field=_dense_field(config, n_dense) if n_dense else None,
         dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
+        shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
     )
+
+
+def beside_block(children: dict[str, nn.Module], block: str) -> str | None:
+    """The name of a shared expert a layer holds beside its mixture-of-experts `block`
+    (Granite's `shared_mlp`), or None."""
+    if block not in children or not hasattr(children[block], "experts"):
+        return None
+    return next((n for n in _SHARED if n in children and n != block), None)
 
 
 def _router(block: nn.Module, children: dict[str, nn.Module]) -> tuple[str, str | None]:
@@ -210,18 +217,9 @@ def _stacked(experts: nn.Module, d_model: int) -> tuple[bool, int]:
     return transposed, (gate_up[2] if transposed else gate_up[1]) // 2
 
 
-def _shared_maps(mlp: nn.Module) -> tuple[str, ...]:
-    """The shared expert's maps by name: `_GATED`, or `_FUSED` ([gate; up], down)."""
-    names = set(dict(mlp.named_children()))
-    for maps in (_GATED, _FUSED):
-        if set(maps) <= names:
-            return maps
-    raise ValueError(f"the shared expert {type(mlp).__name__} holds maps not recognised: {names}")
-
-
 def _width(mlp: nn.Module) -> int:
-    down = next((m for n, m in mlp.named_children() if n in ("down_proj", "w2", "fc2",
-                                                             "output_linear")), None)  # fmt: skip
+    downs = ("down_proj", "w2", "fc2", "output_linear")
+    down = next((m for n, m in mlp.named_children() if n in downs), None)
     if down is None:
         raise ValueError(f"the shared expert {type(mlp).__name__} has no down projection")
     return int(down.weight.shape[1])
@@ -270,7 +268,9 @@ def _experts_saved(
             files = tuple(f"{block}{{expert}}.{p}.weight" for p in (gate, up, down))
             break
     else:
-        three_d = sorted(n for n, shape in shapes.items() if len(shape) == 3)
+        block = router.split(".")[0]  # not a hybrid's convolutions, [channel 1 d_conv]
+        three_d = sorted(n for n, shape in shapes.items()
+                         if len(shape) == 3 and n.split(".")[0] == block)  # fmt: skip
         if len(three_d) != 2:
             raise ValueError(f"the experts are saved under names not recognised: {three_d}")
         stacked = (three_d[0], three_d[1])

@@ -126,7 +126,7 @@ def refuse_custom_code(path: Path, data: dict[str, Any]) -> None:
 def read_config(path: Path) -> Any:
     """The directory's config, built from `config.json` by its family's config class (so
     the family's defaults are filled); a model type `transformers` does not know is named."""
-    data = read_json(path / "config.json")
+    data = _special_floats(read_json(path / "config.json"))
     refuse_custom_code(path / "config.json", data)
     transformers = transformers_module()
     model_type = data.get("model_type")
@@ -141,6 +141,19 @@ def read_config(path: Path) -> Any:
         raise ValueError(
             f"cannot read the config in {path} (model_type={model_type!r}): {error}"
         ) from error
+
+
+def _special_floats(value: Any) -> Any:
+    """`value` with the floats JSON cannot hold, which `save_pretrained` writes as
+    `{"__float__": "Infinity"}` (Bamba's `time_step_limit`), read back as floats."""
+    if isinstance(value, dict):
+        tag = value.get("__float__") if len(value) == 1 else None
+        if tag in ("Infinity", "-Infinity", "NaN"):
+            return float(tag.lower().replace("infinity", "inf"))
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
 
 
 def weight_source(path: Path) -> Any:

@@ -147,7 +147,7 @@ def activation(mlp: nn.Module) -> str:
     act = next((getattr(mlp, a) for a in ACTIVATION_NAMES
                 if callable(getattr(mlp, a, None))), None)  # fmt: skip
     if act is None:
-        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
+        return _activation_by_calls(mlp)
     x = torch.linspace(-6, 6, 241)
     with torch.no_grad():
         got = act(x)
@@ -155,3 +155,42 @@ def activation(mlp: nn.Module) -> str:
         if name != "solu_ln" and torch.allclose(got, ours(x), rtol=1e-6, atol=1e-6):
             return name
     raise ValueError(f"the activation {type(act).__name__} is none of ours: {sorted(ACTIVATIONS)}")
+
+
+def _activation_by_calls(mlp: nn.Module) -> str:
+    """The activation of an MLP that calls it as a function (LFM2's `F.silu`), found by
+    calling the MLP: the output map's input is `act(gate) * up` (or `act(pre)`) of the
+    maps that read the MLP's input."""
+    maps = {n: m for n, m in mlp.named_children() if isinstance(m, nn.Linear)}
+    if not maps:
+        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
+    seen: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def record(name: str) -> Any:
+        return lambda module, args, out: seen.__setitem__(name, (args[0], out))
+
+    handles = [m.register_forward_hook(record(n)) for n, m in maps.items()]
+    width = next(m.in_features for m in maps.values())
+    x = 3 * torch.randn(64, width, generator=torch.Generator().manual_seed(3))
+    try:
+        with torch.no_grad():
+            mlp(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    reads = [n for n in maps if n in seen and seen[n][0] is x]
+    down = [n for n in maps if n in seen and n not in reads]
+    if len(down) != 1 or len(reads) not in (1, 2):
+        raise ValueError(f"{type(mlp).__name__} has no activation we can find")
+    hidden = seen[down[0]][0].double()
+    orders = [(reads[0], None)] if len(reads) == 1 else [tuple(reads), tuple(reversed(reads))]
+    for name, ours in ACTIVATIONS.items():
+        for gate, up in orders:
+            expected = ours(seen[gate][1].double())
+            if up is not None:
+                expected = expected * seen[up][1].double()
+            if name != "solu_ln" and torch.allclose(hidden, expected, rtol=1e-5, atol=1e-6):
+                return name
+    raise ValueError(
+        f"{type(mlp).__name__} computes an activation none of ours: {sorted(ACTIVATIONS)}"
+    )

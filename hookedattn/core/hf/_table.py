@@ -147,6 +147,22 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_kv": cfg.d_head - (cfg.rotary_dim or 0) + cfg.d_value,
         "d_head_v": cfg.d_value,
         "d_mlp_dense": cfg.d_mlp_dense or 0,
+        **_mixer_axes(cfg),
+    }
+
+
+def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
+    """A hybrid's mixers' axes: a short convolution's channels (d_model) and width, a
+    Mamba-2 layer's heads, inner width and convolved width (`components.mamba2`)."""
+    m = cfg.mixers
+    if m is None:
+        return {}
+    return {
+        "channel": cfg.d_model,
+        "d_conv": m.d_conv,
+        "ssm_head": m.n_ssm_heads,
+        "d_inner": m.d_inner,
+        "d_xbc": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
     }
 
 

@@ -70,6 +70,12 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
             f"whose heads are not split over ranks yet; load it in one process, or place its "
             f"blocks with device_map="
         )
+    if cfg.mixers is not None and set(cfg.mixers.layers) != {"attention"}:
+        raise ValueError(
+            f"tp_size={tp_size}: this hybrid model's mixers ({sorted(set(cfg.mixers.layers))}) "
+            f"are not split over ranks yet; load it in one process, or place its blocks with "
+            f"device_map="
+        )
     if cfg.is_moe:
         raise ValueError(
             f"tp_size={tp_size}: this model is a mixture of experts "

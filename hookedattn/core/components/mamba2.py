@@ -1,0 +1,133 @@
+"""The Mamba-2 mixer (Dao and Gu 2024, "Transformers are SSMs"), a sublayer that mixes
+positions by a state-space recurrence in place of attention (Bamba, Granite 4 hybrids,
+Mamba 2).
+
+From the normed stream `x`, per position:
+
+    z   = x @ W_z + b_z                                    the output gate   [d_inner]
+    u   = silu(causal_conv(x @ W_xBC + b_xBC))             then split into
+          xs [ssm_head d_ssm_head], B [group d_state], C [group d_state]
+    dt  = clamp(softplus(x @ W_dt + b_dt + dt_bias), dt_min, dt_max)     [ssm_head]
+    A   = -exp(A_log)                                                    [ssm_head]
+
+and per head `h` (reading the `B`, `C` of its group), a state `S` of `d_ssm_head x d_state`:
+
+    S_t = exp(dt_t A) S_{t-1} + dt_t xs_t B_t^T,    y_t = S_t C_t + D xs_t
+
+Unrolled, the recurrence is a causal mix of the positions (the paper's SSD, its section 3):
+
+    y_t = sum_{s <= t} M[t, s] xs_s + D xs_t,
+    M[t, s] = (C_t . B_s) exp(sum_{r = s+1..t} dt_r A) dt_s
+
+`M` plays the part of an attention pattern (`hook_mixing`: [batch ssm_head query_pos
+key_pos]; its rows need not sum to one); this module computes `y` that way, one product as
+in attention, and the tests check it against the recurrence run position by position. Then
+the gated RMSNorm, over each group's `d_inner / n_ssm_groups` channels,
+
+    out = rmsnorm(y * silu(z)) * w_norm @ W_out + b_out
+
+Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern.
+"""
+
+import torch
+from einops import einsum, rearrange, repeat
+from jaxtyping import Float
+from torch import Tensor, nn
+from torch.nn.functional import silu, softplus
+
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.shapes import Resid
+
+Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
+
+
+def ssd_mixing(
+    dt: Float[Tensor, "batch pos ssm_head"],
+    A: Float[Tensor, " ssm_head"],
+    B: Float[Tensor, "batch pos group d_state"],
+    C: Float[Tensor, "batch pos group d_state"],
+) -> Mixing:
+    """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after."""
+    n_pos, heads_per_group = dt.shape[1], A.shape[0] // B.shape[2]
+    decay_rate = rearrange(dt * A, "batch pos ssm_head -> batch ssm_head pos")  # dt_r A
+    # sum_{r = s+1..t} a_r for every (t, s): a cumulative sum down the rows of the matrix
+    # holding a_r at (r, s) for r > s; sums of the rates themselves, never differences of
+    # running totals, so that no cancellation loses precision on long sequences.
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=dt.device).tril()  # s <= t
+    later = causal.tril(-1)  # r > s
+    rows = "batch ssm_head query_pos -> batch ssm_head query_pos key_pos"  # rows r, columns s
+    rates = repeat(decay_rate, rows, key_pos=n_pos) * later
+    log_decay = rates.cumsum(dim=-2).masked_fill(~causal, -torch.inf)  # s > t: no mixing
+    CB = einsum(C, B, "batch query_pos group d_state, batch key_pos group d_state "
+                "-> batch group query_pos key_pos")  # fmt: skip
+    CB = repeat(CB, "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos",
+                per_group=heads_per_group)  # fmt: skip
+    step = rearrange(dt, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
+    return CB * log_decay.exp() * step
+
+
+class Mamba2Mixer(nn.Module):
+    """The Mamba-2 mixer (module docstring). Hook points: `hook_in` (the normed stream it
+    reads), `hook_mixing` (`M`), `hook_out` (what it writes, before any post-norm)."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        m = cfg.mixers
+        self.settings = m
+        d_xbc = m.d_inner + 2 * m.n_ssm_groups * m.d_state
+        self.hook_in = HookPoint()
+        self.W_z, self.b_z = _param(cfg.d_model, m.d_inner, cfg=cfg), _param(m.d_inner, cfg=cfg)
+        self.W_xBC, self.b_xBC = _param(cfg.d_model, d_xbc, cfg=cfg), _param(d_xbc, cfg=cfg)
+        self.W_dt, self.b_dt = (
+            _param(cfg.d_model, m.n_ssm_heads, cfg=cfg),
+            _param(m.n_ssm_heads, cfg=cfg),
+        )
+        self.W_conv, self.b_conv = _param(d_xbc, m.d_conv, cfg=cfg), _param(d_xbc, cfg=cfg)
+        self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
+        self.A_log = _param(m.n_ssm_heads, cfg=cfg)
+        self.D = _param(m.n_ssm_heads, cfg=cfg)
+        self.hook_mixing = HookPoint()
+        self.w_norm = _param(m.d_inner, cfg=cfg)
+        self.W_out, self.b_out = (
+            _param(m.d_inner, cfg.d_model, cfg=cfg),
+            _param(cfg.d_model, cfg=cfg),
+        )
+        self.hook_out = HookPoint()
+
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+        m = self.settings
+        x = self.hook_in(x)
+        real = real_positions(context)  # no real token reads padding
+        z = affine(x, self.W_z, self.b_z)
+        u = silu(causal_conv(affine(x, self.W_xBC, self.b_xBC) * real, self.W_conv, self.b_conv))
+        widths = [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state]
+        xs, B, C = u.split(widths, dim=-1)
+        xs = rearrange(xs, "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head",
+                       ssm_head=m.n_ssm_heads)  # fmt: skip
+        B, C = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
+                          group=m.n_ssm_groups) for t in (B, C))  # fmt: skip
+        dt = softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(m.dt_min, m.dt_max)
+        readable = rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
+        mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C) * readable)
+        y = einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
+                   "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+        y = y + xs * rearrange(self.D, "ssm_head -> ssm_head 1")
+        flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
+        gated = rearrange(y, flat) * silu(z)
+        normed = self._group_rms_norm(gated) * self.w_norm
+        return self.hook_out(affine(normed, self.W_out, self.b_out))
+
+    def _group_rms_norm(
+        self, g: Float[Tensor, "batch pos d_inner"]
+    ) -> Float[Tensor, "batch pos d_inner"]:
+        """`g / rms(g)` over each group's channels (without the gain)."""
+        m = self.settings
+        grouped = rearrange(
+            g, "batch pos (group channel) -> batch pos group channel", group=m.n_ssm_groups
+        )
+        normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        return rearrange(normed, "batch pos group channel -> batch pos (group channel)")

@@ -1,0 +1,257 @@
+"""The hybrid models' mixers (`ShortConv`, `Mamba2Mixer`, `causal_conv`), each against a
+brute-force reference written here position by position (the recurrence itself for
+Mamba-2), in float64; and a hybrid model's wiring: hook points, the residual decomposition
+summing, errors where an analysis needs heads."""
+
+import math
+
+import pytest
+import torch
+
+from hookedattn import HookedTransformer
+from hookedattn.core.components.causal_conv import causal_conv
+from hookedattn.core.components.mamba2 import Mamba2Mixer
+from hookedattn.core.components.short_conv import ShortConv
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels import attention_context
+from hookedattn.core.mixer_config import MixerConfig
+
+D_MODEL = 12
+
+
+def _cfg(
+    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
+) -> HookedTransformerConfig:
+    settings = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2) | mixer
+    return HookedTransformerConfig(
+        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
+        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
+    )  # fmt: skip
+
+
+def _alone(x: torch.Tensor) -> object:
+    """The context of an unpadded batch like `x` (no KV cache, no window)."""
+    return attention_context(64, x.shape[0], x.shape[1], None, None, None, "cpu")
+
+
+def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (biases and A_log, D, dt_bias included)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
+    return module
+
+
+def test_causal_conv_is_the_windowed_sum() -> None:
+    g = torch.Generator().manual_seed(0)
+    u, W, b = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((2, 7, 5), (5, 4), (5,)))
+    expected = torch.zeros_like(u)
+    for t in range(7):
+        for k in range(4):  # tap k reads position t - 3 + k
+            if t - 3 + k >= 0:
+                expected[:, t] += W[:, k] * u[:, t - 3 + k]
+    torch.testing.assert_close(causal_conv(u, W, b), expected + b, rtol=0, atol=1e-14)
+
+
+def test_short_conv_matches_its_loop() -> None:
+    conv = _randomised(ShortConv(_cfg(("short_conv",))), 1)
+    x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected = torch.zeros_like(x)
+    for t in range(9):
+        y = torch.zeros(2, D_MODEL, dtype=torch.float64)
+        for k in range(3):
+            s = t - 2 + k
+            if s >= 0:
+                b, h = x[:, s] @ conv.W_B + conv.b_B, x[:, s] @ conv.W_X + conv.b_X
+                y += conv.W_conv[:, k] * b * h
+        c = x[:, t] @ conv.W_C + conv.b_C
+        expected[:, t] = (c * (y + conv.b_conv)) @ conv.W_out + conv.b_out
+    torch.testing.assert_close(conv(x, _alone(x)), expected, rtol=0, atol=1e-12)
+
+
+def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
+    """The Mamba-2 recurrence run position by position: `S_t = exp(dt_t A) S_{t-1} + dt_t
+    xs_t B_t^T`, `y_t = S_t C_t + D xs_t`; then the gated RMSNorm per group."""
+    m = mixer.settings
+    H, P, G, N = m.n_ssm_heads, m.d_ssm_head, m.n_ssm_groups, m.d_state
+    batch, n_pos, _ = x.shape
+    pre = x @ mixer.W_xBC + mixer.b_xBC
+    K = m.d_conv
+    out = torch.zeros(batch, n_pos, D_MODEL, dtype=x.dtype)
+    state = torch.zeros(batch, H, P, N, dtype=x.dtype)
+    A = -torch.exp(mixer.A_log)
+    for t in range(n_pos):
+        u = mixer.b_conv.expand(batch, -1).clone()
+        for k in range(K):
+            if t - (K - 1) + k >= 0:
+                u = u + mixer.W_conv[:, k] * pre[:, t - (K - 1) + k]
+        u = torch.nn.functional.silu(u)
+        xs = u[:, : H * P].reshape(batch, H, P)
+        B = u[:, H * P : H * P + G * N].reshape(batch, G, N)
+        C = u[:, H * P + G * N :].reshape(batch, G, N)
+        dt = torch.nn.functional.softplus(x[:, t] @ mixer.W_dt + mixer.b_dt + mixer.dt_bias)
+        dt = dt.clamp(m.dt_min, m.dt_max)
+        y = torch.zeros(batch, H, P, dtype=x.dtype)
+        for h in range(H):
+            g = h // (H // G)
+            decay = torch.exp(dt[:, h] * A[h])[:, None, None]
+            state[:, h] = (
+                decay * state[:, h] + dt[:, h, None, None] * xs[:, h, :, None] * B[:, g, None, :]
+            )
+            y[:, h] = (state[:, h] @ C[:, g, :, None])[..., 0] + mixer.D[h] * xs[:, h]
+        z = x[:, t] @ mixer.W_z + mixer.b_z
+        gated = y.reshape(batch, H * P) * torch.nn.functional.silu(z)
+        groups = gated.reshape(batch, G, -1)
+        normed = groups / torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        out[:, t] = (normed.reshape(batch, -1) * mixer.w_norm) @ mixer.W_out + mixer.b_out
+    return out
+
+
+@pytest.mark.parametrize("groups, dt_max", [(2, math.inf), (1, 0.7), (4, math.inf)])
+def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float) -> None:
+    mixer = _randomised(Mamba2Mixer(_cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max)), 3)
+    x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    torch.testing.assert_close(
+        mixer(x, _alone(x)), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10
+    )
+
+
+def test_mamba2_mixing_is_causal_and_float32_close() -> None:
+    mixer = _randomised(Mamba2Mixer(_cfg(("mamba2",))), 5)
+    x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    changed = x.clone()
+    changed[:, 6:] += 1.0
+    torch.testing.assert_close(
+        mixer(changed, _alone(x))[:, :6], mixer(x, _alone(x))[:, :6], rtol=0, atol=0
+    )
+    single = Mamba2Mixer(_cfg(("mamba2",), dtype=torch.float32))
+    single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
+    with torch.no_grad():
+        got, expected = single(x.float(), _alone(x)).double(), mixer(x, _alone(x))
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def _hybrid(dtype: torch.dtype = torch.float64) -> HookedTransformer:
+    model = HookedTransformer(_cfg(("short_conv", "attention", "mamba2"), dtype=dtype))
+    for block in model.blocks:
+        _randomised(block, 7)
+    return model
+
+
+def test_hybrid_hook_points_and_decomposition_sum() -> None:
+    from analysis import decompose_resid
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(8))
+    _, cache = model.run_with_cache(tokens)
+    for name in ("blocks.0.mixer.hook_in", "blocks.0.mixer.hook_conv", "blocks.0.mixer.hook_out",
+                 "blocks.1.attn.hook_pattern", "blocks.2.mixer.hook_mixing",
+                 "blocks.2.hook_attn_out"):  # fmt: skip
+        assert name in cache
+    final = cache["blocks.2.hook_resid_post"]
+    for granularity in ("sublayer", "head", "neuron"):
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    heads = decompose_resid(model, cache, granularity="head").labels
+    assert "L0_short_conv" in heads and "L2_mamba2" in heads and "L1H2" in heads
+    assert not any(label.startswith(("L0H", "L2H")) for label in heads)
+
+
+def test_what_needs_heads_refuses_mixer_layers_by_name() -> None:
+    from analysis.head_results import head_results
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (1, 5), generator=torch.Generator().manual_seed(9))
+    _, cache = model.run_with_cache(tokens)
+    with pytest.raises(ValueError, match=r"blocks \[2\] hold \['mamba2'\]"):
+        head_results(model, cache, 2)
+    assert head_results(model, cache, 1).shape == (1, 5, 3, D_MODEL)
+    with pytest.raises(ValueError, match=r"blocks \[0, 2\] hold \['mamba2', 'short_conv'\]"):
+        _ = model.W_Q
+
+
+def test_hybrid_generation_reruns_the_prefix() -> None:
+    from hookedattn.core.kv_cache import KeyValueCache
+
+    model = _hybrid()
+    prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(10))
+    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
+    tokens = prompt
+    for _ in range(5):  # greedy, each step a plain forward of the whole sequence
+        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, tokens)
+    with pytest.raises(ValueError, match="a KV cache needs attention heads"):
+        KeyValueCache.empty(model.cfg, 2)
+
+
+@pytest.mark.parametrize("norm", ["RMS", "LN"])
+def test_hybrid_weight_processing_keeps_the_log_probs(norm: str) -> None:
+    from hookedattn.core import processing
+
+    cfg = _cfg(("short_conv", "attention", "mamba2")).replace(
+        normalization_type=norm, gated_mlp=norm == "RMS"
+    )
+    model = _randomised(HookedTransformer(cfg), 11)  # norm gains and biases too
+    tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
+    processed = processing.process_weights(model)
+    assert processed.cfg.normalization_type == f"{norm}Pre"
+    expected = model(tokens).log_softmax(-1)
+    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
+    model = _hybrid()
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    row = pad + short if side == "left" else short + pad
+    tokens = torch.tensor([row, long])
+    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
+                         [1] * 6])  # fmt: skip
+    batched = model(tokens, attention_mask=mask)
+    real = slice(len(pad), None) if side == "left" else slice(0, 3)
+    torch.testing.assert_close(
+        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
+    from hookedattn.core.parallel._shards import check_tp_size
+
+    with pytest.raises(ValueError, match=r"hybrid model's mixers \(\['attention', 'mamba2'"):
+        check_tp_size(_cfg(("short_conv", "attention", "mamba2")), 3)
+
+
+def test_a_hybrid_saves_and_loads(tmp_path) -> None:
+    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
+    _randomised(model, 13)
+    model.save(tmp_path / "hybrid")
+    loaded = HookedTransformer.load(tmp_path / "hybrid")
+    assert loaded.cfg == model.cfg
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+def test_a_fresh_hybrid_writes_through_its_mixers() -> None:
+    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
+    assert torch.equal(model.blocks[0].mixer.w_norm, torch.ones_like(model.blocks[0].mixer.w_norm))
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(15))
+    _, cache = model.run_with_cache(tokens)
+    for layer in (0, 2):
+        assert float(cache[f"blocks.{layer}.hook_attn_out"].abs().max()) > 0
+
+
+def test_analyses_over_heads_refuse_a_hybrid_by_name() -> None:
+    from analysis import qk_attribution
+    from analysis.discovery.computational_graph import Graph
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (1, 5), generator=torch.Generator().manual_seed(16))
+    _, cache = model.run_with_cache(tokens)
+    with pytest.raises(ValueError, match=r"qk_attribution of layer 2 needs attention heads"):
+        qk_attribution(model, cache, 2, 0, 4, 1)
+    with pytest.raises(ValueError, match=r"circuit discovery .* blocks \[0, 2\]"):
+        Graph.from_model(model)
