@@ -125,13 +125,13 @@ def test_the_anatomy_round_trips_through_the_memo_and_old_entries_still_load():
     import dataclasses
     import json
 
-    from hookedattn.core.hf import _anatomy
+    from hookedattn.core.hf import _anatomy, _recognised
 
     anatomy = _anatomy.recognise(twin("bert").config)
     stored = json.loads(json.dumps(dataclasses.asdict(anatomy)))
-    assert _anatomy._from_json(stored) == anatomy
+    assert _recognised.from_json(stored) == anatomy
     new = ("embed_norm", "token_types", "positions_within", "head_dense", "head_norm", "head_act")
-    before = _anatomy._from_json({k: v for k, v in stored.items() if k not in new})
+    before = _recognised.from_json({k: v for k, v in stored.items() if k not in new})
     assert before.embed_norm is None and before.head_act is None
 
 

@@ -101,21 +101,13 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
-        self.normed_and_positioned = (
-            self._rotated_then_normed if cfg.qk_norm_after_rotary else self._normed_then_rotated
-        )
+        # The q/k norms before the rotation, or after it (`qk_norm_after_rotary`, HunYuan):
+        # the norms' own calls (bound, so they stay registered once, as `q_norm`, `k_norm`).
+        norms, unnormed = (self.q_norm.__call__, self.k_norm.__call__), (_same, _same)
+        after = cfg.qk_norm_after_rotary
+        self.q_before, self.k_before = unnormed if after else norms
+        self.q_after, self.k_after = norms if after else unnormed
         self._init_pattern_and_write(cfg)
-
-    def _normed_then_rotated(
-        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
-    ) -> tuple[Tensor, Tensor]:
-        return self.apply_positions(self.q_norm(q), self.k_norm(k), context)
-
-    def _rotated_then_normed(
-        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
-    ) -> tuple[Tensor, Tensor]:
-        q, k = self.apply_positions(q, k, context)
-        return self.q_norm(q), self.k_norm(k)
 
     def _init_scoring(self, cfg: HookedTransformerConfig, layer: int) -> None:
         """How scores become a pattern: the scale, the keys a query may read, the softmax
@@ -171,8 +163,9 @@ class Attention(nn.Module):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
         q, k, v = self.project_qkv(query_input, key_input, value_input)
-        q, k = self.normed_and_positioned(self.hook_q(q), self.hook_k(k), context)
-        v = self.hook_v(v)
+        q, k, v = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k)), self.hook_v(v)
+        q, k = self.apply_positions(q, k, context)
+        q, k = self.q_after(q), self.k_after(k)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
@@ -327,6 +320,10 @@ class GroupedQueryAttention(Attention):
     W_V = property(lambda self: self._per_query_head(self._W_V), doc="`[head d_model d_head]`")
     b_K = property(lambda self: self._per_query_head(self._b_K), doc="`[head d_head]`")
     b_V = property(lambda self: self._per_query_head(self._b_V), doc="`[head d_head]`")
+
+
+def _same(x: Tensor) -> Tensor:
+    return x
 
 
 def _heads_flattened(W_O: Tensor) -> Tensor:

@@ -64,6 +64,7 @@ from hookedattn.core.hf._probes import (
     norm_kind,
     ratio,
 )
+from hookedattn.core.hf._recognised import UNKNOWN, Anatomy, from_json
 from hookedattn.core.hf._roles import (
     ATTENTION_NAMES,
     ATTENTION_ROLES,
@@ -84,83 +85,6 @@ from hookedattn.core.hf._roles import (
 from hookedattn.core.hf._wiring import placement, wiring
 
 _TOKENS = (2, 7)
-# A softmax scale the attention does not keep: the candidates try the usual ones.
-UNKNOWN = Scale("unknown", "")
-
-
-@dataclasses.dataclass(frozen=True)
-class Anatomy:
-    """What `recognise` found: names relative to the model (`layers`, `embed`, ...) or to a
-    decoder layer (`attn`, `mlp`, norms), and the kinds and scalars above."""
-
-    architecture: str
-    layers: str  # "model.layers"
-    base: str  # "model." (the base model's prefix; "" when there is none)
-    embed: str  # "model.embed_tokens"
-    final_norm: str  # "model.norm"
-    unembed: str  # "lm_head"
-    attn: str  # "self_attn"
-    mlp: str  # "mlp"; "" where the MLP's maps are the layer's own (`fc1`, `fc2`)
-    norms: tuple[tuple[str, str], ...]  # (ours, the layer's child), e.g. ("ln1", "input_layernorm")
-    placement: str  # "pre", "post" or "pre_and_post"
-    parallel: bool
-    norm_kind: str  # one of `_probes.NORM_KINDS`, every norm of the model
-    norm_bias: bool
-    eps: float
-    attn_maps: tuple[tuple[str, str, bool], ...]  # (role, name, has bias)
-    qk_norm: str | None  # None, "per_head" or "whole"
-    qk_norm_names: tuple[str, str] | None
-    mlp_maps: tuple[tuple[str, str, bool], ...]
-    act_fn: str
-    embed_scale: Scale
-    attn_scale: Scale  # the softmax's: scores are multiplied by it
-    attn_write: Scale  # what the attention's write is multiplied by before it is added
-    mlp_write: Scale
-    logit_scale: Scale
-    rotary: bool
-    tied: bool
-    unembed_bias: bool
-    sinks: bool  # one learned logit per head in every softmax (`use_attn_sinks`)
-    positions: str | None  # the learned absolute positions' table ("model.embed_positions")
-    position_offset: int  # the row of position 0 in it
-    unused: tuple[str, ...]  # a layer's pieces a causal LM never calls (cross-attention)
-    experts: Experts | None  # the MLP is a mixture of experts (`_experts`)
-    renames: tuple[tuple[str, str], ...]  # (live name, the files' name) where they differ
-    logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
-    rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
-    # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
-    rotary_on: str = "all"
-    norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
-    # How a mixture's router scores experts (`HookedTransformerConfig.router_scoring`).
-    router_scoring: str = "softmax"
-    # An output gate on each head's z (`HookedTransformerConfig.attn_gate`): its function
-    # (a candidate: "sigmoid" or "softplus"; None without a gate) and width.
-    attn_gate: str | None = None
-    attn_gate_per_head: bool | None = None  # None: no gate
-    qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
-    # A fused q/k/v map's rows: "stacked" [q; k; v], or "per_head" [q_h; k_h; v_h] for
-    # each head h (GPT-NeoX's, Persimmon's): a candidate.
-    qkv_layout: str = "stacked"
-    # Multi-head latent attention under DeepSeek's names (`kv_a_proj_with_mqa`, ...): its
-    # maps are read as `_deepseek` reads them; `attn_maps` is then empty.
-    latent: bool = False
-    # BERT-likes (`_split_layers`) and BART-likes: the norm of the embeddings, the
-    # token-type table whose row 0 every token gets (folded into the positions), whether
-    # the positions' offset rows count in `max_position_embeddings` (RoBERTa's), and the
-    # head transform before the decoder (its dense map, norm and activation).
-    embed_norm: str | None = None
-    token_types: str | None = None
-    positions_within: bool = False
-    head_dense: str | None = None
-    head_norm: str | None = None
-    head_act: str | None = None
-    # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
-    # norms and wiring are then read off the first layer that attends.
-    mixers: Mixers | None = None
-
-    def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
-        """The name of the linear map with `role` and whether it has a bias; None if none."""
-        return next(((name, bias) for r, name, bias in maps if r == role), None)
 
 
 def architecture_of(hf_config: Any) -> str:
@@ -196,7 +120,7 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
         key = _verify.structure_key(twin_config, architecture=architecture, kind="anatomy")
         known = _verify.read_memo("anatomies").get(key)
         if known is not None:
-            return _from_json(known["anatomy"])
+            return from_json(known["anatomy"])
         with torch.random.fork_rng(devices=[]):
             twin = _tiny.random_hf_model(
                 getattr(_loading.transformers_module(), architecture), twin_config
@@ -211,6 +135,7 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
                 anatomy = _scalars.disambiguated(
                     reader.anatomy(), reader.measured, twin_config, hf_config,
                     lambda config: _measured(config, architecture),
+                    lambda config: _shapes_of(config, architecture),
                 )  # fmt: skip
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
@@ -218,6 +143,14 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
         ) from error
     _verify.remember(key, {"anatomy": dataclasses.asdict(anatomy)}, section="anatomies")
     return anatomy
+
+
+def _shapes_of(twin_config: Any, architecture: str) -> dict[str, tuple[int, ...]]:
+    """The parameters' shapes of a twin of `twin_config` (built on the meta device)."""
+    model_class = getattr(_loading.transformers_module(), architecture)
+    with torch.device("meta"):
+        twin = model_class(twin_config)
+    return {name: tuple(p.shape) for name, p in twin.named_parameters()}
 
 
 def _measured(twin_config: Any, architecture: str) -> dict[str, float]:
@@ -228,24 +161,6 @@ def _measured(twin_config: Any, architecture: str) -> dict[str, float]:
     reader = _Reader(twin, twin_config, architecture)
     reader.anatomy()
     return reader.measured
-
-
-def _from_json(fields: dict[str, Any]) -> Anatomy:
-    """An anatomy as `recognise` stored it (`dataclasses.asdict`: lists for tuples)."""
-
-    def tupled(x: Any) -> Any:
-        return tuple(tupled(i) for i in x) if isinstance(x, list) else x
-
-    def value(key: str, v: Any) -> Any:
-        if key == "renames":
-            return tuple(tuple(pair) for pair in v)
-        if key == "experts":
-            return None if v is None else Experts(**{k: tupled(x) for k, x in v.items()})
-        if key == "mixers":
-            return None if v is None else _mixers.from_json(v)
-        return Scale(**v) if isinstance(v, dict) else tupled(v)
-
-    return Anatomy(**{k: value(k, v) for k, v in fields.items()})
 
 
 class _Reader:

@@ -32,16 +32,17 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _deepseek, _experts, _translate
-from hookedattn.core.hf._anatomy import UNKNOWN, Anatomy, Scale, recognise
+from hookedattn.core.hf import _deepseek, _expert_table, _translate
+from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
 from hookedattn.core.hf._gptj import neighbours_to_halves
-from hookedattn.core.hf._table import Rule, Table, ones, zeros
+from hookedattn.core.hf._probes import Scale
+from hookedattn.core.hf._recognised import UNKNOWN, Anatomy
+from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times, zeros
 
 _NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
                "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
-_MLP_IN, _MLP_OUT = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
 
 
@@ -91,7 +92,7 @@ class Convention:
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
             "d_mlp": _mlp_width(c) if a.experts is None else getattr(c, a.experts.width_field),
-            **_routing(c, a),
+            **_expert_table.routing_fields(c, a),
             "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
             "act_fn": a.act_fn,
             "gated_mlp": bool(roles & {"gate", "gate_up"}) or a.experts is not None,
@@ -124,7 +125,7 @@ class Convention:
         scale = lambda s: s.of(hf_config, cfg.d_head)
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
-                 adjust=_times(scale(a.embed_scale))),
+                 adjust=times(scale(a.embed_scale))),
             *self._position_rules(),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
@@ -133,9 +134,9 @@ class Convention:
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
             *self._head_rules(),
             Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
-                 adjust=_times(scale(a.logit_scale))),
+                 adjust=times(scale(a.logit_scale))),
             Rule("unembed.b_U", f"{a.unembed}.bias", "d_vocab_out -> d_vocab_out",
-                 adjust=_times(scale(a.logit_scale)))
+                 adjust=times(scale(a.logit_scale)))
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
@@ -224,7 +225,7 @@ class Convention:
             o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
             interleaved = a.rotary_layout == "pairs"
             bias = bool(getattr(hf_config, "attention_bias", False))
-            return _deepseek.latent_attention_rules(cfg, at, interleaved, bias, _times(o_scale))
+            return _deepseek.latent_attention_rules(cfg, at, interleaved, bias, times(o_scale))
         kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
         order = self._order(cfg)
         o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
@@ -234,8 +235,8 @@ class Convention:
         rules = [
             *self._projection_rules(at, kv, order),
             Rule(f"{b}.W_O", f"{at}.{o}.weight", "d_model (head d_head) -> head d_head d_model",
-                 adjust=_times(o_scale)),
-            Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=_times(o_scale))
+                 adjust=times(o_scale)),
+            Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=times(o_scale))
             if o_bias else zeros(f"{b}.b_O", "d_model"),
         ]  # fmt: skip
         if a.sinks:
@@ -319,7 +320,9 @@ class Convention:
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
-            experts = _expert_rules(a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live)
+            experts = _expert_table.expert_rules(
+                a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live
+            )
             if not cfg.n_dense_layers:
                 return experts
             dense = [_widened(rule, "d_mlp_dense") for rule in self._dense_rules(at, out_scale)]
@@ -336,8 +339,8 @@ class Convention:
             if fused[1]:
                 raise ValueError("a fused gate/up projection with a bias: the gate has none here")
             halves = ("d_mlp", "d_mlp")
-            rules += [Rule(f"{b}.W_gate", f"{at}.{fused[0]}.weight", _MLP_IN, split=halves),
-                      Rule(f"{b}.W_in", f"{at}.{fused[0]}.weight", _MLP_IN, split=halves, part=1),
+            rules += [Rule(f"{b}.W_gate", f"{at}.{fused[0]}.weight", MLP_IN, split=halves),
+                      Rule(f"{b}.W_in", f"{at}.{fused[0]}.weight", MLP_IN, split=halves, part=1),
                       zeros(f"{b}.b_in", "d_mlp")]  # fmt: skip
         else:
             up, up_bias = a.role(a.mlp_maps, "up") or (None, False)
@@ -347,16 +350,16 @@ class Convention:
             if gate:
                 if gate[1]:
                     raise ValueError("a gate projection with a bias: the gate has none here")
-                rules.append(Rule(f"{b}.W_gate", f"{at}.{gate[0]}.weight", _MLP_IN))
-            rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", _MLP_IN))
+                rules.append(Rule(f"{b}.W_gate", f"{at}.{gate[0]}.weight", MLP_IN))
+            rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", MLP_IN))
             rules.append(Rule(f"{b}.b_in", f"{at}.{up}.bias", "d_mlp -> d_mlp")
                          if up_bias else zeros(f"{b}.b_in", "d_mlp"))  # fmt: skip
         down, down_bias = a.role(a.mlp_maps, "down") or (None, False)
         if down is None:
             raise ValueError("no MLP output projection recognised")
-        rules.append(Rule(f"{b}.W_out", f"{at}.{down}.weight", _MLP_OUT, adjust=_times(out_scale)))
+        rules.append(Rule(f"{b}.W_out", f"{at}.{down}.weight", MLP_OUT, adjust=times(out_scale)))
         rules.append(
-            Rule(f"{b}.b_out", f"{at}.{down}.bias", "d_model -> d_model", adjust=_times(out_scale))
+            Rule(f"{b}.b_out", f"{at}.{down}.bias", "d_model -> d_model", adjust=times(out_scale))
             if down_bias
             else zeros(f"{b}.b_out", "d_model")
         )
@@ -510,108 +513,6 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     return families
 
 
-def _routing(c: Any, anatomy: Anatomy) -> dict[str, Any]:
-    """A mixture's fields: how many experts, how many per token, how they are scored
-    (softmax; sigmoid where the router has a choice bias) and grouped, a shared expert,
-    dense first layers."""
-    e = anatomy.experts
-    if e is None:
-        return {}
-    fields = {
-        "num_experts": int(getattr(c, e.count_field)),
-        "experts_per_token": int(getattr(c, e.top_k_field)),
-        "norm_topk_prob": anatomy.norm_topk,
-        "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
-        "shared_expert_gate": e.shared_gate is not None,
-        "routed_scaling_factor": float(
-            getattr(c, "routed_scaling_factor", None) or getattr(c, "route_scale", None) or 1.0
-        ),
-    }
-    if anatomy.router_scoring != "softmax":
-        fields |= {
-            "router_scoring": anatomy.router_scoring,
-            "n_expert_groups": int(getattr(c, "n_group", None) or 1),
-            "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
-        }
-    if e.dense_count_field is not None:
-        fields |= {
-            "n_dense_layers": _experts.dense_layers(c, e.dense_count_field),
-            "d_mlp_dense": int(getattr(c, e.dense_width_field)),
-        }
-    return fields
-
-
-_GATE_UP = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
-_GATE_UP_T = "expert d_model (gate_up d_mlp) -> gate_up expert d_model d_mlp"
-_DOWN = "expert d_model d_mlp -> expert d_mlp d_model"
-_DOWN_T = "expert d_mlp d_model -> expert d_mlp d_model"
-
-
-def _expert_rules(
-    e: Any, layer: str, cfg: HookedTransformerConfig, out_scale: float, live: bool
-) -> list[Rule]:
-    """The router's, the experts' and the shared expert's rules (unexpanded): stacked as a
-    live model keeps them, or as the files hold them (`_experts.Experts`)."""
-    m, at = "blocks.{layer}.mlp", f"{layer}"
-    transposed = e.transposed if live or e.saved_transposed is None else e.saved_transposed
-    gate_up, down = (_GATE_UP_T, _DOWN_T) if transposed else (_GATE_UP, _DOWN)
-    out = _times(out_scale)
-    router = f"{e.router}.weight" if live else e.saved_router
-    rules = [Rule(f"{m}.W_router", f"{at}.{router}", "expert d_model -> d_model expert")]
-    if live or e.saved_stacked:
-        up_name, down_name = (
-            (f"{e.stacked}.gate_up_proj", f"{e.stacked}.down_proj") if live else e.saved_stacked
-        )
-        rules += [
-            Rule(f"{m}.W_gate", f"{at}.{up_name}", gate_up, pick=0),
-            Rule(f"{m}.W_in", f"{at}.{up_name}", gate_up, pick=1),
-            Rule(f"{m}.W_out", f"{at}.{down_name}", down, adjust=out),
-        ]
-    else:
-        n, (g, u, d) = cfg.num_experts, e.files
-        rules += [
-            Rule(f"{m}.W_gate", f"{at}.{g}", _MLP_IN, experts=n),
-            Rule(f"{m}.W_in", f"{at}.{u}", _MLP_IN, experts=n),
-            Rule(f"{m}.W_out", f"{at}.{d}", _MLP_OUT, experts=n, adjust=out),
-        ]
-    rules += [
-        zeros(f"{m}.b_router", "expert"),
-        zeros(f"{m}.b_gate", "expert d_mlp"),
-        zeros(f"{m}.b_in", "expert d_mlp"),
-        zeros(f"{m}.b_out", "expert d_model"),
-    ]
-    if e.shared:
-        s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
-        shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
-        shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
-        halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
-        gate, up, down = (
-            (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
-             Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
-             f"{hf}.output_linear.weight")
-            if e.shared_fused else
-            (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
-             Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
-        )  # fmt: skip
-        rules += [
-            gate,
-            up,
-            zeros(f"{s}.b_in", "d_mlp_shared"),
-            Rule(f"{s}.W_out", down, shared_out, adjust=out),
-            zeros(f"{s}.b_out", "d_model"),
-        ]
-    if e.shared_gate:
-        rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
-                          "one d_model -> d_model one"))  # fmt: skip
-    unsaved = e.choice_bias and e.saved_choice_bias is None  # zeros, as the model starts
-    if unsaved or (cfg.router_scoring != "softmax" and not e.choice_bias):
-        rules.append(zeros(f"{m}.b_router_choice", "expert"))
-    elif e.choice_bias:
-        bias = e.choice_bias if live else e.saved_choice_bias
-        rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", e.choice_bias_pattern))
-    return rules
-
-
 def _widened(rule: Rule, width: str) -> Rule:
     """`rule` with the MLP's width axis named `width` (a dense layer's in a mixture)."""
 
@@ -641,22 +542,16 @@ def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:
     if kind in ("layer_bare", "rms_bare"):
         gain = ones(f"{ours}.w", "d_model", times=write)
     else:
-        gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), _times(write)))
+        gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), times(write)))
     if _NORM_TYPES[kind] == "RMS":
         return [gain]
-    bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=_times(write))
+    bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=times(write))
             if anatomy.norm_bias else zeros(f"{ours}.b", "d_model"))  # fmt: skip
     return [gain, bias]
 
 
 def _gain(anatomy: Anatomy) -> Callable[[Tensor], Tensor] | None:
     return one_plus if anatomy.norm_kind in ("rms_one_plus", "layer_one_plus") else None
-
-
-def _times(factor: float) -> Callable[[Tensor], Tensor] | None:
-    if factor == 1.0:
-        return None
-    return lambda t: t * factor
 
 
 def _chain(*adjusts: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Tensor] | None:

@@ -12,10 +12,11 @@ can see it.
 So where the readings that fit the twin disagree on the checkpoint, a second twin is
 watched: the first with each field the twin kept at the checkpoint's value (a setting,
 not a size) changed (a float by half, an int doubled). A reading by a field that changed
-predicts a changed scalar, one by a size predicts the same; the second twin keeps the
-readings that predicted it, the first of them in `explain_all`'s order. Readings by sizes
-alone (the softmax's `1 / sqrt(d_head)` or `1 / heads` on a twin of 4 heads of 16) keep
-that order: the head width first.
+predicts a changed scalar, one by a size predicts the same; one more twin per such setting
+keeps the readings that predicted each, and the first that remains is taken. A reading no
+twin confirms refuses the import, naming the readings. Readings by sizes alone (the
+softmax's `1 / sqrt(d_head)` or `1 / heads` on a twin of 4 heads of 16) keep their order:
+the head width first.
 """
 
 import dataclasses
@@ -46,40 +47,79 @@ def disambiguated(
     twin_config: Any,
     hf_config: Any,
     watch: Callable[[Any], dict[str, float]],
+    shapes: Callable[[Any], dict[str, tuple[int, ...]]],
 ) -> Any:
     """`anatomy` with each scalar read by a field that fits both twins where the readings
     that fit the first disagree on `hf_config` and one of them is a setting the twin kept
     (module docstring); readings by sizes alone keep their order (the head width first).
     `measured`: the first twin's scalars by slot; `watch(config)`: a second twin's, for a
-    config like `twin_config`. A ValueError names a scalar no reading fits twice."""
+    config like `twin_config`; `shapes(config)`: its parameters' shapes (an int field that
+    changes them is a size, never changed). A ValueError names a scalar no reading fits
+    twice."""
     kept = _settings(twin_config, hf_config)
     ambiguous = {}
     for slot, value in measured.items():
         d_head = head_width(twin_config) if slot == "attn_scale" else None
-        readings = explain_all(value, twin_config, d_head)
-        on_checkpoint = {round(r.of(hf_config, head_width(hf_config)), 9) for r in readings}
+        # Readings the checkpoint's config cannot give (a field unset there) are dropped.
+        readings = [r for r in explain_all(value, twin_config, d_head)
+                    if _value(r, hf_config) is not None]  # fmt: skip
+        on_checkpoint = {round(_value(r, hf_config), 9) for r in readings}
         if len(on_checkpoint) > 1 and any(set(fields_of(r)) & kept for r in readings):
             ambiguous[slot] = readings
     if not ambiguous:
         return anatomy
-    changed = type(twin_config).from_dict(twin_config.to_dict())
-    for name in sorted({f for rs in ambiguous.values() for r in rs for f in fields_of(r)} & kept):
-        value = getattr(twin_config, name)
-        setattr(changed, name, value * 2 if isinstance(value, int) else value * 1.5)
-    second = watch(changed)
-    chosen = {}
-    for slot, readings in ambiguous.items():
-        fitting = [r for r in readings
-                   if math.isclose(r.of(changed, head_width(changed)), second[slot],
-                                   rel_tol=1e-5)]  # fmt: skip
-        if not fitting:
-            names = ", ".join(f"{r.kind}({r.field})" for r in readings)
+    involved = sorted({f for rs in ambiguous.values() for r in rs for f in fields_of(r)} & kept)
+    settings = [f for f in involved if _is_setting(twin_config, f, shapes)]
+    if not settings:
+        return anatomy  # sizes alone: the readings keep their order
+    fitting = dict(ambiguous)
+    for name in settings:  # one twin per setting: readings must predict each of them
+        changed = _changed(twin_config, [name])
+        try:
+            second = watch(changed)
+        except Exception as error:
             raise ValueError(
-                f"the {slot.replace('_', ' ')} {measured[slot]:.6g} fits {names} on one twin "
-                f"and none of them on a second ({second[slot]:.6g})"
+                f"the scalars {sorted(ambiguous)} are read by several config fields that "
+                f"differ on this checkpoint, and a twin with {name} changed could not be read "
+                f"({type(error).__name__}: {error})"
+            ) from error
+        fitting = {
+            slot: [r for r in readings if _predicts(r, changed, second[slot])]
+            for slot, readings in fitting.items()
+        }
+    chosen = {}
+    for slot, readings in fitting.items():
+        if not readings:
+            names = ", ".join(f"{r.kind}({r.field})" for r in ambiguous[slot])
+            raise ValueError(
+                f"the {slot.replace('_', ' ')} {measured[slot]:.6g} is read as {names} on "
+                f"one twin, and none of these fits the twins with {settings} changed"
             )
-        chosen[slot] = fitting[0]
+        chosen[slot] = readings[0]  # what changed with a setting, or sizes in their order
     return dataclasses.replace(anatomy, **chosen)
+
+
+def _changed(config: Any, names: list[str]) -> Any:
+    """A copy of `config` with each of `names` changed: a float by half, an int doubled."""
+    changed = type(config).from_dict(config.to_dict())
+    for name in names:
+        value = getattr(config, name)
+        setattr(changed, name, value * 2 if isinstance(value, int) else value * 1.5)
+    return changed
+
+
+def _is_setting(
+    config: Any, name: str, shapes: Callable[[Any], dict[str, tuple[int, ...]]]
+) -> bool:
+    """Whether changing field `name` leaves the twin's parameters as they are: a float
+    always is taken for one; an int only if the twin built with it doubled has the same
+    shapes (else it is a size: a width, a count)."""
+    if isinstance(getattr(config, name), float):
+        return True
+    try:
+        return shapes(_changed(config, [name])) == shapes(config)
+    except Exception:
+        return False
 
 
 def _settings(twin_config: Any, hf_config: Any) -> set[str]:
@@ -90,3 +130,17 @@ def _settings(twin_config: Any, hf_config: Any) -> set[str]:
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0
         and getattr(hf_config, name, None) == value
     }  # fmt: skip
+
+
+def _value(reading: Scale, config: Any) -> float | None:
+    """`reading` of `config`; None where a field it reads is not a number there."""
+    try:
+        return reading.of(config, head_width(config))
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError):
+        return None
+
+
+def _predicts(reading: Scale, config: Any, value: float) -> bool:
+    """Whether `reading` of `config` gives `value`."""
+    got = _value(reading, config)
+    return got is not None and math.isclose(got, value, rel_tol=1e-5)

@@ -35,6 +35,9 @@ from torch import Tensor
 from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.config import HookedTransformerConfig
 
+# An MLP's maps as HF keeps them (`[out in]`) and as ours are (`[in out]`).
+MLP_IN, MLP_OUT = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
+
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
@@ -346,3 +349,11 @@ def _owning(tensor: Tensor, stored: Tensor) -> Tensor:
     if shares or tensor.untyped_storage().nbytes() != tensor.nbytes:
         tensor = tensor.clone()
     return tensor
+
+
+def times(factor: float) -> Callable[[Tensor], Tensor] | None:
+    """An `adjust` multiplying a tensor by `factor` (a scalar folded into the weights it
+    multiplies); None for 1."""
+    if factor == 1.0:
+        return None
+    return lambda t: t * factor

@@ -1,0 +1,119 @@
+"""A mixture of experts recognised by convention (`_experts.Experts`): its config fields
+and its rules.
+
+`routing_fields` reads how many experts there are, how many each token uses, how the
+router scores them (the anatomy's candidate: softmax, sigmoid, or softmax with a choice
+bias), groups, routed scaling, a shared expert and dense first layers; `expert_rules`
+reads the router, the experts (stacked as a live model keeps them, transposed or not, or
+one tensor per expert and projection as files hold them) and the shared expert, beside
+the block or in it, fused or not.
+"""
+
+from typing import Any
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _experts
+from hookedattn.core.hf._recognised import Anatomy
+from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, times, zeros
+
+
+def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
+    """A mixture's fields: how many experts, how many per token, how they are scored
+    (softmax; sigmoid where the router has a choice bias) and grouped, a shared expert,
+    dense first layers."""
+    e = anatomy.experts
+    if e is None:
+        return {}
+    fields = {
+        "num_experts": int(getattr(c, e.count_field)),
+        "experts_per_token": int(getattr(c, e.top_k_field)),
+        "norm_topk_prob": anatomy.norm_topk,
+        "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
+        "shared_expert_gate": e.shared_gate is not None,
+        "routed_scaling_factor": float(
+            getattr(c, "routed_scaling_factor", None) or getattr(c, "route_scale", None) or 1.0
+        ),
+    }
+    if anatomy.router_scoring != "softmax":
+        fields |= {
+            "router_scoring": anatomy.router_scoring,
+            "n_expert_groups": int(getattr(c, "n_group", None) or 1),
+            "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
+        }
+    if e.dense_count_field is not None:
+        fields |= {
+            "n_dense_layers": _experts.dense_layers(c, e.dense_count_field),
+            "d_mlp_dense": int(getattr(c, e.dense_width_field)),
+        }
+    return fields
+
+
+_GATE_UP = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
+_GATE_UP_T = "expert d_model (gate_up d_mlp) -> gate_up expert d_model d_mlp"
+_DOWN = "expert d_model d_mlp -> expert d_mlp d_model"
+_DOWN_T = "expert d_mlp d_model -> expert d_mlp d_model"
+
+
+def expert_rules(
+    e: Any, layer: str, cfg: HookedTransformerConfig, out_scale: float, live: bool
+) -> list[Rule]:
+    """The router's, the experts' and the shared expert's rules (unexpanded): stacked as a
+    live model keeps them, or as the files hold them (`_experts.Experts`)."""
+    m, at = "blocks.{layer}.mlp", f"{layer}"
+    transposed = e.transposed if live or e.saved_transposed is None else e.saved_transposed
+    gate_up, down = (_GATE_UP_T, _DOWN_T) if transposed else (_GATE_UP, _DOWN)
+    out = times(out_scale)
+    router = f"{e.router}.weight" if live else e.saved_router
+    rules = [Rule(f"{m}.W_router", f"{at}.{router}", "expert d_model -> d_model expert")]
+    if live or e.saved_stacked:
+        up_name, down_name = (
+            (f"{e.stacked}.gate_up_proj", f"{e.stacked}.down_proj") if live else e.saved_stacked
+        )
+        rules += [
+            Rule(f"{m}.W_gate", f"{at}.{up_name}", gate_up, pick=0),
+            Rule(f"{m}.W_in", f"{at}.{up_name}", gate_up, pick=1),
+            Rule(f"{m}.W_out", f"{at}.{down_name}", down, adjust=out),
+        ]
+    else:
+        n, (g, u, d) = cfg.num_experts, e.files
+        rules += [
+            Rule(f"{m}.W_gate", f"{at}.{g}", MLP_IN, experts=n),
+            Rule(f"{m}.W_in", f"{at}.{u}", MLP_IN, experts=n),
+            Rule(f"{m}.W_out", f"{at}.{d}", MLP_OUT, experts=n, adjust=out),
+        ]
+    rules += [
+        zeros(f"{m}.b_router", "expert"),
+        zeros(f"{m}.b_gate", "expert d_mlp"),
+        zeros(f"{m}.b_in", "expert d_mlp"),
+        zeros(f"{m}.b_out", "expert d_model"),
+    ]
+    if e.shared:
+        s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
+        shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
+        shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
+        halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
+        gate, up, down = (
+            (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
+             Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
+             f"{hf}.output_linear.weight")
+            if e.shared_fused else
+            (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
+             Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
+        )  # fmt: skip
+        rules += [
+            gate,
+            up,
+            zeros(f"{s}.b_in", "d_mlp_shared"),
+            Rule(f"{s}.W_out", down, shared_out, adjust=out),
+            zeros(f"{s}.b_out", "d_model"),
+        ]
+    if e.shared_gate:
+        rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
+                          "one d_model -> d_model one"))  # fmt: skip
+    unsaved = e.choice_bias and e.saved_choice_bias is None  # zeros, as the model starts
+    if unsaved or (cfg.router_scoring != "softmax" and not e.choice_bias):
+        rules.append(zeros(f"{m}.b_router_choice", "expert"))
+    elif e.choice_bias:
+        bias = e.choice_bias if live else e.saved_choice_bias
+        rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", e.choice_bias_pattern))
+    return rules
