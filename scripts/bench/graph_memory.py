@@ -1,4 +1,4 @@
-"""Peak memory and time of attribution graphs against the prompt's length (issue 43).
+"""Peak memory and time of attribution graphs against the prompt's length.
 
     python scripts/bench/graph_memory.py                      # the recorded cases (long)
     python scripts/bench/graph_memory.py --quick              # tiny settings, a smoke run
