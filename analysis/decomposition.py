@@ -246,9 +246,23 @@ def decompose_resid(
     sum is compared with the cached stream, and a `DecompositionError` names the largest
     error if it is beyond the dtype's rounding.
     """
+    _check_granularity(model, granularity, sae)
+    site, layer = _resolve_point(model, layer, site)
+    components, labels = _terms(model, cache, site, layer, granularity, sae)
+    if check:
+        target = activation(cache, get_act_name(site, layer))
+        check_sums_to(
+            components, target, f"the decomposition of {get_act_name(site, layer)}", model.cfg.dtype
+        )
+    return Decomposition(components, labels, site, layer)
+
+
+def _check_granularity(
+    model: HookedTransformer, granularity: str, sae: SparseAutoencoder | None
+) -> None:
+    """Refuse a granularity that is unknown, or that this model's stream cannot be split at."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    site, layer = _resolve_point(model, layer, site)
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
     if _normed_stream(model.cfg) and granularity != "sublayer":
@@ -258,25 +272,29 @@ def decompose_resid(
             f"granularity='sublayer' decomposes it (through those norms at their recorded "
             f"scales)"
         )
+
+
+def _terms(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    site: str,
+    layer: int,
+    granularity: str,
+    sae: SparseAutoencoder | None,
+) -> tuple[Terms, tuple[str, ...]]:
+    """`decompose_resid`'s components and labels at `(site, layer)`."""
     if _normed_stream(model.cfg):
-        components, labels = _through_stream_norms(model, cache, site, layer)
-    elif granularity == "sublayer":  # the cached streams themselves, stacked
+        return _through_stream_norms(model, cache, site, layer)
+    if granularity == "sublayer":  # the cached streams themselves, stacked
         terms = _sublayer_terms(model, site, layer)
         components = torch.stack([activation(cache, name) for _, name in terms])
-        labels = tuple(label for label, _ in terms)
+        return components, tuple(label for label, _ in terms)
+    if granularity == "features":
+        parts = _feature_parts(model, cache, site, layer, sae)
     else:
-        if granularity == "features":
-            parts = _feature_parts(model, cache, site, layer, sae)
-        else:
-            parts = _parts(model, cache, site, layer, granularity)
-        components = _assembled(parts, activation(cache, "embed"))
-        labels = tuple(label for part in parts for label in part.labels)
-    if check:
-        target = activation(cache, get_act_name(site, layer))
-        check_sums_to(
-            components, target, f"the decomposition of {get_act_name(site, layer)}", model.cfg.dtype
-        )
-    return Decomposition(components, labels, site, layer)
+        parts = _parts(model, cache, site, layer, granularity)
+    components = _assembled(parts, activation(cache, "embed"))
+    return components, tuple(label for part in parts for label in part.labels)
 
 
 def _assembled(parts: _Parts, like: Float[Tensor, "batch pos d_model"]) -> Terms:

@@ -125,20 +125,12 @@ class HookedTransformer(HookedRootModule, _CoreModel):
                     "otherwise): from tokens or text the model computes the positional "
                     "embedding itself"
                 )
+            options = {"prepend_bos": prepend_bos, "padding_side": padding_side}
             return self._with_shortformer_pos_embed(
-                shortformer_pos_embed,
-                input,
-                return_type,
-                loss_per_token=loss_per_token,
-                prepend_bos=prepend_bos,
-                padding_side=padding_side,
-                start_at_layer=start_at_layer,
-                tokens=tokens,
-                attention_mask=attention_mask,
-                stop_at_layer=stop_at_layer,
-                past_kv_cache=past_kv_cache,
-                **kwargs,
-            )
+                shortformer_pos_embed, input, return_type, loss_per_token=loss_per_token,
+                start_at_layer=start_at_layer, tokens=tokens, attention_mask=attention_mask,
+                stop_at_layer=stop_at_layer, past_kv_cache=past_kv_cache, **options, **kwargs,
+            )  # fmt: skip
         custom_text = prepend_bos is not None or padding_side is not None
         custom_text = custom_text or self.default_padding_side != "right"
         if start_at_layer is None and _tokenization.is_text(input) and custom_text:
@@ -543,34 +535,25 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
         else:
+            checkpoint = {"checkpoint_index": checkpoint_index,
+                          "checkpoint_value": checkpoint_value}  # fmt: skip
             model = super().from_pretrained(
-                model_name,
-                checkpoint_index=checkpoint_index,
-                checkpoint_value=checkpoint_value,
-                tokenizer=tokenizer,
-                dtype=dtype,
-                device=device,
+                model_name, tokenizer=tokenizer, dtype=dtype, device=device, **checkpoint,
                 **hub_options,
-            )
+            )  # fmt: skip
         if dtype != model.cfg.dtype:
             model = model.to(dtype)
         fold_ln, center_writing_weights, center_unembed = _shortformer_processing(
             model.cfg, fold_ln, center_writing_weights, center_unembed
         )
         model = processing.process_weights(
-            model,
-            fold_ln=fold_ln,
-            center_writing_weights=center_writing_weights,
-            center_unembed=center_unembed,
-            fold_value_biases=fold_value_biases,
-        )
+            model, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+        )  # fmt: skip
         model = _written_out(model)
         if refactor_factored_attn_matrices:
             refactor_attention(model)
-        # Blocks over the first n devices, as TransformerLens places them (`True == 1`:
-        # the type is checked by `n_devices_map` before any comparison with 1).
-        if n_devices is True or n_devices != 1:
-            parallel.place(model, parallel.n_devices_map(n_devices, device))
+        _place(model, n_devices, device)
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -603,6 +586,13 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             default_padding_side=default_padding_side,
             **from_pretrained_kwargs,
         )
+
+
+def _place(model: HookedTransformer, n_devices: int, device: str | None) -> None:
+    """Blocks over the first `n_devices` devices, as TransformerLens places them (`True ==
+    1`: the type is checked by `n_devices_map` before any comparison with 1)."""
+    if n_devices is True or n_devices != 1:
+        parallel.place(model, parallel.n_devices_map(n_devices, device))
 
 
 def _written_out(model: HookedTransformer) -> HookedTransformer:

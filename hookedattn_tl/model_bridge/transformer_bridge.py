@@ -138,15 +138,8 @@ class TransformerBridge(HookedTransformer):
         """
         _refuse(trust_remote_code, model_class, code_revision, device_map, max_memory,
                 offload_folder)  # fmt: skip
-        if revision is not None and (checkpoint_index is not None or checkpoint_value is not None):
-            raise ValueError(
-                "Specify either revision= or checkpoint_index/checkpoint_value, not both."
-            )
-        overrides = dict(hf_config_overrides or {})
-        if n_ctx is not None:
-            if n_ctx <= 0:
-                raise ValueError(f"n_ctx must be a positive integer, got n_ctx={n_ctx}.")
-            overrides["n_ctx"] = n_ctx
+        overrides = _overrides(hf_config_overrides, n_ctx, revision, checkpoint_index,
+                               checkpoint_value)  # fmt: skip
         if hf_model is None and (overrides or not load_weights):
             hf_model = _hf_model(model_name, overrides, load_weights, revision, dtype)
             if tokenizer is None:
@@ -156,22 +149,13 @@ class TransformerBridge(HookedTransformer):
         if device is None and not n_devices:  # TL 4's default: the GPU when there is one
             device = "cuda" if torch.cuda.is_available() else "cpu"
         hub = {"revision": revision} if revision is not None else {}
-        model = cls.from_pretrained(
-            model_name,
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-            checkpoint_index=checkpoint_index,
-            checkpoint_value=checkpoint_value,
-            hf_model=hf_model,
-            device=None if device is None else str(device),
-            n_devices=n_devices or 1,
-            tokenizer=tokenizer,
-            dtype=dtype,
-            **hub,
-        )
-        return model
+        unprocessed = {"fold_ln": False, "center_writing_weights": False,
+                       "center_unembed": False, "fold_value_biases": False}  # fmt: skip
+        return cls.from_pretrained(
+            model_name, checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value,
+            hf_model=hf_model, device=None if device is None else str(device),
+            n_devices=n_devices or 1, tokenizer=tokenizer, dtype=dtype, **unprocessed, **hub,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ processing
     def enable_compatibility_mode(
@@ -269,6 +253,25 @@ def _refuse(
     for name, value in given.items():
         if value is not None:
             raise ValueError(f"{name}={value!r} is not supported here; use {_PLACEMENT[name]}")
+
+
+def _overrides(
+    hf_config_overrides: dict | None,
+    n_ctx: int | None,
+    revision: str | None,
+    checkpoint_index: int | None,
+    checkpoint_value: int | None,
+) -> dict:
+    """The HF config's overrides for `boot_transformers` (`n_ctx` among them), after
+    refusing a revision beside a checkpoint, as TL 4 does."""
+    if revision is not None and (checkpoint_index is not None or checkpoint_value is not None):
+        raise ValueError("Specify either revision= or checkpoint_index/checkpoint_value, not both.")
+    overrides = dict(hf_config_overrides or {})
+    if n_ctx is not None:
+        if n_ctx <= 0:
+            raise ValueError(f"n_ctx must be a positive integer, got n_ctx={n_ctx}.")
+        overrides["n_ctx"] = n_ctx
+    return overrides
 
 
 def _hf_model(
