@@ -501,6 +501,7 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
             attn_scale=scale, qkv_layout=qkv,
         )  # fmt: skip
         convention = Convention(chosen)
+        settings = (on, layout, norm_topk, scoring, gate, after, scale, qkv)
         families.append(
             Family(
                 anatomy.architecture,
@@ -508,9 +509,15 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
                 convention.fields,
                 convention.table,
                 variant=repr(convention.anatomy),
+                choices=tuple(zip(_CHOICES, settings, strict=True)),
             )
         )
     return families
+
+
+# The names of the settings `candidates` varies, in the order of its product.
+_CHOICES = ("rotary_on", "rotary_layout", "norm_topk", "router_scoring", "attn_gate",
+            "qk_norm_after_rotary", "attn_scale", "qkv_layout")  # fmt: skip
 
 
 def _widened(rule: Rule, width: str) -> Rule:

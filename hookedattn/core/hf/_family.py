@@ -25,6 +25,10 @@ class Family:
     # What else the translation depends on (the recognised anatomy of a family derived by
     # convention, `_convention`); part of the key a verification is remembered under.
     variant: str = ""
+    # A candidate's settings that the anatomy could not see (`_convention.candidates`), as
+    # (name, value) pairs; the candidate search (`_search`) moves between candidates that
+    # differ in one of them.
+    choices: tuple[tuple[str, Any], ...] = ()
 
     def config(
         self, hf_config: Any, dtype: torch.dtype | str = torch.float32, device: str = "cpu"

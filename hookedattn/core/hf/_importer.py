@@ -7,6 +7,7 @@ if asked), read each tensor in chunks into the tensor the model keeps (`_slices`
 part this rank holds), and assign them as the model's parameters (no second copy).
 """
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from hookedattn.core.hf import (
     _neox,
     _openai_gpt,
     _opt,
+    _search,
     _slices,
     _verify,
 )
@@ -157,31 +159,49 @@ def _from_folder(
 def _verified_of(
     cls: type, source: str, families: list[Family], hf_config: Any, verify: bool
 ) -> tuple[Family, _verify.Verification | None]:
-    """The first of `families` whose import verifies (`_verified`), and its verification;
-    when none does, the first one's error. Unverified (`verify=False`): the first."""
+    """The first of `families` whose import verifies, and its verification: a family
+    remembered as passed first, else each family against one run of the twin, in the
+    candidate search's order (`_search`); when none passes, the first one's error.
+    Unverified (`verify=False`): the first."""
     if not verify:
         families[0].config(hf_config)
         return families[0], None
-    passed = [f for f in families if _verify.remembered(f, hf_config)]
-    first_error = None
-    for family in passed[:1] or families:
-        try:
-            return family, _verified(cls, source, family, hf_config)
-        except (_verify.VerificationError, ValueError) as error:
-            first_error = first_error or error
-    raise first_error
+    remembered = _verify.first_remembered(families, hf_config)
+    if remembered is not None or len(families) == 1:
+        family = remembered or families[0]
+        return family, _verified(cls, source, family, hf_config)
+    start = time.perf_counter()
+    with _verify.twin_run(hf_config, families[0].architecture, source) as run:
+
+        def check(family: Family) -> _verify.Agreement:
+            try:
+                family.config(hf_config)  # a variant the family refuses, named
+            except ValueError as error:
+                return _verify.Agreement((), str(error), float("inf"), float("inf"))
+            return _verify.measure(family, run, _twin_reader(cls, family))
+
+        family, agreement = _search.first_passing(families, check)
+    if family is None:
+        raise _verify.VerificationError(agreement.error)
+    return family, _verify.passed(family, run.config, agreement, time.perf_counter() - start)
 
 
 def _verified(cls: type, source: str, family: Family, hf_config: Any) -> _verify.Verification:
     """`family`'s import of the checkpoint `source`, verified on its tiny twin (read by
     this module's own folder route, unverified) or found in the memo."""
     family.config(hf_config)  # a variant the family refuses is named before any twin
+    return _verify.verify(hf_config, family, _twin_reader(cls, family), source=source)
 
-    def read_twin(folder: Path) -> Any:
-        config = _loading.read_config(folder)
-        return _read_folder(cls, folder, family, config, None, torch.float32, "cpu", {})
 
-    return _verify.verify(hf_config, family, read_twin, source=source)
+def _twin_reader(cls: type, family: Family) -> Any:
+    """A twin's folder read by `family`, unverified, in float32 on the CPU."""
+
+    def read_twin(run: _verify.TwinRun) -> Any:
+        config = _loading.read_config(run.folder)
+        tokenizer = _loading.saved_tokenizer(run.folder)
+        return _import(cls, family, config, None, run.tensors, tokenizer, torch.float32, "cpu", {})
+
+    return read_twin
 
 
 def _read_folder(

@@ -36,6 +36,7 @@ import torch
 
 from hookedattn.core.hf import _loading, _tiny
 from hookedattn.core.hf._family import Family
+from hookedattn.core.hf._table import StateDict
 
 TOLERANCE = 1e-4  # of the largest |value| of each compared tensor
 _TOKENS = (2, 12)  # batch, positions: longer than the twin's windows
@@ -71,67 +72,143 @@ class Verification:
 
 
 def verify(
-    hf_config: Any, family: Family, load: Callable[[Path], Any], source: str = ""
+    hf_config: Any,
+    family: Family,
+    load: Callable[["TwinRun"], Any],
+    source: str = "",
+    run: "TwinRun | None" = None,
 ) -> Verification:
     """Verify `family`'s import of the checkpoint whose config is `hf_config` on its tiny
-    twin (module docstring), or find its pass in the memo. `load(folder)` imports a saved
-    folder without verifying it; `source` names the checkpoint in an error."""
+    twin (module docstring), or find its pass in the memo. `load(run)` imports the twin's
+    saved folder without verifying it; `source` names the checkpoint in an error; `run`, the twin
+    already built and run (`twin_run`), when several candidates are checked on one."""
     start = time.perf_counter()
+    twin_config = _twin_config(hf_config, family, source) if run is None else run.config
+    key = memo_key(family, twin_config)
+    memo = _read_memo().get(key)
+    if memo is not None:
+        seconds = time.perf_counter() - start
+        return Verification(family.architecture, key, True, memo["worst"], seconds)
+    if run is None:
+        with twin_run(hf_config, family.architecture, source) as run:
+            agreement = measure(family, run, load)
+    else:
+        agreement = measure(family, run, load)
+    if agreement.error:
+        raise VerificationError(agreement.error)
+    return passed(family, run.config, agreement, time.perf_counter() - start)
+
+
+def passed(
+    family: Family, twin_config: Any, agreement: "Agreement", seconds: float
+) -> Verification:
+    """Remember `family`'s pass on the twin of `twin_config` (`agreement`, which took
+    `seconds`), and return it as a verification."""
+    key = memo_key(family, twin_config)
+    _remember(key, dict(architecture=family.architecture, worst=agreement.worst, seconds=seconds))
+    return Verification(family.architecture, key, False, agreement.worst, seconds)
+
+
+def _twin_config(hf_config: Any, family: Family | None, source: str) -> Any:
     try:
-        twin_config = _tiny.tiny_config(hf_config)
+        return _tiny.tiny_config(hf_config)
     except Exception as error:
+        name = source or (family.architecture if family else type(hf_config).__name__)
         raise VerificationError(
-            f"could not shrink the config of {source or family.architecture} to a tiny twin "
+            f"could not shrink the config of {name} to a tiny twin "
             f"({type(error).__name__}: {error}); verify=False loads it unverified"
         ) from error
-    key = memo_key(family, twin_config)
-    passed = _read_memo().get(key)
-    if passed is not None:
-        seconds = time.perf_counter() - start
-        return Verification(family.architecture, key, True, passed["worst"], seconds)
-    worst = _check_twin(family, twin_config, load, source)
-    seconds = time.perf_counter() - start
-    _remember(key, dict(architecture=family.architecture, worst=worst, seconds=seconds))
-    return Verification(family.architecture, key, False, worst, seconds)
 
 
-def _check_twin(family: Family, config: Any, load: Callable[[Path], Any], source: str) -> float:
-    """Build the twin, run it both ways, and return the worst relative |Δ|; raise a
-    `VerificationError` at the first point past the tolerance."""
+@dataclasses.dataclass(frozen=True)
+class TwinRun:
+    """A checkpoint's tiny twin, built, saved in `folder` and run by `transformers` once, so
+    that every candidate family is checked against the same run: `tokens` in, `hidden`
+    (its hidden states) and `logits` out. `what` names it in an error. A candidate reads
+    the folder's config and names, and its `tensors`, read once."""
+
+    config: Any
+    folder: Path
+    tensors: Any  # the folder's tensors read once (a `StateDict`), for every candidate
+    tokens: torch.Tensor
+    hidden: tuple[torch.Tensor, ...]
+    logits: torch.Tensor
+    what: str
+
+
+@contextlib.contextmanager
+def twin_run(hf_config: Any, architecture: str, source: str = "") -> Iterator[TwinRun]:
+    """Build the twin of `hf_config` (as class `architecture`), save it and run it; the
+    folder lasts as long as the context. A twin that cannot be built raises a
+    `VerificationError`."""
+    config = _twin_config(hf_config, None, source or architecture)
     transformers = _loading.transformers_module()
-    what = f"the tiny twin of {source or family.architecture}"
+    what = f"the tiny twin of {source or architecture}"
+    with tempfile.TemporaryDirectory(prefix="hookedattn-twin-") as folder:
+        try:
+            with torch.random.fork_rng(devices=[]):  # HF's initialisation draws from it
+                twin = _tiny.random_hf_model(getattr(transformers, architecture), config)
+            # Under torchrun, transformers writes checkpoints on rank 0 only; each rank
+            # checks its own twin in a folder of its own, so each rank writes.
+            twin.should_save_on_this_rank = lambda is_main_process: True
+            with _quiet():
+                twin.save_pretrained(folder)
+            generator = torch.Generator().manual_seed(0)
+            tokens = torch.randint(0, config.vocab_size, _TOKENS, generator=generator)
+            with torch.no_grad():
+                hf = twin(tokens, output_hidden_states=True)
+        except Exception as error:
+            raise VerificationError(
+                f"could not verify the import of {architecture} on {what}: "
+                f"{type(error).__name__}: {error}; verify=False loads it unverified"
+            ) from error
+        saved = _loading.weight_source(Path(folder))
+        tensors = StateDict({name: saved.get(name).clone() for name in saved.shapes})
+        hidden = tuple(hf.hidden_states)
+        yield TwinRun(config, Path(folder), tensors, tokens, hidden, hf.logits, what)
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """How far one family's import of a twin agrees with `transformers`: `agreeing`, the
+    points (in the forward's order) within the tolerance before the first that is not;
+    `error`, the refusal naming that point ("" when every point agrees); `worst`, the
+    largest relative |Δ| of the agreeing points; `miss`, the relative root-mean-square |Δ|
+    at the parting point (0 when none), which the candidate search compares."""
+
+    agreeing: tuple[str, ...]
+    error: str
+    worst: float
+    miss: float
+
+
+def measure(family: Family, run: TwinRun, load: Callable[[TwinRun], Any]) -> Agreement:
+    """`family`'s import of `run`'s twin (by the folder route, `load`) against the twin's
+    run, point by point; an import that fails outright agrees nowhere."""
     try:
-        with torch.random.fork_rng(devices=[]):  # HF's initialisation draws from it
-            twin = _tiny.random_hf_model(getattr(transformers, family.architecture), config)
-        # Under torchrun, transformers writes checkpoints on rank 0 only; each rank checks
-        # its own twin in a folder of its own, so each rank writes.
-        twin.should_save_on_this_rank = lambda is_main_process: True
-        with tempfile.TemporaryDirectory(prefix="hookedattn-twin-") as folder, _quiet():
-            twin.save_pretrained(folder)
-            ours = load(Path(folder))
-        tokens = torch.randint(
-            0, config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(0)
-        )
+        ours = load(run)
+        points = _points(ours, run.hidden)
         with torch.no_grad():
-            hf = twin(tokens, output_hidden_states=True)
-            points = _points(ours, hf)
-            logits, cache = ours.run_with_cache(tokens, names_filter=list(points))
+            logits, cache = ours.run_with_cache(run.tokens, names_filter=list(points))
     except Exception as error:
-        raise VerificationError(
-            f"could not verify the import of {family.architecture} on {what}: "
+        message = (
+            f"could not verify the import of {family.architecture} on {run.what}: "
             f"{type(error).__name__}: {error}; verify=False loads it unverified"
-        ) from error
+        )
+        return Agreement((), message, float("inf"), float("inf"))
     compared = [(name, label, cache[name], expected) for name, (label, expected) in points.items()]
-    compared.append(("logits", "logits", logits, hf.logits))
+    compared.append(("logits", "logits", logits, run.logits))
     worst, agreeing = 0.0, []
     for name, label, got, expected in compared:
         scale = float(expected.abs().max()) or 1.0
         delta = float((got - expected).abs().max())
         if not delta <= TOLERANCE * scale:  # NaN parts too
             where = f"our {name} parts from transformers' {label}"
-            raise VerificationError(_parting(family, what, where, delta, scale, agreeing, config))
+            error = _parting(family, run.what, where, delta, scale, agreeing, run.config)
+            miss = float((got - expected).norm() / (expected.norm() or 1.0))
+            return Agreement(tuple(agreeing), error, worst, miss if miss == miss else 1e30)
         worst, agreeing = max(worst, delta / scale), [*agreeing, name]
-    return worst
+    return Agreement(tuple(agreeing), "", worst, 0.0)
 
 
 @contextlib.contextmanager
@@ -148,10 +225,10 @@ def _quiet() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _points(ours: Any, hf: Any) -> dict[str, tuple[str, torch.Tensor]]:
+def _points(ours: Any, hidden: tuple[torch.Tensor, ...]) -> dict[str, tuple[str, torch.Tensor]]:
     """Our hook point -> the HF hidden state it must equal (its label, the tensor), in the
     order of the forward."""
-    hidden, n = hf.hidden_states, ours.cfg.n_layers
+    n = ours.cfg.n_layers
     if len(hidden) != n + 1:
         raise ValueError(f"transformers returned {len(hidden)} hidden states for {n} layers")
     final = "ln_final.hook_out" if "ln_final.hook_out" in ours.hook_dict else None
@@ -211,14 +288,15 @@ def structure_key(twin_config: Any, **parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def remembered(family: Family, hf_config: Any) -> bool:
-    """Whether `family`'s import of a checkpoint of `hf_config`'s structure has passed
-    before (a memo read; nothing is built)."""
+def first_remembered(families: list[Family], hf_config: Any) -> Family | None:
+    """The first of `families` whose import of a checkpoint of `hf_config`'s structure has
+    passed before (memo reads; nothing is built), or None."""
     try:
-        key = memo_key(family, _tiny.tiny_config(hf_config))
+        twin_config = _tiny.tiny_config(hf_config)
     except Exception:
-        return False
-    return key in read_memo()
+        return None
+    memo = read_memo()
+    return next((f for f in families if memo_key(f, twin_config) in memo), None)
 
 
 def _qualified(function: Callable[..., Any]) -> str:
