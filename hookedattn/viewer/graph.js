@@ -196,6 +196,8 @@
       el("h2", {}, "why the heads attended there: each score as query-side \u00d7 key-side writer terms"),
       el("p", { class: "muted" }, "hover a term to mark its query writer (pink) and key writer (green) on the graph; click to keep them marked"),
     );
+    const heads = el("div", { class: "qk-heads" });
+    section.append(heads);
     let pinned = null;  // the row whose writers stay marked
     function mark(row) {
       for (const [side, cls] of SIDES) {
@@ -245,7 +247,7 @@
       total.append(el("td", { colspan: 2 }, "score (the sum)"), el("td", { class: "value" }, short(a.score)));
       table.tBodies[0].append(rest, total);
       panel.append(table);
-      section.append(panel);
+      heads.append(panel);
     }
     return section;
   }
