@@ -6,6 +6,7 @@
     graph_json(graph, pruned)                                 # circuit-tracer / Neuronpedia
     intervene(model, transcoders, prompt, [FeatureIntervention(1, 7, 42, 0.0)])
     graph_qk_attribution(model, transcoders, graph, layer=1, head=6, key_pos=14)  # QK side
+    graph_json(graph, pruned, qk=[...])                       # QK terms on the graph page
     pruned_attribution_graph(model, transcoders, prompt, memory_budget="1GiB")  # long prompts
 
 Axes: `node` (features, error nodes, tokens, logits, in that order), `feature` (active

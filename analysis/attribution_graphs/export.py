@@ -20,7 +20,23 @@ and a link's `weight` the direct effect, source on target, as circuit-tracer wri
 Our measurements of the pruning and the graph's conventions (`demeaned_logits`,
 `dropped_first_position`: whether it follows circuit-tracer's, `attribution_graph`) ride
 along under `metadata.hookedattn` (readers that do not know it ignore it). `prompt` is the
-prompt as text (token ids decoded), `scan` the transcoders' name (`graph.scan`).
+prompt as text (token ids decoded), `scan` the transcoders' name (`graph.scan`). A graph
+pruned while it was computed (`pruned_attribution_graph`) writes the same document
+(`edges_in_full_graph` is then null: its dense graph was never held).
+
+Attention scores opened by `graph_qk_attribution` ride along as an extra top-level key
+(circuit-tracer's pages ignore it; ours draws it, `hookedattn.viewer.graph_page`):
+
+    "qk_attributions": [{"layer", "head", "query_pos", "key_pos", "score", "capped_score",
+                         "n_terms", "terms": [{"query_node", "key_node", "query_label",
+                                               "key_label", "value"}, ...],
+                         "rest", "rest_terms"}, ...]
+
+`terms` are the `qk_terms` largest in magnitude, `rest` the sum of the other `rest_terms`,
+so `Σ terms + rest = score` (before any soft cap; `capped_score` after it, else null).
+A writer's `*_node` is the id of its node in `nodes`, or null where it is not drawn: a
+head, a bias or a skip term (not nodes of the graph), or a node pruning dropped; its
+`*_label` is `graph.label`'s name (`L0.F92@14`, `L0.error@3`, `tok 'a'@2`, `L0H5`).
 
 `save_graph_json` writes what circuit-tracer's `create_graph_files` writes for its local
 server (`circuit_tracer.frontend.local_server.serve(data_dir)`): the graph as
@@ -31,18 +47,36 @@ More in `docs/guide/transcoders.md`.
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from analysis.attribution_graphs.attribution_graph import AttributionGraph
 from analysis.attribution_graphs.pruning import PrunedGraph, prune_graph
+from analysis.attribution_graphs.streaming import PrunedAttributionGraph
+from analysis.qk_attribution import QKAttribution
+
+Graph = AttributionGraph | PrunedAttributionGraph
+
+
+class _Kept(NamedTuple):
+    """What pruning kept, in node numbers: the nodes, and each link as (target, source,
+    weight); with the pruning's measures (`PrunedGraph`'s fields of the same names)."""
+
+    nodes: list[int]
+    links: list[tuple[int, int, float]]
+    pruning: Any  # a PrunedGraph or a PrunedAttributionGraph: the thresholds and fractions
+    edges_in_full_graph: int | None
 
 
 def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
-def _node(graph: AttributionGraph, node: int, influence: float) -> dict[str, Any]:
+def _node(graph: Graph, node: int, influence: float) -> dict[str, Any]:
     """One node's entry."""
     base = {"token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0,
             "clerp": "", "influence": influence, "activation": None}  # fmt: skip
@@ -74,25 +108,25 @@ def _node(graph: AttributionGraph, node: int, influence: float) -> dict[str, Any
 
 
 def graph_json(
-    graph: AttributionGraph,
+    graph: Graph,
     pruned: PrunedGraph | None = None,
     *,
     slug: str = "hookedattn-graph",
     scan: str = "",
+    qk: Sequence[QKAttribution] = (),
+    qk_terms: int = 10,
 ) -> dict[str, Any]:
-    """The graph (its kept part, `pruned`, default `prune_graph(graph)`) as circuit-tracer's
-    graph JSON (module docstring). `scan` names the transcoders (Neuronpedia's id for them);
-    by default `graph.scan`."""
-    pruned = prune_graph(graph) if pruned is None else pruned
-    if pruned.graph is not graph:
-        raise ValueError("pruned is the pruning of another graph")
-    kept = pruned.node_mask.nonzero().flatten().tolist()
-    nodes = {i: _node(graph, i, float(pruned.cumulative_influence[i])) for i in kept}
-    targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
-    weights = graph.adjacency[targets, sources].tolist()
+    """The graph (its kept part, `pruned`, default `prune_graph(graph)`; or a graph pruned
+    while computed, `pruned_attribution_graph`, as it is) as circuit-tracer's graph JSON
+    (module docstring). `scan` names the transcoders (Neuronpedia's id for them); by
+    default `graph.scan`. `qk`: scores of this graph's prompt from `graph_qk_attribution`,
+    written under `qk_attributions` with their `qk_terms` largest terms each."""
+    kept = _kept(graph, pruned)
+    p = kept.pruning
+    nodes = {i: _node(graph, i, float(p.cumulative_influence[i])) for i in kept.nodes}
     links = [
         {"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
-        for t, s, w in zip(targets.tolist(), sources.tolist(), weights, strict=True)
+        for t, s, w in kept.links
     ]
     metadata = {
         "slug": slug,
@@ -100,36 +134,129 @@ def graph_json(
         "transcoder_list": [],
         "prompt_tokens": list(graph.token_strings),
         "prompt": graph.prompt,
-        "node_threshold": pruned.node_threshold,
+        "node_threshold": p.node_threshold,
         "schema_version": 1,
         "hookedattn": {
-            "edge_threshold": pruned.edge_threshold,
-            "fraction_explained": pruned.fraction_explained,
-            "edge_fraction_explained": pruned.edge_fraction_explained,
-            "error_fraction": pruned.error_fraction,
+            "edge_threshold": p.edge_threshold,
+            "fraction_explained": p.fraction_explained,
+            "edge_fraction_explained": p.edge_fraction_explained,
+            "error_fraction": p.error_fraction,
             "nodes_in_full_graph": graph.n_nodes,
-            "edges_in_full_graph": int((graph.adjacency != 0).sum()),
+            "edges_in_full_graph": kept.edges_in_full_graph,
             "demeaned_logits": graph.demeaned_logits,
             "dropped_first_position": graph.dropped_first_position,
         },
     }
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()), "links": links}
+    document = {"metadata": metadata, "qParams": qparams, "nodes": list(nodes.values()),
+                "links": links}  # fmt: skip
+    if qk:
+        ids = {graph.label(i): entry["node_id"] for i, entry in nodes.items()}
+        document["qk_attributions"] = [_qk_entry(graph, a, ids, qk_terms) for a in qk]
+    return document
+
+
+def _kept(graph: Graph, pruned: PrunedGraph | None) -> _Kept:
+    """The kept nodes and links of a dense graph's pruning, or of a graph pruned while
+    computed (whose `adjacency` is `[row kept]`: row r is node `nodes[rows[r]]`, column c
+    node `nodes[c]`)."""
+    if isinstance(graph, PrunedAttributionGraph):
+        if pruned is not None:
+            raise ValueError(
+                "a PrunedAttributionGraph is pruned already: give it without pruned (got a "
+                f"{type(pruned).__name__})"
+            )
+        rows, columns = graph.edge_mask.nonzero(as_tuple=True)
+        targets, sources = graph.nodes[graph.rows[rows]], graph.nodes[columns]
+        weights = graph.adjacency[rows, columns]
+        nodes = graph.kept_nodes().sort().values.tolist()
+        return _Kept(nodes, _triples(targets, sources, weights), graph, None)
+    pruned = prune_graph(graph) if pruned is None else pruned
+    if pruned.graph is not graph:
+        raise ValueError("pruned is the pruning of another graph")
+    targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    nodes = pruned.node_mask.nonzero().flatten().tolist()
+    edges = int((graph.adjacency != 0).sum())
+    return _Kept(nodes, _triples(targets, sources, weights), pruned, edges)
+
+
+def _triples(
+    targets: Int[Tensor, " link"], sources: Int[Tensor, " link"], weights: Float[Tensor, " link"]
+) -> list[tuple[int, int, float]]:
+    """Links as (target, source, weight), ordered by target, then source: the dense
+    graph's order, whichever layout they were read from."""
+    order = sources.argsort(stable=True)
+    order = order[targets[order].argsort(stable=True)]
+    return list(zip(targets[order].tolist(), sources[order].tolist(), weights[order].tolist(),
+                    strict=True))  # fmt: skip
+
+
+def _qk_entry(
+    graph: Graph, attribution: QKAttribution, ids: dict[str, str], n_terms: int
+) -> dict[str, Any]:
+    """One score's entry in `qk_attributions` (module docstring): its `n_terms` largest
+    terms with their writers' node ids (`ids`: label to id, the drawn nodes), and the rest."""
+    _check_of_graph(graph, attribution)
+    if isinstance(n_terms, bool) or not isinstance(n_terms, int) or n_terms < 0:
+        raise ValueError(f"qk_terms must be an int >= 0, got {n_terms!r}")
+    flat = attribution.terms.flatten()
+    order = flat.abs().argsort(descending=True, stable=True)
+    listed, others = order[:n_terms], order[n_terms:]
+    width = len(attribution.key_labels)
+    terms = []
+    for i, value in zip(listed.tolist(), flat[listed].tolist(), strict=True):
+        query, key = attribution.query_labels[i // width], attribution.key_labels[i % width]
+        terms.append({"query_node": ids.get(query), "key_node": ids.get(key),
+                      "query_label": query, "key_label": key, "value": value})  # fmt: skip
+    return {
+        "layer": attribution.layer,
+        "head": attribution.head,
+        "query_pos": attribution.query_pos,
+        "key_pos": attribution.key_pos,
+        "score": attribution.score,
+        "capped_score": attribution.capped_score,
+        "n_terms": len(flat),
+        "terms": terms,
+        "rest": float(flat[others].sum()),
+        "rest_terms": len(others),
+    }
+
+
+def _check_of_graph(graph: Graph, attribution: QKAttribution) -> None:
+    """Refuse a score that is not of this graph's prompt in the graph's nodes: its first
+    writer on each side is the token node at its position (`graph_qk_attribution`)."""
+    if not isinstance(attribution, QKAttribution):
+        raise ValueError(
+            f"qk takes QKAttributions (graph_qk_attribution), got {type(attribution).__name__}"
+        )
+    sides = (("query", attribution.query_pos), ("key", attribution.key_pos))
+    for side, pos in sides:
+        first = getattr(attribution, f"{side}_labels")[0]
+        token = graph.label(graph.token_node(pos)) if 0 <= pos < graph.n_pos else None
+        if attribution.batch != 0 or first != token:
+            raise ValueError(
+                f"{attribution!r} is not in this graph's nodes: its first {side} writer is "
+                f"{first!r}, the graph's token at {pos} is {token!r}; make it with "
+                f"graph_qk_attribution(model, transcoders, graph, ...)"
+            )
 
 
 def save_graph_json(
-    graph: AttributionGraph,
+    graph: Graph,
     path: str | Path,
     pruned: PrunedGraph | None = None,
     *,
     slug: str | None = None,
     scan: str = "",
+    qk: Sequence[QKAttribution] = (),
+    qk_terms: int = 10,
 ) -> Path:
-    """Write the graph JSON (`graph_json(graph, pruned, slug=, scan=)`) as circuit-tracer's
-    local server reads it (module docstring): into the folder `path` as `{slug}.json` (slug
-    default `"hookedattn-graph"`), or to the file `path`, `name.json`, whose name is the
-    slug; and add its metadata to `graph-metadata.json` beside it (replacing an entry of
-    the same slug). Returns the graph's file."""
+    """Write the graph JSON (`graph_json(graph, pruned, slug=, scan=, qk=, qk_terms=)`)
+    as circuit-tracer's local server reads it (module docstring): into the folder `path` as
+    `{slug}.json` (slug default `"hookedattn-graph"`), or to the file `path`, `name.json`,
+    whose name is the slug; and add its metadata to `graph-metadata.json` beside it
+    (replacing an entry of the same slug). Returns the graph's file."""
     path = Path(path)
     if path.suffix == ".json":
         if slug not in (None, path.stem):
@@ -142,7 +269,7 @@ def save_graph_json(
         slug, folder = slug or "hookedattn-graph", path
         path = folder / f"{slug}.json"
     folder.mkdir(parents=True, exist_ok=True)
-    document = graph_json(graph, pruned, slug=slug, scan=scan)
+    document = graph_json(graph, pruned, slug=slug, scan=scan, qk=qk, qk_terms=qk_terms)
     path.write_text(json.dumps(document, allow_nan=False) + "\n")
     _add_to_index(folder / "graph-metadata.json", document["metadata"])
     return path

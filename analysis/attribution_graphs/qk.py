@@ -26,6 +26,7 @@ from torch import Tensor
 from analysis._reading import activation, weight
 from analysis.attribution_graphs import _frozen
 from analysis.attribution_graphs.attribution_graph import AttributionGraph
+from analysis.attribution_graphs.streaming import PrunedAttributionGraph
 from analysis.head_results import head_results
 from analysis.qk_attribution import QKAttribution, _attribution_of_writers, _StreamWriters, _where
 from hookedattn.core.cache import ActivationCache
@@ -36,7 +37,7 @@ from hookedattn.sae import TranscoderSet, replaced, transcoder_hook_name
 def graph_qk_attribution(
     model: HookedTransformer,
     transcoders: Any,  # as for attribution_graph: a TranscoderSet, a list, a cross-layer one
-    graph: AttributionGraph,
+    graph: AttributionGraph | PrunedAttributionGraph,
     layer: int,
     head: int,
     key_pos: int,
@@ -47,7 +48,8 @@ def graph_qk_attribution(
     """The score of head `head` of `layer` from `query_pos` (the graph's position, the last,
     by default) to `key_pos` of the graph's prompt, as terms of writers labelled as the
     graph's nodes (`L1.F42@7`, `L0.error@3`, `tok 'a'@2`) and the heads, biases and skip
-    terms between them (module docstring). `transcoders` are the graph's; `check` as for
+    terms between them (module docstring). `graph` may be dense or pruned while computed
+    (`pruned_attribution_graph`); `transcoders` are the graph's; `check` as for
     `qk_attribution`. Their terms sum to the score to float rounding.
     """
     tset = TranscoderSet(transcoders)
@@ -66,7 +68,7 @@ def _node_writers(
     model: HookedTransformer,
     tset: TranscoderSet,
     cache: ActivationCache,
-    graph: AttributionGraph,
+    graph: AttributionGraph | PrunedAttributionGraph,
     layer: int,
     pos: int,
 ) -> _StreamWriters:

@@ -10,6 +10,12 @@
  * direct effect and red for a negative one, width and opacity by |weight|. Hovering a node
  * shows what it is (and a feature's examples); clicking one keeps it and shows only its
  * links.
+ *
+ * Attention scores opened in the graph's terms (data.graph.qk_attributions, written by
+ * analysis.attribution_graphs.graph_json; absent from circuit-tracer's graphs, and then
+ * nothing is drawn for them) come below the graph: one table a score, its largest
+ * query-writer x key-writer terms, the sum of the rest and the score they add up to.
+ * Hovering a term marks its two writers' nodes on the graph; clicking keeps them marked.
  */
 (function () {
   "use strict";
@@ -171,8 +177,79 @@
     scroller.append(root_svg);
     views.append(scroller, detail);
     root.append(el("h1", {}, d.title), el("div", { class: "info", id: "summary" }, summary.join("; ")), views);
+    if (Array.isArray(g.qk_attributions) && g.qk_attributions.length) {
+      const shapeOf = new Map([...nodeLayer.children].map((s) => [s.dataset.nodeId, s]));
+      root.append(qkView(g, shapeOf));
+    }
     detail.append(el("p", { class: "muted" }, "hover a node; click to keep it and show only its links"));
     scroller.scrollLeft = scroller.scrollWidth;  // the logits' end in view
+  }
+
+  // One score's writers, by side: the class a node takes while a term of it is marked.
+  const SIDES = [["query", "qk-query"], ["key", "qk-key"]];
+
+  function qkView(g, shapeOf) {
+    const tokens = g.metadata.prompt_tokens;
+    const byId = new Map(g.nodes.map((n) => [n.node_id, n]));
+    const section = el("section", { id: "qk", class: "qk" });
+    section.append(
+      el("h2", {}, "why the heads attended there: each score as query-side \u00d7 key-side writer terms"),
+      el("p", { class: "muted" }, "hover a term to mark its query writer (pink) and key writer (green) on the graph; click to keep them marked"),
+    );
+    const heads = el("div", { class: "qk-heads" });
+    section.append(heads);
+    let pinned = null;  // the row whose writers stay marked
+    function mark(row) {
+      for (const [side, cls] of SIDES) {
+        for (const shape of shapeOf.values()) shape.classList.remove(cls);
+        const id = row && row.dataset[`${side}Node`];
+        if (id && shapeOf.has(id)) shapeOf.get(id).classList.add(cls);
+      }
+    }
+    function writer(side, label, id) {
+      const node = id ? byId.get(id) : undefined;
+      const cell = el("td", { class: `writer ${side}` + (node ? "" : " off-graph") }, label);
+      if (node && node.clerp) cell.append(el("span", { class: "muted" }, ` ${node.clerp}`));
+      if (!node) cell.title = "not drawn: not a node of the graph (a head, a bias, a skip term) or pruned away";
+      return cell;
+    }
+    for (const a of g.qk_attributions) {
+      const panel = el("div", { class: "qk-head", "data-layer": a.layer, "data-head": a.head, "data-query": a.query_pos, "data-key": a.key_pos });
+      const at = (p) => `${p} ${JSON.stringify(tokens[p] ?? "")}`;
+      const cap = a.capped_score === null || a.capped_score === undefined ? "" : ` before the soft cap (${short(a.capped_score)} after)`;
+      panel.append(
+        el("h3", {}, `L${a.layer}H${a.head}: query ${at(a.query_pos)} \u2192 key ${at(a.key_pos)}`),
+        el("p", { class: "info" }, `score ${short(a.score)}${cap}: the ${a.terms.length} largest of ${a.n_terms} terms, and the rest`),
+      );
+      const table = el("table", { class: "qk-terms" });
+      const head = el("tr", {});
+      for (const name of ["query writer", "key writer", "term"]) head.append(el("th", {}, name));
+      table.append(el("thead", {}, undefined), el("tbody", {}, undefined));
+      table.tHead.append(head);
+      for (const t of a.terms) {
+        const row = el("tr", { class: "qk-term", "data-value": String(t.value) });
+        if (t.query_node) row.dataset.queryNode = t.query_node;
+        if (t.key_node) row.dataset.keyNode = t.key_node;
+        row.append(writer("query", t.query_label, t.query_node), writer("key", t.key_label, t.key_node), el("td", { class: "value" }, short(t.value)));
+        row.addEventListener("mouseenter", () => { if (!pinned) mark(row); });
+        row.addEventListener("mouseleave", () => { if (!pinned) mark(null); });
+        row.addEventListener("click", () => {
+          if (pinned) pinned.classList.remove("pinned");
+          pinned = pinned === row ? null : row;
+          if (pinned) pinned.classList.add("pinned");
+          mark(pinned || row);
+        });
+        table.tBodies[0].append(row);
+      }
+      const rest = el("tr", { class: "qk-rest", "data-value": String(a.rest) });
+      rest.append(el("td", { colspan: 2 }, `the other ${a.rest_terms} terms`), el("td", { class: "value" }, short(a.rest)));
+      const total = el("tr", { class: "qk-score", "data-value": String(a.score) });
+      total.append(el("td", { colspan: 2 }, "score (the sum)"), el("td", { class: "value" }, short(a.score)));
+      table.tBodies[0].append(rest, total);
+      panel.append(table);
+      heads.append(panel);
+    }
+    return section;
   }
 
   const data = JSON.parse(document.getElementById("hookedattn-data").textContent);

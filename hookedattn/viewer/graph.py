@@ -11,6 +11,12 @@ positive, red negative, width by |weight|). Hovering a node shows what it is, it
 activation and influence, and for a feature its top activations from a store
 (`hookedattn.sae.feature_examples`); clicking keeps it and shows only its links. The page
 reads the JSON as it is, so a graph written by circuit-tracer opens too.
+
+Attention scores opened in the graph's terms (`graph_json(graph, pruned, qk=[...])` with
+`analysis.attribution_graphs.graph_qk_attribution`) are drawn below the graph, one table a
+score: its largest query-writer × key-writer terms, the sum of the others, and the score;
+hovering a term marks its two writers' nodes on the graph, clicking keeps them marked. A
+graph without `qk_attributions` has no such section.
 """
 
 import dataclasses

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.attribution_graphs import attribution_graph, graph_json, prune_graph
+from analysis.attribution_graphs import (
+    attribution_graph,
+    graph_json,
+    graph_qk_attribution,
+    prune_graph,
+)
 from hookedattn import ByteTokenizer
 from hookedattn.sae import Transcoder, TranscoderConfig
 from hookedattn.testing import random_tiny_model
@@ -51,7 +56,7 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def graph_doc():
+def built():
     fields = dict(n_ctx=32, d_vocab=259, act_fn="gelu", dtype=torch.float64)
     model = random_tiny_model(randomize_seed=2, tokenizer=ByteTokenizer(), **fields)
     tcs = []
@@ -60,7 +65,23 @@ def graph_doc():
         cfg = TranscoderConfig(16, 48, 16, *hooks, "topk", k=4, skip=True, dtype="float64")
         tcs.append(Transcoder(cfg))
     graph = attribution_graph(model, tcs, "ab <b>c</b>\nab", top_k=2)
-    return graph_json(graph, prune_graph(graph, 0.9, 0.99))
+    return model, tcs, graph, prune_graph(graph, 0.9, 0.99)
+
+
+@pytest.fixture(scope="module")
+def graph_doc(built):
+    _, _, graph, pruned = built
+    return graph_json(graph, pruned)
+
+
+@pytest.fixture(scope="module")
+def qk_doc(built):
+    """The graph with three scores opened (layer, head, key; the query the last position),
+    five terms each: among them terms whose two writers are both drawn."""
+    model, tcs, graph, pruned = built
+    qk = [graph_qk_attribution(model, tcs, graph, layer, head, key)
+          for layer, head, key in ((1, 0, 14), (0, 0, 12), (1, 2, 9))]  # fmt: skip
+    return graph_json(graph, pruned, qk=qk, qk_terms=5)
 
 
 class Opened:
@@ -251,4 +272,100 @@ def test_a_graph_of_150000_links_is_drawn(browser, tmp_path):
     assert drawn == 150_000
     summary = opened.page.locator("#summary").inner_text()
     assert f"{len(graph['nodes'])} nodes, 150000 links" in summary
+    opened.close()
+
+
+# ---------------------------------------------------------------------- the QK section
+def marked(opened: Opened) -> dict[str, list[str]]:
+    """The ids of the nodes marked as a term's query writer and as its key writer."""
+    return {
+        side: opened.page.eval_on_selector_all(
+            f"#graph .node.qk-{side}", "ss => ss.map(s => s.dataset.nodeId)"
+        )
+        for side in ("query", "key")
+    }
+
+
+def a_term_of_two_drawn_nodes(doc: dict) -> tuple[int, int, dict]:
+    """(panel, row, term) of the first term whose query and key writers are distinct nodes."""
+    return next(
+        (i, j, term)
+        for i, entry in enumerate(doc["qk_attributions"])
+        for j, term in enumerate(entry["terms"])
+        if term["query_node"] and term["key_node"] and term["query_node"] != term["key_node"]
+    )
+
+
+def test_the_qk_section_lists_each_scores_terms_the_rest_and_the_score(browser, qk_doc, tmp_path):
+    opened = Opened(browser, graph_page(qk_doc).save(tmp_path / "graph.html"))
+    panels = opened.page.eval_on_selector_all(
+        "#qk .qk-head",
+        """ps => ps.map(p => ({layer: +p.dataset.layer, head: +p.dataset.head,
+            terms: [...p.querySelectorAll('tr.qk-term')].map(r => [
+                r.cells[0].firstChild.textContent, r.cells[1].firstChild.textContent,
+                +r.dataset.value]),
+            rest: +p.querySelector('tr.qk-rest').dataset.value,
+            score: +p.querySelector('tr.qk-score').dataset.value}))""",
+    )
+    expected = [
+        {"layer": e["layer"], "head": e["head"],
+         "terms": [[t["query_label"], t["key_label"], t["value"]] for t in e["terms"]],
+         "rest": e["rest"], "score": e["score"]}
+        for e in qk_doc["qk_attributions"]
+    ]  # fmt: skip
+    assert panels == expected and [len(p["terms"]) for p in panels] == [5, 5, 5]
+    opened.close("graph-qk.png")
+
+
+def test_hovering_a_term_marks_its_query_and_key_writers_nodes(browser, qk_doc, tmp_path):
+    opened = Opened(browser, graph_page(qk_doc).save(tmp_path / "graph.html"))
+    panel, row, term = a_term_of_two_drawn_nodes(qk_doc)
+    assert marked(opened) == {"query": [], "key": []}
+    opened.page.hover(f"#qk .qk-head >> nth={panel} >> tr.qk-term >> nth={row}")
+    assert marked(opened) == {"query": [term["query_node"]], "key": [term["key_node"]]}
+    opened.close()
+
+
+def test_leaving_a_term_unmarks_its_nodes(browser, qk_doc, tmp_path):
+    opened = Opened(browser, graph_page(qk_doc).save(tmp_path / "graph.html"))
+    panel, row, _ = a_term_of_two_drawn_nodes(qk_doc)
+    opened.page.hover(f"#qk .qk-head >> nth={panel} >> tr.qk-term >> nth={row}")
+    opened.page.hover("#summary")
+    assert marked(opened) == {"query": [], "key": []}
+    opened.close()
+
+
+def test_clicking_a_term_keeps_its_nodes_marked_until_clicked_again(browser, qk_doc, tmp_path):
+    opened = Opened(browser, graph_page(qk_doc).save(tmp_path / "graph.html"))
+    panel, row, term = a_term_of_two_drawn_nodes(qk_doc)
+    selector = f"#qk .qk-head >> nth={panel} >> tr.qk-term >> nth={row}"
+    opened.page.click(selector)
+    opened.page.hover("#qk .qk-head >> nth=0 >> tr.qk-term >> nth=0")  # another term
+    assert marked(opened) == {"query": [term["query_node"]], "key": [term["key_node"]]}
+    opened.page.click(selector)
+    opened.page.hover("#summary")
+    assert marked(opened) == {"query": [], "key": []}
+    opened.close()
+
+
+def test_a_writer_that_is_not_drawn_is_shown_as_such(browser, qk_doc, tmp_path):
+    opened = Opened(browser, graph_page(qk_doc).save(tmp_path / "graph.html"))
+    off = opened.page.eval_on_selector_all(
+        "#qk td.writer.off-graph", "cs => cs.map(c => c.textContent)"
+    )
+    expected = [
+        term[f"{side}_label"]
+        for entry in qk_doc["qk_attributions"]
+        for term in entry["terms"]
+        for side in ("query", "key")
+        if term[f"{side}_node"] is None
+    ]
+    assert off == expected and len(off) > 0
+    opened.close()
+
+
+def test_a_graph_without_qk_attributions_has_no_qk_section(browser, graph_doc, tmp_path):
+    opened = Opened(browser, graph_page(graph_doc).save(tmp_path / "graph.html"))
+    assert opened.page.locator("#qk").count() == 0
+    assert opened.page.locator(".qk-head, .qk-terms").count() == 0
     opened.close()
