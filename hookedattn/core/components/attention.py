@@ -103,7 +103,6 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
-        self.biased = _unbiased
         if cfg.positional_embedding_type == "alibi":
             self.alibi = ALiBi(cfg)
             self.biased = self._alibi_biased
@@ -202,6 +201,14 @@ class Attention(nn.Module):
         pattern = self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
         blocked = None if every_key else context.blocked[self.attn_type]
         return kernels.weighted_values(pattern, v, blocked)
+
+    def _unbiased(
+        self, scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        return scores
+
+    # The scores' position bias: none, or ALiBi's (`_alibi_biased`, set at construction).
+    biased = _unbiased
 
     def _alibi_biased(
         self, scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext
@@ -336,10 +343,6 @@ class GroupedQueryAttention(Attention):
 
 def _same(x: Tensor) -> Tensor:
     return x
-
-
-def _unbiased(scores: Tensor, context: AttentionContext) -> Tensor:
-    return scores
 
 
 def _heads_flattened(W_O: Tensor) -> Tensor:

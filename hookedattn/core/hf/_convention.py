@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _deepseek, _expert_table, _translate
+from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _translate
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -69,6 +69,7 @@ class Convention:
                 f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
                 "whose logits are soft-capped is not imported"
             )
+        _refuse_clipped_qkv(hf_config)
         per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
         if per_layer - {c.num_attention_heads}:
             raise ValueError(
@@ -82,6 +83,9 @@ class Convention:
         rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
+        if a.alibi:  # handed to the layer's attention (not to a module it wraps)
+            outer = f"{a.layers}.0.{a.attn.split('.')[0]}"
+            rotary = _alibi.fields(hf_config, a.architecture, outer)
         roles = {role for role, _, _ in a.mlp_maps}
         n_ctx = getattr(c, "max_position_embeddings", None) or 2048
         fields = {
@@ -442,20 +446,34 @@ def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
     }
 
 
+def _refuse_clipped_qkv(hf_config: Any) -> None:
+    """A ValueError where queries, keys and values are clamped (`clip_qkv`: OLMo's, MPT's in
+    its `attn_config`): a tiny twin's random weights never reach the clamp, so its
+    verification could not tell the clamp is missing."""
+    for owner in (hf_config, getattr(hf_config, "attn_config", None) or {}):
+        clip = (
+            owner.get("clip_qkv") if isinstance(owner, dict) else getattr(owner, "clip_qkv", None)
+        )
+        if clip is not None:
+            raise ValueError(f"clip_qkv={clip}: queries, keys and values clamped are not imported")
+
+
 def _mlp_width(c: Any) -> int:
     """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
-    where a config leaves it None, as GPT-2-like ones do)."""
+    where a config leaves it None, as GPT-2-like ones do, or names none)."""
     if getattr(c, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of it, scaled, rounded up
         width = int(2 * c.intermediate_size / 3)
         if getattr(c, "block_ffn_dim_multiplier", None) is not None:
             width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
             width = multiple * ((width + multiple - 1) // multiple)
         return width
-    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size"):
         if hasattr(c, name):
             width = getattr(c, name)
             return int(width) if width is not None else 4 * c.hidden_size
-    raise ValueError("the config names no MLP width (intermediate_size, n_inner, ffn_dim)")
+    # BLOOM and MPT name none: their modeling code builds 4 d_model. Another hard-coded width
+    # would fail the twin's verification, and a checkpoint's tensors the table's shapes.
+    return 4 * c.hidden_size
 
 
 def head_width(hf_config: Any) -> int:

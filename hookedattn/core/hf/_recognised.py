@@ -87,6 +87,8 @@ class Anatomy:
     # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
     # norms and wiring are then read off the first layer that attends.
     mixers: Mixers | None = None
+    # ALiBi: the attention is handed a linear bias per head (`_alibi`), no positions else.
+    alibi: bool = False
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
