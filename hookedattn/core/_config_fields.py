@@ -77,6 +77,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,
     "qk_norm_after_rotary": _FLAG,
+    "qk_norm_type": FieldSpec(str, choices=("RMS", "LN")),
     "attn_scale": _OPTIONAL_POSITIVE,
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,

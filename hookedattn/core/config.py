@@ -75,7 +75,8 @@ class HookedTransformerConfig:
       before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
-      `qk_norm_after_rotary` (HunYuan).
+      `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
+      in their place (Persimmon's, per head).
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
@@ -189,6 +190,7 @@ class HookedTransformerConfig:
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
     qk_norm_after_rotary: bool = False
+    qk_norm_type: str = "RMS"
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None

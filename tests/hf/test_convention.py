@@ -18,7 +18,10 @@ a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a sha
 beside the experts' block); output gates on the heads (Laguna's own softplus map per head,
 MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSeek's names
 (Youtu; MiniCPM 3 with its muP scalars); ALiBi, and sublayers that add the stream to their
-write themselves (BLOOM, MPT). The reference is the HF model itself, in float64.
+write themselves (BLOOM, MPT); an MLP output the layer changes in place after its call
+(Falcon); CodeGen's fused q/k/v in 4 shards of [q; v; k] and its fixed rotary base;
+LayerNorms of queries and keys with biases (Persimmon). The reference is the HF model
+itself, in float64.
 """
 
 import pytest
@@ -36,7 +39,7 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
-                 "mpt")  # fmt: skip
+                 "mpt", "falcon", "codegen", "persimmon")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from hookedattn.core import kernels
 from hookedattn.core.components.alibi import ALiBi
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.norm import NoNorm, RMSNorm
+from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
 from hookedattn.core.config import HookedTransformerConfig
@@ -350,13 +350,15 @@ def _heads_flattened(W_O: Tensor) -> Tensor:
 
 
 def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
-    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), or none.
+    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), LayerNorms
+    with `qk_norm_type="LN"` (Persimmon), or none.
 
     Always with their gains: a gain on queries does not commute with the rotation that
     follows, so it cannot be folded into `W_Q` the way a residual norm's gain can.
     """
     if not cfg.use_qk_norm:
         return NoNorm(), NoNorm()
+    norm = LayerNorm if cfg.qk_norm_type == "LN" else RMSNorm
     if cfg.qk_norm_per_head:
-        return RMSNorm(cfg, (cfg.d_head,)), RMSNorm(cfg, (cfg.d_head,))
-    return RMSNorm(cfg, (cfg.n_heads, cfg.d_head)), RMSNorm(cfg, (cfg.n_kv_heads, cfg.d_head))
+        return norm(cfg, (cfg.d_head,)), norm(cfg, (cfg.d_head,))
+    return norm(cfg, (cfg.n_heads, cfg.d_head)), norm(cfg, (cfg.n_kv_heads, cfg.d_head))

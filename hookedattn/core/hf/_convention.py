@@ -107,6 +107,7 @@ class Convention:
             "use_qk_norm": a.qk_norm is not None,
             "qk_norm_per_head": a.qk_norm != "whole",
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
+            "qk_norm_type": _NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
@@ -255,6 +256,9 @@ class Convention:
             pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
             rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                               adjust=_chain(_gain(a), order)))  # fmt: skip
+            if _NORM_TYPES[a.norm_kind] == "LN":  # Persimmon's LayerNorms: a bias too
+                rules.append(Rule(f"{b}.{ours}.b", f"{at}.{hf}.bias", pattern, adjust=order)
+                             if a.norm_bias else zeros(f"{b}.{ours}.b", axes))  # fmt: skip
         return rules
 
     def _gate_rules(self, at: str) -> list[Rule]:
@@ -295,9 +299,13 @@ class Convention:
                 raise ValueError(f"no {role} projection recognised")
             where = dict(split=split, part=part if fused else 0, adjust=permute)
             rows = f"({heads} d_head)"
+            heads_out = heads
             if fused and a.qkv_layout == "per_head":  # [q_h; k_h; v_h] head by head
                 where = dict(pick=part, adjust=permute)
                 rows = "(head qkv d_head)"
+            if fused and a.qkv_layout == "sharded":  # CodeGen's shards of [q; v; k]
+                where = dict(pick=(0, 2, 1)[part], adjust=permute)
+                rows, heads_out = "(mp_shard qkv shard_head d_head)", "(mp_shard shard_head)"
             if gated:
                 where["pick"], rows = 0, f"({heads} gate_up d_head)"
             bias_name = name.replace("W", "b")
@@ -306,12 +314,12 @@ class Convention:
                 Rule(
                     f"{b}.{name}",
                     f"{at}.{hf}.weight",
-                    f"{rows} d_model -> {after}{heads} d_model d_head",
+                    f"{rows} d_model -> {after}{heads_out} d_model d_head",
                     **where,
                 )
             )
             rules.append(Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias",
-                              f"{rows} -> {after}{heads} d_head", **where)
+                              f"{rows} -> {after}{heads_out} d_head", **where)
                          if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head"))  # fmt: skip
         return rules
 
@@ -387,13 +395,14 @@ def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
     if by_type:
         rope = dict(by_type.get("full_attention") or by_type["sliding_attention"])
     if "rope_theta" not in rope:
-        theta = getattr(c, "rope_theta", None)
-        if theta is None:
-            raise ValueError("the config keeps no rotary base (rope_theta)")
-        rope["rope_theta"] = theta
+        # CodeGen keeps none: its modeling code rotates by 10000's. Another fixed base would
+        # fail the twin's verification.
+        rope["rope_theta"] = getattr(c, "rope_theta", None) or 10000.0
     if getattr(c, "partial_rotary_factor", None) is not None:
         rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
     fields = _translate.rotary(c, d_head, partial=True, yarn=True, rope=rope)
+    if isinstance(getattr(c, "rotary_dim", None), int):  # GPT-J's and CodeGen's: dims, not a share
+        fields["rotary_dim"] = c.rotary_dim
     local = by_type.get("sliding_attention")
     if local and local != by_type.get("full_attention", local):
         if local.get("rope_type", "default") != "default":
@@ -503,6 +512,8 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     heads = getattr(hf_config, "num_attention_heads", None)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
+    if fused and kv_heads == heads and heads % 4 == 0:
+        qkv_layouts += ("sharded",)
     softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
     if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())

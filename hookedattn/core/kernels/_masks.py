@@ -121,9 +121,9 @@ def attention_context(
     if not bool(full_mask.any(dim=1).all()):
         empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
         raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
-    every = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
+    key_positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
     blocked = _blocked(past, n_new, full_mask, window_size, device)
-    return AttentionContext(blocked, every[:, past:], padded_key_positions=every)
+    return AttentionContext(blocked, key_positions[:, past:], padded_key_positions=key_positions)
 
 
 def rows_context(
