@@ -303,7 +303,7 @@ def test_the_verification_picks_the_router_the_architecture_uses(model_type, sco
 @pytest.mark.parametrize(
     "model_type",
     ["minimax_m2", "glm4_moe", "kolibri1", "flint", "ernie4_5_moe", "cohere2_moe",
-     "granitemoeshared", "granitemoe_swa"],
+     "granitemoeshared", "granitemoe_swa", "sarvam_moe", "param2moe"],
 )  # fmt: skip
 def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     model_type, tmp_path
@@ -314,7 +314,8 @@ def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     # 4.5: a choice bias over softmax probabilities, kept in a module of the router's own
     # and saved as `[1 expert]`; Cohere 2 MoE: the mixture in a parallel block; Granite
     # MoE shared: a fused shared expert beside the mixture, not in it; Granite MoE SWA:
-    # stacked experts the files keep untransposed where the live model transposes them.
+    # stacked experts the files keep untransposed where the live model transposes them;
+    # Sarvam MoE and Param-2 MoE: q, k and v maps saved as one `query_key_value`.
     reference = twin(model_type, seed=2)
     reference.save_pretrained(tmp_path / model_type)
     for source in (reference, tmp_path / model_type):

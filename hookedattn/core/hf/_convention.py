@@ -145,9 +145,7 @@ class Convention:
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
-            renamed = dict(a.renames)
-            rules = [r if r.hf not in renamed else dataclasses.replace(r, hf=renamed[r.hf])
-                     for r in rules]  # fmt: skip
+            rules = _renamed(rules, dict(a.renames))
         return Table(
             rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
@@ -540,6 +538,34 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
             )
         )
     return families
+
+
+def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
+    """The rules reading the files' names (`_saved.renames`); a live tensor saved as part
+    `i` of several stacked (`name#i/n`) read as that piece of the saved tensor's rows, the
+    pieces' sizes those of the rules that read them."""
+    pieces: dict[str, dict[int, str]] = {}
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", "").partition("#")
+        if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
+            first = (
+                rule.pattern.split(")")[0] + ")"
+                if rule.pattern[0] == "("
+                else rule.pattern.split()[0]
+            )
+            pieces.setdefault(saved, {})[int(part.split("/")[0])] = first
+    out = []
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
+        if not part:
+            out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
+            continue
+        i, n = (int(x) for x in part.split("/"))
+        if rule.split is not None or rule.pick is not None or len(pieces[saved]) != n:
+            raise ValueError(f"{rule.hf} is saved as part {i} of {saved}, read by no rule")
+        split = tuple(pieces[saved][j].strip("()") for j in range(n))
+        out.append(dataclasses.replace(rule, hf=saved, split=split, part=i))
+    return out
 
 
 def _widened(rule: Rule, width: str) -> Rule:
