@@ -67,6 +67,18 @@ def test_the_kv_cache_offsets_the_new_queries_after_its_keys():
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), m(TOKENS), rtol=0, atol=1e-12)
 
 
+def test_a_kv_cache_step_after_a_left_padded_prompt_reads_real_positions():
+    m = model()
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), TOKENS[:1, :5]], dim=1)
+    mask = torch.cat([torch.zeros(1, 3), torch.ones(1, 5)], dim=1).long()
+    cache = KeyValueCache.empty(m.cfg, batch=1)
+    m(padded, attention_mask=mask, past_kv_cache=cache)
+    step = m(
+        TOKENS[:1, 5:7], attention_mask=torch.ones(1, 2, dtype=torch.long), past_kv_cache=cache
+    )
+    torch.testing.assert_close(step, m(TOKENS[:1, :7])[:, 5:], rtol=0, atol=1e-12)
+
+
 def test_generation_with_the_kv_cache_equals_recomputing():
     m = model()
     kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False)
