@@ -324,3 +324,23 @@ def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
             expected = reference(TOKENS).logits
             got = model(TOKENS)
         assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_falcons_new_decoder_layout_imports_with_a_key_value_head_per_head():
+    # Falcon's new decoder layout keeps each key/value group's queries, key and value
+    # together in query_key_value; with one query head per group that is [q_h; k_h; v_h].
+    config = transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=71)
+    reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        got = model(TOKENS)
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_falcons_new_decoder_layout_with_grouped_queries_is_refused():
+    # Groups of several queries before their key and value: no candidate reads that layout.
+    config = transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=2)
+    reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
+    with pytest.raises(hf.VerificationError, match="blocks.0.hook_resid_post parts"):
+        HookedTransformer.from_hf(reference)

@@ -1,7 +1,8 @@
 """ALiBi recognised by convention: the linear bias an attention is handed, read off a twin.
 
-BLOOM, MPT and Falcon (with `alibi`) build their bias once per forward and hand it to every
-layer's attention (as `alibi=`, `position_bias=`, ...). Whatever its name, it is a tensor
+BLOOM and MPT build their bias once per forward and hand it to every layer's attention (as
+`alibi=`, `position_bias=`; Falcon's, folded into the attention mask, is not read here, and
+its import is refused by the verification). Whatever its name, it is a tensor
 `[(batch) head, 1, key_pos]` holding `slope[h] * (key - z)` for one key `z` where every head
 is 0 (BLOOM's first key, MPT's last): a tensor of that form among the attention's inputs is
 ALiBi, and its slopes are read off it (`slope[h]`: the value next to that zero, which is

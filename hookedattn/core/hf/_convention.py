@@ -77,9 +77,7 @@ class Convention:
                 f"different head counts are not imported (every block has n_heads)"
             )
         d_head = head_width(c)
-        n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
-            n_kv = 1
+        n_kv = _kv_heads(c)
         rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
@@ -451,6 +449,16 @@ def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
         "positional_embedding_type": "none",
         "mixers": a.mixers.config(c),
     }
+
+
+def _kv_heads(c: Any) -> int:
+    """Key/value heads: `num_key_value_heads` (Falcon's `num_kv_heads` in its new decoder
+    layout), or one where `multi_query` (GPT-BigCode's, Falcon's first layout)."""
+    if getattr(c, "new_decoder_architecture", False):
+        return c.num_kv_heads
+    if getattr(c, "multi_query", False):
+        return 1
+    return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
 
 
 def _refuse_clipped_qkv(hf_config: Any) -> None:
