@@ -287,6 +287,19 @@ def _refuse_unsupported(model: HookedTransformer) -> None:
             f"{cfg.kv_lora_rank}): its queries and keys read the stream through latents with "
             f"norms of their own; models with W_Q, W_K per head are supported"
         )
+    if cfg.use_qk_norm and cfg.qk_norm_type == "LN":
+        raise ValueError(
+            "qk_attribution divides each writer by the q/k norms' cached scale, which is "
+            "their whole action only for RMSNorms; this model's q/k norms are LayerNorms "
+            "(qk_norm_type='LN'), which also centre and add a bias"
+        )
+    if cfg.positional_embedding_type == "alibi":
+        raise ValueError(
+            "qk_attribution decomposes q . k / attn_scale into writer terms, but this model "
+            "adds ALiBi's position bias slope_h * (key_pos - query_pos) to every score "
+            "(positional_embedding_type='alibi'), which no writer contributes; read "
+            "model.blocks[layer].attn.alibi.slopes for it"
+        )
 
 
 def _side(

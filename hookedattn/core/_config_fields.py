@@ -14,7 +14,7 @@ from hookedattn.core.mixer_config import MixerConfig
 ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post", "post_residual")
-POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "none")
+POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "alibi", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
 ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased")
 ATTN_GATES: tuple[str, ...] = ("sigmoid", "softplus")
@@ -63,6 +63,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "yarn_truncate": _FLAG,
     "rotary_attention_factor": _POSITIVE,
     "rotary_layers": FieldSpec(tuple, optional=True),
+    "alibi_slopes": FieldSpec(tuple, optional=True),
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "q_lora_rank": FieldSpec(int, low=1, high=1 << 20, optional=True),
@@ -76,6 +77,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,
     "qk_norm_after_rotary": _FLAG,
+    "qk_norm_type": FieldSpec(str, choices=("RMS", "LN")),
     "attn_scale": _OPTIONAL_POSITIVE,
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,

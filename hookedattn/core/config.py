@@ -75,7 +75,8 @@ class HookedTransformerConfig:
       before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
-      `qk_norm_after_rotary` (HunYuan).
+      `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
+      in their place (Persimmon's, per head).
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
@@ -127,7 +128,11 @@ class HookedTransformerConfig:
       residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
       `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
       only (`ln1(resid) + W_pos[position]`), never to the values or the stream; "rotary"
-      rotates queries and keys; "none" has no positional signal.
+      rotates queries and keys; "alibi" (Press et al. 2022, BLOOM, MPT) adds
+      `slope[h] * (key_position - query_position)` to each head's scores after the scale,
+      `alibi_slopes` one slope per head (None: the paper's, `2 ** (-8 r / n)` for
+      `n` the power of two at or above `n_heads`, in BLOOM's and MPT's order for other
+      head counts: `components.alibi`); "none" has no positional signal.
     - `act_fn="solu_ln"` (TransformerLens's SoLU models): `SoLU(x) = x * softmax(x)` over
       the neurons (Elhage et al. 2022), then a LayerNorm over the neurons (`mlp.ln`, with
       its own gain and bias where `normalization_type` is "LN", weightless otherwise, as
@@ -171,6 +176,7 @@ class HookedTransformerConfig:
     yarn_truncate: bool = True
     rotary_attention_factor: float = 1.0
     rotary_layers: tuple[bool, ...] | None = None
+    alibi_slopes: tuple[float, ...] | None = None
     d_vocab_out: int | None = None
     n_key_value_heads: int | None = None
     q_lora_rank: int | None = None
@@ -184,6 +190,7 @@ class HookedTransformerConfig:
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
     qk_norm_after_rotary: bool = False
+    qk_norm_type: str = "RMS"
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
@@ -230,7 +237,7 @@ class HookedTransformerConfig:
                 )
             set_("dtype", DTYPES[self.dtype])
         set_("mixers", MixerConfig.coerce(self.mixers))  # from JSON: a dict
-        for field in ("attn_types", "rotary_layers"):  # from JSON: lists
+        for field in ("attn_types", "rotary_layers", "alibi_slopes"):  # from JSON: lists
             if isinstance(getattr(self, field), list):
                 set_(field, tuple(getattr(self, field)))
         for field in dataclasses.fields(self):
@@ -247,6 +254,7 @@ class HookedTransformerConfig:
         if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
             set_("rotary_dim", self.d_head - self.d_head % 2)
         self._check_rotary()
+        self._check_alibi()
         self._check_latent_attention()
 
     def _derive_heads(self) -> None:
@@ -444,6 +452,28 @@ class HookedTransformerConfig:
                 f"below NTK_by_parts_high_freq_factor={self.NTK_by_parts_high_freq_factor}"
             )
 
+    def _check_alibi(self) -> None:
+        slopes = self.alibi_slopes
+        if self.positional_embedding_type != "alibi":
+            if slopes is not None:
+                raise ValueError(
+                    "alibi_slopes is set, but positional_embedding_type is not 'alibi' (it "
+                    f"is {self.positional_embedding_type!r})"
+                )
+            return
+        if slopes is not None and (
+            len(slopes) != self.n_heads
+            or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in slopes)
+        ):
+            raise ValueError(
+                f"alibi_slopes must be {self.n_heads} numbers, one per head; got {slopes}"
+            )
+        if self.attn_scores_soft_cap is not None:
+            raise ValueError(
+                "positional_embedding_type='alibi' with attn_scores_soft_cap: no model caps "
+                "biased scores, and where the bias goes relative to the cap is not defined"
+            )
+
     @property
     def has_mlp(self) -> bool:
         """Whether each block has an MLP sublayer."""
@@ -522,8 +552,9 @@ class HookedTransformerConfig:
         """A JSON-serialisable dict from which `from_dict` rebuilds this config."""
         out = dataclasses.asdict(self)
         out["dtype"] = next(name for name, dt in DTYPES.items() if dt == self.dtype)
-        if self.attn_types is not None:
-            out["attn_types"] = list(self.attn_types)
+        for field in ("attn_types", "alibi_slopes"):
+            if getattr(self, field) is not None:
+                out[field] = list(getattr(self, field))
         return out
 
     @classmethod

@@ -35,10 +35,17 @@ _QK = (
 
 
 def scores(
-    scores: str, q: str, k: str, attn_scale: float, group: int, cap: float | None
+    scores: str,
+    q: str,
+    k: str,
+    attn_scale: float,
+    group: int,
+    cap: float | None,
+    slopes: Tensor | None = None,
 ) -> Identity:
     """`scores == cap(q . k / attn_scale)` on the unmasked entries, each query head
-    against its group's key head."""
+    against its group's key head; with ALiBi `slopes`, plus `slope[h] * (k - q)` (the
+    positions of one unpadded sequence: the last queries of its keys)."""
 
     def sides(get: Get) -> Sides:
         q_, k_, s = get(q), get(k), get(scores)
@@ -47,6 +54,12 @@ def scores(
         ungroup = "... kv_head group q k -> ... (kv_head group) q k"
         raw = rearrange(einsum(q_, k_, _QK), ungroup) / attn_scale
         size = rearrange(einsum(q_.abs(), k_.abs(), _QK), ungroup) / attn_scale
+        if slopes is not None:
+            n_queries, n_keys = raw.shape[-2:]
+            keys = torch.arange(n_keys, dtype=raw.dtype, device=raw.device)
+            distance = keys - (keys[n_keys - n_queries :, None])
+            bias = slopes.to(raw)[:, None, None] * distance
+            raw, size = raw + bias, size + bias.abs()
         # c tanh(x / c) has slope at most 1: it never magnifies the scores' rounding.
         expected = raw if cap is None else cap * torch.tanh(raw / cap)
         size = size if cap is None else size + expected.abs()
@@ -54,6 +67,7 @@ def scores(
         return Sides(s.where(unmasked, 0.0), expected.where(unmasked, 0.0), size)
 
     capped = "" if cap is None else f", soft-capped at {cap:g}"
+    capped += "" if slopes is None else " + slope_h (k - q)"
     statement = f"{scores} == {q} . {k} / attn_scale{capped} (unmasked entries)"
     return Identity(statement, (scores, q, k), _names.axis_names(scores), PRODUCTS, sides)
 

@@ -130,7 +130,9 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
-    out.append(attn_ids.scores(scores, q, k, attn_scale, attn.group, cfg.attn_scores_soft_cap))
+    slopes = attn.alibi.slopes if hasattr(attn, "alibi") else None
+    cap = cfg.attn_scores_soft_cap
+    out.append(attn_ids.scores(scores, q, k, attn_scale, attn.group, cap, slopes))
     if attn.sinks is None:
         out += [attn_ids.softmax(pattern, scores), attn_ids.rows_sum_to_one(pattern)]
     else:  # a sink takes its share of every row

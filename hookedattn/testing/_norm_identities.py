@@ -36,7 +36,8 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
             for which, x in (("q_norm", "rot_q" if after else "q"),
                              ("k_norm", "rot_k" if after else "k")):  # fmt: skip
                 path = f"blocks.{layer}.attn.{which}"
-                out += _norm(path, _act(x, layer), axes, False, constants.eps)
+                centred = cfg.qk_norm_type == "LN"
+                out += _norm(path, _act(x, layer), axes, centred, constants.eps)
         if cfg.has_mlp and not isinstance(block.ln2, NoNorm):
             out += _norm(f"blocks.{layer}.ln2", _ln2_input(block, layer), 1, centres, constants.eps)
         if cfg.has_mlp and hasattr(block.mlp, "hook_mid"):  # solu_ln: a LayerNorm, always

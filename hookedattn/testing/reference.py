@@ -90,8 +90,8 @@ class ReferenceTransformer:
         cfg = model.cfg
         unsupported = [f"{f}={getattr(cfg, f)!r}" for f, v in _SUPPORTED if getattr(cfg, f) != v]
         # TransformerLens's toy-model variants (tests/core/test_toy_variants.py writes them out).
-        if cfg.positional_embedding_type == "shortformer":
-            unsupported.append("positional_embedding_type='shortformer'")
+        if cfg.positional_embedding_type in ("shortformer", "alibi"):
+            unsupported.append(f"positional_embedding_type={cfg.positional_embedding_type!r}")
         if cfg.has_mlp and cfg.act_fn not in self.activations:
             unsupported.append(f"act_fn={cfg.act_fn!r}")
         if unsupported:

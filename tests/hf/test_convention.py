@@ -17,7 +17,11 @@ mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlm
 a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a shared MLP
 beside the experts' block); output gates on the heads (Laguna's own softplus map per head,
 MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSeek's names
-(Youtu; MiniCPM 3 with its muP scalars). The reference is the HF model itself, in float64.
+(Youtu; MiniCPM 3 with its muP scalars); ALiBi, and sublayers that add the stream to their
+write themselves (BLOOM, MPT); an MLP output the layer changes in place after its call
+(Falcon); CodeGen's fused q/k/v in 4 shards of [q; v; k] and its fixed rotary base;
+LayerNorms of queries and keys with biases (Persimmon). The reference is the HF model
+itself, in float64.
 """
 
 import pytest
@@ -34,7 +38,8 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
-                 "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared")  # fmt: skip
+                 "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
+                 "mpt", "falcon", "codegen", "persimmon")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -298,7 +303,7 @@ def test_the_verification_picks_the_router_the_architecture_uses(model_type, sco
 @pytest.mark.parametrize(
     "model_type",
     ["minimax_m2", "glm4_moe", "kolibri1", "flint", "ernie4_5_moe", "cohere2_moe",
-     "granitemoeshared", "granitemoe_swa"],
+     "granitemoeshared", "granitemoe_swa", "sarvam_moe", "param2moe"],
 )  # fmt: skip
 def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     model_type, tmp_path
@@ -309,7 +314,8 @@ def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
     # 4.5: a choice bias over softmax probabilities, kept in a module of the router's own
     # and saved as `[1 expert]`; Cohere 2 MoE: the mixture in a parallel block; Granite
     # MoE shared: a fused shared expert beside the mixture, not in it; Granite MoE SWA:
-    # stacked experts the files keep untransposed where the live model transposes them.
+    # stacked experts the files keep untransposed where the live model transposes them;
+    # Sarvam MoE and Param-2 MoE: q, k and v maps saved as one `query_key_value`.
     reference = twin(model_type, seed=2)
     reference.save_pretrained(tmp_path / model_type)
     for source in (reference, tmp_path / model_type):
@@ -318,3 +324,23 @@ def test_a_mixture_with_sigmoid_routing_or_dense_first_layers_or_renamed_files(
             expected = reference(TOKENS).logits
             got = model(TOKENS)
         assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_falcons_new_decoder_layout_imports_with_a_key_value_head_per_head():
+    # Falcon's new decoder layout keeps each key/value group's queries, key and value
+    # together in query_key_value; with one query head per group that is [q_h; k_h; v_h].
+    config = transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=71)
+    reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        got = model(TOKENS)
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_falcons_new_decoder_layout_with_grouped_queries_is_refused():
+    # Groups of several queries before their key and value: no candidate reads that layout.
+    config = transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=2)
+    reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
+    with pytest.raises(hf.VerificationError, match="blocks.0.hook_resid_post parts"):
+        HookedTransformer.from_hf(reference)

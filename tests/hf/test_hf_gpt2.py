@@ -157,16 +157,18 @@ def test_dtype_can_be_chosen(hf32):
 
 # ---------------------------------------------------------------- bad input
 def test_another_architecture_is_named():
-    # BLOOM (ALiBi positions) is not among the supported families.
-    bloom = transformers.BloomForCausalLM(_bloom_config())
-    with pytest.raises(ValueError, match=r"cannot import BloomForCausalLM \(model_type='bloom'\)"):
-        HookedTransformer.from_hf(bloom)
+    # DiffLlama (differential attention) is neither a supported family nor recognised.
+    other = transformers.DiffLlamaForCausalLM(_other_config())
+    match = r"cannot import DiffLlamaForCausalLM \(model_type='diffllama'\)"
+    with pytest.raises(ValueError, match=match):
+        HookedTransformer.from_hf(other)
 
 
-def _bloom_config() -> "transformers.BloomConfig":
-    return transformers.BloomConfig(
-        vocab_size=32, hidden_size=16, n_layer=1, n_head=2, architectures=["BloomForCausalLM"]
-    )
+def _other_config() -> "transformers.DiffLlamaConfig":
+    return transformers.DiffLlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, architectures=["DiffLlamaForCausalLM"],
+    )  # fmt: skip
 
 
 def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
@@ -175,8 +177,8 @@ def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
 
 
 def test_a_directory_of_another_architecture_is_named(tmp_path):
-    transformers.BloomForCausalLM(_bloom_config()).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="cannot import BloomForCausalLM.*supports GPT2LMHead"):
+    transformers.DiffLlamaForCausalLM(_other_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="cannot import DiffLlamaForCausalLM.*supports GPT2LMHead"):
         HookedTransformer.from_hf(tmp_path)
 
 

@@ -7,6 +7,7 @@ Mamba-2 in attention's place; `make_mlp` or `MoE`, `make_norm`, `make_embed_norm
 the equation it implements.
 """
 
+from hookedattn.core.components.alibi import ALiBi, alibi_slopes
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
 from hookedattn.core.components.block import (
     AttnInputs,
@@ -55,6 +56,7 @@ from hookedattn.core.components.unembed_transform import (
 
 __all__ = [
     "MLP",
+    "ALiBi",
     "Attention",
     "AttnInputs",
     "AttnOnlyBlock",
@@ -82,6 +84,7 @@ __all__ = [
     "Unembed",
     "UnembedTransform",
     "affine",
+    "alibi_slopes",
     "causal_conv",
     "gelu_new",
     "glu",

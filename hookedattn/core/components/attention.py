@@ -11,6 +11,7 @@ which is why each head's write can be read on its own (`hook_result`).
     q, k    = rotary(q_norm(q)), rotary(k_norm(k))            (hook_rot_q, hook_rot_k;
               [q_norm(rotary(q)), ... with `qk_norm_after_rotary`]    each step optional)
     scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
+              [ALiBi: + slope_h (key_pos - query_pos) before the mask: `components.alibi`]
     pattern = softmax over key positions                      (hook_pattern)
               [with sinks: softmax over the keys and one sink logit s_h, the sink's share
                dropped, so a row sums to 1 - its sink's share]
@@ -39,8 +40,9 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
+from hookedattn.core.components.alibi import ALiBi
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.norm import NoNorm, RMSNorm
+from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
 from hookedattn.core.config import HookedTransformerConfig
@@ -101,6 +103,9 @@ class Attention(nn.Module):
             self.apply_positions = self._rotate
         else:
             self.apply_positions = self._unrotated
+        if cfg.positional_embedding_type == "alibi":
+            self.alibi = ALiBi(cfg)
+            self.biased = self._alibi_biased
         # The q/k norms before the rotation, or after it (`qk_norm_after_rotary`, HunYuan):
         # the norms' own calls (bound, so they stay registered once, as `q_norm`, `k_norm`).
         norms, unnormed = (self.q_norm.__call__, self.k_norm.__call__), (_same, _same)
@@ -189,13 +194,27 @@ class Attention(nn.Module):
         position holds (an `inf` key, a NaN value), it contributes exactly nothing. Where
         no key is blocked (one unpadded query after a KV cache) there is nothing to mask.
         """
-        scores = self.scores(q, k)
+        scores = self.biased(self.scores(q, k), context)
         every_key = context.reads_every_key(self.attn_type)  # a generation step: none blocked
         if not every_key:
             scores = kernels.masked(scores, context, self.attn_type)
         pattern = self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
         blocked = None if every_key else context.blocked[self.attn_type]
         return kernels.weighted_values(pattern, v, blocked)
+
+    def _unbiased(
+        self, scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        return scores
+
+    # The scores' position bias: none, or ALiBi's (`_alibi_biased`, set at construction).
+    biased = _unbiased
+
+    def _alibi_biased(
+        self, scores: Float[Tensor, "batch head query_pos key_pos"], context: AttentionContext
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """The scores plus each head's ALiBi distance penalty (`components.alibi`)."""
+        return self.alibi(scores, context.positions, context.key_positions(scores.shape[-1]))
 
     def _softmax(
         self, scores: Float[Tensor, "batch head query_pos key_pos"]
@@ -331,13 +350,15 @@ def _heads_flattened(W_O: Tensor) -> Tensor:
 
 
 def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
-    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), or none.
+    """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), LayerNorms
+    with `qk_norm_type="LN"` (Persimmon), or none.
 
     Always with their gains: a gain on queries does not commute with the rotation that
     follows, so it cannot be folded into `W_Q` the way a residual norm's gain can.
     """
     if not cfg.use_qk_norm:
         return NoNorm(), NoNorm()
+    norm = LayerNorm if cfg.qk_norm_type == "LN" else RMSNorm
     if cfg.qk_norm_per_head:
-        return RMSNorm(cfg, (cfg.d_head,)), RMSNorm(cfg, (cfg.d_head,))
-    return RMSNorm(cfg, (cfg.n_heads, cfg.d_head)), RMSNorm(cfg, (cfg.n_kv_heads, cfg.d_head))
+        return norm(cfg, (cfg.d_head,)), norm(cfg, (cfg.d_head,))
+    return norm(cfg, (cfg.n_heads, cfg.d_head)), norm(cfg, (cfg.n_kv_heads, cfg.d_head))

@@ -21,6 +21,7 @@ first decoder layer and of the base model, and reads the answers off what it see
     the norms       what each norm computes, by calling it: RMSNorm with gain `w` or
                     `1 + w`, LayerNorm with or without bias or gain, and its epsilon
     the activation  the MLP's, by calling it on a range of values against ours
+    ALiBi           a linear bias per head handed to the attention (`_alibi`)
     the scalars     what multiplies the embedding, each sublayer's write and the logits, and
                     the attention's softmax scale, each measured on the twin and explained
                     by the config field it comes from (`Scale`), so that it carries over to
@@ -43,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.hf import (
+    _alibi,
     _experts,
     _loading,
     _mixers,
@@ -256,7 +258,10 @@ class _Reader:
             logit_cap=capped,
             embed_norm=self.embed_norm,
             mixers=self.mixers,
-        )
+            alibi=_alibi.slopes_handed(
+                self.twin, children[attn], self.config.num_attention_heads
+            ) is not None,
+        )  # fmt: skip
 
     def _attention_free(self, children: dict[str, nn.Module]) -> Anatomy:
         """A model whose every layer is one norm and one mixer, `x + mixer(norm(x))`
@@ -428,10 +433,15 @@ class _Reader:
         offset (None, 0 without)."""
         calls: list[tuple[str, Tensor, Tensor]] = []
         seen: dict[str, Tensor] = {}
+        # Each output's version and values when it was made: Falcon adds the attention's
+        # output into the MLP's in place (`mlp_output += attention_output`) after its call.
+        made: list[tuple[int, Tensor]] = []
 
         def hook(name: str) -> Callable[..., None]:
             def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                calls.append((name, _first_tensor(args, kwargs), _first_output(output)))
+                y = _first_output(output)
+                calls.append((name, _first_tensor(args, kwargs), y))
+                made.append((y._version, y.clone()))
 
             return record
 
@@ -471,6 +481,8 @@ class _Reader:
         finally:
             for handle in handles:
                 handle.remove()
+        calls = [(n, x, y if y._version == version else values)
+                 for (n, x, y), (version, values) in zip(calls, made, strict=True)]  # fmt: skip
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
         outer: dict[str, list[tuple[Tensor, Tensor]]] = {}
         for name, x, y in calls:

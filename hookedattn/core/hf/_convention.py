@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _deepseek, _expert_table, _translate
+from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _translate
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -69,6 +69,7 @@ class Convention:
                 f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
                 "whose logits are soft-capped is not imported"
             )
+        _refuse_clipped_qkv(hf_config)
         per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
         if per_layer - {c.num_attention_heads}:
             raise ValueError(
@@ -76,12 +77,13 @@ class Convention:
                 f"different head counts are not imported (every block has n_heads)"
             )
         d_head = head_width(c)
-        n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        if getattr(c, "multi_query", False):  # GPT-BigCode's one key/value head
-            n_kv = 1
+        n_kv = _kv_heads(c)
         rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
+        if a.alibi:  # handed to the layer's attention (not to a module it wraps)
+            outer = f"{a.layers}.0.{a.attn.split('.')[0]}"
+            rotary = _alibi.fields(hf_config, a.architecture, outer)
         roles = {role for role, _, _ in a.mlp_maps}
         n_ctx = getattr(c, "max_position_embeddings", None) or 2048
         fields = {
@@ -103,6 +105,7 @@ class Convention:
             "use_qk_norm": a.qk_norm is not None,
             "qk_norm_per_head": a.qk_norm != "whole",
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
+            "qk_norm_type": _NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
@@ -140,9 +143,7 @@ class Convention:
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
-            renamed = dict(a.renames)
-            rules = [r if r.hf not in renamed else dataclasses.replace(r, hf=renamed[r.hf])
-                     for r in rules]  # fmt: skip
+            rules = _renamed(rules, dict(a.renames))
         return Table(
             rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
@@ -251,6 +252,9 @@ class Convention:
             pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
             rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                               adjust=_chain(_gain(a), order)))  # fmt: skip
+            if _NORM_TYPES[a.norm_kind] == "LN":  # Persimmon's LayerNorms: a bias too
+                rules.append(Rule(f"{b}.{ours}.b", f"{at}.{hf}.bias", pattern, adjust=order)
+                             if a.norm_bias else zeros(f"{b}.{ours}.b", axes))  # fmt: skip
         return rules
 
     def _gate_rules(self, at: str) -> list[Rule]:
@@ -291,9 +295,13 @@ class Convention:
                 raise ValueError(f"no {role} projection recognised")
             where = dict(split=split, part=part if fused else 0, adjust=permute)
             rows = f"({heads} d_head)"
+            heads_out = heads
             if fused and a.qkv_layout == "per_head":  # [q_h; k_h; v_h] head by head
                 where = dict(pick=part, adjust=permute)
                 rows = "(head qkv d_head)"
+            if fused and a.qkv_layout == "sharded":  # CodeGen's shards of [q; v; k]
+                where = dict(pick=(0, 2, 1)[part], adjust=permute)
+                rows, heads_out = "(mp_shard qkv shard_head d_head)", "(mp_shard shard_head)"
             if gated:
                 where["pick"], rows = 0, f"({heads} gate_up d_head)"
             bias_name = name.replace("W", "b")
@@ -302,12 +310,12 @@ class Convention:
                 Rule(
                     f"{b}.{name}",
                     f"{at}.{hf}.weight",
-                    f"{rows} d_model -> {after}{heads} d_model d_head",
+                    f"{rows} d_model -> {after}{heads_out} d_model d_head",
                     **where,
                 )
             )
             rules.append(Rule(f"{b}.{bias_name}", f"{at}.{hf}.bias",
-                              f"{rows} -> {after}{heads} d_head", **where)
+                              f"{rows} -> {after}{heads_out} d_head", **where)
                          if has_bias else zeros(f"{b}.{bias_name}", f"{heads} d_head"))  # fmt: skip
         return rules
 
@@ -383,13 +391,14 @@ def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
     if by_type:
         rope = dict(by_type.get("full_attention") or by_type["sliding_attention"])
     if "rope_theta" not in rope:
-        theta = getattr(c, "rope_theta", None)
-        if theta is None:
-            raise ValueError("the config keeps no rotary base (rope_theta)")
-        rope["rope_theta"] = theta
+        # CodeGen keeps none: its modeling code rotates by 10000's. Another fixed base would
+        # fail the twin's verification.
+        rope["rope_theta"] = getattr(c, "rope_theta", None) or 10000.0
     if getattr(c, "partial_rotary_factor", None) is not None:
         rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
     fields = _translate.rotary(c, d_head, partial=True, yarn=True, rope=rope)
+    if isinstance(getattr(c, "rotary_dim", None), int):  # GPT-J's and CodeGen's: dims, not a share
+        fields["rotary_dim"] = c.rotary_dim
     local = by_type.get("sliding_attention")
     if local and local != by_type.get("full_attention", local):
         if local.get("rope_type", "default") != "default":
@@ -442,20 +451,44 @@ def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
     }
 
 
+def _kv_heads(c: Any) -> int:
+    """Key/value heads: `num_key_value_heads` (Falcon's `num_kv_heads` in its new decoder
+    layout), or one where `multi_query` (GPT-BigCode's, Falcon's first layout)."""
+    if getattr(c, "new_decoder_architecture", False):
+        return c.num_kv_heads
+    if getattr(c, "multi_query", False):
+        return 1
+    return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+
+def _refuse_clipped_qkv(hf_config: Any) -> None:
+    """A ValueError where queries, keys and values are clamped (`clip_qkv`: OLMo's, MPT's in
+    its `attn_config`): a tiny twin's random weights never reach the clamp, so its
+    verification could not tell the clamp is missing."""
+    for owner in (hf_config, getattr(hf_config, "attn_config", None) or {}):
+        clip = (
+            owner.get("clip_qkv") if isinstance(owner, dict) else getattr(owner, "clip_qkv", None)
+        )
+        if clip is not None:
+            raise ValueError(f"clip_qkv={clip}: queries, keys and values clamped are not imported")
+
+
 def _mlp_width(c: Any) -> int:
     """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
-    where a config leaves it None, as GPT-2-like ones do)."""
+    where a config leaves it None, as GPT-2-like ones do, or names none)."""
     if getattr(c, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of it, scaled, rounded up
         width = int(2 * c.intermediate_size / 3)
         if getattr(c, "block_ffn_dim_multiplier", None) is not None:
             width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
             width = multiple * ((width + multiple - 1) // multiple)
         return width
-    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size"):
         if hasattr(c, name):
             width = getattr(c, name)
             return int(width) if width is not None else 4 * c.hidden_size
-    raise ValueError("the config names no MLP width (intermediate_size, n_inner, ffn_dim)")
+    # BLOOM and MPT name none: their modeling code builds 4 d_model. Another hard-coded width
+    # would fail the twin's verification, and a checkpoint's tensors the table's shapes.
+    return 4 * c.hidden_size
 
 
 def head_width(hf_config: Any) -> int:
@@ -485,6 +518,8 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     heads = getattr(hf_config, "num_attention_heads", None)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
+    if fused and kv_heads == heads and heads % 4 == 0:
+        qkv_layouts += ("sharded",)
     softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
     if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())
@@ -518,6 +553,34 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
 # The names of the settings `candidates` varies, in the order of its product.
 _CHOICES = ("rotary_on", "rotary_layout", "norm_topk", "router_scoring", "attn_gate",
             "qk_norm_after_rotary", "attn_scale", "qkv_layout")  # fmt: skip
+
+
+def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
+    """The rules reading the files' names (`_saved.renames`); a live tensor saved as part
+    `i` of several stacked (`name#i/n`) read as that piece of the saved tensor's rows, the
+    pieces' sizes those of the rules that read them."""
+    pieces: dict[str, dict[int, str]] = {}
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", "").partition("#")
+        if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
+            first = (
+                rule.pattern.split(")")[0] + ")"
+                if rule.pattern[0] == "("
+                else rule.pattern.split()[0]
+            )
+            pieces.setdefault(saved, {})[int(part.split("/")[0])] = first
+    out = []
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
+        if not part:
+            out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
+            continue
+        i, n = (int(x) for x in part.split("/"))
+        if rule.split is not None or rule.pick is not None or len(pieces[saved]) != n:
+            raise ValueError(f"{rule.hf} is saved as part {i} of {saved}, read by no rule")
+        split = tuple(pieces[saved][j].strip("()") for j in range(n))
+        out.append(dataclasses.replace(rule, hf=saved, split=split, part=i))
+    return out
 
 
 def _widened(rule: Rule, width: str) -> Rule:

@@ -28,7 +28,7 @@ NORM_KINDS = ("rms", "rms_one_plus", "rms_bare", "layer", "layer_one_plus", "lay
 # Epsilons tried on a norm that keeps none as an attribute (after the config's own).
 USUAL_EPSILONS = (1e-5, 1e-6)
 CONFIG_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
-ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation")
+ACTIVATION_NAMES = ("act_fn", "act", "activation_fn", "activation", "gelu_impl")
 _EPSILONS = ("variance_epsilon", "eps", "epsilon")
 
 

@@ -68,8 +68,9 @@ class Anatomy:
     attn_gate: str | None = None
     attn_gate_per_head: bool | None = None  # None: no gate
     qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
-    # A fused q/k/v map's rows: "stacked" [q; k; v], or "per_head" [q_h; k_h; v_h] for
-    # each head h (GPT-NeoX's, Persimmon's): a candidate.
+    # A fused q/k/v map's rows: "stacked" [q; k; v], "per_head" [q_h; k_h; v_h] for each
+    # head h (GPT-NeoX's, Persimmon's), or "sharded", 4 shards of [q; v; k], each a quarter
+    # of the heads (CodeGen's `mp_num`): a candidate.
     qkv_layout: str = "stacked"
     # Multi-head latent attention under DeepSeek's names (`kv_a_proj_with_mqa`, ...): its
     # maps are read as `_deepseek` reads them; `attn_maps` is then empty.
@@ -87,6 +88,8 @@ class Anatomy:
     # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
     # norms and wiring are then read off the first layer that attends.
     mixers: Mixers | None = None
+    # ALiBi: the attention is handed a linear bias per head (`_alibi`), no positions else.
+    alibi: bool = False
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""

@@ -5,8 +5,9 @@ some architectures' weights on load and back on save: a block renamed, experts s
 The importer by convention reads a live model by its module names and a folder by the
 names found here: the twin is saved once (kept on the twin), and each live tensor is
 matched to the saved tensor equal to it (the twin's weights are random, so equal values
-mean the same tensor); a live name with no saved twin is left as it is (the table's check
-then names it, if a checkpoint lacks it).
+mean the same tensor), or to the part of a saved tensor that stacks several live ones
+(`name#part/parts`: the table reads that part of its rows); a live name with no saved twin
+is left as it is (the table's check then names it, if a checkpoint lacks it).
 """
 
 import re
@@ -57,7 +58,35 @@ def renames(twin: nn.Module, layers: str) -> tuple[tuple[str, str], ...]:
         matches = [n for n in by_value.get(key, []) if torch.equal(files[n], tensor.detach())]
         if len(matches) == 1:
             found[_template(name, layers)] = _template(matches[0], layers)
+    found |= _fused(files, twin, found, layers)
     return tuple(sorted(found.items()))
+
+
+def _fused(
+    files: dict[str, torch.Tensor], twin: nn.Module, found: dict[str, str], layers: str
+) -> dict[str, str]:
+    """Live tensors saved as one (Sarvam's q, k and v maps, `attention.query_key_value`):
+    each unmatched saved tensor that is the rows of one module's unmatched live tensors of
+    the same kind, stacked in their order, as (live name, "saved name#part/parts")."""
+    live = {n: t.detach() for n, t in twin.state_dict().items()
+            if n not in files and _template(n, layers) not in found}  # fmt: skip
+    taken = set(found.values())
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in live:
+        parent, _, kind = name.rpartition(".")
+        groups.setdefault((parent.rpartition(".")[0], kind), []).append(name)
+    out = {}
+    for saved_name, tensor in files.items():
+        if _template(saved_name, layers) in taken:
+            continue
+        for (_, kind), names in groups.items():
+            if len(names) < 2 or not saved_name.endswith(f".{kind}"):
+                continue
+            parts = [live[n] for n in names]
+            if tensor.shape[1:] == parts[0].shape[1:] and torch.equal(torch.cat(parts), tensor):
+                for i, n in enumerate(names):
+                    out[_template(n, layers)] = f"{_template(saved_name, layers)}#{i}/{len(names)}"
+    return out
 
 
 def _template(name: str, layers: str) -> str:

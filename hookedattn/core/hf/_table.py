@@ -137,6 +137,10 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_vocab_out": cfg.d_vocab_out,
         "n_ctx": cfg.n_ctx,
         "qkv": 3,
+        # CodeGen's fused q/k/v: 4 shards (its hard-coded `mp_num`), each [q; v; k] of a
+        # quarter of the heads.
+        "mp_shard": 4,
+        "shard_head": cfg.n_heads // 4,
         "expert": cfg.num_experts or 0,
         "d_mlp_shared": cfg.d_mlp_shared or 0,
         "gate_up": 2,  # a fused gated MLP's two reads

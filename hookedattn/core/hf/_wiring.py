@@ -38,7 +38,7 @@ def wiring(
             norms.append(("ln1", name))
         if y is mlp_in:
             norms.append(("ln2", name))
-        if x is attn_out:
+        if x is attn_out and y is not mlp_in:  # else: the stream, BLOOM's (below)
             norms.append(("ln1_post", name))
         if x is mlp_out:
             norms.append(("ln2_post", name))
@@ -48,6 +48,12 @@ def wiring(
     written_attn = called[ours["ln1_post"]][1] if "ln1_post" in ours else attn_out
     written_mlp = called[ours["ln2_post"]][1] if "ln2_post" in ours else mlp_out
     reads = called[ours["ln2"]][0] if "ln2" in ours else mlp_in
+    # A sublayer that adds the stream to its write itself (BLOOM's attention and MLP, MPT's
+    # MLP: `residual` is one of their inputs): the stream after it is its own output.
+    if reads is attn_out and "ln1_post" not in ours:
+        written_attn = attn_out - resid
+    if out is mlp_out and "ln2_post" not in ours:
+        written_mlp = mlp_out - reads
     parallel = (
         reads is resid
         or (reads is attn_in and "ln1" in ours)

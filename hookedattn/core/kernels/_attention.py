@@ -5,7 +5,8 @@ Where nothing reads the scores or the pattern in a forward, one fused kernel
 (`scaled_dot_product_attention`) computes the same `z` to the dtype's rounding without
 materialising them. Which one runs is decided per forward, from what is known at
 construction (`fuses_attention`: `use_fused_kernels`, and no soft cap, which no fused kernel
-applies) and whether a hook is attached to the scores or pattern (caching included).
+applies, nor ALiBi's bias, which would be its float mask) and whether a hook is attached to
+the scores or pattern (caching included).
 
 torch's fused kernel has no attention sinks (GPT-OSS); they are folded into its call exactly,
 as one more key every query reads (`_with_sink_key`), so a sink layer runs fused too, at the
@@ -33,7 +34,12 @@ from hookedattn.core.shapes import HeadOutputs, KeyValues, Queries, Values
 
 def fuses_attention(cfg: HookedTransformerConfig) -> bool:
     """Whether attention built from `cfg` may run as one fused kernel (when unread)."""
-    return cfg.use_fused_kernels and cfg.attn_scores_soft_cap is None
+    # ALiBi's bias would be the fused kernel's float mask: not written yet, so it runs out.
+    return (
+        cfg.use_fused_kernels
+        and cfg.attn_scores_soft_cap is None
+        and cfg.positional_embedding_type != "alibi"
+    )
 
 
 def attend(

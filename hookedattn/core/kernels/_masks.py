@@ -46,6 +46,9 @@ class AttentionContext:
     # "none" (one query that may read every key: a generation step without padding).
     plain: dict[str, str] = dataclasses.field(default_factory=dict)
     pos_embed: Float[Tensor, "batch query_pos d_model"] | None = None
+    # The positions of every key (those of a KV cache first) where padding makes them other
+    # than `0..n_keys-1`; None where it does not. Read by ALiBi (`components.alibi`).
+    padded_key_positions: Int[Tensor, "batch key_pos"] | None = None
     # How the forward's fused kernels are checked for non-finite values (`_guard`).
     guard: FiniteGuard = dataclasses.field(default_factory=FiniteGuard, repr=False, compare=False)
     _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -68,6 +71,13 @@ class AttentionContext:
         if plain is not None:
             return None, plain == "causal"
         return ~self.blocked[kind], False
+
+    def key_positions(self, n_keys: int) -> Int[Tensor, "batch key_pos"]:
+        """The positions of the `n_keys` keys the queries read (a KV cache's, then theirs)."""
+        if self.padded_key_positions is not None:
+            return self.padded_key_positions
+        keys = torch.arange(n_keys, device=self.positions.device)
+        return keys.expand(self.positions.shape[0], n_keys)
 
     def reads_every_key(self, kind: str) -> bool:
         """Whether no query is blocked from any key (so a blocked key cannot leak a NaN)."""
@@ -111,8 +121,9 @@ def attention_context(
     if not bool(full_mask.any(dim=1).all()):
         empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
         raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
-    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
-    return AttentionContext(_blocked(past, n_new, full_mask, window_size, device), positions)
+    key_positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
+    blocked = _blocked(past, n_new, full_mask, window_size, device)
+    return AttentionContext(blocked, key_positions[:, past:], padded_key_positions=key_positions)
 
 
 def rows_context(
@@ -126,8 +137,8 @@ def rows_context(
     padded = not bool(full_mask.all())
     padding = full_mask if padded else None
     blocked = _blocked_rows(queries[:, None], padding, window_size, full_mask.shape[1])
-    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, queries]
-    return AttentionContext(blocked, positions)
+    every = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return AttentionContext(blocked, every[:, queries], padded_key_positions=every)
 
 
 class _Blocked(dict):

@@ -331,11 +331,13 @@ class _ToWeightsDevice:
             last = self._moved.get(device)
             if last is None or last[0] is not value:
                 pos_embed = None if value.pos_embed is None else value.pos_embed.to(device)
+                keys = value.padded_key_positions
                 moved = AttentionContext(
                     _MovedMasks(value.blocked, device),
                     value.positions.to(device),
                     value.plain,
                     pos_embed=pos_embed,
+                    padded_key_positions=None if keys is None else keys.to(device),
                 )
                 self._moved[device] = last = (value, moved)
             return last[1]
