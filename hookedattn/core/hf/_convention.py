@@ -455,7 +455,12 @@ def _mlp_width(c: Any) -> int:
         if hasattr(c, name):
             width = getattr(c, name)
             return int(width) if width is not None else 4 * c.hidden_size
-    raise ValueError("the config names no MLP width (intermediate_size, n_inner, ffn_dim)")
+    if hasattr(c, "intermediate_multiple_size"):  # GPT-NeoX Japanese: a multiple of d_model
+        return int(c.intermediate_multiple_size * c.hidden_size)
+    raise ValueError(
+        "the config names no MLP width (intermediate_size, n_inner, ffn_dim, "
+        "intermediate_multiple_size)"
+    )
 
 
 def head_width(hf_config: Any) -> int:
