@@ -132,6 +132,8 @@ class HookedTransformerConfig:
       the neurons (Elhage et al. 2022), then a LayerNorm over the neurons (`mlp.ln`, with
       its own gain and bias where `normalization_type` is "LN", weightless otherwise, as
       TransformerLens builds it); a plain MLP only (not gated, not experts).
+    - `act_fn="xielu"` (Apertus): xIELU with four learned scalars per layer, parameters of
+      the MLP's `act_fn` (`components.xielu`); dense MLPs only (not experts).
     - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
       as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
       are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
@@ -289,6 +291,11 @@ class HookedTransformerConfig:
             raise ValueError(
                 "act_fn='solu_ln' normalises the neurons of a plain MLP; it has no gated "
                 "(gated_mlp=True) or mixture-of-experts form: use another act_fn there"
+            )
+        if self.act_fn == "xielu" and self.has_mlp and self.is_moe:
+            raise ValueError(
+                "act_fn='xielu' keeps learned scalars in a dense MLP; it has no "
+                "mixture-of-experts form: use another act_fn there"
             )
         if self.normalization_type is None and self.normalization_placement != "pre":
             raise ValueError(

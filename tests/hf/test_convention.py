@@ -17,7 +17,8 @@ mixtures of experts, stacked as `transformers` keeps them or transposed (FlexOlm
 a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a shared MLP
 beside the experts' block); output gates on the heads (Laguna's own softplus map per head,
 MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSeek's names
-(Youtu; MiniCPM 3 with its muP scalars). The reference is the HF model itself, in float64.
+(Youtu; MiniCPM 3 with its muP scalars); xIELU and its learned scalars per layer
+(Apertus). The reference is the HF model itself, in float64.
 """
 
 import pytest
@@ -34,7 +35,8 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
-                 "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared")  # fmt: skip
+                 "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "apertus",
+                 "apertus1p5_text")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

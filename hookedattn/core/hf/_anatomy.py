@@ -344,8 +344,10 @@ class _Reader:
         the activation, and the dense MLP's maps (the first layer's)."""
         moe_block = getattr(self.layers[n_dense], mlp, None) if mlp else None
         if moe_block is None or not _experts.block_name({mlp: moe_block}):
-            maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
-            return None, activation(mlp_module), maps
+            act_fn = activation(mlp_module)
+            skip = ACTIVATION_NAMES if act_fn == "xielu" else ()  # its scalars: its own rules
+            maps = linear_maps(mlp_module, MLP_ROLES, skip, only=flat or None)
+            return None, act_fn, maps
         act_fn = activation(moe_block.experts)
         shared = None
         if beside is not None:

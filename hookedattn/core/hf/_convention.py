@@ -44,6 +44,7 @@ from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times,
 _NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
                "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
+XIELU_PATTERNS = {"alpha_p": "one -> one", "alpha_n": "one -> one", "beta": "->", "eps": "->"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +355,9 @@ class Convention:
             rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", MLP_IN))
             rules.append(Rule(f"{b}.b_in", f"{at}.{up}.bias", "d_mlp -> d_mlp")
                          if up_bias else zeros(f"{b}.b_in", "d_mlp"))  # fmt: skip
+        if a.act_fn == "xielu":  # its learned scalars (`components.xielu`)
+            rules += [Rule(f"{b}.act_fn.{n}", f"{at}.act_fn.{n}", pattern)
+                      for n, pattern in XIELU_PATTERNS.items()]  # fmt: skip
         down, down_bias = a.role(a.mlp_maps, "down") or (None, False)
         if down is None:
             raise ValueError("no MLP output projection recognised")

@@ -180,6 +180,8 @@ def _chunk_axis(rule: Rule) -> tuple[str, int] | None:
     """The outermost axis of the HF tensor's first dimension, and the dimension of ours it
     is, where it is one of ours on its own (else None: the tensor is read whole)."""
     hf_side, our_side = rule.pattern.split("->")
+    if not _groups(hf_side):  # a scalar (xIELU's beta): nothing to chunk
+        return None
     axis = _groups(hf_side)[0][0]
     ours = _groups(our_side)[1 if rule.pick is not None else 0 :]
     return next(((axis, d) for d, names in enumerate(ours) if names == [axis]), None)
