@@ -48,6 +48,7 @@ from hookedattn.core.hf import (
     _mixers,
     _saved,
     _scalars,
+    _sinusoids,
     _split_layers,
     _tiny,
     _verify,
@@ -177,6 +178,7 @@ class _Reader:
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
+        self.positions_fixed: str | None = None  # a sinusoidal table, found by `_positions`
         self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
     def anatomy(self) -> Anatomy:
@@ -244,6 +246,7 @@ class _Reader:
             renames=_saved.renames(self.twin, self.layers_name),
             positions=positions[0],
             position_offset=positions[1],
+            positions_fixed=self.positions_fixed,
             unused=unused,
             act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
@@ -522,9 +525,13 @@ class _Reader:
                 for offset in range(weight.shape[0] - rows.shape[0] + 1):
                     if torch.allclose(weight[offset : offset + len(rows)], rows, atol=tolerance):
                         return f"{self.base_name}.{name}".lstrip("."), offset
+        fixed = _sinusoids.found(added[0], self.base, self.base_name)
+        if fixed is not None and torch.allclose(added, added[:1].expand_as(added)):
+            self.positions_fixed = fixed.kind
+            return fixed.name, fixed.offset
         raise ValueError(
             "the stream entering the first layer is not the embedding (plus "
-            "learned positions): an embedding norm or positions we do not read"
+            "learned or sinusoidal positions): an embedding norm or positions we do not read"
         )
 
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:

@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _deepseek, _expert_table, _translate
+from hookedattn.core.hf import _deepseek, _expert_table, _sinusoids, _translate
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -127,7 +127,7 @@ class Convention:
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
                  adjust=times(scale(a.embed_scale))),
-            *self._position_rules(),
+            *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
@@ -158,11 +158,13 @@ class Convention:
             base_prefix=a.base,
         )
 
-    def _position_rules(self) -> list[Rule]:
-        """The learned positions, from the row of position 0 on."""
+    def _position_rules(self, cfg: HookedTransformerConfig) -> list[Rule]:
+        """The learned positions, from the row of position 0 on; fixed ones computed."""
         a = self.anatomy
         if a.positions is None:
             return []
+        if a.positions_fixed is not None:
+            return [_sinusoids.position_rule(a.positions_fixed, a.position_offset, cfg)]
         if a.position_offset not in (0, 2):
             raise ValueError(f"positions from row {a.position_offset} of their table: only "
                              "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip

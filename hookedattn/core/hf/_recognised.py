@@ -81,6 +81,8 @@ class Anatomy:
     embed_norm: str | None = None
     token_types: str | None = None
     positions_within: bool = False
+    # Fixed sinusoidal positions (a buffer, in no checkpoint): which table (`_sinusoids`).
+    positions_fixed: str | None = None
     head_dense: str | None = None
     head_norm: str | None = None
     head_act: str | None = None
