@@ -18,7 +18,8 @@ a shared expert, Granite-MoE with its multipliers, Granite-MoE-Shared with a sha
 beside the experts' block); output gates on the heads (Laguna's own softplus map per head,
 MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSeek's names
 (Youtu; MiniCPM 3 with its muP scalars); xIELU and its learned scalars per layer
-(Apertus). The reference is the HF model itself, in float64.
+(Apertus); the Transformer paper's fixed sinusoidal positions, a `sqrt(d_model)` embedding
+and an MLP kept as an `nn.Sequential` (CTRL). The reference is the HF model itself, in float64.
 """
 
 import pytest
@@ -36,7 +37,7 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "apertus",
-                 "apertus1p5_text")  # fmt: skip
+                 "apertus1p5_text", "ctrl")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

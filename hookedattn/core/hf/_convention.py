@@ -457,7 +457,7 @@ def _mlp_width(c: Any) -> int:
             width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
             width = multiple * ((width + multiple - 1) // multiple)
         return width
-    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff"):
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "dff"):
         if hasattr(c, name):
             width = getattr(c, name)
             return int(width) if width is not None else 4 * c.hidden_size
