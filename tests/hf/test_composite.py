@@ -3,7 +3,9 @@ the text config's causal LM, verified as that causal LM, whose logits on text al
 composite model's. Gemma 3 (the Gemma 3 family; its file keeps the language model under
 `language_model.model.`, the unembedding tied), GOT-OCR 2 (Qwen 2 by convention) and
 MOSS Transcribe-Diarize (Qwen 3 by convention, an audio tower; its file keeps
-`model.language_model.`). The reference is the composite HF model on token ids alone."""
+`model.language_model.`), Mllama (its text model's embedding 8 rows longer than the
+vocabulary, for image tokens; its causal LM named by the composite's model type). The
+reference is the composite HF model on token ids alone."""
 
 import logging
 
@@ -18,7 +20,12 @@ hf = pytest.importorskip("hookedattn.core.hf")
 from hookedattn.core.hf import _composite, _tiny  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
-COMPOSITES = ("gemma3", "got_ocr2", "moss_transcribe_diarize")
+COMPOSITES = {
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "got_ocr2": "GotOcr2ForConditionalGeneration",
+    "moss_transcribe_diarize": "MossTranscribeDiarizeForConditionalGeneration",
+    "mllama": "MllamaForConditionalGeneration",
+}
 # Of the logits' scale in float64, as tests/hf/test_convention.py: HF's RMSNorms of these
 # models compute in float32 whatever the dtype.
 FLOAT64_TOLERANCE = 1e-6
@@ -32,9 +39,7 @@ def memo(tmp_path, monkeypatch):
 
 def twin(model_type: str, seed: int = 0) -> nn.Module:
     """A tiny random composite model of `model_type`."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    model_class = getattr(transformers, COMPOSITES[model_type])
     config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type))
     return _tiny.random_hf_model(model_class, config, seed=seed)
 
@@ -79,5 +84,15 @@ def test_the_language_model_prefix_is_the_one_most_names_fall_under():
 
 
 def test_a_composite_whose_language_model_is_not_recognised_is_refused_by_its_part():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("gemma4"))
+    composite = _tiny.random_hf_model(transformers.Gemma4ForConditionalGeneration, config)
     with pytest.raises(ValueError, match="decoder layers hold different pieces"):
-        HookedTransformer.from_hf(twin("gemma4"))
+        HookedTransformer.from_hf(composite)
+
+
+def test_embedding_rows_past_the_vocabulary_are_read_but_never_an_output():
+    composite = twin("mllama", seed=5)
+    model = HookedTransformer.from_hf(composite)
+    embed = composite.get_input_embeddings().weight
+    assert (model.cfg.d_vocab, model.cfg.d_vocab_out) == (embed.shape[0], embed.shape[0] - 8)
+    assert torch.equal(model.W_E, embed)

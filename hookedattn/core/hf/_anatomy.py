@@ -305,6 +305,7 @@ class _Reader:
             unembed=self.names[id(unembed)],
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=unembed.weight is embed.weight,
+            embed_rows_extra=_extra_rows(embed, self.config),
             unembed_bias=getattr(unembed, "bias", None) is not None,
         )
 
@@ -537,6 +538,15 @@ class _Reader:
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
+
+
+def _extra_rows(embed: nn.Module, config: Any) -> int:
+    """The embedding's rows past the vocabulary (Mllama's image tokens); fewer is refused."""
+    extra = embed.weight.shape[0] - config.vocab_size
+    if extra < 0:
+        raise ValueError(f"an embedding of {embed.weight.shape[0]} rows for a vocabulary of "
+                         f"{config.vocab_size}")  # fmt: skip
+    return extra
 
 
 def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:

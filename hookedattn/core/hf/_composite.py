@@ -16,6 +16,7 @@ and a log line names them.
                    files have it) found by matching the text causal LM's own tensor names
 """
 
+import copy
 import dataclasses
 import logging
 from collections import Counter
@@ -31,19 +32,32 @@ _LOG = logging.getLogger(__name__)
 
 
 def text_config(hf_config: Any) -> Any | None:
-    """The language model's config of a composite config; None for a config of one part."""
+    """The language model's config of a composite config (naming its causal-LM class in
+    `architectures`); None for a config of one part."""
     if hasattr(hf_config, "num_hidden_layers") or not hasattr(hf_config, "get_text_config"):
         return None
     text = hf_config.get_text_config(decoder=True)
-    return None if text is hf_config or not hasattr(text, "num_hidden_layers") else text
+    if text is hf_config or not hasattr(text, "num_hidden_layers"):
+        return None
+    if not getattr(text, "architectures", None):
+        text = copy.copy(text)  # the composite's own sub-config stays as it was
+        text.architectures = [text_architecture(text, hf_config)]
+    return text
 
 
-def text_architecture(text: Any) -> str:
-    """The `transformers` causal-LM class of a text config, by its model type."""
-    _loading.transformers_module()
+def text_architecture(text: Any, composite: Any = None) -> str:
+    """The `transformers` causal-LM class of a text config: the one it names, else the one
+    of its model type, else (Mllama's text model) the one of the composite's model type
+    where that class is built from such a config."""
+    transformers = _loading.transformers_module()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(text.model_type)
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    named = [n for n in getattr(text, "architectures", None) or () if n in causal]
+    name = named[0] if named else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(text.model_type)
+    outer = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(composite, "model_type", None))
+    if name is None and outer and isinstance(text, getattr(transformers, outer).config_class):
+        name = outer
     if name is None:
         raise ValueError(f"its language model (model_type={text.model_type!r}) has no causal "
                          "LM class in transformers: not imported")  # fmt: skip
@@ -63,10 +77,14 @@ def text_model(hf_model: Any) -> Any:
     (shared, not copied); a ValueError if anything of it is left unfilled."""
     decoder = hf_model.get_decoder()
     text = decoder.config
-    model_class = getattr(_loading.transformers_module(), text_architecture(text))
+    architecture = text_architecture(text, hf_model.config)
+    model_class = getattr(_loading.transformers_module(), architecture)
     with torch.device("meta"):
         lm = model_class(text)
-    setattr(lm, lm.base_model_prefix, decoder)
+    base = next((n for n, m in lm.named_children() if type(m) is type(decoder)), None)
+    if base is None:
+        raise ValueError(f"{model_class.__name__} holds no {type(decoder).__name__}")
+    setattr(lm, base, decoder)
     lm.set_output_embeddings(hf_model.get_output_embeddings())
     unfilled = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
     if unfilled:
@@ -129,8 +147,10 @@ def _causal_lm_names(text: Any) -> _Names:
     with torch.device("meta"):
         lm = model_class(text)
     modules = {id(m): n for n, m in lm.named_modules()}
+    pretrained = _loading.transformers_module().PreTrainedModel
+    base = next(n for n, m in lm.named_children() if isinstance(m, pretrained))
     return _Names(
-        lm.base_model_prefix + ".",
+        base + ".",
         tuple(lm.state_dict()),
         modules[id(lm.get_input_embeddings())] + ".weight",
         modules[id(lm.get_output_embeddings())] + ".weight",

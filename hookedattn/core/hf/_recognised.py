@@ -83,6 +83,9 @@ class Anatomy:
     positions_within: bool = False
     # Fixed sinusoidal positions (a buffer, in no checkpoint): which table (`_sinusoids`).
     positions_fixed: str | None = None
+    # Rows of the embedding past `vocab_size` (Mllama's 8 for image tokens): never an
+    # output, read into `W_E` all the same.
+    embed_rows_extra: int = 0
     head_dense: str | None = None
     head_norm: str | None = None
     head_act: str | None = None
