@@ -239,6 +239,9 @@ class _Reader:
             latent=latent,
             attn_gate_per_head=gate_per_head,
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
+            last_layer_o_bias=_last_layer_bias(
+                [layer.get_submodule(attn + inner) for layer in self.layers], self.config
+            ),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
             mlp_maps=mlp_maps,
@@ -538,6 +541,26 @@ class _Reader:
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
+
+
+def _last_layer_bias(attentions: list[nn.Module], config: Any) -> str | None:
+    """The name of a parameter of the attention that only the last layer holds, a vector as
+    wide as the stream (GPT-NeoX Japanese's `dense_bias`, added to what the attention
+    writes), or None; any other parameter some layers hold and others not is a ValueError."""
+    held = [{n for n, _ in a.named_parameters(recurse=False)} for a in attentions]
+    extra = set().union(*held) - held[0]
+    if not extra:
+        return None
+    name = sorted(extra)[0]
+    holders = [i for i, names in enumerate(held) if name in names]
+    last = attentions[-1]
+    vector = tuple(getattr(last, name).shape) == (config.hidden_size,)
+    if len(extra) != 1 or holders != [len(attentions) - 1] or not vector:
+        raise ValueError(
+            f"the attentions of layers {holders} hold {sorted(extra)}, the others not: only "
+            "a bias of the last layer's output is recognised"
+        )
+    return name
 
 
 def _extra_rows(embed: nn.Module, config: Any) -> int:

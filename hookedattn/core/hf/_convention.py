@@ -243,6 +243,8 @@ class Convention:
             Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=times(o_scale))
             if o_bias else zeros(f"{b}.b_O", "d_model"),
         ]  # fmt: skip
+        if a.last_layer_o_bias:
+            rules = self._last_layer_bias(rules, cfg, at, o_scale, o_bias)
         if a.sinks:
             rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
         rules += self._gate_rules(at)
@@ -256,6 +258,26 @@ class Convention:
             rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                               adjust=_chain(_gain(a), order)))  # fmt: skip
         return rules
+
+    def _last_layer_bias(
+        self,
+        rules: list[Rule],
+        cfg: HookedTransformerConfig,
+        at: str,
+        o_scale: float,
+        o_bias: bool,
+    ) -> list[Rule]:
+        """`rules` with the last layer's `b_O` read from the bias its attention keeps
+        (`Anatomy.last_layer_o_bias`); the others' as they were."""
+        if o_bias:
+            raise ValueError("an output map with a bias and a bias of the last layer's output")
+        b_O = "blocks.{layer}.attn.b_O"
+        last = cfg.n_layers - 1
+        bias = Rule(b_O.replace("{layer}", str(last)),
+                    f"{at}.{self.anatomy.last_layer_o_bias}".replace("{layer}", str(last)),
+                    "d_model -> d_model", adjust=times(o_scale))  # fmt: skip
+        others = [r for r in rules if r.ours == b_O]
+        return [*(r for r in rules if r.ours != b_O), *_in_layers(others, range(last)), bias]
 
     def _gate_rules(self, at: str) -> list[Rule]:
         """An output gate's `W_G`, `b_G`: its own map (one factor per head or per
