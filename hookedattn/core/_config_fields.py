@@ -71,6 +71,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
     "embed_norm": _FLAG,
+    "embed_norm_before_positions": _FLAG,
     "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-2], optional=True),  # elementwise
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,

@@ -71,8 +71,10 @@ class HookedTransformerConfig:
       `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
       the last block's `ln_resid_post` is it).
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
-      added; BERT, BART). `unembed_transform`: an activation names BERT's head transform
-      before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
+      added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
+      positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
+      names BERT's head transform before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))`
+      (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan).
@@ -181,6 +183,7 @@ class HookedTransformerConfig:
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
     embed_norm: bool = False
+    embed_norm_before_positions: bool = False
     unembed_transform: str | None = None
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
@@ -301,6 +304,14 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
                 f"but normalization_type is None (no norms)"
+            )
+        if self.embed_norm_before_positions and not (
+            self.embed_norm and self.positional_embedding_type == "standard"
+        ):
+            raise ValueError(
+                "embed_norm_before_positions=True norms the token embedding before learned "
+                "positions are added: it needs embed_norm=True and "
+                f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
             )
         if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
             raise ValueError(

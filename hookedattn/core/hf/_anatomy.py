@@ -179,6 +179,7 @@ class _Reader:
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
         self.positions_fixed: str | None = None  # a sinusoidal table, found by `_positions`
+        self.embed_norm_before_positions = False  # found by `_entering`
         self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
     def anatomy(self) -> Anatomy:
@@ -261,6 +262,7 @@ class _Reader:
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
             embed_norm=self.embed_norm,
+            embed_norm_before_positions=self.embed_norm_before_positions,
             mixers=self.mixers,
         )
 
@@ -488,19 +490,8 @@ class _Reader:
         calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        entering = seen["first layer"]
-        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
-        # One module may norm the embeddings and, called again, the last stream (nanochat's).
-        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
-                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
-        self.embed_norm = self._in_base(normed[0]) if normed else None
-        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
-        summed = outer[normed[0]][0][0] if normed else entering
-        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
-            scale *= ratio(summed, seen["embed"], "the first layer's input")
-            positions: tuple[str | None, int] = (None, 0)
-        except ValueError:  # or plus learned positions
-            positions = self._positions(summed - seen["embed"], tables, seen)
+        embed_scale, positions = self._entering(outer, seen, tables)
+        scale *= embed_scale
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
@@ -515,12 +506,61 @@ class _Reader:
         )
         return calls, before * ratio(logits, seen["unembed"], "the logits"), scale, positions
 
+    def _entering(
+        self,
+        outer: dict[str, list[tuple[Tensor, Tensor]]],
+        seen: dict[str, Tensor],
+        tables: dict[str, nn.Embedding],
+    ) -> tuple[float, tuple[str | None, int]]:
+        """What multiplies the embedding's output before the first layer, and the positions
+        added to it (None, 0 without); sets the embeddings' norm, if any."""
+        entering = seen["first layer"]
+        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
+        # One module may norm the embeddings and, called again, the last stream (nanochat's).
+        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
+                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
+        self.embed_norm = self._in_base(normed[0]) if normed else None
+        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
+        before = [] if normed else self._norm_before_positions(outer, seen["embed"])
+        if before:  # BlenderbotSmall: the token embedding normed, then positions added
+            x, y = outer[before[0]][0]
+            self.embed_norm, self.embed_norm_before_positions = self._in_base(before[0]), True
+            scale = ratio(x, seen["embed"], "the embedding norm's input")
+            # Rounded at the scale of the normed embedding, which the positions are added to.
+            magnitude = float(entering.abs().max())
+            return scale, self._positions(entering - y, tables, seen, magnitude)
+        summed = outer[normed[0]][0][0] if normed else entering
+        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
+            return ratio(summed, seen["embed"], "the first layer's input"), (None, 0)
+        except ValueError:  # or plus learned positions
+            return 1.0, self._positions(summed - seen["embed"], tables, seen)
+
+    def _norm_before_positions(
+        self, outer: dict[str, list[tuple[Tensor, Tensor]]], embed: Tensor
+    ) -> list[str]:
+        """The base model's norms that read (a multiple of) the embedding's output."""
+        found = []
+        for name, runs in outer.items():
+            if runs[0][0].shape != embed.shape:
+                continue
+            try:
+                ratio(runs[0][0], embed, "the norm's input")
+            except ValueError:
+                continue
+            found.append(name)
+        return found
+
     def _positions(
-        self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]
+        self,
+        added: Tensor,
+        tables: dict[str, nn.Embedding],
+        seen: dict[str, Tensor],
+        magnitude: float | None = None,
     ) -> tuple[str | None, int]:
         """Which table's rows (and from which row) were added to the embedding before the
-        first layer; a ValueError if anything else was."""
-        tolerance = 1e-6 * (float(added.abs().max()) + 1e-12)
+        first layer; a ValueError if anything else was. `magnitude`: what `added` was
+        rounded at, where larger than itself."""
+        tolerance = 1e-6 * (max(float(added.abs().max()), magnitude or 0.0) + 1e-12)
         if float(added.abs().max()) <= 1e-7:
             return None, 0
         for name, table in tables.items():

@@ -112,6 +112,7 @@ class Convention:
             "attn_gate": a.attn_gate,
             "attn_gate_per_head": bool(a.attn_gate_per_head),
             "embed_norm": a.embed_norm is not None,
+            "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
             **rotary,
             **_translate.window(c),

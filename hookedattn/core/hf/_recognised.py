@@ -89,6 +89,8 @@ class Anatomy:
     # A bias of the attention's output only the last layer keeps, as a parameter of its
     # attention (GPT-NeoX Japanese's `dense_bias`): that layer's `b_O`.
     last_layer_o_bias: str | None = None
+    # The embeddings' norm reads the token embedding alone, the positions added after it.
+    embed_norm_before_positions: bool = False
     head_dense: str | None = None
     head_norm: str | None = None
     head_act: str | None = None
