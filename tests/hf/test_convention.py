@@ -40,7 +40,8 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "apertus",
-                 "apertus1p5_text", "ctrl", "gpt_neox_japanese", "blenderbot-small")  # fmt: skip
+                 "apertus1p5_text", "ctrl", "gpt_neox_japanese", "blenderbot-small",
+                 "marian")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

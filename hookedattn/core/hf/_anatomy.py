@@ -604,11 +604,13 @@ def _last_layer_bias(attentions: list[nn.Module], config: Any) -> str | None:
 
 
 def _extra_rows(embed: nn.Module, config: Any) -> int:
-    """The embedding's rows past the vocabulary (Mllama's image tokens); fewer is refused."""
-    extra = embed.weight.shape[0] - config.vocab_size
+    """The embedding's rows past the vocabulary (Mllama's image tokens; an encoder-decoder's
+    decoder's own, Marian's `decoder_vocab_size`); fewer is refused."""
+    vocab = getattr(config, "decoder_vocab_size", None) or config.vocab_size
+    extra = embed.weight.shape[0] - vocab
     if extra < 0:
         raise ValueError(f"an embedding of {embed.weight.shape[0]} rows for a vocabulary of "
-                         f"{config.vocab_size}")  # fmt: skip
+                         f"{vocab}")  # fmt: skip
     return extra
 
 
