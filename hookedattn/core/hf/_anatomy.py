@@ -240,9 +240,7 @@ class _Reader:
             latent=latent,
             attn_gate_per_head=gate_per_head,
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
-            last_layer_o_bias=_last_layer_bias(
-                [layer.get_submodule(attn + inner) for layer in self.layers], self.config
-            ),
+            last_layer_o_bias=_last_layer_bias(self.layers, attn + inner, self.config),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
             mlp_maps=mlp_maps,
@@ -583,24 +581,34 @@ class _Reader:
         return explain(value, self.config, what, d_head)
 
 
-def _last_layer_bias(attentions: list[nn.Module], config: Any) -> str | None:
+def _last_layer_bias(layers: list[nn.Module], attn: str, config: Any) -> str | None:
     """The name of a parameter of the attention that only the last layer holds, a vector as
     wide as the stream (GPT-NeoX Japanese's `dense_bias`, added to what the attention
-    writes), or None; any other parameter some layers hold and others not is a ValueError."""
-    held = [{n for n, _ in a.named_parameters(recurse=False)} for a in attentions]
-    extra = set().union(*held) - held[0]
+    writes), or None; any other parameter some layers hold and others not is a ValueError.
+    A hybrid's layers without attention hold none."""
+    held = {i: {n for n, _ in layer.get_submodule(attn).named_parameters(recurse=False)}
+            for i, layer in enumerate(layers) if _holds(layer, attn)}  # fmt: skip
+    first = held[min(held)]
+    extra = set().union(*held.values()) - first
     if not extra:
         return None
     name = sorted(extra)[0]
-    holders = [i for i, names in enumerate(held) if name in names]
-    last = attentions[-1]
-    vector = tuple(getattr(last, name).shape) == (config.hidden_size,)
-    if len(extra) != 1 or holders != [len(attentions) - 1] or not vector:
+    holders = [i for i, names in held.items() if name in names]
+    vector = tuple(getattr(layers[-1].get_submodule(attn), name, torch.empty(0)).shape)
+    if len(extra) != 1 or holders != [len(layers) - 1] or vector != (config.hidden_size,):
         raise ValueError(
             f"the attentions of layers {holders} hold {sorted(extra)}, the others not: only "
             "a bias of the last layer's output is recognised"
         )
     return name
+
+
+def _holds(layer: nn.Module, name: str) -> bool:
+    try:
+        layer.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _extra_rows(embed: nn.Module, config: Any) -> int:
