@@ -180,10 +180,25 @@ def _float64_delta(model: Any, tokens: torch.Tensor) -> float | None:
     try:
         model64 = copy.deepcopy(model).double()
         with torch.no_grad():
-            expected = model64(tokens).logits
+            expected = _float64_logits(model64, tokens)
         return _relative(HookedTransformer.from_hf(model64)(tokens), expected)
     except Exception:
         return None
+
+
+def _float64_logits(model64: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """HF's float64 logits; where its forward makes a float32 constant too small for a
+    float64 value (XGLM's mask fill `torch.full((), finfo(float64).min)`), run again with
+    float64 as the default dtype."""
+    try:
+        return model64(tokens).logits
+    except RuntimeError:
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return model64(tokens).logits
+        finally:
+            torch.set_default_dtype(default)
 
 
 def _generation(model: Any, ours: Any, tokens: torch.Tensor) -> str:

@@ -11,7 +11,7 @@ import torch
 from hookedattn.core._field_specs import FieldSpec
 from hookedattn.core.mixer_config import MixerConfig
 
-ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln")
+ACT_FNS: tuple[str, ...] = ("relu", "gelu", "gelu_new", "silu", "relu2", "solu_ln", "xielu")
 NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSPre")
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post", "post_residual")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "alibi", "none")
@@ -72,7 +72,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
     "embed_norm": _FLAG,
-    "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-1], optional=True),
+    "embed_norm_before_positions": _FLAG,
+    "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-2], optional=True),  # elementwise
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,
     "qk_norm_per_head": _FLAG,

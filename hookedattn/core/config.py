@@ -71,8 +71,10 @@ class HookedTransformerConfig:
       `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
       the last block's `ln_resid_post` is it).
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
-      added; BERT, BART). `unembed_transform`: an activation names BERT's head transform
-      before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))` (`components.unembed_transform`).
+      added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
+      positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
+      names BERT's head transform before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))`
+      (`components.unembed_transform`).
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
@@ -137,6 +139,8 @@ class HookedTransformerConfig:
       the neurons (Elhage et al. 2022), then a LayerNorm over the neurons (`mlp.ln`, with
       its own gain and bias where `normalization_type` is "LN", weightless otherwise, as
       TransformerLens builds it); a plain MLP only (not gated, not experts).
+    - `act_fn="xielu"` (Apertus): xIELU with four learned scalars per layer, parameters of
+      the MLP's `act_fn` (`components.xielu`); dense MLPs only (not experts).
     - `use_fused_kernels`: where no hook reads a layer's scores or pattern, attention runs
       as one fused kernel (`scaled_dot_product_attention`), and a norm whose hook points
       are idle as `layer_norm` / `rms_norm`; the same numbers to the dtype's rounding.
@@ -185,6 +189,7 @@ class HookedTransformerConfig:
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
     embed_norm: bool = False
+    embed_norm_before_positions: bool = False
     unembed_transform: str | None = None
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
@@ -298,10 +303,23 @@ class HookedTransformerConfig:
                 "act_fn='solu_ln' normalises the neurons of a plain MLP; it has no gated "
                 "(gated_mlp=True) or mixture-of-experts form: use another act_fn there"
             )
+        if self.act_fn == "xielu" and self.has_mlp and self.is_moe:
+            raise ValueError(
+                "act_fn='xielu' keeps learned scalars in a dense MLP; it has no "
+                "mixture-of-experts form: use another act_fn there"
+            )
         if self.normalization_type is None and self.normalization_placement != "pre":
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
                 f"but normalization_type is None (no norms)"
+            )
+        if self.embed_norm_before_positions and not (
+            self.embed_norm and self.positional_embedding_type == "standard"
+        ):
+            raise ValueError(
+                "embed_norm_before_positions=True norms the token embedding before learned "
+                "positions are added: it needs embed_norm=True and "
+                f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
             )
         if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
             raise ValueError(

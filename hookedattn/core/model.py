@@ -1,6 +1,7 @@
 """`HookedTransformer`: a GPT-style decoder built from hook points.
 
     resid  = ln_embed(W_E[tokens] + W_pos[positions])   (hook_embed, hook_pos_embed)
+             (or ln_embed(W_E[tokens]) + W_pos[positions]: `embed_norm_before_positions`)
     resid  = block(resid)  for each block                (see components/block.py)
     logits = unembed_transform(ln_final(resid)) @ W_U + b_U
 
@@ -98,6 +99,8 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             self.hook_pos_embed = HookPoint()
         if cfg.positional_embedding_type == "standard":
             self.embed_tokens = self._token_and_position_embedding
+            if cfg.embed_norm_before_positions:
+                self.embed_tokens = self._normed_token_and_position_embedding
         elif cfg.positional_embedding_type == "shortformer":
             self.with_query_key_positions = self._with_query_key_positions
         # rotary models rotate q and k instead; "none" has no positional signal
@@ -217,6 +220,13 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
     ) -> Resid:
         embed, pos_embed = self.embed(tokens), self.pos_embed(positions)
         return self.ln_embed(self.hook_embed(embed) + self.hook_pos_embed(pos_embed))
+
+    def _normed_token_and_position_embedding(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
+        """BlenderbotSmall's order: the token embedding normed, then the positions added."""
+        embed, pos_embed = self.embed(tokens), self.pos_embed(positions)
+        return self.ln_embed(self.hook_embed(embed)) + self.hook_pos_embed(pos_embed)
 
     def _token_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]

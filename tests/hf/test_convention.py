@@ -20,8 +20,12 @@ MiniCPM 5 MoE's sigmoid rows beside the queries'); latent attention under DeepSe
 (Youtu; MiniCPM 3 with its muP scalars); ALiBi, and sublayers that add the stream to their
 write themselves (BLOOM, MPT); an MLP output the layer changes in place after its call
 (Falcon); CodeGen's fused q/k/v in 4 shards of [q; v; k] and its fixed rotary base;
-LayerNorms of queries and keys with biases (Persimmon). The reference is the HF model
-itself, in float64.
+LayerNorms of queries and keys with biases (Persimmon); xIELU and its learned scalars per
+layer (Apertus); the Transformer paper's fixed sinusoidal positions, a `sqrt(d_model)`
+embedding and an MLP kept as an `nn.Sequential` (CTRL); a bias of the last layer's attention
+output kept by its attention, and an MLP width as a multiple of d_model (GPT-NeoX Japanese);
+the token embedding normed before the positions are added (BlenderbotSmall). The reference
+is the HF model itself, in float64.
 """
 
 import pytest
@@ -39,7 +43,8 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
-                 "mpt", "falcon", "codegen", "persimmon")  # fmt: skip
+                 "mpt", "falcon", "codegen", "persimmon", "apertus", "apertus1p5_text", "ctrl",
+                 "gpt_neox_japanese", "blenderbot-small", "marian")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

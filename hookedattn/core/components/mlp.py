@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.norm import LayerNorm, LayerNormPre
+from hookedattn.core.components.xielu import XIELU
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 
@@ -56,12 +57,13 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def _add_linear_maps(mlp: nn.Module, cfg: HookedTransformerConfig, d_mlp: int) -> None:
-    """The weights both MLPs share (`W_in`, `b_in`, `W_out`, `b_out`) and the activation."""
+    """The weights both MLPs share (`W_in`, `b_in`, `W_out`, `b_out`) and the activation
+    (xIELU's with its own learned scalars, `components.xielu`)."""
     mlp.W_in = _param(cfg.d_model, d_mlp, cfg=cfg)
     mlp.b_in = _param(d_mlp, cfg=cfg)
     mlp.W_out = _param(d_mlp, cfg.d_model, cfg=cfg)
     mlp.b_out = _param(cfg.d_model, cfg=cfg)
-    mlp.act_fn = ACTIVATIONS[cfg.act_fn]
+    mlp.act_fn = XIELU(cfg.dtype, cfg.device) if cfg.act_fn == "xielu" else ACTIVATIONS[cfg.act_fn]
 
 
 class _Neurons(nn.Module):

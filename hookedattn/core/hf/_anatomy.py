@@ -50,6 +50,7 @@ from hookedattn.core.hf import (
     _mixers,
     _saved,
     _scalars,
+    _sinusoids,
     _split_layers,
     _tiny,
     _verify,
@@ -179,6 +180,8 @@ class _Reader:
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
+        self.positions_fixed: str | None = None  # a sinusoidal table, found by `_positions`
+        self.embed_norm_before_positions = False  # found by `_entering`
         self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
     def anatomy(self) -> Anatomy:
@@ -239,6 +242,7 @@ class _Reader:
             latent=latent,
             attn_gate_per_head=gate_per_head,
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
+            last_layer_o_bias=_last_layer_bias(self.layers, attn + inner, self.config),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
             mlp_maps=mlp_maps,
@@ -246,6 +250,7 @@ class _Reader:
             renames=_saved.renames(self.twin, self.layers_name),
             positions=positions[0],
             position_offset=positions[1],
+            positions_fixed=self.positions_fixed,
             unused=unused,
             act_fn=act_fn,
             embed_scale=self._explain(embed_ratio, "embedding scale"),
@@ -257,6 +262,7 @@ class _Reader:
             logit_scale=self._explain(logits, "logit scale"),
             logit_cap=capped,
             embed_norm=self.embed_norm,
+            embed_norm_before_positions=self.embed_norm_before_positions,
             mixers=self.mixers,
             alibi=_alibi.slopes_handed(
                 self.twin, children[attn], self.config.num_attention_heads
@@ -307,6 +313,7 @@ class _Reader:
             unembed=self.names[id(unembed)],
             rotary=any("rotary" in type(m).__name__.lower() for m in self.twin.modules()),
             tied=unembed.weight is embed.weight,
+            embed_rows_extra=_extra_rows(embed, self.config),
             unembed_bias=getattr(unembed, "bias", None) is not None,
         )
 
@@ -349,8 +356,10 @@ class _Reader:
         the activation, and the dense MLP's maps (the first layer's)."""
         moe_block = getattr(self.layers[n_dense], mlp, None) if mlp else None
         if moe_block is None or not _experts.block_name({mlp: moe_block}):
-            maps = linear_maps(mlp_module, MLP_ROLES, (), only=flat or None)
-            return None, activation(mlp_module), maps
+            act_fn = activation(mlp_module)
+            skip = ACTIVATION_NAMES if act_fn == "xielu" else ()  # its scalars: its own rules
+            maps = linear_maps(mlp_module, MLP_ROLES, skip, only=flat or None)
+            return None, act_fn, maps
         act_fn = activation(moe_block.experts)
         shared = None
         if beside is not None:
@@ -491,19 +500,8 @@ class _Reader:
         calls = [call for call in calls if not call[0].startswith("norm:")]
         # The layer's own call is recorded last (its hook runs after its children's).
         calls = [calls[-1], *calls[:-1]]
-        entering = seen["first layer"]
-        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
-        # One module may norm the embeddings and, called again, the last stream (nanochat's).
-        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
-                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
-        self.embed_norm = self._in_base(normed[0]) if normed else None
-        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
-        summed = outer[normed[0]][0][0] if normed else entering
-        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
-            scale *= ratio(summed, seen["embed"], "the first layer's input")
-            positions: tuple[str | None, int] = (None, 0)
-        except ValueError:  # or plus learned positions
-            positions = self._positions(summed - seen["embed"], tables, seen)
+        embed_scale, positions = self._entering(outer, seen, tables)
+        scale *= embed_scale
         if capped:  # undone: cap * atanh(logits / cap)
             cap = float(self.config.final_logit_softcapping)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
@@ -518,12 +516,61 @@ class _Reader:
         )
         return calls, before * ratio(logits, seen["unembed"], "the logits"), scale, positions
 
+    def _entering(
+        self,
+        outer: dict[str, list[tuple[Tensor, Tensor]]],
+        seen: dict[str, Tensor],
+        tables: dict[str, nn.Embedding],
+    ) -> tuple[float, tuple[str | None, int]]:
+        """What multiplies the embedding's output before the first layer, and the positions
+        added to it (None, 0 without); sets the embeddings' norm, if any."""
+        entering = seen["first layer"]
+        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
+        # One module may norm the embeddings and, called again, the last stream (nanochat's).
+        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
+                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
+        self.embed_norm = self._in_base(normed[0]) if normed else None
+        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
+        before = [] if normed else self._norm_before_positions(outer, seen["embed"])
+        if before:  # BlenderbotSmall: the token embedding normed, then positions added
+            x, y = outer[before[0]][0]
+            self.embed_norm, self.embed_norm_before_positions = self._in_base(before[0]), True
+            scale = ratio(x, seen["embed"], "the embedding norm's input")
+            # Rounded at the scale of the normed embedding, which the positions are added to.
+            magnitude = float(entering.abs().max())
+            return scale, self._positions(entering - y, tables, seen, magnitude)
+        summed = outer[normed[0]][0][0] if normed else entering
+        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
+            return ratio(summed, seen["embed"], "the first layer's input"), (None, 0)
+        except ValueError:  # or plus learned positions
+            return 1.0, self._positions(summed - seen["embed"], tables, seen)
+
+    def _norm_before_positions(
+        self, outer: dict[str, list[tuple[Tensor, Tensor]]], embed: Tensor
+    ) -> list[str]:
+        """The base model's norms that read (a multiple of) the embedding's output."""
+        found = []
+        for name, runs in outer.items():
+            if runs[0][0].shape != embed.shape:
+                continue
+            try:
+                ratio(runs[0][0], embed, "the norm's input")
+            except ValueError:
+                continue
+            found.append(name)
+        return found
+
     def _positions(
-        self, added: Tensor, tables: dict[str, nn.Embedding], seen: dict[str, Tensor]
+        self,
+        added: Tensor,
+        tables: dict[str, nn.Embedding],
+        seen: dict[str, Tensor],
+        magnitude: float | None = None,
     ) -> tuple[str | None, int]:
         """Which table's rows (and from which row) were added to the embedding before the
-        first layer; a ValueError if anything else was."""
-        tolerance = 1e-6 * (float(added.abs().max()) + 1e-12)
+        first layer; a ValueError if anything else was. `magnitude`: what `added` was
+        rounded at, where larger than itself."""
+        tolerance = 1e-6 * (max(float(added.abs().max()), magnitude or 0.0) + 1e-12)
         if float(added.abs().max()) <= 1e-7:
             return None, 0
         for name, table in tables.items():
@@ -532,14 +579,59 @@ class _Reader:
                 for offset in range(weight.shape[0] - rows.shape[0] + 1):
                     if torch.allclose(weight[offset : offset + len(rows)], rows, atol=tolerance):
                         return f"{self.base_name}.{name}".lstrip("."), offset
+        fixed = _sinusoids.found(added[0], self.base, self.base_name)
+        if fixed is not None and torch.allclose(added, added[:1].expand_as(added)):
+            self.positions_fixed = fixed.kind
+            return fixed.name, fixed.offset
         raise ValueError(
             "the stream entering the first layer is not the embedding (plus "
-            "learned positions): an embedding norm or positions we do not read"
+            "learned or sinusoidal positions): an embedding norm or positions we do not read"
         )
 
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
+
+
+def _last_layer_bias(layers: list[nn.Module], attn: str, config: Any) -> str | None:
+    """The name of a parameter of the attention that only the last layer holds, a vector as
+    wide as the stream (GPT-NeoX Japanese's `dense_bias`, added to what the attention
+    writes), or None; any other parameter some layers hold and others not is a ValueError.
+    A hybrid's layers without attention hold none."""
+    held = {i: {n for n, _ in layer.get_submodule(attn).named_parameters(recurse=False)}
+            for i, layer in enumerate(layers) if _holds(layer, attn)}  # fmt: skip
+    first = held[min(held)]
+    extra = set().union(*held.values()) - first
+    if not extra:
+        return None
+    name = sorted(extra)[0]
+    holders = [i for i, names in held.items() if name in names]
+    vector = tuple(getattr(layers[-1].get_submodule(attn), name, torch.empty(0)).shape)
+    if len(extra) != 1 or holders != [len(layers) - 1] or vector != (config.hidden_size,):
+        raise ValueError(
+            f"the attentions of layers {holders} hold {sorted(extra)}, the others not: only "
+            "a bias of the last layer's output is recognised"
+        )
+    return name
+
+
+def _holds(layer: nn.Module, name: str) -> bool:
+    try:
+        layer.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _extra_rows(embed: nn.Module, config: Any) -> int:
+    """The embedding's rows past the vocabulary (Mllama's image tokens; an encoder-decoder's
+    decoder's own, Marian's `decoder_vocab_size`); fewer is refused."""
+    vocab = getattr(config, "decoder_vocab_size", None) or config.vocab_size
+    extra = embed.weight.shape[0] - vocab
+    if extra < 0:
+        raise ValueError(f"an embedding of {embed.weight.shape[0]} rows for a vocabulary of "
+                         f"{vocab}")  # fmt: skip
+    return extra
 
 
 def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:

@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _translate
+from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _sinusoids, _translate
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
@@ -44,6 +44,7 @@ from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times,
 _NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
                "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
+XIELU_PATTERNS = {"alpha_p": "one -> one", "alpha_n": "one -> one", "beta": "->", "eps": "->"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +91,8 @@ class Convention:
             "n_layers": c.num_hidden_layers,
             "d_model": c.hidden_size,
             "n_ctx": n_ctx - a.position_offset if a.positions_within else n_ctx,
-            "d_vocab": c.vocab_size,
+            "d_vocab": c.vocab_size + a.embed_rows_extra,
+            **({"d_vocab_out": c.vocab_size} if a.embed_rows_extra else {}),
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
             "d_mlp": _mlp_width(c) if a.experts is None else getattr(c, a.experts.width_field),
@@ -113,6 +115,7 @@ class Convention:
             "attn_gate": a.attn_gate,
             "attn_gate_per_head": bool(a.attn_gate_per_head),
             "embed_norm": a.embed_norm is not None,
+            "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
             **rotary,
             **_translate.window(c),
@@ -129,7 +132,7 @@ class Convention:
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
                  adjust=times(scale(a.embed_scale))),
-            *self._position_rules(),
+            *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
@@ -158,11 +161,13 @@ class Convention:
             base_prefix=a.base,
         )
 
-    def _position_rules(self) -> list[Rule]:
-        """The learned positions, from the row of position 0 on."""
+    def _position_rules(self, cfg: HookedTransformerConfig) -> list[Rule]:
+        """The learned positions, from the row of position 0 on; fixed ones computed."""
         a = self.anatomy
         if a.positions is None:
             return []
+        if a.positions_fixed is not None:
+            return [_sinusoids.position_rule(a.positions_fixed, a.position_offset, cfg)]
         if a.position_offset not in (0, 2):
             raise ValueError(f"positions from row {a.position_offset} of their table: only "
                              "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip
@@ -240,6 +245,8 @@ class Convention:
             Rule(f"{b}.b_O", f"{at}.{o}.bias", "d_model -> d_model", adjust=times(o_scale))
             if o_bias else zeros(f"{b}.b_O", "d_model"),
         ]  # fmt: skip
+        if a.last_layer_o_bias:
+            rules = self._last_layer_bias(rules, cfg, at, o_scale, o_bias)
         if a.sinks:
             rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
         rules += self._gate_rules(at)
@@ -256,6 +263,26 @@ class Convention:
                 rules.append(Rule(f"{b}.{ours}.b", f"{at}.{hf}.bias", pattern, adjust=order)
                              if a.norm_bias else zeros(f"{b}.{ours}.b", axes))  # fmt: skip
         return rules
+
+    def _last_layer_bias(
+        self,
+        rules: list[Rule],
+        cfg: HookedTransformerConfig,
+        at: str,
+        o_scale: float,
+        o_bias: bool,
+    ) -> list[Rule]:
+        """`rules` with the last layer's `b_O` read from the bias its attention keeps
+        (`Anatomy.last_layer_o_bias`); the others' as they were."""
+        if o_bias:
+            raise ValueError("an output map with a bias and a bias of the last layer's output")
+        b_O = "blocks.{layer}.attn.b_O"
+        last = cfg.n_layers - 1
+        bias = Rule(b_O.replace("{layer}", str(last)),
+                    f"{at}.{self.anatomy.last_layer_o_bias}".replace("{layer}", str(last)),
+                    "d_model -> d_model", adjust=times(o_scale))  # fmt: skip
+        others = [r for r in rules if r.ours == b_O]
+        return [*(r for r in rules if r.ours != b_O), *_in_layers(others, range(last)), bias]
 
     def _gate_rules(self, at: str) -> list[Rule]:
         """An output gate's `W_G`, `b_G`: its own map (one factor per head or per
@@ -362,6 +389,9 @@ class Convention:
             rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", MLP_IN))
             rules.append(Rule(f"{b}.b_in", f"{at}.{up}.bias", "d_mlp -> d_mlp")
                          if up_bias else zeros(f"{b}.b_in", "d_mlp"))  # fmt: skip
+        if a.act_fn == "xielu":  # its learned scalars (`components.xielu`)
+            rules += [Rule(f"{b}.act_fn.{n}", f"{at}.act_fn.{n}", pattern)
+                      for n, pattern in XIELU_PATTERNS.items()]  # fmt: skip
         down, down_bias = a.role(a.mlp_maps, "down") or (None, False)
         if down is None:
             raise ValueError("no MLP output projection recognised")
@@ -482,10 +512,12 @@ def _mlp_width(c: Any) -> int:
             width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
             width = multiple * ((width + multiple - 1) // multiple)
         return width
-    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size"):
+    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "dff"):
         if hasattr(c, name):
             width = getattr(c, name)
             return int(width) if width is not None else 4 * c.hidden_size
+    if hasattr(c, "intermediate_multiple_size"):  # GPT-NeoX Japanese: a multiple of d_model
+        return int(c.intermediate_multiple_size * c.hidden_size)
     # BLOOM and MPT name none: their modeling code builds 4 d_model. Another hard-coded width
     # would fail the twin's verification, and a checkpoint's tensors the table's shapes.
     return 4 * c.hidden_size

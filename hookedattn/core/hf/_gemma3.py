@@ -10,9 +10,10 @@ of `rope_parameters` (10k locally and 1M globally in the released models, the gl
 linearly scaled in the larger ones: our `rotary_base_local` and `rotary_scaling_factor_local`);
 and the layers follow `layer_types` (five local to one global). Bidirectional attention
 (`use_bidirectional_attention`, the embedding variants) is refused by name; so are rotary
-scalings other than "linear" on the local layers. The multimodal `Gemma3ForConditionalGeneration`
-is not this class: pass its language model. The attention scores are not soft-capped:
-`attn_logit_softcapping` is read by HF's Gemma 3 but never applied, so it is ignored here too.
+scalings other than "linear" on the local layers. The multimodal
+`Gemma3ForConditionalGeneration` is imported as its language model, this class
+(`_composite`). The attention scores are not soft-capped: `attn_logit_softcapping` is read
+by HF's Gemma 3 but never applied, so it is ignored here too.
 """
 
 from typing import Any

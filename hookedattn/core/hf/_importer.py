@@ -17,6 +17,7 @@ from hookedattn.core import parallel
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
+    _composite,
     _convention,
     _deepseek,
     _gemma2,
@@ -120,6 +121,8 @@ def from_hf(
     placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
     if isinstance(source, str | Path):
         return _from_folder(cls, Path(source), tokenizer, dtype, device, verify, placement)
+    if _composite.text_config(getattr(source, "config", None)) is not None:
+        source = _composite.text_model(source)  # a multimodal model: its language model
     families = families_of_model(source)
     weight = next(source.parameters())
     dtype = weight.dtype if dtype is None else dtype
@@ -149,9 +152,13 @@ def _from_folder(
     verified (unless not asked), then its weights read."""
     _loading.check_directory(path)
     hf_config = _loading.read_config(path)
+    text = _composite.text_config(hf_config)  # a multimodal checkpoint: its language model
     families = families_of_config(hf_config)
-    family, verification = _verified_of(cls, str(path), families, hf_config, verify)
-    model = _read_folder(cls, path, family, hf_config, tokenizer, dtype, device, placement)
+    family, verification = _verified_of(cls, str(path), families, text or hf_config, verify)
+    if text is not None:
+        _composite.left_out(hf_config, str(path))
+    model = _read_folder(cls, path, family, text or hf_config, tokenizer, dtype, device,
+                         placement, composite=hf_config if text is not None else None)  # fmt: skip
     model.verification = verification
     return model
 
@@ -213,9 +220,13 @@ def _read_folder(
     dtype: torch.dtype | str | None,
     device: str | None,
     placement: dict[str, Any],
+    composite: Any = None,
 ) -> Any:
-    """The model of a checked directory's config, from its weight files."""
+    """The model of a checked directory's config, from its weight files (`composite`: the
+    config of a multimodal checkpoint whose language model's config `hf_config` is)."""
     tensors = _loading.weight_source(path)
+    if composite is not None:
+        tensors = _composite.TextTensors(tensors, composite)
     tokenizer = _loading.saved_tokenizer(path) if tokenizer is None else tokenizer
     dtype = tensors.stored_dtype() if dtype is None else dtype
     return _import(
@@ -317,7 +328,10 @@ def family_of_folder(path: Path) -> Family:
 
 def families_of_config(hf_config: Any) -> list[Family]:
     """The family of a directory's config, by its `model_type`, else the candidates its
-    anatomy allows (`_convention`)."""
+    anatomy allows (`_convention`); of a multimodal config, its language model's."""
+    text = _composite.text_config(hf_config)
+    if text is not None:
+        return families_of_config(text)
     model_type = getattr(hf_config, "model_type", None)
     for family in _families():
         if family.model_type == model_type:

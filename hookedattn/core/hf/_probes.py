@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
+from hookedattn.core.components.xielu import XIELU
 
 # Ours, for norms: RMSNorm `x / rms(x) * w`, Gemma's `* (1 + w)`, without parameters
 # (nanochat); LayerNorm, Nemotron's with `1 + w`, without parameters (OLMo 1).
@@ -149,12 +150,30 @@ def activation(mlp: nn.Module) -> str:
     if act is None:
         return _activation_by_calls(mlp)
     x = torch.linspace(-6, 6, 241)
+    if isinstance(act, nn.Module) and dict(act.state_dict()).keys() >= _XIELU_SCALARS:
+        return _xielu(act, x)
     with torch.no_grad():
         got = act(x)
     for name, ours in ACTIVATIONS.items():
         if name != "solu_ln" and torch.allclose(got, ours(x), rtol=1e-6, atol=1e-6):
             return name
     raise ValueError(f"the activation {type(act).__name__} is none of ours: {sorted(ACTIVATIONS)}")
+
+
+_XIELU_SCALARS = {"alpha_p", "alpha_n", "beta", "eps"}
+
+
+def _xielu(act: nn.Module, x: Tensor) -> str:
+    """ "xielu" where a module keeping xIELU's scalars computes ours with them."""
+    scalars = act.state_dict()
+    ours = XIELU(x.dtype)
+    with torch.no_grad():
+        for name in _XIELU_SCALARS:
+            getattr(ours, name).copy_(scalars[name].reshape(getattr(ours, name).shape))
+        if torch.allclose(act(x), ours(x), rtol=1e-6, atol=1e-6):
+            return "xielu"
+    raise ValueError(f"the activation {type(act).__name__} keeps xIELU's scalars but is not "
+                     "xIELU")  # fmt: skip
 
 
 def _activation_by_calls(mlp: nn.Module) -> str:

@@ -82,6 +82,16 @@ class Anatomy:
     embed_norm: str | None = None
     token_types: str | None = None
     positions_within: bool = False
+    # Fixed sinusoidal positions (a buffer, in no checkpoint): which table (`_sinusoids`).
+    positions_fixed: str | None = None
+    # Rows of the embedding past `vocab_size` (Mllama's 8 for image tokens): never an
+    # output, read into `W_E` all the same.
+    embed_rows_extra: int = 0
+    # A bias of the attention's output only the last layer keeps, as a parameter of its
+    # attention (GPT-NeoX Japanese's `dense_bias`): that layer's `b_O`.
+    last_layer_o_bias: str | None = None
+    # The embeddings' norm reads the token embedding alone, the positions added after it.
+    embed_norm_before_positions: bool = False
     head_dense: str | None = None
     head_norm: str | None = None
     head_act: str | None = None

@@ -34,6 +34,7 @@ from hookedattn.core.hf._table import (
     Table,
     TensorSource,
     axis_sizes,
+    constant,
     our_shape,
     plus_first_row,
 )
@@ -120,7 +121,7 @@ def read_rule(
     ranges = dict(ranges)
     local = {n: ranges[n][1] - ranges[n][0] if n in ranges else s for n, s in sizes.items()}
     if rule.hf is None:
-        return torch.full(our_shape(rule, local), rule.fill, dtype=dtype, device=device)
+        return constant(rule, our_shape(rule, local), dtype, device)
     hf_side, our_side = rule.pattern.split("->")
     if rule.pick is not None:  # only the picked part of the fused axis is read
         (fused,) = _groups(our_side)[0]
@@ -180,6 +181,8 @@ def _chunk_axis(rule: Rule) -> tuple[str, int] | None:
     """The outermost axis of the HF tensor's first dimension, and the dimension of ours it
     is, where it is one of ours on its own (else None: the tensor is read whole)."""
     hf_side, our_side = rule.pattern.split("->")
+    if not _groups(hf_side):  # a scalar (xIELU's beta): nothing to chunk
+        return None
     axis = _groups(hf_side)[0][0]
     ours = _groups(our_side)[1 if rule.pick is not None else 0 :]
     return next(((axis, d) for d, names in enumerate(ours) if names == [axis]), None)

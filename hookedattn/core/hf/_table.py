@@ -12,8 +12,9 @@ config, tensor by tensor, before any tensor is read. A fused tensor is one rule 
 each `pick`ing its index of the pattern's first output axis; where the parts differ in size
 (Phi-3's q, k, v with grouped keys), each rule takes its `part` of the HF tensor's first
 axis, which is the pieces `split` lists one after another. A rule without an HF tensor is a
-constant: zeros (a bias the family does not have) or its `fill` (the gain of a norm without
-parameters). `adjust` is for the few values that are not a reshape (Gemma's `1 + w` gain,
+constant: zeros (a bias the family does not have), its `fill` (the gain of a norm without
+parameters), or what its `adjust` computes (a fixed sinusoidal table). `adjust` is for
+the few values that are not a reshape (Gemma's `1 + w` gain,
 its scaled embedding; the order of DeepSeek's rotated dimensions); it receives the tensor
 already cast to the target dtype.
 
@@ -290,8 +291,7 @@ def convert(
     names = table.source_names(source.shapes)
     for rule in table.rules:
         if rule.hf is None:
-            shape = our_shape(rule, sizes)
-            yield rule.ours, torch.full(shape, rule.fill, dtype=dtype, device=device)
+            yield rule.ours, constant(rule, our_shape(rule, sizes), dtype, device)
         elif rule.experts:
             stacked = torch.empty(our_shape(rule, sizes), dtype=dtype, device=device)
             for e, hf in enumerate(rule.hf_names()):  # one HF tensor held at a time
@@ -353,6 +353,15 @@ def _owning(tensor: Tensor, stored: Tensor) -> Tensor:
     if shares or tensor.untyped_storage().nbytes() != tensor.nbytes:
         tensor = tensor.clone()
     return tensor
+
+
+def constant(
+    rule: Rule, shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device
+) -> Tensor:
+    """A rule without an HF tensor: its `fill` everywhere, or what its `adjust` computes
+    from that (a fixed sinusoidal table, `_sinusoids`)."""
+    tensor = torch.full(shape, rule.fill, dtype=dtype, device=device)
+    return tensor if rule.adjust is None else rule.adjust(tensor).to(dtype)
 
 
 def times(factor: float) -> Callable[[Tensor], Tensor] | None:
