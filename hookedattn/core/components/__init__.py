@@ -53,9 +53,11 @@ from hookedattn.core.components.unembed_transform import (
     UnembedTransform,
     make_unembed_transform,
 )
+from hookedattn.core.components.xielu import XIELU
 
 __all__ = [
     "MLP",
+    "XIELU",
     "ALiBi",
     "Attention",
     "AttnInputs",
