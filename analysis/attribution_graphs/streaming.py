@@ -47,6 +47,10 @@ from analysis.attribution_graphs import _budget, _rows
 from analysis.attribution_graphs.attribution_graph import _NodeOrder
 from analysis.attribution_graphs.pruning import _check_thresholds, _threshold
 
+# A block of attention pattern rows, made again where a sweep reads it (`_patterns`), takes
+# at most this fraction of the budget, beside the chunk's share (`_plan`).
+PATTERN_SHARE = 8
+
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class PrunedAttributionGraph(_NodeOrder):
@@ -167,8 +171,9 @@ def pruned_attribution_graph(
         raise ValueError(
             f"max_feature_nodes must be a positive int or None, got {max_feature_nodes!r}"
         )
-    p = _rows.prepare(model, transcoders, prompt, logits, top_k, demean_logits, drop_first_position)
-    budget = _budget.memory_budget(memory_budget, p.g.f.embed.device)
+    budget = _budget.memory_budget(memory_budget, next(model.parameters()).device)
+    p = _rows.prepare(model, transcoders, prompt, logits, top_k, demean_logits,
+                      drop_first_position, pattern_bytes=budget // PATTERN_SHARE)  # fmt: skip
     per_sweep, gather = _plan(p, budget)
     logit_chunks = p.targets.split(per_sweep)
     feature_chunks = [

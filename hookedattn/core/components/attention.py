@@ -164,12 +164,24 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch query_pos d_model"]:
         q, k, v = self.project_qkv(query_input, key_input, value_input)
         q, k, v = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k)), self.hook_v(v)
-        q, k = self.apply_positions(q, k, context)
-        q, k = self.q_after(q), self.k_after(k)
+        q, k = self._positioned(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
         return self.write(self.hook_z(self.gated(z, query_input)))
+
+    def scored(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Queries, KeyValues]:
+        """The queries and keys the scores read, from the values at `hook_q` and `hook_k`
+        (q/k norms and rotation, in this layer's order): what `pattern` takes."""
+        return self._positioned(self.q_before(q), self.k_before(k), context)
+
+    def _positioned(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Queries, KeyValues]:
+        q, k = self.apply_positions(q, k, context)
+        return self.q_after(q), self.k_after(k)
 
     def _ungated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
         return z
@@ -189,13 +201,21 @@ class Attention(nn.Module):
         position holds (an `inf` key, a NaN value), it contributes exactly nothing. Where
         no key is blocked (one unpadded query after a KV cache) there is nothing to mask.
         """
-        scores = self.scores(q, k)
+        pattern = self.pattern(q, k, context)
         every_key = context.reads_every_key(self.attn_type)  # a generation step: none blocked
-        if not every_key:
-            scores = kernels.masked(scores, context, self.attn_type)
-        pattern = self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
         blocked = None if every_key else context.blocked[self.attn_type]
         return kernels.weighted_values(pattern, v, blocked)
+
+    def pattern(
+        self, q: Queries, k: KeyValues, context: AttentionContext
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """The pattern of the queries `q` over the keys `k`: the softmax of the scores, each
+        blocked key's -inf (`context`: the rows of any queries, `kernels.rows_context`),
+        through `hook_attn_scores` and `hook_pattern`."""
+        scores = self.scores(q, k)
+        if not context.reads_every_key(self.attn_type):
+            scores = kernels.masked(scores, context, self.attn_type)
+        return self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
 
     def _softmax(
         self, scores: Float[Tensor, "batch head query_pos key_pos"]
