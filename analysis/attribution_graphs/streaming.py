@@ -23,10 +23,12 @@ What is held: one chunk's rows and sweep (the chunk is sized to `memory_budget`)
 influence `[node]`, and the kept block. The kept block is `[row kept]`, rows the kept
 features and the logits, columns those plus every token and the kept error nodes: with
 `max_feature_nodes` it grows linearly with the prompt; without, it grows with the square
-of the number of kept features. The frozen forward keeps each layer's attention pattern
-`[head pos key_pos]` (`_frozen`), which grows as the square of the prompt too, with a
-small constant (heads × layers, against the dense graph's nodes²). Time: every row is
-computed once, and the kept features' rows twice.
+of the number of kept features. The frozen forward (`_frozen`) keeps each layer's queries
+and keys, not its attention pattern, and a sweep makes the pattern's rows again a block
+at a time (`_patterns`), a block within an eighth of the budget (`PATTERN_SHARE`): nothing
+held grows as the square of the prompt. Time: every row is computed once, and the kept
+features' rows twice; each sweep reads the pattern of the prompt up to its targets, so
+the time grows faster than the square of the prompt's length.
 
 Exactness: a stored row is its dense row on the kept columns, and `rest[r]` sums its
 edges from the nodes not kept, so `adjacency[r].sum() + rest[r] + bias[r]` is what target

@@ -28,7 +28,10 @@ share one key and value head: `hook_k`, `hook_v` are `[batch pos kv_head d_head]
 `W_K`, `W_V` show each key/value head once for every query head that reads it, so the QK
 and OV circuits stay per query head.
 
-`written_out` is the schematic step by step. How a forward runs it (`kernels.attend`: one
+`written_out` is the schematic step by step; `pattern` its step from the queries and keys
+as the scores read them (`scored`) to the pattern, for the rows of any queries (a context
+from `kernels.rows_context`), so that patterns can be made again from kept queries and
+keys a block of rows at a time. How a forward runs it (`kernels.attend`: one
 fused kernel where nothing reads the scores or pattern, the guards that keep non-finite
 values from hiding or spreading, the fused q/k/v product) lives in `hookedattn.core.kernels`.
 """
