@@ -32,7 +32,7 @@ import dataclasses
 from typing import Any
 
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -252,12 +252,15 @@ def attention_transpose(f: Frozen, layer: int, g: Stream) -> Stream:
     `ln1` scale frozen), from the gradient `g` at the attention's output. The pattern's
     rows come a block at a time, only the blocks where some target's `g` is not zero."""
     attn, scores = f.attn[layer], f.scores[layer]
-    g_z = einsum(g, attn.W_O, "t q d, h e d -> t q h e")
-    g_v = torch.zeros_like(g_z)
+    n_targets = len(g)
+    g_z = rearrange(einsum(g, attn.W_O, "t q d, h e d -> t q h e"), "t q h e -> h q (t e)")
+    g_v = torch.zeros_like(g_z)  # h k (t e)
     live = g.ne(0).any(-1).any(0)
     for start, stop in scores.blocks(live):
-        rows = scores.rows(start, stop)
-        g_v[:, :stop] += einsum(rows, g_z[:, start:stop], "h q k, t q h e -> t k h e")
+        rows = scores.rows(start, stop)  # h q k
+        # g_v[h, k] += Σ_q rows[h, q, k] g_z[h, q], in place: no block-sized temporary
+        g_v[:, :stop].baddbmm_(rows.transpose(1, 2), g_z[:, start:stop])
+    g_v = rearrange(g_v, "h k (t e) -> t k h e", t=n_targets)
     g_in = einsum(g_v, attn.W_V, "t k h e, h d e -> t k d")
     return norm_transpose(f.ln1[layer], g_in, f.scale1[layer])
 

@@ -50,15 +50,18 @@ class FrozenScores:
         return max(1, min(n_pos, self.pattern_bytes // row))
 
     def blocks(self, live: Bool[Tensor, " pos"]) -> Iterator[tuple[int, int]]:
-        """`(start, stop)` of each block of query positions holding a `live` one: a target's
-        gradient is zero after its own position, so the blocks past every target's (and, in
-        the layer a target reads, before it) carry nothing."""
+        """`(start, stop)` of each block of query positions holding a `live` one, the last
+        first: a target's gradient is zero after its own position, so the blocks past every
+        target's (and, in the layer a target reads, before it) carry nothing. A block reads
+        the keys up to its last query, so the last block's tensors are the largest: each
+        later one fits where an earlier one was freed, and the heap does not grow block by
+        block."""
         size = self.block_rows()
         n_pos = len(self.queries)
         padded = live.new_zeros(-(-n_pos // size) * size)
         padded[:n_pos] = live
         occupied = padded.reshape(-1, size).any(-1)
-        for block in occupied.nonzero().flatten().tolist():
+        for block in occupied.nonzero().flatten().flip(0).tolist():
             yield block * size, min(n_pos, (block + 1) * size)
 
     def rows(self, start: int, stop: int) -> Float[Tensor, "head query_pos key_pos"]:
@@ -76,7 +79,7 @@ class FrozenScores:
         """Each pattern row's sum (one, to rounding; less with sinks), block by block."""
         every = torch.ones(len(self.queries), dtype=torch.bool, device=self.queries.device)
         sums = [self.rows(start, stop).sum(-1) for start, stop in self.blocks(every)]
-        return torch.cat(sums, dim=-1)
+        return torch.cat(sums[::-1], dim=-1)
 
 
 def frozen_scores(
