@@ -1,5 +1,8 @@
 """The replacement model linearised on one prompt (`docs/guide/transcoders.md`): attention
 patterns, norm scales, error terms and feature activations frozen at their forward's values.
+The patterns are kept as the queries and keys they are made from, their rows made again a
+block at a time where a transposed map reads them (`_patterns`): what a frozen forward
+holds grows linearly with the prompt.
 
 With the patterns and scales fixed, everything between the features is linear: a norm is
 `w ⊙ centre(x) / s + b` (no centring for RMS), an attention layer is
@@ -29,10 +32,11 @@ import dataclasses
 from typing import Any
 
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from analysis.attribution_graphs import _patterns
 from hookedattn.core import is_text
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
 from hookedattn.core.names import get_act_name
@@ -61,7 +65,7 @@ class Frozen:
     tokens: Int[Tensor, " pos"]
     logits: Float[Tensor, "pos d_vocab_out"]
     embed: Float[Tensor, "pos d_model"]
-    patterns: tuple[Float[Tensor, "head pos key_pos"], ...]
+    scores: tuple[_patterns.FrozenScores, ...]  # each layer's pattern, as its q and k
     ln1: tuple[nn.Module, ...]
     ln2: tuple[nn.Module, ...]
     ln_final: nn.Module
@@ -73,6 +77,7 @@ class Frozen:
     pre: tuple[Float[Tensor, "pos _"], ...]
     errors: tuple[Float[Tensor, "pos d_model"], ...]
     attn: tuple[AttentionWeights, ...]
+    attn_constants: tuple[Float[Tensor, "pos d_model"], ...]  # `attention_constant`
     W_U: Float[Tensor, "d_model d_vocab_out"]
     b_U: Float[Tensor, " d_vocab_out"]
 
@@ -146,16 +151,23 @@ def check_model(model: nn.Module, tset: TranscoderSet) -> None:
 def _names_kept(model: nn.Module) -> list[str]:
     """The hook names whose values the linearisation fixes or reads."""
     n = model.cfg.n_layers
-    per_layer = ["attn.hook_pattern", "ln1.hook_scale", "ln2.hook_scale"]
+    per_layer = ["attn.hook_q", "attn.hook_k", "ln1.hook_scale", "ln2.hook_scale"]
     per_layer += [f"transcoder.{h}" for h in ("hook_in", "hook_acts", "hook_error")]
     names = [f"blocks.{layer}.{h}" for layer in range(n) for h in per_layer]
     return [*names, "ln_final.hook_scale", "blocks.0.hook_resid_pre"]
 
 
 @torch.no_grad()
-def freeze(model: nn.Module, tset: TranscoderSet, tokens: Int[Tensor, " pos"]) -> Frozen:
+def freeze(
+    model: nn.Module,
+    tset: TranscoderSet,
+    tokens: Int[Tensor, " pos"],
+    pattern_bytes: int = _patterns.PATTERN_BYTES,
+) -> Frozen:
     """Run the replacement model (error terms kept: the model's own forward) on `tokens`
-    and keep what the linearisation fixes."""
+    and keep what the linearisation fixes: nothing of size `pos²` (no hook on the
+    patterns, so a fused kernel may run; their rows are made again in blocks of at most
+    `pattern_bytes`, `_patterns`)."""
     n = model.cfg.n_layers
     with replaced(model, tset):
         wanted = [name for name in _names_kept(model) if name in model.hook_dict]
@@ -167,9 +179,10 @@ def freeze(model: nn.Module, tset: TranscoderSet, tokens: Int[Tensor, " pos"]) -
 
     inputs = per_layer("transcoder.hook_in")
     blocks = model.blocks
-    return Frozen(
+    f = Frozen(
         tset=tset, n_layers=n, tokens=tokens, logits=logits[0],
-        embed=cache["blocks.0.hook_resid_pre"][0], patterns=per_layer("attn.hook_pattern"),
+        embed=cache["blocks.0.hook_resid_pre"][0],
+        scores=_patterns.frozen_scores(model, cache, len(tokens), pattern_bytes),
         ln1=tuple(b.ln1 for b in blocks), ln2=tuple(b.ln2 for b in blocks),
         ln_final=model.ln_final, scale1=per_layer("ln1.hook_scale"),
         scale2=per_layer("ln2.hook_scale"),
@@ -178,8 +191,10 @@ def freeze(model: nn.Module, tset: TranscoderSet, tokens: Int[Tensor, " pos"]) -
         acts=per_layer("transcoder.hook_acts"),
         pre=tuple(tset.pre_activations(i, x) for i, x in enumerate(inputs)),
         errors=per_layer("transcoder.hook_error"), attn=attention_weights(model),
-        W_U=model.W_U.detach(), b_U=model.b_U.detach(),
+        attn_constants=(), W_U=model.W_U.detach(), b_U=model.b_U.detach(),
     )  # fmt: skip
+    constants = tuple(_attention_constant(f, layer) for layer in range(n))
+    return dataclasses.replace(f, attn_constants=constants)
 
 
 def attention_weights(model: nn.Module) -> tuple[AttentionWeights, ...]:
@@ -205,10 +220,11 @@ def prefix(f: Frozen, m: int) -> Frozen:
 
     return dataclasses.replace(
         f, tokens=f.tokens[:m], logits=f.logits[:m], embed=f.embed[:m],
-        patterns=tuple(p[:, :m, :m] for p in f.patterns), scale1=tuple(map(cut, f.scale1)),
+        scores=tuple(s.prefix(m) for s in f.scores), scale1=tuple(map(cut, f.scale1)),
         scale2=tuple(map(cut, f.scale2)), scale_final=cut(f.scale_final),
         acts=tuple(a[:m] for a in f.acts), pre=tuple(a[:m] for a in f.pre),
         errors=tuple(e[:m] for e in f.errors),
+        attn_constants=tuple(c[:m] for c in f.attn_constants),
     )  # fmt: skip
 
 
@@ -233,22 +249,35 @@ def norm_bias(norm: nn.Module) -> Tensor | float:
 
 def attention_transpose(f: Frozen, layer: int, g: Stream) -> Stream:
     """The gradient at the stream entering block `layer`, through its attention (pattern and
-    `ln1` scale frozen), from the gradient `g` at the attention's output."""
-    attn = f.attn[layer]
-    g_z = einsum(g, attn.W_O, "t q d, h e d -> t q h e")
-    g_v = einsum(f.patterns[layer], g_z, "h q k, t q h e -> t k h e")
+    `ln1` scale frozen), from the gradient `g` at the attention's output. The pattern's
+    rows come a block at a time, only the blocks where some target's `g` is not zero."""
+    attn, scores = f.attn[layer], f.scores[layer]
+    n_targets = len(g)
+    g_z = rearrange(einsum(g, attn.W_O, "t q d, h e d -> t q h e"), "t q h e -> h q (t e)")
+    g_v = torch.zeros_like(g_z)  # h k (t e)
+    live = g.ne(0).any(-1).any(0)
+    for start, stop in scores.blocks(live):
+        rows = scores.rows(start, stop)  # h q k
+        # g_v[h, k] += Σ_q rows[h, q, k] g_z[h, q], in place: no block-sized temporary
+        g_v[:, :stop].baddbmm_(rows.transpose(1, 2), g_z[:, start:stop])
+    g_v = rearrange(g_v, "h k (t e) -> t k h e", t=n_targets)
     g_in = einsum(g_v, attn.W_V, "t k h e, h d e -> t k d")
     return norm_transpose(f.ln1[layer], g_in, f.scale1[layer])
 
 
 def attention_constant(f: Frozen, layer: int) -> Float[Tensor, "pos d_model"]:
     """What block `layer`'s attention writes whatever its input: `ln1`'s bias and `b_V`
-    carried by each pattern row (which sums to one, to rounding), and `b_O`."""
+    carried by each pattern row (which sums to one, to rounding), and `b_O` (made once, by
+    `freeze`)."""
+    return f.attn_constants[layer]
+
+
+def _attention_constant(f: Frozen, layer: int) -> Float[Tensor, "pos d_model"]:
     attn = f.attn[layer]
     value_bias = einsum(norm_bias(f.ln1[layer]) + torch.zeros_like(f.embed[0]),
                         attn.W_V, "d, h d e -> h e") + attn.b_V  # fmt: skip
     per_head = einsum(value_bias, attn.W_O, "h e, h e d -> h d")
-    rows = f.patterns[layer].sum(-1)  # head pos
+    rows = f.scores[layer].row_sums()  # head pos
     return einsum(rows, per_head, "h q, h d -> q d") + attn.b_O
 
 

@@ -13,7 +13,7 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from analysis.attribution_graphs import _frozen
+from analysis.attribution_graphs import _frozen, _patterns
 from hookedattn.sae import TranscoderSet
 
 # The most elements of gathered gradients `[target source d_model]` a chunk holds at once
@@ -141,8 +141,10 @@ def prepare(
     top_k: int,
     demean_logits: bool,
     drop_first_position: bool,
+    pattern_bytes: int = _patterns.PATTERN_BYTES,
 ) -> Prepared:
-    """Check the model and the arguments, run the frozen forward and find the nodes."""
+    """Check the model and the arguments, run the frozen forward (its pattern rows made in
+    blocks of at most `pattern_bytes`) and find the nodes."""
     for name, flag in (("demean_logits", demean_logits),
                        ("drop_first_position", drop_first_position)):  # fmt: skip
         if not isinstance(flag, bool):
@@ -150,7 +152,7 @@ def prepare(
     tset = TranscoderSet(transcoders)
     _frozen.check_model(model, tset)
     tokens = _frozen.prompt_tokens(model, prompt)
-    f = _frozen.freeze(model, tset, tokens)
+    f = _frozen.freeze(model, tset, tokens, pattern_bytes)
     probabilities = f.logits[-1].softmax(-1)
     targets = _targets(logits, top_k, probabilities)
     first = 1 if drop_first_position else 0

@@ -14,7 +14,7 @@ time is wall clock with the process's CPU time beside it. Two ways to the pruned
   `--max-feature-nodes` features kept (the kept block would otherwise grow with the
   square of the kept features);
 - `freeze`: the frozen forward alone (`_frozen.freeze`, which every graph starts with),
-  and the attention patterns it keeps.
+  and the queries and keys it keeps in place of the attention patterns.
 
 Two models: the shipped `bytes-gelu-2l` with its per-layer transcoders (learned
 positional embeddings, so at most its `n_ctx`, 128 tokens), and a random one without a
@@ -87,8 +87,8 @@ if mode == "freeze":
     print(json.dumps({"model": model_name, "mode": mode, "tokens": n_pos,
                       "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                       "peak_rss_added_mib": round((after - before) / 1024, 1),
-                      "patterns_held_mib": sum(p.numel() * p.element_size()
-                                               for p in pruned.patterns) / 2**20}))
+                      "queries_keys_held_mib": round(sum(t.numel() * t.element_size()
+                          for s in pruned.scores for t in (s.queries, s.keys)) / 2**20, 2)}))
     sys.exit(0)
 g = pruned.graph if mode == "dense" else pruned
 print(json.dumps({

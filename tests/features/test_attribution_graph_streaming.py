@@ -4,7 +4,12 @@ graph, to rounding, whatever the chunks; its stored rows still sum to what they 
 import pytest
 import torch
 
-from analysis.attribution_graphs import attribution_graph, prune_graph, pruned_attribution_graph
+from analysis.attribution_graphs import (
+    attribution_graph,
+    prune_graph,
+    pruned_attribution_graph,
+    streaming,
+)
 from analysis.attribution_graphs._budget import memory_budget
 from hookedattn.sae import (
     CrossLayerTranscoder,
@@ -81,6 +86,24 @@ def test_the_chunked_pruned_graph_is_the_pruned_dense_graph(model_kind, set_kind
     assert streamed.kept_features() == dense.kept_features()
     for name in ("fraction_explained", "edge_fraction_explained", "error_fraction"):
         assert getattr(streamed, name) == pytest.approx(getattr(dense, name), abs=1e-10)
+
+
+@pytest.mark.parametrize("model_kind, set_kind", CASES)
+def test_pattern_rows_made_one_at_a_time_give_the_pruned_dense_graph(
+    model_kind, set_kind, monkeypatch
+):
+    monkeypatch.setattr(streaming, "PATTERN_SHARE", SMALL)  # a block of 1 byte: one row
+    model, tcs = build(model_kind, set_kind)
+    dense = prune_graph(attribution_graph(model, tcs, TOKENS, top_k=3))
+    streamed = pruned_attribution_graph(model, tcs, TOKENS, top_k=3, memory_budget=SMALL,
+                                        progress=False)  # fmt: skip
+    nodes, rows = streamed.nodes, streamed.nodes[streamed.rows]
+    torch.testing.assert_close(
+        streamed.adjacency, dense.graph.adjacency[rows][:, nodes], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(streamed.influence, dense.influence, rtol=0, atol=1e-10)
+    assert torch.equal(streamed.kept_nodes(), dense.node_mask.nonzero().flatten())
+    assert torch.equal(streamed.edge_mask, dense.edge_mask[rows][:, nodes])
 
 
 @pytest.mark.parametrize("model_kind, set_kind", CASES)

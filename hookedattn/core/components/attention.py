@@ -29,7 +29,10 @@ share one key and value head: `hook_k`, `hook_v` are `[batch pos kv_head d_head]
 `W_K`, `W_V` show each key/value head once for every query head that reads it, so the QK
 and OV circuits stay per query head.
 
-`written_out` is the schematic step by step. How a forward runs it (`kernels.attend`: one
+`written_out` is the schematic step by step; `pattern` its step from the queries and keys
+as the scores read them (`scored`) to the pattern, for the rows of any queries (a context
+from `kernels.rows_context`), so that patterns can be made again from kept queries and
+keys a block of rows at a time. How a forward runs it (`kernels.attend`: one
 fused kernel where nothing reads the scores or pattern, the guards that keep non-finite
 values from hiding or spreading, the fused q/k/v product) lives in `hookedattn.core.kernels`.
 """
@@ -169,12 +172,24 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch query_pos d_model"]:
         q, k, v = self.project_qkv(query_input, key_input, value_input)
         q, k, v = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k)), self.hook_v(v)
-        q, k = self.apply_positions(q, k, context)
-        q, k = self.q_after(q), self.k_after(k)
+        q, k = self._positioned(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
         return self.write(self.hook_z(self.gated(z, query_input)))
+
+    def scored(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Queries, KeyValues]:
+        """The queries and keys the scores read, from the values at `hook_q` and `hook_k`
+        (q/k norms and rotation, in this layer's order): what `pattern` takes."""
+        return self._positioned(self.q_before(q), self.k_before(k), context)
+
+    def _positioned(
+        self, q: HeadVectors, k: KeyVectors, context: AttentionContext
+    ) -> tuple[Queries, KeyValues]:
+        q, k = self.apply_positions(q, k, context)
+        return self.q_after(q), self.k_after(k)
 
     def _ungated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
         return z
@@ -194,11 +209,8 @@ class Attention(nn.Module):
         position holds (an `inf` key, a NaN value), it contributes exactly nothing. Where
         no key is blocked (one unpadded query after a KV cache) there is nothing to mask.
         """
-        scores = self.biased(self.scores(q, k), context)
+        pattern = self.pattern(q, k, context)
         every_key = context.reads_every_key(self.attn_type)  # a generation step: none blocked
-        if not every_key:
-            scores = kernels.masked(scores, context, self.attn_type)
-        pattern = self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
         blocked = None if every_key else context.blocked[self.attn_type]
         return kernels.weighted_values(pattern, v, blocked)
 
@@ -215,6 +227,17 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch head query_pos key_pos"]:
         """The scores plus each head's ALiBi distance penalty (`components.alibi`)."""
         return self.alibi(scores, context.positions, context.key_positions(scores.shape[-1]))
+
+    def pattern(
+        self, q: Queries, k: KeyValues, context: AttentionContext
+    ) -> Float[Tensor, "batch head query_pos key_pos"]:
+        """The pattern of the queries `q` over the keys `k`: the softmax of the scores, each
+        blocked key's -inf (`context`: the rows of any queries, `kernels.rows_context`),
+        through `hook_attn_scores` and `hook_pattern`."""
+        scores = self.biased(self.scores(q, k), context)
+        if not context.reads_every_key(self.attn_type):
+            scores = kernels.masked(scores, context, self.attn_type)
+        return self.hook_pattern(self.normalize_scores(self.hook_attn_scores(scores)))
 
     def _softmax(
         self, scores: Float[Tensor, "batch head query_pos key_pos"]

@@ -152,6 +152,12 @@ class LatentAttention(Attention):
         shared = repeat(k_rope, "batch pos d_rope -> batch pos head d_rope", head=k_nope.shape[2])
         return torch.cat([k_nope, shared], dim=-1)
 
+    def scored(
+        self, q: HeadVectors, k: HeadVectors, context: AttentionContext
+    ) -> tuple[HeadVectors, HeadVectors]:
+        """The queries and keys the scores read, from the values at `hook_q` and `hook_k`."""
+        return self.rotate_last(q, k, context)
+
     def rotate_last(
         self, q: HeadVectors, k: HeadVectors, context: AttentionContext
     ) -> tuple[HeadVectors, HeadVectors]:
