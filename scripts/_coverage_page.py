@@ -28,6 +28,10 @@ def page(result: dict[str, Any]) -> str:
         "",
         "## Imported",
         "",
+        "*Per head*: the attention hook points whose cached value has a head axis, and in how",
+        "many layers (a layer with a mixer in attention's place has none; its `mixer.hook_in`",
+        "and `mixer.hook_out` are whole).",
+        "",
         *_imported([r for r in records if r.get("status") in ("exact", "wrong")]),
         "",
         "## Not imported, and the nearest family",
@@ -63,14 +67,15 @@ def _counts(c: dict[str, int]) -> list[str]:
 
 def _imported(records: list[dict[str, Any]]) -> list[str]:
     rows = [
-        "| class | model type | float32 | float64 | greedy | | as a folder |",
-        "|---|---|---|---|---|---|---|",
+        "| class | model type | float32 | float64 | greedy | | as a folder | per head |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         folder = "yes" if r["folder"] else "no: its model type is not a family's"
         rows.append(
             f"| `{r['architecture']}` | {r['model_type']} | {_e(r['delta_float32'])} | "
-            f"{_e(r['delta_float64'])} | {r['generation']} | {r['status']} | {folder} |"
+            f"{_e(r['delta_float64'])} | {r['generation']} | {r['status']} | {folder} | "
+            f"{r.get('per_head', '')} |"
         )
     return rows
 

@@ -158,12 +158,32 @@ def imported(model: Any, tokens: torch.Tensor, logits: torch.Tensor) -> dict[str
     out = dict(delta_float32=delta32, delta_float64=_float64_delta(model, tokens))
     out["folder"] = _folder_family(model.config)
     out["generation"] = _generation(model, ours, tokens)
+    out["per_head"] = _per_head(ours, tokens)
     exact = (
         delta32 <= TOLERANCE_32
         and (out["delta_float64"] or 1.0) <= TOLERANCE_64
         and out["generation"] == "equal"
     )
     return out | dict(status="exact" if exact else "wrong")
+
+
+PER_HEAD = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_attn_scores", "hook_pattern",
+            "hook_result")  # fmt: skip
+
+
+def _per_head(ours: Any, tokens: torch.Tensor) -> str:
+    """The attention hook points whose cached value holds a slice per head (a head axis:
+    four axes), and in how many of the layers (a mixer's layer has none)."""
+
+    def attention_point(name: str) -> bool:
+        return ".attn." in name and name.rsplit(".", 1)[-1] in PER_HEAD
+
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(tokens, names_filter=attention_point)
+    headed = [name for name, value in cache.items() if value.ndim == 4]
+    layers = {name.split(".")[1] for name in headed}
+    kinds = [k.removeprefix("hook_") for k in PER_HEAD if any(n.endswith(k) for n in headed)]
+    return f"{' '.join(kinds) or 'none'} ({len(layers)} of {ours.cfg.n_layers} layers)"
 
 
 def _folder_family(config: Any) -> bool:
