@@ -284,11 +284,26 @@ class HookedTransformerConfig:
             )
 
     def _check_variants(self) -> None:
+        """Check that the variants chosen fit together, in turn: the per-head inputs, the
+        MLP, the norms, the experts and the per-layer lists; a ValueError names the clash."""
         if self.use_attn_in and self.use_split_qkv_input:
             raise ValueError(
                 "use_attn_in and use_split_qkv_input are alternatives (one shared per-head "
                 "input, or one per q/k/v); set at most one"
             )
+        self._check_mlp_variants()
+        self._check_norm_variants()
+        if self.use_attn_in and self.n_key_value_heads not in (None, self.n_heads):
+            raise ValueError(
+                "use_attn_in gives every query head one input copy, which grouped keys and "
+                "values cannot share; use use_split_qkv_input (one copy per key/value head)"
+            )
+        self._check_experts()
+        self._check_layer_lists()
+
+    def _check_mlp_variants(self) -> None:
+        """Check the MLP's variants: none asked of an attention-only model, a width for one
+        with MLPs, and activations only in the MLP forms they have."""
         if self.attn_only:
             for flag in ("use_hook_mlp_in", "gated_mlp", "parallel_attn_mlp"):
                 if getattr(self, flag):
@@ -308,6 +323,10 @@ class HookedTransformerConfig:
                 "act_fn='xielu' keeps learned scalars in a dense MLP; it has no "
                 "mixture-of-experts form: use another act_fn there"
             )
+
+    def _check_norm_variants(self) -> None:
+        """Check the norms' variants: placements and embedding norms need norms, and each
+        placement the block it norms."""
         if self.normalization_type is None and self.normalization_placement != "pre":
             raise ValueError(
                 f"normalization_placement={self.normalization_placement!r} places norms, "
@@ -332,12 +351,10 @@ class HookedTransformerConfig:
                 "sequential block's two adds: it needs attn_only=False and "
                 "parallel_attn_mlp=False"
             )
-        if self.use_attn_in and self.n_key_value_heads not in (None, self.n_heads):
-            raise ValueError(
-                "use_attn_in gives every query head one input copy, which grouped keys and "
-                "values cannot share; use use_split_qkv_input (one copy per key/value head)"
-            )
-        self._check_experts()
+
+    def _check_layer_lists(self) -> None:
+        """Check the per-layer lists (the hybrid's mixers, the attention types): one entry
+        per layer, and a window for local attention."""
         if self.mixers is not None and len(self.mixers.layers) != self.n_layers:
             raise ValueError(
                 f"mixers.layers has {len(self.mixers.layers)} entries but n_layers="

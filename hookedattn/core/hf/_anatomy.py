@@ -37,7 +37,6 @@ hypothesis: `_verify` then checks the import against `transformers` on the same 
 """
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,7 +49,6 @@ from hookedattn.core.hf import (
     _mixers,
     _saved,
     _scalars,
-    _sinusoids,
     _split_layers,
     _tiny,
     _verify,
@@ -85,9 +83,8 @@ from hookedattn.core.hf._roles import (
     qk_norms,
     unwrapped_attention,
 )
+from hookedattn.core.hf._watching import Watching
 from hookedattn.core.hf._wiring import placement, wiring
-
-_TOKENS = (2, 7)
 
 
 def architecture_of(hf_config: Any) -> str:
@@ -166,7 +163,7 @@ def _measured(twin_config: Any, architecture: str) -> dict[str, float]:
     return reader.measured
 
 
-class _Reader:
+class _Reader(Watching):
     """One twin, watched: `anatomy` does the reading."""
 
     def __init__(self, twin: nn.Module, config: Any, architecture: str) -> None:
@@ -185,6 +182,8 @@ class _Reader:
         self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
     def anatomy(self) -> Anatomy:
+        """The twin's anatomy: its places, its first layer's pieces and wiring, and the
+        scalars measured on it (module docstring)."""
         children = dict(self.layer.named_children())
         if self.mixers is not None and "attention" not in dict(self.mixers.pattern).values():
             return self._attention_free(children)
@@ -195,10 +194,7 @@ class _Reader:
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
-        if beside is not None:  # one MLP: the block's write and the shared expert's, summed
-            shared = {n: y for n, _, y in calls}[beside]
-            calls = [(n, x, y + shared if n == mlp else y) for n, x, y in calls if n != beside]
-            children = {n: m for n, m in children.items() if n != beside}
+        calls, children = _merged_beside(calls, children, mlp, beside)
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         inner, attn_module = unwrapped_attention(children[attn])
@@ -206,28 +202,13 @@ class _Reader:
         mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat, beside)
-        epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
-        kind, bias, eps = norm_kind(
-            [*(children[hf] for _, hf in norms),
-             *(m for m in (self._final_norm(), self._embed_norm_module()) if m is not None),
-             *(getattr(attn_module, n) for n in qk or ())],
-            (*epsilons, *USUAL_EPSILONS),
-        )  # fmt: skip
+        kind, bias, eps = self._norm_kind(children, norms, attn_module, qk)
         latent = hasattr(attn_module, "kv_a_proj_with_mqa")  # DeepSeek's latent attention
         d_head = attention_head_width(attn_module, self.config)
         scaling = None if latent else attention_scaling(attn_module, d_head)
-        attn_maps, gate_per_head = ((), None) if latent else gated_queries(
-            linear_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
-            attn_module, self.config.num_attention_heads, d_head,
-        )  # fmt: skip
-        self.measured = {"embed_scale": embed_ratio, "attn_write": writes[0],
-                         "mlp_write": writes[1], "logit_scale": logits}  # fmt: skip
-        if scaling is not None:
-            self.measured["attn_scale"] = scaling
-        where = placement({ours for ours, _ in norms})
-        if (self._final_norm() is None) != (where == "post_residual"):
-            raise ValueError(f"{where} norms and {'no' if self._final_norm() is None else 'a'} "
-                             "final norm: not recognised")  # fmt: skip
+        attn_maps, gate_per_head = self._attention_maps(attn_module, latent, qk, d_head)
+        self._measure(embed_ratio, writes, logits, scaling)
+        where = self._placement(norms)
         return Anatomy(
             **self._places(),
             attn=attn + inner,
@@ -253,6 +234,71 @@ class _Reader:
             positions_fixed=self.positions_fixed,
             unused=unused,
             act_fn=act_fn,
+            **self._scales(embed_ratio, scaling, d_head, writes, logits),
+            logit_cap=capped,
+            embed_norm=self.embed_norm,
+            embed_norm_before_positions=self.embed_norm_before_positions,
+            mixers=self.mixers,
+            alibi=self._alibi(children[attn]),
+        )
+
+    def _measure(
+        self, embed_ratio: float, writes: tuple[float, float], logits: float, scaling: float | None
+    ) -> None:
+        """Keep the scalars measured in `measured` (`_scalars` reads them on more twins); the
+        softmax scale only where the attention keeps one."""
+        self.measured = {"embed_scale": embed_ratio, "attn_write": writes[0],
+                         "mlp_write": writes[1], "logit_scale": logits}  # fmt: skip
+        if scaling is not None:
+            self.measured["attn_scale"] = scaling
+
+    def _norm_kind(
+        self,
+        children: dict[str, nn.Module],
+        norms: list[tuple[str, str]],
+        attn_module: nn.Module,
+        qk: tuple[str, str] | None,
+    ) -> tuple[str, bool, float]:
+        """The kind, bias and epsilon every norm shares (`_probes.norm_kind`): the layer's
+        `norms`, the final and embedding norms, and the attention's q/k norms."""
+        epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
+        return norm_kind(
+            [*(children[hf] for _, hf in norms),
+             *(m for m in (self._final_norm(), self._embed_norm_module()) if m is not None),
+             *(getattr(attn_module, n) for n in qk or ())],
+            (*epsilons, *USUAL_EPSILONS),
+        )  # fmt: skip
+
+    def _attention_maps(
+        self, attn_module: nn.Module, latent: bool, qk: tuple[str, str] | None, d_head: int
+    ) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
+        """The attention's linear maps (none for a latent attention, read by its own rules)
+        and whether its query map gates the output per head (`_roles.gated_queries`)."""
+        return ((), None) if latent else gated_queries(
+            linear_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            attn_module, self.config.num_attention_heads, d_head,
+        )  # fmt: skip
+
+    def _placement(self, norms: list[tuple[str, str]]) -> str:
+        """Where the layer's `norms` sit (`_wiring.placement`); a ValueError where the final
+        norm does not fit it (post-residual norms have none, the others one)."""
+        where = placement({ours for ours, _ in norms})
+        if (self._final_norm() is None) != (where == "post_residual"):
+            raise ValueError(f"{where} norms and {'no' if self._final_norm() is None else 'a'} "
+                             "final norm: not recognised")  # fmt: skip
+        return where
+
+    def _scales(
+        self,
+        embed_ratio: float,
+        scaling: float | None,
+        d_head: int,
+        writes: tuple[float, float],
+        logits: float,
+    ) -> dict[str, Scale]:
+        """The scalars measured, each as a function of the twin's config, by `Anatomy`'s
+        field (the softmax scale UNKNOWN where the attention keeps none)."""
+        return dict(
             embed_scale=self._explain(embed_ratio, "embedding scale"),
             attn_scale=UNKNOWN
             if scaling is None
@@ -260,14 +306,13 @@ class _Reader:
             attn_write=self._explain(writes[0], "attention's write scale"),
             mlp_write=self._explain(writes[1], "MLP's write scale"),
             logit_scale=self._explain(logits, "logit scale"),
-            logit_cap=capped,
-            embed_norm=self.embed_norm,
-            embed_norm_before_positions=self.embed_norm_before_positions,
-            mixers=self.mixers,
-            alibi=_alibi.slopes_handed(
-                self.twin, children[attn], self.config.num_attention_heads
-            ) is not None,
-        )  # fmt: skip
+        )
+
+    def _alibi(self, attention: nn.Module) -> bool:
+        """Whether ALiBi's slopes are handed to the layer's `attention` (`_alibi`)."""
+        return (
+            _alibi.slopes_handed(self.twin, attention, self.config.num_attention_heads) is not None
+        )
 
     def _attention_free(self, children: dict[str, nn.Module]) -> Anatomy:
         """A model whose every layer is one norm and one mixer, `x + mixer(norm(x))`
@@ -413,181 +458,6 @@ class _Reader:
         attending = [i for i, name in enumerate(attention) if name is not None]
         return _mixers.recognise(self.layers, self.config, attention, mixers), attending
 
-    def _final_norm(self) -> nn.Module | None:
-        """The base model's norm beside its layers that is not the embeddings' (None where
-        the last layer's post-residual norm is the final one)."""
-        norms = [m for n, m in self.base.named_children() if is_norm(m)
-                 and (self._in_base(n) != self.embed_norm or self.embed_norm_is_final)]  # fmt: skip
-        if not norms:
-            return None
-        if len(norms) != 1:
-            raise ValueError(
-                f"the base model holds {len(norms)} norms beside its layers "
-                f"({[type(m).__name__ for m in norms]}); one final norm is recognised"
-            )
-        return norms[0]
-
-    def _in_base(self, name: str) -> str:
-        return f"{self.base_name}.{name}".lstrip(".")
-
-    def _embed_norm_module(self) -> nn.Module | None:
-        return None if self.embed_norm is None else self.twin.get_submodule(self.embed_norm)
-
-    def _watch(
-        self, capped: bool
-    ) -> tuple[list[tuple[str, Tensor, Tensor]], float, float, tuple[str | None, int]]:
-        """Run the twin; the calls of the first layer's pieces (name, input, output) in
-        order, the layer's own call first, the logit scale (of the logits before their soft
-        cap, when `capped`), the embedding's scale, and the learned positions' table and
-        offset (None, 0 without)."""
-        calls: list[tuple[str, Tensor, Tensor]] = []
-        seen: dict[str, Tensor] = {}
-        # Each output's version and values when it was made: Falcon adds the attention's
-        # output into the MLP's in place (`mlp_output += attention_output`) after its call.
-        made: list[tuple[int, Tensor]] = []
-
-        def hook(name: str) -> Callable[..., None]:
-            def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                y = _first_output(output)
-                calls.append((name, _first_tensor(args, kwargs), y))
-                made.append((y._version, y.clone()))
-
-            return record
-
-        def keep(name: str) -> Callable[..., None]:
-            def record(module: nn.Module, args: tuple, output: Any) -> None:
-                seen[name] = _first_output(output)
-
-            return record
-
-        def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            seen["first layer"] = _first_tensor(args, kwargs)
-
-        handles = [self.layer.register_forward_hook(hook(""), with_kwargs=True)]
-        handles.append(self.layers[0].register_forward_pre_hook(enter, with_kwargs=True))
-        handles += [
-            m.register_forward_hook(hook(n), with_kwargs=True)
-            for n, m in self.layer.named_children()
-        ]
-        embed = self.twin.get_input_embeddings()
-        tables = {n: m for n, m in self.base.named_children()
-                  if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
-        handles += [m.register_forward_hook(keep(n)) for n, m in tables.items()]
-        base_norms = {n: m for n, m in self.base.named_children() if is_norm(m)}
-        handles += [m.register_forward_hook(hook(f"norm:{n}"), with_kwargs=True)
-                    for n, m in base_norms.items()]  # fmt: skip
-        handles.append(embed.register_forward_hook(keep("embed")))
-        unembed = self.twin.get_output_embeddings()
-        handles.append(unembed.register_forward_hook(keep("unembed")))
-        handles.append(unembed.register_forward_pre_hook(
-            lambda module, args: seen.__setitem__("unembed_in", args[0])))  # fmt: skip
-        tokens = torch.randint(
-            0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
-        )
-        try:
-            with torch.no_grad():
-                logits = self.twin(tokens).logits
-        finally:
-            for handle in handles:
-                handle.remove()
-        calls = [(n, x, y if y._version == version else values)
-                 for (n, x, y), (version, values) in zip(calls, made, strict=True)]  # fmt: skip
-        scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
-        outer: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        for name, x, y in calls:
-            if name.startswith("norm:"):
-                outer.setdefault(name.removeprefix("norm:"), []).append((x, y))
-        calls = [call for call in calls if not call[0].startswith("norm:")]
-        # The layer's own call is recorded last (its hook runs after its children's).
-        calls = [calls[-1], *calls[:-1]]
-        embed_scale, positions = self._entering(outer, seen, tables)
-        scale *= embed_scale
-        if capped:  # undone: cap * atanh(logits / cap)
-            cap = float(self.config.final_logit_softcapping)
-            logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
-        # What multiplies the final norm's output before the unembedding reads it (MiniCPM's
-        # `hidden_size / dim_model_base`) scales the logits as much as what follows it.
-        final = self._final_norm()  # None: the last layer's post-residual norm
-        name = next((n for n, m in base_norms.items() if m is final), None)
-        before = (
-            1.0
-            if name is None
-            else ratio(seen["unembed_in"], outer[name][-1][1], "the unembedding's input")
-        )
-        return calls, before * ratio(logits, seen["unembed"], "the logits"), scale, positions
-
-    def _entering(
-        self,
-        outer: dict[str, list[tuple[Tensor, Tensor]]],
-        seen: dict[str, Tensor],
-        tables: dict[str, nn.Embedding],
-    ) -> tuple[float, tuple[str | None, int]]:
-        """What multiplies the embedding's output before the first layer, and the positions
-        added to it (None, 0 without); sets the embeddings' norm, if any."""
-        entering = seen["first layer"]
-        # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
-        # One module may norm the embeddings and, called again, the last stream (nanochat's).
-        normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape
-                  and torch.allclose(runs[0][1], entering)]  # fmt: skip
-        self.embed_norm = self._in_base(normed[0]) if normed else None
-        self.embed_norm_is_final = bool(normed) and len(outer[normed[0]]) == 2
-        before = [] if normed else self._norm_before_positions(outer, seen["embed"])
-        if before:  # BlenderbotSmall: the token embedding normed, then positions added
-            x, y = outer[before[0]][0]
-            self.embed_norm, self.embed_norm_before_positions = self._in_base(before[0]), True
-            scale = ratio(x, seen["embed"], "the embedding norm's input")
-            # Rounded at the scale of the normed embedding, which the positions are added to.
-            magnitude = float(entering.abs().max())
-            return scale, self._positions(entering - y, tables, seen, magnitude)
-        summed = outer[normed[0]][0][0] if normed else entering
-        try:  # the embedding's output, multiplied after the module (Granite's multiplier)
-            return ratio(summed, seen["embed"], "the first layer's input"), (None, 0)
-        except ValueError:  # or plus learned positions
-            return 1.0, self._positions(summed - seen["embed"], tables, seen)
-
-    def _norm_before_positions(
-        self, outer: dict[str, list[tuple[Tensor, Tensor]]], embed: Tensor
-    ) -> list[str]:
-        """The base model's norms that read (a multiple of) the embedding's output."""
-        found = []
-        for name, runs in outer.items():
-            if runs[0][0].shape != embed.shape:
-                continue
-            try:
-                ratio(runs[0][0], embed, "the norm's input")
-            except ValueError:
-                continue
-            found.append(name)
-        return found
-
-    def _positions(
-        self,
-        added: Tensor,
-        tables: dict[str, nn.Embedding],
-        seen: dict[str, Tensor],
-        magnitude: float | None = None,
-    ) -> tuple[str | None, int]:
-        """Which table's rows (and from which row) were added to the embedding before the
-        first layer; a ValueError if anything else was. `magnitude`: what `added` was
-        rounded at, where larger than itself."""
-        tolerance = 1e-6 * (max(float(added.abs().max()), magnitude or 0.0) + 1e-12)
-        if float(added.abs().max()) <= 1e-7:
-            return None, 0
-        for name, table in tables.items():
-            if name in seen and torch.allclose(added, seen[name].expand_as(added), atol=tolerance):
-                rows, weight = added[0], table.weight.detach()
-                for offset in range(weight.shape[0] - rows.shape[0] + 1):
-                    if torch.allclose(weight[offset : offset + len(rows)], rows, atol=tolerance):
-                        return f"{self.base_name}.{name}".lstrip("."), offset
-        fixed = _sinusoids.found(added[0], self.base, self.base_name)
-        if fixed is not None and torch.allclose(added, added[:1].expand_as(added)):
-            self.positions_fixed = fixed.kind
-            return fixed.name, fixed.offset
-        raise ValueError(
-            "the stream entering the first layer is not the embedding (plus "
-            "learned or sinusoidal positions): an embedding norm or positions we do not read"
-        )
-
     def _explain(self, value: float, what: str, d_head: int | None = None) -> Scale:
         """`value` as a function of the twin's config (`_probes.explain`)."""
         return explain(value, self.config, what, d_head)
@@ -613,6 +483,22 @@ def _last_layer_bias(layers: list[nn.Module], attn: str, config: Any) -> str | N
             "a bias of the last layer's output is recognised"
         )
     return name
+
+
+def _merged_beside(
+    calls: list[tuple[str, Tensor, Tensor]],
+    children: dict[str, nn.Module],
+    mlp: str,
+    beside: str | None,
+) -> tuple[list[tuple[str, Tensor, Tensor]], dict[str, nn.Module]]:
+    """The calls and the layer's pieces with a shared expert held `beside` the `mlp` block
+    (Granite's `shared_mlp`) made one MLP: the block's write and the shared expert's,
+    summed; unchanged without one."""
+    if beside is None:
+        return calls, children
+    shared = {n: y for n, _, y in calls}[beside]
+    calls = [(n, x, y + shared if n == mlp else y) for n, x, y in calls if n != beside]
+    return calls, {n: m for n, m in children.items() if n != beside}
 
 
 def _holds(layer: nn.Module, name: str) -> bool:
@@ -644,14 +530,3 @@ def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:
 def _shapes(module: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {n: (type(m).__name__, tuple(p.shape) if (p := getattr(m, "weight", None)) is not None
                 else ()) for n, m in module.named_modules()}  # fmt: skip
-
-
-def _first_tensor(args: tuple, kwargs: dict) -> Tensor:
-    for value in (*args, kwargs.get("hidden_states"), *kwargs.values()):
-        if isinstance(value, Tensor):
-            return value
-    raise ValueError("a piece of the layer was called without a tensor")
-
-
-def _first_output(output: Any) -> Tensor:
-    return output[0] if isinstance(output, tuple | list) else output

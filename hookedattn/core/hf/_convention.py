@@ -34,6 +34,16 @@ from torch import Tensor
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _sinusoids, _translate
 from hookedattn.core.hf._anatomy import recognise
+from hookedattn.core.hf._config_fields import (
+    NORM_TYPES,
+    Decoder,
+    attention_free_fields,
+    head_width,
+    key_value_heads,
+    mlp_width,
+    refuse_unimported,
+    rotary_fields,
+)
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
 from hookedattn.core.hf._gptj import neighbours_to_halves
@@ -41,8 +51,6 @@ from hookedattn.core.hf._probes import Scale
 from hookedattn.core.hf._recognised import UNKNOWN, Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times, zeros
 
-_NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
-               "layer_one_plus": "LN", "layer_bare": "LN"}  # fmt: skip
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
 XIELU_PATTERNS = {"alpha_p": "one -> one", "alpha_n": "one -> one", "beta": "->", "eps": "->"}
 
@@ -62,24 +70,14 @@ class Convention:
             raise ValueError(f"its config lacks a field the convention reads: {error}") from error
 
     def _fields(self, hf_config: Any) -> dict[str, Any]:
-        a, c = self.anatomy, _Decoder(hf_config)
+        """Our config's fields for `hf_config`, read as the anatomy says."""
+        a, c = self.anatomy, Decoder(hf_config)
         if a.attn == "":
-            return _attention_free_fields(c, a)
-        if (getattr(c, "moe_router_logit_softcapping", None) or 0.0) > 0.0:
-            raise ValueError(
-                f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
-                "whose logits are soft-capped is not imported"
-            )
-        _refuse_clipped_qkv(hf_config)
-        per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
-        if per_layer - {c.num_attention_heads}:
-            raise ValueError(
-                f"num_attention_heads_per_layer={c.num_attention_heads_per_layer}: blocks with "
-                f"different head counts are not imported (every block has n_heads)"
-            )
+            return attention_free_fields(c, a)
+        refuse_unimported(c, hf_config)
         d_head = head_width(c)
-        n_kv = _kv_heads(c)
-        rotary = _rotary(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
+        n_kv = key_value_heads(c)
+        rotary = rotary_fields(c, a, d_head) if a.rotary else {"positional_embedding_type": "none"}
         if a.positions is not None:
             rotary = {"positional_embedding_type": "standard"}
         if a.alibi:  # handed to the layer's attention (not to a module it wraps)
@@ -95,19 +93,19 @@ class Convention:
             **({"d_vocab_out": c.vocab_size} if a.embed_rows_extra else {}),
             "n_heads": c.num_attention_heads,
             "d_head": d_head,
-            "d_mlp": _mlp_width(c) if a.experts is None else getattr(c, a.experts.width_field),
+            "d_mlp": mlp_width(c) if a.experts is None else getattr(c, a.experts.width_field),
             **_expert_table.routing_fields(c, a),
             "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
             "act_fn": a.act_fn,
             "gated_mlp": bool(roles & {"gate", "gate_up"}) or a.experts is not None,
             "parallel_attn_mlp": a.parallel,
-            "normalization_type": _NORM_TYPES[a.norm_kind],
+            "normalization_type": NORM_TYPES[a.norm_kind],
             "normalization_placement": a.placement,
             "eps": a.eps,
             "use_qk_norm": a.qk_norm is not None,
             "qk_norm_per_head": a.qk_norm != "whole",
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
-            "qk_norm_type": _NORM_TYPES[a.norm_kind],  # every norm is of one kind
+            "qk_norm_type": NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
             "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
@@ -134,7 +132,7 @@ class Convention:
                  adjust=times(scale(a.embed_scale))),
             *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
-            *self._sublayer_rules(cfg, scale(a.attn_write), _Decoder(hf_config)),
+            *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *(_norm(a, "ln_embed", a.embed_norm, 1.0) if a.embed_norm else []),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
@@ -259,7 +257,7 @@ class Convention:
             pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
             rules.append(Rule(f"{b}.{ours}.w", f"{at}.{hf}.weight", pattern,
                               adjust=_chain(_gain(a), order)))  # fmt: skip
-            if _NORM_TYPES[a.norm_kind] == "LN":  # Persimmon's LayerNorms: a bias too
+            if NORM_TYPES[a.norm_kind] == "LN":  # Persimmon's LayerNorms: a bias too
                 rules.append(Rule(f"{b}.{ours}.b", f"{at}.{hf}.bias", pattern, adjust=order)
                              if a.norm_bias else zeros(f"{b}.{ours}.b", axes))  # fmt: skip
         return rules
@@ -411,124 +409,6 @@ class Convention:
         return lambda W: W[..., order.to(W.device)]
 
 
-def _rotary(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, Any]:
-    """The rotary fields: `_translate.rotary`'s (one `rope_parameters` per layer type, as
-    Gemma 3 and OLMo 3 keep them, give the local layers a base of their own), and which
-    layers rotate (`no_rope_layers`, SmolLM 3's; or the anatomy's `rotary_on`)."""
-    c = hf_config
-    rope = dict(getattr(c, "rope_parameters", None) or {})
-    by_type = {k: v for k, v in rope.items() if k in ("full_attention", "sliding_attention")}
-    if by_type:
-        rope = dict(by_type.get("full_attention") or by_type["sliding_attention"])
-    if "rope_theta" not in rope:
-        # CodeGen keeps none: its modeling code rotates by 10000's. Another fixed base would
-        # fail the twin's verification.
-        rope["rope_theta"] = getattr(c, "rope_theta", None) or 10000.0
-    if getattr(c, "partial_rotary_factor", None) is not None:
-        rope.setdefault("partial_rotary_factor", c.partial_rotary_factor)
-    fields = _translate.rotary(c, d_head, partial=True, yarn=True, rope=rope)
-    if isinstance(getattr(c, "rotary_dim", None), int):  # GPT-J's and CodeGen's: dims, not a share
-        fields["rotary_dim"] = c.rotary_dim
-    local = by_type.get("sliding_attention")
-    if local and local != by_type.get("full_attention", local):
-        if local.get("rope_type", "default") != "default":
-            raise ValueError(f"the sliding layers' rope_type {local['rope_type']!r}: only "
-                             "'default' is imported by convention")  # fmt: skip
-        fields["rotary_base_local"] = float(local["rope_theta"])
-    layer_types = getattr(c, "layer_types", None) or ()
-    if getattr(c, "no_rope_layers", None) is not None:
-        fields["rotary_layers"] = tuple(bool(f) for f in c.no_rope_layers)
-    elif anatomy.rotary_on == "sliding":
-        fields["rotary_layers"] = tuple(t == "sliding_attention" for t in layer_types)
-    return fields
-
-
-_DECODER_FIELDS = {"num_hidden_layers": "decoder_layers", "num_attention_heads":
-                   "decoder_attention_heads", "intermediate_size": "decoder_ffn_dim",
-                   "max_position_embeddings": "max_target_positions",
-                   "vocab_size": "decoder_vocab_size"}  # fmt: skip
-
-
-class _Decoder:
-    """A config read as a decoder's: an encoder-decoder config's `decoder_*` fields (its
-    causal LM is its decoder) in place of the ones `transformers` maps to the encoder's."""
-
-    def __init__(self, hf_config: Any) -> None:
-        self._config = hf_config
-
-    def __getattr__(self, name: str) -> Any:
-        own = _DECODER_FIELDS.get(name)
-        if own is not None and getattr(self._config, own, None) is not None:
-            return getattr(self._config, own)
-        return getattr(self._config, name)
-
-
-def _attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
-    """An attention-free model's fields (every layer `x + mixer(norm(x))`): no MLPs, no
-    positions; one nominal head as wide as the stream, never built (no layer attends)."""
-    return {
-        "n_layers": c.num_hidden_layers,
-        "d_model": c.hidden_size,
-        "n_ctx": getattr(c, "max_position_embeddings", None) or 2048,
-        "d_vocab": c.vocab_size,
-        "n_heads": 1,
-        "d_head": c.hidden_size,
-        "attn_only": True,
-        "normalization_type": _NORM_TYPES[a.norm_kind],
-        "eps": a.eps,
-        "positional_embedding_type": "none",
-        "mixers": a.mixers.config(c),
-    }
-
-
-def _kv_heads(c: Any) -> int:
-    """Key/value heads: `num_key_value_heads` (Falcon's `num_kv_heads` in its new decoder
-    layout), or one where `multi_query` (GPT-BigCode's, Falcon's first layout)."""
-    if getattr(c, "new_decoder_architecture", False):
-        return c.num_kv_heads
-    if getattr(c, "multi_query", False):
-        return 1
-    return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-
-
-def _refuse_clipped_qkv(hf_config: Any) -> None:
-    """A ValueError where queries, keys and values are clamped (`clip_qkv`: OLMo's, MPT's in
-    its `attn_config`): a tiny twin's random weights never reach the clamp, so its
-    verification could not tell the clamp is missing."""
-    for owner in (hf_config, getattr(hf_config, "attn_config", None) or {}):
-        clip = (
-            owner.get("clip_qkv") if isinstance(owner, dict) else getattr(owner, "clip_qkv", None)
-        )
-        if clip is not None:
-            raise ValueError(f"clip_qkv={clip}: queries, keys and values clamped are not imported")
-
-
-def _mlp_width(c: Any) -> int:
-    """The MLP's width: `intermediate_size` or the names other configs give it (4 d_model
-    where a config leaves it None, as GPT-2-like ones do, or names none)."""
-    if getattr(c, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of it, scaled, rounded up
-        width = int(2 * c.intermediate_size / 3)
-        if getattr(c, "block_ffn_dim_multiplier", None) is not None:
-            width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
-            width = multiple * ((width + multiple - 1) // multiple)
-        return width
-    for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "dff"):
-        if hasattr(c, name):
-            width = getattr(c, name)
-            return int(width) if width is not None else 4 * c.hidden_size
-    if hasattr(c, "intermediate_multiple_size"):  # GPT-NeoX Japanese: a multiple of d_model
-        return int(c.intermediate_multiple_size * c.hidden_size)
-    # BLOOM and MPT name none: their modeling code builds 4 d_model. Another hard-coded width
-    # would fail the twin's verification, and a checkpoint's tensors the table's shapes.
-    return 4 * c.hidden_size
-
-
-def head_width(hf_config: Any) -> int:
-    """A config's head width: `head_dim` where it sets one, else `hidden_size / heads`."""
-    c = hf_config
-    return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
-
-
 def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     """The families the anatomy of `hf_config` allows, the likelier first: one, or for a
     rotary architecture its rotation of halves, then of pairs (module docstring), in every
@@ -645,7 +525,7 @@ def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:
         gain = ones(f"{ours}.w", "d_model", times=write)
     else:
         gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), times(write)))
-    if _NORM_TYPES[kind] == "RMS":
+    if NORM_TYPES[kind] == "RMS":
         return [gain]
     bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=times(write))
             if anatomy.norm_bias else zeros(f"{ours}.b", "d_model"))  # fmt: skip

@@ -9,7 +9,10 @@ one tensor per expert and projection as files hold them) and the shared expert, 
 the block or in it, fused or not.
 """
 
+from collections.abc import Callable
 from typing import Any
+
+from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import _experts
@@ -88,25 +91,7 @@ def expert_rules(
         zeros(f"{m}.b_out", "expert d_model"),
     ]
     if e.shared:
-        s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
-        shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
-        shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
-        halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
-        gate, up, down = (
-            (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
-             Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
-             f"{hf}.output_linear.weight")
-            if e.shared_fused else
-            (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
-             Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
-        )  # fmt: skip
-        rules += [
-            gate,
-            up,
-            zeros(f"{s}.b_in", "d_mlp_shared"),
-            Rule(f"{s}.W_out", down, shared_out, adjust=out),
-            zeros(f"{s}.b_out", "d_model"),
-        ]
+        rules += _shared_expert_rules(e, m, at, out, live)
     if e.shared_gate:
         rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
                           "one d_model -> d_model one"))  # fmt: skip
@@ -117,3 +102,29 @@ def expert_rules(
         bias = e.choice_bias if live else e.saved_choice_bias
         rules.append(Rule(f"{m}.b_router_choice", f"{at}.{bias}", e.choice_bias_pattern))
     return rules
+
+
+def _shared_expert_rules(
+    e: Any, m: str, at: str, out: Callable[[Tensor], Tensor] | None, live: bool
+) -> list[Rule]:
+    """The shared expert's rules, under our block `m` and the layer `at`: its gate and up maps
+    (fused in one `input_linear` or apart) and its down map, live or as the files hold it."""
+    s, hf = f"{m}.shared_expert", f"{at}.{e.shared if live else e.saved_shared}"
+    shared_in = "d_mlp_shared d_model -> d_model d_mlp_shared"
+    shared_out = "d_model d_mlp_shared -> d_mlp_shared d_model"
+    halves = dict(split=("d_mlp_shared", "d_mlp_shared"))
+    gate, up, down = (
+        (Rule(f"{s}.W_gate", f"{hf}.input_linear.weight", shared_in, **halves),
+         Rule(f"{s}.W_in", f"{hf}.input_linear.weight", shared_in, **halves, part=1),
+         f"{hf}.output_linear.weight")
+        if e.shared_fused else
+        (Rule(f"{s}.W_gate", f"{hf}.gate_proj.weight", shared_in),
+         Rule(f"{s}.W_in", f"{hf}.up_proj.weight", shared_in), f"{hf}.down_proj.weight")
+    )  # fmt: skip
+    return [
+        gate,
+        up,
+        zeros(f"{s}.b_in", "d_mlp_shared"),
+        Rule(f"{s}.W_out", down, shared_out, adjust=out),
+        zeros(f"{s}.b_out", "d_model"),
+    ]

@@ -108,12 +108,7 @@ def recognise(
     router_map = _router_map(children[router])  # "" or the Linear it holds (AFMoE's "gate")
     count, d_model = children[router].get_submodule(router_map).weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
-    shared = next((n for n in _SHARED if n in children), None)
-    gate = "shared_expert_gate" if "shared_expert_gate" in children else None
-    known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
-    others = [n for n, m in children.items() if n not in known and any(m.parameters())]
-    if others:
-        raise ValueError(f"{type(block).__name__} holds pieces not recognised: {others}")
+    shared, gate = _shared_pieces(block, children, router)
     shared_module = children[shared] if shared else None
     if beside is not None:
         shared, shared_module = beside
@@ -125,14 +120,9 @@ def recognise(
     )
     saved_transposed = transposed
     if saved_stacked is not None:  # which is [gate; up], and how the files lay it out
-        shapes = _saved_shapes(twin, f"{layers}.{n_dense}.")
-        at = f"{layers}.{n_dense}."
-        gate_up = [n for n in saved_stacked if 2 * width in shapes[at + n]]
-        if len(gate_up) != 1:
-            raise ValueError(f"the stacked experts' [gate; up] is not told apart: {saved_stacked}")
-        down = next(n for n in saved_stacked if n != gate_up[0])
-        saved_stacked = (gate_up[0], down)
-        saved_transposed = shapes[at + gate_up[0]][1] == d_model != 2 * width
+        saved_stacked, saved_transposed = _saved_layout(
+            twin, f"{layers}.{n_dense}.", saved_stacked, width, int(d_model)
+        )
     return Experts(
         block=block_name,
         saved_transposed=saved_transposed,
@@ -159,6 +149,33 @@ def recognise(
         dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
         shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
     )
+
+
+def _shared_pieces(
+    block: nn.Module, children: dict[str, nn.Module], router: str
+) -> tuple[str | None, str | None]:
+    """The names of the block's shared expert and of its gate (None where it holds none);
+    a ValueError names any other piece with parameters beside the router and experts."""
+    shared = next((n for n in _SHARED if n in children), None)
+    gate = "shared_expert_gate" if "shared_expert_gate" in children else None
+    known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
+    others = [n for n, m in children.items() if n not in known and any(m.parameters())]
+    if others:
+        raise ValueError(f"{type(block).__name__} holds pieces not recognised: {others}")
+    return shared, gate
+
+
+def _saved_layout(
+    twin: nn.Module, at: str, saved_stacked: tuple[str, str], width: int, d_model: int
+) -> tuple[tuple[str, str], bool]:
+    """The files' stacked experts as (the [gate; up] name, the down name), told apart by
+    their shapes under the layer `at`, and whether the files keep them transposed."""
+    shapes = _saved_shapes(twin, at)
+    gate_up = [n for n in saved_stacked if 2 * width in shapes[at + n]]
+    if len(gate_up) != 1:
+        raise ValueError(f"the stacked experts' [gate; up] is not told apart: {saved_stacked}")
+    down = next(n for n in saved_stacked if n != gate_up[0])
+    return (gate_up[0], down), shapes[at + gate_up[0]][1] == d_model != 2 * width
 
 
 def beside_block(children: dict[str, nn.Module], block: str) -> str | None:

@@ -27,7 +27,7 @@ reading what the next piece receives. What it returns is `Anatomy`'s fields; any
 does not recognise is a ValueError naming it, and `_verify` still checks the result.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -86,36 +86,18 @@ class _Watcher:
 
     def fields(self, architecture: str) -> dict[str, Any]:
         """Every field `Anatomy` needs (module docstring)."""
-        if not getattr(self.config, "is_decoder", False):
-            raise ValueError(
-                "is_decoder=False: this layout's attention is then bidirectional (a masked "
-                "LM's), not a causal LM's; a decoder checkpoint sets is_decoder=True"
-            )
+        self._check_decoder()
         self._check_pieces()
         seen = self._watch()
         unused = tuple(n for n, _ in self.layer.named_children() if is_cross(n))
-        layer_norms = [n for n, m in self.layer.named_modules()
-                       if _is_norm(m) and not n.startswith(unused or ("\0",))]  # fmt: skip
-        calls = [("", *seen["layer"]), ("attn", seen["attn_in"], seen["attn_out"]),
-                 ("mlp", seen["mlp_in"], seen["mlp_out"]),
-                 *((n, *seen[f"norm:{n}"]) for n in layer_norms)]  # fmt: skip
-        norms, _, writes = wiring(calls, "attn", "mlp", layer_norms)
+        norms, writes = self._wiring(seen, unused)
         where = placement({ours for ours, _ in norms})
         embed_norm, positions, offset, token_types = self._embedding(seen)
         final_norm = self._final_norm(seen, where)
         head = self._head(seen, final_norm)
         used = [embed_norm, final_norm, head[1]]
-        kind, bias, eps = norm_kind(
-            [*(self.layer.get_submodule(n) for _, n in norms),
-             *(self.twin.get_submodule(n) for n in used if n)],
-            (*(getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)),
-             *USUAL_EPSILONS),
-        )  # fmt: skip
-        attention = self.layer.attention.self
-        d_head = attention_head_width(attention, self.config)
-        # Causal by `is_decoder` (above). MegatronBERT's keeps no scale: then BERT's own,
-        # 1 / sqrt(d_head), a hypothesis the verification checks.
-        scaling = float(getattr(attention, "scaling", d_head**-0.5))
+        kind, bias, eps = self._norm_kind(norms, used)
+        d_head, scaling = self._attention_scale()
         logits = ratio(seen["logits"], seen["unembed_out"], "the logits")
         return dict(
             architecture=architecture,
@@ -132,16 +114,10 @@ class _Watcher:
             norm_kind=kind,
             norm_bias=bias,
             eps=eps,
-            attn_maps=tuple(
-                (role, name, self._bias(f"attention.{name}"))
-                for role, name in zip("qkvo", _ATTENTION, strict=True)
-            ),
+            attn_maps=self._maps("qkvo", _ATTENTION, within="attention."),
             qk_norm=None,
             qk_norm_names=None,
-            mlp_maps=tuple(
-                (role, name, self._bias(name))
-                for role, name in zip(("up", "down"), _MLP, strict=True)
-            ),
+            mlp_maps=self._maps(("up", "down"), _MLP),
             act_fn=self._activation("intermediate.dense", "output.dense", within=self.layer),
             embed_scale=Scale(),
             attn_scale=explain(scaling, self.config, "softmax scale", d_head),
@@ -164,6 +140,57 @@ class _Watcher:
             head_dense=head[0],
             head_norm=head[1],
             head_act=head[2],
+        )
+
+    def _check_decoder(self) -> None:
+        """Check the twin is a decoder (`is_decoder=True`): the attention is causal then."""
+        if not getattr(self.config, "is_decoder", False):
+            raise ValueError(
+                "is_decoder=False: this layout's attention is then bidirectional (a masked "
+                "LM's), not a causal LM's; a decoder checkpoint sets is_decoder=True"
+            )
+
+    def _wiring(
+        self, seen: dict[str, Any], unused: tuple[str, ...]
+    ) -> tuple[list[tuple[str, str]], tuple[float, float]]:
+        """The layer's norms as (our name, theirs) and the attention's and the MLP's write
+        scales, read off the calls `seen` (`_wiring.wiring`); the `unused` pieces' norms
+        left out."""
+        layer_norms = [n for n, m in self.layer.named_modules()
+                       if _is_norm(m) and not n.startswith(unused or ("\0",))]  # fmt: skip
+        calls = [("", *seen["layer"]), ("attn", seen["attn_in"], seen["attn_out"]),
+                 ("mlp", seen["mlp_in"], seen["mlp_out"]),
+                 *((n, *seen[f"norm:{n}"]) for n in layer_norms)]  # fmt: skip
+        norms, _, writes = wiring(calls, "attn", "mlp", layer_norms)
+        return norms, writes
+
+    def _norm_kind(
+        self, norms: list[tuple[str, str]], used: list[str | None]
+    ) -> tuple[str, bool, float]:
+        """The kind, bias and epsilon every norm shares (`_probes.norm_kind`): the layer's
+        `norms` and the twin's `used` ones (None: not there)."""
+        return norm_kind(
+            [*(self.layer.get_submodule(n) for _, n in norms),
+             *(self.twin.get_submodule(n) for n in used if n)],
+            (*(getattr(self.config, f) for f in CONFIG_EPSILONS if hasattr(self.config, f)),
+             *USUAL_EPSILONS),
+        )  # fmt: skip
+
+    def _attention_scale(self) -> tuple[int, float]:
+        """The attention's head width and the factor its scores are multiplied by."""
+        attention = self.layer.attention.self
+        d_head = attention_head_width(attention, self.config)
+        # Causal by `is_decoder` (`_check_decoder`). MegatronBERT's keeps no scale: then
+        # BERT's own, 1 / sqrt(d_head), a hypothesis the verification checks.
+        return d_head, float(getattr(attention, "scaling", d_head**-0.5))
+
+    def _maps(
+        self, roles: Sequence[str], names: tuple[str, ...], within: str = ""
+    ) -> tuple[tuple[str, str, bool], ...]:
+        """Each map's (role, name, whether it has a bias), the names under `within`."""
+        return tuple(
+            (role, name, self._bias(f"{within}{name}"))
+            for role, name in zip(roles, names, strict=True)
         )
 
     def _check_pieces(self) -> None:
