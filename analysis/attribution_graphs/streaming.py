@@ -28,8 +28,9 @@ and keys, not its attention pattern, and a sweep makes the pattern's rows again 
 at a time (`_patterns`), a block within an eighth of the budget (`PATTERN_SHARE`): nothing
 held grows as the square of the prompt (the frozen forward of a 2-layer, 8-head model
 added 37 MiB at 1,024 tokens and 90 at 4,096, against 143 and 2,167 with its patterns
-kept; the whole streamed graph under a 64 MiB budget 62 and 114: `docs/guide/transcoders.md`). Time: every row is computed once, and the kept
-features' rows twice; each sweep reads the pattern of the prompt up to its targets, so
+kept; the whole streamed graph under a 64 MiB budget 62 and 114:
+`docs/guide/transcoders.md`). Time: every row is computed once, and the kept features'
+rows twice; each sweep reads the pattern of the prompt up to its targets, so
 the time grows faster than the square of the prompt's length.
 
 Exactness: a stored row is its dense row on the kept columns, and `rest[r]` sums its
