@@ -5,6 +5,7 @@ residual identities, the config's checks and the analysis that refuses the bias 
 
 import pytest
 import torch
+from helpers.generation import greedy_with_and_without_cache
 
 from analysis.qk_attribution import qk_attribution
 from hookedattn import HookedTransformer, HookedTransformerConfig, KeyValueCache
@@ -80,10 +81,7 @@ def test_a_kv_cache_step_after_a_left_padded_prompt_reads_real_positions():
 
 
 def test_generation_with_the_kv_cache_equals_recomputing():
-    m = model()
-    kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False)
-    with_cache = m.generate(TOKENS[:1, :4], **kwargs)
-    assert torch.equal(with_cache, m.generate(TOKENS[:1, :4], use_past_kv_cache=False, **kwargs))
+    assert torch.equal(*greedy_with_and_without_cache(model(), TOKENS[:1, :4]))
 
 
 def test_residual_identities_hold():

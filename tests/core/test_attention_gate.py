@@ -6,6 +6,7 @@ summing to the sublayer's output, the residual identities and the KV cache.
 
 import pytest
 import torch
+from helpers.generation import greedy_with_and_without_cache
 
 from analysis import decompose_resid
 from analysis.head_results import head_source_contributions, head_writes
@@ -103,10 +104,7 @@ def test_editing_the_gate_changes_what_the_head_writes(model):
 
 
 def test_generation_with_the_kv_cache_equals_recomputing(model):
-    kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False)
-    with_cache = model.generate(TOKENS[:1, :4], **kwargs)
-    without = model.generate(TOKENS[:1, :4], use_past_kv_cache=False, **kwargs)
-    assert torch.equal(with_cache, without)
+    assert torch.equal(*greedy_with_and_without_cache(model, TOKENS[:1, :4]))
 
 
 def test_processing_folds_the_norm_into_the_gate_and_keeps_the_logits(model):

@@ -6,6 +6,7 @@ and the analysis that reads the norms as RMSNorms refusing by name.
 
 import pytest
 import torch
+from helpers.generation import greedy_with_and_without_cache
 
 from analysis.qk_attribution import qk_attribution
 from hookedattn import HookedTransformer, HookedTransformerConfig
@@ -66,10 +67,7 @@ def test_residual_identities_hold():
 
 
 def test_generation_with_the_kv_cache_equals_recomputing():
-    m = model()
-    kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False)
-    with_cache = m.generate(TOKENS[:1, :4], **kwargs)
-    assert torch.equal(with_cache, m.generate(TOKENS[:1, :4], use_past_kv_cache=False, **kwargs))
+    assert torch.equal(*greedy_with_and_without_cache(model(), TOKENS[:1, :4]))
 
 
 def test_an_unknown_qk_norm_type_names_the_valid_ones():

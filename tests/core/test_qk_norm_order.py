@@ -4,6 +4,7 @@ written out, RMSNorm per head by hand), the residual identities, and the KV cach
 """
 
 import torch
+from helpers.generation import greedy_with_and_without_cache
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.testing import assert_residual_identities, randomize_parameters
@@ -67,7 +68,4 @@ def test_residual_identities_hold():
 
 
 def test_generation_with_the_kv_cache_equals_recomputing():
-    m = model()
-    kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False)
-    with_cache = m.generate(TOKENS[:1, :4], **kwargs)
-    assert torch.equal(with_cache, m.generate(TOKENS[:1, :4], use_past_kv_cache=False, **kwargs))
+    assert torch.equal(*greedy_with_and_without_cache(model(), TOKENS[:1, :4]))
