@@ -115,6 +115,21 @@ def test_the_checkpoints_slopes_are_transformers_own_for_its_head_count(model_ty
     assert slopes["alibi_slopes"] == tuple(float(s) for s in expected)
 
 
+def test_the_slopes_are_read_once_per_checkpoint_structure(monkeypatch):
+    config = transformers.AutoConfig.for_model("bloom", n_head=12, hidden_size=96)
+    name, attention = "BloomForCausalLM", "transformer.h.0.self_attention"
+    first = _alibi.fields(config, name, attention)
+
+    def no_twin(*args):
+        raise AssertionError("a second twin was built for slopes already read")
+
+    monkeypatch.setattr(_alibi, "checkpoint_slopes", no_twin)
+    assert _alibi.fields(config, name, attention) == first
+    other = transformers.AutoConfig.for_model("bloom", n_head=6, hidden_size=96)
+    with pytest.raises(AssertionError, match="a second twin"):
+        _alibi.fields(other, name, attention)
+
+
 def test_queries_keys_and_values_clipped_are_refused():
     reference = twin("mpt", attn_config={"clip_qkv": 6.0})
     with pytest.raises(ValueError, match=r"clip_qkv=6.0: queries, keys and values clamped"):

@@ -12,7 +12,9 @@ The slopes depend on the head count (`components.alibi`), and the twin has 4 hea
 a checkpoint has its own: `checkpoint_slopes` reads them off one more twin with the
 checkpoint's head count (its widths small), so that the import keeps the checkpoint's own
 slopes, rounded as `transformers` rounds them (BLOOM's powers of a float32 base and MPT's
-`1 / 2 ** x` differ in the last bit for most head counts).
+`1 / 2 ** x` differ in the last bit for most head counts). The slopes read are remembered
+in the verification's memo (`_verify.remember`, section "alibi"), keyed by the checkpoint
+config's structure, so that the extra twin is built once per checkpoint structure.
 """
 
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookedattn.core.hf import _loading, _tiny
+from hookedattn.core.hf import _loading, _tiny, _verify
 
 _TOKENS = (1, 5)
 
@@ -69,7 +71,14 @@ def _linear_bias(value: Any, n_heads: int) -> tuple[float, ...] | None:
 def fields(hf_config: Any, architecture: str, attention: str) -> dict[str, Any]:
     """Our config's positional fields for an ALiBi checkpoint: its own slopes, as
     `transformers` rounds them (`attention`: the first layer's, by its name in the model)."""
-    slopes = checkpoint_slopes(hf_config, architecture, lambda twin: twin.get_submodule(attention))
+    key = _verify.structure_key(hf_config, architecture=architecture, attention=attention)
+    remembered = _verify.read_memo("alibi").get(key)
+    if remembered is not None:
+        slopes = tuple(float(s) for s in remembered["slopes"])
+    else:
+        first_attention = lambda twin: twin.get_submodule(attention)
+        slopes = checkpoint_slopes(hf_config, architecture, first_attention)
+        _verify.remember(key, {"slopes": list(slopes)}, section="alibi")
     return {"positional_embedding_type": "alibi", "alibi_slopes": slopes}
 
 
