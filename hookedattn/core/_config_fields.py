@@ -48,6 +48,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "rotary_dim": FieldSpec(int, low=2, high=1 << 16, optional=True),
     "rotary_base": _POSITIVE,
     "rotary_scaling_factor": _POSITIVE,
+    "rotary_pairs": FieldSpec(int, low=0, high=1 << 15, optional=True),
     "use_NTK_by_parts_rope": _FLAG,
     "NTK_by_parts_factor": _POSITIVE,
     "NTK_by_parts_low_freq_factor": _POSITIVE,

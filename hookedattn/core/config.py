@@ -91,6 +91,10 @@ class HookedTransformerConfig:
       `rotary_scaling_factor_local`; the global layers keep the rest. `rotary_layers`
       (one flag per block; None: every block) says which blocks rotate at all: SmolLM 3's
       every fourth block and Cohere 2's global ones attend without positions.
+      `rotary_pairs` (None: all) keeps only the first, fastest, that many of the
+      `rotary_dim / 2` pairs rotating and gives the rest frequency 0: `transformers`'
+      "proportional" RoPE (LFM 3), where `partial_rotary_factor` says how many pairs turn
+      but the frequencies and the pairing are those of the whole head.
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS).
@@ -165,6 +169,7 @@ class HookedTransformerConfig:
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
     rotary_scaling_factor: float = 1.0
+    rotary_pairs: int | None = None
     use_NTK_by_parts_rope: bool = False
     NTK_by_parts_factor: float = 8.0
     NTK_by_parts_low_freq_factor: float = 1.0
@@ -479,6 +484,11 @@ class HookedTransformerConfig:
             )
         if self.use_NTK_by_parts_rope and self.use_yarn_rope:
             raise ValueError("use_NTK_by_parts_rope and use_yarn_rope are alternatives")
+        if self.rotary_pairs is not None and self.rotary_pairs > self.rotary_dim // 2:
+            raise ValueError(
+                f"rotary_pairs={self.rotary_pairs} exceeds the {self.rotary_dim // 2} pairs of "
+                f"rotary_dim={self.rotary_dim}"
+            )
         if self.use_NTK_by_parts_rope and not (
             self.NTK_by_parts_low_freq_factor < self.NTK_by_parts_high_freq_factor
         ):

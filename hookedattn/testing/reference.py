@@ -52,6 +52,7 @@ _SUPPORTED = (
     ("attn_types", None),
     ("rotary_layers", None),
     ("rotary_scaling_factor", 1.0),
+    ("rotary_pairs", None),
     ("use_NTK_by_parts_rope", False),
 )
 

@@ -1,5 +1,5 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
-is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
+is a gated short convolution (LFM2, LFM2-MoE, LFM3) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
 beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
 on a tiny random twin: the logits and every residual stream in float32 and float64, and
 greedy generation; and each mixer module with ours in float64 on random inputs.
@@ -30,6 +30,7 @@ HYBRIDS = {
     "lfm2_moe": {},
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
+    "lfm3": {},  # short convolutions; windowed and proportional-RoPE attention, output gates
 }  # fmt: skip
 
 

@@ -37,10 +37,10 @@ def rotary_frequencies(cfg: HookedTransformerConfig, local: bool = False) -> Flo
         return _linear(local_freq, cfg.rotary_scaling_factor_local)
     inv_freq = _plain(cfg.rotary_base, cfg.rotary_dim)
     if cfg.use_NTK_by_parts_rope:
-        return _llama3_bands(inv_freq, cfg)
+        return _still(_llama3_bands(inv_freq, cfg), cfg.rotary_pairs)
     if cfg.use_yarn_rope:
-        return _yarn_bands(cfg)
-    return _linear(inv_freq, cfg.rotary_scaling_factor)
+        return _still(_yarn_bands(cfg), cfg.rotary_pairs)
+    return _still(_linear(inv_freq, cfg.rotary_scaling_factor), cfg.rotary_pairs)
 
 
 def rotary_attention_factor(cfg: HookedTransformerConfig, local: bool = False) -> float:
@@ -55,6 +55,11 @@ def _plain(base: float, rotary_dim: int) -> Tensor:
 
 def _linear(inv_freq: Tensor, factor: float) -> Tensor:
     return inv_freq / factor if factor != 1.0 else inv_freq
+
+
+def _still(inv_freq: Tensor, pairs: int | None) -> Tensor:
+    """The first `pairs` frequencies, the rest 0 (`rotary_pairs`: those pairs never turn)."""
+    return inv_freq if pairs is None else inv_freq * (torch.arange(len(inv_freq)) < pairs)
 
 
 def _yarn_bands(cfg: HookedTransformerConfig) -> Tensor:

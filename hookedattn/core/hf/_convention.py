@@ -116,7 +116,7 @@ class Convention:
             "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
             **rotary,
-            **_translate.window(c),
+            **_translate.window(c, mixing=a.mixers.layer_values() if a.mixers else ()),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
@@ -473,7 +473,7 @@ def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
     pieces' sizes those of the rules that read them."""
     pieces: dict[str, dict[int, str]] = {}
     for rule in rules:
-        saved, _, part = renames.get(rule.hf or "", "").partition("#")
+        saved, _, part = _saved_name(renames, rule.hf or "", "").partition("#")
         if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
             first = (
                 rule.pattern.split(")")[0] + ")"
@@ -483,7 +483,7 @@ def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
             pieces.setdefault(saved, {})[int(part.split("/")[0])] = first
     out = []
     for rule in rules:
-        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
+        saved, _, part = _saved_name(renames, rule.hf or "", rule.hf or "").partition("#")
         if not part:
             out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
             continue
@@ -493,6 +493,19 @@ def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
         split = tuple(pieces[saved][j].strip("()") for j in range(n))
         out.append(dataclasses.replace(rule, hf=saved, split=split, part=i))
     return out
+
+
+def _saved_name(renames: dict[str, str], name: str, default: str) -> str:
+    """The saved name of `name`, a template's (`{layer}`) or one layer's (a hybrid's
+    attention rules are expanded for the layers that attend before they are renamed)."""
+    if name in renames:
+        return renames[name]
+    layer = re.search(r"\.(\d+)\.", name)
+    if layer is None:
+        return default
+    template = f"{name[: layer.start()]}.{{layer}}.{name[layer.end() :]}"
+    saved = renames.get(template)
+    return default if saved is None else saved.replace("{layer}", layer.group(1))
 
 
 def _widened(rule: Rule, width: str) -> Rule:

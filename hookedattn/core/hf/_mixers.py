@@ -59,6 +59,10 @@ class Mixers:
     flags: tuple[tuple[str, bool], ...]
     dt_limit_field: str | None  # "time_step_limit": the step's clamp
 
+    def layer_values(self) -> tuple[str, ...]:
+        """The values of the pattern field that mean a layer holds this mixer ("conv")."""
+        return tuple(value for value, kind in self.pattern if kind != "attention")
+
     def config(self, hf_config: Any) -> MixerConfig:
         """Our `MixerConfig` for a checkpoint of this structure."""
         meaning = dict(self.pattern)

@@ -21,7 +21,7 @@ ACT_FNS = {
     "swish": "silu",
     "relu2": "relu2",
 }
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "proportional")
 _ATTN_TYPES = {"full_attention": "global", "sliding_attention": "local"}
 
 
@@ -60,6 +60,8 @@ def rotary(
     }
     if rope_type == "linear":
         fields["rotary_scaling_factor"] = float(rope["factor"])
+    if rope_type == "proportional":  # the whole head's pairs, the slowest still
+        fields |= _proportional(rope, d_head)
     if rope_type == "llama3":
         fields |= {
             "use_NTK_by_parts_rope": True,
@@ -71,6 +73,18 @@ def rotary(
     if rope_type == "yarn":
         fields |= _yarn(hf_config, rope)
     return fields
+
+
+def _proportional(rope: dict[str, Any], d_head: int) -> dict[str, Any]:
+    """ "proportional" RoPE's fields: the whole head's frequencies and pairing, of which the
+    first `partial_rotary_factor` turn (as `transformers` reads it, from the parameters),
+    the rest still; all slowed by `factor`."""
+    pairs = int(rope.get("partial_rotary_factor", 1.0) * d_head // 2)
+    return {
+        "rotary_dim": d_head - d_head % 2,
+        "rotary_pairs": pairs,
+        "rotary_scaling_factor": float(rope.get("factor", 1.0)),
+    }
 
 
 def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
@@ -98,12 +112,14 @@ def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def window(hf_config: Any) -> dict[str, Any]:
+def window(hf_config: Any, mixing: tuple[str, ...] = ()) -> dict[str, Any]:
     """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`
     (GPT-Neo's: `window_size` and `attention_layers`).
 
     A config with a window and no `layer_types` (Mistral) slides it in every layer; Qwen's
-    `sliding_window` is already None unless `use_sliding_window`.
+    `sliding_window` is already None unless `use_sliding_window`. `mixing`: the
+    `layer_types` values of a hybrid's layers that hold a mixer, not attention (LFM 3's
+    "conv"), which have no window ("global" in `attn_types`, never read).
     """
     size = getattr(hf_config, "sliding_window", None)
     if size is None and getattr(hf_config, "attention_layers", None):  # GPT-Neo's
@@ -119,12 +135,11 @@ def window(hf_config: Any) -> dict[str, Any]:
     layer_types = getattr(hf_config, "layer_types", None)
     if layer_types is None:
         return {"window_size": int(size)}
-    unknown = sorted(set(layer_types) - set(_ATTN_TYPES))
+    kinds = _ATTN_TYPES | dict.fromkeys(mixing, "global")
+    unknown = sorted(set(layer_types) - set(kinds))
     if unknown:
-        raise ValueError(
-            f"layer_types {unknown} cannot be imported; supported: {sorted(_ATTN_TYPES)}"
-        )
-    types = tuple(_ATTN_TYPES[kind] for kind in layer_types)
+        raise ValueError(f"layer_types {unknown} cannot be imported; supported: {sorted(kinds)}")
+    types = tuple(kinds[kind] for kind in layer_types)
     if "local" not in types:
         return {}
     return {"window_size": int(size), "attn_types": types}
