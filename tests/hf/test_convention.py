@@ -44,7 +44,7 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
                  "mpt", "falcon", "codegen", "persimmon", "apertus", "apertus1p5_text", "ctrl",
-                 "gpt_neox_japanese", "blenderbot-small", "marian")  # fmt: skip
+                 "gpt_neox_japanese", "blenderbot-small", "marian", "hy_v3")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,9 @@ from hookedattn.core.hf import _experts
 from hookedattn.core.hf._recognised import Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, times, zeros
 
+# The config fields that may hold the routed experts' weight multiplier (HY V3's).
+_SCALES = ("routed_scaling_factor", "route_scale", "router_scaling_factor")
+
 
 def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
     """A mixture's fields: how many experts, how many per token, how they are scored
@@ -34,7 +37,7 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
         "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
         "shared_expert_gate": e.shared_gate is not None,
         "routed_scaling_factor": float(
-            getattr(c, "routed_scaling_factor", None) or getattr(c, "route_scale", None) or 1.0
+            next((getattr(c, f) for f in _SCALES if getattr(c, f, None) is not None), 1.0)
         ),
     }
     if anatomy.router_scoring != "softmax":
