@@ -5,10 +5,11 @@ Mamba). Each is compared with `transformers`
 on a tiny random twin: the logits and every residual stream in float32 and float64, and
 greedy generation; and each mixer module with ours in float64 on random inputs.
 
-`transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the model's dtype
-(`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with our float64
-import to float32's rounding only; the float64 identities of the mixers themselves are
-checked against brute-force loops in `tests/core/test_mixers.py`.
+`transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the
+model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with
+our float64 import to float32's rounding only; the float64 identities of the mixers
+themselves are checked against brute-force loops in `tests/core/test_mixers.py` and
+`tests/core/test_mamba1.py`.
 """
 
 import pytest
