@@ -1,9 +1,9 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
-is a gated short convolution (LFM2, LFM2-MoE), a Mamba-2 mixer (Bamba, Granite 4 hybrids) or
-a Mamba-1 mixer (Jamba), beside attention layers, or in every layer (Mamba 2, Mamba, Falcon
-Mamba). Each is compared with `transformers`
+is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
+beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
 on a tiny random twin: the logits and every residual stream in float32 and float64, and
-greedy generation; and each mixer module with ours in float64 on random inputs.
+greedy generation; and each mixer module with ours in float64 on random inputs. Mamba-1
+mixers too: beside attention (Jamba), in every layer (Mamba, Falcon Mamba).
 
 `transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the
 model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with
@@ -28,15 +28,15 @@ TOKENS = torch.tensor(
 # model type -> fields set on its default config (LFM2's default attends in every layer).
 HYBRIDS = {
     "bamba": {},
-    "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "num_hidden_layers": 4},
-    "lfm2_moe": {},
-    "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
-    "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
     "mamba": {},  # Mamba-1 alone, as Mamba 2
     "falcon_mamba": {},  # Mamba-1 with RMSNorms without gains on its B, C and step
     # Mamba-1 with learned gains on those norms, beside attention; one expert: a dense MLP in
     # every layer (its default interleaves experts and dense MLPs, a per-layer variant).
     "jamba": {"num_experts": 1},
+    "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "num_hidden_layers": 4},
+    "lfm2_moe": {},
+    "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
+    "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
 }  # fmt: skip
 ATTENTION_FREE = {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
 # Whose `hidden_states` leave the embedding out: entry `i` is layer `i`'s output.
