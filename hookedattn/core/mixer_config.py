@@ -2,11 +2,12 @@
 
 A hybrid model's blocks all have the same shape, `resid_mid = resid_pre + x(ln1(resid_pre))`,
 but in some blocks the sublayer `x` that moves information between positions is not
-attention: a gated short convolution (LFM2's) or a Mamba-2 state-space layer (Bamba,
-Granite 4 hybrids, Mamba 2). Such a sublayer reads the normed stream and writes one vector
-per position back, like attention, so it takes attention's place in the block and its
-write passes `hook_attn_out` (the residual decomposition sums as before); it has no heads,
-and the analyses that need heads refuse its layers by name.
+attention: a gated short convolution (LFM2's), a Mamba-1 selective state-space layer
+(Mamba, Falcon Mamba, Jamba) or a Mamba-2 one (Bamba, Granite 4 hybrids, Mamba 2). Such a
+sublayer reads the normed stream and writes one vector per position back, like attention,
+so it takes attention's place in the block and its write passes `hook_attn_out` (the
+residual decomposition sums as before); it has no heads, and the analyses that need heads
+refuse its layers by name.
 
 `MixerConfig` says which kind each block holds (`layers`) and the settings of each kind;
 the model's config carries it as one field (`HookedTransformerConfig.mixers`).
@@ -16,7 +17,7 @@ import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2")
+MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,13 @@ class MixerConfig:
       sharing the input and output maps `B` and `C`; the step `dt` is clamped to
       `[dt_min, dt_max]`; `ssm_norm_eps` is the gated RMSNorm's epsilon (over each group's
       channels); `proj_bias` as above.
+    - "mamba" (Gu and Dao 2023, section 3's selective SSM, "S6"): `d_inner` channels, each
+      with its own step `dt` and its own decays `A[channel, :]` over a state of `d_state`,
+      so that each channel is a Mamba-2 head of width one with a vector of decays:
+      `n_ssm_heads = d_inner`, `d_ssm_head = 1`, `n_ssm_groups = 1` (`B`, `C` shared
+      by every channel). `dt_rank`: the width of the step's low-rank projection;
+      `bcdt_norm`: whether `B`, `C` and that low-rank step pass an RMSNorm (Falcon Mamba's,
+      Jamba's; epsilon `ssm_norm_eps`).
     """
 
     layers: tuple[str, ...]
@@ -46,12 +54,14 @@ class MixerConfig:
     dt_min: float = 0.0
     dt_max: float = math.inf
     ssm_norm_eps: float = 1e-5
+    dt_rank: int = 1
+    bcdt_norm: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
         if unknown:
             raise ValueError(f"unknown mixer kinds {unknown} in layers; valid: {MIXER_KINDS}")
-        for name in ("d_conv", "n_ssm_heads", "d_ssm_head", "d_state", "n_ssm_groups"):
+        for name in ("d_conv", "n_ssm_heads", "d_ssm_head", "d_state", "n_ssm_groups", "dt_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -64,10 +74,15 @@ class MixerConfig:
             raise ValueError(f"need 0 <= dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
         if not self.ssm_norm_eps > 0:
             raise ValueError(f"ssm_norm_eps must be > 0, got {self.ssm_norm_eps}")
+        if "mamba" in self.layers and (self.d_ssm_head, self.n_ssm_groups) != (1, 1):
+            raise ValueError(
+                f"a Mamba-1 mixer's heads are its channels: it needs d_ssm_head=1 and "
+                f"n_ssm_groups=1, got {self.d_ssm_head} and {self.n_ssm_groups}"
+            )
 
     @property
     def d_inner(self) -> int:
-        """A Mamba-2 layer's inner width: `n_ssm_heads * d_ssm_head`."""
+        """A Mamba layer's inner width: `n_ssm_heads * d_ssm_head`."""
         return self.n_ssm_heads * self.d_ssm_head
 
     @classmethod

@@ -2,12 +2,14 @@
 is a gated short convolution (LFM2, LFM2-MoE, LFM3) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
 beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
 on a tiny random twin: the logits and every residual stream in float32 and float64, and
-greedy generation; and each mixer module with ours in float64 on random inputs.
+greedy generation; and each mixer module with ours in float64 on random inputs. Mamba-1
+mixers too: beside attention (Jamba), in every layer (Mamba, Falcon Mamba).
 
-`transformers` runs its RMSNorms and its Mamba-2 scan in float32 whatever the model's dtype
-(`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with our float64
-import to float32's rounding only; the float64 identities of the mixers themselves are
-checked against brute-force loops in `tests/core/test_mixers.py`.
+`transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the
+model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with
+our float64 import to float32's rounding only; the float64 identities of the mixers
+themselves are checked against brute-force loops in `tests/core/test_mixers.py` and
+`tests/core/test_mamba1.py`.
 """
 
 import pytest
@@ -26,12 +28,20 @@ TOKENS = torch.tensor(
 # model type -> fields set on its default config (LFM2's default attends in every layer).
 HYBRIDS = {
     "bamba": {},
+    "mamba": {},  # Mamba-1 alone, as Mamba 2
+    "falcon_mamba": {},  # Mamba-1 with RMSNorms without gains on its B, C and step
+    # Mamba-1 with learned gains on those norms, beside attention; one expert: a dense MLP in
+    # every layer (its default interleaves experts and dense MLPs, a per-layer variant).
+    "jamba": {"num_experts": 1},
     "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "num_hidden_layers": 4},
     "lfm2_moe": {},
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
     "lfm3": {},  # short convolutions; windowed and proportional-RoPE attention, output gates
 }  # fmt: skip
+ATTENTION_FREE = {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
+# Whose `hidden_states` leave the embedding out: entry `i` is layer `i`'s output.
+EMBEDDING_LEFT_OUT = {"mamba", "falcon_mamba"}
 
 
 @pytest.fixture(autouse=True)
@@ -60,13 +70,17 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
     kinds = set(model.cfg.mixers.layers)
-    assert len(kinds) == 2 if model_type != "mamba2" else kinds == {"mamba2"}
+    if model_type in ATTENTION_FREE:
+        assert kinds == {ATTENTION_FREE[model_type]}
+    else:
+        assert len(kinds) == 2
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
     assert _worst(logits, expected.logits) <= tolerance
+    first = 0 if model_type in EMBEDDING_LEFT_OUT else 1
     for i in range(model.cfg.n_layers - 1):  # every residual stream between the layers
-        got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]
+        got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + first]
         assert _worst(got, want) <= tolerance
 
 
@@ -110,11 +124,11 @@ def test_a_layer_kind_the_twin_did_not_show_is_refused():
 
 
 def test_a_mixer_we_do_not_compute_is_refused_by_its_parts():
-    with pytest.raises(ValueError, match="neither a gated short convolution nor a Mamba-2"):
+    with pytest.raises(ValueError, match="RecurrentGemmaRecurrentBlock of parts"):
         HookedTransformer.from_hf(
             _tiny.random_hf_model(
-                transformers.JambaForCausalLM,
-                _tiny.tiny_config(transformers.AutoConfig.for_model("jamba")),
+                transformers.RecurrentGemmaForCausalLM,
+                _tiny.tiny_config(transformers.AutoConfig.for_model("recurrent_gemma")),
             )
         )
 

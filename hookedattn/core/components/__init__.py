@@ -22,6 +22,7 @@ from hookedattn.core.components.block import (
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.mamba import MambaMixer, selective_scan
 from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
 from hookedattn.core.components.mlp import (
     MLP,
@@ -71,6 +72,7 @@ __all__ = [
     "LayerNorm",
     "LayerNormPre",
     "Mamba2Mixer",
+    "MambaMixer",
     "MoE",
     "NeuronNormMLP",
     "NoNorm",
@@ -104,6 +106,7 @@ __all__ = [
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
+    "selective_scan",
     "solu",
     "ssd_mixing",
 ]

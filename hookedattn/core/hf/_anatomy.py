@@ -426,9 +426,9 @@ class _Reader(Watching):
         layers is a ValueError (but for a hybrid's attention or mixer, named in `mixing`)."""
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            return {
-                n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in (mlp, *mixing)
-            }
+            # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
+            ignored = (mlp, *mixing, *(("",) if mixing else ()))
+            return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in ignored}
 
         first = without_mlp(self.layer)
         differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]

@@ -9,8 +9,9 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     `out_proj` with `in_proj` 3 x d_model wide and nothing else: the gated
                     short convolution (LFM2); the same with `A_log`, `D`, `dt_bias` and a
                     gated norm: the Mamba-2 mixer (Bamba, Granite 4 hybrids, Mamba 2);
-                    anything else (Mamba 1's `x_proj`, a gated delta net's `in_proj_qkvz`)
-                    is a ValueError naming its parts
+                    with `x_proj`, `dt_proj` and a two-dimensional `A_log`: the Mamba-1
+                    mixer (Mamba, Falcon Mamba, Jamba: `_mamba1`); anything else (a gated
+                    delta net's `in_proj_qkvz`) is a ValueError naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
                     groups, the gated norm's epsilon), and the biases by their presence
@@ -26,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _mamba1
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 from hookedattn.core.mixer_config import MixerConfig
@@ -51,13 +53,14 @@ class Mixers:
     that lists the layers' kinds and what each of its values means, and where each setting
     is read from (`settings`: our setting -> config field; `flags`: the biases)."""
 
-    kind: str  # "short_conv" or "mamba2"
+    kind: str  # "short_conv", "mamba2" or "mamba"
     name: str  # the layer's child: "conv", "mamba", "mixer"
     pattern_field: str  # "layer_types"
     pattern: tuple[tuple[str, str], ...]  # (the field's value, "attention" or the kind)
     settings: tuple[tuple[str, str], ...]
     flags: tuple[tuple[str, bool], ...]
     dt_limit_field: str | None  # "time_step_limit": the step's clamp
+    norm_gains: bool = False  # Mamba-1's B, C, dt norms: learned gains (Jamba), or ones
 
     def layer_values(self) -> tuple[str, ...]:
         """The values of the pattern field that mean a layer holds this mixer ("conv")."""
@@ -76,7 +79,7 @@ class Mixers:
         limits = (0.0, math.inf)
         if self.dt_limit_field is not None:
             limits = tuple(float(x) for x in getattr(hf_config, self.dt_limit_field))
-        settings = {ours: getattr(hf_config, field) for ours, field in self.settings}
+        settings = {ours: _field(hf_config, field) for ours, field in self.settings}
         return MixerConfig(
             layers=tuple(meaning[str(v)] for v in values),
             dt_min=limits[0],
@@ -89,9 +92,7 @@ class Mixers:
         """The mixers' rules, for the layers that hold one (`layers`: "model.layers"), the
         scalar the layer multiplies their write by (`write`) folded into `W_out`, `b_out`."""
         at, ours = f"{layers}.{{layer}}.{self.name}", "blocks.{layer}.mixer"
-        rules = _short_conv_rules if self.kind == "short_conv" else _mamba2_rules
-        bias = dict(self.flags)
-        found = rules(at, ours, bias["proj_bias"], bias["conv_bias"])
+        found = self._kind_rules(at, ours)
         if write != 1.0:
             found = [_times(rule, write) if rule.ours.endswith(("W_out", "b_out")) else rule
                      for rule in found]  # fmt: skip
@@ -101,6 +102,22 @@ class Mixers:
                                 hf=None if rule.hf is None else rule.hf.replace("{layer}", str(i)))
             for rule in found for i in chosen
         ]  # fmt: skip
+
+    def _kind_rules(self, at: str, ours: str) -> list[Rule]:
+        """The rules of one mixer of this kind, at `at` in the checkpoint, `ours` in ours."""
+        flags = dict(self.flags)
+        bias = flags["proj_bias"], flags["conv_bias"]
+        if self.kind == "mamba":
+            return _mamba_rules(at, ours, *bias, flags["bcdt_norm"], self.norm_gains)
+        return (_short_conv_rules if self.kind == "short_conv" else _mamba2_rules)(at, ours, *bias)
+
+
+def _field(hf_config: Any, field: str) -> Any:
+    """A config field's value; `a*b`: the product of two fields' (`expand*hidden_size`)."""
+    value = 1
+    for name in field.split("*"):
+        value = value * getattr(hf_config, name)
+    return value
 
 
 def _times(rule: Rule, factor: float) -> Rule:
@@ -169,6 +186,18 @@ def _mamba2_rules(at: str, ours: str, proj_bias: bool, conv_bias: bool) -> list[
     ]
 
 
+def _mamba_rules(
+    at: str, ours: str, proj_bias: bool, conv_bias: bool, norms: bool, gains: bool
+) -> list[Rule]:
+    """`in_proj` rows are `[xs; z]`; the convolution reads `xs` (`_mamba1` for the rest)."""
+    return [
+        *_input_rules(at, ours, ("xs", "z"), ("d_inner", "d_inner"), proj_bias),
+        *_conv_rules(f"{at}.conv1d", ours, "d_inner", conv_bias),
+        *_mamba1.ssm_rules(at, ours, norms, gains),
+        *_output_rules(at, ours, "d_inner", proj_bias),
+    ]
+
+
 def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str | None:
     """The name of a layer's child that is a mixer (neither one of `known`, attention, MLP,
     norm nor dropout, and holding a convolution); None if there is none."""
@@ -185,16 +214,18 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
 
 
 def kind_of(module: nn.Module, d_model: int) -> str:
-    """ "short_conv" or "mamba2", by the module's parts (module docstring)."""
+    """ "short_conv", "mamba2" or "mamba", by the module's parts (module docstring)."""
     parts = {n for n, _ in module.named_children()}
     own = {n for n, _ in module.named_parameters(recurse=False)}
     if parts == _SHORT_CONV_PARTS and not own and module.in_proj.out_features == 3 * d_model:
         return "short_conv"
     if parts <= _MAMBA2_PARTS and _SHORT_CONV_PARTS - {"conv"} <= parts and own == _MAMBA2_OWN:
         return "mamba2"
+    if _mamba1.is_mamba1(module):
+        return "mamba"
     raise ValueError(
         f"a mixer {type(module).__name__} of parts {sorted(parts)} and parameters "
-        f"{sorted(own)}: neither a gated short convolution nor a Mamba-2 mixer"
+        f"{sorted(own)}: neither a gated short convolution nor a Mamba-1 or Mamba-2 mixer"
     )
 
 
@@ -221,7 +252,8 @@ def recognise(
     module = modules[0]
     settings, flags = _settings(kind, module, config)
     limit = "time_step_limit" if kind == "mamba2" and hasattr(config, "time_step_limit") else None
-    return Mixers(kind, name, field, pattern, settings, flags, limit)
+    gains = kind == "mamba" and _mamba1.norm_flags(module)[1]
+    return Mixers(kind, name, field, pattern, settings, flags, limit, gains)
 
 
 def _pattern(config: Any, per_layer: list[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -244,6 +276,8 @@ def _settings(
 ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, bool], ...]]:
     """Each setting's config field (the first by name that holds what the module shows)."""
     conv = module.conv if kind == "short_conv" else module.conv1d
+    if kind == "mamba":
+        return _mamba1_settings(module, config)
     shown: dict[str, Any] = {"d_conv": conv.kernel_size[0]}
     if kind == "mamba2":
         heads = module.A_log.shape[0]
@@ -263,18 +297,43 @@ def _settings(
             n_ssm_groups=groups,
             ssm_norm_eps=float(module.norm.variance_epsilon),
         )
+    flags = (("conv_bias", conv.bias is not None), ("proj_bias", module.in_proj.bias is not None))
+    return _fields_holding(shown, config, _SETTING_FIELDS), flags
+
+
+def _mamba1_settings(
+    module: nn.Module, config: Any
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, bool], ...]]:
+    """A Mamba-1 mixer's settings (`_mamba1`) and its flags, the norms' among them."""
+    settings = _fields_holding(_mamba1.shown(module), config, _mamba1.SETTING_FIELDS)
+    flags = (
+        ("conv_bias", module.conv1d.bias is not None),
+        ("proj_bias", module.in_proj.bias is not None),
+        ("bcdt_norm", _mamba1.norm_flags(module)[0]),
+    )
+    return settings, flags
+
+
+def _fields_holding(
+    shown: dict[str, Any], config: Any, candidates: dict[str, tuple[str, ...]]
+) -> tuple[tuple[str, str], ...]:
+    """For each setting, the first of its `candidates` config fields that holds its value."""
     settings = []
     for ours, value in shown.items():
-        field = next((f for f in _SETTING_FIELDS[ours]
-                      if getattr(config, f, None) == value), None)  # fmt: skip
+        field = next((f for f in candidates[ours]
+                      if _has(config, f) and _field(config, f) == value), None)  # fmt: skip
         if field is None:
             raise ValueError(
-                f"no config field holds the mixer's {ours}={value} (looked at "
-                f"{_SETTING_FIELDS[ours]})"
+                f"no config field holds the mixer's {ours}={value} (looked at {candidates[ours]})"
             )
         settings.append((ours, field))
-    flags = (("conv_bias", conv.bias is not None), ("proj_bias", module.in_proj.bias is not None))
-    return tuple(settings), flags
+    return tuple(settings)
+
+
+def _has(config: Any, field: str) -> bool:
+    """Whether every field of `field` (`a*b`) is set to a number."""
+    values = [getattr(config, name, None) for name in field.split("*")]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def _group_size(module: nn.Module, d_inner: int) -> int:

@@ -161,7 +161,8 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
 
 def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
     """A hybrid's mixers' axes: a short convolution's channels (d_model) and width, a
-    Mamba-2 layer's heads, inner width and convolved width (`components.mamba2`)."""
+    Mamba-2 layer's heads, inner width and convolved width (`components.mamba2`), a Mamba-1
+    layer's state and step rank (`components.mamba`)."""
     m = cfg.mixers
     if m is None:
         return {}
@@ -171,6 +172,8 @@ def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "ssm_head": m.n_ssm_heads,
         "d_inner": m.d_inner,
         "d_xbc": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
+        "d_state": m.d_state,
+        "dt_rank": m.dt_rank,
     }
 
 

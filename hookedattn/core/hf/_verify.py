@@ -187,9 +187,12 @@ def measure(family: Family, run: TwinRun, load: Callable[[TwinRun], Any]) -> Agr
     run, point by point; an import that fails outright agrees nowhere."""
     try:
         ours = load(run)
-        points = _points(ours, run.hidden)
+        points = _points(ours, run.hidden, embedding_first=True)
+        later = _points(ours, run.hidden, embedding_first=False)
         with torch.no_grad():
-            logits, cache = ours.run_with_cache(run.tokens, names_filter=list(points))
+            logits, cache = ours.run_with_cache(run.tokens, names_filter=[*points, *later])
+        if _embedding_left_out(cache, run.hidden[0]):
+            points = later
     except Exception as error:
         message = (
             f"could not verify the import of {family.architecture} on {run.what}: "
@@ -225,16 +228,29 @@ def _quiet() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _points(ours: Any, hidden: tuple[torch.Tensor, ...]) -> dict[str, tuple[str, torch.Tensor]]:
+def _points(
+    ours: Any, hidden: tuple[torch.Tensor, ...], embedding_first: bool
+) -> dict[str, tuple[str, torch.Tensor]]:
     """Our hook point -> the HF hidden state it must equal (its label, the tensor), in the
-    order of the forward."""
+    order of the forward: the stream entering each layer and the final norm's output; or
+    (not `embedding_first`: Mamba's, Falcon Mamba's) each layer's output and the final
+    norm's, the embedding left out."""
     n = ours.cfg.n_layers
     if len(hidden) != n + 1:
         raise ValueError(f"transformers returned {len(hidden)} hidden states for {n} layers")
     final = "ln_final.hook_out" if "ln_final.hook_out" in ours.hook_dict else None
-    names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(n - 1))]
+    first = ["blocks.0.hook_resid_pre"] if embedding_first else []
+    last = n - 1 if embedding_first else n
+    names = [*first, *(f"blocks.{i}.hook_resid_post" for i in range(last))]
     names.append(final or f"blocks.{n - 1}.hook_resid_post")
     return {name: (f"hidden_states[{i}]", hidden[i]) for i, name in enumerate(names)}
+
+
+def _embedding_left_out(cache: Any, first: torch.Tensor) -> bool:
+    """Whether HF's first hidden state is our first layer's output rather than its input."""
+    distance = {name: float((cache[name] - first).abs().max())
+                for name in ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_post")}  # fmt: skip
+    return distance["blocks.0.hook_resid_post"] < distance["blocks.0.hook_resid_pre"]
 
 
 def _parting(

@@ -1,0 +1,123 @@
+"""The Mamba-1 mixer (Gu and Dao 2023, "Mamba", section 3's selective state-space layer,
+"S6"), a sublayer that mixes positions by a recurrence in place of attention (Mamba,
+Falcon Mamba, Jamba's hybrids).
+
+From the normed stream `x`, per position:
+
+    z   = x @ W_z + b_z                                      the output gate   [d_inner]
+    xs  = silu(causal_conv(x @ W_xs + b_xs))                 the SSM's input   [d_inner]
+    B   = norm_B(xs @ W_B),   C = norm_C(xs @ W_C)                             [d_state]
+    dt  = softplus(norm_dt(xs @ W_dt_down) @ W_dt_up + b_dt)  a low-rank step [d_inner]
+    A   = -exp(A_log)                                                [d_inner d_state]
+
+(the norms are RMSNorms over their vector in Falcon Mamba and Jamba, identities in Mamba);
+and per channel `c`, a state `h[c]` of `d_state` (the paper's equation 2a, 2b with its
+zero-order-hold `A` and Euler `B`, section 2):
+
+    h_t[c] = exp(dt_t[c] A[c]) * h_{t-1}[c] + dt_t[c] xs_t[c] B_t,    h_{-1} = 0
+    y_t[c] = C_t . h_t[c] + D[c] xs_t[c]
+
+    out = (y * silu(z)) @ W_out + b_out
+
+The recurrence runs as a scan along the positions (`selective_scan`). Unrolled, it is a causal
+mix of the positions, `y_t[c] = sum_{s <= t} M[c, t, s] xs_s[c] + D[c] xs_t[c]` with
+`M[c, t, s] = sum_n C_t[n] B_s[n] exp(sum_{r=s+1..t} dt_r[c] A[c, n]) dt_s[c]`, as Mamba-2's
+(`mamba2`) is; but here each channel has its own `M`, one sum over the state per entry, and
+building it holds `[batch d_inner d_state pos pos]`: at Mamba-130m's width (1,536 channels,
+a state of 16) and 1,024 tokens, 6 GiB for `M` alone in float32 and 16 times that on the way,
+per layer, where the scan holds the states, `[batch pos d_inner d_state]` (96 MiB). So no
+`hook_mixing` here: `hook_state` holds every `h_t`, and `y` reads them; the tests check the
+scan against `M` built densely and against a loop over channels and positions.
+
+In a padded batch `xs` is zero at padding (as the convolution's input is,
+`real_positions`): a padding position adds nothing to any state.
+"""
+
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor, nn
+from torch.nn.functional import silu, softplus
+
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.shapes import Resid
+
+States = Float[Tensor, "batch pos d_inner d_state"]
+
+
+def selective_scan(
+    dt: Float[Tensor, "batch pos d_inner"],
+    A: Float[Tensor, "d_inner d_state"],
+    B: Float[Tensor, "batch pos d_state"],
+    xs: Float[Tensor, "batch pos d_inner"],
+) -> States:
+    """Every state `h_t = exp(dt_t A) * h_{t-1} + dt_t xs_t B_t` (per channel), from
+    `h_{-1} = 0`."""
+    per_state = "batch pos d_inner d_state"
+    decay = torch.exp(einsum(dt, A, f"batch pos d_inner, d_inner d_state -> {per_state}"))
+    drive = einsum(dt * xs, B, f"batch pos d_inner, batch pos d_state -> {per_state}")
+    state = torch.zeros_like(drive[:, 0])
+    states = []
+    for t in range(drive.shape[1]):  # a recurrence: each state needs the one before
+        state = decay[:, t] * state + drive[:, t]
+        states.append(state)
+    return torch.stack(states, dim=1)
+
+
+class _GainRMSNorm(nn.Module):
+    """`v / rms(v) * w` over the last axis (Falcon Mamba's B, C, dt norms keep no gain: theirs
+    import as ones)."""
+
+    def __init__(self, width: int, eps: float, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        self.eps = eps
+        self.w = _param(width, cfg=cfg)
+
+    def forward(self, v: Float[Tensor, "... width"]) -> Float[Tensor, "... width"]:
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+
+
+def _bcdt_norm(width: int, cfg: HookedTransformerConfig) -> nn.Module:
+    """The norm of `B`, `C` or the low-rank step: an RMSNorm where `bcdt_norm`, else none."""
+    m = cfg.mixers
+    return _GainRMSNorm(width, m.ssm_norm_eps, cfg) if m.bcdt_norm else nn.Identity()
+
+
+class MambaMixer(nn.Module):
+    """The Mamba-1 mixer (module docstring). Hook points: `hook_in` (the normed stream it
+    reads), `hook_state` (every `h_t`), `hook_out` (what it writes, before any post-norm)."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        m = cfg.mixers
+        d_inner, d_state = m.d_inner, m.d_state
+        self.hook_in = HookPoint()
+        self.W_xs, self.b_xs = _param(cfg.d_model, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.W_z, self.b_z = _param(cfg.d_model, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.W_conv, self.b_conv = _param(d_inner, m.d_conv, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.W_B, self.W_C = _param(d_inner, d_state, cfg=cfg), _param(d_inner, d_state, cfg=cfg)
+        self.W_dt_down = _param(d_inner, m.dt_rank, cfg=cfg)
+        self.W_dt_up, self.b_dt = _param(m.dt_rank, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.norm_B, self.norm_C = _bcdt_norm(d_state, cfg), _bcdt_norm(d_state, cfg)
+        self.norm_dt = _bcdt_norm(m.dt_rank, cfg)
+        self.A_log, self.D = _param(d_inner, d_state, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.hook_state = HookPoint()
+        self.W_out, self.b_out = _param(d_inner, cfg.d_model, cfg=cfg), _param(cfg.d_model, cfg=cfg)
+        self.hook_out = HookPoint()
+
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+        x = self.hook_in(x)
+        real = real_positions(context)  # no real token reads padding
+        z = affine(x, self.W_z, self.b_z)
+        xs = silu(causal_conv(affine(x, self.W_xs, self.b_xs) * real, self.W_conv, self.b_conv))
+        xs = xs * real  # a padding position adds nothing to the states
+        B, C = self.norm_B(xs @ self.W_B), self.norm_C(xs @ self.W_C)
+        dt = softplus(affine(self.norm_dt(xs @ self.W_dt_down), self.W_dt_up, self.b_dt))
+        states = self.hook_state(selective_scan(dt, -self.A_log.exp(), B, xs))
+        y = einsum(states, C, "batch pos d_inner d_state, batch pos d_state -> batch pos d_inner")
+        y = y + xs * self.D
+        return self.hook_out(affine(y * silu(z), self.W_out, self.b_out))

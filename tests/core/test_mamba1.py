@@ -1,0 +1,215 @@
+"""The Mamba-1 mixer (`MambaMixer`, `selective_scan`): against the recurrence written here
+channel by channel and position by position, and the scan against the unrolled mixing
+matrix built densely, in float64; causal, blind to padding, summing in the residual
+decomposition, saved and loaded; and, imported from tiny Mamba, Falcon Mamba and Jamba
+twins, each mixer module against `transformers`' (whose scan runs in float32: to its
+rounding)."""
+
+import pytest
+import torch
+from torch.nn.functional import silu, softplus
+
+from hookedattn import HookedTransformer
+from hookedattn.core.components.mamba import MambaMixer, selective_scan
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels import attention_context
+from hookedattn.core.mixer_config import MixerConfig
+
+D_MODEL, D_INNER, D_STATE, DT_RANK = 12, 10, 5, 3
+
+
+def _cfg(
+    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
+) -> HookedTransformerConfig:
+    settings = dict(d_conv=3, n_ssm_heads=D_INNER, d_state=D_STATE, dt_rank=DT_RANK) | mixer
+    return HookedTransformerConfig(
+        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
+        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
+    )  # fmt: skip
+
+
+def _alone(x: torch.Tensor) -> object:
+    """The context of an unpadded batch like `x` (no KV cache, no window)."""
+    return attention_context(64, x.shape[0], x.shape[1], None, None, None, "cpu")
+
+
+def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (biases, norm gains, A_log and D included)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
+    return module
+
+
+def _by_recurrence(mixer: MambaMixer, x: torch.Tensor, norms: bool) -> torch.Tensor:
+    """The mixer written out one position and one channel at a time (module docstring of
+    `components.mamba`), the RMSNorms by hand."""
+    K, eps = mixer.W_conv.shape[1], mixer.norm_B.eps if norms else 0.0
+    batch, n_pos, _ = x.shape
+    rms = lambda v, w: (v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w) if norms else v
+    pre = x @ mixer.W_xs + mixer.b_xs
+    h = torch.zeros(batch, D_INNER, D_STATE, dtype=x.dtype)
+    out = torch.zeros(batch, n_pos, D_MODEL, dtype=x.dtype)
+    for t in range(n_pos):
+        u = mixer.b_conv.expand(batch, -1).clone()
+        for k in range(K):  # tap k reads position t - (K - 1) + k
+            if t - (K - 1) + k >= 0:
+                u = u + mixer.W_conv[:, k] * pre[:, t - (K - 1) + k]
+        xs = silu(u)
+        B = rms(xs @ mixer.W_B, mixer.norm_B.w if norms else None)
+        C = rms(xs @ mixer.W_C, mixer.norm_C.w if norms else None)
+        low = rms(xs @ mixer.W_dt_down, mixer.norm_dt.w if norms else None)
+        dt = softplus(low @ mixer.W_dt_up + mixer.b_dt)
+        y = torch.zeros(batch, D_INNER, dtype=x.dtype)
+        for c in range(D_INNER):
+            A = -torch.exp(mixer.A_log[c])
+            h[:, c] = torch.exp(dt[:, c, None] * A) * h[:, c] + (dt[:, c] * xs[:, c])[:, None] * B
+            y[:, c] = (h[:, c] * C).sum(-1) + mixer.D[c] * xs[:, c]
+        z = x[:, t] @ mixer.W_z + mixer.b_z
+        out[:, t] = (y * silu(z)) @ mixer.W_out + mixer.b_out
+    return out
+
+
+@pytest.mark.parametrize("norms", [False, True])
+def test_mamba_mixer_is_the_recurrence(norms: bool) -> None:
+    mixer = _randomised(MambaMixer(_cfg(("mamba",), bcdt_norm=norms, ssm_norm_eps=1e-3)), 1)
+    x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected = _by_recurrence(mixer, x, norms)
+    torch.testing.assert_close(mixer(x, _alone(x)), expected, rtol=0, atol=1e-12)
+
+
+def test_the_scan_is_the_unrolled_mixing_matrix() -> None:
+    g = torch.Generator().manual_seed(3)
+    n_pos = 9
+    dt = softplus(torch.randn(2, n_pos, D_INNER, generator=g, dtype=torch.float64))
+    A = -torch.rand(D_INNER, D_STATE, generator=g, dtype=torch.float64) * 2
+    B, C = (torch.randn(2, n_pos, D_STATE, generator=g, dtype=torch.float64) for _ in "BC")
+    xs = torch.randn(2, n_pos, D_INNER, generator=g, dtype=torch.float64)
+    # M[c, t, s] = sum_n C_t[n] B_s[n] exp(sum_{r=s+1..t} dt_r[c] A[c, n]) dt_s[c], s <= t
+    M = torch.zeros(2, D_INNER, n_pos, n_pos, dtype=torch.float64)
+    for t in range(n_pos):
+        for s in range(t + 1):
+            rate = dt[:, s + 1 : t + 1, :, None].sum(1) * A  # [batch d_inner d_state]
+            M[:, :, t, s] = (C[:, t, None] * B[:, s, None] * rate.exp()).sum(-1) * dt[:, s]
+    expected = torch.einsum("bcts,bsc->btc", M, xs)
+    got = torch.einsum("btcn,btn->btc", selective_scan(dt, A, B, xs), C)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_mamba_mixer_is_causal_and_float32_close() -> None:
+    mixer = _randomised(MambaMixer(_cfg(("mamba",), bcdt_norm=True)), 4)
+    x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    changed = x.clone()
+    changed[:, 6:] += 1.0
+    torch.testing.assert_close(
+        mixer(changed, _alone(x))[:, :6], mixer(x, _alone(x))[:, :6], rtol=0, atol=0
+    )
+    single = MambaMixer(_cfg(("mamba",), dtype=torch.float32, bcdt_norm=True))
+    single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
+    with torch.no_grad():
+        got, expected = single(x.float(), _alone(x)).double(), mixer(x, _alone(x))
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_a_mamba_mixer_needs_its_channels_as_heads() -> None:
+    with pytest.raises(ValueError, match="needs d_ssm_head=1 and n_ssm_groups=1, got 2 and 1"):
+        MixerConfig(layers=("mamba",), n_ssm_heads=4, d_ssm_head=2)
+
+
+def _hybrid() -> HookedTransformer:
+    model = HookedTransformer(_cfg(("mamba", "attention", "mamba"), bcdt_norm=True))
+    for block in model.blocks:
+        _randomised(block, 6)
+    return model
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_reaches_no_real_token_through_a_mamba_mixer(side: str) -> None:
+    model = _hybrid()
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    tokens = torch.tensor([pad + short if side == "left" else short + pad, long])
+    real = [0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad)
+    batched = model(tokens, attention_mask=torch.tensor([real, [1] * 6]))
+    where = slice(len(pad), None) if side == "left" else slice(0, 3)
+    torch.testing.assert_close(
+        batched[0, where], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def test_mamba_hybrid_hook_points_and_decomposition_sum() -> None:
+    from analysis import decompose_resid
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(7))
+    _, cache = model.run_with_cache(tokens)
+    assert cache["blocks.0.mixer.hook_state"].shape == (2, 8, D_INNER, D_STATE)
+    assert "blocks.2.mixer.hook_out" in cache and "blocks.1.attn.hook_pattern" in cache
+    final = cache["blocks.2.hook_resid_post"]
+    for granularity in ("sublayer", "head", "neuron"):
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    heads = decompose_resid(model, cache, granularity="head").labels
+    assert "L0_mamba" in heads and "L2_mamba" in heads and "L1H2" in heads
+
+
+def test_a_mamba_hybrid_saves_and_loads(tmp_path) -> None:
+    model = _hybrid()
+    model.save(tmp_path / "hybrid")
+    loaded = HookedTransformer.load(tmp_path / "hybrid")
+    assert loaded.cfg == model.cfg and loaded.cfg.mixers.bcdt_norm
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+def test_a_fresh_mamba_mixer_has_unit_gains_and_writes() -> None:
+    model = HookedTransformer(_cfg(("mamba", "attention"), bcdt_norm=True))
+    assert torch.equal(model.blocks[0].mixer.norm_B.w, torch.ones(D_STATE, dtype=torch.float64))
+    _, cache = model.run_with_cache(torch.tensor([[1, 2, 3, 4]]))
+    assert float(cache["blocks.0.hook_attn_out"].abs().max()) > 0
+
+
+def _twin(model_type: str, **fields) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from hookedattn.core.hf import _tiny
+
+    model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type, **fields))
+    return _tiny.random_hf_model(model_class, config, seed=9).double()
+
+
+@pytest.mark.parametrize(
+    "model_type, fields, norms",
+    [("mamba", {}, False), ("falcon_mamba", {}, True), ("jamba", {"num_experts": 1}, True)],
+)
+def test_each_imported_mamba_mixer_is_the_transformers_module(model_type, fields, norms, tmp_path,
+                                                              monkeypatch):  # fmt: skip
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
+    reference = _twin(model_type, **fields)
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.mixers.layers[0] == "mamba" and model.cfg.mixers.bcdt_norm == norms
+    theirs = (reference.model.layers[0].mamba if model_type == "jamba"
+              else reference.backbone.layers[0].mixer)  # fmt: skip
+    x = torch.randn(2, 9, model.cfg.d_model, generator=torch.Generator().manual_seed(10),
+                    dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():
+        want = theirs(x)
+        got = model.blocks[0].mixer(x, _alone(x))
+    # transformers' scan reads its input in float32 (`hidden_states.float()`).
+    assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
+
+
+def test_a_mamba_anatomy_round_trips_through_the_memo(tmp_path, monkeypatch) -> None:
+    from hookedattn.core.hf import _anatomy
+
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
+    config = _twin("jamba", num_experts=1).config
+    first = _anatomy.recognise(config)  # read off the twin, then remembered
+    again = _anatomy.recognise(config)  # read from the memo's JSON
+    assert again == first and again.mixers.kind == "mamba" and again.mixers.norm_gains
+    assert dict(again.mixers.settings)["n_ssm_heads"] == "mamba_expand*hidden_size"
