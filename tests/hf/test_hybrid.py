@@ -142,7 +142,8 @@ def test_a_hybrid_anatomy_round_trips_through_the_memo():
     assert again == first and again.mixers.kind == "mamba2"
 
 
-@pytest.mark.parametrize("model_type", HYBRIDS)
+# LFM3 also norms each sublayer's output (`pre_and_post`), which no weight can absorb.
+@pytest.mark.parametrize("model_type", [m for m in HYBRIDS if m != "lfm3"])
 def test_an_imported_hybrid_processes_exactly(model_type):
     from hookedattn.core import processing
 
