@@ -360,6 +360,14 @@ class HookedTransformerConfig:
                 f"mixers.layers has {len(self.mixers.layers)} entries but n_layers="
                 f"{self.n_layers}: give one sublayer kind per layer"
             )
+        beside = self.mixers is not None and self.mixers.beside_attention is not None
+        if beside and not (self._is_sequential and self.normalization_placement == "pre"):
+            raise ValueError(
+                "mixers.beside_attention (a mixer beside the attention, Falcon-H1's block) "
+                "needs a sequential block with pre-norms: attn_only=False, "
+                "parallel_attn_mlp=False, normalization_placement='pre' (got "
+                f"{self.attn_only}, {self.parallel_attn_mlp}, {self.normalization_placement!r})"
+            )
         if self.attn_types is not None:
             if self.window_size is None:
                 raise ValueError("attn_types with 'local' layers needs window_size")

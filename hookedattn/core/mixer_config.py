@@ -9,7 +9,9 @@ write passes `hook_attn_out` (the residual decomposition sums as before); it has
 and the analyses that need heads refuse its layers by name.
 
 `MixerConfig` says which kind each block holds (`layers`) and the settings of each kind;
-the model's config carries it as one field (`HookedTransformerConfig.mixers`).
+the model's config carries it as one field (`HookedTransformerConfig.mixers`). In Falcon-H1
+a Mamba-2 mixer runs beside the attention in every block instead (`beside_attention`): both
+read the same normed stream and the block adds both writes (`components.hybrid_blocks`).
 """
 
 import dataclasses
@@ -32,7 +34,10 @@ class MixerConfig:
       `d_ssm_head`, a state of `d_state` per head row, `n_ssm_groups` groups of heads
       sharing the input and output maps `B` and `C`; the step `dt` is clamped to
       `[dt_min, dt_max]`; `ssm_norm_eps` is the gated RMSNorm's epsilon (over each group's
-      channels); `proj_bias` as above.
+      channels); `proj_bias` as above; `ssm_gated_norm`: whether that gated RMSNorm is
+      there (Falcon-H1's `mamba_rms_norm=False`: `y * silu(z)` goes to `W_out` as it is).
+    - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
+      runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
 
     layers: tuple[str, ...]
@@ -46,6 +51,8 @@ class MixerConfig:
     dt_min: float = 0.0
     dt_max: float = math.inf
     ssm_norm_eps: float = 1e-5
+    ssm_gated_norm: bool = True
+    beside_attention: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
@@ -62,8 +69,25 @@ class MixerConfig:
             )
         if not 0.0 <= self.dt_min <= self.dt_max:
             raise ValueError(f"need 0 <= dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
+        beside = (None, *MIXER_KINDS[1:])
+        if self.beside_attention not in beside:
+            raise ValueError(f"beside_attention={self.beside_attention!r}; valid: {beside}")
         if not self.ssm_norm_eps > 0:
             raise ValueError(f"ssm_norm_eps must be > 0, got {self.ssm_norm_eps}")
+
+    @property
+    def holds_mixers(self) -> bool:
+        """Whether any block holds a sublayer that is not attention (in attention's place or
+        beside it): such a sublayer keeps no cache and is not split over ranks."""
+        return self.beside_attention is not None or set(self.layers) != {"attention"}
+
+    def layer_mixers(self, layer: int) -> tuple[str, ...]:
+        """The kinds of mixer block `layer` holds (not attention): none, one in attention's
+        place, or one beside it."""
+        kind = self.layers[layer]
+        if kind == "attention":
+            return () if self.beside_attention is None else (self.beside_attention,)
+        return (kind,)
 
     @property
     def d_inner(self) -> int:

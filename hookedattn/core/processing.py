@@ -220,7 +220,9 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
         attn, mlp = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
         readers = _attn_readers(cfg, attn, state)
         if cfg.layer_mixer(layer) != "attention":
-            readers = _mixer_readers(cfg, layer)
+            readers = []
+        if cfg.mixers is not None:  # in attention's place, or beside it (Falcon-H1)
+            readers = readers + _mixer_readers(cfg, layer)
         _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
         if cfg.has_mlp:
             readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
@@ -282,7 +284,8 @@ _MIXER_INPUTS = {"short_conv": ("B", "C", "X"), "mamba2": ("z", "xBC", "dt")}
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
     """The weights (and biases) by which block `layer`'s mixer reads its input."""
     mixer = f"blocks.{layer}.mixer"
-    return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for n in _MIXER_INPUTS[cfg.layer_mixer(layer)]]
+    return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for kind in cfg.mixers.layer_mixers(layer)
+            for n in _MIXER_INPUTS[kind]]  # fmt: skip
 
 
 def _mlp_readers(

@@ -1,8 +1,11 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
 is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
-beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
-on a tiny random twin: the logits and every residual stream in float32 and float64, and
-greedy generation; and each mixer module with ours in float64 on random inputs.
+beside attention layers, or in every layer (Mamba 2); and Falcon-H1 (its family module,
+`_falcon_h1`), a Mamba-2 mixer beside the attention in every layer, its muP multipliers
+folded into the weights (its twin's multipliers are not 1: `_tiny.OVERRIDES`). Each is
+compared with `transformers` on a tiny random twin: the logits and every residual stream in
+float32 and float64, and greedy generation; and each mixer module with ours in float64 on
+random inputs.
 
 `transformers` runs its RMSNorms and its Mamba-2 scan in float32 whatever the model's dtype
 (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with our float64
@@ -30,6 +33,8 @@ HYBRIDS = {
     "lfm2_moe": {},
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
+    "falcon_h1": {},  # attention and Mamba-2 side by side in every layer
+    "falcon_h1_normed": {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
 }  # fmt: skip
 
 
@@ -43,8 +48,10 @@ def twin(model_type: str, seed: int = 0) -> nn.Module:
     """A tiny random hybrid of `model_type`, as the verification builds one."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    fields = HYBRIDS[model_type]
+    model_type = model_type.removesuffix("_normed")  # the variant with the mixer's gated norm
     model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    config = transformers.AutoConfig.for_model(model_type, **HYBRIDS[model_type])
+    config = transformers.AutoConfig.for_model(model_type, **fields)
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
@@ -58,7 +65,7 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
     tolerance = 1e-5  # of each tensor's largest value: float32's rounding (module docstring)
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
-    kinds = set(model.cfg.mixers.layers)
+    kinds = set(model.cfg.mixers.layers) | {model.cfg.mixers.beside_attention} - {None}
     assert len(kinds) == 2 if model_type != "mamba2" else kinds == {"mamba2"}
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
@@ -137,3 +144,25 @@ def test_an_imported_hybrid_processes_exactly(model_type):
     with torch.no_grad():
         expected, got = model(TOKENS).log_softmax(-1), processed(TOKENS).log_softmax(-1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+def test_falcon_h1_keeps_its_heads_and_its_mixer_write_apart():
+    model = HookedTransformer.from_hf(twin("falcon_h1", seed=7).double())
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS[:, :6])
+    block = "blocks.1"
+    written = cache[f"{block}.hook_attn_out"] + cache[f"{block}.hook_mixer_out"]
+    torch.testing.assert_close(
+        cache[f"{block}.hook_resid_mid"], cache[f"{block}.hook_resid_pre"] + written,
+        rtol=0, atol=1e-12,
+    )  # fmt: skip
+    assert cache[f"{block}.attn.hook_pattern"].shape == (2, model.cfg.n_heads, 6, 6)
+    assert cache[f"{block}.mixer.hook_mixing"].shape[1] == model.cfg.mixers.n_ssm_heads
+
+
+def test_falcon_h1_refuses_a_norm_before_its_gate():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model(
+        "falcon_h1", mamba_rms_norm=True, mamba_norm_before_gate=True))  # fmt: skip
+    model = _tiny.random_hf_model(transformers.FalconH1ForCausalLM, config)
+    with pytest.raises(ValueError, match="mamba_norm_before_gate=True"):
+        HookedTransformer.from_hf(model)
