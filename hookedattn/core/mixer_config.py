@@ -11,21 +11,26 @@ and the analyses that need heads refuse its layers by name.
 `MixerConfig` says which kind each block holds (`layers`) and the settings of each kind;
 the model's config carries it as one field (`HookedTransformerConfig.mixers`). In Falcon-H1
 a Mamba-2 mixer runs beside the attention in every block instead (`beside_attention`): both
-read the same normed stream and the block adds both writes (`components.hybrid_blocks`).
+read the same normed stream and the block adds both writes (`ParallelMixerBlock`). In
+Nemotron-H each layer holds one sublayer, attention, a Mamba-2 mixer or an MLP: a block
+without an MLP (`mlp_layers`) or without a sublayer that mixes positions ("none").
 """
 
 import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2")
+MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class MixerConfig:
     """The sublayer kind of each block and the settings of the kinds that are not attention.
 
-    - `layers`: one of `MIXER_KINDS` per block.
+    - `layers`: one of `MIXER_KINDS` per block; "none": the block mixes no positions (no
+      `ln1`, no `hook_attn_out`: an MLP-only block, Nemotron-H's MLP layers).
+    - `mlp_layers`: whether each block holds an MLP; None: every block (or none, in an
+      attention-only model). A block needs at least one of the two sublayers.
     - `d_conv`: the causal depthwise convolution's width (both kinds have one);
       `conv_bias`: whether it has a bias.
     - "short_conv" (LFM2): `x @ W_in` split into `b, c, h` (each `d_model` wide), then
@@ -53,6 +58,7 @@ class MixerConfig:
     ssm_norm_eps: float = 1e-5
     ssm_gated_norm: bool = True
     beside_attention: str | None = None
+    mlp_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
@@ -69,11 +75,28 @@ class MixerConfig:
             )
         if not 0.0 <= self.dt_min <= self.dt_max:
             raise ValueError(f"need 0 <= dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
-        beside = (None, *MIXER_KINDS[1:])
-        if self.beside_attention not in beside:
-            raise ValueError(f"beside_attention={self.beside_attention!r}; valid: {beside}")
+        self._check_layouts()
         if not self.ssm_norm_eps > 0:
             raise ValueError(f"ssm_norm_eps must be > 0, got {self.ssm_norm_eps}")
+
+    def _check_layouts(self) -> None:
+        """`mlp_layers` one per layer, no block without a sublayer, a known kind beside
+        attention."""
+        if self.mlp_layers is not None:
+            if len(self.mlp_layers) != len(self.layers):
+                raise ValueError(
+                    f"mlp_layers has {len(self.mlp_layers)} entries for {len(self.layers)} "
+                    "layers: give one per layer"
+                )
+            empty = [i for i, k in enumerate(self.layers) if k == "none" and not self.mlp_layers[i]]
+            if empty:
+                raise ValueError(
+                    f"blocks {empty} would hold no sublayer: neither a mixing one (layers[i] "
+                    "'none') nor an MLP (mlp_layers[i] False)"
+                )
+        beside = (None, *(k for k in MIXER_KINDS[1:] if k != "none"))
+        if self.beside_attention not in beside:
+            raise ValueError(f"beside_attention={self.beside_attention!r}; valid: {beside}")
 
     @property
     def holds_mixers(self) -> bool:
@@ -87,7 +110,12 @@ class MixerConfig:
         kind = self.layers[layer]
         if kind == "attention":
             return () if self.beside_attention is None else (self.beside_attention,)
-        return (kind,)
+        return () if kind == "none" else (kind,)
+
+    def holds_mlp(self, layer: int) -> bool:
+        """Whether block `layer` holds an MLP, as far as `mlp_layers` says (the model's
+        config says whether any does: `HookedTransformerConfig.layer_has_mlp`)."""
+        return self.mlp_layers is None or bool(self.mlp_layers[layer])
 
     @property
     def d_inner(self) -> int:
@@ -104,5 +132,12 @@ class MixerConfig:
             unknown = sorted(set(value) - known)
             if unknown:
                 raise ValueError(f"unknown mixer settings {unknown}; known: {sorted(known)}")
-            return cls(**value | {"layers": tuple(value.get("layers", ()))})
+            mlp_layers = value.get("mlp_layers")
+            return cls(
+                **value
+                | {
+                    "layers": tuple(value.get("layers", ())),
+                    "mlp_layers": None if mlp_layers is None else tuple(mlp_layers),
+                }
+            )
         raise TypeError(f"mixers must be a MixerConfig, a dict or None, got {type(value).__name__}")

@@ -223,11 +223,12 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
             readers = []
         if cfg.mixers is not None:  # in attention's place, or beside it (Falcon-H1)
             readers = readers + _mixer_readers(cfg, layer)
-        _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
-        if cfg.has_mlp:
+        if cfg.layer_mixer(layer) != "none":  # else an MLP-only block: no ln1
+            _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
+        if cfg.layer_has_mlp(layer):
             readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
             _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
-        if cfg.has_mlp and cfg.act_fn == "solu_ln":
+        if cfg.layer_has_mlp(layer) and cfg.act_fn == "solu_ln":
             _fold_neuron_norm(state, mlp)
     _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
     return cfg.replace(normalization_type=_PRE_FORM[cfg.normalization_type])

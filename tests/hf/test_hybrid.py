@@ -2,7 +2,9 @@
 is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
 beside attention layers, or in every layer (Mamba 2); and Falcon-H1 (its family module,
 `_falcon_h1`), a Mamba-2 mixer beside the attention in every layer, its muP multipliers
-folded into the weights (its twin's multipliers are not 1: `_tiny.OVERRIDES`). Each is
+folded into the weights (its twin's multipliers are not 1: `_tiny.OVERRIDES`); and
+Nemotron-H (`_nemotron_h`), one sublayer per layer: a Mamba-2 mixer, an attention without
+positions or an MLP, our blocks of one sublayer (its mixture of experts is refused). Each is
 compared with `transformers` on a tiny random twin: the logits and every residual stream in
 float32 and float64, and greedy generation; and each mixer module with ours in float64 on
 random inputs.
@@ -35,6 +37,8 @@ HYBRIDS = {
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
     "falcon_h1": {},  # attention and Mamba-2 side by side in every layer
     "falcon_h1_normed": {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
+    # Nemotron-H's 8B and 56B layout, "M*-" repeated (its default adds "moe", refused below)
+    "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention", "mlp"]},
 }  # fmt: skip
 
 
@@ -66,7 +70,8 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
     kinds = set(model.cfg.mixers.layers) | {model.cfg.mixers.beside_attention} - {None}
-    assert len(kinds) == 2 if model_type != "mamba2" else kinds == {"mamba2"}
+    assert kinds - {"attention", "none"}  # a mixer somewhere
+    assert ("attention" in kinds) == (model_type != "mamba2")
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
@@ -165,4 +170,25 @@ def test_falcon_h1_refuses_a_norm_before_its_gate():
         "falcon_h1", mamba_rms_norm=True, mamba_norm_before_gate=True))  # fmt: skip
     model = _tiny.random_hf_model(transformers.FalconH1ForCausalLM, config)
     with pytest.raises(ValueError, match="mamba_norm_before_gate=True"):
+        HookedTransformer.from_hf(model)
+
+
+def test_nemotron_h_layers_are_blocks_of_one_sublayer():
+    from hookedattn.core.components.block import AttnOnlyBlock, MLPOnlyBlock
+
+    reference = twin("nemotron_h", seed=8).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.mixers.layers == ("mamba2", "attention", "none")
+    assert [type(b) for b in model.blocks] == [AttnOnlyBlock, AttnOnlyBlock, MLPOnlyBlock]
+    x = torch.randn(2, 9, model.cfg.d_model, generator=torch.Generator().manual_seed(9),
+                    dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():  # the MLP layer's MLP: float64 throughout in both
+        want, got = reference.model.layers[2].mixer(x), model.blocks[2].mlp(x)
+    assert _worst(got, want) <= 1e-12
+
+
+def test_nemotron_h_mixture_of_experts_is_refused_by_name():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("nemotron_h"))  # "M" "E" "*" "-"
+    model = _tiny.random_hf_model(transformers.NemotronHForCausalLM, config)
+    with pytest.raises(ValueError, match=r"layers_block_type holds \['moe'\]"):
         HookedTransformer.from_hf(model)

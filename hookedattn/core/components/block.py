@@ -26,7 +26,9 @@ global or windowed, or in a hybrid model's non-attention blocks a mixer in its p
 (`ShortConv`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out` holds; or, in
 Falcon-H1, a mixer beside the attention, both reading `ln1(resid_pre)`
 (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
-behind its own `hook_mixer_out`). In a
+behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of its
+mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). In a
 shortformer model the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
@@ -303,6 +305,23 @@ class ParallelMixerBlock(Block):
         return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
 
 
+class MLPOnlyBlock(AttnOnlyBlock):
+    """`resid_post = resid_pre + mlp(ln2(resid_pre))`: a block that mixes no positions
+    (Nemotron-H's MLP layers: `MixerConfig.layers` "none"). It has no `ln1`,
+    `hook_attn_out` or `hook_resid_mid`; its MLP keeps its usual names (`ln2`, `mlp`,
+    `hook_mlp_out`), so block `L` is the checkpoint's layer `L`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        return self.hook_resid_post(resid_pre + self.feed_forward(resid_pre))
+
+
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
     latent (`kv_lora_rank`)."""
@@ -328,15 +347,15 @@ def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
     """The block the config asks for: attention-only, sequential, parallel, sequential
-    with post-residual norms, or sequential with a mixer beside the attention."""
-    if (
-        cfg.mixers is not None
-        and cfg.mixers.layer_mixers(layer)
-        and cfg.layer_mixer(layer) == "attention"
-    ):
+    with post-residual norms, sequential with a mixer beside the attention, or one of a
+    hybrid's blocks of one sublayer (its mixing one, or its MLP)."""
+    kind = cfg.layer_mixer(layer)
+    if kind == "attention" and cfg.mixers is not None and cfg.mixers.layer_mixers(layer):
         return ParallelMixerBlock(cfg, layer)
+    if kind == "none":
+        return MLPOnlyBlock(cfg, layer)
     if cfg.normalization_placement == "post_residual":
         return PostResidualBlock(cfg, layer)
-    if cfg.attn_only:
+    if cfg.attn_only or not cfg.layer_has_mlp(layer):
         return AttnOnlyBlock(cfg, layer)
     return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

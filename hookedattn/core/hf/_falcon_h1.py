@@ -8,6 +8,10 @@ our `ParallelMixerBlock` (`MixerConfig.beside_attention="mamba2"`); the attentio
 are Llama's, the mixer is our `Mamba2Mixer` (without its gated norm where
 `mamba_rms_norm=False`, Falcon-H1's default).
 
+Written out, not derived by convention: the convention reads a layer whose mixing
+sublayer is attention or a mixer, and follows tensors by identity, which Falcon-H1's
+`hidden_states * attention_in_multiplier` breaks.
+
 Falcon-H1's muP multipliers are scalars (or, `ssm_multipliers`, one scalar per piece of the
 mixer's input projection), each multiplying a linear map's input or output, so each is folded
 here into the weights it multiplies, and the model is our plain components:

@@ -28,6 +28,7 @@ from hookedattn.core.hf import (
     _gptj,
     _llama,
     _loading,
+    _nemotron_h,
     _neox,
     _openai_gpt,
     _opt,
@@ -59,6 +60,7 @@ FAMILIES: tuple[Family, ...] = (
     _deepseek.DEEPSEEK_V2,
     _deepseek.GLM4_MOE_LITE,
     _falcon_h1.FAMILY,
+    _nemotron_h.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.
