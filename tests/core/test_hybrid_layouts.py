@@ -247,3 +247,11 @@ def test_mlp_layers_need_a_model_with_mlps() -> None:
     mixers = MixerConfig(layers=("attention", "none"), mlp_layers=(False, True))
     with pytest.raises(ValueError, match="mlp_layers says which blocks hold an MLP"):
         _nemotron_cfg().replace(n_layers=2, attn_only=True, mixers=mixers)
+
+
+def test_stacked_mlp_weights_name_the_blocks_without_an_mlp() -> None:
+    model = _layout("nemotron_h")
+    with pytest.raises(ValueError, match=r"blocks \[0, 1, 3\] hold none"):
+        _ = model.W_in
+    with pytest.raises(ValueError, match=r"blocks \[0, 2, 3, 4\] hold \['mamba2', 'none'\]"):
+        _ = model.W_Q

@@ -192,3 +192,12 @@ def test_nemotron_h_mixture_of_experts_is_refused_by_name():
     model = _tiny.random_hf_model(transformers.NemotronHForCausalLM, config)
     with pytest.raises(ValueError, match=r"layers_block_type holds \['moe'\]"):
         HookedTransformer.from_hf(model)
+
+
+@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h"])
+def test_a_saved_checkpoint_imports_verified(model_type, tmp_path):
+    reference = twin(model_type, seed=10)
+    reference.save_pretrained(tmp_path)  # Nemotron-H's names as its checkpoints: `backbone.`
+    model = HookedTransformer.from_hf(tmp_path)  # verified on its tiny twin before loading
+    with torch.no_grad():
+        assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5

@@ -142,9 +142,15 @@ def nemotron_h_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
         zeros("unembed.b_U", "d_vocab_out"),
     ]
+    # Its checkpoints store the base model as `backbone.` (`transformers` renames it on load
+    # and back on save).
+    saved = {r.hf: (f"backbone.{r.hf.removeprefix('model.')}",) for r in rules
+             if r.hf is not None and r.hf.startswith("model.")}  # fmt: skip
+    tied = {k: (*v, "backbone.embeddings.weight")
+            for k, v in tied_unembedding(hf_config, "model.embeddings.weight").items()}  # fmt: skip
     return Table(
         rules=tuple(rules),
-        aliases=tied_unembedding(hf_config, "model.embeddings.weight"),
+        aliases=saved | tied,
         label="Nemotron-H",
         base_prefix="model.",
     )
