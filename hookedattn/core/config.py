@@ -601,7 +601,8 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"{what} needs attention heads, but in this hybrid model blocks "
                 f"{sorted(others)} hold {sorted(set(others.values()))} in attention's place "
-                f"(their write is blocks.L.hook_attn_out; their internals blocks.L.mixer.*)"
+                f"(a mixer's write is blocks.L.hook_attn_out, its internals blocks.L.mixer.*; "
+                f"'none': the block mixes no positions, an MLP alone)"
             )
 
     def layer_rotates(self, layer: int) -> bool:
