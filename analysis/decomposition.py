@@ -230,7 +230,9 @@ def decompose_resid(
       `attn_out`/`mlp_out`, biases included);
     - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart (in a
       hybrid model, a block with a mixer in attention's place has no heads: its whole
-      write, `hook_attn_out`, is one term labelled by its kind, `L0_mamba2`);
+      write, `hook_attn_out`, is one term labelled by its kind, `L0_mamba2`; a mixer
+      beside the attention, Falcon-H1's, is one term more, `hook_mixer_out`, labelled so; a
+      Nemotron-H block of one sublayer has only that sublayer's terms);
     - `"neuron"`: heads as above, and each neuron `L0N0`, ... with `L0_mlp_bias` apart;
     - `"expert"`: heads as above, and, in a mixture of experts, each expert's write
       `L0E0`, ... (zero where a token did not choose it; its biases inside it) and the
@@ -352,23 +354,42 @@ def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tu
     """`(label, hook name)` of each term of the stream at `(site, layer)` at granularity
     `"sublayer"`: the cached embeddings and sublayer outputs (biases included)."""
     learned_positions = model.cfg.positional_embedding_type == "standard"
-    return _sublayer_names(learned_positions, model.cfg.has_mlp, site, layer)
+    layout = tuple(_layout(model, block) for block in range(model.cfg.n_layers))
+    return _sublayer_names(learned_positions, site, layer, layout)
+
+
+def _layout(model: HookedTransformer, layer: int) -> tuple[bool, str, bool]:
+    """What block `layer` writes: whether it mixes positions (attention or a mixer in its
+    place; not Nemotron-H's MLP-only blocks), the kind of a mixer beside its attention
+    (Falcon-H1's; "" if none), whether it holds an MLP."""
+    cfg = model.cfg
+    kind = cfg.layer_mixer(layer)
+    beside = cfg.mixers.layer_mixers(layer) if kind == "attention" and cfg.mixers else ()
+    return kind != "none", beside[0] if beside else "", cfg.layer_has_mlp(layer)
 
 
 @functools.lru_cache(maxsize=256)
 def _sublayer_names(
-    learned_positions: bool, has_mlp: bool, site: str, layer: int
+    learned_positions: bool, site: str, layer: int, layout: tuple[tuple[bool, str, bool], ...]
 ) -> tuple[tuple[str, str], ...]:
     # Memoised: a function of the model's shape only, on the path of every sublayer call.
     terms = [("embed", get_act_name("embed"))]
     if learned_positions:
         terms.append(("pos_embed", get_act_name("pos_embed")))
+
+    def mixing(block: int) -> None:
+        mixes, beside, _ = layout[block]
+        if mixes:
+            terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
+        if beside:  # its write beside the attention's, a term of its own
+            terms.append((f"L{block}_{beside}", f"blocks.{block}.hook_mixer_out"))
+
     for block in range(layer + 1 if site == "resid_post" else layer):
-        terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
-        if has_mlp:
+        mixing(block)
+        if layout[block][2]:
             terms.append((f"L{block}_mlp", get_act_name("mlp_out", block)))
     if site == "resid_mid":
-        terms.append((f"L{layer}_attn", get_act_name("attn_out", layer)))
+        mixing(layer)
     return tuple(terms)
 
 
@@ -384,11 +405,23 @@ def _parts(
         parts.append(_given(("pos_embed",), activation(cache, "pos_embed")[None]))
     n_whole = layer + 1 if site == "resid_post" else layer
     for block in range(n_whole):
-        parts += _attn_parts(model, cache, block, granularity)
-        if model.cfg.has_mlp:
+        parts += _mixing_parts(model, cache, block, granularity)
+        if model.cfg.layer_has_mlp(block):
             parts += _mlp_parts(model, cache, block, granularity)
     if site == "resid_mid":
-        parts += _attn_parts(model, cache, layer, granularity)
+        parts += _mixing_parts(model, cache, layer, granularity)
+    return parts
+
+
+def _mixing_parts(
+    model: HookedTransformer, cache: ActivationCache, layer: int, granularity: str
+) -> _Parts:
+    """The attention's parts, and the write of a mixer beside it (one term) where there is
+    one (Falcon-H1); none in a block that mixes no positions (Nemotron-H's MLP layers)."""
+    mixes, kind, _ = _layout(model, layer)
+    parts = _attn_parts(model, cache, layer, granularity) if mixes else []
+    if kind:
+        parts.append(_given((f"L{layer}_{kind}",), cache[f"blocks.{layer}.hook_mixer_out"][None]))
     return parts
 
 
@@ -438,7 +471,7 @@ def accumulated_resid(
     has_mid = model.cfg.has_mlp and not model.cfg.parallel_attn_mlp
     for block in range(stop):
         keys.append((f"L{block}_resid_pre", ("resid_pre", block)))
-        if incl_mid and has_mid:
+        if incl_mid and has_mid and hasattr(model.blocks[block], "hook_resid_mid"):
             keys.append((f"L{block}_resid_mid", ("resid_mid", block)))
     if site == "resid_post":
         keys.append(("final", ("resid_post", n_layers - 1)))

@@ -41,6 +41,13 @@ class StackedWeights:
             raise ValueError(f"an attention-only model has no {weight}")
         if module == "attn":
             self.cfg.require_attention(f"the stacked {weight}")
+        without = [i for i in range(self.cfg.n_layers) if not self.cfg.layer_has_mlp(i)]
+        if module == "mlp" and without:
+            raise ValueError(
+                f"the stacked {weight} needs an MLP in every block, but in this hybrid model "
+                f"blocks {without} hold none (one sublayer per block); read "
+                f"blocks.L.mlp.{weight} of the blocks that have one"
+            )
         first = getattr(self.blocks[0], module)
         if not hasattr(first, weight):  # latent attention has no b_Q, b_K, b_V
             raise ValueError(

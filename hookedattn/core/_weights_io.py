@@ -313,7 +313,7 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.has_learned_positions),
     ("n_heads", "blocks.{attn}.attn.W_Q", 0, lambda cfg: _attends(cfg)),
     ("d_head", "blocks.{attn}.attn.W_Q", 2, lambda cfg: _attends(cfg)),
-    ("d_mlp", "blocks.0.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
+    ("d_mlp", "blocks.{mlp}.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
     ("d_value", "blocks.{attn}.attn.W_O", 1, lambda cfg: _attends(cfg)),
     ("kv_lora_rank", "blocks.{attn}.attn.W_KV_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
@@ -332,6 +332,11 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
 def _first_attention(cfg: HookedTransformerConfig) -> int:
     """The first block that attends (`{attn}`; a hybrid's first blocks may not)."""
     return next((i for i in range(cfg.n_layers) if cfg.layer_mixer(i) == "attention"), 0)
+
+
+def _first_mlp(cfg: HookedTransformerConfig) -> int:
+    """The first block with an MLP (`{mlp}`; a Nemotron-H's first blocks may have none)."""
+    return next((i for i in range(cfg.n_layers) if cfg.layer_has_mlp(i)), 0)
 
 
 def _attends(cfg: HookedTransformerConfig) -> bool:
@@ -372,7 +377,9 @@ def check_header(
     problems = []
     for field, name, axis, needed in _PINS:
         value = getattr(config, field)
-        name = name.format(moe=config.n_dense_layers, attn=_first_attention(config))
+        name = name.format(
+            moe=config.n_dense_layers, attn=_first_attention(config), mlp=_first_mlp(config)
+        )
         if not needed(config):
             continue
         if name not in header or len(header[name].shape) <= axis:

@@ -365,6 +365,7 @@ class HookedTransformerConfig:
                 f"mixers.layers has {len(self.mixers.layers)} entries but n_layers="
                 f"{self.n_layers}: give one sublayer kind per layer"
             )
+        self._check_hybrid_layouts()
         if self.attn_types is not None:
             if self.window_size is None:
                 raise ValueError("attn_types with 'local' layers needs window_size")
@@ -373,6 +374,34 @@ class HookedTransformerConfig:
                     f"attn_types has {len(self.attn_types)} entries but n_layers="
                     f"{self.n_layers}: give one 'global' or 'local' per layer"
                 )
+
+    def _check_hybrid_layouts(self) -> None:
+        """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)
+        and a mixer beside attention (Falcon-H1) need a sequential block."""
+        if self.mixers is None:
+            return
+        if self.mixers.mlp_layers is not None and self.attn_only:
+            raise ValueError(
+                "mixers.mlp_layers says which blocks hold an MLP: it needs attn_only=False"
+            )
+        one_sublayer = "none" in self.mixers.layers or self.mixers.mlp_layers is not None
+        if one_sublayer and not (
+            self._is_sequential and self.normalization_placement != "post_residual"
+        ):
+            raise ValueError(
+                "blocks of one sublayer (mixers.layers 'none', mixers.mlp_layers) need a "
+                "sequential block with norms before or after each sublayer: attn_only=False, "
+                "parallel_attn_mlp=False, normalization_placement not 'post_residual'"
+            )
+        if self.mixers.beside_attention is not None and not (
+            self._is_sequential and self.normalization_placement == "pre"
+        ):
+            raise ValueError(
+                "mixers.beside_attention (a mixer beside the attention, Falcon-H1's block) "
+                "needs a sequential block with pre-norms: attn_only=False, "
+                "parallel_attn_mlp=False, normalization_placement='pre' (got "
+                f"{self.attn_only}, {self.parallel_attn_mlp}, {self.normalization_placement!r})"
+            )
 
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
@@ -563,6 +592,10 @@ class HookedTransformerConfig:
         """TransformerLens's name for `normalization_placement == "pre_and_post"`."""
         return self.normalization_placement == "pre_and_post"
 
+    def layer_has_mlp(self, layer: int) -> bool:
+        """Whether block `layer` holds an MLP (`has_mlp`, and a hybrid's `mlp_layers`)."""
+        return self.has_mlp and (self.mixers is None or self.mixers.holds_mlp(layer))
+
     def layer_mixer(self, layer: int) -> str:
         """The sublayer that mixes positions in block `layer`: "attention", or another
         kind of `mixer_config.MIXER_KINDS` in a hybrid model (`mixers`)."""
@@ -578,7 +611,8 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"{what} needs attention heads, but in this hybrid model blocks "
                 f"{sorted(others)} hold {sorted(set(others.values()))} in attention's place "
-                f"(their write is blocks.L.hook_attn_out; their internals blocks.L.mixer.*)"
+                f"(a mixer's write is blocks.L.hook_attn_out, its internals blocks.L.mixer.*; "
+                f"'none': the block mixes no positions, an MLP alone)"
             )
 
     def layer_rotates(self, layer: int) -> bool:

@@ -10,21 +10,28 @@ residual decomposition sums as before); it has no heads, and the analyses that n
 refuse its layers by name.
 
 `MixerConfig` says which kind each block holds (`layers`) and the settings of each kind;
-the model's config carries it as one field (`HookedTransformerConfig.mixers`).
+the model's config carries it as one field (`HookedTransformerConfig.mixers`). In Falcon-H1
+a Mamba-2 mixer runs beside the attention in every block instead (`beside_attention`): both
+read the same normed stream and the block adds both writes (`ParallelMixerBlock`). In
+Nemotron-H each layer holds one sublayer, attention, a Mamba-2 mixer or an MLP: a block
+without an MLP (`mlp_layers`) or without a sublayer that mixes positions ("none").
 """
 
 import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba")
+MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class MixerConfig:
     """The sublayer kind of each block and the settings of the kinds that are not attention.
 
-    - `layers`: one of `MIXER_KINDS` per block.
+    - `layers`: one of `MIXER_KINDS` per block; "none": the block mixes no positions (no
+      `ln1`, no `hook_attn_out`: an MLP-only block, Nemotron-H's MLP layers).
+    - `mlp_layers`: whether each block holds an MLP; None: every block (or none, in an
+      attention-only model). A block needs at least one of the two sublayers.
     - `d_conv`: the causal depthwise convolution's width (both kinds have one);
       `conv_bias`: whether it has a bias.
     - "short_conv" (LFM2): `x @ W_in` split into `b, c, h` (each `d_model` wide), then
@@ -41,6 +48,10 @@ class MixerConfig:
       by every channel). `dt_rank`: the width of the step's low-rank projection;
       `bcdt_norm`: whether `B`, `C` and that low-rank step pass an RMSNorm (Falcon Mamba's,
       Jamba's; epsilon `ssm_norm_eps`).
+      channels); `proj_bias` as above; `ssm_gated_norm`: whether that gated RMSNorm is
+      there (Falcon-H1's `mamba_rms_norm=False`: `y * silu(z)` goes to `W_out` as it is).
+    - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
+      runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
 
     layers: tuple[str, ...]
@@ -56,6 +67,9 @@ class MixerConfig:
     ssm_norm_eps: float = 1e-5
     dt_rank: int = 1
     bcdt_norm: bool = False
+    ssm_gated_norm: bool = True
+    beside_attention: str | None = None
+    mlp_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
@@ -72,6 +86,7 @@ class MixerConfig:
             )
         if not 0.0 <= self.dt_min <= self.dt_max:
             raise ValueError(f"need 0 <= dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
+        self._check_layouts()
         if not self.ssm_norm_eps > 0:
             raise ValueError(f"ssm_norm_eps must be > 0, got {self.ssm_norm_eps}")
         if "mamba" in self.layers and (self.d_ssm_head, self.n_ssm_groups) != (1, 1):
@@ -79,6 +94,44 @@ class MixerConfig:
                 f"a Mamba-1 mixer's heads are its channels: it needs d_ssm_head=1 and "
                 f"n_ssm_groups=1, got {self.d_ssm_head} and {self.n_ssm_groups}"
             )
+
+    def _check_layouts(self) -> None:
+        """`mlp_layers` one per layer, no block without a sublayer, a known kind beside
+        attention."""
+        if self.mlp_layers is not None:
+            if len(self.mlp_layers) != len(self.layers):
+                raise ValueError(
+                    f"mlp_layers has {len(self.mlp_layers)} entries for {len(self.layers)} "
+                    "layers: give one per layer"
+                )
+            empty = [i for i, k in enumerate(self.layers) if k == "none" and not self.mlp_layers[i]]
+            if empty:
+                raise ValueError(
+                    f"blocks {empty} would hold no sublayer: neither a mixing one (layers[i] "
+                    "'none') nor an MLP (mlp_layers[i] False)"
+                )
+        beside = (None, *(k for k in MIXER_KINDS[1:] if k != "none"))
+        if self.beside_attention not in beside:
+            raise ValueError(f"beside_attention={self.beside_attention!r}; valid: {beside}")
+
+    @property
+    def holds_mixers(self) -> bool:
+        """Whether any block holds a sublayer that is not attention (in attention's place or
+        beside it): such a sublayer keeps no cache and is not split over ranks."""
+        return self.beside_attention is not None or set(self.layers) != {"attention"}
+
+    def layer_mixers(self, layer: int) -> tuple[str, ...]:
+        """The kinds of mixer block `layer` holds (not attention): none, one in attention's
+        place, or one beside it."""
+        kind = self.layers[layer]
+        if kind == "attention":
+            return () if self.beside_attention is None else (self.beside_attention,)
+        return () if kind == "none" else (kind,)
+
+    def holds_mlp(self, layer: int) -> bool:
+        """Whether block `layer` holds an MLP, as far as `mlp_layers` says (the model's
+        config says whether any does: `HookedTransformerConfig.layer_has_mlp`)."""
+        return self.mlp_layers is None or bool(self.mlp_layers[layer])
 
     @property
     def d_inner(self) -> int:
@@ -95,5 +148,12 @@ class MixerConfig:
             unknown = sorted(set(value) - known)
             if unknown:
                 raise ValueError(f"unknown mixer settings {unknown}; known: {sorted(known)}")
-            return cls(**value | {"layers": tuple(value.get("layers", ()))})
+            mlp_layers = value.get("mlp_layers")
+            return cls(
+                **value
+                | {
+                    "layers": tuple(value.get("layers", ())),
+                    "mlp_layers": None if mlp_layers is None else tuple(mlp_layers),
+                }
+            )
         raise TypeError(f"mixers must be a MixerConfig, a dict or None, got {type(value).__name__}")

@@ -220,12 +220,15 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
         attn, mlp = f"blocks.{layer}.attn", f"blocks.{layer}.mlp"
         readers = _attn_readers(cfg, attn, state)
         if cfg.layer_mixer(layer) != "attention":
-            readers = _mixer_readers(cfg, layer)
-        _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
-        if cfg.has_mlp:
+            readers = []
+        if cfg.mixers is not None:  # in attention's place, or beside it (Falcon-H1)
+            readers = readers + _mixer_readers(cfg, layer)
+        if cfg.layer_mixer(layer) != "none":  # else an MLP-only block: no ln1
+            _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
+        if cfg.layer_has_mlp(layer):
             readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
             _fold_into_readers(state, f"blocks.{layer}.ln2", readers, centre)
-        if cfg.has_mlp and cfg.act_fn == "solu_ln":
+        if cfg.layer_has_mlp(layer) and cfg.act_fn == "solu_ln":
             _fold_neuron_norm(state, mlp)
     _fold_into_readers(state, "ln_final", [("unembed.W_U", "unembed.b_U")], centre)
     return cfg.replace(normalization_type=_PRE_FORM[cfg.normalization_type])
@@ -287,7 +290,8 @@ _MIXER_INPUTS = {
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
     """The weights (and biases) by which block `layer`'s mixer reads its input."""
     mixer = f"blocks.{layer}.mixer"
-    return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for n in _MIXER_INPUTS[cfg.layer_mixer(layer)]]
+    return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for kind in cfg.mixers.layer_mixers(layer)
+            for n in _MIXER_INPUTS[kind]]  # fmt: skip
 
 
 def _mlp_readers(

@@ -103,15 +103,23 @@ def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
             y[:, h] = (state[:, h] @ C[:, g, :, None])[..., 0] + mixer.D[h] * xs[:, h]
         z = x[:, t] @ mixer.W_z + mixer.b_z
         gated = y.reshape(batch, H * P) * torch.nn.functional.silu(z)
+        if not m.ssm_gated_norm:  # Falcon-H1's default: no norm
+            out[:, t] = gated @ mixer.W_out + mixer.b_out
+            continue
         groups = gated.reshape(batch, G, -1)
         normed = groups / torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
         out[:, t] = (normed.reshape(batch, -1) * mixer.w_norm) @ mixer.W_out + mixer.b_out
     return out
 
 
-@pytest.mark.parametrize("groups, dt_max", [(2, math.inf), (1, 0.7), (4, math.inf)])
-def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float) -> None:
-    mixer = _randomised(Mamba2Mixer(_cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max)), 3)
+@pytest.mark.parametrize(
+    "groups, dt_max, normed", [(2, math.inf, True), (1, 0.7, True), (4, math.inf, True),
+                               (2, math.inf, False)]
+)  # fmt: skip
+def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float, normed: bool) -> None:
+    cfg = _cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max, ssm_gated_norm=normed)
+    mixer = _randomised(Mamba2Mixer(cfg), 3)
+    assert hasattr(mixer, "w_norm") == normed
     x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     torch.testing.assert_close(
         mixer(x, _alone(x)), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10

@@ -1,9 +1,13 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
-is a gated short convolution (LFM2, LFM2-MoE, LFM3) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
-beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
-on a tiny random twin: the logits and every residual stream in float32 and float64, and
-greedy generation; and each mixer module with ours in float64 on random inputs. Mamba-1
-mixers too: beside attention (Jamba), in every layer (Mamba, Falcon Mamba).
+is a gated short convolution (LFM2, LFM2-MoE, LFM3), a Mamba-1 mixer (Jamba; in every
+layer: Mamba, Falcon Mamba) or a Mamba-2 mixer (Bamba, Granite 4 hybrids), beside attention
+layers, or in every layer (Mamba 2); and Falcon-H1 (its family module, `_falcon_h1`), a
+Mamba-2 mixer beside the attention in every layer, its muP multipliers folded into the
+weights (its twin's multipliers are not 1: `_tiny.OVERRIDES`); and Nemotron-H
+(`_nemotron_h`), one sublayer per layer: a Mamba-2 mixer, an attention without positions or
+an MLP, our blocks of one sublayer (its mixture of experts is refused). Each is compared with
+`transformers` on a tiny random twin: the logits and every residual stream in float32 and
+float64, and greedy generation; and each mixer module with ours in float64 on random inputs.
 
 `transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the
 model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with
@@ -38,6 +42,10 @@ HYBRIDS = {
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
     "lfm3": {},  # short convolutions; windowed and proportional-RoPE attention, output gates
+    "falcon_h1": {},  # attention and Mamba-2 side by side in every layer
+    "falcon_h1_normed": {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
+    # Nemotron-H's 8B and 56B layout, "M*-" repeated (its default adds "moe", refused below)
+    "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention", "mlp"]},
 }  # fmt: skip
 ATTENTION_FREE = {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
 # Whose `hidden_states` leave the embedding out: entry `i` is layer `i`'s output.
@@ -54,8 +62,10 @@ def twin(model_type: str, seed: int = 0) -> nn.Module:
     """A tiny random hybrid of `model_type`, as the verification builds one."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    fields = HYBRIDS[model_type]
+    model_type = model_type.removesuffix("_normed")  # the variant with the mixer's gated norm
     model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    config = transformers.AutoConfig.for_model(model_type, **HYBRIDS[model_type])
+    config = transformers.AutoConfig.for_model(model_type, **fields)
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
@@ -69,11 +79,11 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
     tolerance = 1e-5  # of each tensor's largest value: float32's rounding (module docstring)
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
-    kinds = set(model.cfg.mixers.layers)
+    kinds = set(model.cfg.mixers.layers) | {model.cfg.mixers.beside_attention} - {None}
+    assert kinds - {"attention", "none"}  # a mixer somewhere
+    assert ("attention" in kinds) == (model_type not in ATTENTION_FREE)
     if model_type in ATTENTION_FREE:
         assert kinds == {ATTENTION_FREE[model_type]}
-    else:
-        assert len(kinds) == 2
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
@@ -153,3 +163,55 @@ def test_an_imported_hybrid_processes_exactly(model_type):
     with torch.no_grad():
         expected, got = model(TOKENS).log_softmax(-1), processed(TOKENS).log_softmax(-1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+def test_falcon_h1_keeps_its_heads_and_its_mixer_write_apart():
+    model = HookedTransformer.from_hf(twin("falcon_h1", seed=7).double())
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS[:, :6])
+    block = "blocks.1"
+    written = cache[f"{block}.hook_attn_out"] + cache[f"{block}.hook_mixer_out"]
+    torch.testing.assert_close(
+        cache[f"{block}.hook_resid_mid"], cache[f"{block}.hook_resid_pre"] + written,
+        rtol=0, atol=1e-12,
+    )  # fmt: skip
+    assert cache[f"{block}.attn.hook_pattern"].shape == (2, model.cfg.n_heads, 6, 6)
+    assert cache[f"{block}.mixer.hook_mixing"].shape[1] == model.cfg.mixers.n_ssm_heads
+
+
+def test_falcon_h1_refuses_a_norm_before_its_gate():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model(
+        "falcon_h1", mamba_rms_norm=True, mamba_norm_before_gate=True))  # fmt: skip
+    model = _tiny.random_hf_model(transformers.FalconH1ForCausalLM, config)
+    with pytest.raises(ValueError, match="mamba_norm_before_gate=True"):
+        HookedTransformer.from_hf(model)
+
+
+def test_nemotron_h_layers_are_blocks_of_one_sublayer():
+    from hookedattn.core.components.block import AttnOnlyBlock, MLPOnlyBlock
+
+    reference = twin("nemotron_h", seed=8).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.mixers.layers == ("mamba2", "attention", "none")
+    assert [type(b) for b in model.blocks] == [AttnOnlyBlock, AttnOnlyBlock, MLPOnlyBlock]
+    x = torch.randn(2, 9, model.cfg.d_model, generator=torch.Generator().manual_seed(9),
+                    dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():  # the MLP layer's MLP: float64 throughout in both
+        want, got = reference.model.layers[2].mixer(x), model.blocks[2].mlp(x)
+    assert _worst(got, want) <= 1e-12
+
+
+def test_nemotron_h_mixture_of_experts_is_refused_by_name():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("nemotron_h"))  # "M" "E" "*" "-"
+    model = _tiny.random_hf_model(transformers.NemotronHForCausalLM, config)
+    with pytest.raises(ValueError, match=r"layers_block_type holds \['moe'\]"):
+        HookedTransformer.from_hf(model)
+
+
+@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h"])
+def test_a_saved_checkpoint_imports_verified(model_type, tmp_path):
+    reference = twin(model_type, seed=10)
+    reference.save_pretrained(tmp_path)  # Nemotron-H's names as its checkpoints: `backbone.`
+    model = HookedTransformer.from_hf(tmp_path)  # verified on its tiny twin before loading
+    with torch.no_grad():
+        assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5

@@ -23,8 +23,13 @@ real norm or the identity as `normalization_placement` says; how the stream ente
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
-(`ShortConv`, `MambaMixer`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out`
-holds. In a shortformer model the queries and keys read the positions too:
+(`ShortConv`, `MambaMixer`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out` holds;
+or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_pre)`
+(`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
+behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of its
+mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). In a
+shortformer model the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
@@ -273,6 +278,51 @@ class PostResidualBlock(AttnOnlyBlock):
         return self.hook_resid_post(self.ln_resid_post(resid_mid + self.feed_forward(resid_mid)))
 
 
+class ParallelMixerBlock(Block):
+    """`resid_mid = resid_pre + attn(ln1(resid_pre)) + mixer(ln1(resid_pre))`, `resid_post =
+    resid_mid + mlp(ln2(resid_mid))` (Falcon-H1: `MixerConfig.beside_attention`).
+
+    The two writes pass their own hook points, `hook_attn_out` and `hook_mixer_out`, so the
+    heads keep their per-head analysis and the decomposition sums term by term. Each reader
+    calls `ln1` itself (its hook points fire twice with the same values), so that every
+    way the attention's inputs are built (`AttnInputs`) stays as it is.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.mixer = make_mixer(cfg, layer, cfg.mixers.beside_attention)
+        self.hook_mixer_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.attend(resid_pre, context, past_kv)
+        mixer_out = self.hook_mixer_out(self.mixer(self.ln1(resid_pre), context))
+        resid_mid = self.hook_resid_mid(resid_pre + attn_out + mixer_out)
+        return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
+
+
+class MLPOnlyBlock(AttnOnlyBlock):
+    """`resid_post = resid_pre + mlp(ln2(resid_pre))`: a block that mixes no positions
+    (Nemotron-H's MLP layers: `MixerConfig.layers` "none"). It has no `ln1`,
+    `hook_attn_out` or `hook_resid_mid`; its MLP keeps its usual names (`ln2`, `mlp`,
+    `hook_mlp_out`), so block `L` is the checkpoint's layer `L`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.hook_resid_pre = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        return self.hook_resid_post(resid_pre + self.feed_forward(resid_pre))
+
+
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
     latent (`kv_lora_rank`)."""
@@ -281,10 +331,11 @@ def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)
 
 
-def make_mixer(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
-    """The sublayer in attention's place in block `layer` of a hybrid model."""
-    kinds = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer}
-    return kinds[cfg.layer_mixer(layer)](cfg)
+def make_mixer(cfg: HookedTransformerConfig, layer: int, kind: str | None = None) -> nn.Module:
+    """The sublayer in attention's place in block `layer` of a hybrid model (or, `kind`
+    given, the mixer of that kind: Falcon-H1's beside the attention)."""
+    kind = kind or cfg.layer_mixer(layer)
+    return {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer}[kind](cfg)
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
@@ -296,10 +347,16 @@ def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
 
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
-    """The block the config asks for: attention-only, sequential, parallel, or sequential
-    with post-residual norms."""
+    """The block the config asks for: attention-only, sequential, parallel, sequential
+    with post-residual norms, sequential with a mixer beside the attention, or one of a
+    hybrid's blocks of one sublayer (its mixing one, or its MLP)."""
+    kind = cfg.layer_mixer(layer)
+    if kind == "attention" and cfg.mixers is not None and cfg.mixers.layer_mixers(layer):
+        return ParallelMixerBlock(cfg, layer)
+    if kind == "none":
+        return MLPOnlyBlock(cfg, layer)
     if cfg.normalization_placement == "post_residual":
         return PostResidualBlock(cfg, layer)
-    if cfg.attn_only:
+    if cfg.attn_only or not cfg.layer_has_mlp(layer):
         return AttnOnlyBlock(cfg, layer)
     return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

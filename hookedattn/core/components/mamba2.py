@@ -26,6 +26,9 @@ the gated RMSNorm, over each group's `d_inner / n_ssm_groups` channels,
 
     out = rmsnorm(y * silu(z)) * w_norm @ W_out + b_out
 
+(Falcon-H1 may leave the norm out, `ssm_gated_norm=False`: `out = (y * silu(z)) @ W_out +
+b_out`, and the mixer has no `w_norm`.)
+
 Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern.
 """
 
@@ -91,7 +94,10 @@ class Mamba2Mixer(nn.Module):
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
         self.D = _param(m.n_ssm_heads, cfg=cfg)
         self.hook_mixing = HookPoint()
-        self.w_norm = _param(m.d_inner, cfg=cfg)
+        self.output_norm = self._no_norm
+        if m.ssm_gated_norm:
+            self.w_norm = _param(m.d_inner, cfg=cfg)
+            self.output_norm = self._gated_norm
         self.W_out, self.b_out = (
             _param(m.d_inner, cfg.d_model, cfg=cfg),
             _param(cfg.d_model, cfg=cfg),
@@ -118,8 +124,17 @@ class Mamba2Mixer(nn.Module):
         y = y + xs * rearrange(self.D, "ssm_head -> ssm_head 1")
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         gated = rearrange(y, flat) * silu(z)
-        normed = self._group_rms_norm(gated) * self.w_norm
-        return self.hook_out(affine(normed, self.W_out, self.b_out))
+        return self.hook_out(affine(self.output_norm(gated), self.W_out, self.b_out))
+
+    def _gated_norm(
+        self, g: Float[Tensor, "batch pos d_inner"]
+    ) -> Float[Tensor, "batch pos d_inner"]:
+        """The gated RMSNorm's output: `rmsnorm(g) * w_norm`, over each group's channels."""
+        return self._group_rms_norm(g) * self.w_norm
+
+    def _no_norm(self, g: Float[Tensor, "batch pos d_inner"]) -> Float[Tensor, "batch pos d_inner"]:
+        """No norm (`ssm_gated_norm=False`): the gated output as it is."""
+        return g
 
     def _group_rms_norm(
         self, g: Float[Tensor, "batch pos d_inner"]

@@ -93,7 +93,7 @@ def options_of(max_new_tokens: Any, options: dict[str, Any], cfg: Any = None) ->
         )
     opts = GenerationOptions(max_new_tokens=max_new_tokens, **options)
     mixers = getattr(cfg, "mixers", None)
-    if mixers is not None and set(mixers.layers) != {"attention"}:
+    if mixers is not None and mixers.holds_mixers:
         opts = dataclasses.replace(opts, use_past_kv_cache=False)
     return opts
 

@@ -20,6 +20,7 @@ from hookedattn.core.hf import (
     _composite,
     _convention,
     _deepseek,
+    _falcon_h1,
     _gemma2,
     _gemma3,
     _gpt2,
@@ -27,6 +28,7 @@ from hookedattn.core.hf import (
     _gptj,
     _llama,
     _loading,
+    _nemotron_h,
     _neox,
     _openai_gpt,
     _opt,
@@ -57,6 +59,8 @@ FAMILIES: tuple[Family, ...] = (
     _deepseek.DEEPSEEK_V3,
     _deepseek.DEEPSEEK_V2,
     _deepseek.GLM4_MOE_LITE,
+    _falcon_h1.FAMILY,
+    _nemotron_h.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.

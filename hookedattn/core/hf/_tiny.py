@@ -125,6 +125,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"num_experts_per_tok": 2},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     "dots3_note_text": {"head_dim": 24},  # its windowed layers: the MLA head, 16 + 8
+    # Its muP multipliers are all 1 by default: a multiplier not folded would not show.
+    "falcon_h1": {
+        "embedding_multiplier": 1.7, "lm_head_multiplier": 0.6, "attention_in_multiplier": 0.8,
+        "attention_out_multiplier": 1.3, "key_multiplier": 0.7, "ssm_in_multiplier": 1.2,
+        "ssm_out_multiplier": 0.9, "ssm_multipliers": [0.5, 1.5, 0.8, 1.1, 0.7],
+        "mlp_multipliers": [1.4, 0.75],
+    },
     "gemma3n_text": {  # the last layers reuse the keys and values of earlier ones
         "num_hidden_layers": 10, "num_kv_shared_layers": 5, "intermediate_size": [MLP] * 10,
         "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 2,

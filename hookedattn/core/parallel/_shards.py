@@ -70,9 +70,10 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
             f"whose heads are not split over ranks yet; load it in one process, or place its "
             f"blocks with device_map="
         )
-    if cfg.mixers is not None and set(cfg.mixers.layers) != {"attention"}:
+    if cfg.mixers is not None and cfg.mixers.holds_mixers:
         raise ValueError(
-            f"tp_size={tp_size}: this hybrid model's mixers ({sorted(set(cfg.mixers.layers))}) "
+            f"tp_size={tp_size}: this hybrid model's mixers "
+            f"({sorted(set(cfg.mixers.layers) | {cfg.mixers.beside_attention} - {None})}) "
             f"are not split over ranks yet; load it in one process, or place its blocks with "
             f"device_map="
         )
