@@ -356,11 +356,12 @@ class Convention:
             experts = _expert_table.expert_rules(
                 a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live
             )
-            if not cfg.n_dense_layers:
+            moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
+            if len(moe) == cfg.n_layers:
                 return experts
             dense = [_widened(rule, "d_mlp_dense") for rule in self._dense_rules(at, out_scale)]
-            return [*_in_layers(dense, range(cfg.n_dense_layers)),
-                    *_in_layers(experts, range(cfg.n_dense_layers, cfg.n_layers))]  # fmt: skip
+            kept = [i for i in range(cfg.n_layers) if i not in moe]
+            return [*_in_layers(dense, kept), *_in_layers(experts, moe)]
         return self._dense_rules(at, out_scale)
 
     def _dense_rules(self, at: str, out_scale: float) -> list[Rule]:

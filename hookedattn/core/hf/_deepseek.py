@@ -190,8 +190,8 @@ def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: An
     """DeepSeek V3: latent attention, dense then mixture-of-experts MLPs (module docstring)."""
     interleaved = bool(getattr(hf_config, "rope_interleave", True))
     bias = bool(getattr(hf_config, "attention_bias", False))
-    moe = range(cfg.n_dense_layers, cfg.n_layers) if cfg.is_moe else range(0)
-    dense = range(cfg.n_dense_layers if cfg.is_moe else cfg.n_layers)
+    moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
+    dense = [i for i in range(cfg.n_layers) if not cfg.layer_is_moe(i)]
     rules = [
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model"),
         *_each_layer(_attention_rules(cfg, interleaved, bias), range(cfg.n_layers)),
