@@ -94,7 +94,11 @@ PATTERNS = {
         moe_layer_start_index=1, moe_layer_end_index=4, moe_layer_interval=2,
         moe_num_shared_experts=1),
         "moe_layer_interval"),
-    "every_period_from_an_offset": ("llama4_text", dict(
+    "every_period_from_an_offset": ("jamba", dict(
+        num_hidden_layers=6, num_experts=4, num_experts_per_tok=2, expert_layer_period=3,
+        expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=4,
+        mamba_dt_rank=4, use_mamba_kernels=False), "expert_layer_period"),
+    "interleaved_every_step": ("llama4_text", dict(
         num_hidden_layers=6, num_local_experts=4, num_experts_per_tok=1,
         intermediate_size_mlp=24, head_dim=4, interleave_moe_layer_step=3), "moe_layers"),
     "dense_first_layers": ("deepseek_v3", dict(
