@@ -155,3 +155,21 @@ def test_a_model_with_experts_in_some_layers_imports_exactly(case):
     for i in range(len(flags) - 1):
         got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]
         assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_a_family_table_reads_a_dense_block_between_mixtures():
+    # GLM-4-MoE-Lite (the DeepSeek family's table, not the convention's): its
+    # `mlp_layer_types` may put a dense block anywhere.
+    changes = dict(
+        num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+        q_lora_rank=8, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4,
+        head_dim=4, n_group=1, topk_group=1, n_shared_experts=1, num_key_value_heads=4,
+        mlp_layer_types=["sparse", "dense", "sparse"],
+    )  # fmt: skip
+    reference = hf_model("glm4_moe_lite", changes).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.moe_layers == (True, False, True) == held(reference)
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        logits = model(TOKENS)
+    assert float((logits - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
