@@ -101,6 +101,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "group_score_experts": FieldSpec(int, low=1, high=1 << 16),
     "routed_scaling_factor": _POSITIVE,
     "n_dense_layers": FieldSpec(int, low=0, high=100_000),
+    "moe_layers": FieldSpec(tuple, optional=True),
     "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),
     "mixers": FieldSpec(MixerConfig, optional=True),
     "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),

@@ -319,13 +319,14 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
      lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
     ("q_lora_rank", "blocks.{attn}.attn.W_Q_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.q_lora_rank is not None),
-    # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`; its
-    # first blocks may keep dense MLPs (`{moe}`: the first block with experts).
+    # A mixture of experts stacks its experts' weights: `W_in: [expert d_model d_mlp]`; some
+    # blocks may keep dense MLPs (`{moe}`: the first block with experts, `{dense}` without).
     ("num_experts", "blocks.{moe}.mlp.W_in", 0, lambda cfg: _moe(cfg)),
     ("d_mlp", "blocks.{moe}.mlp.W_in", 2, lambda cfg: _moe(cfg)),
     ("d_mlp_shared", "blocks.{moe}.mlp.shared_expert.W_in", 1,
      lambda cfg: _moe(cfg) and cfg.d_mlp_shared is not None),
-    ("d_mlp_dense", "blocks.0.mlp.W_in", 1, lambda cfg: _moe(cfg) and cfg.n_dense_layers > 0),
+    ("d_mlp_dense", "blocks.{dense}.mlp.W_in", 1,
+     lambda cfg: _moe(cfg) and not all(map(cfg.layer_is_moe, range(cfg.n_layers)))),
 )  # fmt: skip
 
 
@@ -348,7 +349,12 @@ def _dense_mlp(cfg: HookedTransformerConfig) -> bool:
 
 
 def _moe(cfg: HookedTransformerConfig) -> bool:
-    return cfg.is_moe and cfg.n_dense_layers < cfg.n_layers
+    return any(map(cfg.layer_is_moe, range(cfg.n_layers)))
+
+
+def _first_moe(cfg: HookedTransformerConfig, moe: bool = True) -> int:
+    """The first block whose MLP is (`moe`) or is not a mixture of experts; 0 if none."""
+    return next((i for i in range(cfg.n_layers) if cfg.layer_is_moe(i) == moe), 0)
 
 
 def check_header(
@@ -377,9 +383,8 @@ def check_header(
     problems = []
     for field, name, axis, needed in _PINS:
         value = getattr(config, field)
-        name = name.format(
-            moe=config.n_dense_layers, attn=_first_attention(config), mlp=_first_mlp(config)
-        )
+        name = name.format(moe=_first_moe(config), dense=_first_moe(config, moe=False),
+                           attn=_first_attention(config), mlp=_first_mlp(config))  # fmt: skip
         if not needed(config):
             continue
         if name not in header or len(header[name].shape) <= axis:

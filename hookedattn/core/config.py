@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 
+# The fields holding a tuple (one entry per layer or head), which JSON gives as lists.
+_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers")
+
+
 @dataclasses.dataclass(frozen=True)
 class HookedTransformerConfig:
     """Shape and variant of a `HookedTransformer`; field names follow TransformerLens.
@@ -127,7 +131,9 @@ class HookedTransformerConfig:
       DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
       times `routed_scaling_factor`.
       `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
-      (DeepSeek's `first_k_dense_replace`).
+      (DeepSeek's `first_k_dense_replace`); `moe_layers`, one flag per block, says which
+      blocks hold the mixture in any pattern (Jamba's every other, Qwen's
+      `decoder_sparse_step`), the others a dense MLP `d_mlp_dense` wide. Give one of the two.
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-2 layer) in its place.
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
@@ -222,6 +228,7 @@ class HookedTransformerConfig:
     group_score_experts: int = 2
     routed_scaling_factor: float = 1.0
     n_dense_layers: int = 0
+    moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
     mixers: MixerConfig | None = None
     eps: float = 1e-5
@@ -247,7 +254,7 @@ class HookedTransformerConfig:
                 )
             set_("dtype", DTYPES[self.dtype])
         set_("mixers", MixerConfig.coerce(self.mixers))  # from JSON: a dict
-        for field in ("attn_types", "rotary_layers", "alibi_slopes"):  # from JSON: lists
+        for field in _PER_LAYER_TUPLES:  # from JSON: lists
             if isinstance(getattr(self, field), list):
                 set_(field, tuple(getattr(self, field)))
         for field in dataclasses.fields(self):
@@ -405,7 +412,7 @@ class HookedTransformerConfig:
 
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
-                      "n_dense_layers", "d_mlp_dense")  # fmt: skip
+                      "n_dense_layers", "moe_layers", "d_mlp_dense")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0)  # fmt: skip
         if self.num_experts is None:
@@ -434,6 +441,31 @@ class HookedTransformerConfig:
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+        self._check_moe_layers()
+
+    def _check_moe_layers(self) -> None:
+        """`moe_layers`: a flag per block, some block with experts, a dense width for the
+        blocks without; never beside `n_dense_layers` (one place says which blocks)."""
+        flags = self.moe_layers
+        if flags is None:
+            return
+        if len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags):
+            raise ValueError(
+                f"moe_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+        if self.n_dense_layers:
+            raise ValueError(
+                f"n_dense_layers={self.n_dense_layers} and moe_layers={flags} both say which "
+                "blocks hold experts: give moe_layers alone"
+            )
+        if not any(flags):
+            raise ValueError(
+                f"moe_layers={flags} has no block with experts: leave num_experts unset"
+            )
+        if not all(flags) and self.d_mlp_dense is None:
+            raise ValueError(
+                f"moe_layers={flags} keeps dense MLPs in some blocks: give d_mlp_dense"
+            )
 
     def _check_routing(self) -> None:
         groups, best = self.n_expert_groups, self.topk_expert_groups
@@ -579,8 +611,13 @@ class HookedTransformerConfig:
         return self.kv_lora_rank is not None
 
     def layer_is_moe(self, layer: int) -> bool:
-        """Whether block `layer`'s MLP is a mixture of experts (past the dense first ones)."""
-        return self.is_moe and layer >= self.n_dense_layers
+        """Whether block `layer`'s MLP is a mixture of experts: its flag in `moe_layers`, or
+        past the `n_dense_layers` dense first ones; the one place that decides."""
+        if not self.is_moe:
+            return False
+        if self.moe_layers is not None:
+            return self.moe_layers[layer]
+        return layer >= self.n_dense_layers
 
     @property
     def n_kv_heads(self) -> int:
@@ -645,7 +682,8 @@ class HookedTransformerConfig:
             raise ValueError(f"unknown config fields {unknown}; known fields are {sorted(known)}")
         if isinstance(data.get("mixers"), dict):  # JSON's form of a MixerConfig
             data = data | {"mixers": MixerConfig.coerce(data["mixers"])}
-        return cls(**data)
+        lists = {k: tuple(data[k]) for k in _PER_LAYER_TUPLES if isinstance(data.get(k), list)}
+        return cls(**(data | lists))
 
     def to_json(self) -> str:
         """The config as indented JSON text."""

@@ -24,7 +24,9 @@ LayerNorms of queries and keys with biases (Persimmon); xIELU and its learned sc
 layer (Apertus); the Transformer paper's fixed sinusoidal positions, a `sqrt(d_model)`
 embedding and an MLP kept as an `nn.Sequential` (CTRL); a bias of the last layer's attention
 output kept by its attention, and an MLP width as a multiple of d_model (GPT-NeoX Japanese);
-the token embedding normed before the positions are added (BlenderbotSmall). The reference
+the token embedding normed before the positions are added (BlenderbotSmall); rotated halves
+turned the other way, queries and keys normed after the rotation, squared ReLU and no norm
+gains (NanoChat). The reference
 is the HF model itself, in float64.
 """
 
@@ -44,7 +46,8 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "aria_text", "granitemoe", "laguna", "minicpm5_moe", "gpt_neo", "afmoe",
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
                  "mpt", "falcon", "codegen", "persimmon", "apertus", "apertus1p5_text", "ctrl",
-                 "gpt_neox_japanese", "blenderbot-small", "marian", "hy_v3")  # fmt: skip
+                 "gpt_neox_japanese", "blenderbot-small", "marian", "hy_v3",
+                 "nanochat")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +122,28 @@ def test_the_verification_picks_the_fused_query_key_value_layout(tmp_path):
                     HookedTransformer.from_hf(tmp_path / "neox")
         finally:
             hf.unregister_family(layouts[layout])
+
+
+def test_halves_turned_the_other_way_are_imported_as_their_reflection():
+    # NanoChat rotates by minus the angle: its queries and keys are imported with the
+    # second rotated half of each head negated, the one rotation conjugating the other.
+    reference = twin("nanochat", seed=3).double()
+    model = HookedTransformer.from_hf(reference)
+    seen = []
+    q_proj = reference.model.layers[0].self_attn.q_proj
+    handle = q_proj.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            reference(TOKENS)
+            _, cache = model.run_with_cache(TOKENS)
+    finally:
+        handle.remove()
+    d_head, rotated = model.cfg.d_head, model.cfg.rotary_dim
+    reflected = seen[0].view(1, TOKENS.shape[1], -1, d_head).clone()
+    reflected[..., rotated // 2 : rotated] *= -1
+    # To HF's float32 rounding of its float64 RMSNorm; a sign wrong would differ by O(1).
+    delta = (cache["blocks.0.attn.hook_q"] - reflected).abs().max()
+    assert float(delta) <= 1e-6 * float(reflected.abs().max())
 
 
 def test_an_attention_keeping_no_softmax_scale_is_verified_among_the_usual_ones():

@@ -331,11 +331,13 @@ def test_grouped_keys_and_values_are_refused_by_name():
         HookedTransformer.from_hf(transformers.DeepseekV3ForCausalLM(config))
 
 
-def test_a_dense_block_after_the_experts_is_refused_by_name():
+def test_a_block_kind_other_than_dense_or_sparse_is_refused_by_name():
+    # A dense block anywhere imports (tests/hf/test_moe_layers.py); another kind does not.
     config = transformers.Glm4MoeLiteConfig(**{**COMMON, **CASES["glm4_moe_lite"][2]})
-    config.mlp_layer_types = ["dense", "sparse", "dense"]
-    with pytest.raises(ValueError, match=r"mlp_layer_types=\['dense', 'sparse', 'dense'\]"):
-        HookedTransformer.from_hf(transformers.Glm4MoeLiteForCausalLM(config))
+    model = transformers.Glm4MoeLiteForCausalLM(config)
+    model.config.mlp_layer_types = ["dense", "sparse", "hash_moe"]
+    with pytest.raises(ValueError, match=r"mlp_layer_types=.* holds \['hash_moe'\]"):
+        HookedTransformer.from_hf(model)
 
 
 def test_a_checkpoints_layers_past_the_model_are_not_read(tmp_path):

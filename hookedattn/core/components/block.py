@@ -340,7 +340,7 @@ def make_mixer(cfg: HookedTransformerConfig, layer: int, kind: str | None = None
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     """The MLP of block `layer`: a mixture of experts, or dense (in every block, or in the
-    first `n_dense_layers` of a mixture of experts, `d_mlp_dense` wide)."""
+    blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`)."""
     if cfg.layer_is_moe(layer):
         return MoE(cfg)
     return GatedMLP(cfg, d_mlp=cfg.d_mlp_dense) if cfg.is_moe else make_mlp(cfg)

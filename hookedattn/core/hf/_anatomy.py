@@ -190,7 +190,7 @@ class _Reader(Watching):
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
         mixing = (attn, self.mixers.name) if self.mixers else ()
-        n_dense = self._check_layers_alike(mlp, mixing)
+        held = self._check_layers_alike(mlp, mixing)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
@@ -198,10 +198,11 @@ class _Reader(Watching):
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         inner, attn_module = unwrapped_attention(children[attn])
-        first = self.layers[0]  # a hybrid's first layer may not attend, but holds the dense MLP
+        # A hybrid's first layer may not attend; the dense MLP is the first dense layer's.
+        first = self.layers[held.index(False) if False in held else 0]
         mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
-        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, n_dense, flat, beside)
+        experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, held, flat, beside)
         kind, bias, eps = self._norm_kind(children, norms, attn_module, qk)
         latent = hasattr(attn_module, "kv_a_proj_with_mqa")  # DeepSeek's latent attention
         d_head = attention_head_width(attn_module, self.config)
@@ -393,13 +394,14 @@ class _Reader(Watching):
         self,
         mlp: str,
         mlp_module: nn.Module,
-        n_dense: int,
+        held: tuple[bool, ...],
         flat: tuple[str, ...],
         beside: str | None = None,
     ) -> tuple[Experts | None, str, tuple[tuple[str, str, bool], ...]]:
-        """The mixture of experts (if the layers after the `n_dense` dense ones hold one),
-        the activation, and the dense MLP's maps (the first layer's)."""
-        moe_block = getattr(self.layers[n_dense], mlp, None) if mlp else None
+        """The mixture of experts (if the layers `held` flags hold one), the activation, and
+        the dense MLP's maps (the first dense layer's)."""
+        first_moe = held.index(True) if True in held else 0
+        moe_block = getattr(self.layers[first_moe], mlp, None) if mlp else None
         if moe_block is None or not _experts.block_name({mlp: moe_block}):
             act_fn = activation(mlp_module)
             skip = ACTIVATION_NAMES if act_fn == "xielu" else ()  # its scalars: its own rules
@@ -408,22 +410,24 @@ class _Reader(Watching):
         act_fn = activation(moe_block.experts)
         shared = None
         if beside is not None:
-            shared = (beside, self.layers[n_dense].get_submodule(beside))
+            shared = (beside, self.layers[first_moe].get_submodule(beside))
             if activation(shared[1]) != act_fn:
                 raise ValueError("the shared expert's and the experts' activations differ")
         experts = _experts.recognise(
-            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, n_dense, shared
+            mlp, moe_block, self.twin, self.config, act_fn, self.layers_name, held, shared
         )
-        if not n_dense:
+        if all(held):
             return experts, act_fn, ()
         if activation(mlp_module) != act_fn:
             raise ValueError("the dense and the expert MLPs' activations differ")
         return experts, act_fn, linear_maps(mlp_module, MLP_ROLES, skip=())
 
-    def _check_layers_alike(self, mlp: str, mixing: tuple[str, ...] = ()) -> int:
-        """How many first layers hold a dense MLP where the rest hold a mixture of experts
-        (DeepSeek's `first_k_dense_replace`), 0 if none; any other difference between the
-        layers is a ValueError (but for a hybrid's attention or mixer, named in `mixing`)."""
+    def _check_layers_alike(self, mlp: str, mixing: tuple[str, ...] = ()) -> tuple[bool, ...]:
+        """Which layers hold a mixture of experts where the others hold a dense MLP, in any
+        pattern (DeepSeek's dense first layers, Jamba's every other: `_moe_layers`); any
+        other difference between the layers is a ValueError (but for a hybrid's attention or
+        mixer, named in `mixing`), as is a mixture or a dense MLP unlike the first of its
+        kind."""
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
             # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
@@ -434,16 +438,14 @@ class _Reader(Watching):
         differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]
         kinds = [_experts.block_name(dict(layer.named_children())) is not None
                  for layer in self.layers]  # fmt: skip
-        dense = kinds.index(True) if True in kinds else 0
         mlps = [_shapes(layer.get_submodule(mlp)) for layer in self.layers] if mlp else []
-        mixed = any(mlps[i] != mlps[dense if kinds[i] else 0] for i in range(len(mlps)))
-        if differing or mixed or (True in kinds and not all(kinds[dense:])):
+        mixed = [i for i in range(len(mlps)) if mlps[i] != mlps[kinds.index(kinds[i])]]
+        if differing or mixed:
             raise ValueError(
-                f"decoder layers hold different pieces (layers {differing or 'with MLPs'} "
-                "differ from the first): a hybrid or a per-layer variant, not recognised by "
-                "convention"
+                f"decoder layers hold different pieces (layers {differing or mixed} differ "
+                "from the first): a hybrid or a per-layer variant, not recognised by convention"
             )
-        return dense
+        return tuple(kinds)
 
     def _mixers(self) -> tuple[Mixers | None, list[int]]:
         """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and

@@ -20,7 +20,11 @@ A rotary architecture may rotate each head's halves `(i, i + d / 2)` (ours, GPT-
 Llama's) or neighbouring pairs `(2i, 2i + 1)` (GPT-J's, GLM's, Cohere's): nothing in the
 module tree tells them apart, so `candidates` offers both and the verification keeps the
 one that computes what `transformers` computes; pairs are imported as GPT-J's are, by
-permuting each head's query and key dimensions.
+permuting each head's query and key dimensions. Last, halves turned the other way
+(NanoChat's `rotate_half` with flipped signs, a rotation by minus the angle): a reflection
+P of each head's second rotated half conjugates one rotation into the other
+(`P R(t) P = R(-t)`), so these are imported by negating that half of the query and key
+maps (the scores are the same, P being orthogonal; the hooked queries and keys hold P q).
 """
 
 import dataclasses
@@ -29,6 +33,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
@@ -356,11 +361,12 @@ class Convention:
             experts = _expert_table.expert_rules(
                 a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live
             )
-            if not cfg.n_dense_layers:
+            moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
+            if len(moe) == cfg.n_layers:
                 return experts
             dense = [_widened(rule, "d_mlp_dense") for rule in self._dense_rules(at, out_scale)]
-            return [*_in_layers(dense, range(cfg.n_dense_layers)),
-                    *_in_layers(experts, range(cfg.n_dense_layers, cfg.n_layers))]  # fmt: skip
+            kept = [i for i in range(cfg.n_layers) if i not in moe]
+            return [*_in_layers(dense, kept), *_in_layers(experts, moe)]
         return self._dense_rules(at, out_scale)
 
     def _dense_rules(self, at: str, out_scale: float) -> list[Rule]:
@@ -402,19 +408,28 @@ class Convention:
         return rules  # fmt: skip
 
     def _order(self, cfg: HookedTransformerConfig) -> Callable[[Tensor], Tensor] | None:
-        """The permutation of each head's query and key dimensions for rotated pairs."""
+        """The permutation of each head's query and key dimensions for rotated pairs, or
+        the sign flip of their second rotated half for halves turned the other way."""
+        rotated = cfg.rotary_dim or cfg.d_head
+        if self.anatomy.rotary_layout == "halves_reversed":
+            sign = torch.ones(cfg.d_head, dtype=torch.float64)
+            sign[rotated // 2 : rotated] = -1.0
+            return lambda W: W * sign.to(W.device, W.dtype)
         if self.anatomy.rotary_layout != "pairs":
             return None
-        order = neighbours_to_halves(cfg.rotary_dim or cfg.d_head, cfg.d_head)
+        order = neighbours_to_halves(rotated, cfg.d_head)
         return lambda W: W[..., order.to(W.device)]
 
 
 def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     """The families the anatomy of `hf_config` allows, the likelier first: one, or for a
-    rotary architecture its rotation of halves, then of pairs (module docstring), in every
+    rotary architecture its rotation of halves, then of pairs, then of halves turned the
+    other way (module docstring), in every
     layer, then (where some layers slide a window and some do not) in the sliding ones only."""
     anatomy = recognise(hf_config, architecture)
-    layouts = ("halves", "pairs") if anatomy.rotary else ("halves",)
+    layouts = ("halves", "pairs", "halves_reversed") if anatomy.rotary else ("halves",)
+    if anatomy.latent:  # its rules rotate halves or pairs only
+        layouts = layouts[:2]
     if anatomy.latent and hasattr(hf_config, "rope_interleave"):  # DeepSeek's: it says
         layouts = ("pairs",) if hf_config.rope_interleave else ("halves",)
     types = set(getattr(hf_config, "layer_types", None) or ())

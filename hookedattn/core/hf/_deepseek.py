@@ -155,43 +155,47 @@ def _mscale_squared(rope: dict[str, Any]) -> float:
 
 
 def _feed_forward(c: Any, router: dict[str, Any]) -> dict[str, Any]:
-    """Dense MLPs in the first `first_k_dense_replace` blocks (GLM-4-MoE-Lite: the leading
-    "dense" entries of `mlp_layer_types`), a mixture of experts routed by `router` after."""
-    n_dense = _dense_layers(c)
-    if n_dense == c.num_hidden_layers:  # no block has experts
+    """Dense MLPs in the first `first_k_dense_replace` blocks (GLM-4-MoE-Lite: the "dense"
+    entries of `mlp_layer_types`, anywhere), a mixture of experts routed by `router` in the
+    others."""
+    moe = _moe_blocks(c)
+    if not any(moe):  # no block has experts
         return {"d_mlp": c.intermediate_size}
     shared = c.moe_intermediate_size * c.n_shared_experts if c.n_shared_experts else None
+    n_dense = moe.index(True)
+    first = moe == tuple(i >= n_dense for i in range(len(moe)))
     return {
         **_moe.routing(c.n_routed_experts, c.num_experts_per_tok, router.pop("norm_topk_prob")),
         **router,
         "d_mlp": c.moe_intermediate_size,
         "d_mlp_shared": shared,
         "routed_scaling_factor": float(c.routed_scaling_factor),
-        "n_dense_layers": n_dense,
-        "d_mlp_dense": c.intermediate_size if n_dense else None,
+        **({"n_dense_layers": n_dense} if first else {"moe_layers": moe}),
+        "d_mlp_dense": c.intermediate_size if not all(moe) else None,
     }
 
 
-def _dense_layers(c: Any) -> int:
-    """How many blocks, first, keep a dense MLP; a dense block after a mixture is refused."""
+def _moe_blocks(c: Any) -> tuple[bool, ...]:
+    """Which blocks hold a mixture of experts: past `first_k_dense_replace`, or the "sparse"
+    entries of `mlp_layer_types`; another kind there is refused."""
     kinds = getattr(c, "mlp_layer_types", None)
     if kinds is None:
-        return min(c.first_k_dense_replace or 0, c.num_hidden_layers)
-    n_dense = next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
-    if any(kind != "sparse" for kind in kinds[n_dense:]):
+        return tuple(i >= (c.first_k_dense_replace or 0) for i in range(c.num_hidden_layers))
+    unknown = sorted(set(kinds) - {"dense", "sparse"})
+    if unknown:
         raise ValueError(
-            f"mlp_layer_types={list(kinds)} has a dense block after a mixture of experts, "
-            f"which cannot be imported: the dense blocks come first ('dense' then 'sparse')"
+            f"mlp_layer_types={list(kinds)} holds {unknown}, which cannot be imported: "
+            "'dense' and 'sparse'"
         )
-    return n_dense
+    return tuple(kind == "sparse" for kind in kinds)
 
 
 def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
     """DeepSeek V3: latent attention, dense then mixture-of-experts MLPs (module docstring)."""
     interleaved = bool(getattr(hf_config, "rope_interleave", True))
     bias = bool(getattr(hf_config, "attention_bias", False))
-    moe = range(cfg.n_dense_layers, cfg.n_layers) if cfg.is_moe else range(0)
-    dense = range(cfg.n_dense_layers if cfg.is_moe else cfg.n_layers)
+    moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
+    dense = [i for i in range(cfg.n_layers) if not cfg.layer_is_moe(i)]
     rules = [
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model"),
         *_each_layer(_attention_rules(cfg, interleaved, bias), range(cfg.n_layers)),

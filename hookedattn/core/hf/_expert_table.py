@@ -3,7 +3,7 @@ and its rules.
 
 `routing_fields` reads how many experts there are, how many each token uses, how the
 router scores them (the anatomy's candidate: softmax, sigmoid, or softmax with a choice
-bias), groups, routed scaling, a shared expert and dense first layers; `expert_rules`
+bias), groups, routed scaling, a shared expert and which layers hold the mixture; `expert_rules`
 reads the router, the experts (stacked as a live model keeps them, transposed or not, or
 one tensor per expert and projection as files hold them) and the shared expert, beside
 the block or in it, fused or not.
@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _experts
+from hookedattn.core.hf import _experts, _moe_layers
 from hookedattn.core.hf._recognised import Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, times, zeros
 
@@ -46,12 +46,27 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
             "n_expert_groups": int(getattr(c, "n_group", None) or 1),
             "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
         }
-    if e.dense_count_field is not None:
-        fields |= {
-            "n_dense_layers": _experts.dense_layers(c, e.dense_count_field),
-            "d_mlp_dense": int(getattr(c, e.dense_width_field)),
-        }
-    return fields
+    return fields | _layer_fields(c, e)
+
+
+def _layer_fields(c: Any, e: _experts.Experts) -> dict[str, Any]:
+    """Which blocks hold the mixture, as the checkpoint's config says (`_moe_layers`): none
+    of the fields where all do, `n_dense_layers` where the dense ones come first (as saved
+    configs have always said it), `moe_layers` otherwise; and the dense MLPs' width."""
+    if e.moe_field is None:
+        return {}
+    flags = _moe_layers.moe_layers(c, e.moe_field, int(c.num_hidden_layers))
+    if all(flags):
+        return {}
+    if e.dense_width_field is None:
+        raise ValueError(
+            f"{e.moe_field} keeps dense MLPs in layers {[i for i, f in enumerate(flags) if not f]}"
+            ", but the twin's layers all hold experts: no dense width to read"
+        )
+    first = flags.index(True) if True in flags else len(flags)
+    prefix = flags == tuple(i >= first for i in range(len(flags)))
+    layers = {"n_dense_layers": first} if prefix else {"moe_layers": flags}
+    return layers | {"d_mlp_dense": int(getattr(c, e.dense_width_field))}
 
 
 _GATE_UP = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"

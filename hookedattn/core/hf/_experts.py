@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from hookedattn.core.hf import _saved
+from hookedattn.core.hf import _moe_layers, _saved
 
 _BLOCKS = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 _ROUTERS = ("gate", "router")
@@ -37,8 +37,6 @@ _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
                   "shared_experts_intermediate_size", "moe_intermediate_size",
                   "intermediate_size")  # fmt: skip
 _CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
-_DENSE_COUNTS = ("first_k_dense_replace", "num_dense_layers", "first_dense_layers",
-                 "moe_layer_start_index")  # fmt: skip
 _DENSE_WIDTHS = ("intermediate_size", "first_dense_intermediate_size", "dense_intermediate_size")
 # A saved expert's projections: (gate, up, down) by the names checkpoints give them.
 _FILE_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -69,9 +67,9 @@ class Experts:
     # `e_score_correction_bias`), live and as saved; None without.
     choice_bias: str | None
     saved_choice_bias: str | None
-    n_dense: int  # the twin's first layers with a dense MLP instead
-    dense_count_field: str | None  # the config field saying how many
-    dense_width_field: str | None
+    first_moe: int  # the twin's first layer with experts (others may hold a dense MLP)
+    moe_field: str | None  # the config field saying which layers (`_moe_layers`)
+    dense_width_field: str | None  # the dense MLPs' width, where some layer holds one
     # The files' stacked experts transposed (`transposed`) or not; None: as the live ones.
     saved_transposed: bool | None = None
     # The choice bias's shape as the files keep it: `[expert]`, or `[1 expert]` (Ernie).
@@ -96,13 +94,14 @@ def recognise(
     config: Any,
     act_fn: str,
     layers: str,
-    n_dense: int = 0,
+    held: tuple[bool, ...] = (),
     beside: tuple[str, nn.Module] | None = None,
 ) -> Experts:
-    """The mixture in `block` (the first such layer's, after `n_dense` dense ones), its
+    """The mixture in `block` (the first such layer's; `held`: which layers hold one), its
     config fields, and its saved names (the twin saved once); a ValueError names a piece
     not recognised. `beside`: a shared expert the layer holds beside the block (its name in
     the layer, the module), whose write the layer adds to the block's."""
+    first = held.index(True) if True in held else 0
     children = dict(block.named_children())
     router, choice = _router(block, children)
     router_map = _router_map(children[router])  # "" or the Linear it holds (AFMoE's "gate")
@@ -116,12 +115,12 @@ def recognise(
     if shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
     files, saved_stacked, saved_router, saved_shared = _saved_names(
-        twin, f"{layers}.{n_dense}.", (int(count), int(d_model))
+        twin, f"{layers}.{first}.", (int(count), int(d_model))
     )
     saved_transposed = transposed
     if saved_stacked is not None:  # which is [gate; up], and how the files lay it out
         saved_stacked, saved_transposed = _saved_layout(
-            twin, f"{layers}.{n_dense}.", saved_stacked, width, int(d_model)
+            twin, f"{layers}.{first}.", saved_stacked, width, int(d_model)
         )
     return Experts(
         block=block_name,
@@ -143,10 +142,10 @@ def recognise(
         act_fn=act_fn,
         choice_bias=f"{block_name}.{choice}" if choice else None,
         choice_bias_pattern=_choice_bias_pattern(block, choice),
-        saved_choice_bias=_saved_choice_bias(twin, f"{layers}.{n_dense}.") if choice else None,
-        n_dense=n_dense,
-        dense_count_field=_dense_field(config, n_dense) if n_dense else None,
-        dense_width_field=_field(config, _DENSE_WIDTHS, None, "dense width") if n_dense else None,
+        saved_choice_bias=_saved_choice_bias(twin, f"{layers}.{first}.") if choice else None,
+        first_moe=first,
+        moe_field=_moe_layers.pattern_field(config, held) if held else None,
+        dense_width_field=None if all(held) else _field(config, _DENSE_WIDTHS, None, "dense width"),
         shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
     )
 
@@ -293,37 +292,6 @@ def _experts_saved(
             raise ValueError(f"the experts are saved under names not recognised: {three_d}")
         stacked = (three_d[0], three_d[1])
     return files, stacked, router, shared[0] if len(shared) == 1 else None
-
-
-def _dense_field(config: Any, n_dense: int) -> str:
-    """The field saying how many first layers are dense: one of `_DENSE_COUNTS`,
-    "mlp_layer_types" (a list of "dense" / "sparse") or "mlp_only_layers" (the dense
-    layers' indices)."""
-    for name in _DENSE_COUNTS:
-        if getattr(config, name, None) == n_dense:
-            return name
-    types = getattr(config, "mlp_layer_types", None)
-    if types and sum(1 for t in types[:n_dense] if t == "dense") == n_dense:
-        return "mlp_layer_types"
-    if list(getattr(config, "mlp_only_layers", None) or ()) == list(range(n_dense)):
-        return "mlp_only_layers"
-    raise ValueError(f"no config field gives the {n_dense} dense first layers: {_DENSE_COUNTS}")
-
-
-def dense_layers(config: Any, field: str) -> int:
-    """How many first layers of `config` are dense, by `field` (`_dense_field`)."""
-    if field == "mlp_only_layers":
-        dense = sorted(config.mlp_only_layers)
-        if dense != list(range(len(dense))):
-            raise ValueError(f"mlp_only_layers {dense}: dense layers after the first mixture")
-        return len(dense)
-    if field == "mlp_layer_types":
-        types = list(config.mlp_layer_types)
-        count = next((i for i, t in enumerate(types) if t != "dense"), len(types))
-        if any(t == "dense" for t in types[count:]):
-            raise ValueError(f"mlp_layer_types {types}: dense layers after the first mixture")
-        return count
-    return int(getattr(config, field))
 
 
 def _saved_choice_bias(twin: nn.Module, prefix: str) -> str | None:

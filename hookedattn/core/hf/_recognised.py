@@ -57,7 +57,8 @@ class Anatomy:
     experts: Experts | None  # the MLP is a mixture of experts (`_experts`)
     renames: tuple[tuple[str, str], ...]  # (live name, the files' name) where they differ
     logit_cap: bool  # the logits soft-capped by the config's `final_logit_softcapping`
-    rotary_layout: str = "halves"  # "halves" (i, i + d/2) or "pairs" (2i, 2i + 1)
+    # "halves" (i, i + d/2), "pairs" (2i, 2i + 1), or "halves_reversed" (halves, by -angle)
+    rotary_layout: str = "halves"
     # Which layers rotate: "all", or "sliding" (only the windowed ones: Cohere 2, EXAONE 4).
     rotary_on: str = "all"
     norm_topk: bool = False  # a mixture's routing weights renormalised over the chosen
