@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2")
+MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "gated_delta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,13 @@ class MixerConfig:
       sharing the input and output maps `B` and `C`; the step `dt` is clamped to
       `[dt_min, dt_max]`; `ssm_norm_eps` is the gated RMSNorm's epsilon (over each group's
       channels); `proj_bias` as above.
+    - "gated_delta" (Yang, Kautz and Hatamizadeh 2024, `components.gated_delta`): the same
+      settings in the delta rule's roles: `n_ssm_heads` value heads of width `d_ssm_head`,
+      `n_ssm_groups` key heads of width `d_state` (each serving a run of consecutive value
+      heads), so a state of `d_state x d_ssm_head` per value head; `ssm_norm_eps` is the
+      gated RMSNorm's (over each head's channels); `delta_beta_scale` multiplies the step
+      `beta` (2 where its eigenvalues may be negative, OLMo Hybrid's); `dt_min`, `dt_max`
+      are unused.
     """
 
     layers: tuple[str, ...]
@@ -46,6 +53,7 @@ class MixerConfig:
     dt_min: float = 0.0
     dt_max: float = math.inf
     ssm_norm_eps: float = 1e-5
+    delta_beta_scale: float = 1.0
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]

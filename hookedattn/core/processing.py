@@ -276,7 +276,11 @@ def _attn_readers(
 
 # A hybrid's mixers read the stream through affine maps only (`components.short_conv`,
 # `components.mamba2`): the norm before them folds into those maps as into W_Q, W_K, W_V.
-_MIXER_INPUTS = {"short_conv": ("B", "C", "X"), "mamba2": ("z", "xBC", "dt")}
+_MIXER_INPUTS = {
+    "short_conv": ("B", "C", "X"),
+    "mamba2": ("z", "xBC", "dt"),
+    "gated_delta": ("qkv", "z", "b", "a"),
+}
 
 
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:

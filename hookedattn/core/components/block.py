@@ -23,8 +23,8 @@ real norm or the identity as `normalization_placement` says; how the stream ente
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
-(`ShortConv`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out` holds. In a
-shortformer model the queries and keys read the positions too:
+(`ShortConv`, `Mamba2Mixer`, `GatedDeltaNet`: `make_mixer`), whose write `hook_attn_out`
+holds. In a shortformer model the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
@@ -40,6 +40,7 @@ from hookedattn.core.components.attention import (
     AttnInput,
     GroupedQueryAttention,
 )
+from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import GatedMLP, make_mlp
@@ -282,7 +283,8 @@ def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
 
 def make_mixer(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     """The sublayer in attention's place in block `layer` of a hybrid model."""
-    return {"short_conv": ShortConv, "mamba2": Mamba2Mixer}[cfg.layer_mixer(layer)](cfg)
+    kinds = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "gated_delta": GatedDeltaNet}
+    return kinds[cfg.layer_mixer(layer)](cfg)
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
