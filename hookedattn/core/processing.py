@@ -279,7 +279,7 @@ def _attn_readers(
 _MIXER_INPUTS = {
     "short_conv": ("B", "C", "X"),
     "mamba2": ("z", "xBC", "dt"),
-    "gated_delta": ("qkv", "z", "b", "a"),
+    "gated_delta": ("q", "k", "v", "z", "b", "a"),
 }
 
 

@@ -48,7 +48,7 @@ def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
     m = mixer.settings
     H, P, G, N, K = m.n_ssm_heads, m.d_ssm_head, m.n_ssm_groups, m.d_state, m.d_conv
     batch, n_pos, _ = x.shape
-    pre = x @ mixer.W_qkv + mixer.b_qkv
+    pre = torch.cat([x @ getattr(mixer, f"W_{n}") + getattr(mixer, f"b_{n}") for n in "qkv"], -1)
     out = torch.zeros(batch, n_pos, D_MODEL, dtype=x.dtype)
     state = torch.zeros(batch, H, N, P, dtype=x.dtype)
     for t in range(n_pos):

@@ -1,10 +1,12 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
-is a gated short convolution (LFM2, LFM2-MoE) or a Mamba-2 mixer (Bamba, Granite 4 hybrids),
-beside attention layers, or in every layer (Mamba 2). Each is compared with `transformers`
+is a gated short convolution (LFM2, LFM2-MoE), a Mamba-2 mixer (Bamba, Granite 4 hybrids)
+or a gated delta net (Qwen3-Next, Qwen3.5), beside attention layers, or in every layer
+(Mamba 2). Each is compared with `transformers`
 on a tiny random twin: the logits and every residual stream in float32 and float64, and
 greedy generation; and each mixer module with ours in float64 on random inputs.
 
-`transformers` runs its RMSNorms and its Mamba-2 scan in float32 whatever the model's dtype
+`transformers` runs its RMSNorms, its Mamba-2 scan and its delta rule in float32 whatever
+the model's dtype
 (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with our float64
 import to float32's rounding only; the float64 identities of the mixers themselves are
 checked against brute-force loops in `tests/core/test_mixers.py`.
@@ -30,7 +32,15 @@ HYBRIDS = {
     "lfm2_moe": {},
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
     "mamba2": {},  # Mamba-2 alone: every layer `x + mixer(norm(x))`, no attention, no MLP
+    # Gated delta nets: Qwen3-Next's q, k, v, z interleaved per key head (2 key heads, each
+    # serving 2 value heads: pieces of 16, 16, 32, 32 rows), its attention gated and partly
+    # rotated; Qwen3.5's projections apart.
+    "qwen3_next": {},
+    "qwen3_5_text": {},
 }  # fmt: skip
+# The delta rule's float32 rounding on these twins is larger: Qwen3.5's float32 logits, HF's
+# and ours, are 3e-5 and 5e-5 of their scale from our float64 ones.
+ROUNDING = {"qwen3_next": 1e-4, "qwen3_5_text": 1e-4}
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +65,8 @@ def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("model_type", HYBRIDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_hybrid_imported_by_convention_computes_what_transformers_computes(model_type, dtype):
-    tolerance = 1e-5  # of each tensor's largest value: float32's rounding (module docstring)
+    # Of each tensor's largest value: float32's rounding (module docstring).
+    tolerance = ROUNDING.get(model_type, 1e-5)
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
     kinds = set(model.cfg.mixers.layers)
@@ -81,7 +92,11 @@ def test_hybrid_greedy_generation_is_transformers(model_type):
     assert torch.equal(ours, expected)
 
 
-@pytest.mark.parametrize("model_type, module", [("lfm2_moe", "conv"), ("bamba", "mamba")])
+@pytest.mark.parametrize(
+    "model_type, module",
+    [("lfm2_moe", "conv"), ("bamba", "mamba"), ("qwen3_next", "linear_attn"),
+     ("qwen3_5_text", "linear_attn")],
+)  # fmt: skip
 def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
     reference = twin(model_type, seed=5).double()
     model = HookedTransformer.from_hf(reference)
@@ -92,7 +107,8 @@ def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
     with torch.no_grad():
         want = theirs(x)
         got = model.blocks[layer].mixer(x, attention_context(64, 2, 9, None, None, None, "cpu"))
-    # float64 throughout for the short convolution; the Mamba-2 scan casts to float32.
+    # float64 throughout for the short convolution; the Mamba-2 scan and the delta rule
+    # cast to float32.
     assert _worst(got, want) <= (1e-12 if module == "conv" else 1e-6)
 
 
@@ -137,3 +153,27 @@ def test_an_imported_hybrid_processes_exactly(model_type):
     with torch.no_grad():
         expected, got = model(TOKENS).log_softmax(-1), processed(TOKENS).log_softmax(-1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+def test_qwen3_next_loads_from_its_files_as_from_the_live_model(tmp_path):
+    reference = twin("qwen3_next", seed=6)
+    reference.save_pretrained(tmp_path)  # the interleaved projections read by their runs
+    live, files = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(tmp_path)
+    for name, tensor in live.state_dict().items():
+        assert torch.equal(files.state_dict()[name], tensor), name
+
+
+def test_a_piece_of_every_key_heads_run_is_read_alone():
+    from hookedattn.core.hf._slices import read_rule
+    from hookedattn.core.hf._table import Rule, StateDict, _converted
+
+    # 3 runs of [q (2 rows); v (4 rows)], each row its own number, 2 columns.
+    stored = torch.arange(36, dtype=torch.float64).reshape(18, 2)
+    sizes = {"group": 3, "d_state": 2, "d_v": 4, "d_model": 2}
+    rule = Rule("W_v", "w", "(group d_v) d_model -> d_model (group d_v)",
+                split=("d_state", "d_v"), part=1, split_within="group")  # fmt: skip
+    expected = torch.cat([stored[6 * g + 2 : 6 * g + 6] for g in range(3)]).T
+    for ranges, columns in (({}, slice(None)), ({"group": (1, 3)}, slice(4, None))):
+        got = read_rule(rule, StateDict({"w": stored}), "w", sizes, ranges, torch.float64, "cpu")
+        assert torch.equal(got, expected[:, columns])
+    assert torch.equal(_converted(rule, stored, sizes, torch.float64, "cpu"), expected)

@@ -4,7 +4,7 @@ Qwen3.5, OLMo Hybrid).
 
 From the normed stream `x`, per position:
 
-    q, k, v = split(silu(causal_conv(x @ W_qkv + b_qkv)))
+    q, k, v = silu(causal_conv([x @ W_q + b_q; x @ W_k + b_k; x @ W_v + b_v]))
               q, k [key_head d_key], v [head d_head]
     q, k    = q / (|q| sqrt(d_key)), k / |k|           (|u| = sqrt(u . u + 1e-6))
     beta    = beta_scale * sigmoid(x @ W_b + b_b)                       [head]
@@ -102,11 +102,12 @@ class GatedDeltaNet(nn.Module):
         self.d_key = m.n_ssm_groups * m.d_state
         d_qkv = 2 * self.d_key + m.d_inner
         self.hook_in = HookPoint()
-        self.W_qkv, self.b_qkv = _param(cfg.d_model, d_qkv, cfg=cfg), _param(d_qkv, cfg=cfg)
-        self.W_z, self.b_z = _param(cfg.d_model, m.d_inner, cfg=cfg), _param(m.d_inner, cfg=cfg)
-        for name in ("b", "a"):  # beta's and the decay's pre-activations, one per head
-            setattr(self, f"W_{name}", _param(cfg.d_model, m.n_ssm_heads, cfg=cfg))
-            setattr(self, f"b_{name}", _param(m.n_ssm_heads, cfg=cfg))
+        # The inputs: q, k, v, the output gate z, beta's and the decay's pre-activations.
+        widths = dict(q=self.d_key, k=self.d_key, v=m.d_inner, z=m.d_inner,
+                      b=m.n_ssm_heads, a=m.n_ssm_heads)  # fmt: skip
+        for name, width in widths.items():
+            setattr(self, f"W_{name}", _param(cfg.d_model, width, cfg=cfg))
+            setattr(self, f"b_{name}", _param(width, cfg=cfg))
         self.W_conv, self.b_conv = _param(d_qkv, m.d_conv, cfg=cfg), _param(d_qkv, cfg=cfg)
         self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
@@ -122,7 +123,9 @@ class GatedDeltaNet(nn.Module):
         m = self.settings
         x = self.hook_in(x)
         real = real_positions(context)  # no real token reads padding
-        qkv = silu(causal_conv(affine(x, self.W_qkv, self.b_qkv) * real, self.W_conv, self.b_conv))
+        qkv = torch.cat([affine(x, self.W_q, self.b_q), affine(x, self.W_k, self.b_k),
+                         affine(x, self.W_v, self.b_v)], dim=-1)  # fmt: skip
+        qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))  # one channel each
         q, k, v = qkv.split([self.d_key, self.d_key, m.d_inner], dim=-1)
         q, k = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
                           group=m.n_ssm_groups) for t in (q, k))  # fmt: skip

@@ -9,8 +9,9 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     `out_proj` with `in_proj` 3 x d_model wide and nothing else: the gated
                     short convolution (LFM2); the same with `A_log`, `D`, `dt_bias` and a
                     gated norm: the Mamba-2 mixer (Bamba, Granite 4 hybrids, Mamba 2);
-                    anything else (Mamba 1's `x_proj`, a gated delta net's `in_proj_qkvz`)
-                    is a ValueError naming its parts
+                    q/k/v, gate, `a`, `b` projections with `A_log`, `dt_bias`: the gated
+                    delta net (Qwen3-Next, Qwen3.5, OLMo Hybrid: `_gated_delta`);
+                    anything else (Mamba 1's `x_proj`) is a ValueError naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
                     groups, the gated norm's epsilon), and the biases by their presence
@@ -26,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _gated_delta
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 from hookedattn.core.mixer_config import MixerConfig
@@ -51,13 +53,15 @@ class Mixers:
     that lists the layers' kinds and what each of its values means, and where each setting
     is read from (`settings`: our setting -> config field; `flags`: the biases)."""
 
-    kind: str  # "short_conv" or "mamba2"
+    kind: str  # "short_conv", "mamba2" or "gated_delta"
     name: str  # the layer's child: "conv", "mamba", "mixer"
     pattern_field: str  # "layer_types"
     pattern: tuple[tuple[str, str], ...]  # (the field's value, "attention" or the kind)
     settings: tuple[tuple[str, str], ...]
     flags: tuple[tuple[str, bool], ...]
     dt_limit_field: str | None  # "time_step_limit": the step's clamp
+    layout: str = ""  # a gated delta net's projections (`_gated_delta`)
+    fixed: tuple[tuple[str, float], ...] = ()  # settings the module fixes, not its config
 
     def config(self, hf_config: Any) -> MixerConfig:
         """Our `MixerConfig` for a checkpoint of this structure."""
@@ -79,6 +83,7 @@ class Mixers:
             dt_max=limits[1],
             **settings,
             **dict(self.flags),
+            **dict(self.fixed),
         )
 
     def rules(self, layers: str, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
@@ -87,7 +92,10 @@ class Mixers:
         at, ours = f"{layers}.{{layer}}.{self.name}", "blocks.{layer}.mixer"
         rules = _short_conv_rules if self.kind == "short_conv" else _mamba2_rules
         bias = dict(self.flags)
-        found = rules(at, ours, bias["proj_bias"], bias["conv_bias"])
+        if self.kind == "gated_delta":
+            found = _gated_delta.rules(at, ours, self.layout, bias["conv_bias"])
+        else:
+            found = rules(at, ours, bias["proj_bias"], bias["conv_bias"])
         if write != 1.0:
             found = [_times(rule, write) if rule.ours.endswith(("W_out", "b_out")) else rule
                      for rule in found]  # fmt: skip
@@ -181,16 +189,19 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
 
 
 def kind_of(module: nn.Module, d_model: int) -> str:
-    """ "short_conv" or "mamba2", by the module's parts (module docstring)."""
+    """ "short_conv", "mamba2" or "gated_delta", by the module's parts (module docstring)."""
     parts = {n for n, _ in module.named_children()}
     own = {n for n, _ in module.named_parameters(recurse=False)}
     if parts == _SHORT_CONV_PARTS and not own and module.in_proj.out_features == 3 * d_model:
         return "short_conv"
     if parts <= _MAMBA2_PARTS and _SHORT_CONV_PARTS - {"conv"} <= parts and own == _MAMBA2_OWN:
         return "mamba2"
+    if _gated_delta.layout_of(module) is not None:
+        return "gated_delta"
     raise ValueError(
         f"a mixer {type(module).__name__} of parts {sorted(parts)} and parameters "
-        f"{sorted(own)}: neither a gated short convolution nor a Mamba-2 mixer"
+        f"{sorted(own)}: neither a gated short convolution nor a Mamba-2 mixer (nor a gated "
+        f"delta net)"
     )
 
 
@@ -215,6 +226,10 @@ def recognise(
     per_layer = ["attention" if m is None else kind for m in mixers]
     field, pattern = _pattern(config, per_layer)
     module = modules[0]
+    if kind == "gated_delta":
+        found = _gated_delta.read(module, config)
+        return Mixers(kind, name, field, pattern, found.settings, found.flags, None,
+                      found.layout, found.fixed)  # fmt: skip
     settings, flags = _settings(kind, module, config)
     limit = "time_step_limit" if kind == "mamba2" and hasattr(config, "time_step_limit") else None
     return Mixers(kind, name, field, pattern, settings, flags, limit)
@@ -280,5 +295,5 @@ def _group_size(module: nn.Module, d_inner: int) -> int:
 
 def from_json(fields: dict[str, Any]) -> Mixers:
     """A `Mixers` as the memo stored it (`dataclasses.asdict`: lists for tuples)."""
-    pairs = ("pattern", "settings", "flags")
+    pairs = ("pattern", "settings", "flags", "fixed")
     return Mixers(**{k: tuple(tuple(p) for p in v) if k in pairs else v for k, v in fields.items()})
