@@ -98,9 +98,10 @@ def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def window(hf_config: Any) -> dict[str, Any]:
+def window(hf_config: Any, mixed: frozenset[str] = frozenset()) -> dict[str, Any]:
     """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`
-    (GPT-Neo's: `window_size` and `attention_layers`).
+    (GPT-Neo's: `window_size` and `attention_layers`); in a hybrid, the `layer_types` values
+    `mixed` are its mixers' layers (`_mixers`), which attend nowhere: "global" here.
 
     A config with a window and no `layer_types` (Mistral) slides it in every layer; Qwen's
     `sliding_window` is already None unless `use_sliding_window`.
@@ -119,12 +120,12 @@ def window(hf_config: Any) -> dict[str, Any]:
     layer_types = getattr(hf_config, "layer_types", None)
     if layer_types is None:
         return {"window_size": int(size)}
-    unknown = sorted(set(layer_types) - set(_ATTN_TYPES))
+    unknown = sorted(set(layer_types) - set(_ATTN_TYPES) - mixed)
     if unknown:
         raise ValueError(
             f"layer_types {unknown} cannot be imported; supported: {sorted(_ATTN_TYPES)}"
         )
-    types = tuple(_ATTN_TYPES[kind] for kind in layer_types)
+    types = tuple(_ATTN_TYPES.get(kind, "global") for kind in layer_types)
     if "local" not in types:
         return {}
     return {"window_size": int(size), "attn_types": types}
