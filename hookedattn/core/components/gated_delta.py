@@ -56,12 +56,12 @@ Keys = Float[Tensor, "batch pos group d_state"]
 L2_EPS = 1e-6
 
 
-def unit(u: Keys) -> Keys:
+def _unit(u: Keys) -> Keys:
     """`u / sqrt(u . u + L2_EPS)` along the last axis."""
     return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
-def log_decay(g: PerHead) -> Float[Tensor, "batch ssm_head query_pos key_pos"]:
+def _log_decay(g: PerHead) -> Float[Tensor, "batch ssm_head query_pos key_pos"]:
     """`sum_{r=s+1..t} g_r` at `(t, s)` for `s <= t`, -inf after."""
     n_pos = g.shape[1]
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=g.device).tril()  # s <= t
@@ -82,7 +82,7 @@ def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
                             "-> batch group query_pos key_pos"), heads, per_group=per_group)
         for name, a in (("QK", q), ("KK", k))
     }  # fmt: skip
-    decay = log_decay(g).exp()  # 0 above the diagonal
+    decay = _log_decay(g).exp()  # 0 above the diagonal
     step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
     eye = torch.eye(beta.shape[1], dtype=beta.dtype, device=beta.device)
     T = eye + (step * scores["KK"] * decay).tril(-1)
@@ -135,7 +135,7 @@ class GatedDeltaNet(nn.Module):
         # A padding position writes nothing into the state (its beta is 0).
         beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
         g = -self.A_log.exp() * softplus(affine(x, self.W_a, self.b_a) + self.dt_bias)
-        mixing = self.hook_mixing(delta_mixing(unit(q) * m.d_state**-0.5, unit(k), beta, g))
+        mixing = self.hook_mixing(delta_mixing(_unit(q) * m.d_state**-0.5, _unit(k), beta, g))
         o = einsum(mixing, v, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
                    "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
         normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
