@@ -21,7 +21,7 @@ import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba", "none")
+MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba", "gated_delta", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,8 @@ class MixerConfig:
       `d_ssm_head`, a state of `d_state` per head row, `n_ssm_groups` groups of heads
       sharing the input and output maps `B` and `C`; the step `dt` is clamped to
       `[dt_min, dt_max]`; `ssm_norm_eps` is the gated RMSNorm's epsilon (over each group's
-      channels); `proj_bias` as above.
+      channels); `proj_bias` as above; `ssm_gated_norm`: whether that gated RMSNorm is
+      there (Falcon-H1's `mamba_rms_norm=False`: `y * silu(z)` goes to `W_out` as it is).
     - "mamba" (Gu and Dao 2023, section 3's selective SSM, "S6"): `d_inner` channels, each
       with its own step `dt` and its own decays `A[channel, :]` over a state of `d_state`,
       so that each channel is a Mamba-2 head of width one with a vector of decays:
@@ -48,8 +49,13 @@ class MixerConfig:
       by every channel). `dt_rank`: the width of the step's low-rank projection;
       `bcdt_norm`: whether `B`, `C` and that low-rank step pass an RMSNorm (Falcon Mamba's,
       Jamba's; epsilon `ssm_norm_eps`).
-      channels); `proj_bias` as above; `ssm_gated_norm`: whether that gated RMSNorm is
-      there (Falcon-H1's `mamba_rms_norm=False`: `y * silu(z)` goes to `W_out` as it is).
+    - "gated_delta" (Yang, Kautz and Hatamizadeh 2024, `components.gated_delta`): the same
+      settings in the delta rule's roles: `n_ssm_heads` value heads of width `d_ssm_head`,
+      `n_ssm_groups` key heads of width `d_state` (each serving a run of consecutive value
+      heads), so a state of `d_state x d_ssm_head` per value head; `ssm_norm_eps` is the
+      gated RMSNorm's (over each head's channels); `delta_beta_scale` multiplies the step
+      `beta` (2 where its eigenvalues may be negative, OLMo Hybrid's); `dt_min`, `dt_max`
+      are unused.
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
@@ -70,6 +76,7 @@ class MixerConfig:
     ssm_gated_norm: bool = True
     beside_attention: str | None = None
     mlp_layers: tuple[bool, ...] | None = None
+    delta_beta_scale: float = 1.0
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]

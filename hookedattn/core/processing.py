@@ -278,12 +278,13 @@ def _attn_readers(
 
 
 # A hybrid's mixers read the stream through affine maps only (`components.short_conv`,
-# `components.mamba2`, `components.mamba`): the norm before them folds into those maps as
-# into W_Q, W_K, W_V.
+# `components.mamba2`, `components.mamba`, `components.gated_delta`): the norm before them
+# folds into those maps as into W_Q, W_K, W_V.
 _MIXER_INPUTS = {
     "short_conv": ("B", "C", "X"),
     "mamba2": ("z", "xBC", "dt"),
     "mamba": ("xs", "z"),
+    "gated_delta": ("q", "k", "v", "z", "b", "a"),
 }
 
 

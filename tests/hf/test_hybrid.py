@@ -1,19 +1,20 @@
 """Hybrid architectures imported by convention: layers whose sublayer in attention's place
 is a gated short convolution (LFM2, LFM2-MoE, LFM3), a Mamba-1 mixer (Jamba; in every
-layer: Mamba, Falcon Mamba) or a Mamba-2 mixer (Bamba, Granite 4 hybrids), beside attention
-layers, or in every layer (Mamba 2); and Falcon-H1 (its family module, `_falcon_h1`), a
-Mamba-2 mixer beside the attention in every layer, its muP multipliers folded into the
-weights (its twin's multipliers are not 1: `_tiny.OVERRIDES`); and Nemotron-H
-(`_nemotron_h`), one sublayer per layer: a Mamba-2 mixer, an attention without positions or
-an MLP, our blocks of one sublayer (its mixture of experts is refused). Each is compared with
-`transformers` on a tiny random twin: the logits and every residual stream in float32 and
-float64, and greedy generation; and each mixer module with ours in float64 on random inputs.
+layer: Mamba, Falcon Mamba), a Mamba-2 mixer (Bamba, Granite 4 hybrids) or a gated delta net
+(Qwen3-Next, Qwen3.5, Lara Mini), beside attention layers, or in every layer (Mamba 2); and
+Falcon-H1 (its family module, `_falcon_h1`), a Mamba-2 mixer beside the attention in every
+layer, its muP multipliers folded into the weights (its twin's multipliers are not 1:
+`_tiny.OVERRIDES`); and Nemotron-H (`_nemotron_h`), one sublayer per layer: a Mamba-2 mixer,
+an attention without positions or an MLP, our blocks of one sublayer (its mixture of experts
+is refused). Each is compared with `transformers` on a tiny random twin: the logits and every
+residual stream in float32 and float64, and greedy generation; and each mixer module with
+ours in float64 on random inputs.
 
-`transformers` runs its RMSNorms and its Mamba-1 and Mamba-2 scans in float32 whatever the
-model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin agrees with
-our float64 import to float32's rounding only; the float64 identities of the mixers
-themselves are checked against brute-force loops in `tests/core/test_mixers.py` and
-`tests/core/test_mamba1.py`.
+`transformers` runs its RMSNorms, its Mamba-1 and Mamba-2 scans and its delta rule in float32
+whatever the model's dtype (`hidden_states.to(torch.float32)`, `.float()`), so a float64 twin
+agrees with our float64 import to float32's rounding only; the float64 identities of the
+mixers themselves are checked against brute-force loops in `tests/core/test_mixers.py`,
+`tests/core/test_mamba1.py` and `tests/core/test_gated_delta.py`.
 """
 
 import pytest
@@ -34,9 +35,9 @@ HYBRIDS = {
     "bamba": {},
     "mamba": {},  # Mamba-1 alone, as Mamba 2
     "falcon_mamba": {},  # Mamba-1 with RMSNorms without gains on its B, C and step
-    # Mamba-1 with learned gains on those norms, beside attention; one expert: a dense MLP in
-    # every layer (its default interleaves experts and dense MLPs, a per-layer variant).
-    "jamba": {"num_experts": 1},
+    # Mamba-1 with learned gains on those norms, beside attention; experts every other layer,
+    # dense MLPs between (`moe_layers`).
+    "jamba": {},
     "lfm2": {"layer_types": ["conv", "full_attention"] * 2, "num_hidden_layers": 4},
     "lfm2_moe": {},
     "granitemoehybrid": {},  # Mamba-2 and attention, experts with a shared MLP beside them
@@ -46,10 +47,22 @@ HYBRIDS = {
     "falcon_h1_normed": {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
     # Nemotron-H's 8B and 56B layout, "M*-" repeated (its default adds "moe", refused below)
     "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention", "mlp"]},
+    # Gated delta nets: Qwen3-Next's q, k, v, z interleaved per key head (2 key heads, each
+    # serving 2 value heads: pieces of 16, 16, 32, 32 rows), its attention gated and partly
+    # rotated; Qwen3.5's projections apart; Lara Mini's saved fused (`in_proj`), its layers
+    # sliding, linear and full.
+    "qwen3_next": {},
+    "qwen3_5_text": {},
+    "lara_mini": {},
 }  # fmt: skip
 ATTENTION_FREE = {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
 # Whose `hidden_states` leave the embedding out: entry `i` is layer `i`'s output.
 EMBEDDING_LEFT_OUT = {"mamba", "falcon_mamba"}
+# Gated delta twins amplify rounding more: on seed 3 our float32 logits are 2.2e-5
+# (Qwen3-Next), 2.3e-5 (Qwen3.5), 2.2e-6 (Lara Mini) of their scale from HF's, the float64
+# ones 1.3e-5, 1.8e-5, 5.1e-7 (HF's delta rule runs in float32 whatever the dtype);
+# Qwen3-Next's seed-0 twin reaches 1.0e-4 in float32.
+ROUNDING = {"qwen3_next": 1e-4, "qwen3_5_text": 1e-4, "lara_mini": 1e-4}
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +89,8 @@ def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("model_type", HYBRIDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_hybrid_imported_by_convention_computes_what_transformers_computes(model_type, dtype):
-    tolerance = 1e-5  # of each tensor's largest value: float32's rounding (module docstring)
+    # Of each tensor's largest value: float32's rounding (module docstring).
+    tolerance = ROUNDING.get(model_type, 1e-5)
     reference = twin(model_type, seed=3).to(dtype)
     model = HookedTransformer.from_hf(reference)
     kinds = set(model.cfg.mixers.layers) | {model.cfg.mixers.beside_attention} - {None}
@@ -106,7 +120,11 @@ def test_hybrid_greedy_generation_is_transformers(model_type):
     assert torch.equal(ours, expected)
 
 
-@pytest.mark.parametrize("model_type, module", [("lfm2_moe", "conv"), ("bamba", "mamba")])
+@pytest.mark.parametrize(
+    "model_type, module",
+    [("lfm2_moe", "conv"), ("bamba", "mamba"), ("qwen3_next", "linear_attn"),
+     ("qwen3_5_text", "linear_attn")],
+)  # fmt: skip
 def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
     reference = twin(model_type, seed=5).double()
     model = HookedTransformer.from_hf(reference)
@@ -117,7 +135,8 @@ def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
     with torch.no_grad():
         want = theirs(x)
         got = model.blocks[layer].mixer(x, attention_context(64, 2, 9, None, None, None, "cpu"))
-    # float64 throughout for the short convolution; the Mamba-2 scan casts to float32.
+    # float64 throughout for the short convolution; the Mamba-2 scan and the delta rule
+    # cast to float32.
     assert _worst(got, want) <= (1e-12 if module == "conv" else 1e-6)
 
 
@@ -215,3 +234,29 @@ def test_a_saved_checkpoint_imports_verified(model_type, tmp_path):
     model = HookedTransformer.from_hf(tmp_path)  # verified on its tiny twin before loading
     with torch.no_grad():
         assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "lara_mini"])
+def test_a_gated_delta_net_loads_from_its_files_as_from_the_live_model(model_type, tmp_path):
+    # Qwen3-Next's interleaved projections read by their runs; Lara Mini's saved as one.
+    reference = twin(model_type, seed=6)
+    reference.save_pretrained(tmp_path)
+    live, files = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(tmp_path)
+    for name, tensor in live.state_dict().items():
+        assert torch.equal(files.state_dict()[name], tensor), name
+
+
+def test_a_piece_of_every_key_heads_run_is_read_alone():
+    from hookedattn.core.hf._slices import read_rule
+    from hookedattn.core.hf._table import Rule, StateDict, _converted
+
+    # 3 runs of [q (2 rows); v (4 rows)], each row its own number, 2 columns.
+    stored = torch.arange(36, dtype=torch.float64).reshape(18, 2)
+    sizes = {"group": 3, "d_state": 2, "d_v": 4, "d_model": 2}
+    rule = Rule("W_v", "w", "(group d_v) d_model -> d_model (group d_v)",
+                split=("d_state", "d_v"), part=1, split_within="group")  # fmt: skip
+    expected = torch.cat([stored[6 * g + 2 : 6 * g + 6] for g in range(3)]).T
+    for ranges, columns in (({}, slice(None)), ({"group": (1, 3)}, slice(4, None))):
+        got = read_rule(rule, StateDict({"w": stored}), "w", sizes, ranges, torch.float64, "cpu")
+        assert torch.equal(got, expected[:, columns])
+    assert torch.equal(_converted(rule, stored, sizes, torch.float64, "cpu"), expected)

@@ -1,10 +1,10 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution or
-Mamba-2 in attention's place; `make_mlp` or `MoE`, `make_norm`, `make_embed_norm`,
-`make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that every forward stays
-the equation it implements.
+`make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution,
+Mamba-2 or gated delta net in attention's place; `make_mlp` or `MoE`, `make_norm`,
+`make_embed_norm`, `make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that
+every forward stays the equation it implements.
 """
 
 from hookedattn.core.components.alibi import ALiBi, alibi_slopes
@@ -23,6 +23,7 @@ from hookedattn.core.components.block import (
 )
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
 from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
@@ -68,6 +69,7 @@ __all__ = [
     "Block",
     "Embed",
     "ExpertHooks",
+    "GatedDeltaNet",
     "GatedMLP",
     "GroupedQueryAttention",
     "LatentAttention",
@@ -94,6 +96,7 @@ __all__ = [
     "affine",
     "alibi_slopes",
     "causal_conv",
+    "delta_mixing",
     "gelu_new",
     "glu",
     "make_attention",

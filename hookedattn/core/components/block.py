@@ -23,13 +23,13 @@ real norm or the identity as `normalization_placement` says; how the stream ente
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
-(`ShortConv`, `MambaMixer`, `Mamba2Mixer`: `make_mixer`), whose write `hook_attn_out` holds;
-or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_pre)`
-(`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
-behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of its
-mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
-`resid_post = resid_pre + mlp(ln2(resid_pre))`). In a
-shortformer model the queries and keys read the positions too:
+(`ShortConv`, `MambaMixer`, `Mamba2Mixer`, `GatedDeltaNet`: `make_mixer`), whose write
+`hook_attn_out` holds; or, in Falcon-H1, a mixer beside the attention, both reading
+`ln1(resid_pre)` (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`,
+the mixer's write behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per
+block: a block of its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone
+(`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). In a shortformer model
+the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
@@ -45,6 +45,7 @@ from hookedattn.core.components.attention import (
     AttnInput,
     GroupedQueryAttention,
 )
+from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
@@ -335,7 +336,11 @@ def make_mixer(cfg: HookedTransformerConfig, layer: int, kind: str | None = None
     """The sublayer in attention's place in block `layer` of a hybrid model (or, `kind`
     given, the mixer of that kind: Falcon-H1's beside the attention)."""
     kind = kind or cfg.layer_mixer(layer)
-    return {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer}[kind](cfg)
+    return _MIXERS[kind](cfg)
+
+
+_MIXERS = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer,
+           "gated_delta": GatedDeltaNet}  # fmt: skip
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:

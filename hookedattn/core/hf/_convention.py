@@ -121,7 +121,7 @@ class Convention:
             "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
             **rotary,
-            **_translate.window(c, mixing=a.mixers.layer_values() if a.mixers else ()),
+            **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
@@ -149,7 +149,7 @@ class Convention:
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
-            rules = _renamed(rules, dict(a.renames))
+            rules = _renamed(rules, _Renames(dict(a.renames), a.layers))
         return Table(
             rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
@@ -482,45 +482,62 @@ _CHOICES = ("rotary_on", "rotary_layout", "norm_topk", "router_scoring", "attn_g
             "qk_norm_after_rotary", "attn_scale", "qkv_layout")  # fmt: skip
 
 
-def _renamed(rules: list[Rule], renames: dict[str, str]) -> list[Rule]:
+def _mixed_layer_types(anatomy: Anatomy) -> frozenset[str]:
+    """The `layer_types` values that stand for a hybrid's mixers, not attention."""
+    m = anatomy.mixers
+    if m is None or m.pattern_field != "layer_types":
+        return frozenset()
+    return frozenset(value for value, kind in m.pattern if kind != "attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Renames:
+    """The files' names of live tensors (`_saved.renames`: the layer index as `{layer}`),
+    looked up for a rule's name with its layer index or `{layer}` (a hybrid's rules name
+    the layers that hold their sublayer)."""
+
+    names: dict[str, str]
+    layers: str  # "model.layers"
+
+    def get(self, hf: str, default: str) -> str:
+        """The saved name of `hf`, else `default`."""
+        found = re.match(rf"{re.escape(self.layers)}\.(\d+)\.", hf)
+        if found is None:
+            return self.names.get(hf, default)
+        template = f"{self.layers}.{{layer}}.{hf[found.end() :]}"
+        saved = self.names.get(template)
+        return default if saved is None else saved.replace("{layer}", found.group(1))
+
+
+def _renamed(rules: list[Rule], renames: _Renames) -> list[Rule]:
     """The rules reading the files' names (`_saved.renames`); a live tensor saved as part
     `i` of several stacked (`name#i/n`) read as that piece of the saved tensor's rows, the
-    pieces' sizes those of the rules that read them."""
-    pieces: dict[str, dict[int, str]] = {}
+    pieces' sizes those of the rules that read them (a live tensor itself read in pieces,
+    Lara Mini's `in_proj_qkv`, brings its pieces into the saved tensor's)."""
+    pieces: dict[str, dict[int, tuple[str, ...]]] = {}
     for rule in rules:
-        saved, _, part = _saved_name(renames, rule.hf or "", "").partition("#")
+        saved, _, part = renames.get(rule.hf or "", "").partition("#")
         if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
             first = (
                 rule.pattern.split(")")[0] + ")"
                 if rule.pattern[0] == "("
                 else rule.pattern.split()[0]
             )
-            pieces.setdefault(saved, {})[int(part.split("/")[0])] = first
+            own = rule.split or (first.strip("()"),)
+            pieces.setdefault(saved, {})[int(part.split("/")[0])] = own
     out = []
     for rule in rules:
-        saved, _, part = _saved_name(renames, rule.hf or "", rule.hf or "").partition("#")
+        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
         if not part:
             out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
             continue
         i, n = (int(x) for x in part.split("/"))
-        if rule.split is not None or rule.pick is not None or len(pieces[saved]) != n:
+        if rule.split_within or rule.pick is not None or len(pieces[saved]) != n:
             raise ValueError(f"{rule.hf} is saved as part {i} of {saved}, read by no rule")
-        split = tuple(pieces[saved][j].strip("()") for j in range(n))
-        out.append(dataclasses.replace(rule, hf=saved, split=split, part=i))
+        split = tuple(piece for j in range(n) for piece in pieces[saved][j])
+        before = sum(len(pieces[saved][j]) for j in range(i))
+        out.append(dataclasses.replace(rule, hf=saved, split=split, part=before + rule.part))
     return out
-
-
-def _saved_name(renames: dict[str, str], name: str, default: str) -> str:
-    """The saved name of `name`, a template's (`{layer}`) or one layer's (a hybrid's
-    attention rules are expanded for the layers that attend before they are renamed)."""
-    if name in renames:
-        return renames[name]
-    layer = re.search(r"\.(\d+)\.", name)
-    if layer is None:
-        return default
-    template = f"{name[: layer.start()]}.{{layer}}.{name[layer.end() :]}"
-    saved = renames.get(template)
-    return default if saved is None else saved.replace("{layer}", layer.group(1))
 
 
 def _widened(rule: Rule, width: str) -> Rule:

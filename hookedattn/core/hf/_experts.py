@@ -172,6 +172,8 @@ def _saved_layout(
     their shapes under the layer `at`, and whether the files keep them transposed."""
     shapes = _saved_shapes(twin, at)
     gate_up = [n for n in saved_stacked if 2 * width in shapes[at + n]]
+    if len(gate_up) > 1:  # 2 x width is d_model too (a twin's): the down map has width
+        gate_up = [n for n in gate_up if width not in shapes[at + n]]
     if len(gate_up) != 1:
         raise ValueError(f"the stacked experts' [gate; up] is not told apart: {saved_stacked}")
     down = next(n for n in saved_stacked if n != gate_up[0])

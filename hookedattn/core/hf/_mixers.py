@@ -10,8 +10,10 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     short convolution (LFM2); the same with `A_log`, `D`, `dt_bias` and a
                     gated norm: the Mamba-2 mixer (Bamba, Granite 4 hybrids, Mamba 2);
                     with `x_proj`, `dt_proj` and a two-dimensional `A_log`: the Mamba-1
-                    mixer (Mamba, Falcon Mamba, Jamba: `_mamba1`); anything else (a gated
-                    delta net's `in_proj_qkvz`) is a ValueError naming its parts
+                    mixer (Mamba, Falcon Mamba, Jamba: `_mamba1`); q/k/v, gate, `a`, `b`
+                    projections with `A_log`, `dt_bias`: the gated delta net (Qwen3-Next,
+                    Qwen3.5, OLMo Hybrid: `_gated_delta`); anything else is a ValueError
+                    naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
                     groups, the gated norm's epsilon), and the biases by their presence
@@ -27,7 +29,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _mamba1
+from hookedattn.core.hf import _gated_delta, _mamba1
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 from hookedattn.core.mixer_config import MixerConfig
@@ -53,7 +55,7 @@ class Mixers:
     that lists the layers' kinds and what each of its values means, and where each setting
     is read from (`settings`: our setting -> config field; `flags`: the biases)."""
 
-    kind: str  # "short_conv", "mamba2" or "mamba"
+    kind: str  # "short_conv", "mamba2", "mamba" or "gated_delta"
     name: str  # the layer's child: "conv", "mamba", "mixer"
     pattern_field: str  # "layer_types"
     pattern: tuple[tuple[str, str], ...]  # (the field's value, "attention" or the kind)
@@ -61,10 +63,8 @@ class Mixers:
     flags: tuple[tuple[str, bool], ...]
     dt_limit_field: str | None  # "time_step_limit": the step's clamp
     norm_gains: bool = False  # Mamba-1's B, C, dt norms: learned gains (Jamba), or ones
-
-    def layer_values(self) -> tuple[str, ...]:
-        """The values of the pattern field that mean a layer holds this mixer ("conv")."""
-        return tuple(value for value, kind in self.pattern if kind != "attention")
+    layout: str = ""  # a gated delta net's projections (`_gated_delta`)
+    fixed: tuple[tuple[str, float], ...] = ()  # settings the module fixes, not its config
 
     def config(self, hf_config: Any) -> MixerConfig:
         """Our `MixerConfig` for a checkpoint of this structure."""
@@ -86,6 +86,7 @@ class Mixers:
             dt_max=limits[1],
             **settings,
             **dict(self.flags),
+            **dict(self.fixed),
         )
 
     def rules(self, layers: str, cfg: HookedTransformerConfig, write: float) -> list[Rule]:
@@ -106,6 +107,8 @@ class Mixers:
     def _kind_rules(self, at: str, ours: str) -> list[Rule]:
         """The rules of one mixer of this kind, at `at` in the checkpoint, `ours` in ours."""
         flags = dict(self.flags)
+        if self.kind == "gated_delta":
+            return _gated_delta.rules(at, ours, self.layout, flags["conv_bias"])
         bias = flags["proj_bias"], flags["conv_bias"]
         if self.kind == "mamba":
             return _mamba_rules(at, ours, *bias, flags["bcdt_norm"], self.norm_gains)
@@ -214,7 +217,8 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
 
 
 def kind_of(module: nn.Module, d_model: int) -> str:
-    """ "short_conv", "mamba2" or "mamba", by the module's parts (module docstring)."""
+    """ "short_conv", "mamba2", "mamba" or "gated_delta", by the module's parts (module
+    docstring)."""
     parts = {n for n, _ in module.named_children()}
     own = {n for n, _ in module.named_parameters(recurse=False)}
     if parts == _SHORT_CONV_PARTS and not own and module.in_proj.out_features == 3 * d_model:
@@ -223,9 +227,12 @@ def kind_of(module: nn.Module, d_model: int) -> str:
         return "mamba2"
     if _mamba1.is_mamba1(module):
         return "mamba"
+    if _gated_delta.layout_of(module) is not None:
+        return "gated_delta"
     raise ValueError(
         f"a mixer {type(module).__name__} of parts {sorted(parts)} and parameters "
-        f"{sorted(own)}: neither a gated short convolution nor a Mamba-1 or Mamba-2 mixer"
+        f"{sorted(own)}: neither a gated short convolution, a Mamba-1 or Mamba-2 mixer nor a "
+        f"gated delta net"
     )
 
 
@@ -250,6 +257,10 @@ def recognise(
     per_layer = ["attention" if m is None else kind for m in mixers]
     field, pattern = _pattern(config, per_layer)
     module = modules[0]
+    if kind == "gated_delta":
+        found = _gated_delta.read(module, config)
+        return Mixers(kind, name, field, pattern, found.settings, found.flags, None,
+                      layout=found.layout, fixed=found.fixed)  # fmt: skip
     settings, flags = _settings(kind, module, config)
     limit = "time_step_limit" if kind == "mamba2" and hasattr(config, "time_step_limit") else None
     gains = kind == "mamba" and _mamba1.norm_flags(module)[1]
@@ -343,5 +354,5 @@ def _group_size(module: nn.Module, d_inner: int) -> int:
 
 def from_json(fields: dict[str, Any]) -> Mixers:
     """A `Mixers` as the memo stored it (`dataclasses.asdict`: lists for tuples)."""
-    pairs = ("pattern", "settings", "flags")
+    pairs = ("pattern", "settings", "flags", "fixed")
     return Mixers(**{k: tuple(tuple(p) for p in v) if k in pairs else v for k, v in fields.items()})

@@ -74,6 +74,23 @@ def _runs(names: Sequence[str], sizes: Mapping[str, int], ranges: Ranges) -> lis
     return [(s, s + length) for s in sorted(starts)]
 
 
+def _in_pieces(runs: list[tuple[int, int]], pieces: list[int], part: int) -> list[tuple[int, int]]:
+    """Runs along piece `part` (as if alone) as rows of the whole dimension: the pieces one
+    after another, repeated (a rule's `split_within`) as often as the runs reach."""
+    size, total, offset = pieces[part], sum(pieces), sum(pieces[:part])
+    rows = []
+    for a, b in runs:  # cut at each repeat's end, each cut moved to its repeat's rows
+        while a < b:
+            repeat, stop = a // size, min(b, (a // size + 1) * size)
+            shift = repeat * (total - size) + offset
+            rows.append((a + shift, stop + shift))
+            a = stop
+    merged = [rows[0]]
+    for a, b in rows[1:]:
+        merged[-1:] = [(merged[-1][0], b)] if a == merged[-1][1] else [merged[-1], (a, b)]
+    return merged
+
+
 def read_regions(source: TensorSource, name: str, regions: list[tuple[slice, ...]]) -> list[Tensor]:
     """The tensor `name` at each of `regions` (basic slices, one per dimension)."""
     if isinstance(source, SafetensorsFiles):
@@ -129,8 +146,7 @@ def read_rule(
     runs = [_runs(names, sizes, ranges) for names in _groups(hf_side)]
     if rule.split is not None:  # this part's rows follow the parts before it
         pieces = [math.prod(sizes[n] for n in piece.split()) for piece in rule.split]
-        offset = sum(pieces[: rule.part])
-        runs[0] = [(a + offset, b + offset) for a, b in runs[0]]
+        runs[0] = _in_pieces(runs[0], pieces, rule.part)
     read = _read_runs(source, stored, runs)
     tensor = read.to(device=device, dtype=dtype)
     used = set(re.findall(r"\w+", rule.pattern))

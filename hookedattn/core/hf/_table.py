@@ -53,6 +53,10 @@ class Rule:
     # ("head d_head", "kv_head d_head", "kv_head d_head")); the rule reads piece `part`.
     split: tuple[str, ...] | None = None
     part: int = 0
+    # The axis (of our sizes) along which the `split` pieces repeat: the HF tensor's first
+    # axis is `(split_within pieces)`, one run of all the pieces per index (Qwen3-Next's
+    # `[q; k; v; z]` per key head), and the rule reads piece `part` of each run.
+    split_within: str | None = None
     # How many HF tensors (`{expert}` in `hf`) are stacked along our first axis; 0: one.
     experts: int = 0
     # The value of every entry of a rule without an HF tensor.
@@ -162,7 +166,8 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
 def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
     """A hybrid's mixers' axes: a short convolution's channels (d_model) and width, a
     Mamba-2 layer's heads, inner width and convolved width (`components.mamba2`), a Mamba-1
-    layer's state and step rank (`components.mamba`)."""
+    layer's state and step rank (`components.mamba`), a gated delta net's key heads and
+    widths."""
     m = cfg.mixers
     if m is None:
         return {}
@@ -174,6 +179,12 @@ def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_xbc": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
         "d_state": m.d_state,
         "dt_rank": m.dt_rank,
+        # A gated delta net's key heads (`group`) and widths (`components.gated_delta`).
+        "group": m.n_ssm_groups,
+        "per_group": m.n_ssm_heads // m.n_ssm_groups,
+        "d_key": m.n_ssm_groups * m.d_state,
+        "d_ssm_head": m.d_ssm_head,
+        "d_qkv": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
     }
 
 
@@ -195,7 +206,8 @@ def hf_shape(rule: Rule, sizes: Mapping[str, int]) -> tuple[int, ...]:
     shape = side_shape(rule.pattern.split("->")[0], sizes)
     if rule.split is None:
         return shape
-    return (sum(_pieces(rule, sizes)), *shape[1:])
+    runs = sizes[rule.split_within] if rule.split_within else 1
+    return (runs * sum(_pieces(rule, sizes)), *shape[1:])
 
 
 def _pieces(rule: Rule, sizes: Mapping[str, int]) -> list[int]:
@@ -335,7 +347,9 @@ def _converted(
     tensor = stored
     if rule.split is not None:  # a view: only this piece is cast and copied
         pieces = _pieces(rule, sizes)
-        tensor = tensor.narrow(0, sum(pieces[: rule.part]), pieces[rule.part])
+        runs = sizes[rule.split_within] if rule.split_within else 1
+        tensor = tensor.unflatten(0, (runs, sum(pieces)))
+        tensor = tensor.narrow(1, sum(pieces[: rule.part]), pieces[rule.part]).flatten(0, 1)
     tensor = tensor.to(device=device, dtype=dtype)
     used = set(re.findall(r"\w+", rule.pattern))
     axes = {name: size for name, size in sizes.items() if name in used}

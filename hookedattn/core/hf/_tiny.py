@@ -323,7 +323,11 @@ def random_hf_model(model_class: Callable[[Any], Any], config: Any, seed: int = 
     module docstring says (seeded: the same twin every time)."""
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
-    model = model_class(config).float().eval()
+    # The constructor's own draws seeded too: vectors keep them under the added noise (a
+    # gated delta net's `A_log`, drawn uniformly at construction).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).float().eval()
     generator = torch.Generator().manual_seed(seed)
 
     def normal(shape: torch.Size, std: float) -> torch.Tensor:

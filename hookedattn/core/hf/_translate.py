@@ -112,14 +112,13 @@ def _yarn(hf_config: Any, rope: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def window(hf_config: Any, mixing: tuple[str, ...] = ()) -> dict[str, Any]:
+def window(hf_config: Any, mixed: frozenset[str] = frozenset()) -> dict[str, Any]:
     """`window_size` and per-layer `attn_types` from `sliding_window` and `layer_types`
-    (GPT-Neo's: `window_size` and `attention_layers`).
+    (GPT-Neo's: `window_size` and `attention_layers`); in a hybrid, the `layer_types` values
+    `mixed` are its mixers' layers (`_mixers`), which attend nowhere: "global" here.
 
     A config with a window and no `layer_types` (Mistral) slides it in every layer; Qwen's
-    `sliding_window` is already None unless `use_sliding_window`. `mixing`: the
-    `layer_types` values of a hybrid's layers that hold a mixer, not attention (LFM 3's
-    "conv"), which have no window ("global" in `attn_types`, never read).
+    `sliding_window` is already None unless `use_sliding_window`.
     """
     size = getattr(hf_config, "sliding_window", None)
     if size is None and getattr(hf_config, "attention_layers", None):  # GPT-Neo's
@@ -135,11 +134,12 @@ def window(hf_config: Any, mixing: tuple[str, ...] = ()) -> dict[str, Any]:
     layer_types = getattr(hf_config, "layer_types", None)
     if layer_types is None:
         return {"window_size": int(size)}
-    kinds = _ATTN_TYPES | dict.fromkeys(mixing, "global")
-    unknown = sorted(set(layer_types) - set(kinds))
+    unknown = sorted(set(layer_types) - set(_ATTN_TYPES) - mixed)
     if unknown:
-        raise ValueError(f"layer_types {unknown} cannot be imported; supported: {sorted(kinds)}")
-    types = tuple(kinds[kind] for kind in layer_types)
+        raise ValueError(
+            f"layer_types {unknown} cannot be imported; supported: {sorted(_ATTN_TYPES)}"
+        )
+    types = tuple(_ATTN_TYPES.get(kind, "global") for kind in layer_types)
     if "local" not in types:
         return {}
     return {"window_size": int(size), "attn_types": types}

@@ -1,0 +1,144 @@
+"""The gated delta net (Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks"), a
+sublayer that mixes positions by a delta-rule recurrence in place of attention (Qwen3-Next,
+Qwen3.5, OLMo Hybrid).
+
+From the normed stream `x`, per position:
+
+    q, k, v = silu(causal_conv([x @ W_q + b_q; x @ W_k + b_k; x @ W_v + b_v]))
+              q, k [key_head d_key], v [head d_head]
+    q, k    = q / (|q| sqrt(d_key)), k / |k|           (|u| = sqrt(u . u + 1e-6))
+    beta    = beta_scale * sigmoid(x @ W_b + b_b)                       [head]
+    g       = -exp(A_log) * softplus(x @ W_a + b_a + dt_bias)           [head], g <= 0
+    z       = x @ W_z + b_z                            the output gate    [head d_head]
+
+Each key head serves a run of consecutive value heads (`MixerConfig`: `n_ssm_groups` key
+heads of width `d_state`, `n_ssm_heads` value heads of width `d_ssm_head`). Per head, a
+state `S` of `d_key x d_head`, decayed by `exp(g_t)` and then corrected towards `v_t` along
+`k_t` (the delta rule) with step `beta_t`:
+
+    S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,    o_t = S_t^T q_t
+
+Unrolled, `S_t = sum_{s<=t} D[t, s] k_s u_s^T` with `D[t, s] = exp(sum_{r=s+1..t} g_r)` and
+the written values `u_t = beta_t (v_t - sum_{s<t} D[t, s] (k_t . k_s) u_s)`: a unit
+lower-triangular system `T U = diag(beta) V` (the UT form of the paper's chunked algorithm,
+one chunk the whole sequence). So the output is linear in `v`:
+
+    o = M v,   M = ((Q K^T) * D * causal) T^{-1} diag(beta),
+    T = I + strictly_lower(diag(beta) (K K^T) * D)
+
+`M` plays the part of an attention pattern (`hook_mixing`: [batch ssm_head query_pos
+key_pos]); this module computes `o` that way, and the tests check it against the recurrence
+run position by position. Then the gated RMSNorm, over each head's channels (the norm
+before the gate, unlike Mamba-2's),
+
+    out = (rmsnorm(o) * w_norm * silu(z)) @ W_out + b_out
+
+Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern.
+"""
+
+import torch
+from einops import einsum, rearrange, repeat
+from jaxtyping import Float
+from torch import Tensor, nn
+from torch.nn.functional import silu, softplus
+
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.shapes import Resid
+
+Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
+PerHead = Float[Tensor, "batch pos ssm_head"]
+Keys = Float[Tensor, "batch pos group d_state"]
+# The epsilon inside the length of q and k (the published models' kernels fix it).
+L2_EPS = 1e-6
+
+
+def _unit(u: Keys) -> Keys:
+    """`u / sqrt(u . u + L2_EPS)` along the last axis."""
+    return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def _log_decay(g: PerHead) -> Float[Tensor, "batch ssm_head query_pos key_pos"]:
+    """`sum_{r=s+1..t} g_r` at `(t, s)` for `s <= t`, -inf after."""
+    n_pos = g.shape[1]
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=g.device).tril()  # s <= t
+    rows = "batch pos ssm_head -> batch ssm_head pos key_pos"  # g_r at row r, every column s
+    # Sums of the rates themselves down each column (r > s only), never differences of
+    # running totals, so that no cancellation loses precision on long sequences.
+    rates = repeat(g, rows, key_pos=n_pos) * causal.tril(-1)
+    return rates.cumsum(dim=-2).masked_fill(~causal, -torch.inf)
+
+
+def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
+    """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head,
+    each reading the `q`, `k` of its key head."""
+    per_group = beta.shape[2] // q.shape[2]
+    heads = "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos"
+    scores = {
+        name: repeat(einsum(a, k, "batch query_pos group d_state, batch key_pos group d_state "
+                            "-> batch group query_pos key_pos"), heads, per_group=per_group)
+        for name, a in (("QK", q), ("KK", k))
+    }  # fmt: skip
+    decay = _log_decay(g).exp()  # 0 above the diagonal
+    step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
+    eye = torch.eye(beta.shape[1], dtype=beta.dtype, device=beta.device)
+    T = eye + (step * scores["KK"] * decay).tril(-1)
+    # X T = (Q K^T) * D, solved for X = ((Q K^T) * D) T^{-1}; then the columns times beta.
+    X = torch.linalg.solve_triangular(T, scores["QK"] * decay, upper=False, left=False,
+                                      unitriangular=True)  # fmt: skip
+    return X * rearrange(beta, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
+
+
+class GatedDeltaNet(nn.Module):
+    """The gated delta net (module docstring). Hook points: `hook_in` (the normed stream it
+    reads), `hook_mixing` (`M`), `hook_out` (what it writes, before any post-norm)."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        m = self.settings = cfg.mixers
+        self.d_key = m.n_ssm_groups * m.d_state
+        d_qkv = 2 * self.d_key + m.d_inner
+        self.hook_in = HookPoint()
+        # The inputs: q, k, v, the output gate z, beta's and the decay's pre-activations.
+        widths = dict(q=self.d_key, k=self.d_key, v=m.d_inner, z=m.d_inner,
+                      b=m.n_ssm_heads, a=m.n_ssm_heads)  # fmt: skip
+        for name, width in widths.items():
+            setattr(self, f"W_{name}", _param(cfg.d_model, width, cfg=cfg))
+            setattr(self, f"b_{name}", _param(width, cfg=cfg))
+        self.W_conv, self.b_conv = _param(d_qkv, m.d_conv, cfg=cfg), _param(d_qkv, cfg=cfg)
+        self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
+        self.A_log = _param(m.n_ssm_heads, cfg=cfg)
+        self.hook_mixing = HookPoint()
+        self.w_norm = _param(m.d_ssm_head, cfg=cfg)
+        self.W_out, self.b_out = (
+            _param(m.d_inner, cfg.d_model, cfg=cfg),
+            _param(cfg.d_model, cfg=cfg),
+        )
+        self.hook_out = HookPoint()
+
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+        m = self.settings
+        x = self.hook_in(x)
+        real = real_positions(context)  # no real token reads padding
+        qkv = torch.cat([affine(x, self.W_q, self.b_q), affine(x, self.W_k, self.b_k),
+                         affine(x, self.W_v, self.b_v)], dim=-1)  # fmt: skip
+        qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))  # one channel each
+        q, k, v = qkv.split([self.d_key, self.d_key, m.d_inner], dim=-1)
+        q, k = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
+                          group=m.n_ssm_groups) for t in (q, k))  # fmt: skip
+        heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
+        v = rearrange(v, heads, ssm_head=m.n_ssm_heads)
+        z = rearrange(affine(x, self.W_z, self.b_z), heads, ssm_head=m.n_ssm_heads)
+        # A padding position writes nothing into the state (its beta is 0).
+        beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
+        g = -self.A_log.exp() * softplus(affine(x, self.W_a, self.b_a) + self.dt_bias)
+        mixing = self.hook_mixing(delta_mixing(_unit(q) * m.d_state**-0.5, _unit(k), beta, g))
+        o = einsum(mixing, v, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
+                   "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+        normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        gated = normed * self.w_norm * silu(z)
+        flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
+        return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))

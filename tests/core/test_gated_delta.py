@@ -1,0 +1,186 @@
+"""The gated delta net (`GatedDeltaNet`), against its recurrence written here position by
+position in float64 (the state updated by the delta rule, no mixing matrix); and a hybrid
+model holding one: causality, padding, the residual decomposition summing, weight
+processing, generation, saving and loading."""
+
+import pytest
+import torch
+from torch.nn.functional import sigmoid, silu, softplus
+
+from hookedattn import HookedTransformer
+from hookedattn.core.components.gated_delta import GatedDeltaNet
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels import attention_context
+from hookedattn.core.mixer_config import MixerConfig
+
+D_MODEL = 12
+KINDS = ("gated_delta", "attention", "gated_delta")
+
+
+def _cfg(
+    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
+) -> HookedTransformerConfig:
+    settings = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2) | mixer
+    return HookedTransformerConfig(
+        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
+        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
+    )  # fmt: skip
+
+
+def _alone(x: torch.Tensor) -> object:
+    """The context of an unpadded batch like `x` (no KV cache, no window)."""
+    return attention_context(x.shape[1], x.shape[0], x.shape[1], None, None, None, "cpu")
+
+
+def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (biases, A_log, dt_bias and norm gains included)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
+    return module
+
+
+def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """`S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T`,
+    `o_t = S_t^T q_t`, run position by position; then the gated RMSNorm per head."""
+    m = mixer.settings
+    H, P, G, N, K = m.n_ssm_heads, m.d_ssm_head, m.n_ssm_groups, m.d_state, m.d_conv
+    batch, n_pos, _ = x.shape
+    pre = torch.cat([x @ getattr(mixer, f"W_{n}") + getattr(mixer, f"b_{n}") for n in "qkv"], -1)
+    out = torch.zeros(batch, n_pos, D_MODEL, dtype=x.dtype)
+    state = torch.zeros(batch, H, N, P, dtype=x.dtype)
+    for t in range(n_pos):
+        u = mixer.b_conv.expand(batch, -1).clone()
+        for tap in range(K):
+            if t - (K - 1) + tap >= 0:
+                u = u + mixer.W_conv[:, tap] * pre[:, t - (K - 1) + tap]
+        u = silu(u)
+        q, k = u[:, : G * N].reshape(batch, G, N), u[:, G * N : 2 * G * N].reshape(batch, G, N)
+        v = u[:, 2 * G * N :].reshape(batch, H, P)
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / N**0.5
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        beta = m.delta_beta_scale * sigmoid(x[:, t] @ mixer.W_b + mixer.b_b)
+        g = -torch.exp(mixer.A_log) * softplus(x[:, t] @ mixer.W_a + mixer.b_a + mixer.dt_bias)
+        o = torch.zeros(batch, H, P, dtype=x.dtype)
+        for h in range(H):
+            kh, qh = k[:, h // (H // G)], q[:, h // (H // G)]
+            decayed = torch.exp(g[:, h])[:, None, None] * state[:, h]
+            remembered = (decayed * kh[:, :, None]).sum(1)  # S^T k
+            written = beta[:, h, None] * (v[:, h] - remembered)
+            state[:, h] = decayed + kh[:, :, None] * written[:, None, :]
+            o[:, h] = (state[:, h] * qh[:, :, None]).sum(1)  # S^T q
+        normed = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        z = (x[:, t] @ mixer.W_z + mixer.b_z).reshape(batch, H, P)
+        gated = (normed * mixer.w_norm * silu(z)).reshape(batch, H * P)
+        out[:, t] = gated @ mixer.W_out + mixer.b_out
+    return out
+
+
+@pytest.mark.parametrize("groups, beta_scale", [(2, 1.0), (1, 2.0), (4, 1.0)])
+def test_gated_delta_mixing_is_the_recurrence(groups: int, beta_scale: float) -> None:
+    cfg = _cfg(("gated_delta",), n_ssm_groups=groups, delta_beta_scale=beta_scale)
+    mixer = _randomised(GatedDeltaNet(cfg), 3)
+    x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = mixer(x, _alone(x)), _by_recurrence(mixer, x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
+def test_gated_delta_mixing_is_causal_and_float32_close() -> None:
+    mixer = _randomised(GatedDeltaNet(_cfg(("gated_delta",))), 5)
+    x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    changed = x.clone()
+    changed[:, 6:] += 1.0
+    with torch.no_grad():
+        before, after = mixer(x, _alone(x)), mixer(changed, _alone(x))
+        single = GatedDeltaNet(_cfg(("gated_delta",), dtype=torch.float32))
+        single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
+        got = single(x.float(), _alone(x)).double()
+    torch.testing.assert_close(after[:, :6], before[:, :6], rtol=0, atol=0)
+    assert float((got - before).abs().max()) <= 1e-5 * float(before.abs().max())
+
+
+def test_a_long_decay_is_summed_not_differenced() -> None:
+    # Over 200 positions of strong decay the running total of g passes -1000: a decay taken
+    # as the ratio exp(G_t) / exp(G_s) of running totals would be 0 / 0 there.
+    mixer = _randomised(GatedDeltaNet(_cfg(("gated_delta",))), 7)
+    with torch.no_grad():
+        mixer.A_log.fill_(3.0)
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 200, D_MODEL, generator=generator, dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = mixer(x, _alone(x)), _by_recurrence(mixer, x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
+def _hybrid(**mixer) -> HookedTransformer:
+    model = HookedTransformer(_cfg(KINDS, **mixer))
+    for block in model.blocks:
+        _randomised(block, 9)
+    return model
+
+
+def test_gated_delta_hook_points_and_decomposition_sum() -> None:
+    from analysis import decompose_resid
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(10))
+    _, cache = model.run_with_cache(tokens)
+    assert cache["blocks.0.mixer.hook_mixing"].shape == (2, 4, 8, 8)
+    for name in ("blocks.0.mixer.hook_in", "blocks.2.mixer.hook_out", "blocks.2.hook_attn_out"):
+        assert name in cache
+    final = cache["blocks.2.hook_resid_post"]
+    for granularity in ("sublayer", "head", "neuron"):
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    heads = decompose_resid(model, cache, granularity="head").labels
+    assert "L0_gated_delta" in heads and "L1H2" in heads
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_reaches_no_real_token_of_a_gated_delta_hybrid(side: str) -> None:
+    model = _hybrid()
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    row = pad + short if side == "left" else short + pad
+    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
+                         [1] * 6])  # fmt: skip
+    batched = model(torch.tensor([row, long]), attention_mask=mask)
+    real = slice(len(pad), None) if side == "left" else slice(0, 3)
+    torch.testing.assert_close(
+        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def test_gated_delta_weight_processing_keeps_the_log_probs() -> None:
+    from hookedattn.core import processing
+
+    model = _randomised(HookedTransformer(_cfg(KINDS)), 11)  # norm gains too
+    tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
+    processed = processing.process_weights(model)
+    assert processed.cfg.normalization_type == "RMSPre"
+    expected = model(tokens).log_softmax(-1)
+    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
+
+
+def test_gated_delta_generation_reruns_the_prefix() -> None:
+    model = _hybrid()
+    prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(13))
+    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
+    tokens = prompt
+    for _ in range(5):  # greedy, each step a plain forward of the whole sequence
+        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, tokens)
+
+
+def test_a_gated_delta_hybrid_saves_and_loads(tmp_path) -> None:
+    model = _hybrid(delta_beta_scale=2.0)  # a setting that must travel with the config
+    model.save(tmp_path / "hybrid")
+    loaded = HookedTransformer.load(tmp_path / "hybrid")
+    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
