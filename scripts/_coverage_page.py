@@ -19,7 +19,9 @@ def page(result: dict[str, Any]) -> str:
         "`HookedTransformer.from_hf(model)`: max |Δ| of the logits over their largest |value| in",
         "float32 and float64, and 4 greedily generated tokens against HF's `generate`. *Exact*:",
         "float32 |Δ| ≤ 1e-4, float64 |Δ| ≤ 1e-5 (stock HF rounds its RMSNorm and softmax to",
-        "float32 in a float64 model), the same tokens. Measured with transformers",
+        "float32 in a float64 model) or, where larger, ≤ HF's own float64 logits' |Δ| from its",
+        "float32 ones (a step HF runs in float32 whatever the dtype that amplifies the rounding:",
+        "Qwen3-Next's gated delta rule), the same tokens. Measured with transformers",
         f"{result['transformers']} and torch {result['torch']}: `{result['command']}`, "
         f"{result['wall_seconds']:.0f} s wall clock (one architecture at a time, each in its",
         f"own process; {result['cpus']} CPUs, load average {result['load_average']} at the end).",
