@@ -115,24 +115,23 @@ class HookedTransformerConfig:
       it may differ only in latent attention; `d_value` is the width either way); the
       latents' RMSNorms have their own epsilon `latent_norm_eps`.
       `components.latent_attention`.
-    - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names):
-      each MLP is a router choosing `experts_per_token` of `num_experts` gated experts of
-      width `d_mlp` per token, their outputs mixed by the router's softmax weights (over
-      the chosen experts only when `norm_topk_prob`). `d_mlp_shared` adds an expert every
-      token uses (Qwen2-MoE), scaled by `sigmoid(x @ W_shared_gate)` when
-      `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU,
-      `(clamp(lin, +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate,
-      limit)`, in place of `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each
-      expert by `sigmoid(logit)` and chooses by the scores plus a learned choice bias
-      (`b_router_choice`); `"softmax_biased"` (Ernie 4.5) chooses by the softmax's
-      probabilities plus that bias and weighs by the probabilities. Any router may
-      choose only among the experts of the `topk_expert_groups` best of `n_expert_groups`
-      groups (a group's score: the sum of its `group_score_experts` best experts';
-      DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
-      times `routed_scaling_factor`.
-      `n_dense_layers` keeps a dense gated MLP of width `d_mlp_dense` in the first blocks
-      (DeepSeek's `first_k_dense_replace`); `moe_layers`, one flag per block, says which
-      blocks hold the mixture in any pattern (Jamba's every other, Qwen's
+    - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names): each MLP is
+      a router choosing `experts_per_token` of `num_experts` experts of width `d_mlp` per token
+      (gated as `gated_mlp` says, as are the shared expert and the dense MLPs beside them:
+      Nemotron-H's are plain, `act(x @ W_in) @ W_out`), their outputs mixed by the router's softmax
+      weights (over the chosen experts only when `norm_topk_prob`). `d_mlp_shared` adds an expert
+      every token uses (Qwen2-MoE), scaled by `sigmoid(x @ W_shared_gate)` when
+      `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU, `(clamp(lin,
+      +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate, limit)`, in place of
+      `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each expert by `sigmoid(logit)` and
+      chooses by the scores plus a learned choice bias (`b_router_choice`); `"softmax_biased"`
+      (Ernie 4.5) chooses by the softmax's probabilities plus that bias and weighs by the
+      probabilities. Any router may choose only among the experts of the `topk_expert_groups` best
+      of `n_expert_groups` groups (a group's score: the sum of its `group_score_experts` best
+      experts'; DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
+      times `routed_scaling_factor`. `n_dense_layers` keeps a dense MLP of width `d_mlp_dense` in
+      the first blocks (DeepSeek's `first_k_dense_replace`); `moe_layers`, one flag per block, says
+      which blocks hold the mixture in any pattern (Jamba's every other, Qwen's
       `decoder_sparse_step`), the others a dense MLP `d_mlp_dense` wide. Give one of the two.
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-2 layer) in its place.
@@ -433,11 +432,14 @@ class HookedTransformerConfig:
                 f"{self.num_experts}: a token chooses among the experts there are"
             )
         self._check_routing()
-        if self.attn_only or not self.gated_mlp:
+        if self.attn_only:
             raise ValueError(
-                "a mixture of experts replaces a block's gated MLP: it needs "
-                f"attn_only=False and gated_mlp=True (got attn_only={self.attn_only}, "
-                f"gated_mlp={self.gated_mlp})"
+                "a mixture of experts replaces a block's MLP: it needs attn_only=False"
+            )
+        if self.swiglu_limit is not None and not self.gated_mlp:
+            raise ValueError(
+                f"swiglu_limit={self.swiglu_limit} clamps a gated expert's SwiGLU: it needs "
+                "gated_mlp=True (plain experts have no gate to clamp)"
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")

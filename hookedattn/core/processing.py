@@ -299,15 +299,17 @@ def _mlp_readers(
     cfg: HookedTransformerConfig, mlp: str, experts: bool
 ) -> list[tuple[str, str | None]]:
     """The weights (and biases) that read an MLP's input: a dense MLP's, or (`experts`) a
-    mixture's router, experts (stacked, `[expert d_model d_mlp]`) and shared expert."""
+    mixture's router, experts (stacked, `[expert d_model d_mlp]`) and shared expert; their
+    gates where they are gated (`gated_mlp`)."""
+    gated = cfg.gated_mlp
     if not experts:
-        gate = [(f"{mlp}.W_gate", None)] if cfg.gated_mlp else []
-        return [(f"{mlp}.W_in", f"{mlp}.b_in"), *gate]
-    readers = [(f"{mlp}.W_router", f"{mlp}.b_router")]
-    readers += [(f"{mlp}.W_gate", f"{mlp}.b_gate"), (f"{mlp}.W_in", f"{mlp}.b_in")]
+        return [(f"{mlp}.W_in", f"{mlp}.b_in"), *([(f"{mlp}.W_gate", None)] if gated else [])]
+    readers = [(f"{mlp}.W_router", f"{mlp}.b_router"), (f"{mlp}.W_in", f"{mlp}.b_in")]
+    readers += [(f"{mlp}.W_gate", f"{mlp}.b_gate")] if gated else []
     if cfg.d_mlp_shared is not None:
         shared = f"{mlp}.shared_expert"
-        readers += [(f"{shared}.W_in", f"{shared}.b_in"), (f"{shared}.W_gate", None)]
+        readers += [(f"{shared}.W_in", f"{shared}.b_in")]
+        readers += [(f"{shared}.W_gate", None)] if gated else []
     if cfg.shared_expert_gate:
         readers.append((f"{mlp}.W_shared_gate", None))
     return readers

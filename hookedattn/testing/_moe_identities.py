@@ -6,6 +6,7 @@
     experts.e.in    = x at the tokens routed to e, in (batch, pos, slot) order
     experts.e.pre   = in @ W_gate[e] + b_gate[e],  pre_linear = in @ W_in[e] + b_in[e]
     experts.e.post  = act_fn(pre) * pre_linear     (clamped SwiGLU with swiglu_limit)
+                      (plain experts: pre = in @ W_in[e] + b_in[e], post = act_fn(pre))
     experts.e.out   = post @ W_out[e] + b_out[e]
     mlp_out         = after(sum over each token's choices of weight * out + shared_out)
 
@@ -25,6 +26,7 @@ from hookedattn.testing._identity import (
     NormAtScale,
     NotApplicableError,
     Sides,
+    activation,
     gated_activation,
     linear,
     weight,
@@ -68,20 +70,35 @@ def moe(moe_module: nn.Module, layer: int, x: str, post: NormAtScale | None) -> 
 
 def _expert(moe_module: nn.Module, m: str, e: int, x: str, indices: str) -> list[Identity]:
     hook = lambda part: f"{m}.experts.{e}.hook_{part}"
-    rows_in, pre, pre_linear, post, out = (hook(p) for p in ("in", "pre", "pre_linear", "post",
-                                                             "out"))  # fmt: skip
+    rows_in, pre, post, out = (hook(p) for p in ("in", "pre", "post", "out"))
     mod = moe_module
+    return [
+        _routed_rows(rows_in, x, indices, e),
+        *(_gated_neurons(mod, e, rows_in, pre, post, hook("pre_linear")) if hasattr(mod, "W_gate")
+          else _plain_neurons(mod, e, rows_in, pre, post)),
+        linear(out, post, mod.W_out[e], mod.b_out[e], _WRITE, f"W_out[{e}] + b_out[{e}]"),
+    ]  # fmt: skip
+
+
+def _gated_neurons(
+    mod: nn.Module, e: int, rows_in: str, pre: str, post: str, pre_linear: str
+) -> list[Identity]:
     activations = (
         gated_activation(post, pre, pre_linear, mod.act_fn)
         if mod.swiglu_limit is None
         else _clamped(post, pre, pre_linear, mod.swiglu_limit, mod.swiglu_alpha)
     )
     return [
-        _routed_rows(rows_in, x, indices, e),
         linear(pre, rows_in, mod.W_gate[e], mod.b_gate[e], _READ, f"W_gate[{e}] + b_gate[{e}]"),
         linear(pre_linear, rows_in, mod.W_in[e], mod.b_in[e], _READ, f"W_in[{e}] + b_in[{e}]"),
         activations,
-        linear(out, post, mod.W_out[e], mod.b_out[e], _WRITE, f"W_out[{e}] + b_out[{e}]"),
+    ]
+
+
+def _plain_neurons(mod: nn.Module, e: int, rows_in: str, pre: str, post: str) -> list[Identity]:
+    return [
+        linear(pre, rows_in, mod.W_in[e], mod.b_in[e], _READ, f"W_in[{e}] + b_in[{e}]"),
+        activation(post, pre, mod.act_fn),
     ]
 
 

@@ -5,8 +5,9 @@ layer: Mamba, Falcon Mamba), a Mamba-2 mixer (Bamba, Granite 4 hybrids) or a gat
 Falcon-H1 (its family module, `_falcon_h1`), a Mamba-2 mixer beside the attention in every
 layer, its muP multipliers folded into the weights (its twin's multipliers are not 1:
 `_tiny.OVERRIDES`); and Nemotron-H (`_nemotron_h`), one sublayer per layer: a Mamba-2 mixer,
-an attention without positions or an MLP, our blocks of one sublayer (its mixture of experts
-is refused). Each is compared with `transformers` on a tiny random twin: the logits and every
+an attention without positions or an MLP, our blocks of one sublayer, and its default, which
+adds a mixture of plain experts (relu2, no gate) with a sigmoid group router and a shared
+expert. Each is compared with `transformers` on a tiny random twin: the logits and every
 residual stream in float32 and float64, and greedy generation; and each mixer module with
 ours in float64 on random inputs.
 
@@ -45,7 +46,7 @@ HYBRIDS = {
     "lfm3": {},  # short convolutions; windowed and proportional-RoPE attention, output gates
     "falcon_h1": {},  # attention and Mamba-2 side by side in every layer
     "falcon_h1_normed": {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
-    # Nemotron-H's 8B and 56B layout, "M*-" repeated (its default adds "moe", refused below)
+    # Nemotron-H's 8B and 56B layout, "M*-" repeated
     "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention", "mlp"]},
     # Gated delta nets: Qwen3-Next's q, k, v, z interleaved per key head (2 key heads, each
     # serving 2 value heads: pieces of 16, 16, 32, 32 rows), its attention gated and partly
@@ -54,7 +55,10 @@ HYBRIDS = {
     "qwen3_next": {},
     "qwen3_5_text": {},
     "lara_mini": {},
+    "nemotron_h_moe": {},  # its default, "ME*-": plain experts beside Mamba-2, attention, MLP
 }  # fmt: skip
+# The entries that are a variant of another model type.
+VARIANT_OF = {"falcon_h1_normed": "falcon_h1", "nemotron_h_moe": "nemotron_h"}
 ATTENTION_FREE = {"mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
 # Whose `hidden_states` leave the embedding out: entry `i` is layer `i`'s output.
 EMBEDDING_LEFT_OUT = {"mamba", "falcon_mamba"}
@@ -76,7 +80,7 @@ def twin(model_type: str, seed: int = 0) -> nn.Module:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     fields = HYBRIDS[model_type]
-    model_type = model_type.removesuffix("_normed")  # the variant with the mixer's gated norm
+    model_type = VARIANT_OF.get(model_type, model_type)
     model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     config = transformers.AutoConfig.for_model(model_type, **fields)
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
@@ -220,14 +224,25 @@ def test_nemotron_h_layers_are_blocks_of_one_sublayer():
     assert _worst(got, want) <= 1e-12
 
 
-def test_nemotron_h_mixture_of_experts_is_refused_by_name():
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model("nemotron_h"))  # "M" "E" "*" "-"
-    model = _tiny.random_hf_model(transformers.NemotronHForCausalLM, config)
-    with pytest.raises(ValueError, match=r"layers_block_type holds \['moe'\]"):
+def test_nemotron_h_experts_are_the_transformers_module_in_float64():
+    reference = twin("nemotron_h_moe", seed=8).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.layer_is_moe(1) and not model.cfg.gated_mlp
+    x = torch.randn(2, 9, model.cfg.d_model, generator=torch.Generator().manual_seed(9),
+                    dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():  # the router's logits are float32 in theirs (float64 in ours)
+        want, got = reference.model.layers[1].mixer(x), model.blocks[1].mlp(x)
+    assert _worst(got, want) <= 1e-6
+
+
+def test_nemotron_h_latent_projection_is_refused_by_name():
+    config = transformers.AutoConfig.for_model("nemotron_h", moe_latent_size=16)
+    model = _tiny.random_hf_model(transformers.NemotronHForCausalLM, _tiny.tiny_config(config))
+    with pytest.raises(ValueError, match="moe_latent_size=16"):
         HookedTransformer.from_hf(model)
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h"])
+@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h", "nemotron_h_moe"])
 def test_a_saved_checkpoint_imports_verified(model_type, tmp_path):
     reference = twin(model_type, seed=10)
     reference.save_pretrained(tmp_path)  # Nemotron-H's names as its checkpoints: `backbone.`

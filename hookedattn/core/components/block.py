@@ -49,7 +49,7 @@ from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
-from hookedattn.core.components.mlp import GatedMLP, make_mlp
+from hookedattn.core.components.mlp import make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_norm, make_placed_norm
 from hookedattn.core.components.short_conv import ShortConv
@@ -348,7 +348,7 @@ def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`)."""
     if cfg.layer_is_moe(layer):
         return MoE(cfg)
-    return GatedMLP(cfg, d_mlp=cfg.d_mlp_dense) if cfg.is_moe else make_mlp(cfg)
+    return make_mlp(cfg, d_mlp=cfg.d_mlp_dense if cfg.is_moe else None)
 
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:

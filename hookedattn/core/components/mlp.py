@@ -86,11 +86,13 @@ class _Neurons(nn.Module):
 
 
 class MLP(_Neurons):
-    """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`."""
+    """Two linear maps with a nonlinearity between; `hook_pre`, `hook_post`: `[batch pos d_mlp]`.
+    `d_mlp` overrides the config's width (a mixture of experts' shared expert, its dense
+    blocks)."""
 
-    def __init__(self, cfg: HookedTransformerConfig) -> None:
+    def __init__(self, cfg: HookedTransformerConfig, d_mlp: int | None = None) -> None:
         super().__init__()
-        _add_linear_maps(self, cfg, cfg.d_mlp)
+        _add_linear_maps(self, cfg, cfg.d_mlp if d_mlp is None else d_mlp)
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
@@ -155,9 +157,10 @@ class GatedMLP(_Neurons):
         return self.write(post)
 
 
-def make_mlp(cfg: HookedTransformerConfig) -> nn.Module:
-    """The MLP the config asks for: plain, with a norm over the neurons (`solu_ln`), or
+def make_mlp(cfg: HookedTransformerConfig, d_mlp: int | None = None) -> nn.Module:
+    """The MLP the config asks for, `d_mlp` wide (None: the config's): plain, with a norm
+    over the neurons (`solu_ln`, never in a mixture of experts: the config refuses it), or
     gated."""
     if cfg.gated_mlp:
-        return GatedMLP(cfg)
-    return NeuronNormMLP(cfg) if cfg.act_fn == "solu_ln" else MLP(cfg)
+        return GatedMLP(cfg, d_mlp=d_mlp)
+    return NeuronNormMLP(cfg) if cfg.act_fn == "solu_ln" else MLP(cfg, d_mlp=d_mlp)

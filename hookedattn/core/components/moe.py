@@ -12,6 +12,10 @@
     routed  = sum over each token's k choices of g * out
     mlp_out = routed + sigmoid(x @ W_shared_gate) * shared_expert(x)   (hook_shared_out)
 
+Plain experts (`gated_mlp=False`, Nemotron-H's) have no gate: `pre = x @ W_in[e] + b_in[e]`
+(hook_pre), `post = act(pre)` (hook_post), no `W_gate`, `b_gate` or `hook_pre_linear`; the
+shared expert is then a plain MLP too.
+
 DeepSeek V3's router (`router_scoring="sigmoid"`) scores each expert on its own and chooses
 among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free balancing):
 
@@ -57,7 +61,7 @@ from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.mlp import ACTIVATIONS, GatedMLP, glu
+from hookedattn.core.components.mlp import ACTIVATIONS, glu, make_mlp
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.shapes import Resid
@@ -70,31 +74,28 @@ Affine = Callable[[Tensor, Tensor, Tensor], Tensor]  # (rows, stacked W, stacked
 
 class ExpertHooks(nn.Module):
     """One expert's hook points, each on the rows of the tokens routed to it: `hook_in`
-    `[row d_model]`, `hook_pre`, `hook_pre_linear`, `hook_post` `[row d_mlp]`, `hook_out`
-    `[row d_model]` (its output before the router's weight). Its weights are the MoE's,
-    at index `e` of the expert axis."""
+    `[row d_model]`, `hook_pre`, `hook_pre_linear` (a gated expert's only), `hook_post`
+    `[row d_mlp]`, `hook_out` `[row d_model]` (its output before the router's weight). Its
+    weights are the MoE's, at index `e` of the expert axis."""
 
-    def __init__(self) -> None:
+    def __init__(self, gated: bool = True) -> None:
         super().__init__()
         self.hook_in = HookPoint()
         self.hook_pre = HookPoint()
-        self.hook_pre_linear = HookPoint()
+        if gated:
+            self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()
         self.hook_out = HookPoint()
 
     @property
     def is_active(self) -> bool:
         """Whether a hook is attached to any of this expert's points."""
-        return any(
-            point.is_active
-            for point in (self.hook_in, self.hook_pre, self.hook_pre_linear, self.hook_post,
-                          self.hook_out)
-        )  # fmt: skip
+        return any(point.is_active for point in self.children())
 
 
 class MoE(nn.Module):
-    """A router over `num_experts` gated experts, `experts_per_token` per token, and an
-    optional shared expert (module docstring)."""
+    """A router over `num_experts` experts (gated or plain, as `gated_mlp` says),
+    `experts_per_token` per token, and an optional shared expert (module docstring)."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
@@ -102,8 +103,9 @@ class MoE(nn.Module):
         self.num_experts, self.experts_per_token = n, cfg.experts_per_token
         self.W_router = _param(d_model, n, cfg=cfg)
         self.b_router = _param(n, cfg=cfg)
-        self.W_gate = _param(n, d_model, d_mlp, cfg=cfg)
-        self.b_gate = _param(n, d_mlp, cfg=cfg)
+        if cfg.gated_mlp:
+            self.W_gate = _param(n, d_model, d_mlp, cfg=cfg)
+            self.b_gate = _param(n, d_mlp, cfg=cfg)
         self.W_in = _param(n, d_model, d_mlp, cfg=cfg)
         self.b_in = _param(n, d_mlp, cfg=cfg)
         self.W_out = _param(n, d_mlp, d_model, cfg=cfg)
@@ -111,12 +113,13 @@ class MoE(nn.Module):
         self.act_fn = ACTIVATIONS[cfg.act_fn]
         self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
         self.glu = self._swiglu if cfg.swiglu_limit is None else self._clamped_swiglu
+        self.neurons = self._gated_neurons if cfg.gated_mlp else self._plain_neurons
         self.normalize = self._renormalized if cfg.norm_topk_prob else self._as_chosen
         self._add_scoring(cfg)
         self.hook_router_logits = HookPoint()  # [batch pos expert]
         self.hook_expert_indices = HookPoint()  # [batch pos k], int64
         self.hook_expert_weights = HookPoint()  # [batch pos k]
-        self.experts = nn.ModuleList([ExpertHooks() for _ in range(n)])
+        self.experts = nn.ModuleList([ExpertHooks(cfg.gated_mlp) for _ in range(n)])
         self._add_shared_expert(cfg)
 
     def _add_scoring(self, cfg: HookedTransformerConfig) -> None:
@@ -141,7 +144,7 @@ class MoE(nn.Module):
         if cfg.d_mlp_shared is None:
             self.with_shared = self._routed_only
             return
-        self.shared_expert = GatedMLP(cfg, d_mlp=cfg.d_mlp_shared)
+        self.shared_expert = make_mlp(cfg, d_mlp=cfg.d_mlp_shared)
         if cfg.shared_expert_gate:
             self.W_shared_gate = _param(cfg.d_model, 1, cfg=cfg)
             self.hook_shared_gate = HookPoint()  # [batch pos 1]
@@ -198,15 +201,23 @@ class MoE(nn.Module):
         return self.experts_on_rows(x, lambda x, W, b: torch.addmm(b[e], x, W[e]), self.experts[e])
 
     def experts_on_rows(self, x: Rows, affine: Affine, hooks: Any) -> Rows:
-        """`post @ W_out + b_out` of rows `x`, `post = glu(x @ W_gate + b_gate, x @ W_in +
-        b_in)`: `affine(x, W, b)` picks each row's expert's weights from the stacked `W`,
-        `b` (one expert's, or each row's own: `kernels.mix_experts`); `hooks` are the
-        expert's hook points (or none)."""
-        x = hooks.hook_in(x)
+        """`post @ W_out + b_out` of rows `x`, `post` the experts' neurons (`neurons`):
+        `affine(x, W, b)` picks each row's expert's weights from the stacked `W`, `b` (one
+        expert's, or each row's own: `kernels.mix_experts`); `hooks` are the expert's hook
+        points (or none)."""
+        post = self.neurons(hooks.hook_in(x), affine, hooks)
+        return hooks.hook_out(affine(post, self.W_out, self.b_out))
+
+    def _gated_neurons(self, x: Rows, affine: Affine, hooks: Any) -> Float[Tensor, "row d_mlp"]:
+        """`glu(x @ W_gate + b_gate, x @ W_in + b_in)`."""
         pre = hooks.hook_pre(affine(x, self.W_gate, self.b_gate))
         pre_linear = hooks.hook_pre_linear(affine(x, self.W_in, self.b_in))
-        post = hooks.hook_post(self.glu(pre, pre_linear))
-        return hooks.hook_out(affine(post, self.W_out, self.b_out))
+        return hooks.hook_post(self.glu(pre, pre_linear))
+
+    def _plain_neurons(self, x: Rows, affine: Affine, hooks: Any) -> Float[Tensor, "row d_mlp"]:
+        """`act(x @ W_in + b_in)`."""
+        pre = hooks.hook_pre(affine(x, self.W_in, self.b_in))
+        return hooks.hook_post(self.act_fn(pre))
 
     def _swiglu(self, pre: Tensor, pre_linear: Tensor) -> Tensor:
         return glu(self.act_fn, pre, pre_linear)

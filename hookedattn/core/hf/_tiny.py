@@ -59,7 +59,8 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size"), EXPERT_MLP),
     **dict.fromkeys(
         ("shared_expert_intermediate_size", "shared_intermediate_size",
-         "shared_experts_intermediate_size", "first_dense_intermediate_size"),
+         "shared_experts_intermediate_size", "first_dense_intermediate_size",
+         "moe_shared_expert_intermediate_size"),
         SHARED_MLP,
     ),
     **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input"), VOCAB),
