@@ -125,7 +125,10 @@ class HookedTransformerConfig:
       limit)`, in place of `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each
       expert by `sigmoid(logit)` and chooses by the scores plus a learned choice bias
       (`b_router_choice`); `"softmax_biased"` (Ernie 4.5) chooses by the softmax's
-      probabilities plus that bias and weighs by the probabilities. Any router may
+      probabilities plus that bias and weighs by the probabilities; `"sparsemixer"`
+      (Phi-3.5-MoE) chooses the largest logits and weighs each by a softmax over the
+      logits within `2 * sparsemixer_jitter_eps` of it (relatively), among those not
+      chosen before (`components.sparsemixer`). Any router may
       choose only among the experts of the `topk_expert_groups` best of `n_expert_groups`
       groups (a group's score: the sum of its `group_score_experts` best experts';
       DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
@@ -227,6 +230,7 @@ class HookedTransformerConfig:
     topk_expert_groups: int = 1
     group_score_experts: int = 2
     routed_scaling_factor: float = 1.0
+    sparsemixer_jitter_eps: float = 0.01
     n_dense_layers: int = 0
     moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
@@ -414,7 +418,8 @@ class HookedTransformerConfig:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
                       "n_dense_layers", "moe_layers", "d_mlp_dense")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
-                       group_score_experts=2, routed_scaling_factor=1.0)  # fmt: skip
+                       group_score_experts=2, routed_scaling_factor=1.0,
+                       sparsemixer_jitter_eps=0.01)  # fmt: skip
         if self.num_experts is None:
             if self.experts_per_token is not None:
                 raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
@@ -469,6 +474,11 @@ class HookedTransformerConfig:
 
     def _check_routing(self) -> None:
         groups, best = self.n_expert_groups, self.topk_expert_groups
+        if self.router_scoring != "sparsemixer" and self.sparsemixer_jitter_eps != 0.01:
+            raise ValueError(
+                f"sparsemixer_jitter_eps={self.sparsemixer_jitter_eps} is the sparsemixer's: "
+                f"router_scoring={self.router_scoring!r} does not read it"
+            )
         if self.num_experts % groups or best > groups:
             raise ValueError(
                 f"n_expert_groups={groups} must divide num_experts={self.num_experts}, and "

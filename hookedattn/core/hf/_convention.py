@@ -450,9 +450,7 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
     if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())
-    scorings = ("softmax",)
-    if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
-        scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
+    scorings = _scorings(hf_config, experts)
     families = []
     for on, layout, norm_topk, scoring, gate, after, scale, qkv in itertools.product(
         rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts
@@ -475,6 +473,19 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
             )
         )
     return families
+
+
+def _scorings(hf_config: Any, experts: Any) -> tuple[str, ...]:
+    """The router scorings to try, the likelier first: with a choice bias DeepSeek V3's
+    sigmoid or Ernie's biased softmax; without, softmax or sigmoid, and Phi-3.5-MoE's
+    sparsemixer where the config names its epsilon (Mixtral's names one it uses only in
+    training: its softmax comes first)."""
+    if experts is None:
+        return ("softmax",)
+    if experts.choice_bias:
+        return ("sigmoid", "softmax_biased")
+    jitter = hasattr(hf_config, "router_jitter_noise")
+    return ("softmax", "sigmoid", "sparsemixer") if jitter else ("softmax", "sigmoid")
 
 
 # The names of the settings `candidates` varies, in the order of its product.
