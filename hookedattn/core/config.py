@@ -47,7 +47,7 @@ __all__ = [
 
 
 # The fields holding a tuple (one entry per layer or head), which JSON gives as lists.
-_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers")
+_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers", "ln1_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,9 @@ class HookedTransformerConfig:
       sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2),
       "post_residual" (the original Transformer's: a norm of the stream after each add,
       `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
-      the last block's `ln_resid_post` is it).
+      the last block's `ln_resid_post` is it). `ln1_layers` (one flag per block; None:
+      every block) says which blocks norm the attention's input: ModernBERT-decoder's
+      first block reads the embeddings' norm as is (its `ln1` is the identity).
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
       added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
       positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
@@ -174,6 +176,7 @@ class HookedTransformerConfig:
     attn_only: bool = False
     normalization_type: str | None = "LN"
     normalization_placement: str = "pre"
+    ln1_layers: tuple[bool, ...] | None = None
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
@@ -355,6 +358,13 @@ class HookedTransformerConfig:
                 "embed_norm_before_positions=True norms the token embedding before learned "
                 "positions are added: it needs embed_norm=True and "
                 f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
+            )
+        flags = self.ln1_layers
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"ln1_layers must be {self.n_layers} booleans, one per block; got {flags}"
             )
         if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
             raise ValueError(
@@ -661,6 +671,11 @@ class HookedTransformerConfig:
                 f"(a mixer's write is blocks.L.hook_attn_out, its internals blocks.L.mixer.*; "
                 f"'none': the block mixes no positions, an MLP alone)"
             )
+
+    def layer_norms_attn_input(self, layer: int) -> bool:
+        """Whether block `layer` has its pre-norm `ln1` (`ln1_layers`) where the placement
+        puts one."""
+        return self.ln1_layers is None or self.ln1_layers[layer]
 
     def layer_rotates(self, layer: int) -> bool:
         """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""

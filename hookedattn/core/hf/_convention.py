@@ -37,7 +37,14 @@ import torch
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _sinusoids, _translate
+from hookedattn.core.hf import (
+    _alibi,
+    _deepseek,
+    _expert_table,
+    _first_layer,
+    _sinusoids,
+    _translate,
+)
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._config_fields import (
     NORM_TYPES,
@@ -123,6 +130,7 @@ class Convention:
             **rotary,
             **_translate.window(c, mixing=a.mixers.layer_values() if a.mixers else ()),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
+            **_first_layer.ln1_fields(a, c.num_hidden_layers),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -150,8 +158,9 @@ class Convention:
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
             rules = _renamed(rules, dict(a.renames))
+        expanded = [r for rule in rules for r in rule.expand(cfg.n_layers)]
         return Table(
-            rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
+            rules=tuple(_first_layer.without_first_ln1(expanded, a)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
             ignored=(
                 r"\.inv_freq$",
@@ -190,7 +199,8 @@ class Convention:
         square = "d_model_out d_model -> d_model d_model_out"
         return [
             Rule(f"{ours}.W_dense", f"{a.head_dense}.weight", square),
-            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model"),
+            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model")
+            if a.head_dense_bias else zeros(f"{ours}.b_dense", "d_model"),
             *_norm(a, f"{ours}.ln_unembed", a.head_norm, 1.0),
         ]  # fmt: skip
 
