@@ -16,7 +16,7 @@ NORMALIZATION_TYPES: tuple[str | None, ...] = (None, "LN", "LNPre", "RMS", "RMSP
 NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post", "post_residual")
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "alibi", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
-ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased")
+ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased", "sparsemixer")
 ATTN_GATES: tuple[str, ...] = ("sigmoid", "softplus")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -64,6 +64,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "yarn_truncate": _FLAG,
     "rotary_attention_factor": _POSITIVE,
     "rotary_layers": FieldSpec(tuple, optional=True),
+    "ln1_layers": FieldSpec(tuple, optional=True),
     "alibi_slopes": FieldSpec(tuple, optional=True),
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),
@@ -100,6 +101,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "topk_expert_groups": FieldSpec(int, low=1, high=1 << 16),
     "group_score_experts": FieldSpec(int, low=1, high=1 << 16),
     "routed_scaling_factor": _POSITIVE,
+    "sparsemixer_jitter_eps": FieldSpec(float, low=0.0),
     "n_dense_layers": FieldSpec(int, low=0, high=100_000),
     "moe_layers": FieldSpec(tuple, optional=True),
     "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),

@@ -47,7 +47,7 @@ __all__ = [
 
 
 # The fields holding a tuple (one entry per layer or head), which JSON gives as lists.
-_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers")
+_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers", "ln1_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,9 @@ class HookedTransformerConfig:
       sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2),
       "post_residual" (the original Transformer's: a norm of the stream after each add,
       `resid_mid = ln_resid_mid(resid_pre + attn_out)`; GPT-1, BERT, BART; no final norm,
-      the last block's `ln_resid_post` is it).
+      the last block's `ln_resid_post` is it). `ln1_layers` (one flag per block; None:
+      every block) says which blocks norm the attention's input: ModernBERT-decoder's
+      first block reads the embeddings' norm as is (its `ln1` is the identity).
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
       added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
       positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
@@ -126,15 +128,20 @@ class HookedTransformerConfig:
       `act_fn`. `router_scoring="sigmoid"` (DeepSeek V3) scores each expert by `sigmoid(logit)` and
       chooses by the scores plus a learned choice bias (`b_router_choice`); `"softmax_biased"`
       (Ernie 4.5) chooses by the softmax's probabilities plus that bias and weighs by the
-      probabilities. Any router may choose only among the experts of the `topk_expert_groups` best
-      of `n_expert_groups` groups (a group's score: the sum of its `group_score_experts` best
-      experts'; DeepSeek V3 2, V2 1), and weighs by the scores (renormalised when `norm_topk_prob`)
-      times `routed_scaling_factor`. `n_dense_layers` keeps a dense MLP of width `d_mlp_dense` in
-      the first blocks (DeepSeek's `first_k_dense_replace`); `moe_layers`, one flag per block, says
-      which blocks hold the mixture in any pattern (Jamba's every other, Qwen's
-      `decoder_sparse_step`), the others a dense MLP `d_mlp_dense` wide. Give one of the two.
+      probabilities; `"sparsemixer"` (Phi-3.5-MoE) chooses the largest logits and weighs each by
+      a softmax over the logits within `2 * sparsemixer_jitter_eps` of it (relatively), among
+      those not chosen before (`components.sparsemixer`). Any router may choose only among the
+      experts of the `topk_expert_groups` best of `n_expert_groups` groups (a group's score: the
+      sum of its `group_score_experts` best experts'; DeepSeek V3 2, V2 1), and weighs by the
+      scores (renormalised when `norm_topk_prob`) times `routed_scaling_factor`.
+      `n_dense_layers` keeps a dense MLP of width `d_mlp_dense` in the first blocks (DeepSeek's
+      `first_k_dense_replace`); `moe_layers`, one flag per block, says which blocks hold the
+      mixture in any pattern (Jamba's every other, Qwen's `decoder_sparse_step`), the others
+      a dense MLP `d_mlp_dense` wide. Give one of the two.
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
-      sublayer that mixes positions (a short convolution, a Mamba-2 layer) in its place.
+      sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
+      delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
+      (Nemotron-H): `mixer_config`.
     - `positional_embedding_type`: "standard" adds the learned `W_pos[position]` to the
       residual stream; "shortformer" (Press et al. 2021, TransformerLens's toy models
       `attn-only-*`) adds it, in every layer, to the normed inputs of the queries and keys
@@ -170,6 +177,7 @@ class HookedTransformerConfig:
     attn_only: bool = False
     normalization_type: str | None = "LN"
     normalization_placement: str = "pre"
+    ln1_layers: tuple[bool, ...] | None = None
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
@@ -226,6 +234,7 @@ class HookedTransformerConfig:
     topk_expert_groups: int = 1
     group_score_experts: int = 2
     routed_scaling_factor: float = 1.0
+    sparsemixer_jitter_eps: float = 0.01
     n_dense_layers: int = 0
     moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
@@ -351,6 +360,13 @@ class HookedTransformerConfig:
                 "positions are added: it needs embed_norm=True and "
                 f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
             )
+        flags = self.ln1_layers
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"ln1_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
         if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
             raise ValueError(
                 "embed_norm and unembed_transform each hold a norm, but normalization_type "
@@ -413,7 +429,8 @@ class HookedTransformerConfig:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
                       "n_dense_layers", "moe_layers", "d_mlp_dense")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
-                       group_score_experts=2, routed_scaling_factor=1.0)  # fmt: skip
+                       group_score_experts=2, routed_scaling_factor=1.0,
+                       sparsemixer_jitter_eps=0.01)  # fmt: skip
         if self.num_experts is None:
             if self.experts_per_token is not None:
                 raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
@@ -471,6 +488,11 @@ class HookedTransformerConfig:
 
     def _check_routing(self) -> None:
         groups, best = self.n_expert_groups, self.topk_expert_groups
+        if self.router_scoring != "sparsemixer" and self.sparsemixer_jitter_eps != 0.01:
+            raise ValueError(
+                f"sparsemixer_jitter_eps={self.sparsemixer_jitter_eps} is the sparsemixer's: "
+                f"router_scoring={self.router_scoring!r} does not read it"
+            )
         if self.num_experts % groups or best > groups:
             raise ValueError(
                 f"n_expert_groups={groups} must divide num_experts={self.num_experts}, and "
@@ -653,6 +675,11 @@ class HookedTransformerConfig:
                 f"(a mixer's write is blocks.L.hook_attn_out, its internals blocks.L.mixer.*; "
                 f"'none': the block mixes no positions, an MLP alone)"
             )
+
+    def layer_norms_attn_input(self, layer: int) -> bool:
+        """Whether block `layer` has its pre-norm `ln1` (`ln1_layers`) where the placement
+        puts one."""
+        return self.ln1_layers is None or self.ln1_layers[layer]
 
     def layer_rotates(self, layer: int) -> bool:
         """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""

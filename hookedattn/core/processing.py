@@ -223,7 +223,8 @@ def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransf
             readers = []
         if cfg.mixers is not None:  # in attention's place, or beside it (Falcon-H1)
             readers = readers + _mixer_readers(cfg, layer)
-        if cfg.layer_mixer(layer) != "none":  # else an MLP-only block: no ln1
+        # An MLP-only block has no ln1; nor has a block whose ln1_layers flag is off.
+        if cfg.layer_mixer(layer) != "none" and cfg.layer_norms_attn_input(layer):
             _fold_into_readers(state, f"blocks.{layer}.ln1", readers, centre)
         if cfg.layer_has_mlp(layer):
             readers = _mlp_readers(cfg, mlp, cfg.layer_is_moe(layer))
@@ -342,6 +343,12 @@ def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
             f"its mean (LayerNorm: normalization_type 'LN' or 'LNPre'), but this model has "
             f"normalization_type={cfg.normalization_type!r}: its readers see the mean, so "
             f"removing it would change what the model computes"
+        )
+    if cfg.ln1_layers is not None and not all(cfg.ln1_layers):
+        return (
+            f"center_writing_weights: the blocks whose ln1_layers flag is off "
+            f"({[i for i, f in enumerate(cfg.ln1_layers) if not f]}) read the residual "
+            f"stream without a norm: they see its mean, so removing it would change them"
         )
     if cfg.positional_embedding_type == "shortformer":
         return (

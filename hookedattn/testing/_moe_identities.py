@@ -107,7 +107,7 @@ def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Mod
     scoring, factor = moe_module.router_scoring, moe_module.routed_scaling_factor
 
     def sides(get: Get) -> Sides:
-        chosen = moe_module.scores(get(logits)).gather(-1, get(indices).long())
+        chosen = moe_module.weigh(moe_module.scores(get(logits)), get(indices).long())
         if renormalised:
             chosen = chosen / chosen.sum(dim=-1, keepdim=True)
         chosen = moe_module.scaled(chosen)

@@ -47,7 +47,7 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "hunyuan_v1_moe", "youtu", "minicpm3", "granitemoeshared", "bloom",
                  "mpt", "falcon", "codegen", "persimmon", "apertus", "apertus1p5_text", "ctrl",
                  "gpt_neox_japanese", "blenderbot-small", "marian", "hy_v3",
-                 "nanochat")  # fmt: skip
+                 "nanochat", "phimoe", "modernbert-decoder")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

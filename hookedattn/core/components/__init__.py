@@ -46,12 +46,14 @@ from hookedattn.core.components.norm import (
     RMSNormPre,
     make_embed_norm,
     make_final_norm,
+    make_ln1,
     make_norm,
     make_placed_norm,
 )
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
+from hookedattn.core.components.sparsemixer import sparsemixer_weights
 from hookedattn.core.components.unembed_transform import (
     NoTransform,
     UnembedTransform,
@@ -103,6 +105,7 @@ __all__ = [
     "make_block",
     "make_embed_norm",
     "make_final_norm",
+    "make_ln1",
     "make_mixer",
     "make_mlp",
     "make_norm",
@@ -115,5 +118,6 @@ __all__ = [
     "rotary_frequencies",
     "selective_scan",
     "solu",
+    "sparsemixer_weights",
     "ssd_mixing",
 ]

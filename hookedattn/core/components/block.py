@@ -51,7 +51,7 @@ from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import make_mlp
 from hookedattn.core.components.moe import MoE
-from hookedattn.core.components.norm import make_norm, make_placed_norm
+from hookedattn.core.components.norm import make_ln1, make_norm, make_placed_norm
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -164,7 +164,7 @@ class AttnOnlyBlock(nn.Module):
             self.hook_v_input = HookPoint()
         elif cfg.use_attn_in:
             self.hook_attn_in = HookPoint()  # [batch pos head d_model]
-        self.ln1 = make_placed_norm(cfg, "pre")
+        self.ln1 = make_ln1(cfg, layer)
         self.attn_inputs = AttnInputs(self, cfg)
         self.attn = make_attention(cfg, layer)
         self.ln1_post = make_placed_norm(cfg, "post")

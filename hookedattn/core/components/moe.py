@@ -33,6 +33,10 @@ Ernie 4.5's (`"softmax_biased"`) is the softmax router in float32 with the choic
 DeepSeek V2's is the softmax router with the same group limit (a group's score: its best
 expert's, `group_score_experts=1`) and scaling, and no choice bias.
 
+Phi-3.5-MoE's (`"sparsemixer"`) chooses the k largest logits, best first, and weighs each
+by a softmax over the logits near it among those not chosen before
+(`components.sparsemixer`, `sparsemixer_jitter_eps`).
+
 `b_router_choice` (HF's `e_score_correction_bias`) steers which experts are chosen, never
 their weights. A half-precision model routes in float32, as the reference does (which
 routes in float32 in every dtype: a float64 model here routes in float64).
@@ -62,6 +66,7 @@ from torch import Tensor, nn
 from hookedattn.core import kernels
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.mlp import ACTIVATIONS, glu, make_mlp
+from hookedattn.core.components.sparsemixer import sparsemixer_weights
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.shapes import Resid
@@ -124,9 +129,15 @@ class MoE(nn.Module):
 
     def _add_scoring(self, cfg: HookedTransformerConfig) -> None:
         self.router_scoring = cfg.router_scoring
+        self.weigh = self._gathered
         if cfg.router_scoring == "softmax":
             self.router_logits, self.scores = self._logits, kernels.router_probabilities
             self.choice_scores = self._as_chosen
+        elif cfg.router_scoring == "sparsemixer":  # weighs the logits themselves
+            self.router_logits, self.scores = self._logits, self._as_chosen
+            self.choice_scores = self._as_chosen
+            self.jitter_eps = cfg.sparsemixer_jitter_eps
+            self.weigh = self._sparsemixer_weights
         else:  # "sigmoid", "softmax_biased": at least float32, chosen with a learned bias
             self.b_router_choice = _param(cfg.num_experts, cfg=cfg)
             self.router_logits = self._logits_at_least_float32
@@ -164,7 +175,7 @@ class MoE(nn.Module):
         scores = self.scores(logits)
         indices = self.hook_expert_indices(self.choose(scores))
         indices = kernels.checked_choice(self, indices)  # a hook's ids, in range
-        weights = self.scaled(self.normalize(scores.gather(-1, indices)))
+        weights = self.scaled(self.normalize(self.weigh(scores, indices)))
         return indices, self.hook_expert_weights(weights.to(x.dtype))
 
     def _logits(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
@@ -173,6 +184,14 @@ class MoE(nn.Module):
     def _logits_at_least_float32(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
         dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: float32
         return affine(x.to(dtype), self.W_router.to(dtype), self.b_router.to(dtype))
+
+    def _gathered(self, scores: Float[Tensor, "batch pos expert"], indices: Choice) -> Weights:
+        return scores.gather(-1, indices)
+
+    def _sparsemixer_weights(
+        self, logits: Float[Tensor, "batch pos expert"], indices: Choice
+    ) -> Weights:
+        return sparsemixer_weights(logits, indices, self.jitter_eps)
 
     def _with_choice_bias(self, scores: Float[Tensor, "batch pos expert"]) -> Tensor:
         return scores + self.b_router_choice.to(scores.dtype)

@@ -45,6 +45,8 @@ from torch import Tensor, nn
 from hookedattn.core.hf import (
     _alibi,
     _experts,
+    _first_layer,
+    _head,
     _loading,
     _mixers,
     _saved,
@@ -173,8 +175,12 @@ class _Reader(Watching):
         self.layers = list(layers)
         self.mixers, attending = self._mixers()
         self.layer = self.layers[attending[0] if attending else 0]
+        self.first_identities = _first_layer.identities_in_first(self.layers)
+        if self.first_identities and self.layer is self.layers[0]:
+            self.layer = self.layers[1]  # its pieces as the other layers hold them
         self.base_name = self.layers_name.rsplit(".", 1)[0] if "." in self.layers_name else ""
         self.base = twin.get_submodule(self.base_name) if self.base_name else twin
+        self.head = _head.prediction_head(twin, self.base, config.vocab_size)
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
         self.positions_fixed: str | None = None  # a sinusoidal table, found by `_positions`
@@ -240,6 +246,8 @@ class _Reader(Watching):
             embed_norm=self.embed_norm,
             embed_norm_before_positions=self.embed_norm_before_positions,
             mixers=self.mixers,
+            first_identities=self.first_identities,
+            **self.head,
             alibi=self._alibi(children[attn]),
         )
 
@@ -431,7 +439,7 @@ class _Reader(Watching):
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
             # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
-            ignored = (mlp, *mixing, *(("",) if mixing else ()))
+            ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
             return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in ignored}
 
         first = without_mlp(self.layer)

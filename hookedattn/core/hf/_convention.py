@@ -37,7 +37,14 @@ import torch
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _alibi, _deepseek, _expert_table, _sinusoids, _translate
+from hookedattn.core.hf import (
+    _alibi,
+    _deepseek,
+    _expert_table,
+    _first_layer,
+    _sinusoids,
+    _translate,
+)
 from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._config_fields import (
     NORM_TYPES,
@@ -123,6 +130,7 @@ class Convention:
             **rotary,
             **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
+            **_first_layer.ln1_fields(a, c.num_hidden_layers),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -150,8 +158,9 @@ class Convention:
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
             rules = _renamed(rules, _Renames(dict(a.renames), a.layers))
+        expanded = [r for rule in rules for r in rule.expand(cfg.n_layers)]
         return Table(
-            rules=tuple(r for rule in rules for r in rule.expand(cfg.n_layers)),
+            rules=tuple(_first_layer.without_first_ln1(expanded, a)),
             aliases={f"{a.unembed}.weight": (f"{a.embed}.weight",)} if a.tied else {},
             ignored=(
                 r"\.inv_freq$",
@@ -190,7 +199,8 @@ class Convention:
         square = "d_model_out d_model -> d_model d_model_out"
         return [
             Rule(f"{ours}.W_dense", f"{a.head_dense}.weight", square),
-            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model"),
+            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model")
+            if a.head_dense_bias else zeros(f"{ours}.b_dense", "d_model"),
             *_norm(a, f"{ours}.ln_unembed", a.head_norm, 1.0),
         ]  # fmt: skip
 
@@ -450,9 +460,7 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
     if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())
-    scorings = ("softmax",)
-    if experts is not None:  # a choice bias: DeepSeek V3's sigmoid or Ernie's softmax
-        scorings = ("sigmoid", "softmax_biased") if experts.choice_bias else ("softmax", "sigmoid")
+    scorings = _scorings(hf_config, experts)
     families = []
     for on, layout, norm_topk, scoring, gate, after, scale, qkv in itertools.product(
         rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts
@@ -475,6 +483,19 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
             )
         )
     return families
+
+
+def _scorings(hf_config: Any, experts: Any) -> tuple[str, ...]:
+    """The router scorings to try, the likelier first: with a choice bias DeepSeek V3's
+    sigmoid or Ernie's biased softmax; without, softmax or sigmoid, and Phi-3.5-MoE's
+    sparsemixer where the config names its epsilon (Mixtral's names one it uses only in
+    training: its softmax comes first)."""
+    if experts is None:
+        return ("softmax",)
+    if experts.choice_bias:
+        return ("sigmoid", "softmax_biased")
+    jitter = hasattr(hf_config, "router_jitter_noise")
+    return ("softmax", "sigmoid", "sparsemixer") if jitter else ("softmax", "sigmoid")
 
 
 # The names of the settings `candidates` varies, in the order of its product.

@@ -2,11 +2,12 @@
 and its rules.
 
 `routing_fields` reads how many experts there are, how many each token uses, how the
-router scores them (the anatomy's candidate: softmax, sigmoid, or softmax with a choice
-bias), groups, routed scaling, a shared expert and which layers hold the mixture; `expert_rules`
-reads the router, the experts (stacked as a live model keeps them, transposed or not, or
-one tensor per expert and projection as files hold them) and the shared expert, beside
-the block or in it, fused or not.
+router scores them (the anatomy's candidate: softmax, sigmoid, softmax with a choice
+bias, or Phi-3.5-MoE's sparsemixer with its epsilon), groups, routed scaling, a shared
+expert and which layers hold the mixture; `expert_rules` reads the router, the experts
+(stacked as a live model keeps them, transposed or not, or one tensor per expert and
+projection as files hold them) and the shared expert, beside the block or in it, fused
+or not.
 """
 
 from collections.abc import Callable
@@ -46,6 +47,8 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
             "n_expert_groups": int(getattr(c, "n_group", None) or 1),
             "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
         }
+    if anatomy.router_scoring == "sparsemixer":
+        fields["sparsemixer_jitter_eps"] = float(c.router_jitter_noise)
     return fields | _layer_fields(c, e)
 
 
@@ -114,7 +117,8 @@ def expert_rules(
         rules.append(Rule(f"{m}.W_shared_gate", f"{at}.{e.shared_gate}.weight",
                           "one d_model -> d_model one"))  # fmt: skip
     unsaved = e.choice_bias and e.saved_choice_bias is None  # zeros, as the model starts
-    if unsaved or (cfg.router_scoring != "softmax" and not e.choice_bias):
+    biased = cfg.router_scoring in ("sigmoid", "softmax_biased")  # they hold a choice bias
+    if unsaved or (biased and not e.choice_bias):
         rules.append(zeros(f"{m}.b_router_choice", "expert"))
     elif e.choice_bias:
         bias = e.choice_bias if live else e.saved_choice_bias

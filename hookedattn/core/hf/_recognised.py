@@ -94,6 +94,7 @@ class Anatomy:
     # The embeddings' norm reads the token embedding alone, the positions added after it.
     embed_norm_before_positions: bool = False
     head_dense: str | None = None
+    head_dense_bias: bool = True  # ModernBERT-decoder's has none
     head_norm: str | None = None
     head_act: str | None = None
     # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
@@ -101,6 +102,9 @@ class Anatomy:
     mixers: Mixers | None = None
     # ALiBi: the attention is handed a linear bias per head (`_alibi`), no positions else.
     alibi: bool = False
+    # The first layer's children that are the identity where the others hold a norm
+    # (ModernBERT-decoder's `attn_norm`: `_first_layer`).
+    first_identities: tuple[str, ...] = ()
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""

@@ -16,7 +16,7 @@ ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
     "q": ("q_proj", "query", "wq", "q", "Wq"),
     "k": ("k_proj", "key", "wk", "k", "Wk"),
     "v": ("v_proj", "value", "wv", "v", "Wv"),
-    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj"),
+    "o": ("o_proj", "out_proj", "dense", "wo", "o", "o_linear", "c_proj", "Wo"),
     # [q; k; v] along the outputs, or [q_h; k_h; v_h] head by head (`Anatomy.qkv_layout`)
     "qkv": ("qkv_proj", "Wqkv", "qkv", "wqkv", "c_attn", "query_key_value"),
     "gate": ("g_proj", "gate_proj"),  # an output gate's own map (Laguna, AFMoE)
@@ -26,8 +26,8 @@ MLP_ROLES: dict[str, tuple[str, ...]] = {
     "gate": ("gate_proj", "w1", "wi_0"),
     # "0", "2": an `nn.Sequential` of a map, the activation and a map (CTRL's `ffn`)
     "up": ("up_proj", "w3", "wi_1", "fc1", "fc_in", "c_fc", "dense_h_to_4h", "0"),
-    "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h", "2"),
-    "gate_up": ("gate_up_proj",),  # [gate; up] along the outputs
+    "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h", "2", "Wo"),
+    "gate_up": ("gate_up_proj", "Wi"),  # [gate; up] along the outputs (ModernBERT's Wi)
 }
 QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
             "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip

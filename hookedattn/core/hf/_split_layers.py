@@ -341,31 +341,39 @@ class _Watcher:
 
     def _activation(self, dense: str, reader: str, within: nn.Module) -> str:
         """Our name for the activation between `dense` and the piece `reader` that reads
-        it: the dense map's output replaced by a range of values, the reader's input read
-        back (a second run of the twin)."""
-        dense_module, reader_module = within.get_submodule(dense), within.get_submodule(reader)
-        width = dense_module.out_features
-        x = torch.linspace(-6, 6, 2 * 7 * width).reshape(2, 7, width)
-        got: list[Tensor] = []
+        it (`activation_between`)."""
+        return activation_between(self.twin, self.config.vocab_size, dense, reader, within)
 
-        def replace(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-            return x.to(output.dtype)
 
-        def read_input(module: nn.Module, args: tuple) -> None:
-            got.append(args[0])
+def activation_between(
+    twin: nn.Module, vocab_size: int, dense: str, reader: str, within: nn.Module
+) -> str:
+    """Our name for the activation between `dense` and the piece `reader` that reads it
+    (names in `within`): the dense map's output replaced by a range of values, the
+    reader's input read back (a run of the twin)."""
+    dense_module, reader_module = within.get_submodule(dense), within.get_submodule(reader)
+    width = dense_module.out_features
+    x = torch.linspace(-6, 6, 2 * 7 * width).reshape(2, 7, width)
+    got: list[Tensor] = []
 
-        handles = [dense_module.register_forward_hook(replace),
-                   reader_module.register_forward_pre_hook(read_input)]  # fmt: skip
-        try:
-            with torch.no_grad():
-                self.twin(torch.randint(3, self.config.vocab_size, _TOKENS, generator=_seeded()))
-        finally:
-            for handle in handles:
-                handle.remove()
-        for name, ours in ACTIVATIONS.items():
-            if name != "solu_ln" and got and _close(got[0], ours(x), rtol=1e-6):
-                return name
-        raise ValueError(f"the activation between {dense} and {reader} is none of ours")
+    def replace(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return x.to(output.dtype)
+
+    def read_input(module: nn.Module, args: tuple) -> None:
+        got.append(args[0])
+
+    handles = [dense_module.register_forward_hook(replace),
+               reader_module.register_forward_pre_hook(read_input)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            twin(torch.randint(3, vocab_size, _TOKENS, generator=_seeded()))
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, ours in ACTIVATIONS.items():
+        if name != "solu_ln" and got and _close(got[0], ours(x), rtol=1e-6):
+            return name
+    raise ValueError(f"the activation between {dense} and {reader} is none of ours")
 
 
 def _seeded() -> torch.Generator:

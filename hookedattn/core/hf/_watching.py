@@ -30,8 +30,8 @@ _TOKENS = (2, 7)
 
 class Watching:
     """A twin's run, watched (`_watch`); `_anatomy._Reader` sets the places it watches
-    (`twin`, `config`, `layer`, `layers`, `base`, `base_name`), and reads the embeddings'
-    norm and the fixed positions this finds."""
+    (`twin`, `config`, `layer`, `layers`, `base`, `base_name`, `head`), and reads the
+    embeddings' norm and the fixed positions this finds."""
 
     twin: nn.Module
     config: Any
@@ -39,6 +39,7 @@ class Watching:
     layers: list[nn.Module]
     base: nn.Module
     base_name: str
+    head: dict[str, Any]  # a prediction head's pieces (`_head`), empty without one
     embed_norm: str | None  # found by `_watch`
     embed_norm_is_final: bool
     positions_fixed: str | None  # a sinusoidal table, found by `_positions`
@@ -80,6 +81,7 @@ class Watching:
         tables = {n: m for n, m in self.base.named_children()
                   if isinstance(m, nn.Embedding) and m is not embed}  # fmt: skip
         base_norms = {n: m for n, m in self.base.named_children() if is_norm(m)}
+        base_norms |= _beside_embedding(self.base, self.twin.get_input_embeddings())
         handles = self._hooks(calls, made, seen, tables, base_norms)
         tokens = torch.randint(
             0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
@@ -166,7 +168,7 @@ class Watching:
         name = next((n for n, m in base_norms.items() if m is final), None)
         before = (
             1.0
-            if name is None
+            if name is None or self.head  # a head transform (`_head`) reads the final norm
             else ratio(seen["unembed_in"], outer[name][-1][1], "the unembedding's input")
         )
         return before * ratio(logits, seen["unembed"], "the logits")
@@ -242,6 +244,15 @@ class Watching:
             "the stream entering the first layer is not the embedding (plus "
             "learned or sinusoidal positions): an embedding norm or positions we do not read"
         )
+
+
+def _beside_embedding(base: nn.Module, embed: nn.Module) -> dict[str, nn.Module]:
+    """The norms kept beside the token embedding in a child of the base model that holds
+    both (ModernBERT's `embeddings.norm`), by their names in the base model."""
+    for name, holder in base.named_children():
+        if any(m is embed for m in holder.children()):
+            return {f"{name}.{n}": m for n, m in holder.named_children() if is_norm(m)}
+    return {}
 
 
 def _base_norm_calls(

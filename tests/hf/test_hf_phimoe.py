@@ -1,0 +1,72 @@
+"""Phi-3.5-MoE (`PhimoeForCausalLM`) imported by convention: its router is the sparsemixer
+(`components.sparsemixer`), recognised by verification among the candidate scorings where
+the config names a `router_jitter_noise`, its epsilon; LayerNorms and attention as Mixtral's.
+Compared with `transformers` on a tiny random twin: logits and residual streams in float32,
+the mixture block alone in float64 (transformers' rotary runs in float32, its mixture stays
+in the model's dtype), and greedy generation."""
+
+import pytest
+import torch
+from torch import nn
+
+from hookedattn import HookedTransformer
+
+transformers = pytest.importorskip("transformers")
+from hookedattn.core.hf import _tiny  # noqa: E402
+
+TOKENS = torch.tensor(
+    [[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12], [9, 2, 2, 71, 30, 6, 5, 14, 100, 3, 3, 50]]
+)
+
+
+@pytest.fixture(autouse=True)
+def memo(tmp_path, monkeypatch):
+    """A memo of the test's own: each test verifies afresh."""
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
+
+
+def twin(seed: int = 0, **fields) -> nn.Module:
+    """A tiny random Phi-3.5-MoE, as the verification builds one, with `fields` set."""
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("phimoe", **fields))
+    return _tiny.random_hf_model(transformers.PhimoeForCausalLM, config, seed=seed)
+
+
+def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max()) / float(want.abs().max())
+
+
+@pytest.mark.parametrize("jitter", [0.01, 0.3])
+def test_phimoe_is_imported_with_its_sparsemixer(jitter):
+    reference = twin(seed=3, router_jitter_noise=jitter)
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.router_scoring == "sparsemixer"
+    assert model.cfg.sparsemixer_jitter_eps == jitter
+    with torch.no_grad():
+        expected = reference(TOKENS, output_hidden_states=True)
+        logits, cache = model.run_with_cache(TOKENS)
+    assert _worst(logits, expected.logits) <= 1e-5
+    for i in range(model.cfg.n_layers - 1):  # every residual stream between the layers
+        assert _worst(cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]) <= 1e-5
+
+
+@pytest.mark.parametrize("jitter", [0.01, 0.3])
+def test_phimoe_mixture_is_the_transformers_block_in_float64(jitter):
+    reference = twin(seed=5, router_jitter_noise=jitter).double()
+    model = HookedTransformer.from_hf(reference)
+    x = torch.randn(2, 9, model.cfg.d_model, generator=torch.Generator().manual_seed(6),
+                    dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():
+        want = reference.model.layers[0].mlp(x.clone())
+        got = model.blocks[0].mlp(x)
+    assert _worst(got, want) <= 1e-12
+
+
+def test_phimoe_greedy_generation_is_transformers():
+    reference = twin(seed=4)
+    model = HookedTransformer.from_hf(reference)
+    prompt = TOKENS[:, :5]
+    reference.generation_config.eos_token_id = None  # neither stops nor avoids EOS
+    with torch.no_grad():
+        expected = reference.generate(prompt, max_new_tokens=8, do_sample=False)
+    ours = model.generate(prompt, max_new_tokens=8, stop_at_eos=False)
+    assert torch.equal(ours, expected)
