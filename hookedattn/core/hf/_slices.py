@@ -80,12 +80,14 @@ def _in_pieces(runs: list[tuple[int, int]], pieces: list[int], part: int) -> lis
     size, total, offset = pieces[part], sum(pieces), sum(pieces[:part])
     rows = []
     for a, b in runs:  # cut at each repeat's end, each cut moved to its repeat's rows
+        if a == b:  # an empty run (a rank's share of nothing) stays empty, in the part
+            rows.append((a + offset, b + offset))
         while a < b:
             repeat, stop = a // size, min(b, (a // size + 1) * size)
             shift = repeat * (total - size) + offset
             rows.append((a + shift, stop + shift))
             a = stop
-    merged = [rows[0]]
+    merged = rows[:1]
     for a, b in rows[1:]:
         merged[-1:] = [(merged[-1][0], b)] if a == merged[-1][1] else [merged[-1], (a, b)]
     return merged
