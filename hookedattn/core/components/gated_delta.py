@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -61,17 +62,6 @@ def _unit(u: Keys) -> Keys:
     return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _log_decay(g: PerHead) -> Float[Tensor, "batch ssm_head query_pos key_pos"]:
-    """`sum_{r=s+1..t} g_r` at `(t, s)` for `s <= t`, -inf after."""
-    n_pos = g.shape[1]
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=g.device).tril()  # s <= t
-    rows = "batch pos ssm_head -> batch ssm_head pos key_pos"  # g_r at row r, every column s
-    # Sums of the rates themselves down each column (r > s only), never differences of
-    # running totals, so that no cancellation loses precision on long sequences.
-    rates = repeat(g, rows, key_pos=n_pos) * causal.tril(-1)
-    return rates.cumsum(dim=-2).masked_fill(~causal, -torch.inf)
-
-
 def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
     """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head,
     each reading the `q`, `k` of its key head."""
@@ -82,7 +72,7 @@ def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
                             "-> batch group query_pos key_pos"), heads, per_group=per_group)
         for name, a in (("QK", q), ("KK", k))
     }  # fmt: skip
-    decay = _log_decay(g).exp()  # 0 above the diagonal
+    decay = segment_log_decay(g).exp()  # 0 above the diagonal
     step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
     eye = torch.eye(beta.shape[1], dtype=beta.dtype, device=beta.device)
     T = eye + (step * scores["KK"] * decay).tril(-1)

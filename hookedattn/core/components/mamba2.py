@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -55,16 +56,8 @@ def ssd_mixing(
     C: Float[Tensor, "batch pos group d_state"],
 ) -> Mixing:
     """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after."""
-    n_pos, heads_per_group = dt.shape[1], A.shape[0] // B.shape[2]
-    decay_rate = rearrange(dt * A, "batch pos ssm_head -> batch ssm_head pos")  # dt_r A
-    # sum_{r = s+1..t} a_r for every (t, s): a cumulative sum down the rows of the matrix
-    # holding a_r at (r, s) for r > s; sums of the rates themselves, never differences of
-    # running totals, so that no cancellation loses precision on long sequences.
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=dt.device).tril()  # s <= t
-    later = causal.tril(-1)  # r > s
-    rows = "batch ssm_head query_pos -> batch ssm_head query_pos key_pos"  # rows r, columns s
-    rates = repeat(decay_rate, rows, key_pos=n_pos) * later
-    log_decay = rates.cumsum(dim=-2).masked_fill(~causal, -torch.inf)  # s > t: no mixing
+    heads_per_group = A.shape[0] // B.shape[2]
+    log_decay = segment_log_decay(dt * A)  # sum_{r = s+1..t} dt_r A; -inf where s > t
     CB = einsum(C, B, "batch query_pos group d_state, batch key_pos group d_state "
                 "-> batch group query_pos key_pos")  # fmt: skip
     CB = repeat(CB, "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos",

@@ -215,13 +215,12 @@ class _Reader(Watching):
         scaling = None if latent else attention_scaling(attn_module, d_head)
         attn_maps, gate_per_head = self._attention_maps(attn_module, latent, qk, d_head)
         self._measure(embed_ratio, writes, logits, scaling)
-        where = self._placement(norms)
         return Anatomy(
             **self._places(),
             attn=attn + inner,
             mlp=mlp,
             norms=tuple(norms),
-            placement=where,
+            placement=self._placement(norms),
             parallel=parallel,
             norm_kind=kind,
             norm_bias=bias,
@@ -229,10 +228,7 @@ class _Reader(Watching):
             attn_maps=attn_maps,
             latent=latent,
             attn_gate_per_head=gate_per_head,
-            sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
-            last_layer_o_bias=_last_layer_bias(self.layers, attn + inner, self.config),
-            qk_norm=qk_norm_kind(attn_module, qk, d_head),
-            qk_norm_names=qk,
+            **self._attention_fields(attn_module, attn + inner, qk, d_head),
             mlp_maps=mlp_maps,
             experts=experts,
             renames=_saved.renames(self.twin, self.layers_name),
@@ -249,6 +245,18 @@ class _Reader(Watching):
             first_identities=self.first_identities,
             **self.head,
             alibi=self._alibi(children[attn]),
+        )
+
+    def _attention_fields(
+        self, attn_module: nn.Module, name: str, qk: Any, d_head: int
+    ) -> dict[str, Any]:
+        """The anatomy's fields read off the first attention module (`name` in its layer):
+        sinks, a bias only the last layer keeps, the q/k norms."""
+        return dict(
+            sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
+            last_layer_o_bias=_last_layer_bias(self.layers, name, self.config),
+            qk_norm=qk_norm_kind(attn_module, qk, d_head),
+            qk_norm_names=qk,
         )
 
     def _measure(

@@ -108,9 +108,7 @@ def recognise(
     count, d_model = children[router].get_submodule(router_map).weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
     shared, gate = _shared_pieces(block, children, router)
-    shared_module = children[shared] if shared else None
-    if beside is not None:
-        shared, shared_module = beside
+    shared, shared_module = beside or (shared, children[shared] if shared else None)
     shared_width = None
     if shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
