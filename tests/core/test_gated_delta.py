@@ -5,41 +5,13 @@ processing, generation, saving and loading."""
 
 import pytest
 import torch
+from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.gated_delta import GatedDeltaNet
-from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.kernels import attention_context
-from hookedattn.core.mixer_config import MixerConfig
 
-D_MODEL = 12
 KINDS = ("gated_delta", "attention", "gated_delta")
-
-
-def _cfg(
-    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
-) -> HookedTransformerConfig:
-    settings = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2) | mixer
-    return HookedTransformerConfig(
-        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
-        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
-        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
-    )  # fmt: skip
-
-
-def _alone(x: torch.Tensor) -> object:
-    """The context of an unpadded batch like `x` (no KV cache, no window)."""
-    return attention_context(x.shape[1], x.shape[0], x.shape[1], None, None, None, "cpu")
-
-
-def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter drawn at random (biases, A_log, dt_bias and norm gains included)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
-    return module
 
 
 def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
@@ -80,24 +52,24 @@ def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("groups, beta_scale", [(2, 1.0), (1, 2.0), (4, 1.0)])
 def test_gated_delta_mixing_is_the_recurrence(groups: int, beta_scale: float) -> None:
-    cfg = _cfg(("gated_delta",), n_ssm_groups=groups, delta_beta_scale=beta_scale)
-    mixer = _randomised(GatedDeltaNet(cfg), 3)
+    cfg = hybrid_cfg(("gated_delta",), n_ssm_groups=groups, delta_beta_scale=beta_scale)
+    mixer = randomised(GatedDeltaNet(cfg), 3)
     x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():
-        got, expected = mixer(x, _alone(x)), _by_recurrence(mixer, x)
+        got, expected = mixer(x, unpadded_context(x)), _by_recurrence(mixer, x)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
 
 
 def test_gated_delta_mixing_is_causal_and_float32_close() -> None:
-    mixer = _randomised(GatedDeltaNet(_cfg(("gated_delta",))), 5)
+    mixer = randomised(GatedDeltaNet(hybrid_cfg(("gated_delta",))), 5)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     changed = x.clone()
     changed[:, 6:] += 1.0
     with torch.no_grad():
-        before, after = mixer(x, _alone(x)), mixer(changed, _alone(x))
-        single = GatedDeltaNet(_cfg(("gated_delta",), dtype=torch.float32))
+        before, after = mixer(x, unpadded_context(x)), mixer(changed, unpadded_context(x))
+        single = GatedDeltaNet(hybrid_cfg(("gated_delta",), dtype=torch.float32))
         single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
-        got = single(x.float(), _alone(x)).double()
+        got = single(x.float(), unpadded_context(x)).double()
     torch.testing.assert_close(after[:, :6], before[:, :6], rtol=0, atol=0)
     assert float((got - before).abs().max()) <= 1e-5 * float(before.abs().max())
 
@@ -105,21 +77,21 @@ def test_gated_delta_mixing_is_causal_and_float32_close() -> None:
 def test_a_long_decay_is_summed_not_differenced() -> None:
     # Over 200 positions of strong decay the running total of g passes -1000: a decay taken
     # as the ratio exp(G_t) / exp(G_s) of running totals would be 0 / 0 there.
-    mixer = _randomised(GatedDeltaNet(_cfg(("gated_delta",))), 7)
+    mixer = randomised(GatedDeltaNet(hybrid_cfg(("gated_delta",))), 7)
     with torch.no_grad():
         mixer.A_log.fill_(3.0)
     generator = torch.Generator().manual_seed(8)
     x = torch.randn(1, 200, D_MODEL, generator=generator, dtype=torch.float64)
     with torch.no_grad():
-        got, expected = mixer(x, _alone(x)), _by_recurrence(mixer, x)
+        got, expected = mixer(x, unpadded_context(x)), _by_recurrence(mixer, x)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
 
 
 def _hybrid(**mixer) -> HookedTransformer:
-    model = HookedTransformer(_cfg(KINDS, **mixer))
+    model = HookedTransformer(hybrid_cfg(KINDS, **mixer))
     for block in model.blocks:
-        _randomised(block, 9)
+        randomised(block, 9)
     return model
 
 
@@ -159,7 +131,7 @@ def test_padding_reaches_no_real_token_of_a_gated_delta_hybrid(side: str) -> Non
 def test_gated_delta_weight_processing_keeps_the_log_probs() -> None:
     from hookedattn.core import processing
 
-    model = _randomised(HookedTransformer(_cfg(KINDS)), 11)  # norm gains too
+    model = randomised(HookedTransformer(hybrid_cfg(KINDS)), 11)  # norm gains too
     tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
     processed = processing.process_weights(model)
     assert processed.cfg.normalization_type == "RMSPre"

@@ -7,40 +7,21 @@ rounding)."""
 
 import pytest
 import torch
+from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
 from torch.nn.functional import silu, softplus
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
-from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.kernels import attention_context
 from hookedattn.core.mixer_config import MixerConfig
 
-D_MODEL, D_INNER, D_STATE, DT_RANK = 12, 10, 5, 3
+D_INNER, D_STATE, DT_RANK = 10, 5, 3
 
 
-def _cfg(
-    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
-) -> HookedTransformerConfig:
-    settings = dict(d_conv=3, n_ssm_heads=D_INNER, d_state=D_STATE, dt_rank=DT_RANK) | mixer
-    return HookedTransformerConfig(
-        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
-        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
-        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
-    )  # fmt: skip
-
-
-def _alone(x: torch.Tensor) -> object:
-    """The context of an unpadded batch like `x` (no KV cache, no window)."""
-    return attention_context(64, x.shape[0], x.shape[1], None, None, None, "cpu")
-
-
-def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter drawn at random (biases, norm gains, A_log and D included)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
-    return module
+def mamba_cfg(kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer):
+    """`hybrid_cfg` with Mamba-1's settings: each of `D_INNER` channels its own head."""
+    mamba = dict(n_ssm_heads=D_INNER, d_ssm_head=1, n_ssm_groups=1, d_state=D_STATE,
+                 dt_rank=DT_RANK)  # fmt: skip
+    return hybrid_cfg(kinds, dtype, **mamba | mixer)
 
 
 def _by_recurrence(mixer: MambaMixer, x: torch.Tensor, norms: bool) -> torch.Tensor:
@@ -74,10 +55,10 @@ def _by_recurrence(mixer: MambaMixer, x: torch.Tensor, norms: bool) -> torch.Ten
 
 @pytest.mark.parametrize("norms", [False, True])
 def test_mamba_mixer_is_the_recurrence(norms: bool) -> None:
-    mixer = _randomised(MambaMixer(_cfg(("mamba",), bcdt_norm=norms, ssm_norm_eps=1e-3)), 1)
+    mixer = randomised(MambaMixer(mamba_cfg(("mamba",), bcdt_norm=norms, ssm_norm_eps=1e-3)), 1)
     x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     expected = _by_recurrence(mixer, x, norms)
-    torch.testing.assert_close(mixer(x, _alone(x)), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(mixer(x, unpadded_context(x)), expected, rtol=0, atol=1e-12)
 
 
 def test_the_scan_is_the_unrolled_mixing_matrix() -> None:
@@ -99,17 +80,23 @@ def test_the_scan_is_the_unrolled_mixing_matrix() -> None:
 
 
 def test_mamba_mixer_is_causal_and_float32_close() -> None:
-    mixer = _randomised(MambaMixer(_cfg(("mamba",), bcdt_norm=True)), 4)
+    mixer = randomised(MambaMixer(mamba_cfg(("mamba",), bcdt_norm=True)), 4)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     changed = x.clone()
     changed[:, 6:] += 1.0
     torch.testing.assert_close(
-        mixer(changed, _alone(x))[:, :6], mixer(x, _alone(x))[:, :6], rtol=0, atol=0
+        mixer(changed, unpadded_context(x))[:, :6],
+        mixer(x, unpadded_context(x))[:, :6],
+        rtol=0,
+        atol=0,
     )
-    single = MambaMixer(_cfg(("mamba",), dtype=torch.float32, bcdt_norm=True))
+    single = MambaMixer(mamba_cfg(("mamba",), dtype=torch.float32, bcdt_norm=True))
     single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
     with torch.no_grad():
-        got, expected = single(x.float(), _alone(x)).double(), mixer(x, _alone(x))
+        got, expected = (
+            single(x.float(), unpadded_context(x)).double(),
+            mixer(x, unpadded_context(x)),
+        )
     assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
 
 
@@ -119,9 +106,9 @@ def test_a_mamba_mixer_needs_its_channels_as_heads() -> None:
 
 
 def _hybrid() -> HookedTransformer:
-    model = HookedTransformer(_cfg(("mamba", "attention", "mamba"), bcdt_norm=True))
+    model = HookedTransformer(mamba_cfg(("mamba", "attention", "mamba"), bcdt_norm=True))
     for block in model.blocks:
-        _randomised(block, 6)
+        randomised(block, 6)
     return model
 
 
@@ -166,7 +153,7 @@ def test_a_mamba_hybrid_saves_and_loads(tmp_path) -> None:
 
 
 def test_a_fresh_mamba_mixer_has_unit_gains_and_writes() -> None:
-    model = HookedTransformer(_cfg(("mamba", "attention"), bcdt_norm=True))
+    model = HookedTransformer(mamba_cfg(("mamba", "attention"), bcdt_norm=True))
     assert torch.equal(model.blocks[0].mixer.norm_B.w, torch.ones(D_STATE, dtype=torch.float64))
     _, cache = model.run_with_cache(torch.tensor([[1, 2, 3, 4]]))
     assert float(cache["blocks.0.hook_attn_out"].abs().max()) > 0
@@ -199,7 +186,7 @@ def test_each_imported_mamba_mixer_is_the_transformers_module(model_type, fields
                     dtype=torch.float64)  # fmt: skip
     with torch.no_grad():
         want = theirs(x)
-        got = model.blocks[0].mixer(x, _alone(x))
+        got = model.blocks[0].mixer(x, unpadded_context(x))
     # transformers' scan reads its input in float32 (`hidden_states.float()`).
     assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
 

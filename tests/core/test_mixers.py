@@ -7,41 +7,12 @@ import math
 
 import pytest
 import torch
+from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.causal_conv import causal_conv
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.short_conv import ShortConv
-from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.kernels import attention_context
-from hookedattn.core.mixer_config import MixerConfig
-
-D_MODEL = 12
-
-
-def _cfg(
-    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer
-) -> HookedTransformerConfig:
-    settings = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2) | mixer
-    return HookedTransformerConfig(
-        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
-        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
-        act_fn="silu", seed=0, dtype=dtype, mixers=MixerConfig(layers=kinds, **settings),
-    )  # fmt: skip
-
-
-def _alone(x: torch.Tensor) -> object:
-    """The context of an unpadded batch like `x` (no KV cache, no window)."""
-    return attention_context(64, x.shape[0], x.shape[1], None, None, None, "cpu")
-
-
-def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter drawn at random (biases and A_log, D, dt_bias included)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
-    return module
 
 
 def test_causal_conv_is_the_windowed_sum() -> None:
@@ -56,7 +27,7 @@ def test_causal_conv_is_the_windowed_sum() -> None:
 
 
 def test_short_conv_matches_its_loop() -> None:
-    conv = _randomised(ShortConv(_cfg(("short_conv",))), 1)
+    conv = randomised(ShortConv(hybrid_cfg(("short_conv",))), 1)
     x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     expected = torch.zeros_like(x)
     for t in range(9):
@@ -68,7 +39,7 @@ def test_short_conv_matches_its_loop() -> None:
                 y += conv.W_conv[:, k] * b * h
         c = x[:, t] @ conv.W_C + conv.b_C
         expected[:, t] = (c * (y + conv.b_conv)) @ conv.W_out + conv.b_out
-    torch.testing.assert_close(conv(x, _alone(x)), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(conv(x, unpadded_context(x)), expected, rtol=0, atol=1e-12)
 
 
 def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
@@ -117,34 +88,40 @@ def _mamba2_by_recurrence(mixer: Mamba2Mixer, x: torch.Tensor) -> torch.Tensor:
                                (2, math.inf, False)]
 )  # fmt: skip
 def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float, normed: bool) -> None:
-    cfg = _cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max, ssm_gated_norm=normed)
-    mixer = _randomised(Mamba2Mixer(cfg), 3)
+    cfg = hybrid_cfg(("mamba2",), n_ssm_groups=groups, dt_max=dt_max, ssm_gated_norm=normed)
+    mixer = randomised(Mamba2Mixer(cfg), 3)
     assert hasattr(mixer, "w_norm") == normed
     x = torch.randn(2, 11, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     torch.testing.assert_close(
-        mixer(x, _alone(x)), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10
+        mixer(x, unpadded_context(x)), _mamba2_by_recurrence(mixer, x), rtol=0, atol=1e-10
     )
 
 
 def test_mamba2_mixing_is_causal_and_float32_close() -> None:
-    mixer = _randomised(Mamba2Mixer(_cfg(("mamba2",))), 5)
+    mixer = randomised(Mamba2Mixer(hybrid_cfg(("mamba2",))), 5)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     changed = x.clone()
     changed[:, 6:] += 1.0
     torch.testing.assert_close(
-        mixer(changed, _alone(x))[:, :6], mixer(x, _alone(x))[:, :6], rtol=0, atol=0
+        mixer(changed, unpadded_context(x))[:, :6],
+        mixer(x, unpadded_context(x))[:, :6],
+        rtol=0,
+        atol=0,
     )
-    single = Mamba2Mixer(_cfg(("mamba2",), dtype=torch.float32))
+    single = Mamba2Mixer(hybrid_cfg(("mamba2",), dtype=torch.float32))
     single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
     with torch.no_grad():
-        got, expected = single(x.float(), _alone(x)).double(), mixer(x, _alone(x))
+        got, expected = (
+            single(x.float(), unpadded_context(x)).double(),
+            mixer(x, unpadded_context(x)),
+        )
     assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
 
 
 def _hybrid(dtype: torch.dtype = torch.float64) -> HookedTransformer:
-    model = HookedTransformer(_cfg(("short_conv", "attention", "mamba2"), dtype=dtype))
+    model = HookedTransformer(hybrid_cfg(("short_conv", "attention", "mamba2"), dtype=dtype))
     for block in model.blocks:
-        _randomised(block, 7)
+        randomised(block, 7)
     return model
 
 
@@ -198,10 +175,10 @@ def test_hybrid_generation_reruns_the_prefix() -> None:
 def test_hybrid_weight_processing_keeps_the_log_probs(norm: str) -> None:
     from hookedattn.core import processing
 
-    cfg = _cfg(("short_conv", "attention", "mamba2")).replace(
+    cfg = hybrid_cfg(("short_conv", "attention", "mamba2")).replace(
         normalization_type=norm, gated_mlp=norm == "RMS"
     )
-    model = _randomised(HookedTransformer(cfg), 11)  # norm gains and biases too
+    model = randomised(HookedTransformer(cfg), 11)  # norm gains and biases too
     tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
     processed = processing.process_weights(model)
     assert processed.cfg.normalization_type == f"{norm}Pre"
@@ -230,12 +207,12 @@ def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
     from hookedattn.core.parallel._shards import check_tp_size
 
     with pytest.raises(ValueError, match=r"hybrid model's mixers \(\['attention', 'mamba2'"):
-        check_tp_size(_cfg(("short_conv", "attention", "mamba2")), 3)
+        check_tp_size(hybrid_cfg(("short_conv", "attention", "mamba2")), 3)
 
 
 def test_a_hybrid_saves_and_loads(tmp_path) -> None:
-    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
-    _randomised(model, 13)
+    model = HookedTransformer(hybrid_cfg(("mamba2", "attention", "short_conv")))
+    randomised(model, 13)
     model.save(tmp_path / "hybrid")
     loaded = HookedTransformer.load(tmp_path / "hybrid")
     assert loaded.cfg == model.cfg
@@ -244,7 +221,7 @@ def test_a_hybrid_saves_and_loads(tmp_path) -> None:
 
 
 def test_a_fresh_hybrid_writes_through_its_mixers() -> None:
-    model = HookedTransformer(_cfg(("mamba2", "attention", "short_conv")))
+    model = HookedTransformer(hybrid_cfg(("mamba2", "attention", "short_conv")))
     assert torch.equal(model.blocks[0].mixer.w_norm, torch.ones_like(model.blocks[0].mixer.w_norm))
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(15))
     _, cache = model.run_with_cache(tokens)

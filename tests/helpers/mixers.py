@@ -1,0 +1,42 @@
+"""Tiny hybrid models for the mixer tests (short convolution, Mamba-1, Mamba-2, gated delta
+net): a config whose blocks hold the given kinds, the context of an unpadded batch, and
+every parameter of a module drawn at random."""
+
+from typing import Any
+
+import torch
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.kernels import attention_context
+from hookedattn.core.mixer_config import MixerConfig
+
+D_MODEL = 12
+# Mamba-2 / gated delta settings small enough to check against loops, grouped (2 groups).
+SETTINGS = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2)
+
+
+def hybrid_cfg(
+    kinds: tuple[str, ...], dtype: torch.dtype = torch.float64, **mixer: Any
+) -> HookedTransformerConfig:
+    """A model of `len(kinds)` blocks, block `i` holding `kinds[i]` ("attention" or a mixer
+    kind), the mixers' settings `SETTINGS` changed by `mixer`."""
+    return HookedTransformerConfig(
+        n_layers=len(kinds), d_model=D_MODEL, n_ctx=32, d_vocab=23, n_heads=3, d_mlp=20,
+        normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+        act_fn="silu", seed=0, dtype=dtype,
+        mixers=MixerConfig(layers=kinds, **SETTINGS | mixer),
+    )  # fmt: skip
+
+
+def unpadded_context(x: torch.Tensor) -> Any:
+    """The context of an unpadded batch like `x` (no KV cache, no window)."""
+    return attention_context(x.shape[1], x.shape[0], x.shape[1], None, None, None, "cpu")
+
+
+def randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (biases, gains, A_log, D, dt_bias included)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
+    return module
