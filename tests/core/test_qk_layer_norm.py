@@ -7,6 +7,7 @@ and the analysis that reads the norms as RMSNorms refusing by name.
 import pytest
 import torch
 from helpers.generation import greedy_with_and_without_cache
+from helpers.scores import assert_causal_scores
 
 from analysis.qk_attribution import qk_attribution
 from hookedattn import HookedTransformer, HookedTransformerConfig
@@ -48,17 +49,12 @@ def test_scores_read_queries_and_keys_layer_normed_per_head_then_rotated():
                                            attn.k_norm.b))  # fmt: skip
     assert qb.abs().sum() > 0  # a bias that is not zero, so a lost one shows
     q, k = cache["blocks.1.attn.hook_q"], cache["blocks.1.attn.hook_k"]
-    for b in range(TOKENS.shape[0]):
-        for h in range(cfg.n_heads):
-            qs = [rotated(layer_norm(q[b, i, h], qw, qb, cfg.eps), i, 100.0)
-                  for i in range(TOKENS.shape[1])]  # fmt: skip
-            ks = [rotated(layer_norm(k[b, j, h], kw, kb, cfg.eps), j, 100.0)
-                  for j in range(TOKENS.shape[1])]  # fmt: skip
-            for i in range(TOKENS.shape[1]):
-                for j in range(i + 1):
-                    expected = qs[i] @ ks[j] / cfg.attn_scale
-                    got = cache["blocks.1.attn.hook_attn_scores"][b, h, i, j]
-                    assert abs(float(got - expected)) < 1e-12
+    assert_causal_scores(
+        cache, 1,
+        lambda b, h, i: rotated(layer_norm(q[b, i, h], qw, qb, cfg.eps), i, 100.0),
+        lambda b, h, j: rotated(layer_norm(k[b, j, h], kw, kb, cfg.eps), j, 100.0),
+        cfg.attn_scale,
+    )  # fmt: skip
 
 
 def test_residual_identities_hold():

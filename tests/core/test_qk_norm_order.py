@@ -5,6 +5,7 @@ written out, RMSNorm per head by hand), the residual identities, and the KV cach
 
 import torch
 from helpers.generation import greedy_with_and_without_cache
+from helpers.scores import assert_causal_scores
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.testing import assert_residual_identities, randomize_parameters
@@ -48,18 +49,12 @@ def test_scores_read_queries_and_keys_normalised_after_the_rotation():
     _, cache = m.run_with_cache(TOKENS)
     attn, cfg = m.blocks[0].attn, m.cfg
     q, k = cache["blocks.0.attn.hook_q"], cache["blocks.0.attn.hook_k"]
-    n_pos = TOKENS.shape[1]
-    for b in range(TOKENS.shape[0]):
-        for h in range(cfg.n_heads):
-            qs = [rms(rotated(q[b, i, h], i, cfg.rotary_base), attn.q_norm.w, cfg.eps)
-                  for i in range(n_pos)]  # fmt: skip
-            ks = [rms(rotated(k[b, j, h], j, cfg.rotary_base), attn.k_norm.w, cfg.eps)
-                  for j in range(n_pos)]  # fmt: skip
-            for i in range(n_pos):
-                for j in range(i + 1):
-                    expected = qs[i] @ ks[j] / cfg.attn_scale
-                    got = cache["blocks.0.attn.hook_attn_scores"][b, h, i, j]
-                    assert abs(float(got - expected)) < 1e-12
+    assert_causal_scores(
+        cache, 0,
+        lambda b, h, i: rms(rotated(q[b, i, h], i, cfg.rotary_base), attn.q_norm.w, cfg.eps),
+        lambda b, h, j: rms(rotated(k[b, j, h], j, cfg.rotary_base), attn.k_norm.w, cfg.eps),
+        cfg.attn_scale,
+    )  # fmt: skip
 
 
 def test_residual_identities_hold():
