@@ -22,6 +22,7 @@ from hookedattn.core.components.block import (
     make_mixer,
 )
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
 from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
 from hookedattn.core.components.latent_attention import LatentAttention
@@ -116,6 +117,7 @@ __all__ = [
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
+    "segment_log_decay",
     "selective_scan",
     "solu",
     "sparsemixer_weights",
