@@ -9,6 +9,7 @@ float32's rounding bounds both), and greedy generation."""
 
 import pytest
 import torch
+from helpers.generation import greedy_ours_and_transformers
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -62,14 +63,7 @@ def test_modernbert_decoder_computes_what_transformers_computes(dtype, fields):
 
 
 def test_modernbert_decoder_greedy_generation_is_transformers():
-    reference = twin(seed=4)
-    model = HookedTransformer.from_hf(reference)
-    prompt = TOKENS[:, :5]
-    reference.generation_config.eos_token_id = None  # neither stops nor avoids EOS
-    with torch.no_grad():
-        expected = reference.generate(prompt, max_new_tokens=8, do_sample=False)
-    ours = model.generate(prompt, max_new_tokens=8, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert torch.equal(*greedy_ours_and_transformers(twin(seed=4), TOKENS[:, :5]))
 
 
 def test_a_first_layer_missing_another_norm_is_refused_by_name():

@@ -7,6 +7,7 @@ in the model's dtype), and greedy generation."""
 
 import pytest
 import torch
+from helpers.generation import greedy_ours_and_transformers
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -62,11 +63,4 @@ def test_phimoe_mixture_is_the_transformers_block_in_float64(jitter):
 
 
 def test_phimoe_greedy_generation_is_transformers():
-    reference = twin(seed=4)
-    model = HookedTransformer.from_hf(reference)
-    prompt = TOKENS[:, :5]
-    reference.generation_config.eos_token_id = None  # neither stops nor avoids EOS
-    with torch.no_grad():
-        expected = reference.generate(prompt, max_new_tokens=8, do_sample=False)
-    ours = model.generate(prompt, max_new_tokens=8, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert torch.equal(*greedy_ours_and_transformers(twin(seed=4), TOKENS[:, :5]))

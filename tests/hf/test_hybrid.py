@@ -20,6 +20,7 @@ mixers themselves are checked against brute-force loops in `tests/core/test_mixe
 
 import pytest
 import torch
+from helpers.generation import greedy_ours_and_transformers
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -114,14 +115,7 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
 
 @pytest.mark.parametrize("model_type", HYBRIDS)
 def test_hybrid_greedy_generation_is_transformers(model_type):
-    reference = twin(model_type, seed=4)
-    model = HookedTransformer.from_hf(reference)
-    prompt = TOKENS[:, :5]
-    reference.generation_config.eos_token_id = None  # neither stops nor avoids EOS
-    with torch.no_grad():
-        expected = reference.generate(prompt, max_new_tokens=8, do_sample=False)
-    ours = model.generate(prompt, max_new_tokens=8, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert torch.equal(*greedy_ours_and_transformers(twin(model_type, seed=4), TOKENS[:, :5]))
 
 
 @pytest.mark.parametrize(
