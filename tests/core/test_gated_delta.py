@@ -5,7 +5,13 @@ processing, generation, saving and loading."""
 
 import pytest
 import torch
-from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
+from helpers.mixers import (
+    D_MODEL,
+    hybrid_cfg,
+    random_hybrid,
+    randomised,
+    unpadded_context,
+)
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
@@ -89,10 +95,7 @@ def test_a_long_decay_is_summed_not_differenced() -> None:
 
 
 def _hybrid(**mixer) -> HookedTransformer:
-    model = HookedTransformer(hybrid_cfg(KINDS, **mixer))
-    for block in model.blocks:
-        randomised(block, 9)
-    return model
+    return random_hybrid(hybrid_cfg(KINDS, **mixer), 9)
 
 
 def test_gated_delta_hook_points_and_decomposition_sum() -> None:

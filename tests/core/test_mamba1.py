@@ -7,7 +7,14 @@ rounding)."""
 
 import pytest
 import torch
-from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
+from helpers.mixers import (
+    D_MODEL,
+    assert_causal_and_float32_close,
+    hybrid_cfg,
+    random_hybrid,
+    randomised,
+    unpadded_context,
+)
 from torch.nn.functional import silu, softplus
 
 from hookedattn import HookedTransformer
@@ -82,22 +89,8 @@ def test_the_scan_is_the_unrolled_mixing_matrix() -> None:
 def test_mamba_mixer_is_causal_and_float32_close() -> None:
     mixer = randomised(MambaMixer(mamba_cfg(("mamba",), bcdt_norm=True)), 4)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    changed = x.clone()
-    changed[:, 6:] += 1.0
-    torch.testing.assert_close(
-        mixer(changed, unpadded_context(x))[:, :6],
-        mixer(x, unpadded_context(x))[:, :6],
-        rtol=0,
-        atol=0,
-    )
     single = MambaMixer(mamba_cfg(("mamba",), dtype=torch.float32, bcdt_norm=True))
-    single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
-    with torch.no_grad():
-        got, expected = (
-            single(x.float(), unpadded_context(x)).double(),
-            mixer(x, unpadded_context(x)),
-        )
-    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    assert_causal_and_float32_close(mixer, single, x)
 
 
 def test_a_mamba_mixer_needs_its_channels_as_heads() -> None:
@@ -106,10 +99,7 @@ def test_a_mamba_mixer_needs_its_channels_as_heads() -> None:
 
 
 def _hybrid() -> HookedTransformer:
-    model = HookedTransformer(mamba_cfg(("mamba", "attention", "mamba"), bcdt_norm=True))
-    for block in model.blocks:
-        randomised(block, 6)
-    return model
+    return random_hybrid(mamba_cfg(("mamba", "attention", "mamba"), bcdt_norm=True), 6)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

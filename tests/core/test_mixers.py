@@ -7,7 +7,14 @@ import math
 
 import pytest
 import torch
-from helpers.mixers import D_MODEL, hybrid_cfg, randomised, unpadded_context
+from helpers.mixers import (
+    D_MODEL,
+    assert_causal_and_float32_close,
+    hybrid_cfg,
+    random_hybrid,
+    randomised,
+    unpadded_context,
+)
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.causal_conv import causal_conv
@@ -100,29 +107,12 @@ def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float, normed: boo
 def test_mamba2_mixing_is_causal_and_float32_close() -> None:
     mixer = randomised(Mamba2Mixer(hybrid_cfg(("mamba2",))), 5)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    changed = x.clone()
-    changed[:, 6:] += 1.0
-    torch.testing.assert_close(
-        mixer(changed, unpadded_context(x))[:, :6],
-        mixer(x, unpadded_context(x))[:, :6],
-        rtol=0,
-        atol=0,
-    )
     single = Mamba2Mixer(hybrid_cfg(("mamba2",), dtype=torch.float32))
-    single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
-    with torch.no_grad():
-        got, expected = (
-            single(x.float(), unpadded_context(x)).double(),
-            mixer(x, unpadded_context(x)),
-        )
-    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    assert_causal_and_float32_close(mixer, single, x)
 
 
 def _hybrid(dtype: torch.dtype = torch.float64) -> HookedTransformer:
-    model = HookedTransformer(hybrid_cfg(("short_conv", "attention", "mamba2"), dtype=dtype))
-    for block in model.blocks:
-        randomised(block, 7)
-    return model
+    return random_hybrid(hybrid_cfg(("short_conv", "attention", "mamba2"), dtype=dtype), 7)
 
 
 def test_hybrid_hook_points_and_decomposition_sum() -> None:

@@ -40,3 +40,30 @@ def randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.5)
     return module
+
+
+def random_hybrid(cfg: HookedTransformerConfig, seed: int) -> Any:
+    """A model of `cfg` whose blocks' parameters are all drawn at random (`randomised`)."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer(cfg)
+    for block in model.blocks:
+        randomised(block, seed)
+    return model
+
+
+def assert_causal_and_float32_close(
+    mixer: torch.nn.Module, single: torch.nn.Module, x: torch.Tensor
+) -> None:
+    """`mixer` (float64) gives its first 6 positions the same whatever comes after them, and
+    `single`, the same module in float32 with `mixer`'s weights, is within 1e-5 of it."""
+    context = unpadded_context(x)
+    changed = x.clone()
+    changed[:, 6:] += 1.0
+    torch.testing.assert_close(
+        mixer(changed, context)[:, :6], mixer(x, context)[:, :6], rtol=0, atol=0
+    )
+    single.load_state_dict({k: v.float() for k, v in mixer.state_dict().items()})
+    with torch.no_grad():
+        got, expected = single(x.float(), context).double(), mixer(x, context)
+    assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
