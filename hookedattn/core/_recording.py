@@ -27,6 +27,7 @@ from jaxtyping import Shaped
 from torch import Tensor
 
 from hookedattn.core import names as _names
+from hookedattn.core._traced_constant import constant_when_traced
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.hook_points import HookedRootModule, HookPoint
 
@@ -69,7 +70,7 @@ def _positions(
 
 
 # As hook_points' thread check: read once when torch.compile traces, not a graph break.
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _thread() -> int:
     return threading.get_ident()
 

@@ -40,11 +40,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
-import torch
 from torch import Tensor, nn
 
 from hookedattn.core import _torch_hooks
 from hookedattn.core import names as _names
+from hookedattn.core._traced_constant import constant_when_traced
 
 HookFn = Callable[..., Tensor | None]
 NameOrFilter = str | Callable[[str], bool]
@@ -276,9 +276,8 @@ def hooks_version() -> int:
 
 
 # torch.compile cannot trace threading.get_ident (it would split the graph at every hook
-# point); marked constant, it is read once when the graph is traced. In eager mode the mark
-# costs nothing: the function is returned as it is.
-@torch.compiler.assume_constant_result
+# point); marked constant, it is read once when the graph is traced (`_traced_constant`).
+@constant_when_traced
 def _current_thread() -> int:
     return threading.get_ident()
 

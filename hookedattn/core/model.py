@@ -179,14 +179,15 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         unembed: bool,
     ) -> Tensor:
         """Blocks `start..stop-1`, then with `unembed` the final norm and the unembedding;
-        the fused kernels' non-finite guard decided once for all of them where nothing
-        listens (`kernels.guarded`)."""
+        the fused kernels' non-finite guard decided once for all the blocks where nothing
+        listens (`kernels.guarded`: it reads the stream they leave, which every value they
+        wrote reaches, a `d_model` wide pass rather than a `d_vocab` wide one)."""
 
-        def run() -> Tensor:
-            out = self._blocks(resid, context, past_kv_cache, start, stop)
-            return self.unembed(self.unembed_transform(self.ln_final(out))) if unembed else out
+        def run() -> Resid:
+            return self._blocks(resid, context, past_kv_cache, start, stop)
 
-        return kernels.guarded(self, run, context.guard, past_kv_cache)
+        out = kernels.guarded(self, run, context.guard, past_kv_cache)
+        return self.unembed(self.unembed_transform(self.ln_final(out))) if unembed else out
 
     def _blocks(
         self,

@@ -10,8 +10,9 @@ A check is a reduction per operand and, to read it, a synchronisation. Where not
 observe a forward (no hook on any hook point, no torch hook on any module:
 `HookedRootModule.is_listened`), `guarded` checks once: each fused layer only notes the sums
 of its queries and keys (`FiniteGuard.keeps`: what a kernel can hide), and one read of
-their total with the output's decides at the end (a value that is not finite in v, in z or
-in the stream reaches the output: a position's logits read its own stream). If the total is
+their total with the stream's decides at the end (a value that is not finite in v, in z or
+in what any sublayer writes reaches the stream the blocks leave; the unembedding after
+them runs no fused attention). If the total is
 not finite, the forward runs again with every layer checking on the spot, a KV cache's
 appends undone first: the numbers of the guard per layer, since every other step is the
 same. Where something listens, a second run would show it a first try, so each layer
@@ -47,7 +48,8 @@ class FiniteGuard:
         return math.isfinite(torch.stack([t.sum() for t in (z, q, k, v)]).sum().item())
 
     def finite(self, out: Tensor) -> bool:
-        """Whether `out` and every operand noted so far are finite (one synchronisation)."""
+        """Whether `out` (the stream the blocks leave) and every operand noted so far are
+        finite (one synchronisation)."""
         device = out.device
         sums = [s if s.device == device else s.to(device) for s in self.deferred or ()]
         return math.isfinite(torch.stack([out.sum(), *sums]).sum().item())
@@ -58,9 +60,10 @@ class NotFiniteError(Exception):
 
 
 def guarded(model: Any, run: Callable[[], Tensor], guard: FiniteGuard, cache: Any) -> Tensor:
-    """`run()`, a forward whose fused kernels consult `guard`, checked once where nothing
-    listens to `model` (module docstring), and run again checking every layer if that check
-    fails; `cache` (a `KeyValueCache` or None) is left as the run that counts leaves it."""
+    """`run()`, the blocks of a forward (their fused kernels consult `guard`; it returns the
+    stream they leave), checked once where nothing listens to `model` (module docstring),
+    and run again checking every layer if that check fails; `cache` (a `KeyValueCache` or
+    None) is left as the run that counts leaves it."""
     if model.is_listened():
         return run()
     guard.deferred = []

@@ -20,6 +20,8 @@ boundaries; nothing is split, so nothing is communicated but the stream.
 Every rank runs the same program: the same inputs, hooks and calls, in the same order.
 """
 
+from typing import Any
+
 from hookedattn.core.parallel._building import build_model, sharing_parameters
 from hookedattn.core.parallel._device_map import (
     balanced_slots,
@@ -47,15 +49,25 @@ from hookedattn.core.parallel._model import (
     refuse_tensor_parallel,
 )
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
-from hookedattn.core.parallel._styles import (
-    HeadParallel,
-    HeadParallelInputs,
-    NeuronParallel,
-    VocabParallel,
-    tensor_parallel,
-    tensor_parallel_plan,
-)
 from hookedattn.core.parallel._sublayers import parameter_slices
+
+# The plan (`_styles`) builds on `torch.distributed.tensor`, whose import brings in torch's
+# compiler (1.5 to 2.5 s on a 2-core machine): its names are imported on first use, so that
+# a model on one device never pays for it.
+_STYLES = frozenset(
+    ("HeadParallel", "HeadParallelInputs", "NeuronParallel", "VocabParallel",
+     "tensor_parallel", "tensor_parallel_plan")
+)  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The tensor-parallel plan's names, imported from `_styles` when first asked for."""
+    if name in _STYLES:
+        from hookedattn.core.parallel import _styles
+
+        return getattr(_styles, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "HeadParallel",

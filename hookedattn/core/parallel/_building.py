@@ -26,7 +26,6 @@ from hookedattn.core.parallel._device_map import (
 )
 from hookedattn.core.parallel._group import rank_device, tensor_parallel_group
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
-from hookedattn.core.parallel._styles import tensor_parallel
 from hookedattn.core.parallel._sublayers import parameter_slices
 
 Read = Callable[[str, LocalSlice | None, str], Tensor]
@@ -58,7 +57,7 @@ def build_model(
     placed = None
     if tp_size not in (None, 1):
         cfg = cfg.replace(device=rank_device(cfg.device))
-        tensor_parallel(model, tensor_parallel_group(tp_size, cfg.device))
+        _styles().tensor_parallel(model, tensor_parallel_group(tp_size, cfg.device))
     elif device_map is not None:
         placed = resolve_device_map(model, device_map, max_memory)
         cfg = cfg.replace(device=placed["embed"])
@@ -85,13 +84,21 @@ def sharing_parameters(cls: type, model: Any, cfg: HookedTransformerConfig) -> A
     tp = getattr(model, "tp", None)
     twin = cls(cfg if tp is None else cfg.replace(device="meta"), tokenizer=model.tokenizer)
     if tp is not None:
-        tensor_parallel(twin, tp)
+        _styles().tensor_parallel(twin, tp)
     twin.load_state_dict(model.state_dict(keep_vars=True), strict=True, assign=True)
     if tp is not None:
         twin.cfg = cfg
         for module_name, buffer_device in _buffer_devices(twin, None, cfg.device):
             torch.nn.Module.to(twin.get_submodule(module_name), buffer_device)
     return twin
+
+
+def _styles() -> Any:
+    """The tensor-parallel plan's module, imported on first use (see the package's
+    `__init__`: it brings in torch's compiler)."""
+    from hookedattn.core.parallel import _styles
+
+    return _styles
 
 
 def _buffer_devices(model: Any, placed: Mapping[str, str] | None, device: str) -> list:

@@ -11,7 +11,6 @@ import math
 from typing import Any
 
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hookedattn.core.parallel._collectives import gather
 from hookedattn.core.parallel._group import TensorParallelGroup
@@ -91,10 +90,13 @@ def full_state_dict(model: Any) -> dict[str, Tensor]:
     return tensors
 
 
-def dtensor_state_dict(model: Any) -> dict[str, DTensor]:
+def dtensor_state_dict(model: Any) -> dict[str, Any]:
     """The state dict of a tensor-parallel model as DTensors over its mesh: each sharded
     parameter this rank's slice as `Shard(axis)` of the whole, the rest `Replicate()`;
     what `torch.distributed.checkpoint` saves and loads shard by shard. No data moves."""
+    # Imported here: `torch.distributed.tensor` brings in torch's compiler (package docstring).
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
     slices = parameter_slices(model)
     tensors = {}
     for name, tensor in model.state_dict().items():
