@@ -1,6 +1,6 @@
 """TransformerLens's `HookedRootModule`: ours, with TL 3.5's hook levels and method signatures.
 
-`hookedattn.core.hook_points.HookedRootModule` names and attaches hooks; this subclass adds
+`hookedattn.core.hooked_root.HookedRootModule` names and attaches hooks; this subclass adds
 what TL code calls on a root module: `context_level` (the depth of nested `hooks()`
 contexts, each of which detaches only the hooks it attached), `add_hook(..., level=)`,
 `reset_hooks(clear_contexts, direction, including_permanent, level)` in TL's argument
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from hookedattn.core import _recording
 from hookedattn.core import hook_points as _core
+from hookedattn.core.hooked_root import HookedRootModule as _CoreRoot
 from hookedattn_tl.hook_points import (
     HookFunction,
     HookIntrospectionMixin,
@@ -30,7 +31,7 @@ Direction = Literal["fwd", "bwd"]
 Directions = Literal["fwd", "bwd", "both"]
 
 
-class HookedRootModule(HookIntrospectionMixin, _core.HookedRootModule):
+class HookedRootModule(HookIntrospectionMixin, _CoreRoot):
     """A module whose hook points are named and addressable, with TL's hook API."""
 
     # Class defaults: a subclass need not call this class's __init__ (TL's does, ours may not).

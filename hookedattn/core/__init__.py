@@ -1,7 +1,8 @@
 """The model core: a decoder-only transformer built from hook points, and what it is made of.
 
     config          HookedTransformerConfig, every variant decided once
-    hook_points     HookPoint, HookedRootModule: where activations are read and replaced
+    hook_points     HookPoint: where activations are read and replaced
+    hooked_root     HookedRootModule: hook points named, attached by name, scoped
     names           the one place hook names are spelled and shorthand is expanded
     components      the equations: embed, attention, MLP, norms, blocks, unembed
     kernels         how a sublayer runs: fused or written out, guards, masks
@@ -67,12 +68,12 @@ from hookedattn.core.generation import (
     generation_position,
 )
 from hookedattn.core.hook_points import (
-    HookedRootModule,
     HookPoint,
     LensHandle,
     hooks_version,
     is_hook_point,
 )
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.core.html import html_table
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
 from hookedattn.core.loss import lm_cross_entropy_loss

@@ -29,7 +29,8 @@ from torch import Tensor
 from hookedattn.core import names as _names
 from hookedattn.core._traced_constant import constant_when_traced
 from hookedattn.core.cache import ActivationCache
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.hooked_root import HookedRootModule
 
 NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 PosSlice = int | slice | Sequence[int] | None

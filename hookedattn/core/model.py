@@ -51,7 +51,8 @@ from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.core.components.norm import make_embed_norm, make_final_norm
 from hookedattn.core.components.unembed_transform import make_unembed_transform
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCache
 from hookedattn.core.loss import lm_cross_entropy_loss

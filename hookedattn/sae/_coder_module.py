@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from hookedattn.core.hook_points import HookedRootModule
+from hookedattn.core.hooked_root import HookedRootModule
 
 
 class CoderModule(HookedRootModule):

@@ -24,7 +24,8 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.sae import _transcoder_io
 from hookedattn.sae._coder_parts import make_coder_activation, seeded_generator
 from hookedattn.sae.transcoder import TRANSCODER_HOOK_NAMES

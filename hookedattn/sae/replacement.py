@@ -32,7 +32,8 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core import names as _names
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.sae.transcoder import TRANSCODER_HOOK_NAMES
 from hookedattn.sae.transcoder_set import TranscoderSet
 

@@ -27,7 +27,8 @@ from einops import rearrange
 from torch import Tensor
 
 from hookedattn.core import names as _names
-from hookedattn.core.hook_points import HookedRootModule, HookPoint
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.sae.autoencoder import HOOK_NAMES, SparseAutoencoder
 
 SAEs = Sequence[SparseAutoencoder] | Mapping[str, SparseAutoencoder]

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from hookedattn.core.hook_points import HookedRootModule, HookPoint, LensHandle
+from hookedattn.core.hook_points import HookPoint, LensHandle
+from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.testing.hooks import describe_handles
 from hookedattn.testing.models import TINY_CONFIG as TINY_CONFIG
 from hookedattn.testing.models import tiny_model as tiny_model

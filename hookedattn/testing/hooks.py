@@ -8,7 +8,8 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from hookedattn.core.hook_points import HookedRootModule, LensHandle
+from hookedattn.core.hook_points import LensHandle
+from hookedattn.core.hooked_root import HookedRootModule
 
 _HOW_TO_DETACH = (
     "Attach hooks with `with model.hooks(fwd_hooks=...)` or `model.run_with_hooks(...)`, "

@@ -74,7 +74,7 @@ class TransformerBridge(HookedTransformer):
         return self.hook_dict.aliases.get(name, name)
 
     def hook_points_for(self, names: Any) -> list:
-        """Our selection (`hookedattn.core.hook_points.HookedRootModule.hook_points_for`),
+        """Our selection (`hookedattn.core.hooked_root.HookedRootModule.hook_points_for`),
         with TL 4's names as aliases; a predicate accepts a hook point when it accepts its
         name or any of its TL 4 aliases."""
         if callable(names):
