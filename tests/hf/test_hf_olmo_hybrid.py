@@ -165,3 +165,23 @@ def test_mixer_layers_whose_norms_differ_in_epsilon_are_refused():
     with pytest.raises(ValueError, match=r"the mixer layers' norms are \('rms', False, 0.001\)"):
         _mixer_norms.read(reference, layers, "linear_attn", "mlp", (attention, (1.0, 1.0)),
                           (kind, (1e-6,)))  # fmt: skip
+
+
+def test_the_released_form_without_rope_attends_without_positions():
+    # The released checkpoints set no `rope_theta`: transformers builds no rotary then.
+    reference = twin(seed=10, rope_parameters={"rope_type": "default", "rope_theta": None})
+    assert reference.model.rotary_emb is None
+    model = HookedTransformer.from_hf(reference.double())
+    assert model.cfg.positional_embedding_type == "none"
+    with torch.no_grad():
+        assert _worst(model(TOKENS), reference(TOKENS).logits) <= ROUNDING
+
+
+def test_the_anatomy_round_trips_through_the_memo():
+    from hookedattn.core.hf import _anatomy
+
+    config = twin().config
+    first = _anatomy.recognise(config)  # read off the twin, then remembered
+    again = _anatomy.recognise(config)  # read from the memo's JSON
+    assert again == first
+    assert again.mixer_norms == (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
