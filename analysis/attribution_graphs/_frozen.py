@@ -126,10 +126,11 @@ def check_model(model: nn.Module, tset: TranscoderSet) -> None:
     for field, why in problems.items():
         if getattr(cfg, field, False):
             raise ValueError(f"attribution graphs: {why} ({field}=True)")
-    if cfg.normalization_placement != "pre":
+    if cfg.placements != ("pre",):
         raise ValueError(
             f"attribution graphs need norms before the sublayers only, not "
-            f"normalization_placement={cfg.normalization_placement!r}"
+            f"normalization_placement={cfg.normalization_placement!r} "
+            f"(placement_layers={cfg.placement_layers})"
         )
     if tset.layers != tuple(range(cfg.n_layers)):
         raise ValueError(

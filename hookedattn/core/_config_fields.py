@@ -65,6 +65,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "rotary_attention_factor": _POSITIVE,
     "rotary_layers": FieldSpec(tuple, optional=True),
     "ln1_layers": FieldSpec(tuple, optional=True),
+    "placement_layers": FieldSpec(tuple, optional=True),
     "alibi_slopes": FieldSpec(tuple, optional=True),
     "d_vocab_out": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "n_key_value_heads": FieldSpec(int, low=1, high=1 << 16, optional=True),

@@ -47,7 +47,14 @@ __all__ = [
 
 
 # The fields holding a tuple (one entry per layer or head), which JSON gives as lists.
-_PER_LAYER_TUPLES = ("attn_types", "rotary_layers", "alibi_slopes", "moe_layers", "ln1_layers")
+_PER_LAYER_TUPLES = (
+    "attn_types",
+    "rotary_layers",
+    "alibi_slopes",
+    "moe_layers",
+    "ln1_layers",
+    "placement_layers",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +83,10 @@ class HookedTransformerConfig:
       the last block's `ln_resid_post` is it). `ln1_layers` (one flag per block; None:
       every block) says which blocks norm the attention's input: ModernBERT-decoder's
       first block reads the embeddings' norm as is (its `ln1` is the identity).
+      `placement_layers` (one placement per block, "pre", "post" or "pre_and_post"; None:
+      every block `normalization_placement`) places each block's norms on its own: OLMo
+      Hybrid norms its attention blocks' writes ("post", OLMo 2's) and its gated delta net
+      blocks' inputs ("pre", Qwen3-Next's).
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
       added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
       positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
@@ -178,6 +189,7 @@ class HookedTransformerConfig:
     normalization_type: str | None = "LN"
     normalization_placement: str = "pre"
     ln1_layers: tuple[bool, ...] | None = None
+    placement_layers: tuple[str, ...] | None = None
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
@@ -367,6 +379,7 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"ln1_layers must be {self.n_layers} booleans, one per block; got {flags}"
             )
+        self._check_placement_layers()
         if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
             raise ValueError(
                 "embed_norm and unembed_transform each hold a norm, but normalization_type "
@@ -377,6 +390,26 @@ class HookedTransformerConfig:
                 "normalization_placement='post_residual' norms the stream after each of a "
                 "sequential block's two adds: it needs attn_only=False and "
                 "parallel_attn_mlp=False"
+            )
+
+    def _check_placement_layers(self) -> None:
+        """`placement_layers`: one placement per block, each of a block that norms its
+        sublayers' inputs or writes (a post-residual block norms the stream, and the model
+        then has no final norm: not a per-block choice)."""
+        placements = self.placement_layers
+        if placements is None:
+            return
+        valid = ("pre", "post", "pre_and_post")
+        if len(placements) != self.n_layers or any(p not in valid for p in placements):
+            raise ValueError(
+                f"placement_layers must be {self.n_layers} placements, one per block, each "
+                f"one of {valid}; got {placements}"
+            )
+        if self.normalization_type is None or self.normalization_placement == "post_residual":
+            raise ValueError(
+                "placement_layers places each block's norms: it needs normalization_type "
+                f"set (got {self.normalization_type!r}) and normalization_placement not "
+                f"'post_residual' (got {self.normalization_placement!r})"
             )
 
     def _check_layer_lists(self) -> None:
@@ -680,6 +713,20 @@ class HookedTransformerConfig:
         """Whether block `layer` has its pre-norm `ln1` (`ln1_layers`) where the placement
         puts one."""
         return self.ln1_layers is None or self.ln1_layers[layer]
+
+    def layer_placement(self, layer: int) -> str:
+        """Where block `layer`'s norms sit: its `placement_layers` entry, else
+        `normalization_placement`."""
+        if self.placement_layers is None:
+            return self.normalization_placement
+        return self.placement_layers[layer]
+
+    @property
+    def placements(self) -> tuple[str, ...]:
+        """The blocks' norm placements, each once, in block order (`layer_placement`)."""
+        if self.placement_layers is None:
+            return (self.normalization_placement,)
+        return tuple(dict.fromkeys(self.placement_layers))
 
     def layer_rotates(self, layer: int) -> bool:
         """Whether block `layer` rotates its queries and keys (`rotary_layers`)."""

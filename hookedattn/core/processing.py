@@ -195,11 +195,11 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "(ln_resid_mid, ln_resid_post): a post-residual norm rescales the stream by a "
             "divisor of the sum, which no weight can absorb (only placement 'pre' folds)"
         )
-    if cfg.normalization_placement != "pre":
+    if cfg.placements != ("pre",):
         return (
-            f"normalization_placement={cfg.normalization_placement!r} puts a norm after each "
-            f"sublayer (ln1_post, ln2_post), whose divisor depends on the sublayer's own "
-            f"output: no weight can absorb it (only placement 'pre' folds)"
+            f"{_after(cfg)} puts a norm after each sublayer (ln1_post, ln2_post), whose "
+            "divisor depends on the sublayer's own output: no weight can absorb it (only "
+            "placement 'pre' folds)"
         )
     # A mixture's experts have a gate bias; a dense gated MLP, and a shared expert, not.
     gate_without_bias = not cfg.is_moe or cfg.d_mlp_shared is not None
@@ -209,6 +209,16 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "it (normalization_type='LN' with gated_mlp=True)"
         )
     return None
+
+
+def _after(cfg: HookedTransformerConfig) -> str:
+    """The field that places a norm after a sublayer, named with its value (and the blocks
+    it places so, where `placement_layers` places each block's norms)."""
+    placement = next(p for p in cfg.placements if p != "pre")
+    if cfg.placement_layers is None:
+        return f"normalization_placement={placement!r}"
+    blocks = [i for i, p in enumerate(cfg.placement_layers) if p == placement]
+    return f"placement_layers {placement!r} in blocks {blocks}"
 
 
 def _fold_layer_norm(state: State, cfg: HookedTransformerConfig) -> HookedTransformerConfig:
@@ -365,11 +375,10 @@ def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
             "itself; a post-residual norm rescales the stream, so centring the writes is "
             "neither needed nor a fold of anything"
         )
-    if cfg.normalization_placement != "pre":
+    if cfg.placements != ("pre",):
         return (
-            f"center_writing_weights: with normalization_placement="
-            f"{cfg.normalization_placement!r} a norm after each sublayer writes to the "
-            f"stream, not W_O or W_out, and its output is not centred"
+            f"center_writing_weights: with {_after(cfg)} a norm after each sublayer "
+            "writes to the stream, not W_O or W_out, and its output is not centred"
         )
     return None
 

@@ -43,6 +43,7 @@ from hookedattn.testing.published import Constants, gelu_tanh, published_constan
 # does not write out.
 _SUPPORTED = (
     ("normalization_placement", "pre"),
+    ("placement_layers", None),
     ("embed_norm", False),
     ("unembed_transform", None),
     ("use_qk_norm", False),

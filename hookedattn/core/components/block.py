@@ -19,7 +19,7 @@ norm follows each add, so `resid_mid` and `resid_post` are normed streams:
 The parts are chosen when the block is built, so the forwards stay these equations:
 the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`: part of
 what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
-real norm or the identity as `normalization_placement` says; how the stream enters the
+real norm or the identity as `cfg.layer_placement` says; how the stream enters the
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
@@ -167,16 +167,16 @@ class AttnOnlyBlock(nn.Module):
         self.ln1 = make_ln1(cfg, layer)
         self.attn_inputs = AttnInputs(self, cfg)
         self.attn = make_attention(cfg, layer)
-        self.ln1_post = make_placed_norm(cfg, "post")
+        self.ln1_post = make_placed_norm(cfg, "post", layer)
         self.hook_attn_out = HookPoint()
 
     def _add_mixer(self, cfg: HookedTransformerConfig, layer: int) -> None:
         """A hybrid model's block `layer` mixes positions by another sublayer in attention's
         place (`mixer_config`): read through `ln1`, written through `ln1_post` and
         `hook_attn_out`, as attention's is."""
-        self.ln1 = make_placed_norm(cfg, "pre")
+        self.ln1 = make_placed_norm(cfg, "pre", layer)
         self.mixer = make_mixer(cfg, layer)
-        self.ln1_post = make_placed_norm(cfg, "post")
+        self.ln1_post = make_placed_norm(cfg, "post", layer)
         self.hook_attn_out = HookPoint()
         self.attend = self._mix
 
@@ -192,9 +192,9 @@ class AttnOnlyBlock(nn.Module):
             self.mlp_input = self._hooked_mlp_input
         else:
             self.mlp_input = self._mlp_input
-        self.ln2 = make_placed_norm(cfg, "pre")
+        self.ln2 = make_placed_norm(cfg, "pre", layer)
         self.mlp = _make_feed_forward(cfg, layer)
-        self.ln2_post = make_placed_norm(cfg, "post")
+        self.ln2_post = make_placed_norm(cfg, "post", layer)
         self.hook_mlp_out = HookPoint()
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:

@@ -153,10 +153,11 @@ def make_final_norm(cfg: HookedTransformerConfig) -> nn.Module:
 def make_ln1(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     """Block `layer`'s norm before its attention: the placed pre-norm, or none in a block
     whose `ln1_layers` flag is off (it reads a stream normed already)."""
-    return make_placed_norm(cfg, "pre") if cfg.layer_norms_attn_input(layer) else NoNorm()
+    return make_placed_norm(cfg, "pre", layer) if cfg.layer_norms_attn_input(layer) else NoNorm()
 
 
-def make_placed_norm(cfg: HookedTransformerConfig, where: str) -> nn.Module:
-    """The norm before ("pre") or after ("post") a sublayer, if the config places one there."""
-    placed = cfg.normalization_placement in (where, "pre_and_post")
+def make_placed_norm(cfg: HookedTransformerConfig, where: str, layer: int) -> nn.Module:
+    """The norm before ("pre") or after ("post") a sublayer of block `layer`, if the config
+    places one there (`layer_placement`)."""
+    placed = cfg.layer_placement(layer) in (where, "pre_and_post")
     return make_norm(cfg) if placed else NoNorm()

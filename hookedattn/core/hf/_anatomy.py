@@ -48,6 +48,7 @@ from hookedattn.core.hf import (
     _first_layer,
     _head,
     _loading,
+    _mixer_norms,
     _mixers,
     _saved,
     _scalars,
@@ -242,6 +243,7 @@ class _Reader(Watching):
             embed_norm=self.embed_norm,
             embed_norm_before_positions=self.embed_norm_before_positions,
             mixers=self.mixers,
+            mixer_norms=self._mixer_norms(mlp, norms, writes, (kind, bias, eps)),
             first_identities=self.first_identities,
             **self.head,
             alibi=self._alibi(children[attn]),
@@ -450,8 +452,12 @@ class _Reader(Watching):
             ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
             return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in ignored}
 
-        first = without_mlp(self.layer)
-        differing = [i for i, layer in enumerate(self.layers) if without_mlp(layer) != first]
+        # Each layer against the first of its kind: a hybrid's mixer layers may place their
+        # norms otherwise than its attention layers (OLMo Hybrid's: `_mixer_norms`).
+        mixes = [bool(mixing) and _holds(layer, mixing[-1]) for layer in self.layers]
+        firsts = {mixes[i]: without_mlp(self.layers[i]) for i in reversed(range(len(mixes)))}
+        differing = [i for i, layer in enumerate(self.layers)
+                     if without_mlp(layer) != firsts[mixes[i]]]  # fmt: skip
         kinds = [_experts.block_name(dict(layer.named_children())) is not None
                  for layer in self.layers]  # fmt: skip
         mlps = [_shapes(layer.get_submodule(mlp)) for layer in self.layers] if mlp else []
@@ -462,6 +468,22 @@ class _Reader(Watching):
                 "from the first): a hybrid or a per-layer variant, not recognised by convention"
             )
         return tuple(kinds)
+
+    def _mixer_norms(
+        self,
+        mlp: str,
+        norms: list[tuple[str, str]],
+        writes: tuple[float, float],
+        kind: tuple[str, bool, float],
+    ) -> tuple[tuple[str, str], ...] | None:
+        """A hybrid's mixer layers' norms where they differ from the attention layers'
+        (`_mixer_norms`: OLMo Hybrid's); None in any other model."""
+        if self.mixers is None:
+            return None
+        epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
+        norms_of = (kind, (*epsilons, *USUAL_EPSILONS))
+        return _mixer_norms.read(self.twin, self.layers, self.mixers.name, mlp, (norms, writes),
+                                 norms_of)  # fmt: skip
 
     def _mixers(self) -> tuple[Mixers | None, list[int]]:
         """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and

@@ -42,6 +42,7 @@ from hookedattn.core.hf import (
     _deepseek,
     _expert_table,
     _first_layer,
+    _mixer_norms,
     _sinusoids,
     _translate,
 )
@@ -130,6 +131,7 @@ class Convention:
             **rotary,
             **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
+            **(_mixer_norms.placements(a, a.mixers.config(c).layers) if a.mixers else {}),
             **_first_layer.ln1_fields(a, c.num_hidden_layers),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
@@ -208,14 +210,17 @@ class Convention:
         """Each block norm; a write scale multiplies a post-norm's gain and bias."""
         a = self.anatomy
         writes = {"ln1_post": a.attn_write, "ln2_post": a.mlp_write}
-        return [
-            rule
-            for ours, hf in a.norms
-            for rule in _norm(
-                a, f"blocks.{{layer}}.{ours}", f"{a.layers}.{{layer}}.{hf}",
-                writes.get(ours, Scale()).of(hf_config, cfg.d_head),
-            )
-        ]  # fmt: skip
+
+        def rules(ours: str, hf: str) -> list[Rule]:
+            return _norm(a, f"blocks.{{layer}}.{ours}", f"{a.layers}.{{layer}}.{hf}",
+                         writes.get(ours, Scale()).of(hf_config, cfg.d_head))  # fmt: skip
+
+        if a.mixer_norms is None:
+            return [rule for ours, hf in a.norms for rule in rules(ours, hf)]
+        # OLMo Hybrid's: the attention layers' norms and the mixer layers' apart.
+        kinds = tuple(cfg.layer_mixer(i) for i in range(cfg.n_layers))
+        return [rule for blocks, norms in _mixer_norms.norms_by_layer(a, kinds)
+                for ours, hf in norms for rule in _in_layers(rules(ours, hf), blocks)]  # fmt: skip
 
     def _sublayer_rules(
         self, cfg: HookedTransformerConfig, write: float, hf_config: Any
@@ -229,7 +234,7 @@ class Convention:
         if a.mixers is None:
             return attention
         attending = [i for i in range(cfg.n_layers) if cfg.layer_mixer(i) == "attention"]
-        o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
+        o_scale = 1.0 if "ln1_post" in dict(a.mixer_norms or a.norms) else write
         return [*_in_layers(attention, attending), *a.mixers.rules(a.layers, cfg, o_scale)]
 
     def _attention_rules(

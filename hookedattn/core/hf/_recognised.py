@@ -100,6 +100,9 @@ class Anatomy:
     # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
     # norms and wiring are then read off the first layer that attends.
     mixers: Mixers | None = None
+    # The mixer layers' norms where they differ from the attention layers' `norms`
+    # (`_mixer_norms`: OLMo Hybrid's pre-norms beside its attention's post-norms).
+    mixer_norms: tuple[tuple[str, str], ...] | None = None
     # ALiBi: the attention is handed a linear bias per head (`_alibi`), no positions else.
     alibi: bool = False
     # The first layer's children that are the identity where the others hold a norm

@@ -10,6 +10,7 @@ mean the same tensor), or to the part of a saved tensor that stacks several live
 is left as it is (the table's check then names it, if a checkpoint lacks it).
 """
 
+import itertools
 import re
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from safetensors import safe_open
 from torch import nn
 
 from hookedattn.core.hf import _loading
+from hookedattn.core.hf._joined import SEPARATOR
 
 
 def saved(twin: nn.Module) -> dict[str, torch.Tensor]:
@@ -59,6 +61,7 @@ def renames(twin: nn.Module, layers: str) -> tuple[tuple[str, str], ...]:
         if len(matches) == 1:
             found[_template(name, layers)] = _template(matches[0], layers)
     found |= _fused(files, twin, found, layers)
+    found |= _joined_pieces(files, twin, found, layers)
     return tuple(sorted(found.items()))
 
 
@@ -86,6 +89,32 @@ def _fused(
             if tensor.shape[1:] == parts[0].shape[1:] and torch.equal(torch.cat(parts), tensor):
                 for i, n in enumerate(names):
                     out[_template(n, layers)] = f"{_template(saved_name, layers)}#{i}/{len(names)}"
+    return out
+
+
+def _joined_pieces(
+    files: dict[str, torch.Tensor], twin: nn.Module, found: dict[str, str], layers: str
+) -> dict[str, str]:
+    """Live tensors saved in pieces (OLMo Hybrid's convolution as `q_conv1d`, `k_conv1d`,
+    `v_conv1d`: `_joined`): each unmatched live tensor whose rows are those of two to four
+    unmatched saved tensors of its module and kind, in some order, as (live name, the
+    pieces' names joined by `+` in that order)."""
+    taken = set(found.values()) | {p.partition("#")[0] for p in found.values()}
+    spare = {n: t for n, t in files.items() if _template(n, layers) not in taken}
+    out = {}
+    for name, tensor in twin.state_dict().items():
+        if name in files or _template(name, layers) in found or tensor.dim() == 0:
+            continue
+        module, kind = name.rpartition(".")[0].rpartition(".")[0], name.rpartition(".")[2]
+        pieces = [n for n, t in spare.items() if n.startswith(f"{module}.")
+                  and n.endswith(f".{kind}") and n.count(".") == name.count(".")
+                  and t.dim() == tensor.dim() and t.shape[1:] == tensor.shape[1:]]  # fmt: skip
+        if not 2 <= len(pieces) <= 4 or sum(spare[n].shape[0] for n in pieces) != len(tensor):
+            continue
+        for order in itertools.permutations(pieces):
+            if torch.equal(torch.cat([spare[n] for n in order]), tensor.detach()):
+                out[_template(name, layers)] = SEPARATOR.join(_template(n, layers) for n in order)
+                break
     return out
 
 

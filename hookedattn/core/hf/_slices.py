@@ -28,6 +28,7 @@ from einops import rearrange
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf._joined import joined
 from hookedattn.core.hf._loading import SafetensorsFiles
 from hookedattn.core.hf._table import (
     Rule,
@@ -210,6 +211,7 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
     """`read(name, local_slice, device)` for `parallel.build_model`: our tensor `name` (a
     rule of `table`), cut to `local_slice` if given, in `cfg.dtype`, read from `source`."""
     rules = {rule.ours: rule for rule in table.rules}
+    source = joined(source, table)  # a tensor kept in pieces read as one (`_joined`)
     stored = table.source_names(source.shapes)
     sizes = axis_sizes(cfg)
 

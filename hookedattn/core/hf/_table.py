@@ -35,6 +35,7 @@ from torch import Tensor
 
 from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf._joined import joined
 
 # An MLP's maps as HF keeps them (`[out in]`) and as ours are (`[in out]`).
 MLP_IN, MLP_OUT = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
@@ -251,6 +252,7 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
     """A `CheckpointError` listing every HF tensor missing, unexpected, misshapen, or not
     floating point (an integer, bool or complex weight is refused, never cast)."""
     sizes = axis_sizes(cfg)
+    source = joined(source, table)  # a tensor kept in pieces read as one (`_joined`)
     names = table.source_names(source.shapes)
     missing = sorted({hf for hf, stored in names.items() if stored not in source.shapes})
     read = set(names.values())
@@ -303,6 +305,7 @@ def convert(
     bfloat16 checkpoint loaded as bfloat16 never passes through float32.
     """
     sizes = axis_sizes(cfg)
+    source = joined(source, table)
     names = table.source_names(source.shapes)
     for rule in table.rules:
         if rule.hf is None:
