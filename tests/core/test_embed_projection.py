@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import decompose_resid, full_ov_circuit, full_qk_circuit
+from analysis import decompose_resid, full_ov_circuit, full_qk_circuit, logit_lens
 from hookedattn import HookedTransformer, HookedTransformerConfig, center_writing_weights
 
 TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7]])
@@ -64,6 +64,13 @@ def test_the_head_transform_maps_the_stream_to_the_unembedding_width():
     expected = normed @ model.W_U + model.b_U
     assert model.W_U.shape == (6, 20)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+
+
+def test_the_logit_lens_reads_each_stream_through_the_narrowing_head():
+    model = model_of()
+    logits, cache = model.run_with_cache(TOKENS)
+    lens = logit_lens(model, cache)
+    torch.testing.assert_close(lens.logits[-1], logits, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("site", ["resid_pre", "resid_mid", "resid_post"])
