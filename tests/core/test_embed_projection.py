@@ -146,3 +146,13 @@ def test_the_unembedding_width_needs_a_head_transform():
 def test_narrow_embeddings_refuse_shortformer_positions():
     with pytest.raises(ValueError, match="d_embed=8 .*positional_embedding_type='shortformer'"):
         config(positional_embedding_type="shortformer", normalization_placement="pre")
+
+
+def test_a_device_map_places_the_projection_with_the_embeddings():
+    from hookedattn.core import parallel
+
+    model = model_of(n_layers=4)
+    mapped = parallel.place(model.copy(), ["cpu", "cpu"])
+    assert list(mapped.device_map)[:4] == ["embed", "pos_embed", "ln_embed", "embed_proj"]
+    with torch.no_grad():
+        torch.testing.assert_close(mapped(TOKENS), model(TOKENS), rtol=0, atol=0)
