@@ -84,3 +84,19 @@ def test_electra_as_wide_as_its_stream_has_no_projection():
     assert model.cfg.d_embed is None and model.cfg.d_unembed is None
     with torch.no_grad():
         assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-12
+
+
+def test_each_side_of_rembert_is_read_by_its_own_field_where_the_widths_are_equal():
+    from hookedattn.core.hf._projections import width_field
+
+    config = transformers.RemBertConfig(input_embedding_size=40, output_embedding_size=40)
+    assert width_field(config, 40, "input", "the embeddings'") == "input_embedding_size"
+    assert width_field(config, 40, "output", "the head's") == "output_embedding_size"
+
+
+def test_a_width_no_config_field_holds_is_refused_by_name():
+    from hookedattn.core.hf._projections import width_field
+
+    config = transformers.ElectraConfig(embedding_size=40, hidden_size=64)
+    with pytest.raises(ValueError, match=r"the embeddings' width 48 is named by no field"):
+        width_field(config, 48, "input", "the embeddings'")

@@ -49,6 +49,19 @@ def embed_projection(
     return Projection(found[0], module.bias is not None, field, seen[f"linear:{found[0]}"][0])
 
 
+def anatomy_fields(
+    twin: nn.Module, config: Any, projection: Projection, dense: str | None
+) -> dict[str, Any]:
+    """`Anatomy`'s fields for the widths: the embeddings' `projection` and the head's dense
+    map `dense` (None: no head transform)."""
+    return dict(
+        embed_proj=projection.name,
+        embed_proj_bias=projection.bias,
+        embed_width=projection.width_field,
+        head_width=head_width(twin, config, dense),
+    )
+
+
 def head_width(twin: nn.Module, config: Any, dense: str | None) -> str | None:
     """The config field naming the width the head's dense map `dense` writes (and the
     decoder reads); None where there is no head or it keeps the stream's width."""

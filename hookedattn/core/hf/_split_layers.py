@@ -143,10 +143,7 @@ class _Watcher:
             head_dense=head[0],
             head_norm=head[1],
             head_act=head[2],
-            embed_proj=projection.name,
-            embed_proj_bias=projection.bias,
-            embed_width=projection.width_field,
-            head_width=_projections.head_width(self.twin, self.config, head[0]),
+            **_projections.anatomy_fields(self.twin, self.config, projection, head[0]),
         )
 
     def _check_decoder(self) -> None:
