@@ -53,6 +53,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from analysis._widths import require_stream_embeddings
 from hookedattn.core import require_bilinear_scores
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import LayerNormPre, NoNorm
@@ -94,6 +95,7 @@ def full_qk_circuit(
     `fold_ln_scale`: see the module docstring. Divide by `cfg.attn_scale` for scores.
     """
     require_bilinear_scores(model, "full_qk_circuit")
+    require_stream_embeddings(model, "full_qk_circuit")
     layers, heads = _indices(model, layer, head)
     embed = _embedding(model, include_positional, fold_ln_scale)
     queries = _read(model, embed, model.W_Q, layers, heads, fold_ln_scale)
@@ -115,6 +117,7 @@ def full_ov_circuit(
     d_vocab_out]`; row `d_vocab + p` is what position `p` of the source contributes).
     `fold_ln_scale`: see the module docstring.
     """
+    require_stream_embeddings(model, "full_ov_circuit", unembedding=True)
     layers, heads = _indices(model, layer, head)
     embed = _embedding(model, include_positional, fold_ln_scale)
     values = _read(model, embed, model.W_V, layers, heads, fold_ln_scale)

@@ -35,6 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analysis._weight_scores import ScoresAgainstRandom, seeded_draws, upcast, wishart_factor
+from analysis._widths import require_stream_embeddings
 from hookedattn.core import require_bilinear_scores
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def _small_matrices(
     model: "HookedTransformer", circuit: str
 ) -> Float[Tensor, "layer head d_head d_head"]:
     """`B @ A` of each head's full circuit `A @ B`: same nonzero spectrum, `d_head` square."""
+    require_stream_embeddings(model, f"the copying score of the {circuit} circuit", True)
     W_E = upcast(model.W_E)
     if circuit == "OV":
         middle = upcast(model.W_U) @ W_E

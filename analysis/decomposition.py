@@ -54,6 +54,7 @@ from analysis._naming import expert_label, head_label, neuron_label
 from analysis._reading import activation, weight
 from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
+from analysis._widths import through_embed_projection
 from analysis.experts import expert_writes, shared_write
 from analysis.head_results import _results_into, head_results
 from analysis.normalization import NormSite, through_norm
@@ -270,9 +271,9 @@ def _check_granularity(
     if _normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
             f"granularity={granularity!r}: the stream of this model passes norms of its own "
-            f"(post-residual norms, or a norm of the embeddings) that rescale it, so only "
-            f"granularity='sublayer' decomposes it (through those norms at their recorded "
-            f"scales)"
+            f"(post-residual norms, or a norm of the embeddings) that rescale it, or its "
+            f"embeddings a projection into it, so only granularity='sublayer' decomposes it "
+            f"(through those norms at their recorded scales, and the projection)"
         )
 
 
@@ -321,8 +322,9 @@ def _fits(terms: Terms | None, like: Float[Tensor, "batch pos d_model"]) -> bool
 
 
 def _normed_stream(cfg: object) -> bool:
-    """Whether norms rescale the stream itself: post-residual norms, an embedding norm."""
-    return cfg.normalization_placement == "post_residual" or cfg.embed_norm
+    """Whether norms rescale the stream itself (post-residual norms, an embedding norm), or
+    a projection maps the embeddings into it (`d_embed`)."""
+    return cfg.normalization_placement == "post_residual" or cfg.embed_norm or bool(cfg.d_embed)
 
 
 def _through_stream_norms(
@@ -332,12 +334,15 @@ def _through_stream_norms(
     docstring): the embeddings and each sublayer's write, each passed through every norm of
     the stream after it at the scale the forward recorded (`through_norm`: centred, divided,
     times the gain), each norm's bias a term of its own (`ln_embed_bias`,
-    `L0_ln_resid_mid_bias`, ...). They sum to the stream exactly."""
+    `L0_ln_resid_mid_bias`, ...), the embeddings' terms then through their projection into
+    the stream where there is one (`embed_proj_bias` a term). They sum to the stream
+    exactly."""
     terms = _sublayer_terms(model, site, layer)
     embeddings = [(label, name) for label, name in terms if label in ("embed", "pos_embed")]
     components = torch.stack([activation(cache, name) for _, name in embeddings])
     labels = tuple(label for label, _ in embeddings)
     components, labels = through_norm(model, cache, NormSite("ln_embed"), components, labels)
+    components, labels = through_embed_projection(model, components, labels)
     post_residual = model.cfg.normalization_placement == "post_residual"
     for label, name in terms[len(embeddings) :]:
         components = torch.cat([components, activation(cache, name)[None]])

@@ -115,9 +115,10 @@ def logit_lens(
 
 def _through_head(
     model: HookedTransformer, x: Float[Tensor, "layer batch pos d_model"]
-) -> Float[Tensor, "layer batch pos d_model"]:
+) -> Float[Tensor, "layer batch pos d_unembed"]:
     """The head transform before the unembedding, where the model has one (BERT's: dense,
-    activation, norm, its scale recomputed per stream), without firing its hook points."""
+    activation, norm, its scale recomputed per stream), without firing its hook points;
+    `d_unembed` is `d_model` but behind a head to another width (ELECTRA's)."""
     act_fn = model.cfg.unembed_transform
     if act_fn is None:
         return x

@@ -76,6 +76,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "gated_mlp": _FLAG,
     "embed_norm": _FLAG,
     "embed_norm_before_positions": _FLAG,
+    "d_embed": FieldSpec(int, low=1, high=1 << 20, optional=True),
+    "d_unembed": FieldSpec(int, low=1, high=1 << 20, optional=True),
     "unembed_transform": FieldSpec(str, choices=ACT_FNS[:-2], optional=True),  # elementwise
     "parallel_attn_mlp": _FLAG,
     "use_qk_norm": _FLAG,

@@ -308,7 +308,11 @@ _BLOCK = re.compile(r"blocks\.(\d+)\.")
 # (config field, tensor, axis, whether the config needs the tensor at all).
 _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("d_vocab", "embed.W_E", 0, lambda cfg: True),
-    ("d_model", "embed.W_E", 1, lambda cfg: True),
+    ("d_model", "embed.W_E", 1, lambda cfg: cfg.d_embed is None),
+    # Embeddings of another width than the stream's, and their projection into it.
+    ("d_embed", "embed.W_E", 1, lambda cfg: cfg.d_embed is not None),
+    ("d_model", "embed_proj.W_proj", 1, lambda cfg: cfg.d_embed is not None),
+    ("d_unembed", "unembed.W_U", 0, lambda cfg: cfg.d_unembed is not None),
     ("d_vocab_out", "unembed.W_U", 1, lambda cfg: True),
     ("n_ctx", "pos_embed.W_pos", 0, lambda cfg: cfg.has_learned_positions),
     ("n_heads", "blocks.{attn}.attn.W_Q", 0, lambda cfg: _attends(cfg)),

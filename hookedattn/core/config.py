@@ -92,6 +92,11 @@ class HookedTransformerConfig:
       positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
       names BERT's head transform before `W_U`, `ln_unembed(act(x @ W_dense + b_dense))`
       (`components.unembed_transform`).
+    - `d_embed`: the embeddings (`W_E`, `W_pos`, `ln_embed`) are this wide, and a learned
+      projection `embed_proj` (`x @ W_proj + b_proj`) maps them to `d_model` before block 0
+      (ELECTRA, RemBERT: `components.embed_projection`). None: `d_model`, no projection.
+      `d_unembed`: the head transform's output and `W_U`'s rows are this wide (ELECTRA's,
+      RemBERT's head); None: `d_model`.
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
@@ -220,7 +225,9 @@ class HookedTransformerConfig:
     gated_mlp: bool = False
     embed_norm: bool = False
     embed_norm_before_positions: bool = False
+    d_embed: int | None = None
     unembed_transform: str | None = None
+    d_unembed: int | None = None
     parallel_attn_mlp: bool = False
     use_qk_norm: bool = False
     qk_norm_per_head: bool = True
@@ -372,6 +379,7 @@ class HookedTransformerConfig:
                 "positions are added: it needs embed_norm=True and "
                 f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
             )
+        self._check_embed_widths()
         flags = self.ln1_layers
         if flags is not None and (
             len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
@@ -410,6 +418,21 @@ class HookedTransformerConfig:
                 "placement_layers places each block's norms: it needs normalization_type "
                 f"set (got {self.normalization_type!r}) and normalization_placement not "
                 f"'post_residual' (got {self.normalization_placement!r})"
+            )
+
+    def _check_embed_widths(self) -> None:
+        """Check the widths on either side of the stream: a narrower embedding needs its
+        positions in the stream, a narrower unembedding the head transform that maps to it."""
+        if self.d_embed is not None and self.positional_embedding_type == "shortformer":
+            raise ValueError(
+                f"d_embed={self.d_embed} projects the embeddings into the stream, but "
+                "positional_embedding_type='shortformer' adds W_pos to the queries' and "
+                "keys' d_model-wide inputs: use 'standard', 'rotary' or 'none'"
+            )
+        if self.d_unembed is not None and self.unembed_transform is None:
+            raise ValueError(
+                f"d_unembed={self.d_unembed} is the width of the head transform's output, "
+                "but unembed_transform is None (no head transform): name its activation"
             )
 
     def _check_layer_lists(self) -> None:
@@ -645,6 +668,16 @@ class HookedTransformerConfig:
     @property
     def _is_sequential(self) -> bool:
         return not self.attn_only and not self.parallel_attn_mlp
+
+    @property
+    def embed_width(self) -> int:
+        """The width of the embeddings `W_E`, `W_pos` (`d_embed`, else `d_model`)."""
+        return self.d_model if self.d_embed is None else self.d_embed
+
+    @property
+    def unembed_width(self) -> int:
+        """The width `W_U` reads (`d_unembed`, else `d_model`)."""
+        return self.d_model if self.d_unembed is None else self.d_unembed
 
     @property
     def has_learned_positions(self) -> bool:

@@ -2,11 +2,13 @@
 
     resid  = ln_embed(W_E[tokens] + W_pos[positions])   (hook_embed, hook_pos_embed)
              (or ln_embed(W_E[tokens]) + W_pos[positions]: `embed_norm_before_positions`)
+    resid  = embed_proj(resid)                          (`d_embed`: ELECTRA, RemBERT)
     resid  = block(resid)  for each block                (see components/block.py)
     logits = unembed_transform(ln_final(resid)) @ W_U + b_U
 
-`ln_embed` (`embed_norm`: BERT, BART) and `unembed_transform` (BERT's head: dense, act,
-norm) are the identity where the config has none; there is no `ln_final` after
+`ln_embed` (`embed_norm`: BERT, BART), `embed_proj` (embeddings `d_embed` wide projected
+to the stream) and `unembed_transform` (BERT's head: dense, act, norm) are the identity
+where the config has none; there is no `ln_final` after
 post-residual norms (`normalization_placement="post_residual"`).
 
 A shortformer model (`positional_embedding_type="shortformer"`) keeps `W_pos[positions]`
@@ -48,6 +50,7 @@ from hookedattn.core._tl_names import TLNamesMixin
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.block import make_block
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
+from hookedattn.core.components.embed_projection import make_embed_projection
 from hookedattn.core.components.norm import make_embed_norm, make_final_norm
 from hookedattn.core.components.unembed_transform import make_unembed_transform
 from hookedattn.core.config import HookedTransformerConfig
@@ -106,6 +109,7 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
             self.with_query_key_positions = self._with_query_key_positions
         # rotary models rotate q and k instead; "none" has no positional signal
         self.ln_embed = make_embed_norm(cfg)
+        self.embed_proj = make_embed_projection(cfg)
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = make_final_norm(cfg)
         self.unembed_transform = make_unembed_transform(cfg)
@@ -221,19 +225,23 @@ class HookedTransformer(StackedWeights, TLNamesMixin, HookedRootModule):
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
         embed, pos_embed = self.embed(tokens), self.pos_embed(positions)
-        return self.ln_embed(self.hook_embed(embed) + self.hook_pos_embed(pos_embed))
+        return self.embed_proj(
+            self.ln_embed(self.hook_embed(embed) + self.hook_pos_embed(pos_embed))
+        )
 
     def _normed_token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
         """BlenderbotSmall's order: the token embedding normed, then the positions added."""
         embed, pos_embed = self.embed(tokens), self.pos_embed(positions)
-        return self.ln_embed(self.hook_embed(embed)) + self.hook_pos_embed(pos_embed)
+        return self.embed_proj(
+            self.ln_embed(self.hook_embed(embed)) + self.hook_pos_embed(pos_embed)
+        )
 
     def _token_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
     ) -> Resid:
-        return self.ln_embed(self.hook_embed(self.embed(tokens)))
+        return self.embed_proj(self.ln_embed(self.hook_embed(self.embed(tokens))))
 
     def _with_query_key_positions(self, context: AttentionContext) -> AttentionContext:
         """The context with the positional embedding of its positions, which every layer's

@@ -98,10 +98,12 @@ def center_writing_weights(model: "HookedTransformer") -> "HookedTransformer":
     """Remove the mean over `d_model` from every weight and bias that writes to the stream.
 
     `W_E`, `W_pos`, `W_O`, `b_O`, `W_out`, `b_out` are centred, so the residual stream has
-    zero mean. Preserves the logits and every norm's output exactly, because every reader
-    of the stream is a LayerNorm, which subtracts the mean first: `LN(x + c) = LN(x)` for a
-    constant vector `c`. Changes: `hook_embed`, `hook_pos_embed`, `hook_resid_*`,
-    `hook_attn_out`, `hook_mlp_out`, `hook_result` (each by its mean). Refused for RMSNorm
+    zero mean (where the embeddings are `d_embed` wide, their projection's `W_proj` and
+    `b_proj` in place of `W_E` and `W_pos`). Preserves the logits and every norm's output
+    exactly, because every reader of the stream is a LayerNorm, which subtracts the mean
+    first: `LN(x + c) = LN(x)` for a constant vector `c`. Changes: `hook_embed`,
+    `hook_pos_embed` (not where a projection follows them), `hook_resid_*`, `hook_attn_out`,
+    `hook_mlp_out`, `hook_result` (each by its mean). Refused for RMSNorm
     and norm-free models, whose readers see the mean, so centring would change the model;
     for norms after the sublayers, which stand between `W_O`, `W_out` and the stream; and
     for shortformer positions (`W_pos` is read by the queries and keys after `ln1`, where
@@ -388,6 +390,8 @@ def _center_writing_weights(state: State, cfg: HookedTransformerConfig) -> Hooke
     if why is not None:
         raise ValueError(why)
     writers = ["embed.W_E", "pos_embed.W_pos"]
+    if cfg.d_embed is not None:  # the embeddings reach the stream through their projection
+        writers = ["embed_proj.W_proj", "embed_proj.b_proj"]
     for layer in range(cfg.n_layers):
         writers += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
         writers += [f"blocks.{layer}.mixer.W_out", f"blocks.{layer}.mixer.b_out"]  # a hybrid's

@@ -3,8 +3,8 @@
 Each variant is its own small module, chosen when the model is built (`make_block`,
 `make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution,
 Mamba-2 or gated delta net in attention's place; `make_mlp` or `MoE`, `make_norm`,
-`make_embed_norm`, `make_final_norm`, `make_unembed_transform`, `make_soft_cap`), so that
-every forward stays the equation it implements.
+`make_embed_norm`, `make_embed_projection`, `make_final_norm`, `make_unembed_transform`,
+`make_soft_cap`), so that every forward stays the equation it implements.
 """
 
 from hookedattn.core.components.alibi import ALiBi, alibi_slopes
@@ -24,6 +24,11 @@ from hookedattn.core.components.block import (
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.core.components.embed_projection import (
+    EmbedProjection,
+    NoProjection,
+    make_embed_projection,
+)
 from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
@@ -71,6 +76,7 @@ __all__ = [
     "AttnOnlyBlock",
     "Block",
     "Embed",
+    "EmbedProjection",
     "ExpertHooks",
     "GatedDeltaNet",
     "GatedMLP",
@@ -84,6 +90,7 @@ __all__ = [
     "MoE",
     "NeuronNormMLP",
     "NoNorm",
+    "NoProjection",
     "NoTransform",
     "ParallelBlock",
     "ParallelMixerBlock",
@@ -105,6 +112,7 @@ __all__ = [
     "make_attention",
     "make_block",
     "make_embed_norm",
+    "make_embed_projection",
     "make_final_norm",
     "make_ln1",
     "make_mixer",

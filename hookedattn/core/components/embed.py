@@ -24,11 +24,12 @@ def affine(
 
 
 class Embed(nn.Module):
-    """Token ids to vectors: row `t` of `W_E: [d_vocab d_model]` for token `t`."""
+    """Token ids to vectors: row `t` of `W_E: [d_vocab d_model]` for token `t` (`d_embed`
+    wide where a projection follows: `components.embed_projection`)."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        self.W_E = _param(cfg.d_vocab, cfg.d_model, cfg=cfg)
+        self.W_E = _param(cfg.d_vocab, cfg.embed_width, cfg=cfg)
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return self.lookup(tokens)  # `W_E[tokens]`
@@ -44,14 +45,15 @@ class PosEmbed(nn.Module):
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        self.W_pos = _param(cfg.n_ctx, cfg.d_model, cfg=cfg)
+        self.W_pos = _param(cfg.n_ctx, cfg.embed_width, cfg=cfg)
 
     def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return nn.functional.embedding(positions, self.W_pos)  # `W_pos[positions]`
 
 
 class Unembed(nn.Module):
-    """The residual stream to logits: `x @ W_U + b_U`, `W_U: [d_model d_vocab_out]`.
+    """The residual stream to logits: `x @ W_U + b_U`, `W_U: [d_model d_vocab_out]` (rows
+    `d_unembed` where a head transform maps the stream to that width).
 
     With `output_logits_soft_cap` (Gemma 2) the logits are then squashed, `c * tanh(l /
     c)`; direct logit attributions are exact for the logits before the cap. `hook_in` is
@@ -61,7 +63,7 @@ class Unembed(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
         self.hook_in = HookPoint()  # [batch pos d_model]
-        self.W_U = _param(cfg.d_model, cfg.d_vocab_out, cfg=cfg)
+        self.W_U = _param(cfg.unembed_width, cfg.d_vocab_out, cfg=cfg)
         self.b_U = _param(cfg.d_vocab_out, cfg=cfg)
         self.soft_cap = make_soft_cap(cfg.output_logits_soft_cap)
         self.hook_out = HookPoint()  # [batch pos d_vocab_out]

@@ -138,8 +138,9 @@ def make_norm(cfg: HookedTransformerConfig, shape: tuple[int, ...] | None = None
 
 
 def make_embed_norm(cfg: HookedTransformerConfig) -> nn.Module:
-    """The norm of the embeddings before the first block (`embed_norm`), or none."""
-    return make_norm(cfg) if cfg.embed_norm else NoNorm()
+    """The norm of the embeddings before the first block (`embed_norm`), or none; over
+    their width, which a projection may change after it (`d_embed`)."""
+    return make_norm(cfg, (cfg.embed_width,)) if cfg.embed_norm else NoNorm()
 
 
 def make_final_norm(cfg: HookedTransformerConfig) -> nn.Module:

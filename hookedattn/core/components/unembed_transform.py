@@ -3,7 +3,8 @@ stream and the unembedding.
 
     x = ln_unembed(act(x @ W_dense + b_dense))        (hook_pre before act, hook_post after)
 
-`W_dense: [d_model d_model_out]` (square: the unembedding reads the same width). Built when
+`W_dense: [d_model d_unembed]`: square, or to the narrower (or wider) width `d_unembed` the
+unembedding reads (ELECTRA's and RemBERT's heads), the norm over that width. Built when
 `cfg.unembed_transform` names the activation; otherwise the model composes `NoTransform`,
 the identity, so the forward is the same line either way. The logits are then no linear
 function of the final stream: direct logit attribution refuses such a model.
@@ -33,14 +34,16 @@ class UnembedTransform(nn.Module):
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        self.W_dense = _param(cfg.d_model, cfg.d_model, cfg=cfg)
-        self.b_dense = _param(cfg.d_model, cfg=cfg)
+        self.W_dense = _param(cfg.d_model, cfg.unembed_width, cfg=cfg)
+        self.b_dense = _param(cfg.unembed_width, cfg=cfg)
         self.act_fn = ACTIVATIONS[cfg.unembed_transform]
-        self.hook_pre = HookPoint()  # [batch pos d_model]
+        self.hook_pre = HookPoint()  # [batch pos d_unembed]
         self.hook_post = HookPoint()
-        self.ln_unembed = make_norm(cfg)
+        self.ln_unembed = make_norm(cfg, (cfg.unembed_width,))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_unembed"]:
         pre = self.hook_pre(affine(x, self.W_dense, self.b_dense))
         return self.ln_unembed(self.hook_post(self.act_fn(pre)))
 

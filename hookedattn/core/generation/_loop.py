@@ -337,13 +337,13 @@ def _last_logits(
     sees the whole forward.
     """
     model._notice_wrappers()  # before the first forward of a model wrapped since its last
-    if _hooked(model.ln_final) or _hooked(model.unembed):
+    if any(_hooked(m) for m in (model.ln_final, model.unembed_transform, model.unembed)):
         return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)[:, -1]
     n_layers = model.cfg.n_layers
     resid = model(
         tokens, attention_mask=attention_mask, past_kv_cache=cache, stop_at_layer=n_layers
     )
-    return model.unembed(model.ln_final(resid[:, -1:]))[:, -1]
+    return model.unembed(model.unembed_transform(model.ln_final(resid[:, -1:])))[:, -1]
 
 
 def _hooked(module: torch.nn.Module) -> bool:

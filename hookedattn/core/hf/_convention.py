@@ -128,6 +128,7 @@ class Convention:
             "embed_norm": a.embed_norm is not None,
             "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
+            **_projection_fields(c, a),
             **rotary,
             **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
@@ -143,16 +144,18 @@ class Convention:
         a = self.anatomy
         scale = lambda s: s.of(hf_config, cfg.d_head)
         rules = [
-            Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_model -> d_vocab d_model",
+            Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_embed -> d_vocab d_embed",
                  adjust=times(scale(a.embed_scale))),
             *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
-            *(_norm(a, "ln_embed", a.embed_norm, 1.0) if a.embed_norm else []),
+            *(_norm(a, "ln_embed", a.embed_norm, 1.0, "d_embed") if a.embed_norm else []),
+            *_projection_rules(a),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
             *self._head_rules(),
-            Rule("unembed.W_U", f"{a.unembed}.weight", "d_vocab_out d_model -> d_model d_vocab_out",
+            Rule("unembed.W_U", f"{a.unembed}.weight",
+                 "d_vocab_out d_unembed -> d_unembed d_vocab_out",
                  adjust=times(scale(a.logit_scale))),
             Rule("unembed.b_U", f"{a.unembed}.bias", "d_vocab_out -> d_vocab_out",
                  adjust=times(scale(a.logit_scale)))
@@ -185,7 +188,7 @@ class Convention:
         if a.position_offset not in (0, 2):
             raise ValueError(f"positions from row {a.position_offset} of their table: only "
                              "rows 0 and 2 (OPT's, BioGPT's) are read")  # fmt: skip
-        pattern, name = "n_ctx d_model -> n_ctx d_model", f"{a.positions}.weight"
+        pattern, name = "n_ctx d_embed -> n_ctx d_embed", f"{a.positions}.weight"
         # Token type 0, which every token gets, is a constant of the positions' rows.
         plus = f"{a.token_types}.weight" if a.token_types else None
         if a.position_offset == 0:
@@ -194,16 +197,17 @@ class Convention:
         return [Rule("pos_embed.W_pos", name, pattern, split=split, part=1, plus_first_row=plus)]
 
     def _head_rules(self) -> list[Rule]:
-        """BERT's head transform before the decoder: a square dense map and a norm."""
+        """BERT's head transform before the decoder: a dense map (to the width the decoder
+        reads: ELECTRA's, RemBERT's narrower) and a norm."""
         a, ours = self.anatomy, "unembed_transform"
         if a.head_dense is None:
             return []
-        square = "d_model_out d_model -> d_model d_model_out"
+        dense = "d_unembed d_model -> d_model d_unembed"
         return [
-            Rule(f"{ours}.W_dense", f"{a.head_dense}.weight", square),
-            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_model -> d_model")
-            if a.head_dense_bias else zeros(f"{ours}.b_dense", "d_model"),
-            *_norm(a, f"{ours}.ln_unembed", a.head_norm, 1.0),
+            Rule(f"{ours}.W_dense", f"{a.head_dense}.weight", dense),
+            Rule(f"{ours}.b_dense", f"{a.head_dense}.bias", "d_unembed -> d_unembed")
+            if a.head_dense_bias else zeros(f"{ours}.b_dense", "d_unembed"),
+            *_norm(a, f"{ours}.ln_unembed", a.head_norm, 1.0, "d_unembed"),
         ]  # fmt: skip
 
     def _norm_rules(self, hf_config: Any, cfg: HookedTransformerConfig) -> list[Rule]:
@@ -589,18 +593,42 @@ def _in_layers(rules: list[Rule], layers: range | list[int]) -> list[Rule]:
     ]
 
 
-def _norm(anatomy: Anatomy, ours: str, hf: str, write: float) -> list[Rule]:
-    """The gain (and bias) of one norm, multiplied by `write`."""
-    kind, axes = anatomy.norm_kind, "d_model -> d_model"
+def _norm(anatomy: Anatomy, ours: str, hf: str, write: float, width: str = "d_model") -> list[Rule]:
+    """The gain (and bias) of one norm over `width`, multiplied by `write`."""
+    kind, axes = anatomy.norm_kind, f"{width} -> {width}"
     if kind in ("layer_bare", "rms_bare"):
-        gain = ones(f"{ours}.w", "d_model", times=write)
+        gain = ones(f"{ours}.w", width, times=write)
     else:
         gain = Rule(f"{ours}.w", f"{hf}.weight", axes, adjust=_chain(_gain(anatomy), times(write)))
     if NORM_TYPES[kind] == "RMS":
         return [gain]
     bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=times(write))
-            if anatomy.norm_bias else zeros(f"{ours}.b", "d_model"))  # fmt: skip
+            if anatomy.norm_bias else zeros(f"{ours}.b", width))  # fmt: skip
     return [gain, bias]
+
+
+def _projection_fields(hf_config: Any, anatomy: Anatomy) -> dict[str, Any]:
+    """`d_embed` and `d_unembed` where the embeddings or the head are not the stream's
+    width (`_projections`), read from the config fields that name them."""
+    a, fields = anatomy, {}
+    if a.embed_proj is not None:
+        fields["d_embed"] = getattr(hf_config, a.embed_width)
+    if a.head_width is not None:
+        fields["d_unembed"] = getattr(hf_config, a.head_width)
+    return fields
+
+
+def _projection_rules(anatomy: Anatomy) -> list[Rule]:
+    """The linear map from the embeddings into the stream (`embed_proj`), if any."""
+    a = anatomy
+    if a.embed_proj is None:
+        return []
+    bias = (Rule("embed_proj.b_proj", f"{a.embed_proj}.bias", "d_model -> d_model")
+            if a.embed_proj_bias else zeros("embed_proj.b_proj", "d_model"))  # fmt: skip
+    return [
+        Rule("embed_proj.W_proj", f"{a.embed_proj}.weight", "d_model d_embed -> d_embed d_model"),
+        bias,
+    ]
 
 
 def _gain(anatomy: Anatomy) -> Callable[[Tensor], Tensor] | None:

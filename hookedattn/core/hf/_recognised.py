@@ -97,6 +97,13 @@ class Anatomy:
     head_dense_bias: bool = True  # ModernBERT-decoder's has none
     head_norm: str | None = None
     head_act: str | None = None
+    # Embeddings of another width than the stream (`_projections`): the linear map into the
+    # stream, whether it has a bias, and the config fields naming the embeddings' width and
+    # the head's (None: the stream's).
+    embed_proj: str | None = None
+    embed_proj_bias: bool = True
+    embed_width: str | None = None
+    head_width: str | None = None
     # A hybrid's mixers in attention's place in some layers (`_mixers`); the attention, its
     # norms and wiring are then read off the first layer that attends.
     mixers: Mixers | None = None

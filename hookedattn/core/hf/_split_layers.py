@@ -17,10 +17,12 @@ as for any other layer. Around the layers it recognises, again by what the run p
     the embedding   word embeddings plus learned positions from some row of their table
                     (RoBERTa's from `padding_idx + 1`) plus row 0 of the token-type table
                     (a constant of every input: folded into the positions), then a norm
-                    (`ln_embed`) where there is one
+                    (`ln_embed`) where there is one, then a linear map into the stream
+                    where the embeddings are narrower (`embed_proj`: ELECTRA, RemBERT)
     the final norm  a norm reading the last layer's output (pre-norm variants only)
-    the head        a square dense map, an activation, a norm, then the decoder (BERT's
-                    `cls.predictions.transform`, RoBERTa's `lm_head`): `unembed_transform`
+    the head        a dense map, an activation, a norm, then the decoder (BERT's
+                    `cls.predictions.transform`, RoBERTa's `lm_head`): `unembed_transform`;
+                    ELECTRA's and RemBERT's map to the decoder's narrower width
 
 Activations are found by replacing what a dense map computed with a range of values and
 reading what the next piece receives. What it returns is `Anatomy`'s fields; anything it
@@ -34,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
-from hookedattn.core.hf import _saved
+from hookedattn.core.hf import _projections, _saved
 from hookedattn.core.hf._probes import (
     CONFIG_EPSILONS,
     USUAL_EPSILONS,
@@ -92,7 +94,8 @@ class _Watcher:
         unused = tuple(n for n, _ in self.layer.named_children() if is_cross(n))
         norms, writes = self._wiring(seen, unused)
         where = placement({ours for ours, _ in norms})
-        embed_norm, positions, offset, token_types = self._embedding(seen)
+        projection = _projections.embed_projection(self.twin, seen, self._outer_linears())
+        embed_norm, positions, offset, token_types = self._embedding(seen, projection.reads)
         final_norm = self._final_norm(seen, where)
         head = self._head(seen, final_norm)
         used = [embed_norm, final_norm, head[1]]
@@ -140,6 +143,7 @@ class _Watcher:
             head_dense=head[0],
             head_norm=head[1],
             head_act=head[2],
+            **_projections.anatomy_fields(self.twin, self.config, projection, head[0]),
         )
 
     def _check_decoder(self) -> None:
@@ -259,18 +263,20 @@ class _Watcher:
                 if isinstance(m, nn.Linear) and not n.startswith(f"{self.layers_name}.")
                 and m is not self.unembed}  # fmt: skip
 
-    def _embedding(self, seen: dict[str, Any]) -> tuple[str | None, str | None, int, str | None]:
+    def _embedding(
+        self, seen: dict[str, Any], entering: Tensor
+    ) -> tuple[str | None, str | None, int, str | None]:
         """The embedding norm, the positions' table and the row of position 0 in it, and
-        the token-type table (row 0 added to every token), from what entered layer 0."""
-        entering = seen["layer"][0]
+        the token-type table (row 0 added to every token), from `entering`: what entered
+        layer 0, or the projection into it (`_projections`)."""
         norm = next((n for n, m in self.outer_norms.items() if f"outer:{n}" in seen
                      and _close(seen[f"outer:{n}"][1], entering)), None)  # fmt: skip
         summed = seen[f"outer:{norm}"][0] if norm else entering
         if summed.shape != seen["embed"][1].shape:
             raise ValueError(
                 f"the embeddings are {seen['embed'][1].shape[-1]} wide and the stream "
-                f"{entering.shape[-1]}: a projection or a concatenation between them "
-                "(ELECTRA's embedding_size, RemBERT's, RoCBERT's) we do not read"
+                f"{entering.shape[-1]}: a concatenation between them (RoCBERT's), or a "
+                "projection that is not one linear map of the embeddings' norm, we do not read"
             )
         added = summed - seen["embed"][1]
         width = added.shape[-1]
@@ -330,11 +336,6 @@ class _Watcher:
             raise ValueError(
                 "the decoder reads neither the final stream nor a dense map, an activation "
                 "and a norm of it: a head we do not read"
-            )
-        weight = self.twin.get_submodule(dense[0]).weight
-        if weight.shape[0] != weight.shape[1]:
-            raise ValueError(
-                f"the head's dense map {dense[0]} is not square: {tuple(weight.shape)}"
             )
         act = self._activation(dense[0], norm[0], within=self.twin)
         return dense[0], norm[0], act

@@ -134,7 +134,10 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
     """The size of every axis name a rule's pattern may use, from our config."""
     return {
         "d_model": cfg.d_model,
-        "d_model_out": cfg.d_model,  # the other side of a square map (a head transform)
+        "d_model_out": cfg.d_model,  # the other side of a square map
+        # The embeddings' width and the head's, where they are not the stream's (ELECTRA).
+        "d_embed": cfg.embed_width,
+        "d_unembed": cfg.unembed_width,
         "d_head": cfg.d_head,
         "head": cfg.n_heads,
         "kv_head": cfg.n_kv_heads,
@@ -271,8 +274,8 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
                 if entry not in wrong:
                     wrong.append(entry)
         added = names.get(rule.plus_first_row or "")
-        if added in source.shapes and tuple(source.shapes[added])[1:] != (cfg.d_model,):
-            wrong.append(f"{added}: {tuple(source.shapes[added])} instead of (rows, d_model)")
+        if added in source.shapes and tuple(source.shapes[added])[1:] != (cfg.embed_width,):
+            wrong.append(f"{added}: {tuple(source.shapes[added])} instead of (rows, d_embed)")
     kinds = sorted(
         f"{stored}: {source.dtypes[stored]}"
         for stored in read

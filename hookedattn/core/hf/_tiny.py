@@ -40,6 +40,9 @@ import torch
 WIDTH, HEADS, MLP, EXPERT_MLP, SHARED_MLP, VOCAB, WINDOW = 64, 4, 128, 32, 48, 128, 4
 MAX_LAYERS = 8
 _EMBEDDING_STD, _VECTOR_STD = 1e-3, 0.2
+# Embeddings (and a head's output) of another width than the stream's, projected to it: each
+# side its own twin width, none of them another size's, so that no two are confused.
+_EMBEDDING_WIDTHS = {"embedding_size": 40, "input_embedding_size": 40, "output_embedding_size": 24}
 
 # A field's name -> its twin's value, wherever a config sets it (an int, or a per-layer list
 # of ints).
@@ -281,6 +284,9 @@ def _shrunk_heads(fields: dict[str, Any]) -> dict[str, Any]:
     projection = fields.get("word_embed_proj_dim")
     if _is_int(projection):  # OPT: a projection between the embedding and the stream
         out["word_embed_proj_dim"] = WIDTH if projection == width else WIDTH // 2
+    for name, narrower in _EMBEDDING_WIDTHS.items():  # ELECTRA's, RemBERT's projections
+        if _is_int(fields.get(name)):
+            out[name] = WIDTH if fields[name] == width else narrower
     out |= {  # other widths that are d_model's (RWKV's attention, xLSTM's embedding)
         k: WIDTH
         for k, v in fields.items()

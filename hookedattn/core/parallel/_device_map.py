@@ -37,7 +37,7 @@ from hookedattn.core.kv_cache import KeyValueCacheEntry
 
 DeviceMap = str | Sequence[str] | Mapping[str, str]
 FIRST_DEVICE_UNITS = (
-    "embed", "pos_embed", "ln_embed", "ln_final", "unembed_transform", "unembed",
+    "embed", "pos_embed", "ln_embed", "embed_proj", "ln_final", "unembed_transform", "unembed",
 )  # fmt: skip
 
 
@@ -75,6 +75,7 @@ def units(model: Any) -> list[str]:
     """The model's placeable units, in forward order."""
     names = ["embed", *(["pos_embed"] if hasattr(model, "pos_embed") else [])]
     names += ["ln_embed"] if model.cfg.embed_norm else []  # BERT's, BART's
+    names += ["embed_proj"] if model.cfg.d_embed is not None else []  # ELECTRA's, RemBERT's
     head = ["unembed_transform"] if model.cfg.unembed_transform is not None else []
     blocks = [f"blocks.{i}" for i in range(model.cfg.n_layers)]
     return [*names, *blocks, "ln_final", *head, "unembed"]
