@@ -15,6 +15,13 @@ def _param(*shape: int, cfg: HookedTransformerConfig) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=cfg.dtype, device=cfg.device))
 
 
+def affine_params(
+    d_in: int, d_out: int, cfg: HookedTransformerConfig
+) -> tuple[nn.Parameter, nn.Parameter]:
+    """The weight `[d_in d_out]` and bias `[d_out]` of one map `affine` applies."""
+    return _param(d_in, d_out, cfg=cfg), _param(d_out, cfg=cfg)
+
+
 def affine(
     x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_in d_out"], b: Float[Tensor, " d_out"]
 ) -> Float[Tensor, "... d_out"]:

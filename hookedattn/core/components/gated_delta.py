@@ -44,7 +44,7 @@ from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.decay import segment_log_decay
-from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -96,17 +96,15 @@ class GatedDeltaNet(nn.Module):
         widths = dict(q=self.d_key, k=self.d_key, v=m.d_inner, z=m.d_inner,
                       b=m.n_ssm_heads, a=m.n_ssm_heads)  # fmt: skip
         for name, width in widths.items():
-            setattr(self, f"W_{name}", _param(cfg.d_model, width, cfg=cfg))
-            setattr(self, f"b_{name}", _param(width, cfg=cfg))
+            W, b = affine_params(cfg.d_model, width, cfg)
+            setattr(self, f"W_{name}", W)
+            setattr(self, f"b_{name}", b)
         self.W_conv, self.b_conv = _param(d_qkv, m.d_conv, cfg=cfg), _param(d_qkv, cfg=cfg)
         self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
         self.hook_mixing = HookPoint()
         self.w_norm = _param(m.d_ssm_head, cfg=cfg)
-        self.W_out, self.b_out = (
-            _param(m.d_inner, cfg.d_model, cfg=cfg),
-            _param(cfg.d_model, cfg=cfg),
-        )
+        self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
     def forward(self, x: Resid, context: AttentionContext) -> Resid:

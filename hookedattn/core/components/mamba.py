@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
-from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -96,17 +96,17 @@ class MambaMixer(nn.Module):
         m = cfg.mixers
         d_inner, d_state = m.d_inner, m.d_state
         self.hook_in = HookPoint()
-        self.W_xs, self.b_xs = _param(cfg.d_model, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
-        self.W_z, self.b_z = _param(cfg.d_model, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.W_xs, self.b_xs = affine_params(cfg.d_model, d_inner, cfg)
+        self.W_z, self.b_z = affine_params(cfg.d_model, d_inner, cfg)
         self.W_conv, self.b_conv = _param(d_inner, m.d_conv, cfg=cfg), _param(d_inner, cfg=cfg)
         self.W_B, self.W_C = _param(d_inner, d_state, cfg=cfg), _param(d_inner, d_state, cfg=cfg)
         self.W_dt_down = _param(d_inner, m.dt_rank, cfg=cfg)
-        self.W_dt_up, self.b_dt = _param(m.dt_rank, d_inner, cfg=cfg), _param(d_inner, cfg=cfg)
+        self.W_dt_up, self.b_dt = affine_params(m.dt_rank, d_inner, cfg)
         self.norm_B, self.norm_C = _bcdt_norm(d_state, cfg), _bcdt_norm(d_state, cfg)
         self.norm_dt = _bcdt_norm(m.dt_rank, cfg)
         self.A_log, self.D = _param(d_inner, d_state, cfg=cfg), _param(d_inner, cfg=cfg)
         self.hook_state = HookPoint()
-        self.W_out, self.b_out = _param(d_inner, cfg.d_model, cfg=cfg), _param(cfg.d_model, cfg=cfg)
+        self.W_out, self.b_out = affine_params(d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
     def forward(self, x: Resid, context: AttentionContext) -> Resid:

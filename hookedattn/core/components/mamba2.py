@@ -40,7 +40,7 @@ from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.decay import segment_log_decay
-from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -76,12 +76,9 @@ class Mamba2Mixer(nn.Module):
         self.settings = m
         d_xbc = m.d_inner + 2 * m.n_ssm_groups * m.d_state
         self.hook_in = HookPoint()
-        self.W_z, self.b_z = _param(cfg.d_model, m.d_inner, cfg=cfg), _param(m.d_inner, cfg=cfg)
-        self.W_xBC, self.b_xBC = _param(cfg.d_model, d_xbc, cfg=cfg), _param(d_xbc, cfg=cfg)
-        self.W_dt, self.b_dt = (
-            _param(cfg.d_model, m.n_ssm_heads, cfg=cfg),
-            _param(m.n_ssm_heads, cfg=cfg),
-        )
+        self.W_z, self.b_z = affine_params(cfg.d_model, m.d_inner, cfg)
+        self.W_xBC, self.b_xBC = affine_params(cfg.d_model, d_xbc, cfg)
+        self.W_dt, self.b_dt = affine_params(cfg.d_model, m.n_ssm_heads, cfg)
         self.W_conv, self.b_conv = _param(d_xbc, m.d_conv, cfg=cfg), _param(d_xbc, cfg=cfg)
         self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
@@ -91,10 +88,7 @@ class Mamba2Mixer(nn.Module):
         if m.ssm_gated_norm:
             self.w_norm = _param(m.d_inner, cfg=cfg)
             self.output_norm = self._gated_norm
-        self.W_out, self.b_out = (
-            _param(m.d_inner, cfg.d_model, cfg=cfg),
-            _param(cfg.d_model, cfg=cfg),
-        )
+        self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
     def forward(self, x: Resid, context: AttentionContext) -> Resid:

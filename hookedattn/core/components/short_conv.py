@@ -14,7 +14,7 @@ further back.
 from torch import nn
 
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
-from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -31,13 +31,13 @@ class ShortConv(nn.Module):
         d_model, d_conv = cfg.d_model, cfg.mixers.d_conv
         self.hook_in = HookPoint()
         for gate in ("B", "C", "X"):
-            setattr(self, f"W_{gate}", _param(d_model, d_model, cfg=cfg))
-            setattr(self, f"b_{gate}", _param(d_model, cfg=cfg))
+            W, b = affine_params(d_model, d_model, cfg)
+            setattr(self, f"W_{gate}", W)
+            setattr(self, f"b_{gate}", b)
         self.W_conv = _param(d_model, d_conv, cfg=cfg)
         self.b_conv = _param(d_model, cfg=cfg)
         self.hook_conv = HookPoint()
-        self.W_out = _param(d_model, d_model, cfg=cfg)
-        self.b_out = _param(d_model, cfg=cfg)
+        self.W_out, self.b_out = affine_params(d_model, d_model, cfg)
         self.hook_out = HookPoint()
 
     def forward(self, x: Resid, context: AttentionContext) -> Resid:
