@@ -23,7 +23,7 @@ from hookedattn.core.components.block import (
 )
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.decay import segment_log_decay
-from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine
+from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine, affine_params
 from hookedattn.core.components.embed_projection import (
     EmbedProjection,
     NoProjection,
@@ -104,6 +104,7 @@ __all__ = [
     "Unembed",
     "UnembedTransform",
     "affine",
+    "affine_params",
     "alibi_slopes",
     "causal_conv",
     "delta_mixing",
