@@ -105,6 +105,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "n_dense_layers": FieldSpec(int, low=0, high=100_000),
     "moe_layers": FieldSpec(tuple, optional=True),
     "d_mlp_dense": FieldSpec(int, low=1, high=1 << 22, optional=True),
+    "moe_out_norm": _FLAG,
     "mixers": FieldSpec(MixerConfig, optional=True),
     "eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "use_attn_result": _FLAG,

@@ -138,6 +138,9 @@ class HookedTransformerConfig:
       `first_k_dense_replace`); `moe_layers`, one flag per block, says which blocks hold the
       mixture in any pattern (Jamba's every other, Qwen's `decoder_sparse_step`), the others
       a dense MLP `d_mlp_dense` wide. Give one of the two.
+      `moe_out_norm` norms the mixture's whole output (routed plus shared experts) before it
+      is added, in the blocks that hold one (A.X-K1's `post_mlp_layernorm`): it is their
+      `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -238,6 +241,7 @@ class HookedTransformerConfig:
     n_dense_layers: int = 0
     moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
+    moe_out_norm: bool = False
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -427,7 +431,7 @@ class HookedTransformerConfig:
 
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
-                      "n_dense_layers", "moe_layers", "d_mlp_dense")  # fmt: skip
+                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
                        sparsemixer_jitter_eps=0.01)  # fmt: skip
@@ -460,6 +464,15 @@ class HookedTransformerConfig:
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+        if self.moe_out_norm and (
+            self.normalization_type is None or self.normalization_placement != "pre"
+        ):
+            raise ValueError(
+                "moe_out_norm norms the mixture's output as the blocks' ln2_post: it needs a "
+                "normalization_type (one of LN, LNPre, RMS, RMSPre) and "
+                f"normalization_placement='pre' (got {self.normalization_type!r}, "
+                f"{self.normalization_placement!r})"
+            )
         self._check_moe_layers()
 
     def _check_moe_layers(self) -> None:

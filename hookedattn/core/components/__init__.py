@@ -48,6 +48,7 @@ from hookedattn.core.components.norm import (
     make_embed_norm,
     make_final_norm,
     make_ln1,
+    make_ln2_post,
     make_norm,
     make_placed_norm,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "make_embed_norm",
     "make_final_norm",
     "make_ln1",
+    "make_ln2_post",
     "make_mixer",
     "make_mlp",
     "make_norm",

@@ -368,9 +368,14 @@ class Convention:
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
+            # A norm of the mixture's output carries the write's scale, not the experts.
+            e, expert_scale = a.experts, 1.0 if a.experts.out_norm else out_scale
             experts = _expert_table.expert_rules(
-                a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live
+                e, f"{a.layers}.{{layer}}", cfg, expert_scale, live
             )
+            if e.out_norm:
+                experts += _norm(a, "blocks.{layer}.ln2_post",
+                                 f"{a.layers}.{{layer}}.{e.out_norm}", out_scale)  # fmt: skip
             moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
             if len(moe) == cfg.n_layers:
                 return experts
