@@ -81,6 +81,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "qk_norm_per_head": _FLAG,
     "qk_norm_after_rotary": _FLAG,
     "qk_norm_type": FieldSpec(str, choices=("RMS", "LN")),
+    "attn_sub_norm": _FLAG,
+    "mlp_sub_norm": _FLAG,
     "attn_scale": _OPTIONAL_POSITIVE,
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,

@@ -85,6 +85,11 @@ class HookedTransformerConfig:
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
       in their place (Persimmon's, per head).
+    - sub-norms (BitNet): `attn_sub_norm` norms every head's `z` together (one scale per
+      position, over `(head d_head)`: `attn.sub_norm`, `hook_z_normed`) before `W_O` reads
+      it, `hook_z` keeping the heads' outputs before it; `mlp_sub_norm` norms a gated MLP's
+      neurons (`mlp.ln` over `d_mlp`, after `hook_mid`) before `W_out`, `hook_post` the
+      normed neurons `W_out` reads. Both of `normalization_type`'s kind.
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
@@ -217,6 +222,8 @@ class HookedTransformerConfig:
     qk_norm_per_head: bool = True
     qk_norm_after_rotary: bool = False
     qk_norm_type: str = "RMS"
+    attn_sub_norm: bool = False
+    mlp_sub_norm: bool = False
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
@@ -348,6 +355,21 @@ class HookedTransformerConfig:
                 "mixture-of-experts form: use another act_fn there"
             )
 
+    def _check_sub_norms(self) -> None:
+        """The sub-norms need norms, the attention's a plain one (not latent), the MLP's a
+        gated dense MLP."""
+        for field in ("attn_sub_norm", "mlp_sub_norm"):
+            if getattr(self, field) and self.normalization_type is None:
+                raise ValueError(f"{field}=True holds a norm, but normalization_type is None")
+        if self.attn_sub_norm and self.kv_lora_rank is not None:
+            raise ValueError("attn_sub_norm norms the heads' z of a plain attention: it needs "
+                             f"kv_lora_rank=None (got {self.kv_lora_rank})")  # fmt: skip
+        if self.mlp_sub_norm and (not self.gated_mlp or self.num_experts is not None):
+            raise ValueError(
+                "mlp_sub_norm norms a dense gated MLP's neurons: it needs gated_mlp=True and "
+                f"num_experts=None (got {self.gated_mlp}, {self.num_experts})"
+            )
+
     def _check_norm_variants(self) -> None:
         """Check the norms' variants: placements and embedding norms need norms, and each
         placement the block it norms."""
@@ -376,6 +398,7 @@ class HookedTransformerConfig:
                 "embed_norm and unembed_transform each hold a norm, but normalization_type "
                 "is None (no norms)"
             )
+        self._check_sub_norms()
         if self.normalization_placement == "post_residual" and not self._is_sequential:
             raise ValueError(
                 "normalization_placement='post_residual' norms the stream after each of a "

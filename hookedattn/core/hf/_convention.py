@@ -43,6 +43,7 @@ from hookedattn.core.hf import (
     _expert_table,
     _first_layer,
     _sinusoids,
+    _sub_norms,
     _translate,
 )
 from hookedattn.core.hf._anatomy import recognise
@@ -131,6 +132,7 @@ class Convention:
             **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
             **_first_layer.ln1_fields(a, c.num_hidden_layers),
+            **_sub_norms.fields(a),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -147,6 +149,7 @@ class Convention:
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
+            *_sub_norms.rules(a),
             *(_norm(a, "ln_embed", a.embed_norm, 1.0) if a.embed_norm else []),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
             *self._head_rules(),
