@@ -88,3 +88,17 @@ def test_generation_with_the_cache_is_generation_without() -> None:
 def test_sub_norm_needs_a_norm_kind() -> None:
     with pytest.raises(ValueError, match="attn_sub_norm=True holds a norm"):
         HookedTransformerConfig(**{**BASE, "normalization_type": None})
+
+
+def test_process_weights_keeps_the_function_and_the_sub_norm() -> None:
+    """Folding b_V into b_O would cross the norm: refused alone, skipped by process_weights
+    (as fold_layer_norm is, which would drop the sub-norm's gain)."""
+    from hookedattn.core.processing import fold_value_biases, process_weights
+
+    model = _model()
+    with pytest.raises(ValueError, match="attn_sub_norm"):
+        fold_value_biases(model)
+    processed = process_weights(model)
+    logits, want = processed(TOKENS), model(TOKENS)
+    centred = want - want.mean(-1, keepdim=True)  # center_unembed's constant per position
+    torch.testing.assert_close(logits - logits.mean(-1, keepdim=True), centred, rtol=0, atol=1e-10)

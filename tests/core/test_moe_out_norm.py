@@ -44,9 +44,10 @@ def test_residual_stream_and_its_decomposition_sum() -> None:
     _, cache = model.run_with_cache(TOKENS)
     mid, out = cache["blocks.1.hook_resid_mid"], cache["blocks.1.hook_mlp_out"]
     torch.testing.assert_close(cache["blocks.1.hook_resid_post"], mid + out, rtol=0, atol=1e-12)
-    decomposition = decompose_resid(model, cache, granularity="sublayer")
     final = cache["blocks.1.hook_resid_post"]
-    torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    for granularity in ("sublayer", "expert"):  # each expert's write through the norm
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
 
 
 def test_output_norm_needs_experts() -> None:
@@ -58,3 +59,10 @@ def test_output_norm_needs_experts() -> None:
 def test_output_norm_needs_pre_norms() -> None:
     with pytest.raises(ValueError, match="normalization_placement='pre'"):
         moe_model(moe_out_norm=True, normalization_placement="pre_and_post")
+
+
+def test_fold_layer_norm_is_refused_naming_the_output_norm() -> None:
+    from hookedattn.core.processing import fold_layer_norm
+
+    with pytest.raises(ValueError, match="moe_out_norm"):
+        fold_layer_norm(_model())
