@@ -73,3 +73,14 @@ def test_bitnet_logits_are_transformers():
 
 def test_bitnet_greedy_generation_is_transformers():
     assert torch.equal(*greedy_ours_and_transformers(twin(seed=4), TOKENS[:, :5]))
+
+
+def test_a_saved_directory_loads_like_the_live_model(tmp_path):
+    reference = twin(seed=5)
+    live = HookedTransformer.from_hf(reference)
+    reference.save_pretrained(tmp_path / "model")
+    loaded = HookedTransformer.from_hf(tmp_path / "model")
+    ours = live.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
