@@ -56,7 +56,7 @@ from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
 from analysis._widths import through_embed_projection
 from analysis.experts import expert_writes, shared_write
-from analysis.head_results import _results_into, head_results
+from analysis.head_results import _results_into, _written_z, head_results
 from analysis.normalization import NormSite, through_norm
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.components.norm import NoNorm
@@ -138,12 +138,13 @@ def _attn_parts(
             model, cache, NormSite("ln1_post", layer), terms, (*labels, bias_label)
         )
         return [_given(labels, terms)]
-    if ("result", layer) in cache or ("z", layer) not in cache:
+    kind = _written_z(model)  # what W_O reads: z, or z behind a sub-norm
+    if ("result", layer) in cache or (kind, layer) not in cache:
         # The cached results (or, with neither in the cache, head_results says what is missing).
         results = head_results(model, cache, layer)
         heads = rearrange(results, "batch pos head d_model -> head batch pos d_model")
         return [_given(labels, heads), _bias(bias_label, attn.b_O)]
-    z = activation(cache, ("z", layer))
+    z = activation(cache, (kind, layer))
 
     def write(out: Terms) -> None:
         _results_into(out, z, weight(model.layer_weight(layer, "attn", "W_O"), z))

@@ -20,6 +20,9 @@ stream, and its divisor depends on all heads together; with that divisor fixed a
 value the forward recorded, the norm is linear, so each head's term through it
 (`head_writes`) is exact as a term of a sum (the terms, the norm of `b_O`, and a LayerNorm's
 bias add up to `hook_attn_out`), though not what the head would write if it were alone.
+A norm of every head's `z` together before `W_O` (BitNet's `attn_sub_norm`) is inside
+the attention: `W_O` reads the normed `z` (`hook_z_normed`, one divisor per position shared
+by the heads), so each head's result is `zn_h @ W_O[h]` (`_written_z`), and they still sum.
 More in `docs/guide/decomposition.md`.
 """
 
@@ -46,6 +49,12 @@ def _layer(model: HookedTransformer, layer: int) -> int:
     return layer % n_layers
 
 
+def _written_z(model: HookedTransformer) -> str:
+    """The kind of the heads' outputs `W_O` reads: "z", or "z_normed" behind a sub-norm of
+    the heads' outputs (`attn_sub_norm`), where `hook_z` is before it."""
+    return "z_normed" if model.cfg.attn_sub_norm else "z"
+
+
 def head_results(
     model: HookedTransformer, cache: ActivationCache, layer: int
 ) -> Float[Tensor, "batch pos head d_model"]:
@@ -60,13 +69,14 @@ def head_results(
     model.cfg.require_attention(f"head_results of layer {layer}", [layer])
     if ("result", layer) in cache:
         return activation(cache, ("result", layer))
-    if ("z", layer) not in cache:
+    kind = _written_z(model)
+    if (kind, layer) not in cache:
         raise KeyError(
             f"head_results of layer {layer} needs blocks.{layer}.attn.hook_result or "
-            f"blocks.{layer}.attn.hook_z in the cache; neither is there (was a "
+            f"blocks.{layer}.attn.hook_{kind} in the cache; neither is there (was a "
             f"names_filter used?)"
         )
-    z = activation(cache, ("z", layer))
+    z = activation(cache, (kind, layer))
     W_O = weight(model.layer_weight(layer, "attn", "W_O"), z)
     return einsum(z, W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
 
@@ -82,12 +92,13 @@ def stacked_head_results(
     `stack_head_results` order) is a view, not a copy.
     """
     n_layers = model.cfg.n_layers
-    first = activation(cache, ("z", 0)) if ("z", 0) in cache else head_results(model, cache, 0)
+    kind = _written_z(model)
+    first = activation(cache, (kind, 0)) if (kind, 0) in cache else head_results(model, cache, 0)
     batch, pos, n_heads = first.shape[:3]
     stack = first.new_empty((n_layers, n_heads, batch, pos, model.cfg.d_model))
     for layer in range(n_layers):
-        computed = ("z", layer) in cache and ("result", layer) not in cache
-        z = activation(cache, ("z", layer)) if computed else None
+        computed = (kind, layer) in cache and ("result", layer) not in cache
+        z = activation(cache, (kind, layer)) if computed else None
         if z is None or (z.requires_grad and torch.is_grad_enabled()):  # out= has no autograd
             results = head_results(model, cache, layer)
             by_head = rearrange(results, "batch pos head d_model -> head batch pos d_model")

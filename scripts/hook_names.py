@@ -73,6 +73,15 @@ CONFIGURATIONS = {
         "n_key_value_heads": KV_HEADS,
         "use_qk_norm": True,
     },
+    "BitNet (+ a norm of every head's z together before W_O, and of the gated neurons before "
+    "W_out)": {
+        **_RMS_ROTARY,
+        "gated_mlp": True,
+        "act_fn": "relu2",
+        "n_key_value_heads": KV_HEADS,
+        "attn_sub_norm": True,
+        "mlp_sub_norm": True,
+    },
     "GPT-NeoX, Pythia (attention and MLP in parallel, partial rotary)": {
         "positional_embedding_type": "rotary",
         "rotary_dim": 4,

@@ -22,6 +22,7 @@ from torch import Tensor
 from analysis._resid_stack import Decomposition
 from analysis.decomposition import decompose_resid
 from analysis.discovery.computational_graph import Graph
+from analysis.head_results import _written_z
 from hookedattn.core import parallel
 from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
@@ -70,7 +71,7 @@ def term_hooks(model: HookedTransformer) -> list[str]:
     """The hook points whose activations the sender terms are computed from."""
     names = ["hook_embed", "hook_pos_embed"]
     for layer in range(model.cfg.n_layers):
-        names += [get_act_name(kind, layer) for kind in ("z", "mlp_out")]
+        names += [get_act_name(kind, layer) for kind in (_written_z(model), "mlp_out")]
         names.append(f"blocks.{layer}.ln1_post.hook_scale")
     return [name for name in names if name in model.hook_dict]
 

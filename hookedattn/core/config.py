@@ -101,6 +101,11 @@ class HookedTransformerConfig:
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
       in their place (Persimmon's, per head).
+    - sub-norms (BitNet): `attn_sub_norm` norms every head's `z` together (one scale per
+      position, over `(head d_head)`: `attn.sub_norm`, `hook_z_normed`) before `W_O` reads
+      it, `hook_z` keeping the heads' outputs before it; `mlp_sub_norm` norms a gated MLP's
+      neurons (`mlp.ln` over `d_mlp`, after `hook_mid`) before `W_out`, `hook_post` the
+      normed neurons `W_out` reads. Both of `normalization_type`'s kind.
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
@@ -154,6 +159,9 @@ class HookedTransformerConfig:
       `first_k_dense_replace`); `moe_layers`, one flag per block, says which blocks hold the
       mixture in any pattern (Jamba's every other, Qwen's `decoder_sparse_step`), the others
       a dense MLP `d_mlp_dense` wide. Give one of the two.
+      `moe_out_norm` norms the mixture's whole output (routed plus shared experts) before it
+      is added, in the blocks that hold one (A.X-K1's `post_mlp_layernorm`): it is their
+      `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -233,6 +241,8 @@ class HookedTransformerConfig:
     qk_norm_per_head: bool = True
     qk_norm_after_rotary: bool = False
     qk_norm_type: str = "RMS"
+    attn_sub_norm: bool = False
+    mlp_sub_norm: bool = False
     attn_scale: float | None = None
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
@@ -257,6 +267,7 @@ class HookedTransformerConfig:
     n_dense_layers: int = 0
     moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
+    moe_out_norm: bool = False
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -363,6 +374,21 @@ class HookedTransformerConfig:
                 "mixture-of-experts form: use another act_fn there"
             )
 
+    def _check_sub_norms(self) -> None:
+        """The sub-norms need norms, the attention's a plain one (not latent), the MLP's a
+        gated dense MLP."""
+        for field in ("attn_sub_norm", "mlp_sub_norm"):
+            if getattr(self, field) and self.normalization_type is None:
+                raise ValueError(f"{field}=True holds a norm, but normalization_type is None")
+        if self.attn_sub_norm and self.kv_lora_rank is not None:
+            raise ValueError("attn_sub_norm norms the heads' z of a plain attention: it needs "
+                             f"kv_lora_rank=None (got {self.kv_lora_rank})")  # fmt: skip
+        if self.mlp_sub_norm and (not self.gated_mlp or self.num_experts is not None):
+            raise ValueError(
+                "mlp_sub_norm norms a dense gated MLP's neurons: it needs gated_mlp=True and "
+                f"num_experts=None (got {self.gated_mlp}, {self.num_experts})"
+            )
+
     def _check_norm_variants(self) -> None:
         """Check the norms' variants: placements and embedding norms need norms, and each
         placement the block it norms."""
@@ -393,6 +419,7 @@ class HookedTransformerConfig:
                 "embed_norm and unembed_transform each hold a norm, but normalization_type "
                 "is None (no norms)"
             )
+        self._check_sub_norms()
         if self.normalization_placement == "post_residual" and not self._is_sequential:
             raise ValueError(
                 "normalization_placement='post_residual' norms the stream after each of a "
@@ -483,7 +510,7 @@ class HookedTransformerConfig:
 
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
-                      "n_dense_layers", "moe_layers", "d_mlp_dense")  # fmt: skip
+                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
                        sparsemixer_jitter_eps=0.01)  # fmt: skip
@@ -516,6 +543,12 @@ class HookedTransformerConfig:
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+        if self.moe_out_norm and (self.normalization_type is None or self.placements != ("pre",)):
+            raise ValueError(
+                "moe_out_norm norms the mixture's output as the blocks' ln2_post: it needs a "
+                "normalization_type (one of LN, LNPre, RMS, RMSPre) and every block placed "
+                f"'pre' (got {self.normalization_type!r}, placements {self.placements})"
+            )
         self._check_moe_layers()
 
     def _check_moe_layers(self) -> None:

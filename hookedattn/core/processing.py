@@ -152,8 +152,8 @@ def process_weights(
     fold, or with shortformer positions), `center_writing_weights` (skipped unless every
     reader of the stream is a LayerNorm, no norm follows a sublayer and the positions are
     not shortformer), `center_unembed` (skipped under a soft cap on the logits),
-    `fold_value_biases` (skipped with attention sinks or an output gate, and for latent
-    attention, which has no value bias). Logits change only by
+    `fold_value_biases` (skipped with attention sinks, an output gate or a sub-norm of the
+    heads' z, and for latent attention, which has no value bias). Logits change only by
     `center_unembed`'s per-position constant.
     """
     cfg = model.cfg
@@ -164,7 +164,8 @@ def process_weights(
         steps.append(_center_writing_weights)
     if center_unembed and cfg.output_logits_soft_cap is None:
         steps.append(_center_unembed)
-    if fold_value_biases and not (cfg.use_attn_sinks or cfg.is_latent_attention or cfg.attn_gate):
+    unfoldable = cfg.use_attn_sinks or cfg.is_latent_attention or cfg.attn_gate
+    if fold_value_biases and not (unfoldable or cfg.attn_sub_norm):
         steps.append(_fold_value_biases)
     return _processed(model, steps)
 
@@ -202,6 +203,13 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             f"{_after(cfg)} puts a norm after each sublayer (ln1_post, ln2_post), whose "
             "divisor depends on the sublayer's own output: no weight can absorb it (only "
             "placement 'pre' folds)"
+        )
+    inside = [f for f in ("attn_sub_norm", "mlp_sub_norm", "moe_out_norm") if getattr(cfg, f)]
+    if inside:
+        return (
+            f"{', '.join(inside)}: a norm inside a sublayer or after a mixture of experts, "
+            f"whose divisor depends on the sublayer's own values; its gain is not folded here "
+            f"and the weightless form would drop it"
         )
     # A mixture's experts have a gate bias; a dense gated MLP, and a shared expert, not.
     gate_without_bias = not cfg.is_moe or cfg.d_mlp_shared is not None
@@ -377,6 +385,11 @@ def _uncentrable(cfg: HookedTransformerConfig) -> str | None:
             "itself; a post-residual norm rescales the stream, so centring the writes is "
             "neither needed nor a fold of anything"
         )
+    if cfg.moe_out_norm:
+        return (
+            "center_writing_weights: with moe_out_norm a norm after the mixture of experts "
+            "writes to the stream (ln2_post), not W_out, and its output is not centred"
+        )
     if cfg.placements != ("pre",):
         return (
             f"center_writing_weights: with {_after(cfg)} a norm after each sublayer "
@@ -423,6 +436,11 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
             "fold_value_biases: with attention sinks (use_attn_sinks=True) a row of the "
             "pattern sums to less than one, so b_V reaches the output scaled by each query's "
             "row sum: it is not a constant that b_O could take"
+        )
+    if cfg.attn_sub_norm:
+        raise ValueError(
+            "fold_value_biases: with attn_sub_norm the heads' z (b_V included) are normed "
+            "together before W_O, so b_V @ W_O is not a constant that b_O could take"
         )
     if cfg.attn_gate is not None:
         raise ValueError(

@@ -55,8 +55,10 @@ def all_identities(model: HookedTransformer, constants: Constants) -> list[Ident
     return out + _unembed(model)
 
 
-# mlp.ln: solu_ln's, over neurons; attn.q_a_norm, attn.kv_a_norm: latent attention's latents'
-_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "mlp.ln", "attn.q_a_norm", "attn.kv_a_norm")
+# mlp.ln: solu_ln's or a sub-normed MLP's, over neurons; attn.sub_norm: over the heads' z;
+# attn.q_a_norm, attn.kv_a_norm: latent attention's latents'
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "mlp.ln", "attn.sub_norm", "attn.q_a_norm",
+          "attn.kv_a_norm")  # fmt: skip
 
 
 def _has_norm(model: HookedTransformer, path: str) -> bool:
@@ -145,6 +147,9 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     post = _placed_norm(model, layer, "ln1_post")
     if hasattr(attn, "hook_result"):
         out.append(attn_ids.heads_sum(attn_out, result, attn.b_O, post))
+    if cfg.attn_sub_norm:  # W_O reads the heads' z normed together
+        out.append(sum_of(_act("z_normed", layer), f"{prefix}.sub_norm.hook_out"))
+        z = _act("z_normed", layer)
     out.append(
         linear(attn_out, z, attn.W_O, attn.b_O, _WRITE, "W_O + b_O, summed over heads", post)
     )
@@ -209,7 +214,11 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         pre_linear = _act("pre_linear", layer)
         out.append(linear(pre, stream, mlp.W_gate, None, read, "W_gate"))
         out.append(linear(pre_linear, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
-        out.append(gated_activation(post, pre, pre_linear, mlp.act_fn))
+        if hasattr(mlp, "hook_mid"):  # a sub-normed MLP: its neurons normed
+            out.append(gated_activation(_act("mid", layer), pre, pre_linear, mlp.act_fn))
+            out.append(sum_of(post, f"blocks.{layer}.mlp.ln.hook_out"))
+        else:
+            out.append(gated_activation(post, pre, pre_linear, mlp.act_fn))
     elif hasattr(mlp, "hook_mid"):  # solu_ln: the norm over the neurons after SoLU
         mid = _act("mid", layer)
         out.append(linear(pre, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))

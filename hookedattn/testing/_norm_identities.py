@@ -6,12 +6,14 @@
 with `x` the activation the norm reads (`resid_pre` for `ln1`, `resid_mid` or `mlp_in` for
 `ln2`, the last `resid_post` for `ln_final`, `hook_q` and `hook_k` for the q/k norms,
 `hook_mid` for a `solu_ln` MLP's `mlp.ln`, a LayerNorm over the neurons whatever the
-model's norms), `centre` the mean removed for LayerNorm (`normalization_type` "LN",
-"LNPre"; Ba et al. 2016) and the identity for RMSNorm (Zhang & Sennrich 2019; the q/k
-norms are RMS), and `eps` the published constant (`hookedattn.testing.published`), not the
-model's. Written from the formulas, never by calling the model's norm modules. A norm whose
-input is not cached (after a sublayer: its input is the sublayer's output before it) is not
-listed here; its gain, bias and centring are checked at its recorded divisor elsewhere.
+model's norms, or a sub-normed MLP's (`mlp_sub_norm`, of the model's kind), `hook_z` for
+the heads' sub-norm `attn.sub_norm`, over every head's dimensions), `centre` the mean
+removed for LayerNorm (`normalization_type` "LN", "LNPre"; Ba et al. 2016) and the
+identity for RMSNorm (Zhang & Sennrich 2019; the q/k norms are RMS), and `eps` the
+published constant (`hookedattn.testing.published`), not the model's. Written from the
+formulas, never by calling the model's norm modules. A norm whose input is not cached
+(after a sublayer: its input is the sublayer's output before it) is not listed here; its
+gain, bias and centring are checked at its recorded divisor elsewhere.
 """
 
 from hookedattn.core import names as _names
@@ -40,8 +42,12 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
                 out += _norm(path, _act(x, layer), axes, centred, constants.eps)
         if cfg.has_mlp and not isinstance(block.ln2, NoNorm):
             out += _norm(f"blocks.{layer}.ln2", _ln2_input(block, layer), 1, centres, constants.eps)
+        if cfg.attn_sub_norm:  # BitNet's: over every head's z together
+            out += _norm(f"blocks.{layer}.attn.sub_norm", _act("z", layer), 2, centres,
+                         constants.eps)  # fmt: skip
         if cfg.has_mlp and hasattr(block.mlp, "hook_mid"):  # solu_ln: a LayerNorm, always
-            out += _norm(f"blocks.{layer}.mlp.ln", _act("mid", layer), 1, True, constants.eps)
+            centred = centres if cfg.mlp_sub_norm else True  # BitNet's: the model's kind
+            out += _norm(f"blocks.{layer}.mlp.ln", _act("mid", layer), 1, centred, constants.eps)
     if not isinstance(model.ln_final, NoNorm):
         final = _act("resid_post", cfg.n_layers - 1)
         out += _norm("ln_final", final, 1, centres, constants.eps)

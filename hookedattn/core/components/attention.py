@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from hookedattn.core import kernels
 from hookedattn.core.components.alibi import ALiBi
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm
+from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm, make_norm
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
 from hookedattn.core.config import HookedTransformerConfig
@@ -151,6 +151,16 @@ class Attention(nn.Module):
             self.write = self._write_per_head
         else:
             self.write = self._write_summed
+        if cfg.attn_sub_norm:  # BitNet: W_O reads the heads' z normed together
+            self.sub_norm = make_norm(cfg, (cfg.n_heads, cfg.d_head))
+            self.hook_z_normed = HookPoint()  # [batch pos head d_head]
+            self.write_heads, self.write = self.write, self._write_normed
+
+    def _write_normed(self, z: HeadOutputs) -> Float[Tensor, "batch pos d_model"]:
+        """`sum_h zn_h @ W_O[h] + b_O` with `zn = sub_norm(z)`, one norm over every head's
+        dimensions (one scale per position, shared by the heads): each head's write is
+        still its own `zn_h @ W_O[h]`, so the per-head terms sum to the output."""
+        return self.write_heads(self.hook_z_normed(self.sub_norm(z)))
 
     def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
         self.W_K = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)

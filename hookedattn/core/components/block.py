@@ -51,7 +51,7 @@ from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import make_mlp
 from hookedattn.core.components.moe import MoE
-from hookedattn.core.components.norm import make_ln1, make_norm, make_placed_norm
+from hookedattn.core.components.norm import make_ln1, make_ln2_post, make_norm, make_placed_norm
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -194,7 +194,7 @@ class AttnOnlyBlock(nn.Module):
             self.mlp_input = self._mlp_input
         self.ln2 = make_placed_norm(cfg, "pre", layer)
         self.mlp = _make_feed_forward(cfg, layer)
-        self.ln2_post = make_placed_norm(cfg, "post", layer)
+        self.ln2_post = make_ln2_post(cfg, layer)
         self.hook_mlp_out = HookPoint()
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:

@@ -16,7 +16,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.norm import LayerNorm, LayerNormPre
+from hookedattn.core.components.norm import LayerNorm, LayerNormPre, make_norm
 from hookedattn.core.components.xielu import XIELU
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -157,10 +157,44 @@ class GatedMLP(_Neurons):
         return self.write(post)
 
 
+class SubNormGatedMLP(GatedMLP):
+    """A gated MLP whose neurons are normed together before `W_out` reads them (BitNet's
+    `ffn_sub_norm`, `mlp_sub_norm`):
+
+        mid  = act(x @ W_gate) * (x @ W_in + b_in)    (hook_pre, hook_pre_linear, hook_mid)
+        post = ln(mid)                                (ln.hook_scale, ln.hook_normalized,
+                                                       hook_post)
+        out  = post @ W_out + b_out
+
+    `ln` is the config's norm over `d_mlp` (`mlp.ln.w`); a neuron's write to the stream is
+    still `hook_post[..., n] * W_out[n]`, with one scale per position shared by the neurons.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        _Neurons.__init__(self)
+        self.W_gate = _param(cfg.d_model, cfg.d_mlp, cfg=cfg)
+        _add_linear_maps(self, cfg, cfg.d_mlp)
+        # Registered in the order the forward reaches them (hook_dict lists them so).
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_mid = HookPoint()
+        self.ln = make_norm(cfg, (cfg.d_mlp,))
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.enter(x)
+        pre = self.hook_pre(x @ self.W_gate)
+        pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
+        mid = self.hook_mid(glu(self.activate, pre, pre_linear))
+        return self.write(self.hook_post(self.ln(mid)))
+
+
 def make_mlp(cfg: HookedTransformerConfig, d_mlp: int | None = None) -> nn.Module:
     """The MLP the config asks for, `d_mlp` wide (None: the config's): plain, with a norm
     over the neurons (`solu_ln`, never in a mixture of experts: the config refuses it), or
-    gated."""
+    gated, with a norm over the neurons too (`mlp_sub_norm`)."""
+    if cfg.mlp_sub_norm:  # never in a mixture of experts: the config refuses it
+        return SubNormGatedMLP(cfg)
     if cfg.gated_mlp:
         return GatedMLP(cfg, d_mlp=d_mlp)
     return NeuronNormMLP(cfg) if cfg.act_fn == "solu_ln" else MLP(cfg, d_mlp=d_mlp)

@@ -157,6 +157,15 @@ def make_ln1(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     return make_placed_norm(cfg, "pre", layer) if cfg.layer_norms_attn_input(layer) else NoNorm()
 
 
+def make_ln2_post(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
+    """Block `layer`'s norm after its MLP: the placed post-norm, or (`moe_out_norm`) in a
+    block with experts the norm of the mixture's whole output (A.X-K1's), which is as much
+    a part of what the sublayer writes."""
+    if cfg.moe_out_norm and cfg.layer_is_moe(layer):
+        return make_norm(cfg)
+    return make_placed_norm(cfg, "post", layer)
+
+
 def make_placed_norm(cfg: HookedTransformerConfig, where: str, layer: int) -> nn.Module:
     """The norm before ("pre") or after ("post") a sublayer of block `layer`, if the config
     places one there (`layer_placement`)."""

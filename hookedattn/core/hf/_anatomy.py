@@ -86,6 +86,7 @@ from hookedattn.core.hf._roles import (
     qk_norms,
     unwrapped_attention,
 )
+from hookedattn.core.hf._sub_norms import ATTN_SUB_NORMS, MLP_SUB_NORMS, sub_norm
 from hookedattn.core.hf._watching import Watching
 from hookedattn.core.hf._wiring import placement, wiring
 
@@ -214,7 +215,10 @@ class _Reader(Watching):
         latent = hasattr(attn_module, "kv_a_proj_with_mqa")  # DeepSeek's latent attention
         d_head = attention_head_width(attn_module, self.config)
         scaling = None if latent else attention_scaling(attn_module, d_head)
-        attn_maps, gate_per_head = self._attention_maps(attn_module, latent, qk, d_head)
+        subs = self._sub_norms(attn_module, mlp_module, d_head)
+        attn_maps, gate_per_head = self._attention_maps(
+            attn_module, latent, (*(qk or ()), subs.get("attn", "")), d_head
+        )
         self._measure(embed_ratio, writes, logits, scaling)
         return Anatomy(
             **self._places(),
@@ -247,7 +251,19 @@ class _Reader(Watching):
             first_identities=self.first_identities,
             **self.head,
             alibi=self._alibi(children[attn]),
+            attn_sub_norm=subs.get("attn"),
+            mlp_sub_norm=subs.get("mlp"),
         )
+
+    def _sub_norms(
+        self, attn_module: nn.Module, mlp_module: nn.Module, d_head: int
+    ) -> dict[str, str]:
+        """The norms inside the attention and the MLP (`_sub_norms`), by sublayer."""
+        heads = self.config.num_attention_heads
+        width = getattr(self.config, "intermediate_size", None) or 0
+        found = {"attn": sub_norm(attn_module, ATTN_SUB_NORMS, heads * d_head),
+                 "mlp": sub_norm(mlp_module, MLP_SUB_NORMS, width)}  # fmt: skip
+        return {where: name for where, name in found.items() if name is not None}
 
     def _attention_fields(
         self, attn_module: nn.Module, name: str, qk: Any, d_head: int
@@ -289,12 +305,13 @@ class _Reader(Watching):
         )  # fmt: skip
 
     def _attention_maps(
-        self, attn_module: nn.Module, latent: bool, qk: tuple[str, str] | None, d_head: int
+        self, attn_module: nn.Module, latent: bool, norms: tuple[str, ...], d_head: int
     ) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
-        """The attention's linear maps (none for a latent attention, read by its own rules)
-        and whether its query map gates the output per head (`_roles.gated_queries`)."""
+        """The attention's linear maps (none for a latent attention, read by its own rules;
+        its `norms` are not maps) and whether its query map gates the output per head
+        (`_roles.gated_queries`)."""
         return ((), None) if latent else gated_queries(
-            linear_maps(attn_module, ATTENTION_ROLES, skip=qk or (), own_allowed=("sinks",)),
+            linear_maps(attn_module, ATTENTION_ROLES, skip=norms, own_allowed=("sinks",)),
             attn_module, self.config.num_attention_heads, d_head,
         )  # fmt: skip
 
@@ -423,6 +440,7 @@ class _Reader(Watching):
         if moe_block is None or not _experts.block_name({mlp: moe_block}):
             act_fn = activation(mlp_module)
             skip = ACTIVATION_NAMES if act_fn == "xielu" else ()  # its scalars: its own rules
+            skip += MLP_SUB_NORMS  # read as a norm (`_sub_norms`), not a map
             maps = linear_maps(mlp_module, MLP_ROLES, skip, only=flat or None)
             return None, act_fn, maps
         act_fn = activation(moe_block.experts)

@@ -44,6 +44,7 @@ from hookedattn.core.hf import (
     _first_layer,
     _mixer_norms,
     _sinusoids,
+    _sub_norms,
     _translate,
 )
 from hookedattn.core.hf._anatomy import recognise
@@ -134,6 +135,7 @@ class Convention:
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
             **(_mixer_norms.placements(a, a.mixers.config(c).layers) if a.mixers else {}),
             **_first_layer.ln1_fields(a, c.num_hidden_layers),
+            **_sub_norms.fields(a),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -150,6 +152,7 @@ class Convention:
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
+            *_sub_norms.rules(a),
             *(_norm(a, "ln_embed", a.embed_norm, 1.0, "d_embed") if a.embed_norm else []),
             *_projection_rules(a),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
@@ -377,9 +380,14 @@ class Convention:
         at = f"{a.layers}.{{layer}}" + (f".{a.mlp}" if a.mlp else "")
         out_scale = 1.0 if "ln2_post" in dict(a.norms) else write
         if a.experts is not None:
+            # A norm of the mixture's output carries the write's scale, not the experts.
+            e, expert_scale = a.experts, 1.0 if a.experts.out_norm else out_scale
             experts = _expert_table.expert_rules(
-                a.experts, f"{a.layers}.{{layer}}", cfg, out_scale, live
+                e, f"{a.layers}.{{layer}}", cfg, expert_scale, live
             )
+            if e.out_norm:
+                experts += _norm(a, "blocks.{layer}.ln2_post",
+                                 f"{a.layers}.{{layer}}.{e.out_norm}", out_scale)  # fmt: skip
             moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
             if len(moe) == cfg.n_layers:
                 return experts

@@ -41,6 +41,8 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
             next((getattr(c, f) for f in _SCALES if getattr(c, f, None) is not None), 1.0)
         ),
     }
+    if e.out_norm:
+        fields["moe_out_norm"] = True
     if anatomy.router_scoring != "softmax":
         fields |= {
             "router_scoring": anatomy.router_scoring,

@@ -30,6 +30,8 @@ from hookedattn.core.hf import _moe_layers, _saved
 _BLOCKS = ("mlp", "block_sparse_moe", "feed_forward", "moe")
 _ROUTERS = ("gate", "router")
 _SHARED = ("shared_experts", "shared_expert", "shared_mlp")
+# A norm of the whole mixture's output, routed and shared experts (A.X-K1's).
+_OUT_NORMS = ("post_mlp_layernorm",)
 _COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k_experts", "moe_k")
 _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
@@ -77,6 +79,9 @@ class Experts:
     # The shared expert's gate and up maps fused in one `input_linear` `[gate; up]`, its down
     # map `output_linear` (Granite's `shared_mlp`, beside the block in the layer).
     shared_fused: bool = False
+    # A norm of the block's whole output, its name in the layer ("mlp.post_mlp_layernorm"):
+    # our blocks' `ln2_post` where they hold experts (`moe_out_norm`); None without.
+    out_norm: str | None = None
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -107,7 +112,8 @@ def recognise(
     router_map = _router_map(children[router])  # "" or the Linear it holds (AFMoE's "gate")
     count, d_model = children[router].get_submodule(router_map).weight.shape
     transposed, width = _stacked(children["experts"], int(d_model))
-    shared, gate = _shared_pieces(block, children, router)
+    out_norm = next((n for n in _OUT_NORMS if n in children), None)
+    shared, gate = _shared_pieces(block, children, router, out_norm)
     shared, shared_module = beside or (shared, children[shared] if shared else None)
     shared_width = None
     if shared:
@@ -145,17 +151,19 @@ def recognise(
         moe_field=_moe_layers.pattern_field(config, held) if held else None,
         dense_width_field=None if all(held) else _field(config, _DENSE_WIDTHS, None, "dense width"),
         shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
+        out_norm=f"{block_name}.{out_norm}" if out_norm else None,
     )
 
 
 def _shared_pieces(
-    block: nn.Module, children: dict[str, nn.Module], router: str
+    block: nn.Module, children: dict[str, nn.Module], router: str, out_norm: str | None
 ) -> tuple[str | None, str | None]:
     """The names of the block's shared expert and of its gate (None where it holds none);
-    a ValueError names any other piece with parameters beside the router and experts."""
+    a ValueError names any other piece with parameters beside the router, the experts and
+    the output norm."""
     shared = next((n for n in _SHARED if n in children), None)
     gate = "shared_expert_gate" if "shared_expert_gate" in children else None
-    known = {router, "experts", *([shared] if shared else []), *([gate] if gate else [])}
+    known = {router, "experts", *(n for n in (shared, gate, out_norm) if n)}
     others = [n for n, m in children.items()
               if n not in known and any(True for _ in m.parameters())]  # fmt: skip
     if others:

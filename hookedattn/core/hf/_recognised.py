@@ -115,6 +115,10 @@ class Anatomy:
     # The first layer's children that are the identity where the others hold a norm
     # (ModernBERT-decoder's `attn_norm`: `_first_layer`).
     first_identities: tuple[str, ...] = ()
+    # Norms inside a sublayer (BitNet's, `_sub_norms`): of the heads' z before the output
+    # map, of the MLP's neurons before its down map; their names in the attention, the MLP.
+    attn_sub_norm: str | None = None
+    mlp_sub_norm: str | None = None
 
     def role(self, maps: tuple[tuple[str, str, bool], ...], role: str) -> tuple[str, bool] | None:
         """The name of the linear map with `role` and whether it has a bias; None if none."""
