@@ -8,7 +8,7 @@ different head counts).
 
 from typing import Any
 
-from hookedattn.core.hf import _translate
+from hookedattn.core.hf import _handed_rotary, _translate
 from hookedattn.core.hf._recognised import Anatomy
 
 NORM_TYPES = {"rms": "RMS", "rms_one_plus": "RMS", "rms_bare": "RMS", "layer": "LN",
@@ -97,14 +97,15 @@ def key_value_heads(c: Any) -> int:
 
 def refuse_unimported(c: Any, hf_config: Any) -> None:
     """A ValueError where the config asks for what is not imported: a router's soft-capped
-    logits, clamped queries, keys and values (`_refuse_clipped_qkv`), or blocks with
-    different head counts."""
+    logits, clamped queries, keys and values (`_refuse_clipped_qkv`), rotated values
+    (`_handed_rotary`), or blocks with different head counts."""
     if (getattr(c, "moe_router_logit_softcapping", None) or 0.0) > 0.0:
         raise ValueError(
             f"moe_router_logit_softcapping={c.moe_router_logit_softcapping}: a router "
             "whose logits are soft-capped is not imported"
         )
     _refuse_clipped_qkv(hf_config)
+    _handed_rotary.refuse_rotated_values(hf_config)
     per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
     if per_layer - {c.num_attention_heads}:
         raise ValueError(

@@ -145,9 +145,12 @@ class Convention:
         """The rules that read a checkpoint of this anatomy into `cfg`'s model."""
         a = self.anatomy
         scale = lambda s: s.of(hf_config, cfg.d_head)
+        # Token type 0, which every token gets, folded into the positions; without learned
+        # positions (RoFormer's rotary, `_handed_rotary`) into the token embeddings.
+        types = f"{a.token_types}.weight" if a.token_types and a.positions is None else None
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_embed -> d_vocab d_embed",
-                 adjust=times(scale(a.embed_scale))),
+                 adjust=times(scale(a.embed_scale)), plus_first_row=types),
             *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
@@ -174,6 +177,8 @@ class Convention:
                 r"\.inv_freq$",
                 r"\.original_inv_freq$",
                 *(rf"\.{n}\." for n in a.unused),
+                # Sinusoids a checkpoint saves, computed by our rotary (`_handed_rotary`).
+                *((rf"(^|\.){re.escape(a.rotary_table)}\.weight$",) if a.rotary_table else ()),
                 # A live model's second name of a tensor it ties (BERT's decoder bias).
                 *(rf"^{re.escape(saved)}$" for _, saved in a.renames if hf_model is not None),
             ),

@@ -85,6 +85,9 @@ class Anatomy:
     positions_within: bool = False
     # Fixed sinusoidal positions (a buffer, in no checkpoint): which table (`_sinusoids`).
     positions_fixed: str | None = None
+    # The table of sinusoids handed to every layer to rotate by (`_handed_rotary`,
+    # RoFormer's): a weight its checkpoints save, our rotary computing it.
+    rotary_table: str | None = None
     # Rows of the embedding past `vocab_size` (Mllama's 8 for image tokens): never an
     # output, read into `W_E` all the same.
     embed_rows_extra: int = 0

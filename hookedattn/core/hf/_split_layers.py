@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.components.mlp import ACTIVATIONS
-from hookedattn.core.hf import _projections, _saved
+from hookedattn.core.hf import _handed_rotary, _projections, _saved
 from hookedattn.core.hf._probes import (
     CONFIG_EPSILONS,
     USUAL_EPSILONS,
@@ -95,7 +95,10 @@ class _Watcher:
         norms, writes = self._wiring(seen, unused)
         where = placement({ours for ours, _ in norms})
         projection = _projections.embed_projection(self.twin, seen, self._outer_linears())
-        embed_norm, positions, offset, token_types = self._embedding(seen, projection.reads)
+        rotary = _handed_rotary.handed_table(seen, seen["handed"], self._attention_scale()[0])
+        embed_norm, positions, offset, token_types = self._embedding(
+            seen, projection.reads, rotary is not None
+        )
         final_norm = self._final_norm(seen, where)
         head = self._head(seen, final_norm)
         used = [embed_norm, final_norm, head[1]]
@@ -127,7 +130,8 @@ class _Watcher:
             attn_write=explain(writes[0], self.config, "attention's write scale"),
             mlp_write=explain(writes[1], self.config, "MLP's write scale"),
             logit_scale=explain(logits, self.config, "logit scale"),
-            rotary=False,
+            rotary=rotary is not None,
+            rotary_table=rotary,
             tied=self.unembed.weight is self.embed.weight,
             unembed_bias=getattr(self.unembed, "bias", None) is not None,
             sinks=False,
@@ -239,6 +243,11 @@ class _Watcher:
                     if isinstance(m, nn.Embedding) and m is not self.embed]  # fmt: skip
         watched += [(m, f"linear:{n}") for n, m in self._outer_linears().items()]
         handles = [m.register_forward_hook(keep(key), with_kwargs=True) for m, key in watched]
+
+        def handed(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen["handed"] = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+
+        handles.append(layer.register_forward_pre_hook(handed, with_kwargs=True))
         tokens = torch.randint(3, self.config.vocab_size, _TOKENS, generator=_seeded())
         try:
             with torch.no_grad():
@@ -264,11 +273,12 @@ class _Watcher:
                 and m is not self.unembed}  # fmt: skip
 
     def _embedding(
-        self, seen: dict[str, Any], entering: Tensor
+        self, seen: dict[str, Any], entering: Tensor, rotary: bool = False
     ) -> tuple[str | None, str | None, int, str | None]:
         """The embedding norm, the positions' table and the row of position 0 in it, and
         the token-type table (row 0 added to every token), from `entering`: what entered
-        layer 0, or the projection into it (`_projections`)."""
+        layer 0, or the projection into it (`_projections`). Where the layers are handed
+        `rotary` positions (`_handed_rotary`), the stream may hold none."""
         norm = next((n for n, m in self.outer_norms.items() if f"outer:{n}" in seen
                      and _close(seen[f"outer:{n}"][1], entering)), None)  # fmt: skip
         summed = seen[f"outer:{norm}"][0] if norm else entering
@@ -293,6 +303,8 @@ class _Watcher:
             for offset in range(weight.shape[0] - rows.shape[0] + 1):
                 if _close(weight[offset : offset + len(rows)], rows):
                     return norm, name, offset, types
+        if rotary and _close(summed - added, summed):  # the token type all that was added
+            return norm, None, 0, types
         raise ValueError(
             "the stream entering the first layer is not the embedding plus learned "
             "positions and token type 0 (then a norm): pieces we do not read"

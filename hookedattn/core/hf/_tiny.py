@@ -27,7 +27,8 @@ or key/value head count the config leaves unset is set to what it would be deriv
 forgotten piece shows: every matrix ~ N(0, 1/fan_in), every vector (norm gains, biases)
 moved from its initial value by N(0, 0.2²), and every embedding ~ N(0, 1e-6) so that the
 stream entering the first norm is as small as its epsilon, which therefore moves the
-output (a wrong epsilon shows).
+output (a wrong epsilon shows). Frozen embedding tables (sinusoids computed at construction,
+never trained: RoFormer's rotary angles) are kept as computed.
 """
 
 import contextlib
@@ -340,15 +341,27 @@ def random_hf_model(model_class: Callable[[Any], Any], config: Any, seed: int = 
     def normal(shape: torch.Size, std: float) -> torch.Tensor:
         return std * torch.randn(shape, generator=generator)
 
+    computed = _computed_tables(model)
     with torch.no_grad():
         for param in model.parameters():  # tied ones once
-            if param.numel() == 0:  # a part 0 wide (DeepSeek V2's n_shared_experts=0)
+            if param.numel() == 0 or id(param) in computed:  # 0 wide: DeepSeek V2's no experts
                 continue
             if param.ndim >= 2:
                 param.copy_(normal(param.shape, 1 / math.sqrt(param.shape[-1])))
             else:
                 param.add_(normal(param.shape, _VECTOR_STD))
         for module in model.modules():
-            if isinstance(module, torch.nn.Embedding):
+            if isinstance(module, torch.nn.Embedding) and id(module.weight) not in computed:
                 module.weight.copy_(normal(module.weight.shape, _EMBEDDING_STD))
     return model
+
+
+def _computed_tables(model: Any) -> set[int]:
+    """The frozen embedding tables (`nn.Embedding(..., _freeze=True)`: sinusoids the model
+    computes at construction and never trains, RoFormer's, Marian's), kept as computed:
+    a checkpoint holds those numbers, and a model may read them as angles. Their ids."""
+    return {
+        id(module.weight)
+        for module in model.modules()
+        if isinstance(module, torch.nn.Embedding) and not module.weight.requires_grad
+    }
