@@ -57,7 +57,7 @@ def test_output_norm_needs_experts() -> None:
 
 
 def test_output_norm_needs_pre_norms() -> None:
-    with pytest.raises(ValueError, match="normalization_placement='pre'"):
+    with pytest.raises(ValueError, match=r"every block placed 'pre'.*'pre_and_post'"):
         moe_model(moe_out_norm=True, normalization_placement="pre_and_post")
 
 
