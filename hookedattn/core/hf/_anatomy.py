@@ -237,22 +237,29 @@ class _Reader(Watching):
             mlp_maps=mlp_maps,
             experts=experts,
             renames=_saved.renames(self.twin, self.layers_name),
-            positions=positions[0],
-            position_offset=positions[1],
-            positions_fixed=self.positions_fixed,
+            **self._stream_entry_fields(positions),
             unused=unused,
             act_fn=act_fn,
             **self._scales(embed_ratio, scaling, d_head, writes, logits),
             logit_cap=capped,
-            embed_norm=self.embed_norm,
-            embed_norm_before_positions=self.embed_norm_before_positions,
             mixers=self.mixers,
             mixer_norms=self._mixer_norms(mlp, norms, writes, (kind, bias, eps)),
             first_identities=self.first_identities,
             **self.head,
             alibi=self._alibi(children[attn]),
-            attn_sub_norm=subs.get("attn"),
-            mlp_sub_norm=subs.get("mlp"),
+            **{f"{sublayer}_sub_norm": subs.get(sublayer) for sublayer in ("attn", "mlp")},
+        )
+
+    def _stream_entry_fields(self, positions: tuple[str | None, int]) -> dict[str, Any]:
+        """The anatomy's fields of what enters the stream: the learned positions (`_watch`)
+        and their offset, a fixed table, the embedding's norm and whether it comes before
+        the positions."""
+        return dict(
+            positions=positions[0],
+            position_offset=positions[1],
+            positions_fixed=self.positions_fixed,
+            embed_norm=self.embed_norm,
+            embed_norm_before_positions=self.embed_norm_before_positions,
         )
 
     def _sub_norms(

@@ -118,14 +118,9 @@ def recognise(
     shared_width = None
     if shared:
         shared_width = _field(config, _SHARED_WIDTHS, _width(shared_module), "shared width")
-    files, saved_stacked, saved_router, saved_shared = _saved_names(
-        twin, f"{layers}.{first}.", (int(count), int(d_model))
+    files, saved_stacked, saved_router, saved_shared, saved_transposed = _saved_experts(
+        twin, f"{layers}.{first}.", (int(count), int(d_model)), width, transposed
     )
-    saved_transposed = transposed
-    if saved_stacked is not None:  # which is [gate; up], and how the files lay it out
-        saved_stacked, saved_transposed = _saved_layout(
-            twin, f"{layers}.{first}.", saved_stacked, width, int(d_model)
-        )
     return Experts(
         block=block_name,
         saved_transposed=saved_transposed,
@@ -153,6 +148,18 @@ def recognise(
         shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
         out_norm=f"{block_name}.{out_norm}" if out_norm else None,
     )
+
+
+def _saved_experts(
+    twin: nn.Module, prefix: str, shape: tuple[int, int], width: int, transposed: bool
+) -> tuple:
+    """The layer's saved names (`_saved_names`: the files, the stacked experts, the router,
+    the shared expert) and whether the saved experts are transposed: as held in memory,
+    unless the files stack them otherwise (which is [gate; up], and how: `_saved_layout`)."""
+    files, saved_stacked, saved_router, saved_shared = _saved_names(twin, prefix, shape)
+    if saved_stacked is not None:
+        saved_stacked, transposed = _saved_layout(twin, prefix, saved_stacked, width, shape[1])
+    return files, saved_stacked, saved_router, saved_shared, transposed
 
 
 def _shared_pieces(

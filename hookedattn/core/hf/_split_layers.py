@@ -71,6 +71,12 @@ def read(twin: nn.Module, config: Any, architecture: str, layers_name: str) -> d
     return _Watcher(twin, config, layers_name).fields(architecture)
 
 
+# The anatomy's fields every split-layer model shares: its attention and MLP in their own
+# parts of the layer, sequential, no q/k norms, embedding scale, sinks, experts or soft cap.
+_FIXED = dict(attn="attention", mlp="", parallel=False, qk_norm=None, qk_norm_names=None,
+              embed_scale=Scale(), sinks=False, experts=None, logit_cap=False)  # fmt: skip
+
+
 class _Watcher:
     """One twin, its pieces named, run once with hooks on each (`fields`)."""
 
@@ -106,26 +112,21 @@ class _Watcher:
         d_head, scaling = self._attention_scale()
         logits = ratio(seen["logits"], seen["unembed_out"], "the logits")
         return dict(
+            **_FIXED,
             architecture=architecture,
             layers=self.layers_name,
             base=f"{self.base}." if self.base else "",
             embed=self.names[id(self.embed)],
             final_norm=final_norm or "",
             unembed=self.names[id(self.unembed)],
-            attn="attention",
-            mlp="",
             norms=tuple(norms),
             placement=where,
-            parallel=False,
             norm_kind=kind,
             norm_bias=bias,
             eps=eps,
             attn_maps=self._maps("qkvo", _ATTENTION, within="attention."),
-            qk_norm=None,
-            qk_norm_names=None,
             mlp_maps=self._maps(("up", "down"), _MLP),
             act_fn=self._activation("intermediate.dense", "output.dense", within=self.layer),
-            embed_scale=Scale(),
             attn_scale=explain(scaling, self.config, "softmax scale", d_head),
             attn_write=explain(writes[0], self.config, "attention's write scale"),
             mlp_write=explain(writes[1], self.config, "MLP's write scale"),
@@ -134,13 +135,10 @@ class _Watcher:
             rotary_table=rotary,
             tied=self.unembed.weight is self.embed.weight,
             unembed_bias=getattr(self.unembed, "bias", None) is not None,
-            sinks=False,
             positions=positions,
             position_offset=offset,
             unused=unused,
-            experts=None,
             renames=_saved.renames(self.twin, self.layers_name),
-            logit_cap=False,
             embed_norm=embed_norm,
             token_types=token_types,
             positions_within=bool(offset) and self._rows(positions) == self._max_positions(),
