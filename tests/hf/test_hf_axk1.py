@@ -8,13 +8,13 @@ streams in float32, and greedy generation."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.norm import NoNorm
 
 transformers = pytest.importorskip("transformers")
-from hookedattn.core.hf import _tiny  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29], [9, 2, 2, 71, 30, 6, 5, 14, 100]])
 
@@ -27,12 +27,7 @@ def memo(tmp_path, monkeypatch):
 
 def twin(seed: int = 0) -> nn.Module:
     """A tiny random A.X-K1, as the verification builds one (layer 0 dense, 1 sparse)."""
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model("axk1"))
-    return _tiny.random_hf_model(transformers.AXK1ForCausalLM, config, seed=seed)
-
-
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
+    return tiny_twin("axk1", seed)
 
 
 def test_axk1_output_norm_is_ln2_post_of_the_blocks_with_experts():
@@ -56,8 +51,8 @@ def test_axk1_mixture_and_its_norm_are_the_transformers_block_in_float64():
         want = hf_block(x.clone())
         mixture = model.blocks[1].mlp(x)
         got = model.blocks[1].ln2_post(mixture)
-    assert _worst(mixture, seen["x"]) <= 1e-6
-    assert _worst(got, want) <= 1e-6
+    assert relative_worst(mixture, seen["x"]) <= 1e-6
+    assert relative_worst(got, want) <= 1e-6
 
 
 def test_axk1_logits_and_residual_streams_are_transformers():
@@ -66,8 +61,8 @@ def test_axk1_logits_and_residual_streams_are_transformers():
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= 1e-5
-    assert _worst(cache["blocks.0.hook_resid_post"], expected.hidden_states[1]) <= 1e-5
+    assert relative_worst(logits, expected.logits) <= 1e-5
+    assert relative_worst(cache["blocks.0.hook_resid_post"], expected.hidden_states[1]) <= 1e-5
 
 
 def test_axk1_greedy_generation_is_transformers():

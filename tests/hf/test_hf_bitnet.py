@@ -9,12 +9,12 @@ import pytest
 import torch
 from einops import rearrange
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer
 
 transformers = pytest.importorskip("transformers")
-from hookedattn.core.hf import _tiny  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29], [9, 2, 2, 71, 30, 6, 5, 14, 100]])
 
@@ -27,12 +27,7 @@ def memo(tmp_path, monkeypatch):
 
 def twin(seed: int = 0) -> nn.Module:
     """A tiny random BitNet, as the verification builds one."""
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model("bitnet"))
-    return _tiny.random_hf_model(transformers.BitNetForCausalLM, config, seed=seed)
-
-
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
+    return tiny_twin("bitnet", seed)
 
 
 def test_bitnet_sub_norms_are_read_as_ours():
@@ -58,8 +53,8 @@ def test_bitnet_sublayers_are_transformers_in_float64():
     with torch.no_grad():
         reference(TOKENS)
         _, cache = model.run_with_cache(TOKENS)
-    assert _worst(cache["blocks.1.hook_attn_out"], seen["self_attn"][0]) <= 1e-6
-    assert _worst(cache["blocks.1.hook_mlp_out"], seen["mlp"]) <= 1e-6
+    assert relative_worst(cache["blocks.1.hook_attn_out"], seen["self_attn"][0]) <= 1e-6
+    assert relative_worst(cache["blocks.1.hook_mlp_out"], seen["mlp"]) <= 1e-6
 
 
 def test_bitnet_logits_are_transformers():
@@ -68,7 +63,7 @@ def test_bitnet_logits_are_transformers():
     with torch.no_grad():
         expected = reference(TOKENS).logits
         logits = model(TOKENS)
-    assert _worst(logits, expected) <= 1e-5
+    assert relative_worst(logits, expected) <= 1e-5
 
 
 def test_bitnet_greedy_generation_is_transformers():

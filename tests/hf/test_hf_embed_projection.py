@@ -9,6 +9,7 @@ narrow width; and greedy generation.
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -37,10 +38,6 @@ def twin(model_type: str, seed: int = 0, **fields) -> nn.Module:
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
-
-
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_import_computes_what_transformers_computes(model_type, dtype):
@@ -50,12 +47,12 @@ def test_import_computes_what_transformers_computes(model_type, dtype):
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= tolerance
+    assert relative_worst(logits, expected.logits) <= tolerance
     for i in range(model.cfg.n_layers):  # the projected stream entering each layer
         got, want = cache[f"blocks.{i}.hook_resid_pre"], expected.hidden_states[i]
-        assert _worst(got, want) <= tolerance
+        assert relative_worst(got, want) <= tolerance
     last = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    assert _worst(last, expected.hidden_states[-1]) <= tolerance
+    assert relative_worst(last, expected.hidden_states[-1]) <= tolerance
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -83,7 +80,7 @@ def test_electra_as_wide_as_its_stream_has_no_projection():
     model = HookedTransformer.from_hf(reference)
     assert model.cfg.d_embed is None and model.cfg.d_unembed is None
     with torch.no_grad():
-        assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-12
+        assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= 1e-12
 
 
 def test_each_side_of_rembert_is_read_by_its_own_field_where_the_widths_are_equal():

@@ -10,6 +10,7 @@ float32's rounding bounds both), and greedy generation."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -36,10 +37,6 @@ def twin(seed: int = 0, **fields) -> nn.Module:
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
-
-
 def test_its_first_block_reads_the_normed_embeddings_without_a_norm():
     model = HookedTransformer.from_hf(twin(seed=3))
     assert model.cfg.ln1_layers == (False,) + (True,) * (model.cfg.n_layers - 1)
@@ -57,9 +54,12 @@ def test_modernbert_decoder_computes_what_transformers_computes(dtype, fields):
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= 1e-5
+    assert relative_worst(logits, expected.logits) <= 1e-5
     for i in range(model.cfg.n_layers - 1):  # every residual stream between the layers
-        assert _worst(cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]) <= 1e-5
+        assert (
+            relative_worst(cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1])
+            <= 1e-5
+        )
 
 
 def test_modernbert_decoder_greedy_generation_is_transformers():

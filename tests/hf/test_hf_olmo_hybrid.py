@@ -16,6 +16,7 @@ delta net itself is checked against its recurrence in `tests/core/test_gated_del
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst
 from torch.nn.functional import conv1d
 
 from hookedattn import HookedTransformer
@@ -44,10 +45,6 @@ def twin(seed: int = 0, **fields) -> torch.nn.Module:
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
-
-
 def test_each_layer_kind_places_its_norms_as_transformers_does():
     model = HookedTransformer.from_hf(twin(seed=3).double())
     assert model.cfg.mixers.layers == ("gated_delta",) * 3 + ("attention",)
@@ -65,10 +62,10 @@ def test_logits_and_every_residual_stream_are_transformers(dtype):
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= ROUNDING
+    assert relative_worst(logits, expected.logits) <= ROUNDING
     for i in range(model.cfg.n_layers - 1):
         got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]
-        assert _worst(got, want) <= ROUNDING
+        assert relative_worst(got, want) <= ROUNDING
 
 
 # Our hook point -> (the layer, its piece whose output it is).
@@ -94,7 +91,7 @@ def test_each_sublayers_write_is_transformers(ours):
             _, cache = model.run_with_cache(TOKENS)
     finally:
         handle.remove()
-    assert _worst(cache[ours], seen["out"]) <= ROUNDING
+    assert relative_worst(cache[ours], seen["out"]) <= ROUNDING
 
 
 def test_greedy_generation_is_transformers():
@@ -174,7 +171,7 @@ def test_the_released_form_without_rope_attends_without_positions():
     model = HookedTransformer.from_hf(reference.double())
     assert model.cfg.positional_embedding_type == "none"
     with torch.no_grad():
-        assert _worst(model(TOKENS), reference(TOKENS).logits) <= ROUNDING
+        assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= ROUNDING
 
 
 def test_the_anatomy_round_trips_through_the_memo():

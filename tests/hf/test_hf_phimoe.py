@@ -8,12 +8,12 @@ in the model's dtype), and greedy generation."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer
 
 transformers = pytest.importorskip("transformers")
-from hookedattn.core.hf import _tiny  # noqa: E402
 
 TOKENS = torch.tensor(
     [[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12], [9, 2, 2, 71, 30, 6, 5, 14, 100, 3, 3, 50]]
@@ -28,12 +28,7 @@ def memo(tmp_path, monkeypatch):
 
 def twin(seed: int = 0, **fields) -> nn.Module:
     """A tiny random Phi-3.5-MoE, as the verification builds one, with `fields` set."""
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model("phimoe", **fields))
-    return _tiny.random_hf_model(transformers.PhimoeForCausalLM, config, seed=seed)
-
-
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
+    return tiny_twin("phimoe", seed, **fields)
 
 
 @pytest.mark.parametrize("jitter", [0.01, 0.3])
@@ -45,9 +40,12 @@ def test_phimoe_is_imported_with_its_sparsemixer(jitter):
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= 1e-5
+    assert relative_worst(logits, expected.logits) <= 1e-5
     for i in range(model.cfg.n_layers - 1):  # every residual stream between the layers
-        assert _worst(cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]) <= 1e-5
+        assert (
+            relative_worst(cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1])
+            <= 1e-5
+        )
 
 
 @pytest.mark.parametrize("jitter", [0.01, 0.3])
@@ -59,7 +57,7 @@ def test_phimoe_mixture_is_the_transformers_block_in_float64(jitter):
     with torch.no_grad():
         want = reference.model.layers[0].mlp(x.clone())
         got = model.blocks[0].mlp(x)
-    assert _worst(got, want) <= 1e-12
+    assert relative_worst(got, want) <= 1e-12
 
 
 def test_phimoe_greedy_generation_is_transformers():

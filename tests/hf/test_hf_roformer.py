@@ -8,6 +8,7 @@ the encoder hands every layer (`_handed_rotary`). A tiny random twin (`_tiny`: t
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -32,10 +33,6 @@ def twin(seed: int = 0, **fields) -> nn.Module:
     )
 
 
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_import_computes_what_transformers_computes(dtype):
     # Our rotary's cosines and sines are of float32 angles (`components.rotary`), transformers'
@@ -48,12 +45,12 @@ def test_import_computes_what_transformers_computes(dtype):
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= tolerance
+    assert relative_worst(logits, expected.logits) <= tolerance
     for i in range(model.cfg.n_layers):
         got, want = cache[f"blocks.{i}.hook_resid_pre"], expected.hidden_states[i]
-        assert _worst(got, want) <= tolerance
+        assert relative_worst(got, want) <= tolerance
     last = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    assert _worst(last, expected.hidden_states[-1]) <= tolerance
+    assert relative_worst(last, expected.hidden_states[-1]) <= tolerance
 
 
 def test_the_import_rotates_the_whole_head_by_base_10000_without_learned_positions():

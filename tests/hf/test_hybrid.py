@@ -21,6 +21,7 @@ mixers themselves are checked against brute-force loops in `tests/core/test_mixe
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.twins import relative_worst
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -87,10 +88,6 @@ def twin(model_type: str, seed: int = 0) -> nn.Module:
     return _tiny.random_hf_model(model_class, _tiny.tiny_config(config), seed=seed)
 
 
-def _worst(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max()) / float(want.abs().max())
-
-
 @pytest.mark.parametrize("model_type", HYBRIDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_hybrid_imported_by_convention_computes_what_transformers_computes(model_type, dtype):
@@ -106,11 +103,11 @@ def test_hybrid_imported_by_convention_computes_what_transformers_computes(model
     with torch.no_grad():
         expected = reference(TOKENS, output_hidden_states=True)
         logits, cache = model.run_with_cache(TOKENS)
-    assert _worst(logits, expected.logits) <= tolerance
+    assert relative_worst(logits, expected.logits) <= tolerance
     first = 0 if model_type in EMBEDDING_LEFT_OUT else 1
     for i in range(model.cfg.n_layers - 1):  # every residual stream between the layers
         got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + first]
-        assert _worst(got, want) <= tolerance
+        assert relative_worst(got, want) <= tolerance
 
 
 @pytest.mark.parametrize("model_type", HYBRIDS)
@@ -135,7 +132,7 @@ def test_each_mixer_is_the_transformers_module_in_float64(model_type, module):
         got = model.blocks[layer].mixer(x, attention_context(64, 2, 9, None, None, None, "cpu"))
     # float64 throughout for the short convolution; the Mamba-2 scan and the delta rule
     # cast to float32.
-    assert _worst(got, want) <= (1e-12 if module == "conv" else 1e-6)
+    assert relative_worst(got, want) <= (1e-12 if module == "conv" else 1e-6)
 
 
 def test_a_layer_kind_the_twin_did_not_show_is_refused():
@@ -215,7 +212,7 @@ def test_nemotron_h_layers_are_blocks_of_one_sublayer():
                     dtype=torch.float64)  # fmt: skip
     with torch.no_grad():  # the MLP layer's MLP: float64 throughout in both
         want, got = reference.model.layers[2].mixer(x), model.blocks[2].mlp(x)
-    assert _worst(got, want) <= 1e-12
+    assert relative_worst(got, want) <= 1e-12
 
 
 def test_nemotron_h_experts_are_the_transformers_module_in_float64():
@@ -226,7 +223,7 @@ def test_nemotron_h_experts_are_the_transformers_module_in_float64():
                     dtype=torch.float64)  # fmt: skip
     with torch.no_grad():  # the router's logits are float32 in theirs (float64 in ours)
         want, got = reference.model.layers[1].mixer(x), model.blocks[1].mlp(x)
-    assert _worst(got, want) <= 1e-6
+    assert relative_worst(got, want) <= 1e-6
 
 
 def test_nemotron_h_latent_projection_is_refused_by_name():
@@ -242,7 +239,7 @@ def test_a_saved_checkpoint_imports_verified(model_type, tmp_path):
     reference.save_pretrained(tmp_path)  # Nemotron-H's names as its checkpoints: `backbone.`
     model = HookedTransformer.from_hf(tmp_path)  # verified on its tiny twin before loading
     with torch.no_grad():
-        assert _worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5
+        assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_next", "lara_mini"])
