@@ -111,8 +111,18 @@ def test_a_nan_query_reaches_its_own_position_on_the_fused_path(dtype):
         assert out[:, 2].isnan().all() and out[:, :2].isfinite().all()
 
 
+def _untied(model: HookedTransformer) -> HookedTransformer:
+    # Each q/k/v parameter given storage of its own: the fused product copies them again.
+    with torch.no_grad():
+        for block in model.blocks:
+            for param in block.attn.parameters(recurse=False):
+                param.data = param.data.clone()
+    return model
+
+
 def test_kept_fused_weights_see_an_in_place_weight_edit():
     fused, written = pair(VARIANTS["llama"], torch.float64)
+    _untied(fused)
     with torch.no_grad(), fused.keeping_fused_weights():
         before = fused(TOKENS)
         for model in (fused, written):
@@ -125,6 +135,7 @@ def test_kept_fused_weights_see_an_in_place_weight_edit():
 
 def test_fused_weights_are_freed_when_the_scope_ends():
     fused, _ = pair({}, torch.float32)
+    _untied(fused)
     with torch.no_grad(), fused.keeping_fused_weights():
         fused(TOKENS)
         assert fused.blocks[0].attn.fused_qkv._kept is not None

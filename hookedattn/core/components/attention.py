@@ -37,6 +37,8 @@ fused kernel where nothing reads the scores or pattern, the guards that keep non
 values from hiding or spreading, the fused q/k/v product) lives in `hookedattn.core.kernels`.
 """
 
+from typing import Any
+
 import torch
 from einops import einsum, rearrange, reduce, repeat
 from jaxtyping import Float
@@ -94,6 +96,7 @@ class Attention(nn.Module):
             self.project_qkv = self._project_each
             self.input_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
         self.fused_qkv = kernels.FusedQKV(cfg)
+        self._tie_fused_weights()
 
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos kv_head d_head]
@@ -171,6 +174,23 @@ class Attention(nn.Module):
     def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`W_K, b_K, W_V, b_V` as stored: one per key/value head."""
         return self.W_K, self.b_K, self.W_V, self.b_V
+
+    def _tie_fused_weights(self) -> None:
+        """Make the q/k/v parameters views of the fused product's one weight
+        (`kernels.FusedQKV.tie`), where they are parameters of their own (latent attention
+        has no fused product; the TransformerLens facade's ungrouped keys are repeats)."""
+        fused = self.__dict__.get("fused_qkv")
+        if fused is None:
+            return
+        params = (self.W_Q, self.b_Q, *self.key_value_weights())
+        if all(isinstance(p, nn.Parameter) for p in params):
+            fused.tie(params)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "Attention":
+        # `.to()`, `.double()`, ... give each parameter storage of its own: tie them again.
+        super()._apply(fn, recurse)
+        self._tie_fused_weights()
+        return self
 
     def forward(
         self,

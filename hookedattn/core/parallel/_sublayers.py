@@ -220,6 +220,7 @@ def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorPar
         n_key_value_heads=None if cfg.n_key_value_heads is None else kv.length,
     )
     attn.fused_qkv = kernels.FusedQKV(local)
+    attn._tie_fused_weights()
     q_axis2, kv_axis2 = dataclasses.replace(heads, axis=2), dataclasses.replace(kv, axis=2)
     for point in ("hook_q", "hook_rot_q", "hook_z", "hook_result"):
         _shard_hook_point(attn, point, q_axis2, tp)
