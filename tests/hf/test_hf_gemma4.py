@@ -52,3 +52,11 @@ def test_keys_serving_as_values_and_fewer_global_key_value_heads_are_named():
         message
     )
     assert "keys serving as values (attention_k_eq_v)" in message
+
+
+def test_a_released_sized_config_alone_is_refused_before_any_weight(tmp_path):
+    # The default config is the E2B model's (30 layers, heads 256 wide, 512 globally); the
+    # folder holds no weights, so a refusal that read any would fail otherwise.
+    transformers.Gemma4TextConfig(architectures=["Gemma4ForCausalLM"]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"per_layer_config sets head_dim in layers \[5\]"):
+        HookedTransformer.from_hf(tmp_path)
