@@ -47,6 +47,7 @@ from hookedattn.core.hf import (
     _experts,
     _first_layer,
     _head,
+    _layer_differences,
     _loading,
     _mixer_norms,
     _mixers,
@@ -472,9 +473,10 @@ class _Reader(Watching):
         mixer, named in `mixing`), as is a mixture or a dense MLP unlike the first of its
         kind."""
 
+        # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
+        ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
+
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
-            ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
             return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in ignored}
 
         # Each layer against the first of its kind: a hybrid's mixer layers may place their
@@ -488,9 +490,16 @@ class _Reader(Watching):
         mlps = [_shapes(layer.get_submodule(mlp)) for layer in self.layers] if mlp else []
         mixed = [i for i in range(len(mlps)) if mlps[i] != mlps[kinds.index(kinds[i])]]
         if differing or mixed:
+            pair, skip = (
+                ((differing[0], mixes.index(mixes[differing[0]])), ignored)
+                if differing
+                else ((mixed[0], kinds.index(kinds[mixed[0]])), ())
+            )
+            what = _layer_differences.described(self.layers, pair, skip, self.config)
             raise ValueError(
                 f"decoder layers hold different pieces (layers {differing or mixed} differ "
                 "from the first): a hybrid or a per-layer variant, not recognised by convention"
+                f" ({what})"
             )
         return tuple(kinds)
 
