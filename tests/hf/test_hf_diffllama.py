@@ -95,3 +95,11 @@ def test_a_saved_directory_loads_like_the_live_model(tmp_path):
     assert loaded.state_dict().keys() == ours.keys()
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
+
+
+def test_an_imported_diffllama_saves_and_loads_unchanged(tmp_path):
+    model = HookedTransformer.from_hf(twin(seed=6))
+    loaded = HookedTransformer.load(model.save(tmp_path / "ours"))
+    assert loaded.cfg.differential_attention
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), model(TOKENS))
