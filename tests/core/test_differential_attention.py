@@ -114,6 +114,13 @@ def test_value_biases_are_not_folded_through_the_pair_norm(model):
         fold_value_biases(model)
 
 
+def test_tensor_parallelism_is_refused_by_name(model):
+    from hookedattn.core import parallel
+
+    with pytest.raises(ValueError, match=r"tp_size=2: this model's attention is differential"):
+        parallel.check_tp_size(model.cfg, 2)
+
+
 def test_ov_is_refused(model):
     with pytest.raises(ValueError, match="differential"):
         model.OV
