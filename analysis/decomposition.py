@@ -128,7 +128,8 @@ def _attn_parts(
     if kind != "attention":  # a hybrid's mixer has no heads: its write as one term
         return [_given((f"L{layer}_{kind}",), activation(cache, ("attn_out", layer))[None])]
     attn = model.blocks[layer].attn
-    labels = tuple(head_label(layer, h) for h in range(model.cfg.n_heads))
+    # The heads W_O writes: differential attention's pairs of query heads.
+    labels = tuple(head_label(layer, h) for h in range(attn.W_O.shape[0]))
     bias_label = f"L{layer}_attn_bias"
     if _has_norm(model, "ln1_post", layer):
         results = head_results(model, cache, layer)

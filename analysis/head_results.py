@@ -51,8 +51,10 @@ def _layer(model: HookedTransformer, layer: int) -> int:
 
 def _written_z(model: HookedTransformer) -> str:
     """The kind of the heads' outputs `W_O` reads: "z", or "z_normed" behind a sub-norm of
-    the heads' outputs (`attn_sub_norm`), where `hook_z` is before it."""
-    return "z_normed" if model.cfg.attn_sub_norm else "z"
+    the heads' outputs (`attn_sub_norm`) or differential attention's norm of each pair of
+    heads (`differential_attention`: W_O's heads are the pairs), where `hook_z` is before
+    it."""
+    return "z_normed" if model.cfg.attn_sub_norm or model.cfg.differential_attention else "z"
 
 
 def head_results(

@@ -90,6 +90,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "attn_scores_soft_cap": _OPTIONAL_POSITIVE,
     "output_logits_soft_cap": _OPTIONAL_POSITIVE,
     "use_attn_sinks": _FLAG,
+    "differential_attention": _FLAG,
     "attn_gate": FieldSpec(str, choices=ATTN_GATES, optional=True),
     "attn_gate_per_head": _FLAG,
     "window_size": FieldSpec(int, low=1, high=1 << 24, optional=True),

@@ -76,6 +76,13 @@ def require_bilinear_scores(model: Model, what: str) -> None:
 def OV(model: Model) -> FactoredMatrix:
     """Every head's OV circuit `W_V @ W_O`, `[layer head d_model d_model]`, factored."""
     _refuse_latent_attention(model, "model.OV", "OV")
+    if model.cfg.differential_attention:
+        raise ValueError(
+            "model.OV needs each head's value read and write to be one matrix; this model's "
+            "attention is differential (differential_attention=True): W_O reads pairs of "
+            "heads, their z subtracted and RMS-normed per pair, so no d_model x d_model "
+            "matrix gives a head's write (components/differential_attention.py)"
+        )
     return FactoredMatrix(model.W_V, model.W_O)
 
 

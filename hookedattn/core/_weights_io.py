@@ -318,7 +318,9 @@ _PINS: tuple[tuple[str, str, int, Any], ...] = (
     ("n_heads", "blocks.{attn}.attn.W_Q", 0, lambda cfg: _attends(cfg)),
     ("d_head", "blocks.{attn}.attn.W_Q", 2, lambda cfg: _attends(cfg)),
     ("d_mlp", "blocks.{mlp}.mlp.W_in", 1, lambda cfg: _dense_mlp(cfg)),
-    ("d_value", "blocks.{attn}.attn.W_O", 1, lambda cfg: _attends(cfg)),
+    # Differential attention's W_O reads pairs of heads, 2 d_head wide (d_value is d_head).
+    ("d_value", "blocks.{attn}.attn.W_O", 1,
+     lambda cfg: _attends(cfg) and not cfg.differential_attention),
     ("kv_lora_rank", "blocks.{attn}.attn.W_KV_a", 1,
      lambda cfg: cfg.n_layers > 0 and cfg.is_latent_attention),
     ("q_lora_rank", "blocks.{attn}.attn.W_Q_a", 1,

@@ -129,6 +129,11 @@ class HookedTransformerConfig:
       multiplied by `gate(x @ W_G[h] + b_G[h])` of the attention's input before `W_O`
       reads it, one factor per dimension of the head, or one per head
       (`attn_gate_per_head`).
+    - `differential_attention` (DiffLlama; Ye et al. 2024): query heads `i` and `i +
+      n_heads / 2` read the same pair of value heads side by side, and their two `z` are
+      subtracted, `z[i] - lambda z[i + n_heads / 2]`, RMS-normed per pair and scaled by
+      `1 - lambda_init` before `W_O: [pair 2 d_head d_model]` reads them
+      (`components.differential_attention`).
     - multi-head latent attention (`kv_lora_rank`; DeepSeek V2/V3, Kimi K2): keys and
       values are read from a shared low-rank latent of the stream (normed, width
       `kv_lora_rank`), queries from one of width `q_lora_rank` (None: straight from the
@@ -247,6 +252,7 @@ class HookedTransformerConfig:
     attn_scores_soft_cap: float | None = None
     output_logits_soft_cap: float | None = None
     use_attn_sinks: bool = False
+    differential_attention: bool = False
     attn_gate: str | None = None
     attn_gate_per_head: bool = False
     window_size: int | None = None
@@ -311,6 +317,7 @@ class HookedTransformerConfig:
         self._check_rotary()
         self._check_alibi()
         self._check_latent_attention()
+        self._check_differential_attention()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)
@@ -606,6 +613,24 @@ class HookedTransformerConfig:
             raise ValueError(
                 f"n_dense_layers={self.n_dense_layers} exceeds n_layers={self.n_layers}"
             )
+
+    def _check_differential_attention(self) -> None:
+        """Differential attention pairs the query heads and splits the key/value heads in
+        two halves (`components.differential_attention`); it has no sinks, gate, sub-norm,
+        latent or value width of its own."""
+        if not self.differential_attention:
+            return
+        if self.n_heads % 2 or self.n_kv_heads % 2:
+            raise ValueError(
+                f"differential_attention pairs the query heads and halves the key/value "
+                f"heads: it needs both even (got n_heads={self.n_heads}, "
+                f"n_key_value_heads={self.n_kv_heads})"
+            )
+        refused = [f"{field}={getattr(self, field)!r}"
+                   for field in ("use_attn_sinks", "attn_gate", "attn_sub_norm", "kv_lora_rank",
+                                 "d_head_v") if getattr(self, field)]  # fmt: skip
+        if refused:
+            raise ValueError(f"differential_attention cannot go with {', '.join(refused)}")
 
     def _check_latent_attention(self) -> None:
         if self.kv_lora_rank is None:

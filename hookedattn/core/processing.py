@@ -152,9 +152,10 @@ def process_weights(
     fold, or with shortformer positions), `center_writing_weights` (skipped unless every
     reader of the stream is a LayerNorm, no norm follows a sublayer and the positions are
     not shortformer), `center_unembed` (skipped under a soft cap on the logits),
-    `fold_value_biases` (skipped with attention sinks, an output gate or a sub-norm of the
-    heads' z, and for latent attention, which has no value bias). Logits change only by
-    `center_unembed`'s per-position constant.
+    `fold_value_biases` (skipped with attention sinks, an output gate, a sub-norm of the
+    heads' z or differential attention's norm of each pair, and for latent attention,
+    which has no value bias). Logits change only by `center_unembed`'s per-position
+    constant.
     """
     cfg = model.cfg
     steps: list[Transform] = []
@@ -164,7 +165,8 @@ def process_weights(
         steps.append(_center_writing_weights)
     if center_unembed and cfg.output_logits_soft_cap is None:
         steps.append(_center_unembed)
-    unfoldable = cfg.use_attn_sinks or cfg.is_latent_attention or cfg.attn_gate
+    unfoldable = (cfg.use_attn_sinks or cfg.is_latent_attention or cfg.attn_gate
+                  or cfg.differential_attention)  # fmt: skip
     if fold_value_biases and not (unfoldable or cfg.attn_sub_norm):
         steps.append(_fold_value_biases)
     return _processed(model, steps)
@@ -441,6 +443,12 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
         raise ValueError(
             "fold_value_biases: with attn_sub_norm the heads' z (b_V included) are normed "
             "together before W_O, so b_V @ W_O is not a constant that b_O could take"
+        )
+    if cfg.differential_attention:
+        raise ValueError(
+            "fold_value_biases: with differential_attention each pair of heads' z (b_V "
+            "included) is RMS-normed before W_O, so b_V @ W_O is not a constant that b_O "
+            "could take"
         )
     if cfg.attn_gate is not None:
         raise ValueError(

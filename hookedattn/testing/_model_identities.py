@@ -8,6 +8,7 @@ from hookedattn.core import names as _names
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
 from hookedattn.testing import _attention_identities as attn_ids
+from hookedattn.testing import _differential_identities as diff_ids
 from hookedattn.testing import _latent_identities as latent_ids
 from hookedattn.testing import _moe_identities as moe_ids
 from hookedattn.testing._identity import (
@@ -143,17 +144,35 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     if attn.attn_type == "local":
         out.append(attn_ids.windowed(pattern, cfg.window_size))
     gate = f"{prefix}.hook_attn_gate" if cfg.attn_gate is not None else None
-    out.append(attn_ids.mix_values(z, pattern, v, attn.group, gate))
+    out += _mixed(model, layer, z, pattern, v, gate)
     post = _placed_norm(model, layer, "ln1_post")
     if hasattr(attn, "hook_result"):
         out.append(attn_ids.heads_sum(attn_out, result, attn.b_O, post))
     if cfg.attn_sub_norm:  # W_O reads the heads' z normed together
         out.append(sum_of(_act("z_normed", layer), f"{prefix}.sub_norm.hook_out"))
+    if cfg.attn_sub_norm or cfg.differential_attention:
         z = _act("z_normed", layer)
     out.append(
         linear(attn_out, z, attn.W_O, attn.b_O, _WRITE, "W_O + b_O, summed over heads", post)
     )
     return out
+
+
+def _mixed(
+    model: HookedTransformer, layer: int, z: str, pattern: str, v: str, gate: str | None
+) -> list[Identity]:
+    """`z == pattern @ v` (times the gate); differential attention's `z` mixes paired
+    values, and its pairs are subtracted, normed and scaled (`_differential_identities`)."""
+    attn = model.blocks[layer].attn
+    if not model.cfg.differential_attention:
+        return [attn_ids.mix_values(z, pattern, v, attn.group, gate)]
+    z_diff, norm = _act("z_diff", layer), f"blocks.{layer}.attn.z_norm"
+    return [
+        diff_ids.paired_mix(z, pattern, v, attn.group),
+        diff_ids.differential(z_diff, z, attn),
+        *_norm_identity(model, norm, z_diff),
+        diff_ids.scaled(_act("z_normed", layer), f"{norm}.hook_out", 1 - attn.lambda_init),
+    ]
 
 
 _READ = "... d_model, head d_model d_head -> ... head d_head"

@@ -1,7 +1,7 @@
 """The layers a `HookedTransformer` is built from, one concept per file.
 
 Each variant is its own small module, chosen when the model is built (`make_block`,
-`make_attention`: full, grouped or latent; `make_mixer`: a hybrid's short convolution,
+`make_attention`: full, grouped, latent or differential; `make_mixer`: a hybrid's short convolution,
 Mamba-2 or gated delta net in attention's place; `make_mlp` or `MoE`, `make_norm`,
 `make_embed_norm`, `make_embed_projection`, `make_final_norm`, `make_unembed_transform`,
 `make_soft_cap`), so that every forward stays the equation it implements.
@@ -23,6 +23,13 @@ from hookedattn.core.components.block import (
 )
 from hookedattn.core.components.causal_conv import causal_conv, real_positions
 from hookedattn.core.components.decay import segment_log_decay
+from hookedattn.core.components.differential_attention import (
+    DifferentialAttention,
+    GroupedDifferentialAttention,
+    lambda_init,
+    make_differential_attention,
+    paired_values,
+)
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed, affine, affine_params
 from hookedattn.core.components.embed_projection import (
     EmbedProjection,
@@ -77,11 +84,13 @@ __all__ = [
     "AttnInputs",
     "AttnOnlyBlock",
     "Block",
+    "DifferentialAttention",
     "Embed",
     "EmbedProjection",
     "ExpertHooks",
     "GatedDeltaNet",
     "GatedMLP",
+    "GroupedDifferentialAttention",
     "GroupedQueryAttention",
     "LatentAttention",
     "LayerNorm",
@@ -113,8 +122,10 @@ __all__ = [
     "delta_mixing",
     "gelu_new",
     "glu",
+    "lambda_init",
     "make_attention",
     "make_block",
+    "make_differential_attention",
     "make_embed_norm",
     "make_embed_projection",
     "make_final_norm",
@@ -126,6 +137,7 @@ __all__ = [
     "make_placed_norm",
     "make_soft_cap",
     "make_unembed_transform",
+    "paired_values",
     "real_positions",
     "relu2",
     "rotary_attention_factor",

@@ -45,6 +45,7 @@ from hookedattn.core.components.attention import (
     AttnInput,
     GroupedQueryAttention,
 )
+from hookedattn.core.components.differential_attention import make_differential_attention
 from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer
@@ -326,7 +327,9 @@ class MLPOnlyBlock(AttnOnlyBlock):
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
-    latent (`kv_lora_rank`)."""
+    latent (`kv_lora_rank`), or differential (`differential_attention`)."""
+    if cfg.differential_attention:
+        return make_differential_attention(cfg, layer)
     if cfg.is_latent_attention:
         return LatentAttention(cfg, layer)
     return (GroupedQueryAttention if cfg.n_kv_heads != cfg.n_heads else Attention)(cfg, layer)

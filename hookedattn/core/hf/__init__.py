@@ -5,15 +5,16 @@
 
 One small private module per family written out (`_gpt2`, `_openai_gpt`, `_neox`, `_llama`,
 `_gemma2`, `_gemma3`, `_gpt_oss` sharing `_moe` with `_deepseek` for latent attention,
-`_gptj`, `_opt`), each a config translation and a table of tensor renames and reshapes
-(`Rule`, `Table`): what the convention cannot see (GPT-2's `Conv1D`, GPT-NeoX's fused heads,
-Gemma's rounding of its constants, GPT-OSS's clamped experts, latent attention, GPT-J's and
-OPT's constants outside their configs). Every other architecture is imported by convention
-(`_anatomy` recognises its pieces by watching its tiny twin run, `_split_layers` BERT's
-layout of them, `_probes` what each piece computes, `_experts` its mixture of experts,
-`_saved` the names its files use, `_convention` derives its family from them, and the
-verification decides among the candidates). `_importer` runs the same steps for every family
-and `_loading` reads a directory's safetensors files tensor by tensor.
+`_gptj`, `_opt`, `_diffllama`), each a config translation and a table of tensor renames and
+reshapes (`Rule`, `Table`): what the convention cannot see (GPT-2's `Conv1D`, GPT-NeoX's
+fused heads, Gemma's rounding of its constants, GPT-OSS's clamped experts, latent attention,
+GPT-J's and OPT's constants outside their configs, DiffLlama's differential attention).
+Every other architecture is imported by convention (`_anatomy` recognises its pieces by
+watching its tiny twin run, `_split_layers` BERT's layout of them, `_probes` what each piece
+computes, `_experts` its mixture of experts, `_saved` the names its files use, `_convention`
+derives its family from them, and the verification decides among the candidates).
+`_importer` runs the same steps for every family and `_loading` reads a directory's
+safetensors files tensor by tensor.
 What is exported below is the package's API; the modules are its machinery. Nothing here
 assumes random weights: the same route loads real checkpoints for whoever has them locally.
 `transformers` is an optional extra (`pip install hookedattn[hf]`), used to read configs,

@@ -20,6 +20,7 @@ from hookedattn.core.hf import (
     _composite,
     _convention,
     _deepseek,
+    _diffllama,
     _falcon_h1,
     _gemma2,
     _gemma3,
@@ -61,6 +62,7 @@ FAMILIES: tuple[Family, ...] = (
     _deepseek.GLM4_MOE_LITE,
     _falcon_h1.FAMILY,
     _nemotron_h.FAMILY,
+    _diffllama.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.

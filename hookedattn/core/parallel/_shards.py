@@ -70,6 +70,13 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
             f"whose heads are not split over ranks yet; load it in one process, or place its "
             f"blocks with device_map="
         )
+    if cfg.differential_attention:
+        raise ValueError(
+            f"tp_size={tp_size}: this model's attention is differential, whose query heads "
+            f"i and i + n_heads/2 are subtracted before W_O reads them, and whose pairs of "
+            f"heads are not split over ranks yet; load it in one process, or place its "
+            f"blocks with device_map="
+        )
     if cfg.mixers is not None and cfg.mixers.holds_mixers:
         raise ValueError(
             f"tp_size={tp_size}: this hybrid model's mixers "
