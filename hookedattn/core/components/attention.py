@@ -205,7 +205,8 @@ class Attention(nn.Module):
         q, k = self._positioned(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
-        z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
+        # `written_out`, or one fused kernel, of the values as the heads read them
+        z = kernels.attend(self, q, k, self.read_values(v), context)
         return self.write(self.hook_z(self.gated(z, query_input)))
 
     def scored(
@@ -223,6 +224,11 @@ class Attention(nn.Module):
 
     def _ungated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
         return z
+
+    def read_values(self, v: Values) -> Values:
+        """The values as the heads read them: those at `hook_v` (differential attention
+        pairs them: `components.differential_attention`)."""
+        return v
 
     def _gated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
         """`z * gate(x @ W_G + b_G)` per head (per dimension, or one factor per head)."""

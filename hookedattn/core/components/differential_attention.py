@@ -32,14 +32,11 @@ from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor
 
-from hookedattn.core import kernels
-from hookedattn.core.components.attention import Attention, AttnInput, GroupedQueryAttention
+from hookedattn.core.components.attention import Attention, GroupedQueryAttention
 from hookedattn.core.components.embed import _param
 from hookedattn.core.components.norm import RMSNormPre
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
-from hookedattn.core.kernels import AttentionContext
-from hookedattn.core.kv_cache import KeyValueCacheEntry
 
 
 def lambda_init(layer: int) -> float:
@@ -62,24 +59,21 @@ class DifferentialAttention(Attention):
         self.hook_z_diff = HookPoint()  # [batch pos pair 2 d_head]
         self.z_norm = RMSNormPre(cfg, (2 * d_head,))
         self.hook_z_normed = HookPoint()  # [batch pos pair 2 d_head]
+        # Attention's forward, its write preceded by the pairs' difference and norm.
+        self.write_pairs, self.write = self.write, self._write_differential
 
-    def forward(
-        self,
-        query_input: AttnInput,
-        key_input: AttnInput,
-        value_input: AttnInput,
-        context: AttentionContext,
-        past_kv: KeyValueCacheEntry | None = None,
-    ) -> Float[Tensor, "batch query_pos d_model"]:
-        q, k, v = self.project_qkv(query_input, key_input, value_input)
-        q, k, v = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k)), self.hook_v(v)
-        q, k = self._positioned(q, k, context)
-        if past_kv is not None:
-            k, v = past_kv.append(k, v)
-        z = self.hook_z(kernels.attend(self, q, k, paired_values(v), context))
+    def read_values(
+        self, v: Float[Tensor, "batch pos kv_head d_head"]
+    ) -> Float[Tensor, "batch pos kv_head d_pair"]:
+        """Each key/value head's pair of values (`paired_values`): what the heads read."""
+        return paired_values(v)
+
+    def _write_differential(
+        self, z: Float[Tensor, "batch pos head d_pair"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """`z` (after `hook_z`) to the stream: the pairs subtracted, normed and written."""
         z_diff = self.hook_z_diff(self.differential(z))
-        z_normed = self.hook_z_normed((1 - self.lambda_init) * self.z_norm(z_diff))
-        return self.write(z_normed)
+        return self.write_pairs(self.hook_z_normed((1 - self.lambda_init) * self.z_norm(z_diff)))
 
     def lambda_full(self) -> Float[Tensor, ""]:
         """The layer's `lambda`: `exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) +

@@ -63,46 +63,56 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
                 f"heads, as many on every rank (and the key/value heads its query heads "
                 f"read); tp_size can be {', '.join(map(str, valid))} for this model"
             )
+    unsplit = _not_split(cfg)
+    if unsplit is not None:
+        raise ValueError(f"tp_size={tp_size}: {unsplit}")
+    _check_every_rank_holds_some(cfg, tp_size)
+    return tp_size
+
+
+# Where no rank can compute its part alone yet: load in one process or place blocks.
+_ELSEWHERE = "load it in one process, or place its blocks with device_map="
+
+
+def _not_split(cfg: HookedTransformerConfig) -> str | None:
+    """Why this model's layers cannot be split over ranks (yet), or None."""
     if cfg.is_latent_attention:
-        raise ValueError(
-            f"tp_size={tp_size}: this model's attention is latent (kv_lora_rank="
-            f"{cfg.kv_lora_rank}), whose latents and shared rotary key every head reads, and "
-            f"whose heads are not split over ranks yet; load it in one process, or place its "
-            f"blocks with device_map="
+        return (
+            f"this model's attention is latent (kv_lora_rank={cfg.kv_lora_rank}), whose "
+            f"latents and shared rotary key every head reads, and whose heads are not split "
+            f"over ranks yet; {_ELSEWHERE}"
         )
     if cfg.differential_attention:
-        raise ValueError(
-            f"tp_size={tp_size}: this model's attention is differential, whose query heads "
-            f"i and i + n_heads/2 are subtracted before W_O reads them, and whose pairs of "
-            f"heads are not split over ranks yet; load it in one process, or place its "
-            f"blocks with device_map="
+        return (
+            "this model's attention is differential, whose query heads i and i + n_heads/2 "
+            "are subtracted before W_O reads them, and whose pairs of heads are not split "
+            f"over ranks yet; {_ELSEWHERE}"
         )
     if cfg.mixers is not None and cfg.mixers.holds_mixers:
-        raise ValueError(
-            f"tp_size={tp_size}: this hybrid model's mixers "
-            f"({sorted(set(cfg.mixers.layers) | {cfg.mixers.beside_attention} - {None})}) "
-            f"are not split over ranks yet; load it in one process, or place its blocks with "
-            f"device_map="
-        )
+        kinds = sorted(set(cfg.mixers.layers) | {cfg.mixers.beside_attention} - {None})
+        return f"this hybrid model's mixers ({kinds}) are not split over ranks yet; {_ELSEWHERE}"
     if cfg.is_moe:
-        raise ValueError(
-            f"tp_size={tp_size}: this model is a mixture of experts "
-            f"(num_experts={cfg.num_experts}), whose experts are not split over ranks yet; "
-            f"load it in one process, or place its blocks with device_map="
+        return (
+            f"this model is a mixture of experts (num_experts={cfg.num_experts}), whose "
+            f"experts are not split over ranks yet; {_ELSEWHERE}"
         )
     if cfg.has_mlp and cfg.act_fn == "solu_ln":
-        raise ValueError(
-            f"tp_size={tp_size}: this model's MLPs are SoLU-LN (act_fn='solu_ln'), whose "
-            f"softmax and LayerNorm over the neurons read every neuron of a token at once, "
-            f"so no rank can compute its own neurons alone; load it in one process, or "
-            f"place its blocks with device_map="
+        return (
+            "this model's MLPs are SoLU-LN (act_fn='solu_ln'), whose softmax and LayerNorm "
+            "over the neurons read every neuron of a token at once, so no rank can compute "
+            f"its own neurons alone; {_ELSEWHERE}"
         )
     if cfg.use_qk_norm and not cfg.qk_norm_per_head:
-        raise ValueError(
-            f"tp_size={tp_size}: this model normalises its queries and keys over all heads "
-            f"together (OLMo 2's q/k norm), which no rank can do with its own heads alone; "
-            f"tensor parallelism needs per-head q/k norms or none"
+        return (
+            "this model normalises its queries and keys over all heads together (OLMo 2's "
+            "q/k norm), which no rank can do with its own heads alone; tensor parallelism "
+            "needs per-head q/k norms or none"
         )
+    return None
+
+
+def _check_every_rank_holds_some(cfg: HookedTransformerConfig, tp_size: int) -> None:
+    """Refuse a split that leaves a rank no token of the vocabularies or no neuron."""
     sizes = [("d_vocab", cfg.d_vocab, "token"), ("d_vocab_out", cfg.d_vocab_out, "token")]
     if not cfg.attn_only:
         sizes.append(("d_mlp", cfg.d_mlp or 0, "neuron"))
@@ -113,4 +123,3 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
                 f"tp_size={tp_size} leaves rank {lengths.index(0)} no {what} of "
                 f"{field}={count} (the ranks' parts would be {lengths}): use fewer ranks"
             )
-    return tp_size
