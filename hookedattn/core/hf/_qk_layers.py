@@ -37,11 +37,17 @@ def weightless_norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str
     }
 
 
-def held_by(layers: list[nn.Module], attn: str, names: tuple[str, str] | None) -> tuple[bool, ...]:
-    """Which `layers` hold the q/k norms `names` in their attention `attn`."""
-    if names is None:
-        return tuple(False for _ in layers)
-    return tuple(_holds(layer, f"{attn}.{names[0]}") for layer in layers)
+def held_by(
+    layers: list[nn.Module], attn: str, names: tuple[str, str] | None
+) -> tuple[bool | None, ...]:
+    """Which `layers` hold the q/k norms `names` in their attention `attn` (None: a layer
+    without that attention, a hybrid's mixer layer)."""
+    return tuple(
+        None
+        if not _holds(layer, attn)
+        else names is not None and _holds(layer, f"{attn}.{names[0]}")
+        for layer in layers
+    )
 
 
 def _holds(layer: nn.Module, name: str) -> bool:
@@ -52,13 +58,15 @@ def _holds(layer: nn.Module, name: str) -> bool:
     return True
 
 
-def pattern(held: tuple[bool, ...], config: Any) -> str:
-    """Which layers hold q/k norms, as a config says it: "all", or "rotating" where they are
-    the layers `no_rope_layers` rotates; a ValueError names them otherwise."""
-    if all(held):
+def pattern(held: tuple[bool | None, ...], config: Any) -> str:
+    """Which attending layers (`held_by`: not None) hold q/k norms, as a config says it:
+    "all", or "rotating" where they are the layers `no_rope_layers` rotates; a ValueError
+    names them otherwise."""
+    attending = [i for i, h in enumerate(held) if h is not None]
+    if all(held[i] for i in attending):
         return "all"
     rotating = tuple(bool(f) for f in (getattr(config, "no_rope_layers", None) or ()))
-    if rotating[: len(held)] == held:
+    if len(rotating) >= len(held) and all(rotating[i] == held[i] for i in attending):
         return "rotating"
     raise ValueError(
         f"q/k norms in layers {[i for i, h in enumerate(held) if h]} only, which no config "
