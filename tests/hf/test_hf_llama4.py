@@ -126,3 +126,16 @@ def test_a_saved_directory_loads_like_the_live_model(tmp_path):
     assert loaded.state_dict().keys() == ours.keys()
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
+
+
+def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens():
+    """Past chunk boundaries and temperature steps, each step's recorded activations (and
+    the patterns recomputed for its queries) are those of the forward over the whole. The
+    experts' own rows are left out: a generation's cache of any mixture refuses them."""
+    model = HookedTransformer.from_hf(twin(seed=9).double())
+    rows = lambda name: ".experts." not in name
+    out = model.generate(TOKENS[:, :3], 7, stop_at_eos=False, return_cache=True, names_filter=rows)
+    _, expected = model.run_with_cache(out.tokens, names_filter=rows)
+    assert sorted(out.cache) == sorted(expected)
+    for name in expected:
+        torch.testing.assert_close(out.cache[name], expected[name], rtol=1e-9, atol=1e-9)
