@@ -67,6 +67,25 @@ def test_llama4_logits_are_transformers_in_float32():
     assert relative_worst(logits, expected) <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [dict(use_qk_norm=False), dict(attn_temperature_tuning=False), dict(attention_chunk_size=None)],
+    ids=["no_qk_norm", "no_temperature", "no_chunks"],
+)  # fmt: skip
+def test_each_piece_left_out_as_a_config_may_is_still_transformers(fields):
+    """The 128-expert checkpoint keeps no q/k norm; a config may turn off the temperature
+    or the chunks: each imports as such (the fields read say so) and computes the same."""
+    reference = tiny_twin("llama4_text", 10, **fields)
+    model = HookedTransformer.from_hf(reference)
+    cfg = model.cfg
+    pieces = {"use_qk_norm": cfg.use_qk_norm,
+              "attn_temperature_tuning": cfg.query_temperature_floor is not None,
+              "attention_chunk_size": cfg.window_chunked}  # fmt: skip
+    assert [name for name, on in pieces.items() if not on] == list(fields)
+    with torch.no_grad():
+        assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5
+
+
 def test_every_layer_writes_what_transformers_writes():
     reference = twin(seed=4).double()
     model = HookedTransformer.from_hf(reference)
