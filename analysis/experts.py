@@ -105,13 +105,15 @@ def expert_writes(
     model: HookedTransformer, cache: ActivationCache, layer: int
 ) -> Float[Tensor, "expert batch pos d_model"]:
     """What each expert of block `layer` writes at every position (zero where it was not
-    chosen): `weight * hook_out` at its tokens. With the shared expert's output
+    chosen): `weight * hook_out` at its tokens (`hook_out` itself where the weight scaled
+    the expert's input, `expert_input_weighted`: Llama 4). With the shared expert's output
     (`hook_shared_out`) they sum to the MoE's output exactly. Needs the routing and every
     expert's `hook_out` in the cache."""
     moe = _moe(model, layer)
     indices = activation(cache, f"blocks.{layer % model.cfg.n_layers}.mlp.hook_expert_indices")
     weights = activation(cache, f"blocks.{layer % model.cfg.n_layers}.mlp.hook_expert_weights")
     out = weights.new_zeros(moe.num_experts, *indices.shape[:2], model.cfg.d_model)
+    on_input = model.cfg.expert_input_weighted
     for e in range(moe.num_experts):
         rows = expert_rows(model, cache, layer, e)
         if rows.outputs is None:
@@ -119,7 +121,8 @@ def expert_writes(
                 f"expert_writes needs every expert's hook_out: blocks.{layer}.mlp.experts.{e}."
                 f"hook_out is not in the cache (was a names_filter used?)"
             )
-        out[e, rows.batch, rows.pos] = rows.weight[:, None] * rows.outputs.to(out.dtype)
+        weight = torch.ones_like(rows.weight) if on_input else rows.weight
+        out[e, rows.batch, rows.pos] = weight[:, None] * rows.outputs.to(out.dtype)
     return out
 
 

@@ -84,7 +84,7 @@ def prepare_next_token(
     """The input stage of a generation step: one chosen token per row after a cache of
     real tokens. Nothing to check (the generation loop chose the ids, and checked the run
     once); the cache's mask gains the new position."""
-    context = next_token_context(past_kv_cache, model.cfg.window_size)
+    context = next_token_context(past_kv_cache, model.cfg.window_size, model.cfg.window_chunked)
     resid = model.embed_tokens(tokens, context.positions)
     return resid, model.with_query_key_positions(context)
 
@@ -183,5 +183,12 @@ def _context(
     cfg = model.cfg
     device = model.embed.W_E.device  # `model.W_E` gathers in a tensor-parallel model
     return attention_context(
-        cfg.n_ctx, batch, n_new, attention_mask, past_kv_cache, cfg.window_size, device
+        cfg.n_ctx,
+        batch,
+        n_new,
+        attention_mask,
+        past_kv_cache,
+        cfg.window_size,
+        device,
+        chunked=cfg.window_chunked,
     )

@@ -50,6 +50,7 @@ __all__ = [
 _PER_LAYER_TUPLES = (
     "attn_types",
     "rotary_layers",
+    "qk_norm_layers",
     "alibi_slopes",
     "moe_layers",
     "ln1_layers",
@@ -100,7 +101,9 @@ class HookedTransformerConfig:
     - `use_qk_norm`: an RMSNorm of queries and keys before the rotation, over each head
       (`qk_norm_per_head`, Qwen 3) or over all heads together (OLMo 2); after it with
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
-      in their place (Persimmon's, per head).
+      in their place (Persimmon's, per head). `qk_norm_layers` (one flag per block; None:
+      every block) says which blocks norm them: Llama 4 norms them in its rotating blocks
+      only.
     - sub-norms (BitNet): `attn_sub_norm` norms every head's `z` together (one scale per
       position, over `(head d_head)`: `attn.sub_norm`, `hook_z_normed`) before `W_O` reads
       it, `hook_z` keeping the heads' outputs before it; `mlp_sub_norm` norms a gated MLP's
@@ -109,6 +112,14 @@ class HookedTransformerConfig:
     - `attn_scores_soft_cap`, `output_logits_soft_cap`: `c * tanh(x / c)` (Gemma 2).
     - `window_size` with `attn_types`: a query reads only the `window_size` latest keys
       (itself included) in "local" layers; None `attn_types` makes every layer local.
+      `window_chunked` makes the local layers' window fixed chunks instead (Llama 4's
+      chunked attention): a query reads the keys of its own chunk of `window_size`
+      positions, `key // window_size == query // window_size`, up to itself.
+    - `query_temperature_floor` (Llama 4's `floor_scale`; None: off): in the blocks that do
+      not rotate, every query is multiplied by `1 + query_temperature_scale * log(1 +
+      floor((position + 1) / query_temperature_floor))` before the scores read it
+      (`components.query_temperature`, `hook_q_tuned`), so that far positions attend more
+      sharply (Nakanishi 2025, scalable softmax).
     - rotary: `rotary_dim` dims of each head rotated in GPT-NeoX's half-split layout,
       `rotary_base`, `rotary_scaling_factor` (linear scaling) and Llama 3's frequency
       bands (`use_NTK_by_parts_rope` and its `NTK_*` parameters, TransformerLens's names),
@@ -167,6 +178,8 @@ class HookedTransformerConfig:
       `moe_out_norm` norms the mixture's whole output (routed plus shared experts) before it
       is added, in the blocks that hold one (A.X-K1's `post_mlp_layernorm`): it is their
       `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
+      `expert_input_weighted` (Llama 4) multiplies each chosen expert's input by its
+      router weight instead of its output: `expert_e(g_e * x)`, summed as they are.
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -246,6 +259,7 @@ class HookedTransformerConfig:
     qk_norm_per_head: bool = True
     qk_norm_after_rotary: bool = False
     qk_norm_type: str = "RMS"
+    qk_norm_layers: tuple[bool, ...] | None = None
     attn_sub_norm: bool = False
     mlp_sub_norm: bool = False
     attn_scale: float | None = None
@@ -257,6 +271,9 @@ class HookedTransformerConfig:
     attn_gate_per_head: bool = False
     window_size: int | None = None
     attn_types: tuple[str, ...] | None = None
+    window_chunked: bool = False
+    query_temperature_floor: int | None = None
+    query_temperature_scale: float = 0.1
     num_experts: int | None = None
     experts_per_token: int | None = None
     norm_topk_prob: bool = False
@@ -274,6 +291,7 @@ class HookedTransformerConfig:
     moe_layers: tuple[bool, ...] | None = None
     d_mlp_dense: int | None = None
     moe_out_norm: bool = False
+    expert_input_weighted: bool = False
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -357,6 +375,7 @@ class HookedTransformerConfig:
             )
         self._check_experts()
         self._check_layer_lists()
+        self._check_llama4_variants()
 
     def _check_mlp_variants(self) -> None:
         """Check the MLP's variants: none asked of an attention-only model, a width for one
@@ -487,6 +506,29 @@ class HookedTransformerConfig:
                     f"{self.n_layers}: give one 'global' or 'local' per layer"
                 )
 
+    def _check_llama4_variants(self) -> None:
+        """The per-block q/k norms, the chunked window and the query temperature each need
+        what they modify: q/k norms, a window, positions other than learned ones."""
+        flags = self.qk_norm_layers
+        if flags is not None and not self.use_qk_norm:
+            raise ValueError("qk_norm_layers says which blocks norm queries and keys: it "
+                             "needs use_qk_norm=True")  # fmt: skip
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"qk_norm_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+        if self.window_chunked and self.window_size is None:
+            raise ValueError("window_chunked cuts the window into chunks: give window_size")
+        temperature = self.query_temperature_floor
+        if temperature is not None and self.positional_embedding_type not in ("rotary", "none"):
+            raise ValueError(
+                f"query_temperature_floor={temperature} scales the queries of blocks without "
+                "rotary positions: it needs positional_embedding_type 'rotary' or 'none', "
+                f"not {self.positional_embedding_type!r}"
+            )
+
     def _check_hybrid_layouts(self) -> None:
         """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)
         and a mixer beside attention (Falcon-H1) need a sequential block."""
@@ -517,7 +559,8 @@ class HookedTransformerConfig:
 
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
-                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm")  # fmt: skip
+                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
+                      "expert_input_weighted")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
                        sparsemixer_jitter_eps=0.01)  # fmt: skip
@@ -824,6 +867,18 @@ class HookedTransformerConfig:
         if self.positional_embedding_type != "rotary":
             return False
         return self.rotary_layers is None or self.rotary_layers[layer]
+
+    def layer_norms_qk(self, layer: int) -> bool:
+        """Whether block `layer` norms its queries and keys (`use_qk_norm`,
+        `qk_norm_layers`)."""
+        if not self.use_qk_norm:
+            return False
+        return self.qk_norm_layers is None or self.qk_norm_layers[layer]
+
+    def layer_tunes_queries(self, layer: int) -> bool:
+        """Whether block `layer` scales its queries by position (`query_temperature_floor`:
+        the blocks that do not rotate)."""
+        return self.query_temperature_floor is not None and not self.layer_rotates(layer)
 
     def layer_attn_type(self, layer: int) -> str:
         """ "local" (windowed) or "global" attention in block `layer`."""

@@ -128,8 +128,10 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
         out += _norm_identity(model, f"{prefix}.{which}", name)
     if rotates and not cfg.qk_norm_after_rotary:
         q, k = _act("rot_q", layer), _act("rot_k", layer)
-    elif cfg.use_qk_norm:
+    elif cfg.layer_norms_qk(layer):
         q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"
+    if hasattr(attn, "hook_q_tuned"):  # the queries scaled by position: what the scores read
+        q = f"{prefix}.hook_q_tuned"
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)

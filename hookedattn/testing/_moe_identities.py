@@ -4,11 +4,13 @@
     router_logits   = x @ W_router + b_router
     expert_weights  = softmax(router_logits)[expert_indices] (/ their sum, norm_topk_prob)
     experts.e.in    = x at the tokens routed to e, in (batch, pos, slot) order
+                      (times the token's weight for e, `expert_input_weighted`: Llama 4)
     experts.e.pre   = in @ W_gate[e] + b_gate[e],  pre_linear = in @ W_in[e] + b_in[e]
     experts.e.post  = act_fn(pre) * pre_linear     (clamped SwiGLU with swiglu_limit)
                       (plain experts: pre = in @ W_in[e] + b_in[e], post = act_fn(pre))
     experts.e.out   = post @ W_out[e] + b_out[e]
     mlp_out         = after(sum over each token's choices of weight * out + shared_out)
+                      (each out as it is, `expert_input_weighted`)
 
 `x` is the MLP's input (`ln2.hook_out`). An expert's rows are checked against the routing
 the cache recorded; its weights are its slice of the stacked ones.
@@ -73,7 +75,7 @@ def _expert(moe_module: nn.Module, m: str, e: int, x: str, indices: str) -> list
     rows_in, pre, post, out = (hook(p) for p in ("in", "pre", "post", "out"))
     mod = moe_module
     return [
-        _routed_rows(rows_in, x, indices, e),
+        _routed_rows(rows_in, x, indices, e, _weights_on(mod, m)),
         *(_gated_neurons(mod, e, rows_in, pre, post, hook("pre_linear")) if hasattr(mod, "W_gate")
           else _plain_neurons(mod, e, rows_in, pre, post)),
         linear(out, post, mod.W_out[e], mod.b_out[e], _WRITE, f"W_out[{e}] + b_out[{e}]"),
@@ -120,21 +122,32 @@ def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Mod
     return Identity(statement, (weights, logits, indices), _names.axis_names(weights), VALUE, sides)
 
 
-def _routed_rows(rows: str, x: str, indices: str, expert: int) -> Identity:
+def _weights_on(moe_module: nn.Module, m: str) -> str | None:
+    """The block's `hook_expert_weights` where they scale the experts' inputs, else None."""
+    on_input = moe_module.rows_in == moe_module._weighted_rows
+    return f"{m}.hook_expert_weights" if on_input else None
+
+
+def _routed_rows(rows: str, x: str, indices: str, expert: int, weights: str | None) -> Identity:
     def sides(get: Get) -> Sides:
         chosen = get(indices) == expert
         if chosen.ndim == 2:  # a cache without its batch axis
             chosen = chosen[None]
-        batch, pos, _ = chosen.nonzero(as_tuple=True)
+        batch, pos, slot = chosen.nonzero(as_tuple=True)
         stream = get(x)
         stream = stream if stream.ndim == 3 else stream[None]
         if stream.shape[1] != chosen.shape[1]:
             raise NotApplicableError("a pos_slice keeps some positions, an expert all its rows")
         expected = stream[batch, pos]
+        if weights is not None:
+            g = get(weights)
+            expected = expected * (g if g.ndim == 3 else g[None])[batch, pos, slot, None]
         return Sides(get(rows), expected, expected.abs())
 
-    statement = f"{rows} == {x} at the tokens routed to expert {expert}"
-    return Identity(statement, (rows, x, indices), _names.axis_names(rows), VALUE, sides)
+    weighted = f" times {weights}" if weights else ""
+    statement = f"{rows} == {x}{weighted} at the tokens routed to expert {expert}"
+    needs = (rows, x, indices, *((weights,) if weights else ()))
+    return Identity(statement, needs, _names.axis_names(rows), VALUE, sides)
 
 
 def _clamped(post: str, pre: str, pre_linear: str, limit: float, alpha: float) -> Identity:
@@ -151,6 +164,7 @@ def _mixture(moe_module: nn.Module, layer: int, post: NormAtScale | None) -> Ide
     m = f"blocks.{layer}.mlp"
     indices, weights = f"{m}.hook_expert_indices", f"{m}.hook_expert_weights"
     outs = [f"{m}.experts.{e}.hook_out" for e in range(moe_module.num_experts)]
+    on_input = _weights_on(moe_module, m) is not None
     shared = [f"{m}.hook_shared_out"] if hasattr(moe_module, "hook_shared_out") else []
     mlp_out = _names.get_act_name("mlp_out", layer)
 
@@ -162,7 +176,7 @@ def _mixture(moe_module: nn.Module, layer: int, post: NormAtScale | None) -> Ide
         size = torch.zeros_like(total)
         for e, name in enumerate(outs):
             batch, pos, slot = (chosen == e).nonzero(as_tuple=True)
-            term = g[batch, pos, slot, None] * get(name)
+            term = get(name) if on_input else g[batch, pos, slot, None] * get(name)
             total.index_put_((batch, pos), term, accumulate=True)
             size.index_put_((batch, pos), term.abs(), accumulate=True)
         for name in shared:

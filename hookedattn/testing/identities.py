@@ -11,7 +11,8 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
                                                              pos_embed) @ W_Q, W_K)
     q_norm.normalized = q / q_norm.scale, q_norm.out = w q_norm.normalized (likewise k)
     attn_scores    = cap(q k^T / attn_scale)                (unmasked entries; rot_q, rot_k
-                                                             or the normed q, k if any)
+                                                             or the normed q, k if any;
+                                                             q_tuned where it is)
     pattern        = softmax(attn_scores), rows sum to 1, 0 on future keys
                      and, in a local layer, on keys window_size or more positions back
     z              = pattern @ v

@@ -65,6 +65,7 @@ from hookedattn.core.components.norm import (
     make_norm,
     make_placed_norm,
 )
+from hookedattn.core.components.query_temperature import QueryTemperature
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
@@ -107,6 +108,7 @@ __all__ = [
     "ParallelMixerBlock",
     "PosEmbed",
     "PostResidualBlock",
+    "QueryTemperature",
     "RMSNorm",
     "RMSNormPre",
     "Rotary",

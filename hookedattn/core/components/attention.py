@@ -10,6 +10,8 @@ which is why each head's write can be read on its own (`hook_result`).
     q, k, v = x @ W_Q + b_Q, x @ W_K + b_K, x @ W_V + b_V      (hook_q, hook_k, hook_v)
     q, k    = rotary(q_norm(q)), rotary(k_norm(k))            (hook_rot_q, hook_rot_k;
               [q_norm(rotary(q)), ... with `qk_norm_after_rotary`]    each step optional)
+              [a block without rotation may scale its queries by position instead:
+               q = tau(position) * q (hook_q_tuned), `components.query_temperature`]
     scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
               [ALiBi: + slope_h (key_pos - query_pos) before the mask: `components.alibi`]
     pattern = softmax over key positions                      (hook_pattern)
@@ -48,6 +50,7 @@ from hookedattn.core import kernels
 from hookedattn.core.components.alibi import ALiBi
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm, make_norm
+from hookedattn.core.components.query_temperature import QueryTemperature
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
 from hookedattn.core.config import HookedTransformerConfig
@@ -101,12 +104,16 @@ class Attention(nn.Module):
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos kv_head d_head]
         self.hook_v = HookPoint()
-        self.q_norm, self.k_norm = _qk_norms(cfg)
+        self.q_norm, self.k_norm = _qk_norms(cfg, layer)
         if cfg.layer_rotates(layer):
             self.rotary = Rotary(cfg, local=self.attn_type == "local")
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
             self.apply_positions = self._rotate
+        elif cfg.layer_tunes_queries(layer):
+            self.query_temperature = QueryTemperature(cfg)
+            self.hook_q_tuned = HookPoint()  # [batch pos head d_head]
+            self.apply_positions = self._tuned
         else:
             self.apply_positions = self._unrotated
         if cfg.positional_embedding_type == "alibi":
@@ -339,6 +346,10 @@ class Attention(nn.Module):
             self.rotary(k, positions)
         )
 
+    def _tuned(self, q: HeadVectors, k: Tensor, context: AttentionContext) -> tuple[Tensor, Tensor]:
+        """The queries scaled by their positions' temperature; the keys as they are."""
+        return self.hook_q_tuned(self.query_temperature(q, context.positions)), k
+
     def _write_summed(
         self, z: Float[Tensor, "batch pos head d_head"]
     ) -> Float[Tensor, "batch pos d_model"]:
@@ -408,14 +419,14 @@ def _heads_flattened(W_O: Tensor) -> Tensor:
     return W_O.flatten(0, 1)
 
 
-def _qk_norms(cfg: HookedTransformerConfig) -> tuple[nn.Module, nn.Module]:
+def _qk_norms(cfg: HookedTransformerConfig, layer: int) -> tuple[nn.Module, nn.Module]:
     """RMSNorms of queries and keys (Qwen 3: per head; OLMo 2: over all heads), LayerNorms
-    with `qk_norm_type="LN"` (Persimmon), or none.
+    with `qk_norm_type="LN"` (Persimmon), or none (in block `layer`: `layer_norms_qk`).
 
     Always with their gains: a gain on queries does not commute with the rotation that
     follows, so it cannot be folded into `W_Q` the way a residual norm's gain can.
     """
-    if not cfg.use_qk_norm:
+    if not cfg.layer_norms_qk(layer):
         return NoNorm(), NoNorm()
     norm = LayerNorm if cfg.qk_norm_type == "LN" else RMSNorm
     if cfg.qk_norm_per_head:

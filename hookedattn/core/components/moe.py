@@ -10,6 +10,8 @@
       post   = act(pre) * linear                          (hook_post)
       out    = post @ W_out[e] + b_out[e]                 (hook_out)
     routed  = sum over each token's k choices of g * out
+              [`expert_input_weighted` (Llama 4): the expert reads g * x instead (hook_in
+               holds it), and routed = sum of its outs as they are]
     mlp_out = routed + sigmoid(x @ W_shared_gate) * shared_expert(x)   (hook_shared_out)
 
 Plain experts (`gated_mlp=False`, Nemotron-H's) have no gate: `pre = x @ W_in[e] + b_in[e]`
@@ -26,6 +28,10 @@ among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free bal
               (2) best experts' s + b_router_choice sum highest   (hook_expert_indices)
     g       = s[chosen], / their sum when norm_topk_prob, * routed_scaling_factor
                                                           (hook_expert_weights)
+
+Llama 4's is the sigmoid router without groups, and a zero choice bias (it chooses the k
+largest logits), its weights scaling the experts' inputs (`expert_input_weighted`): each
+expert's term is still its own `hook_out`, so the terms sum to the routed output.
 
 Ernie 4.5's (`"softmax_biased"`) is the softmax router in float32 with the choice bias:
 `p = softmax(logits)`, chosen the k largest of `p + b_router_choice`, `g = p[chosen]`.
@@ -121,6 +127,10 @@ class MoE(nn.Module):
         self.neurons = self._gated_neurons if cfg.gated_mlp else self._plain_neurons
         self.normalize = self._renormalized if cfg.norm_topk_prob else self._as_chosen
         self._add_scoring(cfg)
+        # Where the router's weight multiplies: each row's input, or its output.
+        on_input = cfg.expert_input_weighted
+        self.rows_in = self._weighted_rows if on_input else self._rows_as_given
+        self.rows_out = self._rows_as_given if on_input else self._weighted_rows
         self.hook_router_logits = HookPoint()  # [batch pos expert]
         self.hook_expert_indices = HookPoint()  # [batch pos k], int64
         self.hook_expert_weights = HookPoint()  # [batch pos k]
@@ -211,6 +221,12 @@ class MoE(nn.Module):
         kept = torch.zeros_like(best, dtype=torch.bool).scatter(-1, best_groups, True)
         kept = repeat(kept, "... group -> ... (group member)", member=grouped.shape[-1])
         return choice.masked_fill(~kept, -torch.inf).topk(self.experts_per_token, dim=-1).indices
+
+    def _weighted_rows(self, rows: Rows, row_weights: Float[Tensor, "row 1"]) -> Rows:
+        return rows * row_weights
+
+    def _rows_as_given(self, rows: Rows, row_weights: Float[Tensor, "row 1"]) -> Rows:
+        return rows
 
     def _times_scaling_factor(self, weights: Weights) -> Weights:
         return weights * self.routed_scaling_factor

@@ -237,7 +237,8 @@ class StepRecorder:
         layer = next(i for i, block in enumerate(self.model.blocks) if block.attn is attn)
         entry = cache[layer]
         window = self.model.cfg.window_size
-        context = kernels.rows_context(cache.previous_attention_mask, queries, window)
+        chunked = self.model.cfg.window_chunked
+        context = kernels.rows_context(cache.previous_attention_mask, queries, window, chunked)
         attn.written_out(q, entry.past_keys, entry.past_values, context)
 
 

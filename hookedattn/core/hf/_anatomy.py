@@ -51,6 +51,7 @@ from hookedattn.core.hf import (
     _loading,
     _mixer_norms,
     _mixers,
+    _qk_layers,
     _saved,
     _scalars,
     _split_layers,
@@ -278,11 +279,14 @@ class _Reader(Watching):
     ) -> dict[str, Any]:
         """The anatomy's fields read off the first attention module (`name` in its layer):
         sinks, a bias only the last layer keeps, the q/k norms."""
+        held = _qk_layers.held_by(self.layers, name, qk)
         return dict(
             sinks=isinstance(getattr(attn_module, "sinks", None), nn.Parameter),
             last_layer_o_bias=_last_layer_bias(self.layers, name, self.config),
             qk_norm=qk_norm_kind(attn_module, qk, d_head),
             qk_norm_names=qk,
+            qk_norm_bare=qk is not None and _qk_layers.is_weightless(getattr(attn_module, qk[0])),
+            qk_norm_on=_qk_layers.pattern(held, self.config) if qk is not None else "all",
         )
 
     def _measure(
@@ -303,7 +307,10 @@ class _Reader(Watching):
         qk: tuple[str, str] | None,
     ) -> tuple[str, bool, float]:
         """The kind, bias and epsilon every norm shares (`_probes.norm_kind`): the layer's
-        `norms`, the final and embedding norms, and the attention's q/k norms."""
+        `norms`, the final and embedding norms, and the attention's q/k norms (but
+        weightless ones, read apart: `_qk_layers`)."""
+        if qk is not None and _qk_layers.is_weightless(getattr(attn_module, qk[0])):
+            qk = None
         epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
         return norm_kind(
             [*(children[hf] for _, hf in norms),
@@ -477,7 +484,8 @@ class _Reader(Watching):
         ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
 
         def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            return {n: v for n, v in _shapes(layer).items() if n.split(".")[0] not in ignored}
+            shapes = _qk_layers.weightless_norms(_shapes(layer))  # Llama 4's, in some layers
+            return {n: v for n, v in shapes.items() if n.split(".")[0] not in ignored}
 
         # Each layer against the first of its kind: a hybrid's mixer layers may place their
         # norms otherwise than its attention layers (OLMo Hybrid's: `_mixer_norms`).

@@ -43,6 +43,7 @@ from hookedattn.core.hf import (
     _expert_table,
     _first_layer,
     _mixer_norms,
+    _qk_layers,
     _sinusoids,
     _sub_norms,
     _translate,
@@ -136,6 +137,7 @@ class Convention:
             **(_mixer_norms.placements(a, a.mixers.config(c).layers) if a.mixers else {}),
             **_first_layer.ln1_fields(a, c.num_hidden_layers),
             **_sub_norms.fields(a),
+            **_qk_layers.fields(c, a.qk_norm_on),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
             fields |= _deepseek.latent_attention_fields(c)
@@ -280,10 +282,20 @@ class Convention:
         if a.sinks:
             rules.append(Rule(f"{b}.sinks", f"{at}.sinks", "head -> head"))
         rules += self._gate_rules(at)
+        qk = self._qk_norm_rules(at, kv, order)
+        if cfg.qk_norm_layers is not None:  # Llama 4's: in the layers that hold them only
+            qk = _in_layers(qk, [i for i in range(cfg.n_layers) if cfg.layer_norms_qk(i)])
+        return rules + qk
+
+    def _qk_norm_rules(
+        self, at: str, kv: str, order: Callable[[Tensor], Tensor] | None
+    ) -> list[Rule]:
+        """The q/k norms' gains (ones where they keep none) and biases."""
+        a, b, rules = self.anatomy, "blocks.{layer}.attn", []
         for ours, hf, heads in zip(("q_norm", "k_norm"), a.qk_norm_names or (), ("head", kv),
                                    strict=False):  # fmt: skip
             axes = "d_head" if a.qk_norm == "per_head" else f"{heads} d_head"
-            if a.norm_kind in ("rms_bare", "layer_bare"):
+            if a.norm_kind in ("rms_bare", "layer_bare") or a.qk_norm_bare:
                 rules.append(ones(f"{b}.{ours}.w", axes))
                 continue
             pattern = "d_head -> d_head" if a.qk_norm == "per_head" else f"({axes}) -> {axes}"
@@ -511,13 +523,15 @@ def _scorings(hf_config: Any, experts: Any) -> tuple[str, ...]:
     """The router scorings to try, the likelier first: with a choice bias DeepSeek V3's
     sigmoid or Ernie's biased softmax; without, softmax or sigmoid, and Phi-3.5-MoE's
     sparsemixer where the config names its epsilon (Mixtral's names one it uses only in
-    training: its softmax comes first)."""
+    training: its softmax comes first), and last Llama 4's sigmoid whose weights scale the
+    experts' inputs ("sigmoid_on_input": `expert_input_weighted`)."""
     if experts is None:
         return ("softmax",)
     if experts.choice_bias:
         return ("sigmoid", "softmax_biased")
     jitter = hasattr(hf_config, "router_jitter_noise")
-    return ("softmax", "sigmoid", "sparsemixer") if jitter else ("softmax", "sigmoid")
+    plain = ("softmax", "sigmoid", "sparsemixer") if jitter else ("softmax", "sigmoid")
+    return (*plain, "sigmoid_on_input")
 
 
 # The names of the settings `candidates` varies, in the order of its product.

@@ -43,9 +43,11 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
     }
     if e.out_norm:
         fields["moe_out_norm"] = True
+    if anatomy.router_scoring == "sigmoid_on_input":  # Llama 4's
+        fields["expert_input_weighted"] = True
     if anatomy.router_scoring != "softmax":
         fields |= {
-            "router_scoring": anatomy.router_scoring,
+            "router_scoring": anatomy.router_scoring.removesuffix("_on_input"),
             "n_expert_groups": int(getattr(c, "n_group", None) or 1),
             "topk_expert_groups": int(getattr(c, "topk_group", None) or 1),
         }

@@ -39,7 +39,8 @@ _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
                   "shared_experts_intermediate_size", "moe_intermediate_size",
                   "intermediate_size")  # fmt: skip
 _CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
-_DENSE_WIDTHS = ("intermediate_size", "first_dense_intermediate_size", "dense_intermediate_size")
+_DENSE_WIDTHS = ("intermediate_size_mlp", "intermediate_size", "first_dense_intermediate_size",
+                 "dense_intermediate_size")  # fmt: skip
 # A saved expert's projections: (gate, up, down) by the names checkpoints give them.
 _FILE_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 

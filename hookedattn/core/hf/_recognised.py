@@ -69,6 +69,10 @@ class Anatomy:
     attn_gate: str | None = None
     attn_gate_per_head: bool | None = None  # None: no gate
     qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
+    # The q/k norms hold no gain (Llama 4's: read as ones), and which layers hold them:
+    # "all", or "rotating" (Llama 4's, as `no_rope_layers` says): `_qk_layers`.
+    qk_norm_bare: bool = False
+    qk_norm_on: str = "all"
     # A fused q/k/v map's rows: "stacked" [q; k; v], "per_head" [q_h; k_h; v_h] for each
     # head h (GPT-NeoX's, Persimmon's), or "sharded", 4 shards of [q; v; k], each a quarter
     # of the heads (CodeGen's `mp_num`): a candidate.

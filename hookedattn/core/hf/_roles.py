@@ -29,8 +29,9 @@ MLP_ROLES: dict[str, tuple[str, ...]] = {
     "down": ("down_proj", "w2", "wo", "fc2", "fc_out", "c_proj", "dense_4h_to_h", "2", "Wo"),
     "gate_up": ("gate_up_proj", "Wi"),  # [gate; up] along the outputs (ModernBERT's Wi)
 }
-QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm"),
-            "k_norm": ("k_norm", "key_layernorm", "k_layernorm")}  # fmt: skip
+# Llama 4's `qk_norm`: one weightless norm the queries and the keys both go through.
+QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm", "qk_norm"),
+            "k_norm": ("k_norm", "key_layernorm", "k_layernorm", "qk_norm")}  # fmt: skip
 ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
 

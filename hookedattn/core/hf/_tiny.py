@@ -146,6 +146,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hrm_text": {"num_layers_per_stack": 1},
     "lfm2_moe": {"num_hidden_layers": 3, "num_dense_layers": 1,
                  "layer_types": ["conv", "full_attention", "conv"]},
+    # Its query temperature steps up every `floor_scale` positions (8192): every 4 here, and
+    # its dense MLPs (every layer holds experts by default) every other layer.
+    "llama4_text": {"floor_scale": 4, "moe_layers": [1, 3, 5, 7], "intermediate_size_mlp": 96},
     "mamba2": {"num_heads": 4, "head_dim": 32},
     "recurrent_gemma": {"num_hidden_layers": 3},  # its block types cycle over 3 layers
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},

@@ -68,11 +68,13 @@ def mix_experts(
     indices: Int[Tensor, "batch pos k"],
     weights: Float[Tensor, "batch pos k"],
 ) -> Resid:
-    """`sum over each token's choices of weight * moe.expert(e, x[token])`, grouped."""
+    """`sum over each token's choices of weight * moe.expert(e, x[token])`, grouped (the
+    weight on the expert's input instead where `moe.rows_in` puts it there)."""
     batch, pos, d_model = x.shape
     plan = dispatch(indices, moe.num_experts)
     tokens = x.reshape(batch * pos, d_model)
-    rows = tokens[plan.token]
+    row_weights = weights.reshape(-1)[plan.order, None]
+    rows = moe.rows_in(tokens[plan.token], row_weights)
     if _groups(moe, rows):
         out = _grouped_experts(moe, rows, plan, indices.reshape(-1)[plan.order])
     else:
@@ -82,7 +84,7 @@ def mix_experts(
                 outputs.append(moe.expert(e, rows[start : start + count]))
             start += count
         out = torch.cat(outputs) if outputs else rows
-    weighted = out * weights.reshape(-1)[plan.order, None]
+    weighted = moe.rows_out(out, row_weights)
     mixed = tokens.new_zeros(batch * pos, d_model).index_add_(0, plan.token, weighted)
     return mixed.view(batch, pos, d_model)
 

@@ -12,7 +12,9 @@ The masks are built for the positions of this forward only (never `n_ctx x n_ctx
 model with a long context costs nothing until it is given a long input. A local window
 counts positions in the sequence as stored, padding included (as the reference
 implementations of windowed models do); with padding only before a prompt, that is the same
-as counting real tokens.
+as counting real tokens. A chunked window (`chunked`, Llama 4's chunked attention) cuts the
+stored positions into fixed chunks of `window_size` instead: a query reads the keys of its
+own chunk, up to itself.
 """
 
 import dataclasses
@@ -93,8 +95,10 @@ def attention_context(
     past_kv_cache: KeyValueCache | None,
     window_size: int | None,
     device: torch.device | str,
+    chunked: bool = False,
 ) -> AttentionContext:
-    """The masks and positions for `n_new` tokens following a KV cache (if any)."""
+    """The masks and positions for `n_new` tokens following a KV cache (if any); `chunked`:
+    the window is fixed chunks (module docstring)."""
     past = 0 if past_kv_cache is None else past_kv_cache.length
     if past + n_new > n_ctx:
         where = f" after {past} cached positions" if past else ""
@@ -111,18 +115,18 @@ def attention_context(
     full_mask = _full_mask(attention_mask, past_kv_cache, batch, n_new, device)
     unpadded = full_mask is None or bool(full_mask.all())
     if unpadded and n_new == 1:
-        return _one_query(batch, past, window_size, device)
+        return _one_query(batch, past, window_size, device, chunked)
     if unpadded:
         positions = torch.arange(past, past + n_new, device=device).expand(batch, n_new)
         plain = {} if past else {"global": "causal"}
         # Built on first read: a forward whose layers all run fused never needs them.
-        blocked = _Blocked(lambda: _blocked(past, n_new, None, window_size, device))
+        blocked = _Blocked(lambda: _blocked(past, n_new, None, window_size, device, chunked))
         return AttentionContext(blocked, positions, plain)
     if not bool(full_mask.any(dim=1).all()):
         empty = (~full_mask.bool().any(dim=1)).nonzero().flatten().tolist()
         raise ValueError(f"rows {empty} of the attention mask are all padding: nothing to run")
     key_positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
-    blocked = _blocked(past, n_new, full_mask, window_size, device)
+    blocked = _blocked(past, n_new, full_mask, window_size, device, chunked)
     return AttentionContext(blocked, key_positions[:, past:], padded_key_positions=key_positions)
 
 
@@ -130,13 +134,15 @@ def rows_context(
     full_mask: Int[Tensor, "batch all_pos"],
     queries: Int[Tensor, " query_pos"],
     window_size: int | None,
+    chunked: bool = False,
 ) -> AttentionContext:
     """The context of the queries at positions `queries` of a sequence already stored
     whole, its 0/1 mask `full_mask` (padding, if any, included): those rows of the forward
     over the whole sequence, for recomputing them written out after the sequence is done."""
     padded = not bool(full_mask.all())
     padding = full_mask if padded else None
-    blocked = _blocked_rows(queries[:, None], padding, window_size, full_mask.shape[1])
+    n_keys = full_mask.shape[1]
+    blocked = _blocked_rows(queries[:, None], padding, window_size, n_keys, chunked)
     every = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
     return AttentionContext(blocked, every[:, queries], padded_key_positions=every)
 
@@ -159,11 +165,13 @@ def _blocked(
     full_mask: Int[Tensor, "batch all_pos"] | None,
     window_size: int | None,
     device: torch.device | str,
+    chunked: bool = False,
 ) -> dict[str, Blocked]:
     """Where each query may not read a key: later keys, padding keys other than the query
-    itself (`full_mask == 0`), and in a local layer keys `window_size` or more back."""
+    itself (`full_mask == 0`), and in a local layer keys `window_size` or more back (or,
+    `chunked`, keys of another chunk)."""
     query = torch.arange(past, past + n_new, device=device)[:, None]
-    return _blocked_rows(query, full_mask, window_size, past + n_new)
+    return _blocked_rows(query, full_mask, window_size, past + n_new, chunked)
 
 
 def _blocked_rows(
@@ -171,6 +179,7 @@ def _blocked_rows(
     full_mask: Int[Tensor, "batch all_pos"] | None,
     window_size: int | None,
     n_keys: int,
+    chunked: bool = False,
 ) -> dict[str, Blocked]:
     """`_blocked` for the queries at positions `query`, over keys `0..n_keys-1`."""
     key = torch.arange(n_keys, device=query.device)[None, :]
@@ -178,32 +187,41 @@ def _blocked_rows(
     if full_mask is not None:
         padding = (full_mask == 0)[:, None, None, :] & (key != query)
         blocked["global"] = blocked["global"] | padding
-    if window_size is not None:
+    if window_size is not None and chunked:
+        blocked["local"] = blocked["global"] | (query // window_size != key // window_size)
+    elif window_size is not None:
         blocked["local"] = blocked["global"] | (query - key >= window_size)
     return blocked
 
 
-def next_token_context(past_kv_cache: KeyValueCache, window_size: int | None) -> AttentionContext:
+def next_token_context(
+    past_kv_cache: KeyValueCache, window_size: int | None, chunked: bool = False
+) -> AttentionContext:
     """The context of one more real token per row after a cache that holds no padding,
     appended to the cache's mask: what a generation step needs, without the checks of
     `attention_context` (the generation loop has made them once for the whole run)."""
     batch, past = past_kv_cache.batch, past_kv_cache.length
     device = past_kv_cache.previous_attention_mask.device
     past_kv_cache.extend_mask(torch.ones((batch, 1), dtype=torch.long, device=device))
-    return _one_query(batch, past, window_size, device)
+    return _one_query(batch, past, window_size, device, chunked)
 
 
 def _one_query(
-    batch: int, past: int, window_size: int | None, device: torch.device | str
+    batch: int,
+    past: int,
+    window_size: int | None,
+    device: torch.device | str,
+    chunked: bool = False,
 ) -> AttentionContext:
     """The context of one new token after `past` real ones: it reads every key, except, in
-    a local layer, those `window_size` or more positions back. Its masks, like a fresh
-    sequence's, are built only if a layer reads them (a written-out or windowed one)."""
+    a local layer, those `window_size` or more positions back (or, `chunked`, before its
+    chunk: in the first chunk, `past < window_size`, none either way). Its masks, like a
+    fresh sequence's, are built only if a layer reads them (a written-out or windowed one)."""
     positions = torch.full((batch, 1), past, device=device)
     plain = {"global": "none"}
     if window_size is not None and past < window_size:
         plain["local"] = "none"
-    blocked = _Blocked(lambda: _blocked(past, 1, None, window_size, device))
+    blocked = _Blocked(lambda: _blocked(past, 1, None, window_size, device, chunked))
     return AttentionContext(blocked, positions, plain)
 
 

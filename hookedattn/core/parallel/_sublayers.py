@@ -222,7 +222,7 @@ def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorPar
     attn.fused_qkv = kernels.FusedQKV(local)
     attn._tie_fused_weights()
     q_axis2, kv_axis2 = dataclasses.replace(heads, axis=2), dataclasses.replace(kv, axis=2)
-    for point in ("hook_q", "hook_rot_q", "hook_z", "hook_result"):
+    for point in ("hook_q", "hook_rot_q", "hook_q_tuned", "hook_z", "hook_result"):
         _shard_hook_point(attn, point, q_axis2, tp)
     for point in ("hook_k", "hook_v", "hook_rot_k"):
         _shard_hook_point(attn, point, kv_axis2, tp)
