@@ -58,6 +58,7 @@ from hookedattn.core.components.norm import (
     make_norm,
     make_placed_norm,
 )
+from hookedattn.core.components.rg_lru import RGLRUMixer, linear_recurrence
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
@@ -98,6 +99,7 @@ __all__ = [
     "ParallelMixerBlock",
     "PosEmbed",
     "PostResidualBlock",
+    "RGLRUMixer",
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
@@ -113,6 +115,7 @@ __all__ = [
     "delta_mixing",
     "gelu_new",
     "glu",
+    "linear_recurrence",
     "make_attention",
     "make_block",
     "make_embed_norm",
