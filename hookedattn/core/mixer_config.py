@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 MIXER_KINDS: tuple[str, ...] = (
-    "attention", "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru", "none"
+    "attention", "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru", "kimi_delta", "none"
 )  # fmt: skip
 
 
@@ -62,6 +62,10 @@ class MixerConfig:
     - "rg_lru" (Griffin's recurrent block, `components.rg_lru`): `n_ssm_heads` blocks of
       `d_ssm_head` channels for its block-diagonal gates (`d_inner` channels in all);
       `d_conv`, `conv_bias`, `proj_bias` as above.
+    - "kimi_delta" (Kimi Delta Attention, `components.kimi_delta`): `n_ssm_heads` heads whose
+      keys and values are both `d_ssm_head` wide (`d_state`, `n_ssm_groups` unused); the
+      decay's and the output gate's low-rank maps `dt_rank` wide; `ssm_norm_eps` is the
+      gated RMSNorm's (over each head's channels).
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """

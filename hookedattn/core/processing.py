@@ -308,6 +308,7 @@ _MIXER_INPUTS = {
     "mamba": ("xs", "z"),
     "gated_delta": ("q", "k", "v", "z", "b", "a"),
     "rg_lru": ("x", "y"),
+    "kimi_delta": ("q", "k", "v", "b", "f_down", "g_down"),
 }
 
 

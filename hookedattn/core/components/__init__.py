@@ -30,6 +30,7 @@ from hookedattn.core.components.embed_projection import (
     make_embed_projection,
 )
 from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
+from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
 from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
@@ -84,6 +85,7 @@ __all__ = [
     "GatedDeltaNet",
     "GatedMLP",
     "GroupedQueryAttention",
+    "KimiDeltaAttention",
     "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
@@ -115,6 +117,7 @@ __all__ = [
     "delta_mixing",
     "gelu_new",
     "glu",
+    "kimi_delta_scan",
     "linear_recurrence",
     "make_attention",
     "make_block",
