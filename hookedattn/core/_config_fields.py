@@ -74,6 +74,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "d_head_v": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "latent_norm_eps": FieldSpec(float, low=0.0, low_open=True, high=1.0),
     "gated_mlp": _FLAG,
+    "mlp_gate_bias": _FLAG,
     "embed_norm": _FLAG,
     "embed_norm_before_positions": _FLAG,
     "d_embed": FieldSpec(int, low=1, high=1 << 20, optional=True),

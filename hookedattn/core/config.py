@@ -76,6 +76,8 @@ class HookedTransformerConfig:
     - `n_key_value_heads`: grouped-query attention; query head `h` reads key/value head
       `h // (n_heads // n_key_value_heads)`. None: one key/value head per query head.
     - `gated_mlp`: `act(x @ W_gate) * (x @ W_in + b_in)` before `W_out` (SwiGLU, GeGLU).
+    - `mlp_gate_bias`: a dense gated MLP's gate has a bias too, `act(x @ W_gate + b_gate)`
+      (RecurrentGemma's).
     - `parallel_attn_mlp`: attention and MLP both read `resid_pre` (GPT-NeoX, GPT-J).
     - `normalization_placement`: "pre" (norm before each sublayer), "post" (norm of each
       sublayer's output before it is added, OLMo 2), "pre_and_post" (both, Gemma 2),
@@ -249,6 +251,7 @@ class HookedTransformerConfig:
     d_head_v: int | None = None
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
+    mlp_gate_bias: bool = False
     embed_norm: bool = False
     embed_norm_before_positions: bool = False
     d_embed: int | None = None
@@ -413,6 +416,12 @@ class HookedTransformerConfig:
             raise ValueError(
                 "mlp_sub_norm norms a dense gated MLP's neurons: it needs gated_mlp=True and "
                 f"num_experts=None (got {self.gated_mlp}, {self.num_experts})"
+            )
+        if self.mlp_gate_bias and (not self.gated_mlp or self.is_moe or self.mlp_sub_norm):
+            raise ValueError(
+                "mlp_gate_bias is the bias of a dense gated MLP's gate: it needs gated_mlp=True, "
+                f"num_experts=None and mlp_sub_norm=False (got {self.gated_mlp}, "
+                f"{self.num_experts}, {self.mlp_sub_norm})"
             )
 
     def _check_norm_variants(self) -> None:

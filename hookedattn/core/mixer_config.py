@@ -3,11 +3,12 @@
 A hybrid model's blocks all have the same shape, `resid_mid = resid_pre + x(ln1(resid_pre))`,
 but in some blocks the sublayer `x` that moves information between positions is not
 attention: a gated short convolution (LFM2's), a Mamba-1 selective state-space layer
-(Mamba, Falcon Mamba, Jamba) or a Mamba-2 one (Bamba, Granite 4 hybrids, Mamba 2). Such a
-sublayer reads the normed stream and writes one vector per position back, like attention,
-so it takes attention's place in the block and its write passes `hook_attn_out` (the
-residual decomposition sums as before); it has no heads, and the analyses that need heads
-refuse its layers by name.
+(Mamba, Falcon Mamba, Jamba), a Mamba-2 one (Bamba, Granite 4 hybrids, Mamba 2), a gated
+delta net (Qwen3-Next) or Griffin's RG-LRU block (RecurrentGemma). Such a sublayer reads
+the normed stream and writes one vector per position back, like attention, so it takes
+attention's place in the block and its write passes `hook_attn_out` (the residual
+decomposition sums as before); it has no heads, and the analyses that need heads refuse its
+layers by name.
 
 `MixerConfig` says which kind each block holds (`layers`) and the settings of each kind;
 the model's config carries it as one field (`HookedTransformerConfig.mixers`). In Falcon-H1
@@ -21,7 +22,9 @@ import dataclasses
 import math
 from typing import Any
 
-MIXER_KINDS: tuple[str, ...] = ("attention", "short_conv", "mamba2", "mamba", "gated_delta", "none")
+MIXER_KINDS: tuple[str, ...] = (
+    "attention", "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru", "kimi_delta", "none"
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,13 @@ class MixerConfig:
       gated RMSNorm's (over each head's channels); `delta_beta_scale` multiplies the step
       `beta` (2 where its eigenvalues may be negative, OLMo Hybrid's); `dt_min`, `dt_max`
       are unused.
+    - "rg_lru" (Griffin's recurrent block, `components.rg_lru`): `n_ssm_heads` blocks of
+      `d_ssm_head` channels for its block-diagonal gates (`d_inner` channels in all);
+      `d_conv`, `conv_bias`, `proj_bias` as above.
+    - "kimi_delta" (Kimi Delta Attention, `components.kimi_delta`): `n_ssm_heads` heads whose
+      keys and values are both `d_ssm_head` wide (`d_state`, `n_ssm_groups` unused); the
+      decay's and the output gate's low-rank maps `dt_rank` wide; `ssm_norm_eps` is the
+      gated RMSNorm's (over each head's channels).
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """

@@ -214,7 +214,7 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             f"and the weightless form would drop it"
         )
     # A mixture's experts have a gate bias; a dense gated MLP, and a shared expert, not.
-    gate_without_bias = not cfg.is_moe or cfg.d_mlp_shared is not None
+    gate_without_bias = (not cfg.is_moe and not cfg.mlp_gate_bias) or cfg.d_mlp_shared is not None
     if cfg.gated_mlp and cfg.normalization_type == "LN" and gate_without_bias:
         return (
             "a LayerNorm bias before a gated MLP reaches W_gate, which has no bias to take "
@@ -301,13 +301,16 @@ def _attn_readers(
 
 
 # A hybrid's mixers read the stream through affine maps only (`components.short_conv`,
-# `components.mamba2`, `components.mamba`, `components.gated_delta`): the norm before them
+# `components.mamba2`, `components.mamba`, `components.gated_delta`, `components.rg_lru`):
+# the norm before them
 # folds into those maps as into W_Q, W_K, W_V.
 _MIXER_INPUTS = {
     "short_conv": ("B", "C", "X"),
     "mamba2": ("z", "xBC", "dt"),
     "mamba": ("xs", "z"),
     "gated_delta": ("q", "k", "v", "z", "b", "a"),
+    "rg_lru": ("x", "y"),
+    "kimi_delta": ("q", "k", "v", "b", "f_down", "g_down"),
 }
 
 
@@ -326,7 +329,8 @@ def _mlp_readers(
     gates where they are gated (`gated_mlp`)."""
     gated = cfg.gated_mlp
     if not experts:
-        return [(f"{mlp}.W_in", f"{mlp}.b_in"), *([(f"{mlp}.W_gate", None)] if gated else [])]
+        gate_bias = f"{mlp}.b_gate" if cfg.mlp_gate_bias else None
+        return [(f"{mlp}.W_in", f"{mlp}.b_in"), *([(f"{mlp}.W_gate", gate_bias)] if gated else [])]
     readers = [(f"{mlp}.W_router", f"{mlp}.b_router"), (f"{mlp}.W_in", f"{mlp}.b_in")]
     readers += [(f"{mlp}.W_gate", f"{mlp}.b_gate")] if gated else []
     if cfg.d_mlp_shared is not None:

@@ -233,7 +233,9 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
     read = "... d_model, d_model d_mlp -> ... d_mlp"
     if hasattr(mlp, "W_gate"):
         pre_linear = _act("pre_linear", layer)
-        out.append(linear(pre, stream, mlp.W_gate, None, read, "W_gate"))
+        out.append(
+            linear(pre, stream, mlp.W_gate, getattr(mlp, "b_gate", None), read, "W_gate + b_gate")
+        )
         out.append(linear(pre_linear, stream, mlp.W_in, mlp.b_in, read, "W_in + b_in"))
         if hasattr(mlp, "hook_mid"):  # a sub-normed MLP: its neurons normed
             out.append(gated_activation(_act("mid", layer), pre, pre_linear, mlp.act_fn))

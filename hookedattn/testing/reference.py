@@ -142,7 +142,7 @@ class ReferenceTransformer:
         }  # fmt: skip
         if not self.cfg.attn_only:
             layer["ln2"] = self._norm(w, p + "ln2.")
-            for name in ("W_in", "b_in", "W_out", "b_out", "W_gate"):
+            for name in ("W_in", "b_in", "W_out", "b_out", "W_gate", "b_gate"):
                 if p + "mlp." + name in w:
                     layer[name] = w[p + "mlp." + name]
         return layer
@@ -198,10 +198,11 @@ class ReferenceTransformer:
         return z @ layer["W_O"] + layer["b_O"]
 
     def mlp(self, layer: dict, x: Float[Tensor, "batch pos d_model"]) -> Tensor:
-        """`act(x W_in + b_in) W_out + b_out`; gated: `(act(x W_gate) * (x W_in + b_in)) W_out
-        + b_out`."""
+        """`act(x W_in + b_in) W_out + b_out`; gated: `(act(x W_gate + b_gate) * (x W_in +
+        b_in)) W_out + b_out` (`b_gate` 0 where the gate has none)."""
         hidden = x @ layer["W_in"] + layer["b_in"]
-        hidden = hidden * self.act(x @ layer["W_gate"]) if "W_gate" in layer else self.act(hidden)
+        gate = x @ layer["W_gate"] + layer.get("b_gate", 0.0) if "W_gate" in layer else None
+        hidden = self.act(hidden) if gate is None else hidden * self.act(gate)
         return hidden @ layer["W_out"] + layer["b_out"]
 
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab_out"]:

@@ -160,8 +160,8 @@ def test_mixer_layers_whose_norms_differ_in_epsilon_are_refused():
     for norm in (layers[0].input_layernorm, layers[0].post_attention_layernorm):
         norm.variance_epsilon = 1e-3  # unlike the attention layers' norms
     with pytest.raises(ValueError, match=r"the mixer layers' norms are \('rms', False, 0.001\)"):
-        _mixer_norms.read(reference, layers, "linear_attn", "mlp", (attention, (1.0, 1.0)),
-                          (kind, (1e-6,)))  # fmt: skip
+        _mixer_norms.read(reference, (layers, [3]), "linear_attn", "mlp",
+                          (attention, (1.0, 1.0)), (kind, (1e-6,)))  # fmt: skip
 
 
 def test_the_released_form_without_rope_attends_without_positions():

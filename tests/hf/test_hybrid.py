@@ -147,14 +147,39 @@ def test_a_layer_kind_the_twin_did_not_show_is_refused():
         mixers.config(config)
 
 
-def test_a_mixer_we_do_not_compute_is_refused_by_its_parts():
-    with pytest.raises(ValueError, match="RecurrentGemmaRecurrentBlock of parts"):
-        HookedTransformer.from_hf(
-            _tiny.random_hf_model(
-                transformers.RecurrentGemmaForCausalLM,
-                _tiny.tiny_config(transformers.AutoConfig.for_model("recurrent_gemma")),
-            )
-        )
+def _recurrent_gemma_whose_block(monkeypatch, change) -> torch.nn.Module:
+    """A tiny RecurrentGemma whose recurrent blocks `change(block)` alters as they are built
+    (the import's own twin included)."""
+    from transformers.models.recurrent_gemma import modeling_recurrent_gemma as rg
+
+    built = rg.RecurrentGemmaRecurrentBlock.__init__
+
+    def init(self, config, layer_idx):
+        built(self, config, layer_idx)
+        change(self)
+
+    monkeypatch.setattr(rg.RecurrentGemmaRecurrentBlock, "__init__", init)
+    return _tiny.random_hf_model(
+        transformers.RecurrentGemmaForCausalLM,
+        _tiny.tiny_config(transformers.AutoConfig.for_model("recurrent_gemma")),
+    )
+
+
+def test_a_mixer_we_do_not_compute_is_refused_by_its_parts(monkeypatch):
+    # Griffin's block with one more map than it has: no kind of mixer we compute.
+    reference = _recurrent_gemma_whose_block(
+        monkeypatch, lambda block: setattr(block, "extra", torch.nn.Linear(4, 4))
+    )
+    with pytest.raises(ValueError, match=r"RecurrentGemmaRecurrentBlock of parts \['act_fn'"):
+        HookedTransformer.from_hf(reference)
+
+
+def test_a_griffin_block_of_another_activation_is_refused(monkeypatch):
+    reference = _recurrent_gemma_whose_block(
+        monkeypatch, lambda block: setattr(block, "act_fn", torch.nn.ReLU())
+    )
+    with pytest.raises(ValueError, match="ReLU is not the tanh-approximated GELU"):
+        HookedTransformer.from_hf(reference)
 
 
 def test_a_hybrid_anatomy_round_trips_through_the_memo():

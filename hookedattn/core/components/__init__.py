@@ -37,6 +37,7 @@ from hookedattn.core.components.embed_projection import (
     make_embed_projection,
 )
 from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
+from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
 from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
@@ -66,6 +67,7 @@ from hookedattn.core.components.norm import (
     make_placed_norm,
 )
 from hookedattn.core.components.query_temperature import QueryTemperature
+from hookedattn.core.components.rg_lru import RGLRUMixer, linear_recurrence
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
@@ -93,6 +95,7 @@ __all__ = [
     "GatedMLP",
     "GroupedDifferentialAttention",
     "GroupedQueryAttention",
+    "KimiDeltaAttention",
     "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
@@ -109,6 +112,7 @@ __all__ = [
     "PosEmbed",
     "PostResidualBlock",
     "QueryTemperature",
+    "RGLRUMixer",
     "RMSNorm",
     "RMSNormPre",
     "Rotary",
@@ -124,7 +128,9 @@ __all__ = [
     "delta_mixing",
     "gelu_new",
     "glu",
+    "kimi_delta_scan",
     "lambda_init",
+    "linear_recurrence",
     "make_attention",
     "make_block",
     "make_differential_attention",

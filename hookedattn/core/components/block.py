@@ -23,10 +23,11 @@ real norm or the identity as `cfg.layer_placement` says; how the stream enters t
 attention (`AttnInputs`: one shared input, or per-head copies behind their own hook points);
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
-(`ShortConv`, `MambaMixer`, `Mamba2Mixer`, `GatedDeltaNet`: `make_mixer`), whose write
-`hook_attn_out` holds; or, in Falcon-H1, a mixer beside the attention, both reading
-`ln1(resid_pre)` (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`,
-the mixer's write behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per
+(`ShortConv`, `MambaMixer`, `Mamba2Mixer`, `GatedDeltaNet`, `RGLRUMixer`,
+`KimiDeltaAttention`: `make_mixer`), whose write `hook_attn_out` holds; or, in Falcon-H1,
+a mixer beside the attention, both reading `ln1(resid_pre)` (`ParallelMixerBlock`:
+`resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write behind its own
+`hook_mixer_out`); or, in Nemotron-H, one sublayer per
 block: a block of its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone
 (`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). In a shortformer model
 the queries and keys read the positions too:
@@ -47,12 +48,14 @@ from hookedattn.core.components.attention import (
 )
 from hookedattn.core.components.differential_attention import make_differential_attention
 from hookedattn.core.components.gated_delta import GatedDeltaNet
+from hookedattn.core.components.kimi_delta import KimiDeltaAttention
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_ln1, make_ln2_post, make_norm, make_placed_norm
+from hookedattn.core.components.rg_lru import RGLRUMixer
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -343,7 +346,8 @@ def make_mixer(cfg: HookedTransformerConfig, layer: int, kind: str | None = None
 
 
 _MIXERS = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer,
-           "gated_delta": GatedDeltaNet}  # fmt: skip
+           "gated_delta": GatedDeltaNet, "rg_lru": RGLRUMixer,
+           "kimi_delta": KimiDeltaAttention}  # fmt: skip
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:

@@ -23,10 +23,13 @@ def affine_params(
 
 
 def affine(
-    x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_in d_out"], b: Float[Tensor, " d_out"]
+    x: Float[Tensor, "... d_in"],
+    W: Float[Tensor, "d_in d_out"],
+    b: Float[Tensor, " d_out"] | None,
 ) -> Float[Tensor, "... d_out"]:
-    """`x @ W + b` in one call: the bias is added inside the matmul, not in a second pass
-    (`W.T`, the layout `F.linear` takes, kept between calls: `kernels.transposed`)."""
+    """`x @ W + b` in one call (`b` None: no bias): the bias is added inside the matmul, not
+    in a second pass (`W.T`, the layout `F.linear` takes, kept between calls:
+    `kernels.transposed`)."""
     return nn.functional.linear(x, transposed(W), b)
 
 

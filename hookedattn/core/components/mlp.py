@@ -132,11 +132,13 @@ class NeuronNormMLP(MLP):
 
 
 class GatedMLP(_Neurons):
-    """`(act(x @ W_gate) * (x @ W_in + b_in)) @ W_out + b_out`.
+    """`(act(x @ W_gate + b_gate) * (x @ W_in + b_in)) @ W_out + b_out`, `b_gate` only where
+    `cfg.mlp_gate_bias` (RecurrentGemma's; None, no bias, elsewhere).
 
-    `hook_pre` is the gate's input `x @ W_gate`, `hook_pre_linear` the linear read `x @ W_in
-    + b_in`, `hook_post` their product after the activation: all `[batch pos d_mlp]`, as in
-    TransformerLens. A neuron's write to the stream is `hook_post[..., n] * W_out[n]`.
+    `hook_pre` is the gate's input `x @ W_gate (+ b_gate)`, `hook_pre_linear` the linear read
+    `x @ W_in + b_in`, `hook_post` their product after the activation: all `[batch pos
+    d_mlp]`, as in TransformerLens. A neuron's write to the stream is `hook_post[..., n] *
+    W_out[n]`.
     `d_mlp` overrides the config's width (a mixture of experts' shared expert).
     """
 
@@ -144,6 +146,7 @@ class GatedMLP(_Neurons):
         super().__init__()
         d_mlp = cfg.d_mlp if d_mlp is None else d_mlp
         self.W_gate = _param(cfg.d_model, d_mlp, cfg=cfg)
+        self.b_gate = _param(d_mlp, cfg=cfg) if cfg.mlp_gate_bias else None
         _add_linear_maps(self, cfg, d_mlp)
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()
@@ -151,7 +154,7 @@ class GatedMLP(_Neurons):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         x = self.enter(x)
-        pre = self.hook_pre(x @ self.W_gate)
+        pre = self.hook_pre(affine(x, self.W_gate, self.b_gate))
         pre_linear = self.hook_pre_linear(affine(x, self.W_in, self.b_in))
         post = self.hook_post(glu(self.activate, pre, pre_linear))
         return self.write(post)

@@ -66,6 +66,7 @@ from hookedattn.core.hf._probes import (
     USUAL_EPSILONS,
     Scale,
     activation,
+    bfloat16_normalizer,
     explain,
     norm_kind,
     ratio,
@@ -143,6 +144,8 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
                     lambda config: _measured(config, architecture),
                     lambda config: _shapes_of(config, architecture),
                 )  # fmt: skip
+                rounded = bfloat16_normalizer(anatomy.embed_scale, twin_config)
+                anatomy = dataclasses.replace(anatomy, embed_scale=rounded)
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"
@@ -178,6 +181,7 @@ class _Reader(Watching):
         self.layers_name, layers = _layer_list(twin, config)
         self.layers = list(layers)
         self.mixers, attending = self._mixers()
+        self.attending = attending
         self.layer = self.layers[attending[0] if attending else 0]
         self.first_identities = _first_layer.identities_in_first(self.layers)
         if self.first_identities and self.layer is self.layers[0]:
@@ -489,7 +493,7 @@ class _Reader(Watching):
 
         # Each layer against the first of its kind: a hybrid's mixer layers may place their
         # norms otherwise than its attention layers (OLMo Hybrid's: `_mixer_norms`).
-        mixes = [bool(mixing) and _holds(layer, mixing[-1]) for layer in self.layers]
+        mixes = [bool(mixing) and i not in self.attending for i in range(len(self.layers))]
         firsts = {mixes[i]: without_mlp(self.layers[i]) for i in reversed(range(len(mixes)))}
         differing = [i for i, layer in enumerate(self.layers)
                      if without_mlp(layer) != firsts[mixes[i]]]  # fmt: skip
@@ -524,8 +528,8 @@ class _Reader(Watching):
             return None
         epsilons = [e for f in CONFIG_EPSILONS if (e := getattr(self.config, f, None)) is not None]
         norms_of = (kind, (*epsilons, *USUAL_EPSILONS))
-        return _mixer_norms.read(self.twin, self.layers, self.mixers.name, mlp, (norms, writes),
-                                 norms_of)  # fmt: skip
+        return _mixer_norms.read(self.twin, (self.layers, self.attending), self.mixers.name, mlp,
+                                 (norms, writes), norms_of)  # fmt: skip
 
     def _mixers(self) -> tuple[Mixers | None, list[int]]:
         """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and

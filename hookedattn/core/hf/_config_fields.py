@@ -135,6 +135,8 @@ def mlp_width(c: Any) -> int:
             width, multiple = int(c.block_ffn_dim_multiplier * width), c.block_multiple_of
             width = multiple * ((width + multiple - 1) // multiple)
         return width
+    if getattr(c, "model_type", None) == "recurrent_gemma":  # its MLP builds half of it
+        return c.intermediate_size // 2
     for name in ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "dff"):
         if hasattr(c, name):
             width = getattr(c, name)

@@ -113,6 +113,7 @@ class Convention:
             "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
             "act_fn": a.act_fn,
             "gated_mlp": bool(roles & {"gate", "gate_up"}) or a.experts is not None,
+            "mlp_gate_bias": a.experts is None and _gate_bias(a),
             "parallel_attn_mlp": a.parallel,
             "normalization_type": NORM_TYPES[a.norm_kind],
             "normalization_placement": a.placement,
@@ -431,9 +432,12 @@ class Convention:
                 raise ValueError("no MLP input projection recognised")
             gate = a.role(a.mlp_maps, "gate")
             if gate:
-                if gate[1]:
-                    raise ValueError("a gate projection with a bias: the gate has none here")
                 rules.append(Rule(f"{b}.W_gate", f"{at}.{gate[0]}.weight", MLP_IN))
+                if gate[1] and a.experts is not None:
+                    raise ValueError("a dense gate projection with a bias beside experts: the "
+                                     "gate has none there")  # fmt: skip
+                if gate[1]:  # RecurrentGemma's (`mlp_gate_bias`)
+                    rules.append(Rule(f"{b}.b_gate", f"{at}.{gate[0]}.bias", "d_mlp -> d_mlp"))
             rules.append(Rule(f"{b}.W_in", f"{at}.{up}.weight", MLP_IN))
             rules.append(Rule(f"{b}.b_in", f"{at}.{up}.bias", "d_mlp -> d_mlp")
                          if up_bias else zeros(f"{b}.b_in", "d_mlp"))  # fmt: skip
@@ -673,3 +677,8 @@ def _chain(*adjusts: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Te
         return t
 
     return chained
+
+
+def _gate_bias(a: Any) -> bool:
+    """Whether the dense MLP's own gate projection has a bias (`mlp_gate_bias`)."""
+    return any(role == "gate" and bias for role, _, bias in a.mlp_maps)

@@ -27,19 +27,22 @@ _TOKENS = (2, 7)
 
 def read(
     twin: nn.Module,
-    layers: list[nn.Module],
+    layers: tuple[list[nn.Module], list[int]],
     mixer: str,
     mlp: str,
     attention: tuple[list[tuple[str, str]], tuple[float, float]],
     norms_of: tuple[tuple[str, bool, float], tuple[float, ...]],
 ) -> tuple[tuple[str, str], ...] | None:
     """The norms of the mixer layers (ours, the layer's child) where they differ from the
-    attention layers' (`attention`: those norms and the writes' scales); None where the
+    attention layers' (`layers`: the twin's layers and which of them attend, a mixer and
+    the attention may share a name, RecurrentGemma's `temporal_block`; `attention`: the
+    attention layers' norms and the writes' scales); None where the
     first mixer layer holds norms of the same names and shapes. `norms_of`: the model's
     norm kind, bias and epsilon, and the epsilons to try."""
     attn_norms, writes = attention
-    holders = [layer for layer in layers if _holds(layer, mixer)]
-    attending = next(layer for layer in layers if not _holds(layer, mixer))
+    layers, attends = layers
+    holders = [layer for i, layer in enumerate(layers) if i not in attends]
+    attending = layers[attends[0]]
     if not holders or _norm_shapes(holders[0]) == _norm_shapes(attending):
         return None
     if not mlp:
@@ -125,7 +128,3 @@ def _calls(twin: nn.Module, layer: nn.Module) -> list[tuple[str, Tensor, Tensor]
 def _norm_shapes(layer: nn.Module) -> dict[str, tuple[int, ...]]:
     return {n: tuple(m.weight.shape) if getattr(m, "weight", None) is not None else ()
             for n, m in layer.named_children() if is_norm(m)}  # fmt: skip
-
-
-def _holds(layer: nn.Module, name: str) -> bool:
-    return name in dict(layer.named_children())

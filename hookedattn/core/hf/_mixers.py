@@ -12,7 +12,9 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     with `x_proj`, `dt_proj` and a two-dimensional `A_log`: the Mamba-1
                     mixer (Mamba, Falcon Mamba, Jamba: `_mamba1`); q/k/v, gate, `a`, `b`
                     projections with `A_log`, `dt_bias`: the gated delta net (Qwen3-Next,
-                    Qwen3.5, OLMo Hybrid: `_gated_delta`); anything else is a ValueError
+                    Qwen3.5, OLMo Hybrid: `_gated_delta`); `linear_x`, `linear_y`, a
+                    `conv_1d` and an `rg_lru`: Griffin's recurrent block (RecurrentGemma:
+                    `_rg_lru`); anything else is a ValueError
                     naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
@@ -29,7 +31,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _gated_delta, _mamba1
+from hookedattn.core.hf import _gated_delta, _mamba1, _rg_lru
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 from hookedattn.core.mixer_config import MixerConfig
@@ -55,7 +57,7 @@ class Mixers:
     that lists the layers' kinds and what each of its values means, and where each setting
     is read from (`settings`: our setting -> config field; `flags`: the biases)."""
 
-    kind: str  # "short_conv", "mamba2", "mamba" or "gated_delta"
+    kind: str  # "short_conv", "mamba2", "mamba", "gated_delta" or "rg_lru"
     name: str  # the layer's child: "conv", "mamba", "mixer"
     pattern_field: str  # "layer_types"
     pattern: tuple[tuple[str, str], ...]  # (the field's value, "attention" or the kind)
@@ -109,6 +111,8 @@ class Mixers:
         flags = dict(self.flags)
         if self.kind == "gated_delta":
             return _gated_delta.rules(at, ours, self.layout, flags["conv_bias"])
+        if self.kind == "rg_lru":
+            return _rg_lru.rules(at, ours)
         bias = flags["proj_bias"], flags["conv_bias"]
         if self.kind == "mamba":
             return _mamba_rules(at, ours, *bias, flags["bcdt_norm"], self.norm_gains)
@@ -116,7 +120,10 @@ class Mixers:
 
 
 def _field(hf_config: Any, field: str) -> Any:
-    """A config field's value; `a*b`: the product of two fields' (`expand*hidden_size`)."""
+    """A config field's value; `a*b`: the product of two fields' (`expand*hidden_size`);
+    `a/b`: their exact quotient (`_rg_lru`)."""
+    if "/" in field:
+        return _rg_lru.field_value(hf_config, field)
     value = 1
     for name in field.split("*"):
         value = value * getattr(hf_config, name)
@@ -217,8 +224,8 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
 
 
 def kind_of(module: nn.Module, d_model: int) -> str:
-    """ "short_conv", "mamba2", "mamba" or "gated_delta", by the module's parts (module
-    docstring)."""
+    """ "short_conv", "mamba2", "mamba", "gated_delta" or "rg_lru", by the module's parts
+    (module docstring)."""
     parts = {n for n, _ in module.named_children()}
     own = {n for n, _ in module.named_parameters(recurse=False)}
     if parts == _SHORT_CONV_PARTS and not own and module.in_proj.out_features == 3 * d_model:
@@ -229,10 +236,12 @@ def kind_of(module: nn.Module, d_model: int) -> str:
         return "mamba"
     if _gated_delta.layout_of(module) is not None:
         return "gated_delta"
+    if _rg_lru.is_rg_lru(module):
+        return "rg_lru"
     raise ValueError(
         f"a mixer {type(module).__name__} of parts {sorted(parts)} and parameters "
-        f"{sorted(own)}: neither a gated short convolution, a Mamba-1 or Mamba-2 mixer nor a "
-        f"gated delta net"
+        f"{sorted(own)}: neither a gated short convolution, a Mamba-1 or Mamba-2 mixer, a "
+        f"gated delta net nor Griffin's recurrent block"
     )
 
 
@@ -261,6 +270,8 @@ def recognise(
         found = _gated_delta.read(module, config)
         return Mixers(kind, name, field, pattern, found.settings, found.flags, None,
                       layout=found.layout, fixed=found.fixed)  # fmt: skip
+    if kind == "rg_lru":
+        return Mixers(kind, name, field, pattern, *_rg_lru.read(module, config), None)
     settings, flags = _settings(kind, module, config)
     limit = "time_step_limit" if kind == "mamba2" and hasattr(config, "time_step_limit") else None
     gains = kind == "mamba" and _mamba1.norm_flags(module)[1]

@@ -39,7 +39,8 @@ class Scale:
     `field` ("one": 1; "value": the field; "inverse": 1 / it; "sqrt", "rsqrt": its square
     root and the inverse of that; `field` "d_head" is the attention's head width), or of
     two fields `field` "a/b" ("ratio": a / b; "over_sqrt": a / sqrt(b): MiniCPM's
-    `scale_depth / sqrt(num_hidden_layers)`)."""
+    `scale_depth / sqrt(num_hidden_layers)`); "sqrt_bfloat16": the square root rounded to
+    bfloat16 (`bfloat16_normalizer`)."""
 
     kind: str = "one"
     field: str = ""
@@ -52,7 +53,18 @@ class Scale:
             a, b = (float(getattr(hf_config, f)) for f in self.field.split("/"))
             return a / b if self.kind == "ratio" else a / math.sqrt(b)
         x = float(d_head if self.field == "d_head" else getattr(hf_config, self.field))
+        if self.kind == "sqrt_bfloat16":
+            return float(torch.tensor(math.sqrt(x), dtype=torch.bfloat16))
         return {"value": x, "inverse": 1 / x, "sqrt": math.sqrt(x), "rsqrt": x**-0.5}[self.kind]
+
+
+def bfloat16_normalizer(scale: Scale, hf_config: Any) -> Scale:
+    """RecurrentGemma's embedding scale, `sqrt(hidden_size)` held as a bfloat16 buffer
+    whatever the model's dtype (50.5, not 50.596, at 2,560 wide). Its twin, cast to float32
+    and 64 wide, shows an exact 8 either way, so the rounding is known here by model type."""
+    if scale.kind == "sqrt" and getattr(hf_config, "model_type", None) == "recurrent_gemma":
+        return Scale("sqrt_bfloat16", scale.field)
+    return scale
 
 
 def explain(value: float, config: Any, what: str, d_head: int | None = None) -> Scale:

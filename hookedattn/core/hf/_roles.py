@@ -33,7 +33,7 @@ MLP_ROLES: dict[str, tuple[str, ...]] = {
 QK_NORMS = {"q_norm": ("q_norm", "query_layernorm", "q_layernorm", "qk_norm"),
             "k_norm": ("k_norm", "key_layernorm", "k_layernorm", "qk_norm")}  # fmt: skip
 ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
-MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block")
 
 
 def child(children: dict[str, nn.Module], names: tuple[str, ...], kind: str, what: str) -> str:

@@ -191,6 +191,7 @@ def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "per_group": m.n_ssm_heads // m.n_ssm_groups,
         "d_key": m.n_ssm_groups * m.d_state,
         "d_ssm_head": m.d_ssm_head,
+        "d_ssm_head_out": m.d_ssm_head,  # an RG-LRU gate block's outputs (`components.rg_lru`)
         "d_qkv": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
     }
 

@@ -177,7 +177,7 @@ SHARDED: dict[tuple[str, str], tuple[int, str]] = {
     **{("attn", w): (0, "n_kv_heads") for w in ("W_K", "W_V", "b_K", "b_V")},
     **{("attn", w): (0, "n_kv_heads") for w in ("_W_K", "_W_V", "_b_K", "_b_V")},
     **{("mlp", w): (1, "d_mlp") for w in ("W_in", "W_gate")},
-    **{("mlp", w): (0, "d_mlp") for w in ("b_in", "W_out")},
+    **{("mlp", w): (0, "d_mlp") for w in ("b_in", "b_gate", "W_out")},
     ("embed", "W_E"): (0, "d_vocab"),
     ("unembed", "W_U"): (1, "d_vocab_out"),
     ("unembed", "b_U"): (0, "d_vocab_out"),

@@ -1,0 +1,118 @@
+"""Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"), the gated delta net
+(`components.gated_delta`) with a decay per key channel rather than per head: a sublayer
+that mixes positions by a delta-rule recurrence in place of attention (Kimi Linear).
+
+From the normed stream `x`, per position (`n_ssm_heads` heads, keys and values both
+`d_ssm_head` wide, the two gates' low-rank maps `dt_rank` wide):
+
+    q, k, v = silu(causal_conv([x @ W_q + b_q; x @ W_k + b_k; x @ W_v + b_v]))
+    q, k    = q / (|q| sqrt(d_head)), k / |k|                 (|u| = sqrt(u . u + 1e-6))
+    g       = -exp(A_log) * softplus((x @ W_f_down + b_f_down) @ W_f_up + dt_bias)
+                                                   [head d_head], one decay per key channel
+    beta    = sigmoid(x @ W_b + b_b)                                               [head]
+    z       = (x @ W_g_down + b_g_down) @ W_g_up                 the output gate [head d_head]
+
+Per head, a state `S` of `d_head x d_head` (key channel by value channel), each key row
+decayed by its own `exp(g_t)` and then corrected towards `v_t` along `k_t` (the delta rule):
+
+    S'  = diag(exp(g_t)) S_{t-1},   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   o_t = S_t^T q_t
+    out = (rmsnorm(o) * w_norm * sigmoid(z)) @ W_out + b_out   (the norm over each head)
+
+A per-channel decay has no per-head mixing matrix as the gated delta net's (each pair of
+positions would need one matrix per channel), so the recurrence runs as a scan along the
+positions, one state per head at a time (all the states would be `d_head^2` per head and
+position). Hook points: `hook_decay` holds every `g` (the log of each channel's decay),
+`hook_beta` every step `beta`, `hook_o` what the heads read before the gated norm.
+
+In a padded batch `beta` and the convolution's input are zero at padding: a padding
+position writes nothing into the state.
+"""
+
+import torch
+from einops import einsum, rearrange
+from jaxtyping import Float
+from torch import Tensor, nn
+from torch.nn.functional import sigmoid, silu, softplus
+
+from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.embed import _param, affine, affine_params
+from hookedattn.core.components.gated_delta import _unit
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hook_points import HookPoint
+from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.shapes import Resid
+
+Heads = Float[Tensor, "batch pos ssm_head d_ssm_head"]
+
+
+def kimi_delta_scan(
+    q: Heads, k: Heads, v: Heads, g: Heads, beta: Float[Tensor, "batch pos ssm_head"]
+) -> Heads:
+    """Every `o_t = S_t^T q_t` of the recurrence in the module docstring, from `S_{-1} = 0`."""
+    batch, n_pos, heads, d_key = k.shape
+    state = k.new_zeros(batch, heads, d_key, v.shape[-1])
+    read = "batch head d_key d_value, batch head d_key -> batch head d_value"  # S^T u
+    outer = "batch head d_key, batch head d_value -> batch head d_key d_value"
+    outputs = []
+    for t in range(n_pos):  # a recurrence: each state needs the one before
+        state = state * g[:, t, :, :, None].exp()  # each key row by its own decay
+        written = beta[:, t, :, None] * (v[:, t] - einsum(state, k[:, t], read))
+        state = state + einsum(k[:, t], written, outer)
+        outputs.append(einsum(state, q[:, t], read))
+    return torch.stack(outputs, dim=1)
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention (module docstring). Hook points: `hook_in` (the normed stream it
+    reads), `hook_decay` (`g`), `hook_beta`, `hook_o` (the heads' reads), `hook_out` (what
+    it writes, before any post-norm)."""
+
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
+        super().__init__()
+        m = self.settings = cfg.mixers
+        self.hook_in = HookPoint()
+        widths = dict(q=m.d_inner, k=m.d_inner, v=m.d_inner, b=m.n_ssm_heads,
+                      f_down=m.dt_rank, g_down=m.dt_rank)  # fmt: skip
+        for name, width in widths.items():
+            W, b = affine_params(cfg.d_model, width, cfg)
+            setattr(self, f"W_{name}", W)
+            setattr(self, f"b_{name}", b)
+        self.W_f_up, self.W_g_up = (
+            _param(m.dt_rank, m.d_inner, cfg=cfg),
+            _param(m.dt_rank, m.d_inner, cfg=cfg),
+        )
+        self.W_conv, self.b_conv = (
+            _param(3 * m.d_inner, m.d_conv, cfg=cfg),
+            _param(3 * m.d_inner, cfg=cfg),
+        )
+        self.dt_bias = _param(m.d_inner, cfg=cfg)
+        self.A_log = _param(m.n_ssm_heads, cfg=cfg)
+        self.hook_decay, self.hook_beta, self.hook_o = HookPoint(), HookPoint(), HookPoint()
+        self.w_norm = _param(m.d_ssm_head, cfg=cfg)
+        self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
+        self.hook_out = HookPoint()
+
+    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+        m = self.settings
+        x = self.hook_in(x)
+        real = real_positions(context)  # no real token reads padding
+        heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
+        qkv = torch.cat(
+            [affine(x, getattr(self, f"W_{n}"), getattr(self, f"b_{n}")) for n in "qkv"], -1
+        )
+        qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))
+        q, k, v = (rearrange(t, heads, ssm_head=m.n_ssm_heads) for t in qkv.chunk(3, dim=-1))
+        low_rank_f = affine(x, self.W_f_down, self.b_f_down) @ self.W_f_up
+        A = rearrange(self.A_log.exp(), "ssm_head -> ssm_head 1")
+        g = -A * softplus(rearrange(low_rank_f + self.dt_bias, heads, ssm_head=m.n_ssm_heads))
+        g = self.hook_decay(g)
+        # A padding position writes nothing into the state (its beta is 0).
+        beta = self.hook_beta(sigmoid(affine(x, self.W_b, self.b_b)) * real)
+        o = self.hook_o(kimi_delta_scan(_unit(q) * m.d_ssm_head**-0.5, _unit(k), v, g, beta))
+        z = rearrange(
+            affine(x, self.W_g_down, self.b_g_down) @ self.W_g_up, heads, ssm_head=m.n_ssm_heads
+        )
+        normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        gated = normed * self.w_norm * sigmoid(z)
+        flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
+        return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))

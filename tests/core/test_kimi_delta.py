@@ -1,0 +1,140 @@
+"""Kimi Delta Attention (`KimiDeltaAttention`), against its recurrence written here head by
+head and channel by channel in float64 (each key row of the state decayed by its own
+channel's gate, then the delta rule); and a hybrid model holding one: causality, padding,
+the residual decomposition summing, weight processing, generation, saving and loading."""
+
+import pytest
+import torch
+from helpers.mixers import (
+    D_MODEL,
+    assert_causal_and_float32_close,
+    hybrid_cfg,
+    random_hybrid,
+    randomised,
+    unpadded_context,
+)
+from torch.nn.functional import sigmoid, silu, softplus
+
+from hookedattn import HookedTransformer
+from hookedattn.core.components.kimi_delta import KimiDeltaAttention
+
+KINDS = ("kimi_delta", "attention", "kimi_delta")
+SETTINGS = dict(dt_rank=3)
+
+
+def _by_recurrence(mixer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
+    """The state of each head updated row by row (key channel `c` decayed by
+    `exp(g[c])`), then `S += k (beta (v - S^T k))^T`, `o = S^T q`; then the gated norm."""
+    m = mixer.settings
+    H, P, K = m.n_ssm_heads, m.d_ssm_head, m.d_conv
+    batch, n_pos, _ = x.shape
+    pre = torch.cat([x @ getattr(mixer, f"W_{n}") + getattr(mixer, f"b_{n}") for n in "qkv"], -1)
+    state = torch.zeros(batch, H, P, P, dtype=x.dtype)
+    out = torch.zeros(batch, n_pos, D_MODEL, dtype=x.dtype)
+    for t in range(n_pos):
+        u = mixer.b_conv.expand(batch, -1).clone()
+        for tap in range(K):
+            if t - (K - 1) + tap >= 0:
+                u = u + mixer.W_conv[:, tap] * pre[:, t - (K - 1) + tap]
+        q, k, v = (silu(part).reshape(batch, H, P) for part in u.split(H * P, dim=-1))
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / P**0.5
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        f = (x[:, t] @ mixer.W_f_down + mixer.b_f_down) @ mixer.W_f_up + mixer.dt_bias
+        g = -torch.exp(mixer.A_log)[:, None] * softplus(f.reshape(batch, H, P))
+        beta = sigmoid(x[:, t] @ mixer.W_b + mixer.b_b)
+        o = torch.zeros(batch, H, P, dtype=x.dtype)
+        for b in range(batch):
+            for h in range(H):
+                for c in range(P):
+                    state[b, h, c] = state[b, h, c] * torch.exp(g[b, h, c])
+                remembered = sum(state[b, h, c] * k[b, h, c] for c in range(P))
+                written = beta[b, h] * (v[b, h] - remembered)
+                for c in range(P):
+                    state[b, h, c] = state[b, h, c] + k[b, h, c] * written
+                o[b, h] = sum(state[b, h, c] * q[b, h, c] for c in range(P))
+        z = ((x[:, t] @ mixer.W_g_down + mixer.b_g_down) @ mixer.W_g_up).reshape(batch, H, P)
+        normed = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        gated = (normed * mixer.w_norm * sigmoid(z)).reshape(batch, H * P)
+        out[:, t] = gated @ mixer.W_out + mixer.b_out
+    return out
+
+
+def test_kimi_delta_is_its_recurrence() -> None:
+    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **SETTINGS)), 1)
+    x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = mixer(x, unpadded_context(x)), _by_recurrence(mixer, x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
+def test_kimi_delta_is_causal_and_float32_close() -> None:
+    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **SETTINGS)), 3)
+    single = KimiDeltaAttention(hybrid_cfg(("kimi_delta",), dtype=torch.float32, **SETTINGS))
+    x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        assert_causal_and_float32_close(mixer, single, x)
+
+
+def _hybrid() -> HookedTransformer:
+    return random_hybrid(hybrid_cfg(KINDS, **SETTINGS), 5)
+
+
+def test_kimi_delta_hook_points_and_decomposition_sum() -> None:
+    from analysis import decompose_resid
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(6))
+    _, cache = model.run_with_cache(tokens)
+    assert cache["blocks.0.mixer.hook_decay"].shape == (2, 8, 4, 6)  # a decay per channel
+    assert bool((cache["blocks.0.mixer.hook_decay"] < 0).all())
+    assert cache["blocks.2.mixer.hook_o"].shape == (2, 8, 4, 6)
+    final = cache["blocks.2.hook_resid_post"]
+    for granularity in ("sublayer", "head", "neuron"):
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    assert "L0_kimi_delta" in decompose_resid(model, cache, granularity="head").labels
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_reaches_no_real_token_of_a_kimi_delta_hybrid(side: str) -> None:
+    model = _hybrid()
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    row = pad + short if side == "left" else short + pad
+    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
+                         [1] * 6])  # fmt: skip
+    batched = model(torch.tensor([row, long]), attention_mask=mask)
+    real = slice(len(pad), None) if side == "left" else slice(0, 3)
+    torch.testing.assert_close(
+        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
+    )
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def test_kimi_delta_weight_processing_keeps_the_log_probs() -> None:
+    from hookedattn.core import processing
+
+    model = randomised(HookedTransformer(hybrid_cfg(KINDS, **SETTINGS)), 7)  # norm gains too
+    tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(8))
+    processed = processing.process_weights(model)
+    expected = model(tokens).log_softmax(-1)
+    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
+
+
+def test_kimi_delta_generation_reruns_the_prefix() -> None:
+    model = _hybrid()
+    prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(9))
+    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
+    tokens = prompt
+    for _ in range(5):  # greedy, each step a plain forward of the whole sequence
+        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, tokens)
+
+
+def test_a_kimi_delta_hybrid_saves_and_loads(tmp_path) -> None:
+    model = _hybrid()
+    model.save(tmp_path / "hybrid")
+    loaded = HookedTransformer.load(tmp_path / "hybrid")
+    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
+    tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
