@@ -7,6 +7,9 @@ import pytest
 import torch
 from helpers.mixers import (
     D_MODEL,
+    assert_generation_reruns_the_prefix,
+    assert_padding_reaches_no_real_token,
+    assert_processing_keeps_the_log_probs,
     hybrid_cfg,
     random_hybrid,
     randomised,
@@ -117,39 +120,19 @@ def test_gated_delta_hook_points_and_decomposition_sum() -> None:
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_reaches_no_real_token_of_a_gated_delta_hybrid(side: str) -> None:
-    model = _hybrid()
-    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
-    pad = [0] * (len(long) - len(short))
-    row = pad + short if side == "left" else short + pad
-    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
-                         [1] * 6])  # fmt: skip
-    batched = model(torch.tensor([row, long]), attention_mask=mask)
-    real = slice(len(pad), None) if side == "left" else slice(0, 3)
-    torch.testing.assert_close(
-        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
-    )
-    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+    assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
 def test_gated_delta_weight_processing_keeps_the_log_probs() -> None:
-    from hookedattn.core import processing
-
     model = randomised(HookedTransformer(hybrid_cfg(KINDS)), 11)  # norm gains too
     tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(12))
-    processed = processing.process_weights(model)
+    processed = assert_processing_keeps_the_log_probs(model, tokens)
     assert processed.cfg.normalization_type == "RMSPre"
-    expected = model(tokens).log_softmax(-1)
-    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
 
 
 def test_gated_delta_generation_reruns_the_prefix() -> None:
-    model = _hybrid()
     prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(13))
-    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
-    tokens = prompt
-    for _ in range(5):  # greedy, each step a plain forward of the whole sequence
-        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(generated, tokens)
+    assert_generation_reruns_the_prefix(_hybrid(), prompt)
 
 
 def test_a_gated_delta_hybrid_saves_and_loads(tmp_path) -> None:

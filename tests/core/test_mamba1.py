@@ -10,6 +10,7 @@ import torch
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
+    assert_padding_reaches_no_real_token,
     hybrid_cfg,
     random_hybrid,
     randomised,
@@ -104,17 +105,7 @@ def _hybrid() -> HookedTransformer:
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_reaches_no_real_token_through_a_mamba_mixer(side: str) -> None:
-    model = _hybrid()
-    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
-    pad = [0] * (len(long) - len(short))
-    tokens = torch.tensor([pad + short if side == "left" else short + pad, long])
-    real = [0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad)
-    batched = model(tokens, attention_mask=torch.tensor([real, [1] * 6]))
-    where = slice(len(pad), None) if side == "left" else slice(0, 3)
-    torch.testing.assert_close(
-        batched[0, where], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
-    )
-    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+    assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
 def test_mamba_hybrid_hook_points_and_decomposition_sum() -> None:

@@ -10,6 +10,7 @@ import torch
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
+    assert_padding_reaches_no_real_token,
     hybrid_cfg,
     random_hybrid,
     randomised,
@@ -178,19 +179,7 @@ def test_hybrid_weight_processing_keeps_the_log_probs(norm: str) -> None:
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
-    model = _hybrid()
-    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
-    pad = [0] * (len(long) - len(short))
-    row = pad + short if side == "left" else short + pad
-    tokens = torch.tensor([row, long])
-    mask = torch.tensor([[0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad),
-                         [1] * 6])  # fmt: skip
-    batched = model(tokens, attention_mask=mask)
-    real = slice(len(pad), None) if side == "left" else slice(0, 3)
-    torch.testing.assert_close(
-        batched[0, real], model(torch.tensor([short]))[0], rtol=0, atol=1e-10
-    )
-    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+    assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
 def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:

@@ -67,3 +67,38 @@ def assert_causal_and_float32_close(
     with torch.no_grad():
         got, expected = single(x.float(), context).double(), mixer(x, context)
     assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def assert_padding_reaches_no_real_token(model: Any, side: str) -> None:
+    """A row of 3 real tokens padded on `side` to 6, batched with a row of 6: each row's
+    real positions give what the row gives alone (to 1e-10)."""
+    short, long = [3, 9, 4], [7, 1, 2, 8, 5, 6]
+    pad = [0] * (len(long) - len(short))
+    row = pad + short if side == "left" else short + pad
+    real_row = [0] * len(pad) + [1] * 3 if side == "left" else [1] * 3 + [0] * len(pad)
+    batched = model(torch.tensor([row, long]), attention_mask=torch.tensor([real_row, [1] * 6]))
+    real = slice(len(pad), None) if side == "left" else slice(0, 3)
+    alone = model(torch.tensor([short]))[0]
+    torch.testing.assert_close(batched[0, real], alone, rtol=0, atol=1e-10)
+    torch.testing.assert_close(batched[1], model(torch.tensor([long]))[0], rtol=0, atol=1e-10)
+
+
+def assert_generation_reruns_the_prefix(model: Any, prompt: torch.Tensor) -> None:
+    """Greedy generation of 5 tokens after `prompt` equals a loop of plain forwards of the
+    whole sequence (a mixer keeps no cache between steps)."""
+    generated = model.generate(prompt, max_new_tokens=5, stop_at_eos=False)
+    tokens = prompt
+    for _ in range(5):
+        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, tokens)
+
+
+def assert_processing_keeps_the_log_probs(model: Any, tokens: torch.Tensor) -> Any:
+    """`process_weights(model)` gives the same log-probabilities on `tokens` (to 1e-10);
+    the processed model, for checks of its own."""
+    from hookedattn.core import processing
+
+    processed = processing.process_weights(model)
+    expected = model(tokens).log_softmax(-1)
+    torch.testing.assert_close(processed(tokens).log_softmax(-1), expected, rtol=0, atol=1e-10)
+    return processed
