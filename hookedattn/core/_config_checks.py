@@ -1,0 +1,421 @@
+"""The checks that a `HookedTransformerConfig`'s variants fit together.
+
+`HookedTransformerConfig.__post_init__` checks each field on its own against its spec
+(`_field_specs`) and then calls `_check_variants`: the per-head inputs, the MLP, the norms,
+the experts, the per-layer lists, latent and differential attention, rotary and ALiBi, in
+turn, each a ValueError naming the clash and what would fit. A mixin, so that the config
+keeps one class and these read its fields as `self.<field>`.
+"""
+
+
+class ConfigChecks:
+    """`HookedTransformerConfig`'s checks of its variants together (module docstring)."""
+
+    def _check_variants(self) -> None:
+        """Check that the variants chosen fit together, in turn: the per-head inputs, the
+        MLP, the norms, the experts and the per-layer lists; a ValueError names the clash."""
+        if self.use_attn_in and self.use_split_qkv_input:
+            raise ValueError(
+                "use_attn_in and use_split_qkv_input are alternatives (one shared per-head "
+                "input, or one per q/k/v); set at most one"
+            )
+        self._check_mlp_variants()
+        self._check_norm_variants()
+        if self.use_attn_in and self.n_key_value_heads not in (None, self.n_heads):
+            raise ValueError(
+                "use_attn_in gives every query head one input copy, which grouped keys and "
+                "values cannot share; use use_split_qkv_input (one copy per key/value head)"
+            )
+        self._check_experts()
+        self._check_layer_lists()
+        self._check_llama4_variants()
+
+    def _check_mlp_variants(self) -> None:
+        """Check the MLP's variants: none asked of an attention-only model, a width for one
+        with MLPs, and activations only in the MLP forms they have."""
+        if self.attn_only:
+            for flag in ("use_hook_mlp_in", "gated_mlp", "parallel_attn_mlp"):
+                if getattr(self, flag):
+                    raise ValueError(f"{flag}=True needs MLPs, but attn_only=True")
+        elif self.d_mlp is None:
+            raise ValueError(
+                "d_mlp is required for a model with MLPs (attn_only=False); "
+                "give d_mlp, e.g. 4 * d_model, or set attn_only=True"
+            )
+        if self.act_fn == "solu_ln" and self.has_mlp and (self.gated_mlp or self.is_moe):
+            raise ValueError(
+                "act_fn='solu_ln' normalises the neurons of a plain MLP; it has no gated "
+                "(gated_mlp=True) or mixture-of-experts form: use another act_fn there"
+            )
+        if self.act_fn == "xielu" and self.has_mlp and self.is_moe:
+            raise ValueError(
+                "act_fn='xielu' keeps learned scalars in a dense MLP; it has no "
+                "mixture-of-experts form: use another act_fn there"
+            )
+
+    def _check_sub_norms(self) -> None:
+        """The sub-norms need norms, the attention's a plain one (not latent), the MLP's a
+        gated dense MLP."""
+        for field in ("attn_sub_norm", "mlp_sub_norm"):
+            if getattr(self, field) and self.normalization_type is None:
+                raise ValueError(f"{field}=True holds a norm, but normalization_type is None")
+        if self.attn_sub_norm and self.kv_lora_rank is not None:
+            raise ValueError("attn_sub_norm norms the heads' z of a plain attention: it needs "
+                             f"kv_lora_rank=None (got {self.kv_lora_rank})")  # fmt: skip
+        if self.mlp_sub_norm and (not self.gated_mlp or self.num_experts is not None):
+            raise ValueError(
+                "mlp_sub_norm norms a dense gated MLP's neurons: it needs gated_mlp=True and "
+                f"num_experts=None (got {self.gated_mlp}, {self.num_experts})"
+            )
+        if self.mlp_gate_bias and (not self.gated_mlp or self.is_moe or self.mlp_sub_norm):
+            raise ValueError(
+                "mlp_gate_bias is the bias of a dense gated MLP's gate: it needs gated_mlp=True, "
+                f"num_experts=None and mlp_sub_norm=False (got {self.gated_mlp}, "
+                f"{self.num_experts}, {self.mlp_sub_norm})"
+            )
+
+    def _check_norm_variants(self) -> None:
+        """Check the norms' variants: placements and embedding norms need norms, and each
+        placement the block it norms."""
+        if self.normalization_type is None and self.normalization_placement != "pre":
+            raise ValueError(
+                f"normalization_placement={self.normalization_placement!r} places norms, "
+                f"but normalization_type is None (no norms)"
+            )
+        if self.embed_norm_before_positions and not (
+            self.embed_norm and self.positional_embedding_type == "standard"
+        ):
+            raise ValueError(
+                "embed_norm_before_positions=True norms the token embedding before learned "
+                "positions are added: it needs embed_norm=True and "
+                f"positional_embedding_type='standard', not {self.positional_embedding_type!r}"
+            )
+        self._check_embed_widths()
+        flags = self.ln1_layers
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"ln1_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+        self._check_placement_layers()
+        if self.normalization_type is None and (self.embed_norm or self.unembed_transform):
+            raise ValueError(
+                "embed_norm and unembed_transform each hold a norm, but normalization_type "
+                "is None (no norms)"
+            )
+        self._check_sub_norms()
+        if self.normalization_placement == "post_residual" and not self._is_sequential:
+            raise ValueError(
+                "normalization_placement='post_residual' norms the stream after each of a "
+                "sequential block's two adds: it needs attn_only=False and "
+                "parallel_attn_mlp=False"
+            )
+
+    def _check_placement_layers(self) -> None:
+        """`placement_layers`: one placement per block, each of a block that norms its
+        sublayers' inputs or writes (a post-residual block norms the stream, and the model
+        then has no final norm: not a per-block choice)."""
+        placements = self.placement_layers
+        if placements is None:
+            return
+        valid = ("pre", "post", "pre_and_post")
+        if len(placements) != self.n_layers or any(p not in valid for p in placements):
+            raise ValueError(
+                f"placement_layers must be {self.n_layers} placements, one per block, each "
+                f"one of {valid}; got {placements}"
+            )
+        if self.normalization_type is None or self.normalization_placement == "post_residual":
+            raise ValueError(
+                "placement_layers places each block's norms: it needs normalization_type "
+                f"set (got {self.normalization_type!r}) and normalization_placement not "
+                f"'post_residual' (got {self.normalization_placement!r})"
+            )
+
+    def _check_embed_widths(self) -> None:
+        """Check the widths on either side of the stream: a narrower embedding needs its
+        positions in the stream, a narrower unembedding the head transform that maps to it."""
+        if self.d_embed is not None and self.positional_embedding_type == "shortformer":
+            raise ValueError(
+                f"d_embed={self.d_embed} projects the embeddings into the stream, but "
+                "positional_embedding_type='shortformer' adds W_pos to the queries' and "
+                "keys' d_model-wide inputs: use 'standard', 'rotary' or 'none'"
+            )
+        if self.d_unembed is not None and self.unembed_transform is None:
+            raise ValueError(
+                f"d_unembed={self.d_unembed} is the width of the head transform's output, "
+                "but unembed_transform is None (no head transform): name its activation"
+            )
+
+    def _check_layer_lists(self) -> None:
+        """Check the per-layer lists (the hybrid's mixers, the attention types): one entry
+        per layer, and a window for local attention."""
+        if self.mixers is not None and len(self.mixers.layers) != self.n_layers:
+            raise ValueError(
+                f"mixers.layers has {len(self.mixers.layers)} entries but n_layers="
+                f"{self.n_layers}: give one sublayer kind per layer"
+            )
+        self._check_hybrid_layouts()
+        if self.attn_types is not None:
+            if self.window_size is None:
+                raise ValueError("attn_types with 'local' layers needs window_size")
+            if len(self.attn_types) != self.n_layers:
+                raise ValueError(
+                    f"attn_types has {len(self.attn_types)} entries but n_layers="
+                    f"{self.n_layers}: give one 'global' or 'local' per layer"
+                )
+
+    def _check_llama4_variants(self) -> None:
+        """The per-block q/k norms, the chunked window and the query temperature each need
+        what they modify: q/k norms, a window, positions other than learned ones."""
+        flags = self.qk_norm_layers
+        if flags is not None and not self.use_qk_norm:
+            raise ValueError("qk_norm_layers says which blocks norm queries and keys: it "
+                             "needs use_qk_norm=True")  # fmt: skip
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"qk_norm_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+        if self.window_chunked and self.window_size is None:
+            raise ValueError("window_chunked cuts the window into chunks: give window_size")
+        temperature = self.query_temperature_floor
+        if temperature is not None and self.positional_embedding_type not in ("rotary", "none"):
+            raise ValueError(
+                f"query_temperature_floor={temperature} scales the queries of blocks without "
+                "rotary positions: it needs positional_embedding_type 'rotary' or 'none', "
+                f"not {self.positional_embedding_type!r}"
+            )
+
+    def _check_hybrid_layouts(self) -> None:
+        """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)
+        and a mixer beside attention (Falcon-H1) need a sequential block."""
+        if self.mixers is None:
+            return
+        if self.mixers.mlp_layers is not None and self.attn_only:
+            raise ValueError(
+                "mixers.mlp_layers says which blocks hold an MLP: it needs attn_only=False"
+            )
+        one_sublayer = "none" in self.mixers.layers or self.mixers.mlp_layers is not None
+        if one_sublayer and not (
+            self._is_sequential and self.normalization_placement != "post_residual"
+        ):
+            raise ValueError(
+                "blocks of one sublayer (mixers.layers 'none', mixers.mlp_layers) need a "
+                "sequential block with norms before or after each sublayer: attn_only=False, "
+                "parallel_attn_mlp=False, normalization_placement not 'post_residual'"
+            )
+        if self.mixers.beside_attention is not None and not (
+            self._is_sequential and self.normalization_placement == "pre"
+        ):
+            raise ValueError(
+                "mixers.beside_attention (a mixer beside the attention, Falcon-H1's block) "
+                "needs a sequential block with pre-norms: attn_only=False, "
+                "parallel_attn_mlp=False, normalization_placement='pre' (got "
+                f"{self.attn_only}, {self.parallel_attn_mlp}, {self.normalization_placement!r})"
+            )
+
+    def _check_experts(self) -> None:
+        moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
+                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
+                      "expert_input_weighted")  # fmt: skip
+        routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
+                       group_score_experts=2, routed_scaling_factor=1.0,
+                       sparsemixer_jitter_eps=0.01)  # fmt: skip
+        if self.num_experts is None:
+            if self.experts_per_token is not None:
+                raise ValueError("experts_per_token needs num_experts (the experts to choose from)")
+            for field in moe_fields:
+                if getattr(self, field) not in (None, False, 0):
+                    raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
+            for field, default in routing.items():
+                if getattr(self, field) != default:
+                    raise ValueError(f"{field} is a mixture-of-experts setting: give num_experts")
+            return
+        if self.experts_per_token is None:
+            raise ValueError("num_experts needs experts_per_token (how many each token uses)")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} exceeds num_experts="
+                f"{self.num_experts}: a token chooses among the experts there are"
+            )
+        self._check_routing()
+        if self.attn_only:
+            raise ValueError(
+                "a mixture of experts replaces a block's MLP: it needs attn_only=False"
+            )
+        if self.swiglu_limit is not None and not self.gated_mlp:
+            raise ValueError(
+                f"swiglu_limit={self.swiglu_limit} clamps a gated expert's SwiGLU: it needs "
+                "gated_mlp=True (plain experts have no gate to clamp)"
+            )
+        if self.shared_expert_gate and self.d_mlp_shared is None:
+            raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+        if self.moe_out_norm and (self.normalization_type is None or self.placements != ("pre",)):
+            raise ValueError(
+                "moe_out_norm norms the mixture's output as the blocks' ln2_post: it needs a "
+                "normalization_type (one of LN, LNPre, RMS, RMSPre) and every block placed "
+                f"'pre' (got {self.normalization_type!r}, placements {self.placements})"
+            )
+        self._check_moe_layers()
+
+    def _check_moe_layers(self) -> None:
+        """`moe_layers`: a flag per block, some block with experts, a dense width for the
+        blocks without; never beside `n_dense_layers` (one place says which blocks)."""
+        flags = self.moe_layers
+        if flags is None:
+            return
+        if len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags):
+            raise ValueError(
+                f"moe_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+        if self.n_dense_layers:
+            raise ValueError(
+                f"n_dense_layers={self.n_dense_layers} and moe_layers={flags} both say which "
+                "blocks hold experts: give moe_layers alone"
+            )
+        if not any(flags):
+            raise ValueError(
+                f"moe_layers={flags} has no block with experts: leave num_experts unset"
+            )
+        if not all(flags) and self.d_mlp_dense is None:
+            raise ValueError(
+                f"moe_layers={flags} keeps dense MLPs in some blocks: give d_mlp_dense"
+            )
+
+    def _check_routing(self) -> None:
+        groups, best = self.n_expert_groups, self.topk_expert_groups
+        if self.router_scoring != "sparsemixer" and self.sparsemixer_jitter_eps != 0.01:
+            raise ValueError(
+                f"sparsemixer_jitter_eps={self.sparsemixer_jitter_eps} is the sparsemixer's: "
+                f"router_scoring={self.router_scoring!r} does not read it"
+            )
+        if self.num_experts % groups or best > groups:
+            raise ValueError(
+                f"n_expert_groups={groups} must divide num_experts={self.num_experts}, and "
+                f"topk_expert_groups={best} be at most n_expert_groups"
+            )
+        if groups > 1 and self.num_experts // groups < self.group_score_experts:
+            raise ValueError(
+                f"n_expert_groups={groups} leaves {self.num_experts // groups} experts per "
+                f"group; a group's score is the sum of its group_score_experts="
+                f"{self.group_score_experts} best experts'"
+            )
+        if best * (self.num_experts // groups) < self.experts_per_token:
+            raise ValueError(
+                f"topk_expert_groups={best} groups of {self.num_experts // groups} experts "
+                f"hold fewer than experts_per_token={self.experts_per_token}"
+            )
+        if self.n_dense_layers and self.d_mlp_dense is None:
+            raise ValueError(
+                "n_dense_layers keeps dense MLPs in the first blocks: give d_mlp_dense"
+            )
+        if self.n_dense_layers > self.n_layers:
+            raise ValueError(
+                f"n_dense_layers={self.n_dense_layers} exceeds n_layers={self.n_layers}"
+            )
+
+    def _check_differential_attention(self) -> None:
+        """Differential attention pairs the query heads and splits the key/value heads in
+        two halves (`components.differential_attention`); it has no sinks, gate, sub-norm,
+        latent or value width of its own."""
+        if not self.differential_attention:
+            return
+        if self.n_heads % 2 or self.n_kv_heads % 2:
+            raise ValueError(
+                f"differential_attention pairs the query heads and halves the key/value "
+                f"heads: it needs both even (got n_heads={self.n_heads}, "
+                f"n_key_value_heads={self.n_kv_heads})"
+            )
+        refused = [f"{field}={getattr(self, field)!r}"
+                   for field in ("use_attn_sinks", "attn_gate", "attn_sub_norm", "kv_lora_rank",
+                                 "d_head_v") if getattr(self, field)]  # fmt: skip
+        if refused:
+            raise ValueError(f"differential_attention cannot go with {', '.join(refused)}")
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_lora_rank is None:
+            if self.q_lora_rank is not None:
+                raise ValueError("q_lora_rank is a latent attention setting: give kv_lora_rank")
+            if self.d_head_v not in (None, self.d_head):
+                raise ValueError(
+                    f"d_head_v={self.d_head_v} differs from d_head={self.d_head}, which only "
+                    f"latent attention (kv_lora_rank) computes"
+                )
+            return
+        refused = [
+            f"{field}={getattr(self, field)!r}"
+            for field, plain in (
+                ("positional_embedding_type", "rotary"), ("n_key_value_heads", None),
+                ("use_split_qkv_input", False), ("use_attn_in", False),
+                ("use_qk_norm", False), ("use_attn_sinks", False), ("attn_gate", None),
+            )
+            if getattr(self, field) != plain
+        ]  # fmt: skip
+        if refused:
+            raise ValueError(
+                f"latent attention (kv_lora_rank={self.kv_lora_rank}) is built with rotary "
+                f"positions, one key/value head per query head and one shared input; these "
+                f"settings cannot go with it: {', '.join(refused)}"
+            )
+        if self.rotary_dim >= self.d_head:
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be below d_head={self.d_head}: in latent "
+                f"attention the rotated part ends each query/key head, after its unrotated part"
+            )
+
+    def _check_rotary(self) -> None:
+        if self.rotary_layers is not None:
+            flags = self.rotary_layers
+            if self.positional_embedding_type != "rotary":
+                raise ValueError(
+                    "rotary_layers is set, but positional_embedding_type is not "
+                    f"'rotary' (it is {self.positional_embedding_type!r})"
+                )
+            if len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags):
+                raise ValueError(
+                    f"rotary_layers must be {self.n_layers} booleans, one per block; got {flags}"
+                )
+        if self.positional_embedding_type != "rotary":
+            return
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head:
+            raise ValueError(
+                f"rotary_dim must be even and in 2..d_head={self.d_head}, got {self.rotary_dim}"
+            )
+        if self.use_NTK_by_parts_rope and self.use_yarn_rope:
+            raise ValueError("use_NTK_by_parts_rope and use_yarn_rope are alternatives")
+        if self.rotary_pairs is not None and self.rotary_pairs > self.rotary_dim // 2:
+            raise ValueError(
+                f"rotary_pairs={self.rotary_pairs} exceeds the {self.rotary_dim // 2} pairs of "
+                f"rotary_dim={self.rotary_dim}"
+            )
+        if self.use_NTK_by_parts_rope and not (
+            self.NTK_by_parts_low_freq_factor < self.NTK_by_parts_high_freq_factor
+        ):
+            raise ValueError(
+                f"NTK_by_parts_low_freq_factor={self.NTK_by_parts_low_freq_factor} must be "
+                f"below NTK_by_parts_high_freq_factor={self.NTK_by_parts_high_freq_factor}"
+            )
+
+    def _check_alibi(self) -> None:
+        slopes = self.alibi_slopes
+        if self.positional_embedding_type != "alibi":
+            if slopes is not None:
+                raise ValueError(
+                    "alibi_slopes is set, but positional_embedding_type is not 'alibi' (it "
+                    f"is {self.positional_embedding_type!r})"
+                )
+            return
+        if slopes is not None and (
+            len(slopes) != self.n_heads
+            or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in slopes)
+        ):
+            raise ValueError(
+                f"alibi_slopes must be {self.n_heads} numbers, one per head; got {slopes}"
+            )
+        if self.attn_scores_soft_cap is not None:
+            raise ValueError(
+                "positional_embedding_type='alibi' with attn_scores_soft_cap: no model caps "
+                "biased scores, and where the bias goes relative to the cap is not defined"
+            )
