@@ -14,7 +14,7 @@ AXES = ("a", "b", "c", "d", "e")
 
 
 def families(axes: tuple[str, ...] = AXES) -> list[Family]:
-    """Every combination of two values per setting, as `_convention.candidates` makes."""
+    """Every combination of two values per setting, as `_candidates.candidates` makes."""
     combinations = itertools.product((0, 1), repeat=len(axes))
     return [
         Family("Arch", "arch", dict, dict, str(v), choices=tuple(zip(axes, v, strict=True)))

@@ -38,7 +38,7 @@ from hookedattn import HookedTransformer
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("hookedattn.core.hf")
-from hookedattn.core.hf import _anatomy, _convention, _probes, _tiny, _verify  # noqa: E402
+from hookedattn.core.hf import _anatomy, _candidates, _probes, _tiny, _verify  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
@@ -87,7 +87,7 @@ def test_a_live_model_by_convention_is_verified():
 def test_the_verification_picks_the_rotation_the_architecture_uses(tmp_path):
     reference = twin("cohere")
     reference.save_pretrained(tmp_path / "cohere")
-    halves, pairs, *_ = _convention.candidates(reference.config)
+    halves, pairs, *_ = _candidates.candidates(reference.config)
     assert "rotary_layout='halves'" in halves.variant and "rotary_layout='pairs'" in pairs.variant
     with pytest.raises(hf.VerificationError, match="blocks.0.hook_resid_post"):
         hf.register_family(halves)  # forced: the first guess, which is wrong for Cohere
@@ -107,7 +107,7 @@ def test_the_verification_picks_the_fused_query_key_value_layout(tmp_path):
     reference = twin("gpt_neox")
     reference.save_pretrained(tmp_path / "neox")
     layouts = {}  # the first candidate of each layout (rotated halves)
-    for candidate in _convention.candidates(reference.config):
+    for candidate in _candidates.candidates(reference.config):
         layouts.setdefault(candidate.variant.split("qkv_layout='")[1].split("'")[0], candidate)
     for layout, works in (("stacked", False), ("per_head", True)):
         hf.register_family(layouts[layout])
@@ -184,7 +184,7 @@ def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification(tmp_pa
     # keeps the candidate that computes what transformers computes.
     reference = twin("hunyuan_v1_dense")
     reference.save_pretrained(tmp_path / "hunyuan")
-    before, after = _convention.candidates(reference.config)[:2]
+    before, after = _candidates.candidates(reference.config)[:2]
     assert "qk_norm_after_rotary=False" in before.variant
     assert "qk_norm_after_rotary=True" in after.variant
     hf.register_family(before)
@@ -282,7 +282,7 @@ def test_a_checkpoint_wider_than_its_twin_keeps_its_scalars(model_type, settings
 
 def test_the_memo_key_tells_candidates_apart():
     config = twin("cohere").config
-    halves, pairs, *_ = _convention.candidates(config)
+    halves, pairs, *_ = _candidates.candidates(config)
     tiny = _tiny.tiny_config(config)
     assert _verify.memo_key(halves, tiny) != _verify.memo_key(pairs, tiny)
 

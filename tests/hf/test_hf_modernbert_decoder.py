@@ -69,9 +69,9 @@ def test_modernbert_decoder_greedy_generation_is_transformers():
 def test_a_first_layer_missing_another_norm_is_refused_by_name():
     import dataclasses
 
-    from hookedattn.core.hf import _convention, _first_layer
+    from hookedattn.core.hf import _anatomy, _first_layer
 
-    anatomy = _convention.recognise(twin().config, "ModernBertDecoderForCausalLM")
+    anatomy = _anatomy.recognise(twin().config, "ModernBertDecoderForCausalLM")
     assert anatomy.first_identities == ("attn_norm",)
     other = dataclasses.replace(anatomy, first_identities=("mlp_norm",))
     with pytest.raises(ValueError, match=r"identity in place of \['mlp_norm'\]"):

@@ -28,7 +28,6 @@ maps (the scores are the same, P being orthogonal; the hooked queries and keys h
 """
 
 import dataclasses
-import itertools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -44,11 +43,11 @@ from hookedattn.core.hf import (
     _first_layer,
     _mixer_norms,
     _qk_layers,
+    _saved,
     _sinusoids,
     _sub_norms,
     _translate,
 )
-from hookedattn.core.hf._anatomy import recognise
 from hookedattn.core.hf._config_fields import (
     NORM_TYPES,
     Decoder,
@@ -59,11 +58,10 @@ from hookedattn.core.hf._config_fields import (
     refuse_unimported,
     rotary_fields,
 )
-from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._gemma2 import one_plus
 from hookedattn.core.hf._gptj import neighbours_to_halves
 from hookedattn.core.hf._probes import Scale
-from hookedattn.core.hf._recognised import UNKNOWN, Anatomy
+from hookedattn.core.hf._recognised import Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times, zeros
 
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
@@ -171,7 +169,7 @@ class Convention:
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
         if hf_model is None and a.renames:  # a folder: the names its files use
-            rules = _renamed(rules, _Renames(dict(a.renames), a.layers))
+            rules = _saved.renamed(rules, _saved.Renames(dict(a.renames), a.layers))
         expanded = [r for rule in rules for r in rule.expand(cfg.n_layers)]
         return Table(
             rules=tuple(_first_layer.without_first_ln1(expanded, a)),
@@ -469,136 +467,12 @@ class Convention:
         return lambda W: W[..., order.to(W.device)]
 
 
-def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
-    """The families the anatomy of `hf_config` allows, the likelier first: one, or for a
-    rotary architecture its rotation of halves, then of pairs, then of halves turned the
-    other way (module docstring), in every
-    layer, then (where some layers slide a window and some do not) in the sliding ones only."""
-    anatomy = recognise(hf_config, architecture)
-    layouts = ("halves", "pairs", "halves_reversed") if anatomy.rotary else ("halves",)
-    if anatomy.latent:  # its rules rotate halves or pairs only
-        layouts = layouts[:2]
-    if anatomy.latent and hasattr(hf_config, "rope_interleave"):  # DeepSeek's: it says
-        layouts = ("pairs",) if hf_config.rope_interleave else ("halves",)
-    types = set(getattr(hf_config, "layer_types", None) or ())
-    mixed = {"full_attention", "sliding_attention"} <= types
-    rotating = ("all", "sliding") if anatomy.rotary and mixed else ("all",)
-    experts = anatomy.experts
-    renorm = (False,) if experts is None else (True, False)
-    if experts is not None and experts.norm_topk_field:
-        renorm = (bool(getattr(hf_config, experts.norm_topk_field)),)
-    gates = (None,) if anatomy.attn_gate_per_head is None else ("sigmoid", "softplus")
-    orders = (False, True) if anatomy.qk_norm and anatomy.rotary else (False,)
-    fused = anatomy.role(anatomy.attn_maps, "qkv") is not None
-    heads = getattr(hf_config, "num_attention_heads", None)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
-    if fused and kv_heads == heads and heads % 4 == 0:
-        qkv_layouts += ("sharded",)
-    softmax = (anatomy.attn_scale,)  # kept by the module, or the usual ones (GPT-Neo: 1)
-    if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
-        softmax = (Scale("rsqrt", "d_head"), Scale())
-    scorings = _scorings(hf_config, experts)
-    families = []
-    for on, layout, norm_topk, scoring, gate, after, scale, qkv in itertools.product(
-        rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts
-    ):
-        chosen = dataclasses.replace(
-            anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
-            router_scoring=scoring, attn_gate=gate, qk_norm_after_rotary=after,
-            attn_scale=scale, qkv_layout=qkv,
-        )  # fmt: skip
-        convention = Convention(chosen)
-        settings = (on, layout, norm_topk, scoring, gate, after, scale, qkv)
-        families.append(
-            Family(
-                anatomy.architecture,
-                hf_config.model_type,
-                convention.fields,
-                convention.table,
-                variant=repr(convention.anatomy),
-                choices=tuple(zip(_CHOICES, settings, strict=True)),
-            )
-        )
-    return families
-
-
-def _scorings(hf_config: Any, experts: Any) -> tuple[str, ...]:
-    """The router scorings to try, the likelier first: with a choice bias DeepSeek V3's
-    sigmoid or Ernie's biased softmax; without, softmax or sigmoid, and Phi-3.5-MoE's
-    sparsemixer where the config names its epsilon (Mixtral's names one it uses only in
-    training: its softmax comes first), and last Llama 4's sigmoid whose weights scale the
-    experts' inputs ("sigmoid_on_input": `expert_input_weighted`)."""
-    if experts is None:
-        return ("softmax",)
-    if experts.choice_bias:
-        return ("sigmoid", "softmax_biased")
-    jitter = hasattr(hf_config, "router_jitter_noise")
-    plain = ("softmax", "sigmoid", "sparsemixer") if jitter else ("softmax", "sigmoid")
-    return (*plain, "sigmoid_on_input")
-
-
-# The names of the settings `candidates` varies, in the order of its product.
-_CHOICES = ("rotary_on", "rotary_layout", "norm_topk", "router_scoring", "attn_gate",
-            "qk_norm_after_rotary", "attn_scale", "qkv_layout")  # fmt: skip
-
-
 def _mixed_layer_types(anatomy: Anatomy) -> frozenset[str]:
     """The `layer_types` values that stand for a hybrid's mixers, not attention."""
     m = anatomy.mixers
     if m is None or m.pattern_field != "layer_types":
         return frozenset()
     return frozenset(value for value, kind in m.pattern if kind != "attention")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Renames:
-    """The files' names of live tensors (`_saved.renames`: the layer index as `{layer}`),
-    looked up for a rule's name with its layer index or `{layer}` (a hybrid's rules name
-    the layers that hold their sublayer)."""
-
-    names: dict[str, str]
-    layers: str  # "model.layers"
-
-    def get(self, hf: str, default: str) -> str:
-        """The saved name of `hf`, else `default`."""
-        found = re.match(rf"{re.escape(self.layers)}\.(\d+)\.", hf)
-        if found is None:
-            return self.names.get(hf, default)
-        template = f"{self.layers}.{{layer}}.{hf[found.end() :]}"
-        saved = self.names.get(template)
-        return default if saved is None else saved.replace("{layer}", found.group(1))
-
-
-def _renamed(rules: list[Rule], renames: _Renames) -> list[Rule]:
-    """The rules reading the files' names (`_saved.renames`); a live tensor saved as part
-    `i` of several stacked (`name#i/n`) read as that piece of the saved tensor's rows, the
-    pieces' sizes those of the rules that read them (a live tensor itself read in pieces,
-    Lara Mini's `in_proj_qkv`, brings its pieces into the saved tensor's)."""
-    pieces: dict[str, dict[int, tuple[str, ...]]] = {}
-    for rule in rules:
-        saved, _, part = renames.get(rule.hf or "", "").partition("#")
-        if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
-            first = (
-                rule.pattern.split(")")[0] + ")"
-                if rule.pattern[0] == "("
-                else rule.pattern.split()[0]
-            )
-            own = rule.split or (first.strip("()"),)
-            pieces.setdefault(saved, {})[int(part.split("/")[0])] = own
-    out = []
-    for rule in rules:
-        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
-        if not part:
-            out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
-            continue
-        i, n = (int(x) for x in part.split("/"))
-        if rule.split_within or rule.pick is not None or len(pieces[saved]) != n:
-            raise ValueError(f"{rule.hf} is saved as part {i} of {saved}, read by no rule")
-        split = tuple(piece for j in range(n) for piece in pieces[saved][j])
-        before = sum(len(pieces[saved][j]) for j in range(i))
-        out.append(dataclasses.replace(rule, hf=saved, split=split, part=before + rule.part))
-    return out
 
 
 def _widened(rule: Rule, width: str) -> Rule:

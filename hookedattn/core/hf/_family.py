@@ -25,7 +25,7 @@ class Family:
     # What else the translation depends on (the recognised anatomy of a family derived by
     # convention, `_convention`); part of the key a verification is remembered under.
     variant: str = ""
-    # A candidate's settings that the anatomy could not see (`_convention.candidates`), as
+    # A candidate's settings that the anatomy could not see (`_candidates.candidates`), as
     # (name, value) pairs; the candidate search (`_search`) moves between candidates that
     # differ in one of them.
     choices: tuple[tuple[str, Any], ...] = ()

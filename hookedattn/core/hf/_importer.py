@@ -17,8 +17,8 @@ from hookedattn.core import parallel
 from hookedattn.core._weights_io import CheckpointError, _check_device
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import (
+    _candidates,
     _composite,
-    _convention,
     _deepseek,
     _diffllama,
     _falcon_h1,
@@ -351,7 +351,7 @@ def _by_convention(hf_config: Any, name: str, architecture: str | None = None) -
     `architecture`, when known); a ValueError names what in its anatomy was not
     recognised."""
     try:
-        return _convention.candidates(hf_config, architecture)
+        return _candidates.candidates(hf_config, architecture)
     except ValueError as error:
         raise ValueError(
             f"{_unsupported(name, getattr(hf_config, 'model_type', None))}; nor is it "

@@ -7,9 +7,11 @@ names found here: the twin is saved once (kept on the twin), and each live tenso
 matched to the saved tensor equal to it (the twin's weights are random, so equal values
 mean the same tensor), or to the part of a saved tensor that stacks several live ones
 (`name#part/parts`: the table reads that part of its rows); a live name with no saved twin
-is left as it is (the table's check then names it, if a checkpoint lacks it).
+is left as it is (the table's check then names it, if a checkpoint lacks it). `renamed`
+turns a family's rules into rules reading those names.
 """
 
+import dataclasses
 import itertools
 import re
 import tempfile
@@ -21,6 +23,7 @@ from torch import nn
 
 from hookedattn.core.hf import _loading
 from hookedattn.core.hf._joined import SEPARATOR
+from hookedattn.core.hf._table import Rule
 
 
 def saved(twin: nn.Module) -> dict[str, torch.Tensor]:
@@ -120,3 +123,53 @@ def _joined_pieces(
 
 def _template(name: str, layers: str) -> str:
     return re.sub(rf"^({re.escape(layers)})\.\d+\.", r"\1.{layer}.", name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Renames:
+    """The files' names of live tensors (`renames`: the layer index as `{layer}`),
+    looked up for a rule's name with its layer index or `{layer}` (a hybrid's rules name
+    the layers that hold their sublayer)."""
+
+    names: dict[str, str]
+    layers: str  # "model.layers"
+
+    def get(self, hf: str, default: str) -> str:
+        """The saved name of `hf`, else `default`."""
+        found = re.match(rf"{re.escape(self.layers)}\.(\d+)\.", hf)
+        if found is None:
+            return self.names.get(hf, default)
+        template = f"{self.layers}.{{layer}}.{hf[found.end() :]}"
+        saved = self.names.get(template)
+        return default if saved is None else saved.replace("{layer}", found.group(1))
+
+
+def renamed(rules: list[Rule], renames: Renames) -> list[Rule]:
+    """The rules reading the files' names (`renames`); a live tensor saved as part
+    `i` of several stacked (`name#i/n`) read as that piece of the saved tensor's rows, the
+    pieces' sizes those of the rules that read them (a live tensor itself read in pieces,
+    Lara Mini's `in_proj_qkv`, brings its pieces into the saved tensor's)."""
+    pieces: dict[str, dict[int, tuple[str, ...]]] = {}
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", "").partition("#")
+        if part:  # the first axis of the rule's pattern is its piece: "(head d_head)"
+            first = (
+                rule.pattern.split(")")[0] + ")"
+                if rule.pattern[0] == "("
+                else rule.pattern.split()[0]
+            )
+            own = rule.split or (first.strip("()"),)
+            pieces.setdefault(saved, {})[int(part.split("/")[0])] = own
+    out = []
+    for rule in rules:
+        saved, _, part = renames.get(rule.hf or "", rule.hf or "").partition("#")
+        if not part:
+            out.append(rule if rule.hf is None else dataclasses.replace(rule, hf=saved))
+            continue
+        i, n = (int(x) for x in part.split("/"))
+        if rule.split_within or rule.pick is not None or len(pieces[saved]) != n:
+            raise ValueError(f"{rule.hf} is saved as part {i} of {saved}, read by no rule")
+        split = tuple(piece for j in range(n) for piece in pieces[saved][j])
+        before = sum(len(pieces[saved][j]) for j in range(i))
+        out.append(dataclasses.replace(rule, hf=saved, split=split, part=before + rule.part))
+    return out

@@ -1,7 +1,7 @@
 """Which of a convention's candidate families computes what `transformers` computes, found
 in a few checks instead of one per candidate.
 
-The candidates (`_convention.candidates`) are every combination of the settings a module
+The candidates (`_candidates.candidates`) are every combination of the settings a module
 tree cannot show (rotated halves or pairs, an output gate's function, a router's scoring,
 ...): each doubles them, and AFMoE has 64. Checking them in order costs one import of the
 twin each until one passes. Most settings act on their own: a wrong one adds its own error
