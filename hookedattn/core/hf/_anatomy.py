@@ -204,7 +204,9 @@ class _Reader(Watching):
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
         mixing = (attn, self.mixers.name) if self.mixers else ()
-        held = self._check_layers_alike(mlp, mixing)
+        held = _layer_differences.held_experts(
+            self.layers, (mlp, mixing), self.first_identities, self.attending, self.config
+        )
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
@@ -477,44 +479,6 @@ class _Reader(Watching):
             raise ValueError("the dense and the expert MLPs' activations differ")
         return experts, act_fn, linear_maps(mlp_module, MLP_ROLES, skip=())
 
-    def _check_layers_alike(self, mlp: str, mixing: tuple[str, ...] = ()) -> tuple[bool, ...]:
-        """Which layers hold a mixture of experts where the others hold a dense MLP, in any
-        pattern (DeepSeek's dense first layers, Jamba's every other: `_moe_layers`); any
-        other difference between the layers is a ValueError (but for a hybrid's attention or
-        mixer, named in `mixing`), as is a mixture or a dense MLP unlike the first of its
-        kind."""
-
-        # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
-        ignored = (mlp, *mixing, *(("",) if mixing else ()), *self.first_identities)
-
-        def without_mlp(layer: nn.Module) -> dict[str, Any]:
-            shapes = _qk_layers.weightless_norms(_shapes(layer))  # Llama 4's, in some layers
-            return {n: v for n, v in shapes.items() if n.split(".")[0] not in ignored}
-
-        # Each layer against the first of its kind: a hybrid's mixer layers may place their
-        # norms otherwise than its attention layers (OLMo Hybrid's: `_mixer_norms`).
-        mixes = [bool(mixing) and i not in self.attending for i in range(len(self.layers))]
-        firsts = {mixes[i]: without_mlp(self.layers[i]) for i in reversed(range(len(mixes)))}
-        differing = [i for i, layer in enumerate(self.layers)
-                     if without_mlp(layer) != firsts[mixes[i]]]  # fmt: skip
-        kinds = [_experts.block_name(dict(layer.named_children())) is not None
-                 for layer in self.layers]  # fmt: skip
-        mlps = [_shapes(layer.get_submodule(mlp)) for layer in self.layers] if mlp else []
-        mixed = [i for i in range(len(mlps)) if mlps[i] != mlps[kinds.index(kinds[i])]]
-        if differing or mixed:
-            pair, skip = (
-                ((differing[0], mixes.index(mixes[differing[0]])), ignored)
-                if differing
-                else ((mixed[0], kinds.index(kinds[mixed[0]])), ())
-            )
-            what = _layer_differences.described(self.layers, pair, skip, self.config)
-            raise ValueError(
-                f"decoder layers hold different pieces (layers {differing or mixed} differ "
-                "from the first): a hybrid or a per-layer variant, not recognised by convention"
-                f" ({what})"
-            )
-        return tuple(kinds)
-
     def _mixer_norms(
         self,
         mlp: str,
@@ -611,8 +575,3 @@ def _layer_list(twin: nn.Module, config: Any) -> tuple[str, nn.ModuleList]:
         if isinstance(module, nn.ModuleList) and len(module) == config.num_hidden_layers:
             return name, module
     raise ValueError(f"no list of {config.num_hidden_layers} decoder layers found")
-
-
-def _shapes(module: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {n: (type(m).__name__, tuple(p.shape) if (p := getattr(m, "weight", None)) is not None
-                else ()) for n, m in module.named_modules()}  # fmt: skip

@@ -1,5 +1,5 @@
-"""What differs between a twin's decoder layers, named for the refusal of an architecture
-whose layers are not all alike (`_anatomy`'s check of the layers).
+"""Whether a twin's decoder layers are alike, and what differs between them, named for the
+refusal of an architecture whose layers are not (`held_experts`, `_anatomy`'s check).
 
 A convention reads one layer and builds every block from it, so a layer unlike the first of
 its kind is refused. The refusal names what differs, so that it says which piece is
@@ -20,6 +20,8 @@ from typing import Any
 
 from torch import nn
 
+from hookedattn.core.hf import _experts, _qk_layers
+
 # Config fields that build a piece no convention imports, and the piece, in words.
 UNIMPORTED_PIECES = (
     ("hidden_size_per_layer_input", "per-layer input embeddings"),
@@ -28,6 +30,55 @@ UNIMPORTED_PIECES = (
     ("enable_moe_block", "a mixture of experts beside the dense MLP"),
 )
 _SHOWN = 3  # modules named per differing layer: enough to say what differs, not a dump
+
+
+def held_experts(
+    layers: list[nn.Module],
+    sublayers: tuple[str, tuple[str, ...]],
+    first_identities: tuple[str, ...],
+    attending: list[int],
+    config: Any,
+) -> tuple[bool, ...]:
+    """Which layers hold a mixture of experts where the others hold a dense MLP, in any
+    pattern (DeepSeek's dense first layers, Jamba's every other: `_moe_layers`); any other
+    difference between the layers is a ValueError naming it (`described`), but for a
+    hybrid's attention or mixer (`sublayers`: the MLP's child name, the mixing children's),
+    as is a mixture or a dense MLP unlike the first of its kind. `attending`: the layers
+    that attend, where others mix."""
+    mlp, mixing = sublayers
+    # A hybrid may build its attention and its mixer layers of two classes (Jamba's).
+    ignored = (mlp, *mixing, *(("",) if mixing else ()), *first_identities)
+
+    def without_mlp(layer: nn.Module) -> dict[str, Any]:
+        shapes = _qk_layers.weightless_norms(_every_shape(layer))  # Llama 4's, in some layers
+        return {n: v for n, v in shapes.items() if n.split(".")[0] not in ignored}
+
+    # Each layer against the first of its kind: a hybrid's mixer layers may place their
+    # norms otherwise than its attention layers (OLMo Hybrid's: `_mixer_norms`).
+    mixes = [bool(mixing) and i not in attending for i in range(len(layers))]
+    firsts = {mixes[i]: without_mlp(layers[i]) for i in reversed(range(len(mixes)))}
+    differing = [i for i, layer in enumerate(layers) if without_mlp(layer) != firsts[mixes[i]]]
+    kinds = [_experts.block_name(dict(layer.named_children())) is not None for layer in layers]
+    mlps = [_every_shape(layer.get_submodule(mlp)) for layer in layers] if mlp else []
+    mixed = [i for i in range(len(mlps)) if mlps[i] != mlps[kinds.index(kinds[i])]]
+    if differing or mixed:
+        pair, skip = (
+            ((differing[0], mixes.index(mixes[differing[0]])), ignored)
+            if differing
+            else ((mixed[0], kinds.index(kinds[mixed[0]])), ())
+        )
+        raise ValueError(
+            f"decoder layers hold different pieces (layers {differing or mixed} differ "
+            "from the first): a hybrid or a per-layer variant, not recognised by convention"
+            f" ({described(layers, pair, skip, config)})"
+        )
+    return tuple(kinds)
+
+
+def _every_shape(module: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
+    # Each module's class and weight shape, the module itself (`""`) included.
+    return {n: (type(m).__name__, tuple(p.shape) if (p := getattr(m, "weight", None)) is not None
+                else ()) for n, m in module.named_modules()}  # fmt: skip
 
 
 def described(
