@@ -204,9 +204,7 @@ class _Reader(Watching):
         attn = child(children, ATTENTION_NAMES, "Attention", "attention sublayer")
         mlp = mlp_child(children)
         mixing = (attn, self.mixers.name) if self.mixers else ()
-        held = _layer_differences.held_experts(
-            self.layers, (mlp, mixing), self.first_identities, self.attending, self.config
-        )
+        held = self._held_experts(mlp, mixing)
         capped = getattr(self.config, "final_logit_softcapping", None) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
@@ -214,8 +212,7 @@ class _Reader(Watching):
         unused, flat, norm_names = self._pieces(children, attn, mlp, calls)
         norms, parallel, writes = wiring(calls, attn, mlp, norm_names)
         inner, attn_module = unwrapped_attention(children[attn])
-        # A hybrid's first layer may not attend; the dense MLP is the first dense layer's.
-        first = self.layers[held.index(False) if False in held else 0]
+        first = self.layers[held.index(False) if False in held else 0]  # the first dense MLP's
         mlp_module = first.get_submodule(mlp) if mlp else first
         qk = qk_norms(attn_module)
         experts, act_fn, mlp_maps = self._feed_forward(mlp, mlp_module, held, flat, beside)
@@ -257,6 +254,12 @@ class _Reader(Watching):
             alibi=self._alibi(children[attn]),
             **{f"{sublayer}_sub_norm": subs.get(sublayer) for sublayer in ("attn", "mlp")},
         )
+
+    def _held_experts(self, mlp: str, mixing: tuple[str, ...]) -> tuple[bool, ...]:
+        """Which layers hold experts; a ValueError naming what differs where the layers
+        are otherwise unlike (`_layer_differences.held_experts`)."""
+        where = (self.first_identities, self.attending)
+        return _layer_differences.held_experts(self.layers, (mlp, mixing), *where, self.config)
 
     def _stream_entry_fields(self, positions: tuple[str | None, int]) -> dict[str, Any]:
         """The anatomy's fields of what enters the stream: the learned positions (`_watch`)
