@@ -14,10 +14,12 @@ and greedy generation of 4 tokens against HF's `generate`. Each entry runs in a 
 process with a time and memory limit, so one hang or crash cannot stop the sweep.
 
 An entry imports exactly when the float32 |Δ| is at most 1e-4 of the logits' scale, the
-float64 one at most 1e-5 (stock HF computes some float64 steps in float32: its RMSNorm
-and softmax), or at most HF's own float64 logits' distance from its float32 ones where that
-is larger (a step it computes in float32 whatever the dtype amplifies its rounding: Qwen3-
-Next's gated delta rule), and the generated tokens are HF's; refused when `from_hf` says it cannot
+float64 one at most 1e-5, or at most HF's own float64 logits' distance from its float32
+ones where that is larger (the float32 rounding a step amplifies: Qwen3-Next's gated delta
+rule), and the generated tokens are HF's. The float64 reference is HF's float64 model run
+in float64 throughout (`hookedattn.testing.float64_throughout`: stock HF rounds its
+RMSNorms, softmaxes and rotary angles to float32 whatever the dtype); the |Δ| from stock
+HF's float64 logits is kept beside it. Refused when `from_hf` says it cannot
 import it (the message is kept); wrong when it imports but its numbers differ; failed when
 the import or its forward raised something else (ours to fix). For what is not imported,
 the supported family nearest to it is measured twice: by the names of its tensors (layer
@@ -57,6 +59,7 @@ from hookedattn.core._weights_io import CheckpointError
 from hookedattn.core.hf import _tiny
 from hookedattn.core.hf._importer import families_of_config
 from hookedattn.core.hf._table import StateDict
+from hookedattn.testing import float64_throughout
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON, DOCS = ROOT / "scripts/data/coverage.json", ROOT / "docs/guide/coverage.md"
@@ -200,23 +203,30 @@ def _folder_family(config: Any) -> bool:
 
 
 def _float64_deltas(model: Any, tokens: torch.Tensor, logits: torch.Tensor) -> dict[str, Any]:
-    """Our float64 import's |Δ| from HF's float64 logits (`delta_float64`), and how far HF's
-    float64 logits are from its float32 ones, `logits` (`hf_float32_gap`): where HF computes
-    a step in float32 whatever the dtype, its float64 logits carry that step's rounding, and
-    an amplifying one (Qwen3-Next's gated delta rule) carries it past `TOLERANCE_64`."""
+    """Our float64 import's |Δ| from HF's float64 logits computed in float64 throughout
+    (`float64_throughout`: its float32 casts lifted), `delta_float64`; from stock HF's
+    float64 logits, which round its norms, softmaxes and rotary angles to float32,
+    `delta_float64_stock`; and how far HF's float64-throughout logits are from its float32
+    ones, `logits` (`hf_float32_gap`: the float32 rounding of the model itself, which an
+    amplifying step such as Qwen3-Next's gated delta rule carries past `TOLERANCE_64`)."""
     try:
         model64 = copy.deepcopy(model).double()
         with torch.no_grad():
-            expected = _float64_logits(model64, tokens)
+            stock = _float64_logits(model64, tokens)
+            with float64_throughout():
+                expected = model64(tokens).logits
         ours = HookedTransformer.from_hf(model64)(tokens)
-        gap = _relative(logits.double(), expected)
-        return dict(delta_float64=_relative(ours, expected), hf_float32_gap=gap)
+        return dict(
+            delta_float64=_relative(ours, expected),
+            delta_float64_stock=_relative(ours, stock),
+            hf_float32_gap=_relative(logits.double(), expected),
+        )
     except Exception:
-        return dict(delta_float64=None, hf_float32_gap=None)
+        return dict(delta_float64=None, delta_float64_stock=None, hf_float32_gap=None)
 
 
 def _float64_logits(model64: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """HF's float64 logits; where its forward makes a float32 constant too small for a
+    """Stock HF's float64 logits; where its forward makes a float32 constant too small for a
     float64 value (XGLM's mask fill `torch.full((), finfo(float64).min)`), run again with
     float64 as the default dtype."""
     try:
@@ -408,11 +418,19 @@ def counts(records: list[dict[str, Any]]) -> dict[str, int]:
         registered=len(records),
         builds_tiny=sum(bool(r.get("builds_tiny")) for r in records),
         exact=status.count("exact"),
+        exact_float32_1e5=sum(_within(r, "delta_float32", 1e-5) for r in records),
+        exact_float64_1e10=sum(_within(r, "delta_float64", 1e-10) for r in records),
         refused=status.count("refused"),
         wrong=status.count("wrong"),
         failed=status.count("failed"),
         stopped=sum("error" in r for r in records),
     )
+
+
+def _within(record: dict[str, Any], field: str, bound: float) -> bool:
+    """Whether an exact import's |Δ| (`field`) is at most `bound`."""
+    delta = record.get(field)
+    return record.get("status") == "exact" and delta is not None and delta <= bound
 
 
 def sweep(chosen: list[Entry], timeout: float) -> dict[str, Any]:

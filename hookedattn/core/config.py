@@ -136,6 +136,10 @@ class HookedTransformerConfig(ConfigChecks):
       `rotary_dim / 2` pairs rotating and gives the rest frequency 0: `transformers`'
       "proportional" RoPE (LFM 3), where `partial_rotary_factor` says how many pairs turn
       but the frequencies and the pairing are those of the whole head.
+      A float64 model computes its angles and their cosines in float64 (the frequencies
+      stay the float32 constants the checkpoint was trained with); `rotary_table_float32`
+      keeps them float32 in every dtype, for the models whose reference builds its
+      cosines and sines once as a float32 table (GPT-J, CodeGen, RoFormer).
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS).
@@ -243,6 +247,7 @@ class HookedTransformerConfig(ConfigChecks):
     yarn_original_ctx_len: int = 4096
     yarn_truncate: bool = True
     rotary_attention_factor: float = 1.0
+    rotary_table_float32: bool = False
     rotary_layers: tuple[bool, ...] | None = None
     alibi_slopes: tuple[float, ...] | None = None
     d_vocab_out: int | None = None

@@ -8,8 +8,11 @@
 
 Tiny seeded models and tokens to test with: `tiny_model(**config_fields)`,
 `random_tiny_model(...)` (every parameter random, so no forgotten bias or gain hides) and
-`random_tokens(d_vocab, batch, pos, seed)`. An independent, written-out forward to hold a
-model to: `reference_forward(model, tokens)`, i.e. `ReferenceTransformer(model)(tokens)`.
+`random_tokens(d_vocab, batch, pos, seed)`. A `transformers` model run in float64 with no
+step rounded to float32 (its RMSNorms and softmaxes cast to float32 otherwise), to hold a
+float64 import to 1e-12: `with float64_throughout(): hf_model.double()(tokens)`. An
+independent, written-out forward to hold a model to: `reference_forward(model, tokens)`,
+i.e. `ReferenceTransformer(model)(tokens)`.
 The constants both take from published sources rather than the model's config (the
 attention scale, the norms' epsilon, the rotary base): `published_constants(d_head)`, in
 `hookedattn.testing.published` with the source of each.
@@ -25,6 +28,7 @@ docstring; `hookedattn.testing.pytest_plugin` is the same plugin under the packa
 from hookedattn.core.tolerances import TOLERANCES, Tolerance, tolerance
 from hookedattn.testing.caches import assert_close_cache
 from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
+from hookedattn.testing.float64 import float64_throughout
 from hookedattn.testing.hooks import assert_no_hooks, describe_handles
 from hookedattn.testing.identities import IdentityCheck, assert_residual_identities
 from hookedattn.testing.models import (
@@ -58,6 +62,7 @@ __all__ = [
     "attention_scale",
     "checkpoint_constants",
     "describe_handles",
+    "float64_throughout",
     "gelu_tanh",
     "published_constants",
     "random_tiny_model",

@@ -17,15 +17,13 @@ Every norm gain, bias and `e_score_correction_bias` is moved away from its neutr
 
 A float64 HF model rounds its RMSNorms, its attention softmax, its router (and V2 its
 rotary) to float32; as in tests/hf/test_hf_moe.py, the float64 checks run HF's own model
-with those steps computed in float64 (`exact`) and agree with it to 1e-10; stock float64 HF
-agrees to 1e-5.
+with those steps computed in float64 (`exact`: `InFloat64Throughout`) and agree with it
+to 1e-10; stock float64 HF agrees to 1e-5.
 """
-
-import types
-from unittest import mock
 
 import pytest
 import torch
+from helpers.float64_hf import InFloat64Throughout
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.latent_attention import LatentAttention
@@ -97,98 +95,6 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
 
 
 # ---------------------------------------------------------------- HF's math in float64
-def _rms_norm_float64(self, x):
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _sigmoid_router_float64(self, hidden_states):
-    # DeepSeek V3's router in the input's dtype (HF casts to float32).
-    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = torch.nn.functional.linear(hidden_states, self.weight)
-    scores = logits.sigmoid()
-    choice = scores + self.e_score_correction_bias
-    groups = choice.view(-1, self.num_group, self.num_experts // self.num_group)
-    best = torch.topk(groups.topk(2, dim=-1)[0].sum(dim=-1), k=self.topk_group, dim=-1)[1]
-    kept = torch.zeros_like(groups[..., 0]).scatter(1, best, 1).bool()
-    choice = choice.masked_fill(~kept.repeat_interleave(groups.shape[-1], dim=-1), -torch.inf)
-    indices = torch.topk(choice, k=self.top_k, dim=-1)[1]
-    weights = scores.gather(1, indices)
-    if self.norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return logits, weights * self.routed_scaling_factor, indices
-
-
-def _softmax_router_float64(self, hidden_states):
-    # DeepSeek V2's router in the input's dtype (HF casts to float32).
-    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = torch.nn.functional.linear(hidden_states, self.weight)
-    scores = logits.softmax(dim=-1)
-    if self.topk_method == "group_limited_greedy":
-        groups = scores.view(-1, self.num_group, self.num_experts // self.num_group)
-        best = torch.topk(groups.max(dim=-1).values, k=self.topk_group, dim=-1)[1]
-        kept = torch.zeros_like(groups[..., 0]).scatter(1, best, 1).bool()
-        scores = scores.masked_fill(~kept.repeat_interleave(groups.shape[-1], dim=-1), 0.0)
-    weights, indices = torch.topk(scores, k=self.top_k, dim=-1)
-    return logits, weights * self.routed_scaling_factor, indices
-
-
-def _complex_rotary_float64(xq, xk, freqs_cis):
-    # DeepSeek V2's rotary with the queries and keys kept in float64 (HF casts to float32);
-    # its angles' cosines and sines stay float32, as HF (and we) compute them.
-    as_complex = lambda x: torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
-    q, k = as_complex(xq), as_complex(xk)
-    rotation = freqs_cis.unsqueeze(1).to(q.dtype)
-    return torch.view_as_real(q * rotation).flatten(3), torch.view_as_real(k * rotation).flatten(3)
-
-
-def _rotation_by_cos_and_sin(self, x, position_ids):
-    # DeepSeek V2's rotations `polar(1, angle) * attention_scaling` with the float32 cosine
-    # and sine of `cos()` and `sin()`, which `polar` can round differently by an ulp.
-    angles = position_ids[..., None].float() * self.inv_freq.float()
-    return torch.complex(angles.cos(), angles.sin()) * self.attention_scaling
-
-
-class _WithFloat64Rotary:
-    """A DeepSeek V2 model called with its rotary in float64 (a module-level function)."""
-
-    def __init__(self, hf) -> None:
-        self.hf = hf
-
-    def __call__(self, *args, **kwargs):
-        from transformers.models.deepseek_v2 import modeling_deepseek_v2
-
-        with mock.patch.object(modeling_deepseek_v2, "apply_rotary_emb", _complex_rotary_float64):
-            return self.hf(*args, **kwargs)
-
-
-def _eager_attention_float64(module, query, key, value, attention_mask, scaling, **kwargs):
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = scores.softmax(dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-def hf_float64_math(hf):
-    """`hf` (float64) with its float32 roundings of activations computed in float64."""
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    transformers.AttentionInterface.register("eager_float64_mla", _eager_attention_float64)
-    AttentionMaskInterface.register("eager_float64_mla", eager_mask)
-    for module in hf.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            module.forward = types.MethodType(_rms_norm_float64, module)
-        if name == "DeepseekV2RotaryEmbedding":
-            module.forward = types.MethodType(_rotation_by_cos_and_sin, module)
-        if name.endswith("TopkRouter"):
-            v2 = hasattr(module, "topk_method")
-            router = _softmax_router_float64 if v2 else _sigmoid_router_float64
-            module.forward = types.MethodType(router, module)
-    hf.set_attn_implementation("eager_float64_mla")
-    return _WithFloat64Rotary(hf) if type(hf).__name__.startswith("DeepseekV2") else hf
-
-
 class Pair:
     """An HF model and our import of it, in one dtype; in float64 also `exact`."""
 
@@ -196,7 +102,7 @@ class Pair:
         self.hf = make_hf(case, dtype)
         self.ours = HookedTransformer.from_hf(self.hf)
         if dtype == torch.float64:
-            self.exact = hf_float64_math(make_hf(case, dtype))
+            self.exact = InFloat64Throughout(make_hf(case, dtype))
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -14,18 +14,16 @@ gate/up projections (unequal parts) with partial rotary.
 A float64 HF model is not float64 throughout: its RMSNorm normalises in float32
 (`hidden_states.to(torch.float32)`) and its eager attention takes the softmax in float32
 (`softmax(..., dtype=torch.float32)`), so stock HF agrees with itself (eager against sdpa)
-only to ~1e-6. The float64 checks therefore run HF's own model with those two roundings of
-activations removed (`hf_float64_math`: its RMSNorm modules and its attention function
-computing the same formulas in float64; HF's masks, projections, rotary tables, GQA layout,
-soft caps and constants untouched, Gemma's `1 + w` still rounded to float32 as HF rounds
-it), and agree with it to 1e-10; agreement with stock float64 HF, bounded by those float32
+only to ~1e-6. The float64 checks therefore run HF's own model with every float32 request
+made float64 (`InFloat64Throughout`: `hookedattn.testing.float64_throughout`, a torch
+function mode; HF's code runs as written, its constants as built), and agree with it to
+1e-10; agreement with stock float64 HF, bounded by those float32
 roundings, is checked at 1e-5.
 """
 
-import types
-
 import pytest
 import torch
+from helpers.float64_hf import InFloat64Throughout
 
 from hookedattn import HookedTransformer
 from hookedattn.testing import (
@@ -98,46 +96,6 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
     return hf.to(dtype)
 
 
-def _rms_norm_float64(self, x):
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _gemma_rms_norm_float64(self, x):
-    # The gain `1 + w` is a constant of the model, rounded to float32 as HF rounds it.
-    gain = (1.0 + self.weight.float()).to(x.dtype)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
-
-
-def _eager_attention_float64(
-    module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs
-):
-    # HF's `eager_attention_forward` (with Gemma 2's soft cap), softmax in the input dtype.
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = scores.softmax(dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-def hf_float64_math(hf):
-    """`hf` (float64) with its two float32 roundings of activations computed in float64."""
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    transformers.AttentionInterface.register("eager_float64", _eager_attention_float64)
-    AttentionMaskInterface.register("eager_float64", eager_mask)  # HF's additive masks
-    for module in hf.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            norm = _gemma_rms_norm_float64 if name.startswith("Gemma") else _rms_norm_float64
-            module.forward = types.MethodType(norm, module)
-    hf.set_attn_implementation("eager_float64")
-    return hf
-
-
 class Pair:
     """An HF model and our import of it, in one dtype; in float64 also `exact`, HF's model
     computing in float64 throughout (`hf_float64_math`)."""
@@ -146,7 +104,7 @@ class Pair:
         self.hf = make_hf(case, dtype)
         self.ours = HookedTransformer.from_hf(self.hf)
         if dtype == torch.float64:
-            self.exact = hf_float64_math(make_hf(case, dtype))
+            self.exact = InFloat64Throughout(make_hf(case, dtype))
 
 
 @pytest.fixture(scope="module", params=list(CASES))

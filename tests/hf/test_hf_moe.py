@@ -20,14 +20,13 @@ changes the logits.
 HF is run with its eager attention and eager experts (its loop over experts: the reference
 implementation). A float64 HF model still rounds some steps to float32: its RMSNorms, its
 attention softmax and its router softmax. As in tests/hf/test_hf_families.py, the float64 checks
-run HF's own model with those roundings of activations computed in float64 (`exact`) and
+run HF's own model with every float32 request made float64 (`exact`: `InFloat64Throughout`) and
 agree with it to 1e-10; stock float64 HF agrees to 1e-5.
 """
 
-import types
-
 import pytest
 import torch
+from helpers.float64_hf import InFloat64Throughout
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -101,65 +100,6 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
 
 
 # ---------------------------------------------------------------- HF's math in float64
-def _rms_norm_float64(self, x):
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _gemma_rms_norm_float64(self, x):
-    # The gain `1 + w` is a constant of the model, rounded to float32 as HF rounds it.
-    gain = (1.0 + self.weight.float()).to(x.dtype)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
-
-
-def _softmax_router_float64(self, hidden_states):
-    # Mixtral's, Qwen's and OLMoE's router with its softmax in the input's dtype.
-    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    logits = torch.nn.functional.linear(hidden_states, self.weight)
-    probs = logits.softmax(dim=-1)
-    top, indices = torch.topk(probs, self.top_k, dim=-1)
-    if getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
-        top = top / top.sum(dim=-1, keepdim=True)
-    return logits, top, indices
-
-
-def _eager_attention_float64(
-    module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs
-):
-    # HF's `eager_attention_forward` (Gemma's soft cap, GPT-OSS's sinks), softmax in the
-    # input dtype.
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    sinks = getattr(module, "sinks", None)
-    if sinks is None:
-        weights = scores.softmax(dim=-1)
-    else:
-        sink = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-def hf_float64_math(hf):
-    """`hf` (float64) with its float32 roundings of activations computed in float64."""
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    transformers.AttentionInterface.register("eager_float64_moe", _eager_attention_float64)
-    AttentionMaskInterface.register("eager_float64_moe", eager_mask)  # HF's additive masks
-    for module in hf.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            norm = _gemma_rms_norm_float64 if name.startswith("Gemma") else _rms_norm_float64
-            module.forward = types.MethodType(norm, module)
-        if name.endswith("TopKRouter") and not name.startswith("GptOss"):
-            module.forward = types.MethodType(_softmax_router_float64, module)
-    hf.set_attn_implementation("eager_float64_moe")
-    return hf
-
-
 class Pair:
     """An HF model and our import of it, in one dtype; in float64 also `exact`."""
 
@@ -167,7 +107,7 @@ class Pair:
         self.hf = make_hf(case, dtype)
         self.ours = HookedTransformer.from_hf(self.hf)
         if dtype == torch.float64:
-            self.exact = hf_float64_math(make_hf(case, dtype))
+            self.exact = InFloat64Throughout(make_hf(case, dtype))
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -10,7 +10,9 @@ with these numbers), divided by `rotary_scaling_factor` (linear scaling) or spli
 Llama 3's frequency bands (Meta's "NTK by parts": long wavelengths slowed by the factor,
 short ones kept, a smooth blend between) or YaRN's (Peng et al. 2023, section 3.2: the same
 idea with the band edges counted in rotations over the original context, and a linear ramp
-between). Angles `position * frequency` and their cosines are float32 too, multiplied by
+between). Angles `position * frequency` and their cosines are float32 too (float64 in a
+float64 model: the frequencies are the trained constants, the arithmetic on them is the
+model's; `rotary_table_float32` keeps them float32, as GPT-J's table is), multiplied by
 `rotary_attention_factor` (YaRN's temperature, 1 elsewhere: since both queries and keys
 are rotated, the scores scale by its square), then cast to the model's dtype.
 
@@ -104,6 +106,7 @@ class Rotary(nn.Module):
         super().__init__()
         self.rotary_dim = cfg.rotary_dim
         self.attention_factor = rotary_attention_factor(cfg, local)
+        self.table_float32 = cfg.rotary_table_float32
         # A buffer, not a parameter: derived from the config, never saved or trained.
         self.register_buffer("inv_freq", rotary_frequencies(cfg, local), persistent=False)
         # The cosines of the last positions seen: every layer of one forward rotates by the
@@ -117,7 +120,10 @@ class Rotary(nn.Module):
         memo = self._memo
         if memo is not None and memo[0] is positions and memo[1] == dtype:
             return memo[2], memo[3]
-        angles = positions.float()[..., None] * self.inv_freq.float()
+        exact = (
+            torch.float64 if dtype == torch.float64 and not self.table_float32 else torch.float32
+        )
+        angles = positions.to(exact)[..., None] * self.inv_freq.to(exact)
         angles = rearrange(torch.cat([angles, angles], dim=-1), "batch pos rot -> batch pos 1 rot")
         factor = self.attention_factor
         cos, sin = (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)

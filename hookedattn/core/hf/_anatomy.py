@@ -58,6 +58,7 @@ from hookedattn.core.hf import (
     _tiny,
     _verify,
 )
+from hookedattn.core.hf._config_fields import logit_cap
 from hookedattn.core.hf._experts import Experts
 from hookedattn.core.hf._mixers import Mixers
 from hookedattn.core.hf._probes import (
@@ -205,7 +206,7 @@ class _Reader(Watching):
         mlp = mlp_child(children)
         mixing = (attn, self.mixers.name) if self.mixers else ()
         held = self._held_experts(mlp, mixing)
-        capped = getattr(self.config, "final_logit_softcapping", None) is not None
+        capped = logit_cap(self.config) is not None
         calls, logits, embed_ratio, positions = self._watch(capped)
         beside = _experts.beside_block(children, mlp)  # Granite's shared_mlp
         calls, children = _merged_beside(calls, children, mlp, beside)

@@ -33,6 +33,10 @@ def rotary_fields(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, An
     fields = _translate.rotary(c, d_head, partial=True, yarn=True, rope=rope)
     if isinstance(getattr(c, "rotary_dim", None), int):  # GPT-J's and CodeGen's: dims, not a share
         fields["rotary_dim"] = c.rotary_dim
+    # GPT-J's and CodeGen's cosines and sines are a float32 table built once (their
+    # `embed_positions`), RoFormer's a table handed to every layer: float32 in every dtype.
+    table = isinstance(getattr(c, "rotary_dim", None), int) or anatomy.rotary_table is not None
+    fields["rotary_table_float32"] = table
     local = by_type.get("sliding_attention")
     if local and local != by_type.get("full_attention", local):
         if local.get("rope_type", "default") != "default":
@@ -65,6 +69,16 @@ class Decoder:
         if own is not None and getattr(self._config, own, None) is not None:
             return getattr(self._config, own)
         return getattr(self._config, name)
+
+
+LOGIT_CAP_NAMES = ("final_logit_softcapping", "logits_soft_cap")  # RecurrentGemma's, second
+
+
+def logit_cap(hf_config: Any) -> float | None:
+    """The soft cap on the final logits, `cap * tanh(logits / cap)`, under either name a
+    config gives it; None where the logits are not capped."""
+    caps = (getattr(hf_config, name, None) for name in LOGIT_CAP_NAMES)
+    return next((float(cap) for cap in caps if cap is not None), None)
 
 
 def attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:

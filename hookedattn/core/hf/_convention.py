@@ -54,6 +54,7 @@ from hookedattn.core.hf._config_fields import (
     attention_free_fields,
     head_width,
     key_value_heads,
+    logit_cap,
     mlp_width,
     refuse_unimported,
     rotary_fields,
@@ -122,7 +123,7 @@ class Convention:
             "qk_norm_type": NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
             "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
-            "output_logits_soft_cap": c.final_logit_softcapping if a.logit_cap else None,
+            "output_logits_soft_cap": logit_cap(c) if a.logit_cap else None,
             "use_attn_sinks": a.sinks,
             "attn_gate": a.attn_gate,
             "attn_gate_per_head": bool(a.attn_gate_per_head),

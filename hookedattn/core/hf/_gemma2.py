@@ -10,7 +10,8 @@ scores are scaled by `query_pre_attn_scalar ** -0.5`, not by `head_dim ** -0.5`.
 The two constants become weights on import, so the model is a plain RMSNorm model with
 untied embeddings: `W_E` is stored already multiplied by the normaliser (so `hook_embed`
 and `resid_pre` at layer 0 are HF's first hidden state), and each gain is stored as
-`1 + w`, computed in float32 as HF computes it and then cast.
+`1 + w`, computed in float32 as HF computes it and then cast (a float64 model's in float64:
+see "Float64 means float64" in the design page).
 """
 
 from collections.abc import Callable
@@ -47,8 +48,9 @@ def gemma2_fields(hf_config: Any) -> dict[str, Any]:
 
 
 def one_plus(w: Tensor) -> Tensor:
-    """Gemma's gain `1 + w`, computed in float32 as `Gemma2RMSNorm` computes it."""
-    return 1.0 + w.float()
+    """Gemma's gain `1 + w`, computed in float32 as `Gemma2RMSNorm` computes it (in float64
+    for a float64 model, which computes in float64 throughout)."""
+    return 1.0 + (w if w.dtype == torch.float64 else w.float())
 
 
 def embedding_normaliser(hf_config: Any, dtype: torch.dtype, hf_model: Any = None) -> Tensor:

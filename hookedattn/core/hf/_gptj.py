@@ -45,6 +45,7 @@ def gptj_fields(hf_config: Any) -> dict[str, Any]:
         positional_embedding_type="rotary",
         rotary_dim=int(c.rotary_dim),
         rotary_base=10000.0,
+        rotary_table_float32=True,  # its cosines and sines: a float32 table built once
         parallel_attn_mlp=True,
         attn_scale=d_head**0.5,
     )

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookedattn.core.hf import _sinusoids
+from hookedattn.core.hf._config_fields import logit_cap
 from hookedattn.core.hf._probes import ratio
 from hookedattn.core.hf._roles import is_norm
 
@@ -160,7 +161,7 @@ class Watching:
         """What multiplies the final norm's output on its way to the logits (the logits
         before their soft cap, when `capped`)."""
         if capped:  # undone: cap * atanh(logits / cap)
-            cap = float(self.config.final_logit_softcapping)
+            cap = logit_cap(self.config)
             logits = cap * torch.atanh((logits.double() / cap).clamp(-1 + 1e-12, 1 - 1e-12))
         # What multiplies the final norm's output before the unembedding reads it (MiniCPM's
         # `hidden_size / dim_model_base`) scales the logits as much as what follows it.
