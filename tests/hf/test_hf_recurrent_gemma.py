@@ -14,6 +14,7 @@ itself is checked against its recurrence in `tests/core/test_rg_lru.py`.
 
 import pytest
 import torch
+from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
 from helpers.twins import relative_worst, tiny_twin
 
@@ -73,6 +74,31 @@ def test_an_embedding_scale_that_bfloat16_rounds_is_transformers():
     model = HookedTransformer.from_hf(reference.double())
     with torch.no_grad():
         assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= ROUNDING
+
+
+def test_float64_logits_are_transformers_in_float64_throughout():
+    reference = twin(seed=3, attention_window_size=4).double()
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = InFloat64Throughout(reference)(TOKENS).logits
+        assert relative_worst(model(TOKENS), expected) <= 1e-10
+
+
+def test_the_logits_soft_cap_is_read_and_bites():
+    # A cap near the tiny twin's logits' scale: tanh is far from the identity there. Read
+    # under RecurrentGemma's own name (`logits_soft_cap`), which was once left unread.
+    reference = twin(seed=3).double()
+    with torch.no_grad():
+        scale = float(reference(TOKENS).logits.abs().max())
+    reference.config.logits_soft_cap = scale
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.output_logits_soft_cap == scale
+    with torch.no_grad():
+        capped = reference(TOKENS).logits
+        logits, cache = model.run_with_cache(TOKENS, names_filter="unembed.hook_in")
+        raw = model.unembed.W_U.T @ cache["unembed.hook_in"][..., None]
+    assert relative_worst(logits, capped) <= ROUNDING
+    assert relative_worst(raw.squeeze(-1), capped) > 0.1
 
 
 # Our hook point -> (the layer, its piece whose output it is).
