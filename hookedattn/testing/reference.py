@@ -150,10 +150,14 @@ class ReferenceTransformer:
     def _rotary_angles(self) -> tuple[Tensor, Tensor]:
         """cos and sin of every position's angles, `[pos rotary_dim]` (rotate-half halves).
 
-        Frequencies and angles in float32, as the reference implementations compute them."""
+        Frequencies in float32, as the reference implementations compute them (the numbers
+        the checkpoints were trained with); angles and their cosines in float32, or in
+        float64 for a float64 model."""
         r, base = self.cfg.rotary_dim, self.constants.rotary_base
-        inverse = 1.0 / base ** (torch.arange(0, r, 2).float() / r)
-        angles = torch.arange(self.cfg.n_ctx).float()[:, None] * inverse[None, :]
+        wide = self.cfg.dtype == torch.float64 and not self.cfg.rotary_table_float32
+        exact = torch.float64 if wide else torch.float32
+        inverse = (1.0 / base ** (torch.arange(0, r, 2).float() / r)).to(exact)
+        angles = torch.arange(self.cfg.n_ctx).to(exact)[:, None] * inverse[None, :]
         angles = torch.cat([angles, angles], -1).to(self.cfg.device)
         return angles.cos().to(self.cfg.dtype), angles.sin().to(self.cfg.dtype)
 

@@ -59,13 +59,13 @@ def _rms(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _rotated(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
     """`x` rotated pair by pair, `(i, i + half)` by `position * base ** (-2i / width)`; the
-    angle and its cosine in float32, as the reference implementations (and the rotary
-    module's docstring) compute them."""
+    frequency in float32, as the reference implementations compute it, the angle and its
+    cosine in `x`'s dtype (the rotary module's docstring)."""
     half, out = x.shape[0] // 2, x.clone()
     f32 = lambda value: torch.tensor(value, dtype=torch.float32)
     for i in range(half):
-        frequency = 1.0 / f32(base) ** f32(2 * i / x.shape[0])
-        angle = f32(position) * frequency
+        frequency = (1.0 / f32(base) ** f32(2 * i / x.shape[0])).to(x.dtype)
+        angle = position * frequency
         c, s = float(angle.cos()), float(angle.sin())
         out[i], out[i + half] = x[i] * c - x[i + half] * s, x[i + half] * c + x[i] * s
     return out

@@ -31,11 +31,12 @@ def layer_norm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: flo
 
 
 def rotated(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
-    """Dimension i with i + d/2 by position * base^(-2i/d) (angles in float32, as ours)."""
+    """Dimension i with i + d/2 by position * base^(-2i/d) (frequencies in float32, angles in
+    `x`'s dtype, as ours)."""
     half, out = x.shape[-1] // 2, x.clone()
     for i in range(half):
         frequency = 1.0 / torch.tensor(base, dtype=torch.float32) ** torch.tensor(i / half)
-        angle = torch.tensor(float(position), dtype=torch.float32) * frequency
+        angle = position * frequency.to(x.dtype)
         cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
         out[i], out[i + half] = x[i] * cos - x[i + half] * sin, x[i + half] * cos + x[i] * sin
     return out

@@ -24,15 +24,15 @@ def model() -> HookedTransformer:
 
 
 def rotated(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
-    """Rotate dimension i with i + d/2 by position * base^(-2i/d), by hand (frequencies,
-    angles and their cosines in float32, as `transformers` computes them and ours follow)."""
+    """Rotate dimension i with i + d/2 by position * base^(-2i/d), by hand (frequencies in
+    float32, as `transformers` computes them; angles and cosines in `x`'s dtype, as ours)."""
     half = x.shape[-1] // 2
     out = x.clone()
     for i in range(half):
         frequency = 1.0 / torch.tensor(base, dtype=torch.float32) ** torch.tensor(
             2 * i / (2 * half)
         )
-        angle = torch.tensor(float(position), dtype=torch.float32) * frequency
+        angle = position * frequency.to(x.dtype)
         cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
         a, b = x[..., i], x[..., i + half]
         out[..., i] = a * cos - b * sin

@@ -46,8 +46,8 @@ def test_the_still_pairs_are_not_rotated_and_the_others_turn_as_written_out():
     for p in range(5):
         for i in range(3):  # pair (i, i + 8), angle p * 100 ** (-2i / 16), float32 as HF's
             frequency = 1.0 / torch.tensor(100.0) ** (torch.tensor(2.0 * i) / 16)
-            angle = p * frequency
-            c, s = angle.cos().double(), angle.sin().double()
+            angle = p * frequency.double()  # the angle in the model's dtype
+            c, s = angle.cos(), angle.sin()
             a, b = x[0, p, :, i], x[0, p, :, i + 8]
             expected[0, p, :, i], expected[0, p, :, i + 8] = a * c - b * s, b * c + a * s
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)

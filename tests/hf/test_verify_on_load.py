@@ -219,7 +219,17 @@ def run_coverage(tmp_path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-COUNTS = {"registered", "builds_tiny", "exact", "refused", "wrong", "failed", "stopped"}
+COUNTS = {
+    "registered",
+    "builds_tiny",
+    "exact",
+    "exact_float32_1e5",
+    "exact_float64_1e10",
+    "refused",
+    "wrong",
+    "failed",
+    "stopped",
+}
 
 
 def test_the_coverage_sweep_of_two_classes(tmp_path):
@@ -231,7 +241,10 @@ def test_the_coverage_sweep_of_two_classes(tmp_path):
     assert result["counts"]["registered"] == len(records) == result["counts"]["exact"]
     for record in records:
         assert record["builds_tiny"] and record["generation"] == "equal", record
-        assert record["delta_float32"] <= 1e-4 and record["delta_float64"] <= 1e-5, record
+        assert record["delta_float32"] <= 1e-4 and record["delta_float64"] <= 1e-12, record
+        # Stock HF rounds its RMSNorms to float32 in a float64 Llama: float64 throughout does not.
+        stock_rounds = record["architecture"] == "LlamaForCausalLM"
+        assert (record["delta_float64_stock"] > 1e-9) == stock_rounds, record
     page = (tmp_path / "coverage.md").read_text()
     assert f"| import exactly | {len(records)} |" in page
     assert "| `GPT2LMHeadModel` | gpt2 |" in page

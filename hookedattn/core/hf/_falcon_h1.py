@@ -87,7 +87,10 @@ def _scaled(rule: Rule, factor: float | Tensor) -> Rule:
     if rule.hf is None or (isinstance(factor, float) and factor == 1.0):
         return rule
     before = rule.adjust or (lambda t: t)
-    return Rule(**{**rule.__dict__, "adjust": lambda t: before(t) * torch.as_tensor(factor).to(t)})
+    # A float multiplies in float64 (as HF's Python float multiplies a float64 model), not
+    # rounded to the default dtype first.
+    exact = torch.as_tensor(factor, dtype=torch.float64)
+    return Rule(**{**rule.__dict__, "adjust": lambda t: before(t) * exact.to(t)})
 
 
 def _attention_and_mlp_rules(c: Any, cfg: HookedTransformerConfig) -> list[Rule]:
@@ -119,7 +122,10 @@ def _mixer_rules(c: Any, cfg: HookedTransformerConfig) -> list[Rule]:
     at, ours = f"{_L}.mamba", "blocks.{layer}.mixer"
     z, x, B, C, dt = (float(s) for s in c.ssm_multipliers)
     group_state = m.n_ssm_groups * m.d_state
-    xbc = torch.tensor([x] * m.d_inner + [B] * group_state + [C] * group_state)
+    # HF multiplies the mixer's input projection by `mup_vector`, a float32 buffer: its
+    # values are the multipliers rounded to float32 (and then multiplied in float64).
+    xbc = torch.tensor([x] * m.d_inner + [B] * group_state + [C] * group_state).double()
+    z, dt = (float(torch.tensor(v, dtype=torch.float32)) for v in (z, dt))
     inputs = _input_rules(at, ours, ("z", "xBC", "dt"), ("d_inner", "d_xbc", "ssm_head"),
                           bool(c.mamba_proj_bias))  # fmt: skip
     ssm_in = float(c.ssm_in_multiplier)
