@@ -18,6 +18,10 @@ HeadVectors = Float[Tensor, "batch pos head d_head"]
 KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
 """Each key/value head's k or v (one per query head without grouped queries)."""
 
+ValueVectors = Float[Tensor, "batch pos kv_head d_head_v"]
+"""Each key/value head's v: `d_head_v` wide, which may differ from `d_head` (MiMo-V2-Flash's
+narrower values, latent attention's)."""
+
 Queries = Float[Tensor, "batch query_pos head d_head"]
 """The queries of one attention layer's forward."""
 
@@ -47,5 +51,6 @@ __all__ = [
     "Queries",
     "Resid",
     "Scores",
+    "ValueVectors",
     "Values",
 ]
