@@ -194,11 +194,17 @@ class ConfigChecks:
         attention, each block's config valid (`attention_config`), named by its block."""
         if not self.has_layer_shapes:
             return
-        for field, kind in (("n_heads_layers", int), ("d_head_layers", int),
-                            ("n_key_value_heads_layers", int), ("attn_sinks_layers", bool)):
+        for field, kind in (
+            ("n_heads_layers", int),
+            ("d_head_layers", int),
+            ("n_key_value_heads_layers", int),
+            ("attn_sinks_layers", bool),
+        ):
             values = getattr(self, field)
-            if values is not None and (len(values) != self.n_layers or not all(
-                    type(v) is kind and (kind is bool or v > 0) for v in values)):
+            if values is not None and (
+                len(values) != self.n_layers
+                or not all(type(v) is kind and (kind is bool or v > 0) for v in values)
+            ):
                 raise ValueError(f"{field} must be {self.n_layers} {kind.__name__}s (positive), "
                                  f"one per block; got {values}")  # fmt: skip
         if self.attn_sinks_layers is not None and not self.use_attn_sinks:
@@ -217,7 +223,8 @@ class ConfigChecks:
             try:
                 self.attention_config(layer)
             except ValueError as error:
-                raise ValueError(f"block {layer}'s attention (the *_layers lists): {error}") from None
+                said = f"block {layer}'s attention (the *_layers lists): {error}"
+                raise ValueError(said) from None
 
     def _check_hybrid_layouts(self) -> None:
         """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)

@@ -22,8 +22,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hookedattn.core import _tl_names
-from hookedattn.core._stacked_weights import stacked_layers
 from hookedattn.core import names as _names
+from hookedattn.core._stacked_weights import stacked_layers
 from hookedattn.core.html import html_table
 
 CacheKey = str | tuple

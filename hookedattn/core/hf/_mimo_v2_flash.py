@@ -19,7 +19,8 @@ linear map), scores scaled by `head_dim ** -0.5`, no bias on the output map. Its
 DeepSeek V3's (`_deepseek`): dense in the "dense" blocks of `mlp_layer_types`, elsewhere a
 sigmoid router with a choice bias over SwiGLU experts, without shared experts. Layers a
 checkpoint keeps past `num_hidden_layers` (its multi-token prediction module, `model.mtp.`)
-are not read, as `transformers` does not read them.
+are not read, as `transformers` does not read them; its files name the sinks
+`attention_sink_bias`.
 """
 
 from typing import Any
@@ -44,8 +45,12 @@ def mimo_v2_flash_fields(hf_config: Any) -> dict[str, Any]:
     if any(sliding):
         fields["rotary_base_local"] = float(ropes["sliding_attention"]["rope_theta"])
     kv = tuple(c.num_key_value_heads * (2 if s else 1) for s in sliding)
-    router = {"router_scoring": "sigmoid", "norm_topk_prob": bool(c.norm_topk_prob),
-              "n_expert_groups": c.n_group or 1, "topk_expert_groups": c.topk_group or 1}  # fmt: skip
+    router = {
+        "router_scoring": "sigmoid",
+        "norm_topk_prob": bool(c.norm_topk_prob),
+        "n_expert_groups": c.n_group or 1,
+        "topk_expert_groups": c.topk_group or 1,
+    }
     return fields | _deepseek.feed_forward(c, router) | {
         "n_key_value_heads": kv[0],
         "n_key_value_heads_layers": kv if len(set(kv)) > 1 else None,
@@ -92,10 +97,18 @@ def mimo_v2_flash_table(
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
         zeros("unembed.b_U", "d_vocab_out"),
     ]
+    # The files keep each sink as `attention_sink_bias` (`transformers`' renaming on load).
+    sinks = {
+        f"{L}.self_attn.sinks".replace("{layer}", str(layer)): (
+            f"{L}.self_attn.attention_sink_bias".replace("{layer}", str(layer)),
+        )
+        for layer in range(cfg.n_layers)
+        if cfg.attention_config(layer).use_attn_sinks
+    }
     beyond = rf"^model\.layers\.(?!({'|'.join(map(str, range(cfg.n_layers)))})\.)\d+\."
     return Table(
         rules=tuple(rules),
-        aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
+        aliases=tied_unembedding(hf_config, "model.embed_tokens.weight") | sinks,
         ignored=(r"rotary_emb\.", beyond, r"^model\.mtp\."),
         label="MiMo-V2-Flash",
         base_prefix="model.",
