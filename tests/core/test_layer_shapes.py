@@ -68,7 +68,7 @@ def _brute_force_block(model, cache, layer: int) -> tuple[torch.Tensor, torch.Te
                 keys = [j for j in range(i + 1) if layer != 1 or i - j < 3]
                 # One scale for every block (`attn_scale`, sqrt of the config's d_head).
                 scores = [float(q[b, i, h] @ k[b, j, kv]) / scale for j in keys]
-                sink = [float(attn.sinks[h])] if attn.sinks is not None else []
+                sink = [float(attn.sinks[h].detach())] if attn.sinks is not None else []
                 top = max(scores + sink)
                 weights = [math.exp(s - top) for s in scores]
                 total = sum(weights) + sum(math.exp(s - top) for s in sink)
@@ -181,3 +181,20 @@ def test_analyses_of_one_layer_head_shape_refuse_blocks_of_different_heads(model
 
     with pytest.raises(ValueError, match=r"differ \(n_heads, d_head: block 0: \(4, 8\)"):
         composition_scores(model, "V")
+
+
+def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens(model):
+    """Each step's recorded activations, every block's heads its own, are those of the
+    forward over the whole sequence."""
+    out = model.generate(TOKENS[:, :4], 6, stop_at_eos=False, return_cache=True)
+    _, expected = model.run_with_cache(out.tokens)
+    assert sorted(out.cache) == sorted(expected)
+    for name in expected:
+        torch.testing.assert_close(out.cache[name], expected[name], rtol=1e-9, atol=1e-9)
+
+
+def test_a_saved_model_loads_with_each_blocks_shapes(model, tmp_path):
+    model.save(tmp_path / "model")
+    loaded = HookedTransformer.load(tmp_path / "model")
+    assert loaded.cfg == model.cfg
+    torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
