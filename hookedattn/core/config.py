@@ -170,7 +170,7 @@ class HookedTransformerConfig(ConfigChecks):
       stream), and each query/key head ends in `rotary_dim` rotated dimensions whose key
       part is one projection shared by all heads; `d_head` is the query/key head width
       (unrotated plus rotated parts), `d_head_v` the value head width (None: `d_head`;
-      it may differ only in latent attention; `d_value` is the width either way); the
+      `d_value` is the width either way); the
       latents' RMSNorms have their own epsilon `latent_norm_eps`.
       `components.latent_attention`.
     - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names): each MLP is

@@ -30,7 +30,7 @@ KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 
 Values = Float[Tensor, "batch key_pos kv_head d_head_v"]
 """The values every query of a forward may read; a head's value width `d_head_v` is its
-query/key width `d_head` except in latent attention."""
+query/key width `d_head` unless `d_head_v` says otherwise (latent attention, MiMo-V2-Flash)."""
 
 HeadOutputs = Float[Tensor, "batch query_pos head d_head_v"]
 """Each query head's `z`: its pattern's mix of the values."""

@@ -198,3 +198,27 @@ def test_a_saved_model_loads_with_each_blocks_shapes(model, tmp_path):
     loaded = HookedTransformer.load(tmp_path / "model")
     assert loaded.cfg == model.cfg
     torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
+
+
+def test_each_blocks_fused_weight_holds_its_own_shapes(model):
+    """The q/k/v parameters of every block are views of its one side-by-side weight
+    (`kernels.FusedQKV.tie`), values narrower than keys included: an in-place edit of a
+    value weight is what the next forward multiplies."""
+    edited = model.copy()
+    attn = edited.blocks[1].attn
+    _, before = edited.run_with_cache(TOKENS, names_filter="blocks.1.attn.hook_v")
+    with torch.no_grad():
+        attn._W_V.mul_(2.0)
+        attn._b_V.mul_(2.0)
+    _, after = edited.run_with_cache(TOKENS, names_filter="blocks.1.attn.hook_v")
+    v = "blocks.1.attn.hook_v"
+    torch.testing.assert_close(after[v], 2 * before[v], rtol=0, atol=1e-12)
+
+
+def test_per_head_input_copies_follow_each_blocks_heads(model):
+    split = HookedTransformer(model.cfg.replace(use_split_qkv_input=True))
+    split.load_state_dict(model.state_dict())
+    _, cache = split.run_with_cache(TOKENS)
+    assert [cache[f"blocks.{layer}.hook_q_input"].shape[2] for layer in range(3)] == [4, 2, 6]
+    assert [cache[f"blocks.{layer}.hook_k_input"].shape[2] for layer in range(3)] == [2, 1, 3]
+    torch.testing.assert_close(split(TOKENS), model(TOKENS), rtol=0, atol=1e-12)
