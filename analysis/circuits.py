@@ -137,6 +137,7 @@ def full_ov_circuit(
 def _indices(
     model: "HookedTransformer", layer: int | None, head: int | None
 ) -> tuple[list[int], list[int]]:
+    model.cfg.require_one_attention_shape("the full circuits")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if layer is None and head is not None:
         raise ValueError(f"head={head} was given without a layer: give layer= too")

@@ -81,6 +81,7 @@ def composition_scores(
         raise ValueError(f"kind must be 'Q', 'K' or 'V', got {kind!r}")
     if kind in ("Q", "K"):
         require_bilinear_scores(model, f"{kind}-composition")
+    model.cfg.require_one_attention_shape(f"{kind}-composition scores")
     mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
     with torch.no_grad():  # scores of the weights, not a graph through them
         written = _written(upcast(model.W_V), upcast(model.W_O))

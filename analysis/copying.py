@@ -78,6 +78,7 @@ def copying_scores(
             f"the full OV circuit is square only when d_vocab == d_vocab_out; this model has "
             f"d_vocab={model.cfg.d_vocab}, d_vocab_out={model.cfg.d_vocab_out}"
         )
+    model.cfg.require_one_attention_shape("copying_scores")
     std = _random_std(
         circuit, model.cfg.d_vocab, model.cfg.d_model, model.cfg.d_head, n_samples, seed
     )

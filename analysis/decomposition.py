@@ -129,7 +129,8 @@ def _attn_parts(
         return [_given((f"L{layer}_{kind}",), activation(cache, ("attn_out", layer))[None])]
     attn = model.blocks[layer].attn
     # The heads W_O writes: differential attention's pairs of query heads.
-    n_written = model.cfg.n_heads // 2 if model.cfg.differential_attention else model.cfg.n_heads
+    own = model.cfg.attention_config(layer)  # this block's heads (they may differ per block)
+    n_written = own.n_heads // 2 if own.differential_attention else own.n_heads
     labels = tuple(head_label(layer, h) for h in range(n_written))
     bias_label = f"L{layer}_attn_bias"
     if _has_norm(model, "ln1_post", layer):

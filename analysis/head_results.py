@@ -93,6 +93,7 @@ def stacked_head_results(
     `rearrange(stack, "layer head ... -> (layer head) ...")` (TransformerLens's
     `stack_head_results` order) is a view, not a copy.
     """
+    model.cfg.require_one_attention_shape("stacked_head_results")
     n_layers = model.cfg.n_layers
     kind = _written_z(model)
     first = activation(cache, (kind, 0)) if (kind, 0) in cache else head_results(model, cache, 0)
@@ -155,7 +156,7 @@ def head_values(
     layer = _layer(model, layer)
     if ("v", layer) in cache:
         v = activation(cache, ("v", layer))
-        group = model.cfg.n_heads // v.shape[2]
+        group = model.cfg.attention_config(layer).n_heads // v.shape[2]
         return repeat(
             v, "batch pos kv_head d_head -> batch pos (kv_head group) d_head", group=group
         )

@@ -206,7 +206,7 @@ def _where(
     key or the model's attention is not decomposed here."""
     layer = _index(layer, model.cfg.n_layers, "layer")
     model.cfg.require_attention(f"qk_attribution of layer {layer}", [layer])
-    head = _index(head, model.cfg.n_heads, "head")
+    head = _index(head, model.cfg.attention_config(layer).n_heads, "head")
     _refuse_unsupported(model)
     scores = activation(cache, ("attn_scores", layer))
     batch = _index(batch, scores.shape[0], "batch")

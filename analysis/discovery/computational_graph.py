@@ -109,6 +109,7 @@ class Graph:
                 "a model with 0 layers has one edge, embed -> logits, and nothing to discover"
             )
         cfg.require_attention("the edge graph of circuit discovery (its senders are heads)")
+        cfg.require_one_attention_shape("the edge graph of circuit discovery", key_value=True)
         senders = _senders(cfg.n_layers, cfg.n_heads, cfg.has_mlp)
         receivers = _receivers(
             cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.has_mlp, cfg.parallel_attn_mlp

@@ -72,6 +72,7 @@ KEY_VALUE_KINDS: frozenset[str] = frozenset(
 def n_heads_of(model: HookedTransformer, kind: str) -> int:
     """How many heads the activation `kind` has: key/value heads for keys and values."""
     cfg = model.cfg
+    cfg.require_one_attention_shape(f"patching {kind!r} per head", key_value=True)
     return cfg.n_kv_heads if kind in KEY_VALUE_KINDS else cfg.n_heads
 
 

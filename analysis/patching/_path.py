@@ -135,6 +135,7 @@ def _step_one_edits(
 ) -> list[Edit]:
     """Step 1: per sender, the sender from the other run and, from its block on, every
     other head's output (and with `freeze_mlps` every MLP's) frozen at the base run's."""
+    model.cfg.require_one_attention_shape("path patching")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     free = _unfrozen_heads(senders, receivers, n_layers, n_heads)
     after = torch.tensor([[layer >= s.layer for layer in range(n_layers)] for s in senders])

@@ -95,6 +95,7 @@ def pattern_preserving_hooks(
         raise ValueError(
             "no heads to ablate: give e.g. 'L1H2', (1, 2), Component('z', 1, head=2) or a list"
         )
+    cfg.require_one_attention_shape("pattern ablation")
     for spec in specs:
         layer, head = parse_head(spec, cfg.n_layers, cfg.n_heads)
         by_layer.setdefault(layer, []).append(head)

@@ -188,6 +188,44 @@ class ConfigChecks:
                 f"not {self.positional_embedding_type!r}"
             )
 
+    def _check_layer_shapes(self) -> None:
+        """The per-block attention shapes (`n_heads_layers`, `d_head_layers`,
+        `n_key_value_heads_layers`, `attn_sinks_layers`): one entry per block, of a plain
+        attention, each block's config valid (`attention_config`), named by its block."""
+        if not self.has_layer_shapes:
+            return
+        for field, kind in (
+            ("n_heads_layers", int),
+            ("d_head_layers", int),
+            ("n_key_value_heads_layers", int),
+            ("attn_sinks_layers", bool),
+        ):
+            values = getattr(self, field)
+            if values is not None and (
+                len(values) != self.n_layers
+                or not all(type(v) is kind and (kind is bool or v > 0) for v in values)
+            ):
+                raise ValueError(f"{field} must be {self.n_layers} {kind.__name__}s (positive), "
+                                 f"one per block; got {values}")  # fmt: skip
+        if self.attn_sinks_layers is not None and not self.use_attn_sinks:
+            raise ValueError("attn_sinks_layers says which blocks have attention sinks: it "
+                             "needs use_attn_sinks=True")  # fmt: skip
+        refused = [f"{field}={getattr(self, field)!r}"
+                   for field in ("kv_lora_rank", "differential_attention", "alibi_slopes")
+                   if getattr(self, field)]  # fmt: skip
+        if refused or self.positional_embedding_type == "alibi":
+            raise ValueError(
+                "attention shapes per block are built for plain (grouped) attention with one "
+                "head count for every setting; they cannot go with "
+                f"{', '.join(refused) or 'ALiBi'}"
+            )
+        for layer in range(self.n_layers):
+            try:
+                self.attention_config(layer)
+            except ValueError as error:
+                said = f"block {layer}'s attention (the *_layers lists): {error}"
+                raise ValueError(said) from None
+
     def _check_hybrid_layouts(self) -> None:
         """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)
         and a mixer beside attention (Falcon-H1) need a sequential block."""
@@ -338,11 +376,6 @@ class ConfigChecks:
         if self.kv_lora_rank is None:
             if self.q_lora_rank is not None:
                 raise ValueError("q_lora_rank is a latent attention setting: give kv_lora_rank")
-            if self.d_head_v not in (None, self.d_head):
-                raise ValueError(
-                    f"d_head_v={self.d_head_v} differs from d_head={self.d_head}, which only "
-                    f"latent attention (kv_lora_rank) computes"
-                )
             return
         refused = [
             f"{field}={getattr(self, field)!r}"

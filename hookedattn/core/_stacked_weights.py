@@ -13,6 +13,21 @@ from hookedattn.core import _weight_views
 from hookedattn.core.factored_matrix import FactoredMatrix
 
 
+def stacked_layers(tensors: list[Tensor], what: str, per_block: str) -> Tensor:
+    """`tensors`, one per block, stacked into `[layer ...]`; a ValueError naming each
+    block's shape where they differ (attention shapes per block: `n_heads_layers`, ...),
+    pointing to `per_block` (`{layer}` in it), where each block's own can be read."""
+    shapes = [tuple(t.shape) for t in tensors]
+    if len(set(shapes)) > 1:
+        said = ", ".join(f"block {layer}: {list(shape)}" for layer, shape in enumerate(shapes))
+        raise ValueError(
+            f"{what} stacks every block's, but this model's blocks differ in shape ({said}: "
+            f"attention shapes per block, the config's *_layers lists); read each block's "
+            f"as {per_block.format(layer='L')}"
+        )
+    return torch.stack(tensors)
+
+
 def _across_layers(module: str, names: str) -> tuple[property, ...]:
     """A property per weight in `names` of every block's `module`, stacked over layers."""
     return tuple(
@@ -54,7 +69,11 @@ class StackedWeights:
                 f"this model's {module} ({type(first).__name__}) has no {weight}; its "
                 f"parameters are {[name for name, _ in first.named_parameters(recurse=False)]}"
             )
-        return torch.stack([getattr(getattr(b, module), weight) for b in self.blocks])
+        return stacked_layers(
+            [getattr(getattr(b, module), weight) for b in self.blocks],
+            f"model.{weight}",
+            f"model.blocks[{{layer}}].{module}.{weight}",
+        )
 
     def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
         """Block `layer`'s `module` (`"attn"`, `"mlp"`) parameter `weight`, whole: on a

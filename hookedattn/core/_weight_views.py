@@ -118,9 +118,10 @@ def W_E_pos(model: Model) -> Float[Tensor, "d_vocab_and_n_ctx d_model"]:
 
 
 def all_head_labels(model: Model) -> list[str]:
-    """`"L{layer}H{head}"` for every head, layer-major (the order of `[layer head]` flattened)."""
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    return [head_label(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    """`"L{layer}H{head}"` for every head, layer-major (the order of `[layer head]` flattened;
+    each block's own heads where they differ per block)."""
+    heads = [model.cfg.attention_config(layer).n_heads for layer in range(model.cfg.n_layers)]
+    return [head_label(layer, head) for layer, n in enumerate(heads) for head in range(n)]
 
 
 def tokens_to_residual_directions(model: Model, tokens: Tokens) -> Float[Tensor, "*tokens d_model"]:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from hookedattn.core import _tl_names
 from hookedattn.core import names as _names
+from hookedattn.core._stacked_weights import stacked_layers
 from hookedattn.core.html import html_table
 
 CacheKey = str | tuple
@@ -145,7 +146,8 @@ class ActivationCache(Mapping[str, Tensor]):
             (name, layer) if layer_type is None else (name, layer, layer_type)
             for layer in range(self.n_layers)
         ]
-        return torch.stack([self[key] for key in keys])
+        return stacked_layers([self[key] for key in keys], f"cache.stack({name!r})",
+                              f"cache[({name!r}, {{layer}})]")  # fmt: skip
 
     def nbytes(self) -> int:
         """Bytes held by the cache, counting each underlying storage once."""

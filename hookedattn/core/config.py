@@ -56,6 +56,10 @@ _PER_LAYER_TUPLES = (
     "moe_layers",
     "ln1_layers",
     "placement_layers",
+    "n_heads_layers",
+    "d_head_layers",
+    "n_key_value_heads_layers",
+    "attn_sinks_layers",
 )
 
 
@@ -142,7 +146,19 @@ class HookedTransformerConfig(ConfigChecks):
       cosines and sines once as a float32 table (GPT-J, CodeGen, RoFormer).
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
-      (GPT-OSS).
+      (GPT-OSS). `attn_sinks_layers` (one flag per block; None: every block) says which
+      blocks have them: MiMo-V2-Flash's sliding-window blocks only.
+    - attention shapes per block (MiMo-V2-Flash's sliding-window blocks have twice the
+      key/value heads of its full ones; Gemma 4's global blocks wider heads):
+      `n_heads_layers`, `d_head_layers`, `n_key_value_heads_layers` (one entry per block;
+      None: every block `n_heads`, `d_head`, `n_key_value_heads`). Block `L`'s attention
+      is built from `attention_config(L)`, this config with that block's entries as its
+      own, so every piece sized by heads (the fused q/k/v weight, the KV cache, the
+      per-head hook points) is that block's; `attn_scale`, `rotary_dim` and `d_head_v`
+      stay one value for every block. Stacks over layers (`model.W_Q`, `cache.stack`) need
+      equal shapes and refuse otherwise: read `blocks[L].attn.W_Q` per block.
+    - `d_head_v`: the width of a value head and of `z`, where it differs from `d_head`
+      (MiMo-V2-Flash's, and latent attention's below).
     - `attn_gate` ("sigmoid", Qwen3-Next; "softplus", Laguna): each head's `z` is
       multiplied by `gate(x @ W_G[h] + b_G[h])` of the attention's input before `W_O`
       reads it, one factor per dimension of the head, or one per head
@@ -158,7 +174,7 @@ class HookedTransformerConfig(ConfigChecks):
       stream), and each query/key head ends in `rotary_dim` rotated dimensions whose key
       part is one projection shared by all heads; `d_head` is the query/key head width
       (unrotated plus rotated parts), `d_head_v` the value head width (None: `d_head`;
-      it may differ only in latent attention; `d_value` is the width either way); the
+      `d_value` is the width either way); the
       latents' RMSNorms have their own epsilon `latent_norm_eps`.
       `components.latent_attention`.
     - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names): each MLP is
@@ -255,6 +271,10 @@ class HookedTransformerConfig(ConfigChecks):
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     d_head_v: int | None = None
+    n_heads_layers: tuple[int, ...] | None = None
+    d_head_layers: tuple[int, ...] | None = None
+    n_key_value_heads_layers: tuple[int, ...] | None = None
+    attn_sinks_layers: tuple[bool, ...] | None = None
     latent_norm_eps: float = 1e-6
     gated_mlp: bool = False
     mlp_gate_bias: bool = False
@@ -345,6 +365,7 @@ class HookedTransformerConfig(ConfigChecks):
         self._check_alibi()
         self._check_latent_attention()
         self._check_differential_attention()
+        self._check_layer_shapes()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)
@@ -485,6 +506,51 @@ class HookedTransformerConfig(ConfigChecks):
         """Whether block `layer` scales its queries by position (`query_temperature_floor`:
         the blocks that do not rotate)."""
         return self.query_temperature_floor is not None and not self.layer_rotates(layer)
+
+    @property
+    def has_layer_shapes(self) -> bool:
+        """Whether some block's attention is shaped otherwise than the config's `n_heads`,
+        `d_head`, `n_key_value_heads`, `use_attn_sinks` say (the `*_layers` lists)."""
+        lists = (self.n_heads_layers, self.d_head_layers, self.n_key_value_heads_layers,
+                 self.attn_sinks_layers)  # fmt: skip
+        return any(values is not None for values in lists)
+
+    def attention_config(self, layer: int) -> "HookedTransformerConfig":
+        """The config block `layer`'s attention is built from: this one, with the block's
+        entries of `n_heads_layers`, `d_head_layers`, `n_key_value_heads_layers` and
+        `attn_sinks_layers` as its own `n_heads`, `d_head`, `n_key_value_heads` and
+        `use_attn_sinks`; the one place that decides a block's attention shape. Itself
+        where no list is given."""
+        if not self.has_layer_shapes:
+            return self
+        pick = lambda values, default: default if values is None else values[layer]
+        return self.replace(
+            n_heads=pick(self.n_heads_layers, self.n_heads),
+            d_head=pick(self.d_head_layers, self.d_head),
+            n_key_value_heads=pick(self.n_key_value_heads_layers, self.n_kv_heads),
+            use_attn_sinks=self.use_attn_sinks and pick(self.attn_sinks_layers, True),
+            n_heads_layers=None,
+            d_head_layers=None,
+            n_key_value_heads_layers=None,
+            attn_sinks_layers=None,
+        )
+
+    def require_one_attention_shape(self, what: str, key_value: bool = False) -> None:
+        """A ValueError naming each block's heads, for `what`, which reads every block's
+        query heads (and, `key_value`, key/value heads) as one `[layer head ...]` shape,
+        where the blocks differ in them (`attention_config`: `n_heads_layers`, ...)."""
+        if not self.has_layer_shapes:
+            return
+        configs = [self.attention_config(layer) for layer in range(self.n_layers)]
+        shapes = [(c.n_heads, c.d_head) + ((c.n_kv_heads,) if key_value else ()) for c in configs]
+        if len(set(shapes)) > 1:
+            names = "n_heads, d_head" + (", n_key_value_heads" if key_value else "")
+            said = ", ".join(f"block {layer}: {shape}" for layer, shape in enumerate(shapes))
+            raise ValueError(
+                f"{what} reads every block's heads as one [layer head ...] shape, but this "
+                f"model's blocks differ ({names}: {said}); read each block's own "
+                f"(model.blocks[L].attn, the cache's per-block hook points)"
+            )
 
     def layer_attn_type(self, layer: int) -> str:
         """ "local" (windowed) or "global" attention in block `layer`."""

@@ -168,12 +168,8 @@ class KeyValueCache:
         device = cfg.device if device is None else device
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
-        entries = [
-            KeyValueCacheEntry.preallocated(
-                batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
-            )
-            for _ in range(cfg.n_layers)
-        ]
+        entries = [_preallocated(cfg.attention_config(layer), batch, capacity, device)
+                   for layer in range(cfg.n_layers)]  # fmt: skip
         mask = torch.empty(batch, 0, dtype=torch.long, device=device)
         return cls(entries, mask)
 
@@ -230,3 +226,13 @@ class KeyValueCache:
         if not self.frozen:
             self.previous_attention_mask = mask
         return mask
+
+
+def _preallocated(
+    cfg: HookedTransformerConfig, batch: int, capacity: int, device: str | torch.device
+) -> KeyValueCacheEntry:
+    """An empty entry for a block whose attention `cfg` describes (its own key/value heads
+    and widths: `HookedTransformerConfig.attention_config`)."""
+    return KeyValueCacheEntry.preallocated(
+        batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
+    )

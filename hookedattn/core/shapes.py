@@ -18,6 +18,10 @@ HeadVectors = Float[Tensor, "batch pos head d_head"]
 KeyVectors = Float[Tensor, "batch pos kv_head d_head"]
 """Each key/value head's k or v (one per query head without grouped queries)."""
 
+ValueVectors = Float[Tensor, "batch pos kv_head d_head_v"]
+"""Each key/value head's v: `d_head_v` wide, which may differ from `d_head` (MiMo-V2-Flash's
+narrower values, latent attention's)."""
+
 Queries = Float[Tensor, "batch query_pos head d_head"]
 """The queries of one attention layer's forward."""
 
@@ -26,7 +30,7 @@ KeyValues = Float[Tensor, "batch key_pos kv_head d_head"]
 
 Values = Float[Tensor, "batch key_pos kv_head d_head_v"]
 """The values every query of a forward may read; a head's value width `d_head_v` is its
-query/key width `d_head` except in latent attention."""
+query/key width `d_head` unless `d_head_v` says otherwise (latent attention, MiMo-V2-Flash)."""
 
 HeadOutputs = Float[Tensor, "batch query_pos head d_head_v"]
 """Each query head's `z`: its pattern's mix of the values."""
@@ -47,5 +51,6 @@ __all__ = [
     "Queries",
     "Resid",
     "Scores",
+    "ValueVectors",
     "Values",
 ]

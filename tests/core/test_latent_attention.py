@@ -312,7 +312,6 @@ def test_the_choice_bias_steers_the_choice_not_the_weights():
         (dict(n_key_value_heads=2), r"latent attention.*n_key_value_heads=2"),
         (dict(use_attn_in=True), r"latent attention.*use_attn_in=True"),
         (dict(rotary_dim=12), r"rotary_dim=12 must be below d_head=12"),
-        (dict(kv_lora_rank=None, q_lora_rank=None), r"d_head_v=8 differs from d_head=12"),
         (dict(kv_lora_rank=None, d_head_v=None), r"q_lora_rank is a latent attention setting"),
         (dict(group_score_experts=3), r"leaves 2 experts per group.*group_score_experts=3"),
         (dict(n_expert_groups=3), r"n_expert_groups=3 must divide num_experts=8"),

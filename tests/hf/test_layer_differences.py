@@ -52,7 +52,7 @@ def test_per_layer_overrides_are_named_by_field_and_layers():
     said = _layer_differences.described([_layer(4), _layer(4)], (1, 0), (), config)
     assert said == (
         "per_layer_config sets head_dim in layers [5, 11], num_key_value_heads in layers [11]: "
-        "blocks of different attention shapes are not imported"
+        "blocks of different attention shapes are not imported by convention"
     )
 
 

@@ -64,6 +64,7 @@ from hookedattn.core.shapes import (
     KeyVectors,
     Queries,
     Values,
+    ValueVectors,
 )
 
 # What an output gate (`attn_gate`) does to its pre-activation.
@@ -89,7 +90,7 @@ class Attention(nn.Module):
         n_heads, d_model, d_head = cfg.n_heads, cfg.d_model, cfg.d_head
         self.W_Q = _param(n_heads, d_model, d_head, cfg=cfg)
         self._init_key_value_weights(cfg)
-        self.W_O = _param(n_heads, d_head, d_model, cfg=cfg)
+        self.W_O = _param(n_heads, cfg.d_value, d_model, cfg=cfg)
         self.b_Q = _param(n_heads, d_head, cfg=cfg)
         self.b_O = _param(d_model, cfg=cfg)
         self._init_scoring(cfg, layer)
@@ -147,7 +148,7 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()
         self.gated = self._ungated
         if cfg.attn_gate is not None:
-            d_gate = 1 if cfg.attn_gate_per_head else cfg.d_head
+            d_gate = 1 if cfg.attn_gate_per_head else cfg.d_value
             self.W_G = _param(cfg.n_heads, cfg.d_model, d_gate, cfg=cfg)
             self.b_G = _param(cfg.n_heads, d_gate, cfg=cfg)
             self.gate_fn = GATES[cfg.attn_gate]
@@ -162,7 +163,7 @@ class Attention(nn.Module):
         else:
             self.write = self._write_summed
         if cfg.attn_sub_norm:  # BitNet: W_O reads the heads' z normed together
-            self.sub_norm = make_norm(cfg, (cfg.n_heads, cfg.d_head))
+            self.sub_norm = make_norm(cfg, (cfg.n_heads, cfg.d_value))
             self.hook_z_normed = HookPoint()  # [batch pos head d_head]
             self.write_heads, self.write = self.write, self._write_normed
 
@@ -174,9 +175,9 @@ class Attention(nn.Module):
 
     def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
         self.W_K = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
-        self.W_V = _param(cfg.n_heads, cfg.d_model, cfg.d_head, cfg=cfg)
+        self.W_V = _param(cfg.n_heads, cfg.d_model, cfg.d_value, cfg=cfg)
         self.b_K = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
-        self.b_V = _param(cfg.n_heads, cfg.d_head, cfg=cfg)
+        self.b_V = _param(cfg.n_heads, cfg.d_value, cfg=cfg)
 
     def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`W_K, b_K, W_V, b_V` as stored: one per key/value head."""
@@ -317,13 +318,13 @@ class Attention(nn.Module):
 
     def _project_shared(
         self, x: Float[Tensor, "batch pos d_model"], key_input: Tensor, value_input: Tensor
-    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+    ) -> tuple[HeadVectors, KeyVectors, ValueVectors]:
         """Queries, keys and values of one shared input, by one product (`kernels.FusedQKV`)."""
         return self.fused_qkv.project(x, self.W_Q, self.b_Q, *self.key_value_weights())
 
     def _project_each(
         self, query_input: AttnInput, key_input: AttnInput, value_input: AttnInput
-    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+    ) -> tuple[HeadVectors, KeyVectors, ValueVectors]:
         """Queries, keys and values of their own inputs, a product each: per-head copies of
         the stream, or (shortformer) query and key inputs that carry the positions."""
         W_K, b_K, W_V, b_V = self.key_value_weights()
@@ -394,9 +395,9 @@ class GroupedQueryAttention(Attention):
     def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
         kv = cfg.n_kv_heads
         self._W_K = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
-        self._W_V = _param(kv, cfg.d_model, cfg.d_head, cfg=cfg)
+        self._W_V = _param(kv, cfg.d_model, cfg.d_value, cfg=cfg)
         self._b_K = _param(kv, cfg.d_head, cfg=cfg)
-        self._b_V = _param(kv, cfg.d_head, cfg=cfg)
+        self._b_V = _param(kv, cfg.d_value, cfg=cfg)
 
     def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`_W_K, _b_K, _W_V, _b_V` as stored: one per key/value head."""

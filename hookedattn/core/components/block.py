@@ -169,7 +169,7 @@ class AttnOnlyBlock(nn.Module):
         elif cfg.use_attn_in:
             self.hook_attn_in = HookPoint()  # [batch pos head d_model]
         self.ln1 = make_ln1(cfg, layer)
-        self.attn_inputs = AttnInputs(self, cfg)
+        self.attn_inputs = AttnInputs(self, cfg.attention_config(layer))
         self.attn = make_attention(cfg, layer)
         self.ln1_post = make_placed_norm(cfg, "post", layer)
         self.hook_attn_out = HookPoint()
@@ -330,7 +330,9 @@ class MLPOnlyBlock(AttnOnlyBlock):
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
-    latent (`kv_lora_rank`), or differential (`differential_attention`)."""
+    latent (`kv_lora_rank`), or differential (`differential_attention`); shaped as the
+    block's own config says (`cfg.attention_config`: heads and widths per block)."""
+    cfg = cfg.attention_config(layer)
     if cfg.differential_attention:
         return make_differential_attention(cfg, layer)
     if cfg.is_latent_attention:

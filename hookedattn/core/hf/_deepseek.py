@@ -69,7 +69,7 @@ def deepseek_v3_fields(hf_config: Any) -> dict[str, Any]:
         "n_expert_groups": c.n_group or 1,
         "topk_expert_groups": c.topk_group or 1,
     }
-    return _latent_attention_fields(c) | _feed_forward(c, router)
+    return _latent_attention_fields(c) | feed_forward(c, router)
 
 
 def deepseek_v2_fields(hf_config: Any) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def deepseek_v2_fields(hf_config: Any) -> dict[str, Any]:
         "topk_expert_groups": (c.topk_group or 1) if grouped else 1,
         "group_score_experts": 1,
     }
-    return _latent_attention_fields(c) | _feed_forward(c, router)
+    return _latent_attention_fields(c) | feed_forward(c, router)
 
 
 def _latent_attention_fields(c: Any) -> dict[str, Any]:
@@ -154,14 +154,15 @@ def _mscale_squared(rope: dict[str, Any]) -> float:
     return mscale * mscale
 
 
-def _feed_forward(c: Any, router: dict[str, Any]) -> dict[str, Any]:
+def feed_forward(c: Any, router: dict[str, Any]) -> dict[str, Any]:
     """Dense MLPs in the first `first_k_dense_replace` blocks (GLM-4-MoE-Lite: the "dense"
     entries of `mlp_layer_types`, anywhere), a mixture of experts routed by `router` in the
     others."""
     moe = _moe_blocks(c)
     if not any(moe):  # no block has experts
         return {"d_mlp": c.intermediate_size}
-    shared = c.moe_intermediate_size * c.n_shared_experts if c.n_shared_experts else None
+    n_shared = getattr(c, "n_shared_experts", None)  # MiMo-V2-Flash has none
+    shared = c.moe_intermediate_size * n_shared if n_shared else None
     n_dense = moe.index(True)
     first = moe == tuple(i >= n_dense for i in range(len(moe)))
     return {
@@ -198,9 +199,9 @@ def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: An
     dense = [i for i in range(cfg.n_layers) if not cfg.layer_is_moe(i)]
     rules = [
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model"),
-        *_each_layer(_attention_rules(cfg, interleaved, bias), range(cfg.n_layers)),
-        *_each_layer(_dense_rules(cfg), dense),
-        *_each_layer(_moe_rules(cfg, live=hf_model is not None), moe),
+        *each_layer(_attention_rules(cfg, interleaved, bias), range(cfg.n_layers)),
+        *each_layer(dense_rules(cfg), dense),
+        *each_layer(moe_rules(cfg, live=hf_model is not None), moe),
         Rule("ln_final.w", "model.norm.weight", "d_model -> d_model"),
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
         zeros("unembed.b_U", "d_vocab_out"),
@@ -217,7 +218,7 @@ def deepseek_v3_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: An
     )
 
 
-def _each_layer(rules: list[Rule], layers: Iterable[int]) -> list[Rule]:
+def each_layer(rules: list[Rule], layers: Iterable[int]) -> list[Rule]:
     """`rules` for each of `layers` (`{layer}` filled in)."""
     at = lambda name, layer: None if name is None else name.replace("{layer}", str(layer))
     return [
@@ -304,7 +305,7 @@ def _deinterleaved(start: int) -> Callable[[Tensor], Tensor]:
     return reorder
 
 
-def _dense_rules(cfg: HookedTransformerConfig) -> list[Rule]:
+def dense_rules(cfg: HookedTransformerConfig) -> list[Rule]:
     """A dense block's gated MLP (`d_mlp_dense` wide in a mixture of experts)."""
     m, hf = "blocks.{layer}.mlp", f"{L}.mlp"
     width = "d_mlp_dense" if cfg.is_moe else "d_mlp"
@@ -317,7 +318,7 @@ def _dense_rules(cfg: HookedTransformerConfig) -> list[Rule]:
     ]
 
 
-def _moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
+def moe_rules(cfg: HookedTransformerConfig, live: bool) -> list[Rule]:
     """The router, its choice bias (the sigmoid router's), the experts and the shared
     experts."""
     rules = _moe.expert_rules(cfg, FILES, live=live)

@@ -29,6 +29,7 @@ from hookedattn.core.hf import (
     _gptj,
     _llama,
     _loading,
+    _mimo_v2_flash,
     _nemotron_h,
     _neox,
     _openai_gpt,
@@ -42,9 +43,9 @@ from hookedattn.core.hf._table import (
     StateDict,
     Table,
     TensorSource,
-    axis_sizes,
     check_source,
     our_shape,
+    sizes_by_rule,
 )
 
 FAMILIES: tuple[Family, ...] = (
@@ -63,6 +64,7 @@ FAMILIES: tuple[Family, ...] = (
     _falcon_h1.FAMILY,
     _nemotron_h.FAMILY,
     _diffllama.FAMILY,
+    _mimo_v2_flash.FAMILY,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.
@@ -285,8 +287,8 @@ def build(
 def _check_table(model: torch.nn.Module, table: Table, cfg: HookedTransformerConfig) -> None:
     # The table and the model must agree before a tensor is read; a disagreement is ours (a
     # family's table against the components), so it names both sides.
-    sizes = axis_sizes(cfg)
-    produced = {rule.ours: our_shape(rule, sizes) for rule in table.rules}
+    sizes_of = sizes_by_rule(cfg)
+    produced = {rule.ours: our_shape(rule, sizes_of(rule)) for rule in table.rules}
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     problems = sorted(set(expected) ^ set(produced)) + [
         f"{name}: {produced[name]} instead of {shape}"

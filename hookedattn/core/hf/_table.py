@@ -170,6 +170,27 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
     }
 
 
+def sizes_by_rule(cfg: HookedTransformerConfig) -> Callable[[Rule], dict[str, int]]:
+    """The axis sizes of each rule: `axis_sizes` of the config, or, for a rule of a block
+    (`blocks.L.`) of a model whose blocks' attention shapes differ (`n_heads_layers`,
+    ...), of that block's own (`cfg.attention_config(L)`): its heads and widths."""
+    every = axis_sizes(cfg)
+    if not cfg.has_layer_shapes:
+        return lambda rule: every
+    by_layer: dict[int, dict[str, int]] = {}
+
+    def sizes(rule: Rule) -> dict[str, int]:
+        found = re.match(r"blocks\.(\d+)\.", rule.ours)
+        if found is None:
+            return every
+        layer = int(found.group(1))
+        if layer not in by_layer:
+            by_layer[layer] = axis_sizes(cfg.attention_config(layer))
+        return by_layer[layer]
+
+    return sizes
+
+
 def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
     """A hybrid's mixers' axes: a short convolution's channels (d_model) and width, a
     Mamba-2 layer's heads, inner width and convolved width (`components.mamba2`), a Mamba-1
@@ -258,7 +279,7 @@ class Table:
 def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfig) -> None:
     """A `CheckpointError` listing every HF tensor missing, unexpected, misshapen, or not
     floating point (an integer, bool or complex weight is refused, never cast)."""
-    sizes = axis_sizes(cfg)
+    sizes_of = sizes_by_rule(cfg)
     source = joined(source, table)  # a tensor kept in pieces read as one (`_joined`)
     names = table.source_names(source.shapes)
     missing = sorted({hf for hf, stored in names.items() if stored not in source.shapes})
@@ -270,6 +291,7 @@ def check_source(table: Table, source: TensorSource, cfg: HookedTransformerConfi
     )
     wrong = []
     for rule in table.rules:
+        sizes = sizes_of(rule)
         for hf in rule.hf_names():
             stored = names[hf]
             if stored in source.shapes and tuple(source.shapes[stored]) != hf_shape(rule, sizes):
@@ -311,10 +333,11 @@ def convert(
     finished tensors plus one HF tensor at a time; each is cast before it is reshaped, so a
     bfloat16 checkpoint loaded as bfloat16 never passes through float32.
     """
-    sizes = axis_sizes(cfg)
+    sizes_of = sizes_by_rule(cfg)
     source = joined(source, table)
     names = table.source_names(source.shapes)
     for rule in table.rules:
+        sizes = sizes_of(rule)
         if rule.hf is None:
             yield rule.ours, constant(rule, our_shape(rule, sizes), dtype, device)
         elif rule.experts:

@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.shapes import HeadVectors, KeyVectors
+from hookedattn.core.shapes import HeadVectors, KeyVectors, ValueVectors
 
 # The weights in the order `project` takes them, after the input.
 ORDER = ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V")
@@ -39,7 +39,7 @@ class FusedQKV:
     """
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
-        self.d_head = cfg.d_head
+        self.d_head, self.d_value = cfg.d_head, cfg.d_value
         self.heads = (cfg.n_heads, cfg.n_kv_heads)
         self._keep = False
         self._kept: tuple[tuple, Tensor, Tensor] | None = None
@@ -72,7 +72,7 @@ class FusedQKV:
         b_K: Tensor,
         W_V: Tensor,
         b_V: Tensor,
-    ) -> tuple[HeadVectors, KeyVectors, KeyVectors]:
+    ) -> tuple[HeadVectors, KeyVectors, ValueVectors]:
         """`x @ W_Q + b_Q`, `x @ W_K + b_K`, `x @ W_V + b_V`, each split per head.
 
         The three are views of one result (`hook_q`, `hook_k`, `hook_v` read them at no
@@ -80,16 +80,18 @@ class FusedQKV:
         """
         W, b = self.weights((W_Q, b_Q, W_K, b_K, W_V, b_V))
         qkv = nn.functional.linear(x, W, b)
-        # batch pos (qkv_head d_head) -> batch pos qkv_head d_head, then three slices of the
-        # heads (`narrow`), not `split`: autograd lets a hook edit a slice in place, but not
-        # one of the several views a single call returns.
+        # batch pos (qkv_head d_head) -> three slices (`narrow`), not `split`: autograd lets
+        # a hook edit a slice in place, but not one of the several views a single call
+        # returns; each then split per head (the values' heads may be narrower, MiMo's).
         batch, pos, _ = qkv.shape
-        heads = qkv.view(batch, pos, -1, self.d_head)
         n_q, n_kv = self.heads
+        q_width, k_width = n_q * self.d_head, n_kv * self.d_head
         return (
-            heads.narrow(2, 0, n_q),
-            heads.narrow(2, n_q, n_kv),
-            heads.narrow(2, n_q + n_kv, n_kv),
+            qkv.narrow(2, 0, q_width).view(batch, pos, n_q, self.d_head),
+            qkv.narrow(2, q_width, k_width).view(batch, pos, n_kv, self.d_head),
+            qkv.narrow(2, q_width + k_width, n_kv * self.d_value).view(
+                batch, pos, n_kv, self.d_value
+            ),
         )
 
     def weights(

@@ -82,6 +82,12 @@ def _not_split(cfg: HookedTransformerConfig) -> str | None:
             f"latents and shared rotary key every head reads, and whose heads are not split "
             f"over ranks yet; {_ELSEWHERE}"
         )
+    if cfg.has_layer_shapes:
+        return (
+            "this model's blocks differ in their attention's heads or widths (the config's "
+            "n_heads_layers, d_head_layers, n_key_value_heads_layers, attn_sinks_layers), "
+            f"whose heads are not split over ranks yet; {_ELSEWHERE}"
+        )
     if cfg.differential_attention:
         return (
             "this model's attention is differential, whose query heads i and i + n_heads/2 "
