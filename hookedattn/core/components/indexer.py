@@ -21,10 +21,13 @@ over `d_index`, epsilon `index_norm_eps`.
 
 The scores are computed in float32 whatever the model's dtype, as `transformers` computes
 them (DeepSeek's reference uses an fp8 kernel): only their order matters, and the same
-order makes the same choice. The choice is `torch.topk`'s, ties included (exactly tied keys,
-as several whose every head's score the ReLU zeroes, are chosen as `torch.topk` chooses,
-which is what `transformers` calls). The selection is not differentiable; gradients reach
-the indexer's weights through nothing.
+order makes the same choice. The choice is `torch.topk`'s over each query's whole row
+(later keys -inf), ties included: keys tied at the last place (several whose every head's
+score the ReLU zeroes) are chosen as `torch.topk` chooses, which is what `transformers`
+calls on the same row. `torch.topk` does not promise one choice among ties for a row alone
+and for the same row among others, so under such a tie a step with the KV cache may choose
+otherwise than the whole forward (in `transformers` as here). The selection is not
+differentiable: no gradient reaches the indexer's weights.
 
 A forward with a KV cache keeps the indexer's keys in the layer's entry beside the
 attention's (`KeyValueCacheEntry.side`), so a generated token scores every earlier key.
