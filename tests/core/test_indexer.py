@@ -91,7 +91,7 @@ def test_index_scores_equal_a_brute_force_loop(model, cache):
     """To float32's rounding: the indexer scores in float32, as transformers does."""
     for layer, block in enumerate(model.blocks):
         x, q_in = cache[f"blocks.{layer}.ln1.hook_out"], _query_input(model, cache, layer)
-        got = cache[f"blocks.{layer}.attn.indexer.hook_scores"]
+        got = cache[f"blocks.{layer}.attn.indexer.hook_index_scores"]
         assert got.dtype == torch.float32
         for row in range(TOKENS.shape[0]):
             with torch.no_grad():
@@ -110,7 +110,7 @@ def _no_tie(scores: torch.Tensor) -> bool:
 
 def test_each_query_reads_the_top_k_keys_of_its_scores(model, cache):
     for layer in range(model.cfg.n_layers):
-        scores = cache[f"blocks.{layer}.attn.indexer.hook_scores"]
+        scores = cache[f"blocks.{layer}.attn.indexer.hook_index_scores"]
         assert _no_tie(scores), layer
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         for row in range(TOKENS.shape[0]):
@@ -127,7 +127,7 @@ def test_the_attention_is_a_softmax_over_the_chosen_keys_only(model, cache):
     for layer in range(cfg.n_layers):
         a = f"blocks.{layer}.attn"
         q, k, v = cache[f"{a}.hook_rot_q"], cache[f"{a}.hook_rot_k"], cache[f"{a}.hook_v"]
-        scores = cache[f"{a}.indexer.hook_scores"]
+        scores = cache[f"{a}.indexer.hook_index_scores"]
         for row in range(TOKENS.shape[0]):
             for t in range(N):
                 chosen = scores[row, t, : t + 1].topk(min(3, t + 1)).indices.tolist()
@@ -142,8 +142,8 @@ def test_the_attention_is_a_softmax_over_the_chosen_keys_only(model, cache):
 def test_the_indexer_hook_points_have_the_documented_shapes(model, cache):
     batch, i = TOKENS.shape[0], "blocks.1.attn.indexer"
     shapes = {
-        "hook_q": (batch, N, 4, 8), "hook_k": (batch, N, 8),
-        "hook_weights": (batch, N, 4), "hook_scores": (batch, N, N),
+        "hook_index_q": (batch, N, 4, 8), "hook_index_k": (batch, N, 8),
+        "hook_index_weights": (batch, N, 4), "hook_index_scores": (batch, N, N),
     }  # fmt: skip
     for name, shape in shapes.items():
         assert tuple(cache[f"{i}.{name}"].shape) == shape, name
@@ -156,7 +156,7 @@ def test_an_edit_of_the_index_scores_changes_the_keys_read(model):
     def favour_the_first_key(scores, hook):
         return scores.index_fill(-1, torch.tensor([0]), 1e9)
 
-    hooks = [("blocks.0.attn.indexer.hook_scores", favour_the_first_key)]
+    hooks = [("blocks.0.attn.indexer.hook_index_scores", favour_the_first_key)]
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         _, cache = model.run_with_cache(TOKENS)
     assert bool((cache["blocks.0.attn.hook_pattern"][..., 0] > 0).all())
@@ -169,7 +169,7 @@ def test_tied_keys_are_chosen_as_torch_topk_chooses():
     model = indexed_model(index_n_heads=3, q_lora_rank=None)
     with torch.no_grad():
         _, cache = model.run_with_cache(TOKENS)
-    scores = cache["blocks.0.attn.indexer.hook_scores"]
+    scores = cache["blocks.0.attn.indexer.hook_index_scores"]
     assert not _no_tie(scores)
     chosen = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, scores.topk(3).indices, True)
     causal = torch.ones(N, N, dtype=torch.bool).tril()
@@ -215,6 +215,27 @@ def test_generation_with_and_without_the_kv_cache_agree(model):
     with_cache = model.generate(TOKENS[:, :3], **kwargs)
     without = model.generate(TOKENS[:, :3], use_past_kv_cache=False, **kwargs)
     assert torch.equal(with_cache, without)
+
+
+def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens(model):
+    """The indexer's scores of each step (a row over the keys so far) join as one forward's
+    (to float32's rounding: they are float32 sums in another order)."""
+    out = model.generate(TOKENS[:, :4], 5, stop_at_eos=False, return_cache=True)
+    _, expected = model.run_with_cache(out.tokens)
+    assert sorted(out.cache) == sorted(expected)
+    for name in expected:  # masked scores are -inf in both
+        atol = 1e-5 if expected[name].dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(out.cache[name], expected[name], rtol=0, atol=atol, msg=name)
+
+
+def test_the_indexer_names_expand_and_have_their_axes():
+    from hookedattn.core import names
+
+    name = names.get_act_name("index_scores", 1)
+    assert name == "blocks.1.attn.indexer.hook_index_scores"
+    assert names.axis_names(name) == ("batch", "query_pos", "key_pos")
+    assert names.axis_names("blocks.0.attn.indexer.hook_index_q")[2:] == ("index_head", "d_index")
+    assert names.axis_names("blocks.0.attn.indexer.k_norm.hook_out") == ("batch", "pos", "d_index")
 
 
 def test_a_cache_holding_no_indexer_keys_is_refused(model):

@@ -6,13 +6,13 @@ query latent (or the stream, without one), its one key per position from the str
 of `index_n_heads` heads scores with a ReLU, and a weight per head and query (read from the
 stream) adds the heads up:
 
-    q_I     = rot(c_q @ W_IQ[i])                         (hook_q) [batch pos index_head d_index]
-    k_I     = rot(LN(x @ W_IK))                          (hook_k) [batch pos d_index]
-    w       = x @ W_IW / sqrt(index_n_heads)             (hook_weights) [batch pos index_head]
+    q_I     = rot(c_q @ W_IQ[i])                  (hook_index_q) [batch pos index_head d_index]
+    k_I     = rot(LN(x @ W_IK))                   (hook_index_k) [batch pos d_index]
+    w       = x @ W_IW / sqrt(index_n_heads)      (hook_index_weights) [batch pos index_head]
     s[t, u] = sum_i w[t, i] relu(q_I[t, i] . k_I[u] / sqrt(d_index)),  blocked keys -inf
-                                                         (hook_scores) [batch query_pos key_pos]
+                                          (hook_index_scores) [batch query_pos key_pos]
     chosen  = the index_topk keys of highest s per query (all it may read, if fewer)
-    the attention's blocked keys |= the keys not chosen  (its equation unchanged)
+    the attention's blocked keys |= the keys not chosen   (its equation unchanged)
 
 `rot` rotates the first `rotary_dim` dimensions of each head with the attention's own
 rotary (DeepSeek V3.2 rotates them as two halves, as ours does; GLM-MoE-DSA in interleaved
@@ -69,10 +69,10 @@ class Indexer(nn.Module):
         self.score_scale = 1 / math.sqrt(d_index)
         self.head_scale = 1 / math.sqrt(n_index)
         self.rotary = Rotary(cfg)
-        self.hook_q = HookPoint()  # [batch pos index_head d_index]
-        self.hook_k = HookPoint()  # [batch pos d_index]
-        self.hook_weights = HookPoint()  # [batch pos index_head]
-        self.hook_scores = HookPoint()  # [batch query_pos key_pos]
+        self.hook_index_q = HookPoint()  # [batch pos index_head d_index]
+        self.hook_index_k = HookPoint()  # [batch pos d_index]
+        self.hook_index_weights = HookPoint()  # [batch pos index_head]
+        self.hook_index_scores = HookPoint()  # [batch query_pos key_pos]
 
     def forward(
         self,
@@ -85,10 +85,10 @@ class Indexer(nn.Module):
         q, k = self.queries(query_input, context), self.keys(x, context)
         if past_kv is not None:
             k = past_kv.side("indexer", k[:, :, None])[:, :, 0]
-        weights = self.hook_weights(
+        weights = self.hook_index_weights(
             einsum(x, self.W_IW, "batch pos d_model, d_model index_head -> batch pos index_head")
         )
-        scores = self.hook_scores(self.scores(q, k, weights * self.head_scale, context))
+        scores = self.hook_index_scores(self.scores(q, k, weights * self.head_scale, context))
         n_chosen = min(self.topk, scores.shape[-1])
         chosen = torch.zeros_like(scores, dtype=torch.bool)
         chosen.scatter_(-1, scores.topk(n_chosen, dim=-1).indices, True)
@@ -103,7 +103,7 @@ class Indexer(nn.Module):
             self.W_IQ,
             "batch pos d_query, index_head d_query d_index -> batch pos index_head d_index",
         )
-        return self.hook_q(self.rotary(q, context.positions))
+        return self.hook_index_q(self.rotary(q, context.positions))
 
     def keys(self, x: Stream, context: AttentionContext) -> Float[Tensor, "batch pos d_index"]:
         """The one rotated key per position, normed before the rotation."""
@@ -111,7 +111,7 @@ class Indexer(nn.Module):
             einsum(x, self.W_IK, "batch pos d_model, d_model d_index -> batch pos d_index")
         )
         k = self.rotary(rearrange(k, "batch pos d_index -> batch pos 1 d_index"), context.positions)
-        return self.hook_k(rearrange(k, "batch pos 1 d_index -> batch pos d_index"))
+        return self.hook_index_k(rearrange(k, "batch pos 1 d_index -> batch pos d_index"))
 
     def scores(
         self,
