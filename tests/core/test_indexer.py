@@ -200,6 +200,16 @@ def test_leaving_the_choice_out_moves_the_logits(model):
         assert float((plain(TOKENS) - model(TOKENS)).abs().max()) > 1e-3
 
 
+def test_left_padding_changes_no_real_token(model):
+    """Padding keys score -inf, never chosen: a left-padded prompt's logits are its own."""
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), TOKENS[1:]], dim=1)
+    mask = torch.cat([torch.zeros(1, 3), torch.ones(1, N)], dim=1).long()
+    with torch.no_grad():
+        alone = model(TOKENS[1:])
+        got = model(padded, attention_mask=mask)[:, 3:]
+    torch.testing.assert_close(got, alone, rtol=0, atol=1e-12)
+
+
 def test_one_token_at_a_time_with_the_kv_cache_equals_the_whole_forward(model):
     """Each step's indexer scores the keys it cached in earlier steps."""
     with torch.no_grad():
