@@ -136,6 +136,13 @@ class KeyValueCacheEntry:
         entry.frozen = self.frozen
         return entry.append(new_keys, new_keys[..., :0])[0]
 
+    def frozen_copy(self, device: str | torch.device) -> "KeyValueCacheEntry":
+        """A frozen copy of this entry on `device`, its side keys too (read, never stored
+        into: what a layer placed on another device reads)."""
+        copy = KeyValueCacheEntry(self.past_keys.to(device), self.past_values.to(device), True)
+        copy._sides = {name: entry.frozen_copy(device) for name, entry in self._sides.items()}
+        return copy
+
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (undoing appends; the buffers are kept)."""
         self._length = min(self._length, length)

@@ -220,6 +220,23 @@ def test_one_token_at_a_time_with_the_kv_cache_equals_the_whole_forward(model):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
 
 
+def test_a_frozen_cache_and_its_copies_are_read_with_their_indexer_keys(model):
+    """Frozen, the cache (the indexer's keys too) is read and left as it is; a frozen copy
+    (what a block on another device reads) carries the indexer's keys."""
+    cache = KeyValueCache.empty(model.cfg, batch=TOKENS.shape[0])
+    with torch.no_grad():
+        model(TOKENS[:, :4], past_kv_cache=cache)
+        cache.freeze()
+        step = model(TOKENS[:, 4:5], past_kv_cache=cache)
+        again = model(TOKENS[:, 4:5], past_kv_cache=cache)
+        entries = [entry.frozen_copy("cpu") for entry in cache.entries]
+        copies = KeyValueCache(entries, cache.previous_attention_mask, frozen=True)
+        copied = model(TOKENS[:, 4:5], past_kv_cache=copies)
+        full = model(TOKENS[:, :5])[:, 4:]
+    torch.testing.assert_close(step, full, rtol=0, atol=1e-12)
+    assert torch.equal(step, again) and torch.equal(step, copied)
+
+
 def test_generation_with_and_without_the_kv_cache_agree(model):
     kwargs = dict(max_new_tokens=6, do_sample=False, stop_at_eos=False)
     with_cache = model.generate(TOKENS[:, :3], **kwargs)
