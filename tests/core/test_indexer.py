@@ -286,6 +286,15 @@ def test_folding_the_norms_keeps_the_logits(model):
         torch.testing.assert_close(folded(TOKENS), model(TOKENS), rtol=0, atol=1e-10)
 
 
+def test_a_saved_model_loads_with_its_indexers(tmp_path):
+    model = indexed_model(indexer_layers=(True, False))
+    model.save(tmp_path)
+    loaded = HookedTransformer.load(tmp_path)
+    assert loaded.cfg == model.cfg
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), model(TOKENS))
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
