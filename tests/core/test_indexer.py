@@ -295,6 +295,20 @@ def test_a_saved_model_loads_with_its_indexers(tmp_path):
         assert torch.equal(loaded(TOKENS), model(TOKENS))
 
 
+def test_an_attribution_graph_refuses_the_indexer(model):
+    """Its frozen patterns are made again from queries and keys alone, without the choice."""
+    from analysis.attribution_graphs import attribution_graph
+    from hookedattn.sae import Transcoder, TranscoderConfig
+
+    tcs = [
+        Transcoder(TranscoderConfig(32, 8, 32, f"blocks.{layer}.ln2.hook_out",
+                                    f"blocks.{layer}.hook_mlp_out", "relu", dtype="float64"))
+        for layer in range(2)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="lightning indexer's choice of keys"):
+        attribution_graph(model, tcs, TOKENS[0])
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
