@@ -8,8 +8,9 @@ stream) adds the heads up:
 
     q_I     = rot(c_q @ W_IQ[i])                  (hook_index_q) [batch pos index_head d_index]
     k_I     = rot(LN(x @ W_IK))                   (hook_index_k) [batch pos d_index]
-    w       = x @ W_IW / sqrt(index_n_heads)      (hook_index_weights) [batch pos index_head]
-    s[t, u] = sum_i w[t, i] relu(q_I[t, i] . k_I[u] / sqrt(d_index)),  blocked keys -inf
+    w       = x @ W_IW                            (hook_index_weights) [batch pos index_head]
+    s[t, u] = sum_i w[t, i] relu(q_I[t, i] . k_I[u] / sqrt(d_index)) / sqrt(index_n_heads),
+              blocked keys -inf
                                           (hook_index_scores) [batch query_pos key_pos]
     chosen  = the index_topk keys of highest s per query (all it may read, if fewer)
     the attention's blocked keys |= the keys not chosen   (its equation unchanged)
@@ -85,14 +86,21 @@ class Indexer(nn.Module):
         q, k = self.queries(query_input, context), self.keys(x, context)
         if past_kv is not None:
             k = past_kv.side("indexer", k[:, :, None])[:, :, 0]
-        weights = self.hook_index_weights(
-            einsum(x, self.W_IW, "batch pos d_model, d_model index_head -> batch pos index_head")
-        )
-        scores = self.hook_index_scores(self.scores(q, k, weights * self.head_scale, context))
+        scores = self.hook_index_scores(self.scores(q, k, self.head_weights(x), context))
         n_chosen = min(self.topk, scores.shape[-1])
         chosen = torch.zeros_like(scores, dtype=torch.bool)
         chosen.scatter_(-1, scores.topk(n_chosen, dim=-1).indices, True)
         return _restricted(context, self.attn_type, ~chosen[:, None])
+
+    def head_weights(self, x: Stream) -> Float[Tensor, "batch pos index_head"]:
+        """`x @ W_IW`, each head's weight per query, in float32 at least (`transformers`
+        keeps this projection in float32 in a lower-precision model)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        weights = einsum(
+            x.to(dtype), self.W_IW.to(dtype),
+            "batch pos d_model, d_model index_head -> batch pos index_head",
+        )  # fmt: skip
+        return self.hook_index_weights(weights)
 
     def queries(
         self, query_input: Float[Tensor, "batch pos d_query"], context: AttentionContext
@@ -120,8 +128,8 @@ class Indexer(nn.Module):
         weights: Float[Tensor, "batch query_pos index_head"],
         context: AttentionContext,
     ) -> Scores:
-        """`sum_i w[t, i] relu(q_I[t, i] . k_I[u] / sqrt(d_index))`, in float32, each
-        blocked key's -inf."""
+        """`sum_i w[t, i] relu(q_I[t, i] . k_I[u] / sqrt(d_index))` with `w` the head
+        weights over `sqrt(index_n_heads)`, in float32, each blocked key's -inf."""
         per_head = einsum(
             q.float(),
             k.float(),
@@ -130,7 +138,7 @@ class Indexer(nn.Module):
         )
         per_head = torch.relu(per_head * self.score_scale)
         scores = einsum(
-            weights.float(),
+            weights.float() * self.head_scale,
             per_head,
             "batch query_pos index_head, batch query_pos index_head key_pos "
             "-> batch query_pos key_pos",
