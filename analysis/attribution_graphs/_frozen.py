@@ -126,6 +126,12 @@ def check_model(model: nn.Module, tset: TranscoderSet) -> None:
     for field, why in problems.items():
         if getattr(cfg, field, False):
             raise ValueError(f"attribution graphs: {why} ({field}=True)")
+    if getattr(cfg, "index_topk", None) is not None:
+        raise ValueError(
+            f"attribution graphs: a lightning indexer's choice of keys (index_topk="
+            f"{cfg.index_topk}) is not kept with the frozen patterns, which are made again "
+            f"from the queries and keys without it"
+        )
     if cfg.placements != ("pre",):
         raise ValueError(
             f"attribution graphs need norms before the sublayers only, not "

@@ -29,6 +29,8 @@ Axis names, used in every shape annotation and einops pattern in this package an
     kv_head     key/value heads (grouped-query attention)
     q_rank, kv_rank  latent attention's query and key/value latents; d_rope the rotated
                 part of its query/key head; d_head_v its value head (d_head elsewhere)
+    index_head, d_index  a lightning indexer's heads and their width; d_query what its
+                queries read (the query latent, or the stream)
     channel, d_conv  a hybrid's convolution: its channels and the positions it spans
     ssm_head, d_ssm_head, d_state, group  a Mamba-2 mixer's heads, their width, the state
                 per head row, the groups of heads sharing B and C; d_inner its inner width

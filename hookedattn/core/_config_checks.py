@@ -398,6 +398,32 @@ class ConfigChecks:
                 f"attention the rotated part ends each query/key head, after its unrotated part"
             )
 
+    def _check_indexer(self) -> None:
+        """A lightning indexer (`index_topk`) selects keys for latent attention, its heads
+        at least `rotary_dim` wide (their first `rotary_dim` dimensions rotate), and
+        `indexer_layers` is one flag per block."""
+        if self.index_topk is None:
+            if self.indexer_layers is not None:
+                raise ValueError("indexer_layers says which blocks select keys: give index_topk")
+            return
+        if self.kv_lora_rank is None:
+            raise ValueError(
+                f"index_topk={self.index_topk} selects keys for latent attention: give "
+                f"kv_lora_rank (a lightning indexer beside other attention is not built)"
+            )
+        if self.index_head_dim is None or self.index_head_dim < self.rotary_dim:
+            raise ValueError(
+                f"index_head_dim={self.index_head_dim} must be at least rotary_dim="
+                f"{self.rotary_dim}: the indexer rotates its heads' first rotary_dim dimensions"
+            )
+        flags = self.indexer_layers
+        if flags is not None and (
+            len(flags) != self.n_layers or not all(isinstance(f, bool) for f in flags)
+        ):
+            raise ValueError(
+                f"indexer_layers must be {self.n_layers} booleans, one per block; got {flags}"
+            )
+
     def _check_rotary(self) -> None:
         if self.rotary_layers is not None:
             flags = self.rotary_layers

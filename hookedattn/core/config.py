@@ -60,6 +60,7 @@ _PER_LAYER_TUPLES = (
     "d_head_layers",
     "n_key_value_heads_layers",
     "attn_sinks_layers",
+    "indexer_layers",
 )
 
 
@@ -177,6 +178,11 @@ class HookedTransformerConfig(ConfigChecks):
       `d_value` is the width either way); the
       latents' RMSNorms have their own epsilon `latent_norm_eps`.
       `components.latent_attention`.
+    - a lightning indexer (`index_topk`; DeepSeek V3.2's sparse attention, GLM-MoE-DSA):
+      in latent attention, each query reads only the `index_topk` keys that a small
+      scorer of its own ranks highest (`index_n_heads` heads `index_head_dim` wide, its
+      key's LayerNorm with epsilon `index_norm_eps`); `indexer_layers` (one flag per
+      block; None: every block) says which blocks select. `components.indexer`.
     - mixture of experts (`num_experts`, `experts_per_token`: TransformerLens's names): each MLP is
       a router choosing `experts_per_token` of `num_experts` experts of width `d_mlp` per token
       (gated as `gated_mlp` says, as are the shared expert and the dense MLPs beside them:
@@ -276,6 +282,11 @@ class HookedTransformerConfig(ConfigChecks):
     n_key_value_heads_layers: tuple[int, ...] | None = None
     attn_sinks_layers: tuple[bool, ...] | None = None
     latent_norm_eps: float = 1e-6
+    index_topk: int | None = None
+    index_n_heads: int = 1
+    index_head_dim: int | None = None
+    index_norm_eps: float = 1e-6
+    indexer_layers: tuple[bool, ...] | None = None
     gated_mlp: bool = False
     mlp_gate_bias: bool = False
     embed_norm: bool = False
@@ -364,6 +375,7 @@ class HookedTransformerConfig(ConfigChecks):
         self._check_rotary()
         self._check_alibi()
         self._check_latent_attention()
+        self._check_indexer()
         self._check_differential_attention()
         self._check_layer_shapes()
 
@@ -501,6 +513,13 @@ class HookedTransformerConfig(ConfigChecks):
         if not self.use_qk_norm:
             return False
         return self.qk_norm_layers is None or self.qk_norm_layers[layer]
+
+    def layer_indexes(self, layer: int) -> bool:
+        """Whether block `layer` selects its keys by a lightning indexer (`index_topk`,
+        `indexer_layers`)."""
+        if self.index_topk is None:
+            return False
+        return self.indexer_layers is None or self.indexer_layers[layer]
 
     def layer_tunes_queries(self, layer: int) -> bool:
         """Whether block `layer` scales its queries by position (`query_temperature_floor`:

@@ -38,6 +38,7 @@ class KeyValueCacheEntry:
     ) -> None:
         self.frozen = frozen
         self._set(past_keys, past_values)
+        self._sides: dict[str, KeyValueCacheEntry] = {}
 
     @classmethod
     def preallocated(
@@ -117,9 +118,36 @@ class KeyValueCacheEntry:
         self._length = end
         return self.past_keys, self.past_values
 
+    def side(
+        self, name: str, new_keys: Float[Tensor, "batch new_pos head d_side"]
+    ) -> Float[Tensor, "batch all_pos head d_side"]:
+        """Past and new keys of a second kind that this layer keeps beside its attention's
+        (a lightning indexer's: `components.indexer`), stored as this entry's are: appended
+        unless frozen, forgotten by `truncate`. Called before this entry's own `append`."""
+        entry = self._sides.get(name)
+        if entry is None:
+            if self._length:
+                raise ValueError(
+                    f"this cache entry holds {self._length} positions but no {name} keys for "
+                    f"them: a cache made without them cannot be read by this layer"
+                )
+            empty = new_keys.narrow(1, 0, 0)
+            entry = self._sides[name] = KeyValueCacheEntry(empty, empty[..., :0])
+        entry.frozen = self.frozen
+        return entry.append(new_keys, new_keys[..., :0])[0]
+
+    def frozen_copy(self, device: str | torch.device) -> "KeyValueCacheEntry":
+        """A frozen copy of this entry on `device`, its side keys too (read, never stored
+        into: what a layer placed on another device reads)."""
+        copy = KeyValueCacheEntry(self.past_keys.to(device), self.past_values.to(device), True)
+        copy._sides = {name: entry.frozen_copy(device) for name, entry in self._sides.items()}
+        return copy
+
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (undoing appends; the buffers are kept)."""
         self._length = min(self._length, length)
+        for entry in self._sides.values():
+            entry.truncate(length)
 
     def __repr__(self) -> str:
         batch, pos, head, d_head = self.past_keys.shape

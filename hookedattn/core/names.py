@@ -38,6 +38,7 @@ _QK_NORM = "blocks.{layer}.attn.{site}.hook_{part}"
 # expert 3 of block 0. A shared expert (Qwen2-MoE) is a gated MLP: ("shared_post", 0).
 _EXPERT = "blocks.{layer}.mlp.experts.{expert}.hook_{part}"
 _SHARED = "blocks.{layer}.mlp.shared_expert.hook_{part}"
+_INDEXER = "blocks.{layer}.attn.indexer.hook_{name}"
 _EXPERT_PARTS = ("in", "pre", "pre_linear", "post", "out")
 
 _TEMPLATES: dict[str, str] = {
@@ -48,6 +49,8 @@ _TEMPLATES: dict[str, str] = {
     **{n: _ATTN for n in ("attn_scores", "pattern")},
     # Latent attention's latents (after their norms) and its shared rotary key.
     **{n: _ATTN for n in ("q_latent", "kv_latent", "k_rope")},
+    # A lightning indexer's queries, keys, head weights and scores (`components.indexer`).
+    **{f"index_{part}": _INDEXER for part in ("q", "k", "weights", "scores")},
     **{n: _MLP for n in ("pre", "pre_linear", "mid", "post")},  # mid: solu_ln's, before its ln
     **{
         n: _MLP
@@ -225,6 +228,10 @@ _AXES: dict[str, str] = {
     **{n: "batch pos q_rank" for n in ("q_latent", "q_a_norm_normalized", "q_a_norm_out")},
     **{n: "batch pos kv_rank" for n in ("kv_latent", "kv_a_norm_normalized", "kv_a_norm_out")},
     "k_rope": "batch pos d_rope",
+    "index_q": "batch pos index_head d_index",
+    **{n: "batch pos d_index" for n in ("index_k", "index_k_norm_normalized", "index_k_norm_out")},
+    "index_weights": "batch pos index_head",
+    "index_scores": "batch query_pos key_pos",
     **{n: "batch pos d_mlp" for n in ("pre", "pre_linear", "mid", "post")},
     # The norm over the neurons of a `solu_ln` MLP (`blocks.0.mlp.ln.hook_normalized`).
     "mlp_ln_normalized": "batch pos d_mlp",
@@ -249,6 +256,8 @@ def axis_names(name: str) -> tuple[str, ...]:
     short = parts[-1].removeprefix("hook_")
     if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm"):
         short = f"{parts[-2]}_{short}"
+    if parts[-3:-1] == ["indexer", "k_norm"]:  # the indexer's one key per position
+        short = f"index_k_norm_{parts[-1].removeprefix('hook_')}"
     if parts[-3:-1] == ["mlp", "ln"]:  # a solu_ln MLP's norm, over the neurons
         short = f"mlp_ln_{short}"
     if len(parts) > 1 and parts[-2] == "shared_expert":  # its own width, d_mlp_shared

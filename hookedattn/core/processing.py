@@ -220,6 +220,11 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "a LayerNorm bias before a gated MLP reaches W_gate, which has no bias to take "
             "it (normalization_type='LN' with gated_mlp=True)"
         )
+    if cfg.index_topk is not None and cfg.normalization_type == "LN":
+        return (
+            "a LayerNorm bias before a lightning indexer reaches its W_IK and W_IW, which "
+            "have no bias to take it (normalization_type='LN' with index_topk)"
+        )
     return None
 
 
@@ -290,6 +295,7 @@ def _attn_readers(
             *query,
             (f"{attn}.W_KV_a", f"{attn}.b_KV_a"),
             (f"{attn}.W_K_rope", f"{attn}.b_K_rope"),
+            *_indexer_readers(cfg, f"{attn}.indexer", state),
         ]
     readers: list[tuple[str, str | None]] = [(f"{attn}.W_Q", f"{attn}.b_Q")]
     for kind in "KV":
@@ -298,6 +304,18 @@ def _attn_readers(
     if cfg.attn_gate is not None:  # the output gate reads the same input
         readers.append((f"{attn}.W_G", f"{attn}.b_G"))
     return readers
+
+
+def _indexer_readers(
+    cfg: HookedTransformerConfig, indexer: str, state: State
+) -> list[tuple[str, str | None]]:
+    """A lightning indexer's reads of the attention's input (`components.indexer`): its key
+    and head weights, and its queries where they read the stream rather than the query
+    latent; none in a block without one."""
+    if f"{indexer}.W_IK" not in state:
+        return []
+    query = [(f"{indexer}.W_IQ", None)] if cfg.q_lora_rank is None else []
+    return [*query, (f"{indexer}.W_IK", None), (f"{indexer}.W_IW", None)]
 
 
 # A hybrid's mixers read the stream through affine maps only (`components.short_conv`,

@@ -37,6 +37,7 @@ from hookedattn.core.components.embed_projection import (
     make_embed_projection,
 )
 from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
+from hookedattn.core.components.indexer import Indexer
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
@@ -95,6 +96,7 @@ __all__ = [
     "GatedMLP",
     "GroupedDifferentialAttention",
     "GroupedQueryAttention",
+    "Indexer",
     "KimiDeltaAttention",
     "LatentAttention",
     "LayerNorm",

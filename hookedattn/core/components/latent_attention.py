@@ -17,6 +17,8 @@ that every head shares.
             (`W_K`, `W_V` are the two parts of one stored `W_KV_b: [head kv_rank d_nope +
             d_head_v]`, as the keys and values come from one expansion of the latent)
     q, k  = their last rotary_dim dimensions rotated       (hook_rot_q, hook_rot_k)
+            [with a lightning indexer (`index_topk`), each query reads only the keys it
+             chooses: `components.indexer`, blocked keys as any attention's]
     scores, pattern, z, out: as any attention (`Attention`: hook_attn_scores, hook_pattern,
             hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`)
 
@@ -52,6 +54,7 @@ from torch import Tensor
 from hookedattn.core import kernels
 from hookedattn.core.components.attention import Attention, AttnInput
 from hookedattn.core.components.embed import _param, affine
+from hookedattn.core.components.indexer import Indexer
 from hookedattn.core.components.norm import RMSNorm
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.config import HookedTransformerConfig
@@ -102,6 +105,13 @@ class LatentAttention(Attention):
         self.hook_rot_q = HookPoint()
         self.hook_rot_k = HookPoint()
         self._init_pattern_and_write(cfg)
+        self.select_keys = self._every_key
+        if cfg.layer_indexes(layer):
+            self.indexer = Indexer(cfg, self.attn_type)
+            self.select_keys = self.indexer.__call__  # bound: registered once, as `indexer`
+            # The chosen keys are a mask of this forward's own, which a recorder's later
+            # rerun of the scores from the queries alone (`kernels.defer`) would not have.
+            self.fused = False
 
     def forward(
         self,
@@ -112,12 +122,14 @@ class LatentAttention(Attention):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
         x = query_input  # one shared input (the config refuses per-head copies)
-        q = self.hook_q(self.per_head(self.query_input(x), self.W_Q))
+        q_in = self.query_input(x)
+        q = self.hook_q(self.per_head(q_in, self.W_Q))
         c_kv = self.hook_kv_latent(self.kv_a_norm(affine(x, self.W_KV_a, self.b_KV_a)))
         k_rope = self.hook_k_rope(affine(x, self.W_K_rope, self.b_K_rope))
         k_nope, v = self.per_head(c_kv, self.W_KV_b).split([self.d_nope, self.d_head_v], dim=-1)
         k, v = self.hook_k(self.keys(k_nope, k_rope)), self.hook_v(v)
         q, k = self.rotate_last(q, k, context)
+        context = self.select_keys(x, q_in, context, past_kv)  # a lightning indexer's, or all
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
@@ -130,6 +142,16 @@ class LatentAttention(Attention):
             "values are expanded from a normed latent (W_KV_a, kv_a_norm, W_KV_b) plus a "
             "shared rotary key (W_K_rope)"
         )
+
+    def _every_key(
+        self,
+        x: Stream,
+        query_input: Tensor,
+        context: AttentionContext,
+        past_kv: KeyValueCacheEntry | None,
+    ) -> AttentionContext:
+        """The keys each query reads without an indexer: those `context` lets it."""
+        return context
 
     def _query_latent(self, x: Stream) -> Float[Tensor, "batch pos q_rank"]:
         return self.hook_q_latent(self.q_a_norm(affine(x, self.W_Q_a, self.b_Q_a)))

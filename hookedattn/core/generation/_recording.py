@@ -32,7 +32,9 @@ from hookedattn.core.hook_points import HookPoint
 NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 # What the full forward holds at a key a query may not read (`kernels.masked`: -inf scores,
 # so zero weights).
-_LATER_KEY = {"hook_attn_scores": -torch.inf, "hook_pattern": 0.0}
+# The names whose last axis is the keys, and what a step's keys not yet written read as (a
+# lightning indexer's scores, `[batch query_pos key_pos]`, like the attention's scores).
+_LATER_KEY = {"hook_attn_scores": -torch.inf, "hook_pattern": 0.0, "hook_index_scores": -torch.inf}
 
 
 class StepRecorder:
@@ -248,7 +250,7 @@ def _written_out_only(point: HookPoint) -> bool:
 
 
 _WRITTEN_OUT_ONLY = ("hook_scale", "hook_normalized", "hook_attn_scores", "hook_pattern")
-_KEY_AXES = ("hook_attn_scores", "hook_pattern")  # [batch head query_pos key_pos]
+_KEY_AXES = ("hook_attn_scores", "hook_pattern", "hook_index_scores")  # [... query_pos key_pos]
 
 
 def _gb(n: float | int) -> str:

@@ -27,6 +27,7 @@ from hookedattn.core.hf import (
     _gpt2,
     _gpt_oss,
     _gptj,
+    _indexer,
     _llama,
     _loading,
     _mimo_v2_flash,
@@ -65,6 +66,8 @@ FAMILIES: tuple[Family, ...] = (
     _nemotron_h.FAMILY,
     _diffllama.FAMILY,
     _mimo_v2_flash.FAMILY,
+    _indexer.DEEPSEEK_V32,
+    _indexer.GLM_MOE_DSA,
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 # The families `register_family` added, the latest first: looked up before the built-in ones.

@@ -344,9 +344,7 @@ class _ToWeightsDevice:
             return last[1]
         frozen = isinstance(value, KeyValueCacheEntry) and value.frozen
         if frozen and value.past_keys.device != device:  # read, never stored into: a copy
-            return KeyValueCacheEntry(
-                value.past_keys.to(device), value.past_values.to(device), frozen=True
-            )
+            return value.frozen_copy(device)
         return value  # an entry that is appended to grows onto the new keys' device
 
 
