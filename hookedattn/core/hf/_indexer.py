@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf._deepseek import _each_layer, deepseek_v3_fields, deepseek_v3_table
+from hookedattn.core.hf._deepseek import deepseek_v3_fields, deepseek_v3_table, each_layer
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._llama import L
 from hookedattn.core.hf._table import Rule, Table
@@ -66,7 +66,7 @@ def _indexed_table(interleaved: bool) -> Callable[[Any, HookedTransformerConfig,
 
     def table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
         base = deepseek_v3_table(hf_config, cfg, hf_model)
-        rules = _each_layer(indexer_rules(cfg, interleaved), range(cfg.n_layers))
+        rules = each_layer(indexer_rules(cfg, interleaved), range(cfg.n_layers))
         return dataclasses.replace(base, rules=(*base.rules, *rules), label=hf_config.model_type)
 
     return table
