@@ -17,6 +17,8 @@ that every head shares.
             (`W_K`, `W_V` are the two parts of one stored `W_KV_b: [head kv_rank d_nope +
             d_head_v]`, as the keys and values come from one expansion of the latent)
     q, k  = their last rotary_dim dimensions rotated       (hook_rot_q, hook_rot_k)
+            (none in a block that does not rotate, `rotary_layers`: Kimi Linear's latent
+            attention keeps these dimensions, and so the shared key part, unrotated)
     scores, pattern, z, out: as any attention (`Attention`: hook_attn_scores, hook_pattern,
             hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`)
 
@@ -98,9 +100,14 @@ class LatentAttention(Attention):
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos head d_head]
         self.hook_v = HookPoint()  # [batch pos head d_head_v]
-        self.rotary = Rotary(cfg)
-        self.hook_rot_q = HookPoint()
-        self.hook_rot_k = HookPoint()
+        # A block that does not rotate (`rotary_layers`: Kimi Linear's latent attention,
+        # which keeps the decoupled key part unrotated) has no rotary and no rot hooks.
+        self.apply_positions = self._unrotated
+        if cfg.layer_rotates(layer):
+            self.rotary = Rotary(cfg)
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+            self.apply_positions = self.rotate_last
         self._init_pattern_and_write(cfg)
 
     def forward(
@@ -117,7 +124,7 @@ class LatentAttention(Attention):
         k_rope = self.hook_k_rope(affine(x, self.W_K_rope, self.b_K_rope))
         k_nope, v = self.per_head(c_kv, self.W_KV_b).split([self.d_nope, self.d_head_v], dim=-1)
         k, v = self.hook_k(self.keys(k_nope, k_rope)), self.hook_v(v)
-        q, k = self.rotate_last(q, k, context)
+        q, k = self.apply_positions(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
@@ -156,7 +163,7 @@ class LatentAttention(Attention):
         self, q: HeadVectors, k: HeadVectors, context: AttentionContext
     ) -> tuple[HeadVectors, HeadVectors]:
         """The queries and keys the scores read, from the values at `hook_q` and `hook_k`."""
-        return self.rotate_last(q, k, context)
+        return self.apply_positions(q, k, context)
 
     def rotate_last(
         self, q: HeadVectors, k: HeadVectors, context: AttentionContext

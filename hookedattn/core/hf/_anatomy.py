@@ -500,12 +500,14 @@ class _Reader(Watching):
 
     def _mixers(self) -> tuple[Mixers | None, list[int]]:
         """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and
-        which layers attend."""
+        which layers attend. A mixer named or typed as attention (Kimi Linear's delta layers,
+        `self_attn` beside its latent attention) is told apart by its parts."""
         attention, mixers = [], []
         for layer in self.layers:
             children = dict(layer.named_children())
             found = [n for n, m in children.items()
-                     if n in ATTENTION_NAMES or type(m).__name__.endswith("Attention")]  # fmt: skip
+                     if (n in ATTENTION_NAMES or type(m).__name__.endswith("Attention"))
+                     and not _mixers.is_mixer(m)]  # fmt: skip
             attention.append(found[0] if len(found) == 1 else None)
             mixers.append(_mixers.mixer_child(children, tuple(found)))
         attending = [i for i, name in enumerate(attention) if name is not None]

@@ -139,7 +139,7 @@ class Convention:
             **_qk_layers.fields(c, a.qk_norm_on),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
-            fields |= _deepseek.latent_attention_fields(c)
+            fields |= _deepseek.latent_attention_fields(c, rotates=a.rotary)
         return fields
 
     def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
