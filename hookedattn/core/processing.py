@@ -59,6 +59,7 @@ from einops import einsum, rearrange
 from torch import Tensor
 
 from hookedattn.core._weights_io import load_checked_state_dict
+from hookedattn.core.components import kimi_delta
 from hookedattn.core.config import HookedTransformerConfig
 
 if TYPE_CHECKING:
@@ -310,15 +311,16 @@ _MIXER_INPUTS = {
     "mamba": ("xs", "z"),
     "gated_delta": ("q", "k", "v", "z", "b", "a"),
     "rg_lru": ("x", "y"),
-    "kimi_delta": ("q", "k", "v", "b", "f_down", "g_down"),
 }
 
 
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
-    """The weights (and biases) by which block `layer`'s mixer reads its input."""
+    """The weights (and biases) by which block `layer`'s mixer reads its input (Kimi Delta
+    Attention's gates by low-rank pairs or whole maps: `kimi_delta.input_maps`)."""
     mixer = f"blocks.{layer}.mixer"
+    inputs = _MIXER_INPUTS | {"kimi_delta": kimi_delta.input_maps(cfg.mixers)}
     return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for kind in cfg.mixers.layer_mixers(layer)
-            for n in _MIXER_INPUTS[kind]]  # fmt: skip
+            for n in inputs[kind]]  # fmt: skip
 
 
 def _mlp_readers(
