@@ -283,6 +283,8 @@ def _attn_readers(
     """The weights (and biases) that read an attention's input: W_Q, W_K, W_V (grouped-query
     attention stores the last two as _W_K, _W_V), or latent attention's projections to its
     latents and its shared rotary key (its latents' own norms keep their gains)."""
+    # The output gate reads the same input.
+    gate = [(f"{attn}.W_G", f"{attn}.b_G")] if cfg.attn_gate is not None else []
     if cfg.is_latent_attention:
         query = [(f"{attn}.W_Q", None)] if cfg.q_lora_rank is None else [
             (f"{attn}.W_Q_a", f"{attn}.b_Q_a")
@@ -291,13 +293,13 @@ def _attn_readers(
             *query,
             (f"{attn}.W_KV_a", f"{attn}.b_KV_a"),
             (f"{attn}.W_K_rope", f"{attn}.b_K_rope"),
+            *gate,
         ]
     readers: list[tuple[str, str | None]] = [(f"{attn}.W_Q", f"{attn}.b_Q")]
     for kind in "KV":
         stored = f"{attn}._" if f"{attn}._W_{kind}" in state else f"{attn}."
         readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
-    if cfg.attn_gate is not None:  # the output gate reads the same input
-        readers.append((f"{attn}.W_G", f"{attn}.b_G"))
+    readers += gate
     return readers
 
 

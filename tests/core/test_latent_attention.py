@@ -31,7 +31,9 @@ LATENT = dict(
 )  # fmt: skip
 # "unrotated": Kimi Linear's latent attention, its decoupled key part rotated in no block.
 VARIANTS = {"query_latent": {}, "plain_query": dict(q_lora_rank=None),
-            "unrotated": dict(rotary_layers=(False,) * 3)}  # fmt: skip
+            "unrotated": dict(rotary_layers=(False,) * 3),
+            "gated": dict(attn_gate="sigmoid", attn_gate_per_head=True)}  # fmt: skip
+# "gated": Bailing Hybrid's, one sigmoid factor per head on z.
 TOKENS = torch.tensor([[3, 17, 42, 8, 8, 29, 11, 5, 40], [9, 1, 12, 12, 33, 7, 2, 48, 4]])
 
 
@@ -104,6 +106,8 @@ def brute_force_attention(
             weights = torch.exp(scores - scores.max())
             weights = weights / weights.sum()
             z = sum(weights[j] * v[j, h] for j in range(p + 1))
+            if cfg.attn_gate is not None:  # sigmoid of the block's own input, per head
+                z = z * torch.sigmoid(x[p] @ attn.W_G[h] + attn.b_G[h])
             out[p] += z @ attn.W_O[h]
         out[p] += attn.b_O
     return out
@@ -134,6 +138,10 @@ def test_the_hook_points_have_the_documented_shapes(model, cache):
         shapes["hook_q_latent"] = (batch, pos, cfg.q_lora_rank)
     else:
         assert f"{a}.hook_q_latent" not in model.hook_dict
+    if cfg.attn_gate is not None:
+        shapes["hook_attn_gate"] = (batch, pos, 4, 1)  # one factor per head
+    else:
+        assert f"{a}.hook_attn_gate" not in model.hook_dict
     if not cfg.layer_rotates(1):  # nothing rotated: no rotated queries and keys to hook
         for name in ("hook_rot_q", "hook_rot_k"):
             assert f"{a}.{name}" not in model.hook_dict
@@ -217,6 +225,8 @@ def test_the_ov_circuit_gives_each_heads_write(model, cache):
     c_kv, pattern = cache["blocks.2.attn.hook_kv_latent"], cache["pattern", 2]
     per_key = torch.einsum("bkj,hjm->bhkm", c_kv, attn.OV.AB)
     writes = torch.einsum("bhqk,bhkm->bqhm", pattern, per_key)
+    if model.cfg.attn_gate is not None:  # the gate scales each head's write, outside OV
+        writes = writes * cache["blocks.2.attn.hook_attn_gate"]
     z = cache["z", 2]
     assert max_abs(writes, torch.einsum("bqhd,hdm->bqhm", z, attn.W_O)) <= 1e-10
 

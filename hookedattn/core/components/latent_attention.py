@@ -20,7 +20,9 @@ that every head shares.
             (none in a block that does not rotate, `rotary_layers`: Kimi Linear's latent
             attention keeps these dimensions, and so the shared key part, unrotated)
     scores, pattern, z, out: as any attention (`Attention`: hook_attn_scores, hook_pattern,
-            hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`)
+            hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`),
+            `z` gated as any attention's where the config has `attn_gate` (Bailing
+            Hybrid's one sigmoid factor per head, `hook_attn_gate`) before `hook_z`
 
 `d_head` is the query/key width, unrotated part (`d_nope = d_head - rotary_dim`) then
 rotated part; `d_head_v` the value width. The scale is `attn_scale` (`sqrt(d_head)`, over
@@ -128,7 +130,7 @@ class LatentAttention(Attention):
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
-        return self.write(self.hook_z(z))
+        return self.write(self.hook_z(self.gated(z, x)))
 
     def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Refused: keys and values here are not read from the stream by one matrix each."""
