@@ -83,6 +83,7 @@ from hookedattn.core.hf._roles import (
     gated_queries,
     is_cross,
     is_norm,
+    latent_gate,
     linear_maps,
     mlp_child,
     qk_norm_kind,
@@ -331,12 +332,13 @@ class _Reader(Watching):
     def _attention_maps(
         self, attn_module: nn.Module, latent: bool, norms: tuple[str, ...], d_head: int
     ) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
-        """The attention's linear maps (none for a latent attention, read by its own rules;
-        its `norms` are not maps) and whether its query map gates the output per head
-        (`_roles.gated_queries`)."""
-        return ((), None) if latent else gated_queries(
+        """The attention's linear maps (for a latent attention, read by its own rules, only
+        its output gate: `_roles.latent_gate`; its `norms` are not maps) and whether its
+        query map gates the output per head (`_roles.gated_queries`)."""
+        n_heads = self.config.num_attention_heads
+        return latent_gate(attn_module, n_heads) if latent else gated_queries(
             linear_maps(attn_module, ATTENTION_ROLES, skip=norms, own_allowed=("sinks",)),
-            attn_module, self.config.num_attention_heads, d_head,
+            attn_module, n_heads, d_head,
         )  # fmt: skip
 
     def _placement(self, norms: list[tuple[str, str]]) -> str:

@@ -262,7 +262,8 @@ class Convention:
             o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
             interleaved = a.rotary_layout == "pairs"
             bias = bool(getattr(hf_config, "attention_bias", False))
-            return _deepseek.latent_attention_rules(cfg, at, interleaved, bias, times(o_scale))
+            latent = _deepseek.latent_attention_rules(cfg, at, interleaved, bias, times(o_scale))
+            return latent + self._gate_rules(at)  # Bailing Hybrid's gate per head
         kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
         order = self._order(cfg)
         o_scale = 1.0 if "ln1_post" in dict(a.norms) else write

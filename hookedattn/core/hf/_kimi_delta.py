@@ -1,13 +1,16 @@
-"""A hybrid checkpoint's Kimi Delta Attention layers (`components.kimi_delta`, Kimi Linear's):
-recognised by their parts on the tiny twin (`_mixers` asks), their settings found among the
-config's fields, and their weight table.
+"""A hybrid checkpoint's Kimi Delta Attention layers (`components.kimi_delta`: Kimi Linear's,
+Bailing Hybrid's): recognised by their parts on the tiny twin (`_mixers` asks), their
+settings found among the config's fields, and their weight table.
 
     parts       `q_proj`, `k_proj`, `v_proj`, one depthwise `conv1d` over `[q; k; v]`, a
                 `forget_gate` holding the decay's low-rank maps `f_a_proj`, `f_b_proj` and
-                its `dt_bias`, `A_log`; `b_proj` (beta), the output gate's low-rank maps
-                `g_a_proj`, `g_b_proj`, the gated norm `o_norm` and `o_proj`
+                its `dt_bias`, `A_log` (`[1 1 head 1]`); `b_proj` (beta), the output gate's
+                low-rank maps `g_a_proj`, `g_b_proj`, the gated norm `o_norm` and `o_proj`
+                (Kimi Linear); or the gates' full maps, `forget_gate.f_proj` and `g_proj`,
+                `A_log` one per head (Bailing Hybrid: `kda_full_rank_gates`)
     settings    the convolution's width, the heads, their width, the low-rank maps' width
-                (`f_a_proj`'s outputs) and the gated norm's epsilon
+                (`f_a_proj`'s outputs), the gated norm's epsilon, and Bailing Hybrid's bound
+                on the decay (`kda_lower_bound`, where its `safe_gate` is on)
 
 Kimi Linear names this layer `self_attn`, as it names its latent attention: the anatomy
 tells the two apart by their parts (`_anatomy`), not by name. Its files keep the
@@ -23,9 +26,11 @@ from torch import nn
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 
-_PARTS = {"q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "g_a_proj",
-          "g_b_proj", "o_norm", "o_proj"}  # fmt: skip
-_GATE_PARTS, _GATE_OWN = {"f_a_proj", "f_b_proj"}, {"A_log", "dt_bias"}
+_SHARED = {"q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "o_norm", "o_proj"}
+# Whether the gates are full maps -> the layer's other parts, and its forget gate's.
+_FORMS = {False: ({"g_a_proj", "g_b_proj"}, {"f_a_proj", "f_b_proj"}),
+          True: ({"g_proj"}, {"f_proj"})}  # fmt: skip
+_GATE_OWN = {"A_log", "dt_bias"}
 # Our setting -> the config fields that may hold it (the linear attention's own).
 _FIELDS = {
     "d_conv": ("linear_conv_kernel_dim", "short_conv_kernel_size"),
@@ -33,17 +38,28 @@ _FIELDS = {
     "d_ssm_head": ("linear_head_dim",),
     "dt_rank": ("linear_head_dim",),
     "ssm_norm_eps": CONFIG_EPSILONS,
+    "kda_decay_bound": ("kda_lower_bound",),
 }
+
+
+def form_of(module: nn.Module) -> bool | None:
+    """Whether `module` is Kimi Delta Attention with full-rank gates (True, Bailing
+    Hybrid's) or low-rank ones (False, Kimi Linear's); None where it is not one."""
+    parts = {n for n, _ in module.named_children()}
+    gate = getattr(module, "forget_gate", None)
+    if gate is None or {n for n, _ in module.named_parameters(recurse=False)}:
+        return None
+    own = {n for n, _ in gate.named_parameters(recurse=False)}
+    gate_parts = {n for n, _ in gate.named_children()}
+    for full, (others, gate_maps) in _FORMS.items():
+        if parts == _SHARED | others and gate_parts == gate_maps and own == _GATE_OWN:
+            return full
+    return None
 
 
 def is_kimi_delta(module: nn.Module) -> bool:
     """Whether `module` has exactly the parts of Kimi Delta Attention (module docstring)."""
-    parts = {n for n, _ in module.named_children()}
-    if parts != _PARTS or {n for n, _ in module.named_parameters(recurse=False)}:
-        return False
-    gate = module.forget_gate
-    own = {n for n, _ in gate.named_parameters(recurse=False)}
-    return {n for n, _ in gate.named_children()} == _GATE_PARTS and own == _GATE_OWN
+    return form_of(module) is not None
 
 
 def read(module: nn.Module, config: Any) -> tuple[tuple[tuple[str, str], ...], tuple]:
@@ -59,17 +75,21 @@ def read(module: nn.Module, config: Any) -> tuple[tuple[tuple[str, str], ...], t
         raise ValueError(
             "Kimi Delta Attention with biases: not recognised (Kimi Linear's has none)"
         )
+    full = bool(form_of(module))
     shown = dict(
         d_conv=module.conv1d.kernel_size[0], n_ssm_heads=module.b_proj.out_features,
         d_ssm_head=module.o_norm.weight.shape[0],
-        dt_rank=module.forget_gate.f_a_proj.out_features,
         ssm_norm_eps=float(module.o_norm.variance_epsilon),
     )  # fmt: skip
-    if module.g_a_proj.out_features != shown["dt_rank"]:
-        raise ValueError(
-            f"Kimi Delta Attention whose output gate's rank {module.g_a_proj.out_features} "
-            f"differs from its decay's {shown['dt_rank']}: ours shares one dt_rank"
-        )
+    if full and getattr(module.forget_gate, "safe_gate", False):
+        shown["kda_decay_bound"] = module.forget_gate.lower_bound
+    if not full:
+        shown["dt_rank"] = module.forget_gate.f_a_proj.out_features
+        if module.g_a_proj.out_features != shown["dt_rank"]:
+            raise ValueError(
+                f"Kimi Delta Attention whose output gate's rank {module.g_a_proj.out_features} "
+                f"differs from its decay's {shown['dt_rank']}: ours shares one dt_rank"
+            )
     settings = []
     for ours, value in shown.items():
         field = next((f for f in _FIELDS[ours] if getattr(config, f, None) == value), None)
@@ -79,23 +99,33 @@ def read(module: nn.Module, config: Any) -> tuple[tuple[tuple[str, str], ...], t
                 f"{_FIELDS[ours]})"
             )
         settings.append((ours, field))
-    return tuple(settings), (("conv_bias", False), ("proj_bias", False))
+    flags = (("conv_bias", False), ("proj_bias", False), ("kda_full_rank_gates", full))
+    return tuple(settings), flags
 
 
-def rules(at: str, ours: str) -> list[Rule]:
-    """The weight table of one Kimi Delta Attention layer at `at` (HF) and `ours`."""
+# Our input map -> the HF map and its width: both forms' q, k, v and beta, then Kimi
+# Linear's low-rank gates' first halves, or Bailing Hybrid's whole gates.
+_INPUTS = {"q": ("q_proj", "d_inner"), "k": ("k_proj", "d_inner"), "v": ("v_proj", "d_inner"),
+           "b": ("b_proj", "ssm_head")}  # fmt: skip
+_GATES = {False: {"f_down": ("forget_gate.f_a_proj", "dt_rank"), "g_down": ("g_a_proj", "dt_rank")},
+          True: {"f": ("forget_gate.f_proj", "d_inner"), "g": ("g_proj", "d_inner")}}  # fmt: skip
+
+
+def rules(at: str, ours: str, full: bool) -> list[Rule]:
+    """The weight table of one Kimi Delta Attention layer at `at` (HF) and `ours`, its gates
+    full maps (`full`, Bailing Hybrid's) or low-rank pairs."""
     gate = f"{at}.forget_gate"
-    # Our input map -> the HF map and its width (the low-rank maps' first halves).
-    inputs = {"q": ("q_proj", "d_inner"), "k": ("k_proj", "d_inner"), "v": ("v_proj", "d_inner"),
-              "b": ("b_proj", "ssm_head"), "f_down": ("forget_gate.f_a_proj", "dt_rank"),
-              "g_down": ("g_a_proj", "dt_rank")}  # fmt: skip
-    A_log = "at_batch at_pos ssm_head one -> (at_batch at_pos ssm_head one)"
-    return [
-        *(r for n, (hf, width) in inputs.items() for r in (
-            Rule(f"{ours}.W_{n}", f"{at}.{hf}.weight", f"{width} d_model -> d_model {width}"),
-            zeros(f"{ours}.b_{n}", width))),
+    upper = [
         Rule(f"{ours}.W_f_up", f"{gate}.f_b_proj.weight", "d_inner dt_rank -> dt_rank d_inner"),
         Rule(f"{ours}.W_g_up", f"{at}.g_b_proj.weight", "d_inner dt_rank -> dt_rank d_inner"),
+    ]
+    A_log = ("ssm_head -> ssm_head" if full
+             else "at_batch at_pos ssm_head one -> (at_batch at_pos ssm_head one)")  # fmt: skip
+    return [
+        *(r for n, (hf, width) in (_INPUTS | _GATES[full]).items() for r in (
+            Rule(f"{ours}.W_{n}", f"{at}.{hf}.weight", f"{width} d_model -> d_model {width}"),
+            zeros(f"{ours}.b_{n}", width))),
+        *(() if full else upper),
         Rule(f"{ours}.W_conv", f"{at}.conv1d.weight",
              "(qkv d_inner) one d_conv -> (qkv d_inner) (one d_conv)"),
         zeros(f"{ours}.b_conv", "(qkv d_inner)"),

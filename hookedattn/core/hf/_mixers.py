@@ -15,8 +15,9 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     Qwen3.5, OLMo Hybrid: `_gated_delta`); `linear_x`, `linear_y`, a
                     `conv_1d` and an `rg_lru`: Griffin's recurrent block (RecurrentGemma:
                     `_rg_lru`); q/k/v projections, a `forget_gate` of two low-rank maps,
-                    `b_proj` and a low-rank output gate: Kimi Delta Attention (Kimi Linear:
-                    `_kimi_delta`); anything else is a ValueError naming its parts
+                    `b_proj` and a low-rank output gate (or both gates full maps):
+                    Kimi Delta Attention (Kimi Linear, Bailing Hybrid: `_kimi_delta`);
+                    anything else is a ValueError naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
                     groups, the gated norm's epsilon), and the biases by their presence
@@ -115,7 +116,7 @@ class Mixers:
         if self.kind == "rg_lru":
             return _rg_lru.rules(at, ours)
         if self.kind == "kimi_delta":
-            return _kimi_delta.rules(at, ours)
+            return _kimi_delta.rules(at, ours, flags["kda_full_rank_gates"])
         bias = flags["proj_bias"], flags["conv_bias"]
         if self.kind == "mamba":
             return _mamba_rules(at, ours, *bias, flags["bcdt_norm"], self.norm_gains)
@@ -228,7 +229,8 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
 
 def is_mixer(module: nn.Module) -> bool:
     """Whether `module` is a mixer whatever its name: one recognised by parts that no
-    attention has (Kimi Delta Attention, named `self_attn` in Kimi Linear)."""
+    attention has (Kimi Delta Attention, named `self_attn` in Kimi Linear and Bailing
+    Hybrid)."""
     return _kimi_delta.is_kimi_delta(module)
 
 
