@@ -182,6 +182,7 @@ class Convention:
                 *((rf"(^|\.){re.escape(a.rotary_table)}\.weight$",) if a.rotary_table else ()),
                 # A live model's second name of a tensor it ties (BERT's decoder bias).
                 *(rf"^{re.escape(saved)}$" for _, saved in a.renames if hf_model is not None),
+                *_prediction_layers(hf_config, a.layers, cfg.n_layers),
             ),
             label=f"{a.architecture} (by convention)",
             base_prefix=a.base,
@@ -557,3 +558,14 @@ def _chain(*adjusts: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Te
 def _gate_bias(a: Any) -> bool:
     """Whether the dense MLP's own gate projection has a bias (`mlp_gate_bias`)."""
     return any(role == "gate" and bias for role, _, bias in a.mlp_maps)
+
+
+def _prediction_layers(hf_config: Any, layers: str, n_layers: int) -> tuple[str, ...]:
+    """The layers a checkpoint keeps past the decoder's for multi-token prediction
+    (`num_mtp_layers`, `num_nextn_predict_layers`: Bailing Hybrid's), which the causal
+    model never runs (`transformers` does not load them either): not read."""
+    fields = ("num_mtp_layers", "num_nextn_predict_layers")
+    if not any(getattr(hf_config, field, None) for field in fields):
+        return ()
+    own = "|".join(map(str, range(n_layers)))
+    return (rf"^{re.escape(layers)}\.(?!({own})\.)\d+\.",)
