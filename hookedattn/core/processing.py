@@ -318,9 +318,9 @@ _MIXER_INPUTS = {
 
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
     """The weights (and biases) by which block `layer`'s mixer reads its input (Kimi Delta
-    Attention's gates by low-rank pairs or whole maps: `kimi_delta.input_maps`)."""
+    Attention's gates by low-rank pairs or whole maps: `kimi_delta._input_maps`)."""
     mixer = f"blocks.{layer}.mixer"
-    inputs = _MIXER_INPUTS | {"kimi_delta": kimi_delta.input_maps(cfg.mixers)}
+    inputs = _MIXER_INPUTS | {"kimi_delta": kimi_delta._input_maps(cfg.mixers)}
     return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for kind in cfg.mixers.layer_mixers(layer)
             for n in inputs[kind]]  # fmt: skip
 

@@ -78,7 +78,7 @@ class KimiDeltaAttention(nn.Module):
         super().__init__()
         m = self.settings = cfg.mixers
         self.hook_in = HookPoint()
-        for name in input_maps(m):
+        for name in _input_maps(m):
             W, b = affine_params(cfg.d_model, _input_width(m, name), cfg)
             setattr(self, f"W_{name}", W)
             setattr(self, f"b_{name}", b)
@@ -146,7 +146,7 @@ class KimiDeltaAttention(nn.Module):
         return self.settings.kda_decay_bound * sigmoid(A * u)
 
 
-def input_maps(m: MixerConfig) -> tuple[str, ...]:
+def _input_maps(m: MixerConfig) -> tuple[str, ...]:
     """The names of the maps by which the mixer reads the stream (`W_{name}`, `b_{name}`):
     the gates' first low-rank halves, or their whole maps (`kda_full_rank_gates`)."""
     gates = ("f", "g") if m.kda_full_rank_gates else ("f_down", "g_down")
