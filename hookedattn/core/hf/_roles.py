@@ -181,10 +181,9 @@ def latent_gate(
     the "gate" role's names) as the only map read here, one factor per head (Bailing
     Hybrid's `g_proj`); nothing where it has none. A gate of another width is refused."""
     maps = [n for n in ATTENTION_ROLES["gate"] if isinstance(getattr(attn, n, None), nn.Linear)]
-    name = maps[0] if maps else None
-    if name is None:
+    if not maps:
         return (), None
-    gate = getattr(attn, name)
+    name, gate = maps[0], getattr(attn, maps[0])
     if gate.out_features != n_heads:
         raise ValueError(
             f"a latent attention's output gate {name} {gate.out_features} wide: only one "
