@@ -382,7 +382,7 @@ class ConfigChecks:
             for field, plain in (
                 ("positional_embedding_type", "rotary"), ("n_key_value_heads", None),
                 ("use_split_qkv_input", False), ("use_attn_in", False),
-                ("use_qk_norm", False), ("use_attn_sinks", False), ("attn_gate", None),
+                ("use_qk_norm", False), ("use_attn_sinks", False),
             )
             if getattr(self, field) != plain
         ]  # fmt: skip

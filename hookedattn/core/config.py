@@ -163,7 +163,7 @@ class HookedTransformerConfig(ConfigChecks):
     - `attn_gate` ("sigmoid", Qwen3-Next; "softplus", Laguna): each head's `z` is
       multiplied by `gate(x @ W_G[h] + b_G[h])` of the attention's input before `W_O`
       reads it, one factor per dimension of the head, or one per head
-      (`attn_gate_per_head`).
+      (`attn_gate_per_head`); latent attention's too (Bailing Hybrid's, one per head).
     - `differential_attention` (DiffLlama; Ye et al. 2024): query heads `i` and `i +
       n_heads / 2` read the same pair of value heads side by side, and their two `z` are
       subtracted, `z[i] - lambda z[i + n_heads / 2]`, RMS-normed per pair and scaled by

@@ -65,7 +65,11 @@ class MixerConfig:
     - "kimi_delta" (Kimi Delta Attention, `components.kimi_delta`): `n_ssm_heads` heads whose
       keys and values are both `d_ssm_head` wide (`d_state`, `n_ssm_groups` unused); the
       decay's and the output gate's low-rank maps `dt_rank` wide; `ssm_norm_eps` is the
-      gated RMSNorm's (over each head's channels).
+      gated RMSNorm's (over each head's channels). `kda_full_rank_gates`: the two gates
+      read the stream by one `d_model x d_inner` map each (`W_f`, `W_g`: Bailing Hybrid),
+      not by low-rank pairs; `kda_decay_bound` (a negative number; None: off) bounds the
+      decay, `g = bound * sigmoid(exp(A_log) * u)` in place of `-exp(A_log) softplus(u)`
+      (Bailing Hybrid's "safe gate", its `kda_lower_bound`).
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
@@ -87,6 +91,8 @@ class MixerConfig:
     beside_attention: str | None = None
     mlp_layers: tuple[bool, ...] | None = None
     delta_beta_scale: float = 1.0
+    kda_full_rank_gates: bool = False
+    kda_decay_bound: float | None = None
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]
@@ -106,6 +112,11 @@ class MixerConfig:
         self._check_layouts()
         if not self.ssm_norm_eps > 0:
             raise ValueError(f"ssm_norm_eps must be > 0, got {self.ssm_norm_eps}")
+        if self.kda_decay_bound is not None and not self.kda_decay_bound < 0:
+            raise ValueError(
+                f"kda_decay_bound must be negative (the log of the smallest decay), got "
+                f"{self.kda_decay_bound}"
+            )
         if "mamba" in self.layers and (self.d_ssm_head, self.n_ssm_groups) != (1, 1):
             raise ValueError(
                 f"a Mamba-1 mixer's heads are its channels: it needs d_ssm_head=1 and "

@@ -59,6 +59,7 @@ from einops import einsum, rearrange
 from torch import Tensor
 
 from hookedattn.core._weights_io import load_checked_state_dict
+from hookedattn.core.components import kimi_delta
 from hookedattn.core.config import HookedTransformerConfig
 
 if TYPE_CHECKING:
@@ -287,6 +288,8 @@ def _attn_readers(
     """The weights (and biases) that read an attention's input: W_Q, W_K, W_V (grouped-query
     attention stores the last two as _W_K, _W_V), or latent attention's projections to its
     latents and its shared rotary key (its latents' own norms keep their gains)."""
+    # The output gate reads the same input.
+    gate = [(f"{attn}.W_G", f"{attn}.b_G")] if cfg.attn_gate is not None else []
     if cfg.is_latent_attention:
         query = [(f"{attn}.W_Q", None)] if cfg.q_lora_rank is None else [
             (f"{attn}.W_Q_a", f"{attn}.b_Q_a")
@@ -296,13 +299,13 @@ def _attn_readers(
             (f"{attn}.W_KV_a", f"{attn}.b_KV_a"),
             (f"{attn}.W_K_rope", f"{attn}.b_K_rope"),
             *_indexer_readers(cfg, f"{attn}.indexer", state),
+            *gate,
         ]
     readers: list[tuple[str, str | None]] = [(f"{attn}.W_Q", f"{attn}.b_Q")]
     for kind in "KV":
         stored = f"{attn}._" if f"{attn}._W_{kind}" in state else f"{attn}."
         readers.append((f"{stored}W_{kind}", f"{stored}b_{kind}"))
-    if cfg.attn_gate is not None:  # the output gate reads the same input
-        readers.append((f"{attn}.W_G", f"{attn}.b_G"))
+    readers += gate
     return readers
 
 
@@ -328,15 +331,16 @@ _MIXER_INPUTS = {
     "mamba": ("xs", "z"),
     "gated_delta": ("q", "k", "v", "z", "b", "a"),
     "rg_lru": ("x", "y"),
-    "kimi_delta": ("q", "k", "v", "b", "f_down", "g_down"),
 }
 
 
 def _mixer_readers(cfg: HookedTransformerConfig, layer: int) -> list[tuple[str, str | None]]:
-    """The weights (and biases) by which block `layer`'s mixer reads its input."""
+    """The weights (and biases) by which block `layer`'s mixer reads its input (Kimi Delta
+    Attention's gates by low-rank pairs or whole maps: `kimi_delta._input_maps`)."""
     mixer = f"blocks.{layer}.mixer"
+    inputs = _MIXER_INPUTS | {"kimi_delta": kimi_delta._input_maps(cfg.mixers)}
     return [(f"{mixer}.W_{n}", f"{mixer}.b_{n}") for kind in cfg.mixers.layer_mixers(layer)
-            for n in _MIXER_INPUTS[kind]]  # fmt: skip
+            for n in inputs[kind]]  # fmt: skip
 
 
 def _mlp_readers(

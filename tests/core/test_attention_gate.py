@@ -121,10 +121,16 @@ def test_folding_value_biases_is_refused_under_a_gate(model):
         fold_value_biases(model)
 
 
-def test_latent_attention_refuses_a_gate():
-    with pytest.raises(ValueError, match="attn_gate"):
+def test_latent_attention_gates_each_value_dimension_of_its_narrower_heads():
+    # Bailing Hybrid gates its latent attention (one factor per head; the brute force of
+    # tests/core/test_latent_attention.py checks it); a per-dimension gate is d_head_v wide.
+    model = HookedTransformer(
         HookedTransformerConfig(
-            n_layers=1, d_model=16, n_ctx=8, d_vocab=10, n_heads=2, d_head=8, d_mlp=8,
-            kv_lora_rank=4, positional_embedding_type="rotary", rotary_dim=4,
+            n_layers=1, d_model=16, n_ctx=8, d_vocab=10, n_heads=2, d_head=8, d_head_v=6,
+            d_mlp=8, kv_lora_rank=4, positional_embedding_type="rotary", rotary_dim=4,
             attn_gate="sigmoid",
-        )  # fmt: skip
+        )
+    )  # fmt: skip
+    assert model.blocks[0].attn.W_G.shape == (2, 16, 6)
+    _, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+    assert cache["blocks.0.attn.hook_attn_gate"].shape == (1, 3, 2, 6)

@@ -1,7 +1,9 @@
 """Kimi Delta Attention (`KimiDeltaAttention`), against its recurrence written here head by
 head and channel by channel in float64 (each key row of the state decayed by its own
 channel's gate, then the delta rule); and a hybrid model holding one: causality, padding,
-the residual decomposition summing, weight processing, generation, saving and loading."""
+the residual decomposition summing, weight processing, generation, saving and loading.
+Each test runs Kimi Linear's form (low-rank gates, softplus decay) and Bailing Hybrid's
+(full-rank gates, the decay bounded by `kda_decay_bound`)."""
 
 import pytest
 import torch
@@ -22,7 +24,28 @@ from hookedattn import HookedTransformer
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention
 
 KINDS = ("kimi_delta", "attention", "kimi_delta")
-SETTINGS = dict(dt_rank=3)
+# Kimi Linear's form, and Bailing Hybrid's (its lower bound -5, as its default config).
+FORMS = {"kimi": dict(dt_rank=3),
+         "bailing": dict(kda_full_rank_gates=True, kda_decay_bound=-5.0)}  # fmt: skip
+
+
+@pytest.fixture(params=list(FORMS))
+def settings(request) -> dict:
+    return FORMS[request.param]
+
+
+def _gates(mixer: KimiDeltaAttention, x_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decay `g` and the output gate's input `z` at one position, `[batch (head chan)]`."""
+    m = mixer.settings
+    if m.kda_full_rank_gates:
+        f, z = x_t @ mixer.W_f + mixer.b_f, x_t @ mixer.W_g + mixer.b_g
+    else:
+        f = (x_t @ mixer.W_f_down + mixer.b_f_down) @ mixer.W_f_up
+        z = (x_t @ mixer.W_g_down + mixer.b_g_down) @ mixer.W_g_up
+    u = (f + mixer.dt_bias).reshape(x_t.shape[0], m.n_ssm_heads, m.d_ssm_head)
+    A = torch.exp(mixer.A_log)[:, None]
+    g = -A * softplus(u) if m.kda_decay_bound is None else m.kda_decay_bound * sigmoid(A * u)
+    return g, z
 
 
 def _by_recurrence(mixer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
@@ -42,8 +65,7 @@ def _by_recurrence(mixer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (silu(part).reshape(batch, H, P) for part in u.split(H * P, dim=-1))
         q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / P**0.5
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        f = (x[:, t] @ mixer.W_f_down + mixer.b_f_down) @ mixer.W_f_up + mixer.dt_bias
-        g = -torch.exp(mixer.A_log)[:, None] * softplus(f.reshape(batch, H, P))
+        g, z = _gates(mixer, x[:, t])
         beta = sigmoid(x[:, t] @ mixer.W_b + mixer.b_b)
         o = torch.zeros(batch, H, P, dtype=x.dtype)
         for b in range(batch):
@@ -55,37 +77,37 @@ def _by_recurrence(mixer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
                 for c in range(P):
                     state[b, h, c] = state[b, h, c] + k[b, h, c] * written
                 o[b, h] = sum(state[b, h, c] * q[b, h, c] for c in range(P))
-        z = ((x[:, t] @ mixer.W_g_down + mixer.b_g_down) @ mixer.W_g_up).reshape(batch, H, P)
+        z = z.reshape(batch, H, P)
         normed = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
         gated = (normed * mixer.w_norm * sigmoid(z)).reshape(batch, H * P)
         out[:, t] = gated @ mixer.W_out + mixer.b_out
     return out
 
 
-def test_kimi_delta_is_its_recurrence() -> None:
-    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **SETTINGS)), 1)
+def test_kimi_delta_is_its_recurrence(settings) -> None:
+    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **settings)), 1)
     x = torch.randn(2, 9, D_MODEL, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     with torch.no_grad():
         got, expected = mixer(x, unpadded_context(x)), _by_recurrence(mixer, x)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
 
 
-def test_kimi_delta_is_causal_and_float32_close() -> None:
-    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **SETTINGS)), 3)
-    single = KimiDeltaAttention(hybrid_cfg(("kimi_delta",), dtype=torch.float32, **SETTINGS))
+def test_kimi_delta_is_causal_and_float32_close(settings) -> None:
+    mixer = randomised(KimiDeltaAttention(hybrid_cfg(("kimi_delta",), **settings)), 3)
+    single = KimiDeltaAttention(hybrid_cfg(("kimi_delta",), dtype=torch.float32, **settings))
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():
         assert_causal_and_float32_close(mixer, single, x)
 
 
-def _hybrid() -> HookedTransformer:
-    return random_hybrid(hybrid_cfg(KINDS, **SETTINGS), 5)
+def _hybrid(settings: dict) -> HookedTransformer:
+    return random_hybrid(hybrid_cfg(KINDS, **settings), 5)
 
 
-def test_kimi_delta_hook_points_and_decomposition_sum() -> None:
+def test_kimi_delta_hook_points_and_decomposition_sum(settings) -> None:
     from analysis import decompose_resid
 
-    model = _hybrid()
+    model = _hybrid(settings)
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(6))
     _, cache = model.run_with_cache(tokens)
     assert cache["blocks.0.mixer.hook_decay"].shape == (2, 8, 4, 6)  # a decay per channel
@@ -99,25 +121,37 @@ def test_kimi_delta_hook_points_and_decomposition_sum() -> None:
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_padding_reaches_no_real_token_of_a_kimi_delta_hybrid(side: str) -> None:
-    assert_padding_reaches_no_real_token(_hybrid(), side)
+def test_padding_reaches_no_real_token_of_a_kimi_delta_hybrid(side: str, settings) -> None:
+    assert_padding_reaches_no_real_token(_hybrid(settings), side)
 
 
-def test_kimi_delta_weight_processing_keeps_the_log_probs() -> None:
-    model = randomised(HookedTransformer(hybrid_cfg(KINDS, **SETTINGS)), 7)  # norm gains too
+def test_kimi_delta_weight_processing_keeps_the_log_probs(settings) -> None:
+    model = randomised(HookedTransformer(hybrid_cfg(KINDS, **settings)), 7)  # norm gains too
     tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(8))
     assert_processing_keeps_the_log_probs(model, tokens)
 
 
-def test_kimi_delta_generation_reruns_the_prefix() -> None:
+def test_kimi_delta_generation_reruns_the_prefix(settings) -> None:
     prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(9))
-    assert_generation_reruns_the_prefix(_hybrid(), prompt)
+    assert_generation_reruns_the_prefix(_hybrid(settings), prompt)
 
 
-def test_a_kimi_delta_hybrid_saves_and_loads(tmp_path) -> None:
-    model = _hybrid()
+def test_a_kimi_delta_hybrid_saves_and_loads(tmp_path, settings) -> None:
+    model = _hybrid(settings)
     model.save(tmp_path / "hybrid")
     loaded = HookedTransformer.load(tmp_path / "hybrid")
     assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
     torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+def test_the_bounded_decay_keeps_at_least_its_bound() -> None:
+    model = _hybrid(FORMS["bailing"])
+    tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(11))
+    decay = model.run_with_cache(tokens)[1]["blocks.0.mixer.hook_decay"]
+    assert bool((decay >= -5.0).all()) and bool((decay < 0).all())
+
+
+def test_a_decay_bound_that_is_not_negative_is_refused() -> None:
+    with pytest.raises(ValueError, match="kda_decay_bound must be negative"):
+        hybrid_cfg(KINDS, kda_decay_bound=0.5)

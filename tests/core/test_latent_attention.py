@@ -29,7 +29,11 @@ LATENT = dict(
     topk_expert_groups=2, routed_scaling_factor=2.5, norm_topk_prob=True, d_mlp_shared=16,
     n_dense_layers=1, d_mlp_dense=40, latent_norm_eps=1e-3, seed=0, dtype="float64",
 )  # fmt: skip
-VARIANTS = {"query_latent": {}, "plain_query": dict(q_lora_rank=None)}
+# "unrotated": Kimi Linear's latent attention, its decoupled key part rotated in no block.
+VARIANTS = {"query_latent": {}, "plain_query": dict(q_lora_rank=None),
+            "unrotated": dict(rotary_layers=(False,) * 3),
+            "gated": dict(attn_gate="sigmoid", attn_gate_per_head=True)}  # fmt: skip
+# "gated": Bailing Hybrid's, one sigmoid factor per head on z.
 TOKENS = torch.tensor([[3, 17, 42, 8, 8, 29, 11, 5, 40], [9, 1, 12, 12, 33, 7, 2, 48, 4]])
 
 
@@ -71,11 +75,15 @@ def _rotated(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
     return out
 
 
-def brute_force_attention(attn: LatentAttention, cfg, x: torch.Tensor) -> torch.Tensor:
+def brute_force_attention(
+    attn: LatentAttention, cfg, x: torch.Tensor, rotates: bool = True
+) -> torch.Tensor:
     """The attention sublayer's output for one sequence `x: [pos d_model]`, token by token
-    and head by head, with each head's dense matrices."""
+    and head by head, with each head's dense matrices (the last `rotary_dim` dimensions of
+    queries and keys left as they are where the block does not `rotate`)."""
     n, d_nope = x.shape[0], cfg.d_head - cfg.rotary_dim
     eps = cfg.latent_norm_eps
+    _rotated_here = _rotated if rotates else lambda u, position, base: u
     q, k, v = {}, {}, {}
     for p in range(n):
         if cfg.q_lora_rank is None:
@@ -83,11 +91,12 @@ def brute_force_attention(attn: LatentAttention, cfg, x: torch.Tensor) -> torch.
         else:
             q_in = _rms(x[p] @ attn.W_Q_a + attn.b_Q_a, attn.q_a_norm.w, eps)
         c_kv = _rms(x[p] @ attn.W_KV_a + attn.b_KV_a, attn.kv_a_norm.w, eps)
-        k_rope = _rotated(x[p] @ attn.W_K_rope + attn.b_K_rope, p, cfg.rotary_base)
+        k_rope = _rotated_here(x[p] @ attn.W_K_rope + attn.b_K_rope, p, cfg.rotary_base)
         for h in range(cfg.n_heads):
             W_K, W_V = attn.W_KV_b[h, :, :d_nope], attn.W_KV_b[h, :, d_nope:]
             q_h = q_in @ attn.W_Q[h]
-            q[p, h] = torch.cat([q_h[:d_nope], _rotated(q_h[d_nope:], p, cfg.rotary_base)])
+            rope_q = _rotated_here(q_h[d_nope:], p, cfg.rotary_base)
+            q[p, h] = torch.cat([q_h[:d_nope], rope_q])
             k[p, h] = torch.cat([c_kv @ W_K, k_rope])
             v[p, h] = c_kv @ W_V
     out = torch.zeros(n, cfg.d_model, dtype=x.dtype)
@@ -97,6 +106,8 @@ def brute_force_attention(attn: LatentAttention, cfg, x: torch.Tensor) -> torch.
             weights = torch.exp(scores - scores.max())
             weights = weights / weights.sum()
             z = sum(weights[j] * v[j, h] for j in range(p + 1))
+            if cfg.attn_gate is not None:  # sigmoid of the block's own input, per head
+                z = z * torch.sigmoid(x[p] @ attn.W_G[h] + attn.b_G[h])
             out[p] += z @ attn.W_O[h]
         out[p] += attn.b_O
     return out
@@ -107,7 +118,8 @@ def test_each_layer_equals_a_brute_force_reference(model, cache):
         x = cache[f"blocks.{layer}.ln1.hook_out"]
         for row in range(TOKENS.shape[0]):
             with torch.no_grad():
-                expected = brute_force_attention(block.attn, model.cfg, x[row])
+                rotates = model.cfg.layer_rotates(layer)
+                expected = brute_force_attention(block.attn, model.cfg, x[row], rotates)
             assert max_abs(cache["attn_out", layer][row], expected) <= 1e-10, (layer, row)
 
 
@@ -126,6 +138,14 @@ def test_the_hook_points_have_the_documented_shapes(model, cache):
         shapes["hook_q_latent"] = (batch, pos, cfg.q_lora_rank)
     else:
         assert f"{a}.hook_q_latent" not in model.hook_dict
+    if cfg.attn_gate is not None:
+        shapes["hook_attn_gate"] = (batch, pos, 4, 1)  # one factor per head
+    else:
+        assert f"{a}.hook_attn_gate" not in model.hook_dict
+    if not cfg.layer_rotates(1):  # nothing rotated: no rotated queries and keys to hook
+        for name in ("hook_rot_q", "hook_rot_k"):
+            assert f"{a}.{name}" not in model.hook_dict
+            del shapes[name]
     for name, shape in shapes.items():
         assert tuple(cache[f"{a}.{name}"].shape) == shape, name
 
@@ -163,7 +183,7 @@ def test_the_qk_circuit_factors_the_unrotated_scores(model, cache):
     )
     c_kv = cache["blocks.1.attn.hook_kv_latent"]
     through_circuit = torch.einsum("bqi,hij,bkj->bhqk", q_in, QK.AB, c_kv)
-    q, k = cache["rot_q", 1][..., :d_nope], cache["rot_k", 1][..., :d_nope]
+    q, k = cache["q", 1][..., :d_nope], cache["k", 1][..., :d_nope]  # never rotated
     assert max_abs(through_circuit, torch.einsum("bqhd,bkhd->bhqk", q, k)) <= 1e-10
 
 
@@ -185,12 +205,28 @@ def test_the_two_qk_circuits_give_the_unrotated_scores(model, cache):
     assert max_abs(unrotated[..., 0, 0], first) <= 1e-10
 
 
+def test_without_rotation_the_two_qk_circuits_are_every_score():
+    # Kimi Linear's latent attention rotates nothing: the circuits give every causal score.
+    model = latent_model(**VARIANTS["unrotated"])
+    _, cache = model.run_with_cache(TOKENS)
+    attn, d_nope = model.blocks[1].attn, model.cfg.d_head - model.cfg.rotary_dim
+    x, q_in = cache["blocks.1.ln1.hook_out"], cache["blocks.1.attn.hook_q_latent"]
+    content = torch.einsum("bqi,hij,bkj->bhqk", q_in, attn.QK.AB, cache["kv_latent", 1])
+    rope = torch.einsum("bqi,hij,bkj->bhqk", q_in, attn.QK_rope.AB, x)
+    bias = torch.einsum("bqi,hid,d->bhq", q_in, attn.W_Q[..., d_nope:], attn.b_K_rope)
+    scores = (content + rope + bias[..., None]) / model.cfg.attn_scale
+    causal = torch.ones(TOKENS.shape[1], TOKENS.shape[1], dtype=torch.bool).tril()
+    assert max_abs(scores[..., causal], cache["attn_scores", 1][..., causal]) <= 1e-10
+
+
 def test_the_ov_circuit_gives_each_heads_write(model, cache):
     attn = model.blocks[2].attn
     torch.testing.assert_close(attn.OV.AB, attn.W_V @ attn.W_O, rtol=0, atol=1e-12)
     c_kv, pattern = cache["blocks.2.attn.hook_kv_latent"], cache["pattern", 2]
     per_key = torch.einsum("bkj,hjm->bhkm", c_kv, attn.OV.AB)
     writes = torch.einsum("bhqk,bhkm->bqhm", pattern, per_key)
+    if model.cfg.attn_gate is not None:  # the gate scales each head's write, outside OV
+        writes = writes * cache["blocks.2.attn.hook_attn_gate"]
     z = cache["z", 2]
     assert max_abs(writes, torch.einsum("bqhd,hdm->bqhm", z, attn.W_O)) <= 1e-10
 

@@ -148,7 +148,7 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()
         self.gated = self._ungated
         if cfg.attn_gate is not None:
-            d_gate = 1 if cfg.attn_gate_per_head else cfg.d_value
+            d_gate = 1 if cfg.attn_gate_per_head else cfg.d_value  # one factor per z entry
             self.W_G = _param(cfg.n_heads, cfg.d_model, d_gate, cfg=cfg)
             self.b_G = _param(cfg.n_heads, d_gate, cfg=cfg)
             self.gate_fn = GATES[cfg.attn_gate]

@@ -12,6 +12,11 @@ From the normed stream `x`, per position (`n_ssm_heads` heads, keys and values b
     beta    = sigmoid(x @ W_b + b_b)                                               [head]
     z       = (x @ W_g_down + b_g_down) @ W_g_up                 the output gate [head d_head]
 
+Bailing Hybrid (Ling 3) reads its two gates by one full map each, `u_f = x @ W_f + b_f` and
+`z = x @ W_g + b_g` (`kda_full_rank_gates`), and bounds the decay (its "safe gate",
+`kda_decay_bound = b < 0`): `g = b * sigmoid(exp(A_log) * (u_f + dt_bias))`, so that each
+step keeps between `exp(b)` and all of a channel's memory.
+
 Per head, a state `S` of `d_head x d_head` (key channel by value channel), each key row
 decayed by its own `exp(g_t)` and then corrected towards `v_t` along `k_t` (the delta rule):
 
@@ -40,9 +45,11 @@ from hookedattn.core.components.gated_delta import _unit
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.core.shapes import Resid
 
 Heads = Float[Tensor, "batch pos ssm_head d_ssm_head"]
+Inner = Float[Tensor, "batch pos d_inner"]
 
 
 def kimi_delta_scan(
@@ -71,16 +78,18 @@ class KimiDeltaAttention(nn.Module):
         super().__init__()
         m = self.settings = cfg.mixers
         self.hook_in = HookPoint()
-        widths = dict(q=m.d_inner, k=m.d_inner, v=m.d_inner, b=m.n_ssm_heads,
-                      f_down=m.dt_rank, g_down=m.dt_rank)  # fmt: skip
-        for name, width in widths.items():
-            W, b = affine_params(cfg.d_model, width, cfg)
+        for name in _input_maps(m):
+            W, b = affine_params(cfg.d_model, _input_width(m, name), cfg)
             setattr(self, f"W_{name}", W)
             setattr(self, f"b_{name}", b)
-        self.W_f_up, self.W_g_up = (
-            _param(m.dt_rank, m.d_inner, cfg=cfg),
-            _param(m.dt_rank, m.d_inner, cfg=cfg),
-        )
+        self.gate_inputs = self._full_rank_gates
+        if not m.kda_full_rank_gates:
+            self.W_f_up, self.W_g_up = (
+                _param(m.dt_rank, m.d_inner, cfg=cfg),
+                _param(m.dt_rank, m.d_inner, cfg=cfg),
+            )
+            self.gate_inputs = self._low_rank_gates
+        self.decay = self._softplus_decay if m.kda_decay_bound is None else self._bounded_decay
         self.W_conv, self.b_conv = (
             _param(3 * m.d_inner, m.d_conv, cfg=cfg),
             _param(3 * m.d_inner, cfg=cfg),
@@ -102,17 +111,47 @@ class KimiDeltaAttention(nn.Module):
         )
         qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))
         q, k, v = (rearrange(t, heads, ssm_head=m.n_ssm_heads) for t in qkv.chunk(3, dim=-1))
-        low_rank_f = affine(x, self.W_f_down, self.b_f_down) @ self.W_f_up
-        A = rearrange(self.A_log.exp(), "ssm_head -> ssm_head 1")
-        g = -A * softplus(rearrange(low_rank_f + self.dt_bias, heads, ssm_head=m.n_ssm_heads))
-        g = self.hook_decay(g)
+        u_f, u_g = self.gate_inputs(x)
+        g = self.hook_decay(
+            self.decay(rearrange(u_f + self.dt_bias, heads, ssm_head=m.n_ssm_heads))
+        )
         # A padding position writes nothing into the state (its beta is 0).
         beta = self.hook_beta(sigmoid(affine(x, self.W_b, self.b_b)) * real)
         o = self.hook_o(kimi_delta_scan(_unit(q) * m.d_ssm_head**-0.5, _unit(k), v, g, beta))
-        z = rearrange(
-            affine(x, self.W_g_down, self.b_g_down) @ self.W_g_up, heads, ssm_head=m.n_ssm_heads
-        )
+        z = rearrange(u_g, heads, ssm_head=m.n_ssm_heads)
         normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
         gated = normed * self.w_norm * sigmoid(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))
+
+    def _low_rank_gates(self, x: Resid) -> tuple[Inner, Inner]:
+        """The decay's and the output gate's inputs, each by a low-rank pair of maps."""
+        return (
+            affine(x, self.W_f_down, self.b_f_down) @ self.W_f_up,
+            affine(x, self.W_g_down, self.b_g_down) @ self.W_g_up,
+        )
+
+    def _full_rank_gates(self, x: Resid) -> tuple[Inner, Inner]:
+        """The decay's and the output gate's inputs, each by one map (Bailing Hybrid)."""
+        return affine(x, self.W_f, self.b_f), affine(x, self.W_g, self.b_g)
+
+    def _softplus_decay(self, u: Heads) -> Heads:
+        """`g = -exp(A_log) * softplus(u)` (Kimi Linear): any decay in (0, 1]."""
+        return -rearrange(self.A_log.exp(), "ssm_head -> ssm_head 1") * softplus(u)
+
+    def _bounded_decay(self, u: Heads) -> Heads:
+        """`g = b * sigmoid(exp(A_log) * u)`, `b = kda_decay_bound` (Bailing Hybrid's safe
+        gate): a decay in [exp(b), 1]."""
+        A = rearrange(self.A_log.exp(), "ssm_head -> ssm_head 1")
+        return self.settings.kda_decay_bound * sigmoid(A * u)
+
+
+def _input_maps(m: MixerConfig) -> tuple[str, ...]:
+    """The names of the maps by which the mixer reads the stream (`W_{name}`, `b_{name}`):
+    the gates' first low-rank halves, or their whole maps (`kda_full_rank_gates`)."""
+    gates = ("f", "g") if m.kda_full_rank_gates else ("f_down", "g_down")
+    return ("q", "k", "v", "b", *gates)
+
+
+def _input_width(m: MixerConfig, name: str) -> int:
+    return {"b": m.n_ssm_heads, "f_down": m.dt_rank, "g_down": m.dt_rank}.get(name, m.d_inner)

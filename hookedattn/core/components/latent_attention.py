@@ -17,10 +17,14 @@ that every head shares.
             (`W_K`, `W_V` are the two parts of one stored `W_KV_b: [head kv_rank d_nope +
             d_head_v]`, as the keys and values come from one expansion of the latent)
     q, k  = their last rotary_dim dimensions rotated       (hook_rot_q, hook_rot_k)
+            (none in a block that does not rotate, `rotary_layers`: Kimi Linear's latent
+            attention keeps these dimensions, and so the shared key part, unrotated)
             [with a lightning indexer (`index_topk`), each query reads only the keys it
              chooses: `components.indexer`, blocked keys as any attention's]
     scores, pattern, z, out: as any attention (`Attention`: hook_attn_scores, hook_pattern,
-            hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`)
+            hook_z [batch pos head d_head_v], hook_result, `sum_h z_h @ W_O[h] + b_O`),
+            `z` gated as any attention's where the config has `attn_gate` (Bailing
+            Hybrid's one sigmoid factor per head, `hook_attn_gate`) before `hook_z`
 
 `d_head` is the query/key width, unrotated part (`d_nope = d_head - rotary_dim`) then
 rotated part; `d_head_v` the value width. The scale is `attn_scale` (`sqrt(d_head)`, over
@@ -101,9 +105,14 @@ class LatentAttention(Attention):
         self.hook_q = HookPoint()  # [batch pos head d_head]
         self.hook_k = HookPoint()  # [batch pos head d_head]
         self.hook_v = HookPoint()  # [batch pos head d_head_v]
-        self.rotary = Rotary(cfg)
-        self.hook_rot_q = HookPoint()
-        self.hook_rot_k = HookPoint()
+        # A block that does not rotate (`rotary_layers`: Kimi Linear's latent attention,
+        # which keeps the decoupled key part unrotated) has no rotary and no rot hooks.
+        self.apply_positions = self._unrotated
+        if cfg.layer_rotates(layer):
+            self.rotary = Rotary(cfg)
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+            self.apply_positions = self.rotate_last
         self._init_pattern_and_write(cfg)
         self.select_keys = self._every_key
         if cfg.layer_indexes(layer):
@@ -128,12 +137,12 @@ class LatentAttention(Attention):
         k_rope = self.hook_k_rope(affine(x, self.W_K_rope, self.b_K_rope))
         k_nope, v = self.per_head(c_kv, self.W_KV_b).split([self.d_nope, self.d_head_v], dim=-1)
         k, v = self.hook_k(self.keys(k_nope, k_rope)), self.hook_v(v)
-        q, k = self.rotate_last(q, k, context)
+        q, k = self.apply_positions(q, k, context)
         context = self.select_keys(x, q_in, context, past_kv)  # a lightning indexer's, or all
         if past_kv is not None:
             k, v = past_kv.append(k, v)
         z = kernels.attend(self, q, k, v, context)  # `written_out`, or one fused kernel
-        return self.write(self.hook_z(z))
+        return self.write(self.hook_z(self.gated(z, x)))
 
     def key_value_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Refused: keys and values here are not read from the stream by one matrix each."""
@@ -178,7 +187,7 @@ class LatentAttention(Attention):
         self, q: HeadVectors, k: HeadVectors, context: AttentionContext
     ) -> tuple[HeadVectors, HeadVectors]:
         """The queries and keys the scores read, from the values at `hook_q` and `hook_k`."""
-        return self.rotate_last(q, k, context)
+        return self.apply_positions(q, k, context)
 
     def rotate_last(
         self, q: HeadVectors, k: HeadVectors, context: AttentionContext

@@ -84,6 +84,7 @@ from hookedattn.core.hf._roles import (
     gated_queries,
     is_cross,
     is_norm,
+    latent_gate,
     linear_maps,
     mlp_child,
     qk_norm_kind,
@@ -332,12 +333,13 @@ class _Reader(Watching):
     def _attention_maps(
         self, attn_module: nn.Module, latent: bool, norms: tuple[str, ...], d_head: int
     ) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
-        """The attention's linear maps (none for a latent attention, read by its own rules;
-        its `norms` are not maps) and whether its query map gates the output per head
-        (`_roles.gated_queries`)."""
-        return ((), None) if latent else gated_queries(
+        """The attention's linear maps (for a latent attention, read by its own rules, only
+        its output gate: `_roles.latent_gate`; its `norms` are not maps) and whether its
+        query map gates the output per head (`_roles.gated_queries`)."""
+        n_heads = self.config.num_attention_heads
+        return latent_gate(attn_module, n_heads) if latent else gated_queries(
             linear_maps(attn_module, ATTENTION_ROLES, skip=norms, own_allowed=("sinks",)),
-            attn_module, self.config.num_attention_heads, d_head,
+            attn_module, n_heads, d_head,
         )  # fmt: skip
 
     def _placement(self, norms: list[tuple[str, str]]) -> str:
@@ -501,12 +503,14 @@ class _Reader(Watching):
 
     def _mixers(self) -> tuple[Mixers | None, list[int]]:
         """A hybrid's mixers (`_mixers.recognise`; None where every layer attends), and
-        which layers attend."""
+        which layers attend. A mixer named or typed as attention (Kimi Linear's delta layers,
+        `self_attn` beside its latent attention) is told apart by its parts."""
         attention, mixers = [], []
         for layer in self.layers:
             children = dict(layer.named_children())
             found = [n for n, m in children.items()
-                     if n in ATTENTION_NAMES or type(m).__name__.endswith("Attention")]  # fmt: skip
+                     if (n in ATTENTION_NAMES or type(m).__name__.endswith("Attention"))
+                     and not _mixers.is_mixer(m)]  # fmt: skip
             attention.append(found[0] if len(found) == 1 else None)
             mixers.append(_mixers.mixer_child(children, tuple(found)))
         attending = [i for i, name in enumerate(attention) if name is not None]

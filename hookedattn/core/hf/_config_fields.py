@@ -119,6 +119,7 @@ def refuse_unimported(c: Any, hf_config: Any) -> None:
             "whose logits are soft-capped is not imported"
         )
     _refuse_clipped_qkv(hf_config)
+    _refuse_clipped_swiglu(hf_config)
     _handed_rotary.refuse_rotated_values(hf_config)
     per_layer = set(getattr(c, "num_attention_heads_per_layer", None) or ())
     if per_layer - {c.num_attention_heads}:
@@ -126,6 +127,20 @@ def refuse_unimported(c: Any, hf_config: Any) -> None:
             f"num_attention_heads_per_layer={c.num_attention_heads_per_layer}: blocks with "
             f"different head counts are not imported (every block has n_heads)"
         )
+
+
+def _refuse_clipped_swiglu(hf_config: Any) -> None:
+    """A ValueError where experts or shared experts clip their SwiGLU per layer
+    (`swiglu_limits`, `swiglu_limits_shared`: Bailing Hybrid's, Step 3.7's; 0 is no clip):
+    a tiny twin's random weights never reach the clip, so its verification could not tell
+    it is missing."""
+    for field in ("swiglu_limits", "swiglu_limits_shared"):
+        limits = list(getattr(hf_config, field, None) or ())
+        if any(limits):
+            raise ValueError(
+                f"{field}={limits}: experts whose SwiGLU is clipped per layer are not "
+                "imported (a limit of 0 is no clip, the only one imported)"
+            )
 
 
 def _refuse_clipped_qkv(hf_config: Any) -> None:

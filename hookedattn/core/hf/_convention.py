@@ -140,7 +140,7 @@ class Convention:
             **_qk_layers.fields(c, a.qk_norm_on),
         }
         if a.latent:  # its heads, latents, scale and rotary as DeepSeek's config spells them
-            fields |= _deepseek.latent_attention_fields(c)
+            fields |= _deepseek.latent_attention_fields(c, rotates=a.rotary)
         return fields
 
     def table(self, hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
@@ -183,6 +183,7 @@ class Convention:
                 *((rf"(^|\.){re.escape(a.rotary_table)}\.weight$",) if a.rotary_table else ()),
                 # A live model's second name of a tensor it ties (BERT's decoder bias).
                 *(rf"^{re.escape(saved)}$" for _, saved in a.renames if hf_model is not None),
+                *_prediction_layers(hf_config, a.layers, cfg.n_layers),
             ),
             label=f"{a.architecture} (by convention)",
             base_prefix=a.base,
@@ -263,7 +264,8 @@ class Convention:
             o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
             interleaved = a.rotary_layout == "pairs"
             bias = bool(getattr(hf_config, "attention_bias", False))
-            return _deepseek.latent_attention_rules(cfg, at, interleaved, bias, times(o_scale))
+            latent = _deepseek.latent_attention_rules(cfg, at, interleaved, bias, times(o_scale))
+            return latent + self._gate_rules(at)  # Bailing Hybrid's gate per head
         kv = "kv_head" if cfg.n_kv_heads != cfg.n_heads else "head"
         order = self._order(cfg)
         o_scale = 1.0 if "ln1_post" in dict(a.norms) else write
@@ -557,3 +559,14 @@ def _chain(*adjusts: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Te
 def _gate_bias(a: Any) -> bool:
     """Whether the dense MLP's own gate projection has a bias (`mlp_gate_bias`)."""
     return any(role == "gate" and bias for role, _, bias in a.mlp_maps)
+
+
+def _prediction_layers(hf_config: Any, layers: str, n_layers: int) -> tuple[str, ...]:
+    """The layers a checkpoint keeps past the decoder's for multi-token prediction
+    (`num_mtp_layers`, `num_nextn_predict_layers`: Bailing Hybrid's), which the causal
+    model never runs (`transformers` does not load them either): not read."""
+    fields = ("num_mtp_layers", "num_nextn_predict_layers")
+    if not any(getattr(hf_config, field, None) for field in fields):
+        return ()
+    own = "|".join(map(str, range(n_layers)))
+    return (rf"^{re.escape(layers)}\.(?!({own})\.)\d+\.",)

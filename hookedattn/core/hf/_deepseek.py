@@ -111,11 +111,13 @@ def _latent_attention_fields(c: Any) -> dict[str, Any]:
     }
 
 
-def latent_attention_fields(c: Any) -> dict[str, Any]:
+def latent_attention_fields(c: Any, rotates: bool = True) -> dict[str, Any]:
     """The latent attention's fields of a config that spells them as DeepSeek's does
     (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`):
     the heads, the latents' widths, the scale and the rotary (the importer by convention
-    reads these for the other architectures built on it: Youtu, ...)."""
+    reads these for the other architectures built on it: Youtu, Kimi Linear, ...).
+    `rotates=False` (Kimi Linear, whose model builds no rotary): the `qk_rope_head_dim`
+    dimensions, the shared key part among them, stay unrotated in every block."""
     n_heads, d_rope = c.num_attention_heads, c.qk_rope_head_dim
     kv = getattr(c, "num_key_value_heads", None) or n_heads
     if kv != n_heads:
@@ -139,7 +141,16 @@ def latent_attention_fields(c: Any) -> dict[str, Any]:
         "q_lora_rank": c.q_lora_rank,
         "kv_lora_rank": c.kv_lora_rank,
         "attn_scale": math.sqrt(d_head) / _mscale_squared(rope),
-        **_translate.rotary(c, d_rope, yarn=True),
+        **(_translate.rotary(c, d_rope, yarn=True) if rotates else _unrotated(c, d_rope)),
+    }
+
+
+def _unrotated(c: Any, d_rope: int) -> dict[str, Any]:
+    """The decoupled key part `d_rope` wide, rotated in no block (`rotary_layers`)."""
+    return {
+        "positional_embedding_type": "rotary",
+        "rotary_dim": d_rope,
+        "rotary_layers": (False,) * c.num_hidden_layers,
     }
 
 

@@ -14,8 +14,10 @@ layers, recognised on its tiny twin (`_anatomy`), and their weight table (`_conv
                     projections with `A_log`, `dt_bias`: the gated delta net (Qwen3-Next,
                     Qwen3.5, OLMo Hybrid: `_gated_delta`); `linear_x`, `linear_y`, a
                     `conv_1d` and an `rg_lru`: Griffin's recurrent block (RecurrentGemma:
-                    `_rg_lru`); anything else is a ValueError
-                    naming its parts
+                    `_rg_lru`); q/k/v projections, a `forget_gate` of two low-rank maps,
+                    `b_proj` and a low-rank output gate (or both gates full maps):
+                    Kimi Delta Attention (Kimi Linear, Bailing Hybrid: `_kimi_delta`);
+                    anything else is a ValueError naming its parts
     its settings    each a config field, found by name among those that hold the value the
                     twin's module shows (the convolution's width, the heads, the state, the
                     groups, the gated norm's epsilon), and the biases by their presence
@@ -31,7 +33,7 @@ from typing import Any
 from torch import nn
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _gated_delta, _mamba1, _rg_lru
+from hookedattn.core.hf import _gated_delta, _kimi_delta, _mamba1, _rg_lru
 from hookedattn.core.hf._probes import CONFIG_EPSILONS
 from hookedattn.core.hf._table import Rule, zeros
 from hookedattn.core.mixer_config import MixerConfig
@@ -57,7 +59,7 @@ class Mixers:
     that lists the layers' kinds and what each of its values means, and where each setting
     is read from (`settings`: our setting -> config field; `flags`: the biases)."""
 
-    kind: str  # "short_conv", "mamba2", "mamba", "gated_delta" or "rg_lru"
+    kind: str  # "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru" or "kimi_delta"
     name: str  # the layer's child: "conv", "mamba", "mixer"
     pattern_field: str  # "layer_types"
     pattern: tuple[tuple[str, str], ...]  # (the field's value, "attention" or the kind)
@@ -113,6 +115,8 @@ class Mixers:
             return _gated_delta.rules(at, ours, self.layout, flags["conv_bias"])
         if self.kind == "rg_lru":
             return _rg_lru.rules(at, ours)
+        if self.kind == "kimi_delta":
+            return _kimi_delta.rules(at, ours, flags["kda_full_rank_gates"])
         bias = flags["proj_bias"], flags["conv_bias"]
         if self.kind == "mamba":
             return _mamba_rules(at, ours, *bias, flags["bcdt_norm"], self.norm_gains)
@@ -223,9 +227,16 @@ def mixer_child(children: dict[str, nn.Module], known: tuple[str, ...]) -> str |
     return found[0] if found else None
 
 
+def is_mixer(module: nn.Module) -> bool:
+    """Whether `module` is a mixer whatever its name: one recognised by parts that no
+    attention has (Kimi Delta Attention, named `self_attn` in Kimi Linear and Bailing
+    Hybrid)."""
+    return _kimi_delta.is_kimi_delta(module)
+
+
 def kind_of(module: nn.Module, d_model: int) -> str:
-    """ "short_conv", "mamba2", "mamba", "gated_delta" or "rg_lru", by the module's parts
-    (module docstring)."""
+    """ "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru" or "kimi_delta", by the
+    module's parts (module docstring)."""
     parts = {n for n, _ in module.named_children()}
     own = {n for n, _ in module.named_parameters(recurse=False)}
     if parts == _SHORT_CONV_PARTS and not own and module.in_proj.out_features == 3 * d_model:
@@ -238,10 +249,12 @@ def kind_of(module: nn.Module, d_model: int) -> str:
         return "gated_delta"
     if _rg_lru.is_rg_lru(module):
         return "rg_lru"
+    if _kimi_delta.is_kimi_delta(module):
+        return "kimi_delta"
     raise ValueError(
         f"a mixer {type(module).__name__} of parts {sorted(parts)} and parameters "
         f"{sorted(own)}: neither a gated short convolution, a Mamba-1 or Mamba-2 mixer, a "
-        f"gated delta net nor Griffin's recurrent block"
+        f"gated delta net, Griffin's recurrent block nor Kimi Delta Attention"
     )
 
 
@@ -272,6 +285,8 @@ def recognise(
                       layout=found.layout, fixed=found.fixed)  # fmt: skip
     if kind == "rg_lru":
         return Mixers(kind, name, field, pattern, *_rg_lru.read(module, config), None)
+    if kind == "kimi_delta":
+        return Mixers(kind, name, field, pattern, *_kimi_delta.read(module, config), None)
     settings, flags = _settings(kind, module, config)
     limit = "time_step_limit" if kind == "mamba2" and hasattr(config, "time_step_limit") else None
     gains = kind == "mamba" and _mamba1.norm_flags(module)[1]

@@ -172,3 +172,21 @@ def gated_queries(
             )
         return maps, width == n_heads
     return maps, (False if "q_gate" in roles else None)
+
+
+def latent_gate(
+    attn: nn.Module, n_heads: int
+) -> tuple[tuple[tuple[str, str, bool], ...], bool | None]:
+    """A latent attention's output gate, as `gated_queries` gives it: its own map (one of
+    the "gate" role's names) as the only map read here, one factor per head (Bailing
+    Hybrid's `g_proj`); nothing where it has none. A gate of another width is refused."""
+    maps = [n for n in ATTENTION_ROLES["gate"] if isinstance(getattr(attn, n, None), nn.Linear)]
+    if not maps:
+        return (), None
+    name, gate = maps[0], getattr(attn, maps[0])
+    if gate.out_features != n_heads:
+        raise ValueError(
+            f"a latent attention's output gate {name} {gate.out_features} wide: only one "
+            f"factor per head ({n_heads}) is recognised"
+        )
+    return (("gate", name, gate.bias is not None),), True

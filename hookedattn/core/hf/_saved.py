@@ -109,7 +109,8 @@ def _joined_pieces(
         if name in files or _template(name, layers) in found or tensor.dim() == 0:
             continue
         module, kind = name.rpartition(".")[0].rpartition(".")[0], name.rpartition(".")[2]
-        pieces = [n for n, t in spare.items() if n.startswith(f"{module}.")
+        held = _saved_names_of(module, found, layers)
+        pieces = [n for n, t in spare.items() if n.startswith(held)
                   and n.endswith(f".{kind}") and n.count(".") == name.count(".")
                   and t.dim() == tensor.dim() and t.shape[1:] == tensor.shape[1:]]  # fmt: skip
         if not 2 <= len(pieces) <= 4 or sum(spare[n].shape[0] for n in pieces) != len(tensor):
@@ -119,6 +120,21 @@ def _joined_pieces(
                 out[_template(name, layers)] = SEPARATOR.join(_template(n, layers) for n in order)
                 break
     return out
+
+
+def _saved_names_of(module: str, found: dict[str, str], layers: str) -> tuple[str, ...]:
+    """The prefixes (`"name."`) under which `module`'s tensors are saved: its own name, and
+    the names its tensors matched by value were found under (a module saved under another
+    name: Bailing Hybrid's `self_attn` as `attention`)."""
+    own = _template(f"{module}.", layers)
+    index = re.match(rf"{re.escape(layers)}\.(\d+)\.", module)
+    prefixes = {f"{module}."}
+    for live, saved in found.items():
+        rest = live[len(own) :]
+        if live.startswith(own) and saved.endswith(f".{rest}") and "#" not in saved:
+            prefix = saved[: -len(rest)]
+            prefixes.add(prefix if index is None else prefix.replace("{layer}", index.group(1)))
+    return tuple(sorted(prefixes))
 
 
 def _template(name: str, layers: str) -> str:

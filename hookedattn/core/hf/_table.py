@@ -217,6 +217,10 @@ def _mixer_axes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_ssm_head": m.d_ssm_head,
         "d_ssm_head_out": m.d_ssm_head,  # an RG-LRU gate block's outputs (`components.rg_lru`)
         "d_qkv": m.d_inner + 2 * m.n_ssm_groups * m.d_state,
+        # Kimi Delta Attention's `A_log`, kept as `[1 1 ssm_head 1]` to broadcast over the
+        # batch, the positions and the key channels (`_kimi_delta`).
+        "at_batch": 1,
+        "at_pos": 1,
     }
 
 
