@@ -7,9 +7,8 @@ positions at once, and running them one at a time against this cache gives the s
 numbers, because position `i` only ever reads keys and values of positions `<= i`.
 """
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -205,22 +204,13 @@ class KeyValueCache:
         for entry in self.entries:
             entry.frozen = False
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> "_Transaction":
         """All or nothing: if the body raises, every layer and the mask are as before it.
 
         A forward that fails part-way (a hook raising in layer 1) would otherwise leave
         layers of different lengths, and a retry would append its tokens twice.
         """
-        lengths = [entry._length for entry in self.entries]
-        mask = self.previous_attention_mask
-        try:
-            yield
-        except BaseException:
-            for entry, length in zip(self.entries, lengths, strict=True):
-                entry.truncate(length)
-            self.previous_attention_mask = mask
-            raise
+        return _Transaction(self)
 
     def extend_mask(self, new_mask: Int[Tensor, "batch new_pos"]) -> Int[Tensor, "batch all_pos"]:
         """The mask of past and new positions together; stored unless frozen."""
@@ -230,3 +220,25 @@ class KeyValueCache:
         if not self.frozen:
             self.previous_attention_mask = mask
         return mask
+
+
+class _Transaction:
+    """`KeyValueCache.transaction()`: the lengths and mask noted on entry, put back if the
+    body raises. (A class rather than `@contextmanager`: a generation step enters one per
+    token, where the generator's machinery costs more than the bookkeeping.)"""
+
+    def __init__(self, cache: KeyValueCache) -> None:
+        self.cache = cache
+
+    def __enter__(self) -> None:
+        cache = self.cache
+        self.lengths = [entry._length for entry in cache.entries]
+        self.mask = cache.previous_attention_mask
+
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
+        if kind is None:
+            return
+        cache = self.cache
+        for entry, length in zip(cache.entries, self.lengths, strict=True):
+            entry.truncate(length)
+        cache.previous_attention_mask = self.mask

@@ -43,7 +43,7 @@ class FusedQKV:
         self.heads = (cfg.n_heads, cfg.n_kv_heads)
         self._keep = False
         self._kept: tuple[tuple, Tensor, Tensor] | None = None
-        self._tied: tuple[tuple, Tensor, Tensor] | None = None
+        self._tied: tuple[list, Tensor, Tensor] | None = None
 
     def tie(self, params: tuple[nn.Parameter, ...]) -> None:
         """Make `params` (`W_Q, b_Q, W_K, b_K, W_V, b_V`, keys and values one per key/value
@@ -128,11 +128,11 @@ class FusedQKV:
             self._keep, self._kept = False, None
 
 
-def _identity(params: tuple[Tensor, ...]) -> tuple:
+def _identity(params: tuple[Tensor, ...]) -> list:
     # Where each parameter's values are and how they are laid out: equal only while each
     # is still the view `tie` made (a parameter narrowed in place keeps its address but
     # not its shape).
-    return tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params)
+    return [(p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params]  # a list: no generator
 
 
 def _side_by_side(params: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
