@@ -73,7 +73,7 @@ class KeyValueCacheEntry:
     @property
     def past_keys(self) -> Float[Tensor, "batch pos head d_head"]:
         """The keys of the positions so far."""
-        return self._keys.narrow(1, 0, self._length)
+        return self._keys[:, : self._length]  # indexing: cheaper than `narrow`
 
     @past_keys.setter
     def past_keys(self, keys: Float[Tensor, "batch pos head d_head"]) -> None:
@@ -83,7 +83,7 @@ class KeyValueCacheEntry:
     @property
     def past_values(self) -> Float[Tensor, "batch pos head d_head_v"]:
         """The values of the positions so far."""
-        return self._values.narrow(1, 0, self._length)
+        return self._values[:, : self._length]
 
     @past_values.setter
     def past_values(self, values: Float[Tensor, "batch pos head d_head_v"]) -> None:
@@ -111,8 +111,8 @@ class KeyValueCacheEntry:
             self._keys = _grown(self.past_keys, new_keys, capacity)
             self._values = _grown(self.past_values, new_values, capacity)
             self._owned = True
-        self._keys.narrow(1, start, end - start).copy_(new_keys)
-        self._values.narrow(1, start, end - start).copy_(new_values)
+        self._keys[:, start:end] = new_keys
+        self._values[:, start:end] = new_values
         self._length = end
         return self.past_keys, self.past_values
 
