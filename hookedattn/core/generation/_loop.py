@@ -14,7 +14,6 @@ has ended (`_stopping`) is continued with padding, masked out in the returned ma
 attached to the model run at every step.
 """
 
-import contextlib
 import contextvars
 import dataclasses
 import math
@@ -307,7 +306,9 @@ class _Loop:
             return model(self.new_tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
         # One more real token per row: the forward without its input checks (nor the
         # model's `__call__`: a recorder counts it as its own forward).
-        with self.recorder.own_forward() if self.recorder else contextlib.nullcontext():
+        if self.recorder is None:
+            return model._next_token_step(self.new_tokens, cache)
+        with self.recorder.own_forward():
             return model._next_token_step(self.new_tokens, cache)
 
 
