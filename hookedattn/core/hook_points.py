@@ -85,15 +85,22 @@ class HookPoint(nn.Module):
         self.ctx: dict[str, Any] = {}
         self._fwd: list[LensHandle] = []
         self._bwd: list[LensHandle] = []
-        self._active = False
-        self._needs_value = False
+        # Plain attributes, not properties: the kernels read them at every sublayer of every
+        # forward, where a property's call would be most of an idle point's cost.
+        # Whether any hook (forward or backward, of any scope) is attached here now, or a
+        # forward installed on the instance (nnsight's) may read or replace the value.
+        self.is_active = False
+        # Whether a hook here needs the value in this forward: what the kernels read to
+        # decide whether an activation that exists only written out must be computed. False
+        # where every hook can take it later (`kernels.defer`).
+        self.needs_value = False
         self._listening = False  # a hook that is not a cache's (`HookedRootModule.is_listened`)
         # A forward installed on this instance (nnsight's): reached through nn.Module.__call__.
         self._wrapped = False
 
     def __call__(self, x: Tensor) -> Tensor:
         # The fast path: with no hook attached, a hook point is a single attribute test.
-        if not self._active:
+        if not self.is_active:
             return x
         if self._wrapped:
             return nn.Module.__call__(self, x)  # the instance's forward, which calls ours
@@ -102,19 +109,6 @@ class HookPoint(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """`x` after this point's hooks: what a forward installed on the instance wraps."""
         return self._run_hooks(x)
-
-    @property
-    def is_active(self) -> bool:
-        """Whether any hook (forward or backward, of any scope) is attached here now, or a
-        forward installed on the instance (nnsight's) may read or replace the value."""
-        return self._active
-
-    @property
-    def needs_value(self) -> bool:
-        """Whether a hook here needs the value in this forward: what the kernels read to
-        decide whether an activation that exists only written out must be computed. False
-        where every hook can take it later (`kernels.defer`)."""
-        return self._needs_value
 
     def layer(self) -> int | None:
         """The block this hook point belongs to, or None outside the blocks."""
@@ -190,9 +184,9 @@ class HookPoint(nn.Module):
         # An installed forward is a listener that needs the value now, and it may edit it.
         handles = (*self._fwd, *self._bwd)
         wrapped = self._wrapped
-        object.__setattr__(self, "_active", wrapped or bool(handles))
+        object.__setattr__(self, "is_active", wrapped or bool(handles))
         needs_value = wrapped or any(h.defers_to is None for h in handles)
-        object.__setattr__(self, "_needs_value", needs_value)
+        object.__setattr__(self, "needs_value", needs_value)
         object.__setattr__(self, "_listening", wrapped or not all(h.is_cache for h in handles))
         global _version
         _version = next(_CHANGES)

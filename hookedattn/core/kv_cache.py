@@ -7,9 +7,8 @@ positions at once, and running them one at a time against this cache gives the s
 numbers, because position `i` only ever reads keys and values of positions `<= i`.
 """
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -75,7 +74,7 @@ class KeyValueCacheEntry:
     @property
     def past_keys(self) -> Float[Tensor, "batch pos head d_head"]:
         """The keys of the positions so far."""
-        return self._keys.narrow(1, 0, self._length)
+        return self._keys[:, : self._length]  # indexing: cheaper than `narrow`
 
     @past_keys.setter
     def past_keys(self, keys: Float[Tensor, "batch pos head d_head"]) -> None:
@@ -85,7 +84,7 @@ class KeyValueCacheEntry:
     @property
     def past_values(self) -> Float[Tensor, "batch pos head d_head_v"]:
         """The values of the positions so far."""
-        return self._values.narrow(1, 0, self._length)
+        return self._values[:, : self._length]
 
     @past_values.setter
     def past_values(self, values: Float[Tensor, "batch pos head d_head_v"]) -> None:
@@ -113,8 +112,8 @@ class KeyValueCacheEntry:
             self._keys = _grown(self.past_keys, new_keys, capacity)
             self._values = _grown(self.past_values, new_values, capacity)
             self._owned = True
-        self._keys.narrow(1, start, end - start).copy_(new_keys)
-        self._values.narrow(1, start, end - start).copy_(new_values)
+        self._keys[:, start:end] = new_keys
+        self._values[:, start:end] = new_values
         self._length = end
         return self.past_keys, self.past_values
 
@@ -229,22 +228,13 @@ class KeyValueCache:
         for entry in self.entries:
             entry.frozen = False
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> "_Transaction":
         """All or nothing: if the body raises, every layer and the mask are as before it.
 
         A forward that fails part-way (a hook raising in layer 1) would otherwise leave
         layers of different lengths, and a retry would append its tokens twice.
         """
-        lengths = [entry._length for entry in self.entries]
-        mask = self.previous_attention_mask
-        try:
-            yield
-        except BaseException:
-            for entry, length in zip(self.entries, lengths, strict=True):
-                entry.truncate(length)
-            self.previous_attention_mask = mask
-            raise
+        return _Transaction(self)
 
     def extend_mask(self, new_mask: Int[Tensor, "batch new_pos"]) -> Int[Tensor, "batch all_pos"]:
         """The mask of past and new positions together; stored unless frozen."""
@@ -256,6 +246,7 @@ class KeyValueCache:
         return mask
 
 
+<<<<<<< HEAD
 def _preallocated(
     cfg: HookedTransformerConfig, batch: int, capacity: int, device: str | torch.device
 ) -> KeyValueCacheEntry:
@@ -264,3 +255,25 @@ def _preallocated(
     return KeyValueCacheEntry.preallocated(
         batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
     )
+=======
+class _Transaction:
+    """`KeyValueCache.transaction()`: the lengths and mask noted on entry, put back if the
+    body raises. (A class rather than `@contextmanager`: a generation step enters one per
+    token, where the generator's machinery costs more than the bookkeeping.)"""
+
+    def __init__(self, cache: KeyValueCache) -> None:
+        self.cache = cache
+
+    def __enter__(self) -> None:
+        cache = self.cache
+        self.lengths = [entry._length for entry in cache.entries]
+        self.mask = cache.previous_attention_mask
+
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
+        if kind is None:
+            return
+        cache = self.cache
+        for entry, length in zip(cache.entries, self.lengths, strict=True):
+            entry.truncate(length)
+        cache.previous_attention_mask = self.mask
+>>>>>>> decode

@@ -14,7 +14,6 @@ has ended (`_stopping`) is continued with padding, masked out in the returned ma
 attached to the model run at every step.
 """
 
-import contextlib
 import contextvars
 import dataclasses
 import math
@@ -212,8 +211,12 @@ def _stepwise(steps: Iterator[GenerationStep], recorder: StepRecorder | None) ->
     (`@torch.no_grad()` on a generator does this, but not once a type checker wraps it.)"""
     try:
         while True:
-            with torch.no_grad(), recorder.attached() if recorder else contextlib.nullcontext():
-                step = next(steps, None)
+            with torch.no_grad():
+                if recorder is None:
+                    step = next(steps, None)
+                else:
+                    with recorder.attached():
+                        step = next(steps, None)
             if step is None:
                 return
             yield step
@@ -245,7 +248,7 @@ class _Loop:
 
     def steps(self, n_steps: int, record_last: bool) -> Iterator[GenerationStep]:
         """`n_steps` steps (fewer if every row ends first), then the last forward if asked."""
-        stop = self.stop
+        stop, pads = self.stop, self.stop.pads  # the rule is fixed for the run: asked once
         ended = stop.ended_before_start(self.tokens.shape[0], self.tokens.device)
         real = ~ended  # without a stop rule, every token is real: one tensor for all steps
         for n_done in range(1, n_steps + 1):
@@ -254,7 +257,7 @@ class _Loop:
                 self.recorder.check_room(self.n_prompt, self.n_prompt + n_steps, logits.device)
             _check_finite(logits, ended, n_done)
             chosen = self.choose(logits)
-            if stop.pads:  # an ended row continues with padding, masked out
+            if pads:  # an ended row continues with padding, masked out
                 real = ~ended
                 chosen = torch.where(ended, torch.full_like(chosen, stop.pad), chosen)
                 self.padded = self.padded or bool(ended.any())
@@ -262,7 +265,7 @@ class _Loop:
             self.choose.chosen(chosen, real)
             self.advance(chosen, real)
             yield GenerationStep(chosen, logits, ended, real, cache)
-            if stop.pads and bool(ended.all()):
+            if pads and bool(ended.all()):
                 break
         if record_last and self.recorder is not None:
             self.forward()
@@ -303,7 +306,9 @@ class _Loop:
             return model(self.new_tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
         # One more real token per row: the forward without its input checks (nor the
         # model's `__call__`: a recorder counts it as its own forward).
-        with self.recorder.own_forward() if self.recorder else contextlib.nullcontext():
+        if self.recorder is None:
+            return model._next_token_step(self.new_tokens, cache)
+        with self.recorder.own_forward():
             return model._next_token_step(self.new_tokens, cache)
 
 

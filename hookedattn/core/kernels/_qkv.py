@@ -43,7 +43,7 @@ class FusedQKV:
         self.heads = (cfg.n_heads, cfg.n_kv_heads)
         self._keep = False
         self._kept: tuple[tuple, Tensor, Tensor] | None = None
-        self._tied: tuple[tuple, Tensor, Tensor] | None = None
+        self._tied: tuple[list, Tensor, Tensor] | None = None
 
     def tie(self, params: tuple[nn.Parameter, ...]) -> None:
         """Make `params` (`W_Q, b_Q, W_K, b_K, W_V, b_V`, keys and values one per key/value
@@ -80,11 +80,19 @@ class FusedQKV:
         """
         W, b = self.weights((W_Q, b_Q, W_K, b_K, W_V, b_V))
         qkv = nn.functional.linear(x, W, b)
+<<<<<<< HEAD
         # batch pos (qkv_head d_head) -> three slices (`narrow`), not `split`: autograd lets
         # a hook edit a slice in place, but not one of the several views a single call
         # returns; each then split per head (the values' heads may be narrower, MiMo's).
+=======
+        # batch pos (qkv_head d_head) -> batch pos qkv_head d_head, then three slices of the
+        # heads, not `split`: autograd lets a hook edit a slice in place, but not one of the
+        # several views a single call returns. (Indexing, not `narrow`: the same view, and
+        # fewer dispatcher calls, at every layer of every decode step.)
+>>>>>>> decode
         batch, pos, _ = qkv.shape
         n_q, n_kv = self.heads
+<<<<<<< HEAD
         q_width, k_width = n_q * self.d_head, n_kv * self.d_head
         return (
             qkv.narrow(2, 0, q_width).view(batch, pos, n_q, self.d_head),
@@ -93,6 +101,9 @@ class FusedQKV:
                 batch, pos, n_kv, self.d_value
             ),
         )
+=======
+        return heads[:, :, :n_q], heads[:, :, n_q : n_q + n_kv], heads[:, :, n_q + n_kv :]
+>>>>>>> decode
 
     def weights(
         self, params: tuple[Tensor, ...]
@@ -130,11 +141,11 @@ class FusedQKV:
             self._keep, self._kept = False, None
 
 
-def _identity(params: tuple[Tensor, ...]) -> tuple:
+def _identity(params: tuple[Tensor, ...]) -> list:
     # Where each parameter's values are and how they are laid out: equal only while each
     # is still the view `tie` made (a parameter narrowed in place keeps its address but
     # not its shape).
-    return tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params)
+    return [(p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params]  # a list: no generator
 
 
 def _side_by_side(params: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
