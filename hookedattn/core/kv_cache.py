@@ -246,7 +246,6 @@ class KeyValueCache:
         return mask
 
 
-<<<<<<< HEAD
 def _preallocated(
     cfg: HookedTransformerConfig, batch: int, capacity: int, device: str | torch.device
 ) -> KeyValueCacheEntry:
@@ -255,7 +254,8 @@ def _preallocated(
     return KeyValueCacheEntry.preallocated(
         batch, capacity, cfg.n_kv_heads, cfg.d_head, cfg.dtype, device, cfg.d_value
     )
-=======
+
+
 class _Transaction:
     """`KeyValueCache.transaction()`: the lengths and mask noted on entry, put back if the
     body raises. (A class rather than `@contextmanager`: a generation step enters one per
@@ -276,4 +276,3 @@ class _Transaction:
         for entry, length in zip(cache.entries, self.lengths, strict=True):
             entry.truncate(length)
         cache.previous_attention_mask = self.mask
->>>>>>> decode

@@ -80,30 +80,19 @@ class FusedQKV:
         """
         W, b = self.weights((W_Q, b_Q, W_K, b_K, W_V, b_V))
         qkv = nn.functional.linear(x, W, b)
-<<<<<<< HEAD
-        # batch pos (qkv_head d_head) -> three slices (`narrow`), not `split`: autograd lets
-        # a hook edit a slice in place, but not one of the several views a single call
-        # returns; each then split per head (the values' heads may be narrower, MiMo's).
-=======
-        # batch pos (qkv_head d_head) -> batch pos qkv_head d_head, then three slices of the
-        # heads, not `split`: autograd lets a hook edit a slice in place, but not one of the
-        # several views a single call returns. (Indexing, not `narrow`: the same view, and
-        # fewer dispatcher calls, at every layer of every decode step.)
->>>>>>> decode
+        # batch pos (qkv_head d_head) -> three slices, not `split`: autograd lets a hook edit
+        # a slice in place, but not one of the several views a single call returns; each
+        # then split per head (the values' heads may be narrower, MiMo's). (Indexing, not
+        # `narrow`: the same view, and fewer dispatcher calls at every decode step.)
         batch, pos, _ = qkv.shape
         n_q, n_kv = self.heads
-<<<<<<< HEAD
         q_width, k_width = n_q * self.d_head, n_kv * self.d_head
+        kv_end = q_width + k_width
         return (
-            qkv.narrow(2, 0, q_width).view(batch, pos, n_q, self.d_head),
-            qkv.narrow(2, q_width, k_width).view(batch, pos, n_kv, self.d_head),
-            qkv.narrow(2, q_width + k_width, n_kv * self.d_value).view(
-                batch, pos, n_kv, self.d_value
-            ),
+            qkv[:, :, :q_width].view(batch, pos, n_q, self.d_head),
+            qkv[:, :, q_width:kv_end].view(batch, pos, n_kv, self.d_head),
+            qkv[:, :, kv_end:].view(batch, pos, n_kv, self.d_value),
         )
-=======
-        return heads[:, :, :n_q], heads[:, :, n_q : n_q + n_kv], heads[:, :, n_q + n_kv :]
->>>>>>> decode
 
     def weights(
         self, params: tuple[Tensor, ...]
