@@ -144,12 +144,12 @@ def _finish_by_hand(model, cache, layer, head, side, pos, batch, vector):
     if model.cfg.layer_rotates(layer):
         rot = model.cfg.rotary_dim
         half = rot // 2
-        frequencies = attn.rotary.inv_freq.float()
+        frequencies = attn.rotary.inv_freq.float()  # the trained float32 constants
         rotated = list(vector)
         for i in range(half):
-            # float32 angles, as the model computes them (the trained models' convention)
-            angle = torch.tensor(float(pos), dtype=torch.float32) * frequencies[i]
-            cos, sin = float(angle.cos().double()), float(angle.sin().double())
+            # angles in float64, as a float64 model computes them from those constants
+            angle = pos * frequencies[i].double()
+            cos, sin = float(angle.cos()), float(angle.sin())
             rotated[i] = vector[i] * cos - vector[i + half] * sin
             rotated[i + half] = vector[i + half] * cos + vector[i] * sin
         vector = rotated
