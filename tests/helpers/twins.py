@@ -21,3 +21,34 @@ def tiny_twin(model_type: str, seed: int = 0, **fields) -> nn.Module:
 def relative_worst(got: torch.Tensor, want: torch.Tensor) -> float:
     """The largest `|got - want|`, over the largest `|want|`."""
     return float((got - want).abs().max()) / float(want.abs().max())
+
+
+def streams_worst(model, reference: nn.Module, tokens: torch.Tensor) -> float:
+    """The largest `relative_worst` of our logits and of every residual stream between the
+    layers (`blocks.{i}.hook_resid_post` against HF's `hidden_states[i + 1]`; the last one,
+    after HF's final norm, is left to the logits) from `reference`'s."""
+    with torch.no_grad():
+        expected = reference(tokens, output_hidden_states=True)
+        logits, cache = model.run_with_cache(tokens)
+    deltas = [relative_worst(logits, expected.logits)]
+    for i in range(model.cfg.n_layers - 1):
+        got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]
+        deltas.append(relative_worst(got, want))
+    return max(deltas)
+
+
+def piece_output(reference: nn.Module, layer: int, piece: str, tokens: torch.Tensor):
+    """What `reference`'s layer `layer`'s submodule `piece` returns (its first output) when
+    `reference` reads `tokens`."""
+    seen = {}
+
+    def keep(module, args, out):
+        seen.setdefault("out", out[0] if isinstance(out, tuple) else out)
+
+    handle = reference.model.layers[layer].get_submodule(piece).register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            reference(tokens)
+    finally:
+        handle.remove()
+    return seen["out"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import piece_output, relative_worst, streams_worst, tiny_twin
 
 from hookedattn import HookedTransformer
 
@@ -54,13 +54,7 @@ def test_the_layers_are_read_as_transformers_builds_them():
 def test_logits_and_every_residual_stream_are_transformers(dtype):
     reference = twin(seed=3, attention_window_size=4).to(dtype)  # the window reached
     model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS, output_hidden_states=True)
-        logits, cache = model.run_with_cache(TOKENS)
-    assert relative_worst(logits, expected.logits) <= ROUNDING
-    for i in range(model.cfg.n_layers - 1):
-        got, want = cache[f"blocks.{i}.hook_resid_post"], expected.hidden_states[i + 1]
-        assert relative_worst(got, want) <= ROUNDING
+    assert streams_worst(model, reference, TOKENS) <= ROUNDING
 
 
 def test_an_embedding_scale_that_bfloat16_rounds_is_transformers():
@@ -114,20 +108,9 @@ def test_each_sublayers_write_is_transformers(ours):
     reference = twin(seed=5).double()
     model = HookedTransformer.from_hf(reference)
     layer, piece = WRITES[ours]
-    seen = {}
-    module = reference.model.layers[layer].get_submodule(piece)
-
-    def keep(m, args, out):
-        seen.setdefault("out", out[0] if isinstance(out, tuple) else out)
-
-    handle = module.register_forward_hook(keep)
-    try:
-        with torch.no_grad():
-            reference(TOKENS)
-            _, cache = model.run_with_cache(TOKENS)
-    finally:
-        handle.remove()
-    assert relative_worst(cache[ours], seen["out"]) <= ROUNDING
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS, names_filter=ours)
+    assert relative_worst(cache[ours], piece_output(reference, layer, piece, TOKENS)) <= ROUNDING
 
 
 def test_greedy_generation_is_transformers():
