@@ -35,7 +35,11 @@ def page(result: dict[str, Any]) -> str:
         "",
         "*Per head*: the attention hook points whose cached value has a head axis, and in how",
         "many layers (a layer with a mixer in attention's place has none; its `mixer.hook_in`",
-        "and `mixer.hook_out` are whole).",
+        "and `mixer.hook_out` are whole). *As a folder*: the model saved (`save_pretrained`)",
+        "and loaded from its folder, `from_hf(path)`, which verifies on load: a tiny twin of",
+        "the saved config run by transformers in float64 throughout and by ours in float64,",
+        "every layer's stream and the logits within 1e-8 of their scale; the largest relative",
+        "|Δ| and the seconds the verification took (one thread, nothing remembered).",
         "",
         *_imported([r for r in records if r.get("status") in ("exact", "wrong")]),
         "",
@@ -63,6 +67,7 @@ def _counts(c: dict[str, int]) -> list[str]:
         ("import exactly", c["exact"]),
         ("... of which float32 |Δ| ≤ 1e-5", c.get("exact_float32_1e5", "")),
         ("... of which float64 |Δ| ≤ 1e-10", c.get("exact_float64_1e10", "")),
+        ("... of which verified on load from a folder", c.get("verified_on_load", "")),
         ("refused by `from_hf`, with its reason", c["refused"]),
         ("imported, but wrong", c["wrong"]),
         ("import raised an error of ours", c["failed"]),
@@ -78,13 +83,22 @@ def _imported(records: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
-        folder = "yes" if r["folder"] else "no: its model type is not a family's"
+        folder = _folder(r)
         rows.append(
             f"| `{r['architecture']}` | {r['model_type']} | {_e(r['delta_float32'])} | "
             f"{_e(r['delta_float64'])} | {r['generation']} | {r['status']} | {folder} | "
             f"{r.get('per_head', '')} |"
         )
     return rows
+
+
+def _folder(r: dict[str, Any]) -> str:
+    verified = r.get("verified")
+    if not r["folder"] or not verified:
+        return "no: its model type is not a family's"
+    if verified["status"] != "passed":
+        return f"refused: {_cell(verified.get('message', ''), 80)}"
+    return f"verified, {_e(verified['worst'])}, {verified['seconds']:.2f} s"
 
 
 def _refused(records: list[dict[str, Any]]) -> list[str]:

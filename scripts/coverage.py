@@ -43,6 +43,7 @@ import random
 import re
 import resource
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -163,6 +164,7 @@ def imported(model: Any, tokens: torch.Tensor, logits: torch.Tensor) -> dict[str
         return dict(status="failed", message=_short(error), as_family=as_families(model))
     out = dict(delta_float32=delta32, **_float64_deltas(model, tokens, logits))
     out["folder"] = _folder_family(model.config)
+    out["verified"] = _verified_on_load(model) if out["folder"] else None
     out["generation"] = _generation(model, ours, tokens)
     out["per_head"] = _per_head(ours, tokens)
     exact = (
@@ -200,6 +202,26 @@ def _folder_family(config: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _verified_on_load(model: Any) -> dict[str, Any]:
+    """The folder route's verification on load of the model saved: it builds its own twin
+    of the saved config, runs it in `transformers` and in ours in float64 and compares every
+    layer's stream (`hf._verify`), with a memo of its own so that nothing is remembered:
+    `passed` with its largest relative |Δ| and its seconds, or `refused` and why."""
+    with tempfile.TemporaryDirectory(prefix="hookedattn-coverage-") as folder:
+        model.save_pretrained(Path(folder) / "model")
+        previous = os.environ.get("HOOKEDATTN_CACHE")
+        os.environ["HOOKEDATTN_CACHE"] = str(Path(folder) / "cache")
+        try:
+            verification = HookedTransformer.from_hf(Path(folder) / "model").verification
+        except Exception as error:
+            return dict(status="refused", message=_short(error))
+        finally:
+            os.environ.pop("HOOKEDATTN_CACHE")
+            if previous is not None:
+                os.environ["HOOKEDATTN_CACHE"] = previous
+    return dict(status="passed", worst=verification.worst, seconds=round(verification.seconds, 3))
 
 
 def _float64_deltas(model: Any, tokens: torch.Tensor, logits: torch.Tensor) -> dict[str, Any]:
@@ -420,6 +442,10 @@ def counts(records: list[dict[str, Any]]) -> dict[str, int]:
         exact=status.count("exact"),
         exact_float32_1e5=sum(_within(r, "delta_float32", 1e-5) for r in records),
         exact_float64_1e10=sum(_within(r, "delta_float64", 1e-10) for r in records),
+        verified_on_load=sum(
+            r.get("status") == "exact" and (r.get("verified") or {}).get("status") == "passed"
+            for r in records
+        ),
         refused=status.count("refused"),
         wrong=status.count("wrong"),
         failed=status.count("failed"),

@@ -64,6 +64,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "yarn_truncate": _FLAG,
     "rotary_attention_factor": _POSITIVE,
     "rotary_table_float32": _FLAG,
+    "rotary_angles_float64": _FLAG,
     "rotary_layers": FieldSpec(tuple, optional=True),
     "ln1_layers": FieldSpec(tuple, optional=True),
     "placement_layers": FieldSpec(tuple, optional=True),

@@ -145,6 +145,9 @@ class HookedTransformerConfig(ConfigChecks):
       stay the float32 constants the checkpoint was trained with); `rotary_table_float32`
       keeps them float32 in every dtype, for the models whose reference builds its
       cosines and sines once as a float32 table (GPT-J, CodeGen, RoFormer).
+      `rotary_angles_float64` computes the frequencies and angles in float64 in every
+      dtype, for a table its reference computes in float64 and then rounds (RoFormer's,
+      with `rotary_table_float32`: float64 angles, a float32 table).
     - `use_attn_sinks`: each head has a learned logit `sinks[h]` that joins every query's
       softmax as one more key with no value, so a pattern row sums to less than one
       (GPT-OSS). `attn_sinks_layers` (one flag per block; None: every block) says which
@@ -270,6 +273,7 @@ class HookedTransformerConfig(ConfigChecks):
     yarn_truncate: bool = True
     rotary_attention_factor: float = 1.0
     rotary_table_float32: bool = False
+    rotary_angles_float64: bool = False
     rotary_layers: tuple[bool, ...] | None = None
     alibi_slopes: tuple[float, ...] | None = None
     d_vocab_out: int | None = None

@@ -25,10 +25,10 @@ hookedattn is installed, and which imports nothing heavy until a fixture is used
 docstring; `hookedattn.testing.pytest_plugin` is the same plugin under the package's name).
 """
 
+from hookedattn.core.float64 import float64_throughout
 from hookedattn.core.tolerances import TOLERANCES, Tolerance, tolerance
 from hookedattn.testing.caches import assert_close_cache
 from hookedattn.testing.decomposition import DecompositionLike, assert_decomposes
-from hookedattn.testing.float64 import float64_throughout
 from hookedattn.testing.hooks import assert_no_hooks, describe_handles
 from hookedattn.testing.identities import IdentityCheck, assert_residual_identities
 from hookedattn.testing.models import (

@@ -155,11 +155,17 @@ class ReferenceTransformer:
         float64 for a float64 model."""
         r, base = self.cfg.rotary_dim, self.constants.rotary_base
         wide = self.cfg.dtype == torch.float64 and not self.cfg.rotary_table_float32
-        exact = torch.float64 if wide else torch.float32
-        inverse = (1.0 / base ** (torch.arange(0, r, 2).float() / r)).to(exact)
+        exact = torch.float64 if wide or self.cfg.rotary_angles_float64 else torch.float32
+        if self.cfg.rotary_angles_float64:  # RoFormer's: frequencies in float64 too
+            inverse = 1.0 / base ** (torch.arange(0, r, 2).double() / r)
+        else:
+            inverse = (1.0 / base ** (torch.arange(0, r, 2).float() / r)).to(exact)
         angles = torch.arange(self.cfg.n_ctx).to(exact)[:, None] * inverse[None, :]
         angles = torch.cat([angles, angles], -1).to(self.cfg.device)
-        return angles.cos().to(self.cfg.dtype), angles.sin().to(self.cfg.dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.cfg.rotary_table_float32:
+            cos, sin = cos.float(), sin.float()
+        return cos.to(self.cfg.dtype), sin.to(self.cfg.dtype)
 
     def norm(self, x: Float[Tensor, "batch pos d_model"], weights: dict | None) -> Tensor:
         """LayerNorm (mean removed) or RMSNorm, then the gain and bias where there are."""

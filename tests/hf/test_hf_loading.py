@@ -7,6 +7,8 @@ import json
 
 import pytest
 import torch
+from helpers.float64_hf import InFloat64Throughout
+from helpers.twins import streams_worst, tiny_twin
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -181,3 +183,15 @@ def test_a_subclass_of_a_supported_class_imports_as_its_family(llama):
         expected = llama(TOKENS).logits
     ours = HookedTransformer.from_hf(mine)(TOKENS).detach()
     assert float((ours - expected).abs().max()) <= 1e-5
+
+
+def test_a_folder_that_keeps_its_layers_under_another_name_loads(tmp_path, monkeypatch):
+    # EXAONE 3 is a Llama whose files keep its layers as `transformer.h.{i}.` (transformers
+    # renames them on load, back on save); each layer's tensors are read from its own index.
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
+    reference = tiny_twin("exaone", seed=1).double()
+    reference.save_pretrained(tmp_path / "exaone")
+    saved = load_file(tmp_path / "exaone" / "model.safetensors")
+    assert {"transformer.h.0.ln_1.weight", "transformer.h.1.ln_1.weight"} <= set(saved)
+    model = HookedTransformer.from_hf(tmp_path / "exaone", dtype=torch.float64)
+    assert streams_worst(model, InFloat64Throughout(reference), TOKENS) <= 1e-12

@@ -170,6 +170,26 @@ def test_a_refusal_is_not_remembered_and_the_built_in_family_still_passes(memo, 
     assert not HookedTransformer.from_hf(llama_folder).verification.remembered
 
 
+def eps_a_little_off(hf_config):
+    """Llama's config translation with every norm's epsilon 1e-5 of itself too large."""
+    fields = LLAMA_FAMILY.fields(hf_config)
+    return fields | dict(eps=fields["eps"] * (1 + 1e-5))
+
+
+def test_a_difference_below_float32s_noise_is_refused(memo, llama_folder):
+    # The epsilons' 1e-5 moves the stream by 2.4e-6 of its scale (measured): a float32
+    # comparison, at float32's noise (1e-4 of the scale), passes it; the float64 run refuses.
+    family = dataclasses.replace(LLAMA_FAMILY, fields=eps_a_little_off)
+    hf.register_family(family)
+    try:
+        with pytest.raises(hf.VerificationError, match=r"tolerance 1e-08") as refused:
+            HookedTransformer.from_hf(llama_folder)
+    finally:
+        hf.unregister_family(family)
+    relative = float(re.search(r"Δ\|, ([0-9.e+-]+) of its largest", str(refused.value))[1])
+    assert 1e-8 < relative < 1e-5
+
+
 def test_verify_false_skips_the_check(memo, llama_folder, twins_built):
     family = dataclasses.replace(LLAMA_FAMILY, table=swapped_gate_and_up)
     hf.register_family(family)
@@ -225,6 +245,7 @@ COUNTS = {
     "exact",
     "exact_float32_1e5",
     "exact_float64_1e10",
+    "verified_on_load",
     "refused",
     "wrong",
     "failed",
@@ -238,9 +259,13 @@ def test_the_coverage_sweep_of_two_classes(tmp_path):
     assert {r["architecture"] for r in records} == {"GPT2LMHeadModel", "LlamaForCausalLM"}
     assert {"gpt2", "llama"} <= {r["model_type"] for r in records}
     assert set(result["counts"]) == COUNTS
-    assert result["counts"]["registered"] == len(records) == result["counts"]["exact"]
+    counts = result["counts"]
+    assert counts["registered"] == len(records) == counts["exact"] == counts["verified_on_load"]
     for record in records:
         assert record["builds_tiny"] and record["generation"] == "equal", record
+        # Loaded from its folder, each passes the float64 verification (EXAONE's files keep
+        # its layers as `transformer.h`).
+        assert record["verified"]["worst"] <= 1e-12, record
         assert record["delta_float32"] <= 1e-4 and record["delta_float64"] <= 1e-12, record
         # Stock HF rounds its RMSNorms to float32 in a float64 Llama: float64 throughout does not.
         stock_rounds = record["architecture"] == "LlamaForCausalLM"
@@ -253,8 +278,9 @@ def test_the_coverage_sweep_of_two_classes(tmp_path):
 @pytest.mark.slow
 def test_the_whole_coverage_sweep_matches_the_committed_page(tmp_path):
     # Every registered architecture (about 4 minutes on 2 cores): none imported wrongly or
-    # failing, every refusal ours and named, and the counts the families table and the
-    # coverage page state (scripts/data/coverage.json) still true.
+    # failing, every exact import's folder verified on load, every refusal ours and named,
+    # and the counts the families table and the coverage page state
+    # (scripts/data/coverage.json) still true.
     result = run_coverage(tmp_path)
     counts, records = result["counts"], result["architectures"]
     committed = json.loads((ROOT / "scripts" / "data" / "coverage.json").read_text())
@@ -264,6 +290,8 @@ def test_the_whole_coverage_sweep_matches_the_committed_page(tmp_path):
     assert counts["exact"] == committed["counts"]["exact"], counts
     for record in records:
         assert record.get("builds_tiny") or record["why_not"]
+        if record.get("status") == "exact" and record["folder"]:  # its folder verifies too
+            assert record["verified"]["status"] == "passed", record
         if record.get("status") == "refused":
             message = record["message"]
             assert message.startswith(("ValueError", "CheckpointError", "VerificationError"))

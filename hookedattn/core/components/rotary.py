@@ -50,8 +50,8 @@ def rotary_attention_factor(cfg: HookedTransformerConfig, local: bool = False) -
     return 1.0 if local and cfg.rotary_base_local is not None else cfg.rotary_attention_factor
 
 
-def _plain(base: float, rotary_dim: int) -> Tensor:
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+def _plain(base: float, rotary_dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype) / rotary_dim
     return 1.0 / (base**exponents)
 
 
@@ -107,6 +107,12 @@ class Rotary(nn.Module):
         self.rotary_dim = cfg.rotary_dim
         self.attention_factor = rotary_attention_factor(cfg, local)
         self.table_float32 = cfg.rotary_table_float32
+        # RoFormer's table: frequencies and angles in float64, whatever the dtype.
+        self.frequencies_float64 = (
+            _plain(cfg.rotary_base, cfg.rotary_dim, torch.float64)
+            if cfg.rotary_angles_float64
+            else None
+        )
         # A buffer, not a parameter: derived from the config, never saved or trained.
         self.register_buffer("inv_freq", rotary_frequencies(cfg, local), persistent=False)
         # The cosines of the last positions seen: every layer of one forward rotates by the
@@ -120,13 +126,17 @@ class Rotary(nn.Module):
         memo = self._memo
         if memo is not None and memo[0] is positions and memo[1] == dtype:
             return memo[2], memo[3]
-        exact = (
-            torch.float64 if dtype == torch.float64 and not self.table_float32 else torch.float32
-        )
-        angles = positions.to(exact)[..., None] * self.inv_freq.to(exact)
+        if self.frequencies_float64 is not None:
+            inv_freq = self.frequencies_float64.to(positions.device)
+        else:
+            wide = dtype == torch.float64 and not self.table_float32
+            inv_freq = self.inv_freq.to(torch.float64 if wide else torch.float32)
+        angles = positions.to(inv_freq.dtype)[..., None] * inv_freq
         angles = rearrange(torch.cat([angles, angles], dim=-1), "batch pos rot -> batch pos 1 rot")
-        factor = self.attention_factor
-        cos, sin = (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
+        cos, sin = angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+        if self.table_float32:  # the reference's table, float32 in every dtype
+            cos, sin = cos.float(), sin.float()
+        cos, sin = cos.to(dtype), sin.to(dtype)
         self._memo = (positions, dtype, cos, sin)
         return cos, sin
 

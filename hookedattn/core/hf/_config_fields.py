@@ -37,6 +37,8 @@ def rotary_fields(hf_config: Any, anatomy: Anatomy, d_head: int) -> dict[str, An
     # `embed_positions`), RoFormer's a table handed to every layer: float32 in every dtype.
     table = isinstance(getattr(c, "rotary_dim", None), int) or anatomy.rotary_table is not None
     fields["rotary_table_float32"] = table
+    # RoFormer's table is computed in float64 (numpy) and rounded to float32.
+    fields["rotary_angles_float64"] = anatomy.rotary_table is not None
     local = by_type.get("sliding_attention")
     if local and local != by_type.get("full_attention", local):
         if local.get("rope_type", "default") != "default":

@@ -212,12 +212,13 @@ def _verified(cls: type, source: str, family: Family, hf_config: Any) -> _verify
 
 
 def _twin_reader(cls: type, family: Family) -> Any:
-    """A twin's folder read by `family`, unverified, in float32 on the CPU."""
+    """A twin's folder read by `family`, unverified, in float64 on the CPU (the twin's
+    run is float64 throughout: `_verify`)."""
 
     def read_twin(run: _verify.TwinRun) -> Any:
         config = _loading.read_config(run.folder)
         tokenizer = _loading.saved_tokenizer(run.folder)
-        return _import(cls, family, config, None, run.tensors, tokenizer, torch.float32, "cpu", {})
+        return _import(cls, family, config, None, run.tensors, tokenizer, torch.float64, "cpu", {})
 
     return read_twin
 

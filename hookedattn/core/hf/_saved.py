@@ -62,7 +62,7 @@ def renames(twin: nn.Module, layers: str) -> tuple[tuple[str, str], ...]:
         key = (tuple(tensor.shape), tensor.detach().double().sum().item())
         matches = [n for n in by_value.get(key, []) if torch.equal(files[n], tensor.detach())]
         if len(matches) == 1:
-            found[_template(name, layers)] = _template(matches[0], layers)
+            found[_template(name, layers)] = _saved_template(matches[0], name, layers)
     found |= _fused(files, twin, found, layers)
     found |= _joined_pieces(files, twin, found, layers)
     return tuple(sorted(found.items()))
@@ -139,6 +139,16 @@ def _saved_names_of(module: str, found: dict[str, str], layers: str) -> tuple[st
 
 def _template(name: str, layers: str) -> str:
     return re.sub(rf"^({re.escape(layers)})\.\d+\.", r"\1.{layer}.", name)
+
+
+def _saved_template(saved: str, live: str, layers: str) -> str:
+    """`saved` (the file's name of the live tensor `live`) with its layer index as
+    `{layer}`: the first path component equal to `live`'s layer index, wherever the files
+    keep their layers (EXAONE's `transformer.h.0.` for `model.layers.0.`)."""
+    index = re.match(rf"{re.escape(layers)}\.(\d+)\.", live)
+    if index is None:
+        return _template(saved, layers)
+    return re.sub(rf"(^|\.){index.group(1)}\.", r"\1{layer}.", saved, count=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,13 @@ read back through the family's table); the residual stream is compared at every 
 (`blocks.0.hook_resid_pre` is HF's first hidden state, `blocks.{i}.hook_resid_post` its
 `i + 1`-th; its last is after the final norm, our `ln_final.hook_out`), then the logits. The
 first point where they part refuses the import (`VerificationError`), naming it and by how
-much. What it cannot see: a size-dependent mistake the twin's sizes hide, and differences
-below float32's noise (the tolerance is 1e-4 of each tensor's largest value; a wrong norm
-epsilon shows, since the twin's embeddings are as small as the epsilon).
+much. Both run in float64: `transformers` in float64 throughout (`float64_throughout`: its
+float32 casts lifted, so its norms, softmaxes, routers and rotary angles are float64 too),
+ours from the saved float32 weights read in float64. The tolerance is 1e-8 of each tensor's
+largest value, far below float32's noise (~1e-7) and far above float64's (~1e-15): a
+difference a float32 comparison would hide (a missing soft cap on small logits, an epsilon
+of 1e-6 in a sum) refuses the import. What it cannot see: a size-dependent mistake the
+twin's sizes hide.
 
 A pass is remembered in `verified.json` in hookedattn's cache folder (`$HOOKEDATTN_CACHE`,
 else `$XDG_CACHE_HOME/hookedattn`, else `~/.cache/hookedattn`), keyed by what it depends
@@ -34,11 +38,12 @@ from typing import Any
 
 import torch
 
+from hookedattn.core.float64 import float64_throughout
 from hookedattn.core.hf import _loading, _tiny
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import StateDict
 
-TOLERANCE = 1e-4  # of the largest |value| of each compared tensor
+TOLERANCE = 1e-8  # of the largest |value| of each compared tensor, both sides in float64
 _TOKENS = (2, 12)  # batch, positions: longer than the twin's windows
 _MEMO = "verified.json"
 # Config fields that change no forward of given token ids.
@@ -155,8 +160,8 @@ def twin_run(hf_config: Any, architecture: str, source: str = "") -> Iterator[Tw
                 twin.save_pretrained(folder)
             generator = torch.Generator().manual_seed(0)
             tokens = torch.randint(0, config.vocab_size, _TOKENS, generator=generator)
-            with torch.no_grad():
-                hf = twin(tokens, output_hidden_states=True)
+            with torch.no_grad(), float64_throughout():
+                hf = twin.double()(tokens, output_hidden_states=True)
         except Exception as error:
             raise VerificationError(
                 f"could not verify the import of {architecture} on {what}: "

@@ -20,7 +20,8 @@ left as they are: they are part of what a model computes (RecurrentGemma rounds 
 embedding scale to bfloat16 on purpose), not a precision floor.
 
 It is a `torch.overrides.TorchFunctionMode`, torch's documented way to intercept calls,
-active in the current thread only while the context is open.
+active in the current thread only while the context is open. The verification on load runs
+each tiny twin in it (`hf._verify`); `hookedattn.testing` re-exports it for test suites.
 """
 
 import contextlib
