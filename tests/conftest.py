@@ -7,7 +7,9 @@ The tests' models come from `hookedattn.testing` (`tiny_model`, `random_tiny_mod
 what only this suite needs; what several test files share is in `tests/helpers/`.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +32,9 @@ os.environ.update(HF_HOME=_HF_HOME, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY
 # hookedattn.core.hf._verify): the suite keeps one of its own, so each kind of checkpoint is
 # verified once per session, and every subprocess it starts shares it.
 os.environ["HOOKEDATTN_CACHE"] = tempfile.mkdtemp(prefix="hookedattn-tests-cache-")
+# Both folders go when the session's process ends (each xdist worker has its own).
+for _folder in (_HF_HOME, os.environ["HOOKEDATTN_CACHE"]):
+    atexit.register(shutil.rmtree, _folder, ignore_errors=True)
 
 # The suite runs thousands of tiny forwards, where a second intra-op thread costs more in
 # synchronisation than it gains (and, on a shared 2-core machine, far more).

@@ -79,24 +79,37 @@ class HookPoint(nn.Module):
     to keep state between calls (cleared by `clear_context`).
     """
 
+    name: str
+    ctx: dict[str, Any]
+    _fwd: list[LensHandle]
+    _bwd: list[LensHandle]
+    is_active: bool
+    needs_value: bool
+
     def __init__(self) -> None:
         super().__init__()
-        self.name: str = "<unnamed hook point>"
-        self.ctx: dict[str, Any] = {}
-        self._fwd: list[LensHandle] = []
-        self._bwd: list[LensHandle] = []
-        # Plain attributes, not properties: the kernels read them at every sublayer of every
-        # forward, where a property's call would be most of an idle point's cost.
-        # Whether any hook (forward or backward, of any scope) is attached here now, or a
-        # forward installed on the instance (nnsight's) may read or replace the value.
-        self.is_active = False
-        # Whether a hook here needs the value in this forward: what the kernels read to
-        # decide whether an activation that exists only written out must be computed. False
-        # where every hook can take it later (`kernels.defer`).
-        self.needs_value = False
-        self._listening = False  # a hook that is not a cache's (`HookedRootModule.is_listened`)
-        # A forward installed on this instance (nnsight's): reached through nn.Module.__call__.
-        self._wrapped = False
+        # Plain attributes (none a tensor or module), set in the instance's dict at once: a
+        # model builds a hundred hook points or more, and nn.Module.__setattr__ checks each
+        # value for a parameter, buffer or module.
+        vars(self).update(
+            name="<unnamed hook point>",
+            ctx={},  # state a hook may keep between calls
+            _fwd=[],  # forward LensHandles, in the order they run
+            _bwd=[],
+            # Plain attributes, not properties: the kernels read them at every sublayer of
+            # every forward, where a property's call would be most of an idle point's cost.
+            # Whether any hook (forward or backward, of any scope) is attached here now, or
+            # a forward installed on the instance (nnsight's) may read or replace the value.
+            is_active=False,
+            # Whether a hook here needs the value in this forward: what the kernels read to
+            # decide whether an activation that exists only written out must be computed.
+            # False where every hook can take it later (`kernels.defer`).
+            needs_value=False,
+            _listening=False,  # a hook that is not a cache's (`HookedRootModule.is_listened`)
+            # A forward installed on this instance (nnsight's): reached through
+            # nn.Module.__call__.
+            _wrapped=False,
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         # The fast path: with no hook attached, a hook point is a single attribute test.
