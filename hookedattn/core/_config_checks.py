@@ -255,8 +255,8 @@ class ConfigChecks:
             )
 
     def _check_experts(self) -> None:
-        moe_fields = ("norm_topk_prob", "d_mlp_shared", "shared_expert_gate", "swiglu_limit",
-                      "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
+        moe_fields = ("norm_topk_prob", "norm_topk_eps", "d_mlp_shared", "shared_expert_gate",
+                      "swiglu_limit", "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
                       "expert_input_weighted")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
@@ -290,6 +290,11 @@ class ConfigChecks:
             )
         if self.shared_expert_gate and self.d_mlp_shared is None:
             raise ValueError("shared_expert_gate gates a shared expert: give d_mlp_shared")
+        if self.norm_topk_eps and not self.norm_topk_prob:
+            raise ValueError(
+                f"norm_topk_eps={self.norm_topk_eps} is added to the sum the chosen weights are "
+                "renormalised by: it needs norm_topk_prob=True"
+            )
         if self.moe_out_norm and (self.normalization_type is None or self.placements != ("pre",)):
             raise ValueError(
                 "moe_out_norm norms the mixture's output as the blocks' ln2_post: it needs a "

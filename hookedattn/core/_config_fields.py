@@ -115,6 +115,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "experts_per_token": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "norm_topk_prob": _FLAG,
+    "norm_topk_eps": FieldSpec(float, low=0.0),
     "d_mlp_shared": FieldSpec(int, low=1, high=1 << 22, optional=True),
     "shared_expert_gate": _FLAG,
     "swiglu_limit": _OPTIONAL_POSITIVE,

@@ -190,7 +190,8 @@ class HookedTransformerConfig(ConfigChecks):
       a router choosing `experts_per_token` of `num_experts` experts of width `d_mlp` per token
       (gated as `gated_mlp` says, as are the shared expert and the dense MLPs beside them:
       Nemotron-H's are plain, `act(x @ W_in) @ W_out`), their outputs mixed by the router's softmax
-      weights (over the chosen experts only when `norm_topk_prob`). `d_mlp_shared` adds an expert
+      weights (over the chosen experts only when `norm_topk_prob`, their sum plus
+      `norm_topk_eps`: LFM2-MoE's 1e-6, 0 elsewhere). `d_mlp_shared` adds an expert
       every token uses (Qwen2-MoE), scaled by `sigmoid(x @ W_shared_gate)` when
       `shared_expert_gate`. `swiglu_limit` makes every expert GPT-OSS's clamped SwiGLU, `(clamp(lin,
       +-limit) + 1) * g * sigmoid(swiglu_alpha * g)` with `g = min(gate, limit)`, in place of
@@ -321,6 +322,7 @@ class HookedTransformerConfig(ConfigChecks):
     num_experts: int | None = None
     experts_per_token: int | None = None
     norm_topk_prob: bool = False
+    norm_topk_eps: float = 0.0
     d_mlp_shared: int | None = None
     shared_expert_gate: bool = False
     swiglu_limit: float | None = None

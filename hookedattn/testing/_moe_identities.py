@@ -111,7 +111,7 @@ def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Mod
     def sides(get: Get) -> Sides:
         chosen = moe_module.weigh(moe_module.scores(get(logits)), get(indices).long())
         if renormalised:
-            chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+            chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + moe_module.norm_topk_eps)
         chosen = moe_module.scaled(chosen)
         return Sides(get(weights), chosen, chosen)
 

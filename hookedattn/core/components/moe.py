@@ -2,7 +2,7 @@
 
     logits  = x @ W_router + b_router                     (hook_router_logits)  [batch pos expert]
     chosen  = the k largest of softmax(logits)            (hook_expert_indices) [batch pos k]
-    g       = softmax(logits)[chosen], / their sum when norm_topk_prob
+    g       = softmax(logits)[chosen], / (their sum + norm_topk_eps) when norm_topk_prob
                                                           (hook_expert_weights) [batch pos k]
     expert e, on the rows of the tokens that chose it (experts.{e}.hook_*: [row ...]):
       pre    = x @ W_gate[e] + b_gate[e]                  (hook_in is x itself; hook_pre)
@@ -26,7 +26,8 @@ among groups of them (DeepSeek-V3 report, section 2.1.2: auxiliary-loss-free bal
     chosen  = the k largest of s + b_router_choice, among the experts of the
               `topk_expert_groups` groups (of `n_expert_groups`) whose `group_score_experts`
               (2) best experts' s + b_router_choice sum highest   (hook_expert_indices)
-    g       = s[chosen], / their sum when norm_topk_prob, * routed_scaling_factor
+    g       = s[chosen], / (their sum + norm_topk_eps) when norm_topk_prob,
+              * routed_scaling_factor
                                                           (hook_expert_weights)
 
 Llama 4's is the sigmoid router without groups, and a zero choice bias (it chooses the k
@@ -126,6 +127,7 @@ class MoE(nn.Module):
         self.glu = self._swiglu if cfg.swiglu_limit is None else self._clamped_swiglu
         self.neurons = self._gated_neurons if cfg.gated_mlp else self._plain_neurons
         self.normalize = self._renormalized if cfg.norm_topk_prob else self._as_chosen
+        self.norm_topk_eps = cfg.norm_topk_eps  # LFM2-MoE's 1e-6; 0 elsewhere
         self._add_scoring(cfg)
         # Where the router's weight multiplies: each row's input, or its output.
         on_input = cfg.expert_input_weighted
@@ -263,7 +265,7 @@ class MoE(nn.Module):
         return (linear + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
 
     def _renormalized(self, chosen: Tensor) -> Tensor:
-        return chosen / chosen.sum(dim=-1, keepdim=True)
+        return chosen / (chosen.sum(dim=-1, keepdim=True) + self.norm_topk_eps)
 
     def _as_chosen(self, chosen: Tensor) -> Tensor:
         return chosen

@@ -43,6 +43,8 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
     }
     if e.out_norm:
         fields["moe_out_norm"] = True
+    if anatomy.norm_topk and e.renorm_eps:
+        fields["norm_topk_eps"] = e.renorm_eps
     if anatomy.router_scoring == "sigmoid_on_input":  # Llama 4's
         fields["expert_input_weighted"] = True
     if anatomy.router_scoring != "softmax":

@@ -14,7 +14,9 @@ here:
               saved once and its names read
     routing   a softmax over the experts and the `k` best, renormalised over them or not
               (`norm_topk_prob`: the config's when it has one; otherwise both are candidates
-              and the verification keeps the one `transformers` computes)
+              and the verification keeps the one `transformers` computes), the sum plus
+              an epsilon where the router keeps one (`norm_topk_prob_eps`) or
+              `transformers` writes one in (`_RENORM_EPS`)
 
 A router with a learned choice bias (`e_score_correction_bias`: sigmoid routing) or any
 other piece is refused by name.
@@ -41,6 +43,10 @@ _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
 _CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 _DENSE_WIDTHS = ("intermediate_size_mlp", "intermediate_size", "first_dense_intermediate_size",
                  "dense_intermediate_size")  # fmt: skip
+# The epsilon added to the chosen weights' sum where `transformers` writes a constant into
+# the router (LFM2-MoE's 1e-6). Others write 1e-20 (DeepSeek V3's and its kind): below
+# float64's resolution for a sum of chosen scores, read as 0.
+_RENORM_EPS = {"lfm2_moe": 1e-6}
 # A saved expert's projections: (gate, up, down) by the names checkpoints give them.
 _FILE_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
@@ -83,6 +89,8 @@ class Experts:
     # A norm of the block's whole output, its name in the layer ("mlp.post_mlp_layernorm"):
     # our blocks' `ln2_post` where they hold experts (`moe_out_norm`); None without.
     out_norm: str | None = None
+    # Added to the chosen weights' sum before they are divided by it (`norm_topk_eps`).
+    renorm_eps: float = 0.0
 
 
 def block_name(children: dict[str, nn.Module]) -> str | None:
@@ -148,7 +156,15 @@ def recognise(
         dense_width_field=None if all(held) else _field(config, _DENSE_WIDTHS, None, "dense width"),
         shared_fused=shared_module is not None and hasattr(shared_module, "input_linear"),
         out_norm=f"{block_name}.{out_norm}" if out_norm else None,
+        renorm_eps=_renorm_eps(children[router], config),
     )
+
+
+def _renorm_eps(router: nn.Module, config: Any) -> float:
+    """The epsilon the router adds to the chosen weights' sum: the router's own
+    (`norm_topk_prob_eps`), or the constant `transformers` writes in for the model type."""
+    kept = getattr(router, "norm_topk_prob_eps", None)
+    return float(kept if kept is not None else _RENORM_EPS.get(config.model_type, 0.0))
 
 
 def _saved_experts(
