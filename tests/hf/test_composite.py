@@ -31,12 +31,6 @@ COMPOSITES = {
 FLOAT64_TOLERANCE = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(model_type: str, seed: int = 0) -> nn.Module:
     """A tiny random composite model of `model_type`."""
     model_class = getattr(transformers, COMPOSITES[model_type])

@@ -50,9 +50,9 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
                  "nanochat", "phimoe", "modernbert-decoder")  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
+    """A memo of the test's own: the test verifies afresh (the others share the session's)."""
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
 
 
@@ -79,12 +79,12 @@ def test_imported_by_convention_computes_what_transformers_computes(model_type):
         assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
 
 
-def test_a_live_model_by_convention_is_verified():
+def test_a_live_model_by_convention_is_verified(memo):
     model = HookedTransformer.from_hf(twin("smollm3"))
     assert model.verification is not None and not model.verification.remembered
 
 
-def test_the_verification_picks_the_rotation_the_architecture_uses(tmp_path):
+def test_the_verification_picks_the_rotation_the_architecture_uses(memo, tmp_path):
     reference = twin("cohere")
     reference.save_pretrained(tmp_path / "cohere")
     halves, pairs, *_ = _candidates.candidates(reference.config)
@@ -100,7 +100,7 @@ def test_the_verification_picks_the_rotation_the_architecture_uses(tmp_path):
         assert torch.allclose(model(TOKENS), reference(TOKENS).logits, atol=1e-5)
 
 
-def test_the_verification_picks_the_fused_query_key_value_layout(tmp_path):
+def test_the_verification_picks_the_fused_query_key_value_layout(memo, tmp_path):
     # GPT-NeoX (written out as a family too) keeps [q_h; k_h; v_h] head by head in one map:
     # by convention the stacked [q; k; v] guess comes first and is refused, the head-by-head
     # one computes what transformers computes.
@@ -154,7 +154,7 @@ def test_an_attention_keeping_no_softmax_scale_is_verified_among_the_usual_ones(
     assert model.cfg.attn_types is not None and "local" in model.cfg.attn_types
 
 
-def test_a_folder_by_convention_is_verified_once(tmp_path):
+def test_a_folder_by_convention_is_verified_once(memo, tmp_path):
     twin("granite").save_pretrained(tmp_path / "granite")
     first = HookedTransformer.from_hf(tmp_path / "granite")
     second = HookedTransformer.from_hf(tmp_path / "granite")
@@ -177,7 +177,7 @@ def test_a_piece_not_recognised_is_named():
         HookedTransformer.from_hf(twin("jetmoe"))
 
 
-def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification(tmp_path):
+def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification(memo, tmp_path):
     # HunYuan normalises queries and keys after rotating them: nothing in its modules says
     # so. Forced to the first candidate (norms before the rotation), every piece is
     # recognised and the verification refuses it at the first block; left to choose, it
@@ -250,6 +250,16 @@ def test_a_scalar_of_two_config_fields_is_explained():
     assert anatomy.latent
 
 
+def test_a_scalar_read_on_a_tiny_checkpoint_is_not_remembered_for_a_real_one(memo):
+    # On a checkpoint as tiny as its twin, MiniCPM 3's dim_model_base / hidden_size (4) is
+    # also its head count: either reading is right there, neither told apart, and neither
+    # remembered for the structure, where the real checkpoint's would be wrong (40, not 10).
+    tiny = twin("minicpm3")
+    HookedTransformer.from_hf(tiny)
+    anatomy = _anatomy.recognise(transformers.AutoConfig.for_model("minicpm3"))
+    assert anatomy.logit_scale == _probes.Scale("ratio", "dim_model_base/hidden_size")
+
+
 @pytest.mark.parametrize(
     ("model_type", "settings"),
     [
@@ -287,7 +297,7 @@ def test_the_memo_key_tells_candidates_apart():
     assert _verify.memo_key(halves, tiny) != _verify.memo_key(pairs, tiny)
 
 
-def test_a_recognised_anatomy_is_remembered(monkeypatch):
+def test_a_recognised_anatomy_is_remembered(memo, monkeypatch):
     config = twin("granite").config
     first = _anatomy.recognise(config)
 

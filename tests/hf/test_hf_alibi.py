@@ -24,17 +24,17 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12], [9, 2, 33, 7,
                                                                    3, 3, 19, 40]])  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(model_type: str, seed: int = 3, **changes) -> nn.Module:
     """A tiny random model of `model_type` (its config changed by `changes`)."""
     config = transformers.AutoConfig.for_model(model_type, **changes)
     model_class = {"bloom": transformers.BloomForCausalLM, "mpt": transformers.MptForCausalLM}
     return _tiny.random_hf_model(model_class[model_type], _tiny.tiny_config(config), seed=seed)
+
+
+@pytest.fixture
+def memo(tmp_path, monkeypatch):
+    """A memo of the test's own: nothing another test read is remembered."""
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_the_checkpoints_slopes_are_transformers_own_for_its_head_count(model_ty
     assert slopes["alibi_slopes"] == tuple(float(s) for s in expected)
 
 
-def test_the_slopes_are_read_once_per_checkpoint_structure(monkeypatch):
+def test_the_slopes_are_read_once_per_checkpoint_structure(memo, monkeypatch):
     config = transformers.AutoConfig.for_model("bloom", n_head=12, hidden_size=96)
     name, attention = "BloomForCausalLM", "transformer.h.0.self_attention"
     first = _alibi.fields(config, name, attention)

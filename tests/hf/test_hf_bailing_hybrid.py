@@ -39,12 +39,6 @@ ROUNDING = 1e-5  # of each tensor's largest value (module docstring)
 DELTA_LAYERS = 5
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0, **fields) -> torch.nn.Module:
     """A tiny random Bailing Hybrid (five delta layers, then latent attention)."""
     return tiny_twin("bailing_hybrid", seed=seed, **fields)

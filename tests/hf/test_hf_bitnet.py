@@ -19,12 +19,6 @@ transformers = pytest.importorskip("transformers")
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29], [9, 2, 2, 71, 30, 6, 5, 14, 100]])
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0) -> nn.Module:
     """A tiny random BitNet, as the verification builds one."""
     return tiny_twin("bitnet", seed)

@@ -21,12 +21,6 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29], [9, 2, 2, 71, 30, 6, 5, 
 GROUPINGS = {"per_head": {}, "grouped": {"num_key_value_heads": 2}}
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(grouping: str = "grouped", seed: int = 0) -> nn.Module:
     """A tiny random DiffLlama, as the verification builds one, its lambdas drawn at
     random (transformers draws them with `lambda_std_dev`; made larger here, so that

@@ -25,12 +25,6 @@ ARCHITECTURES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(model_type: str, seed: int = 0, **fields) -> nn.Module:
     """A tiny random decoder of `model_type`, as the verification builds one."""
     config = transformers.AutoConfig.for_model(model_type, is_decoder=True, **fields)

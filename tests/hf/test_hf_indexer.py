@@ -21,12 +21,6 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29], [9, 2, 2, 71, 30, 6, 5, 
 FAMILIES = ["deepseek_v32", "glm_moe_dsa"]
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture(params=FAMILIES)
 def model_type(request) -> str:
     return request.param

@@ -33,12 +33,6 @@ TOKENS = torch.tensor(
 ROUNDING = 1e-5  # of each tensor's largest value (module docstring)
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0, **fields) -> torch.nn.Module:
     """A tiny random Kimi Linear (four delta layers, then latent attention)."""
     return tiny_twin("kimi_linear", seed=seed, **fields)

@@ -24,12 +24,6 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38],
                        [9, 2, 2, 71, 30, 6, 5, 14, 100, 4, 4]])  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0) -> nn.Module:
     """A tiny random Llama 4 text model, as the verification builds one."""
     return tiny_twin("llama4_text", seed)

@@ -22,12 +22,6 @@ TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 11], [9, 2, 2, 71, 30, 6,
 TYPES = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0) -> nn.Module:
     """A tiny random MiMo-V2-Flash of 4 blocks, its sinks away from zero."""
     config = _tiny.tiny_config(transformers.AutoConfig.for_model("mimo_v2_flash"))

@@ -32,9 +32,9 @@ TOKENS = torch.tensor(
 ROUNDING = 1e-4  # of each tensor's largest value (module docstring)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
+    """A memo of the test's own: the test verifies afresh (the others share the session's)."""
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
 
 
@@ -168,7 +168,7 @@ def test_the_released_form_without_rope_attends_without_positions():
         assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= ROUNDING
 
 
-def test_the_anatomy_round_trips_through_the_memo():
+def test_the_anatomy_round_trips_through_the_memo(memo):
     from hookedattn.core.hf import _anatomy
 
     config = twin().config

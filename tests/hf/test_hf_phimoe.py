@@ -20,12 +20,6 @@ TOKENS = torch.tensor(
 )
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0, **fields) -> nn.Module:
     """A tiny random Phi-3.5-MoE, as the verification builds one, with `fields` set."""
     return tiny_twin("phimoe", seed, **fields)

@@ -29,12 +29,6 @@ TOKENS = torch.tensor(
 ROUNDING = 1e-5  # of each tensor's largest value (module docstring)
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0, **fields) -> torch.nn.Module:
     """A tiny random RecurrentGemma (recurrent, recurrent, attention)."""
     return tiny_twin("recurrent_gemma", seed=seed, **fields)

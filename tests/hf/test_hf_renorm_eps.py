@@ -14,12 +14,6 @@ transformers = pytest.importorskip("transformers")
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 11], [9, 2, 2, 71, 30, 6, 5, 14, 100, 4]])
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int):
     """A tiny random LFM2-MoE in float64, renormalising its chosen experts' weights."""
     return tiny_twin("lfm2_moe", seed=seed, norm_topk_prob=True).double()

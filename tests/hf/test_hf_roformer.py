@@ -19,12 +19,6 @@ from hookedattn.core.hf import _handed_rotary, _tiny  # noqa: E402
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77], [9, 2, 2, 71, 30, 6, 5, 14, 100, 3]])
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(seed: int = 0, **fields) -> nn.Module:
     """A tiny random RoFormer decoder, as the verification builds one."""
     config = transformers.AutoConfig.for_model("roformer", is_decoder=True, **fields)

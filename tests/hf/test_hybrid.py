@@ -71,9 +71,9 @@ EMBEDDING_LEFT_OUT = {"mamba", "falcon_mamba"}
 ROUNDING = {"qwen3_next": 1e-4, "qwen3_5_text": 1e-4, "lara_mini": 1e-4}
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
+    """A memo of the test's own: the test verifies afresh (the others share the session's)."""
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
 
 
@@ -165,7 +165,7 @@ def _recurrent_gemma_whose_block(monkeypatch, change) -> torch.nn.Module:
     )
 
 
-def test_a_mixer_we_do_not_compute_is_refused_by_its_parts(monkeypatch):
+def test_a_mixer_we_do_not_compute_is_refused_by_its_parts(memo, monkeypatch):
     # Griffin's block with one more map than it has: no kind of mixer we compute.
     reference = _recurrent_gemma_whose_block(
         monkeypatch, lambda block: setattr(block, "extra", torch.nn.Linear(4, 4))
@@ -174,7 +174,7 @@ def test_a_mixer_we_do_not_compute_is_refused_by_its_parts(monkeypatch):
         HookedTransformer.from_hf(reference)
 
 
-def test_a_griffin_block_of_another_activation_is_refused(monkeypatch):
+def test_a_griffin_block_of_another_activation_is_refused(memo, monkeypatch):
     reference = _recurrent_gemma_whose_block(
         monkeypatch, lambda block: setattr(block, "act_fn", torch.nn.ReLU())
     )
@@ -182,7 +182,7 @@ def test_a_griffin_block_of_another_activation_is_refused(monkeypatch):
         HookedTransformer.from_hf(reference)
 
 
-def test_a_hybrid_anatomy_round_trips_through_the_memo():
+def test_a_hybrid_anatomy_round_trips_through_the_memo(memo):
     from hookedattn.core.hf import _anatomy
 
     config = twin("bamba").config

@@ -27,12 +27,6 @@ PRE_NORM = ("megatron-bert", "roberta-prelayernorm", "xlm-roberta-xl", "mbart")
 ARCHITECTURES = POST_RESIDUAL + PRE_NORM
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def twin(model_type: str, seed: int = 3, decoder: bool = True) -> nn.Module:
     """A tiny random causal LM of `model_type`, as the verification builds one."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -16,12 +16,6 @@ from hookedattn.core.hf import _sinusoids, _tiny  # noqa: E402
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 
 
-@pytest.fixture(autouse=True)
-def memo(tmp_path, monkeypatch):
-    """A memo of the test's own: each test verifies afresh."""
-    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
-
-
 def test_the_halves_table_is_sines_then_cosines_of_geometric_frequencies():
     rows, width = 30, 10
     half = width // 2

@@ -148,6 +148,8 @@ def recognise(hf_config: Any, architecture: str | None = None) -> Anatomy:
                 )  # fmt: skip
                 rounded = bfloat16_normalizer(anatomy.embed_scale, twin_config)
                 anatomy = dataclasses.replace(anatomy, embed_scale=rounded)
+                if _scalars.undecided(reader.measured, twin_config, hf_config):
+                    return anatomy  # right for this checkpoint; not remembered
     except (AttributeError, KeyError, TypeError, IndexError, RuntimeError) as error:
         raise ValueError(
             f"its tiny twin could not be read ({type(error).__name__}: {error})"

@@ -99,6 +99,25 @@ def disambiguated(
     return dataclasses.replace(anatomy, **chosen)
 
 
+def undecided(measured: dict[str, float], twin_config: Any, hf_config: Any) -> list[str]:
+    """The scalars (slots of `measured`) read by several fields, one of them a setting the
+    twin kept, that agree on `hf_config` and so were not told apart: right for this
+    checkpoint, maybe not for another of the twin's structure (a tiny MiniCPM 3's
+    `dim_model_base / hidden_size` is its head count 4; a real one's is not). An anatomy
+    with such a scalar is not remembered for the structure."""
+    kept = _settings(twin_config, hf_config)
+    slots = []
+    for slot, value in measured.items():
+        d_head = head_width(twin_config) if slot == "attn_scale" else None
+        readings = [r for r in explain_all(value, twin_config, d_head)
+                    if _value(r, hf_config) is not None]  # fmt: skip
+        on_checkpoint = {round(_value(r, hf_config), 9) for r in readings}
+        if len(set(readings)) > 1 and len(on_checkpoint) == 1:
+            if any(set(fields_of(r)) & kept for r in readings):
+                slots.append(slot)
+    return slots
+
+
 def _changed(config: Any, names: list[str]) -> Any:
     """A copy of `config` with each of `names` changed: a float by half, an int doubled."""
     changed = type(config).from_dict(config.to_dict())
