@@ -476,15 +476,17 @@ class ConfigChecks:
                                      f"(block {layer}), got {width}")  # fmt: skip
 
     def _check_resid_post_scale(self) -> None:
-        """`resid_post_scale` is built by the sequential block (attention, then an MLP,
-        pre- or post-norms): not attention-only, parallel, post-residual or hybrid ones."""
+        """`resid_post_scale` and `d_per_layer_input` are built by the sequential block
+        (attention, then an MLP, pre- or post-norms): not attention-only, parallel,
+        post-residual or hybrid ones."""
         plain = self._is_sequential and self.normalization_placement != "post_residual"
-        if self.resid_post_scale and not (plain and self.mixers is None):
-            raise ValueError(
-                "resid_post_scale scales the stream a sequential block leaves: it needs "
-                "attn_only=False, parallel_attn_mlp=False, normalization_placement other "
-                "than 'post_residual' and no mixers"
-            )
+        for field in ("resid_post_scale", "d_per_layer_input"):
+            if getattr(self, field) and not (plain and self.mixers is None):
+                raise ValueError(
+                    f"{field} is built by the sequential block: it needs attn_only=False, "
+                    "parallel_attn_mlp=False, normalization_placement other than "
+                    "'post_residual' and no mixers"
+                )
 
     def _check_alibi(self) -> None:
         slopes = self.alibi_slopes

@@ -113,6 +113,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "qk_norm_layers": FieldSpec(tuple, optional=True),
     "use_v_norm": _FLAG,
     "resid_post_scale": _FLAG,
+    "d_per_layer_input": FieldSpec(int, low=1, high=1 << 20, optional=True),
+    "d_vocab_per_layer_input": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "expert_input_weighted": _FLAG,
     "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "experts_per_token": FieldSpec(int, low=1, high=1 << 16, optional=True),

@@ -217,6 +217,10 @@ class HookedTransformerConfig(ConfigChecks):
       leaves by a learned scalar of its own, `resid_post = w * (resid_mid + mlp_out)`
       (`components.resid_scale`: `blocks.L.resid_scale.w`, the unscaled sum at its
       `hook_in`, so the sublayers' writes still sum to it).
+    - `d_per_layer_input` (Gemma 4's `hidden_size_per_layer_input`; None: off): every
+      block reads an input of its own that wide, made once per forward from the tokens
+      (a table of `d_vocab_per_layer_input` rows, None: `d_vocab`) and the embedding,
+      through a third sublayer after its MLP (`components.per_layer_input`).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -343,6 +347,8 @@ class HookedTransformerConfig(ConfigChecks):
     moe_out_norm: bool = False
     expert_input_weighted: bool = False
     resid_post_scale: bool = False
+    d_per_layer_input: int | None = None
+    d_vocab_per_layer_input: int | None = None
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False

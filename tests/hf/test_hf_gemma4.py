@@ -1,12 +1,12 @@
-"""Gemma 4 (`hf/_gemma4.py`): `Gemma4UnifiedForCausalLM` and its multimodal
-`Gemma4UnifiedForConditionalGeneration` (imported as its language model) import exactly;
-so does `Gemma4ForCausalLM` where its config leaves out the per-layer input embeddings.
-Each tiny twin (6 blocks: 5 local, heads 32 wide, then a global one, heads 64 wide and
-rotated by "proportional" RoPE on a quarter of its pairs) is built here and compared with
-`transformers`: logits in float64 throughout and float32, greedy generation, and each
-piece (the value norms, the global blocks' still pairs, the local blocks' own rotary
-width, the blocks' scalars) left out moving the logits. What is not imported is refused
-by name before any weight is read.
+"""Gemma 4 (`hf/_gemma4.py`): `Gemma4ForCausalLM`, `Gemma4UnifiedForCausalLM` and their
+multimodal `...ForConditionalGeneration` (imported as their language models) import
+exactly. Each tiny twin (6 blocks: 5 local, heads 32 wide, then a global one, heads 64 wide
+and rotated by "proportional" RoPE on a quarter of its pairs; Gemma 4's with per-layer
+inputs 16 wide) is built here and compared with `transformers`: logits in float64
+throughout and float32, greedy generation, and each piece (the value norms, the global
+blocks' still pairs, the local blocks' own rotary width, the blocks' scalars, the per-layer
+inputs) left out moving the logits. What is not imported is refused by name before any
+weight is read.
 """
 
 import re
@@ -16,16 +16,13 @@ import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
 from helpers.twins import relative_worst, tiny_twin
-from torch import nn
 
 from hookedattn import HookedTransformer
-from hookedattn.core.hf import _tiny
 
 transformers = pytest.importorskip("transformers")
 
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 11], [9, 2, 2, 71, 30, 6, 5, 14, 100, 4]])
-IMPORTED = ("gemma4_unified_text", "gemma4_unified")
-CLASSES = {"gemma4_text": "Gemma4ForCausalLM", "gemma4": "Gemma4ForConditionalGeneration"}
+IMPORTED = ("gemma4_text", "gemma4", "gemma4_unified_text", "gemma4_unified")
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +75,10 @@ def test_logits_are_transformers_in_float32(model_type):
         assert relative_worst(model(TOKENS), reference(TOKENS).logits) <= 1e-5
 
 
-def test_the_unified_models_greedy_generation_is_transformers():
-    got, expected = greedy_ours_and_transformers(twin(seed=3), TOKENS[:, :3], max_new_tokens=8)
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text"])
+def test_greedy_generation_past_the_window_is_transformers(model_type):
+    reference = twin(model_type, seed=3)
+    got, expected = greedy_ours_and_transformers(reference, TOKENS[:, :3], max_new_tokens=8)
     assert torch.equal(got, expected)
 
 
@@ -135,22 +134,42 @@ def test_without_a_piece_the_import_would_differ(piece):
         assert relative_worst(changed(TOKENS), reference(TOKENS).logits) > 1e-3
 
 
-def _without_ple(model_type: str, seed: int) -> nn.Module:
-    """A twin whose config turns the per-layer input embeddings off (0: the shrink would
-    make any width 16)."""
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type))
-    config.get_text_config().hidden_size_per_layer_input = 0
-    model_class = getattr(transformers, CLASSES[model_type])
-    return _tiny.random_hf_model(model_class, config, seed=seed)
-
-
-@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
-def test_gemma4_without_per_layer_inputs_is_transformers(model_type):
-    reference = _without_ple(model_type, seed=7).double()
+def test_the_per_layer_write_is_what_transformers_adds():
+    # Block L's third write, against HF's stream after that layer less its stream before
+    # the per-layer sublayer (the MLP's add), both before the layer's scalar.
+    reference = twin("gemma4_text", seed=8, scalars=False).double()
     model = HookedTransformer.from_hf(reference)
+    seen = {}
+    for i, layer in enumerate(reference.model.layers):
+        hook = lambda m, args, out, i=i: seen.update({i: out})
+        layer.post_per_layer_input_norm.register_forward_hook(hook)
     with torch.no_grad():
-        expected = InFloat64Throughout(reference)(TOKENS).logits
-        assert relative_worst(model(TOKENS), expected) <= 1e-10
+        InFloat64Throughout(reference)(TOKENS)
+    _, cache = model.run_with_cache(TOKENS)
+    for i in range(model.cfg.n_layers):
+        assert relative_worst(cache[f"blocks.{i}.hook_per_layer_out"], seen[i]) <= 1e-12, i
+        summed = (cache[f"blocks.{i}.hook_resid_mid"] + cache[f"blocks.{i}.hook_mlp_out"]
+                  + cache[f"blocks.{i}.hook_per_layer_out"])  # fmt: skip
+        torch.testing.assert_close(cache[f"blocks.{i}.resid_scale.hook_in"], summed)
+
+
+def test_without_the_per_layer_inputs_the_import_would_differ():
+    reference = twin("gemma4_text", seed=9).double()
+    model = HookedTransformer.from_hf(reference)
+    state = {n: t for n, t in model.state_dict().items() if "per_layer_input" not in n}
+    changed = HookedTransformer(model.cfg.replace(d_per_layer_input=None))
+    changed.load_state_dict(state)
+    with torch.no_grad():
+        assert relative_worst(changed(TOKENS), reference(TOKENS).logits) > 1e-3
+
+
+def test_from_a_residual_stream_the_per_layer_inputs_need_the_tokens():
+    model = HookedTransformer.from_hf(twin("gemma4_text", seed=10).double())
+    logits, cache = model.run_with_cache(TOKENS)
+    resid = cache["blocks.2.hook_resid_pre"]
+    with pytest.raises(ValueError, match=r"d_per_layer_input=16\): with start_at_layer"):
+        model(resid, start_at_layer=2)
+    torch.testing.assert_close(model(resid, start_at_layer=2, tokens=TOKENS), logits)
 
 
 @pytest.mark.parametrize(
@@ -183,8 +202,10 @@ def test_the_mixture_beside_the_mlp_is_named():
 
 
 def test_a_released_sized_config_alone_is_refused_before_any_weight(tmp_path):
-    # The default config is the E2B model's, with per-layer input embeddings; the folder
-    # holds no weights, so a refusal that read any would fail otherwise.
-    transformers.Gemma4TextConfig(architectures=["Gemma4ForCausalLM"]).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"per-layer input embeddings"):
+    # The larger sizes' global blocks read values off the keys' map, with fewer heads; the
+    # folder holds no weights, so a refusal that read any would fail otherwise.
+    transformers.Gemma4TextConfig(
+        attention_k_eq_v=True, num_global_key_value_heads=1, architectures=["Gemma4ForCausalLM"]
+    ).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"keys serving as values \(attention_k_eq_v=True\)"):
         HookedTransformer.from_hf(tmp_path)

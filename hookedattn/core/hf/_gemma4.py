@@ -17,10 +17,13 @@ and global layers by `layer_types`, each with a rotary of its own, the embedding
                   blocks by theirs over their own narrower heads (`rotary_base_local`,
                   `rotary_dim_local`)
     layer scalar  each block's output stream times its `layer_scalar` (`resid_post_scale`)
+    per-layer     the small sizes' (`hidden_size_per_layer_input`): every block's own input
+    inputs        from a table of the tokens and a projection of their embedding, read by a
+                  third sublayer after the MLP (`d_per_layer_input`,
+                  `components.per_layer_input`; HF's constants folded into the weights)
 
-What this does not import is refused by name, before any weight is read: the small sizes'
-per-layer input embeddings (`hidden_size_per_layer_input`), keys serving as values
-(`attention_k_eq_v`), layers reusing earlier layers' keys and values
+What this does not import is refused by name, before any weight is read: keys serving as
+values (`attention_k_eq_v`), layers reusing earlier layers' keys and values
 (`num_kv_shared_layers`), the mixture of experts beside the MLP (`enable_moe_block`),
 bidirectional attention over all tokens (`use_bidirectional_attention="all"`; "vision",
 the unified models' default, attends causally over text alone), and a `per_layer_config`
@@ -33,11 +36,10 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hf import _gemma2, _gemma3, _translate
 from hookedattn.core.hf._family import Family, tied_unembedding
 from hookedattn.core.hf._llama import L
-from hookedattn.core.hf._table import Rule, Table, zeros
+from hookedattn.core.hf._table import Rule, Table, times, zeros
 
 # A config field switching on a piece not imported -> the piece's name.
 _UNIMPORTED = (
-    ("hidden_size_per_layer_input", "per-layer input embeddings"),
     ("attention_k_eq_v", "keys serving as values"),
     ("num_kv_shared_layers", "layers reusing earlier layers' keys and values"),
     ("enable_moe_block", "a mixture of experts beside the MLP"),
@@ -78,6 +80,9 @@ def gemma4_fields(hf_config: Any) -> dict[str, Any]:
         "resid_post_scale": True,
         "output_logits_soft_cap": c.final_logit_softcapping,
     }
+    if getattr(c, "hidden_size_per_layer_input", None):  # the small sizes
+        fields["d_per_layer_input"] = c.hidden_size_per_layer_input
+        fields["d_vocab_per_layer_input"] = c.vocab_size_per_layer_input
     fields |= _translate.rotary(c, wide.head_dim, partial=True,
                                 rope=c.rope_parameters["full_attention"])  # fmt: skip
     fields |= _translate.window(c)
@@ -128,6 +133,8 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
         zeros("unembed.b_U", "d_vocab_out"),
     ]  # fmt: skip
+    if cfg.d_per_layer_input is not None:
+        rules += _per_layer_input_rules(hf_config, cfg, hf_model)
     return Table(
         rules=tuple(rules),
         aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
@@ -135,6 +142,38 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
         label="Gemma 4",
         base_prefix="model.",
     )
+
+
+def _per_layer_input_rules(
+    hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None
+) -> list[Rule]:
+    """The per-layer inputs' table, projection and norm, and each block's sublayer reading
+    them; `transformers`' constants folded in (`components.per_layer_input`): the table's
+    `sqrt(d_ple)` (rounded to the weights' dtype, as HF rounds it) and the sum's
+    `2 ** -0.5` into `W_E` and the norm's gain, the projection's `d_model ** -0.5` into
+    `W_proj`."""
+    module = None if hf_model is None else hf_model.model.embed_tokens_per_layer
+    table_scale = _gemma2.embedding_normaliser(
+        hf_config, cfg.dtype, None, width=cfg.d_per_layer_input, module=module
+    )
+    half = 2.0**-0.5
+    p, b = "per_layer_inputs", "blocks.{layer}.per_layer_input"
+    every_block = [
+        Rule(f"{b}.W_gate", f"{L}.per_layer_input_gate.weight", "d_ple d_model -> d_model d_ple"),
+        Rule(f"{b}.W_out", f"{L}.per_layer_projection.weight", "d_model d_ple -> d_ple d_model"),
+        Rule(f"{b}.ln_post.w", f"{L}.post_per_layer_input_norm.weight", "d_model -> d_model"),
+    ]
+    return [
+        Rule(f"{p}.W_E", "model.embed_tokens_per_layer.weight",
+             "d_vocab_ple (layer d_ple) -> d_vocab_ple layer d_ple",
+             adjust=lambda W: W * table_scale.to(W.device) * half),
+        Rule(f"{p}.W_proj", "model.per_layer_model_projection.weight",
+             "(layer d_ple) d_model -> d_model layer d_ple",
+             adjust=times(cfg.d_model**-0.5)),
+        Rule(f"{p}.ln.w", "model.per_layer_projection_norm.weight", "d_ple -> d_ple",
+             adjust=times(half)),
+        *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
+    ]  # fmt: skip
 
 
 def _attention(cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rule]:
