@@ -84,11 +84,11 @@ def test_the_language_model_prefix_is_the_one_most_names_fall_under():
 
 
 def test_a_composite_whose_language_model_is_refused_is_refused_by_its_part():
-    # Gemma 4's global blocks reading values off the keys' map: its family refuses them.
+    # Gemma 4 attending bidirectionally over every token: its family refuses it.
     config = _tiny.tiny_config(transformers.AutoConfig.for_model("gemma4"))
-    config.text_config.attention_k_eq_v = True
+    config.text_config.use_bidirectional_attention = "all"
     composite = _tiny.random_hf_model(transformers.Gemma4ForConditionalGeneration, config)
-    with pytest.raises(ValueError, match=r"keys serving as values \(attention_k_eq_v=True\)"):
+    with pytest.raises(ValueError, match=r"bidirectional attention \(use_bidirectional"):
         HookedTransformer.from_hf(composite)
 
 

@@ -5,8 +5,8 @@ and rotated by "proportional" RoPE on a quarter of its pairs; Gemma 4's with per
 inputs 16 wide) is built here and compared with `transformers`: logits in float64
 throughout and float32, greedy generation, and each piece (the value norms, the global
 blocks' still pairs, the local blocks' own rotary width, the blocks' scalars, the per-layer
-inputs) left out moving the logits. What is not imported is refused by name before any
-weight is read.
+inputs, the global blocks' keys serving as values) left out moving the logits. What is not
+imported is refused by name before any weight is read.
 """
 
 import re
@@ -16,6 +16,7 @@ import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
 from helpers.twins import relative_worst, tiny_twin
+from torch import nn
 
 from hookedattn import HookedTransformer
 
@@ -175,7 +176,6 @@ def test_from_a_residual_stream_the_per_layer_inputs_need_the_tokens():
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"attention_k_eq_v": True}, "keys serving as values (attention_k_eq_v=True)"),
         ({"use_bidirectional_attention": "all"},
          "bidirectional attention (use_bidirectional_attention='all')"),
     ],
@@ -202,10 +202,46 @@ def test_the_mixture_beside_the_mlp_is_named():
 
 
 def test_a_released_sized_config_alone_is_refused_before_any_weight(tmp_path):
-    # The larger sizes' global blocks read values off the keys' map, with fewer heads; the
-    # folder holds no weights, so a refusal that read any would fail otherwise.
+    # The E2B model's: its last 20 layers reuse earlier ones' keys and values; the folder
+    # holds no weights, so a refusal that read any would fail otherwise.
     transformers.Gemma4TextConfig(
-        attention_k_eq_v=True, num_global_key_value_heads=1, architectures=["Gemma4ForCausalLM"]
+        num_kv_shared_layers=20, architectures=["Gemma4ForCausalLM"]
     ).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"keys serving as values \(attention_k_eq_v=True\)"):
+    with pytest.raises(ValueError, match=r"keys and values \(num_kv_shared_layers=20\)"):
         HookedTransformer.from_hf(tmp_path)
+
+
+def keys_as_values(model_type: str = "gemma4_text", seed: int = 0) -> nn.Module:
+    """A twin whose global block reads its values by its keys' map (no `v_proj`), with one
+    key/value head there (the larger sizes' `num_global_key_value_heads`)."""
+    return twin(model_type, seed=seed, attention_k_eq_v=True, num_global_key_value_heads=1)
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text"])
+def test_keys_serving_as_values_are_transformers_in_float64_throughout(model_type):
+    reference = keys_as_values(model_type, seed=11).double()
+    assert reference.model.layers[5].self_attn.v_proj is None
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.n_key_value_heads_layers == (2, 2, 2, 2, 2, 1)
+    with torch.no_grad():
+        expected = InFloat64Throughout(reference)(TOKENS).logits
+        assert relative_worst(model(TOKENS), expected) <= 1e-10
+    _, cache = model.run_with_cache(TOKENS)
+    torch.testing.assert_close(cache["blocks.5.attn.hook_v"], cache["blocks.5.attn.hook_k"])
+
+
+def test_keys_serving_as_values_load_from_a_saved_directory(tmp_path):
+    reference = keys_as_values(seed=12)
+    reference.save_pretrained(tmp_path / "model")
+    loaded = HookedTransformer.from_hf(tmp_path / "model")
+    with torch.no_grad():
+        assert relative_worst(loaded(TOKENS), reference(TOKENS).logits) <= 1e-5
+
+
+def test_without_the_keys_as_values_the_import_would_differ():
+    # The global block's values read by a map of their own (its keys' map, redrawn).
+    reference = keys_as_values(seed=13).double()
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        model.blocks[5].attn._W_V.normal_(0, 0.125, generator=torch.Generator().manual_seed(0))
+        assert relative_worst(model(TOKENS), reference(TOKENS).logits) > 1e-3

@@ -11,7 +11,9 @@ and global layers by `layer_types`, each with a rotary of its own, the embedding
                   `head_dim` wide, twice the local ones'; on some sizes fewer key/value
                   heads): `d_head_layers`, `n_key_value_heads_layers`; scores not scaled
                   (`attn_scale` 1: the q/k norms set their size); each value head RMS-normed
-                  without a gain (`use_v_norm`)
+                  without a gain (`use_v_norm`); on the larger sizes the global blocks'
+                  keys serve as their values (`attention_k_eq_v`: `W_V` read from
+                  `k_proj`, the values the keys before their norm and rotation)
     rotary        the global blocks by their `rope_parameters` entry ("proportional": the
                   first `partial_rotary_factor` of the whole head's pairs turn), the local
                   blocks by theirs over their own narrower heads (`rotary_base_local`,
@@ -22,12 +24,12 @@ and global layers by `layer_types`, each with a rotary of its own, the embedding
                   third sublayer after the MLP (`d_per_layer_input`,
                   `components.per_layer_input`; HF's constants folded into the weights)
 
-What this does not import is refused by name, before any weight is read: keys serving as
-values (`attention_k_eq_v`), layers reusing earlier layers' keys and values
-(`num_kv_shared_layers`), the mixture of experts beside the MLP (`enable_moe_block`),
-bidirectional attention over all tokens (`use_bidirectional_attention="all"`; "vision",
-the unified models' default, attends causally over text alone), and a `per_layer_config`
-setting anything but `head_dim` and `num_key_value_heads`.
+What this does not import is refused by name, before any weight is read: layers reusing
+earlier layers' keys and values (`num_kv_shared_layers`), the mixture of experts beside the
+MLP (`enable_moe_block`), bidirectional attention over all tokens
+(`use_bidirectional_attention="all"`; "vision", the unified models' default, attends
+causally over text alone), and a `per_layer_config` setting anything but `head_dim` and
+`num_key_value_heads`.
 """
 
 from typing import Any
@@ -40,7 +42,6 @@ from hookedattn.core.hf._table import Rule, Table, times, zeros
 
 # A config field switching on a piece not imported -> the piece's name.
 _UNIMPORTED = (
-    ("attention_k_eq_v", "keys serving as values"),
     ("num_kv_shared_layers", "layers reusing earlier layers' keys and values"),
     ("enable_moe_block", "a mixture of experts beside the MLP"),
 )
@@ -127,7 +128,7 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     rules = [
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
              adjust=_gemma2.scaled(normaliser)),
-        *(r for layer in range(cfg.n_layers) for r in _attention(cfg, layer, bias)),
+        *(r for layer in range(cfg.n_layers) for r in _attention(hf_config, cfg, layer, bias)),
         *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
         Rule("ln_final.w", "model.norm.weight", gain),
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
@@ -176,10 +177,14 @@ def _per_layer_input_rules(
     ]  # fmt: skip
 
 
-def _attention(cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rule]:
+def _attention(hf_config: Any, cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rule]:
     """Block `layer`'s attention by its own heads (`cfg.attention_config`), its q/k norms'
-    gains and the norms around it."""
+    gains and the norms around it. A global block of a model whose keys serve as values
+    (`attention_k_eq_v`: it has no `v_proj`) reads its values by its keys' map, `W_V = W_K`
+    (the keys before their norm and rotation, as `transformers` takes them)."""
     own = cfg.attention_config(layer)
+    keys_as_values = bool(getattr(hf_config, "attention_k_eq_v", False))
+    v = "k" if keys_as_values and cfg.layer_attn_type(layer) == "global" else "v"
     kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if own.n_kv_heads != own.n_heads else (
         "head", "W_K", "W_V")  # fmt: skip
     b, n = f"blocks.{layer}", L.replace("{layer}", str(layer))
@@ -193,12 +198,12 @@ def _attention(cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rul
         Rule(f"{b}.attn.W_Q", f"{a}.q_proj.weight", "(head d_head) d_model -> head d_model d_head"),
         Rule(f"{b}.attn.{k_name}", f"{a}.k_proj.weight",
              f"({kv} d_head) d_model -> {kv} d_model d_head"),
-        Rule(f"{b}.attn.{v_name}", f"{a}.v_proj.weight",
+        Rule(f"{b}.attn.{v_name}", f"{a}.{v}_proj.weight",
              f"({kv} d_head) d_model -> {kv} d_model d_head"),
         Rule(f"{b}.attn.W_O", f"{a}.o_proj.weight", "d_model (head d_head) -> head d_head d_model"),
         biased(f"{b}.attn.b_Q", f"{a}.q_proj.bias", "head d_head"),
         biased(f"{b}.attn.{k_name.replace('W', 'b')}", f"{a}.k_proj.bias", f"{kv} d_head"),
-        biased(f"{b}.attn.{v_name.replace('W', 'b')}", f"{a}.v_proj.bias", f"{kv} d_head"),
+        biased(f"{b}.attn.{v_name.replace('W', 'b')}", f"{a}.{v}_proj.bias", f"{kv} d_head"),
         biased(f"{b}.attn.b_O", f"{a}.o_proj.bias", "d_model"),
         Rule(f"{b}.attn.q_norm.w", f"{a}.q_norm.weight", "d_head -> d_head"),
         Rule(f"{b}.attn.k_norm.w", f"{a}.k_norm.weight", "d_head -> d_head"),
