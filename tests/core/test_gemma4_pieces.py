@@ -83,6 +83,16 @@ def test_generation_with_the_kv_cache_is_the_plain_forward():
     assert torch.equal(cached, plain)
 
 
+@pytest.mark.parametrize("fields", [{}, {"d_per_layer_input": None}, {"resid_post_scale": False}])
+def test_the_decomposition_refuses_what_it_does_not_split(fields):
+    from analysis import decompose_resid
+
+    m = model(**fields)
+    _, cache = m.run_with_cache(TOKENS)
+    with pytest.raises(ValueError, match=r"decompose_resid does not split yet"):
+        decompose_resid(m, cache)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
