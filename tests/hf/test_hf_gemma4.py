@@ -245,3 +245,17 @@ def test_without_the_keys_as_values_the_import_would_differ():
     with torch.no_grad():
         model.blocks[5].attn._W_V.normal_(0, 0.125, generator=torch.Generator().manual_seed(0))
         assert relative_worst(model(TOKENS), reference(TOKENS).logits) > 1e-3
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+def test_a_saved_directory_loads_like_the_live_model(tmp_path, model_type):
+    # Its block scalars and per-layer inputs read from the files (a composite's under its
+    # language model's prefix).
+    reference = twin(model_type, seed=14)
+    live = HookedTransformer.from_hf(reference)
+    reference.save_pretrained(tmp_path / "model")
+    loaded = HookedTransformer.from_hf(tmp_path / "model")
+    ours = live.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
