@@ -478,7 +478,13 @@ class ConfigChecks:
     def _check_resid_post_scale(self) -> None:
         """`resid_post_scale` and `d_per_layer_input` are built by the sequential block
         (attention, then an MLP, pre- or post-norms): not attention-only, parallel,
-        post-residual or hybrid ones."""
+        post-residual or hybrid ones. `use_v_norm` by the attention with value heads of its
+        own (not latent attention, whose values come from a shared latent)."""
+        if self.use_v_norm and self.kv_lora_rank is not None:
+            raise ValueError(
+                f"use_v_norm norms each value head of a plain attention; latent attention "
+                f"(kv_lora_rank={self.kv_lora_rank}) has none to norm"
+            )
         plain = self._is_sequential and self.normalization_placement != "post_residual"
         for field in ("resid_post_scale", "d_per_layer_input"):
             if getattr(self, field) and not (plain and self.mixers is None):
