@@ -19,6 +19,7 @@ from helpers.twins import relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer
+from hookedattn.core.hf import _gemma4
 
 transformers = pytest.importorskip("transformers")
 
@@ -193,6 +194,14 @@ def test_layers_reusing_keys_and_values_are_named(tmp_path):
     named = "layers reusing earlier layers' keys and values (num_kv_shared_layers=2)"
     with pytest.raises(ValueError, match=re.escape(named)):
         HookedTransformer.from_hf(tmp_path)
+
+
+def test_a_per_layer_setting_not_read_is_named():
+    config = transformers.Gemma4UnifiedTextConfig(
+        num_hidden_layers=6, per_layer_config={5: {"head_dim": 512, "sliding_window": 8}}
+    )
+    with pytest.raises(ValueError, match=r"per_layer_config setting \['sliding_window'\]"):
+        _gemma4.gemma4_fields(config)
 
 
 def test_the_mixture_beside_the_mlp_is_named():
