@@ -20,6 +20,7 @@ from torch import nn
 
 from hookedattn import HookedTransformer
 from hookedattn.core.hf import _gemma4
+from hookedattn.testing import assert_residual_identities, published_constants
 
 transformers = pytest.importorskip("transformers")
 
@@ -268,3 +269,13 @@ def test_a_saved_directory_loads_like_the_live_model(tmp_path, model_type):
     assert loaded.state_dict().keys() == ours.keys()
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text"])
+def test_every_residual_stream_identity_holds(model_type):
+    # With the constants Gemma 4 states: scores unscaled, its norms' epsilon, its bases.
+    model = HookedTransformer.from_hf(twin(model_type, seed=15).double())
+    _, cache = model.run_with_cache(TOKENS)
+    c = model.cfg
+    constants = published_constants(c.d_head, attn_scale=1.0, eps=c.eps, rotary_base=c.rotary_base)
+    assert_residual_identities(model, cache, constants=constants)
