@@ -272,6 +272,14 @@ def _check_granularity(
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
+    unsplit = [f for f in ("resid_post_scale", "d_per_layer_input") if getattr(model.cfg, f)]
+    if unsplit:
+        raise ValueError(
+            f"this model's blocks ({', '.join(unsplit)}: Gemma 4's block scalars, its "
+            "per-layer inputs' writes) scale the stream they leave or write a third term into "
+            "it, which decompose_resid does not split yet; read each block's hook points "
+            "(resid_scale.hook_in, hook_per_layer_out)"
+        )
     if _normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
             f"granularity={granularity!r}: the stream of this model passes norms of its own "

@@ -151,11 +151,19 @@ def head_values(
     One per query head: with grouped-query attention each key/value head's values are
     shown for every query head of its group. Recomputed from the cached `resid_pre`
     through the block's `ln1` (the value input of an unpatched forward); when the cache
-    has `hook_v`, that is what the model used.
+    has `hook_v`, that is what the model used. A model that norms its values
+    (`use_v_norm`, Gemma 4) is read at the norm's output, what its heads read, which the
+    cache must hold (`blocks.L.attn.v_norm.hook_out`).
     """
     layer = _layer(model, layer)
-    if ("v", layer) in cache:
-        v = activation(cache, ("v", layer))
+    read = ("v_norm_out", layer) if model.cfg.use_v_norm else ("v", layer)
+    if model.cfg.use_v_norm and read not in cache:
+        raise ValueError(
+            f"this model norms its values (use_v_norm): the values its heads read are "
+            f"blocks.{layer}.attn.v_norm.hook_out, which the cache does not hold"
+        )
+    if read in cache:
+        v = activation(cache, read)
         group = model.cfg.attention_config(layer).n_heads // v.shape[2]
         return repeat(
             v, "batch pos kv_head d_head -> batch pos (kv_head group) d_head", group=group

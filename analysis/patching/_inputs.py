@@ -205,6 +205,13 @@ def key_name(model: HookedTransformer, layer: int) -> str:
     return get_act_name("k", layer)
 
 
+def value_name(model: HookedTransformer, layer: int) -> str:
+    """The hook whose values the KV cache holds: the value norm's output where the model
+    norms its values (Gemma 4's `use_v_norm`), else `v`."""
+    name = get_act_name("v_norm_out", layer)
+    return name if name in model.hook_dict else get_act_name("v", layer)
+
+
 def base_run(
     model: HookedTransformer, tokens: Int[Tensor, "batch pos"], metric: Metric, names: Sequence[str]
 ) -> BaseRun:
@@ -242,7 +249,7 @@ def _base_runs(
         for name in (
             get_act_name("resid_pre", layer),
             key_name(model, layer),
-            get_act_name("v", layer),
+            value_name(model, layer),
         )
     ]
     with torch.no_grad():

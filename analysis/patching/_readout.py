@@ -20,7 +20,14 @@ from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor
 
-from analysis.patching._inputs import BaseRun, Metric, key_name, metric_values, nan_except
+from analysis.patching._inputs import (
+    BaseRun,
+    Metric,
+    key_name,
+    metric_values,
+    nan_except,
+    value_name,
+)
 from analysis.patching._plan import Pass
 from hookedattn import HookedTransformer
 from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
@@ -250,7 +257,7 @@ def again(
         return logits
     n_keys = max(declared)  # the pass's rows lie before it
     kv = []
-    for name, new in zip((key_name(model, last), get_act_name("v", last)), new_kv, strict=True):
+    for name, new in zip((key_name(model, last), value_name(model, last)), new_kv, strict=True):
         full = repeat(
             base.cache[name][:, :n_keys], "b pos h d -> v b pos h d", v=n_variants
         ).clone()

@@ -35,7 +35,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from analysis.patching._components import LAYOUTS, LOCAL_KINDS, Component, masks_at
-from analysis.patching._inputs import BaseRun, Metric, base_run, key_name
+from analysis.patching._inputs import BaseRun, Metric, base_run, key_name, value_name
 from analysis.patching._plan import (
     Extent,
     Pass,
@@ -515,7 +515,7 @@ def _past(
     for layer in range(p.layer, stop_layer):
         keys, values = (
             repeat(base.cache[name][:, : p.n_past], "b pos h d -> (v b) pos h d", v=n_variants)
-            for name in (key_name(model, layer), get_act_name("v", layer))
+            for name in (key_name(model, layer), value_name(model, layer))
         )
         # With `again` the last block keeps the keys and values its rows append.
         last = layer == model.cfg.n_layers - 1

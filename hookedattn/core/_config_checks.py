@@ -462,6 +462,43 @@ class ConfigChecks:
                 f"below NTK_by_parts_high_freq_factor={self.NTK_by_parts_high_freq_factor}"
             )
 
+    def _check_local_rotary(self) -> None:
+        """`rotary_dim_local`: the local blocks' own rotary (`rotary_base_local`) over that
+        many of their heads' dimensions, even and within each local block's `d_head`."""
+        width = self.rotary_dim_local
+        if width is None:
+            return
+        if self.rotary_base_local is None or self.positional_embedding_type != "rotary":
+            raise ValueError(
+                f"rotary_dim_local={width} is the width of the local blocks' own rotary: it "
+                "needs positional_embedding_type='rotary' and rotary_base_local"
+            )
+        for layer in range(self.n_layers):
+            if self.layer_attn_type(layer) == "local":
+                d_head = self.d_head if self.d_head_layers is None else self.d_head_layers[layer]
+                if width % 2 or width > d_head:
+                    raise ValueError(f"rotary_dim_local must be even and in 2..d_head={d_head} "
+                                     f"(block {layer}), got {width}")  # fmt: skip
+
+    def _check_resid_post_scale(self) -> None:
+        """`resid_post_scale` and `d_per_layer_input` are built by the sequential block
+        (attention, then an MLP, pre- or post-norms): not attention-only, parallel,
+        post-residual or hybrid ones. `use_v_norm` by the attention with value heads of its
+        own (not latent attention, whose values come from a shared latent)."""
+        if self.use_v_norm and self.kv_lora_rank is not None:
+            raise ValueError(
+                f"use_v_norm norms each value head of a plain attention; latent attention "
+                f"(kv_lora_rank={self.kv_lora_rank}) has none to norm"
+            )
+        plain = self._is_sequential and self.normalization_placement != "post_residual"
+        for field in ("resid_post_scale", "d_per_layer_input"):
+            if getattr(self, field) and not (plain and self.mixers is None):
+                raise ValueError(
+                    f"{field} is built by the sequential block: it needs attn_only=False, "
+                    "parallel_attn_mlp=False, normalization_placement other than "
+                    "'post_residual' and no mixers"
+                )
+
     def _check_alibi(self) -> None:
         slopes = self.alibi_slopes
         if self.positional_embedding_type != "alibi":

@@ -63,7 +63,9 @@ def prepare(
         tokens = as_tokens(model, input)
         context = _context(model, tokens.shape, attention_mask, past_kv_cache)
         resid = model.embed_tokens(tokens, context.positions)
-        context = model.with_query_key_positions(context)
+        context = model.with_per_layer_inputs(
+            model.with_query_key_positions(context), tokens, resid
+        )
         return Prepared(resid, context, start, stop, tokens, attention_mask)
     resid = _as_resid(model.cfg, input)
     if tokens is not None:
@@ -74,7 +76,7 @@ def prepare(
                 f"{tuple(resid.shape[:2])} (batch, pos): give the tokens of this stream"
             )
     context = _context(model, resid.shape[:2], attention_mask, past_kv_cache)
-    context = model.with_query_key_positions(context)
+    context = model.with_per_layer_inputs(model.with_query_key_positions(context), tokens, None)
     return Prepared(resid, context, start, stop, tokens, attention_mask)
 
 
@@ -86,7 +88,8 @@ def prepare_next_token(
     once); the cache's mask gains the new position."""
     context = next_token_context(past_kv_cache, model.cfg.window_size, model.cfg.window_chunked)
     resid = model.embed_tokens(tokens, context.positions)
-    return resid, model.with_query_key_positions(context)
+    context = model.with_query_key_positions(context)
+    return resid, model.with_per_layer_inputs(context, tokens, resid)
 
 
 def as_tokens(model: Any, input: Any) -> Int[Tensor, "batch pos"]:

@@ -111,7 +111,8 @@ class HookedTransformerConfig(ConfigChecks):
       `qk_norm_after_rotary` (HunYuan). `qk_norm_type="LN"`: LayerNorms with gain and bias
       in their place (Persimmon's, per head). `qk_norm_layers` (one flag per block; None:
       every block) says which blocks norm them: Llama 4 norms them in its rotating blocks
-      only.
+      only. `use_v_norm`: a weightless RMSNorm of each value head (`attn.v_norm`, after
+      `hook_v`), before the heads read the values (Gemma 4).
     - sub-norms (BitNet): `attn_sub_norm` norms every head's `z` together (one scale per
       position, over `(head d_head)`: `attn.sub_norm`, `hook_z_normed`) before `W_O` reads
       it, `hook_z` keeping the heads' outputs before it; `mlp_sub_norm` norms a gated MLP's
@@ -134,7 +135,9 @@ class HookedTransformerConfig(ConfigChecks):
       or YaRN's (`use_yarn_rope` and its `yarn_*` parameters, GPT-OSS), whose cosines and
       sines are also multiplied by `rotary_attention_factor`. `rotary_base_local` gives
       the local layers a rotary of their own (Gemma 3): that base, scaled linearly by
-      `rotary_scaling_factor_local`; the global layers keep the rest. `rotary_layers`
+      `rotary_scaling_factor_local`, over `rotary_dim_local` dimensions (None:
+      `rotary_dim`; Gemma 4's local heads are narrower than its global ones); the global
+      layers keep the rest. `rotary_layers`
       (one flag per block; None: every block) says which blocks rotate at all: SmolLM 3's
       every fourth block and Cohere 2's global ones attend without positions.
       `rotary_pairs` (None: all) keeps only the first, fastest, that many of the
@@ -158,9 +161,10 @@ class HookedTransformerConfig(ConfigChecks):
       None: every block `n_heads`, `d_head`, `n_key_value_heads`). Block `L`'s attention
       is built from `attention_config(L)`, this config with that block's entries as its
       own, so every piece sized by heads (the fused q/k/v weight, the KV cache, the
-      per-head hook points) is that block's; `attn_scale`, `rotary_dim` and `d_head_v`
-      stay one value for every block. Stacks over layers (`model.W_Q`, `cache.stack`) need
-      equal shapes and refuse otherwise: read `blocks[L].attn.W_Q` per block.
+      per-head hook points) is that block's; `attn_scale` and `d_head_v` stay one value
+      for every block, `rotary_dim` too but in the local blocks (`rotary_dim_local`).
+      Stacks over layers (`model.W_Q`, `cache.stack`) need equal shapes and refuse
+      otherwise: read `blocks[L].attn.W_Q` per block.
     - `d_head_v`: the width of a value head and of `z`, where it differs from `d_head`
       (MiMo-V2-Flash's, and latent attention's below).
     - `attn_gate` ("sigmoid", Qwen3-Next; "softplus", Laguna): each head's `z` is
@@ -213,6 +217,14 @@ class HookedTransformerConfig(ConfigChecks):
       `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
       `expert_input_weighted` (Llama 4) multiplies each chosen expert's input by its
       router weight instead of its output: `expert_e(g_e * x)`, summed as they are.
+    - `resid_post_scale` (Gemma 4's `layer_scalar`): each block multiplies the stream it
+      leaves by a learned scalar of its own, `resid_post = w * (resid_mid + mlp_out)`
+      (`components.resid_scale`: `blocks.L.resid_scale.w`, the unscaled sum at its
+      `hook_in`, so the sublayers' writes still sum to it).
+    - `d_per_layer_input` (Gemma 4's `hidden_size_per_layer_input`; None: off): every
+      block reads an input of its own that wide, made once per forward from the tokens
+      (a table of `d_vocab_per_layer_input` rows, None: `d_vocab`) and the embedding,
+      through a third sublayer after its MLP (`components.per_layer_input`).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -266,6 +278,7 @@ class HookedTransformerConfig(ConfigChecks):
     NTK_original_ctx_len: int = 8192
     rotary_base_local: float | None = None
     rotary_scaling_factor_local: float = 1.0
+    rotary_dim_local: int | None = None
     use_yarn_rope: bool = False
     yarn_factor: float = 1.0
     yarn_beta_fast: float = 32.0
@@ -305,6 +318,7 @@ class HookedTransformerConfig(ConfigChecks):
     qk_norm_after_rotary: bool = False
     qk_norm_type: str = "RMS"
     qk_norm_layers: tuple[bool, ...] | None = None
+    use_v_norm: bool = False
     attn_sub_norm: bool = False
     mlp_sub_norm: bool = False
     attn_scale: float | None = None
@@ -338,6 +352,9 @@ class HookedTransformerConfig(ConfigChecks):
     d_mlp_dense: int | None = None
     moe_out_norm: bool = False
     expert_input_weighted: bool = False
+    resid_post_scale: bool = False
+    d_per_layer_input: int | None = None
+    d_vocab_per_layer_input: int | None = None
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -383,7 +400,9 @@ class HookedTransformerConfig(ConfigChecks):
         self._check_latent_attention()
         self._check_indexer()
         self._check_differential_attention()
+        self._check_local_rotary()
         self._check_layer_shapes()
+        self._check_resid_post_scale()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)
@@ -544,9 +563,10 @@ class HookedTransformerConfig(ConfigChecks):
         """The config block `layer`'s attention is built from: this one, with the block's
         entries of `n_heads_layers`, `d_head_layers`, `n_key_value_heads_layers` and
         `attn_sinks_layers` as its own `n_heads`, `d_head`, `n_key_value_heads` and
-        `use_attn_sinks`; the one place that decides a block's attention shape. Itself
-        where no list is given."""
-        if not self.has_layer_shapes:
+        `use_attn_sinks`, and in a local block `rotary_dim_local` as its `rotary_dim`; the
+        one place that decides a block's attention shape. Itself where nothing differs."""
+        local_rotary = self.rotary_dim_local is not None and self.layer_attn_type(layer) == "local"
+        if not self.has_layer_shapes and not local_rotary:
             return self
         pick = lambda values, default: default if values is None else values[layer]
         return self.replace(
@@ -554,6 +574,8 @@ class HookedTransformerConfig(ConfigChecks):
             d_head=pick(self.d_head_layers, self.d_head),
             n_key_value_heads=pick(self.n_key_value_heads_layers, self.n_kv_heads),
             use_attn_sinks=self.use_attn_sinks and pick(self.attn_sinks_layers, True),
+            rotary_dim=self.rotary_dim_local if local_rotary else self.rotary_dim,
+            rotary_dim_local=None,
             n_heads_layers=None,
             d_head_layers=None,
             n_key_value_heads_layers=None,

@@ -48,6 +48,7 @@ from hookedattn.core.components.block import make_block
 from hookedattn.core.components.embed import Embed, PosEmbed, Unembed
 from hookedattn.core.components.embed_projection import make_embed_projection
 from hookedattn.core.components.norm import make_embed_norm, make_final_norm
+from hookedattn.core.components.per_layer_input import PerLayerInputs
 from hookedattn.core.components.unembed_transform import make_unembed_transform
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -106,6 +107,10 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
         # rotary models rotate q and k instead; "none" has no positional signal
         self.ln_embed = make_embed_norm(cfg)
         self.embed_proj = make_embed_projection(cfg)
+        self.with_per_layer_inputs = _without_per_layer_inputs
+        if cfg.d_per_layer_input is not None:  # Gemma 4's small sizes
+            self.per_layer_inputs = PerLayerInputs(cfg)
+            self.with_per_layer_inputs = self._with_per_layer_inputs
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = make_final_norm(cfg)
         self.unembed_transform = make_unembed_transform(cfg)
@@ -244,6 +249,24 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
         queries and keys read (shortformer: it never enters the stream)."""
         pos_embed = self.hook_pos_embed(self.pos_embed(context.positions))
         return dataclasses.replace(context, pos_embed=pos_embed)
+
+    def _with_per_layer_inputs(
+        self,
+        context: AttentionContext,
+        tokens: Int[Tensor, "batch pos"] | None,
+        embedding: Resid | None,
+    ) -> AttentionContext:
+        """The context with every block's per-layer input, made from the tokens and their
+        embedding (`components.per_layer_input`; `embedding` None: `W_E[tokens]`, for a
+        forward from a residual stream). A ValueError where there are no tokens."""
+        if tokens is None:
+            raise ValueError(
+                "this model's blocks read inputs made from the tokens (d_per_layer_input="
+                f"{self.cfg.d_per_layer_input}): with start_at_layer, give tokens= too"
+            )
+        embedding = self.embed(tokens) if embedding is None else embedding
+        per_layer_inputs = self.per_layer_inputs(tokens, embedding)
+        return dataclasses.replace(context, per_layer_inputs=per_layer_inputs)
 
     # ------------------------------------------------------------------ caching
     def run_with_cache(
@@ -407,6 +430,13 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
         """Checked token ids `[batch pos]` of ids or text (the input stage's check, for the
         generation loop and the TransformerLens facade)."""
         return _inputs.as_tokens(self, input)
+
+
+def _without_per_layer_inputs(
+    context: AttentionContext, tokens: Tensor | None, embedding: Tensor | None
+) -> AttentionContext:
+    """The context as it is: no block reads an input of its own."""
+    return context
 
 
 def _without_query_key_positions(context: AttentionContext) -> AttentionContext:

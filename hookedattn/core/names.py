@@ -61,7 +61,7 @@ _TEMPLATES: dict[str, str] = {
     **{n: _NORM for n in ("scale", "normalized")},
     **{
         f"{site}_{part}": _QK_NORM
-        for site in ("q_norm", "k_norm")
+        for site in ("q_norm", "k_norm", "v_norm")
         for part in ("scale", "normalized", "out")
     },
 }
@@ -220,7 +220,7 @@ _AXES: dict[str, str] = {
     "z_diff": "batch pos head d_head",  # its heads the pairs, its d_head two heads wide
     **{
         f"{s}_{p}": "batch pos head d_head"
-        for s in ("q_norm", "k_norm")
+        for s in ("q_norm", "k_norm", "v_norm")
         for p in ("normalized", "out")
     },
     **{n: "batch head query_pos key_pos" for n in ("attn_scores", "pattern")},
@@ -254,7 +254,7 @@ def axis_names(name: str) -> tuple[str, ...]:
     """
     parts = name.removesuffix("_grad").split(".")
     short = parts[-1].removeprefix("hook_")
-    if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm", "q_a_norm", "kv_a_norm"):
+    if len(parts) > 1 and parts[-2] in ("q_norm", "k_norm", "v_norm", "q_a_norm", "kv_a_norm"):
         short = f"{parts[-2]}_{short}"
     if parts[-3:-1] == ["indexer", "k_norm"]:  # the indexer's one key per position
         short = f"index_k_norm_{parts[-1].removeprefix('hook_')}"

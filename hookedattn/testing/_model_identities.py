@@ -4,6 +4,8 @@ This module reads the model's structure (which norms, hook points and sublayers 
 has) and lists the identities of `hookedattn.testing.identities`'s docstring for it.
 """
 
+from torch import Tensor
+
 from hookedattn.core import names as _names
 from hookedattn.core.components.norm import NoNorm
 from hookedattn.core.model import HookedTransformer
@@ -13,6 +15,7 @@ from hookedattn.testing import _latent_identities as latent_ids
 from hookedattn.testing import _moe_identities as moe_ids
 from hookedattn.testing._identity import (
     TERMS,
+    VALUE,
     Get,
     Identity,
     NormAtScale,
@@ -113,7 +116,25 @@ def _block(model: HookedTransformer, layer: int, constants: Constants) -> list[I
     resid_mid = _act("resid_mid", layer)
     out.append(sum_of(resid_mid, resid_pre, attn_out))
     out += _mlp(model, layer, resid_mid)
-    return [*out, sum_of(resid_post, resid_mid, mlp_out)]
+    writes = [resid_mid, mlp_out]
+    if hasattr(block, "hook_per_layer_out"):  # Gemma 4's third write
+        writes.append(f"blocks.{layer}.hook_per_layer_out")
+    if not hasattr(block, "resid_scale"):
+        return [*out, sum_of(resid_post, *writes)]
+    unscaled = f"blocks.{layer}.resid_scale.hook_in"  # Gemma 4's block scalar
+    return [*out, sum_of(unscaled, *writes), _scaled(resid_post, unscaled, block.resid_scale.w)]
+
+
+def _scaled(out: str, x: str, w: Tensor) -> Identity:
+    """`out == w * x`, `w` one number (a block's scalar, `components.resid_scale`)."""
+
+    def sides(get: Get) -> Sides:
+        x_ = get(x)
+        expected = weight(w, x_) * x_
+        return Sides(get(out), expected, expected.abs())
+
+    statement = f"{out} == resid_scale.w * {x}"
+    return Identity(statement, (out, x), _names.axis_names(out), VALUE, sides)
 
 
 def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[Identity]:
@@ -133,6 +154,8 @@ def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[
     if hasattr(attn, "hook_q_tuned"):  # the queries scaled by position: what the scores read
         q = f"{prefix}.hook_q_tuned"
     v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
+    if cfg.use_v_norm:  # the heads read the normed values (Gemma 4)
+        v = f"{prefix}.v_norm.hook_out"
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
     slopes = attn.alibi.slopes if hasattr(attn, "alibi") else None

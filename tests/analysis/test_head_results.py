@@ -140,3 +140,14 @@ def test_memory_guard_and_missing_activations():
         head_results(model, patterns_only, 0)
     with pytest.raises(ValueError, match="layer must be"):
         head_results(model, cache, 2)
+
+
+def test_sources_sum_to_the_head_result_where_values_are_normed():
+    # Gemma 4's value norms: the sources carry the normed values, what the heads read.
+    model = _model(norm="RMS", use_v_norm=True)
+    _, cache = model.run_with_cache(TOKENS)
+    contributions = head_source_contributions(model, cache, 1)
+    torch.testing.assert_close(contributions.sum_sources(), head_results(model, cache, 1))
+    _, partial = model.run_with_cache(TOKENS, names_filter=["blocks.1.hook_resid_pre"])
+    with pytest.raises(ValueError, match=r"blocks.1.attn.v_norm.hook_out, which the cache"):
+        head_values(model, partial, 1)

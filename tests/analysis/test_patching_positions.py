@@ -27,6 +27,8 @@ MODELS = {
     ),
     # No room in the context after the shared keys: every pass stacks variants on the batch.
     "2 layers, context full": dict(n_ctx=N_POS, use_attn_result=True),
+    # The KV cache holds the normed values (Gemma 4's), not those at hook_v.
+    "3 layers, RMS, value norms": dict(n_layers=3, normalization_type="RMS", use_v_norm=True),
 }  # fmt: skip
 
 
@@ -85,6 +87,7 @@ CASES = [
     ("3 layers, rotary, split qkv", "denoising", "two"),
     ("3 layers, rotary, split qkv", "noising", "last"),
     ("2 layers, context full", "denoising", "two"),
+    ("3 layers, RMS, value norms", "noising", "two"),
 ]
 
 

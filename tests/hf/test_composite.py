@@ -77,10 +77,12 @@ def test_the_language_model_prefix_is_the_one_most_names_fall_under():
     assert _composite._prefix(inner, stored) == "language_model.model."
 
 
-def test_a_composite_whose_language_model_is_not_recognised_is_refused_by_its_part():
+def test_a_composite_whose_language_model_is_refused_is_refused_by_its_part():
+    # Gemma 4 attending bidirectionally over every token: its family refuses it.
     config = _tiny.tiny_config(transformers.AutoConfig.for_model("gemma4"))
+    config.text_config.use_bidirectional_attention = "all"
     composite = _tiny.random_hf_model(transformers.Gemma4ForConditionalGeneration, config)
-    with pytest.raises(ValueError, match="decoder layers hold different pieces"):
+    with pytest.raises(ValueError, match=r"bidirectional attention \(use_bidirectional"):
         HookedTransformer.from_hf(composite)
 
 

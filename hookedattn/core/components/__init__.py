@@ -16,6 +16,7 @@ from hookedattn.core.components.block import (
     MLPOnlyBlock,
     ParallelBlock,
     ParallelMixerBlock,
+    PerLayerInputBlock,
     PostResidualBlock,
     make_attention,
     make_block,
@@ -67,7 +68,9 @@ from hookedattn.core.components.norm import (
     make_norm,
     make_placed_norm,
 )
+from hookedattn.core.components.per_layer_input import PerLayerInput, PerLayerInputs
 from hookedattn.core.components.query_temperature import QueryTemperature
+from hookedattn.core.components.resid_scale import ResidScale
 from hookedattn.core.components.rg_lru import RGLRUMixer, linear_recurrence
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
 from hookedattn.core.components.short_conv import ShortConv
@@ -111,12 +114,16 @@ __all__ = [
     "NoTransform",
     "ParallelBlock",
     "ParallelMixerBlock",
+    "PerLayerInput",
+    "PerLayerInputBlock",
+    "PerLayerInputs",
     "PosEmbed",
     "PostResidualBlock",
     "QueryTemperature",
     "RGLRUMixer",
     "RMSNorm",
     "RMSNormPre",
+    "ResidScale",
     "Rotary",
     "ShortConv",
     "SoftCap",

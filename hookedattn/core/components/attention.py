@@ -10,6 +10,8 @@ which is why each head's write can be read on its own (`hook_result`).
     q, k, v = x @ W_Q + b_Q, x @ W_K + b_K, x @ W_V + b_V      (hook_q, hook_k, hook_v)
     q, k    = rotary(q_norm(q)), rotary(k_norm(k))            (hook_rot_q, hook_rot_k;
               [q_norm(rotary(q)), ... with `qk_norm_after_rotary`]    each step optional)
+    v       = v_norm(v)                                       (`use_v_norm`: Gemma 4's,
+                                                               weightless, per head)
               [a block without rotation may scale its queries by position instead:
                q = tau(position) * q (hook_q_tuned), `components.query_temperature`]
     scores  = cap(q k^T / attn_scale), blocked keys -> -inf   (hook_attn_scores; QK circuit)
@@ -49,7 +51,7 @@ from torch import Tensor, nn
 from hookedattn.core import kernels
 from hookedattn.core.components.alibi import ALiBi
 from hookedattn.core.components.embed import _param, affine
-from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm, make_norm
+from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm, RMSNormPre, make_norm
 from hookedattn.core.components.query_temperature import QueryTemperature
 from hookedattn.core.components.rotary import Rotary
 from hookedattn.core.components.soft_cap import make_soft_cap
@@ -106,6 +108,8 @@ class Attention(nn.Module):
         self.hook_k = HookPoint()  # [batch pos kv_head d_head]
         self.hook_v = HookPoint()
         self.q_norm, self.k_norm = _qk_norms(cfg, layer)
+        # Gemma 4: each value head RMS-normed, without a gain, before the heads read it.
+        self.v_norm = RMSNormPre(cfg, (cfg.d_value,)) if cfg.use_v_norm else NoNorm()
         if cfg.layer_rotates(layer):
             self.rotary = Rotary(cfg, local=self.attn_type == "local")
             self.hook_rot_q = HookPoint()
@@ -209,7 +213,8 @@ class Attention(nn.Module):
         past_kv: KeyValueCacheEntry | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
         q, k, v = self.project_qkv(query_input, key_input, value_input)
-        q, k, v = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k)), self.hook_v(v)
+        q, k = self.q_before(self.hook_q(q)), self.k_before(self.hook_k(k))
+        v = self.v_norm(self.hook_v(v))
         q, k = self._positioned(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)

@@ -29,7 +29,10 @@ a mixer beside the attention, both reading `ln1(resid_pre)` (`ParallelMixerBlock
 `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write behind its own
 `hook_mixer_out`); or, in Nemotron-H, one sublayer per
 block: a block of its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone
-(`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). In a shortformer model
+(`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). A sequential block may
+scale the stream it leaves (`ResidScale`, Gemma 4's: `resid_post = w * (resid_mid +
+mlp_out)`), and add a third sublayer's write reading an input of its own
+(`PerLayerInputBlock`, Gemma 4's small sizes). In a shortformer model
 the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
@@ -55,6 +58,8 @@ from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import make_mlp
 from hookedattn.core.components.moe import MoE
 from hookedattn.core.components.norm import make_ln1, make_ln2_post, make_norm, make_placed_norm
+from hookedattn.core.components.per_layer_input import PerLayerInput
+from hookedattn.core.components.resid_scale import ResidScale
 from hookedattn.core.components.rg_lru import RGLRUMixer
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
@@ -132,6 +137,10 @@ class AttnInputs:
     def position_embedding(self, context: AttentionContext) -> AttnInput:
         """The positional embedding the query and key inputs gain, laid out to add to them."""
         return rearrange(context.pos_embed, self.pos_layout)
+
+
+def _same(resid: Resid) -> Resid:
+    return resid
 
 
 def _without_positions(
@@ -232,12 +241,47 @@ class Block(AttnOnlyBlock):
         self._add_attention(cfg, layer)
         self.hook_resid_mid = HookPoint()
         self._add_mlp(cfg, layer)
+        self._add_resid_scale(cfg)
+        self.hook_resid_post = HookPoint()
+
+    def _add_resid_scale(self, cfg: HookedTransformerConfig) -> None:
+        """Gemma 4's `layer_scalar`: the stream the block leaves scaled (its own call,
+        bound, so that the module stays registered once, as `resid_scale`), or as it is."""
+        self.scaled = _same
+        if cfg.resid_post_scale:
+            self.resid_scale = ResidScale(cfg)
+            self.scaled = self.resid_scale.__call__
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        resid_mid = self.hook_resid_mid(resid_pre + self.attend(resid_pre, context, past_kv))
+        return self.hook_resid_post(self.scaled(resid_mid + self.feed_forward(resid_mid)))
+
+
+class PerLayerInputBlock(Block):
+    """`Block`, then a third sublayer reading the block's per-layer input (Gemma 4's
+    small sizes: `components.per_layer_input`): `resid_post = resid_mid + mlp_out +
+    per_layer_out`, where `per_layer_out = per_layer_input(resid_mid + mlp_out, p[L])`."""
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.layer = layer
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.per_layer_input = PerLayerInput(cfg)
+        self.hook_per_layer_out = HookPoint()
+        self._add_resid_scale(cfg)
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
         resid_mid = self.hook_resid_mid(resid_pre + self.attend(resid_pre, context, past_kv))
-        return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
+        resid_fed = resid_mid + self.feed_forward(resid_mid)
+        own = context.per_layer_inputs[:, :, self.layer]
+        per_layer_out = self.hook_per_layer_out(self.per_layer_input(resid_fed, own))
+        return self.hook_resid_post(self.scaled(resid_fed + per_layer_out))
 
 
 class ParallelBlock(AttnOnlyBlock):
@@ -373,4 +417,6 @@ def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
         return PostResidualBlock(cfg, layer)
     if cfg.attn_only or not cfg.layer_has_mlp(layer):
         return AttnOnlyBlock(cfg, layer)
+    if cfg.d_per_layer_input is not None:
+        return PerLayerInputBlock(cfg, layer)
     return (ParallelBlock if cfg.parallel_attn_mlp else Block)(cfg, layer)

@@ -53,14 +53,24 @@ def one_plus(w: Tensor) -> Tensor:
     return 1.0 + (w if w.dtype == torch.float64 else w.float())
 
 
-def embedding_normaliser(hf_config: Any, dtype: torch.dtype, hf_model: Any = None) -> Tensor:
+def embedding_normaliser(
+    hf_config: Any,
+    dtype: torch.dtype,
+    hf_model: Any = None,
+    width: int | None = None,
+    module: Any = None,
+) -> Tensor:
     """`sqrt(d_model)` as HF multiplies by it: the model's own constant when there is one;
     else as `from_pretrained` builds it, a tensor of the default dtype (float32, or float64
-    for a float64 model) cast to the weights' dtype."""
-    if hf_model is not None:
-        return hf_model.model.embed_tokens.embed_scale.to(dtype)
+    for a float64 model) cast to the weights' dtype. `width` and `module`: another
+    embedding's (Gemma 4's per-layer inputs: `sqrt` of their width, their module's)."""
+    if module is None and hf_model is not None:
+        module = hf_model.model.embed_tokens
+    if module is not None:
+        return module.embed_scale.to(dtype)
     built = torch.float64 if dtype == torch.float64 else torch.float32
-    return torch.tensor(hf_config.hidden_size**0.5, dtype=built).to(dtype)
+    width = hf_config.hidden_size if width is None else width
+    return torch.tensor(width**0.5, dtype=built).to(dtype)
 
 
 def scaled(normaliser: Tensor) -> Callable[[Tensor], Tensor]:

@@ -6,14 +6,14 @@ its kind is refused. The refusal names what differs, so that it says which piece
 missing rather than only that one is: each module whose class or weight shape differs (in
 the first layer that differs, against the first layer of its kind), the per-layer
 overrides of the config (`transformers`' heterogeneous configs keep them in
-`per_layer_config`: Gemma 4's global layers' wider heads, `head_dim`, and on some sizes
-fewer key/value heads, `num_key_value_heads`), and the pieces the config names that no
-convention imports. The last are named by the config fields that build them: per-layer
-input embeddings (`hidden_size_per_layer_input`: Gemma 3n's and Gemma 4's small models
-add, after each layer, a gated projection of an embedding of the token of that layer's
-own), layers that reuse an earlier layer's keys and values (`num_kv_shared_layers`), keys
-serving as values (`attention_k_eq_v`) and a mixture of experts beside the dense MLP
-(`enable_moe_block`).
+`per_layer_config`: wider heads in some layers, `head_dim`, fewer key/value heads,
+`num_key_value_heads`; Gemma 4's family, `_gemma4`, reads them), and the pieces the config
+names that no convention imports. The last are named by the config fields that build them:
+per-layer input embeddings (`hidden_size_per_layer_input`: Gemma 3n's small models add,
+after each layer, a gated projection of an embedding of the token of that layer's own;
+Gemma 4's family imports them), layers that reuse an earlier layer's keys and values
+(`num_kv_shared_layers`), keys serving as values (`attention_k_eq_v`) and a mixture of
+experts beside the dense MLP (`enable_moe_block`).
 """
 
 from typing import Any
@@ -133,8 +133,8 @@ def _overrides(config: Any) -> str:
     if not layers_of:
         return ""
     said = ", ".join(f"{name} in layers {layers}" for name, layers in layers_of.items())
-    # Our config holds such shapes (`n_heads_layers`, `d_head_layers`, ...: MiMo-V2-Flash's
-    # family reads them), but no convention reads them from `per_layer_config` yet.
+    # Our config holds such shapes (`n_heads_layers`, `d_head_layers`, ...: the families of
+    # MiMo-V2-Flash and Gemma 4 read them), but no convention reads them yet.
     return (f"per_layer_config sets {said}: blocks of different attention shapes are not "
             "imported by convention")  # fmt: skip
 

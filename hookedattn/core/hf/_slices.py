@@ -34,10 +34,10 @@ from hookedattn.core.hf._table import (
     Rule,
     Table,
     TensorSource,
-    axis_sizes,
     constant,
     our_shape,
     plus_first_row,
+    sizes_by_rule,
 )
 
 Ranges = Mapping[str, tuple[int, int]]
@@ -213,10 +213,11 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
     rules = {rule.ours: rule for rule in table.rules}
     source = joined(source, table)  # a tensor kept in pieces read as one (`_joined`)
     stored = table.source_names(source.shapes)
-    sizes = axis_sizes(cfg)
+    sizes_of = sizes_by_rule(cfg)  # a block's own heads and widths, where blocks differ
 
     def read(name: str, local_slice: Any, device: str) -> Tensor:
         rule = rules[name]
+        sizes = sizes_of(rule)
         if rule.experts:  # one HF tensor per expert, stacked in ours
             return _read_experts(rule, source, stored, sizes, local_slice, cfg.dtype, device)
         ranges = {}

@@ -169,6 +169,10 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         # Differential attention's pairs of query heads, each pair's z two heads wide.
         "pair": cfg.n_heads // 2,
         "d_pair": 2 * cfg.d_head,
+        # Per-layer inputs (`components.per_layer_input`): their width and table's rows.
+        "layer": cfg.n_layers,
+        "d_ple": cfg.d_per_layer_input or 0,
+        "d_vocab_ple": cfg.d_vocab_per_layer_input or cfg.d_vocab,
         **_mixer_axes(cfg),
     }
 

@@ -48,6 +48,9 @@ class AttentionContext:
     # "none" (one query that may read every key: a generation step without padding).
     plain: dict[str, str] = dataclasses.field(default_factory=dict)
     pos_embed: Float[Tensor, "batch query_pos d_model"] | None = None
+    # Every block's own input from the tokens (Gemma 4's per-layer inputs, read by
+    # `PerLayerInputBlock`; `HookedTransformer.with_per_layer_inputs`); None otherwise.
+    per_layer_inputs: Float[Tensor, "batch query_pos layer d_ple"] | None = None
     # The positions of every key (those of a KV cache first) where padding makes them other
     # than `0..n_keys-1`; None where it does not. Read by ALiBi (`components.alibi`).
     padded_key_positions: Int[Tensor, "batch key_pos"] | None = None

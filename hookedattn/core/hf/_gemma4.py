@@ -1,0 +1,215 @@
+"""Gemma 4, text (`Gemma4ForCausalLM`, "gemma4_text"; `Gemma4UnifiedForCausalLM`,
+"gemma4_unified_text"; their multimodal `...ForConditionalGeneration` imported as these,
+`_composite`).
+
+Gemma 3's block (norms before and after each sublayer, GeGLU, per-head q/k RMSNorms, local
+and global layers by `layer_types`, each with a rotary of its own, the embedding times
+`sqrt(d_model)`), with these changes, each read from the config:
+
+    norms         every RMSNorm multiplies by its gain `w` itself (not Gemma 3's `1 + w`)
+    attention     shaped per block by `per_layer_config` (the global blocks' heads
+                  `head_dim` wide, twice the local ones'; on some sizes fewer key/value
+                  heads): `d_head_layers`, `n_key_value_heads_layers`; scores not scaled
+                  (`attn_scale` 1: the q/k norms set their size); each value head RMS-normed
+                  without a gain (`use_v_norm`); on the larger sizes the global blocks'
+                  keys serve as their values (`attention_k_eq_v`: `W_V` read from
+                  `k_proj`, the values the keys before their norm and rotation)
+    rotary        the global blocks by their `rope_parameters` entry ("proportional": the
+                  first `partial_rotary_factor` of the whole head's pairs turn), the local
+                  blocks by theirs over their own narrower heads (`rotary_base_local`,
+                  `rotary_dim_local`)
+    layer scalar  each block's output stream times its `layer_scalar` (`resid_post_scale`)
+    per-layer     the small sizes' (`hidden_size_per_layer_input`): every block's own input
+    inputs        from a table of the tokens and a projection of their embedding, read by a
+                  third sublayer after the MLP (`d_per_layer_input`,
+                  `components.per_layer_input`; HF's constants folded into the weights)
+
+What this does not import is refused by name, before any weight is read: layers reusing
+earlier layers' keys and values (`num_kv_shared_layers`), the mixture of experts beside the
+MLP (`enable_moe_block`), bidirectional attention over all tokens
+(`use_bidirectional_attention="all"`; "vision", the unified models' default, attends
+causally over text alone), and a `per_layer_config` setting anything but `head_dim` and
+`num_key_value_heads`.
+"""
+
+from typing import Any
+
+from hookedattn.core.config import HookedTransformerConfig
+from hookedattn.core.hf import _gemma2, _gemma3, _translate
+from hookedattn.core.hf._family import Family, tied_unembedding
+from hookedattn.core.hf._llama import L
+from hookedattn.core.hf._table import Rule, Table, times, zeros
+
+# A config field switching on a piece not imported -> the piece's name.
+_UNIMPORTED = (
+    ("num_kv_shared_layers", "layers reusing earlier layers' keys and values"),
+    ("enable_moe_block", "a mixture of experts beside the MLP"),
+)
+_PER_LAYER_READ = {"head_dim", "num_key_value_heads"}
+
+
+def gemma4_fields(hf_config: Any) -> dict[str, Any]:
+    """Our config's fields for a `transformers.Gemma4TextConfig` or
+    `Gemma4UnifiedTextConfig` (module docstring)."""
+    c = hf_config
+    _refuse_unimported(c)
+    own = [c.per_layer_config[layer] for layer in range(c.num_hidden_layers)]
+    d_heads = tuple(o.head_dim for o in own)
+    kv = tuple(o.num_key_value_heads for o in own)
+    wide = c.per_layer_config["full_attention"]
+    n_kv = wide.num_key_value_heads
+    fields = {
+        "n_layers": c.num_hidden_layers,
+        "d_model": c.hidden_size,
+        "n_ctx": c.max_position_embeddings,
+        "d_vocab": c.vocab_size,
+        "n_heads": c.num_attention_heads,
+        "d_head": wide.head_dim,  # the widest: the global blocks' rotary fits it
+        "d_head_layers": d_heads if len(set(d_heads)) > 1 else None,
+        "n_key_value_heads": None if n_kv == c.num_attention_heads else n_kv,
+        "n_key_value_heads_layers": kv if len(set(kv)) > 1 else None,
+        "d_mlp": c.intermediate_size,
+        "act_fn": _translate.activation(c.hidden_activation, "hidden_activation"),
+        "gated_mlp": True,
+        "normalization_type": "RMS",
+        "normalization_placement": "pre_and_post",
+        "eps": c.rms_norm_eps,
+        "attn_scale": 1.0,
+        "use_qk_norm": True,
+        "qk_norm_per_head": True,
+        "use_v_norm": True,
+        "resid_post_scale": True,
+        "output_logits_soft_cap": c.final_logit_softcapping,
+    }
+    if getattr(c, "hidden_size_per_layer_input", None):  # the small sizes
+        fields["d_per_layer_input"] = c.hidden_size_per_layer_input
+        fields["d_vocab_per_layer_input"] = c.vocab_size_per_layer_input
+    fields |= _translate.rotary(c, wide.head_dim, partial=True,
+                                rope=c.rope_parameters["full_attention"])  # fmt: skip
+    fields |= _translate.window(c)
+    if "local" in (fields.get("attn_types") or ()):
+        narrow = c.per_layer_config["sliding_attention"].head_dim
+        local = _gemma3._local_rotary(c.rope_parameters["sliding_attention"])
+        fields |= local | {"rotary_dim_local": narrow - narrow % 2}
+    return fields
+
+
+def _refuse_unimported(c: Any) -> None:
+    """A ValueError naming every piece the config switches on that is not imported."""
+    said = [f"{name} ({field}={getattr(c, field)!r})"
+            for field, name in _UNIMPORTED if getattr(c, field, None)]  # fmt: skip
+    if getattr(c, "use_bidirectional_attention", None) == "all":
+        said.append("bidirectional attention (use_bidirectional_attention='all')")
+    per_layer = c.to_dict().get("per_layer_config") or {}
+    other = sorted({k for setting in per_layer.values() for k in setting} - _PER_LAYER_READ)
+    if other:
+        said.append(f"per_layer_config setting {other} (read: {sorted(_PER_LAYER_READ)})")
+    if said:
+        raise ValueError(f"Gemma 4's {'; '.join(said)} cannot be imported")
+
+
+def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
+    """Gemma 4: each block's attention by its own shape, its norms' gains as they are, the
+    value norms without gains, each block's scalar; `W_E` times `sqrt(d_model)`."""
+    bias = bool(getattr(hf_config, "attention_bias", False))
+    normaliser = _gemma2.embedding_normaliser(hf_config, cfg.dtype, hf_model)
+    mlp_in, mlp_out = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
+    b, gain = "blocks.{layer}", "d_model -> d_model"
+    every_block = [
+        Rule(f"{b}.mlp.W_gate", f"{L}.mlp.gate_proj.weight", mlp_in),
+        Rule(f"{b}.mlp.W_in", f"{L}.mlp.up_proj.weight", mlp_in),
+        Rule(f"{b}.mlp.W_out", f"{L}.mlp.down_proj.weight", mlp_out),
+        zeros(f"{b}.mlp.b_in", "d_mlp"),
+        zeros(f"{b}.mlp.b_out", "d_model"),
+        Rule(f"{b}.ln2.w", f"{L}.pre_feedforward_layernorm.weight", gain),
+        Rule(f"{b}.ln2_post.w", f"{L}.post_feedforward_layernorm.weight", gain),
+        Rule(f"{b}.resid_scale.w", f"{L}.layer_scalar", "one -> one"),
+    ]
+    rules = [
+        Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
+             adjust=_gemma2.scaled(normaliser)),
+        *(r for layer in range(cfg.n_layers) for r in _attention(hf_config, cfg, layer, bias)),
+        *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
+        Rule("ln_final.w", "model.norm.weight", gain),
+        Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
+        zeros("unembed.b_U", "d_vocab_out"),
+    ]  # fmt: skip
+    if cfg.d_per_layer_input is not None:
+        rules += _per_layer_input_rules(hf_config, cfg, hf_model)
+    return Table(
+        rules=tuple(rules),
+        aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
+        ignored=(r"rotary_emb\.",),
+        label="Gemma 4",
+        base_prefix="model.",
+    )
+
+
+def _per_layer_input_rules(
+    hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None
+) -> list[Rule]:
+    """The per-layer inputs' table, projection and norm, and each block's sublayer reading
+    them; `transformers`' constants folded in (`components.per_layer_input`): the table's
+    `sqrt(d_ple)` (rounded to the weights' dtype, as HF rounds it) and the sum's
+    `2 ** -0.5` into `W_E` and the norm's gain, the projection's `d_model ** -0.5` into
+    `W_proj`."""
+    module = None if hf_model is None else hf_model.model.embed_tokens_per_layer
+    table_scale = _gemma2.embedding_normaliser(
+        hf_config, cfg.dtype, None, width=cfg.d_per_layer_input, module=module
+    )
+    half = 2.0**-0.5
+    p, b = "per_layer_inputs", "blocks.{layer}.per_layer_input"
+    every_block = [
+        Rule(f"{b}.W_gate", f"{L}.per_layer_input_gate.weight", "d_ple d_model -> d_model d_ple"),
+        Rule(f"{b}.W_out", f"{L}.per_layer_projection.weight", "d_model d_ple -> d_ple d_model"),
+        Rule(f"{b}.ln_post.w", f"{L}.post_per_layer_input_norm.weight", "d_model -> d_model"),
+    ]
+    return [
+        Rule(f"{p}.W_E", "model.embed_tokens_per_layer.weight",
+             "d_vocab_ple (layer d_ple) -> d_vocab_ple layer d_ple",
+             adjust=lambda W: W * table_scale.to(W.device) * half),
+        Rule(f"{p}.W_proj", "model.per_layer_model_projection.weight",
+             "(layer d_ple) d_model -> d_model layer d_ple",
+             adjust=times(cfg.d_model**-0.5)),
+        Rule(f"{p}.ln.w", "model.per_layer_projection_norm.weight", "d_ple -> d_ple",
+             adjust=times(half)),
+        *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
+    ]  # fmt: skip
+
+
+def _attention(hf_config: Any, cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rule]:
+    """Block `layer`'s attention by its own heads (`cfg.attention_config`), its q/k norms'
+    gains and the norms around it. A global block of a model whose keys serve as values
+    (`attention_k_eq_v`: it has no `v_proj`) reads its values by its keys' map, `W_V = W_K`
+    (the keys before their norm and rotation, as `transformers` takes them)."""
+    own = cfg.attention_config(layer)
+    keys_as_values = bool(getattr(hf_config, "attention_k_eq_v", False))
+    v = "k" if keys_as_values and cfg.layer_attn_type(layer) == "global" else "v"
+    kv, k_name, v_name = ("kv_head", "_W_K", "_W_V") if own.n_kv_heads != own.n_heads else (
+        "head", "W_K", "W_V")  # fmt: skip
+    b, n = f"blocks.{layer}", L.replace("{layer}", str(layer))
+    a = f"{n}.self_attn"
+
+    def biased(ours: str, hf: str, axes: str) -> Rule:
+        return Rule(ours, hf, f"({axes}) -> {axes}") if bias else zeros(ours, axes)
+
+    return [
+        Rule(f"{b}.ln1.w", f"{n}.input_layernorm.weight", "d_model -> d_model"),
+        Rule(f"{b}.attn.W_Q", f"{a}.q_proj.weight", "(head d_head) d_model -> head d_model d_head"),
+        Rule(f"{b}.attn.{k_name}", f"{a}.k_proj.weight",
+             f"({kv} d_head) d_model -> {kv} d_model d_head"),
+        Rule(f"{b}.attn.{v_name}", f"{a}.{v}_proj.weight",
+             f"({kv} d_head) d_model -> {kv} d_model d_head"),
+        Rule(f"{b}.attn.W_O", f"{a}.o_proj.weight", "d_model (head d_head) -> head d_head d_model"),
+        biased(f"{b}.attn.b_Q", f"{a}.q_proj.bias", "head d_head"),
+        biased(f"{b}.attn.{k_name.replace('W', 'b')}", f"{a}.k_proj.bias", f"{kv} d_head"),
+        biased(f"{b}.attn.{v_name.replace('W', 'b')}", f"{a}.{v}_proj.bias", f"{kv} d_head"),
+        biased(f"{b}.attn.b_O", f"{a}.o_proj.bias", "d_model"),
+        Rule(f"{b}.attn.q_norm.w", f"{a}.q_norm.weight", "d_head -> d_head"),
+        Rule(f"{b}.attn.k_norm.w", f"{a}.k_norm.weight", "d_head -> d_head"),
+        Rule(f"{b}.ln1_post.w", f"{n}.post_attention_layernorm.weight", "d_model -> d_model"),
+    ]  # fmt: skip
+
+
+FAMILY = Family("Gemma4ForCausalLM", "gemma4_text", gemma4_fields, gemma4_table)
+UNIFIED = Family("Gemma4UnifiedForCausalLM", "gemma4_unified_text", gemma4_fields, gemma4_table)
