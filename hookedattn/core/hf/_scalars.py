@@ -112,9 +112,9 @@ def undecided(measured: dict[str, float], twin_config: Any, hf_config: Any) -> l
         readings = [r for r in explain_all(value, twin_config, d_head)
                     if _value(r, hf_config) is not None]  # fmt: skip
         on_checkpoint = {round(_value(r, hf_config), 9) for r in readings}
-        if len(set(readings)) > 1 and len(on_checkpoint) == 1:
-            if any(set(fields_of(r)) & kept for r in readings):
-                slots.append(slot)
+        settings = any(set(fields_of(r)) & kept for r in readings)
+        if len(set(readings)) > 1 and len(on_checkpoint) == 1 and settings:
+            slots.append(slot)
     return slots
 
 
