@@ -62,6 +62,7 @@ from hookedattn.core._weights_io import (
 from hookedattn.core.cache import ActivationCache, CacheEditedError
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.factored_matrix import SVD, FactoredMatrix
+from hookedattn.core.float64 import float64_throughout
 from hookedattn.core.generation import (
     GenerationOptions,
     GenerationPosition,
@@ -138,6 +139,7 @@ __all__ = [
     "as_tokenizer",
     "center_unembed",
     "center_writing_weights",
+    "float64_throughout",
     "fold_layer_norm",
     "fold_value_biases",
     "free_memory",
