@@ -36,9 +36,10 @@ global or windowed, or in a hybrid model's non-attention blocks a mixer in its p
 `KimiDeltaAttention`, `LightningAttention`: `make_mixer`), whose write `hook_attn_out`
 holds; or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_pre)`
 (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
-behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone
-(`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). In a shortformer model
-the queries and keys read the positions too:
+behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of
+its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). In a shortformer model the queries and
+keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
