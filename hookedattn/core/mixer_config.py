@@ -75,6 +75,8 @@ class MixerConfig:
       heads whose queries, keys and values are all `d_ssm_head` wide, each decayed by its
       own fixed rate (a parameter, `decay_rate`); `ssm_norm_eps` is the RMSNorm's over all
       heads' channels; `d_conv`, `d_state`, `n_ssm_groups` unused.
+      `lightning_decay_float32`: each decay `exp(-rate * distance)` computed in float32 in
+      every dtype, as MiniMax's reference builds its decay tables once, in float32.
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
@@ -98,6 +100,7 @@ class MixerConfig:
     delta_beta_scale: float = 1.0
     kda_full_rank_gates: bool = False
     kda_decay_bound: float | None = None
+    lightning_decay_float32: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]

@@ -15,6 +15,12 @@ product, decayed by its distance. MiniMax computes `o` in blocks (a state `K^T V
 from block to block); the sum is the same, written here as one decayed causal product
 (`hook_pattern`: each head's `exp(-lambda (t - s)) q_t . k_s`), as attention's pattern is.
 A padding position's keys and values are zero: it writes nothing any query reads.
+
+`lightning_decay_float32`: the decays are computed in float32 whatever the dtype, as
+`transformers` builds MiniMax's decay tables, once, when it builds the model (a float64
+copy keeps their float32 values). Within one of its blocks (256 positions) each decay is
+then its table's entry exactly; across blocks it multiplies float32 entries of two tables
+and a float64 one, which agrees with this to float32's rounding only.
 """
 
 import torch
@@ -34,12 +40,16 @@ Heads = Float[Tensor, "batch pos ssm_head d_ssm_head"]
 Pattern = Float[Tensor, "batch ssm_head query_pos key_pos"]
 
 
-def decayed_causal_pattern(q: Heads, k: Heads, decay_rate: Float[Tensor, " ssm_head"]) -> Pattern:
-    """`exp(-lambda (t - s)) q_t . k_s` for `s <= t`, zero above the diagonal."""
+def decayed_causal_pattern(
+    q: Heads, k: Heads, decay_rate: Float[Tensor, " ssm_head"], dtype: torch.dtype
+) -> Pattern:
+    """`exp(-lambda (t - s)) q_t . k_s` for `s <= t`, zero above the diagonal; the decays
+    computed in `dtype`."""
     n_pos = q.shape[1]
     at = torch.arange(n_pos, device=q.device)
-    distance = (at[:, None] - at[None, :]).to(q.dtype)  # t - s
-    decay = torch.exp(-einsum(decay_rate, distance, "head, query key -> head query key"))
+    distance = (at[:, None] - at[None, :]).to(dtype)  # t - s
+    rate = decay_rate.to(dtype)
+    decay = torch.exp(-einsum(rate, distance, "head, query key -> head query key")).to(q.dtype)
     causal = distance >= 0
     scores = einsum(q, k, "batch query head d, batch key head d -> batch head query key")
     return torch.where(causal, scores * decay, torch.zeros_like(scores))
@@ -59,6 +69,7 @@ class LightningAttention(nn.Module):
             setattr(self, f"W_{name}", W)
             setattr(self, f"b_{name}", b)
         self.decay_rate = _param(m.n_ssm_heads, cfg=cfg)
+        self.decay_dtype = _float32 if m.lightning_decay_float32 else _dtype_of
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_o = HookPoint(), HookPoint()
         self.w_norm = _param(m.d_inner, cfg=cfg)
@@ -76,7 +87,8 @@ class LightningAttention(nn.Module):
             for n in "qkv"
         )  # fmt: skip
         q, k, v = self.hook_q(q), self.hook_k(k * real), self.hook_v(v * real)
-        pattern = self.hook_pattern(decayed_causal_pattern(q, k, self.decay_rate))
+        decays = decayed_causal_pattern(q, k, self.decay_rate, self.decay_dtype(q))
+        pattern = self.hook_pattern(decays)
         o = self.hook_o(
             einsum(pattern, v, "batch head query key, batch key head d -> batch query head d")
         )
@@ -84,3 +96,13 @@ class LightningAttention(nn.Module):
         normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps) * self.w_norm
         gated = sigmoid(affine(x, self.W_gate, self.b_gate)) * normed
         return self.hook_out(affine(gated, self.W_out, self.b_out))
+
+
+def _float32(x: Tensor) -> torch.dtype:
+    """The dtype of the decays of `lightning_decay_float32`: float32."""
+    return torch.float32
+
+
+def _dtype_of(x: Tensor) -> torch.dtype:
+    """The dtype of the decays otherwise: the model's own (`x`'s)."""
+    return x.dtype

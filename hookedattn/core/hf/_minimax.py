@@ -65,6 +65,7 @@ def minimax_fields(hf_config: Any) -> dict[str, Any]:
         n_ssm_heads=c.num_attention_heads,
         d_ssm_head=d_head,
         ssm_norm_eps=_NORM_EPS,
+        lightning_decay_float32=True,  # its decay tables, built in float32 (`lightning`)
     )
     return _translate.llama_like(c) | {
         **_moe.routing(c.num_local_experts, c.num_experts_per_tok, True),
