@@ -102,6 +102,13 @@ def test_decays_computed_in_float64_part_from_transformers_tables():
     assert streams_worst(model, InFloat64Throughout(reference), TOKENS) > 1e-9
 
 
+def test_a_sliding_window_slides_in_the_attention_layers():
+    reference = twin(seed=13, sliding_window=4)
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.window_size == 4
+    assert streams_worst(model, reference, TOKENS) <= 1e-5
+
+
 def test_greedy_generation_is_transformers():
     assert torch.equal(*greedy_ours_and_transformers(twin(seed=6), TOKENS[:, :5]))
 

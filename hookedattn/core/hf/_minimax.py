@@ -12,7 +12,8 @@ alpha_mlp`); each `beta` is folded into the weights of what it multiplies (`W_O`
 lightning attention's `W_out`, the experts' `W_out`). The alphas are the config's
 `full_attn_alpha_factor` or `linear_attn_alpha_factor` by layer type, and
 `mlp_alpha_factor`: a checkpoint whose two attention alphas differ is refused (one
-`attn_skip_scale` for every block).
+`attn_skip_scale` for every block). A `sliding_window` slides in every softmax attention
+layer (`transformers` masks its "full_attention" layers with it).
 
 The lightning attention layers (`self_attn` too, told apart by `layer_types`) are our
 `LightningAttention`: `qkv_proj` holds each head's q, k, v in turn (`[head (q k v)
@@ -25,6 +26,7 @@ Written out, not derived by convention: the convention's wiring follows a layer'
 to its output as `resid + scale * write`, which a skip of the normed stream is not.
 """
 
+import copy
 from typing import Any
 
 from hookedattn.core.config import HookedTransformerConfig
@@ -67,7 +69,11 @@ def minimax_fields(hf_config: Any) -> dict[str, Any]:
         ssm_norm_eps=_NORM_EPS,
         lightning_decay_float32=True,  # its decay tables, built in float32 (`lightning`)
     )
-    return _translate.llama_like(c) | {
+    # `transformers` slides `sliding_window` (where set) in every softmax attention layer,
+    # "full_attention" as `layer_types` calls them: read as a window in every block.
+    windowed = copy.copy(c)
+    windowed.layer_types = None
+    return _translate.llama_like(windowed) | {
         **_moe.routing(c.num_local_experts, c.num_experts_per_tok, True),
         "mixers": mixers,
         "normed_skip": True,
