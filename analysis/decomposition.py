@@ -275,8 +275,9 @@ def _check_granularity(
     if _normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
             f"granularity={granularity!r}: the stream of this model passes norms of its own "
-            f"(post-residual norms, or a norm of the embeddings) that rescale it, or its "
-            f"embeddings a projection into it, so only granularity='sublayer' decomposes it "
+            f"(post-residual norms, the skips of normed_skip, or a norm of the embeddings) "
+            f"that rescale it, or its embeddings a projection into it, so only "
+            f"granularity='sublayer' decomposes it "
             f"(through those norms at their recorded scales, and the projection)"
         )
 
