@@ -283,8 +283,9 @@ def _check_granularity(
     if _normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
             f"granularity={granularity!r}: the stream of this model passes norms of its own "
-            f"(post-residual norms, or a norm of the embeddings) that rescale it, or its "
-            f"embeddings a projection into it, so only granularity='sublayer' decomposes it "
+            f"(post-residual norms, the skips of normed_skip, or a norm of the embeddings) "
+            f"that rescale it, or its embeddings a projection into it, so only "
+            f"granularity='sublayer' decomposes it "
             f"(through those norms at their recorded scales, and the projection)"
         )
 
@@ -334,9 +335,10 @@ def _fits(terms: Terms | None, like: Float[Tensor, "batch pos d_model"]) -> bool
 
 
 def _normed_stream(cfg: object) -> bool:
-    """Whether norms rescale the stream itself (post-residual norms, an embedding norm), or
-    a projection maps the embeddings into it (`d_embed`)."""
-    return cfg.normalization_placement == "post_residual" or cfg.embed_norm or bool(cfg.d_embed)
+    """Whether norms rescale the stream itself (post-residual norms, an embedding norm, the
+    normed skips of `normed_skip`), or a projection maps the embeddings into it (`d_embed`)."""
+    placement = cfg.normalization_placement == "post_residual" or cfg.normed_skip
+    return placement or cfg.embed_norm or bool(cfg.d_embed)
 
 
 def _through_stream_norms(
@@ -357,6 +359,8 @@ def _through_stream_norms(
     components, labels = through_embed_projection(model, components, labels)
     post_residual = model.cfg.normalization_placement == "post_residual"
     for label, name in terms[len(embeddings) :]:
+        if model.cfg.normed_skip:  # the stream so far passes the sublayer by its normed skip
+            components, labels = _through_normed_skip(model, cache, label, components, labels)
         components = torch.cat([components, activation(cache, name)[None]])
         labels = (*labels, label)
         block, sublayer = int(label[1 : label.index("_")]), label.rsplit("_", 1)[1]
@@ -365,6 +369,22 @@ def _through_stream_norms(
             norm = NormSite(which, block)
             components, labels = through_norm(model, cache, norm, components, labels)
     return components, labels
+
+
+def _through_normed_skip(
+    model: HookedTransformer,
+    cache: ActivationCache,
+    label: str,
+    components: Float[Tensor, "component batch pos d_model"],
+    labels: tuple[str, ...],
+) -> tuple[Float[Tensor, "component batch pos d_model"], tuple[str, ...]]:
+    """The terms of the stream a sublayer (`label`'s) reads, as its skip passes them on in
+    a `normed_skip` block: through the sublayer's norm, times the skip's scale."""
+    block, sublayer = int(label[1 : label.index("_")]), label.rsplit("_", 1)[1]
+    which, scale = ("ln2", model.cfg.mlp_skip_scale) if sublayer == "mlp" else (
+        "ln1", model.cfg.attn_skip_scale)  # fmt: skip
+    components, labels = through_norm(model, cache, NormSite(which, block), components, labels)
+    return components * scale, labels
 
 
 def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tuple[str, str], ...]:

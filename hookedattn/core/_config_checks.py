@@ -105,11 +105,33 @@ class ConfigChecks:
                 "is None (no norms)"
             )
         self._check_sub_norms()
+        self._check_normed_skip()
         if self.normalization_placement == "post_residual" and not self._is_sequential:
             raise ValueError(
                 "normalization_placement='post_residual' norms the stream after each of a "
                 "sequential block's two adds: it needs attn_only=False and "
                 "parallel_attn_mlp=False"
+            )
+
+    def _check_normed_skip(self) -> None:
+        """`normed_skip` (MiniMax's skips of the normed stream) on a sequential block of
+        "pre" norms only; the skips' scales other than 1 only with it."""
+        scales = (self.attn_skip_scale, self.mlp_skip_scale)
+        if not self.normed_skip:
+            if scales != (1.0, 1.0):
+                raise ValueError(
+                    f"attn_skip_scale={scales[0]}, mlp_skip_scale={scales[1]} scale the skips "
+                    "of the normed stream: they need normed_skip=True (else 1.0)"
+                )
+            return
+        if (
+            not (self._is_sequential and self.placements == ("pre",))
+            or self.normalization_type is None
+        ):
+            raise ValueError(
+                "normed_skip carries each sublayer's normed input past it: it needs a "
+                "sequential block (attn_only=False, parallel_attn_mlp=False) with norms, "
+                f"placed 'pre' (got placements {self.placements})"
             )
 
     def _check_placement_layers(self) -> None:

@@ -96,6 +96,11 @@ class HookedTransformerConfig(ConfigChecks):
       every block `normalization_placement`) places each block's norms on its own: OLMo
       Hybrid norms its attention blocks' writes ("post", OLMo 2's) and its gated delta net
       blocks' inputs ("pre", Qwen3-Next's).
+    - `normed_skip`: each sublayer's skip path carries its normed input, not the stream
+      (MiniMax: `resid_mid = attn_skip_scale * ln1(resid_pre) + attn(ln1(resid_pre))`,
+      `resid_post = mlp_skip_scale * ln2(resid_mid) + mlp(ln2(resid_mid))`, DeepNorm's
+      scaled skips on pre-norms); `attn_skip_scale`, `mlp_skip_scale` (1.0 unless
+      `normed_skip`) scale the two skips. Needs a sequential block with "pre" norms.
     - `embed_norm`: a norm of the embeddings (`ln_embed`, after `W_E` and `W_pos` are
       added; BERT, BART; with `embed_norm_before_positions`, of `W_E[tokens]` alone, the
       positions added to its output: BlenderbotSmall). `unembed_transform`: an activation
@@ -266,6 +271,9 @@ class HookedTransformerConfig(ConfigChecks):
     normalization_placement: str = "pre"
     ln1_layers: tuple[bool, ...] | None = None
     placement_layers: tuple[str, ...] | None = None
+    normed_skip: bool = False
+    attn_skip_scale: float = 1.0
+    mlp_skip_scale: float = 1.0
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None
     rotary_base: float = 10000.0

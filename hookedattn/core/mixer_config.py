@@ -23,7 +23,8 @@ import math
 from typing import Any
 
 MIXER_KINDS: tuple[str, ...] = (
-    "attention", "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru", "kimi_delta", "none"
+    "attention", "short_conv", "mamba2", "mamba", "gated_delta", "rg_lru", "kimi_delta",
+    "lightning", "none",
 )  # fmt: skip
 
 
@@ -70,6 +71,12 @@ class MixerConfig:
       not by low-rank pairs; `kda_decay_bound` (a negative number; None: off) bounds the
       decay, `g = bound * sigmoid(exp(A_log) * u)` in place of `-exp(A_log) softplus(u)`
       (Bailing Hybrid's "safe gate", its `kda_lower_bound`).
+    - "lightning" (MiniMax's lightning attention, `components.lightning`): `n_ssm_heads`
+      heads whose queries, keys and values are all `d_ssm_head` wide, each decayed by its
+      own fixed rate (a parameter, `decay_rate`); `ssm_norm_eps` is the RMSNorm's over all
+      heads' channels; `d_conv`, `d_state`, `n_ssm_groups` unused.
+      `lightning_decay_float32`: each decay `exp(-rate * distance)` computed in float32 in
+      every dtype, as MiniMax's reference builds its decay tables once, in float32.
     - `beside_attention`: a mixer kind that every block whose `layers` entry is "attention"
       runs beside its attention (Falcon-H1's parallel pair); None: none.
     """
@@ -93,6 +100,7 @@ class MixerConfig:
     delta_beta_scale: float = 1.0
     kda_full_rank_gates: bool = False
     kda_decay_bound: float | None = None
+    lightning_decay_float32: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.layers if k not in MIXER_KINDS]

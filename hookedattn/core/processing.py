@@ -201,6 +201,12 @@ def _unfoldable(cfg: HookedTransformerConfig) -> str | None:
             "(ln_resid_mid, ln_resid_post): a post-residual norm rescales the stream by a "
             "divisor of the sum, which no weight can absorb (only placement 'pre' folds)"
         )
+    if cfg.normed_skip:
+        return (
+            "normed_skip: the normed stream passes each sublayer by its skip (MiniMax's "
+            "scaled skips), so the norm's gain scales the stream itself, not only weights "
+            "that read it: no weight can absorb it"
+        )
     if cfg.placements != ("pre",):
         return (
             f"{_after(cfg)} puts a norm after each sublayer (ln1_post, ln2_post), whose "
@@ -331,6 +337,7 @@ _MIXER_INPUTS = {
     "mamba": ("xs", "z"),
     "gated_delta": ("q", "k", "v", "z", "b", "a"),
     "rg_lru": ("x", "y"),
+    "lightning": ("q", "k", "v", "gate"),
 }
 
 

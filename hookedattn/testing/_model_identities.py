@@ -35,7 +35,7 @@ def all_identities(model: HookedTransformer, constants: Constants) -> list[Ident
     """Every identity of `model`'s forward, in the order the forward computes them (the
     norms' last), with the attention scale and the norms' epsilon from `constants`."""
     cfg = model.cfg
-    normed = cfg.normalization_placement == "post_residual" or cfg.embed_norm
+    normed = cfg.normalization_placement == "post_residual" or cfg.embed_norm or cfg.normed_skip
     if normed or cfg.unembed_transform is not None:
         raise ValueError(
             "the residual identities listed here (resid_pre[0] = embed + pos_embed, resid_mid "

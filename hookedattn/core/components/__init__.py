@@ -14,6 +14,7 @@ from hookedattn.core.components.block import (
     AttnOnlyBlock,
     Block,
     MLPOnlyBlock,
+    NormedSkipBlock,
     ParallelBlock,
     ParallelMixerBlock,
     PerLayerInputBlock,
@@ -41,6 +42,7 @@ from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
 from hookedattn.core.components.indexer import Indexer
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.lightning import LightningAttention, decayed_causal_pattern
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
 from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
 from hookedattn.core.components.mlp import (
@@ -104,6 +106,7 @@ __all__ = [
     "LatentAttention",
     "LayerNorm",
     "LayerNormPre",
+    "LightningAttention",
     "MLPOnlyBlock",
     "Mamba2Mixer",
     "MambaMixer",
@@ -112,6 +115,7 @@ __all__ = [
     "NoNorm",
     "NoProjection",
     "NoTransform",
+    "NormedSkipBlock",
     "ParallelBlock",
     "ParallelMixerBlock",
     "PerLayerInput",
@@ -134,6 +138,7 @@ __all__ = [
     "affine_params",
     "alibi_slopes",
     "causal_conv",
+    "decayed_causal_pattern",
     "delta_mixing",
     "gelu_new",
     "glu",

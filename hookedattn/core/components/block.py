@@ -16,6 +16,15 @@ norm follows each add, so `resid_mid` and `resid_post` are normed streams:
     resid_mid  = ln_resid_mid(resid_pre + attn(resid_pre))
     resid_post = ln_resid_post(resid_mid + mlp(resid_mid))
 
+In a normed-skip block (MiniMax's: `normed_skip`) each sublayer's skip carries its normed
+input, scaled, in place of the stream:
+
+    resid_mid  = attn_skip_scale * ln1(resid_pre) + attn(ln1(resid_pre))
+    resid_post = mlp_skip_scale * ln2(resid_mid) + mlp(ln2(resid_mid))
+
+the skips behind their own hook points (`hook_attn_skip`, `hook_mlp_skip`), so that each
+stream is the sum of its two hooked terms.
+
 The parts are chosen when the block is built, so the forwards stay these equations:
 the norms before a sublayer (`ln1`, `ln2`) and after it (`ln1_post`, `ln2_post`: part of
 what the sublayer writes, so `hook_attn_out` holds the normed output that is added), each a
@@ -24,16 +33,15 @@ attention (`AttnInputs`: one shared input, or per-head copies behind their own h
 the MLP, plain or gated or a mixture of experts (`MoE`); the attention, full or grouped,
 global or windowed, or in a hybrid model's non-attention blocks a mixer in its place
 (`ShortConv`, `MambaMixer`, `Mamba2Mixer`, `GatedDeltaNet`, `RGLRUMixer`,
-`KimiDeltaAttention`: `make_mixer`), whose write `hook_attn_out` holds; or, in Falcon-H1,
-a mixer beside the attention, both reading `ln1(resid_pre)` (`ParallelMixerBlock`:
-`resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write behind its own
-`hook_mixer_out`); or, in Nemotron-H, one sublayer per
-block: a block of its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone
-(`MLPOnlyBlock`: `resid_post = resid_pre + mlp(ln2(resid_pre))`). A sequential block may
-scale the stream it leaves (`ResidScale`, Gemma 4's: `resid_post = w * (resid_mid +
-mlp_out)`), and add a third sublayer's write reading an input of its own
-(`PerLayerInputBlock`, Gemma 4's small sizes). In a shortformer model
-the queries and keys read the positions too:
+`KimiDeltaAttention`, `LightningAttention`: `make_mixer`), whose write `hook_attn_out`
+holds; or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_pre)`
+(`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
+behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of
+its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). A sequential block may scale the stream
+it leaves (`ResidScale`, Gemma 4's: `resid_post = w * (resid_mid + mlp_out)`), and add a
+third sublayer's write reading an input of its own (`PerLayerInputBlock`, Gemma 4's small
+sizes). In a shortformer model the queries and keys read the positions too:
 
     q_in = k_in = ln1(resid_pre) + W_pos[positions],   v_in = ln1(resid_pre)
 
@@ -53,6 +61,7 @@ from hookedattn.core.components.differential_attention import make_differential_
 from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention
 from hookedattn.core.components.latent_attention import LatentAttention
+from hookedattn.core.components.lightning import LightningAttention
 from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.components.mlp import make_mlp
@@ -327,6 +336,35 @@ class PostResidualBlock(AttnOnlyBlock):
         return self.hook_resid_post(self.ln_resid_post(resid_mid + self.feed_forward(resid_mid)))
 
 
+class NormedSkipBlock(AttnOnlyBlock):
+    """`resid_mid = attn_skip_scale * ln1(resid_pre) + attn(ln1(resid_pre))`, `resid_post =
+    mlp_skip_scale * ln2(resid_mid) + mlp(ln2(resid_mid))` (MiniMax: `normed_skip`).
+
+    `hook_attn_skip` and `hook_mlp_skip` hold what passes each sublayer by its skip, so
+    `resid_mid = hook_attn_skip + hook_attn_out` and `resid_post = hook_mlp_skip +
+    hook_mlp_out`. Each reader calls its norm itself (its hook points fire twice with the
+    same values), so that every way the attention's inputs are built stays as it is.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.attn_skip_scale, self.mlp_skip_scale = cfg.attn_skip_scale, cfg.mlp_skip_scale
+        self.hook_resid_pre = HookPoint()
+        self._add_attention(cfg, layer)
+        self.hook_attn_skip = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self._add_mlp(cfg, layer)
+        self.hook_mlp_skip = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_skip = self.hook_attn_skip(self.attn_skip_scale * self.ln1(resid_pre))
+        resid_mid = self.hook_resid_mid(attn_skip + self.attend(resid_pre, context, past_kv))
+        mlp_skip = self.hook_mlp_skip(self.mlp_skip_scale * self.ln2(resid_mid))
+        return self.hook_resid_post(mlp_skip + self.feed_forward(resid_mid))
+
+
 class ParallelMixerBlock(Block):
     """`resid_mid = resid_pre + attn(ln1(resid_pre)) + mixer(ln1(resid_pre))`, `resid_post =
     resid_mid + mlp(ln2(resid_mid))` (Falcon-H1: `MixerConfig.beside_attention`).
@@ -393,7 +431,7 @@ def make_mixer(cfg: HookedTransformerConfig, layer: int, kind: str | None = None
 
 _MIXERS = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer,
            "gated_delta": GatedDeltaNet, "rg_lru": RGLRUMixer,
-           "kimi_delta": KimiDeltaAttention}  # fmt: skip
+           "kimi_delta": KimiDeltaAttention, "lightning": LightningAttention}  # fmt: skip
 
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
@@ -406,7 +444,8 @@ def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
 
 def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
     """The block the config asks for: attention-only, sequential, parallel, sequential
-    with post-residual norms, sequential with a mixer beside the attention, or one of a
+    with post-residual norms or with skips of the normed stream, sequential with a mixer
+    beside the attention, or one of a
     hybrid's blocks of one sublayer (its mixing one, or its MLP)."""
     kind = cfg.layer_mixer(layer)
     if kind == "attention" and cfg.mixers is not None and cfg.mixers.layer_mixers(layer):
@@ -415,6 +454,8 @@ def make_block(cfg: HookedTransformerConfig, layer: int) -> AttnOnlyBlock:
         return MLPOnlyBlock(cfg, layer)
     if cfg.normalization_placement == "post_residual":
         return PostResidualBlock(cfg, layer)
+    if cfg.normed_skip:
+        return NormedSkipBlock(cfg, layer)
     if cfg.attn_only or not cfg.layer_has_mlp(layer):
         return AttnOnlyBlock(cfg, layer)
     if cfg.d_per_layer_input is not None:

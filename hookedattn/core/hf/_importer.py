@@ -32,6 +32,7 @@ from hookedattn.core.hf import (
     _llama,
     _loading,
     _mimo_v2_flash,
+    _minimax,
     _nemotron_h,
     _neox,
     _openai_gpt,
@@ -69,6 +70,7 @@ FAMILIES: tuple[Family, ...] = (
     _nemotron_h.FAMILY,
     _diffllama.FAMILY,
     _mimo_v2_flash.FAMILY,
+    _minimax.FAMILY,
     _indexer.DEEPSEEK_V32,
     _indexer.GLM_MOE_DSA,
 )
