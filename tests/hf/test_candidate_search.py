@@ -79,8 +79,12 @@ def test_the_first_candidate_passing_is_taken_without_other_checks():
 
 
 @pytest.mark.parametrize("model_type", ["afmoe"])
-def test_an_architecture_of_many_candidates_is_verified_in_few_checks(model_type, monkeypatch):
+def test_an_architecture_of_many_candidates_is_verified_in_few_checks(
+    model_type, monkeypatch, tmp_path
+):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))  # nothing remembered
 
     model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type))
