@@ -52,3 +52,26 @@ def piece_output(reference: nn.Module, layer: int, piece: str, tokens: torch.Ten
     finally:
         handle.remove()
     return seen["out"]
+
+
+def assert_decomposition_sums(model, tokens: torch.Tensor, granularities: tuple[str, ...]) -> None:
+    """`decompose_resid` of `model` on `tokens` at each granularity sums to the last stream
+    (float64: to 1e-10)."""
+    from analysis import decompose_resid
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    for granularity in granularities:
+        decomposition = decompose_resid(model, cache, granularity=granularity)
+        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+
+
+def assert_files_read_as_the_live_model(reference: nn.Module, folder) -> None:
+    """`reference` imported live and from `folder` (where it was saved) holds the same
+    tensors, each equal."""
+    from hookedattn import HookedTransformer
+
+    live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(folder)
+    for name, tensor in live.state_dict().items():
+        assert torch.equal(saved.state_dict()[name], tensor), name

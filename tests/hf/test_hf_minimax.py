@@ -21,7 +21,12 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, streams_worst, tiny_twin
+from helpers.twins import (
+    assert_files_read_as_the_live_model,
+    relative_worst,
+    streams_worst,
+    tiny_twin,
+)
 
 import hookedattn
 from hookedattn import HookedTransformer
@@ -185,9 +190,7 @@ def test_the_decomposition_of_an_import_sums_to_the_stream():
 def test_the_files_are_read_as_the_live_model(tmp_path):
     reference = twin(seed=10)
     reference.save_pretrained(tmp_path)
-    live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(tmp_path)
-    for name, tensor in live.state_dict().items():
-        assert torch.equal(saved.state_dict()[name], tensor), name
+    assert_files_read_as_the_live_model(reference, tmp_path)
 
 
 def test_attention_alphas_that_differ_are_refused_by_name():

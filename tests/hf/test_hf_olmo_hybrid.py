@@ -16,7 +16,12 @@ delta net itself is checked against its recurrence in `tests/core/test_gated_del
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, streams_worst
+from helpers.twins import (
+    assert_decomposition_sums,
+    assert_files_read_as_the_live_model,
+    relative_worst,
+    streams_worst,
+)
 from torch.nn.functional import conv1d
 
 from hookedattn import HookedTransformer
@@ -93,15 +98,8 @@ def test_greedy_generation_is_transformers():
 
 
 def test_the_decomposition_of_an_import_sums_to_the_stream():
-    from analysis import decompose_resid
-
     model = HookedTransformer.from_hf(twin(seed=6).double())
-    with torch.no_grad():
-        _, cache = model.run_with_cache(TOKENS)
-    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    for granularity in ("sublayer", "head"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    assert_decomposition_sums(model, TOKENS, ("sublayer", "head"))
 
 
 def test_the_files_keep_three_convolutions_read_as_the_live_one(tmp_path):
@@ -113,9 +111,7 @@ def test_the_files_keep_three_convolutions_read_as_the_live_one(tmp_path):
         names = set(files.keys())
     assert "model.layers.0.linear_attn.q_conv1d.weight" in names
     assert "model.layers.0.linear_attn.conv1d.weight" not in names
-    live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(tmp_path)
-    for name, tensor in live.state_dict().items():
-        assert torch.equal(saved.state_dict()[name], tensor), name
+    assert_files_read_as_the_live_model(reference, tmp_path)
 
 
 def test_three_depthwise_convolutions_are_one_over_their_channels_stacked():

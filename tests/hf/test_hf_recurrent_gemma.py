@@ -16,7 +16,14 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import piece_output, relative_worst, streams_worst, tiny_twin
+from helpers.twins import (
+    assert_decomposition_sums,
+    assert_files_read_as_the_live_model,
+    piece_output,
+    relative_worst,
+    streams_worst,
+    tiny_twin,
+)
 
 from hookedattn import HookedTransformer
 
@@ -112,23 +119,14 @@ def test_greedy_generation_is_transformers():
 
 
 def test_the_decomposition_of_an_import_sums_to_the_stream():
-    from analysis import decompose_resid
-
     model = HookedTransformer.from_hf(twin(seed=7).double())
-    with torch.no_grad():
-        _, cache = model.run_with_cache(TOKENS)
-    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    for granularity in ("sublayer", "head"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    assert_decomposition_sums(model, TOKENS, ("sublayer", "head"))
 
 
 def test_the_files_are_read_as_the_live_model(tmp_path):
     reference = twin(seed=8)
     reference.save_pretrained(tmp_path)
-    live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(tmp_path)
-    for name, tensor in live.state_dict().items():
-        assert torch.equal(saved.state_dict()[name], tensor), name
+    assert_files_read_as_the_live_model(reference, tmp_path)
 
 
 def test_an_import_saves_and_loads(tmp_path):
