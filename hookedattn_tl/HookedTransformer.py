@@ -17,12 +17,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import analysis
-from hookedattn.core import _tokenization, parallel, processing
+from hookedattn.core import _tokenization, processing
 from hookedattn.core.config import ACT_FNS, DTYPES
 from hookedattn.core.config import HookedTransformerConfig as _CoreConfig
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.model import HookedTransformer as _CoreModel
-from hookedattn_tl import _streaming
+from hookedattn_tl import _pretrained, _streaming
 from hookedattn_tl._errors import TLAssertionError
 from hookedattn_tl._refactor import refactor_factored_attn_matrices as refactor_attention
 from hookedattn_tl.ActivationCache import ActivationCache
@@ -479,7 +479,7 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         this one then takes its modules and config (its hooks are detached, as a rebuilt
         TL model's would be), so references to this model see the processed weights.
         """
-        processed = _written_out(
+        processed = _pretrained.written_out(
             processing.process_weights(
                 self,
                 fold_ln=fold_ln,
@@ -529,8 +529,8 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         (`hookedattn.core.processing.process_weights`) as asked: each step returns a new
         model, so nothing is changed in place.
         """
-        hub_options = _hub_options(from_pretrained_kwargs)
-        _refuse_unsupported(from_pretrained_kwargs)
+        hub_options = _pretrained.hub_options(from_pretrained_kwargs)
+        _pretrained.refuse_unsupported(from_pretrained_kwargs)
         dtype = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
         if hf_model is not None:
             model = cls.from_hf(hf_model, tokenizer=tokenizer, device=device)
@@ -543,17 +543,12 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             )  # fmt: skip
         if dtype != model.cfg.dtype:
             model = model.to(dtype)
-        fold_ln, center_writing_weights, center_unembed = _shortformer_processing(
-            model.cfg, fold_ln, center_writing_weights, center_unembed
-        )
-        model = processing.process_weights(
+        model = _pretrained.processed(
             model, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
             center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
         )  # fmt: skip
-        model = _written_out(model)
-        if refactor_factored_attn_matrices:
-            refactor_attention(model)
-        _place(model, n_devices, device)
+        _pretrained.place(model, n_devices, device)
         if default_padding_side is not None:
             model.default_padding_side = default_padding_side
         model.default_prepend_bos = default_prepend_bos
@@ -585,74 +580,6 @@ class HookedTransformer(HookedRootModule, _CoreModel):
             default_prepend_bos=default_prepend_bos,
             default_padding_side=default_padding_side,
             **from_pretrained_kwargs,
-        )
-
-
-def _place(model: HookedTransformer, n_devices: int, device: str | None) -> None:
-    """Blocks over the first `n_devices` devices, as TransformerLens places them (`True ==
-    1`: the type is checked by `n_devices_map` before any comparison with 1)."""
-    if n_devices is True or n_devices != 1:
-        parallel.place(model, parallel.n_devices_map(n_devices, device))
-
-
-def _written_out(model: HookedTransformer) -> HookedTransformer:
-    """The same parameters, computing every activation written out as TransformerLens does
-    (`use_fused_kernels=False`, the default of this package's config)."""
-    if not model.cfg.use_fused_kernels:
-        return model
-    cfg = HookedTransformerConfig.from_dict({**model.cfg.to_dict(), "use_fused_kernels": False})
-    new = type(model)(cfg.replace(init_weights=False), tokenizer=model.tokenizer)
-    new.load_state_dict(model.state_dict(), assign=True)  # the same tensors, no copy
-    new.cfg = cfg
-    new.train(model.training)
-    return new
-
-
-_HUB_OPTIONS = ("revision", "token", "cache_dir", "local_files_only")
-
-
-def _hub_options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments TransformerLens hands to transformers that choose what to
-    fetch (taken out of `kwargs`)."""
-    return {name: kwargs.pop(name) for name in _HUB_OPTIONS if name in kwargs}
-
-
-def _shortformer_processing(
-    cfg: _CoreConfig,
-    fold_ln: bool,
-    center_writing_weights: bool,
-    center_unembed: bool,
-) -> tuple[bool, bool, bool]:
-    """TL's `from_pretrained` for a shortformer model: `fold_ln`, `center_writing_weights`
-    and `center_unembed` turned off, each with TL's warning (`hookedattn.core.processing`
-    says why the first two cannot be done; the third could, but TL leaves it)."""
-    if cfg.positional_embedding_type != "shortformer":
-        return fold_ln, center_writing_weights, center_unembed
-    for name, asked in (
-        ("fold_ln", fold_ln),
-        ("center_unembed", center_unembed),
-        ("center_writing_weights", center_writing_weights),
-    ):
-        if asked:
-            logging.warning(
-                "You tried to specify %s=True for a shortformer model, but this can't be "
-                "done! Setting %s=False instead.",
-                name,
-                name,
-            )
-    return False, False, False
-
-
-def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
-    ignored = {"first_n_layers", "n_ctx", "checkpoint_label"}
-    given = sorted(k for k, v in kwargs.items() if k in ignored and v is not None)
-    unknown = sorted(set(kwargs) - ignored)
-    if given or unknown:
-        raise TypeError(
-            f"from_pretrained does not support {', '.join(given + unknown)}; it takes "
-            f"fold_ln, center_writing_weights, center_unembed, fold_value_biases, "
-            f"checkpoint_index, checkpoint_value, hf_model, tokenizer, device, dtype, "
-            f"default_prepend_bos, default_padding_side, {', '.join(_HUB_OPTIONS)}"
         )
 
 

@@ -32,7 +32,7 @@ from hookedattn.testing import (
     random_tokens,
     randomize_parameters,
 )
-from hookedattn_tl.HookedTransformer import _shortformer_processing
+from hookedattn_tl._pretrained import shortformer_processing
 
 EXACT = dict(rtol=1e-10, atol=1e-10)
 EPS = 1e-5  # TransformerLens's LayerNorm epsilon
@@ -238,9 +238,9 @@ def test_folding_a_solu_ln_mlp_preserves_the_logits(norm):
 def test_the_facade_turns_off_what_transformer_lens_turns_off(caplog):
     shortformer = toy_model("solu_shortformer").cfg
     with caplog.at_level(logging.WARNING):
-        assert _shortformer_processing(shortformer, True, True, True) == (False, False, False)
+        assert shortformer_processing(shortformer, True, True, True) == (False, False, False)
     assert caplog.text.count("for a shortformer model") == 3
-    assert _shortformer_processing(toy_model("solu_standard").cfg, True, False, True) == (
+    assert shortformer_processing(toy_model("solu_standard").cfg, True, False, True) == (
         True,
         False,
         True,
