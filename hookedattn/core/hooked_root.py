@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from hookedattn.core import _torch_hooks
+from hookedattn.core import _parameter_reads, _torch_hooks
 from hookedattn.core import names as _names
 from hookedattn.core.hook_points import (
     Direction,
@@ -59,6 +59,7 @@ class HookedRootModule(nn.Module):
             for child_name, child in module._modules.items():
                 if child is not None and child_name.isidentifier():
                     module.__dict__[child_name] = child
+        _parameter_reads.install(self)  # a parameter read without nn.Module.__getattr__
         # What `is_listened` reads: the torch hooks of every module but the root and the
         # hook points (torch hooks on the root run once around a forward whatever it does
         # inside), each module's hook dicts replaced by ones that count their changes.
