@@ -100,6 +100,7 @@ def _families() -> tuple[Family, ...]:
     return (*_REGISTERED, *FAMILIES)
 
 
+@_verify.collection_paused()  # recognition and verification build and drop many modules
 def from_hf(
     cls: type,
     source: Any,
@@ -135,23 +136,8 @@ def from_hf(
     if device is not None:
         _check_device(str(device), from_file=False, path=Path())
     placement = dict(tp_size=tp_size, device_map=device_map, max_memory=max_memory)
-    with _verify.collection_paused():  # recognition and verification build many modules
-        if isinstance(source, str | Path):
-            return _from_folder(cls, Path(source), tokenizer, dtype, device, verify, placement)
-        return _from_live(cls, source, tokenizer, dtype, device, verify, placement)
-
-
-def _from_live(
-    cls: type,
-    source: Any,
-    tokenizer: Any,
-    dtype: torch.dtype | str | None,
-    device: str | None,
-    verify: bool,
-    placement: dict[str, Any],
-) -> Any:
-    """The model of a live `transformers` model: its family found (and, derived by
-    convention, verified as a folder's would be), then its weights taken."""
+    if isinstance(source, str | Path):
+        return _from_folder(cls, Path(source), tokenizer, dtype, device, verify, placement)
     if _composite.text_config(getattr(source, "config", None)) is not None:
         source = _composite.text_model(source)  # a multimodal model: its language model
     families = families_of_model(source)
