@@ -8,7 +8,6 @@ one the config implies; the tensors, once read, must be finite. Each failure is 
 """
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +46,6 @@ def positive_int(raw: dict[str, Any], field: str, where: Path) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{where}: {field} must be a positive integer, got {value!r}")
     return value
-
-
-def finite_number(raw: dict[str, Any], field: str, where: Path) -> float | None:
-    """`raw[field]` as a float if present: a finite JSON number (not a bool or string)."""
-    value = raw.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{where}: {field} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def dtype_name(raw: dict[str, Any], where: Path, default: str = "float32") -> str:

@@ -79,19 +79,6 @@ def expert_rules(cfg: HookedTransformerConfig, files: ExpertFiles, live: bool) -
     ]
 
 
-def refuse_dense_layers(hf_config: Any) -> None:
-    """A `ValueError` for a Qwen-MoE config that keeps a dense MLP in some layers
-    (`mlp_only_layers`, `decoder_sparse_step`): every block here is a mixture of experts."""
-    dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
-    step = getattr(hf_config, "decoder_sparse_step", 1)
-    if dense or step != 1:
-        raise ValueError(
-            f"mlp_only_layers={dense} / decoder_sparse_step={step} keep a dense MLP in some "
-            f"layers, which cannot be imported: every block of the model is a mixture of "
-            f"experts (give mlp_only_layers=[] and decoder_sparse_step=1)"
-        )
-
-
 def shared_expert_rules(gated: bool) -> list[Rule]:
     """The shared expert's rules (Qwen2-MoE: `mlp.shared_expert.*`, and the gate's row)."""
     s, hf = "blocks.{layer}.mlp.shared_expert", f"{L}.mlp.shared_expert"
