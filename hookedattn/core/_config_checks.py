@@ -521,6 +521,46 @@ class ConfigChecks:
                     "'post_residual' and no mixers"
                 )
 
+    def _check_kv_sharing(self) -> None:
+        """`n_kv_shared_layers`: fewer than every block, each shared block with an earlier
+        block of its attention type to read, shaped as it (`kv_source_layer`), in a model
+        of plain attention (no mixers, latent or differential attention, per-head key and
+        value inputs); `d_mlp_kv_shared` only with shared blocks and dense MLPs."""
+        n = self.n_kv_shared_layers
+        if self.d_mlp_kv_shared is not None and (not n or self.is_moe or self.attn_only):
+            raise ValueError(f"d_mlp_kv_shared={self.d_mlp_kv_shared} is the dense MLP width "
+                             "of the blocks sharing keys and values: it needs "
+                             "n_kv_shared_layers > 0 and dense MLPs")  # fmt: skip
+        if not n:
+            return
+        if n >= self.n_layers:
+            raise ValueError(
+                f"n_kv_shared_layers={n} must be below n_layers={self.n_layers}: "
+                "a shared block reads the keys and values of an earlier one"
+            )
+        refused = [f"{field}={getattr(self, field)!r}"
+                   for field in ("mixers", "kv_lora_rank", "differential_attention",
+                                 "use_split_qkv_input") if getattr(self, field)]  # fmt: skip
+        if refused:
+            raise ValueError(
+                f"n_kv_shared_layers shares the keys and values of plain "
+                f"attention; it cannot go with {', '.join(refused)}"
+            )
+        for layer in range(self.n_layers - n, self.n_layers):
+            source = self.kv_source_layer(layer)
+            if source is None:
+                raise ValueError(
+                    f"n_kv_shared_layers={n}: block {layer} ({self.layer_attn_type(layer)}) "
+                    f"has no earlier {self.layer_attn_type(layer)} block to read keys from"
+                )
+            own, theirs = self.attention_config(layer), self.attention_config(source)
+            shape = lambda c: (c.d_head, c.n_kv_heads, c.d_value)
+            if shape(own) != shape(theirs):
+                raise ValueError(
+                    f"block {layer} reads block {source}'s keys and values: their (d_head, "
+                    f"n_kv_heads, d_value) must agree, got {shape(own)} and {shape(theirs)}"
+                )
+
     def _check_alibi(self) -> None:
         slopes = self.alibi_slopes
         if self.positional_embedding_type != "alibi":

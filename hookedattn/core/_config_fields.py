@@ -119,6 +119,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "resid_post_scale": _FLAG,
     "d_per_layer_input": FieldSpec(int, low=1, high=1 << 20, optional=True),
     "d_vocab_per_layer_input": FieldSpec(int, low=1, high=1 << 24, optional=True),
+    "n_kv_shared_layers": FieldSpec(int, low=0, high=1 << 16),
+    "d_mlp_kv_shared": FieldSpec(int, low=1, high=1 << 22, optional=True),
     "expert_input_weighted": _FLAG,
     "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "experts_per_token": FieldSpec(int, low=1, high=1 << 16, optional=True),

@@ -230,6 +230,11 @@ class HookedTransformerConfig(ConfigChecks):
       block reads an input of its own that wide, made once per forward from the tokens
       (a table of `d_vocab_per_layer_input` rows, None: `d_vocab`) and the embedding,
       through a third sublayer after its MLP (`components.per_layer_input`).
+    - `n_kv_shared_layers` (Gemma 4's `num_kv_shared_layers`; 0: off): the last that many
+      blocks compute no keys or values of their own; each reads those of the last earlier
+      block of its attention type (`kv_source_layer`; `components.shared_kv_attention`).
+      `d_mlp_kv_shared` (None: `d_mlp`) is their MLPs' width (Gemma 4's
+      `use_double_wide_mlp`: `2 * d_mlp`).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -363,6 +368,8 @@ class HookedTransformerConfig(ConfigChecks):
     resid_post_scale: bool = False
     d_per_layer_input: int | None = None
     d_vocab_per_layer_input: int | None = None
+    n_kv_shared_layers: int = 0
+    d_mlp_kv_shared: int | None = None
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -411,6 +418,7 @@ class HookedTransformerConfig(ConfigChecks):
         self._check_local_rotary()
         self._check_layer_shapes()
         self._check_resid_post_scale()
+        self._check_kv_sharing()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)
@@ -553,6 +561,22 @@ class HookedTransformerConfig(ConfigChecks):
         if self.index_topk is None:
             return False
         return self.indexer_layers is None or self.indexer_layers[layer]
+
+    def kv_source_layer(self, layer: int) -> int | None:
+        """The block whose keys and values block `layer` reads (`n_kv_shared_layers`: the
+        last block of its attention type before the shared ones), or None where it computes
+        its own; the one place that decides."""
+        first = self.n_layers - self.n_kv_shared_layers
+        if layer < first:
+            return None
+        kind = self.layer_attn_type(layer)
+        earlier = [i for i in range(first) if self.layer_attn_type(i) == kind]
+        return earlier[-1] if earlier else None
+
+    def layer_stores_kv(self, layer: int) -> bool:
+        """Whether a later block reads block `layer`'s keys and values (`kv_source_layer`)."""
+        first = self.n_layers - self.n_kv_shared_layers
+        return any(self.kv_source_layer(i) == layer for i in range(first, self.n_layers))
 
     def layer_tunes_queries(self, layer: int) -> bool:
         """Whether block `layer` scales its queries by position (`query_temperature_floor`:

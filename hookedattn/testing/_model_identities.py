@@ -140,22 +140,25 @@ def _scaled(out: str, x: str, w: Tensor) -> Identity:
 def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[Identity]:
     cfg, attn = model.cfg, model.blocks[layer].attn
     prefix = f"blocks.{layer}.attn"
-    q, k = _act("q", layer), _act("k", layer)
+    # A block reading an earlier block's keys and values (`n_kv_shared_layers`): theirs.
+    own = cfg.kv_source_layer(layer) is None
+    kv = layer if own else cfg.kv_source_layer(layer)
+    q, k = _act("q", layer), _act("k", kv)
     out = [*_projections(model, layer)]
     rotates = cfg.layer_rotates(layer)
     if rotates and cfg.qk_norm_after_rotary:  # the norms read the rotated q and k
-        q, k = _act("rot_q", layer), _act("rot_k", layer)
-    for name, which in ((q, "q_norm"), (k, "k_norm")):
+        q, k = _act("rot_q", layer), _act("rot_k", kv)
+    for name, which in ((q, "q_norm"), (k, "k_norm"))[: 2 if own else 1]:
         out += _norm_identity(model, f"{prefix}.{which}", name)
     if rotates and not cfg.qk_norm_after_rotary:
-        q, k = _act("rot_q", layer), _act("rot_k", layer)
+        q, k = _act("rot_q", layer), _act("rot_k", kv)
     elif cfg.layer_norms_qk(layer):
-        q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"
+        q, k = f"{prefix}.q_norm.hook_out", f"blocks.{kv}.attn.k_norm.hook_out"
     if hasattr(attn, "hook_q_tuned"):  # the queries scaled by position: what the scores read
         q = f"{prefix}.hook_q_tuned"
-    v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
+    v, z, result = _act("v", kv), _act("z", layer), _act("result", layer)
     if cfg.use_v_norm:  # the heads read the normed values (Gemma 4)
-        v = f"{prefix}.v_norm.hook_out"
+        v = f"blocks.{kv}.attn.v_norm.hook_out"
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
     slopes = attn.alibi.slopes if hasattr(attn, "alibi") else None
@@ -220,8 +223,10 @@ def _projections(model: HookedTransformer, layer: int) -> list[Identity]:
     if model.cfg.is_latent_attention:  # one shared input, through ln1
         source = f"blocks.{layer}.ln1.hook_out" if normed else _act("resid_pre", layer)
         return latent_ids.projections(model, layer, source)
-    W_K, b_K, W_V, b_V = block.attn.key_value_weights()
-    weights = {"q": (block.attn.W_Q, block.attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}
+    weights = {"q": (block.attn.W_Q, block.attn.b_Q)}
+    if model.cfg.kv_source_layer(layer) is None:  # else its keys and values are another's
+        W_K, b_K, W_V, b_V = block.attn.key_value_weights()
+        weights |= {"k": (W_K, b_K), "v": (W_V, b_V)}
     per_head = split or hasattr(block, "hook_attn_in")
     out = []
     for x, (W, b) in weights.items():

@@ -70,6 +70,7 @@ from hookedattn.core.components.norm import make_ln1, make_ln2_post, make_norm, 
 from hookedattn.core.components.per_layer_input import PerLayerInput
 from hookedattn.core.components.resid_scale import ResidScale
 from hookedattn.core.components.rg_lru import RGLRUMixer
+from hookedattn.core.components.shared_kv_attention import SharedKVAttention
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -412,9 +413,12 @@ class MLPOnlyBlock(AttnOnlyBlock):
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
-    latent (`kv_lora_rank`), or differential (`differential_attention`); shaped as the
+    latent (`kv_lora_rank`), or differential (`differential_attention`), or reading an
+    earlier block's keys and values (`n_kv_shared_layers`); shaped as the
     block's own config says (`cfg.attention_config`: heads and widths per block)."""
     cfg = cfg.attention_config(layer)
+    if cfg.kv_source_layer(layer) is not None:
+        return SharedKVAttention(cfg, layer)
     if cfg.differential_attention:
         return make_differential_attention(cfg, layer)
     if cfg.is_latent_attention:
@@ -436,9 +440,12 @@ _MIXERS = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer,
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     """The MLP of block `layer`: a mixture of experts, or dense (in every block, or in the
-    blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`)."""
+    blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`;
+    in the blocks sharing keys and values, `d_mlp_kv_shared` wide where set)."""
     if cfg.layer_is_moe(layer):
         return MoE(cfg)
+    if cfg.d_mlp_kv_shared is not None and cfg.kv_source_layer(layer) is not None:
+        return make_mlp(cfg, d_mlp=cfg.d_mlp_kv_shared)  # Gemma 4's `use_double_wide_mlp`
     return make_mlp(cfg, d_mlp=cfg.d_mlp_dense if cfg.is_moe else None)
 
 
