@@ -14,7 +14,7 @@ import torch
 from einops import rearrange
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers, greedy_with_and_without_cache
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import assert_files_read_as_the_live_model, relative_worst, tiny_twin
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.core.hf import _tiny
@@ -37,7 +37,9 @@ def memo(tmp_path, monkeypatch):
 def shared(model_type: str = "gemma4_text", seed: int = 0, wide: bool = False) -> torch.nn.Module:
     """The 8-block twin of `model_type` (module docstring), its blocks' scalars drawn."""
     small = tiny_twin(model_type, seed=seed)
-    fields = small.config.to_dict() | {
+    fields = small.config.to_dict()
+    text = fields.get("text_config", fields)  # a composite's language model's
+    text |= {
         "num_hidden_layers": 8,
         "layer_types": [S, S, S, F, S, S, S, F],
         "per_layer_config": {3: {"head_dim": 64}, 7: {"head_dim": 64}},
@@ -204,3 +206,14 @@ def test_every_layer_reusing_keys_is_named():
 
     with pytest.raises(ValueError, match=r"every layer reusing .*num_kv_shared_layers=4"):
         _gemma4.gemma4_fields(config)
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+def test_a_saved_directory_loads_verified_like_the_live_model(tmp_path, model_type):
+    # Verified on load by a twin of its own config, shrunk with its shared layers kept.
+    reference = shared(model_type, seed=10, wide=True)
+    reference.save_pretrained(tmp_path / "model")
+    loaded = HookedTransformer.from_hf(tmp_path / "model")
+    assert loaded.verification is not None and loaded.verification.worst <= 1e-10
+    assert loaded.cfg.n_kv_shared_layers == 3
+    assert_files_read_as_the_live_model(reference, tmp_path / "model")
