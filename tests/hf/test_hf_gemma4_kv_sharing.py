@@ -217,3 +217,12 @@ def test_a_saved_directory_loads_verified_like_the_live_model(tmp_path, model_ty
     assert loaded.verification is not None and loaded.verification.worst <= 1e-10
     assert loaded.cfg.n_kv_shared_layers == 3
     assert_files_read_as_the_live_model(reference, tmp_path / "model")
+
+
+def test_a_shared_blocks_head_values_are_its_sources():
+    from analysis import head_values
+
+    model = HookedTransformer.from_hf(shared(seed=11).double())
+    _, cache = model.run_with_cache(TOKENS)
+    torch.testing.assert_close(head_values(model, cache, 6), head_values(model, cache, 4))
+    assert not torch.equal(head_values(model, cache, 4), head_values(model, cache, 2))
