@@ -279,7 +279,7 @@ class ConfigChecks:
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "norm_topk_eps", "d_mlp_shared", "shared_expert_gate",
                       "swiglu_limit", "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
-                      "expert_input_weighted")  # fmt: skip
+                      "expert_input_weighted", "router_expert_scale", "moe_beside_mlp")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
                        sparsemixer_jitter_eps=0.01)  # fmt: skip
@@ -324,6 +324,27 @@ class ConfigChecks:
                 f"'pre' (got {self.normalization_type!r}, placements {self.placements})"
             )
         self._check_moe_layers()
+        self._check_moe_beside_mlp()
+
+    def _check_moe_beside_mlp(self) -> None:
+        """`moe_beside_mlp`: a sequential block with norms before and after its sublayers,
+        the mixture in every block, gated, beside a dense MLP `d_mlp_dense` wide."""
+        if not self.moe_beside_mlp:
+            return
+        said = {
+            "normalization_placement": self.normalization_placement == "pre_and_post",
+            "parallel_attn_mlp=False": not self.parallel_attn_mlp,
+            "gated_mlp=True": self.gated_mlp,
+            "d_mlp_dense": self.d_mlp_dense is not None,
+            "experts in every block": all(map(self.layer_is_moe, range(self.n_layers))),
+            "no mixers": self.mixers is None and self.placement_layers is None,
+        }
+        missing = [name for name, holds in said.items() if not holds]
+        if missing:
+            raise ValueError(
+                "moe_beside_mlp builds Gemma 4's block (normalization_placement "
+                f"'pre_and_post'): it needs {', '.join(missing)}"
+            )
 
     def _check_moe_layers(self) -> None:
         """`moe_layers`: a flag per block, some block with experts, a dense width for the

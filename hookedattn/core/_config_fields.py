@@ -122,6 +122,8 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "n_kv_shared_layers": FieldSpec(int, low=0, high=1 << 16),
     "d_mlp_kv_shared": FieldSpec(int, low=1, high=1 << 22, optional=True),
     "expert_input_weighted": _FLAG,
+    "router_expert_scale": _FLAG,
+    "moe_beside_mlp": _FLAG,
     "num_experts": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "experts_per_token": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "norm_topk_prob": _FLAG,

@@ -222,6 +222,11 @@ class HookedTransformerConfig(ConfigChecks):
       `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
       `expert_input_weighted` (Llama 4) multiplies each chosen expert's input by its
       router weight instead of its output: `expert_e(g_e * x)`, summed as they are.
+      `router_expert_scale` (Gemma 4) multiplies each chosen expert's weight by a learned
+      scale of that expert's own (`mlp.w_expert_scale`, 1 as built, after any renormalisation).
+      `moe_beside_mlp` (Gemma 4's `enable_moe_block`): every block holds the mixture beside
+      a dense MLP `d_mlp_dense` wide, each behind norms of its own, the router reading the
+      stream through a norm of its own (`components.block`: `ln_router`).
     - `resid_post_scale` (Gemma 4's `layer_scalar`): each block multiplies the stream it
       leaves by a learned scalar of its own, `resid_post = w * (resid_mid + mlp_out)`
       (`components.resid_scale`: `blocks.L.resid_scale.w`, the unscaled sum at its
@@ -365,6 +370,8 @@ class HookedTransformerConfig(ConfigChecks):
     d_mlp_dense: int | None = None
     moe_out_norm: bool = False
     expert_input_weighted: bool = False
+    router_expert_scale: bool = False
+    moe_beside_mlp: bool = False
     resid_post_scale: bool = False
     d_per_layer_input: int | None = None
     d_vocab_per_layer_input: int | None = None

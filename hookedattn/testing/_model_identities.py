@@ -256,6 +256,8 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         stream = _act("mlp_in", layer)
     if not isinstance(block.ln2, NoNorm):
         stream = f"blocks.{layer}.ln2.hook_out"
+    if model.cfg.moe_beside_mlp:
+        return [*out, *_experts_beside_dense(model, layer)]
     if model.cfg.layer_is_moe(layer):
         return [*out, *moe_ids.moe(mlp, layer, stream, _placed_norm(model, layer, "ln2_post"))]
     read = "... d_model, d_model d_mlp -> ... d_mlp"
@@ -282,6 +284,28 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
     placed = _placed_norm(model, layer, "ln2_post")
     out.append(linear(mlp_out, post, mlp.W_out, mlp.b_out, write, "W_out + b_out", placed))
     return out
+
+
+def _experts_beside_dense(model: HookedTransformer, layer: int) -> list[Identity]:
+    """Gemma 4's MLP sublayer (`moe_beside_mlp`): the mixture reading `ln2_moe`, routed by
+    `ln_router`, written through `ln2_moe_post`; the sublayer's write `ln2_post` of the
+    dense MLP's and the mixture's writes. (The dense MLP is a plain gated one.)"""
+    b = f"blocks.{layer}"
+    mixture = moe_ids.moe(
+        model.blocks[layer].mlp, layer, f"{b}.ln2_moe.hook_out",
+        _placed_norm(model, layer, "ln2_moe_post"), f"{b}.ln_router.hook_out", f"{b}.hook_moe_out",
+    )  # fmt: skip
+    post, mlp_out = _placed_norm(model, layer, "ln2_post"), _act("mlp_out", layer)
+    dense, experts = f"{b}.hook_dense_out", f"{b}.hook_moe_out"
+
+    def sides(get: Get) -> Sides:
+        total, size = get(dense) + get(experts), get(dense).abs() + get(experts).abs()
+        total, size = post.apply(get, total, size)
+        return Sides(get(mlp_out), total, size)
+
+    statement = f"{mlp_out} == {post.path}({dense} + {experts})"
+    needs = (mlp_out, dense, experts, post.scale)
+    return [*mixture, Identity(statement, needs, _names.axis_names(mlp_out), TERMS, sides)]
 
 
 def _unembed(model: HookedTransformer) -> list[Identity]:

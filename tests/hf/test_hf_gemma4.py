@@ -7,7 +7,8 @@ throughout and float32, greedy generation, and each piece (the value norms, the 
 blocks' still pairs, the local blocks' own rotary width, the blocks' scalars, the per-layer
 inputs, the global blocks' keys serving as values) left out moving the logits. What is not
 imported is refused by name before any weight is read. The blocks sharing keys and values
-are tested in `test_hf_gemma4_kv_sharing.py`.
+are tested in `test_hf_gemma4_kv_sharing.py`, the mixture of experts beside the MLP in
+`test_hf_gemma4_moe.py`.
 """
 
 import pytest
@@ -191,12 +192,6 @@ def test_a_per_layer_setting_not_read_is_named():
     )
     with pytest.raises(ValueError, match=r"per_layer_config setting \['sliding_window'\]"):
         _gemma4.gemma4_fields(config)
-
-
-def test_the_mixture_beside_the_mlp_is_named():
-    message = _refusal("gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2,
-                       moe_intermediate_size=32)  # fmt: skip
-    assert "a mixture of experts beside the MLP (enable_moe_block=True)" in message
 
 
 def test_a_released_sized_config_shares_keys_as_transformers_does():

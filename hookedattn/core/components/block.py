@@ -38,7 +38,9 @@ holds; or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_p
 (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
 behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of
 its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
-`resid_post = resid_pre + mlp(ln2(resid_pre))`). A sequential block may scale the stream
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). The MLP sublayer may hold a dense MLP
+and a mixture of experts side by side (Gemma 4's: `moe_beside_mlp`). A sequential block
+may scale the stream
 it leaves (`ResidScale`, Gemma 4's: `resid_post = w * (resid_mid + mlp_out)`), and add a
 third sublayer's write reading an input of its own (`PerLayerInputBlock`, Gemma 4's small
 sizes). In a shortformer model the queries and keys read the positions too:
@@ -217,8 +219,34 @@ class AttnOnlyBlock(nn.Module):
             self.mlp_input = self._mlp_input
         self.ln2 = make_placed_norm(cfg, "pre", layer)
         self.mlp = _make_feed_forward(cfg, layer)
+        if cfg.moe_beside_mlp:
+            self._add_dense_beside_experts(cfg)
         self.ln2_post = make_ln2_post(cfg, layer)
         self.hook_mlp_out = HookPoint()
+
+    def _add_dense_beside_experts(self, cfg: HookedTransformerConfig) -> None:
+        """Gemma 4's MLP sublayer (`moe_beside_mlp`): a dense MLP `d_mlp_dense` wide beside
+        the mixture `mlp` (where the experts' hook points and analysis look for it), each
+        behind norms of its own, the router reading the stream through `ln_router`:
+
+            dense   = ln2_dense_post(mlp_dense(ln2(resid)))                  (hook_dense_out)
+            experts = ln2_moe_post(mlp(ln2_moe(resid), ln_router(resid)))   (hook_moe_out)
+            mlp_out = ln2_post(dense + experts)                              (hook_mlp_out)
+        """
+        self.mlp_dense = make_mlp(cfg, d_mlp=cfg.d_mlp_dense)
+        self.ln2_dense_post = make_norm(cfg)
+        self.hook_dense_out = HookPoint()
+        self.ln2_moe, self.ln_router, self.ln2_moe_post = (make_norm(cfg) for _ in range(3))
+        self.hook_moe_out = HookPoint()
+        self.feed_forward = self._dense_and_experts
+
+    def _dense_and_experts(self, resid: Resid) -> Resid:
+        """What the MLP sublayer writes with the mixture beside a dense MLP:
+        `ln2_post(dense + experts)` (`_add_dense_beside_experts`)."""
+        dense = self.hook_dense_out(self.ln2_dense_post(self.mlp_dense(self.mlp_input(resid))))
+        routed = self.mlp(self.ln2_moe(resid), self.ln_router(resid))
+        experts = self.hook_moe_out(self.ln2_moe_post(routed))
+        return self.hook_mlp_out(self.ln2_post(dense + experts))
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)

@@ -28,11 +28,15 @@ and global layers by `layer_types`, each with a rotary of its own, the embedding
                   attention type (`n_kv_shared_layers`, `components.shared_kv_attention`;
                   their `k_proj`, `v_proj`, `k_norm` are not read); with
                   `use_double_wide_mlp` their MLPs twice as wide (`d_mlp_kv_shared`)
+    experts       the 26B-A4B's (`enable_moe_block`, where the config declares it): a
+                  mixture beside each block's dense MLP (`moe_beside_mlp`), each behind
+                  norms of its own, the router reading the stream through a norm of its own
+                  (its `scale` times `d_model ** -0.5`), each chosen expert's weight times
+                  its `per_expert_scale` (`router_expert_scale`)
 
 What this does not import is refused by name, before any weight is read: every layer
 reusing another model's keys and values (`num_kv_shared_layers == num_hidden_layers`, the
-assistant models'), the mixture of experts beside the MLP (`enable_moe_block`),
-bidirectional attention over all tokens
+assistant models'), bidirectional attention over all tokens
 (`use_bidirectional_attention="all"`; "vision", the unified models' default, attends
 causally over text alone), and a `per_layer_config` setting anything but `head_dim` and
 `num_key_value_heads`.
@@ -46,8 +50,6 @@ from hookedattn.core.hf._family import Family, tied_unembedding
 from hookedattn.core.hf._llama import L
 from hookedattn.core.hf._table import Rule, Table, times, zeros
 
-# A config field switching on a piece not imported -> the piece's name.
-_UNIMPORTED = (("enable_moe_block", "a mixture of experts beside the MLP"),)
 _PER_LAYER_READ = {"head_dim", "num_key_value_heads"}
 
 
@@ -84,7 +86,7 @@ def gemma4_fields(hf_config: Any) -> dict[str, Any]:
         "resid_post_scale": True,
         "output_logits_soft_cap": c.final_logit_softcapping,
     }
-    fields |= _kv_sharing(c)
+    fields |= _kv_sharing(c) | _experts(c)
     if getattr(c, "hidden_size_per_layer_input", None):  # the small sizes
         fields["d_per_layer_input"] = c.hidden_size_per_layer_input
         fields["d_vocab_per_layer_input"] = c.vocab_size_per_layer_input
@@ -108,10 +110,27 @@ def _kv_sharing(c: Any) -> dict[str, Any]:
     return {"n_kv_shared_layers": n, "d_mlp_kv_shared": wide}
 
 
+def _experts(c: Any) -> dict[str, Any]:
+    """The mixture of experts beside each block's dense MLP (`enable_moe_block`): experts
+    `moe_intermediate_size` wide, the dense MLP `intermediate_size`; the router's softmax
+    over every expert, the chosen renormalised, times each expert's own scale. Read where
+    the config declares the field (the unified models' do not, and build no mixture)."""
+    if not hasattr(type(c), "enable_moe_block") or not c.enable_moe_block:
+        return {}
+    return {
+        "moe_beside_mlp": True,
+        "num_experts": c.num_experts,
+        "experts_per_token": c.top_k_experts,
+        "norm_topk_prob": True,
+        "router_expert_scale": True,
+        "d_mlp": c.moe_intermediate_size,
+        "d_mlp_dense": c.intermediate_size,
+    }
+
+
 def _refuse_unimported(c: Any) -> None:
     """A ValueError naming every piece the config switches on that is not imported."""
-    said = [f"{name} ({field}={getattr(c, field)!r})"
-            for field, name in _UNIMPORTED if getattr(c, field, None)]  # fmt: skip
+    said = []
     if (getattr(c, "num_kv_shared_layers", 0) or 0) >= c.num_hidden_layers:
         said.append(f"every layer reusing another model's keys and values "
                     f"(num_kv_shared_layers={c.num_kv_shared_layers})")  # fmt: skip
@@ -132,7 +151,6 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     normaliser = _gemma2.embedding_normaliser(hf_config, cfg.dtype, hf_model)
     b, gain = "blocks.{layer}", "d_model -> d_model"
     every_block = [
-        zeros(f"{b}.mlp.b_out", "d_model"),
         Rule(f"{b}.ln2.w", f"{L}.pre_feedforward_layernorm.weight", gain),
         Rule(f"{b}.ln2_post.w", f"{L}.post_feedforward_layernorm.weight", gain),
         Rule(f"{b}.resid_scale.w", f"{L}.layer_scalar", "one -> one"),
@@ -141,7 +159,7 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
              adjust=_gemma2.scaled(normaliser)),
         *(r for layer in range(cfg.n_layers) for r in _attention(hf_config, cfg, layer, bias)),
-        *(r for layer in range(cfg.n_layers) for r in _mlp(cfg, layer)),
+        *(r for layer in range(cfg.n_layers) for r in _feed_forward(cfg, layer)),
         *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
         Rule("ln_final.w", "model.norm.weight", gain),
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
@@ -158,18 +176,47 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     )
 
 
-def _mlp(cfg: HookedTransformerConfig, layer: int) -> list[Rule]:
+def _feed_forward(cfg: HookedTransformerConfig, layer: int) -> list[Rule]:
     """Block `layer`'s gated MLP, `d_mlp` wide, or `d_mlp_kv_shared` in a block reading an
-    earlier block's keys and values where that is set (`use_double_wide_mlp`)."""
+    earlier block's keys and values where that is set (`use_double_wide_mlp`); with the
+    mixture beside it (`moe_beside_mlp`), `d_mlp_dense` wide, and the mixture."""
     wide = cfg.d_mlp_kv_shared is not None and cfg.kv_source_layer(layer) is not None
-    d_mlp = "d_mlp_kv_shared" if wide else "d_mlp"
-    b, n = f"blocks.{layer}.mlp", f"{L.replace('{layer}', str(layer))}.mlp"
-    return [
-        Rule(f"{b}.W_gate", f"{n}.gate_proj.weight", f"{d_mlp} d_model -> d_model {d_mlp}"),
-        Rule(f"{b}.W_in", f"{n}.up_proj.weight", f"{d_mlp} d_model -> d_model {d_mlp}"),
-        Rule(f"{b}.W_out", f"{n}.down_proj.weight", f"d_model {d_mlp} -> {d_mlp} d_model"),
-        zeros(f"{b}.b_in", d_mlp),
+    d_mlp = "d_mlp_kv_shared" if wide else "d_mlp_dense" if cfg.moe_beside_mlp else "d_mlp"
+    ours = "mlp_dense" if cfg.moe_beside_mlp else "mlp"
+    b, n = f"blocks.{layer}", L.replace("{layer}", str(layer))
+    into, out_of = f"{d_mlp} d_model -> d_model {d_mlp}", f"d_model {d_mlp} -> {d_mlp} d_model"
+    dense = [
+        Rule(f"{b}.{ours}.W_gate", f"{n}.mlp.gate_proj.weight", into),
+        Rule(f"{b}.{ours}.W_in", f"{n}.mlp.up_proj.weight", into),
+        Rule(f"{b}.{ours}.W_out", f"{n}.mlp.down_proj.weight", out_of),
+        zeros(f"{b}.{ours}.b_in", d_mlp),
+        zeros(f"{b}.{ours}.b_out", "d_model"),
     ]
+    return dense + (_mixture(cfg, b, n) if cfg.moe_beside_mlp else [])
+
+
+def _mixture(cfg: HookedTransformerConfig, b: str, n: str) -> list[Rule]:
+    """Block `b`'s mixture beside its dense MLP (`moe_beside_mlp`): the router's norm
+    (its gain `scale` times `d_model ** -0.5`, `transformers`' constant folded in), map and
+    experts' scales; the experts (`gate_up_proj` the gate's half, then the up map's); the
+    norms around the dense MLP's output and the mixture."""
+    gate_up = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
+    down = "expert d_model d_mlp -> expert d_mlp d_model"
+    gain, m = "d_model -> d_model", f"{b}.mlp"
+    return [
+        Rule(f"{b}.ln_router.w", f"{n}.router.scale", gain, adjust=times(cfg.d_model**-0.5)),
+        Rule(f"{m}.W_router", f"{n}.router.proj.weight", "expert d_model -> d_model expert"),
+        zeros(f"{m}.b_router", "expert"),
+        Rule(f"{m}.w_expert_scale", f"{n}.router.per_expert_scale", "expert -> expert"),
+        Rule(f"{m}.W_gate", f"{n}.experts.gate_up_proj", gate_up, pick=0),
+        Rule(f"{m}.W_in", f"{n}.experts.gate_up_proj", gate_up, pick=1),
+        Rule(f"{m}.W_out", f"{n}.experts.down_proj", down),
+        *(zeros(f"{m}.{name}", "expert d_mlp") for name in ("b_gate", "b_in")),
+        zeros(f"{m}.b_out", "expert d_model"),
+        Rule(f"{b}.ln2_dense_post.w", f"{n}.post_feedforward_layernorm_1.weight", gain),
+        Rule(f"{b}.ln2_moe.w", f"{n}.pre_feedforward_layernorm_2.weight", gain),
+        Rule(f"{b}.ln2_moe_post.w", f"{n}.post_feedforward_layernorm_2.weight", gain),
+    ]  # fmt: skip
 
 
 def _unread_keys(cfg: HookedTransformerConfig) -> tuple[str, ...]:
