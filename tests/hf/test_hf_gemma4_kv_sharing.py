@@ -226,3 +226,13 @@ def test_a_shared_blocks_head_values_are_its_sources():
     _, cache = model.run_with_cache(TOKENS)
     torch.testing.assert_close(head_values(model, cache, 6), head_values(model, cache, 4))
     assert not torch.equal(head_values(model, cache, 4), head_values(model, cache, 2))
+
+
+def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens():
+    # The shared blocks' patterns recorded step by step, over their sources' cache entries.
+    model = HookedTransformer.from_hf(shared(seed=12).double())
+    out = model.generate(TOKENS[:, :4], 5, stop_at_eos=False, return_cache=True)
+    _, expected = model.run_with_cache(out.tokens)
+    assert sorted(out.cache) == sorted(expected)
+    for name in ("blocks.5.attn.hook_pattern", "blocks.7.attn.hook_z", "blocks.7.hook_resid_post"):
+        torch.testing.assert_close(out.cache[name], expected[name], rtol=1e-10, atol=1e-12)
