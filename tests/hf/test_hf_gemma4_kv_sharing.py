@@ -184,16 +184,33 @@ def test_what_a_shared_block_does_not_have_is_named():
     )
 
 
+def one_shape(**fields) -> HookedTransformer:
+    """A random model of 4 blocks of one attention shape, global, in float64."""
+    cfg = HookedTransformerConfig(
+        n_layers=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=128, n_ctx=32,
+        act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary",
+        seed=0, dtype="float64", **fields,
+    )  # fmt: skip
+    return HookedTransformer(cfg)
+
+
+def test_folding_value_biases_folds_the_sources_into_the_blocks_reading_them():
+    from hookedattn import fold_value_biases
+
+    model = one_shape(n_kv_shared_layers=2, n_key_value_heads=2)  # blocks 2, 3 read block 1
+    with torch.no_grad():
+        for block in model.blocks[:2]:
+            block.attn._b_V.normal_(generator=torch.Generator().manual_seed(0))
+        folded = fold_value_biases(model)
+        assert relative_worst(folded(TOKENS), model(TOKENS)) <= 1e-12
+    assert not folded.blocks[1].attn._b_V.any()
+
+
 def test_the_patching_sweep_refuses_by_name():
     from analysis.patching import activation_patch
 
     # A model of one attention shape (the twin's blocks differ, refused before the sweep).
-    cfg = HookedTransformerConfig(
-        n_layers=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=128, n_ctx=32,
-        act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary",
-        n_kv_shared_layers=1, seed=0, dtype="float64",
-    )  # fmt: skip
-    model = HookedTransformer(cfg)
+    model = one_shape(n_kv_shared_layers=1)
     metric = lambda logits: logits[:, -1, 0]
     with pytest.raises(ValueError, match=r"n_kv_shared_layers=1"):
         activation_patch(model, "resid_pre", clean_tokens=TOKENS,
