@@ -253,3 +253,10 @@ def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens():
     assert sorted(out.cache) == sorted(expected)
     for name in ("blocks.5.attn.hook_pattern", "blocks.7.attn.hook_z", "blocks.7.hook_resid_post"):
         torch.testing.assert_close(out.cache[name], expected[name], rtol=1e-10, atol=1e-12)
+
+
+def test_tensor_parallelism_refuses_by_name():
+    from hookedattn.core.parallel import check_tp_size
+
+    with pytest.raises(ValueError, match=r"read earlier blocks' keys .*n_kv_shared_layers"):
+        check_tp_size(one_shape(n_kv_shared_layers=1).cfg, 2)
