@@ -107,8 +107,9 @@ def expert_writes(
     """What each expert of block `layer` writes at every position (zero where it was not
     chosen): `weight * hook_out` at its tokens (`hook_out` itself where the weight scaled
     the expert's input, `expert_input_weighted`: Llama 4). With the shared expert's output
-    (`hook_shared_out`) they sum to the MoE's output exactly. Needs the routing and every
-    expert's `hook_out` in the cache."""
+    (`hook_shared_out`) they sum to the MoE's output exactly (beside a dense MLP, Gemma
+    4's `moe_beside_mlp`: the mixture's output before its norm `ln2_moe_post`, not
+    `hook_mlp_out`). Needs the routing and every expert's `hook_out` in the cache."""
     moe = _moe(model, layer)
     indices = activation(cache, f"blocks.{layer % model.cfg.n_layers}.mlp.hook_expert_indices")
     weights = activation(cache, f"blocks.{layer % model.cfg.n_layers}.mlp.hook_expert_weights")

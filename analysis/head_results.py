@@ -153,9 +153,13 @@ def head_values(
     through the block's `ln1` (the value input of an unpatched forward); when the cache
     has `hook_v`, that is what the model used. A model that norms its values
     (`use_v_norm`, Gemma 4) is read at the norm's output, what its heads read, which the
-    cache must hold (`blocks.L.attn.v_norm.hook_out`).
+    cache must hold (`blocks.L.attn.v_norm.hook_out`). A block reading an earlier block's
+    keys and values (`n_kv_shared_layers`) reads that block's values, which these are.
     """
     layer = _layer(model, layer)
+    n_heads = model.cfg.attention_config(layer).n_heads
+    source = model.cfg.kv_source_layer(layer)
+    layer = layer if source is None else source
     read = ("v_norm_out", layer) if model.cfg.use_v_norm else ("v", layer)
     if model.cfg.use_v_norm and read not in cache:
         raise ValueError(
@@ -164,7 +168,7 @@ def head_values(
         )
     if read in cache:
         v = activation(cache, read)
-        group = model.cfg.attention_config(layer).n_heads // v.shape[2]
+        group = n_heads // v.shape[2]
         return repeat(
             v, "batch pos kv_head d_head -> batch pos (kv_head group) d_head", group=group
         )

@@ -86,7 +86,14 @@ def frozen_scores(
     model: Any, cache: Any, n_pos: int, pattern_bytes: int
 ) -> tuple[FrozenScores, ...]:
     """Every layer's `FrozenScores`, from the values a forward cached at `attn.hook_q` and
-    `attn.hook_k` (batch of one)."""
+    `attn.hook_k` (batch of one). A ValueError where blocks read earlier blocks' keys
+    (`n_kv_shared_layers`): they have no `hook_k` of their own."""
+    if model.cfg.n_kv_shared_layers:
+        raise ValueError(
+            f"frozen attention patterns rebuild each block's scores from its own hook_q and "
+            f"hook_k; this model's last {model.cfg.n_kv_shared_layers} blocks read earlier "
+            f"blocks' keys (n_kv_shared_layers), which this does not follow"
+        )
     device = cache["blocks.0.attn.hook_q"].device
     positions = torch.arange(n_pos, device=device)[None]
     context = kernels.AttentionContext({}, positions)  # the rotation reads positions only

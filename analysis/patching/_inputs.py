@@ -235,6 +235,21 @@ def prompts_of(cache: ActivationCache, rows: slice) -> dict[str, Tensor]:
     return out
 
 
+def _refuse_shared_keys(model: HookedTransformer) -> None:
+    """A ValueError where blocks read earlier blocks' keys and values
+    (`n_kv_shared_layers`): a pass starts at a block with a KV cache of each block's own
+    recorded keys and values, which such a block has none of, and the block it reads from
+    may lie before the pass."""
+    n = model.cfg.n_kv_shared_layers
+    if n:
+        raise ValueError(
+            f"the patching sweep runs each block from a KV cache of its own recorded keys "
+            f"and values; this model's last {n} blocks read those of earlier blocks "
+            f"(n_kv_shared_layers={n}), which it does not carry: patch with hooks on whole "
+            f"forwards (model.hooks, run_with_hooks) instead"
+        )
+
+
 def _base_runs(
     model: HookedTransformer,
     batches: Sequence[Int[Tensor, "batch pos"]],
@@ -243,6 +258,7 @@ def _base_runs(
 ) -> list[BaseRun]:
     """Each of `batches` run unpatched (in one forward: prompts do not interact), keeping
     `names` and what the passes start from."""
+    _refuse_shared_keys(model)
     starts = [
         name
         for layer in range(model.cfg.n_layers)

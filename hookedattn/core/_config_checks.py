@@ -279,7 +279,7 @@ class ConfigChecks:
     def _check_experts(self) -> None:
         moe_fields = ("norm_topk_prob", "norm_topk_eps", "d_mlp_shared", "shared_expert_gate",
                       "swiglu_limit", "n_dense_layers", "moe_layers", "d_mlp_dense", "moe_out_norm",
-                      "expert_input_weighted")  # fmt: skip
+                      "expert_input_weighted", "router_expert_scale", "moe_beside_mlp")  # fmt: skip
         routing = dict(router_scoring="softmax", n_expert_groups=1, topk_expert_groups=1,
                        group_score_experts=2, routed_scaling_factor=1.0,
                        sparsemixer_jitter_eps=0.01)  # fmt: skip
@@ -324,6 +324,27 @@ class ConfigChecks:
                 f"'pre' (got {self.normalization_type!r}, placements {self.placements})"
             )
         self._check_moe_layers()
+        self._check_moe_beside_mlp()
+
+    def _check_moe_beside_mlp(self) -> None:
+        """`moe_beside_mlp`: a sequential block with norms before and after its sublayers,
+        the mixture in every block, gated, beside a dense MLP `d_mlp_dense` wide."""
+        if not self.moe_beside_mlp:
+            return
+        said = {
+            "normalization_placement": self.normalization_placement == "pre_and_post",
+            "parallel_attn_mlp=False": not self.parallel_attn_mlp,
+            "gated_mlp=True": self.gated_mlp,
+            "d_mlp_dense": self.d_mlp_dense is not None,
+            "experts in every block": all(map(self.layer_is_moe, range(self.n_layers))),
+            "no mixers": self.mixers is None and self.placement_layers is None,
+        }
+        missing = [name for name, holds in said.items() if not holds]
+        if missing:
+            raise ValueError(
+                "moe_beside_mlp builds Gemma 4's block (normalization_placement "
+                f"'pre_and_post'): it needs {', '.join(missing)}"
+            )
 
     def _check_moe_layers(self) -> None:
         """`moe_layers`: a flag per block, some block with experts, a dense width for the
@@ -519,6 +540,46 @@ class ConfigChecks:
                     f"{field} is built by the sequential block: it needs attn_only=False, "
                     "parallel_attn_mlp=False, normalization_placement other than "
                     "'post_residual' and no mixers"
+                )
+
+    def _check_kv_sharing(self) -> None:
+        """`n_kv_shared_layers`: fewer than every block, each shared block with an earlier
+        block of its attention type to read, shaped as it (`kv_source_layer`), in a model
+        of plain attention (no mixers, latent or differential attention, per-head key and
+        value inputs); `d_mlp_kv_shared` only with shared blocks and dense MLPs."""
+        n = self.n_kv_shared_layers
+        if self.d_mlp_kv_shared is not None and (not n or self.is_moe or self.attn_only):
+            raise ValueError(f"d_mlp_kv_shared={self.d_mlp_kv_shared} is the dense MLP width "
+                             "of the blocks sharing keys and values: it needs "
+                             "n_kv_shared_layers > 0 and dense MLPs")  # fmt: skip
+        if not n:
+            return
+        if n >= self.n_layers:
+            raise ValueError(
+                f"n_kv_shared_layers={n} must be below n_layers={self.n_layers}: "
+                "a shared block reads the keys and values of an earlier one"
+            )
+        refused = [f"{field}={getattr(self, field)!r}"
+                   for field in ("mixers", "kv_lora_rank", "differential_attention",
+                                 "use_split_qkv_input") if getattr(self, field)]  # fmt: skip
+        if refused:
+            raise ValueError(
+                f"n_kv_shared_layers shares the keys and values of plain "
+                f"attention; it cannot go with {', '.join(refused)}"
+            )
+        for layer in range(self.n_layers - n, self.n_layers):
+            source = self.kv_source_layer(layer)
+            if source is None:
+                raise ValueError(
+                    f"n_kv_shared_layers={n}: block {layer} ({self.layer_attn_type(layer)}) "
+                    f"has no earlier {self.layer_attn_type(layer)} block to read keys from"
+                )
+            own, theirs = self.attention_config(layer), self.attention_config(source)
+            shape = lambda c: (c.d_head, c.n_kv_heads, c.d_value)
+            if shape(own) != shape(theirs):
+                raise ValueError(
+                    f"block {layer} reads block {source}'s keys and values: their (d_head, "
+                    f"n_kv_heads, d_value) must agree, got {shape(own)} and {shape(theirs)}"
                 )
 
     def _check_alibi(self) -> None:

@@ -1,6 +1,7 @@
 """What each block of a model holds, as its config says: the one place that answers each
 per-layer question (a mixture of experts or an MLP, which mixer, which norms and where,
-rotation, q/k norms, an indexer, the attention window, the heads' shapes).
+rotation, q/k norms, an indexer, the attention window, the heads' shapes, whose keys and
+values a block reads).
 
 `LayerQueries` is a base of `HookedTransformerConfig`; it reads only the config's fields,
 so every component and importer asks here rather than reading a per-layer list itself.
@@ -86,6 +87,22 @@ class LayerQueries:
         if self.index_topk is None:
             return False
         return self.indexer_layers is None or self.indexer_layers[layer]
+
+    def kv_source_layer(self, layer: int) -> int | None:
+        """The block whose keys and values block `layer` reads (`n_kv_shared_layers`: the
+        last block of its attention type before the shared ones), or None where it computes
+        its own; the one place that decides."""
+        first = self.n_layers - self.n_kv_shared_layers
+        if layer < first:
+            return None
+        kind = self.layer_attn_type(layer)
+        earlier = [i for i in range(first) if self.layer_attn_type(i) == kind]
+        return earlier[-1] if earlier else None
+
+    def layer_stores_kv(self, layer: int) -> bool:
+        """Whether a later block reads block `layer`'s keys and values (`kv_source_layer`)."""
+        first = self.n_layers - self.n_kv_shared_layers
+        return any(self.kv_source_layer(i) == layer for i in range(first, self.n_layers))
 
     def layer_tunes_queries(self, layer: int) -> bool:
         """Whether block `layer` scales its queries by position (`query_temperature_floor`:

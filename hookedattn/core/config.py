@@ -223,6 +223,11 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
       `ln2_post`, so `hook_mlp_out` holds the normed write (pre-norm placement only).
       `expert_input_weighted` (Llama 4) multiplies each chosen expert's input by its
       router weight instead of its output: `expert_e(g_e * x)`, summed as they are.
+      `router_expert_scale` (Gemma 4) multiplies each chosen expert's weight by a learned
+      scale of that expert's own (`mlp.w_expert_scale`, 1 as built, after any renormalisation).
+      `moe_beside_mlp` (Gemma 4's `enable_moe_block`): every block holds the mixture beside
+      a dense MLP `d_mlp_dense` wide, each behind norms of its own, the router reading the
+      stream through a norm of its own (`components.block`: `ln_router`).
     - `resid_post_scale` (Gemma 4's `layer_scalar`): each block multiplies the stream it
       leaves by a learned scalar of its own, `resid_post = w * (resid_mid + mlp_out)`
       (`components.resid_scale`: `blocks.L.resid_scale.w`, the unscaled sum at its
@@ -231,6 +236,11 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
       block reads an input of its own that wide, made once per forward from the tokens
       (a table of `d_vocab_per_layer_input` rows, None: `d_vocab`) and the embedding,
       through a third sublayer after its MLP (`components.per_layer_input`).
+    - `n_kv_shared_layers` (Gemma 4's `num_kv_shared_layers`; 0: off): the last that many
+      blocks compute no keys or values of their own; each reads those of the last earlier
+      block of its attention type (`kv_source_layer`; `components.shared_kv_attention`).
+      `d_mlp_kv_shared` (None: `d_mlp`) is their MLPs' width (Gemma 4's
+      `use_double_wide_mlp`: `2 * d_mlp`).
     - `mixers` (a `MixerConfig`): a hybrid model, whose blocks hold attention or another
       sublayer that mixes positions (a short convolution, a Mamba-1 or Mamba-2 layer, a gated
       delta net) in its place, or beside it (Falcon-H1), or blocks of one sublayer
@@ -361,9 +371,13 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
     d_mlp_dense: int | None = None
     moe_out_norm: bool = False
     expert_input_weighted: bool = False
+    router_expert_scale: bool = False
+    moe_beside_mlp: bool = False
     resid_post_scale: bool = False
     d_per_layer_input: int | None = None
     d_vocab_per_layer_input: int | None = None
+    n_kv_shared_layers: int = 0
+    d_mlp_kv_shared: int | None = None
     mixers: MixerConfig | None = None
     eps: float = 1e-5
     use_attn_result: bool = False
@@ -412,6 +426,7 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
         self._check_local_rotary()
         self._check_layer_shapes()
         self._check_resid_post_scale()
+        self._check_kv_sharing()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)

@@ -190,12 +190,16 @@ class KeyValueCache:
     ) -> "KeyValueCache":
         """A cache holding no positions yet, for a batch of `batch` sequences; with
         `capacity`, every layer's buffers hold that many positions from the start (what
-        generation does: it knows the prompt and `max_new_tokens`)."""
+        generation does: it knows the prompt and `max_new_tokens`), but those of blocks
+        reading an earlier block's keys and values, which stay empty."""
         cfg.require_attention("a KV cache")
         device = cfg.device if device is None else device
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
-        entries = [_preallocated(cfg.attention_config(layer), batch, capacity, device)
+        # A block reading an earlier block's keys and values (`n_kv_shared_layers`) reads
+        # that block's entry: its own holds nothing.
+        own = lambda layer: capacity if cfg.kv_source_layer(layer) is None else 0
+        entries = [_preallocated(cfg.attention_config(layer), batch, own(layer), device)
                    for layer in range(cfg.n_layers)]  # fmt: skip
         mask = torch.empty(batch, 0, dtype=torch.long, device=device)
         return cls(entries, mask)

@@ -133,7 +133,8 @@ def fold_value_biases(model: "HookedTransformer") -> "HookedTransformer":
     over the query heads that read it. Preserves: logits and `hook_attn_out` exactly (a
     norm after the attention sees the same input). Changes: `hook_v`, `hook_z` and
     `hook_result` (they no longer include `b_V`). Refused with attention sinks (module
-    docstring).
+    docstring). A block reading an earlier block's values (`n_kv_shared_layers`) folds
+    that block's `b_V` into its own `b_O`.
     """
     return _processed(model, [_fold_value_biases])
 
@@ -491,11 +492,14 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
         )
     if cfg.is_latent_attention:
         return cfg  # its values have no bias to fold
+    folded_biases = set()
     for layer in range(cfg.n_layers):
         if cfg.layer_mixer(layer) != "attention":
             continue  # a hybrid's mixer: no values
         attn = f"blocks.{layer}.attn"
-        name = f"{attn}._b_V" if f"{attn}._b_V" in state else f"{attn}.b_V"
+        source = cfg.kv_source_layer(layer)  # a block reading another's values: its b_V
+        of = attn if source is None else f"blocks.{source}.attn"
+        name = f"{of}._b_V" if f"{of}._b_V" in state else f"{of}.b_V"
         b_V, W_O = state[name], state[f"{attn}.W_O"]
         # Query head h reads key/value head h // group: W_O's heads, grouped that way.
         W_O = rearrange(
@@ -503,7 +507,9 @@ def _fold_value_biases(state: State, cfg: HookedTransformerConfig) -> HookedTran
         )
         folded = einsum(b_V, W_O, "kv_head d_head, kv_head group d_head d_model -> d_model")
         state[f"{attn}.b_O"] = state[f"{attn}.b_O"] + folded
-        state[name] = torch.zeros_like(b_V)
+        folded_biases.add(name)
+    for name in folded_biases:  # after every block reading them has folded them
+        state[name] = torch.zeros_like(state[name])
     return cfg
 
 

@@ -140,22 +140,25 @@ def _scaled(out: str, x: str, w: Tensor) -> Identity:
 def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[Identity]:
     cfg, attn = model.cfg, model.blocks[layer].attn
     prefix = f"blocks.{layer}.attn"
-    q, k = _act("q", layer), _act("k", layer)
+    # A block reading an earlier block's keys and values (`n_kv_shared_layers`): theirs.
+    own = cfg.kv_source_layer(layer) is None
+    kv = layer if own else cfg.kv_source_layer(layer)
+    q, k = _act("q", layer), _act("k", kv)
     out = [*_projections(model, layer)]
     rotates = cfg.layer_rotates(layer)
     if rotates and cfg.qk_norm_after_rotary:  # the norms read the rotated q and k
-        q, k = _act("rot_q", layer), _act("rot_k", layer)
-    for name, which in ((q, "q_norm"), (k, "k_norm")):
+        q, k = _act("rot_q", layer), _act("rot_k", kv)
+    for name, which in ((q, "q_norm"), (k, "k_norm"))[: 2 if own else 1]:
         out += _norm_identity(model, f"{prefix}.{which}", name)
     if rotates and not cfg.qk_norm_after_rotary:
-        q, k = _act("rot_q", layer), _act("rot_k", layer)
+        q, k = _act("rot_q", layer), _act("rot_k", kv)
     elif cfg.layer_norms_qk(layer):
-        q, k = f"{prefix}.q_norm.hook_out", f"{prefix}.k_norm.hook_out"
+        q, k = f"{prefix}.q_norm.hook_out", f"blocks.{kv}.attn.k_norm.hook_out"
     if hasattr(attn, "hook_q_tuned"):  # the queries scaled by position: what the scores read
         q = f"{prefix}.hook_q_tuned"
-    v, z, result = _act("v", layer), _act("z", layer), _act("result", layer)
+    v, z, result = _act("v", kv), _act("z", layer), _act("result", layer)
     if cfg.use_v_norm:  # the heads read the normed values (Gemma 4)
-        v = f"{prefix}.v_norm.hook_out"
+        v = f"blocks.{kv}.attn.v_norm.hook_out"
     scores, pattern = _act("attn_scores", layer), _act("pattern", layer)
     attn_out = _act("attn_out", layer)
     slopes = attn.alibi.slopes if hasattr(attn, "alibi") else None
@@ -220,8 +223,10 @@ def _projections(model: HookedTransformer, layer: int) -> list[Identity]:
     if model.cfg.is_latent_attention:  # one shared input, through ln1
         source = f"blocks.{layer}.ln1.hook_out" if normed else _act("resid_pre", layer)
         return latent_ids.projections(model, layer, source)
-    W_K, b_K, W_V, b_V = block.attn.key_value_weights()
-    weights = {"q": (block.attn.W_Q, block.attn.b_Q), "k": (W_K, b_K), "v": (W_V, b_V)}
+    weights = {"q": (block.attn.W_Q, block.attn.b_Q)}
+    if model.cfg.kv_source_layer(layer) is None:  # else its keys and values are another's
+        W_K, b_K, W_V, b_V = block.attn.key_value_weights()
+        weights |= {"k": (W_K, b_K), "v": (W_V, b_V)}
     per_head = split or hasattr(block, "hook_attn_in")
     out = []
     for x, (W, b) in weights.items():
@@ -251,6 +256,8 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
         stream = _act("mlp_in", layer)
     if not isinstance(block.ln2, NoNorm):
         stream = f"blocks.{layer}.ln2.hook_out"
+    if model.cfg.moe_beside_mlp:
+        return [*out, *_experts_beside_dense(model, layer)]
     if model.cfg.layer_is_moe(layer):
         return [*out, *moe_ids.moe(mlp, layer, stream, _placed_norm(model, layer, "ln2_post"))]
     read = "... d_model, d_model d_mlp -> ... d_mlp"
@@ -277,6 +284,28 @@ def _mlp(model: HookedTransformer, layer: int, stream: str) -> list[Identity]:
     placed = _placed_norm(model, layer, "ln2_post")
     out.append(linear(mlp_out, post, mlp.W_out, mlp.b_out, write, "W_out + b_out", placed))
     return out
+
+
+def _experts_beside_dense(model: HookedTransformer, layer: int) -> list[Identity]:
+    """Gemma 4's MLP sublayer (`moe_beside_mlp`): the mixture reading `ln2_moe`, routed by
+    `ln_router`, written through `ln2_moe_post`; the sublayer's write `ln2_post` of the
+    dense MLP's and the mixture's writes. (The dense MLP is a plain gated one.)"""
+    b = f"blocks.{layer}"
+    mixture = moe_ids.moe(
+        model.blocks[layer].mlp, layer, f"{b}.ln2_moe.hook_out",
+        _placed_norm(model, layer, "ln2_moe_post"), f"{b}.ln_router.hook_out", f"{b}.hook_moe_out",
+    )  # fmt: skip
+    post, mlp_out = _placed_norm(model, layer, "ln2_post"), _act("mlp_out", layer)
+    dense, experts = f"{b}.hook_dense_out", f"{b}.hook_moe_out"
+
+    def sides(get: Get) -> Sides:
+        total, size = get(dense) + get(experts), get(dense).abs() + get(experts).abs()
+        total, size = post.apply(get, total, size)
+        return Sides(get(mlp_out), total, size)
+
+    statement = f"{mlp_out} == {post.path}({dense} + {experts})"
+    needs = (mlp_out, dense, experts, post.scale)
+    return [*mixture, Identity(statement, needs, _names.axis_names(mlp_out), TERMS, sides)]
 
 
 def _unembed(model: HookedTransformer) -> list[Identity]:

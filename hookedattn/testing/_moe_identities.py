@@ -54,19 +54,29 @@ def sink_softmax(pattern: str, scores: str, sinks: nn.Parameter) -> Identity:
     return Identity(statement, (pattern, scores), _names.axis_names(pattern), scale_is, sides)
 
 
-def moe(moe_module: nn.Module, layer: int, x: str, post: NormAtScale | None) -> list[Identity]:
-    """Every identity of a mixture of experts reading `x`, in the order it computes them."""
+def moe(
+    moe_module: nn.Module,
+    layer: int,
+    x: str,
+    post: NormAtScale | None,
+    router_x: str | None = None,
+    out: str | None = None,
+) -> list[Identity]:
+    """Every identity of a mixture of experts reading `x` (its router `router_x`, None: `x`)
+    and written to `out` through `post` (None: `hook_mlp_out`), in the order it computes
+    them."""
     m = f"blocks.{layer}.mlp"
     logits, indices, weights = (f"{m}.hook_{n}" for n in ("router_logits", "expert_indices",
                                                            "expert_weights"))  # fmt: skip
+    written = out or _names.get_act_name("mlp_out", layer)
     out = [
-        linear(logits, x, moe_module.W_router, moe_module.b_router,
+        linear(logits, router_x or x, moe_module.W_router, moe_module.b_router,
                "... d_model, d_model expert -> ... expert", "W_router + b_router"),
         _routing_weights(weights, logits, indices, moe_module),
     ]  # fmt: skip
     for e in range(moe_module.num_experts):
         out += _expert(moe_module, m, e, x, indices)
-    out.append(_mixture(moe_module, layer, post))
+    out.append(_mixture(moe_module, layer, post, written))
     return out
 
 
@@ -112,13 +122,14 @@ def _routing_weights(weights: str, logits: str, indices: str, moe_module: nn.Mod
         chosen = moe_module.weigh(moe_module.scores(get(logits)), get(indices).long())
         if renormalised:
             chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + moe_module.norm_topk_eps)
-        chosen = moe_module.scaled(chosen)
+        chosen = moe_module.expert_scaled(moe_module.scaled(chosen), get(indices).long())
         return Sides(get(weights), chosen, chosen)
 
     how = ", renormalised" if renormalised else ""
     scores = f"{scoring}({logits})"
     scaled = f" * {factor:g}" if factor != 1.0 else ""
-    statement = f"{weights} == {scores}[{indices}]{how}{scaled}"
+    each = " * w_expert_scale" if hasattr(moe_module, "w_expert_scale") else ""
+    statement = f"{weights} == {scores}[{indices}]{how}{scaled}{each}"
     return Identity(statement, (weights, logits, indices), _names.axis_names(weights), VALUE, sides)
 
 
@@ -160,13 +171,12 @@ def _clamped(post: str, pre: str, pre_linear: str, limit: float, alpha: float) -
     return Identity(statement, (post, pre, pre_linear), _names.axis_names(post), VALUE, sides)
 
 
-def _mixture(moe_module: nn.Module, layer: int, post: NormAtScale | None) -> Identity:
+def _mixture(moe_module: nn.Module, layer: int, post: NormAtScale | None, mlp_out: str) -> Identity:
     m = f"blocks.{layer}.mlp"
     indices, weights = f"{m}.hook_expert_indices", f"{m}.hook_expert_weights"
     outs = [f"{m}.experts.{e}.hook_out" for e in range(moe_module.num_experts)]
     on_input = _weights_on(moe_module, m) is not None
     shared = [f"{m}.hook_shared_out"] if hasattr(moe_module, "hook_shared_out") else []
-    mlp_out = _names.get_act_name("mlp_out", layer)
 
     def sides(get: Get) -> Sides:
         chosen, g = get(indices), get(weights)

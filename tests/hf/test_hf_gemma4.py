@@ -6,10 +6,10 @@ inputs 16 wide) is built here and compared with `transformers`: logits in float6
 throughout and float32, greedy generation, and each piece (the value norms, the global
 blocks' still pairs, the local blocks' own rotary width, the blocks' scalars, the per-layer
 inputs, the global blocks' keys serving as values) left out moving the logits. What is not
-imported is refused by name before any weight is read.
+imported is refused by name before any weight is read. The blocks sharing keys and values
+are tested in `test_hf_gemma4_kv_sharing.py`, the mixture of experts beside the MLP in
+`test_hf_gemma4_moe.py`.
 """
-
-import re
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ from helpers.generation import greedy_ours_and_transformers
 from helpers.twins import relative_worst, tiny_twin
 from torch import nn
 
-from hookedattn import HookedTransformer
+from hookedattn import HookedTransformer, HookedTransformerConfig
 from hookedattn.core.hf import _gemma4
 from hookedattn.testing import assert_residual_identities, published_constants
 
@@ -186,17 +186,6 @@ def test_what_is_not_imported_is_named(fields, named):
     assert named in _refusal("gemma4_unified_text", **fields)
 
 
-def test_layers_reusing_keys_and_values_are_named(tmp_path):
-    # The twin's 6 layers cannot share (no local layer before the shared ones to store):
-    # a folder of 12 layers, the last local and global ones reusing, holding no weights.
-    transformers.Gemma4UnifiedTextConfig(
-        num_hidden_layers=12, num_kv_shared_layers=2, architectures=["Gemma4UnifiedForCausalLM"]
-    ).save_pretrained(tmp_path)
-    named = "layers reusing earlier layers' keys and values (num_kv_shared_layers=2)"
-    with pytest.raises(ValueError, match=re.escape(named)):
-        HookedTransformer.from_hf(tmp_path)
-
-
 def test_a_per_layer_setting_not_read_is_named():
     config = transformers.Gemma4UnifiedTextConfig(
         num_hidden_layers=6, per_layer_config={5: {"head_dim": 512, "sliding_window": 8}}
@@ -205,20 +194,15 @@ def test_a_per_layer_setting_not_read_is_named():
         _gemma4.gemma4_fields(config)
 
 
-def test_the_mixture_beside_the_mlp_is_named():
-    message = _refusal("gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2,
-                       moe_intermediate_size=32)  # fmt: skip
-    assert "a mixture of experts beside the MLP (enable_moe_block=True)" in message
-
-
-def test_a_released_sized_config_alone_is_refused_before_any_weight(tmp_path):
-    # The E2B model's: its last 20 layers reuse earlier ones' keys and values; the folder
-    # holds no weights, so a refusal that read any would fail otherwise.
-    transformers.Gemma4TextConfig(
-        num_kv_shared_layers=20, architectures=["Gemma4ForCausalLM"]
-    ).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"keys and values \(num_kv_shared_layers=20\)"):
-        HookedTransformer.from_hf(tmp_path)
+def test_a_released_sized_config_shares_keys_as_transformers_does():
+    # The E2B model's sharing (its last 20 layers reusing, their MLPs twice as wide) on
+    # the default 30 layers: each layer's source and store as `kv_sharing_modes` says.
+    config = transformers.Gemma4TextConfig(num_kv_shared_layers=20, use_double_wide_mlp=True)
+    cfg = HookedTransformerConfig(**_gemma4.gemma4_fields(config))
+    assert (cfg.n_kv_shared_layers, cfg.d_mlp_kv_shared) == (20, 2 * config.intermediate_size)
+    ours = ["reuse" if cfg.kv_source_layer(i) is not None else "store" if cfg.layer_stores_kv(i)
+            else None for i in range(cfg.n_layers)]  # fmt: skip
+    assert ours == config.kv_sharing_modes
 
 
 def keys_as_values(model_type: str = "gemma4_text", seed: int = 0) -> nn.Module:

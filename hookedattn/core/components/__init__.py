@@ -75,6 +75,7 @@ from hookedattn.core.components.query_temperature import QueryTemperature
 from hookedattn.core.components.resid_scale import ResidScale
 from hookedattn.core.components.rg_lru import RGLRUMixer, linear_recurrence
 from hookedattn.core.components.rotary import Rotary, rotary_attention_factor, rotary_frequencies
+from hookedattn.core.components.shared_kv_attention import SharedKVAttention
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.components.soft_cap import SoftCap, make_soft_cap
 from hookedattn.core.components.sparsemixer import sparsemixer_weights
@@ -129,6 +130,7 @@ __all__ = [
     "RMSNormPre",
     "ResidScale",
     "Rotary",
+    "SharedKVAttention",
     "ShortConv",
     "SoftCap",
     "SubNormGatedMLP",

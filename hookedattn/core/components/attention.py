@@ -144,6 +144,9 @@ class Attention(nn.Module):
         )
         self.normalize_scores = self._softmax_with_sinks if cfg.use_attn_sinks else self._softmax
         self.fused = kernels.fuses_attention(cfg)
+        # Gemma 4's shared keys: a block that later blocks read (`n_kv_shared_layers`)
+        # leaves its keys and values in the context for them.
+        self.share = self._shared if cfg.layer_stores_kv(layer) else _unshared
 
     def _init_pattern_and_write(self, cfg: HookedTransformerConfig) -> None:
         """The hook points from the scores on, and how the heads' `z` are written back."""
@@ -218,6 +221,7 @@ class Attention(nn.Module):
         q, k = self._positioned(q, k, context)
         if past_kv is not None:
             k, v = past_kv.append(k, v)
+        self.share(k, v, context)
         # `written_out`, or one fused kernel, of the values as the heads read them
         z = kernels.attend(self, q, k, self.read_values(v), context)
         return self.write(self.hook_z(self.gated(z, query_input)))
@@ -234,6 +238,12 @@ class Attention(nn.Module):
     ) -> tuple[Queries, KeyValues]:
         q, k = self.apply_positions(q, k, context)
         return self.q_after(q), self.k_after(k)
+
+    def _shared(self, k: KeyValues, v: Values, context: AttentionContext) -> None:
+        """Leave the keys and values the heads read (a KV cache's positions first) in the
+        context, for the later blocks of this attention type that read them
+        (`components.shared_kv_attention`)."""
+        context.shared_kv[self.attn_type] = k, v
 
     def _ungated(self, z: HeadOutputs, query_input: AttnInput) -> HeadOutputs:
         return z
@@ -419,6 +429,10 @@ class GroupedQueryAttention(Attention):
 
 def _same(x: Tensor) -> Tensor:
     return x
+
+
+def _unshared(k: KeyValues, v: Values, context: AttentionContext) -> None:
+    """Nothing: no later block reads this block's keys and values."""
 
 
 def _heads_flattened(W_O: Tensor) -> Tensor:

@@ -38,7 +38,9 @@ holds; or, in Falcon-H1, a mixer beside the attention, both reading `ln1(resid_p
 (`ParallelMixerBlock`: `resid_mid = resid_pre + attn(...) + mixer(...)`, the mixer's write
 behind its own `hook_mixer_out`); or, in Nemotron-H, one sublayer per block: a block of
 its mixing sublayer alone (`AttnOnlyBlock`) or of its MLP alone (`MLPOnlyBlock`:
-`resid_post = resid_pre + mlp(ln2(resid_pre))`). A sequential block may scale the stream
+`resid_post = resid_pre + mlp(ln2(resid_pre))`). The MLP sublayer may hold a dense MLP
+and a mixture of experts side by side (Gemma 4's: `moe_beside_mlp`). A sequential block
+may scale the stream
 it leaves (`ResidScale`, Gemma 4's: `resid_post = w * (resid_mid + mlp_out)`), and add a
 third sublayer's write reading an input of its own (`PerLayerInputBlock`, Gemma 4's small
 sizes). In a shortformer model the queries and keys read the positions too:
@@ -70,6 +72,7 @@ from hookedattn.core.components.norm import make_ln1, make_ln2_post, make_norm, 
 from hookedattn.core.components.per_layer_input import PerLayerInput
 from hookedattn.core.components.resid_scale import ResidScale
 from hookedattn.core.components.rg_lru import RGLRUMixer
+from hookedattn.core.components.shared_kv_attention import SharedKVAttention
 from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
@@ -216,8 +219,34 @@ class AttnOnlyBlock(nn.Module):
             self.mlp_input = self._mlp_input
         self.ln2 = make_placed_norm(cfg, "pre", layer)
         self.mlp = _make_feed_forward(cfg, layer)
+        if cfg.moe_beside_mlp:
+            self._add_dense_beside_experts(cfg)
         self.ln2_post = make_ln2_post(cfg, layer)
         self.hook_mlp_out = HookPoint()
+
+    def _add_dense_beside_experts(self, cfg: HookedTransformerConfig) -> None:
+        """Gemma 4's MLP sublayer (`moe_beside_mlp`): a dense MLP `d_mlp_dense` wide beside
+        the mixture `mlp` (where the experts' hook points and analysis look for it), each
+        behind norms of its own, the router reading the stream through `ln_router`:
+
+            dense   = ln2_dense_post(mlp_dense(ln2(resid)))                  (hook_dense_out)
+            experts = ln2_moe_post(mlp(ln2_moe(resid), ln_router(resid)))   (hook_moe_out)
+            mlp_out = ln2_post(dense + experts)                              (hook_mlp_out)
+        """
+        self.mlp_dense = make_mlp(cfg, d_mlp=cfg.d_mlp_dense)
+        self.ln2_dense_post = make_norm(cfg)
+        self.hook_dense_out = HookPoint()
+        self.ln2_moe, self.ln_router, self.ln2_moe_post = (make_norm(cfg) for _ in range(3))
+        self.hook_moe_out = HookPoint()
+        self.feed_forward = self._dense_and_experts
+
+    def _dense_and_experts(self, resid: Resid) -> Resid:
+        """What the MLP sublayer writes with the mixture beside a dense MLP:
+        `ln2_post(dense + experts)` (`_add_dense_beside_experts`)."""
+        dense = self.hook_dense_out(self.ln2_dense_post(self.mlp_dense(self.mlp_input(resid))))
+        routed = self.mlp(self.ln2_moe(resid), self.ln_router(resid))
+        experts = self.hook_moe_out(self.ln2_moe_post(routed))
+        return self.hook_mlp_out(self.ln2_post(dense + experts))
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
@@ -412,9 +441,12 @@ class MLPOnlyBlock(AttnOnlyBlock):
 
 def make_attention(cfg: HookedTransformerConfig, layer: int) -> Attention:
     """The attention of block `layer`: one key/value head per query head, grouped, or
-    latent (`kv_lora_rank`), or differential (`differential_attention`); shaped as the
+    latent (`kv_lora_rank`), or differential (`differential_attention`), or reading an
+    earlier block's keys and values (`n_kv_shared_layers`); shaped as the
     block's own config says (`cfg.attention_config`: heads and widths per block)."""
     cfg = cfg.attention_config(layer)
+    if cfg.kv_source_layer(layer) is not None:
+        return SharedKVAttention(cfg, layer)
     if cfg.differential_attention:
         return make_differential_attention(cfg, layer)
     if cfg.is_latent_attention:
@@ -436,9 +468,12 @@ _MIXERS = {"short_conv": ShortConv, "mamba2": Mamba2Mixer, "mamba": MambaMixer,
 
 def _make_feed_forward(cfg: HookedTransformerConfig, layer: int) -> nn.Module:
     """The MLP of block `layer`: a mixture of experts, or dense (in every block, or in the
-    blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`)."""
+    blocks a mixture-of-experts model keeps dense, `d_mlp_dense` wide: `cfg.layer_is_moe`;
+    in the blocks sharing keys and values, `d_mlp_kv_shared` wide where set)."""
     if cfg.layer_is_moe(layer):
         return MoE(cfg)
+    if cfg.d_mlp_kv_shared is not None and cfg.kv_source_layer(layer) is not None:
+        return make_mlp(cfg, d_mlp=cfg.d_mlp_kv_shared)  # Gemma 4's `use_double_wide_mlp`
     return make_mlp(cfg, d_mlp=cfg.d_mlp_dense if cfg.is_moe else None)
 
 

@@ -2,7 +2,8 @@
 
     logits  = x @ W_router + b_router                     (hook_router_logits)  [batch pos expert]
     chosen  = the k largest of softmax(logits)            (hook_expert_indices) [batch pos k]
-    g       = softmax(logits)[chosen], / (their sum + norm_topk_eps) when norm_topk_prob
+    g       = softmax(logits)[chosen], / (their sum + norm_topk_eps) when norm_topk_prob,
+              * w_expert_scale[chosen] when router_expert_scale (Gemma 4's per-expert scale)
                                                           (hook_expert_weights) [batch pos k]
     expert e, on the rows of the tokens that chose it (experts.{e}.hook_*: [row ...]):
       pre    = x @ W_gate[e] + b_gate[e]                  (hook_in is x itself; hook_pre)
@@ -47,6 +48,9 @@ by a softmax over the logits near it among those not chosen before
 `b_router_choice` (HF's `e_score_correction_bias`) steers which experts are chosen, never
 their weights. A half-precision model routes in float32, as the reference does (which
 routes in float32 in every dtype: a float64 model here routes in float64).
+
+The router reads `x` too, or an input of its own where the block gives one (Gemma 4's,
+`moe_beside_mlp`: the stream through a norm of the router's own, `ln_router`).
 
 Each step reads the one before it through its hook point, so an edit there re-routes: edited
 logits choose again; edited indices take their own probabilities as weights (renormalised as
@@ -162,6 +166,10 @@ class MoE(nn.Module):
         self.routed_scaling_factor = cfg.routed_scaling_factor
         scaled = cfg.routed_scaling_factor != 1.0
         self.scaled = self._times_scaling_factor if scaled else self._as_chosen
+        self.expert_scaled = self._as_chosen_by
+        if cfg.router_expert_scale:  # Gemma 4: each expert's weight times its own scale
+            self.w_expert_scale = _param(cfg.num_experts, cfg=cfg)
+            self.expert_scaled = self._times_expert_scale
 
     def _add_shared_expert(self, cfg: HookedTransformerConfig) -> None:
         if cfg.d_mlp_shared is None:
@@ -176,8 +184,9 @@ class MoE(nn.Module):
             self.with_shared = self._plain_shared
         self.hook_shared_out = HookPoint()  # [batch pos d_model]
 
-    def forward(self, x: Resid) -> Resid:
-        indices, weights = self.route(x)
+    def forward(self, x: Resid, router_input: Resid | None = None) -> Resid:
+        """The mixture's output on `x`, routed by `router_input` (None: by `x`)."""
+        indices, weights = self.route(x if router_input is None else router_input)
         routed = kernels.mix_experts(self, x, indices, weights)  # grouped by expert
         return self.with_shared(x, routed)
 
@@ -188,6 +197,7 @@ class MoE(nn.Module):
         indices = self.hook_expert_indices(self.choose(scores))
         indices = kernels.checked_choice(self, indices)  # a hook's ids, in range
         weights = self.scaled(self.normalize(self.weigh(scores, indices)))
+        weights = self.expert_scaled(weights, indices)
         return indices, self.hook_expert_weights(weights.to(x.dtype))
 
     def _logits(self, x: Resid) -> Float[Tensor, "batch pos expert"]:
@@ -232,6 +242,12 @@ class MoE(nn.Module):
 
     def _times_scaling_factor(self, weights: Weights) -> Weights:
         return weights * self.routed_scaling_factor
+
+    def _as_chosen_by(self, weights: Weights, indices: Choice) -> Weights:
+        return weights
+
+    def _times_expert_scale(self, weights: Weights, indices: Choice) -> Weights:
+        return weights * self.w_expert_scale.to(weights.dtype)[indices]
 
     def expert(self, e: int, x: Rows) -> Rows:
         """Expert `e` on the rows of its tokens, unweighted, through its hook points."""

@@ -237,7 +237,8 @@ class StepRecorder:
         positions = [o + i for _, o, _, inputs in items for i in range(inputs[0].shape[1])]
         queries = torch.tensor(positions, device=q.device)
         layer = next(i for i, block in enumerate(self.model.blocks) if block.attn is attn)
-        entry = cache[layer]
+        source = self.model.cfg.kv_source_layer(layer)  # a block reading another's keys
+        entry = cache[layer if source is None else source]
         window = self.model.cfg.window_size
         chunked = self.model.cfg.window_chunked
         context = kernels.rows_context(cache.previous_attention_mask, queries, window, chunked)

@@ -23,10 +23,20 @@ and global layers by `layer_types`, each with a rotary of its own, the embedding
     inputs        from a table of the tokens and a projection of their embedding, read by a
                   third sublayer after the MLP (`d_per_layer_input`,
                   `components.per_layer_input`; HF's constants folded into the weights)
+    shared keys   the small sizes' (`num_kv_shared_layers`): the last blocks compute queries
+                  alone and read the keys and values of the last earlier block of their
+                  attention type (`n_kv_shared_layers`, `components.shared_kv_attention`;
+                  their `k_proj`, `v_proj`, `k_norm` are not read); with
+                  `use_double_wide_mlp` their MLPs twice as wide (`d_mlp_kv_shared`)
+    experts       the 26B-A4B's (`enable_moe_block`, where the config declares it): a
+                  mixture beside each block's dense MLP (`moe_beside_mlp`), each behind
+                  norms of its own, the router reading the stream through a norm of its own
+                  (its `scale` times `d_model ** -0.5`), each chosen expert's weight times
+                  its `per_expert_scale` (`router_expert_scale`)
 
-What this does not import is refused by name, before any weight is read: layers reusing
-earlier layers' keys and values (`num_kv_shared_layers`), the mixture of experts beside the
-MLP (`enable_moe_block`), bidirectional attention over all tokens
+What this does not import is refused by name, before any weight is read: every layer
+reusing another model's keys and values (`num_kv_shared_layers == num_hidden_layers`, the
+assistant models'), bidirectional attention over all tokens
 (`use_bidirectional_attention="all"`; "vision", the unified models' default, attends
 causally over text alone), and a `per_layer_config` setting anything but `head_dim` and
 `num_key_value_heads`.
@@ -40,11 +50,6 @@ from hookedattn.core.hf._family import Family, tied_unembedding
 from hookedattn.core.hf._llama import L
 from hookedattn.core.hf._table import Rule, Table, times, zeros
 
-# A config field switching on a piece not imported -> the piece's name.
-_UNIMPORTED = (
-    ("num_kv_shared_layers", "layers reusing earlier layers' keys and values"),
-    ("enable_moe_block", "a mixture of experts beside the MLP"),
-)
 _PER_LAYER_READ = {"head_dim", "num_key_value_heads"}
 
 
@@ -81,6 +86,7 @@ def gemma4_fields(hf_config: Any) -> dict[str, Any]:
         "resid_post_scale": True,
         "output_logits_soft_cap": c.final_logit_softcapping,
     }
+    fields |= _kv_sharing(c) | _experts(c)
     if getattr(c, "hidden_size_per_layer_input", None):  # the small sizes
         fields["d_per_layer_input"] = c.hidden_size_per_layer_input
         fields["d_vocab_per_layer_input"] = c.vocab_size_per_layer_input
@@ -94,10 +100,40 @@ def gemma4_fields(hf_config: Any) -> dict[str, Any]:
     return fields
 
 
+def _kv_sharing(c: Any) -> dict[str, Any]:
+    """The last layers reading earlier layers' keys and values, and their MLPs' width
+    (`use_double_wide_mlp`: twice `intermediate_size`, in those layers only)."""
+    n = getattr(c, "num_kv_shared_layers", 0) or 0
+    if not n:
+        return {}
+    wide = 2 * c.intermediate_size if getattr(c, "use_double_wide_mlp", False) else None
+    return {"n_kv_shared_layers": n, "d_mlp_kv_shared": wide}
+
+
+def _experts(c: Any) -> dict[str, Any]:
+    """The mixture of experts beside each block's dense MLP (`enable_moe_block`): experts
+    `moe_intermediate_size` wide, the dense MLP `intermediate_size`; the router's softmax
+    over every expert, the chosen renormalised, times each expert's own scale. Read where
+    the config declares the field (the unified models' do not, and build no mixture)."""
+    if not hasattr(type(c), "enable_moe_block") or not c.enable_moe_block:
+        return {}
+    return {
+        "moe_beside_mlp": True,
+        "num_experts": c.num_experts,
+        "experts_per_token": c.top_k_experts,
+        "norm_topk_prob": True,
+        "router_expert_scale": True,
+        "d_mlp": c.moe_intermediate_size,
+        "d_mlp_dense": c.intermediate_size,
+    }
+
+
 def _refuse_unimported(c: Any) -> None:
     """A ValueError naming every piece the config switches on that is not imported."""
-    said = [f"{name} ({field}={getattr(c, field)!r})"
-            for field, name in _UNIMPORTED if getattr(c, field, None)]  # fmt: skip
+    said = []
+    if (getattr(c, "num_kv_shared_layers", 0) or 0) >= c.num_hidden_layers:
+        said.append(f"every layer reusing another model's keys and values "
+                    f"(num_kv_shared_layers={c.num_kv_shared_layers})")  # fmt: skip
     if getattr(c, "use_bidirectional_attention", None) == "all":
         said.append("bidirectional attention (use_bidirectional_attention='all')")
     per_layer = c.to_dict().get("per_layer_config") or {}
@@ -113,14 +149,8 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     value norms without gains, each block's scalar; `W_E` times `sqrt(d_model)`."""
     bias = bool(getattr(hf_config, "attention_bias", False))
     normaliser = _gemma2.embedding_normaliser(hf_config, cfg.dtype, hf_model)
-    mlp_in, mlp_out = "d_mlp d_model -> d_model d_mlp", "d_model d_mlp -> d_mlp d_model"
     b, gain = "blocks.{layer}", "d_model -> d_model"
     every_block = [
-        Rule(f"{b}.mlp.W_gate", f"{L}.mlp.gate_proj.weight", mlp_in),
-        Rule(f"{b}.mlp.W_in", f"{L}.mlp.up_proj.weight", mlp_in),
-        Rule(f"{b}.mlp.W_out", f"{L}.mlp.down_proj.weight", mlp_out),
-        zeros(f"{b}.mlp.b_in", "d_mlp"),
-        zeros(f"{b}.mlp.b_out", "d_model"),
         Rule(f"{b}.ln2.w", f"{L}.pre_feedforward_layernorm.weight", gain),
         Rule(f"{b}.ln2_post.w", f"{L}.post_feedforward_layernorm.weight", gain),
         Rule(f"{b}.resid_scale.w", f"{L}.layer_scalar", "one -> one"),
@@ -129,6 +159,7 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
              adjust=_gemma2.scaled(normaliser)),
         *(r for layer in range(cfg.n_layers) for r in _attention(hf_config, cfg, layer, bias)),
+        *(r for layer in range(cfg.n_layers) for r in _feed_forward(cfg, layer)),
         *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
         Rule("ln_final.w", "model.norm.weight", gain),
         Rule("unembed.W_U", "lm_head.weight", "d_vocab_out d_model -> d_model d_vocab_out"),
@@ -139,10 +170,61 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     return Table(
         rules=tuple(rules),
         aliases=tied_unembedding(hf_config, "model.embed_tokens.weight"),
-        ignored=(r"rotary_emb\.",),
+        ignored=(r"rotary_emb\.", *_unread_keys(cfg)),
         label="Gemma 4",
         base_prefix="model.",
     )
+
+
+def _feed_forward(cfg: HookedTransformerConfig, layer: int) -> list[Rule]:
+    """Block `layer`'s gated MLP, `d_mlp` wide, or `d_mlp_kv_shared` in a block reading an
+    earlier block's keys and values where that is set (`use_double_wide_mlp`); with the
+    mixture beside it (`moe_beside_mlp`), `d_mlp_dense` wide, and the mixture."""
+    wide = cfg.d_mlp_kv_shared is not None and cfg.kv_source_layer(layer) is not None
+    d_mlp = "d_mlp_kv_shared" if wide else "d_mlp_dense" if cfg.moe_beside_mlp else "d_mlp"
+    ours = "mlp_dense" if cfg.moe_beside_mlp else "mlp"
+    b, n = f"blocks.{layer}", L.replace("{layer}", str(layer))
+    into, out_of = f"{d_mlp} d_model -> d_model {d_mlp}", f"d_model {d_mlp} -> {d_mlp} d_model"
+    dense = [
+        Rule(f"{b}.{ours}.W_gate", f"{n}.mlp.gate_proj.weight", into),
+        Rule(f"{b}.{ours}.W_in", f"{n}.mlp.up_proj.weight", into),
+        Rule(f"{b}.{ours}.W_out", f"{n}.mlp.down_proj.weight", out_of),
+        zeros(f"{b}.{ours}.b_in", d_mlp),
+        zeros(f"{b}.{ours}.b_out", "d_model"),
+    ]
+    return dense + (_mixture(cfg, b, n) if cfg.moe_beside_mlp else [])
+
+
+def _mixture(cfg: HookedTransformerConfig, b: str, n: str) -> list[Rule]:
+    """Block `b`'s mixture beside its dense MLP (`moe_beside_mlp`): the router's norm
+    (its gain `scale` times `d_model ** -0.5`, `transformers`' constant folded in), map and
+    experts' scales; the experts (`gate_up_proj` the gate's half, then the up map's); the
+    norms around the dense MLP's output and the mixture."""
+    gate_up = "expert (gate_up d_mlp) d_model -> gate_up expert d_model d_mlp"
+    down = "expert d_model d_mlp -> expert d_mlp d_model"
+    gain, m = "d_model -> d_model", f"{b}.mlp"
+    return [
+        Rule(f"{b}.ln_router.w", f"{n}.router.scale", gain, adjust=times(cfg.d_model**-0.5)),
+        Rule(f"{m}.W_router", f"{n}.router.proj.weight", "expert d_model -> d_model expert"),
+        zeros(f"{m}.b_router", "expert"),
+        Rule(f"{m}.w_expert_scale", f"{n}.router.per_expert_scale", "expert -> expert"),
+        Rule(f"{m}.W_gate", f"{n}.experts.gate_up_proj", gate_up, pick=0),
+        Rule(f"{m}.W_in", f"{n}.experts.gate_up_proj", gate_up, pick=1),
+        Rule(f"{m}.W_out", f"{n}.experts.down_proj", down),
+        *(zeros(f"{m}.{name}", "expert d_mlp") for name in ("b_gate", "b_in")),
+        zeros(f"{m}.b_out", "expert d_model"),
+        Rule(f"{b}.ln2_dense_post.w", f"{n}.post_feedforward_layernorm_1.weight", gain),
+        Rule(f"{b}.ln2_moe.w", f"{n}.pre_feedforward_layernorm_2.weight", gain),
+        Rule(f"{b}.ln2_moe_post.w", f"{n}.post_feedforward_layernorm_2.weight", gain),
+    ]  # fmt: skip
+
+
+def _unread_keys(cfg: HookedTransformerConfig) -> tuple[str, ...]:
+    """The keys' and values' weights a checkpoint may hold for the layers reading an
+    earlier layer's (`transformers` ignores them on load too)."""
+    shared = [layer for layer in range(cfg.n_layers) if cfg.kv_source_layer(layer) is not None]
+    return tuple(rf"layers\.{layer}\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\."
+                 for layer in shared)  # fmt: skip
 
 
 def _per_layer_input_rules(
@@ -179,7 +261,8 @@ def _per_layer_input_rules(
 
 def _attention(hf_config: Any, cfg: HookedTransformerConfig, layer: int, bias: bool) -> list[Rule]:
     """Block `layer`'s attention by its own heads (`cfg.attention_config`), its q/k norms'
-    gains and the norms around it. A global block of a model whose keys serve as values
+    gains and the norms around it (a block reading an earlier block's keys and values: its
+    queries' alone). A global block of a model whose keys serve as values
     (`attention_k_eq_v`: it has no `v_proj`) reads its values by its keys' map, `W_V = W_K`
     (the keys before their norm and rotation, as `transformers` takes them)."""
     own = cfg.attention_config(layer)
@@ -193,7 +276,7 @@ def _attention(hf_config: Any, cfg: HookedTransformerConfig, layer: int, bias: b
     def biased(ours: str, hf: str, axes: str) -> Rule:
         return Rule(ours, hf, f"({axes}) -> {axes}") if bias else zeros(ours, axes)
 
-    return [
+    rules = [
         Rule(f"{b}.ln1.w", f"{n}.input_layernorm.weight", "d_model -> d_model"),
         Rule(f"{b}.attn.W_Q", f"{a}.q_proj.weight", "(head d_head) d_model -> head d_model d_head"),
         Rule(f"{b}.attn.{k_name}", f"{a}.k_proj.weight",
@@ -209,6 +292,12 @@ def _attention(hf_config: Any, cfg: HookedTransformerConfig, layer: int, bias: b
         Rule(f"{b}.attn.k_norm.w", f"{a}.k_norm.weight", "d_head -> d_head"),
         Rule(f"{b}.ln1_post.w", f"{n}.post_attention_layernorm.weight", "d_model -> d_model"),
     ]  # fmt: skip
+    if cfg.kv_source_layer(layer) is None:
+        return rules
+    # A layer reading an earlier layer's keys and values has none of its own.
+    own = {f"{b}.attn.{name}" for name in (k_name, v_name, "k_norm.w")}
+    own |= {f"{b}.attn.{name.replace('W', 'b')}" for name in (k_name, v_name)}
+    return [rule for rule in rules if rule.ours not in own]
 
 
 FAMILY = Family("Gemma4ForCausalLM", "gemma4_text", gemma4_fields, gemma4_table)

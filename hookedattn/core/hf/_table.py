@@ -163,6 +163,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "d_kv": cfg.d_head - (cfg.rotary_dim or 0) + cfg.d_value,
         "d_head_v": cfg.d_value,
         "d_mlp_dense": cfg.d_mlp_dense or 0,
+        "d_mlp_kv_shared": cfg.d_mlp_kv_shared or 0,  # Gemma 4's double-wide MLPs
         # A lightning indexer's heads and their width (`components.indexer`).
         "index_head": cfg.index_n_heads,
         "d_index": cfg.index_head_dim or 0,

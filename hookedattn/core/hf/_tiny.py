@@ -15,7 +15,9 @@ names `transformers`' configs use for one thing differ: `hidden_size`, `n_embd`,
     layers        every per-layer list (`layer_types`, `mlp_layer_types`, ...), list of
                   layer indices (`mlp_only_layers`) and per-layer settings map cut to the
                   shortest prefix holding each of its kinds (at least 2 layers; where that
-                  is over 8, each run of equal layers kept once), and renumbered
+                  is over 8, each run of equal layers kept once), and renumbered; the
+                  layers reading earlier layers' keys and values (`num_kv_shared_layers`)
+                  shrunk apart, after those (one per run, at most 2)
 
 Everything else (norms and their epsilons, activations, rotary bases and scalings, soft
 caps, biases, tied embeddings, which layers are dense) is the config's own; a head width
@@ -214,9 +216,13 @@ def _shrunk_layers(fields: dict[str, Any], layers: int) -> dict[str, Any]:
         *([i in chosen for i in range(layers)] for chosen in indices.values()),
         *([repr(m.get(i)) for i in range(layers)] for m in maps.values()),
     ]
-    keep = _kept(columns, layers)
+    shared = fields.get("num_kv_shared_layers")
+    sharing = _is_int(shared) and 0 < shared < layers
+    keep = _kept_sharing(columns, layers, shared) if sharing else _kept(columns, layers)
     n = len(keep)
     out: dict[str, Any] = {k: n for k in _LAYERS if _is_int(fields.get(k))}
+    if sharing:
+        out["num_kv_shared_layers"] = sum(i >= layers - shared for i in keep)
     out |= {k: [v[i] for i in keep] for k, v in lists.items()}
     out |= {k: [j for j, i in enumerate(keep) if i in chosen] for k, chosen in indices.items()}
     out |= {
@@ -235,15 +241,25 @@ def _shrunk_layers(fields: dict[str, Any], layers: int) -> dict[str, Any]:
     return out
 
 
-def _kept(columns: list[list[Any]], layers: int) -> list[int]:
+def _kept(columns: list[list[Any]], layers: int, limit: int = MAX_LAYERS) -> list[int]:
     if not columns:
         return [0, 1]
     needed = max(_first_of_each(column) for column in columns) + 1
-    if needed <= MAX_LAYERS:
+    if needed <= limit:
         return list(range(max(needed, 2)))
     rows = list(zip(*columns, strict=True))
-    runs = [i for i in range(layers) if i == 0 or rows[i] != rows[i - 1]][:MAX_LAYERS]
+    runs = [i for i in range(layers) if i == 0 or rows[i] != rows[i - 1]][:limit]
     return runs if len(runs) >= 2 else [0, 1]
+
+
+def _kept_sharing(columns: list[list[Any]], layers: int, shared: int) -> list[int]:
+    """The layers kept where the last `shared` read earlier layers' keys and values
+    (`num_kv_shared_layers`, Gemma 4's): those before them shrunk as any (at most
+    `MAX_LAYERS - 2`), then one shared layer per run of equal ones, at most 2."""
+    first = layers - shared
+    head = _kept([column[:first] for column in columns], first, MAX_LAYERS - 2)[:first]
+    tail = _kept([column[first:] for column in columns], shared, 2)[:shared]
+    return head + [first + i for i in tail]
 
 
 def _shrunk_setting(setting: Any, fields: dict[str, Any]) -> Any:

@@ -54,6 +54,12 @@ class AttentionContext:
     # The positions of every key (those of a KV cache first) where padding makes them other
     # than `0..n_keys-1`; None where it does not. Read by ALiBi (`components.alibi`).
     padded_key_positions: Int[Tensor, "batch key_pos"] | None = None
+    # The keys and values a block computed for later blocks of its attention type to read,
+    # by attention type, filled as the forward runs (`n_kv_shared_layers`:
+    # `components.shared_kv_attention`); empty otherwise.
+    shared_kv: dict[str, tuple[Tensor, Tensor]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
     # How the forward's fused kernels are checked for non-finite values (`_guard`).
     guard: FiniteGuard = dataclasses.field(default_factory=FiniteGuard, repr=False, compare=False)
     _additive: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)

@@ -88,6 +88,11 @@ def _not_split(cfg: HookedTransformerConfig) -> str | None:
             "n_heads_layers, d_head_layers, n_key_value_heads_layers, attn_sinks_layers), "
             f"whose heads are not split over ranks yet; {_ELSEWHERE}"
         )
+    if cfg.n_kv_shared_layers:
+        return (
+            f"this model's last {cfg.n_kv_shared_layers} blocks read earlier blocks' keys and "
+            f"values (n_kv_shared_layers), which are not split over ranks yet; {_ELSEWHERE}"
+        )
     if cfg.differential_attention:
         return (
             "this model's attention is differential, whose query heads i and i + n_heads/2 "
