@@ -420,6 +420,29 @@ class ConfigChecks:
         if refused:
             raise ValueError(f"differential_attention cannot go with {', '.join(refused)}")
 
+    def _check_routed_gate(self) -> None:
+        """A routed gate (`attn_gate="routed"`) picks `attn_gate_top_k` of the query heads
+        sharing each key/value head, one factor per head."""
+        routed = self.attn_gate == "routed"
+        if not routed and self.attn_gate_top_k is None:
+            return
+        if not routed:
+            raise ValueError(
+                f"attn_gate_top_k={self.attn_gate_top_k} is how many heads a routed gate keeps: "
+                f'it needs attn_gate="routed" (got attn_gate={self.attn_gate!r})'
+            )
+        group = self.n_heads // self.n_kv_heads
+        top_k = self.attn_gate_top_k
+        if not self.attn_gate_per_head or top_k is None or not 1 <= top_k <= group:
+            raise ValueError(
+                f'attn_gate="routed" keeps attn_gate_top_k of the {group} query heads sharing '
+                f"each key/value head, one factor per head: it needs attn_gate_per_head=True "
+                f"and 1 <= attn_gate_top_k <= {group} (got attn_gate_per_head="
+                f"{self.attn_gate_per_head}, attn_gate_top_k={top_k})"
+            )
+        if self.is_latent_attention:
+            raise ValueError('attn_gate="routed" routes grouped query heads, not latent ones')
+
     def _check_latent_attention(self) -> None:
         if self.kv_lora_rank is None:
             if self.q_lora_rank is not None:

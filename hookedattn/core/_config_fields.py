@@ -17,7 +17,7 @@ NORMALIZATION_PLACEMENTS: tuple[str, ...] = ("pre", "post", "pre_and_post", "pos
 POSITIONAL_EMBEDDING_TYPES: tuple[str, ...] = ("standard", "shortformer", "rotary", "alibi", "none")
 ATTN_TYPES: tuple[str, ...] = ("global", "local")
 ROUTER_SCORINGS: tuple[str, ...] = ("softmax", "sigmoid", "softmax_biased", "sparsemixer")
-ATTN_GATES: tuple[str, ...] = ("sigmoid", "softplus")
+ATTN_GATES: tuple[str, ...] = ("sigmoid", "softplus", "routed")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -109,6 +109,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "differential_attention": _FLAG,
     "attn_gate": FieldSpec(str, choices=ATTN_GATES, optional=True),
     "attn_gate_per_head": _FLAG,
+    "attn_gate_top_k": FieldSpec(int, low=1, high=1 << 16, optional=True),
     "window_size": FieldSpec(int, low=1, high=1 << 24, optional=True),
     "attn_types": FieldSpec(tuple, item_choices=ATTN_TYPES, optional=True),
     "window_chunked": _FLAG,

@@ -177,6 +177,9 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
       multiplied by `gate(x @ W_G[h] + b_G[h])` of the attention's input before `W_O`
       reads it, one factor per dimension of the head, or one per head
       (`attn_gate_per_head`); latent attention's too (Bailing Hybrid's, one per head).
+      "routed" (JetMoE's mixture of attention heads): the query heads sharing a key/value
+      head are experts, and each position keeps `attn_gate_top_k` of each group's, their
+      gates the softmax of the chosen logits `x @ W_G[h] + b_G[h]`, the others' 0.
     - `differential_attention` (DiffLlama; Ye et al. 2024): query heads `i` and `i +
       n_heads / 2` read the same pair of value heads side by side, and their two `z` are
       subtracted, `z[i] - lambda z[i + n_heads / 2]`, RMS-normed per pair and scaled by
@@ -347,6 +350,7 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
     differential_attention: bool = False
     attn_gate: str | None = None
     attn_gate_per_head: bool = False
+    attn_gate_top_k: int | None = None
     window_size: int | None = None
     attn_types: tuple[str, ...] | None = None
     window_chunked: bool = False
@@ -427,6 +431,7 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
         self._check_layer_shapes()
         self._check_resid_post_scale()
         self._check_kv_sharing()
+        self._check_routed_gate()
 
     def _derive_heads(self) -> None:
         set_ = lambda field, value: object.__setattr__(self, field, value)

@@ -153,7 +153,7 @@ def test_an_unsupported_family_lists_the_supported_ones():
         HookedTransformer.from_hf(bert)
     assert "cannot import BertModel (model_type='bert')" in str(error.value)
     assert ", ".join(SUPPORTED_ARCHITECTURES) in str(error.value)
-    assert len(SUPPORTED_ARCHITECTURES) == 21
+    assert len(SUPPORTED_ARCHITECTURES) == 22
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from hookedattn.core.hf import (
     _gpt_oss,
     _gptj,
     _indexer,
+    _jetmoe,
     _llama,
     _loading,
     _mimo_v2_flash,
@@ -71,6 +72,7 @@ FAMILIES: tuple[Family, ...] = (
     _diffllama.FAMILY,
     _mimo_v2_flash.FAMILY,
     _minimax.FAMILY,
+    _jetmoe.FAMILY,
     _indexer.DEEPSEEK_V32,
     _indexer.GLM_MOE_DSA,
 )

@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from einops import rearrange
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
@@ -37,6 +36,7 @@ from hookedattn.core.hf._table import (
     constant,
     our_shape,
     plus_first_row,
+    reshaped,
     sizes_by_rule,
 )
 
@@ -153,7 +153,7 @@ def read_rule(
     read = _read_runs(source, stored, runs)
     tensor = read.to(device=device, dtype=dtype)
     used = set(re.findall(r"\w+", rule.pattern))
-    tensor = rearrange(tensor, rule.pattern, **{n: s for n, s in local.items() if n in used})
+    tensor = reshaped(tensor, rule.pattern, {n: s for n, s in local.items() if n in used})
     if rule.pick is not None:
         tensor = tensor[0]
     if rule.adjust is not None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 import torch
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import Tensor
 
 from hookedattn.core._weights_io import CheckpointError
@@ -151,6 +151,7 @@ def axis_sizes(cfg: HookedTransformerConfig) -> dict[str, int]:
         "mp_shard": 4,
         "shard_head": cfg.n_heads // 4,
         "expert": cfg.num_experts or 0,
+        "group": cfg.n_heads // cfg.n_kv_heads,  # query heads per key/value head
         "d_mlp_shared": cfg.d_mlp_shared or 0,
         "gate_up": 2,  # a fused gated MLP's two reads
         "one": 1,
@@ -398,12 +399,20 @@ def _converted(
     tensor = tensor.to(device=device, dtype=dtype)
     used = set(re.findall(r"\w+", rule.pattern))
     axes = {name: size for name, size in sizes.items() if name in used}
-    tensor = rearrange(tensor, rule.pattern, **axes)
+    tensor = reshaped(tensor, rule.pattern, axes)
     if rule.pick is not None:
         tensor = tensor[rule.pick]
     if rule.adjust is not None:
         tensor = rule.adjust(tensor).to(dtype)
     return tensor
+
+
+def reshaped(tensor: Tensor, pattern: str, axes: Mapping[str, int]) -> Tensor:
+    """`tensor` by the einops `pattern`: rearranged, or repeated along the axes its right
+    side names and its left does not (one HF tensor that several of ours hold, as JetMoE's
+    router row is every head of its expert's)."""
+    left, right = (set(re.findall(r"\w+", side)) for side in pattern.split("->"))
+    return (repeat if right - left else rearrange)(tensor, pattern, **axes)
 
 
 def _owning(tensor: Tensor, stored: Tensor) -> Tensor:
