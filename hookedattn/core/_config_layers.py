@@ -7,7 +7,7 @@ values a block reads).
 so every component and importer asks here rather than reading a per-layer list itself.
 """
 
-from typing import Any, Self
+from typing import Any
 
 
 class LayerQueries:
@@ -114,7 +114,7 @@ class LayerQueries:
                  self.attn_sinks_layers)  # fmt: skip
         return any(values is not None for values in lists)
 
-    def attention_config(self, layer: int) -> Self:
+    def attention_config(self, layer: int) -> "LayerQueries":
         """The config block `layer`'s attention is built from: this one, with the block's
         entries of `n_heads_layers`, `d_head_layers`, `n_key_value_heads_layers` and
         `attn_sinks_layers` as its own `n_heads`, `d_head`, `n_key_value_heads` and
