@@ -43,8 +43,8 @@ from helpers.hf_pairs import (
     max_abs,
     pair_fixtures,
 )
+from helpers.wide_tensors import LargeFloat32Tensors
 from safetensors.torch import load_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import HookedTransformer
 from hookedattn.testing import assert_residual_identities
@@ -192,27 +192,11 @@ def test_the_import_shares_no_memory_with_the_hf_model(pair32):
     assert_shares_no_memory_with_hf(pair32)
 
 
-class _LargeFloat32Tensors(TorchDispatchMode):
-    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.seen = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
-            if wide and t.numel() >= self.numel:
-                self.seen.append((str(func), tuple(t.shape)))
-        return out
-
-
 @pytest.mark.parametrize("case", ["mixtral", "gpt_oss"])
 def test_a_bfloat16_directory_loads_without_a_float32_copy(case, tmp_path):
     make_hf(case).to(torch.bfloat16).save_pretrained(tmp_path)
     smallest = 32 * 8  # no float32 tensor as large as one expert's smallest matrix
-    with _LargeFloat32Tensors(smallest) as recorder:
+    with LargeFloat32Tensors(smallest) as recorder:
         model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
     assert recorder.seen == []
     stored = load_file(str(tmp_path / "model.safetensors"))
