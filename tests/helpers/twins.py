@@ -75,3 +75,55 @@ def assert_files_read_as_the_live_model(reference: nn.Module, folder) -> None:
     live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(folder)
     for name, tensor in live.state_dict().items():
         assert torch.equal(saved.state_dict()[name], tensor), name
+
+
+def assert_saved_twin_loads_like_the_live_model(reference: nn.Module, folder) -> None:
+    """`reference` saved under `folder / "model"` and imported from there holds the live
+    import's tensors under the same names, each equal."""
+    from hookedattn import HookedTransformer
+
+    live = HookedTransformer.from_hf(reference)
+    reference.save_pretrained(folder / "model")
+    loaded = HookedTransformer.from_hf(folder / "model")
+    ours = live.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
+
+
+def assert_saves_and_loads(model, folder, tokens: torch.Tensor) -> None:
+    """`model` saved under `folder / "ours"` loads with its config and exactly its logits on
+    `tokens`."""
+    from hookedattn import HookedTransformer
+
+    model.save(folder / "ours")
+    loaded = HookedTransformer.load(folder / "ours")
+    assert loaded.cfg == model.cfg
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+def write_worst(reference: nn.Module, ours: str, layer: int, piece: str, tokens) -> float:
+    """The `relative_worst` of our import's hook point `ours` from what `reference`'s layer
+    `layer`'s submodule `piece` returns, both reading `tokens`."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=ours)
+    return relative_worst(cache[ours], piece_output(reference, layer, piece, tokens))
+
+
+def attn_out_worsts(reference: nn.Module, tokens: torch.Tensor) -> list[float]:
+    """For each layer, the `relative_worst` of our import's `hook_attn_out` from what
+    `reference`'s `self_attn` returns (its first output), both reading `tokens`."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    seen = {}
+    for i, layer in enumerate(reference.model.layers):
+        hook = lambda m, args, out, i=i: seen.update({i: out[0]})
+        layer.self_attn.register_forward_hook(hook)
+    with torch.no_grad():
+        reference(tokens)
+        _, cache = model.run_with_cache(tokens)
+    return [relative_worst(cache[f"blocks.{i}.hook_attn_out"], seen[i]) for i in sorted(seen)]
