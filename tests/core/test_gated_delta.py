@@ -15,6 +15,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
@@ -137,8 +138,6 @@ def test_gated_delta_generation_reruns_the_prefix() -> None:
 
 def test_a_gated_delta_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid(delta_beta_scale=2.0)  # a setting that must travel with the config
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS

@@ -18,6 +18,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
@@ -138,11 +139,9 @@ def test_kimi_delta_generation_reruns_the_prefix(settings) -> None:
 
 def test_a_kimi_delta_hybrid_saves_and_loads(tmp_path, settings) -> None:
     model = _hybrid(settings)
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS
 
 
 def test_the_bounded_decay_keeps_at_least_its_bound() -> None:

@@ -16,6 +16,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import silu, softplus
 
 from hookedattn import HookedTransformer
@@ -126,11 +127,9 @@ def test_mamba_hybrid_hook_points_and_decomposition_sum() -> None:
 
 def test_a_mamba_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid()
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.bcdt_norm
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(8))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.bcdt_norm
 
 
 def test_a_fresh_mamba_mixer_has_unit_gains_and_writes() -> None:

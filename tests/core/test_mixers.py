@@ -16,6 +16,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.causal_conv import causal_conv
@@ -192,11 +193,8 @@ def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
 def test_a_hybrid_saves_and_loads(tmp_path) -> None:
     model = HookedTransformer(hybrid_cfg(("mamba2", "attention", "short_conv")))
     randomised(model, 13)
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
 
 
 def test_a_fresh_hybrid_writes_through_its_mixers() -> None:

@@ -18,6 +18,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.rg_lru import RGLRUMixer
@@ -114,8 +115,6 @@ def test_rg_lru_generation_reruns_the_prefix() -> None:
 
 def test_an_rg_lru_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid()
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS

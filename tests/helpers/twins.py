@@ -91,17 +91,6 @@ def assert_saved_twin_loads_like_the_live_model(reference: nn.Module, folder) ->
         assert torch.equal(tensor, ours[name]), name
 
 
-def assert_saves_and_loads(model, folder, tokens: torch.Tensor) -> None:
-    """`model` saved under `folder / "ours"` loads with its config and exactly its logits on
-    `tokens`."""
-    from hookedattn import HookedTransformer
-
-    model.save(folder / "ours")
-    loaded = HookedTransformer.load(folder / "ours")
-    assert loaded.cfg == model.cfg
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
-
-
 def write_worst(reference: nn.Module, ours: str, layer: int, piece: str, tokens) -> float:
     """The `relative_worst` of our import's hook point `ours` from what `reference`'s layer
     `layer`'s submodule `piece` returns, both reading `tokens`."""

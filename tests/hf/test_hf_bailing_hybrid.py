@@ -25,10 +25,10 @@ import dataclasses
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.saving import assert_saves_and_loads
 from helpers.twins import (
     assert_decomposition_sums,
     assert_files_read_as_the_live_model,
-    assert_saves_and_loads,
     relative_worst,
     streams_worst,
     tiny_twin,
@@ -145,7 +145,7 @@ def test_the_multi_token_prediction_layer_in_the_files_is_not_read(tmp_path):
 
 def test_an_import_saves_and_loads(tmp_path):
     model = HookedTransformer.from_hf(twin(seed=9, max_position_embeddings=64))
-    assert_saves_and_loads(model, tmp_path, TOKENS)
+    assert_saves_and_loads(model, tmp_path / "ours", TOKENS)
 
 
 def test_clipped_expert_swiglus_are_refused_by_name():

@@ -21,10 +21,10 @@ import dataclasses
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.saving import assert_saves_and_loads
 from helpers.twins import (
     assert_decomposition_sums,
     assert_files_read_as_the_live_model,
-    assert_saves_and_loads,
     relative_worst,
     streams_worst,
     tiny_twin,
@@ -117,7 +117,7 @@ def test_the_files_are_read_as_the_live_model(tmp_path):
 
 def test_an_import_saves_and_loads(tmp_path):
     model = HookedTransformer.from_hf(twin(seed=9, max_position_embeddings=64))
-    assert_saves_and_loads(model, tmp_path, TOKENS)
+    assert_saves_and_loads(model, tmp_path / "ours", TOKENS)
 
 
 def test_a_delta_convolution_of_another_activation_is_refused_by_name():
