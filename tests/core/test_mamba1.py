@@ -7,6 +7,7 @@ rounding)."""
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -110,18 +111,13 @@ def test_padding_reaches_no_real_token_through_a_mamba_mixer(side: str) -> None:
 
 
 def test_mamba_hybrid_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(7))
     _, cache = model.run_with_cache(tokens)
     assert cache["blocks.0.mixer.hook_state"].shape == (2, 8, D_INNER, D_STATE)
     assert "blocks.2.mixer.hook_out" in cache and "blocks.1.attn.hook_pattern" in cache
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    heads = decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    heads = decompositions["head"].labels
     assert "L0_mamba" in heads and "L2_mamba" in heads and "L1H2" in heads
 
 

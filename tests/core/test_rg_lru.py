@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -81,19 +82,14 @@ def _hybrid(**mixer) -> HookedTransformer:
 
 
 def test_rg_lru_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(6))
     _, cache = model.run_with_cache(tokens)
     a, h = cache["blocks.0.mixer.hook_decay"], cache["blocks.0.mixer.hook_state"]
     assert a.shape == h.shape == (2, 8, 24)
     assert bool(((a > 0) & (a < 1)).all())
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    assert "L0_rg_lru" in decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    assert "L0_rg_lru" in decompositions["head"].labels
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

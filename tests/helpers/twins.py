@@ -4,6 +4,7 @@ tests of single architectures (`tests/hf/test_hf_*.py`)."""
 import torch
 from torch import nn
 
+from helpers.decomposition import assert_decomposition_sums_in
 from hookedattn.core.hf import _tiny
 
 
@@ -57,14 +58,9 @@ def piece_output(reference: nn.Module, layer: int, piece: str, tokens: torch.Ten
 def assert_decomposition_sums(model, tokens: torch.Tensor, granularities: tuple[str, ...]) -> None:
     """`decompose_resid` of `model` on `tokens` at each granularity sums to the last stream
     (float64: to 1e-10)."""
-    from analysis import decompose_resid
-
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    for granularity in granularities:
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    assert_decomposition_sums_in(model, cache, granularities)
 
 
 def assert_files_read_as_the_live_model(reference: nn.Module, folder) -> None:
