@@ -112,3 +112,14 @@ def attn_out_worsts(reference: nn.Module, tokens: torch.Tensor) -> list[float]:
         reference(tokens)
         _, cache = model.run_with_cache(tokens)
     return [relative_worst(cache[f"blocks.{i}.hook_attn_out"], seen[i]) for i in sorted(seen)]
+
+
+def logits_worst(reference: nn.Module, tokens: torch.Tensor) -> float:
+    """The `relative_worst` of our import's logits on `tokens` from `reference`'s."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        logits = model(tokens)
+    return relative_worst(logits, expected)

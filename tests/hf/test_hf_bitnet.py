@@ -9,7 +9,12 @@ import pytest
 import torch
 from einops import rearrange
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import assert_saved_twin_loads_like_the_live_model, relative_worst, tiny_twin
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    logits_worst,
+    relative_worst,
+    tiny_twin,
+)
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -52,12 +57,7 @@ def test_bitnet_sublayers_are_transformers_in_float64():
 
 
 def test_bitnet_logits_are_transformers():
-    reference = twin(seed=3)
-    model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS).logits
-        logits = model(TOKENS)
-    assert relative_worst(logits, expected) <= 1e-5
+    assert logits_worst(twin(seed=3), TOKENS) <= 1e-5
 
 
 def test_bitnet_greedy_generation_is_transformers():
