@@ -23,7 +23,7 @@ weights, batch order) comes from `seed`, so a run is repeatable.
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +34,9 @@ from tqdm.auto import tqdm
 
 from hookedattn.sae import _objectives
 from hookedattn.sae._resampling import resample_dead
+from hookedattn.sae._training_loop import TrainingStep, epochs, report
 from hookedattn.sae.autoencoder import SparseAutoencoder
 from hookedattn.sae.config import SAEConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingStep:
-    """What one logged step measured, on its own batch of normalised rows."""
-
-    step: int
-    tokens: int
-    loss: float
-    l0: float
-    fve: float
-    dead: int
 
 
 def train_sae(
@@ -95,7 +84,7 @@ def train_sae(
     schedule = _Schedule(steps, batch_size, seed, resample_every, dead_window, log_every,
                          checkpoint_every, checkpoint_dir)  # fmt: skip
     bar = tqdm(total=steps, disable=not progress, desc=f"SAE {name}", unit="step")
-    batches = _batches(store, name, batch_size, seed, steps)
+    batches = (batch for (batch,) in epochs(store, [name], batch_size, seed, steps))
     _train(sae, objective, torch.optim.Adam(sae.parameters(), lr=lr), batches, (mean, scale),
            schedule, bar, log)  # fmt: skip
     bar.close()
@@ -147,7 +136,7 @@ def _train(
             record = _measure(
                 step, run.batch_size, loss, acts, x, recons, since_fired, run.dead_window
             )
-            _report(bar, log, record)
+            report(bar, log, record)
         _checkpoint(sae, mean, scale, step, run.checkpoint_every, run.checkpoint_dir)
         bar.update()
 
@@ -195,14 +184,6 @@ def _resampled(
     dead = since_fired >= dead_window
     revived = resample_dead(sae, optimizer, x, dead, (seed << 32) + step)
     return torch.where(revived, 0, since_fired)
-
-
-def _report(bar: Any, log: list[TrainingStep] | None, record: TrainingStep) -> None:
-    """Show a step's numbers on the progress bar, and keep them in `log` if given."""
-    bar.set_postfix(loss=f"{record.loss:.3g}", L0=f"{record.l0:.1f}",
-                    FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
-    if log is not None:
-        log.append(record)
 
 
 def _checkpoint(
@@ -311,29 +292,6 @@ def _check_extras(lr, bandwidth, threshold, checkpoint_dir, **counts) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             kind = "a positive int or None" if optional else "a positive int"
             raise ValueError(f"{field} must be {kind}, got {value!r}")
-
-
-def _batches(store: Any, name: str, batch_size: int, seed: int, steps: int) -> Iterator[Tensor]:
-    """`steps` full batches, epoch after epoch, each epoch in its own shuffled order."""
-    if len(store) < batch_size:
-        raise ValueError(
-            f"the store holds {len(store)} rows of {name}, fewer than one batch of {batch_size}"
-        )
-    step, epoch = 0, 0
-    while True:
-        for batch in store.batches(
-            name, batch_size, shuffle=True, seed=seed + epoch, drop_last=True
-        ):
-            if not bool(torch.isfinite(batch).all()):
-                raise ValueError(
-                    f"batch {step} (epoch {epoch}) of {name} in the store {store.path} holds NaN "
-                    f"or infinite values: the model produced them there, or the store is damaged"
-                )
-            yield batch
-            step += 1
-            if step == steps:
-                return
-        epoch += 1
 
 
 @torch.no_grad()

@@ -25,7 +25,6 @@ the byte.
 """
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,9 +32,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from hookedattn.sae import _transcoder_objectives as _objectives
+from hookedattn.sae._training_loop import TrainingStep, epochs, report
 from hookedattn.sae._transcoder_resampling import resample_dead
 from hookedattn.sae.cross_layer import CrossLayerTranscoder
-from hookedattn.sae.training import TrainingStep
 from hookedattn.sae.transcoder import Transcoder
 from hookedattn.sae.transcoder_config import CrossLayerTranscoderConfig, TranscoderConfig
 from hookedattn.sae.transcoder_set import TranscoderSet
@@ -215,8 +214,10 @@ def _train(
     optimizer = torch.optim.Adam(params, lr=s.lr)
     since_fired = {layer: torch.zeros(tset.d_sae(layer), dtype=torch.long) for layer in tset.layers}
     bar = tqdm(total=s.steps, disable=not s.progress, desc="transcoder", unit="step")
-    for step, (xs, ys) in enumerate(_pairs(store, ins, outs, s)):
-        xs, ys = norm_in.apply(xs), norm_out.apply(ys)
+    names = [*ins.values(), *outs.values()]
+    for step, batches in enumerate(epochs(store, names, s.batch_size, s.seed, s.steps)):
+        xs = norm_in.apply(dict(zip(ins, batches[: len(ins)], strict=True)))
+        ys = norm_out.apply(dict(zip(outs, batches[len(ins) :], strict=True)))
         loss, acts, preds = _step(tset, optimizer, xs, ys, objective)
         for layer in tset.layers:
             fired = acts[layer].amax(0) > 0  # activations are never negative
@@ -230,41 +231,10 @@ def _train(
                                         seed, s.activation)  # fmt: skip
                 since_fired[layer] = torch.where(revived, 0, since_fired[layer])
         if step % s.log_every == 0 or step == s.steps - 1:
-            _report(bar, s.log, _measure(step, s, loss, acts, ys, preds, since_fired))
+            report(bar, s.log, _measure(step, s, loss, acts, ys, preds, since_fired))
         bar.update()
     bar.close()
     _fold(tset, norm_in, norm_out)
-
-
-def _pairs(
-    store: Any, ins: dict[int, str], outs: dict[int, str], s: _Settings
-) -> Iterator[tuple[Rows, Rows]]:
-    """`steps` batches of every input and output, row-aligned, epoch after epoch."""
-    if len(store) < s.batch_size:
-        raise ValueError(
-            f"the store holds {len(store)} rows, fewer than one batch of {s.batch_size}"
-        )
-    step, epoch = 0, 0
-    names = [*ins.values(), *outs.values()]
-    while True:
-        streams = [store.batches(n, s.batch_size, shuffle=True, seed=s.seed + epoch, drop_last=True)
-                   for n in names]  # fmt: skip
-        for batches in zip(*streams, strict=True):
-            for name, batch in zip(names, batches, strict=True):
-                if not bool(torch.isfinite(batch).all()):
-                    raise ValueError(
-                        f"batch {step} (epoch {epoch}) of {name} in the store {store.path} holds "
-                        f"NaN or infinite values"
-                    )
-            n_in = len(ins)
-            yield (
-                dict(zip(ins, batches[:n_in], strict=True)),
-                dict(zip(outs, batches[n_in:], strict=True)),
-            )
-            step += 1
-            if step == s.steps:
-                return
-        epoch += 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,13 +300,6 @@ def _measure(
     return TrainingStep(
         step, (step + 1) * s.batch_size, float(loss), l0, 1 - residual / total, dead
     )
-
-
-def _report(bar: Any, log: list | None, record: TrainingStep) -> None:
-    bar.set_postfix(loss=f"{record.loss:.3g}", L0=f"{record.l0:.1f}",
-                    FVE=f"{record.fve:.3f}", dead=record.dead)  # fmt: skip
-    if log is not None:
-        log.append(record)
 
 
 @torch.no_grad()

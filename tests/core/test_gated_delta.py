@@ -5,6 +5,7 @@ processing, generation, saving and loading."""
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_generation_reruns_the_prefix,
@@ -15,6 +16,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
@@ -102,19 +104,14 @@ def _hybrid(**mixer) -> HookedTransformer:
 
 
 def test_gated_delta_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(10))
     _, cache = model.run_with_cache(tokens)
     assert cache["blocks.0.mixer.hook_mixing"].shape == (2, 4, 8, 8)
     for name in ("blocks.0.mixer.hook_in", "blocks.2.mixer.hook_out", "blocks.2.hook_attn_out"):
         assert name in cache
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    heads = decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    heads = decompositions["head"].labels
     assert "L0_gated_delta" in heads and "L1H2" in heads
 
 
@@ -137,8 +134,6 @@ def test_gated_delta_generation_reruns_the_prefix() -> None:
 
 def test_a_gated_delta_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid(delta_beta_scale=2.0)  # a setting that must travel with the config
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS

@@ -7,6 +7,7 @@ Each test runs Kimi Linear's form (low-rank gates, softplus decay) and Bailing H
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -18,6 +19,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import sigmoid, silu, softplus
 
 from hookedattn import HookedTransformer
@@ -105,19 +107,14 @@ def _hybrid(settings: dict) -> HookedTransformer:
 
 
 def test_kimi_delta_hook_points_and_decomposition_sum(settings) -> None:
-    from analysis import decompose_resid
-
     model = _hybrid(settings)
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(6))
     _, cache = model.run_with_cache(tokens)
     assert cache["blocks.0.mixer.hook_decay"].shape == (2, 8, 4, 6)  # a decay per channel
     assert bool((cache["blocks.0.mixer.hook_decay"] < 0).all())
     assert cache["blocks.2.mixer.hook_o"].shape == (2, 8, 4, 6)
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    assert "L0_kimi_delta" in decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    assert "L0_kimi_delta" in decompositions["head"].labels
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -138,11 +135,9 @@ def test_kimi_delta_generation_reruns_the_prefix(settings) -> None:
 
 def test_a_kimi_delta_hybrid_saves_and_loads(tmp_path, settings) -> None:
     model = _hybrid(settings)
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS
 
 
 def test_the_bounded_decay_keeps_at_least_its_bound() -> None:

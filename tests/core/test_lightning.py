@@ -19,6 +19,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import sigmoid, silu
 
 from hookedattn import HookedTransformer
@@ -126,11 +127,9 @@ def test_lightning_generation_reruns_the_prefix() -> None:
 
 def test_a_normed_skip_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid(normed_skip=True, attn_skip_scale=1.5, mlp_skip_scale=0.5)
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS
 
 
 def test_the_normed_skip_block_is_its_equations() -> None:

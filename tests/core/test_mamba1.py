@@ -7,6 +7,7 @@ rounding)."""
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -16,6 +17,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 from torch.nn.functional import silu, softplus
 
 from hookedattn import HookedTransformer
@@ -109,28 +111,21 @@ def test_padding_reaches_no_real_token_through_a_mamba_mixer(side: str) -> None:
 
 
 def test_mamba_hybrid_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(7))
     _, cache = model.run_with_cache(tokens)
     assert cache["blocks.0.mixer.hook_state"].shape == (2, 8, D_INNER, D_STATE)
     assert "blocks.2.mixer.hook_out" in cache and "blocks.1.attn.hook_pattern" in cache
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    heads = decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    heads = decompositions["head"].labels
     assert "L0_mamba" in heads and "L2_mamba" in heads and "L1H2" in heads
 
 
 def test_a_mamba_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid()
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.bcdt_norm
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(8))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.bcdt_norm
 
 
 def test_a_fresh_mamba_mixer_has_unit_gains_and_writes() -> None:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -16,6 +17,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.causal_conv import causal_conv
@@ -117,8 +119,6 @@ def _hybrid(dtype: torch.dtype = torch.float64) -> HookedTransformer:
 
 
 def test_hybrid_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(8))
     _, cache = model.run_with_cache(tokens)
@@ -126,11 +126,8 @@ def test_hybrid_hook_points_and_decomposition_sum() -> None:
                  "blocks.1.attn.hook_pattern", "blocks.2.mixer.hook_mixing",
                  "blocks.2.hook_attn_out"):  # fmt: skip
         assert name in cache
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    heads = decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    heads = decompositions["head"].labels
     assert "L0_short_conv" in heads and "L2_mamba2" in heads and "L1H2" in heads
     assert not any(label.startswith(("L0H", "L2H")) for label in heads)
 
@@ -192,11 +189,8 @@ def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
 def test_a_hybrid_saves_and_loads(tmp_path) -> None:
     model = HookedTransformer(hybrid_cfg(("mamba2", "attention", "short_conv")))
     randomised(model, 13)
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
 
 
 def test_a_fresh_hybrid_writes_through_its_mixers() -> None:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.decomposition import assert_decomposition_sums_in
 from helpers.mixers import (
     D_MODEL,
     assert_causal_and_float32_close,
@@ -18,6 +19,7 @@ from helpers.mixers import (
     randomised,
     unpadded_context,
 )
+from helpers.saving import assert_saves_and_loads
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.rg_lru import RGLRUMixer
@@ -80,19 +82,14 @@ def _hybrid(**mixer) -> HookedTransformer:
 
 
 def test_rg_lru_hook_points_and_decomposition_sum() -> None:
-    from analysis import decompose_resid
-
     model = _hybrid()
     tokens = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(6))
     _, cache = model.run_with_cache(tokens)
     a, h = cache["blocks.0.mixer.hook_decay"], cache["blocks.0.mixer.hook_state"]
     assert a.shape == h.shape == (2, 8, 24)
     assert bool(((a > 0) & (a < 1)).all())
-    final = cache["blocks.2.hook_resid_post"]
-    for granularity in ("sublayer", "head", "neuron"):
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
-    assert "L0_rg_lru" in decompose_resid(model, cache, granularity="head").labels
+    decompositions = assert_decomposition_sums_in(model, cache, ("sublayer", "head", "neuron"))
+    assert "L0_rg_lru" in decompositions["head"].labels
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -114,8 +111,6 @@ def test_rg_lru_generation_reruns_the_prefix() -> None:
 
 def test_an_rg_lru_hybrid_saves_and_loads(tmp_path) -> None:
     model = _hybrid()
-    model.save(tmp_path / "hybrid")
-    loaded = HookedTransformer.load(tmp_path / "hybrid")
-    assert loaded.cfg == model.cfg and loaded.cfg.mixers.layers == KINDS
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(10))
-    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)
+    loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
+    assert loaded.cfg.mixers.layers == KINDS

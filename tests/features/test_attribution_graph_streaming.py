@@ -3,6 +3,7 @@ graph, to rounding, whatever the chunks; its stored rows still sum to what they 
 
 import pytest
 import torch
+from helpers.attribution_cases import TOKENS, build
 
 from analysis.attribution_graphs import (
     attribution_graph,
@@ -12,49 +13,10 @@ from analysis.attribution_graphs import (
 )
 from analysis.attribution_graphs._budget import memory_budget
 from hookedattn.sae import (
-    CrossLayerTranscoder,
-    CrossLayerTranscoderConfig,
-    Transcoder,
-    TranscoderConfig,
     TranscoderSet,
 )
-from hookedattn.testing import random_tiny_model, random_tokens
 
-TOKENS = random_tokens(32, 1, 9, seed=5)[0]
-MODELS = {
-    "LN": dict(),
-    "RMS, rotary, grouped": dict(normalization_type="RMS", positional_embedding_type="rotary",
-                                 n_key_value_heads=2, rotary_dim=4),
-    "no norms": dict(normalization_type=None),
-}  # fmt: skip
 SMALL = 48 * 2**10  # bytes: a few targets a sweep on these models (checked below)
-
-
-def jiggled(module, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            if name.endswith("threshold"):
-                p.abs_()
-    return module
-
-
-def build(model_kind, set_kind):
-    model = random_tiny_model(act_fn="gelu", n_ctx=12, **MODELS[model_kind])
-    reads = "hook_resid_mid" if model_kind == "no norms" else "ln2.hook_out"
-    if set_kind == "cross-layer topk":
-        cfg = CrossLayerTranscoderConfig(2, 16, 48, 16, "topk", feature_input_hook=reads,
-                                         dtype="float64", k=6)  # fmt: skip
-        return model, jiggled(CrossLayerTranscoder(cfg))
-    activation, skip = {"skip topk": ("topk", True), "jumprelu": ("jumprelu", False)}[set_kind]
-    k = {"k": 6} if activation == "topk" else {}
-    return model, [jiggled(Transcoder(TranscoderConfig(
-        16, 48, 16, f"blocks.{layer}.{reads}", f"blocks.{layer}.hook_mlp_out", activation,
-        skip=skip, dtype="float64", **k)), seed=layer)
-        for layer in range(2)]  # fmt: skip
-
-
 CASES = [
     ("LN", "skip topk"),
     ("RMS, rotary, grouped", "cross-layer topk"),

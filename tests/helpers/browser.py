@@ -3,8 +3,10 @@ module-scoped fixture (import it into the test module); `Opened` watches a page 
 errors and for requests (all intercepted; none may leave the file) and keeps screenshots in
 reports/tests/viewer/ (ignored by git) as the tests' artefacts."""
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,17 @@ ARGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def browser():
+# A browser test module's `pytestmark`: it skips where the browser cannot run.
+NEEDS_A_BROWSER = pytest.mark.skipif(
+    sync_playwright is None or not CHROMIUM.exists(),
+    reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium "
+    "(apt-get install chromium); .ci/run installs both",
+)
+
+
+@contextlib.contextmanager
+def launched(width: int = 1200) -> Iterator:
+    """Chromium on a fresh profile of its own, its pages `width` pixels wide and 900 high."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
@@ -32,11 +43,18 @@ def browser():
             executable_path=str(CHROMIUM),
             headless=True,
             args=ARGS,
-            viewport={"width": 1200, "height": 900},
+            viewport={"width": width, "height": 900},
         )
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium, for one test module (pages 1200 pixels wide)."""
+    with launched() as context:
+        yield context
 
 
 class Opened:

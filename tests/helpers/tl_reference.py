@@ -238,3 +238,29 @@ def random_weights(tl: Any, config: dict, seed: int = 0) -> dict[str, torch.Tens
         name: torch.randn(t.shape, generator=generator) * 0.3 + name.endswith(".w")
         for name, t in model.state_dict().items()
     }
+
+
+def demo_fixtures():
+    """The module-scoped fixtures `ours` (`scripts/tl_demo.py` run on `given`, the module's
+    fixture, after the alias line: hookedattn_tl installed as transformer_lens) and `theirs`
+    (the same run by real TransformerLens, in a subprocess of its environment), for a demo's
+    test module to bind by those names."""
+
+    @pytest.fixture(scope="module")
+    def ours(given) -> dict[str, Any]:
+        """The demo run after the alias line."""
+        import hookedattn_tl
+
+        hookedattn_tl.install()
+        try:
+            return script_module("tl_demo").run_demo(**given)
+        finally:
+            hookedattn_tl.uninstall()
+
+    @pytest.fixture(scope="module")
+    def theirs(given, tmp_path_factory) -> dict[str, Any]:
+        """The demo run by real TransformerLens, in a subprocess of its environment."""
+        require_tl_python()
+        return run_in_tl("tl_demo.py", given, tmp_path_factory.mktemp("tl"))
+
+    return ours, theirs

@@ -4,6 +4,7 @@ tests of single architectures (`tests/hf/test_hf_*.py`)."""
 import torch
 from torch import nn
 
+from helpers.decomposition import assert_decomposition_sums_in
 from hookedattn.core.hf import _tiny
 
 
@@ -57,14 +58,9 @@ def piece_output(reference: nn.Module, layer: int, piece: str, tokens: torch.Ten
 def assert_decomposition_sums(model, tokens: torch.Tensor, granularities: tuple[str, ...]) -> None:
     """`decompose_resid` of `model` on `tokens` at each granularity sums to the last stream
     (float64: to 1e-10)."""
-    from analysis import decompose_resid
-
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
-    for granularity in granularities:
-        decomposition = decompose_resid(model, cache, granularity=granularity)
-        torch.testing.assert_close(decomposition.components.sum(0), final, rtol=0, atol=1e-10)
+    assert_decomposition_sums_in(model, cache, granularities)
 
 
 def assert_files_read_as_the_live_model(reference: nn.Module, folder) -> None:
@@ -75,3 +71,55 @@ def assert_files_read_as_the_live_model(reference: nn.Module, folder) -> None:
     live, saved = HookedTransformer.from_hf(reference), HookedTransformer.from_hf(folder)
     for name, tensor in live.state_dict().items():
         assert torch.equal(saved.state_dict()[name], tensor), name
+
+
+def assert_saved_twin_loads_like_the_live_model(reference: nn.Module, folder) -> None:
+    """`reference` saved under `folder / "model"` and imported from there holds the live
+    import's tensors under the same names, each equal."""
+    from hookedattn import HookedTransformer
+
+    live = HookedTransformer.from_hf(reference)
+    reference.save_pretrained(folder / "model")
+    loaded = HookedTransformer.from_hf(folder / "model")
+    ours = live.state_dict()
+    assert loaded.state_dict().keys() == ours.keys()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
+
+
+def write_worst(reference: nn.Module, ours: str, layer: int, piece: str, tokens) -> float:
+    """The `relative_worst` of our import's hook point `ours` from what `reference`'s layer
+    `layer`'s submodule `piece` returns, both reading `tokens`."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=ours)
+    return relative_worst(cache[ours], piece_output(reference, layer, piece, tokens))
+
+
+def attn_out_worsts(reference: nn.Module, tokens: torch.Tensor) -> list[float]:
+    """For each layer, the `relative_worst` of our import's `hook_attn_out` from what
+    `reference`'s `self_attn` returns (its first output), both reading `tokens`."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    seen = {}
+    for i, layer in enumerate(reference.model.layers):
+        hook = lambda m, args, out, i=i: seen.update({i: out[0]})
+        layer.self_attn.register_forward_hook(hook)
+    with torch.no_grad():
+        reference(tokens)
+        _, cache = model.run_with_cache(tokens)
+    return [relative_worst(cache[f"blocks.{i}.hook_attn_out"], seen[i]) for i in sorted(seen)]
+
+
+def logits_worst(reference: nn.Module, tokens: torch.Tensor) -> float:
+    """The `relative_worst` of our import's logits on `tokens` from `reference`'s."""
+    from hookedattn import HookedTransformer
+
+    model = HookedTransformer.from_hf(reference)
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        logits = model(tokens)
+    return relative_worst(logits, expected)

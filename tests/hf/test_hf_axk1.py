@@ -8,7 +8,7 @@ streams in float32, and greedy generation."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import assert_saved_twin_loads_like_the_live_model, relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -64,11 +64,4 @@ def test_axk1_greedy_generation_is_transformers():
 
 
 def test_a_saved_directory_loads_like_the_live_model(tmp_path):
-    reference = twin(seed=5)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(seed=5), tmp_path)

@@ -9,7 +9,12 @@ import pytest
 import torch
 from einops import rearrange
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    logits_worst,
+    relative_worst,
+    tiny_twin,
+)
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -52,12 +57,7 @@ def test_bitnet_sublayers_are_transformers_in_float64():
 
 
 def test_bitnet_logits_are_transformers():
-    reference = twin(seed=3)
-    model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS).logits
-        logits = model(TOKENS)
-    assert relative_worst(logits, expected) <= 1e-5
+    assert logits_worst(twin(seed=3), TOKENS) <= 1e-5
 
 
 def test_bitnet_greedy_generation_is_transformers():
@@ -65,11 +65,4 @@ def test_bitnet_greedy_generation_is_transformers():
 
 
 def test_a_saved_directory_loads_like_the_live_model(tmp_path):
-    reference = twin(seed=5)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(seed=5), tmp_path)

@@ -23,7 +23,17 @@ to 1e-10; stock float64 HF agrees to 1e-5.
 
 import pytest
 import torch
-from helpers.float64_hf import InFloat64Throughout
+from helpers.hf_pairs import (
+    LOGIT_REFERENCES,
+    TOKENS,
+    assert_greedy_generation_equal,
+    assert_loads_like_the_live_model,
+    assert_logits_equal,
+    assert_patterns_equal_hf_attentions,
+    assert_resid_pre_equals_hidden_states,
+    max_abs,
+    pair_fixtures,
+)
 
 from hookedattn import HookedTransformer
 from hookedattn.core.components.latent_attention import LatentAttention
@@ -70,9 +80,6 @@ CASES = {
         q_lora_rank=None, v_head_dim=10, n_shared_experts=0, num_experts_per_tok=2,
         routed_scaling_factor=1.0, topk_method="greedy", first_k_dense_replace=1)),
 }  # fmt: skip
-TOKENS = torch.tensor(
-    [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
-)
 
 
 def make_hf(case: str, dtype: torch.dtype = torch.float32):
@@ -94,34 +101,7 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
     return hf.to(dtype)
 
 
-# ---------------------------------------------------------------- HF's math in float64
-class Pair:
-    """An HF model and our import of it, in one dtype; in float64 also `exact`."""
-
-    def __init__(self, case: str, dtype: torch.dtype) -> None:
-        self.hf = make_hf(case, dtype)
-        self.ours = HookedTransformer.from_hf(self.hf)
-        if dtype == torch.float64:
-            self.exact = InFloat64Throughout(make_hf(case, dtype))
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def pair32(case):
-    return Pair(case, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def pair64(case):
-    return Pair(case, torch.float64)
-
-
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach() - b.detach()).abs().max())
+case, pair32, pair64 = pair_fixtures(CASES, make_hf)
 
 
 # ---------------------------------------------------------------- agreement
@@ -135,37 +115,17 @@ def test_the_config_is_latent_attention_with_dense_first_layers(case, pair32):
     assert all(isinstance(block.attn, LatentAttention) for block in pair32.ours.blocks)
 
 
-LOGIT_REFERENCES = {
-    "hf_float32": (torch.float32, "hf", 1e-5),
-    "hf_float64": (torch.float64, "exact", 1e-10),
-    "stock_hf_float64_to_its_float32_roundings": (torch.float64, "hf", 1e-5),
-}
-
-
 @pytest.mark.parametrize("reference", LOGIT_REFERENCES)
 def test_logits_equal(reference, pair32, pair64):
-    dtype, forward, largest = LOGIT_REFERENCES[reference]
-    pair = pair32 if dtype == torch.float32 else pair64
-    with torch.no_grad():
-        expected = getattr(pair, forward)(TOKENS).logits
-    assert max_abs(pair.ours(TOKENS), expected) <= largest
+    assert_logits_equal(reference, pair32, pair64)
 
 
 def test_residual_stream_equals_hf_hidden_states(pair64):
-    with torch.no_grad():
-        hidden = pair64.exact(TOKENS, output_hidden_states=True).hidden_states
-    _, cache = pair64.ours.run_with_cache(TOKENS)
-    for layer in range(pair64.ours.cfg.n_layers):
-        assert max_abs(cache["resid_pre", layer], hidden[layer]) <= 1e-10, layer
-    assert max_abs(cache["ln_final.hook_out"], hidden[-1]) <= 1e-10
+    assert_resid_pre_equals_hidden_states(pair64)
 
 
 def test_attention_patterns_equal_hf_eager_attentions(pair64):
-    with torch.no_grad():
-        attentions = pair64.exact(TOKENS, output_attentions=True).attentions
-    _, cache = pair64.ours.run_with_cache(TOKENS)
-    for layer, expected in enumerate(attentions):
-        assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
+    assert_patterns_equal_hf_attentions(pair64)
 
 
 def test_router_logits_equal_hfs(pair64):
@@ -210,10 +170,7 @@ def test_the_imported_model_keeps_every_residual_identity(pair64):
 
 
 def test_greedy_generation_equals_hf_generate(pair32):
-    prompt = TOKENS[:, :5]
-    expected = pair32.hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    ours = pair32.ours.generate(prompt, max_new_tokens=8, do_sample=False, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert_greedy_generation_equal(pair32)
 
 
 def test_a_saved_directory_is_verified_and_loads_like_the_live_model(pair32, tmp_path, monkeypatch):
@@ -222,11 +179,7 @@ def test_a_saved_directory_is_verified_and_loads_like_the_live_model(pair32, tmp
     loaded = HookedTransformer.from_hf(tmp_path / "model")
     assert loaded.verification is not None and not loaded.verification.remembered
     assert loaded.verification.worst <= _verify.TOLERANCE
-    assert loaded.cfg == pair32.ours.cfg.replace(model_name=loaded.cfg.model_name)
-    ours = pair32.ours.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_loads_like_the_live_model(loaded, pair32)
 
 
 # ---------------------------------------------------------------- refusals

@@ -8,7 +8,12 @@ a saved directory. The sublayer's own float64 identities against a brute-force l
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, streams_worst, tiny_twin
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    relative_worst,
+    streams_worst,
+    tiny_twin,
+)
 from torch import nn
 
 from analysis import decompose_resid
@@ -75,14 +80,7 @@ def test_diffllama_greedy_generation_is_transformers(grouping):
 
 
 def test_a_saved_directory_loads_like_the_live_model(tmp_path):
-    reference = twin(seed=5)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(seed=5), tmp_path)
 
 
 def test_an_imported_diffllama_saves_and_loads_unchanged(tmp_path):

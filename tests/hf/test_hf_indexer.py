@@ -10,7 +10,13 @@ refused."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    attn_out_worsts,
+    logits_worst,
+    relative_worst,
+    tiny_twin,
+)
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -43,25 +49,12 @@ def test_logits_are_transformers(model_type, dtype):
     """float64 to float32's rounding: transformers computes its rotary angles and norms in
     float32 even in a float64 model (as for DeepSeek V3)."""
     reference = twin(model_type, seed=2).to(dtype)
-    model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS).logits
-        logits = model(TOKENS)
-    assert relative_worst(logits, expected) <= (1e-6 if dtype == torch.float64 else 1e-5)
+    assert logits_worst(reference, TOKENS) <= (1e-6 if dtype == torch.float64 else 1e-5)
 
 
 def test_every_layer_writes_what_transformers_writes(model_type):
-    reference = twin(model_type, seed=3).double()
-    model = HookedTransformer.from_hf(reference)
-    seen = {}
-    for i, layer in enumerate(reference.model.layers):
-        hook = lambda m, args, out, i=i: seen.update({i: out[0]})
-        layer.self_attn.register_forward_hook(hook)
-    with torch.no_grad():
-        reference(TOKENS)
-        _, cache = model.run_with_cache(TOKENS)
-    for i in range(model.cfg.n_layers):
-        assert relative_worst(cache[f"blocks.{i}.hook_attn_out"], seen[i]) <= 1e-6, i
+    for i, worst in enumerate(attn_out_worsts(twin(model_type, seed=3).double(), TOKENS)):
+        assert worst <= 1e-6, i
 
 
 def test_the_chosen_keys_are_transformers(model_type):
@@ -107,14 +100,7 @@ def test_greedy_generation_with_the_kv_cache_is_transformers(model_type):
 
 
 def test_a_saved_directory_loads_like_the_live_model(model_type, tmp_path):
-    reference = twin(model_type, seed=7)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(model_type, seed=7), tmp_path)
 
 
 def test_a_layer_sharing_an_earlier_choice_is_refused():

@@ -21,13 +21,14 @@ import dataclasses
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
+from helpers.saving import assert_saves_and_loads
 from helpers.twins import (
     assert_decomposition_sums,
     assert_files_read_as_the_live_model,
-    piece_output,
     relative_worst,
     streams_worst,
     tiny_twin,
+    write_worst,
 )
 
 from hookedattn import HookedTransformer
@@ -78,11 +79,7 @@ WRITES = {
 @pytest.mark.parametrize("ours", WRITES)
 def test_each_sublayers_write_is_transformers(ours):
     reference = twin(seed=5).double()
-    model = HookedTransformer.from_hf(reference)
-    layer, piece = WRITES[ours]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(TOKENS, names_filter=ours)
-    assert relative_worst(cache[ours], piece_output(reference, layer, piece, TOKENS)) <= ROUNDING
+    assert write_worst(reference, ours, *WRITES[ours], TOKENS) <= ROUNDING
 
 
 def test_the_delta_layers_and_the_unrotated_key_part_move_the_logits():
@@ -120,10 +117,7 @@ def test_the_files_are_read_as_the_live_model(tmp_path):
 
 def test_an_import_saves_and_loads(tmp_path):
     model = HookedTransformer.from_hf(twin(seed=9, max_position_embeddings=64))
-    model.save(tmp_path / "ours")
-    loaded = HookedTransformer.load(tmp_path / "ours")
-    assert loaded.cfg == model.cfg
-    torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
+    assert_saves_and_loads(model, tmp_path / "ours", TOKENS)
 
 
 def test_a_delta_convolution_of_another_activation_is_refused_by_name():

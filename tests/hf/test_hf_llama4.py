@@ -12,7 +12,12 @@ residual stream's decomposition by expert sums."""
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    logits_worst,
+    relative_worst,
+    tiny_twin,
+)
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -44,21 +49,11 @@ def test_llama4_pieces_are_read_as_ours():
 def test_llama4_logits_are_transformers_in_float64():
     """To float32's rounding: transformers' norms and router compute in float32 even in a
     float64 model."""
-    reference = twin(seed=2).double()
-    model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS).logits
-        logits = model(TOKENS)
-    assert relative_worst(logits, expected) <= 1e-6
+    assert logits_worst(twin(seed=2).double(), TOKENS) <= 1e-6
 
 
 def test_llama4_logits_are_transformers_in_float32():
-    reference = twin(seed=3)
-    model = HookedTransformer.from_hf(reference)
-    with torch.no_grad():
-        expected = reference(TOKENS).logits
-        logits = model(TOKENS)
-    assert relative_worst(logits, expected) <= 1e-5
+    assert logits_worst(twin(seed=3), TOKENS) <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -131,14 +126,7 @@ def test_llama4_greedy_generation_past_chunk_boundaries_is_transformers():
 
 
 def test_a_saved_directory_loads_like_the_live_model(tmp_path):
-    reference = twin(seed=8)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(seed=8), tmp_path)
 
 
 def test_the_cache_over_a_generation_is_run_with_cache_of_its_tokens():

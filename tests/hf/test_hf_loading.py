@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.twins import streams_worst, tiny_twin
+from helpers.wide_tensors import LargeFloat32Tensors
 from safetensors.torch import load_file, save_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import CheckpointError, HookedTransformer
 from hookedattn.core.hf import SUPPORTED_ARCHITECTURES
@@ -61,22 +61,6 @@ def test_a_directory_loads_in_its_stored_dtype_unless_told(tmp_path):
     assert as_float32.W_Q.dtype == torch.float32
 
 
-class _LargeFloat32Tensors(TorchDispatchMode):
-    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.seen = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
-            if wide and t.numel() >= self.numel:
-                self.seen.append((str(func), tuple(t.shape)))
-        return out
-
-
 def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(tmp_path):
     make_llama().to(torch.bfloat16).save_pretrained(tmp_path)
     # The smallest weight matrix: no float32 tensor that large may appear while loading.
@@ -84,7 +68,7 @@ def test_bfloat16_to_bfloat16_never_makes_a_float32_copy(tmp_path):
     # Verified first (and remembered): the tiny twin of the check computes in float32 by
     # design, from random weights of its own; the recorded load reads the memo.
     HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
-    with _LargeFloat32Tensors(smallest) as recorder:
+    with LargeFloat32Tensors(smallest) as recorder:
         model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
     assert recorder.seen == []
     stored = load_file(str(tmp_path / "model.safetensors"))

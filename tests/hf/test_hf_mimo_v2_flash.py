@@ -10,7 +10,11 @@ generation past the window, a saved directory; and each piece left out moving th
 import pytest
 import torch
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst
+from helpers.twins import (
+    assert_saved_twin_loads_like_the_live_model,
+    attn_out_worsts,
+    relative_worst,
+)
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -70,16 +74,10 @@ def test_mimo_logits_are_transformers_in_float32():
 
 def test_every_block_writes_what_transformers_writes():
     reference = twin(seed=4).double()
-    model = HookedTransformer.from_hf(reference)
-    seen = {}
-    for i, layer in enumerate(reference.model.layers):
-        hook = lambda m, args, out, i=i: seen.update({i: out[0]})
-        layer.self_attn.register_forward_hook(hook)
-    with torch.no_grad():
-        reference(TOKENS)
-        _, cache = model.run_with_cache(TOKENS)
+    worsts = attn_out_worsts(reference, TOKENS)
+    _, cache = HookedTransformer.from_hf(reference).run_with_cache(TOKENS)
     for i in range(4):
-        assert relative_worst(cache[f"blocks.{i}.hook_attn_out"], seen[i]) <= 1e-6, i
+        assert worsts[i] <= 1e-6, i
         assert cache[f"blocks.{i}.attn.hook_k"].shape[2] == (4 if i in (1, 2) else 2), i
 
 
@@ -117,11 +115,4 @@ def test_mimo_greedy_generation_past_the_window_is_transformers():
 
 
 def test_a_saved_directory_loads_like_the_live_model(tmp_path):
-    reference = twin(seed=7)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(seed=7), tmp_path)

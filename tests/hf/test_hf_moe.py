@@ -26,16 +26,32 @@ agree with it to 1e-10; stock float64 HF agrees to 1e-5.
 
 import pytest
 import torch
-from helpers.float64_hf import InFloat64Throughout
+from helpers.hf_pairs import (
+    LOGIT_REFERENCES,
+    PAD,
+    TOKENS,
+    Pair,
+    assert_greedy_generation_equal,
+    assert_left_padded_batch_equals_each_prompt,
+    assert_left_padded_generation_equal,
+    assert_logits_equal,
+    assert_patterns_equal_hf_attentions,
+    assert_resid_pre_equals_hidden_states,
+    assert_saved_directory_loads_like_the_live_model,
+    assert_shares_no_memory_with_hf,
+    hf_constants,
+    max_abs,
+    pair_fixtures,
+)
+from helpers.wide_tensors import LargeFloat32Tensors
 from safetensors.torch import load_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookedattn import HookedTransformer
-from hookedattn.testing import Constants, assert_residual_identities, published_constants
+from hookedattn.testing import assert_residual_identities
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB, PAD = 64, 0
+VOCAB = 64
 COMMON = dict(
     vocab_size=VOCAB, max_position_embeddings=64, num_hidden_layers=2, pad_token_id=PAD,
     bos_token_id=1, eos_token_id=None, attn_implementation="eager",
@@ -77,9 +93,6 @@ CASES = {
     "opt": ("OPTForCausalLM", "OPTConfig", dict(
         ffn_dim=48, word_embed_proj_dim=32, num_key_value_heads=None)),
 }  # fmt: skip
-TOKENS = torch.tensor(
-    [[5, 17, 3, 42, 8, 8, 60, 1, 29, 11, 38, 7], [9, 63, 12, 12, 33, 7, 2, 50, 9, 4, 4, 21]]
-)
 
 
 def make_hf(case: str, dtype: torch.dtype = torch.float32):
@@ -99,34 +112,7 @@ def make_hf(case: str, dtype: torch.dtype = torch.float32):
     return hf.to(dtype)
 
 
-# ---------------------------------------------------------------- HF's math in float64
-class Pair:
-    """An HF model and our import of it, in one dtype; in float64 also `exact`."""
-
-    def __init__(self, case: str, dtype: torch.dtype) -> None:
-        self.hf = make_hf(case, dtype)
-        self.ours = HookedTransformer.from_hf(self.hf)
-        if dtype == torch.float64:
-            self.exact = InFloat64Throughout(make_hf(case, dtype))
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def pair32(case):
-    return Pair(case, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def pair64(case):
-    return Pair(case, torch.float64)
-
-
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach() - b.detach()).abs().max())
+case, pair32, pair64 = pair_fixtures(CASES, make_hf)
 
 
 def is_moe(pair: Pair) -> bool:
@@ -144,20 +130,9 @@ def test_the_config_is_the_family(case, pair32):
         assert cfg.experts_per_token == hf_config.num_experts_per_tok < cfg.num_experts
 
 
-LOGIT_REFERENCES = {
-    "hf_float32": (torch.float32, "hf", 1e-5),
-    "hf_float64": (torch.float64, "exact", 1e-10),
-    "stock_hf_float64_to_its_float32_roundings": (torch.float64, "hf", 1e-5),
-}
-
-
 @pytest.mark.parametrize("reference", LOGIT_REFERENCES)
 def test_logits_equal(reference, pair32, pair64):
-    dtype, forward, largest = LOGIT_REFERENCES[reference]
-    pair = pair32 if dtype == torch.float32 else pair64
-    with torch.no_grad():
-        expected = getattr(pair, forward)(TOKENS).logits
-    assert max_abs(pair.ours(TOKENS), expected) <= largest
+    assert_logits_equal(reference, pair32, pair64)
 
 
 def test_the_default_hf_experts_agree_too(case, pair32):
@@ -171,20 +146,11 @@ def test_the_default_hf_experts_agree_too(case, pair32):
 
 
 def test_residual_stream_equals_hf_hidden_states(pair64):
-    with torch.no_grad():
-        hidden = pair64.exact(TOKENS, output_hidden_states=True).hidden_states
-    _, cache = pair64.ours.run_with_cache(TOKENS)
-    for layer in range(pair64.ours.cfg.n_layers):
-        assert max_abs(cache["resid_pre", layer], hidden[layer]) <= 1e-10, layer
-    assert max_abs(cache["ln_final.hook_out"], hidden[-1]) <= 1e-10
+    assert_resid_pre_equals_hidden_states(pair64)
 
 
 def test_attention_patterns_equal_hf_eager_attentions(pair64):
-    with torch.no_grad():
-        attentions = pair64.exact(TOKENS, output_attentions=True).attentions
-    _, cache = pair64.ours.run_with_cache(TOKENS)
-    for layer, expected in enumerate(attentions):
-        assert max_abs(cache["pattern", layer], expected) <= 1e-10, layer
+    assert_patterns_equal_hf_attentions(pair64)
 
 
 def test_router_logits_equal_hfs(pair64):
@@ -198,16 +164,6 @@ def test_router_logits_equal_hfs(pair64):
         assert max_abs(ours, logits) <= 1e-10, layer
 
 
-def hf_constants(config) -> Constants:
-    """The constants the checkpoint's own config states, under HF's names: the norms'
-    epsilon and what the scores are divided by (Gemma 3: `sqrt(query_pre_attn_scalar)`)."""
-    d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    eps_names = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
-    eps = next((getattr(config, name) for name in eps_names if hasattr(config, name)), 1e-5)
-    attn_scale = getattr(config, "query_pre_attn_scalar", d_head) ** 0.5
-    return published_constants(d_head, eps=eps, attn_scale=attn_scale)
-
-
 def test_the_imported_model_keeps_every_residual_identity(pair64):
     _, cache = pair64.ours.run_with_cache(TOKENS)
     constants = hf_constants(pair64.hf.config)
@@ -215,76 +171,32 @@ def test_the_imported_model_keeps_every_residual_identity(pair64):
 
 
 def test_greedy_generation_equals_hf_generate(pair32):
-    prompt = TOKENS[:, :5]
-    expected = pair32.hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=PAD)
-    ours = pair32.ours.generate(prompt, max_new_tokens=8, do_sample=False, stop_at_eos=False)
-    assert torch.equal(ours, expected)
+    assert_greedy_generation_equal(pair32)
 
 
 def test_a_left_padded_batch_equals_each_prompt_alone(pair64):
-    lengths = (9, 12)  # the first prompt is padded by 3, past the 4-token windows
-    tokens = torch.full((2, 12), PAD)
-    mask = torch.zeros(2, 12, dtype=torch.long)
-    for row, length in enumerate(lengths):
-        tokens[row, 12 - length :] = TOKENS[row, :length]
-        mask[row, 12 - length :] = 1
-    logits = pair64.ours(tokens, attention_mask=mask)
-    for row, length in enumerate(lengths):
-        alone = pair64.ours(TOKENS[row : row + 1, :length])[0]
-        assert max_abs(logits[row, 12 - length :], alone) <= 1e-10, row
+    assert_left_padded_batch_equals_each_prompt(pair64)
 
 
 def test_left_padded_generation_equals_hf_generate(pair32):
-    tokens = torch.tensor([[PAD, PAD, PAD, 5, 17, 3], [8, 60, 1, 29, 4, 30]])
-    mask = (torch.arange(6) >= torch.tensor([[3], [0]])).long()
-    expected = pair32.hf.generate(
-        tokens, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD
-    )
-    ours = pair32.ours.generate(
-        tokens, max_new_tokens=8, do_sample=False, stop_at_eos=False, attention_mask=mask
-    )
-    assert torch.equal(ours, expected)
+    assert_left_padded_generation_equal(pair32)
 
 
 def test_a_saved_directory_loads_like_the_live_model(pair32, tmp_path):
     # The files keep one tensor per expert (`save_pretrained`'s layout); the live model
     # stacks them.
-    pair32.hf.save_pretrained(tmp_path)
-    loaded = HookedTransformer.from_hf(tmp_path)
-    assert loaded.cfg == pair32.ours.cfg.replace(model_name=loaded.cfg.model_name)
-    ours = pair32.ours.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_directory_loads_like_the_live_model(pair32, tmp_path)
 
 
 def test_the_import_shares_no_memory_with_the_hf_model(pair32):
-    hf_pointers = {t.untyped_storage().data_ptr() for t in pair32.hf.state_dict().values()}
-    for name, tensor in pair32.ours.state_dict().items():
-        assert tensor.untyped_storage().data_ptr() not in hf_pointers, name
-
-
-class _LargeFloat32Tensors(TorchDispatchMode):
-    """Records every float32 or float64 tensor of at least `numel` elements an op makes."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.seen = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            wide = isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)
-            if wide and t.numel() >= self.numel:
-                self.seen.append((str(func), tuple(t.shape)))
-        return out
+    assert_shares_no_memory_with_hf(pair32)
 
 
 @pytest.mark.parametrize("case", ["mixtral", "gpt_oss"])
 def test_a_bfloat16_directory_loads_without_a_float32_copy(case, tmp_path):
     make_hf(case).to(torch.bfloat16).save_pretrained(tmp_path)
     smallest = 32 * 8  # no float32 tensor as large as one expert's smallest matrix
-    with _LargeFloat32Tensors(smallest) as recorder:
+    with LargeFloat32Tensors(smallest) as recorder:
         model = HookedTransformer.from_hf(tmp_path, dtype=torch.bfloat16)
     assert recorder.seen == []
     stored = load_file(str(tmp_path / "model.safetensors"))

@@ -21,6 +21,7 @@ from helpers.twins import (
     assert_files_read_as_the_live_model,
     relative_worst,
     streams_worst,
+    write_worst,
 )
 from torch.nn.functional import conv1d
 
@@ -79,18 +80,7 @@ WRITES = {
 @pytest.mark.parametrize("ours", WRITES)
 def test_each_sublayers_write_is_transformers(ours):
     reference = twin(seed=4).double()
-    model = HookedTransformer.from_hf(reference)
-    layer, piece = WRITES[ours]
-    seen = {}
-    module = reference.model.layers[layer].get_submodule(piece)
-    handle = module.register_forward_hook(lambda m, args, out: seen.setdefault("out", out))
-    try:
-        with torch.no_grad():
-            reference(TOKENS)
-            _, cache = model.run_with_cache(TOKENS)
-    finally:
-        handle.remove()
-    assert relative_worst(cache[ours], seen["out"]) <= ROUNDING
+    assert write_worst(reference, ours, *WRITES[ours], TOKENS) <= ROUNDING
 
 
 def test_greedy_generation_is_transformers():

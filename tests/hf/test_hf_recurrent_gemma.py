@@ -16,13 +16,14 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
+from helpers.saving import assert_saves_and_loads
 from helpers.twins import (
     assert_decomposition_sums,
     assert_files_read_as_the_live_model,
-    piece_output,
     relative_worst,
     streams_worst,
     tiny_twin,
+    write_worst,
 )
 
 from hookedattn import HookedTransformer
@@ -107,11 +108,7 @@ WRITES = {
 @pytest.mark.parametrize("ours", WRITES)
 def test_each_sublayers_write_is_transformers(ours):
     reference = twin(seed=5).double()
-    model = HookedTransformer.from_hf(reference)
-    layer, piece = WRITES[ours]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(TOKENS, names_filter=ours)
-    assert relative_worst(cache[ours], piece_output(reference, layer, piece, TOKENS)) <= ROUNDING
+    assert write_worst(reference, ours, *WRITES[ours], TOKENS) <= ROUNDING
 
 
 def test_greedy_generation_is_transformers():
@@ -131,7 +128,4 @@ def test_the_files_are_read_as_the_live_model(tmp_path):
 
 def test_an_import_saves_and_loads(tmp_path):
     model = HookedTransformer.from_hf(twin(seed=9))
-    model.save(tmp_path / "ours")
-    loaded = HookedTransformer.load(tmp_path / "ours")
-    assert loaded.cfg == model.cfg
-    torch.testing.assert_close(loaded(TOKENS), model(TOKENS), rtol=0, atol=0)
+    assert_saves_and_loads(model, tmp_path / "ours", TOKENS)

@@ -18,16 +18,32 @@ from hookedattn.core.mixer_config import MixerConfig
 pytest.importorskip("transformers")
 
 
+def _holding(mixers: MixerConfig, d_model: int, weights: dict) -> KimiDeltaAttention:
+    """Our float64 mixer of `mixers` holding `weights` (zeros for the parameters they lack)."""
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=d_model, n_ctx=32, d_vocab=23, n_heads=2, d_mlp=8,
+        dtype=torch.float64, mixers=mixers,
+    )  # fmt: skip
+    ours = KimiDeltaAttention(cfg)
+    zeros = {n: torch.zeros_like(p) for n, p in ours.named_parameters() if n not in weights}
+    ours.load_state_dict({n: t.double() for n, t in (weights | zeros).items()})
+    return ours
+
+
+def _worst(ours: KimiDeltaAttention, kda: torch.nn.Module, d_model: int) -> float:
+    """The `relative_worst` of our output from `kda`'s on one seeded random input."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 11, d_model, dtype=torch.float64, generator=generator)
+    with torch.no_grad():
+        return relative_worst(ours(x, unpadded_context(x)), kda(x))
+
+
 def _ours_of(kda: torch.nn.Module, config) -> KimiDeltaAttention:
     """Our mixer holding `kda`'s weights (zero biases where it keeps none)."""
     H, P = config.linear_num_heads, config.linear_head_dim
     mixers = MixerConfig(
         layers=("kimi_delta",), d_conv=config.linear_conv_kernel_dim, n_ssm_heads=H,
         d_ssm_head=P, dt_rank=P, ssm_norm_eps=config.rms_norm_eps,
-    )  # fmt: skip
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=config.hidden_size, n_ctx=32, d_vocab=23, n_heads=2, d_mlp=8,
-        dtype=torch.float64, mixers=mixers,
     )  # fmt: skip
     gate = kda.forget_gate
     weights = {f"W_{n}": getattr(kda, f"{n}_proj").weight.T for n in "qkvb"} | {
@@ -36,10 +52,7 @@ def _ours_of(kda: torch.nn.Module, config) -> KimiDeltaAttention:
         "W_conv": kda.conv1d.weight[:, 0], "dt_bias": gate.dt_bias, "A_log": gate.A_log.reshape(H),
         "w_norm": kda.o_norm.weight, "W_out": kda.o_proj.weight.T,
     }  # fmt: skip
-    ours = KimiDeltaAttention(cfg)
-    zeros = {n: torch.zeros_like(p) for n, p in ours.named_parameters() if n not in weights}
-    ours.load_state_dict({n: t.double() for n, t in (weights | zeros).items()})
-    return ours
+    return _holding(mixers, config.hidden_size, weights)
 
 
 def test_our_kimi_delta_attention_is_transformers():
@@ -47,10 +60,7 @@ def test_our_kimi_delta_attention_is_transformers():
     kda = reference.model.layers[0].self_attn
     assert type(kda).__name__ == "KimiLinearDeltaAttention"
     ours = _ours_of(kda, reference.config)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 11, reference.config.hidden_size, dtype=torch.float64, generator=generator)
-    with torch.no_grad():
-        assert relative_worst(ours(x, unpadded_context(x)), kda(x)) <= 1e-5
+    assert _worst(ours, kda, reference.config.hidden_size) <= 1e-5
 
 
 def _ours_of_bailing(kda: torch.nn.Module, config) -> KimiDeltaAttention:
@@ -61,20 +71,13 @@ def _ours_of_bailing(kda: torch.nn.Module, config) -> KimiDeltaAttention:
         d_ssm_head=P, ssm_norm_eps=config.rms_norm_eps, kda_full_rank_gates=True,
         kda_decay_bound=config.kda_lower_bound,
     )  # fmt: skip
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=config.hidden_size, n_ctx=32, d_vocab=23, n_heads=2, d_mlp=8,
-        dtype=torch.float64, mixers=mixers,
-    )  # fmt: skip
     gate = kda.forget_gate
     weights = {f"W_{n}": getattr(kda, f"{n}_proj").weight.T for n in "qkvbg"} | {
         "W_f": gate.f_proj.weight.T, "W_conv": kda.conv1d.weight[:, 0],
         "dt_bias": gate.dt_bias, "A_log": gate.A_log, "w_norm": kda.o_norm.weight,
         "W_out": kda.o_proj.weight.T,
     }  # fmt: skip
-    ours = KimiDeltaAttention(cfg)
-    zeros = {n: torch.zeros_like(p) for n, p in ours.named_parameters() if n not in weights}
-    ours.load_state_dict({n: t.double() for n, t in (weights | zeros).items()})
-    return ours
+    return _holding(mixers, config.hidden_size, weights)
 
 
 def test_our_bounded_full_rank_form_is_bailing_hybrids():
@@ -82,7 +85,4 @@ def test_our_bounded_full_rank_form_is_bailing_hybrids():
     kda = reference.model.layers[0].self_attn
     assert type(kda).__name__ == "BailingHybridDeltaAttention" and kda.forget_gate.safe_gate
     ours = _ours_of_bailing(kda, reference.config)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 11, reference.config.hidden_size, dtype=torch.float64, generator=generator)
-    with torch.no_grad():
-        assert relative_worst(ours(x, unpadded_context(x)), kda(x)) <= 1e-5
+    assert _worst(ours, kda, reference.config.hidden_size) <= 1e-5

@@ -18,11 +18,9 @@ import pytest
 from helpers.tl_reference import (
     assert_same,
     assert_same_printout,
+    demo_fixtures,
     random_weights,
-    require_tl_python,
-    run_in_tl,
     save_demo_tokenizer,
-    script_module,
 )
 from torch.testing import assert_close
 
@@ -51,21 +49,7 @@ def given(tmp_path_factory) -> dict[str, Any]:
     return dict(source=DEMO.read_text(), namespace=namespace, filename=DEMO.name)
 
 
-@pytest.fixture(scope="module")
-def ours(given) -> dict[str, Any]:
-    """The demo run after the alias line."""
-    hookedattn_tl.install()
-    try:
-        return script_module("tl_demo").run_demo(**given)
-    finally:
-        hookedattn_tl.uninstall()
-
-
-@pytest.fixture(scope="module")
-def theirs(given, tmp_path_factory) -> dict[str, Any]:
-    """The demo run by real TransformerLens, in a subprocess of its environment."""
-    require_tl_python()
-    return run_in_tl("tl_demo.py", given, tmp_path_factory.mktemp("tl"))
+ours, theirs = demo_fixtures()
 
 
 def test_the_demo_ran_on_the_facade_and_on_transformer_lens_3_5_1(ours, theirs):

@@ -5,12 +5,10 @@ from. Every page is watched for console errors and for requests (none may leave 
 
 import itertools
 import math
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.browser import NEEDS_A_BROWSER, Opened, launched
 
 from analysis.attribution_graphs import (
     attribution_graph,
@@ -23,36 +21,14 @@ from hookedattn.sae import Transcoder, TranscoderConfig
 from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import graph_page
 
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the `browser` extra is not installed
-    sync_playwright = None
-
-CHROMIUM = Path("/usr/bin/chromium")
-ARTEFACTS = Path(__file__).resolve().parents[2] / "reports" / "tests" / "viewer"
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or not CHROMIUM.exists(),
-    reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium "
-    "(apt-get install chromium)",
-)
+pytestmark = NEEDS_A_BROWSER
 
 
 @pytest.fixture(scope="module")
 def browser():
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=ARGS,
-            viewport={"width": 1400, "height": 900},
-        )  # fmt: skip
+    """Chromium, its pages 1400 pixels wide: room for the graph's token columns."""
+    with launched(width=1400) as context:
         yield context
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -82,36 +58,6 @@ def qk_doc(built):
     qk = [graph_qk_attribution(model, tcs, graph, layer, head, key)
           for layer, head, key in ((1, 0, 14), (0, 0, 12), (1, 2, 9))]  # fmt: skip
     return graph_json(graph, pruned, qk=qk, qk_terms=5)
-
-
-class Opened:
-    """A page opened in the browser, with what it logged and what it tried to fetch."""
-
-    def __init__(self, browser, path: Path) -> None:
-        self.url = path.resolve().as_uri()
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page = browser.new_page()
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else 0)
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
-        self.page.route("**/*", self._intercept)
-        self.page.goto(self.url)
-        self.page.wait_for_selector("body[data-ready=true]", timeout=10_000)
-
-    def _intercept(self, route) -> None:
-        if route.request.url == self.url:
-            route.continue_()
-            return
-        self.requests.append(route.request.url)
-        route.abort()
-
-    def close(self, screenshot: str | None = None) -> None:
-        if screenshot:
-            ARTEFACTS.mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=ARTEFACTS / screenshot, full_page=True)
-        self.page.close()
-        assert self.errors == [], self.errors
-        assert self.requests == [], self.requests
 
 
 def nodes_drawn(opened: Opened) -> list[dict]:

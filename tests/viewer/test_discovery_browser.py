@@ -3,16 +3,13 @@ back from the DOM against the scores it was made from; no console error, no requ
 
 import pytest
 import torch
-from helpers.browser import CHROMIUM, Opened, browser, saved, sync_playwright
+from helpers.browser import NEEDS_A_BROWSER, Opened, browser, saved
 from helpers.families import TOKENS
 
 from analysis import Circuit, edge_attribution, edge_patching, view
 from hookedattn.testing import random_tiny_model
 
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or not CHROMIUM.exists(),
-    reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium",
-)
+pytestmark = NEEDS_A_BROWSER
 __all__ = ["browser"]  # the fixture, from tests/helpers/browser.py
 
 CORRUPTED = torch.randint(0, 23, TOKENS.shape, generator=torch.Generator().manual_seed(7))

@@ -9,18 +9,14 @@ tests/helpers/browser.py).
 
 import pytest
 import torch
-from helpers.browser import CHROMIUM, Opened, browser, saved, sync_playwright
+from helpers.browser import NEEDS_A_BROWSER, Opened, browser, saved
 
 from analysis import activation_patch, decompose_resid, direct_logit_attribution, view
 from hookedattn import ByteTokenizer
 from hookedattn.testing import random_tiny_model
 from hookedattn.viewer import attention
 
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or not CHROMIUM.exists(),
-    reason="needs Playwright (pip install -e '.[browser]') and Chromium at /usr/bin/chromium "
-    "(apt-get install chromium); .ci/run installs both",
-)
+pytestmark = NEEDS_A_BROWSER
 __all__ = ["browser"]  # the fixture, from tests/helpers/browser.py
 
 
