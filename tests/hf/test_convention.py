@@ -172,9 +172,9 @@ def test_blocks_without_rotary_positions_have_no_rotation():
 
 
 def test_a_piece_not_recognised_is_named():
-    # JetMoE's mixture of experts adds a bias of its own to what the experts write.
-    with pytest.raises(ValueError, match=r"model_type='jetmoe'.*JetMoeMoE.*\['bias'\]"):
-        HookedTransformer.from_hf(twin("jetmoe"))
+    # Ergo gates each sublayer's write into the stream by a module of its own.
+    with pytest.raises(ValueError, match=r"model_type='ergo'.*attention_residual_gate"):
+        HookedTransformer.from_hf(twin("ergo"))
 
 
 def test_a_recognised_but_wrong_hypothesis_is_refused_by_the_verification(memo, tmp_path):

@@ -157,19 +157,17 @@ def test_dtype_can_be_chosen(hf32):
 
 # ---------------------------------------------------------------- bad input
 def test_another_architecture_is_named():
-    # JetMoE (a mixture of attention heads) is neither a supported family nor recognised.
-    other = transformers.JetMoeForCausalLM(_other_config())
-    match = r"cannot import JetMoeForCausalLM \(model_type='jetmoe'\)"
+    # Ergo (a gate on each sublayer's write) is neither a supported family nor recognised.
+    match = r"cannot import ErgoForCausalLM \(model_type='ergo'\)"
     with pytest.raises(ValueError, match=match):
-        HookedTransformer.from_hf(other)
+        HookedTransformer.from_hf(_other())
 
 
-def _other_config() -> "transformers.JetMoeConfig":
-    return transformers.JetMoeConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_key_value_heads=2, kv_channels=4, num_local_experts=2, num_experts_per_tok=1,
-        architectures=["JetMoeForCausalLM"],
-    )  # fmt: skip
+def _other() -> "transformers.ErgoForCausalLM":
+    from hookedattn.core.hf import _tiny
+
+    config = _tiny.tiny_config(transformers.ErgoConfig(architectures=["ErgoForCausalLM"]))
+    return _tiny.random_hf_model(transformers.ErgoForCausalLM, config)
 
 
 def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
@@ -178,8 +176,8 @@ def test_gpt2_without_its_lm_head_says_what_to_pass(hf32):
 
 
 def test_a_directory_of_another_architecture_is_named(tmp_path):
-    transformers.JetMoeForCausalLM(_other_config()).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="cannot import JetMoeForCausalLM.*supports GPT2LMHead"):
+    _other().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="cannot import ErgoForCausalLM.*supports GPT2LMHead"):
         HookedTransformer.from_hf(tmp_path)
 
 
