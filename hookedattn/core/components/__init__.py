@@ -9,8 +9,8 @@ Mamba-2 or gated delta net in attention's place; `make_mlp` or `MoE`, `make_norm
 
 from hookedattn.core.components.alibi import ALiBi, alibi_slopes
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
+from hookedattn.core.components.attn_inputs import AttnInputs
 from hookedattn.core.components.block import (
-    AttnInputs,
     AttnOnlyBlock,
     Block,
     MLPOnlyBlock,

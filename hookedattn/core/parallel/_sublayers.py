@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
-from hookedattn.core.components.block import AttnInputs
+from hookedattn.core.components.attn_inputs import AttnInputs
 from hookedattn.core.components.mlp import MLP, GatedMLP
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCacheEntry
