@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers.float64_hf import InFloat64Throughout
 from helpers.generation import greedy_ours_and_transformers
-from helpers.twins import relative_worst, tiny_twin
+from helpers.twins import assert_saved_twin_loads_like_the_live_model, relative_worst, tiny_twin
 from torch import nn
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
@@ -245,14 +245,7 @@ def test_without_the_keys_as_values_the_import_would_differ():
 def test_a_saved_directory_loads_like_the_live_model(tmp_path, model_type):
     # Its block scalars and per-layer inputs read from the files (a composite's under its
     # language model's prefix).
-    reference = twin(model_type, seed=14)
-    live = HookedTransformer.from_hf(reference)
-    reference.save_pretrained(tmp_path / "model")
-    loaded = HookedTransformer.from_hf(tmp_path / "model")
-    ours = live.state_dict()
-    assert loaded.state_dict().keys() == ours.keys()
-    for name, tensor in loaded.state_dict().items():
-        assert torch.equal(tensor, ours[name]), name
+    assert_saved_twin_loads_like_the_live_model(twin(model_type, seed=14), tmp_path)
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text"])
