@@ -1,11 +1,10 @@
-"""A parameter read through its class's `ParameterRead` is the one torch keeps: every way
-of replacing it is seen, and nothing else of the same name is hidden."""
+"""A parameter read through its class's property (`parameter_read`) is the one torch keeps:
+every way of replacing it is seen, and nothing else of the same name is hidden."""
 
 import torch
 from torch import nn
 
 from hookedattn import HookedTransformer, HookedTransformerConfig
-from hookedattn.core._parameter_reads import ParameterRead
 
 
 def _model() -> HookedTransformer:
@@ -16,7 +15,7 @@ def _model() -> HookedTransformer:
 
 def test_a_parameter_is_read_through_the_class_without_the_modules_fallback() -> None:
     attn = _model().blocks[0].attn
-    assert isinstance(vars(type(attn))["W_O"], ParameterRead)
+    assert isinstance(vars(type(attn))["W_O"], property)
     assert attn.W_O is attn._parameters["W_O"]
 
 
@@ -48,3 +47,10 @@ def test_a_name_the_module_does_not_hold_as_a_parameter_falls_through() -> None:
         raise AssertionError("a deleted parameter was still read")
     other.register_buffer("W_O", torch.ones(2, 8, 16))
     assert torch.equal(other.W_O, torch.ones(2, 8, 16))  # a buffer of that name is found
+
+
+def test_a_plain_attribute_of_a_parameters_name_is_kept_on_the_instance() -> None:
+    attn = _model().blocks[0].attn
+    del attn.W_O
+    attn.W_O = "not a parameter"
+    assert attn.W_O == "not a parameter" and "W_O" not in attn._parameters
