@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from hookedattn.core import _parameter_reads, _torch_hooks
+from hookedattn.core import _module_calls, _parameter_reads, _torch_hooks
 from hookedattn.core import names as _names
 from hookedattn.core.hook_points import (
     Direction,
@@ -60,6 +60,8 @@ class HookedRootModule(nn.Module):
                 if child is not None and child_name.isidentifier():
                     module.__dict__[child_name] = child
         _parameter_reads.install(self)  # a parameter read without nn.Module.__getattr__
+        # A component's call without nn.Module.__call__ where no torch hook could see it.
+        _module_calls.install(m for m in self.modules() if not isinstance(m, HookedRootModule))
         # What `is_listened` reads: the torch hooks of every module but the root and the
         # hook points (torch hooks on the root run once around a forward whatever it does
         # inside), each module's hook dicts replaced by ones that count their changes.

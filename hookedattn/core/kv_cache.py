@@ -7,7 +7,6 @@ positions at once, and running them one at a time against this cache gives the s
 numbers, because position `i` only ever reads keys and values of positions `<= i`.
 """
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -167,18 +166,53 @@ def _grown(
     return buffer
 
 
-@dataclasses.dataclass
 class KeyValueCache:
     """Every layer's `KeyValueCacheEntry` and the attention mask of the positions so far.
 
     Build an empty one with `KeyValueCache.empty(cfg, batch)` and pass it to the model's
     forward as `past_kv_cache=`; each forward appends its positions. A frozen cache is read
     but not extended (TransformerLens's `freeze()`).
+
+    A generation step's one real token per row is noted as a count (`extend_by_real_token`)
+    and joins the mask only when `previous_attention_mask` is read: a step that reads no
+    mask then costs no concatenation of the whole mask.
     """
 
-    entries: list[KeyValueCacheEntry]
-    previous_attention_mask: Int[Tensor, "batch pos"]
-    frozen: bool = False
+    def __init__(
+        self,
+        entries: list[KeyValueCacheEntry],
+        previous_attention_mask: Int[Tensor, "batch pos"],
+        frozen: bool = False,
+    ) -> None:
+        self.entries = entries
+        self._mask = previous_attention_mask
+        self._real_after_mask = 0  # real positions after `_mask`, not yet joined to it
+        self.frozen = frozen
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyValueCache(layers={len(self.entries)}, batch={self.batch}, "
+            f"length={self.length}, frozen={self.frozen})"
+        )
+
+    @property
+    def previous_attention_mask(self) -> Int[Tensor, "batch pos"]:
+        """The 0/1 mask of every position the cache holds (1: a real token, 0: padding)."""
+        if self._real_after_mask:
+            real = torch.ones(
+                (self.batch, self._real_after_mask), dtype=torch.long, device=self._mask.device
+            )
+            self._mask, self._real_after_mask = torch.cat([self._mask, real], dim=1), 0
+        return self._mask
+
+    @previous_attention_mask.setter
+    def previous_attention_mask(self, mask: Int[Tensor, "batch pos"]) -> None:
+        self._mask, self._real_after_mask = mask, 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the mask is kept."""
+        return self._mask.device
 
     @classmethod
     def empty(
@@ -207,12 +241,12 @@ class KeyValueCache:
     @property
     def length(self) -> int:
         """How many positions the cache holds."""
-        return self.previous_attention_mask.shape[1]
+        return self._mask.shape[1] + self._real_after_mask
 
     @property
     def batch(self) -> int:
         """How many sequences the cache holds."""
-        return self.previous_attention_mask.shape[0]
+        return self._mask.shape[0]
 
     def __getitem__(self, layer: int) -> KeyValueCacheEntry:
         return self.entries[layer]
@@ -249,6 +283,12 @@ class KeyValueCache:
             self.previous_attention_mask = mask
         return mask
 
+    def extend_by_real_token(self) -> None:
+        """One more real token per row (a generation step's), unless frozen: noted, and
+        joined to the mask when it is next read."""
+        if not self.frozen:
+            self._real_after_mask += 1
+
 
 def _preallocated(
     cfg: HookedTransformerConfig, batch: int, capacity: int, device: str | torch.device
@@ -271,7 +311,7 @@ class _Transaction:
     def __enter__(self) -> None:
         cache = self.cache
         self.lengths = [entry._length for entry in cache.entries]
-        self.mask = cache.previous_attention_mask
+        self.mask = (cache._mask, cache._real_after_mask)
 
     def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
         if kind is None:
@@ -279,4 +319,4 @@ class _Transaction:
         cache = self.cache
         for entry, length in zip(cache.entries, self.lengths, strict=True):
             entry.truncate(length)
-        cache.previous_attention_mask = self.mask
+        cache._mask, cache._real_after_mask = self.mask

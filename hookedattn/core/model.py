@@ -212,15 +212,25 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
 
     def _next_token_step(
         self, tokens: Int[Tensor, "batch 1"], past_kv_cache: KeyValueCache
-    ) -> Float[Tensor, "batch d_vocab_out"]:
+    ) -> tuple[Float[Tensor, "batch d_vocab_out"], bool]:
         """One generation step: the logits after one more token per row, which follows
-        the cache's real (unpadded) tokens. `forward` without its input checks, for ids
-        the generation loop chose itself (hooks run as in any forward)."""
+        the cache's real (unpadded) tokens, and whether they are known to be finite.
+        `forward` without its input checks, for ids the generation loop chose itself
+        (hooks run as in any forward). Where nothing listens, the fused kernels' guard
+        (`kernels.guarded`) reads these logits rather than the stream: a value that is not
+        finite in the stream reaches them through the final norm, and the generation loop,
+        which checks the logits it chooses from, need not read them a second time."""
         self._notice_wrappers()
         with past_kv_cache.transaction():
             resid, context = _inputs.prepare_next_token(self, tokens, past_kv_cache)
-            n_layers = self.cfg.n_layers
-            return self._through_blocks(resid, context, past_kv_cache, 0, n_layers, True)[:, -1]
+            n_layers, guard = self.cfg.n_layers, context.guard
+
+            def run() -> Tensor:  # batch 1 d_vocab_out
+                out = self._blocks(resid, context, past_kv_cache, 0, n_layers)
+                return self.unembed(self.unembed_transform(self.ln_final(out)))
+
+            logits = kernels.guarded(self, run, guard, past_kv_cache)[:, -1]
+        return logits, guard.passed
 
     def _token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]

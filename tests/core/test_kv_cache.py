@@ -116,3 +116,58 @@ def test_a_retry_after_a_failed_step_gives_the_logits_of_one_step():
         )
     retried = model(TOKENS[:, 5:6], past_kv_cache=cache)
     torch.testing.assert_close(retried[:, 0], model(TOKENS[:, :6])[:, 5], rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------ a generation step's real token, noted
+def step_once(model, cache, token, fail_at=None):
+    hooks = [] if fail_at is None else raise_at(fail_at)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        return model._next_token_step(token, cache)[0]
+
+
+def test_a_steps_real_token_joins_the_mask_when_it_is_read():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    model(TOKENS[:, :5], attention_mask=mask, past_kv_cache=cache)
+    for i in (5, 6):
+        step_once(model, cache, TOKENS[:, i : i + 1])
+    assert cache.length == 7 and cache.batch == 2
+    assert torch.equal(cache.previous_attention_mask, torch.cat([mask, torch.ones(2, 2)], 1))
+    assert cache.previous_attention_mask.dtype == torch.long
+
+
+def test_a_failed_step_leaves_no_real_token_noted():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    step_once(model, cache, TOKENS[:, 5:6])
+    with pytest.raises(RuntimeError, match="stop at"):
+        step_once(model, cache, TOKENS[:, 6:7], fail_at="blocks.1.attn.hook_z")
+    assert cache.length == 6
+    assert torch.equal(cache.previous_attention_mask, torch.ones(2, 6, dtype=torch.long))
+
+
+def test_a_frozen_cache_notes_no_real_token():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    cache.freeze()
+    cache.extend_by_real_token()
+    assert cache.length == 5 and cache.previous_attention_mask.shape == (2, 5)
+
+
+def test_a_mask_assigned_replaces_the_noted_real_tokens():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    cache.extend_by_real_token()
+    cache.previous_attention_mask = torch.ones(2, 3, dtype=torch.long)
+    assert cache.length == 3
+
+
+def test_the_cache_repr_is_short():
+    model = make_model()
+    cache = KeyValueCache.empty(model.cfg, batch=2)
+    model(TOKENS[:, :5], past_kv_cache=cache)
+    assert repr(cache) == "KeyValueCache(layers=2, batch=2, length=5, frozen=False)"

@@ -96,6 +96,19 @@ def test_a_decode_step_with_idle_hooks_synchronises_once():
     assert synchronisations(model, NO_OP) >= model.cfg.n_layers  # the guard of every layer
 
 
+def generation_synchronisations(model, n_new):
+    tokens = random_tokens(model.cfg.d_vocab, 2, 4, seed=1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model.generate(tokens, max_new_tokens=n_new, do_sample=False, stop_at_eos=False)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::item")
+
+
+def test_each_generated_token_synchronises_once_where_nothing_listens():
+    # The step's guard reads the logits, so the loop does not read them again.
+    model = MODELS["variant gpt2"]
+    assert generation_synchronisations(model, 6) - generation_synchronisations(model, 2) == 4
+
+
 def test_a_hook_anywhere_runs_at_every_step():
     model = MODELS["family llama"]
     seen = []
@@ -147,7 +160,7 @@ def test_a_nan_weight_shows_in_the_decode_steps_logits_as_when_checked_per_layer
         cache = KeyValueCache.empty(model.cfg, 2, capacity=4)
         with torch.no_grad(), model.hooks(fwd_hooks=hooks):
             model(tokens[:, :2], past_kv_cache=cache)  # two keys at the first step
-            steps = [model._next_token_step(tokens[:, i : i + 1], cache) for i in (2, 3)]
+            steps = [model._next_token_step(tokens[:, i : i + 1], cache)[0] for i in (2, 3)]
         logits.append(torch.stack(steps))
     assert torch.equal(logits[0].nan_to_num(7.0), logits[1].nan_to_num(7.0))
     assert logits[0].isnan().any(dim=-1).all()

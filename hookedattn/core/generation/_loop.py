@@ -252,10 +252,11 @@ class _Loop:
         ended = stop.ended_before_start(self.tokens.shape[0], self.tokens.device)
         real = ~ended  # without a stop rule, every token is real: one tensor for all steps
         for n_done in range(1, n_steps + 1):
-            logits, cache = self.forward()
+            logits, cache, known_finite = self.forward()
             if n_done == 1 and self.recorder is not None:  # before the steps that would fail
                 self.recorder.check_room(self.n_prompt, self.n_prompt + n_steps, logits.device)
-            _check_finite(logits, ended, n_done)
+            if not known_finite:
+                _check_finite(logits, ended, n_done)
             chosen = self.choose(logits)
             if pads:  # an ended row continues with padding, masked out
                 real = ~ended
@@ -281,29 +282,36 @@ class _Loop:
             self.tokens = torch.cat([self.tokens, self.new_tokens], dim=1)
             self.mask = torch.cat([self.mask, self.new_mask], dim=1)
 
-    def forward(self) -> tuple[Float[Tensor, "batch d_vocab_out"], ActivationCache | None]:
-        """The logits of each row's last position, and the activations recorded."""
+    def forward(
+        self,
+    ) -> tuple[Float[Tensor, "batch d_vocab_out"], ActivationCache | None, bool]:
+        """The logits of each row's last position, the activations recorded, and whether
+        the logits are known to be finite (`_logits`)."""
         offset = 0 if self.cache is None else self.cache.length
         position = _POSITION.set(GenerationPosition(offset, self.n_prompt))
         try:
-            logits = self._logits()
+            logits, known_finite = self._logits()
         finally:
             _POSITION.reset(position)
         if self.recorder is None:
-            return logits, None
-        return logits, self.recorder.take()
+            return logits, None, known_finite
+        return logits, self.recorder.take(), known_finite
 
-    def _logits(self) -> Float[Tensor, "batch d_vocab_out"]:
+    def _logits(self) -> tuple[Float[Tensor, "batch d_vocab_out"], bool]:
+        """The logits of each row's last position, and whether they are known to be finite:
+        a one-token step whose fused kernels' guard read them (`model._next_token_step`)."""
         model, cache = self.model, self.cache
         if self.recorder is not None:
             self.recorder.before_forward(0 if cache is None else cache.length)
         mask = self.new_mask if self.padded else None
         if cache is None:
-            return _last_logits(model, self.tokens, self.mask if self.padded else None, None)
+            tokens, mask = self.tokens, self.mask if self.padded else None
+            return _last_logits(model, tokens, mask, None), False
         if cache.length == 0:  # the prompt
-            return _last_logits(model, self.new_tokens, mask, cache)
+            return _last_logits(model, self.new_tokens, mask, cache), False
         if mask is not None:
-            return model(self.new_tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
+            logits = model(self.new_tokens, attention_mask=mask, past_kv_cache=cache)
+            return logits[:, -1], False
         # One more real token per row: the forward without its input checks (nor the
         # model's `__call__`: a recorder counts it as its own forward).
         if self.recorder is None:

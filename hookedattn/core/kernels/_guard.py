@@ -34,6 +34,8 @@ class FiniteGuard:
 
     def __init__(self) -> None:
         self.deferred: list[Tensor] | None = None
+        # Whether the one check at the end found the output and every noted operand finite.
+        self.passed = False
 
     def keeps(self, z: Tensor, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether a fused kernel's `z` of `q`, `k`, `v` may stand. While the check is
@@ -61,7 +63,8 @@ class NotFiniteError(Exception):
 
 def guarded(model: Any, run: Callable[[], Tensor], guard: FiniteGuard, cache: Any) -> Tensor:
     """`run()`, the blocks of a forward (their fused kernels consult `guard`; it returns the
-    stream they leave), checked once where nothing listens to `model` (module docstring),
+    stream they leave, or what is computed from it: a generation step's logits), checked
+    once where nothing listens to `model` (module docstring; `guard.passed` says so),
     and run again checking every layer if that check fails; `cache` (a `KeyValueCache` or
     None) is left as the run that counts leaves it."""
     if model.is_listened():
@@ -72,6 +75,7 @@ def guarded(model: Any, run: Callable[[], Tensor], guard: FiniteGuard, cache: An
             out = run()
             if not guard.finite(out):
                 raise NotFiniteError
+        guard.passed = True
         return out
     except NotFiniteError:
         pass

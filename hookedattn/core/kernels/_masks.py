@@ -210,9 +210,8 @@ def next_token_context(
     appended to the cache's mask: what a generation step needs, without the checks of
     `attention_context` (the generation loop has made them once for the whole run)."""
     batch, past = past_kv_cache.batch, past_kv_cache.length
-    device = past_kv_cache.previous_attention_mask.device
-    past_kv_cache.extend_mask(torch.ones((batch, 1), dtype=torch.long, device=device))
-    return _one_query(batch, past, window_size, device, chunked)
+    past_kv_cache.extend_by_real_token()
+    return _one_query(batch, past, window_size, past_kv_cache.device, chunked)
 
 
 def _one_query(
