@@ -97,10 +97,11 @@ class Attention(nn.Module):
         self.b_O = _param(d_model, cfg=cfg)
         self._init_scoring(cfg, layer)
         per_head_input = cfg.use_split_qkv_input or cfg.use_attn_in
+        # How each head's product reads its input (`project_queries`, `_project_each`).
+        self.input_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
         self.project_qkv = self._project_shared
         if per_head_input or cfg.positional_embedding_type == "shortformer":
             self.project_qkv = self._project_each
-            self.input_pattern = _PER_HEAD_IN if per_head_input else _SHARED_IN
         self.fused_qkv = kernels.FusedQKV(cfg)
         self._tie_fused_weights()
 
@@ -110,17 +111,19 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = _qk_norms(cfg, layer)
         # Gemma 4: each value head RMS-normed, without a gain, before the heads read it.
         self.v_norm = RMSNormPre(cfg, (cfg.d_value,)) if cfg.use_v_norm else NoNorm()
+        # How the positions enter the queries and keys (`position_queries` alone: the
+        # queries of a block that reads another block's keys, `shared_kv_attention`).
         if cfg.layer_rotates(layer):
             self.rotary = Rotary(cfg, local=self.attn_type == "local")
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
-            self.apply_positions = self._rotate
+            self.apply_positions, self.position_queries = self._rotate, self._rotated_queries
         elif cfg.layer_tunes_queries(layer):
             self.query_temperature = QueryTemperature(cfg)
             self.hook_q_tuned = HookPoint()  # [batch pos head d_head]
-            self.apply_positions = self._tuned
+            self.apply_positions, self.position_queries = self._tuned, self._tuned_queries
         else:
-            self.apply_positions = self._unrotated
+            self.apply_positions, self.position_queries = self._unrotated, _same_queries
         if cfg.positional_embedding_type == "alibi":
             self.alibi = ALiBi(cfg)
             self.biased = self._alibi_biased
@@ -357,10 +360,15 @@ class Attention(nn.Module):
         the stream, or (shortformer) query and key inputs that carry the positions."""
         W_K, b_K, W_V, b_V = self.key_value_weights()
         return (
-            einsum(query_input, self.W_Q, self.input_pattern) + self.b_Q,
+            self.project_queries(query_input),
             einsum(key_input, W_K, self.input_pattern) + b_K,
             einsum(value_input, W_V, self.input_pattern) + b_V,
         )
+
+    def project_queries(self, query_input: AttnInput) -> HeadVectors:
+        """`x @ W_Q + b_Q` for every head, a product of its own (the fused product computes
+        the same numbers with the keys and values: `_project_shared`)."""
+        return einsum(query_input, self.W_Q, self.input_pattern) + self.b_Q
 
     def _unrotated(
         self, q: HeadVectors, k: Tensor, context: AttentionContext
@@ -370,14 +378,18 @@ class Attention(nn.Module):
     def _rotate(
         self, q: HeadVectors, k: Tensor, context: AttentionContext
     ) -> tuple[Tensor, Tensor]:
-        positions = context.positions
-        return self.hook_rot_q(self.rotary(q, positions)), self.hook_rot_k(
-            self.rotary(k, positions)
-        )
+        rotated_k = self.hook_rot_k(self.rotary(k, context.positions))
+        return self._rotated_queries(q, context), rotated_k
+
+    def _rotated_queries(self, q: HeadVectors, context: AttentionContext) -> Queries:
+        return self.hook_rot_q(self.rotary(q, context.positions))
 
     def _tuned(self, q: HeadVectors, k: Tensor, context: AttentionContext) -> tuple[Tensor, Tensor]:
         """The queries scaled by their positions' temperature; the keys as they are."""
-        return self.hook_q_tuned(self.query_temperature(q, context.positions)), k
+        return self._tuned_queries(q, context), k
+
+    def _tuned_queries(self, q: HeadVectors, context: AttentionContext) -> Queries:
+        return self.hook_q_tuned(self.query_temperature(q, context.positions))
 
     def _write_summed(
         self, z: Float[Tensor, "batch pos head d_head"]
@@ -442,6 +454,11 @@ class GroupedQueryAttention(Attention):
 
 def _same(x: Tensor) -> Tensor:
     return x
+
+
+def _same_queries(q: HeadVectors, context: AttentionContext) -> Queries:
+    """The queries as they are: positions enter neither them nor the keys."""
+    return q
 
 
 def _unshared(k: KeyValues, v: Values, context: AttentionContext) -> None:

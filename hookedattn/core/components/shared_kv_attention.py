@@ -21,15 +21,14 @@ reads block `S`'s entry through the context and its own entry stays empty (no se
 The scores, pattern and write are `Attention`'s own (`kernels.attend`, `write`).
 """
 
-from einops import einsum
 from torch import Tensor
 
 from hookedattn.core import kernels
-from hookedattn.core.components.attention import _PER_HEAD_IN, _SHARED_IN, Attention, AttnInput
+from hookedattn.core.components.attention import Attention, AttnInput
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels import AttentionContext
 from hookedattn.core.kv_cache import KeyValueCacheEntry
-from hookedattn.core.shapes import HeadVectors, KeyValues, Queries, Values
+from hookedattn.core.shapes import HeadVectors, KeyValues, Values
 
 # What a shared block does not have: its keys' and values' hook points and norms.
 _NOT_ITS_OWN = ("hook_k", "hook_v", "hook_rot_k", "k_norm", "v_norm")
@@ -46,13 +45,6 @@ class SharedKVAttention(Attention):
             if hasattr(self, name):
                 delattr(self, name)
         self.k_before = self.k_after = None
-        per_head = cfg.use_split_qkv_input or cfg.use_attn_in
-        self.query_pattern = _PER_HEAD_IN if per_head else _SHARED_IN
-        self.position_queries = self._queries_as_they_are
-        if cfg.layer_rotates(layer):
-            self.position_queries = self._rotated_queries
-        elif cfg.layer_tunes_queries(layer):
-            self.position_queries = self._tuned_queries
 
     def _init_key_value_weights(self, cfg: HookedTransformerConfig) -> None:
         """None: the keys and values are the source block's."""
@@ -90,7 +82,7 @@ class SharedKVAttention(Attention):
     ) -> Tensor:
         """The module docstring's equations; `key_input`, `value_input` and `past_kv` (this
         block's own, empty, entry) are not read."""
-        q = einsum(query_input, self.W_Q, self.query_pattern) + self.b_Q
+        q = self.project_queries(query_input)
         q = self.q_after(self.position_queries(self.q_before(self.hook_q(q)), context))
         k, v = self.source_keys_and_values(context, q.device)
         z = kernels.attend(self, q, k, self.read_values(v), context)
@@ -110,12 +102,3 @@ class SharedKVAttention(Attention):
             )
         k, v = kept
         return k.to(device), v.to(device)
-
-    def _queries_as_they_are(self, q: HeadVectors, context: AttentionContext) -> Queries:
-        return q
-
-    def _rotated_queries(self, q: HeadVectors, context: AttentionContext) -> Queries:
-        return self.hook_rot_q(self.rotary(q, context.positions))
-
-    def _tuned_queries(self, q: HeadVectors, context: AttentionContext) -> Queries:
-        return self.hook_q_tuned(self.query_temperature(q, context.positions))
