@@ -39,6 +39,11 @@ On every block shape the sum is exact:
   still add up to the stream exactly, but each is the head's share of this forward's
   output, not what the head would write alone. `L0_attn_bias` is then `b_O` through the
   norm, and a LayerNorm's own bias is one more term (`L0_ln1_post_bias`).
+- a block's third sublayer reading its per-layer input (Gemma 4's small sizes) writes one
+  term, `L0_per_layer` (`hook_per_layer_out`); a block that scales the stream it leaves by
+  a learned number (Gemma 4's `resid_post_scale`: `resid_post = w (resid_mid + mlp_out +
+  ...)`) scales every term written before it by `w`, so each term is what reaches the
+  point through every later block's scalar.
 """
 
 import functools
@@ -71,11 +76,13 @@ Terms = Float[Tensor, "component batch pos d_model"]
 class _Part(NamedTuple):
     """Some of a decomposition's terms: their labels, and either the terms themselves or how
     to write them into their rows of the result (which is allocated once, so that no term
-    is copied after it is made)."""
+    is copied after it is made); or, with no labels, a block's scalar `scale` that
+    multiplies every term before it (`resid_post_scale`)."""
 
     labels: tuple[str, ...]
     write: Callable[[Terms], None] | None = None
     terms: Terms | None = None
+    scale: Tensor | None = None
 
 
 def _given(labels: tuple[str, ...], terms: Terms) -> _Part:
@@ -272,13 +279,11 @@ def _check_granularity(
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
-    unsplit = [f for f in ("resid_post_scale", "d_per_layer_input") if getattr(model.cfg, f)]
-    if unsplit:
+    if _normed_stream(model.cfg) and _block_extras(model.cfg):
         raise ValueError(
-            f"this model's blocks ({', '.join(unsplit)}: Gemma 4's block scalars, its "
-            "per-layer inputs' writes) scale the stream they leave or write a third term into "
-            "it, which decompose_resid does not split yet; read each block's hook points "
-            "(resid_scale.hook_in, hook_per_layer_out)"
+            "this model's stream passes norms of its own and its blocks scale it or write a "
+            "per-layer term (resid_post_scale, d_per_layer_input): no model built has both, "
+            "and decompose_resid does not split them together"
         )
     if _normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
@@ -301,7 +306,7 @@ def _terms(
     """`decompose_resid`'s components and labels at `(site, layer)`."""
     if _normed_stream(model.cfg):
         return _through_stream_norms(model, cache, site, layer)
-    if granularity == "sublayer":  # the cached streams themselves, stacked
+    if granularity == "sublayer" and not model.cfg.resid_post_scale:  # the cached streams
         terms = _sublayer_terms(model, site, layer)
         components = torch.stack([activation(cache, name) for _, name in terms])
         return components, tuple(label for label, _ in terms)
@@ -322,7 +327,9 @@ def _assembled(parts: _Parts, like: Float[Tensor, "batch pos d_model"]) -> Terms
     start = 0
     for part in parts:
         stop = start + len(part.labels)
-        if part.write is None:
+        if part.scale is not None:  # a block's scalar: every term before it, scaled
+            components[:start] *= weight(part.scale, components)
+        elif part.write is None:
             components[start:stop].copy_(part.terms)  # broadcast, or cast to like's dtype
         else:
             part.write(components[start:stop])
@@ -395,19 +402,29 @@ def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tu
     return _sublayer_names(learned_positions, site, layer, layout)
 
 
-def _layout(model: HookedTransformer, layer: int) -> tuple[bool, str, bool]:
+def _layout(model: HookedTransformer, layer: int) -> tuple[bool, str, bool, bool]:
     """What block `layer` writes: whether it mixes positions (attention or a mixer in its
     place; not Nemotron-H's MLP-only blocks), the kind of a mixer beside its attention
-    (Falcon-H1's; "" if none), whether it holds an MLP."""
+    (Falcon-H1's; "" if none), whether it holds an MLP, whether it writes a per-layer term
+    (Gemma 4's `hook_per_layer_out`)."""
     cfg = model.cfg
     kind = cfg.layer_mixer(layer)
     beside = cfg.mixers.layer_mixers(layer) if kind == "attention" and cfg.mixers else ()
-    return kind != "none", beside[0] if beside else "", cfg.layer_has_mlp(layer)
+    per_layer = cfg.d_per_layer_input is not None
+    return kind != "none", beside[0] if beside else "", cfg.layer_has_mlp(layer), per_layer
+
+
+def _block_extras(cfg: object) -> bool:
+    """Whether blocks scale the stream they leave or write a per-layer term (Gemma 4's)."""
+    return bool(cfg.resid_post_scale) or cfg.d_per_layer_input is not None
 
 
 @functools.lru_cache(maxsize=256)
 def _sublayer_names(
-    learned_positions: bool, site: str, layer: int, layout: tuple[tuple[bool, str, bool], ...]
+    learned_positions: bool,
+    site: str,
+    layer: int,
+    layout: tuple[tuple[bool, str, bool, bool], ...],
 ) -> tuple[tuple[str, str], ...]:
     # Memoised: a function of the model's shape only, on the path of every sublayer call.
     terms = [("embed", get_act_name("embed"))]
@@ -415,7 +432,7 @@ def _sublayer_names(
         terms.append(("pos_embed", get_act_name("pos_embed")))
 
     def mixing(block: int) -> None:
-        mixes, beside, _ = layout[block]
+        mixes, beside, _, _ = layout[block]
         if mixes:
             terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
         if beside:  # its write beside the attention's, a term of its own
@@ -425,6 +442,8 @@ def _sublayer_names(
         mixing(block)
         if layout[block][2]:
             terms.append((f"L{block}_mlp", get_act_name("mlp_out", block)))
+        if layout[block][3]:
+            terms.append((f"L{block}_per_layer", f"blocks.{block}.hook_per_layer_out"))
     if site == "resid_mid":
         mixing(layer)
     return tuple(terms)
@@ -435,8 +454,7 @@ def _parts(
 ) -> _Parts:
     """What wrote into the stream at `(site, layer)`, at a granularity of the model's own."""
     if granularity == "sublayer":
-        terms = _sublayer_terms(model, site, layer)
-        return [_given((label,), activation(cache, name)[None]) for label, name in terms]
+        return _sublayer_parts(model, cache, site, layer)
     parts: _Parts = [_given(("embed",), activation(cache, "embed")[None])]
     if model.cfg.positional_embedding_type == "standard":
         parts.append(_given(("pos_embed",), activation(cache, "pos_embed")[None]))
@@ -445,8 +463,39 @@ def _parts(
         parts += _mixing_parts(model, cache, block, granularity)
         if model.cfg.layer_has_mlp(block):
             parts += _mlp_parts(model, cache, block, granularity)
+        parts += _block_end_parts(model, cache, block)
     if site == "resid_mid":
         parts += _mixing_parts(model, cache, layer, granularity)
+    return parts
+
+
+def _sublayer_parts(
+    model: HookedTransformer, cache: ActivationCache, site: str, layer: int
+) -> _Parts:
+    """The cached embeddings and sublayer outputs at `(site, layer)` as terms, each block's
+    scalar (`resid_post_scale`) after that block's terms."""
+    terms = _sublayer_terms(model, site, layer)
+    given = [_given((label,), activation(cache, name)[None]) for label, name in terms]
+    if not model.cfg.resid_post_scale:
+        return given
+    parts: _Parts = []
+    done = 0
+    for block in range(layer + 1 if site == "resid_post" else layer):
+        upto = len(_sublayer_terms(model, "resid_post", block))  # the terms up to its end
+        parts += [*given[done:upto], _Part((), scale=model.blocks[block].resid_scale.w)]
+        done = upto
+    return parts + given[done:]  # at resid_mid, the block's attention
+
+
+def _block_end_parts(model: HookedTransformer, cache: ActivationCache, layer: int) -> _Parts:
+    """What block `layer` adds after its MLP: its per-layer term (Gemma 4's small sizes), and
+    its scalar over every term so far (`resid_post_scale`)."""
+    parts = []
+    if model.cfg.d_per_layer_input is not None:
+        write = activation(cache, f"blocks.{layer}.hook_per_layer_out")[None]
+        parts.append(_given((f"L{layer}_per_layer",), write))
+    if model.cfg.resid_post_scale:
+        parts.append(_Part((), scale=model.blocks[layer].resid_scale.w))
     return parts
 
 
@@ -455,7 +504,7 @@ def _mixing_parts(
 ) -> _Parts:
     """The attention's parts, and the write of a mixer beside it (one term) where there is
     one (Falcon-H1); none in a block that mixes no positions (Nemotron-H's MLP layers)."""
-    mixes, kind, _ = _layout(model, layer)
+    mixes, kind, _, _ = _layout(model, layer)
     parts = _attn_parts(model, cache, layer, granularity) if mixes else []
     if kind:
         parts.append(_given((f"L{layer}_{kind}",), cache[f"blocks.{layer}.hook_mixer_out"][None]))
@@ -483,8 +532,9 @@ def _feature_parts(
             f"the SAE reads {sae.cfg.hook_name}, after {get_act_name(site, layer)}: a feature "
             f"decomposition is of the SAE's point or a later one"
         )
-    later = [part for part in here if not at_sae & set(part.labels)]
-    return [_given(*feature_terms(cache, sae)), *later]
+    # The parts at the SAE's point come first in `here` (a block's scalar among them).
+    n_at_sae = len(_parts(model, cache, *sae_point(model, sae), "sublayer"))
+    return [_given(*feature_terms(cache, sae)), *here[n_at_sae:]]
 
 
 def accumulated_resid(

@@ -207,6 +207,7 @@ class KeyValueCache:
 
     @previous_attention_mask.setter
     def previous_attention_mask(self, mask: Int[Tensor, "batch pos"]) -> None:
+        """Replace the mask (and any real positions noted after it)."""
         self._mask, self._real_after_mask = mask, 0
 
     @property

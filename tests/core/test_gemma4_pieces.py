@@ -21,9 +21,8 @@ BASE = dict(n_layers=3, d_model=16, n_ctx=32, d_vocab=23, n_heads=4, d_head=8, d
 
 
 def model(**fields) -> HookedTransformer:
-    m = HookedTransformer(HookedTransformerConfig(**BASE | fields))
-    randomize_parameters(m, seed=1)
-    return m
+    # A copy with every weight random: the block scalars away from one.
+    return randomize_parameters(HookedTransformer(HookedTransformerConfig(**BASE | fields)), seed=1)
 
 
 def test_the_per_layer_write_is_its_equations_written_out():
@@ -83,14 +82,56 @@ def test_generation_with_the_kv_cache_is_the_plain_forward():
     assert torch.equal(cached, plain)
 
 
-@pytest.mark.parametrize("fields", [{}, {"d_per_layer_input": None}, {"resid_post_scale": False}])
-def test_the_decomposition_refuses_what_it_does_not_split(fields):
+VARIANTS = [{}, {"d_per_layer_input": None}, {"resid_post_scale": False}]
+POINTS = [("resid_pre", 1), ("resid_mid", 1), ("resid_post", 1), ("resid_post", None)]
+
+
+@pytest.mark.parametrize("fields", VARIANTS)
+@pytest.mark.parametrize("granularity", ["sublayer", "head", "neuron"])
+@pytest.mark.parametrize(("site", "layer"), POINTS)
+def test_the_decomposition_sums_to_the_stream(fields, granularity, site, layer):
     from analysis import decompose_resid
 
     m = model(**fields)
     _, cache = m.run_with_cache(TOKENS)
-    with pytest.raises(ValueError, match=r"decompose_resid does not split yet"):
-        decompose_resid(m, cache)
+    decomposition = decompose_resid(m, cache, layer, site, granularity)
+    name = f"blocks.{2 if layer is None else layer}.hook_{site}"
+    torch.testing.assert_close(decomposition.components.sum(0), cache[name], rtol=1e-12, atol=1e-12)
+
+
+def test_the_embedding_reaches_the_final_stream_through_every_block_scalar():
+    from analysis import decompose_resid
+
+    m = model()
+    _, cache = m.run_with_cache(TOKENS)
+    decomposition = decompose_resid(m, cache, None, granularity="head")
+    scalars = torch.stack([block.resid_scale.w for block in m.blocks]).prod()
+    assert abs(scalars.item() - 1) > 0.05  # the scalars are not one
+    embed = decomposition.components[decomposition.labels.index("embed")]
+    torch.testing.assert_close(embed, cache["hook_embed"] * scalars, rtol=1e-12, atol=1e-12)
+    per_layer = decomposition.components[decomposition.labels.index("L0_per_layer")]
+    later = m.blocks[1].resid_scale.w * m.blocks[2].resid_scale.w  # block 0's own, and after
+    expected = cache["blocks.0.hook_per_layer_out"] * m.blocks[0].resid_scale.w * later
+    torch.testing.assert_close(per_layer, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_final_decomposition_through_the_final_norm_sums_to_its_output():
+    from analysis import apply_ln_to_stack, decompose_resid
+
+    m = model()
+    _, cache = m.run_with_cache(TOKENS)
+    normed = apply_ln_to_stack(m, cache, decompose_resid(m, cache, None, granularity="neuron"))
+    torch.testing.assert_close(normed.sum(), cache["ln_final.hook_out"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_block_writes_its_per_layer_term_after_its_mlp():
+    from analysis import decompose_resid
+
+    m = model()
+    _, cache = m.run_with_cache(TOKENS)
+    labels = decompose_resid(m, cache, 1, "resid_post").labels
+    assert labels == ("embed", "L0_attn", "L0_mlp", "L0_per_layer", "L1_attn", "L1_mlp",
+                      "L1_per_layer")  # fmt: skip
 
 
 @pytest.mark.parametrize(
