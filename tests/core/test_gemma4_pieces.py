@@ -153,3 +153,24 @@ def test_a_block_writes_its_per_layer_term_after_its_mlp():
 def test_a_bad_setting_is_named(fields, message):
     with pytest.raises(ValueError, match=message):
         HookedTransformerConfig(**BASE | fields)
+
+
+@pytest.mark.parametrize("point", ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_mid"])
+def test_the_features_of_an_sae_reach_later_streams_through_the_block_scalars(point):
+    from analysis import decompose_resid
+    from hookedattn.sae import SAEConfig, SparseAutoencoder
+
+    m = model()
+    sae = SparseAutoencoder(SAEConfig(16, 40, point, dtype="float64", seed=2))
+    with torch.no_grad():
+        sae.b_enc.add_(0.1)
+    with m.saes([sae]):
+        _, cache = m.run_with_cache(TOKENS)
+    for layer, site in ((1, "resid_post"), (2, "resid_mid"), (None, "resid_post")):
+        decomposition = decompose_resid(m, cache, layer, site, "features", sae=sae)
+        name = f"blocks.{2 if layer is None else layer}.hook_{site}"
+        torch.testing.assert_close(decomposition.sum(), cache[name], rtol=1e-12, atol=1e-12)
+    final = decompose_resid(m, cache, None, "resid_post", "features", sae=sae)
+    b_dec = final.components[final.labels.index("sae_b_dec")]
+    later = torch.stack([block.resid_scale.w for block in m.blocks[1:]]).prod()
+    torch.testing.assert_close(b_dec, (sae.b_dec * later).expand_as(b_dec), rtol=1e-12, atol=1e-12)
