@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from hookedattn.core import _module_calls, _parameter_reads, _torch_hooks
+from hookedattn.core import _module_calls, _parameter_reads, _torch_hooks, _variants
 from hookedattn.core import names as _names
 from hookedattn.core.hook_points import (
     Direction,
@@ -59,6 +59,9 @@ class HookedRootModule(nn.Module):
             for child_name, child in module._modules.items():
                 if child is not None and child_name.isidentifier():
                     module.__dict__[child_name] = child
+        # No module refers back to itself (a root keeps its class: `type(model)` is what
+        # code compares; it keeps its chosen steps as functions of itself instead).
+        _variants.keep_on_classes(m for m in self.modules() if not isinstance(m, HookedRootModule))
         _parameter_reads.install(self)  # a parameter read without nn.Module.__getattr__
         # A component's call without nn.Module.__call__ where no torch hook could see it.
         _module_calls.install(m for m in self.modules() if not isinstance(m, HookedRootModule))

@@ -93,24 +93,28 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
         self.source: Any = None
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [batch pos d_model]
-        self.embed_tokens = self._token_embedding
-        self.with_query_key_positions = _without_query_key_positions
+        # The forward's chosen steps, kept as functions of the model (`embed_tokens`,
+        # `with_query_key_positions`, `with_per_layer_inputs` call them): a method bound to
+        # the model and kept on it would make the model a reference cycle (`_variants`).
+        cls = type(self)
+        self._embedding = cls._token_embedding
+        self._query_key_positions = _without_query_key_positions
         if cfg.has_learned_positions:
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
         if cfg.positional_embedding_type == "standard":
-            self.embed_tokens = self._token_and_position_embedding
+            self._embedding = cls._token_and_position_embedding
             if cfg.embed_norm_before_positions:
-                self.embed_tokens = self._normed_token_and_position_embedding
+                self._embedding = cls._normed_token_and_position_embedding
         elif cfg.positional_embedding_type == "shortformer":
-            self.with_query_key_positions = self._with_query_key_positions
+            self._query_key_positions = cls._with_query_key_positions
         # rotary models rotate q and k instead; "none" has no positional signal
         self.ln_embed = make_embed_norm(cfg)
         self.embed_proj = make_embed_projection(cfg)
-        self.with_per_layer_inputs = _without_per_layer_inputs
+        self._per_layer_inputs = _without_per_layer_inputs
         if cfg.d_per_layer_input is not None:  # Gemma 4's small sizes
             self.per_layer_inputs = PerLayerInputs(cfg)
-            self.with_per_layer_inputs = self._with_per_layer_inputs
+            self._per_layer_inputs = cls._with_per_layer_inputs
         self.blocks = nn.ModuleList([make_block(cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = make_final_norm(cfg)
         self.unembed_transform = make_unembed_transform(cfg)
@@ -231,6 +235,29 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
 
             logits = kernels.guarded(self, run, guard, past_kv_cache)[:, -1]
         return logits, guard.passed
+
+    def embed_tokens(
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
+    ) -> Resid:
+        """The stream entering the first block: the token embedding, with the learned
+        positions where the model has them, through any embedding norm and projection (the
+        form chosen at construction)."""
+        return self._embedding(self, tokens, positions)
+
+    def with_query_key_positions(self, context: AttentionContext) -> AttentionContext:
+        """The context with the positional embedding the queries and keys read (a
+        shortformer's), or as it is."""
+        return self._query_key_positions(self, context)
+
+    def with_per_layer_inputs(
+        self,
+        context: AttentionContext,
+        tokens: Int[Tensor, "batch pos"] | None,
+        embedding: Resid | None,
+    ) -> AttentionContext:
+        """The context with every block's per-layer input (Gemma 4's small sizes), or as
+        it is."""
+        return self._per_layer_inputs(self, context, tokens, embedding)
 
     def _token_and_position_embedding(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"]
@@ -443,13 +470,13 @@ class HookedTransformer(ModelIO, StackedWeights, TLNamesMixin, HookedRootModule)
 
 
 def _without_per_layer_inputs(
-    context: AttentionContext, tokens: Tensor | None, embedding: Tensor | None
+    model: Any, context: AttentionContext, tokens: Tensor | None, embedding: Tensor | None
 ) -> AttentionContext:
     """The context as it is: no block reads an input of its own."""
     return context
 
 
-def _without_query_key_positions(context: AttentionContext) -> AttentionContext:
+def _without_query_key_positions(model: Any, context: AttentionContext) -> AttentionContext:
     """The context as it is: no positional embedding for the queries and keys to read."""
     return context
 

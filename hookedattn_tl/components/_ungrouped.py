@@ -15,6 +15,7 @@ from typing import Any
 from einops import repeat
 from torch import Tensor
 
+from hookedattn.core._variants import reclass, variant_base
 from hookedattn.core.components import attention as _core
 from hookedattn.core.kernels import FusedQKV
 
@@ -49,14 +50,14 @@ def set_ungrouped(attn: Any, cfg: Any, ungrouped: bool) -> None:
             "(qk_norm_per_head=False): the key norm's gain is sized for the "
             f"{cfg.n_kv_heads} key/value heads; leave the flag off for this model"
         )
-    bases = [base for base, flat in UNGROUPED.items() if type(attn) in (base, flat)]
+    bases = [base for base, flat in UNGROUPED.items() if variant_base(type(attn)) in (base, flat)]
     if not bases:
         raise ValueError(
             f"ungroup_grouped_query_attention: {type(attn).__name__} is not a grouped-query "
             f"attention layer this flag applies to ({', '.join(c.__name__ for c in UNGROUPED)})"
         )
     grouped = bases[0]
-    attn.__class__ = UNGROUPED[grouped] if ungrouped else grouped
+    reclass(attn, UNGROUPED[grouped] if ungrouped else grouped)
     per_query_head = cfg.replace(n_key_value_heads=None) if ungrouped else cfg
     attn.group = cfg.n_heads // per_query_head.n_kv_heads
     attn.fused_qkv = FusedQKV(per_query_head)

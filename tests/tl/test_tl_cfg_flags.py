@@ -75,8 +75,9 @@ def test_a_refused_value_leaves_the_model_as_it_was():
     with pytest.raises(ValueError, match="use_attn_in and use_split_qkv_input"):
         model.cfg.use_attn_in = True
     assert not model.cfg.use_attn_in and list(model.hook_dict) == names
+    attn_only = make_model(attn_only=True)  # held: a model no name holds is freed at once
     with pytest.raises(ValueError, match="use_hook_mlp_in=True needs MLPs"):
-        make_model(attn_only=True).cfg.use_hook_mlp_in = True
+        attn_only.cfg.use_hook_mlp_in = True
 
 
 def test_ungrouping_is_stored_without_grouping():

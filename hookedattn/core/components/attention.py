@@ -378,8 +378,8 @@ class Attention(nn.Module):
     def _rotate(
         self, q: HeadVectors, k: Tensor, context: AttentionContext
     ) -> tuple[Tensor, Tensor]:
-        rotated_k = self.hook_rot_k(self.rotary(k, context.positions))
-        return self._rotated_queries(q, context), rotated_k
+        rotated_q = self._rotated_queries(q, context)  # hook_rot_q first, then hook_rot_k
+        return rotated_q, self.hook_rot_k(self.rotary(k, context.positions))
 
     def _rotated_queries(self, q: HeadVectors, context: AttentionContext) -> Queries:
         return self.hook_rot_q(self.rotary(q, context.positions))

@@ -10,6 +10,7 @@ from einops import rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hookedattn.core import _variants
 from hookedattn.core.components.attention import AttnInput
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels import AttentionContext
@@ -26,11 +27,11 @@ class AttnInputs:
     stream. In a shortformer model the query and key inputs then gain the positional
     embedding the context carries (each head's copy the same one). A plain object, not a
     module: the hook points and the norm belong to the block, where TransformerLens names
-    them.
+    them, and the block hands itself to each call (kept here, it would make the block a
+    reference cycle: `_variants`).
     """
 
-    def __init__(self, block: nn.Module, cfg: HookedTransformerConfig) -> None:
-        self.block = block
+    def __init__(self, cfg: HookedTransformerConfig) -> None:
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         per_head = cfg.use_split_qkv_input or cfg.use_attn_in
         if cfg.use_split_qkv_input:
@@ -48,24 +49,24 @@ class AttnInputs:
                 if per_head
                 else "batch pos d_model -> batch pos d_model"
             )
+        _variants.keep_on_classes([self])  # the choice on a class: no cycle through self
 
     def __call__(
-        self, resid: Resid, context: AttentionContext
+        self, block: nn.Module, resid: Resid, context: AttentionContext
     ) -> tuple[AttnInput, AttnInput, AttnInput]:
-        """The query, key and value inputs (`inputs` and `positions` are chosen when the
-        block is built)."""
-        return self.positions(*self.inputs(resid), context)
+        """The query, key and value inputs of `block` (`inputs` and `positions` are chosen
+        when the block is built)."""
+        return self.positions(*self.inputs(block, resid), context)
 
-    def _shared(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        x = self.block.ln1(resid)
+    def _shared(self, block: nn.Module, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = block.ln1(resid)
         return x, x, x
 
-    def _per_head(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        x = self.block.ln1(self.block.hook_attn_in(_copies(resid, self.n_heads)))
+    def _per_head(self, block: nn.Module, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
+        x = block.ln1(block.hook_attn_in(_copies(resid, self.n_heads)))
         return x, x, x
 
-    def _split(self, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
-        block = self.block
+    def _split(self, block: nn.Module, resid: Resid) -> tuple[AttnInput, AttnInput, AttnInput]:
         q_in = block.ln1(block.hook_q_input(_copies(resid, self.n_heads)))
         k_in = block.ln1(block.hook_k_input(_copies(resid, self.n_kv_heads)))
         v_in = block.ln1(block.hook_v_input(_copies(resid, self.n_kv_heads)))

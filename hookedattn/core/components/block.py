@@ -107,7 +107,7 @@ class AttnOnlyBlock(nn.Module):
         elif cfg.use_attn_in:
             self.hook_attn_in = HookPoint()  # [batch pos head d_model]
         self.ln1 = make_ln1(cfg, layer)
-        self.attn_inputs = AttnInputs(self, cfg.attention_config(layer))
+        self.attn_inputs = AttnInputs(cfg.attention_config(layer))
         self.attn = make_attention(cfg, layer)
         self.ln1_post = make_placed_norm(cfg, "post", layer)
         self.hook_attn_out = HookPoint()
@@ -172,7 +172,7 @@ class AttnOnlyBlock(nn.Module):
 
     def attend(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
         """What the attention sublayer writes: `ln1_post(attn(ln1(resid)))`."""
-        attn_out = self.attn(*self.attn_inputs(resid, context), context, past_kv)
+        attn_out = self.attn(*self.attn_inputs(self, resid, context), context, past_kv)
         return self.hook_attn_out(self.ln1_post(attn_out))
 
     def feed_forward(self, resid: Resid) -> Resid:

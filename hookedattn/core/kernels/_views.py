@@ -4,7 +4,8 @@ A view is a dispatcher call (`W.T`, `W.flatten(0, 1)`): made again by every prod
 one-token decode step, the model's views cost as much as some of its products. Where no
 gradient is recorded for the weight, `kept_view` keeps the view on the weight itself and
 makes it again only when the weight's storage changes (`W.data = ...`) or inference mode
-does; an edit in place is seen through the view, which shares the storage. Where a gradient
+does; an edit in place is seen through the view, which shares the storage (a view of the
+weight detached, so that the weight is still freed when its module is). Where a gradient
 is recorded, a view is made afresh each time (a kept one, made without grad, would carry
 none back to its weight).
 """
@@ -24,7 +25,9 @@ def kept_view(weight: Tensor, name: str, make: Callable[[Tensor], Tensor]) -> Te
     key = (weight.data_ptr(), torch.is_inference_mode_enabled())
     kept = weight.__dict__.get(name)
     if kept is None or kept[0] != key:
-        kept = weight.__dict__[name] = (key, make(weight))
+        # Of the weight detached: a view of the weight itself would hold it from C++, and
+        # kept on it, make it a cycle that only the garbage collector frees.
+        kept = weight.__dict__[name] = (key, make(weight.detach()))
     return kept[1]
 
 

@@ -97,23 +97,21 @@ class HeadParallelInputs(AttnInputs):
     """The attention's inputs on a rank: the stream enters the sharded attention here (its
     gradient is summed over the ranks), and per-head copies are made for this rank's heads."""
 
-    def __init__(
-        self, block: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup
-    ) -> None:
-        super().__init__(block, cfg)
+    def __init__(self, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
+        super().__init__(cfg)
         self.tp = tp
         self.n_heads = tp.slice_of(cfg.n_heads, 0).length
         self.n_kv_heads = tp.slice_of(cfg.n_kv_heads, 0).length
 
-    def _shared(self, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
-        x = replicated_input(self.block.ln1(resid), self.tp)
+    def _shared(self, block: nn.Module, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
+        x = replicated_input(block.ln1(resid), self.tp)
         return x, x, x
 
-    def _per_head(self, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
-        return super()._per_head(replicated_input(resid, self.tp))
+    def _per_head(self, block: nn.Module, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
+        return super()._per_head(block, replicated_input(resid, self.tp))
 
-    def _split(self, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
-        return super()._split(replicated_input(resid, self.tp))
+    def _split(self, block: nn.Module, resid: Resid) -> tuple[Tensor, Tensor, Tensor]:
+        return super()._split(block, replicated_input(resid, self.tp))
 
     def position_embedding(self, context: kernels.AttentionContext) -> Tensor:
         """A shortformer's positional embedding, entering the sharded attention as the
@@ -237,7 +235,7 @@ def shard_attention_inputs(
     block: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup
 ) -> None:
     """Make `block`'s attention inputs (and their per-head copies) this rank's, in place."""
-    block.attn_inputs = HeadParallelInputs(block, cfg, tp)
+    block.attn_inputs = HeadParallelInputs(cfg, tp)
     heads = dataclasses.replace(tp.slice_of(cfg.n_heads, 0), axis=2)
     kv = dataclasses.replace(tp.slice_of(cfg.n_kv_heads, 0), axis=2)
     for point, part in (
