@@ -49,6 +49,7 @@ from hookedattn.core import names, tolerances
 from hookedattn.core._memory import free_memory
 from hookedattn.core._pretrained import PretrainedInfo, list_pretrained, pretrained_info
 from hookedattn.core._tokenization import TokenizedText
+from hookedattn.core._variants import variant_base
 from hookedattn.core._weight_views import require_bilinear_scores
 from hookedattn.core._weights_io import (
     CONFIG_FILE,
@@ -161,4 +162,5 @@ __all__ = [
     "stacked_patterns",
     "tokenizer_of",
     "tolerances",
+    "variant_base",
 ]

@@ -8,7 +8,7 @@ rounding) in one pass; `use_fused_kernels=False` writes every norm out always.
 
 from typing import Any
 
-from torch import nn
+import torch
 
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kernels._deferred import defer
@@ -37,7 +37,10 @@ def fused_normalize(norm: Any, x: Normed) -> Normed:
     numbers of `written_out` to rounding (for a caller that records the written-out
     `hook_scale` and `hook_normalized` otherwise, as the decode step does after the last
     step)."""
+    # torch's own ops, not `nn.functional`'s wrappers: the same kernels, without a Python
+    # frame and a read of cuDNN's flag per call (a tensor subclass's `__torch_function__`
+    # still sees the call, as `torch.layer_norm`).
     w, b = norm.weight_and_bias()
     if norm.centres:
-        return nn.functional.layer_norm(x, norm.shape, w, b, eps=norm.eps)
-    return nn.functional.rms_norm(x, norm.shape, w, eps=norm.eps)
+        return torch.layer_norm(x, norm.shape, w, b, norm.eps)
+    return torch.rms_norm(x, norm.shape, w, norm.eps)
