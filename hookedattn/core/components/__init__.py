@@ -9,6 +9,7 @@ Mamba-2 or gated delta net in attention's place; `make_mlp` or `MoE`, `make_norm
 
 from hookedattn.core.components.alibi import ALiBi, alibi_slopes
 from hookedattn.core.components.attention import Attention, GroupedQueryAttention
+from hookedattn.core.components.attention_gate import make_gate, routed_gate
 from hookedattn.core.components.attn_inputs import AttnInputs
 from hookedattn.core.components.block import (
     AttnOnlyBlock,
@@ -153,6 +154,7 @@ __all__ = [
     "make_embed_norm",
     "make_embed_projection",
     "make_final_norm",
+    "make_gate",
     "make_ln1",
     "make_ln2_post",
     "make_mixer",
@@ -166,6 +168,7 @@ __all__ = [
     "relu2",
     "rotary_attention_factor",
     "rotary_frequencies",
+    "routed_gate",
     "segment_log_decay",
     "selective_scan",
     "solu",

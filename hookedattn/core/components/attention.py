@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.components.alibi import ALiBi
+from hookedattn.core.components.attention_gate import make_gate
 from hookedattn.core.components.embed import _param, affine
 from hookedattn.core.components.norm import LayerNorm, NoNorm, RMSNorm, RMSNormPre, make_norm
 from hookedattn.core.components.query_temperature import QueryTemperature
@@ -68,9 +69,6 @@ from hookedattn.core.shapes import (
     Values,
     ValueVectors,
 )
-
-# What an output gate (`attn_gate`) does to its pre-activation.
-GATES = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
 
 # Per-head copies of the input (use_split_qkv_input / use_attn_in, so that each head's
 # input can be patched alone), each read by its own head's weights.
@@ -161,10 +159,7 @@ class Attention(nn.Module):
             d_gate = 1 if cfg.attn_gate_per_head else cfg.d_value  # one factor per z entry
             self.W_G = _param(cfg.n_heads, cfg.d_model, d_gate, cfg=cfg)
             self.b_G = _param(cfg.n_heads, d_gate, cfg=cfg)
-            if cfg.attn_gate == "routed":
-                self.gate_fn, self.gate_top_k = self._routed, cfg.attn_gate_top_k
-            else:
-                self.gate_fn = GATES[cfg.attn_gate]
+            self.gate_fn = make_gate(cfg)  # `components.attention_gate`
             self.gate_pattern = (_PER_HEAD_IN if cfg.use_split_qkv_input or cfg.use_attn_in
                                  else _SHARED_IN)  # fmt: skip
             self.hook_attn_gate = HookPoint()  # [batch pos head d_gate]
@@ -263,16 +258,6 @@ class Attention(nn.Module):
         """`z * gate(x @ W_G + b_G)` per head (per dimension, or one factor per head)."""
         pre = einsum(query_input, self.W_G, self.gate_pattern) + self.b_G
         return z * self.hook_attn_gate(self.gate_fn(pre)).to(z.dtype)
-
-    def _routed(self, pre: Float[Tensor, "batch pos head 1"]) -> Float[Tensor, "batch pos head 1"]:
-        """The routed gate (`attn_gate="routed"`): in each key/value group, the
-        `attn_gate_top_k` query heads of the largest logits `pre`, weighted by the softmax
-        of those logits; every other head's factor 0."""
-        logits = rearrange(pre, "batch pos (kv_head group) 1 -> batch pos kv_head group",
-                           group=self.group)  # fmt: skip
-        chosen_logits, chosen = logits.topk(self.gate_top_k, dim=-1)
-        gate = torch.zeros_like(logits).scatter(-1, chosen, chosen_logits.softmax(dim=-1))
-        return rearrange(gate, "batch pos kv_head group -> batch pos (kv_head group) 1")
 
     def written_out(
         self, q: Queries, k: KeyValues, v: Values, context: AttentionContext
