@@ -46,7 +46,6 @@ On every block shape the sum is exact:
   point through every later block's scalar.
 """
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -59,7 +58,13 @@ from analysis._naming import expert_label, head_label, neuron_label
 from analysis._reading import activation, weight
 from analysis._resid_stack import AccumulatedResid, Decomposition, check_sums_to
 from analysis._sae_terms import feature_terms, sae_point
-from analysis._widths import through_embed_projection
+from analysis._stream_terms import (
+    block_extras,
+    block_layout,
+    normed_stream,
+    sublayer_terms,
+    through_stream_norms,
+)
 from analysis.experts import expert_writes, shared_write
 from analysis.head_results import _results_into, _written_z, head_results
 from analysis.normalization import NormSite, through_norm
@@ -279,13 +284,13 @@ def _check_granularity(
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if sae is not None and granularity != "features":
         raise ValueError(f"sae is for granularity='features', not {granularity!r}")
-    if _normed_stream(model.cfg) and _block_extras(model.cfg):
+    if normed_stream(model.cfg) and block_extras(model.cfg):
         raise ValueError(
             "this model's stream passes norms of its own and its blocks scale it or write a "
             "per-layer term (resid_post_scale, d_per_layer_input): no model built has both, "
             "and decompose_resid does not split them together"
         )
-    if _normed_stream(model.cfg) and granularity != "sublayer":
+    if normed_stream(model.cfg) and granularity != "sublayer":
         raise ValueError(
             f"granularity={granularity!r}: the stream of this model passes norms of its own "
             f"(post-residual norms, the skips of normed_skip, or a norm of the embeddings) "
@@ -304,10 +309,10 @@ def _terms(
     sae: SparseAutoencoder | None,
 ) -> tuple[Terms, tuple[str, ...]]:
     """`decompose_resid`'s components and labels at `(site, layer)`."""
-    if _normed_stream(model.cfg):
-        return _through_stream_norms(model, cache, site, layer)
+    if normed_stream(model.cfg):
+        return through_stream_norms(model, cache, site, layer)
     if granularity == "sublayer" and not model.cfg.resid_post_scale:  # the cached streams
-        terms = _sublayer_terms(model, site, layer)
+        terms = sublayer_terms(model, site, layer)
         components = torch.stack([activation(cache, name) for _, name in terms])
         return components, tuple(label for label, _ in terms)
     if granularity == "features":
@@ -341,114 +346,6 @@ def _fits(terms: Terms | None, like: Float[Tensor, "batch pos d_model"]) -> bool
     return terms is not None and terms.shape[1:] == like.shape and terms.dtype == like.dtype
 
 
-def _normed_stream(cfg: object) -> bool:
-    """Whether norms rescale the stream itself (post-residual norms, an embedding norm, the
-    normed skips of `normed_skip`), or a projection maps the embeddings into it (`d_embed`)."""
-    placement = cfg.normalization_placement == "post_residual" or cfg.normed_skip
-    return placement or cfg.embed_norm or bool(cfg.d_embed)
-
-
-def _through_stream_norms(
-    model: HookedTransformer, cache: ActivationCache, site: str, layer: int
-) -> tuple[Float[Tensor, "component batch pos d_model"], tuple[str, ...]]:
-    """The stream at `(site, layer)` where norms rescale the stream itself (module
-    docstring): the embeddings and each sublayer's write, each passed through every norm of
-    the stream after it at the scale the forward recorded (`through_norm`: centred, divided,
-    times the gain), each norm's bias a term of its own (`ln_embed_bias`,
-    `L0_ln_resid_mid_bias`, ...), the embeddings' terms then through their projection into
-    the stream where there is one (`embed_proj_bias` a term). They sum to the stream
-    exactly."""
-    terms = _sublayer_terms(model, site, layer)
-    embeddings = [(label, name) for label, name in terms if label in ("embed", "pos_embed")]
-    components = torch.stack([activation(cache, name) for _, name in embeddings])
-    labels = tuple(label for label, _ in embeddings)
-    components, labels = through_norm(model, cache, NormSite("ln_embed"), components, labels)
-    components, labels = through_embed_projection(model, components, labels)
-    post_residual = model.cfg.normalization_placement == "post_residual"
-    for label, name in terms[len(embeddings) :]:
-        if model.cfg.normed_skip:  # the stream so far passes the sublayer by its normed skip
-            components, labels = _through_normed_skip(model, cache, label, components, labels)
-        components = torch.cat([components, activation(cache, name)[None]])
-        labels = (*labels, label)
-        block, sublayer = int(label[1 : label.index("_")]), label.rsplit("_", 1)[1]
-        if post_residual:
-            which = "ln_resid_mid" if sublayer == "attn" else "ln_resid_post"
-            norm = NormSite(which, block)
-            components, labels = through_norm(model, cache, norm, components, labels)
-    return components, labels
-
-
-def _through_normed_skip(
-    model: HookedTransformer,
-    cache: ActivationCache,
-    label: str,
-    components: Float[Tensor, "component batch pos d_model"],
-    labels: tuple[str, ...],
-) -> tuple[Float[Tensor, "component batch pos d_model"], tuple[str, ...]]:
-    """The terms of the stream a sublayer (`label`'s) reads, as its skip passes them on in
-    a `normed_skip` block: through the sublayer's norm, times the skip's scale."""
-    block, sublayer = int(label[1 : label.index("_")]), label.rsplit("_", 1)[1]
-    which, scale = ("ln2", model.cfg.mlp_skip_scale) if sublayer == "mlp" else (
-        "ln1", model.cfg.attn_skip_scale)  # fmt: skip
-    components, labels = through_norm(model, cache, NormSite(which, block), components, labels)
-    return components * scale, labels
-
-
-def _sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tuple[str, str], ...]:
-    """`(label, hook name)` of each term of the stream at `(site, layer)` at granularity
-    `"sublayer"`: the cached embeddings and sublayer outputs (biases included)."""
-    learned_positions = model.cfg.positional_embedding_type == "standard"
-    layout = tuple(_layout(model, block) for block in range(model.cfg.n_layers))
-    return _sublayer_names(learned_positions, site, layer, layout)
-
-
-def _layout(model: HookedTransformer, layer: int) -> tuple[bool, str, bool, bool]:
-    """What block `layer` writes: whether it mixes positions (attention or a mixer in its
-    place; not Nemotron-H's MLP-only blocks), the kind of a mixer beside its attention
-    (Falcon-H1's; "" if none), whether it holds an MLP, whether it writes a per-layer term
-    (Gemma 4's `hook_per_layer_out`)."""
-    cfg = model.cfg
-    kind = cfg.layer_mixer(layer)
-    beside = cfg.mixers.layer_mixers(layer) if kind == "attention" and cfg.mixers else ()
-    per_layer = cfg.d_per_layer_input is not None
-    return kind != "none", beside[0] if beside else "", cfg.layer_has_mlp(layer), per_layer
-
-
-def _block_extras(cfg: object) -> bool:
-    """Whether blocks scale the stream they leave or write a per-layer term (Gemma 4's)."""
-    return bool(cfg.resid_post_scale) or cfg.d_per_layer_input is not None
-
-
-@functools.lru_cache(maxsize=256)
-def _sublayer_names(
-    learned_positions: bool,
-    site: str,
-    layer: int,
-    layout: tuple[tuple[bool, str, bool, bool], ...],
-) -> tuple[tuple[str, str], ...]:
-    # Memoised: a function of the model's shape only, on the path of every sublayer call.
-    terms = [("embed", get_act_name("embed"))]
-    if learned_positions:
-        terms.append(("pos_embed", get_act_name("pos_embed")))
-
-    def mixing(block: int) -> None:
-        mixes, beside, _, _ = layout[block]
-        if mixes:
-            terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
-        if beside:  # its write beside the attention's, a term of its own
-            terms.append((f"L{block}_{beside}", f"blocks.{block}.hook_mixer_out"))
-
-    for block in range(layer + 1 if site == "resid_post" else layer):
-        mixing(block)
-        if layout[block][2]:
-            terms.append((f"L{block}_mlp", get_act_name("mlp_out", block)))
-        if layout[block][3]:
-            terms.append((f"L{block}_per_layer", f"blocks.{block}.hook_per_layer_out"))
-    if site == "resid_mid":
-        mixing(layer)
-    return tuple(terms)
-
-
 def _parts(
     model: HookedTransformer, cache: ActivationCache, site: str, layer: int, granularity: str
 ) -> _Parts:
@@ -474,14 +371,14 @@ def _sublayer_parts(
 ) -> _Parts:
     """The cached embeddings and sublayer outputs at `(site, layer)` as terms, each block's
     scalar (`resid_post_scale`) after that block's terms."""
-    terms = _sublayer_terms(model, site, layer)
+    terms = sublayer_terms(model, site, layer)
     given = [_given((label,), activation(cache, name)[None]) for label, name in terms]
     if not model.cfg.resid_post_scale:
         return given
     parts: _Parts = []
     done = 0
     for block in range(layer + 1 if site == "resid_post" else layer):
-        upto = len(_sublayer_terms(model, "resid_post", block))  # the terms up to its end
+        upto = len(sublayer_terms(model, "resid_post", block))  # the terms up to its end
         parts += [*given[done:upto], _Part((), scale=model.blocks[block].resid_scale.w)]
         done = upto
     return parts + given[done:]  # at resid_mid, the block's attention
@@ -504,7 +401,7 @@ def _mixing_parts(
 ) -> _Parts:
     """The attention's parts, and the write of a mixer beside it (one term) where there is
     one (Falcon-H1); none in a block that mixes no positions (Nemotron-H's MLP layers)."""
-    mixes, kind, _, _ = _layout(model, layer)
+    mixes, kind, _, _ = block_layout(model, layer)
     parts = _attn_parts(model, cache, layer, granularity) if mixes else []
     if kind:
         parts.append(_given((f"L{layer}_{kind}",), cache[f"blocks.{layer}.hook_mixer_out"][None]))
