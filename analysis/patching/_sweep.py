@@ -1,4 +1,4 @@
-"""Many patched variants of one forward pass, run together: the batched `_reference`.
+"""Patched variants of one forward, run together: the batched `_reference`.
 
 A sweep is a base run and `n_variants` variants of it, each a set of region replacements
 (`Edit`: in variant i, the region `mask[i]` of one activation takes `source`'s values).
