@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from analysis.patching._plan import runs_from_the_start
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.core import names as _names
 from hookedattn.core.names import get_act_name
@@ -259,13 +260,13 @@ def _base_runs(
     """Each of `batches` run unpatched (in one forward: prompts do not interact), keeping
     `names` and what the passes start from."""
     _refuse_shared_keys(model)
+    kept = () if runs_from_the_start(model) else (key_name, value_name)  # a pass's past
     starts = [
         name
         for layer in range(model.cfg.n_layers)
         for name in (
             get_act_name("resid_pre", layer),
-            key_name(model, layer),
-            value_name(model, layer),
+            *(name_of(model, layer) for name_of in kept),
         )
     ]
     with torch.no_grad():

@@ -5,7 +5,9 @@ Two facts about a causal transformer decide what a variant must recompute:
 - an edit in block L leaves blocks 0..L-1 as they were: a pass starts at block L from the
   unpatched run's `resid_pre`;
 - an edit at position p leaves positions 0..p-1 as they were: a pass runs positions p..
-  only, reading the earlier unpatched keys and values from a frozen KV cache.
+  only, reading the earlier unpatched keys and values from a frozen KV cache. (Not in a
+  hybrid model: what its mixers read of earlier positions is not among the unpatched run's
+  activations, so its passes run from position 0: `runs_from_the_start`.)
 
 (A third, that an edit after its block mixes positions changes that block's output at its
 own positions only, is used before planning: `_sweep` runs such blocks packed, several
@@ -85,6 +87,12 @@ def plan(
     return passes
 
 
+def runs_from_the_start(model: HookedTransformer) -> bool:
+    """Whether every pass runs from position 0 (a hybrid model, module docstring)."""
+    mixers = model.cfg.mixers
+    return mixers is not None and mixers.holds_mixers
+
+
 def check_memory_budget(memory_budget: int) -> int:
     """`memory_budget` if it is a positive number of bytes, else a `ValueError`."""
     if memory_budget <= 0:
@@ -107,12 +115,14 @@ class _Group:
         cfg = model.cfg
         self.layer, self.batch, self.end, self.n_unembed = layer, batch, end, n_unembed
         self.later_blocks = cfg.n_layers - layer - 1
-        self.again = n_unembed is not None and self.later_blocks == 0
+        from_start = runs_from_the_start(model)
+        self.again = n_unembed is not None and self.later_blocks == 0 and not from_start
         # (offset, stop): the rows a variant runs, with `again` its window only.
         self.needs = [
-            (e.start, max(e.start + 1, min(e.window_end, end)) if self.again else end)
+            (0 if from_start else e.start,
+             max(e.start + 1, min(e.window_end, end)) if self.again else end)
             for e in extents
-        ]
+        ]  # fmt: skip
         self.order = sorted(range(len(extents)), key=self.needs.__getitem__)
         self.row_floats = [row_floats(cfg, 0), row_floats(cfg, 1) - row_floats(cfg, 0)]
         self.kv_width = 2 * cfg.n_heads * cfg.d_head
@@ -300,15 +310,24 @@ def pass_cost(
 
 def _one_block(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
     """`cfg` with its first block only: every per-layer field (one entry per block, such
-    as `attn_types`) cut to its first entry."""
-    per_layer = {
+    as `attn_types`, or a hybrid's `mixers.layers`) cut to its first entry."""
+    per_layer = _first_entries(cfg, cfg.n_layers)
+    if cfg.mixers is not None:
+        per_layer["mixers"] = dataclasses.replace(
+            cfg.mixers, **_first_entries(cfg.mixers, cfg.n_layers)
+        )
+    return dataclasses.replace(cfg, n_layers=1, **per_layer)
+
+
+def _first_entries(fields_of: object, n_layers: int) -> dict[str, object]:
+    """The first entry of each of `fields_of`'s fields that holds one entry per block."""
+    return {
         f.name: value[:1]
-        for f in dataclasses.fields(cfg)
-        if isinstance(value := getattr(cfg, f.name), tuple | list)
-        and len(value) == cfg.n_layers
+        for f in dataclasses.fields(fields_of)
+        if isinstance(value := getattr(fields_of, f.name), tuple | list)
+        and len(value) == n_layers
         and f.name != "n_layers"
     }
-    return dataclasses.replace(cfg, n_layers=1, **per_layer)
 
 
 def _measure(stand_in: HookedTransformer, n_pos: int, pass_s: float) -> PassCost:
@@ -323,6 +342,8 @@ def _measure(stand_in: HookedTransformer, n_pos: int, pass_s: float) -> PassCost
             break
         n_seq *= 4
     n_seq, n_past = max(1, rows[-1] // n_pos), n_pos - 1
+    if runs_from_the_start(stand_in):  # no pass reads a KV cache
+        return PassCost(pass_s, call_s, tuple(rows), tuple(row_s), 0.0)
     with_keys = _best_seconds(stand_in, n_seq, 1, n_past)
     key_s = max(with_keys - _best_seconds(stand_in, n_seq, 1, 0), 0.0) / (n_seq * max(n_past, 1))
     return PassCost(pass_s, call_s, tuple(rows), tuple(row_s), key_s)

@@ -46,6 +46,7 @@ from analysis.patching._plan import (
     pass_cost,
     plan,
     row_floats,
+    runs_from_the_start,
 )
 from analysis.patching._readout import Piece, Readout, again, declared_logits, pass_pieces
 from hookedattn import ActivationCache, HookedTransformer
@@ -358,7 +359,8 @@ def _run_packed(
     layer = extents_[0].layer
     windows = [(e.start, min(e.window_end, end)) for e in extents_]
     packs = _packs(windows, shared=not any(e.per_variant for e in edits))
-    start, stop = min(w[0] for w in windows), max(w[1] for w in windows)
+    stop = max(w[1] for w in windows)
+    start = 0 if runs_from_the_start(model) else min(w[0] for w in windows)
     cfg = model.cfg
     per_pack = base.tokens.shape[0] * (stop - start) * row_floats(cfg, stop) * itemsize(cfg)
     size = max(1, memory_budget // per_pack)
@@ -383,7 +385,8 @@ def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
     where = torch.zeros(1, 1, n_pos, 1, dtype=torch.bool)
     where[..., -1, :] = True
     edits = [Edit("resid_pre", 0, where, base.cache[get_act_name("resid_pre", 0)])]
-    p = Pass(0, (0,), n_pos - 1, 1)
+    n_past = 0 if runs_from_the_start(model) else n_pos - 1
+    p = Pass(0, (0,), n_past, n_pos - n_past)
     readout = Readout(base, _first_logit, None, None)
     best, now = float("inf"), clock(model.cfg.device)
     for _ in range(3):

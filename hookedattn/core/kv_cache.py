@@ -5,6 +5,14 @@ This is the question "what happens in parallel, what in sequence" (asked by the 
 worklog, `docs/guide/worklog.md`) made concrete: a forward over `n` tokens computes all `n`
 positions at once, and running them one at a time against this cache gives the same
 numbers, because position `i` only ever reads keys and values of positions `<= i`.
+
+A hybrid model's mixers (the sublayers in attention's place, or Falcon-H1's beside it:
+`components.block.make_mixer`) keep a cache of their own kind, `MixerCacheEntry`: what a
+mixer reads of earlier positions (a recurrence's state, its convolution's last inputs, or,
+where its equation reads every earlier position as attention does, their keys), kept as
+each mixer's module says. A forward with the cache runs the mixer's own equations on the
+new positions only, so its hook points see those positions, as attention's do, and an
+edit of a value the cache keeps is kept with it.
 """
 
 from typing import Any
@@ -37,6 +45,7 @@ class KeyValueCacheEntry:
         self.frozen = frozen
         self._set(past_keys, past_values)
         self._sides: dict[str, KeyValueCacheEntry] = {}
+        self._mixer: MixerCacheEntry | None = None  # a mixer beside the attention's
 
     @classmethod
     def preallocated(
@@ -134,12 +143,43 @@ class KeyValueCacheEntry:
         entry.frozen = self.frozen
         return entry.append(new_keys, new_keys[..., :0])[0]
 
+    def beside(self) -> "MixerCacheEntry":
+        """The cache of the mixer beside this layer's attention (Falcon-H1's), frozen as
+        this entry is; made empty if this entry holds no positions yet."""
+        if self._mixer is None:
+            if self._length:
+                raise ValueError(
+                    f"this cache entry holds {self._length} positions but no cache of the "
+                    f"mixer beside its attention: a cache made without one cannot be read here"
+                )
+            self._mixer = MixerCacheEntry()
+        self._mixer.frozen = self.frozen
+        return self._mixer
+
+    @property
+    def device(self) -> torch.device:
+        """Where the keys are kept."""
+        return self._keys.device
+
     def frozen_copy(self, device: str | torch.device) -> "KeyValueCacheEntry":
-        """A frozen copy of this entry on `device`, its side keys too (read, never stored
-        into: what a layer placed on another device reads)."""
+        """A frozen copy of this entry on `device`, its side keys and mixer too (read, never
+        stored into: what a layer placed on another device reads)."""
         copy = KeyValueCacheEntry(self.past_keys.to(device), self.past_values.to(device), True)
         copy._sides = {name: entry.frozen_copy(device) for name, entry in self._sides.items()}
+        copy._mixer = None if self._mixer is None else self._mixer.frozen_copy(device)
         return copy
+
+    def _snapshot(self) -> Any:
+        """What `_restore` puts back: the length (and the snapshot of a mixer beside)."""
+        return self._length if self._mixer is None else (self._length, self._mixer._snapshot())
+
+    def _restore(self, snapshot: Any) -> None:
+        if isinstance(snapshot, int):
+            self.truncate(snapshot)
+            self._mixer = None  # made by the forward undone, if at all
+            return
+        self.truncate(snapshot[0])
+        self._mixer._restore(snapshot[1])
 
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (undoing appends; the buffers are kept)."""
@@ -154,16 +194,94 @@ class KeyValueCacheEntry:
 
 
 def _grown(
-    past: Float[Tensor, "batch pos head d_head"],
-    new: Float[Tensor, "batch new_pos head d_head"],
-    capacity: int,
-) -> Float[Tensor, "batch capacity head d_head"]:
+    past: Float[Tensor, "batch pos *rest"], new: Float[Tensor, "batch new_pos *rest"], capacity: int
+) -> Float[Tensor, "batch capacity *rest"]:
     """A buffer of `capacity` positions holding `past` (new positions are written after)."""
-    batch, n_past, head, d_head = past.shape
+    n_past = past.shape[1]
     dtype = torch.promote_types(past.dtype, new.dtype)
-    buffer = torch.empty(batch, capacity, head, d_head, dtype=dtype, device=new.device)
+    shape = (new.shape[0], capacity, *new.shape[2:])
+    buffer = torch.empty(shape, dtype=dtype, device=new.device)
     buffer.narrow(1, 0, n_past).copy_(past)
     return buffer
+
+
+class MixerCacheEntry:
+    """One mixer's cache (module docstring): tensors it keeps for every position so far
+    (`rows`: appended as keys are, in buffers with room to spare), and values it carries
+    from the last position to the next (`carried`, `carry`: a recurrence's state, its
+    convolution's last inputs), replaced by each forward. A frozen entry is read and left
+    as it is; so is `NO_PAST`, the empty entry of a forward without a cache."""
+
+    def __init__(self, capacity: int = 0, frozen: bool = False) -> None:
+        self.capacity, self.frozen = capacity, frozen  # capacity: positions, as `empty`'s
+        self._rows: dict[str, Tensor] = {}
+        self._lengths: dict[str, int] = {}
+        self._carried: dict[str, Tensor] = {}
+
+    @property
+    def length(self) -> int:
+        """How many positions the entry holds rows of (0 where it keeps none)."""
+        return max(self._lengths.values(), default=0)
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where the entry's tensors are kept (None while it holds none)."""
+        held = [*self._rows.values(), *self._carried.values()]
+        return held[0].device if held else None
+
+    def rows(
+        self, name: str, new: Float[Tensor, "batch new_pos *rest"]
+    ) -> Float[Tensor, "batch all_pos *rest"]:
+        """The earlier positions' `name` and `new` together; `new` stored unless frozen."""
+        buffer, start = self._rows.get(name), self._lengths.get(name, 0)
+        if self.frozen:
+            return new if buffer is None else torch.cat([buffer[:, :start], new], dim=1)
+        end = start + new.shape[1]
+        if buffer is None or end > buffer.shape[1]:
+            past = new[:, :0] if buffer is None else buffer[:, :start]
+            buffer = self._rows[name] = _grown(past, new, max(end, 2 * start, self.capacity))
+        buffer[:, start:end] = new
+        self._lengths[name] = end
+        return buffer[:, :end]
+
+    def carried(self, name: str) -> Tensor | None:
+        """What the last forward carried on as `name` (None before the first)."""
+        return self._carried.get(name)
+
+    def carry(self, name: str, value: Tensor) -> None:
+        """Carry `value` on to the next forward as `name`, unless frozen."""
+        if not self.frozen:
+            self._carried[name] = value
+
+    def frozen_copy(self, device: str | torch.device) -> "MixerCacheEntry":
+        """A frozen copy on `device` (what a layer placed on another device reads)."""
+        copy = MixerCacheEntry(self.capacity, frozen=True)
+        copy._rows = {name: rows[:, : self._lengths[name]].to(device)
+                      for name, rows in self._rows.items()}  # fmt: skip
+        copy._lengths = dict(self._lengths)
+        copy._carried = {name: value.to(device) for name, value in self._carried.items()}
+        return copy
+
+    def _snapshot(self) -> tuple[dict[str, int], dict[str, Tensor]]:
+        """What `_restore` puts back: each kind of rows' length, and the carried values
+        (replaced by a forward, never written into)."""
+        return dict(self._lengths), dict(self._carried)
+
+    def _restore(self, snapshot: tuple[dict[str, int], dict[str, Tensor]]) -> None:
+        lengths, carried = snapshot
+        self._lengths = {name: lengths.get(name, 0) for name in self._lengths}
+        self._carried = carried
+
+    def __repr__(self) -> str:
+        frozen = ", frozen" if self.frozen else ""
+        kept = [*self._rows, *self._carried]
+        return f"MixerCacheEntry(pos={self.length}, keeps={kept}{frozen})"
+
+
+# The cache of a forward without one: empty, and frozen, so nothing is ever stored in it.
+NO_PAST = MixerCacheEntry(frozen=True)
+
+LayerEntry = KeyValueCacheEntry | MixerCacheEntry
 
 
 class KeyValueCache:
@@ -180,7 +298,7 @@ class KeyValueCache:
 
     def __init__(
         self,
-        entries: list[KeyValueCacheEntry],
+        entries: list[LayerEntry],
         previous_attention_mask: Int[Tensor, "batch pos"],
         frozen: bool = False,
     ) -> None:
@@ -226,15 +344,15 @@ class KeyValueCache:
         """A cache holding no positions yet, for a batch of `batch` sequences; with
         `capacity`, every layer's buffers hold that many positions from the start (what
         generation does: it knows the prompt and `max_new_tokens`), but those of blocks
-        reading an earlier block's keys and values, which stay empty."""
-        cfg.require_attention("a KV cache")
+        reading an earlier block's keys and values, which stay empty. A hybrid model's
+        mixers get a `MixerCacheEntry` each."""
         device = cfg.device if device is None else device
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
         # A block reading an earlier block's keys and values (`n_kv_shared_layers`) reads
         # that block's entry: its own holds nothing.
         own = lambda layer: capacity if cfg.kv_source_layer(layer) is None else 0
-        entries = [_preallocated(cfg.attention_config(layer), batch, own(layer), device)
+        entries = [_layer_entry(cfg, layer, batch, own(layer), device)
                    for layer in range(cfg.n_layers)]  # fmt: skip
         mask = torch.empty(batch, 0, dtype=torch.long, device=device)
         return cls(entries, mask)
@@ -249,7 +367,7 @@ class KeyValueCache:
         """How many sequences the cache holds."""
         return self._mask.shape[0]
 
-    def __getitem__(self, layer: int) -> KeyValueCacheEntry:
+    def __getitem__(self, layer: int) -> LayerEntry:
         return self.entries[layer]
 
     def __len__(self) -> int:
@@ -291,6 +409,20 @@ class KeyValueCache:
             self._real_after_mask += 1
 
 
+def _layer_entry(
+    cfg: HookedTransformerConfig, layer: int, batch: int, capacity: int, device: str | torch.device
+) -> LayerEntry:
+    """An empty entry for block `layer`: its attention's keys and values (and the cache of
+    a mixer beside it), or its mixer's cache (an empty one for a block of an MLP alone)."""
+    kind = cfg.layer_mixer(layer)
+    if kind != "attention":
+        return MixerCacheEntry(capacity)
+    entry = _preallocated(cfg.attention_config(layer), batch, capacity, device)
+    if cfg.mixers is not None and cfg.mixers.beside_attention is not None:
+        entry._mixer = MixerCacheEntry(capacity)
+    return entry
+
+
 def _preallocated(
     cfg: HookedTransformerConfig, batch: int, capacity: int, device: str | torch.device
 ) -> KeyValueCacheEntry:
@@ -302,7 +434,7 @@ def _preallocated(
 
 
 class _Transaction:
-    """`KeyValueCache.transaction()`: the lengths and mask noted on entry, put back if the
+    """`KeyValueCache.transaction()`: the entries and mask noted on entry, put back if the
     body raises. (A class rather than `@contextmanager`: a generation step enters one per
     token, where the generator's machinery costs more than the bookkeeping.)"""
 
@@ -311,13 +443,13 @@ class _Transaction:
 
     def __enter__(self) -> None:
         cache = self.cache
-        self.lengths = [entry._length for entry in cache.entries]
+        self.snapshots = [entry._snapshot() for entry in cache.entries]
         self.mask = (cache._mask, cache._real_after_mask)
 
     def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
         if kind is None:
             return
         cache = self.cache
-        for entry, length in zip(cache.entries, self.lengths, strict=True):
-            entry.truncate(length)
+        for entry, snapshot in zip(cache.entries, self.snapshots, strict=True):
+            entry._restore(snapshot)
         cache._mask, cache._real_after_mask = self.mask

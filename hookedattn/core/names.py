@@ -181,11 +181,11 @@ def layer_of(name: str) -> int | None:
 def pos_axis(name: str) -> int:
     """The position axis of the activation at `name` (with the batch axis first).
 
-    Attention scores and patterns are `[batch head query_pos key_pos]`: their position is
-    the query position. Everything else is `[batch pos ...]`, except an expert's rows
-    (`is_rows`), which have neither axis.
+    Attention scores and patterns, and a mixer's mixing, are `[batch head query_pos
+    key_pos]`: their position is the query position. Everything else is `[batch pos ...]`,
+    except an expert's rows (`is_rows`), which have neither axis.
     """
-    return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
+    return 2 if name.endswith(("hook_attn_scores", "hook_pattern", "hook_mixing")) else 1
 
 
 _ROWS_RE = re.compile(r"^blocks\.\d+\.mlp\.experts\.(\d+)\.hook_\w+$")

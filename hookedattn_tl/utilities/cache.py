@@ -8,7 +8,7 @@ def get_pos_offset(past_kv_cache: Any, batch_size: int) -> int:
     next token takes."""
     if past_kv_cache is None:
         return 0
-    return int(past_kv_cache.entries[0].past_keys.shape[1])
+    return past_kv_cache.length  # its mask's: a hybrid's first layer may hold a mixer
 
 
 __all__ = ["get_pos_offset"]

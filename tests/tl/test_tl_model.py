@@ -187,6 +187,17 @@ def test_kv_cache_init_cache_gives_the_full_forward_logits():
     assert_close(torch.cat([first, rest], dim=1), model(TOKENS), atol=1e-5, rtol=1e-5)
 
 
+def test_get_pos_offset_counts_a_hybrids_cached_positions():
+    from hookedattn_tl.utilities import get_pos_offset
+    from tests.helpers.mixers import hybrid_cfg, random_hybrid
+
+    model = random_hybrid(hybrid_cfg(("mamba2", "attention")), 1)
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    assert get_pos_offset(None, 1) == 0
+    model(torch.tensor([[1, 2, 3]]), past_kv_cache=cache)
+    assert get_pos_offset(cache, 1) == 3
+
+
 def test_generate_samples_by_default_and_greedy_matches_the_core():
     model = make_model()
     prompt = TOKENS[:1, :3]

@@ -75,10 +75,11 @@ from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
-from hookedattn.core.kv_cache import KeyValueCacheEntry
+from hookedattn.core.kv_cache import NO_PAST, KeyValueCacheEntry, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
-PastKV = KeyValueCacheEntry | None  # this layer's keys and values of earlier positions
+# This layer's cache of earlier positions: its attention's keys and values, or its mixer's.
+PastKV = KeyValueCacheEntry | MixerCacheEntry | None
 
 
 def _same(resid: Resid) -> Resid:
@@ -123,10 +124,10 @@ class AttnOnlyBlock(nn.Module):
         self.attend = self._mix
 
     def _mix(self, resid: Resid, context: AttentionContext, past_kv: PastKV) -> Resid:
-        """What the mixer writes: `ln1_post(mixer(ln1(resid)))`. It keeps no cache: a
-        forward with `past_kv` is refused before it gets here (`generation` reruns the
-        whole prefix instead)."""
-        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid), context)))
+        """What the mixer writes: `ln1_post(mixer(ln1(resid)))`, reading the mixer's cache
+        (`kv_cache.MixerCacheEntry`) where there is one."""
+        past = NO_PAST if past_kv is None else past_kv
+        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid), context, past)))
 
     def _add_mlp(self, cfg: HookedTransformerConfig, layer: int) -> None:
         if cfg.use_hook_mlp_in:
@@ -333,8 +334,9 @@ class ParallelMixerBlock(Block):
 
     def forward(self, resid_pre: Resid, context: AttentionContext, past_kv: PastKV = None) -> Resid:
         resid_pre = self.hook_resid_pre(resid_pre)
+        mixer_past = NO_PAST if past_kv is None else past_kv.beside()  # the mixer's cache
         attn_out = self.attend(resid_pre, context, past_kv)
-        mixer_out = self.hook_mixer_out(self.mixer(self.ln1(resid_pre), context))
+        mixer_out = self.hook_mixer_out(self.mixer(self.ln1(resid_pre), context, mixer_past))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out + mixer_out)
         return self.hook_resid_post(resid_mid + self.feed_forward(resid_mid))
 

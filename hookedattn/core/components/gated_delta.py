@@ -33,7 +33,10 @@ before the gate, unlike Mamba-2's),
 
     out = (rmsnorm(o) * w_norm * silu(z)) @ W_out + b_out
 
-Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern.
+Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern. With a cache
+(`kv_cache.MixerCacheEntry`) the cache keeps every position's `k`, `v`, `beta` and `g`; a
+forward computes its own positions' rows of `M` (`T` is still every position's), and its
+convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
 
 import torch
@@ -42,12 +45,13 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
@@ -62,9 +66,12 @@ def _unit(u: Keys) -> Keys:
     return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
-def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
+def delta_mixing(
+    q: Float[Tensor, "batch query_pos group d_state"], k: Keys, beta: PerHead, g: PerHead
+) -> Mixing:
     """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head,
-    each reading the `q`, `k` of its key head."""
+    each reading the `q`, `k` of its key head; the rows of the positions `q` is given for,
+    the last ones (all, or a cache's new ones: `T` is every position's)."""
     per_group = beta.shape[2] // q.shape[2]
     heads = "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos"
     scores = {
@@ -72,13 +79,14 @@ def delta_mixing(q: Keys, k: Keys, beta: PerHead, g: PerHead) -> Mixing:
                             "-> batch group query_pos key_pos"), heads, per_group=per_group)
         for name, a in (("QK", q), ("KK", k))
     }  # fmt: skip
+    n_pos = beta.shape[1]
     decay = segment_log_decay(g).exp()  # 0 above the diagonal
     step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
-    eye = torch.eye(beta.shape[1], dtype=beta.dtype, device=beta.device)
+    eye = torch.eye(n_pos, dtype=beta.dtype, device=beta.device)
     T = eye + (step * scores["KK"] * decay).tril(-1)
     # X T = (Q K^T) * D, solved for X = ((Q K^T) * D) T^{-1}; then the columns times beta.
-    X = torch.linalg.solve_triangular(T, scores["QK"] * decay, upper=False, left=False,
-                                      unitriangular=True)  # fmt: skip
+    rows = scores["QK"] * decay[:, :, n_pos - q.shape[1] :]
+    X = torch.linalg.solve_triangular(T, rows, upper=False, left=False, unitriangular=True)
     return X * rearrange(beta, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
 
 
@@ -107,13 +115,15 @@ class GatedDeltaNet(nn.Module):
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         m = self.settings
         x = self.hook_in(x)
-        real = real_positions(context)  # no real token reads padding
+        real = real_positions(context, x.shape[1])  # no real token reads padding
         qkv = torch.cat([affine(x, self.W_q, self.b_q), affine(x, self.W_k, self.b_k),
                          affine(x, self.W_v, self.b_v)], dim=-1)  # fmt: skip
-        qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))  # one channel each
+        qkv = silu(causal_conv_continued(qkv * real, self.W_conv, self.b_conv, past))
         q, k, v = qkv.split([self.d_key, self.d_key, m.d_inner], dim=-1)
         q, k = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
                           group=m.n_ssm_groups) for t in (q, k))  # fmt: skip
@@ -123,7 +133,10 @@ class GatedDeltaNet(nn.Module):
         # A padding position writes nothing into the state (its beta is 0).
         beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
         g = -self.A_log.exp() * softplus(affine(x, self.W_a, self.b_a) + self.dt_bias)
-        mixing = self.hook_mixing(delta_mixing(_unit(q) * m.d_state**-0.5, _unit(k), beta, g))
+        # What the new positions read: every position's k, v, beta and g (a cache's, then theirs).
+        k, v = past.rows("k", _unit(k)), past.rows("v", v)
+        beta, g = past.rows("beta", beta), past.rows("g", g)
+        mixing = self.hook_mixing(delta_mixing(_unit(q) * m.d_state**-0.5, k, beta, g))
         o = einsum(mixing, v, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
                    "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
         normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)

@@ -30,7 +30,9 @@ position). Hook points: `hook_decay` holds every `g` (the log of each channel's 
 `hook_beta` every step `beta`, `hook_o` what the heads read before the gated norm.
 
 In a padded batch `beta` and the convolution's input are zero at padding: a padding
-position writes nothing into the state.
+position writes nothing into the state. With a cache (`kv_cache.MixerCacheEntry`) the
+scan starts from the state the last forward carried on, and the convolution reads the
+inputs it carried (`causal_conv_continued`).
 """
 
 import torch
@@ -39,25 +41,33 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.nn.functional import sigmoid, silu, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.components.gated_delta import _unit
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.core.shapes import Resid
 
 Heads = Float[Tensor, "batch pos ssm_head d_ssm_head"]
 Inner = Float[Tensor, "batch pos d_inner"]
+State = Float[Tensor, "batch ssm_head d_key d_value"]
 
 
 def kimi_delta_scan(
-    q: Heads, k: Heads, v: Heads, g: Heads, beta: Float[Tensor, "batch pos ssm_head"]
-) -> Heads:
-    """Every `o_t = S_t^T q_t` of the recurrence in the module docstring, from `S_{-1} = 0`."""
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    g: Heads,
+    beta: Float[Tensor, "batch pos ssm_head"],
+    start: State | None = None,
+) -> tuple[Heads, State]:
+    """Every `o_t = S_t^T q_t` of the recurrence in the module docstring, from `S_{-1} =
+    start` (zero by default), and the last state."""
     batch, n_pos, heads, d_key = k.shape
-    state = k.new_zeros(batch, heads, d_key, v.shape[-1])
+    state = k.new_zeros(batch, heads, d_key, v.shape[-1]) if start is None else start
     read = "batch head d_key d_value, batch head d_key -> batch head d_value"  # S^T u
     outer = "batch head d_key, batch head d_value -> batch head d_key d_value"
     outputs = []
@@ -66,7 +76,7 @@ def kimi_delta_scan(
         written = beta[:, t, :, None] * (v[:, t] - einsum(state, k[:, t], read))
         state = state + einsum(k[:, t], written, outer)
         outputs.append(einsum(state, q[:, t], read))
-    return torch.stack(outputs, dim=1)
+    return torch.stack(outputs, dim=1), state
 
 
 class KimiDeltaAttention(nn.Module):
@@ -101,15 +111,17 @@ class KimiDeltaAttention(nn.Module):
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         m = self.settings
         x = self.hook_in(x)
-        real = real_positions(context)  # no real token reads padding
+        real = real_positions(context, x.shape[1])  # no real token reads padding
         heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
         qkv = torch.cat(
             [affine(x, getattr(self, f"W_{n}"), getattr(self, f"b_{n}")) for n in "qkv"], -1
         )
-        qkv = silu(causal_conv(qkv * real, self.W_conv, self.b_conv))
+        qkv = silu(causal_conv_continued(qkv * real, self.W_conv, self.b_conv, past))
         q, k, v = (rearrange(t, heads, ssm_head=m.n_ssm_heads) for t in qkv.chunk(3, dim=-1))
         u_f, u_g = self.gate_inputs(x)
         g = self.hook_decay(
@@ -117,7 +129,10 @@ class KimiDeltaAttention(nn.Module):
         )
         # A padding position writes nothing into the state (its beta is 0).
         beta = self.hook_beta(sigmoid(affine(x, self.W_b, self.b_b)) * real)
-        o = self.hook_o(kimi_delta_scan(_unit(q) * m.d_ssm_head**-0.5, _unit(k), v, g, beta))
+        q = _unit(q) * m.d_ssm_head**-0.5
+        o, last = kimi_delta_scan(q, _unit(k), v, g, beta, past.carried("state"))
+        past.carry("state", last)
+        o = self.hook_o(o)
         z = rearrange(u_g, heads, ssm_head=m.n_ssm_heads)
         normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
         gated = normed * self.w_norm * sigmoid(z)

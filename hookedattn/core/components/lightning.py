@@ -14,7 +14,9 @@ softmax and no scaling of the scores: each pair of positions is weighed by the p
 product, decayed by its distance. MiniMax computes `o` in blocks (a state `K^T V` carried
 from block to block); the sum is the same, written here as one decayed causal product
 (`hook_pattern`: each head's `exp(-lambda (t - s)) q_t . k_s`), as attention's pattern is.
-A padding position's keys and values are zero: it writes nothing any query reads.
+A padding position's keys and values are zero: it writes nothing any query reads. With a
+cache (`kv_cache.MixerCacheEntry`) the cache keeps every position's keys and values, as
+attention's does, and a forward's queries are its own positions'.
 
 `lightning_decay_float32`: the decays are computed in float32 whatever the dtype, as
 `transformers` builds MiniMax's decay tables, once, when it builds the model (a float64
@@ -34,6 +36,7 @@ from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 Heads = Float[Tensor, "batch pos ssm_head d_ssm_head"]
@@ -41,13 +44,18 @@ Pattern = Float[Tensor, "batch ssm_head query_pos key_pos"]
 
 
 def decayed_causal_pattern(
-    q: Heads, k: Heads, decay_rate: Float[Tensor, " ssm_head"], dtype: torch.dtype
+    q: Float[Tensor, "batch query_pos ssm_head d_ssm_head"],
+    k: Float[Tensor, "batch key_pos ssm_head d_ssm_head"],
+    decay_rate: Float[Tensor, " ssm_head"],
+    dtype: torch.dtype,
 ) -> Pattern:
     """`exp(-lambda (t - s)) q_t . k_s` for `s <= t`, zero above the diagonal; the decays
-    computed in `dtype`."""
-    n_pos = q.shape[1]
-    at = torch.arange(n_pos, device=q.device)
-    distance = (at[:, None] - at[None, :]).to(dtype)  # t - s
+    computed in `dtype`. The queries are those of the last positions (all of them, or the
+    new ones after a cache's)."""
+    n_keys = k.shape[1]
+    keys = torch.arange(n_keys, device=q.device)
+    queries = keys[n_keys - q.shape[1] :]
+    distance = (queries[:, None] - keys[None, :]).to(dtype)  # t - s
     rate = decay_rate.to(dtype)
     decay = torch.exp(-einsum(rate, distance, "head, query key -> head query key")).to(q.dtype)
     causal = distance >= 0
@@ -76,10 +84,12 @@ class LightningAttention(nn.Module):
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         m = self.settings
         x = self.hook_in(x)
-        real = real_positions(context)[..., None]  # a padding key or value is zero
+        real = real_positions(context, x.shape[1])[..., None]  # a padding key or value is zero
         heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
         q, k, v = (
             rearrange(silu(affine(x, getattr(self, f"W_{n}"), getattr(self, f"b_{n}"))), heads,
@@ -87,6 +97,7 @@ class LightningAttention(nn.Module):
             for n in "qkv"
         )  # fmt: skip
         q, k, v = self.hook_q(q), self.hook_k(k * real), self.hook_v(v * real)
+        k, v = past.rows("k", k), past.rows("v", v)  # every position's (a cache's, then these)
         decays = decayed_causal_pattern(q, k, self.decay_rate, self.decay_dtype(q))
         pattern = self.hook_pattern(decays)
         o = self.hook_o(

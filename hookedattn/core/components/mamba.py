@@ -30,7 +30,9 @@ per layer, where the scan holds the states, `[batch pos d_inner d_state]` (96 Mi
 scan against `M` built densely and against a loop over channels and positions.
 
 In a padded batch `xs` is zero at padding (as the convolution's input is,
-`real_positions`): a padding position adds nothing to any state.
+`real_positions`): a padding position adds nothing to any state. With a cache
+(`kv_cache.MixerCacheEntry`) the scan starts from the state the last forward carried on,
+and the convolution reads the inputs it carried (`causal_conv_continued`).
 """
 
 import torch
@@ -39,11 +41,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 States = Float[Tensor, "batch pos d_inner d_state"]
@@ -54,13 +57,14 @@ def selective_scan(
     A: Float[Tensor, "d_inner d_state"],
     B: Float[Tensor, "batch pos d_state"],
     xs: Float[Tensor, "batch pos d_inner"],
+    start: Float[Tensor, "batch d_inner d_state"] | None = None,
 ) -> States:
     """Every state `h_t = exp(dt_t A) * h_{t-1} + dt_t xs_t B_t` (per channel), from
-    `h_{-1} = 0`."""
+    `h_{-1} = start` (zero by default)."""
     per_state = "batch pos d_inner d_state"
     decay = torch.exp(einsum(dt, A, f"batch pos d_inner, d_inner d_state -> {per_state}"))
     drive = einsum(dt * xs, B, f"batch pos d_inner, batch pos d_state -> {per_state}")
-    state = torch.zeros_like(drive[:, 0])
+    state = torch.zeros_like(drive[:, 0]) if start is None else start
     states = []
     for t in range(drive.shape[1]):  # a recurrence: each state needs the one before
         state = decay[:, t] * state + drive[:, t]
@@ -109,15 +113,20 @@ class MambaMixer(nn.Module):
         self.W_out, self.b_out = affine_params(d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         x = self.hook_in(x)
-        real = real_positions(context)  # no real token reads padding
+        real = real_positions(context, x.shape[1])  # no real token reads padding
         z = affine(x, self.W_z, self.b_z)
-        xs = silu(causal_conv(affine(x, self.W_xs, self.b_xs) * real, self.W_conv, self.b_conv))
+        xs = affine(x, self.W_xs, self.b_xs) * real
+        xs = silu(causal_conv_continued(xs, self.W_conv, self.b_conv, past))
         xs = xs * real  # a padding position adds nothing to the states
         B, C = self.norm_B(xs @ self.W_B), self.norm_C(xs @ self.W_C)
         dt = softplus(affine(self.norm_dt(xs @ self.W_dt_down), self.W_dt_up, self.b_dt))
-        states = self.hook_state(selective_scan(dt, -self.A_log.exp(), B, xs))
+        states = selective_scan(dt, -self.A_log.exp(), B, xs, past.carried("state"))
+        past.carry("state", states[:, -1])  # as the scan left it, before any hook's edit
+        states = self.hook_state(states)
         y = einsum(states, C, "batch pos d_inner d_state, batch pos d_state -> batch pos d_inner")
         y = y + xs * self.D
         return self.hook_out(affine(y * silu(z), self.W_out, self.b_out))

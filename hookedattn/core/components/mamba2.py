@@ -29,7 +29,10 @@ the gated RMSNorm, over each group's `d_inner / n_ssm_groups` channels,
 (Falcon-H1 may leave the norm out, `ssm_gated_norm=False`: `out = (y * silu(z)) @ W_out +
 b_out`, and the mixer has no `w_norm`.)
 
-Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern.
+Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern. With a cache
+(`kv_cache.MixerCacheEntry`) the cache keeps every position's `xs`, `B` and `dt`, as
+attention's keeps keys and values; a forward computes its own positions' rows of `M`, and
+its convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
 
 import torch
@@ -38,26 +41,28 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
 
 
 def ssd_mixing(
-    dt: Float[Tensor, "batch pos ssm_head"],
+    dt: Float[Tensor, "batch key_pos ssm_head"],
     A: Float[Tensor, " ssm_head"],
-    B: Float[Tensor, "batch pos group d_state"],
-    C: Float[Tensor, "batch pos group d_state"],
+    B: Float[Tensor, "batch key_pos group d_state"],
+    C: Float[Tensor, "batch query_pos group d_state"],
 ) -> Mixing:
-    """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after."""
+    """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after; the
+    rows of the positions `C` is given for, the last ones (all, or a cache's new ones)."""
     heads_per_group = A.shape[0] // B.shape[2]
-    log_decay = segment_log_decay(dt * A)  # sum_{r = s+1..t} dt_r A; -inf where s > t
+    log_decay = segment_log_decay(dt * A, C.shape[1])  # sum_{r = s+1..t} dt_r A; -inf: s > t
     CB = einsum(C, B, "batch query_pos group d_state, batch key_pos group d_state "
                 "-> batch group query_pos key_pos")  # fmt: skip
     CB = repeat(CB, "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos",
@@ -91,12 +96,15 @@ class Mamba2Mixer(nn.Module):
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         m = self.settings
         x = self.hook_in(x)
-        real = real_positions(context)  # no real token reads padding
+        real = real_positions(context, x.shape[1])  # no real token reads padding
         z = affine(x, self.W_z, self.b_z)
-        u = silu(causal_conv(affine(x, self.W_xBC, self.b_xBC) * real, self.W_conv, self.b_conv))
+        xBC = affine(x, self.W_xBC, self.b_xBC) * real
+        u = silu(causal_conv_continued(xBC, self.W_conv, self.b_conv, past))
         widths = [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state]
         xs, B, C = u.split(widths, dim=-1)
         xs = rearrange(xs, "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head",
@@ -104,11 +112,13 @@ class Mamba2Mixer(nn.Module):
         B, C = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
                           group=m.n_ssm_groups) for t in (B, C))  # fmt: skip
         dt = softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(m.dt_min, m.dt_max)
-        readable = rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
+        y = xs * rearrange(self.D, "ssm_head -> ssm_head 1")
+        # What the new positions read: every position's xs, B and dt (a cache's, then theirs).
+        xs, B, dt = past.rows("xs", xs), past.rows("B", B), past.rows("dt", dt)
+        readable = rearrange(real_positions(context), "batch key_pos 1 -> batch 1 1 key_pos")
         mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C) * readable)
-        y = einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
-                   "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
-        y = y + xs * rearrange(self.D, "ssm_head -> ssm_head 1")
+        y = y + einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
+                       "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         gated = rearrange(y, flat) * silu(z)
         return self.hook_out(affine(self.output_norm(gated), self.W_out, self.b_out))

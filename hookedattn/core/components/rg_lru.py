@@ -24,7 +24,10 @@ the scan against a loop over channels and positions.
 
 In a padded batch `u` is zero at padding (as the convolution's input is, `real_positions`),
 so a padding position adds nothing to the state, and the first real position of each row is
-the one reset: a left-padded prompt gives what it gives alone.
+the one reset: a left-padded prompt gives what it gives alone. With a cache
+(`kv_cache.MixerCacheEntry`) the recurrence starts from the state the last forward carried
+on, the reset reads whether its last position was real, and the convolution reads the
+inputs it carried (`causal_conv_continued`).
 """
 
 import torch
@@ -33,11 +36,12 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from torch.nn.functional import gelu, sigmoid, softplus
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 Channels = Float[Tensor, "batch pos d_inner"]
@@ -45,9 +49,12 @@ Channels = Float[Tensor, "batch pos d_inner"]
 DECAY_SCALE = 8.0
 
 
-def linear_recurrence(decay: Channels, drive: Channels) -> Channels:
-    """Every state `h_t = decay_t * h_{t-1} + drive_t`, from `h_{-1} = 0`."""
-    state = torch.zeros_like(drive[:, 0])
+def linear_recurrence(
+    decay: Channels, drive: Channels, start: Float[Tensor, "batch d_inner"] | None = None
+) -> Channels:
+    """Every state `h_t = decay_t * h_{t-1} + drive_t`, from `h_{-1} = start` (zero by
+    default)."""
+    state = torch.zeros_like(drive[:, 0]) if start is None else start
     states = []
     for t in range(drive.shape[1]):  # a recurrence: each state needs the one before
         state = decay[:, t] * state + drive[:, t]
@@ -55,9 +62,15 @@ def linear_recurrence(decay: Channels, drive: Channels) -> Channels:
     return torch.stack(states, dim=1)
 
 
-def _first_real(real: Bool[Tensor, "#batch pos 1"]) -> Bool[Tensor, "#batch pos 1"]:
-    """True at each row's first real position (where the unit resets)."""
+def _first_real(
+    real: Bool[Tensor, "#batch pos 1"], last: Bool[Tensor, "#batch 1 1"] | None
+) -> Bool[Tensor, "#batch pos 1"]:
+    """True at each row's first real position (where the unit resets): a real one after
+    padding, or after `last`, whether the position before these was real (none: not)."""
     before = nn.functional.pad(real[:, :-1], (0, 0, 1, 0), value=False)
+    if last is not None:
+        batch = max(before.shape[0], last.shape[0])
+        before = torch.cat([last.expand(batch, 1, 1), before[:, 1:].expand(batch, -1, 1)], dim=1)
     return real & ~before
 
 
@@ -90,16 +103,22 @@ class RGLRUMixer(nn.Module):
         out = einsum(heads, W, "batch pos head d_in, head d_in d_out -> batch pos head d_out")
         return sigmoid(rearrange(out, "batch pos head d_out -> batch pos (head d_out)") + b)
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         x = self.hook_in(x)
-        real = real_positions(context)  # no real token reads padding
+        real = real_positions(context, x.shape[1])  # no real token reads padding
         y = gelu(affine(x, self.W_y, self.b_y), approximate="tanh")
-        u = causal_conv(affine(x, self.W_x, self.b_x) * real, self.W_conv, self.b_conv) * real
+        u = affine(x, self.W_x, self.b_x) * real
+        u = causal_conv_continued(u, self.W_conv, self.b_conv, past) * real
         log_a = -DECAY_SCALE * self._gate(u, self.W_a, self.b_a) * softplus(self.Lambda)
         a = self.hook_decay(log_a.exp())
         # The reset: the first position keeps its whole input and reads no earlier state.
-        reset = _first_real(real)
+        reset = _first_real(real, past.carried("real"))
+        past.carry("real", real[:, -1:])
         scale = torch.where(reset, 1.0, torch.sqrt(1 - (2 * log_a).exp()))
         drive = self._gate(u, self.W_i, self.b_i) * u * scale
-        h = self.hook_state(linear_recurrence(a.masked_fill(reset, 0.0), drive))
+        h = linear_recurrence(a.masked_fill(reset, 0.0), drive, past.carried("state"))
+        past.carry("state", h[:, -1])  # as the recurrence left it, before any hook's edit
+        h = self.hook_state(h)
         return self.hook_out(affine(h * y, self.W_out, self.b_out))

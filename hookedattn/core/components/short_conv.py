@@ -8,16 +8,18 @@ position with its last few in place of attention:
 The two gates are elementwise: the input gate `b` before the convolution, the output gate
 `c` after it. Only the convolution moves information between positions, over a window of
 `d_conv` positions (the current one included), so a position's write depends on no token
-further back.
+further back; with a cache the convolution reads the last `d_conv - 1` earlier inputs
+(`causal_conv_continued`), all a new position needs.
 """
 
 from torch import nn
 
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
+from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 
@@ -40,10 +42,12 @@ class ShortConv(nn.Module):
         self.W_out, self.b_out = affine_params(d_model, d_model, cfg)
         self.hook_out = HookPoint()
 
-    def forward(self, x: Resid, context: AttentionContext) -> Resid:
+    def forward(
+        self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
+    ) -> Resid:
         x = self.hook_in(x)
         b, c = affine(x, self.W_B, self.b_B), affine(x, self.W_C, self.b_C)
         h = affine(x, self.W_X, self.b_X)
-        gated_in = b * h * real_positions(context)  # no real token reads padding
-        conv = self.hook_conv(causal_conv(gated_in, self.W_conv, self.b_conv))
+        gated_in = b * h * real_positions(context, x.shape[1])  # no real token reads padding
+        conv = self.hook_conv(causal_conv_continued(gated_in, self.W_conv, self.b_conv, past))
         return self.hook_out(affine(c * conv, self.W_out, self.b_out))

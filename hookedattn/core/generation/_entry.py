@@ -75,7 +75,7 @@ def generate(
     `run_with_cache` of the final tokens.
     """
     check_return_type(return_type)
-    opts = options_of(max_new_tokens, options, model.cfg)
+    opts = options_of(max_new_tokens, options)
     prompt = prompt_of(model, input, attention_mask, opts.prepend_bos)
     if not return_cache:
         out = Generated.from_steps(prompt, generation_steps(model, prompt, opts))
@@ -114,7 +114,7 @@ def generate_steps(
     of your own between steps is not recorded, and hooks you attach between steps act
     from the next step on.
     """
-    opts = options_of(max_new_tokens, options, model.cfg)
+    opts = options_of(max_new_tokens, options)
     prompt = prompt_of(model, input, attention_mask, opts.prepend_bos)
     recorder = StepRecorder(model, names_filter, device, dtype)
     yield from generation_steps(model, prompt, opts, recorder)

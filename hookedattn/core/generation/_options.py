@@ -81,21 +81,15 @@ class GenerationOptions:
 OPTION_NAMES = tuple(field.name for field in dataclasses.fields(GenerationOptions))
 
 
-def options_of(max_new_tokens: Any, options: dict[str, Any], cfg: Any = None) -> GenerationOptions:
+def options_of(max_new_tokens: Any, options: dict[str, Any]) -> GenerationOptions:
     """The `GenerationOptions` of an entry point's keyword arguments (a `TypeError` naming
-    an unknown one and the valid ones). For a hybrid model (`cfg.mixers` with blocks that
-    are not attention) `use_past_kv_cache` is off: its mixers keep no cache, so every step
-    runs the whole sequence again (the same tokens, more time)."""
+    an unknown one and the valid ones)."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise TypeError(
             f"unknown generation option(s) {unknown}; the options are {list(OPTION_NAMES)}"
         )
-    opts = GenerationOptions(max_new_tokens=max_new_tokens, **options)
-    mixers = getattr(cfg, "mixers", None)
-    if mixers is not None and mixers.holds_mixers:
-        opts = dataclasses.replace(opts, use_past_kv_cache=False)
-    return opts
+    return GenerationOptions(max_new_tokens=max_new_tokens, **options)
 
 
 def with_options(fn: Callable) -> Callable:

@@ -33,8 +33,10 @@ NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 # What the full forward holds at a key a query may not read (`kernels.masked`: -inf scores,
 # so zero weights).
 # The names whose last axis is the keys, and what a step's keys not yet written read as (a
-# lightning indexer's scores, `[batch query_pos key_pos]`, like the attention's scores).
-_LATER_KEY = {"hook_attn_scores": -torch.inf, "hook_pattern": 0.0, "hook_index_scores": -torch.inf}
+# lightning indexer's scores, `[batch query_pos key_pos]`, like the attention's scores; a
+# mixer's mixing, zero where a position reads a later one).
+_LATER_KEY = {"hook_attn_scores": -torch.inf, "hook_pattern": 0.0, "hook_index_scores": -torch.inf,
+              "hook_mixing": 0.0}  # fmt: skip
 
 
 class StepRecorder:
@@ -236,7 +238,8 @@ class StepRecorder:
         """`attn.written_out` for queries at the deferred positions, over every key."""
         positions = [o + i for _, o, _, inputs in items for i in range(inputs[0].shape[1])]
         queries = torch.tensor(positions, device=q.device)
-        layer = next(i for i, block in enumerate(self.model.blocks) if block.attn is attn)
+        blocks = enumerate(self.model.blocks)
+        layer = next(i for i, block in blocks if getattr(block, "attn", None) is attn)
         source = self.model.cfg.kv_source_layer(layer)  # a block reading another's keys
         entry = cache[layer if source is None else source]
         window = self.model.cfg.window_size
@@ -251,7 +254,8 @@ def _written_out_only(point: HookPoint) -> bool:
 
 
 _WRITTEN_OUT_ONLY = ("hook_scale", "hook_normalized", "hook_attn_scores", "hook_pattern")
-_KEY_AXES = ("hook_attn_scores", "hook_pattern", "hook_index_scores")  # [... query_pos key_pos]
+# [... query_pos key_pos]
+_KEY_AXES = ("hook_attn_scores", "hook_pattern", "hook_index_scores", "hook_mixing")
 
 
 def _gb(n: float | int) -> str:

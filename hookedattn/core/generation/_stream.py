@@ -39,7 +39,7 @@ def generate_stream(
     check_return_type(return_type)
     if not isinstance(max_tokens_per_yield, int) or max_tokens_per_yield < 1:
         raise ValueError(f"max_tokens_per_yield must be an int >= 1, got {max_tokens_per_yield!r}")
-    opts = options_of(max_new_tokens, options, model.cfg)
+    opts = options_of(max_new_tokens, options)
     prompt = prompt_of(model, input, attention_mask, opts.prepend_bos)
     as_text = return_type == "str" or (return_type == "input" and prompt.text_in)
     chunks = _TextChunks(model, input) if as_text else _TokenChunks()
