@@ -10,18 +10,17 @@ batch see a pass's own rows). Two kinds of pass:
 
 - *packed*: a variant whose edits all lie after where their block mixes positions (a
   head's output, an MLP, ...: `LOCAL_KINDS`) changes that block's output at its own
-  positions only, so variants of one block with disjoint windows of positions share one
-  sequence: one packed pass gives all of them the block's output (their logits after the
-  last block; otherwise each goes on from the next block with its window of the pack).
+  positions only, so variants of one block with disjoint windows share one sequence: one
+  pass gives all of them the block's output (their logits after the last block; else each
+  goes on from the next block with its window of the pack).
 - *planned* (`_plan`): variants stacked along the batch axis (`(variant batch)`), from
-  the pass's first block and position, after the unpatched keys and values of the
-  positions before it (a frozen KV cache).
+  the pass's first block and position, after the unpatched keys and values before it (a
+  frozen KV cache; a hybrid's passes start at 0).
 
 With `declared` positions (the only ones whose logits the metric reads) a pass stops at
 the last of them, unembeds only them, and a variant that cannot reach them does not run;
-the metric gets logits that are NaN elsewhere, so a metric reading another position gives
-NaN, which is caught. Other packages reach `sweep` and `Edit` through `engine`; the
-patching guide (`docs/guide/patching.md`) tells the rest.
+the metric gets NaN logits elsewhere, so reading another position is caught. Other
+packages reach `sweep` and `Edit` through `engine`; `docs/guide/patching.md` has the rest.
 """
 
 import dataclasses
@@ -378,8 +377,8 @@ def _run_packed(
 
 
 def _time_one_pass(model: HookedTransformer, n_pos: int) -> float:
-    """The best of three times of a whole pass (one variant patching the last position
-    of the residual stream, its logits and metric), on `model`'s own sweep machinery."""
+    """The best of three times of a whole pass (one variant patching the stream's last
+    position, its logits and metric), by `model`'s own sweep."""
     tokens = torch.zeros(1, n_pos, dtype=torch.long, device=model.cfg.device)
     base = base_run(model, tokens, _first_logit, [get_act_name("resid_pre", 0)])
     where = torch.zeros(1, 1, n_pos, 1, dtype=torch.bool)
@@ -444,10 +443,10 @@ def _run(
     names: Sequence[str],
     entering: _Entering | None = None,
 ) -> tuple[Float[Tensor, "sequence row d_model"], dict[str, Tensor], tuple[Tensor, Tensor]]:
-    """Pass `p` from its block to block `stop_layer`: the residual stream it leaves, the
-    activations at `names` (`[variant batch ...]`), and when `p.again` the last block's
-    keys and values of the rows run (`[sequence row ...]`; else empty). The stream
-    entering the pass is the unpatched run's, or `entering`'s for its variants."""
+    """Pass `p` from its block to block `stop_layer`: the stream it leaves, the activations
+    at `names` (`[variant batch ...]`), with `p.again` the last block's keys and values of
+    its rows (`[sequence row ...]`; else empty). The stream entering it is the unpatched
+    run's, or `entering`'s."""
     n_variants = len(p.variants)
     variants = torch.tensor(p.variants)
     recorded: dict[str, Tensor] = {}

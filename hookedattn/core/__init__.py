@@ -79,7 +79,7 @@ from hookedattn.core.hook_points import (
 )
 from hookedattn.core.hooked_root import HookedRootModule
 from hookedattn.core.html import html_table
-from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry
+from hookedattn.core.kv_cache import KeyValueCache, KeyValueCacheEntry, MixerCacheEntry
 from hookedattn.core.loss import lm_cross_entropy_loss
 from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.core.model import HookedTransformer, LogitsAndLoss
@@ -131,6 +131,7 @@ __all__ = [
     "KeyValueCacheEntry",
     "LensHandle",
     "LogitsAndLoss",
+    "MixerCacheEntry",
     "MixerConfig",
     "PretrainedInfo",
     "SpecialTokens",

@@ -24,7 +24,11 @@ from hookedattn.core.components.block import (
     make_block,
     make_mixer,
 )
-from hookedattn.core.components.causal_conv import causal_conv, real_positions
+from hookedattn.core.components.causal_conv import (
+    causal_conv,
+    causal_conv_continued,
+    real_positions,
+)
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.differential_attention import (
     DifferentialAttention,
@@ -141,6 +145,7 @@ __all__ = [
     "affine_params",
     "alibi_slopes",
     "causal_conv",
+    "causal_conv_continued",
     "decayed_causal_pattern",
     "delta_mixing",
     "gelu_new",
