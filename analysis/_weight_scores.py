@@ -41,9 +41,11 @@ class ScoresAgainstRandom:
 
     def __repr__(self) -> str:
         shape = " ".join(str(n) for n in self.scores.shape)
+        scored = self.scores[~self.scores.isnan()]  # NaN: a hybrid's mixers, a zero spectrum
+        best = float(scored.max()) if scored.numel() else float("nan")
         return (
             f"{type(self).__name__}({self._label}={getattr(self, self._label)!r}, "
-            f"scores=[{shape}], max={float(self.scores.max()):.4f}, "
+            f"scores=[{shape}], max={best:.4f}, "
             f"baseline={self.baseline:.4f}±{self.baseline_std:.4f})"
         )
 

@@ -18,7 +18,8 @@ rotary models) are not part of any circuit. Every result is a `FactoredMatrix` t
 
 Every function takes `layer` and `head`: both ints for one head (`[... ]` of the matrix
 alone), `layer` only for every head of a layer (`[head ...]`), neither for every head
-(`[layer head ...]`).
+(`[layer head ...]`). In a hybrid model the layers with heads have circuits: every head of
+every layer is refused there, naming the layers that hold a mixer.
 
 Norms. Without `fold_ln_scale`, the full circuits are the bare weight products above, as in
 the paper and in TransformerLens; they describe the model only when its norms are
@@ -68,14 +69,14 @@ def qk_circuit(
     model: "HookedTransformer", layer: int | None = None, head: int | None = None
 ) -> FactoredMatrix:
     """The QK circuit `W_Q @ W_K.T` `[d_model d_model]` (scores are `x_q QK x_k^T / attn_scale`)."""
-    return _select(model.QK, model, layer, head)
+    return _select("QK", model, layer, head)
 
 
 def ov_circuit(
     model: "HookedTransformer", layer: int | None = None, head: int | None = None
 ) -> FactoredMatrix:
     """The OV circuit `W_V @ W_O` `[d_model d_model]`: a head writes `x @ OV` per unit attention."""
-    return _select(model.OV, model, layer, head)
+    return _select("OV", model, layer, head)
 
 
 def full_qk_circuit(
@@ -98,8 +99,8 @@ def full_qk_circuit(
     require_stream_embeddings(model, "full_qk_circuit")
     layers, heads = _indices(model, layer, head)
     embed = _embedding(model, include_positional, fold_ln_scale)
-    queries = _read(model, embed, model.W_Q, layers, heads, fold_ln_scale)
-    keys = _read(model, embed, model.W_K, layers, heads, fold_ln_scale)
+    queries = _read(model, embed, "W_Q", layers, heads, fold_ln_scale)
+    keys = _read(model, embed, "W_K", layers, heads, fold_ln_scale)
     return _squeeze(FactoredMatrix(queries, keys.mT), layer, head)
 
 
@@ -120,8 +121,8 @@ def full_ov_circuit(
     require_stream_embeddings(model, "full_ov_circuit", unembedding=True)
     layers, heads = _indices(model, layer, head)
     embed = _embedding(model, include_positional, fold_ln_scale)
-    values = _read(model, embed, model.W_V, layers, heads, fold_ln_scale)
-    W_O = model.W_O[layers][:, heads]
+    values = _read(model, embed, "W_V", layers, heads, fold_ln_scale)
+    W_O = model.stacked("W_O", layers)[:, heads]
     if fold_ln_scale is not None:
         W_O = _through_post_norms(model, W_O, layers, fold_ln_scale)
         W_O = _linearised(model, W_O, model.ln_final, _mean_scale(fold_ln_scale, "scale"))
@@ -152,10 +153,12 @@ def _indices(
 
 
 def _select(
-    fm: FactoredMatrix, model: "HookedTransformer", layer: int | None, head: int | None
+    kind: str, model: "HookedTransformer", layer: int | None, head: int | None
 ) -> FactoredMatrix:
+    """The `kind` circuits ("QK", "OV") of the chosen heads (of the chosen blocks only: in a
+    hybrid model, the blocks with heads)."""
     layers, heads = _indices(model, layer, head)
-    return _squeeze(fm[layers][:, heads], layer, head)
+    return _squeeze(model.head_circuits(kind, layers)[:, heads], layer, head)
 
 
 def _squeeze(fm: FactoredMatrix, layer: int | None, head: int | None) -> FactoredMatrix:
@@ -178,16 +181,16 @@ def _embedding(
 def _read(
     model: "HookedTransformer",
     embed: Float[Tensor, "src d_model"],
-    W: Float[Tensor, "layer_all head_all d_model d_head"],
+    weight: str,
     layers: list[int],
     heads: list[int],
     cache: ActivationCache | None,
 ) -> Float[Tensor, "layer head src d_head"]:
-    """`embed @ W` for the chosen heads, through `ln1` linearised at the cache's scale.
+    """`embed @ weight` for the chosen heads, through `ln1` linearised at the cache's scale.
 
     One matmul per layer, never an `[layer head src d_model]` copy of the embedding.
     """
-    W = W[layers][:, heads]
+    W = model.stacked(weight, layers)[:, heads]  # [layer head d_model d_head]
     pattern = "src d_model, head d_model d_head -> head src d_head"
     if cache is None:
         return einsum(embed, W, "src d_model, layer head d_model d_head -> layer head src d_head")

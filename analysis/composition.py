@@ -50,7 +50,8 @@ KINDS: tuple[str, ...] = ("Q", "K", "V")
 @dataclasses.dataclass(frozen=True, repr=False)
 class CompositionScores(ScoresAgainstRandom):
     """Scores `[layer head layer head]`: entry `[l1, h1, l2, h2]` is how much head `(l2, h2)`
-    reads (through `kind`) what head `(l1, h1)` writes; zero unless `l1 < l2`.
+    reads (through `kind`) what head `(l1, h1)` writes; zero unless `l1 < l2`, NaN where
+    either is a hybrid's block without heads.
 
     `baseline` is the mean score of random matrices of the same shapes and `baseline_std`
     its standard deviation (seeded Monte Carlo, `n_samples` draws, see
@@ -83,34 +84,39 @@ def composition_scores(
         require_bilinear_scores(model, f"{kind}-composition")
     model.cfg.require_one_attention_shape(f"{kind}-composition scores")
     mean, std = _random_baseline(model.cfg.d_model, model.cfg.d_head, n_samples, seed)
+    layers = model.cfg.attention_layers  # a hybrid's blocks with heads
     with torch.no_grad():  # scores of the weights, not a graph through them
-        written = _written(upcast(model.W_V), upcast(model.W_O))
-        read = _read(*_later_factors(model, kind))
+        weights = {
+            name: upcast(model.stacked(name, layers)) for name in ("W_Q", "W_K", "W_V", "W_O")
+        }
+        written = _written(weights["W_V"], weights["W_O"])
+        read = _read(*_later_factors(weights, kind))
     written_norm, read_norm = _norm(written), _norm(read)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     scores = written.new_zeros(n_layers, n_heads, n_layers, n_heads)
-    for layer in range(n_layers - 1):
-        later = slice(layer + 1, None)
+    without = [layer for layer in range(n_layers) if layer not in layers]
+    scores[without], scores[:, :, without] = torch.nan, torch.nan  # a hybrid's mixers
+    for i, layer in enumerate(layers[:-1]):
         # One matrix product per earlier layer: every head of it against every later head.
         overlap = einsum(
-            written[layer],
-            read[later],
+            written[i],
+            read[i + 1 :],
             "head r_1 d_model, layer_2 head_2 d_model r_2 -> head layer_2 head_2 r_1 r_2",
         )
-        denominator = written_norm[layer][:, None, None] * read_norm[later]
-        scores[layer, :, later] = _norm(overlap) / denominator
-    return CompositionScores(scores.to(model.W_V.dtype), mean, std, n_samples, kind)
+        denominator = written_norm[i][:, None, None] * read_norm[i + 1 :]
+        scores[layer][:, layers[i + 1 :]] = _norm(overlap) / denominator
+    return CompositionScores(scores.to(model.W_E.dtype), mean, std, n_samples, kind)
 
 
 def _later_factors(
-    model: "HookedTransformer", kind: str
+    weights: dict[str, Tensor], kind: str
 ) -> tuple[Float[Tensor, "layer head d_model d_head"], Float[Tensor, "layer head d_head d_model"]]:
     """Factors `A_2, B_2` of the later head's matrix: QK, QK.T or OV."""
     if kind == "Q":
-        return upcast(model.W_Q), upcast(model.W_K).mT
+        return weights["W_Q"], weights["W_K"].mT
     if kind == "K":
-        return upcast(model.W_K), upcast(model.W_Q).mT
-    return upcast(model.W_V), upcast(model.W_O)
+        return weights["W_K"], weights["W_Q"].mT
+    return weights["W_V"], weights["W_O"]
 
 
 def _written(

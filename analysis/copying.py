@@ -49,7 +49,8 @@ class CopyingScores(ScoresAgainstRandom):
     `baseline` is the expected score of random matrices of the same shapes, exactly 0
     (negating `W_O`, or `W_K`, negates the score and leaves the distribution unchanged);
     `baseline_std` is its standard deviation over `n_samples` seeded draws, the scale on
-    which a score is large. A head whose spectrum is all zero scores NaN.
+    which a score is large. A head whose spectrum is all zero scores NaN, as does every
+    "head" of a hybrid's block without heads.
     """
 
     scores: Float[Tensor, "layer head"]
@@ -82,24 +83,29 @@ def copying_scores(
     std = _random_std(
         circuit, model.cfg.d_vocab, model.cfg.d_model, model.cfg.d_head, n_samples, seed
     )
+    layers = model.cfg.attention_layers  # a hybrid's blocks with heads; the others NaN
     with torch.no_grad():  # scores of the weights, not a graph through them
-        small = _small_matrices(model, circuit)
-        scores = _eigenvalue_score(small).to(model.W_E.dtype)
+        found = _eigenvalue_score(_small_matrices(model, circuit, layers))
+        scores = found.new_full((model.cfg.n_layers, model.cfg.n_heads), torch.nan)
+        scores[layers] = found
+        scores = scores.to(model.W_E.dtype)
     return CopyingScores(scores, 0.0, std, n_samples, circuit)
 
 
 def _small_matrices(
-    model: "HookedTransformer", circuit: str
+    model: "HookedTransformer", circuit: str, layers: list[int]
 ) -> Float[Tensor, "layer head d_head d_head"]:
-    """`B @ A` of each head's full circuit `A @ B`: same nonzero spectrum, `d_head` square."""
+    """`B @ A` of each head's full circuit `A @ B` (of the blocks `layers`): same nonzero
+    spectrum, `d_head` square."""
     require_stream_embeddings(model, f"the copying score of the {circuit} circuit", True)
     W_E = upcast(model.W_E)
     if circuit == "OV":
         middle = upcast(model.W_U) @ W_E
-        left, right = upcast(model.W_O), upcast(model.W_V)
+        left, right = upcast(model.stacked("W_O", layers)), upcast(model.stacked("W_V", layers))
     else:
         middle = W_E.mT @ W_E
-        left, right = upcast(model.W_K).mT, upcast(model.W_Q)
+        left = upcast(model.stacked("W_K", layers)).mT
+        right = upcast(model.stacked("W_Q", layers))
     return einsum(
         left,
         middle,

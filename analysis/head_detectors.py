@@ -15,7 +15,8 @@ level a head that ignores its input reaches. Scores are averaged over the batch.
 Grouped-query attention changes nothing here (patterns are per query head). In a model
 with local (windowed) layers a head there reaches only the `window_size` latest keys, so
 ignoring its input means uniform attention over those: each such layer has its own
-baseline (`layer_baselines`).
+baseline (`layer_baselines`). In a hybrid model the blocks without heads (a mixer in
+attention's place) score NaN, and `top` leaves them out.
 """
 
 import dataclasses
@@ -92,8 +93,10 @@ class HeadScores:
 
     def top(self, k: int = 5) -> Table:
         """The `k` highest-scoring heads."""
-        n_heads = self.scores.shape[1]
-        values, order = self.scores.flatten().topk(min(k, self.scores.numel()))
+        n_heads, flat = self.scores.shape[1], self.scores.flatten()
+        scored = flat.isnan().logical_not().nonzero().flatten()  # a hybrid's mixers: NaN
+        values, chosen = flat[scored].topk(min(k, len(scored)))
+        order = scored[chosen]
         rows = tuple(
             (head_label(i // n_heads, i % n_heads), float(v))
             for i, v in zip(order.tolist(), values, strict=True)
@@ -127,11 +130,14 @@ def _score_patterns(
     target: Target,
     detector: str,
     windows: Sequence[int | None] | None = None,
+    layers: Sequence[int] | None = None,
+    n_layers: int | None = None,
 ) -> HeadScores:
     """Score attention patterns against a target (see the module docstring).
 
     `windows`: per layer, the attention window (`window_size` of a local layer) or None
-    (every earlier key); given with a window, the result has `layer_baselines`.
+    (every earlier key); given with a window, the result has `layer_baselines`. `layers`:
+    the blocks the patterns are of, of `n_layers` (None: all); the others score NaN.
     """
     has_target = target.sum(-1) > 0  # [batch query_pos]
     n_queries = int(has_target.sum())
@@ -151,6 +157,13 @@ def _score_patterns(
     layer_baselines: tuple[float, ...] = ()
     if windows is not None and any(w is not None for w in windows):
         layer_baselines = tuple(_uniform_baseline(target, has_target, w) for w in windows)
+    if layers is not None:  # the blocks without heads: NaN
+        every = scores.new_full((n_layers, scores.shape[1]), torch.nan)
+        every[list(layers)] = scores
+        scores = every
+        if layer_baselines:
+            by_layer = dict(zip(layers, layer_baselines, strict=True))
+            layer_baselines = tuple(by_layer.get(layer, torch.nan) for layer in range(n_layers))
     return HeadScores(scores, baseline, detector, layer_baselines)
 
 
@@ -177,7 +190,7 @@ def repeated_random_tokens(
 def _patterns(
     model: HookedTransformer, cache: ActivationCache
 ) -> Float[Tensor, "layer batch head query_pos key_pos"]:
-    stacked = stacked_patterns(cache, range(model.cfg.n_layers), "a head detector")
+    stacked = stacked_patterns(cache, model.cfg.attention_layers, "a head detector")
     return stacked if cache.has_batch_dim else stacked[:, None]
 
 
@@ -232,11 +245,10 @@ def detect_head(
         ) from None
     dtype = patterns.dtype if patterns.dtype.is_floating_point else torch.float32
     cfg = model.cfg
-    windows = [
-        cfg.window_size if cfg.layer_attn_type(layer) == "local" else None
-        for layer in range(cfg.n_layers)
-    ]
-    return _score_patterns(patterns, weights.to(dtype), name, windows)
+    layers = cfg.attention_layers
+    windows = [cfg.window_size if cfg.layer_attn_type(layer) == "local" else None
+               for layer in layers]  # fmt: skip
+    return _score_patterns(patterns, weights.to(dtype), name, windows, layers, cfg.n_layers)
 
 
 def prev_token_scores(model: HookedTransformer, cache: ActivationCache) -> HeadScores:

@@ -32,6 +32,11 @@ class LayerQueries:
         kind of `mixer_config.MIXER_KINDS` in a hybrid model (`mixers`)."""
         return "attention" if self.mixers is None else self.mixers.layers[layer]
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """The blocks whose sublayer is attention (every block, but in a hybrid model)."""
+        return [layer for layer in range(self.n_layers) if self.layer_mixer(layer) == "attention"]
+
     def require_attention(self, what: str, layers: Any = None) -> None:
         """A ValueError naming the blocks (of `layers`; None: all) whose sublayer is not
         attention, for `what`, which needs heads there."""

@@ -5,6 +5,8 @@ A mixin of `HookedTransformer`: properties over its modules' parameters (never c
 that could go stale, except the stacks, which are built on each read).
 """
 
+from collections.abc import Sequence
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -37,6 +39,10 @@ def _across_layers(module: str, names: str) -> tuple[property, ...]:
         )
         for name in names.split()
     )
+
+
+_ATTN_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+_MLP_WEIGHTS = ("W_in", "b_in", "W_out", "b_out")
 
 
 class StackedWeights:
@@ -75,6 +81,35 @@ class StackedWeights:
             f"model.blocks[{{layer}}].{module}.{weight}",
         )
 
+    def stacked(self, weight: str, layers: Sequence[int] | None = None) -> Tensor:
+        """`model.{weight}` (`W_Q` ... `b_O`, `W_in` ... `b_out`): every block's, or only
+        the blocks `layers`' (in a hybrid model, those whose sublayer has heads, or an
+        MLP), stacked `[layer ...]`; on a tensor-parallel model gathered (a collective)."""
+        module = "mlp" if weight in _MLP_WEIGHTS else "attn"
+        if weight not in _MLP_WEIGHTS + _ATTN_WEIGHTS:
+            raise ValueError(
+                f"no stacked weight {weight!r}; they are {_ATTN_WEIGHTS + _MLP_WEIGHTS}"
+            )
+        if layers is None:
+            return getattr(self, weight)
+        layers = list(layers)
+        if module == "attn":
+            self.cfg.require_attention(f"the {weight} of blocks {layers}", layers)
+        return stacked_layers(
+            [self.layer_weight(layer, module, weight) for layer in layers],
+            f"the {weight} of blocks {layers}",
+            f"model.blocks[{{layer}}].{module}.{weight}",
+        )
+
+    def head_circuits(self, kind: str, layers: Sequence[int] | None = None) -> FactoredMatrix:
+        """`model.QK` or `model.OV` (`kind`): every block's heads, or only those of the
+        blocks `layers` (in a hybrid model, the blocks with heads), `[layer head d_model
+        d_model]`, factored."""
+        circuits = {"QK": _weight_views.QK, "OV": _weight_views.OV}
+        if kind not in circuits:
+            raise ValueError(f"kind must be one of {list(circuits)}, got {kind!r}")
+        return circuits[kind](self, layers)
+
     def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
         """Block `layer`'s `module` (`"attn"`, `"mlp"`) parameter `weight`, whole: on a
         tensor-parallel model, gathered from every rank (a collective), here the block's
@@ -89,10 +124,8 @@ class StackedWeights:
     W_E = property(lambda self: self.embed.W_E, doc="Token embedding `[d_vocab d_model]`.")
     W_U = property(lambda self: self.unembed.W_U, doc="Unembedding `[d_model d_vocab_out]`.")
     b_U = property(lambda self: self.unembed.b_U, doc="Unembedding bias `[d_vocab_out]`.")
-    W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _across_layers(
-        "attn", "W_Q W_K W_V W_O b_Q b_K b_V b_O"
-    )
-    W_in, b_in, W_out, b_out = _across_layers("mlp", "W_in b_in W_out b_out")
+    W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O = _across_layers("attn", " ".join(_ATTN_WEIGHTS))
+    W_in, b_in, W_out, b_out = _across_layers("mlp", " ".join(_MLP_WEIGHTS))
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:

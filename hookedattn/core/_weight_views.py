@@ -46,14 +46,15 @@ Model = Any
 Tokens = str | int | Sequence[str | int] | Tensor
 
 
-def QK(model: Model) -> FactoredMatrix:
-    """Every head's QK circuit `W_Q @ W_K.T`, `[layer head d_model d_model]`, factored.
+def QK(model: Model, layers: Sequence[int] | None = None) -> FactoredMatrix:
+    """Every head's QK circuit `W_Q @ W_K.T`, `[layer head d_model d_model]`, factored: of
+    every block, or of the blocks `layers`.
 
     `model.QK[layer]` is one layer's heads, `model.QK[layer, head]` one head. Refused for
     a model with q/k norms (module docstring).
     """
     require_bilinear_scores(model, "model.QK")
-    return FactoredMatrix(model.W_Q, model.W_K.mT)
+    return FactoredMatrix(model.stacked("W_Q", layers), model.stacked("W_K", layers).mT)
 
 
 def require_bilinear_scores(model: Model, what: str) -> None:
@@ -73,8 +74,9 @@ def require_bilinear_scores(model: Model, what: str) -> None:
         )
 
 
-def OV(model: Model) -> FactoredMatrix:
-    """Every head's OV circuit `W_V @ W_O`, `[layer head d_model d_model]`, factored."""
+def OV(model: Model, layers: Sequence[int] | None = None) -> FactoredMatrix:
+    """Every head's OV circuit `W_V @ W_O`, `[layer head d_model d_model]`, factored: of
+    every block, or of the blocks `layers`."""
     _refuse_latent_attention(model, "model.OV", "OV")
     if model.cfg.differential_attention:
         raise ValueError(
@@ -83,7 +85,7 @@ def OV(model: Model) -> FactoredMatrix:
             "heads, their z subtracted and RMS-normed per pair, so no d_model x d_model "
             "matrix gives a head's write (components/differential_attention.py)"
         )
-    return FactoredMatrix(model.W_V, model.W_O)
+    return FactoredMatrix(model.stacked("W_V", layers), model.stacked("W_O", layers))
 
 
 def _refuse_latent_attention(model: Model, what: str, circuit: str) -> None:

@@ -20,8 +20,8 @@ from hookedattn.core.names import get_act_name
 
 def record_patterns(model: HookedTransformer, tokens: Any) -> ActivationCache:
     """A cache of `model` on `tokens` (anything its forward takes) that holds the attention
-    patterns and nothing else."""
-    names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
+    patterns and nothing else (of the blocks with attention: `cfg.attention_layers`)."""
+    names = [get_act_name("pattern", layer) for layer in model.cfg.attention_layers]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
     return cache

@@ -50,14 +50,18 @@ def _is_int(value: object) -> bool:
     return True
 
 
-def _chosen_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
-    """The page's layers: all, or `layers`, each an int in range (a float would be cut)."""
-    chosen = list(range(n_layers)) if layers is None else list(layers)
+def _chosen_layers(layers: Sequence[int] | None, cfg: Any) -> list[int]:
+    """The page's layers: all with attention (a hybrid's mixers have no patterns), or
+    `layers`, each an int in range (a float would be cut) whose block has heads."""
+    n_layers = cfg.n_layers
+    chosen = cfg.attention_layers if layers is None else list(layers)
     if not chosen or not all(_is_int(i) and 0 <= operator.index(i) < n_layers for i in chosen):
         raise ValueError(
             f"layers must be a non-empty list of ints in 0..{n_layers - 1}, got {layers!r}"
         )
-    return [operator.index(layer) for layer in chosen]
+    chosen = [operator.index(layer) for layer in chosen]
+    cfg.require_attention(f"the attention page of blocks {chosen}", chosen)
+    return chosen
 
 
 def _check_size(n_layers: int, n_heads: int, n_pos: int, n_seq: int, max_values: int) -> None:
@@ -160,8 +164,8 @@ def attention(
     run on it) or an `ActivationCache` with the patterns; then `tokens` gives the token
     strings (a list of str) or ids, and without them they are read off the cached
     embedding (`hook_embed`) when it is there. `layers` limits the page to some layers
-    (all by default); `head` is the head shown first (`"L1H4"` or `(1, 4)`; `"all"` opens
-    the small multiples); `batch` picks the sequence of a batched cache.
+    (all that attend by default); `head` is the head shown first (`"L1H4"` or `(1, 4)`;
+    `"all"` opens the small multiples); `batch` picks the sequence of a batched cache.
 
     The heatmap draws one cell per (query, key) pair and the page stores every head's
     pattern: a few hundred tokens and a few hundred heads keep it quick (16 heads over 128
@@ -171,7 +175,7 @@ def attention(
     """
     if model.cfg.n_layers == 0:
         raise ValueError("a model with 0 layers has no attention patterns to show")
-    chosen = _chosen_layers(layers, model.cfg.n_layers)
+    chosen = _chosen_layers(layers, model.cfg)
     if not _is_int(max_values) or operator.index(max_values) < 1:
         raise ValueError(f"max_values must be a positive int, got {max_values!r}")
     if isinstance(cache_or_text, ActivationCache):
