@@ -80,7 +80,7 @@ def ablate(
     tokens = as_tokens(model, tokens, "tokens")
     hooks = ablation_hooks(model, components, method, reference=reference, seed=seed)
     if preserve_patterns:
-        patterns = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
+        patterns = [get_act_name("pattern", layer) for layer in model.cfg.attention_layers]
         with torch.no_grad():
             _, clean_cache = model.run_with_cache(tokens, names_filter=patterns)
         hooks = frozen_pattern_hooks(model, clean_cache) + hooks

@@ -7,7 +7,12 @@ together. More in `docs/guide/patching.md`.
 from collections.abc import Sequence
 
 from analysis.patching import _experts
-from analysis.patching._components import EXPERT_KINDS, Component, component_grid
+from analysis.patching._components import (
+    EXPERT_KINDS,
+    Component,
+    component_grid,
+    kind_layers,
+)
 from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
 from analysis.patching._sweep import Edit, component_edits, sweep
 from analysis.patching.result import PatchingResult
@@ -78,7 +83,7 @@ def _source_hooks(model: HookedTransformer, kind: str) -> list[str]:
     if kind in EXPERT_KINDS:
         _experts.check_patchable(model)
         return _experts.hook_names(model)
-    return [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
+    return [get_act_name(kind, layer) for layer in kind_layers(model, kind)]
 
 
 def _edits(

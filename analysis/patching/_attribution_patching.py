@@ -26,6 +26,7 @@ from analysis.patching._components import (
     available_kinds,
     check_kind,
     component_grid,
+    kind_layers,
     refuse_unsupported,
 )
 from analysis.patching._gradients import metric_gradients
@@ -87,7 +88,7 @@ def attribution_patch(
     clean_tokens, corrupted_tokens = paired_tokens(model, clean_tokens, corrupted_tokens)
     check_direction(direction)
     kinds = _checked_kinds(model, kinds)
-    names = [get_act_name(k, layer) for k in kinds for layer in range(model.cfg.n_layers)]
+    names = [get_act_name(k, layer) for k in kinds for layer in kind_layers(model, k)]
     denoising = direction == "denoising"
     patched, source = (
         (corrupted_tokens, clean_tokens) if denoising else (clean_tokens, corrupted_tokens)
@@ -104,7 +105,7 @@ def attribution_patch(
     results = {}
     for kind in kinds:
         grid = component_grid(model, kind, patched.shape[1], by_pos)
-        layers = [get_act_name(kind, layer) for layer in range(model.cfg.n_layers)]
+        layers = [get_act_name(kind, layer) for layer in kind_layers(model, kind)]
         scores = torch.stack(
             [
                 _region_sums(kind, grid.axes, source_cache[n], activations[n], grads[n])

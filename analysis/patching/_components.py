@@ -113,18 +113,28 @@ def probe_name(kind: str, layer: int) -> str:
     return get_act_name(kind, layer, 0) if kind in EXPERT_KINDS else get_act_name(kind, layer)
 
 
+def kind_layers(model: HookedTransformer, kind: str) -> list[int]:
+    """The blocks that have `kind` (all of them, but in a hybrid model a head's kinds are
+    in the blocks that attend only, and a mixture's in its blocks of experts)."""
+    hooks = model.hook_dict
+    return [layer for layer in range(model.cfg.n_layers) if probe_name(kind, layer) in hooks]
+
+
 def available_kinds(model: HookedTransformer) -> list[str]:
-    """The kinds this model can patch, in the order the forward reaches them."""
-    if model.cfg.n_layers == 0:
-        return []
+    """The kinds this model can patch, in the order a block's forward reaches them."""
     order = {name: i for i, name in enumerate(model.hook_dict)}
-    present = {k: order[probe_name(k, 0)] for k in LAYOUTS if probe_name(k, 0) in order}
+    present = {}
+    for kind in LAYOUTS:
+        layers = kind_layers(model, kind)
+        if layers:  # where the first block that has it reaches it
+            start = order[get_act_name("resid_pre", layers[0])]
+            present[kind] = order[probe_name(kind, layers[0])] - start
     return sorted(present, key=present.__getitem__)
 
 
 def check_kind(model: HookedTransformer, kind: str) -> str:
     """`kind` if this model has it; otherwise a `ValueError` naming the kinds it has."""
-    if kind in LAYOUTS and model.cfg.n_layers and probe_name(kind, 0) in model.hook_dict:
+    if kind in LAYOUTS and kind_layers(model, kind):
         return kind
     kinds = available_kinds(model)
     if kind in LAYOUTS:
@@ -173,8 +183,8 @@ class ComponentGrid:
     def components(self) -> tuple[Component, ...]:
         """One `Component` per cell of the grid, in row-major order."""
         return tuple(
-            Component(self.kind, **dict(zip(self.axes, index, strict=True)))
-            for index in itertools.product(*(range(n) for n in self.shape))
+            Component(self.kind, **{a: int(tick) for a, tick in zip(self.axes, ticks, strict=True)})
+            for ticks in itertools.product(*self.labels)
         )
 
 
@@ -194,7 +204,8 @@ def component_grid(
              "expert": model.cfg.num_experts or 0}  # fmt: skip
     axes = ("layer",) + (("pos",) if by_pos else ()) + (("head",) if is_head else ())
     axes += ("expert",) if is_expert else ()
-    labels = tuple(tuple(str(i) for i in range(sizes[a])) for a in axes)
+    ticks = {a: range(sizes[a]) for a in axes} | {"layer": kind_layers(model, kind)}
+    labels = tuple(tuple(str(i) for i in ticks[a]) for a in axes)
     return ComponentGrid(kind, axes, labels)
 
 
@@ -206,6 +217,10 @@ def check_component(model: HookedTransformer, component: Component, n_pos: int) 
     cfg = model.cfg
     if not 0 <= component.layer < cfg.n_layers:
         raise ValueError(f"{component}: layer must be in 0..{cfg.n_layers - 1}")
+    layers = kind_layers(model, component.name)
+    if component.layer not in layers:
+        raise ValueError(f"{component}: block {component.layer} has no {component.name!r}; "
+                         f"the blocks that have it are {layers}")  # fmt: skip
     if component.head is not None:
         if component.name not in HEAD_KINDS:
             raise ValueError(f"{component}: {component.name!r} has no head axis; use head=None")

@@ -14,7 +14,10 @@ head on its way to a receiver, so what remains is the sender's direct effect on 
 receivers' input, carried on to the output by the unfrozen model. MLPs recompute unless
 `freeze_mlps=True` (the IOI paper treats them as part of the direct path). Denoising is
 the mirror image: corrupted prompts, the sender from the clean run, the rest frozen at
-its corrupted value. Each step stacks the senders along the batch axis.
+its corrupted value. Each step stacks the senders along the batch axis. In a hybrid model a
+mixer in attention's place moves information between positions as heads do, so step 1
+freezes its write (`attn_out` of its block) as it freezes the heads'; a mixer beside the
+attention (Falcon-H1's) has no write of its own to patch, and is refused.
 
 More in `docs/guide/patching.md`.
 """
@@ -73,9 +76,10 @@ def path_patch(
     receivers = _checked_receivers(model, receivers, n_pos)
     sender_list, axes, labels, kind = _senders(model, senders, n_pos)
     hooks = {c.hook_name for c in [*sender_list, *receivers]}
-    hooks |= {get_act_name("z", layer) for layer in range(model.cfg.n_layers)}
+    hooks |= {get_act_name("z", layer) for layer in model.cfg.attention_layers}
+    hooks |= {get_act_name("attn_out", layer) for layer in _mixer_layers(model)}
     if freeze_mlps:
-        hooks |= {get_act_name("mlp_out", layer) for layer in range(model.cfg.n_layers)}
+        hooks |= {get_act_name("mlp_out", layer) for layer in _mlp_layers(model)}
     runs = base_runs(model, clean_tokens, corrupted_tokens, metric, sorted(hooks), metric_positions)
     noising = direction == "noising"
     base, other = (runs.clean, runs.corrupted) if noising else (runs.corrupted, runs.clean)
@@ -140,14 +144,16 @@ def _step_one_edits(
     free = _unfrozen_heads(senders, receivers, n_layers, n_heads)
     after = torch.tensor([[layer >= s.layer for layer in range(n_layers)] for s in senders])
     edits = []
-    for layer in range(n_layers):
+    for layer in model.cfg.attention_layers:
         z = get_act_name("z", layer)
         frozen = ~free[:, layer] & after[:, layer, None]
         edits.append(
             Edit("z", layer, frozen.reshape(len(senders), 1, 1, n_heads, 1), base.cache[z])
         )
-        if freeze_mlps and model.cfg.has_mlp:
-            edits.append(_frozen_mlp(base, senders, receivers, layer, after[:, layer]))
+    for layer in _mixer_layers(model):  # a hybrid's mixer, frozen as a head is
+        edits.append(_frozen_write("attn_out", base, senders, receivers, layer, after[:, layer]))
+    for layer in _mlp_layers(model) if freeze_mlps else ():
+        edits.append(_frozen_write("mlp_out", base, senders, receivers, layer, after[:, layer]))
     return edits + component_edits(senders, other.cache)
 
 
@@ -163,19 +169,40 @@ def _unfrozen_heads(
     return free
 
 
-def _frozen_mlp(
+def _frozen_write(
+    kind: str,
     base: BaseRun,
     senders: Sequence[Component],
     receivers: Sequence[Component],
     layer: int,
     after: Bool[Tensor, " variant"],
 ) -> Edit:
-    """Freeze this layer's MLP output from each sender's block on, except where it is the
-    sender or a receiver."""
-    mlp = get_act_name("mlp_out", layer)
-    receives = any(r.hook_name == mlp for r in receivers)
-    frozen = torch.tensor([not receives and s.hook_name != mlp for s in senders]) & after
-    return Edit("mlp_out", layer, frozen.reshape(-1, 1, 1, 1), base.cache[mlp])
+    """Freeze this layer's sublayer output `kind` (`mlp_out`, a mixer's `attn_out`) from
+    each sender's block on, except where it is the sender or a receiver."""
+    name = get_act_name(kind, layer)
+    receives = any(r.hook_name == name for r in receivers)
+    frozen = torch.tensor([not receives and s.hook_name != name for s in senders]) & after
+    return Edit(kind, layer, frozen.reshape(-1, 1, 1, 1), base.cache[name])
+
+
+def _mlp_layers(model: HookedTransformer) -> list[int]:
+    """The blocks holding an MLP."""
+    return [layer for layer in range(model.cfg.n_layers) if model.cfg.layer_has_mlp(layer)]
+
+
+def _mixer_layers(model: HookedTransformer) -> list[int]:
+    """The blocks holding a mixer in attention's place; a `ValueError` for a model with a
+    mixer beside its attention (module docstring)."""
+    mixers = model.cfg.mixers
+    if mixers is not None and mixers.beside_attention is not None:
+        raise ValueError(
+            f"path patching freezes every sublayer that moves information between "
+            f"positions; this model's {mixers.beside_attention!r} mixers sit beside its "
+            f"attention and write with it (blocks.L.hook_mixer_out), with no component "
+            f"of their own to freeze"
+        )
+    return [layer for layer in range(model.cfg.n_layers)
+            if model.cfg.layer_mixer(layer) not in ("attention", "none")]  # fmt: skip
 
 
 def _receiver_edit(receivers: Sequence[Component], hook: str, values: Tensor) -> Edit:

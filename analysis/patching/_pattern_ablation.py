@@ -60,13 +60,14 @@ def frozen_pattern_hooks(
     *,
     freeze_norm_scales: bool = False,
 ) -> list[Hook]:
-    """Forward hooks that replace every layer's `hook_pattern` with `clean_cache`'s.
+    """Forward hooks that replace every attention layer's `hook_pattern` with `clean_cache`'s
+    (a hybrid's mixers mix as they would).
 
     With `freeze_norm_scales`, every norm's `hook_scale` too, which makes an attention-only
     model linear in its residual stream. Use them with `model.hooks(...)` or
     `run_with_hooks`; the input must have the clean run's shape.
     """
-    keys = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
+    keys = [get_act_name("pattern", layer) for layer in model.cfg.attention_layers]
     if freeze_norm_scales:
         keys += [site.hook("scale") for site in norm_sites(model)]
     hooks = []

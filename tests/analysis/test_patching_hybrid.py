@@ -9,7 +9,14 @@ import functools
 import pytest
 import torch
 
-from analysis.patching import activation_patch, available_kinds
+from analysis.patching import (
+    Component,
+    activation_patch,
+    attribution_patch,
+    available_kinds,
+    compare_patching,
+    path_patch,
+)
 from analysis.patching._components import component_grid
 from analysis.patching._reference import reference_sweep
 from hookedattn.core.mixer_config import MixerConfig
@@ -77,3 +84,90 @@ def test_a_hybrid_with_declared_positions_matches_the_reference(layout):
         components = component_grid(model, kind, N_POS, True).components
         expected = reference_sweep(model, CORRUPTED, cache, components, last_logit_diff)
         torch.testing.assert_close(result.per_prompt.reshape(-1, BATCH), expected, **EXACT)
+
+
+def test_attribution_patching_of_a_hybrid_lays_out_activation_patchings_grid():
+    """Every kind, heads included in the blocks that attend: the same components, axes and
+    labels as activation patching, so the two compare; a head's kinds name only those
+    blocks."""
+    model = _model("mixers around attention")
+    prompts = dict(clean_tokens=CLEAN, corrupted_tokens=CORRUPTED)
+    approx = attribution_patch(model, **prompts, metric=logit_diff)
+    assert set(approx) == set(available_kinds(model))
+    assert approx["z"].labels[0] == ("1",)  # block 1 attends; 0 and 2 hold mixers
+    for kind in ("z", "resid_pre", "attn_out"):
+        exact = activation_patch(model, kind, **prompts, metric=logit_diff)
+        assert (approx[kind].axes, approx[kind].labels) == (exact.axes, exact.labels)
+        assert compare_patching(approx[kind], exact).error.isfinite().all()
+
+
+def _path_by_hand(model, sender, receiver_head: tuple[int, int]) -> torch.Tensor:
+    """Path patching (noising) written out: step 1 runs the clean prompts with the sender
+    from the corrupted run and, from its block on, every other head's `z` and every mixer's
+    write frozen at the clean run's; step 2 patches what the receiver's values saw."""
+    _, clean = model.run_with_cache(CLEAN)
+    _, corrupted = model.run_with_cache(CORRUPTED)
+    layer, head = receiver_head
+
+    def frozen(keep: int | None = None):
+        """The clean value (a `z`: every head's but `keep`'s)."""
+
+        def hook(value, hook):
+            if not hook.name.endswith("hook_z"):
+                return clean[hook.name]
+            value = value.clone()
+            heads = [h for h in range(value.shape[2]) if h != keep]
+            value[:, :, heads] = clean[hook.name][:, :, heads]
+            return value
+
+        return hook
+
+    hooks = []
+    for block in range(sender.layer, 4):
+        attends = model.cfg.layer_mixer(block) == "attention"
+        name = f"blocks.{block}.attn.hook_z" if attends else f"blocks.{block}.hook_attn_out"
+        if name != sender.hook_name:
+            hooks.append((name, frozen()))
+        elif attends:
+            hooks.append((name, frozen(keep=sender.head)))
+    sender_name = sender.hook_name
+
+    def send(value, hook):
+        value = value.clone()
+        if sender.head is None:
+            return corrupted[sender_name]
+        value[:, :, sender.head] = corrupted[sender_name][:, :, sender.head]
+        return value
+
+    seen = {}
+    receiver = f"blocks.{layer}.attn.hook_v"
+    record = lambda value, hook: seen.setdefault("v", value.clone())
+    model.run_with_hooks(CLEAN, fwd_hooks=[(sender_name, send), *hooks, (receiver, record)])
+
+    def patched(value, hook):
+        value = value.clone()
+        value[:, :, head] = seen["v"][:, :, head]
+        return value
+
+    return logit_diff(model.run_with_hooks(CLEAN, fwd_hooks=[(receiver, patched)]))
+
+
+@pytest.mark.parametrize("sender", [Component("attn_out", 0), Component("z", 1, head=2)])
+def test_path_patching_of_a_hybrid_freezes_its_mixers_as_heads(sender):
+    model = random_hybrid(hybrid_cfg(("mamba2", "attention", "short_conv", "attention")), 3)
+    with torch.no_grad():
+        expected = _path_by_hand(model, sender, (3, 1))
+        result = path_patch(
+            model, Component("v", 3, head=1), [sender], clean_tokens=CLEAN,
+            corrupted_tokens=CORRUPTED, metric=logit_diff,
+        )  # fmt: skip
+    torch.testing.assert_close(result.per_prompt[0], expected, **EXACT)
+    assert float((expected - result.clean).abs().max()) > 1e-6  # the path carries something
+
+
+def test_path_patching_refuses_a_mixer_beside_the_attention():
+    with pytest.raises(ValueError, match="beside its attention"):
+        path_patch(
+            _model("a mixer beside every attention"), Component("v", 1, head=0), "z",
+            clean_tokens=CLEAN, corrupted_tokens=CORRUPTED, metric=logit_diff,
+        )  # fmt: skip
