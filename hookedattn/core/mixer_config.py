@@ -153,7 +153,8 @@ class MixerConfig:
     @property
     def holds_mixers(self) -> bool:
         """Whether any block holds a sublayer that is not attention (in attention's place or
-        beside it): such a sublayer keeps no cache and is not split over ranks."""
+        beside it): such a sublayer keeps a cache of its own kind (`kv_cache.MixerCacheEntry`)
+        and is not split over ranks."""
         return self.beside_attention is not None or set(self.layers) != {"attention"}
 
     def layer_mixers(self, layer: int) -> tuple[str, ...]:
