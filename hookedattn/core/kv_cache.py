@@ -249,9 +249,10 @@ class MixerCacheEntry:
         return self._carried.get(name)
 
     def carry(self, name: str, value: Tensor) -> None:
-        """Carry `value` on to the next forward as `name`, unless frozen."""
+        """Carry `value` on to the next forward as `name`, unless frozen: a copy, since a
+        view (the last of a forward's states) would keep the whole forward's tensor."""
         if not self.frozen:
-            self._carried[name] = value
+            self._carried[name] = value.clone()
 
     def frozen_copy(self, device: str | torch.device) -> "MixerCacheEntry":
         """A frozen copy on `device` (what a layer placed on another device reads)."""

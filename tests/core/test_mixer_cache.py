@@ -177,3 +177,18 @@ def test_a_failed_step_leaves_the_mixers_inputs_as_they_were() -> None:
         assert [cache[layer].beside().length for layer in (0, 1)] == [4, 4]
         last = model(tokens[:, 4:], past_kv_cache=cache)  # the retry appends once
     torch.testing.assert_close(last, whole[:, 4:], rtol=0, atol=1e-12 * float(whole.abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["mamba", "rg_lru", "kimi_delta", "short_conv"])
+def test_what_a_mixer_carries_holds_no_more_than_itself(kind) -> None:
+    """A carried state is the last of a forward's states: kept as a view it would keep all
+    of them (Mamba-1's `[batch pos d_inner d_state]`) for the whole generation."""
+    model = _model(kind)
+    cache = KeyValueCache.empty(model.cfg, 1)
+    with torch.no_grad():
+        model(_tokens((1, 9), 10), past_kv_cache=cache)
+    carried = cache[0]._carried
+    assert carried
+    for name, value in carried.items():
+        own = value.numel() * value.element_size()
+        assert value.untyped_storage().nbytes() == own, name
