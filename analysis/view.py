@@ -167,10 +167,13 @@ def _graph_nodes(graph: Graph) -> tuple[list[CircuitNode], dict[str, int], dict[
     grouped = graph.n_kv_heads != graph.n_heads
     for layer in range(graph.n_layers):
         row += 1
-        for sender in graph.senders:
-            if sender.kind == "head" and sender.layer == layer:
-                of_sender[sender.label] = add(sender.label)
-        for g in range(graph.n_kv_heads) if grouped else ():
+        heads = [s for s in graph.senders if s.kind == "head" and s.layer == layer]
+        for sender in heads:
+            of_sender[sender.label] = add(sender.label)
+        for sender in graph.senders:  # a hybrid's mixer: one box, its sender and receiver
+            if sender.kind == "mixer" and sender.layer == layer:
+                of_sender[sender.label] = of_receiver[sender.label] = add(sender.label)
+        for g in range(graph.n_kv_heads) if grouped and heads else ():
             box = add(f"L{layer}KV{g}")
             of_receiver[f"L{layer}KV{g}.k"] = of_receiver[f"L{layer}KV{g}.v"] = box
         mlps = [s for s in graph.senders if s.kind == "mlp" and s.layer == layer]

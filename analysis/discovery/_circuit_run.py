@@ -9,10 +9,11 @@ corrupted run's, or that term's mean over the corrupted prompts):
 Unlike one edge patched alone, the senders' current terms are not the clean run's once an
 earlier receiver has been changed, so they are read as the forward makes them (each
 head's write from `hook_z`, through a norm after the attention at the divisor this
-forward records; each MLP's `hook_mlp_out`) and the receivers' inputs are edited in the
-same forward, per head on a model with a hook point at each (`_terms.split_model`).
-Many circuits run together, stacked on the batch axis; a pass starts at the first block
-where any of its circuits ablates an edge (the blocks before are the clean run's).
+forward records; each MLP's `hook_mlp_out`, a hybrid's mixer's `hook_attn_out`) and the
+receivers' inputs are edited in the same forward, per head on a model with a hook point
+at each (`_terms.split_model`). Many circuits run together, stacked on the batch axis; a
+pass starts at the first block where any of its circuits ablates an edge (the blocks
+before are the clean run's).
 
 More in `docs/guide/discovery.md`.
 """
@@ -161,6 +162,10 @@ def _layer_of(name: str) -> int:
     return -1 if layer is None else layer
 
 
+# Where a sender that is one whole sublayer writes: an MLP, or a hybrid's mixer.
+_WRITES = {"mlp": "mlp_out", "mixer": "attn_out"}
+
+
 class _Current:
     """The senders' terms as the forward being run makes them (for senders in the pass's
     blocks; those before it wrote what they wrote in the clean run)."""
@@ -171,15 +176,15 @@ class _Current:
         self._shifts: dict[tuple[int, ...], Tensor] = {}
 
     def shift(self, senders: list[int]) -> Float[Tensor, "variant sender n"]:
-        """`reference - current` of `senders` (the heads of one block, or one MLP), each
+        """`reference - current` of `senders` (the heads of one block, one MLP or one mixer), each
         flattened over (batch pos d_model); computed once a forward, as the q, k and v
         inputs of one block all read it."""
         key = tuple(senders)
         if key not in self._shifts:
             first = self.runs.graph.senders[senders[0]]
-            if first.kind == "mlp":
-                mlp = self.seen[get_act_name("mlp_out", first.layer)]
-                now = rearrange(mlp, "(v b) p d -> v 1 b p d", v=self.n)
+            if first.kind in _WRITES:
+                written = self.seen[get_act_name(_WRITES[first.kind], first.layer)]
+                now = rearrange(written, "(v b) p d -> v 1 b p d", v=self.n)
             else:
                 heads = [self.runs.graph.senders[s].head for s in senders]
                 now = self.heads(first.layer)[:, heads]

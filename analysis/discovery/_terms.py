@@ -40,6 +40,7 @@ _COPIES: "weakref.WeakKeyDictionary[HookedTransformer, dict[bool, HookedTransfor
 def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer:
     """`model` with a hook point at every receiver's input, sharing its parameters.
 
+    A hybrid's mixers' inputs pass `hook_mixer_in` (`use_hook_mixer_in`) in both.
     `qkv=False`: the MLPs' inputs only (`use_hook_mlp_in`), the attention reading one
     shared input (exact edge patching edits the heads' queries, keys and values, computed
     from the patched input, rather than their inputs: per-head copies of the stream in
@@ -48,7 +49,11 @@ def split_model(model: HookedTransformer, qkv: bool = True) -> HookedTransformer
     the next call while the model's config and parameter objects stay the same.
     """
     cfg = model.cfg
-    flags = dict(use_split_qkv_input=qkv, use_attn_in=False, use_hook_mlp_in=cfg.has_mlp)
+    mixes = any(
+        cfg.layer_mixer(layer) not in ("attention", "none") for layer in range(cfg.n_layers)
+    )
+    flags = dict(use_split_qkv_input=qkv, use_attn_in=False, use_hook_mlp_in=cfg.has_mlp,
+                 use_hook_mixer_in=mixes)  # fmt: skip
     wanted = cfg.replace(**flags, init_weights=False)
     kept = _COPIES.setdefault(model, {}).get(qkv)
     if kept is None or kept.cfg != wanted or not _same_parameters(kept, model):
@@ -71,7 +76,9 @@ def term_hooks(model: HookedTransformer) -> list[str]:
     """The hook points whose activations the sender terms are computed from."""
     names = ["hook_embed", "hook_pos_embed"]
     for layer in range(model.cfg.n_layers):
-        names += [get_act_name(kind, layer) for kind in (_written_z(model), "mlp_out")]
+        # A mixer's write is its block's attn_out (no block has both a mixer and heads here).
+        written = "attn_out" if model.cfg.layer_mixer(layer) != "attention" else _written_z(model)
+        names += [get_act_name(kind, layer) for kind in (written, "mlp_out")]
         names.append(f"blocks.{layer}.ln1_post.hook_scale")
     return [name for name in names if name in model.hook_dict]
 

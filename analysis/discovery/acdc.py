@@ -96,8 +96,8 @@ def _edges_out(graph: Graph, receiver: int) -> Bool[Tensor, " edge"] | None:
     r = graph.receivers[receiver]
     if r.kind == "logits":
         return None
-    if r.kind == "mlp":
-        mine = lambda s: s.kind == "mlp" and s.layer == r.layer
+    if r.kind in ("mlp", "mixer"):  # one node, the same sublayer's write
+        mine = lambda s: s.kind == r.kind and s.layer == r.layer
     else:
         group = graph.n_heads // graph.n_kv_heads if r.kind in ("k", "v") else 1
         heads = range(r.head * group, (r.head + 1) * group)

@@ -19,6 +19,12 @@ with its senders counted once. What else is in a receiver's input (the attention
 bias `b_O`, a norm's bias after a sublayer) is written by no sender, so it is no edge:
 `receiver_terms` lists it beside the edges, labelled as `decompose_resid` labels it.
 
+In a hybrid model a mixer in attention's place (`L0_mamba2`: its term's label in the
+decomposition) is one node, as an MLP is: a sender (its write, `hook_attn_out`) and a
+receiver (its input, `resid_pre`, passing `hook_mixer_in`). A block of an MLP alone
+(Nemotron-H's) has an MLP that reads `resid_pre`. A mixer beside the attention
+(Falcon-H1's) is refused by name.
+
 Behind a norm after a sublayer (`ln1_post`: Gemma 2, OLMo 2) a head's term is its share of
 the normed output at the divisor the run recorded, as in the decomposition: the shares and
 the bias terms add up to the stream exactly, but b_O's share then moves with the divisor,
@@ -39,10 +45,11 @@ from hookedattn.core.model import HookedTransformer
 
 @dataclasses.dataclass(frozen=True)
 class Sender:
-    """A writer into the stream: `embed`, a head (`L0H5`) or an MLP (`mlp0`).
+    """A writer into the stream: `embed`, a head (`L0H5`), a hybrid's mixer (`L0_mamba2`)
+    or an MLP (`mlp0`).
 
-    `order` places it in the forward: `(layer, 0)` for a head, `(layer, 1)` for an MLP,
-    `(-1, 1)` for the embedding; a receiver reads every sender before its own `reads`.
+    `order` places it in the forward: `(layer, 0)` for a head or a mixer, `(layer, 1)` for
+    an MLP, `(-1, 1)` for the embedding; a receiver reads every sender before its `reads`.
     """
 
     label: str
@@ -54,13 +61,15 @@ class Sender:
 
 @dataclasses.dataclass(frozen=True)
 class Receiver:
-    """A reader of the stream: a head's q/k/v input, an MLP's input, or the logits.
+    """A reader of the stream: a head's q/k/v input, a mixer's or an MLP's input, or the
+    logits.
 
     `head` is the query head of a `q` receiver and the key/value head of a `k` or `v` one
     (the same index without grouping); `hook` is the hook point where its input passes in
-    a model with `use_split_qkv_input` and `use_hook_mlp_in` (`analysis.discovery` runs
-    such a copy, sharing the weights); `site` the stream it reads, before its norm;
-    `reads` the order bound: it reads the senders whose `order` is below it.
+    a model with `use_split_qkv_input`, `use_hook_mlp_in` and `use_hook_mixer_in`
+    (`analysis.discovery` runs such a copy, sharing the weights); `site` the stream it
+    reads, before its norm; `reads` the order bound: it reads the senders whose `order`
+    is below it.
     """
 
     label: str
@@ -108,12 +117,11 @@ class Graph:
             raise ValueError(
                 "a model with 0 layers has one edge, embed -> logits, and nothing to discover"
             )
-        cfg.require_attention("the edge graph of circuit discovery (its senders are heads)")
+        _refuse_mixers_beside_attention(cfg)
         cfg.require_one_attention_shape("the edge graph of circuit discovery", key_value=True)
-        senders = _senders(cfg.n_layers, cfg.n_heads, cfg.has_mlp)
-        receivers = _receivers(
-            cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.has_mlp, cfg.parallel_attn_mlp
-        )
+        layout = tuple(_block_layout(cfg, layer) for layer in range(cfg.n_layers))
+        senders = _senders(layout, cfg.n_heads)
+        receivers = _receivers(layout, cfg.n_heads, cfg.n_kv_heads, cfg.parallel_attn_mlp)
         edges = tuple(
             Edge(s, r, f"{sender.label} -> {receiver.label}")
             for r, receiver in enumerate(receivers)
@@ -201,44 +209,78 @@ def _mlp_label(layer: int) -> str:
     return f"mlp{layer}"
 
 
-def _senders(n_layers: int, n_heads: int, has_mlp: bool) -> tuple[Sender, ...]:
+def _mixer_label(layer: int, kind: str) -> str:
+    """`"L{layer}_{kind}"` (`"L0_mamba2"`), the label of a hybrid's mixer as a sender and as
+    a receiver: its term's label in `decompose_resid`."""
+    return f"L{layer}_{kind}"
+
+
+def _refuse_mixers_beside_attention(cfg: object) -> None:
+    """A mixer beside the attention (Falcon-H1's) reads the heads' normed input: it would be
+    one more receiver of the same hook point, which the graph does not model."""
+    beside = cfg.mixers.beside_attention if cfg.mixers is not None else None
+    if beside is not None:
+        raise ValueError(
+            f"the edge graph of circuit discovery models a mixer in attention's place, not "
+            f"one beside it (this model's blocks hold a {beside!r} mixer beside their "
+            f"attention: Falcon-H1's layout)"
+        )
+
+
+def _block_layout(cfg: object, layer: int) -> tuple[str, bool]:
+    """What block `layer` holds: its sublayer that mixes positions ("attention", a mixer's
+    kind, or "none" in an MLP-only block) and whether it holds an MLP."""
+    return cfg.layer_mixer(layer), cfg.layer_has_mlp(layer)
+
+
+def _senders(layout: tuple[tuple[str, bool], ...], n_heads: int) -> tuple[Sender, ...]:
     senders = [Sender("embed", "embed", -1, None, (-1, 1))]
-    for layer in range(n_layers):
-        senders += [
-            Sender(head_label(layer, h), "head", layer, h, (layer, 0)) for h in range(n_heads)
-        ]
+    for layer, (mixing, has_mlp) in enumerate(layout):
+        if mixing == "attention":
+            senders += [
+                Sender(head_label(layer, h), "head", layer, h, (layer, 0)) for h in range(n_heads)
+            ]
+        elif mixing != "none":
+            senders.append(Sender(_mixer_label(layer, mixing), "mixer", layer, None, (layer, 0)))
         if has_mlp:
             senders.append(Sender(_mlp_label(layer), "mlp", layer, None, (layer, 1)))
     return tuple(senders)
 
 
+def _head_receivers(layer: int, n_heads: int, n_kv_heads: int) -> list[Receiver]:
+    """The query, key and value receivers of block `layer`'s heads."""
+    reads, block = (layer, 0), f"blocks.{layer}"  # resid_pre: the blocks before this one
+    receivers = [
+        Receiver(f"{head_label(layer, h)}.q", "q", layer, h, f"{block}.hook_q_input",
+                 "resid_pre", reads)
+        for h in range(n_heads)
+    ]  # fmt: skip
+    for kind in ("k", "v"):
+        for g in range(n_kv_heads):
+            name = f"L{layer}KV{g}" if n_kv_heads != n_heads else head_label(layer, g)
+            hook = f"{block}.hook_{kind}_input"
+            receivers.append(Receiver(f"{name}.{kind}", kind, layer, g, hook, "resid_pre", reads))
+    return receivers
+
+
 def _receivers(
-    n_layers: int, n_heads: int, n_kv_heads: int, has_mlp: bool, parallel: bool
+    layout: tuple[tuple[str, bool], ...], n_heads: int, n_kv_heads: int, parallel: bool
 ) -> tuple[Receiver, ...]:
-    grouped = n_kv_heads != n_heads
     receivers = []
-    for layer in range(n_layers):
-        reads = (layer, 0)  # resid_pre: the blocks before this one
-        block = f"blocks.{layer}"
-        for h in range(n_heads):
-            hook = f"{block}.hook_q_input"
-            receivers.append(
-                Receiver(f"{head_label(layer, h)}.q", "q", layer, h, hook, "resid_pre", reads)
-            )
-        for kind in ("k", "v"):
-            for g in range(n_kv_heads):
-                name = f"L{layer}KV{g}" if grouped else head_label(layer, g)
-                hook = f"{block}.hook_{kind}_input"
-                receivers.append(
-                    Receiver(f"{name}.{kind}", kind, layer, g, hook, "resid_pre", reads)
-                )
+    for layer, (mixing, has_mlp) in enumerate(layout):
+        reads, block = (layer, 0), f"blocks.{layer}"
+        if mixing == "attention":
+            receivers += _head_receivers(layer, n_heads, n_kv_heads)
+        elif mixing != "none":
+            label, hook = _mixer_label(layer, mixing), f"{block}.hook_mixer_in"
+            receivers.append(Receiver(label, "mixer", layer, None, hook, "resid_pre", reads))
         if has_mlp:
-            site, mlp_reads = ("resid_pre", reads) if parallel else ("resid_mid", (layer, 1))
-            receivers.append(
-                Receiver(
-                    _mlp_label(layer), "mlp", layer, None, f"{block}.hook_mlp_in", site, mlp_reads
-                )
-            )
+            # In a parallel block, or one with an MLP alone, the MLP reads resid_pre.
+            after = not parallel and mixing != "none"
+            site, mlp_reads = ("resid_mid", (layer, 1)) if after else ("resid_pre", reads)
+            hook = f"{block}.hook_mlp_in"
+            receivers.append(Receiver(_mlp_label(layer), "mlp", layer, None, hook, site, mlp_reads))
+    n_layers = len(layout)
     last = f"blocks.{n_layers - 1}.hook_resid_post"
     receivers.append(
         Receiver("logits", "logits", n_layers, None, last, "resid_post", (n_layers, 0))

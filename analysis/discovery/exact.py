@@ -31,7 +31,7 @@ from hookedattn.core.cache import ActivationCache
 from hookedattn.core.model import HookedTransformer
 
 # The patching engine's kinds of the MLPs' and the logits' inputs.
-STREAM_KINDS = {"mlp": "mlp_in", "logits": "resid_post"}
+STREAM_KINDS = {"mlp": "mlp_in", "mixer": "mixer_in", "logits": "resid_post"}
 
 
 def edge_patching(
@@ -61,7 +61,7 @@ def edge_patching(
     edits = [_stream_edit(graph, clean.cache, hook, delta) for hook in _stream_hooks(graph)]
     edits += [
         _attention_edit(split, graph, clean.cache, layer, kind, delta)
-        for layer in range(graph.n_layers)
+        for layer in sorted({r.layer for r in graph.receivers if r.kind == "q"})
         for kind in ("q", "k", "v")
     ]
     per_prompt = sweep(
@@ -80,7 +80,8 @@ def edge_patching(
 
 
 def _stream_hooks(graph: Graph) -> list[str]:
-    """The hook points of the receivers that read a whole stream: the MLPs, the logits."""
+    """The hook points of the receivers that read a whole stream: the MLPs, a hybrid's
+    mixers, the logits."""
     return list(dict.fromkeys(r.hook for r in graph.receivers if r.kind in STREAM_KINDS))
 
 
@@ -94,7 +95,7 @@ def _rows(graph: Graph, at: list[int]) -> tuple[Int[Tensor, " edge"], tuple[int,
 
 
 def _stream_edit(graph: Graph, cache: ActivationCache, hook: str, delta: Terms) -> Edit:
-    """An MLP's or the logits' input: each edge into it takes the clean input plus its
+    """An MLP's, a mixer's or the logits' input: each edge into it takes the clean input plus its
     sender's delta (one table row per sender)."""
     at = [i for i, r in enumerate(graph.receivers) if r.hook == hook]
     rows, senders = _rows(graph, at)

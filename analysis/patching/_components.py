@@ -39,7 +39,7 @@ from hookedattn.core.names import get_act_name
 # The axes after the batch axis of the activation at each kind of hook point.
 LAYOUTS: dict[str, tuple[str, ...]] = {
     **{k: ("pos", "d_model") for k in ("resid_pre", "resid_mid", "resid_post")},
-    **{k: ("pos", "d_model") for k in ("attn_out", "mlp_out", "mlp_in")},
+    **{k: ("pos", "d_model") for k in ("attn_out", "mlp_out", "mlp_in", "mixer_in")},
     **{k: ("pos", "head", "d_model") for k in ("attn_in", "q_input", "k_input", "v_input")},
     **{k: ("pos", "head", "d_head") for k in ("q", "k", "v", "z", "rot_q", "rot_k")},
     # The query and key norms' normalised stream and output (their scale is per head in
@@ -81,6 +81,7 @@ def n_heads_of(model: HookedTransformer, kind: str) -> int:
 # output at position p alone; a patch of the residual stream, keys or values does not.
 LOCAL_KINDS: frozenset[str] = frozenset(LAYOUTS) - {
     "resid_pre",
+    "mixer_in",  # a hybrid's mixer reads every earlier position's input
     "attn_in",
     "k_input",
     "v_input",

@@ -250,7 +250,14 @@ class ConfigChecks:
 
     def _check_hybrid_layouts(self) -> None:
         """The blocks a hybrid's layout asks for exist: blocks of one sublayer (Nemotron-H)
-        and a mixer beside attention (Falcon-H1) need a sequential block."""
+        and a mixer beside attention (Falcon-H1) need a sequential block; a mixer's input
+        hook point (`use_hook_mixer_in`) needs a mixer in attention's place."""
+        mixing = [self.layer_mixer(layer) for layer in range(self.n_layers)]
+        if self.use_hook_mixer_in and all(kind in ("attention", "none") for kind in mixing):
+            raise ValueError(
+                "use_hook_mixer_in=True gives a mixer in attention's place an input hook "
+                f"point (blocks.L.hook_mixer_in), but no block holds one (blocks: {mixing})"
+            )
         if self.mixers is None:
             return
         if self.mixers.mlp_layers is not None and self.attn_only:

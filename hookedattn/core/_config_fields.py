@@ -149,6 +149,7 @@ FIELD_SPECS: dict[str, FieldSpec] = {
     "use_split_qkv_input": _FLAG,
     "use_hook_mlp_in": _FLAG,
     "use_attn_in": _FLAG,
+    "use_hook_mixer_in": _FLAG,
     "use_fused_kernels": _FLAG,
     "dtype": FieldSpec(torch.dtype, choices=tuple(DTYPES.values())),
     "device": FieldSpec(str),

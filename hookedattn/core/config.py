@@ -388,6 +388,7 @@ class HookedTransformerConfig(ConfigChecks, LayerQueries):
     use_split_qkv_input: bool = False
     use_hook_mlp_in: bool = False
     use_attn_in: bool = False
+    use_hook_mixer_in: bool = False
     use_fused_kernels: bool = True
     dtype: torch.dtype | str = torch.float32
     device: str = "cpu"

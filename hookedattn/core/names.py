@@ -43,7 +43,7 @@ _EXPERT_PARTS = ("in", "pre", "pre_linear", "post", "out")
 
 _TEMPLATES: dict[str, str] = {
     **{n: _BLOCK for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")},
-    **{n: _BLOCK for n in ("mlp_in", "attn_in", "q_input", "k_input", "v_input")},
+    **{n: _BLOCK for n in ("mlp_in", "mixer_in", "attn_in", "q_input", "k_input", "v_input")},
     **{n: _ATTN for n in ("q", "k", "v", "z", "z_normed", "result", "rot_q", "rot_k", "q_tuned")},
     "z_diff": _ATTN,  # differential attention's pairs of heads, subtracted
     **{n: _ATTN for n in ("attn_scores", "pattern")},
@@ -208,7 +208,15 @@ def expert_of(name: str) -> int | None:
 _AXES: dict[str, str] = {
     **{
         n: "batch pos d_model"
-        for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_in")
+        for n in (
+            "resid_pre",
+            "resid_mid",
+            "resid_post",
+            "attn_out",
+            "mlp_out",
+            "mlp_in",
+            "mixer_in",
+        )
     },
     **{n: "batch pos d_model" for n in ("embed", "pos_embed", "normalized")},
     **{n: "batch pos head d_model" for n in ("attn_in", "q_input", "k_input", "v_input")},

@@ -116,7 +116,12 @@ class AttnOnlyBlock(nn.Module):
     def _add_mixer(self, cfg: HookedTransformerConfig, layer: int) -> None:
         """A hybrid model's block `layer` mixes positions by another sublayer in attention's
         place (`mixer_config`): read through `ln1`, written through `ln1_post` and
-        `hook_attn_out`, as attention's is."""
+        `hook_attn_out`, as attention's is. With `use_hook_mixer_in`, what it reads passes
+        `hook_mixer_in` first, a copy, as the MLP's input passes `hook_mlp_in`."""
+        self.mixer_input = self._mixer_input
+        if cfg.use_hook_mixer_in:
+            self.hook_mixer_in = HookPoint()  # [batch pos d_model]
+            self.mixer_input = self._hooked_mixer_input
         self.ln1 = make_placed_norm(cfg, "pre", layer)
         self.mixer = make_mixer(cfg, layer)
         self.ln1_post = make_placed_norm(cfg, "post", layer)
@@ -127,7 +132,15 @@ class AttnOnlyBlock(nn.Module):
         """What the mixer writes: `ln1_post(mixer(ln1(resid)))`, reading the mixer's cache
         (`kv_cache.MixerCacheEntry`) where there is one."""
         past = NO_PAST if past_kv is None else past_kv
-        return self.hook_attn_out(self.ln1_post(self.mixer(self.ln1(resid), context, past)))
+        mixed = self.mixer(self.mixer_input(resid), context, past)
+        return self.hook_attn_out(self.ln1_post(mixed))
+
+    def _mixer_input(self, resid: Resid) -> Resid:
+        return self.ln1(resid)
+
+    def _hooked_mixer_input(self, resid: Resid) -> Resid:
+        # A copy: an in-place edit of the mixer's input must not reach the stream's skip path.
+        return self.ln1(self.hook_mixer_in(resid.clone()))
 
     def _add_mlp(self, cfg: HookedTransformerConfig, layer: int) -> None:
         if cfg.use_hook_mlp_in:
