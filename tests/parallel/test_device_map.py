@@ -226,3 +226,29 @@ def test_a_shortformer_model_placed_over_devices_runs_as_one_device(where):
     mapped = parallel.place(model.copy(), device_map)
     tolerance = 0.0 if first == "cpu" else 1e-12
     assert_runs_as_one_device(mapped, model, tokens.to(first), tolerance)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param("two_slots"), pytest.param("gpu_and_cpu", marks=gpu_and_cpu)],
+)
+def test_a_hybrid_placed_over_devices_runs_and_reads_a_frozen_cache_as_one_device(where):
+    """A hybrid's mixers keep caches of their own (`MixerCacheEntry`): generation stores into
+    each block's on that block's device, and a frozen cache is read where each block is."""
+    from hookedattn.core.kv_cache import KeyValueCache
+    from tests.helpers.mixers import hybrid_cfg, random_hybrid
+
+    device_map, first = SHORTFORMER_MAPS[where]
+    model = random_hybrid(hybrid_cfg(("mamba2", "attention", "gated_delta", "attention")), 3)
+    tokens = random_tokens(model.cfg.d_vocab, batch=2, pos=7, seed=5)
+    mapped = parallel.place(model.copy(), device_map)
+    tolerance = 0.0 if first == "cpu" else 1e-12
+    assert_runs_as_one_device(mapped, model, tokens.to(first), tolerance)
+    with torch.no_grad():
+        cache = KeyValueCache.empty(model.cfg, 2, device=first)
+        mapped(tokens[:, :4].to(first), past_kv_cache=cache)
+        cache.freeze()
+        rest = mapped(tokens[:, 4:].to(first), past_kv_cache=cache)
+    whole = model(tokens)[:, 4:]
+    torch.testing.assert_close(rest.cpu(), whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+    assert cache.length == 4  # read, not stored into

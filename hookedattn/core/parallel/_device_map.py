@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from hookedattn.core.kernels import AttentionContext
-from hookedattn.core.kv_cache import KeyValueCacheEntry
+from hookedattn.core.kv_cache import KeyValueCacheEntry, MixerCacheEntry
 
 DeviceMap = str | Sequence[str] | Mapping[str, str]
 FIRST_DEVICE_UNITS = (
@@ -342,10 +342,11 @@ class _ToWeightsDevice:
                 )
                 self._moved[device] = last = (value, moved)
             return last[1]
-        frozen = isinstance(value, KeyValueCacheEntry) and value.frozen
-        if frozen and value.past_keys.device != device:  # read, never stored into: a copy
+        frozen = isinstance(value, KeyValueCacheEntry | MixerCacheEntry) and value.frozen
+        if frozen and value.device not in (None, device):  # read, never stored into: a copy
             return value.frozen_copy(device)
-        return value  # an entry that is appended to grows onto the new keys' device
+        # An entry that is stored into is its block's alone: it grows on the block's device.
+        return value
 
 
 class _MovedMasks(dict):
