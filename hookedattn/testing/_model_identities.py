@@ -27,6 +27,7 @@ from hookedattn.testing._identity import (
     sum_of,
     weight,
 )
+from hookedattn.testing._mixer_identities import mixer_identities
 from hookedattn.testing._norm_identities import input_norm_identities
 from hookedattn.testing.published import Constants
 
@@ -99,22 +100,27 @@ def _block(model: HookedTransformer, layer: int, constants: Constants) -> list[I
     A sequential block adds the attention's write before the MLP reads the stream; a
     parallel one (`parallel_attn_mlp`) gives both sublayers `resid_pre` and adds both.
     """
-    cfg, block = model.cfg, model.blocks[layer]
+    block = model.blocks[layer]
     resid_pre, resid_post = _act("resid_pre", layer), _act("resid_post", layer)
     out = []
     for copy in ("attn_in", "q_input", "k_input", "v_input"):
         if hasattr(block, f"hook_{copy}"):
             out.append(per_head_copy(_act(copy, layer), resid_pre))
-    out += _attention(model, layer, constants.attn_scale)
-    attn_out = _act("attn_out", layer)
-    if cfg.attn_only:
-        return [*out, sum_of(resid_post, resid_pre, attn_out)]
+    if hasattr(block, "hook_mixer_in"):
+        out.append(sum_of(_act("mixer_in", layer), resid_pre))
+    out += _mixing(model, layer, constants)
+    # What the block's first sublayer adds: attention's or a mixer's, and a mixer's beside.
+    writes = [_act("attn_out", layer)] if hasattr(block, "hook_attn_out") else []
+    if hasattr(block, "hook_mixer_out"):
+        writes.append(f"blocks.{layer}.hook_mixer_out")
+    if not hasattr(block, "mlp"):  # attention-only, or a hybrid's block without an MLP
+        return [*out, sum_of(resid_post, resid_pre, *writes)]
     mlp_out = _act("mlp_out", layer)
-    if cfg.parallel_attn_mlp:
+    if not hasattr(block, "hook_resid_mid"):  # parallel, or a hybrid's block of an MLP alone
         out += _mlp(model, layer, resid_pre)
-        return [*out, sum_of(resid_post, resid_pre, attn_out, mlp_out)]
+        return [*out, sum_of(resid_post, resid_pre, *writes, mlp_out)]
     resid_mid = _act("resid_mid", layer)
-    out.append(sum_of(resid_mid, resid_pre, attn_out))
+    out.append(sum_of(resid_mid, resid_pre, *writes))
     out += _mlp(model, layer, resid_mid)
     writes = [resid_mid, mlp_out]
     if hasattr(block, "hook_per_layer_out"):  # Gemma 4's third write
@@ -135,6 +141,16 @@ def _scaled(out: str, x: str, w: Tensor) -> Identity:
 
     statement = f"{out} == resid_scale.w * {x}"
     return Identity(statement, (out, x), _names.axis_names(out), VALUE, sides)
+
+
+def _mixing(model: HookedTransformer, layer: int, constants: Constants) -> list[Identity]:
+    """The identities of what mixes positions in block `layer`: its attention, a hybrid's
+    mixer in attention's place or beside it, or nothing (a block of an MLP alone)."""
+    block = model.blocks[layer]
+    out = _attention(model, layer, constants.attn_scale) if hasattr(block, "attn") else []
+    if hasattr(block, "mixer"):
+        out += mixer_identities(model, layer, beside=hasattr(block, "attn"))
+    return out
 
 
 def _attention(model: HookedTransformer, layer: int, attn_scale: float) -> list[Identity]:

@@ -30,9 +30,9 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
     out = []
     for layer, block in enumerate(model.blocks):
         read_ln1 = _ln1_input(block, layer)
-        if read_ln1 is not None and not isinstance(block.ln1, NoNorm):
+        if read_ln1 is not None and _holds_norm(block, "ln1"):
             out += _norm(f"blocks.{layer}.ln1", read_ln1, 1, centres, constants.eps)
-        if cfg.use_qk_norm:
+        if cfg.use_qk_norm and hasattr(block, "attn"):
             axes = 1 if cfg.qk_norm_per_head else 2
             after = cfg.qk_norm_after_rotary and cfg.layer_rotates(layer)  # rotated q, k
             for which, x in (("q_norm", "rot_q" if after else "q"),
@@ -40,12 +40,12 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
                 path = f"blocks.{layer}.attn.{which}"
                 centred = cfg.qk_norm_type == "LN"
                 out += _norm(path, _act(x, layer), axes, centred, constants.eps)
-        if cfg.has_mlp and not isinstance(block.ln2, NoNorm):
+        if _holds_norm(block, "ln2"):
             out += _norm(f"blocks.{layer}.ln2", _ln2_input(block, layer), 1, centres, constants.eps)
-        if cfg.attn_sub_norm:  # BitNet's: over every head's z together
+        if cfg.attn_sub_norm and hasattr(block, "attn"):  # BitNet's: over every head's z together
             out += _norm(f"blocks.{layer}.attn.sub_norm", _act("z", layer), 2, centres,
                          constants.eps)  # fmt: skip
-        if cfg.has_mlp and hasattr(block.mlp, "hook_mid"):  # solu_ln: a LayerNorm, always
+        if hasattr(getattr(block, "mlp", None), "hook_mid"):  # solu_ln: a LayerNorm, always
             centred = centres if cfg.mlp_sub_norm else True  # BitNet's: the model's kind
             out += _norm(f"blocks.{layer}.mlp.ln", _act("mid", layer), 1, centred, constants.eps)
     if not isinstance(model.ln_final, NoNorm):
@@ -54,12 +54,20 @@ def input_norm_identities(model: HookedTransformer, constants: Constants) -> lis
     return out
 
 
+def _holds_norm(block: object, name: str) -> bool:
+    """Whether `block` has the norm `name` (a hybrid's block of one sublayer lacks the
+    other's) and it is not the identity."""
+    module = getattr(block, name, None)
+    return module is not None and not isinstance(module, NoNorm)
+
+
 def _ln1_input(block: object, layer: int) -> str | None:
     """What `ln1` reads: the stream, or its per-head copies; None with split q/k/v inputs
     (`ln1` runs three times and its hook points keep only the last)."""
     if hasattr(block, "hook_q_input"):
         return None
-    return _act("attn_in" if hasattr(block, "hook_attn_in") else "resid_pre", layer)
+    copies = [name for name in ("attn_in", "mixer_in") if hasattr(block, f"hook_{name}")]
+    return _act(copies[0] if copies else "resid_pre", layer)
 
 
 def _ln2_input(block: object, layer: int) -> str:

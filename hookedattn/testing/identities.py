@@ -36,7 +36,9 @@ is itself a sum over heads or neurons; so a cache of one forward satisfies, in o
 with `<norm>.out` a norm's output after its gain and bias (`hook_normalized` is before
 them), GQA keys and values one per key/value head (each query head reads its group's),
 `after` the norm after a sublayer (`ln1_post`, `ln2_post`; the identity elsewhere) and `cap`
-a soft cap (`c tanh(x / c)`; the identity elsewhere).
+a soft cap (`c tanh(x / c)`; the identity elsewhere). A hybrid model's mixer takes the
+attention's lines' place (`_mixer_identities`: what it reads and writes, its mixing causal),
+and a block of an MLP alone has `resid_post = resid_pre + mlp_out`.
 
 Besides, for every norm whose input is cached (`ln1`, `ln2`, `ln_final`, the q/k norms,
 a `solu_ln` MLP's `mlp.ln`):

@@ -33,8 +33,10 @@ before the gate, unlike Mamba-2's),
 
     out = (rmsnorm(o) * w_norm * silu(z)) @ W_out + b_out
 
-Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern. With a cache
-(`kv_cache.MixerCacheEntry`) the cache keeps every position's `k`, `v`, `beta` and `g`; a
+In a half-precision model the unit `q` and `k`, the decays, the mixing and `o` are float32
+(`hook_mixing` holds float32), as `transformers` computes them. Memory is `[batch ssm_head
+pos pos]`, as an eager attention's pattern. With a cache (`kv_cache.MixerCacheEntry`) the
+cache keeps every position's `k`, `v`, `beta` and `g`; a
 forward computes its own positions' rows of `M` (`T` is still every position's), and its
 convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
@@ -48,6 +50,7 @@ from torch.nn.functional import silu, softplus
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
+from hookedattn.core.components.norm import rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -130,16 +133,23 @@ class GatedDeltaNet(nn.Module):
         heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
         v = rearrange(v, heads, ssm_head=m.n_ssm_heads)
         z = rearrange(affine(x, self.W_z, self.b_z), heads, ssm_head=m.n_ssm_heads)
+        # The rule runs in float32 at least, as transformers runs it: a bfloat16 model's
+        # unit q and k, decays and mixing in float32 (torch has no half-precision
+        # triangular solve).
+        work = torch.promote_types(x.dtype, torch.float32)
         # A padding position writes nothing into the state (its beta is 0).
         beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
-        g = -self.A_log.exp() * softplus(affine(x, self.W_a, self.b_a) + self.dt_bias)
+        rate = affine(x, self.W_a, self.b_a).to(work) + self.dt_bias.to(work)
+        g = -self.A_log.to(work).exp() * softplus(rate)
         # What the new positions read: every position's k, v, beta and g (a cache's, then theirs).
-        k, v = past.rows("k", _unit(k)), past.rows("v", v)
+        k, v = past.rows("k", _unit(k.to(work))), past.rows("v", v)
         beta, g = past.rows("beta", beta), past.rows("g", g)
-        mixing = self.hook_mixing(delta_mixing(_unit(q) * m.d_state**-0.5, k, beta, g))
-        o = einsum(mixing, v, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
-                   "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
-        normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        q = _unit(q.to(work)) * m.d_state**-0.5
+        mixing = self.hook_mixing(delta_mixing(q, k, beta.to(work), g))
+        o = einsum(mixing, v.to(work), "batch ssm_head query_pos key_pos, batch key_pos "
+                   "ssm_head d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+        o = o.to(x.dtype)
+        normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * silu(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))

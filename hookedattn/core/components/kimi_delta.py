@@ -44,6 +44,7 @@ from torch.nn.functional import sigmoid, silu, softplus
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
 from hookedattn.core.components.gated_delta import _unit
+from hookedattn.core.components.norm import rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -134,7 +135,7 @@ class KimiDeltaAttention(nn.Module):
         past.carry("state", last)
         o = self.hook_o(o)
         z = rearrange(u_g, heads, ssm_head=m.n_ssm_heads)
-        normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * sigmoid(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))

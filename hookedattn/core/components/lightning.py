@@ -33,6 +33,7 @@ from torch.nn.functional import sigmoid, silu
 
 from hookedattn.core.components.causal_conv import real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
+from hookedattn.core.components.norm import rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -104,7 +105,7 @@ class LightningAttention(nn.Module):
             einsum(pattern, v, "batch head query key, batch key head d -> batch query head d")
         )
         o = rearrange(o, "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)")
-        normed = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps) * self.w_norm
+        normed = rms_normalized(o, m.ssm_norm_eps) * self.w_norm
         gated = sigmoid(affine(x, self.W_gate, self.b_gate)) * normed
         return self.hook_out(affine(gated, self.W_out, self.b_out))
 

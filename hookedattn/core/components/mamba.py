@@ -43,6 +43,7 @@ from torch.nn.functional import silu, softplus
 
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.embed import _param, affine, affine_params
+from hookedattn.core.components.norm import rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -82,7 +83,7 @@ class _GainRMSNorm(nn.Module):
         self.w = _param(width, cfg=cfg)
 
     def forward(self, v: Float[Tensor, "... width"]) -> Float[Tensor, "... width"]:
-        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+        return rms_normalized(v, self.eps) * self.w
 
 
 def _bcdt_norm(width: int, cfg: HookedTransformerConfig) -> nn.Module:

@@ -35,7 +35,6 @@ attention's keeps keys and values; a forward computes its own positions' rows of
 its convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
 
-import torch
 from einops import einsum, rearrange, repeat
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -44,6 +43,7 @@ from torch.nn.functional import silu, softplus
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
+from hookedattn.core.components.norm import rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -141,5 +141,5 @@ class Mamba2Mixer(nn.Module):
         grouped = rearrange(
             g, "batch pos (group channel) -> batch pos group channel", group=m.n_ssm_groups
         )
-        normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + m.ssm_norm_eps)
+        normed = rms_normalized(grouped, m.ssm_norm_eps)
         return rearrange(normed, "batch pos group channel -> batch pos (group channel)")

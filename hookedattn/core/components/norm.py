@@ -23,6 +23,15 @@ from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.shapes import Normed
 
 
+def rms_normalized(x: Tensor, eps: float) -> Tensor:
+    """`x / sqrt(mean(x^2) + eps)` over the last axis, as a hybrid's mixers norm their heads'
+    reads before the gate (weightless: the gain is theirs to apply). The mean of squares is
+    taken in float32 at least, as `transformers` takes it: in half precision a square of a
+    small read underflows. The result has `x`'s dtype."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 class NoNorm(nn.Module):
     """The identity, where a model has no norm; called as a plain function (no hooks)."""
 
