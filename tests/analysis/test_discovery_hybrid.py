@@ -20,6 +20,7 @@ from analysis.patching._reference import reference_sweep
 from hookedattn import HookedTransformer
 from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.testing import random_tokens
+from tests.helpers.edges import patched_logits
 from tests.helpers.mixers import SETTINGS, hybrid_cfg, random_hybrid
 
 BATCH, N_POS = 2, 6
@@ -75,19 +76,8 @@ def _sender_terms(model: HookedTransformer, tokens: torch.Tensor) -> dict[str, t
 
 def _patched(model: HookedTransformer, receiver, delta: torch.Tensor, stream=None):
     """The metric of one forward of the clean prompts (or of `stream`, entering block 0)
-    with `delta` added to one receiver's input: its head's copy, or the whole input."""
-
-    def add(x, hook):
-        x = x.clone()
-        if receiver.head is None:
-            x += delta
-        else:
-            x[:, :, receiver.head] += delta
-        return x
-
-    with torch.no_grad(), model.hooks(fwd_hooks=[(receiver.hook, add)]):
-        logits = model(CLEAN) if stream is None else model(stream, start_at_layer=0)
-    return metric(logits)
+    with `delta` added to one receiver's input."""
+    return metric(patched_logits(model, CLEAN, receiver, delta, stream))
 
 
 def _edge_deltas(model: HookedTransformer, graph: Graph):

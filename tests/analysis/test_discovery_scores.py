@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from helpers.edges import patched_logits
 from helpers.families import FAMILIES, TOKENS, family_model
 
 from analysis import (
@@ -68,22 +69,7 @@ def terms_of(model, tokens):
 
 def patched_metric(split, tokens, receiver, delta, stream=None):
     """One hooked forward: `delta` added to one receiver's input (its head's copy)."""
-
-    def add(x, hook):
-        x = x.clone()
-        if receiver.head is None:
-            x += delta
-        else:
-            x[:, :, receiver.head] += delta
-        return x
-
-    with torch.no_grad():
-        if stream is None:
-            logits = split.run_with_hooks(tokens, fwd_hooks=[(receiver.hook, add)])
-        else:
-            with split.hooks(fwd_hooks=[(receiver.hook, add)]):
-                logits = split(stream, start_at_layer=0)
-    return metric(logits)
+    return metric(patched_logits(split, tokens, receiver, delta, stream))
 
 
 def loop_reference(model, edges: list[int]) -> torch.Tensor:

@@ -8,26 +8,16 @@ import pytest
 import torch
 
 from hookedattn.core.components.norm import rms_normalized
-from tests.helpers.mixers import hybrid_cfg, random_hybrid, unpadded_context
+from tests.helpers.mixers import KIND_SETTINGS, hybrid_cfg, random_hybrid, unpadded_context
 
 HALF = [torch.bfloat16, torch.float16]
-MAMBA1 = dict(n_ssm_heads=10, d_ssm_head=1, n_ssm_groups=1, d_state=5, dt_rank=3)
-KINDS = {
-    "short_conv": {},
-    "mamba2": {},
-    "gated_delta": {},
-    "mamba": MAMBA1,
-    "rg_lru": {},
-    "kimi_delta": dict(dt_rank=3),
-    "lightning": dict(n_ssm_heads=3, d_ssm_head=4, n_ssm_groups=1),
-}
 TOKENS = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(6))
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(KIND_SETTINGS))
 def test_every_mixer_runs_and_generates_in_half_precision(kind, dtype):
-    model = random_hybrid(hybrid_cfg((kind, "attention", kind), **KINDS[kind]), 5).to(dtype)
+    model = random_hybrid(hybrid_cfg((kind, "attention", kind), **KIND_SETTINGS[kind]), 5).to(dtype)
     with torch.no_grad():
         logits = model(TOKENS)
         tokens = model.generate(TOKENS[:, :6], max_new_tokens=3, stop_at_eos=False)

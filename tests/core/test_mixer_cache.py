@@ -13,20 +13,10 @@ import torch
 
 from hookedattn.core.kv_cache import KeyValueCache
 from hookedattn.core.mixer_config import MixerConfig
-from tests.helpers.mixers import SETTINGS, hybrid_cfg, random_hybrid
+from tests.helpers.mixers import KIND_SETTINGS, SETTINGS, hybrid_cfg, random_hybrid
 
-# Each kind between two attention layers' neighbours, with settings its module accepts.
-MAMBA1 = dict(n_ssm_heads=10, d_ssm_head=1, n_ssm_groups=1, d_state=5, dt_rank=3)
-KINDS = {
-    "short_conv": {},
-    "mamba2": {},
-    "gated_delta": {},
-    "mamba": MAMBA1,
-    "rg_lru": {},
-    "kimi_delta": dict(dt_rank=3),
-    "lightning": dict(n_ssm_heads=3, d_ssm_head=4, n_ssm_groups=1),
-    "beside_attention": {},  # Falcon-H1's: a Mamba-2 mixer beside every attention
-}
+# Each kind between two attention layers' neighbours, and Falcon-H1's mixer beside attention.
+KINDS = {**KIND_SETTINGS, "beside_attention": {}}
 
 
 def _model(kind: str, seed: int = 5):

@@ -13,6 +13,17 @@ from hookedattn.core.mixer_config import MixerConfig
 D_MODEL = 12
 # Mamba-2 / gated delta settings small enough to check against loops, grouped (2 groups).
 SETTINGS = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2)
+# Each mixer kind, with the changes to `SETTINGS` its module accepts (Mamba-1's heads are its
+# channels; Kimi's decay is low-rank; lightning attention has one key head per value head).
+KIND_SETTINGS = {
+    "short_conv": {},
+    "mamba2": {},
+    "gated_delta": {},
+    "mamba": dict(n_ssm_heads=10, d_ssm_head=1, n_ssm_groups=1, d_state=5, dt_rank=3),
+    "rg_lru": {},
+    "kimi_delta": dict(dt_rank=3),
+    "lightning": dict(n_ssm_heads=3, d_ssm_head=4, n_ssm_groups=1),
+}
 
 
 def hybrid_cfg(

@@ -11,17 +11,15 @@ import torch
 from hookedattn import ActivationCache
 from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.testing import assert_residual_identities
-from tests.helpers.mixers import SETTINGS, hybrid_cfg, random_hybrid
+from tests.helpers.mixers import KIND_SETTINGS, SETTINGS, hybrid_cfg, random_hybrid
 
 TOKENS = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(4))
-MAMBA1 = dict(n_ssm_heads=10, d_ssm_head=1, n_ssm_groups=1, d_state=5, dt_rank=3)
-LIGHTNING = dict(n_ssm_heads=3, d_ssm_head=4, n_ssm_groups=1)
 LAYOUTS = {
     "mamba2 and a short convolution": (("mamba2", "attention", "short_conv"), {}),
     "gated delta": (("gated_delta", "attention"), {}),
-    "mamba": (("mamba", "attention"), MAMBA1),
-    "rg_lru and kimi delta": (("rg_lru", "attention", "kimi_delta"), dict(dt_rank=3)),
-    "lightning": (("lightning", "attention"), LIGHTNING),
+    "mamba": (("mamba", "attention"), KIND_SETTINGS["mamba"]),
+    "rg_lru and kimi delta": (("rg_lru", "attention", "kimi_delta"), KIND_SETTINGS["kimi_delta"]),
+    "lightning": (("lightning", "attention"), KIND_SETTINGS["lightning"]),
 }
 
 
