@@ -26,6 +26,16 @@ KINDS = ("gated_delta", "attention", "gated_delta")
 
 
 def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """What the mixer writes, by `_recurrence`."""
+    return _recurrence(mixer, x)[0]
+
+
+def _state_by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """The state after the last position, by `_recurrence`: `[batch head d_state d_head]`."""
+    return _recurrence(mixer, x)[1]
+
+
+def _recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T`,
     `o_t = S_t^T q_t`, run position by position; then the gated RMSNorm per head."""
     m = mixer.settings
@@ -58,7 +68,7 @@ def _by_recurrence(mixer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
         z = (x[:, t] @ mixer.W_z + mixer.b_z).reshape(batch, H, P)
         gated = (normed * mixer.w_norm * silu(z)).reshape(batch, H * P)
         out[:, t] = gated @ mixer.W_out + mixer.b_out
-    return out
+    return out, state
 
 
 @pytest.mark.parametrize("groups, beta_scale", [(2, 1.0), (1, 2.0), (4, 1.0)])
@@ -137,3 +147,56 @@ def test_a_gated_delta_hybrid_saves_and_loads(tmp_path) -> None:
     tokens = torch.randint(0, 23, (1, 6), generator=torch.Generator().manual_seed(14))
     loaded = assert_saves_and_loads(model, tmp_path / "hybrid", tokens)
     assert loaded.cfg.mixers.layers == KINDS
+
+
+def _read(value: torch.Tensor, hook) -> torch.Tensor:
+    return value  # reading `hook_mixing` makes the mixer write the rule out
+
+
+def test_the_rule_written_out_and_by_its_state_agree() -> None:
+    """Unread, the mixer runs `delta_chunk` (no mixing matrix); read, it forms `M`."""
+    mixer = randomised(GatedDeltaNet(hybrid_cfg(("gated_delta",))), 15)
+    x = torch.randn(
+        2, 13, D_MODEL, generator=torch.Generator().manual_seed(16), dtype=torch.float64
+    )
+    with torch.no_grad():
+        by_state = mixer(x, unpadded_context(x))
+        handle = mixer.hook_mixing.add_hook(_read)
+        written_out = mixer(x, unpadded_context(x))
+        handle.remove()
+    scale = float(written_out.abs().max())
+    torch.testing.assert_close(by_state, written_out, rtol=0, atol=1e-12 * scale)
+    assert not torch.equal(by_state, written_out)  # two computations, not one
+
+
+@pytest.mark.parametrize("read_at", [0, 1, 2])
+def test_a_cache_carries_the_state_whether_or_not_the_mixing_is_read(read_at: int) -> None:
+    """A sequence in three pieces through the cache, `hook_mixing` read in one of them (the
+    rule written out there, the state carried on all the same): the whole sequence's logits."""
+    from hookedattn import KeyValueCache
+
+    model = _hybrid()
+    tokens = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(17))
+    with torch.no_grad():
+        whole = model(tokens)
+        cache, pieces = KeyValueCache.empty(model.cfg, 2), []
+        for i, piece in enumerate((tokens[:, :4], tokens[:, 4:5], tokens[:, 5:])):
+            hooks = [("blocks.0.mixer.hook_mixing", _read)] if i == read_at else []
+            with model.hooks(fwd_hooks=hooks):
+                pieces.append(model(piece, past_kv_cache=cache))
+    got = torch.cat(pieces, dim=1)
+    torch.testing.assert_close(got, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+
+
+def test_the_state_a_cache_carries_is_the_recurrences() -> None:
+    mixer = randomised(GatedDeltaNet(hybrid_cfg(("gated_delta",))), 18)
+    x = torch.randn(1, 7, D_MODEL, generator=torch.Generator().manual_seed(19), dtype=torch.float64)
+    from hookedattn.core.kv_cache import MixerCacheEntry
+
+    entry = MixerCacheEntry()
+    with torch.no_grad():
+        mixer(x[:, :3], unpadded_context(x[:, :3]), entry)
+        mixer(x[:, 3:], unpadded_context(x[:, 3:]), entry)
+        expected = _state_by_recurrence(mixer, x)
+    got = entry.carried("state")
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))

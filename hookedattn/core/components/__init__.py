@@ -43,7 +43,7 @@ from hookedattn.core.components.embed_projection import (
     NoProjection,
     make_embed_projection,
 )
-from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_mixing
+from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_chunk, delta_mixing
 from hookedattn.core.components.indexer import Indexer
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
@@ -147,6 +147,7 @@ __all__ = [
     "causal_conv",
     "causal_conv_continued",
     "decayed_causal_pattern",
+    "delta_chunk",
     "delta_mixing",
     "gelu_new",
     "glu",

@@ -27,18 +27,21 @@ one chunk the whole sequence). So the output is linear in `v`:
     T = I + strictly_lower(diag(beta) (K K^T) * D)
 
 `M` plays the part of an attention pattern (`hook_mixing`: [batch ssm_head query_pos
-key_pos]); this module computes `o` that way, and the tests check it against the recurrence
-run position by position. Then the gated RMSNorm, over each head's channels (the norm
-before the gate, unlike Mamba-2's),
+key_pos]). Where a hook reads it, this module computes `o` that way (`delta_mixing`);
+otherwise, as attention runs fused where its pattern is unread, without forming `M`:
+`o = ((Q K^T) * D * causal) U` with `T U = diag(beta) V`, from a starting state where a
+cache carries one (`delta_chunk`; one position is one step of the recurrence). The tests
+check both against the recurrence run position by position. Then the gated RMSNorm, over
+each head's channels (the norm before the gate, unlike Mamba-2's),
 
     out = (rmsnorm(o) * w_norm * silu(z)) @ W_out + b_out
 
 In a half-precision model the unit `q` and `k`, the decays, the mixing and `o` are float32
 (`hook_mixing` holds float32), as `transformers` computes them. Memory is `[batch ssm_head
 pos pos]`, as an eager attention's pattern. With a cache (`kv_cache.MixerCacheEntry`) the
-cache keeps every position's `k`, `v`, `beta` and `g`; a
-forward computes its own positions' rows of `M` (`T` is still every position's), and its
-convolution reads the inputs the cache carried (`causal_conv_continued`).
+entry carries the state and keeps every position's `k`, `v`, `beta` and `g` (what `M`'s
+rows read, should a later step's hook read them); a forward computes its own positions'
+reads, and its convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
 
 import torch
@@ -60,6 +63,7 @@ from hookedattn.core.shapes import Resid
 Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
 PerHead = Float[Tensor, "batch pos ssm_head"]
 Keys = Float[Tensor, "batch pos group d_state"]
+State = Float[Tensor, "batch ssm_head d_state d_ssm_head"]
 # The epsilon inside the length of q and k (the published models' kernels fix it).
 L2_EPS = 1e-6
 
@@ -69,12 +73,12 @@ def _unit(u: Keys) -> Keys:
     return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2_EPS)
 
 
-def delta_mixing(
+def _ut_form(
     q: Float[Tensor, "batch query_pos group d_state"], k: Keys, beta: PerHead, g: PerHead
-) -> Mixing:
-    """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head,
-    each reading the `q`, `k` of its key head; the rows of the positions `q` is given for,
-    the last ones (all, or a cache's new ones: `T` is every position's)."""
+) -> tuple[Float[Tensor, "batch ssm_head key_pos key_pos"], Mixing]:
+    """`T = I + strictly_lower(diag(beta) (K K^T) * D)` over every position of `k`, and the
+    rows `(Q K^T) * D * causal` of the positions `q` is given for (the last ones), per value
+    head, each reading the `q`, `k` of its key head (module docstring)."""
     per_group = beta.shape[2] // q.shape[2]
     heads = "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos"
     scores = {
@@ -87,10 +91,65 @@ def delta_mixing(
     step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
     eye = torch.eye(n_pos, dtype=beta.dtype, device=beta.device)
     T = eye + (step * scores["KK"] * decay).tril(-1)
+    return T, scores["QK"] * decay[:, :, n_pos - q.shape[1] :]
+
+
+def delta_mixing(
+    q: Float[Tensor, "batch query_pos group d_state"], k: Keys, beta: PerHead, g: PerHead
+) -> Mixing:
+    """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head;
+    the rows of the positions `q` is given for, the last ones (all, or a cache's new ones:
+    `T` is every position's)."""
+    T, rows = _ut_form(q, k, beta, g)
     # X T = (Q K^T) * D, solved for X = ((Q K^T) * D) T^{-1}; then the columns times beta.
-    rows = scores["QK"] * decay[:, :, n_pos - q.shape[1] :]
     X = torch.linalg.solve_triangular(T, rows, upper=False, left=False, unitriangular=True)
     return X * rearrange(beta, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
+
+
+def delta_chunk(
+    q: Float[Tensor, "batch pos group d_state"],
+    k: Keys,
+    v: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+    beta: PerHead,
+    g: PerHead,
+    state: State | None = None,
+) -> tuple[Float[Tensor, "batch pos ssm_head d_ssm_head"], State]:
+    """The reads `o` of a run of positions and the state after its last, from `state`, the
+    one the positions before them left (none: zero), by the UT form with a starting state:
+
+        U   = T^{-1} diag(beta) (V - diag(gamma) K S_0)        (the values written)
+        o   = diag(gamma) Q S_0 + ((Q K^T) * D * causal) U
+        S_n = gamma_n S_0 + sum_j D[n, j] k_j u_j^T
+
+    with `gamma_t = exp(g_1 + ... + g_t)`, the decay since the run began. Without a state
+    it is `o = M V` (`delta_mixing`) with `M` never formed: `T U = diag(beta) V` costs
+    `pos^2 d_ssm_head` against the `pos^3` of solving for `M`; one position is one step of
+    the recurrence."""
+    T, rows = _ut_form(q, k, beta, g)
+    per_group = beta.shape[2] // q.shape[2]
+    heads = "batch pos group d_state -> batch pos (group per_group) d_state"
+    q, k = (repeat(t, heads, per_group=per_group) for t in (q, k))
+    written = v
+    gamma = g.cumsum(1).exp()  # from the run's start: no difference of running totals
+    if state is not None:
+        read = einsum(
+            k, state, "batch pos head d_state, batch head d_state d_v -> batch pos head d_v"
+        )
+        written = v - gamma[..., None] * read
+    rhs = rearrange(beta[..., None] * written, "batch pos head d_v -> batch head pos d_v")
+    U = torch.linalg.solve_triangular(T, rhs, upper=False, unitriangular=True)
+    o = einsum(
+        rows, U, "batch head query_pos key_pos, batch head key_pos d_v -> batch query_pos head d_v"
+    )
+    last = segment_log_decay(g, 1).exp()[:, :, 0]  # D[n, j]
+    new_state = einsum(last, k, U, "batch head pos, batch pos head d_state, batch head pos d_v "
+                       "-> batch head d_state d_v")  # fmt: skip
+    if state is not None:
+        o = o + gamma[..., None] * einsum(
+            q, state, "batch pos head d_state, batch head d_state d_v -> batch pos head d_v"
+        )
+        new_state = new_state + gamma[:, -1, :, None, None] * state
+    return o, new_state
 
 
 class GatedDeltaNet(nn.Module):
@@ -141,15 +200,37 @@ class GatedDeltaNet(nn.Module):
         beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
         rate = affine(x, self.W_a, self.b_a).to(work) + self.dt_bias.to(work)
         g = -self.A_log.to(work).exp() * softplus(rate)
-        # What the new positions read: every position's k, v, beta and g (a cache's, then theirs).
-        k, v = past.rows("k", _unit(k.to(work))), past.rows("v", v)
-        beta, g = past.rows("beta", beta), past.rows("g", g)
-        q = _unit(q.to(work)) * m.d_state**-0.5
-        mixing = self.hook_mixing(delta_mixing(q, k, beta.to(work), g))
-        o = einsum(mixing, v.to(work), "batch ssm_head query_pos key_pos, batch key_pos "
-                   "ssm_head d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
-        o = o.to(x.dtype)
+        q, k = _unit(q.to(work)) * m.d_state**-0.5, _unit(k.to(work))
+        o = self._delta_rule(q, k, v, beta, g, past).to(x.dtype)
         normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * silu(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))
+
+    def _delta_rule(
+        self,
+        q: Float[Tensor, "batch pos group d_state"],
+        k: Keys,
+        v: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+        beta: PerHead,
+        g: PerHead,
+        past: MixerCacheEntry,
+    ) -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
+        """The new positions' reads `o`. Written out where a hook reads the mixing matrix
+        (`hook_mixing`: every position's rows, from the cache's `k`, `v`, `beta`, `g`, and
+        `o = M v`); otherwise by `delta_chunk` from the state the cache carried, the same
+        numbers to rounding. A cache carries the state on either way."""
+        work = q.dtype
+        state = past.carried("state")
+        run = (q, k, v.to(work), beta.to(work), g)
+        every = past.rows("k", k), past.rows("v", v), past.rows("beta", beta), past.rows("g", g)
+        if not self.hook_mixing.is_active:
+            o, after = delta_chunk(*run, state)
+            past.carry("state", after)
+            return o
+        if not past.frozen:
+            past.carry("state", delta_chunk(*run, state)[1])
+        k_all, v_all, beta_all, g_all = every
+        mixing = self.hook_mixing(delta_mixing(q, k_all, beta_all.to(work), g_all))
+        return einsum(mixing, v_all.to(work), "batch ssm_head query_pos key_pos, batch key_pos "
+                      "ssm_head d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
