@@ -187,6 +187,12 @@ def _model_methods(
         verbose=False,
         use_past_kv_cache=False,
     )
+    _weight_methods(tl, out, model, tokens, n_layers)
+
+
+def _weight_methods(tl: Any, out: dict, model: Any, tokens: torch.Tensor, n_layers: int) -> None:
+    """The model's weight-side methods (composition, bias, circuits, `FactoredMatrix`) and
+    the utilities, into `out`."""
     out["composition/Q"] = model.all_composition_scores("Q")
     out["composition/V"] = model.all_composition_scores("V")
     out["accumulated_bias/1"] = model.accumulated_bias(1)

@@ -125,17 +125,7 @@ def worker(spec: dict, out: Path) -> None:
         communication["run_with_cache, everything, local activations"] = _communication(
             model, local_cache
         )
-        for _, _, fn in contenders:  # warm-up, then as many calls per sample as 50 ms take
-            fn()
-        once = [_timed(fn, 1) for _, _, fn in contenders]
-        inner = parallel.same_on_every_rank(
-            model, [max(1, round(spec["min_sample_s"] / max(t, 1e-6))) for t in once]
-        )
-        times: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
-        for r in range(spec["rounds"]):
-            order = range(len(contenders)) if r % 2 == 0 else reversed(range(len(contenders)))
-            for i in order:
-                times[i].append(_timed(contenders[i][2], inner[i]))
+        inner, times = _interleaved(model, [fn for _, _, fn in contenders], spec)
     slices = parallel.parameter_slices(model)
     result = {
         "rank": group.rank,
@@ -151,6 +141,25 @@ def worker(spec: dict, out: Path) -> None:
         ],
     }
     (out / f"rank{group.rank}.json").write_text(json.dumps(result))
+
+
+def _interleaved(model: Any, calls: list, spec: dict) -> tuple[list[int], dict[int, list[float]]]:
+    """Each call warmed up, then timed `spec["rounds"]` times in alternating order, each
+    sample as many calls as `spec["min_sample_s"]` takes (the same count on every rank)."""
+    from hookedattn.core import parallel
+
+    for fn in calls:
+        fn()
+    once = [_timed(fn, 1) for fn in calls]
+    inner = parallel.same_on_every_rank(
+        model, [max(1, round(spec["min_sample_s"] / max(t, 1e-6))) for t in once]
+    )
+    times: dict[int, list[float]] = {i: [] for i in range(len(calls))}
+    for r in range(spec["rounds"]):
+        order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+        for i in order:
+            times[i].append(_timed(calls[i], inner[i]))
+    return inner, times
 
 
 def probe_load(path: str) -> dict:

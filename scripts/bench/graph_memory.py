@@ -180,6 +180,11 @@ def main() -> None:
         earlier = json.loads(args.json.read_text())["cases"]
         results = [r for r in earlier if (r["model"], r["mode"], r["tokens"]) not in ran] + results
     results.sort(key=lambda r: (MODELS.index(r["model"]), r["mode"], r["tokens"]))
+    _report(args, results)
+
+
+def _report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """Print the fitted scaling, and write the whole report where `--json` says."""
     fits = {}
     for model, mode in sorted({(r["model"], r["mode"]) for r in results}):
         fits[f"{model} {mode}"] = exponent(

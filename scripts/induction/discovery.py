@@ -214,8 +214,6 @@ def discovery_section(
     )
     key_row = r.exact.to_table().rows[r.exact.graph.index(expected)]
     top_exact = ", ".join(f"`{row[0]}` {row[3]:+.2f}" for row in r.exact.top(6).rows)
-    curve = r.curve
-    half = curve.smallest(0.5)
     return (
         "## Discovering the circuit from its edges\n\n"
         f"The circuit above was located from head scores. Here it is found from the edges "
@@ -234,7 +232,15 @@ def discovery_section(
         f"saturated its first order is far below the exact effect (it scores "
         f"`{expected}` {r.eap[expected]:+.3f} against the exact {key_row[3]:+.2f}). EAP-IG "
         f"averages the gradient along the way to the corrupted embeddings and scores it "
-        f"{r.ig[expected]:+.2f}.\n\n"
+        f"{r.ig[expected]:+.2f}.\n\n" + _pruning_paragraphs(r, figure)
+    )
+
+
+def _pruning_paragraphs(r: DiscoveryResults, figure: str) -> str:
+    """The section's ACDC and faithfulness-curve paragraphs."""
+    curve = r.curve
+    half = curve.smallest(0.5)
+    return (
         f"**ACDC** (threshold {THRESHOLD} nats, exact patching at each step, batched per "
         f"receiver) keeps {len(r.circuit)} of the {len(r.exact)} edges in "
         f"{r.seconds['acdc']:.1f} s: "
