@@ -7,7 +7,8 @@
     hook_mixing, hook_pattern                   0 on every key after its query (the mixing
                                                 matrix of Mamba-2 and the gated delta net,
                                                 lightning attention's decayed pattern)
-    o              == pattern @ v               lightning attention's heads' reads
+    o              == pattern @ v               the heads' reads: lightning attention's, and
+                                                the gated delta net's (its mixing)
 
 The mixers' own equations (the scans, the delta rule) are checked against recurrences
 written out in the tests (`tests/core/test_mixers.py`); their intermediate values are not
@@ -37,11 +38,12 @@ def mixer_identities(model: HookedTransformer, layer: int, beside: bool) -> list
     else:
         out.append(_written(model, layer, f"{prefix}.hook_out"))
     for name in ("hook_mixing", "hook_pattern"):
-        if hasattr(block.mixer, name):
-            out.append(attn_ids.causal(f"{prefix}.{name}"))
-    if hasattr(block.mixer, "hook_o") and hasattr(block.mixer, "hook_pattern"):
-        out.append(attn_ids.mix_values(f"{prefix}.hook_o", f"{prefix}.hook_pattern",
-                                       f"{prefix}.hook_v", 1))  # fmt: skip
+        if not hasattr(block.mixer, name):
+            continue
+        out.append(attn_ids.causal(f"{prefix}.{name}"))
+        if hasattr(block.mixer, "hook_o") and hasattr(block.mixer, "hook_v"):
+            reads = f"{prefix}.hook_o", f"{prefix}.{name}", f"{prefix}.hook_v"
+            out.append(attn_ids.mix_values(*reads, 1))
     return out
 
 

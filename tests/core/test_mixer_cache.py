@@ -89,7 +89,8 @@ def test_a_mixers_hook_points_see_the_new_positions_only() -> None:
 
 # A hook point whose value later positions read, in each mixer that has one.
 CARRIED_EDITS = [("gated_delta", "hook_in"), ("mamba", "hook_in"), ("rg_lru", "hook_decay"),
-                 ("kimi_delta", "hook_beta"), ("lightning", "hook_v")]  # fmt: skip
+                 ("kimi_delta", "hook_beta"), ("lightning", "hook_v"), ("gated_delta", "hook_k"),
+                 ("gated_delta", "hook_decay")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "point"), CARRIED_EDITS)

@@ -84,6 +84,11 @@ def test_lightning_attentions_heads_read_their_pattern_of_values():
     assert "blocks.0.mixer.hook_o == blocks.0.mixer.hook_pattern @ blocks.0.mixer.hook_v" in checked
 
 
+def test_a_gated_delta_nets_heads_read_their_mixing_of_values():
+    checked = " ".join(_checked(_model("gated delta")))
+    assert "blocks.0.mixer.hook_o == blocks.0.mixer.hook_mixing @ blocks.0.mixer.hook_v" in checked
+
+
 @pytest.mark.parametrize(
     "name, index, statement",
     [

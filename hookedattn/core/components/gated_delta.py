@@ -154,7 +154,10 @@ def delta_chunk(
 
 class GatedDeltaNet(nn.Module):
     """The gated delta net (module docstring). Hook points: `hook_in` (the normed stream it
-    reads), `hook_mixing` (`M`), `hook_out` (what it writes, before any post-norm)."""
+    reads), `hook_beta` (each step `beta`), `hook_decay` (each `g`, the log of the decay),
+    `hook_q`, `hook_k` (the unit queries and keys, per key head; the rule reads the queries
+    scaled by `d_state^-1/2`), `hook_v` (per value head), `hook_mixing` (`M`), `hook_o` (the
+    heads' reads, `o = M v`), `hook_out` (what it writes, before any post-norm)."""
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
@@ -172,7 +175,11 @@ class GatedDeltaNet(nn.Module):
         self.W_conv, self.b_conv = _param(d_qkv, m.d_conv, cfg=cfg), _param(d_qkv, cfg=cfg)
         self.dt_bias = _param(m.n_ssm_heads, cfg=cfg)
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
+        self.hook_beta, self.hook_decay = HookPoint(), HookPoint()  # [batch pos ssm_head]
+        self.hook_q, self.hook_k = HookPoint(), HookPoint()  # [batch pos group d_state]
+        self.hook_v = HookPoint()  # [batch pos ssm_head d_ssm_head]
         self.hook_mixing = HookPoint()
+        self.hook_o = HookPoint()  # [batch pos ssm_head d_ssm_head]
         self.w_norm = _param(m.d_ssm_head, cfg=cfg)
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
         self.hook_out = HookPoint()
@@ -197,11 +204,14 @@ class GatedDeltaNet(nn.Module):
         # triangular solve).
         work = torch.promote_types(x.dtype, torch.float32)
         # A padding position writes nothing into the state (its beta is 0).
-        beta = m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
+        beta = self.hook_beta(
+            m.delta_beta_scale * torch.sigmoid(affine(x, self.W_b, self.b_b)) * real
+        )
         rate = affine(x, self.W_a, self.b_a).to(work) + self.dt_bias.to(work)
-        g = -self.A_log.to(work).exp() * softplus(rate)
-        q, k = _unit(q.to(work)) * m.d_state**-0.5, _unit(k.to(work))
-        o = self._delta_rule(q, k, v, beta, g, past).to(x.dtype)
+        g = self.hook_decay(-self.A_log.to(work).exp() * softplus(rate))
+        q, k = self.hook_q(_unit(q.to(work))), self.hook_k(_unit(k.to(work)))
+        o = self._delta_rule(q * m.d_state**-0.5, k, self.hook_v(v), beta, g, past)
+        o = self.hook_o(o.to(x.dtype))
         normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * silu(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
