@@ -200,3 +200,23 @@ def test_the_state_a_cache_carries_is_the_recurrences() -> None:
         expected = _state_by_recurrence(mixer, x)
     got = entry.carried("state")
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 13])
+def test_the_rule_in_runs_is_the_rule_over_the_whole(chunk: int) -> None:
+    """`delta_rule`'s runs, each from the state the one before left: the reads and the
+    state of one `delta_chunk` over every position (one position a run: the recurrence)."""
+    from hookedattn.core.components.gated_delta import delta_chunk, delta_rule
+
+    generator = torch.Generator().manual_seed(20)
+    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)
+    unit = lambda u: u / u.norm(dim=-1, keepdim=True)
+    q, k = unit(draw(2, 13, 2, 5)), unit(draw(2, 13, 2, 5))
+    v, beta, g = draw(2, 13, 4, 6), torch.sigmoid(draw(2, 13, 4)), -draw(2, 13, 4).abs()
+    state = draw(2, 4, 5, 6)
+    whole, whole_state = delta_chunk(q, k, v, beta, g, state)
+    runs, runs_state = delta_rule(q, k, v, beta, g, state, chunk=chunk)
+    torch.testing.assert_close(runs, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+    torch.testing.assert_close(
+        runs_state, whole_state, rtol=0, atol=1e-12 * float(whole_state.abs().max())
+    )

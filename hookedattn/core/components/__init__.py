@@ -74,6 +74,7 @@ from hookedattn.core.components.norm import (
     make_ln2_post,
     make_norm,
     make_placed_norm,
+    rms_normalized,
 )
 from hookedattn.core.components.per_layer_input import PerLayerInput, PerLayerInputs
 from hookedattn.core.components.query_temperature import QueryTemperature
@@ -172,6 +173,7 @@ __all__ = [
     "paired_values",
     "real_positions",
     "relu2",
+    "rms_normalized",
     "rotary_attention_factor",
     "rotary_frequencies",
     "routed_gate",

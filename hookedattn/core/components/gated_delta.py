@@ -30,7 +30,9 @@ one chunk the whole sequence). So the output is linear in `v`:
 key_pos]). Where a hook reads it, this module computes `o` that way (`delta_mixing`);
 otherwise, as attention runs fused where its pattern is unread, without forming `M`:
 `o = ((Q K^T) * D * causal) U` with `T U = diag(beta) V`, from a starting state where a
-cache carries one (`delta_chunk`; one position is one step of the recurrence). The tests
+cache carries one (`delta_chunk`; one position is one step of the recurrence), in runs of
+64 positions each starting from the state the one before left (`delta_rule`: the chunked
+algorithm, memory linear in the positions). The tests
 check both against the recurrence run position by position. Then the gated RMSNorm, over
 each head's channels (the norm before the gate, unlike Mamba-2's),
 
@@ -152,6 +154,30 @@ def delta_chunk(
     return o, new_state
 
 
+# Positions per run of `delta_chunk` where the mixing matrix is not read: memory and time
+# `pos x CHUNK` per head rather than `pos x pos` (the chunked algorithm's usual size).
+CHUNK = 64
+
+
+def delta_rule(
+    q: Float[Tensor, "batch pos group d_state"],
+    k: Keys,
+    v: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+    beta: PerHead,
+    g: PerHead,
+    state: State | None = None,
+    chunk: int = CHUNK,
+) -> tuple[Float[Tensor, "batch pos ssm_head d_ssm_head"], State]:
+    """`delta_chunk` over runs of `chunk` positions, each from the state the one before it
+    left: the same reads and state to rounding, in memory linear in the positions."""
+    reads = []
+    for start in range(0, q.shape[1], chunk):
+        run = slice(start, start + chunk)
+        o, state = delta_chunk(q[:, run], k[:, run], v[:, run], beta[:, run], g[:, run], state)
+        reads.append(o)
+    return torch.cat(reads, dim=1), state
+
+
 class GatedDeltaNet(nn.Module):
     """The gated delta net (module docstring). Hook points: `hook_in` (the normed stream it
     reads), `hook_beta` (each step `beta`), `hook_decay` (each `g`, the log of the decay),
@@ -229,17 +255,18 @@ class GatedDeltaNet(nn.Module):
         """The new positions' reads `o`. Written out where a hook reads the mixing matrix
         (`hook_mixing`: every position's rows, from the cache's `k`, `v`, `beta`, `g`, and
         `o = M v`); otherwise by `delta_chunk` from the state the cache carried, the same
-        numbers to rounding. A cache carries the state on either way."""
+        numbers to rounding, in runs of `CHUNK` positions. A cache carries the state on
+        either way."""
         work = q.dtype
         state = past.carried("state")
         run = (q, k, v.to(work), beta.to(work), g)
         every = past.rows("k", k), past.rows("v", v), past.rows("beta", beta), past.rows("g", g)
         if not self.hook_mixing.is_active:
-            o, after = delta_chunk(*run, state)
+            o, after = delta_rule(*run, state)
             past.carry("state", after)
             return o
         if not past.frozen:
-            past.carry("state", delta_chunk(*run, state)[1])
+            past.carry("state", delta_rule(*run, state)[1])
         k_all, v_all, beta_all, g_all = every
         mixing = self.hook_mixing(delta_mixing(q, k_all, beta_all.to(work), g_all))
         return einsum(mixing, v_all.to(work), "batch ssm_head query_pos key_pos, batch key_pos "
