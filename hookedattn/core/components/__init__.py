@@ -43,7 +43,12 @@ from hookedattn.core.components.embed_projection import (
     NoProjection,
     make_embed_projection,
 )
-from hookedattn.core.components.gated_delta import GatedDeltaNet, delta_chunk, delta_mixing
+from hookedattn.core.components.gated_delta import (
+    GatedDeltaNet,
+    delta_chunk,
+    delta_mixing,
+    delta_rule,
+)
 from hookedattn.core.components.indexer import Indexer
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta_scan
 from hookedattn.core.components.latent_attention import LatentAttention
@@ -150,6 +155,7 @@ __all__ = [
     "decayed_causal_pattern",
     "delta_chunk",
     "delta_mixing",
+    "delta_rule",
     "gelu_new",
     "glu",
     "kimi_delta_scan",
