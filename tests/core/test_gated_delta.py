@@ -169,25 +169,6 @@ def test_the_rule_written_out_and_by_its_state_agree() -> None:
     assert not torch.equal(by_state, written_out)  # two computations, not one
 
 
-@pytest.mark.parametrize("read_at", [0, 1, 2])
-def test_a_cache_carries_the_state_whether_or_not_the_mixing_is_read(read_at: int) -> None:
-    """A sequence in three pieces through the cache, `hook_mixing` read in one of them (the
-    rule written out there, the state carried on all the same): the whole sequence's logits."""
-    from hookedattn import KeyValueCache
-
-    model = _hybrid()
-    tokens = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(17))
-    with torch.no_grad():
-        whole = model(tokens)
-        cache, pieces = KeyValueCache.empty(model.cfg, 2), []
-        for i, piece in enumerate((tokens[:, :4], tokens[:, 4:5], tokens[:, 5:])):
-            hooks = [("blocks.0.mixer.hook_mixing", _read)] if i == read_at else []
-            with model.hooks(fwd_hooks=hooks):
-                pieces.append(model(piece, past_kv_cache=cache))
-    got = torch.cat(pieces, dim=1)
-    torch.testing.assert_close(got, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
-
-
 def test_the_state_a_cache_carries_is_the_recurrences() -> None:
     mixer = randomised(GatedDeltaNet(hybrid_cfg(("gated_delta",))), 18)
     x = torch.randn(1, 7, D_MODEL, generator=torch.Generator().manual_seed(19), dtype=torch.float64)

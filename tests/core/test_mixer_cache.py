@@ -183,3 +183,27 @@ def test_what_a_mixer_carries_holds_no_more_than_itself(kind) -> None:
     for name, value in carried.items():
         own = value.numel() * value.element_size()
         assert value.untyped_storage().nbytes() == own, name
+
+
+def _read(value: torch.Tensor, hook) -> torch.Tensor:
+    return value  # reading `hook_mixing` makes the mixer write its mixing matrix out
+
+
+@pytest.mark.parametrize("read_at", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["gated_delta", "mamba2"])
+def test_a_cache_carries_the_state_whether_or_not_the_mixing_is_read(kind, read_at) -> None:
+    """A sequence in three pieces through the cache, `hook_mixing` read in one of them (the
+    mixing written out there from the rows kept, the state carried on all the same): the
+    whole sequence's logits."""
+    model = _model(kind)
+    tokens = _tokens((2, 9), 17)
+    with torch.no_grad():
+        whole = model(tokens)
+        cache, pieces = KeyValueCache.empty(model.cfg, 2), []
+        for i, piece in enumerate((tokens[:, :4], tokens[:, 4:5], tokens[:, 5:])):
+            hooks = [("blocks.0.mixer.hook_mixing", _read)] if i == read_at else []
+            with model.hooks(fwd_hooks=hooks):
+                pieces.append(model(piece, past_kv_cache=cache))
+    got = torch.cat(pieces, dim=1)
+    torch.testing.assert_close(got, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+

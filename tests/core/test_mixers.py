@@ -107,6 +107,59 @@ def test_mamba2_mixing_is_the_recurrence(groups: int, dt_max: float, normed: boo
     )
 
 
+def test_mamba2_over_several_runs_is_the_recurrence() -> None:
+    """150 positions: three runs of the SSD's chunked form (`ssd_rule`), each from the state
+    the one before left."""
+    mixer = randomised(Mamba2Mixer(hybrid_cfg(("mamba2",))), 21)
+    x = torch.randn(
+        1, 150, D_MODEL, generator=torch.Generator().manual_seed(22), dtype=torch.float64
+    )
+    expected = _mamba2_by_recurrence(mixer, x)
+    with torch.no_grad():
+        got = mixer(x, unpadded_context(x))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
+def test_mamba2_written_out_and_by_its_state_agree() -> None:
+    """Unread, the mixer runs `ssd_rule` (runs of 64 positions, no mixing matrix over all
+    100); read, it forms `M`."""
+    mixer = randomised(Mamba2Mixer(hybrid_cfg(("mamba2",))), 23)
+    x = torch.randn(
+        2, 100, D_MODEL, generator=torch.Generator().manual_seed(24), dtype=torch.float64
+    )
+    with torch.no_grad():
+        by_state = mixer(x, unpadded_context(x))
+        handle = mixer.hook_mixing.add_hook(lambda value, hook: value)
+        written_out = mixer(x, unpadded_context(x))
+        handle.remove()
+    scale = float(written_out.abs().max())
+    torch.testing.assert_close(by_state, written_out, rtol=0, atol=1e-12 * scale)
+    assert not torch.equal(by_state, written_out)  # two computations, not one
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 13])
+def test_the_ssd_in_runs_is_the_ssd_over_the_whole(chunk: int) -> None:
+    """`ssd_rule`'s runs, each from the state the one before left, padding included: the
+    reads and the state of one `ssd_chunk` over every position."""
+    from hookedattn.core.components.mamba2 import ssd_chunk, ssd_rule
+
+    generator = torch.Generator().manual_seed(25)
+    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)
+    xs, dt, A = (
+        draw(2, 13, 4, 6),
+        torch.rand(2, 13, 4, generator=generator, dtype=torch.float64),
+        -draw(4).abs(),
+    )
+    B, C, state = draw(2, 13, 2, 5), draw(2, 13, 2, 5), draw(2, 4, 6, 5)
+    real = torch.ones(2, 13, 1, dtype=torch.bool)
+    real[0, :3] = False  # a left-padded row
+    whole, whole_state = ssd_chunk(xs, dt, A, B, C, real, state)
+    runs, runs_state = ssd_rule(xs, dt, A, B, C, real, state, chunk=chunk)
+    torch.testing.assert_close(runs, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+    scale = float(whole_state.abs().max())
+    torch.testing.assert_close(runs_state, whole_state, rtol=0, atol=1e-12 * scale)
+
+
 def test_mamba2_mixing_is_causal_and_float32_close() -> None:
     mixer = randomised(Mamba2Mixer(hybrid_cfg(("mamba2",))), 5)
     x = torch.randn(1, 10, D_MODEL, generator=torch.Generator().manual_seed(6), dtype=torch.float64)

@@ -54,7 +54,7 @@ from hookedattn.core.components.kimi_delta import KimiDeltaAttention, kimi_delta
 from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.components.lightning import LightningAttention, decayed_causal_pattern
 from hookedattn.core.components.mamba import MambaMixer, selective_scan
-from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_mixing
+from hookedattn.core.components.mamba2 import Mamba2Mixer, ssd_chunk, ssd_mixing, ssd_rule
 from hookedattn.core.components.mlp import (
     MLP,
     GatedMLP,
@@ -187,5 +187,7 @@ __all__ = [
     "selective_scan",
     "solu",
     "sparsemixer_weights",
+    "ssd_chunk",
     "ssd_mixing",
+    "ssd_rule",
 ]

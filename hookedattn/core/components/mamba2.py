@@ -35,8 +35,9 @@ attention's keeps keys and values; a forward computes its own positions' rows of
 its convolution reads the inputs the cache carried (`causal_conv_continued`).
 """
 
+import torch
 from einops import einsum, rearrange, repeat
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
@@ -51,6 +52,10 @@ from hookedattn.core.kv_cache import NO_PAST, MixerCacheEntry
 from hookedattn.core.shapes import Resid
 
 Mixing = Float[Tensor, "batch ssm_head query_pos key_pos"]
+State = Float[Tensor, "batch ssm_head d_ssm_head d_state"]
+# Positions per run of `ssd_chunk` where the mixing matrix is not read: memory and time
+# `pos x CHUNK` per head rather than `pos x pos`.
+CHUNK = 64
 
 
 def ssd_mixing(
@@ -69,6 +74,64 @@ def ssd_mixing(
                 per_group=heads_per_group)  # fmt: skip
     step = rearrange(dt, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
     return CB * log_decay.exp() * step
+
+
+def ssd_chunk(
+    xs: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+    dt: Float[Tensor, "batch pos ssm_head"],
+    A: Float[Tensor, " ssm_head"],
+    B: Float[Tensor, "batch pos group d_state"],
+    C: Float[Tensor, "batch pos group d_state"],
+    real: Bool[Tensor, "#batch pos 1"],
+    state: State | None = None,
+) -> tuple[Float[Tensor, "batch pos ssm_head d_ssm_head"], State]:
+    """The mixed reads `sum_s M[t, s] xs_s` of a run of positions and the state after its
+    last, from `state`, the one the positions before them left (none: zero):
+
+        y_t = gamma_t S_0 C_t + sum_{s <= t} M[t, s] xs_s
+        S_n = gamma_n S_0 + sum_s exp(sum_{r=s+1..n} dt_r A) dt_s xs_s B_s^T
+
+    with `gamma_t = exp((dt_1 + ... + dt_t) A)`, the decay since the run began; `M` is
+    `ssd_mixing` over the run, and a padding position (`real` 0) writes nothing."""
+    per_group = A.shape[0] // B.shape[2]
+    mixing = ssd_mixing(dt, A, B, C) * rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
+    y = einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head d_ssm_head "
+               "-> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+    heads = "batch pos group d_state -> batch pos (group per_group) d_state"
+    B, C = (repeat(t, heads, per_group=per_group) for t in (B, C))
+    to_last = segment_log_decay(dt * A, 1).exp()[:, :, 0]  # exp(sum_{r=s+1..n} dt_r A)
+    written = to_last * rearrange(dt * real, "batch pos ssm_head -> batch ssm_head pos")
+    new_state = einsum(written, xs, B, "batch ssm_head pos, batch pos ssm_head d_ssm_head, "
+                       "batch pos ssm_head d_state "
+                       "-> batch ssm_head d_ssm_head d_state")  # fmt: skip
+    if state is not None:
+        gamma = (dt * A).cumsum(1).exp()  # from the run's start: no difference of totals
+        read = einsum(C, state, "batch pos ssm_head d_state, batch ssm_head d_ssm_head d_state "
+                      "-> batch pos ssm_head d_ssm_head")  # fmt: skip
+        y = y + gamma[..., None] * read
+        new_state = new_state + gamma[:, -1, :, None, None] * state
+    return y, new_state
+
+
+def ssd_rule(
+    xs: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+    dt: Float[Tensor, "batch pos ssm_head"],
+    A: Float[Tensor, " ssm_head"],
+    B: Float[Tensor, "batch pos group d_state"],
+    C: Float[Tensor, "batch pos group d_state"],
+    real: Bool[Tensor, "#batch pos 1"],
+    state: State | None = None,
+    chunk: int = CHUNK,
+) -> tuple[Float[Tensor, "batch pos ssm_head d_ssm_head"], State]:
+    """`ssd_chunk` over runs of `chunk` positions, each from the state the one before it
+    left (the SSD's chunked form): the same reads and state to rounding, in memory linear
+    in the positions."""
+    reads = []
+    for start in range(0, xs.shape[1], chunk):
+        run = slice(start, start + chunk)
+        y, state = ssd_chunk(xs[:, run], dt[:, run], A, B[:, run], C[:, run], real[:, run], state)
+        reads.append(y)
+    return torch.cat(reads, dim=1), state
 
 
 class Mamba2Mixer(nn.Module):
@@ -113,15 +176,40 @@ class Mamba2Mixer(nn.Module):
                           group=m.n_ssm_groups) for t in (B, C))  # fmt: skip
         dt = softplus(affine(x, self.W_dt, self.b_dt) + self.dt_bias).clamp(m.dt_min, m.dt_max)
         y = xs * rearrange(self.D, "ssm_head -> ssm_head 1")
-        # What the new positions read: every position's xs, B and dt (a cache's, then theirs).
-        xs, B, dt = past.rows("xs", xs), past.rows("B", B), past.rows("dt", dt)
-        readable = rearrange(real_positions(context), "batch key_pos 1 -> batch 1 1 key_pos")
-        mixing = self.hook_mixing(ssd_mixing(dt, -self.A_log.exp(), B, C) * readable)
-        y = y + einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
-                       "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+        y = y + self._mixed(xs, dt, B, C, real, context, past)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         gated = rearrange(y, flat) * silu(z)
         return self.hook_out(affine(self.output_norm(gated), self.W_out, self.b_out))
+
+    def _mixed(
+        self,
+        xs: Float[Tensor, "batch pos ssm_head d_ssm_head"],
+        dt: Float[Tensor, "batch pos ssm_head"],
+        B: Float[Tensor, "batch pos group d_state"],
+        C: Float[Tensor, "batch pos group d_state"],
+        real: Bool[Tensor, "#batch pos 1"],
+        context: AttentionContext,
+        past: MixerCacheEntry,
+    ) -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
+        """The new positions' `sum_s M[t, s] xs_s`. Written out where a hook reads the mixing
+        matrix (`hook_mixing`: every position's rows, from the cache's `xs`, `B`, `dt`);
+        otherwise by `ssd_rule` from the state the cache carried, the same numbers to
+        rounding. A cache carries the state on either way."""
+        A = -self.A_log.exp()
+        run = (xs, dt, A, B, C, real)
+        # What a written-out row reads: every position's xs, B and dt (a cache's, then these).
+        every = past.rows("xs", xs), past.rows("B", B), past.rows("dt", dt)
+        if not self.hook_mixing.is_active:
+            y, after = ssd_rule(*run, past.carried("state"))
+            past.carry("state", after)
+            return y
+        if not past.frozen:
+            past.carry("state", ssd_rule(*run, past.carried("state"))[1])
+        xs_all, B_all, dt_all = every
+        readable = rearrange(real_positions(context), "batch key_pos 1 -> batch 1 1 key_pos")
+        mixing = self.hook_mixing(ssd_mixing(dt_all, A, B_all, C) * readable)
+        return einsum(mixing, xs_all, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
+                      "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
 
     def _gated_norm(
         self, g: Float[Tensor, "batch pos d_inner"]
