@@ -77,10 +77,15 @@ def _unit(u: Keys) -> Keys:
 
 def _ut_form(
     q: Float[Tensor, "batch query_pos group d_state"], k: Keys, beta: PerHead, g: PerHead
-) -> tuple[Float[Tensor, "batch ssm_head key_pos key_pos"], Mixing]:
-    """`T = I + strictly_lower(diag(beta) (K K^T) * D)` over every position of `k`, and the
-    rows `(Q K^T) * D * causal` of the positions `q` is given for (the last ones), per value
-    head, each reading the `q`, `k` of its key head (module docstring)."""
+) -> tuple[
+    Float[Tensor, "batch ssm_head key_pos key_pos"],
+    Mixing,
+    Float[Tensor, "batch ssm_head key_pos key_pos"],
+]:
+    """`T = I + strictly_lower(diag(beta) (K K^T) * D)` over every position of `k`, the rows
+    `(Q K^T) * D * causal` of the positions `q` is given for (the last ones), per value head,
+    each reading the `q`, `k` of its key head (module docstring), and `D` itself (0 where
+    `s > t`)."""
     per_group = beta.shape[2] // q.shape[2]
     heads = "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos"
     scores = {
@@ -93,7 +98,7 @@ def _ut_form(
     step = rearrange(beta, "batch pos ssm_head -> batch ssm_head pos 1")  # beta_t by rows
     eye = torch.eye(n_pos, dtype=beta.dtype, device=beta.device)
     T = eye + (step * scores["KK"] * decay).tril(-1)
-    return T, scores["QK"] * decay[:, :, n_pos - q.shape[1] :]
+    return T, scores["QK"] * decay[:, :, n_pos - q.shape[1] :], decay
 
 
 def delta_mixing(
@@ -102,7 +107,7 @@ def delta_mixing(
     """`M = ((Q K^T) * D * causal) T^{-1} diag(beta)` (module docstring), per value head;
     the rows of the positions `q` is given for, the last ones (all, or a cache's new ones:
     `T` is every position's)."""
-    T, rows = _ut_form(q, k, beta, g)
+    T, rows, _ = _ut_form(q, k, beta, g)
     # X T = (Q K^T) * D, solved for X = ((Q K^T) * D) T^{-1}; then the columns times beta.
     X = torch.linalg.solve_triangular(T, rows, upper=False, left=False, unitriangular=True)
     return X * rearrange(beta, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
@@ -127,7 +132,7 @@ def delta_chunk(
     it is `o = M V` (`delta_mixing`) with `M` never formed: `T U = diag(beta) V` costs
     `pos^2 d_ssm_head` against the `pos^3` of solving for `M`; one position is one step of
     the recurrence."""
-    T, rows = _ut_form(q, k, beta, g)
+    T, rows, decay = _ut_form(q, k, beta, g)
     per_group = beta.shape[2] // q.shape[2]
     heads = "batch pos group d_state -> batch pos (group per_group) d_state"
     q, k = (repeat(t, heads, per_group=per_group) for t in (q, k))
@@ -143,7 +148,7 @@ def delta_chunk(
     o = einsum(
         rows, U, "batch head query_pos key_pos, batch head key_pos d_v -> batch query_pos head d_v"
     )
-    last = segment_log_decay(g, 1).exp()[:, :, 0]  # D[n, j]
+    last = decay[:, :, -1]  # D[n, j]: the last position's row
     new_state = einsum(last, k, U, "batch head pos, batch pos head d_state, batch head pos d_v "
                        "-> batch head d_state d_v")  # fmt: skip
     if state is not None:

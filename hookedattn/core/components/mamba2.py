@@ -20,8 +20,11 @@ Unrolled, the recurrence is a causal mix of the positions (the paper's SSD, its 
     M[t, s] = (C_t . B_s) exp(sum_{r = s+1..t} dt_r A) dt_s
 
 `M` plays the part of an attention pattern (`hook_mixing`: [batch ssm_head query_pos
-key_pos]; its rows need not sum to one); this module computes `y` that way, one product as
-in attention, and the tests check it against the recurrence run position by position. Then
+key_pos]; its rows need not sum to one). Where a hook reads it, this module computes `y`
+that way, one product as in attention; otherwise, as attention runs fused where its pattern
+is unread, in runs of 64 positions, each from the state the run before left (`ssd_chunk`,
+`ssd_rule`: the SSD's chunked form, memory linear in the positions). The tests check both
+against the recurrence run position by position. Then
 the gated RMSNorm, over each group's `d_inner / n_ssm_groups` channels,
 
     out = rmsnorm(y * silu(z)) * w_norm @ W_out + b_out
@@ -29,10 +32,11 @@ the gated RMSNorm, over each group's `d_inner / n_ssm_groups` channels,
 (Falcon-H1 may leave the norm out, `ssm_gated_norm=False`: `out = (y * silu(z)) @ W_out +
 b_out`, and the mixer has no `w_norm`.)
 
-Memory is `[batch ssm_head pos pos]`, as an eager attention's pattern. With a cache
-(`kv_cache.MixerCacheEntry`) the cache keeps every position's `xs`, `B` and `dt`, as
-attention's keeps keys and values; a forward computes its own positions' rows of `M`, and
-its convolution reads the inputs the cache carried (`causal_conv_continued`).
+Written out, memory is `[batch ssm_head pos pos]`, as an eager attention's pattern. With a
+cache (`kv_cache.MixerCacheEntry`) the entry carries the state and keeps every position's
+`xs`, `B` and `dt` (what `M`'s rows read, should a later step's hook read them); a forward
+computes its own positions' reads, and its convolution reads the inputs the cache carried
+(`causal_conv_continued`).
 """
 
 import torch
@@ -66,14 +70,24 @@ def ssd_mixing(
 ) -> Mixing:
     """`M[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r A) dt_s` for `s <= t`, 0 after; the
     rows of the positions `C` is given for, the last ones (all, or a cache's new ones)."""
+    return _ssd_parts(dt, A, B, C)[0]
+
+
+def _ssd_parts(
+    dt: Float[Tensor, "batch key_pos ssm_head"],
+    A: Float[Tensor, " ssm_head"],
+    B: Float[Tensor, "batch key_pos group d_state"],
+    C: Float[Tensor, "batch query_pos group d_state"],
+) -> tuple[Mixing, Mixing]:
+    """`ssd_mixing`'s `M`, and the decays `exp(sum_{r=s+1..t} dt_r A)` it is made with."""
     heads_per_group = A.shape[0] // B.shape[2]
-    log_decay = segment_log_decay(dt * A, C.shape[1])  # sum_{r = s+1..t} dt_r A; -inf: s > t
+    decay = segment_log_decay(dt * A, C.shape[1]).exp()  # 0 where s > t
     CB = einsum(C, B, "batch query_pos group d_state, batch key_pos group d_state "
                 "-> batch group query_pos key_pos")  # fmt: skip
     CB = repeat(CB, "batch group query_pos key_pos -> batch (group per_group) query_pos key_pos",
                 per_group=heads_per_group)  # fmt: skip
     step = rearrange(dt, "batch key_pos ssm_head -> batch ssm_head 1 key_pos")
-    return CB * log_decay.exp() * step
+    return CB * decay * step, decay
 
 
 def ssd_chunk(
@@ -94,12 +108,13 @@ def ssd_chunk(
     with `gamma_t = exp((dt_1 + ... + dt_t) A)`, the decay since the run began; `M` is
     `ssd_mixing` over the run, and a padding position (`real` 0) writes nothing."""
     per_group = A.shape[0] // B.shape[2]
-    mixing = ssd_mixing(dt, A, B, C) * rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
+    mixing, decay = _ssd_parts(dt, A, B, C)
+    mixing = mixing * rearrange(real, "batch key_pos 1 -> batch 1 1 key_pos")
     y = einsum(mixing, xs, "batch ssm_head query_pos key_pos, batch key_pos ssm_head d_ssm_head "
                "-> batch query_pos ssm_head d_ssm_head")  # fmt: skip
     heads = "batch pos group d_state -> batch pos (group per_group) d_state"
     B, C = (repeat(t, heads, per_group=per_group) for t in (B, C))
-    to_last = segment_log_decay(dt * A, 1).exp()[:, :, 0]  # exp(sum_{r=s+1..n} dt_r A)
+    to_last = decay[:, :, -1]  # exp(sum_{r=s+1..n} dt_r A): the last query's row
     written = to_last * rearrange(dt * real, "batch pos ssm_head -> batch ssm_head pos")
     new_state = einsum(written, xs, B, "batch ssm_head pos, batch pos ssm_head d_ssm_head, "
                        "batch pos ssm_head d_state "
