@@ -206,4 +206,3 @@ def test_a_cache_carries_the_state_whether_or_not_the_mixing_is_read(kind, read_
                 pieces.append(model(piece, past_kv_cache=cache))
     got = torch.cat(pieces, dim=1)
     torch.testing.assert_close(got, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
-
