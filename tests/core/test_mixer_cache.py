@@ -206,3 +206,19 @@ def test_a_cache_carries_the_state_whether_or_not_the_mixing_is_read(kind, read_
                 pieces.append(model(piece, past_kv_cache=cache))
     got = torch.cat(pieces, dim=1)
     torch.testing.assert_close(got, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["gated_delta", "mamba2"])
+def test_without_fused_kernels_the_mixing_is_always_written_out(kind) -> None:
+    """`use_fused_kernels=False` writes every equation out: a run that caches every hook
+    point is the plain forward bit for bit, the mixers' mixing matrices included."""
+    from hookedattn import HookedTransformer
+
+    fused = _model(kind)
+    model = HookedTransformer(fused.cfg.replace(use_fused_kernels=False))
+    model.load_state_dict(fused.state_dict())
+    tokens = _tokens((2, 7), 18)
+    with torch.no_grad():
+        plain = model(tokens)
+        cached, _ = model.run_with_cache(tokens)
+    assert torch.equal(plain, cached)

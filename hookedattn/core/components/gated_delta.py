@@ -32,9 +32,9 @@ otherwise, as attention runs fused where its pattern is unread, without forming 
 `o = ((Q K^T) * D * causal) U` with `T U = diag(beta) V`, from a starting state where a
 cache carries one (`delta_chunk`; one position is one step of the recurrence), in runs of
 64 positions each starting from the state the one before left (`delta_rule`: the chunked
-algorithm, memory linear in the positions). The tests
-check both against the recurrence run position by position. Then the gated RMSNorm, over
-each head's channels (the norm before the gate, unlike Mamba-2's),
+algorithm, memory linear in the positions; which one runs: `kernels.mix`). The tests check
+both against the recurrence run position by position. Then the gated RMSNorm, over each
+head's channels (the norm before the gate, unlike Mamba-2's),
 
     out = (rmsnorm(o) * w_norm * silu(z)) @ W_out + b_out
 
@@ -52,6 +52,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
+from hookedattn.core import kernels
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
@@ -210,6 +211,7 @@ class GatedDeltaNet(nn.Module):
         self.hook_q, self.hook_k = HookPoint(), HookPoint()  # [batch pos group d_state]
         self.hook_v = HookPoint()  # [batch pos ssm_head d_ssm_head]
         self.hook_mixing = HookPoint()
+        self.fused = cfg.use_fused_kernels  # the rule from its state where M is unread
         self.hook_o = HookPoint()  # [batch pos ssm_head d_ssm_head]
         self.w_norm = _param(m.d_ssm_head, cfg=cfg)
         self.W_out, self.b_out = affine_params(m.d_inner, cfg.d_model, cfg)
@@ -257,22 +259,18 @@ class GatedDeltaNet(nn.Module):
         g: PerHead,
         past: MixerCacheEntry,
     ) -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
-        """The new positions' reads `o`. Written out where a hook reads the mixing matrix
-        (`hook_mixing`: every position's rows, from the cache's `k`, `v`, `beta`, `g`, and
-        `o = M v`); otherwise by `delta_chunk` from the state the cache carried, the same
-        numbers to rounding, in runs of `CHUNK` positions. A cache carries the state on
-        either way."""
+        """The new positions' reads `o` (`kernels.mix`): by `delta_rule` from the state the
+        cache carried, or, where a hook reads the mixing matrix, `o = M v` written out over
+        every position, from the cache's `k`, `v`, `beta` and `g` and these."""
         work = q.dtype
-        state = past.carried("state")
-        run = (q, k, v.to(work), beta.to(work), g)
         every = past.rows("k", k), past.rows("v", v), past.rows("beta", beta), past.rows("g", g)
-        if not self.hook_mixing.is_active:
-            o, after = delta_rule(*run, state)
-            past.carry("state", after)
-            return o
-        if not past.frozen:
-            past.carry("state", delta_rule(*run, state)[1])
-        k_all, v_all, beta_all, g_all = every
-        mixing = self.hook_mixing(delta_mixing(q, k_all, beta_all.to(work), g_all))
-        return einsum(mixing, v_all.to(work), "batch ssm_head query_pos key_pos, batch key_pos "
-                      "ssm_head d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+
+        def written_out() -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
+            k_all, v_all, beta_all, g_all = every
+            mixing = self.hook_mixing(delta_mixing(q, k_all, beta_all.to(work), g_all))
+            return einsum(mixing, v_all.to(work), "batch ssm_head query_pos key_pos, batch "
+                          "key_pos ssm_head d_ssm_head "
+                          "-> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+
+        by_state = lambda state: delta_rule(q, k, v.to(work), beta.to(work), g, state)
+        return kernels.mix(self.hook_mixing, self.fused, past, by_state, written_out)

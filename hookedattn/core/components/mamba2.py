@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from torch.nn.functional import silu, softplus
 
+from hookedattn.core import kernels
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
@@ -167,6 +168,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = _param(m.n_ssm_heads, cfg=cfg)
         self.D = _param(m.n_ssm_heads, cfg=cfg)
         self.hook_mixing = HookPoint()
+        self.fused = cfg.use_fused_kernels  # the SSD from its state where M is unread
         self.output_norm = self._no_norm
         if m.ssm_gated_norm:
             self.w_norm = _param(m.d_inner, cfg=cfg)
@@ -206,25 +208,21 @@ class Mamba2Mixer(nn.Module):
         context: AttentionContext,
         past: MixerCacheEntry,
     ) -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
-        """The new positions' `sum_s M[t, s] xs_s`. Written out where a hook reads the mixing
-        matrix (`hook_mixing`: every position's rows, from the cache's `xs`, `B`, `dt`);
-        otherwise by `ssd_rule` from the state the cache carried, the same numbers to
-        rounding. A cache carries the state on either way."""
+        """The new positions' `sum_s M[t, s] xs_s` (`kernels.mix`): by `ssd_rule` from the
+        state the cache carried, or, where a hook reads the mixing matrix, written out over
+        every position, from the cache's `xs`, `B` and `dt` and these."""
         A = -self.A_log.exp()
-        run = (xs, dt, A, B, C, real)
-        # What a written-out row reads: every position's xs, B and dt (a cache's, then these).
         every = past.rows("xs", xs), past.rows("B", B), past.rows("dt", dt)
-        if not self.hook_mixing.is_active:
-            y, after = ssd_rule(*run, past.carried("state"))
-            past.carry("state", after)
-            return y
-        if not past.frozen:
-            past.carry("state", ssd_rule(*run, past.carried("state"))[1])
-        xs_all, B_all, dt_all = every
-        readable = rearrange(real_positions(context), "batch key_pos 1 -> batch 1 1 key_pos")
-        mixing = self.hook_mixing(ssd_mixing(dt_all, A, B_all, C) * readable)
-        return einsum(mixing, xs_all, "batch ssm_head query_pos key_pos, batch key_pos ssm_head "
-                      "d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+
+        def written_out() -> Float[Tensor, "batch pos ssm_head d_ssm_head"]:
+            xs_all, B_all, dt_all = every
+            readable = rearrange(real_positions(context), "batch key_pos 1 -> batch 1 1 key_pos")
+            mixing = self.hook_mixing(ssd_mixing(dt_all, A, B_all, C) * readable)
+            return einsum(mixing, xs_all, "batch ssm_head query_pos key_pos, batch key_pos "
+                          "ssm_head d_ssm_head -> batch query_pos ssm_head d_ssm_head")  # fmt: skip
+
+        by_state = lambda state: ssd_rule(xs, dt, A, B, C, real, state)
+        return kernels.mix(self.hook_mixing, self.fused, past, by_state, written_out)
 
     def _gated_norm(
         self, g: Float[Tensor, "batch pos d_inner"]

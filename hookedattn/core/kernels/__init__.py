@@ -11,6 +11,8 @@ schedule: one call per sublayer decides how its equation runs in this forward.
     guarded(model, run, guard, cache) a forward whose fused kernels' operands are checked
                                      for non-finite values once, where nothing listens
     mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
+    mix(hook, fused, past, ...)      a state-space mixer's reads from its carried state, or
+                                     its mixing matrix written out
     defer(module, inputs, *points)   a written-out value read later, from its inputs
     kept_view, transposed            a weight's views, kept between calls without grad
 
@@ -41,6 +43,7 @@ from hookedattn.core.kernels._masks import (
     next_token_context,
     rows_context,
 )
+from hookedattn.core.kernels._mixing import mix
 from hookedattn.core.kernels._norm import fused_normalize, fuses_norms, normalize
 from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
 from hookedattn.core.kernels._views import kept_view, transposed
@@ -63,6 +66,7 @@ __all__ = [
     "keeping_fused_weights",
     "kept_view",
     "masked",
+    "mix",
     "mix_experts",
     "next_token_context",
     "normalize",
