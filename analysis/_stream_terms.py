@@ -79,16 +79,18 @@ def sublayer_terms(model: HookedTransformer, site: str, layer: int) -> tuple[tup
     return _sublayer_names(learned_positions, site, layer, layout)
 
 
-def block_layout(model: HookedTransformer, layer: int) -> tuple[bool, str, bool, bool]:
-    """What block `layer` writes: whether it mixes positions (attention or a mixer in its
-    place; not Nemotron-H's MLP-only blocks), the kind of a mixer beside its attention
-    (Falcon-H1's; "" if none), whether it holds an MLP, whether it writes a per-layer term
-    (Gemma 4's `hook_per_layer_out`)."""
+def block_layout(model: HookedTransformer, layer: int) -> tuple[str, str, bool, bool]:
+    """What block `layer` writes: the kind of its sublayer that mixes positions ("attention",
+    a mixer in attention's place, "mamba2", ..., or "" where there is none: Nemotron-H's
+    MLP-only blocks), the kind of a mixer beside its attention (Falcon-H1's; "" if none),
+    whether it holds an MLP, whether it writes a per-layer term (Gemma 4's
+    `hook_per_layer_out`)."""
     cfg = model.cfg
     kind = cfg.layer_mixer(layer)
     beside = cfg.mixers.layer_mixers(layer) if kind == "attention" and cfg.mixers else ()
     per_layer = cfg.d_per_layer_input is not None
-    return kind != "none", beside[0] if beside else "", cfg.layer_has_mlp(layer), per_layer
+    mixing = "" if kind == "none" else kind
+    return mixing, beside[0] if beside else "", cfg.layer_has_mlp(layer), per_layer
 
 
 def block_extras(cfg: object) -> bool:
@@ -101,7 +103,7 @@ def _sublayer_names(
     learned_positions: bool,
     site: str,
     layer: int,
-    layout: tuple[tuple[bool, str, bool, bool], ...],
+    layout: tuple[tuple[str, str, bool, bool], ...],
 ) -> tuple[tuple[str, str], ...]:
     # Memoised: a function of the model's shape only, on the path of every sublayer call.
     terms = [("embed", get_act_name("embed"))]
@@ -109,9 +111,10 @@ def _sublayer_names(
         terms.append(("pos_embed", get_act_name("pos_embed")))
 
     def mixing(block: int) -> None:
-        mixes, beside, _, _ = layout[block]
-        if mixes:
-            terms.append((f"L{block}_attn", get_act_name("attn_out", block)))
+        mixing, beside, _, _ = layout[block]
+        if mixing:  # attention's write, or that of a mixer in its place, labelled by its kind
+            label = "attn" if mixing == "attention" else mixing
+            terms.append((f"L{block}_{label}", get_act_name("attn_out", block)))
         if beside:  # its write beside the attention's, a term of its own
             terms.append((f"L{block}_{beside}", f"blocks.{block}.hook_mixer_out"))
 

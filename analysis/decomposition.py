@@ -244,7 +244,8 @@ def decompose_resid(
     final stream, the one `ln_final` reads. `granularity`:
 
     - `"sublayer"`: `embed`, `pos_embed`, `L0_attn`, `L0_mlp`, ... (the cached
-      `attn_out`/`mlp_out`, biases included);
+      `attn_out`/`mlp_out`, biases included; a hybrid's mixer in attention's place is
+      labelled by its kind, `L0_mamba2`, as at every granularity);
     - `"head"`: each head `L0H0`, ... and the output bias `L0_attn_bias` apart (in a
       hybrid model, a block with a mixer in attention's place has no heads: its whole
       write, `hook_attn_out`, is one term labelled by its kind, `L0_mamba2`; a mixer
@@ -401,8 +402,8 @@ def _mixing_parts(
 ) -> _Parts:
     """The attention's parts, and the write of a mixer beside it (one term) where there is
     one (Falcon-H1); none in a block that mixes no positions (Nemotron-H's MLP layers)."""
-    mixes, kind, _, _ = block_layout(model, layer)
-    parts = _attn_parts(model, cache, layer, granularity) if mixes else []
+    mixing, kind, _, _ = block_layout(model, layer)
+    parts = _attn_parts(model, cache, layer, granularity) if mixing else []
     if kind:
         parts.append(_given((f"L{layer}_{kind}",), cache[f"blocks.{layer}.hook_mixer_out"][None]))
     return parts

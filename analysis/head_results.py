@@ -84,31 +84,59 @@ def head_results(
 
 
 def stacked_head_results(
-    model: HookedTransformer, cache: ActivationCache
+    model: HookedTransformer, cache: ActivationCache, layers: Sequence[int] | None = None
 ) -> Float[Tensor, "layer head batch pos d_model"]:
     """Every layer's `head_results`, in one tensor, head-major within each layer.
+
+    `layers`: the blocks to stack, in order (None: every block). Index `i` of the first
+    axis is block `layers[i]`. A hybrid model's blocks with a mixer in attention's place
+    have no heads, so there `layers` is needed, `model.cfg.attention_layers` for every block
+    with heads (their writes are terms of `decompose_resid`, `L0_mamba2`, ...).
 
     The numbers are `head_results`' (read from `hook_result` where cached, `z_h @ W_O[h]`
     otherwise); they are written layer by layer into a tensor allocated once, so that
     `rearrange(stack, "layer head ... -> (layer head) ...")` (TransformerLens's
     `stack_head_results` order) is a view, not a copy.
     """
-    model.cfg.require_one_attention_shape("stacked_head_results")
-    n_layers = model.cfg.n_layers
+    layers = _stacked_layers(model, layers)
     kind = _written_z(model)
-    first = activation(cache, (kind, 0)) if (kind, 0) in cache else head_results(model, cache, 0)
+    first = layers[0]
+    z = activation(cache, (kind, first)) if (kind, first) in cache else None
+    first = z if z is not None else head_results(model, cache, first)
     batch, pos, n_heads = first.shape[:3]
-    stack = first.new_empty((n_layers, n_heads, batch, pos, model.cfg.d_model))
-    for layer in range(n_layers):
+    stack = first.new_empty((len(layers), n_heads, batch, pos, model.cfg.d_model))
+    for i, layer in enumerate(layers):
         computed = (kind, layer) in cache and ("result", layer) not in cache
         z = activation(cache, (kind, layer)) if computed else None
         if z is None or (z.requires_grad and torch.is_grad_enabled()):  # out= has no autograd
             results = head_results(model, cache, layer)
             by_head = rearrange(results, "batch pos head d_model -> head batch pos d_model")
-            stack[layer].copy_(by_head)
+            stack[i].copy_(by_head)
         else:
-            _results_into(stack[layer], z, weight(model.layer_weight(layer, "attn", "W_O"), z))
+            _results_into(stack[i], z, weight(model.layer_weight(layer, "attn", "W_O"), z))
     return stack
+
+
+def _stacked_layers(model: HookedTransformer, layers: Sequence[int] | None) -> list[int]:
+    """The blocks `stacked_head_results` stacks: `layers`, checked (every block if None),
+    each with heads, and all of one shape."""
+    cfg = model.cfg
+    if layers is None:
+        if cfg.attention_layers != list(range(cfg.n_layers)):
+            others = [layer for layer in range(cfg.n_layers) if layer not in cfg.attention_layers]
+            raise ValueError(
+                f"stacked_head_results stacks every block by default, but blocks {others} of "
+                f"this hybrid model have no heads (a mixer in attention's place); pass "
+                f"layers=model.cfg.attention_layers ({cfg.attention_layers}) to stack the "
+                f"blocks with heads"
+            )
+        layers = range(cfg.n_layers)
+    layers = [_layer(model, layer) for layer in layers]
+    if not layers:
+        raise ValueError("stacked_head_results needs at least one block to stack (layers=[])")
+    cfg.require_attention("stacked_head_results", layers)
+    cfg.require_one_attention_shape("stacked_head_results", layers=layers)
+    return layers
 
 
 def _results_into(

@@ -28,10 +28,13 @@ import analysis
 from analysis.head_results import head_results, stacked_head_results
 from analysis.normalization import NormSite, normalize
 from hookedattn.core.cache import ActivationCache as _CoreCache
+from hookedattn.core.mixer_config import MIXER_KINDS
 from hookedattn_tl.utils import Slice, SliceInput, get_act_name
 
 Stack = Float[Tensor, "component ..."]
-_SUBLAYER_LABEL = re.compile(r"^L(\d+)_(attn|mlp)$")
+# A sublayer's term: attention's, an MLP's, or a hybrid's mixer's (`L0_mamba2`).
+_MIXERS = "|".join(kind for kind in MIXER_KINDS if kind not in ("attention", "none"))
+_SUBLAYER_LABEL = re.compile(rf"^L(\d+)_(attn|mlp|{_MIXERS})$")
 _ACCUMULATED_LABEL = re.compile(r"^L(\d+)_resid_(pre|mid)$")
 # A copy that shares the original's memory until either is written to (copy-on-write), so
 # that a stack returned from the cache's own stack costs no copy unless it is edited.
@@ -164,7 +167,7 @@ class ActivationCache(_CoreCache):
         go through `ln_final` with each entry's own scale (the logit lens), other layers'
         through their `ln1` (`ln2` with `mlp_input`) with the cached scale.
         """
-        layer = self._stream_layer(layer)
+        layer = self._stream_layer(layer, mlp_input)
         stack = analysis.accumulated_resid(
             self.model, self, None if layer == self.n_layers else layer, incl_mid=incl_mid
         )
@@ -197,11 +200,12 @@ class ActivationCache(_CoreCache):
         """The stream entering block `layer` as `embed`, `pos_embed`, `"0_attn_out"`, ...
 
         `mode` is "all", "attn" or "mlp"; `mlp_input` decomposes the MLP's input (adds the
-        block's own `attn_out`). The components sum to the cached stream.
+        block's own `attn_out`). The components sum to the cached stream. A hybrid model's
+        mixer is labelled by its kind, `"0_mamba2_out"`, and kept by `mode="attn"`.
         """
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
-        layer = self._stream_layer(layer)
+        layer = self._stream_layer(layer, mlp_input)
         site = "resid_mid" if mlp_input else "resid_pre"
         decomposition = analysis.decompose_resid(
             self.model, self, None if layer == self.n_layers else layer, site
@@ -310,12 +314,13 @@ class ActivationCache(_CoreCache):
         With none cached yet, they are computed into one `[(layer head) ...]` stack, and
         each layer's entry is a view of it, so that `stack_head_results` need not copy them.
         """
-        names = [f"blocks.{layer}.attn.hook_result" for layer in range(self.n_layers)]
-        has_z = all(f"blocks.{layer}.attn.hook_z" in self._data for layer in range(self.n_layers))
-        if not has_z or any(name in self._data for name in names):
+        blocks = self.model.cfg.attention_layers  # every block, but in a hybrid model
+        names = [f"blocks.{layer}.attn.hook_result" for layer in blocks]
+        has_z = all(f"blocks.{layer}.attn.hook_z" in self._data for layer in blocks)
+        if not blocks or not has_z or any(name in self._data for name in names):
             self._compute_head_results_by_layer()
             return
-        stack = stacked_head_results(self.model, self)
+        stack = stacked_head_results(self.model, self, blocks)
         stack = stack if self.has_batch_dim else stack[:, :, 0]
         views = tuple(
             rearrange(layer, "head ... pos d_model -> ... pos head d_model") for layer in stack
@@ -327,7 +332,7 @@ class ActivationCache(_CoreCache):
         )
 
     def _compute_head_results_by_layer(self) -> None:
-        for layer in range(self.n_layers):
+        for layer in self.model.cfg.attention_layers:
             name = f"blocks.{layer}.attn.hook_result"
             if name in self._data:
                 logging.warning("Tried to compute head results when they were already cached")
@@ -346,16 +351,21 @@ class ActivationCache(_CoreCache):
     ) -> Stack | tuple[Stack, list[str]]:
         """Every head's result in the blocks before `layer`, `[layer*head ...]`, labelled `L0H0`.
 
-        As in TL, the per-head results are added to the cache (`compute_head_results`) when
-        they are not in it yet, and the stack is a tensor of its own: editing it leaves the
-        cache as it is (when the cache's entries are the views `compute_head_results`
-        made, it is their stack, copied only if either side is written to)."""
+        In a hybrid model, the blocks with heads (a mixer in attention's place has none; its
+        write is a term of `get_full_resid_decomposition`). As in TL, the per-head results
+        are added to the cache (`compute_head_results`) when they are not in it yet, and the
+        stack is a tensor of its own: editing it leaves the cache as it is (when the cache's
+        entries are the views `compute_head_results` made, it is their stack, copied only
+        if either side is written to)."""
         layer = self._stream_layer(layer)
         pos_slice = Slice(pos_slice)
-        if f"blocks.{self.n_layers - 1}.attn.hook_result" not in self._data:
+        blocks = [block for block in self.model.cfg.attention_layers if block < layer]
+        last = self.model.cfg.attention_layers[-1:]
+        if any(f"blocks.{block}.attn.hook_result" not in self._data for block in last):
             self.compute_head_results()  # TL's side effect: the results stay in the cache
-        per_layer = [self[f"blocks.{block}.attn.hook_result"] for block in range(layer)]
-        labels = [f"L{block}H{h}" for block in range(layer) for h in range(self.model.cfg.n_heads)]
+        per_layer = [self[f"blocks.{block}.attn.hook_result"] for block in blocks]
+        pairs = zip(blocks, per_layer, strict=True)
+        labels = [f"L{block}H{h}" for block, result in pairs for h in range(result.shape[-2])]
         stacked = self._head_stack_of(per_layer)
         if stacked is not None:
             components = _lazy_clone(_sliced(pos_slice, stacked, dim=-2))
@@ -412,12 +422,13 @@ class ActivationCache(_CoreCache):
         layer = self._stream_layer(layer)
         pos_slice, neuron_slice = Slice(pos_slice), Slice(neuron_slice)
         neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), dim=0).reshape(-1)
-        labels = [f"L{block}N{n}" for block in range(layer) for n in neurons.tolist()]
+        blocks = [block for block in range(layer) if self.model.cfg.layer_has_mlp(block)]
+        labels = [f"L{block}N{n}" for block in blocks for n in neurons.tolist()]
         # With apply_ln the projection waits until after the norm, which acts on d_model.
         project_now = None if apply_ln else project_output_onto
         per_layer = [
             self.get_neuron_results(block, neuron_slice, pos_slice, _as_2d(project_now))
-            for block in range(layer)
+            for block in blocks
         ]
         if per_layer:
             stacked = torch.cat(per_layer, dim=-2)
@@ -448,13 +459,18 @@ class ActivationCache(_CoreCache):
         project_output_onto: Tensor | None = None,
     ) -> Stack | tuple[Stack, list[str]]:
         """The stream entering block `layer` as every head, every neuron (or MLP), `embed`,
-        `pos_embed` and the accumulated `bias`, in that order (TL's order)."""
-        layer = self._stream_layer(layer)
+        `pos_embed` and the accumulated `bias`, in that order (TL's order). A hybrid
+        model's mixers come after the heads, each one term labelled by its kind
+        (`L0_mamba2`), its biases inside it."""
+        layer = self._stream_layer(layer, mlp_input)
         pos_slice = Slice(pos_slice)
-        heads, labels = self.stack_head_results(
-            layer + (1 if mlp_input else 0), pos_slice=pos_slice, return_labels=True
-        )
+        upto = layer + (1 if mlp_input else 0)
+        heads, labels = self.stack_head_results(upto, pos_slice=pos_slice, return_labels=True)
         parts = [heads]
+        mixers, mixer_labels = self._mixer_writes(upto)
+        if mixers:
+            parts.append(torch.stack([pos_slice.apply(write, dim=-2) for write in mixers]))
+            labels = labels + mixer_labels
         if self.model.cfg.has_mlp and layer > 0:
             if expand_neurons:
                 mlps, mlp_labels = self.stack_neuron_results(
@@ -493,6 +509,17 @@ class ActivationCache(_CoreCache):
                 components = components[..., 0]
         return (components, labels) if return_labels else components
 
+    def _mixer_writes(self, upto: int) -> tuple[list[Tensor], list[str]]:
+        """The writes of a hybrid's mixers in the blocks before `upto`, with their labels: in
+        attention's place `hook_attn_out`, beside it (Falcon-H1) `hook_mixer_out`."""
+        mixers, writes, labels = self.model.cfg.mixers, [], []
+        for block in range(upto if mixers is not None else 0):
+            for kind in mixers.layer_mixers(block):
+                beside = mixers.layers[block] == "attention"
+                writes.append(self[f"blocks.{block}.hook_{'mixer' if beside else 'attn'}_out"])
+                labels.append(f"L{block}_{kind}")
+        return writes, labels
+
     def stack_activation(
         self, activation_name: str, layer: int = -1, sublayer_type: str | None = None
     ) -> Float[Tensor, "layer ..."]:
@@ -506,11 +533,24 @@ class ActivationCache(_CoreCache):
         # TL's in-place edits: rebuild the core cache's state (its bookkeeping included).
         _CoreCache.__init__(self, data, self.n_layers, self.has_batch_dim)
 
-    def _stream_layer(self, layer: int | None) -> int:
+    def _stream_layer(self, layer: int | None, mlp_input: bool = False) -> int:
         """A stream position `0..n_layers` (the input of block `layer`; `n_layers` is the
         final stream). None and -1 mean `n_layers`, as in TL; every other negative counts
         from the end the same way (-2 is the last block's input). TL 3.5.1 itself reads only
-        -1 so: a -2 there falls into `range(-2)` and gives an empty or failing stack."""
+        -1 so: a -2 there falls into `range(-2)` and gives an empty or failing stack. With
+        `mlp_input`, the block must hold an MLP (a hybrid's mixer blocks may not)."""
+        position = self._stream_position(layer)
+        if mlp_input and position < self.n_layers and not self.model.cfg.layer_has_mlp(position):
+            with_mlp = [b for b in range(self.n_layers) if self.model.cfg.layer_has_mlp(b)]
+            raise ValueError(
+                f"mlp_input=True: block {position} holds no MLP (its sublayer: "
+                f"{self.model.cfg.layer_mixer(position)!r}), so there is no MLP input to read; "
+                f"the blocks with an MLP are {with_mlp}"
+            )
+        return position
+
+    def _stream_position(self, layer: int | None) -> int:
+        """`_stream_layer` without the MLP check."""
         if layer is None:
             return self.n_layers
         if isinstance(layer, bool) or not isinstance(layer, int):
@@ -571,12 +611,14 @@ def _sliced(pos_slice: Slice, tensor: Tensor, dim: int) -> Tensor:
 
 @functools.lru_cache(maxsize=4096)
 def _tl_sublayer_label(label: str) -> tuple[str, str | None]:
-    """`L3_attn` -> (`3_attn_out`, "attn"); `embed` -> (`embed`, None): TL's labels."""
+    """`L3_attn` -> (`3_attn_out`, "attn"); `embed` -> (`embed`, None): TL's labels. A
+    hybrid's mixer, `L0_mamba2` -> (`0_mamba2_out`, "attn"): it mixes positions as
+    attention does, and `mode="attn"` keeps it."""
     sublayer = _SUBLAYER_LABEL.match(label)
     if sublayer is None:
         return label, None
     block, kind = sublayer.groups()
-    return f"{block}_{kind}_out", kind
+    return f"{block}_{kind}_out", "mlp" if kind == "mlp" else "attn"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -372,17 +372,22 @@ class HookedTransformer(HookedRootModule, _CoreModel):
         self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
     ) -> Float[Tensor, " d_model"]:
         """The sum of `b_O` (and `b_out`) of the blocks before `layer` (and block `layer`'s
-        `b_O` with `mlp_input`): the bias part of the stream entering there."""
+        `b_O` with `mlp_input`): the bias part of the stream entering there. A hybrid's
+        mixer adds none (its biases are inside its write), nor does a block without an MLP."""
         total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
-        for block in self.blocks[:layer]:
-            total = total + block.attn.b_O
-            if include_mlp_biases and self.cfg.has_mlp:
+        for index, block in enumerate(self.blocks[:layer]):
+            total = total + self._attention_bias(index)
+            if include_mlp_biases and self.cfg.layer_has_mlp(index):
                 total = total + block.mlp.b_out
         if mlp_input:
             if layer >= self.cfg.n_layers:
                 raise ValueError(f"mlp_input needs a block: layer must be < {self.cfg.n_layers}")
-            total = total + self.blocks[layer].attn.b_O
+            total = total + self._attention_bias(layer)
         return total
+
+    def _attention_bias(self, layer: int) -> Float[Tensor, " d_model"] | float:
+        """Block `layer`'s `b_O`, or 0 where a mixer holds attention's place."""
+        return self.blocks[layer].attn.b_O if self.cfg.layer_mixer(layer) == "attention" else 0.0
 
     def all_composition_scores(self, mode: str) -> Float[Tensor, "layer head layer head"]:
         """Q-, K- or V-composition of every head with every later head (zero elsewhere),

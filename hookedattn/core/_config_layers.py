@@ -142,17 +142,24 @@ class LayerQueries:
             attn_sinks_layers=None,
         )
 
-    def require_one_attention_shape(self, what: str, key_value: bool = False) -> None:
-        """A ValueError naming each block's heads, for `what`, which reads every block's
-        query heads (and, `key_value`, key/value heads) as one `[layer head ...]` shape,
-        where the blocks differ in them (`attention_config`: `n_heads_layers`, ...)."""
+    def require_one_attention_shape(
+        self, what: str, key_value: bool = False, layers: Any = None
+    ) -> None:
+        """A ValueError naming each block's heads, for `what`, which reads the query heads
+        (and, `key_value`, key/value heads) of `layers` (None: every block) as one
+        `[layer head ...]` shape, where they differ (`attention_config`: `n_heads_layers`,
+        ...)."""
         if not self.has_layer_shapes:
             return
-        configs = [self.attention_config(layer) for layer in range(self.n_layers)]
-        shapes = [(c.n_heads, c.d_head) + ((c.n_kv_heads,) if key_value else ()) for c in configs]
-        if len(set(shapes)) > 1:
+        layers = range(self.n_layers) if layers is None else layers
+        configs = {layer: self.attention_config(layer) for layer in layers}
+        shapes = {
+            layer: (c.n_heads, c.d_head) + ((c.n_kv_heads,) if key_value else ())
+            for layer, c in configs.items()
+        }
+        if len(set(shapes.values())) > 1:
             names = "n_heads, d_head" + (", n_key_value_heads" if key_value else "")
-            said = ", ".join(f"block {layer}: {shape}" for layer, shape in enumerate(shapes))
+            said = ", ".join(f"block {layer}: {shape}" for layer, shape in shapes.items())
             raise ValueError(
                 f"{what} reads every block's heads as one [layer head ...] shape, but this "
                 f"model's blocks differ ({names}: {said}); read each block's own "

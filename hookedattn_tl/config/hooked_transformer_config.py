@@ -40,6 +40,7 @@ import torch
 
 from hookedattn.core.config import ACT_FNS
 from hookedattn.core.config import HookedTransformerConfig as _CoreConfig
+from hookedattn.core.mixer_config import MixerConfig
 from hookedattn_tl._activations import SUPPORTED_ACTIVATIONS
 
 # TL fields whose value changes nothing here, with TL's defaults.
@@ -266,7 +267,10 @@ class HookedTransformerConfig(_Fields):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> "HookedTransformerConfig":
-        """A config from a dict of fields (TL's fields and sentinels accepted)."""
+        """A config from a dict of fields (TL's fields and sentinels accepted; a hybrid's
+        `mixers` as a `MixerConfig` or its dict)."""
+        if isinstance(config_dict.get("mixers"), dict):  # `to_dict`'s form of a MixerConfig
+            config_dict = config_dict | {"mixers": MixerConfig.coerce(config_dict["mixers"])}
         return cls(**config_dict)
 
     def set_seed_everywhere(self, seed: int) -> None:

@@ -97,3 +97,38 @@ def test_the_attention_page_shows_the_blocks_with_heads() -> None:
     assert page.data["layers"] == ATTENTION
     with pytest.raises(ValueError, match=r"blocks \[0\] hold \['mamba2'\]"):
         attention_page(model, torch.tensor([1, 2, 3]), layers=[0, 1])
+
+
+def _written_by_loop(cache, layer: int, head: int) -> torch.Tensor:
+    """`z_h @ W_O[h]`, head by head, from the cached `hook_z` and the block's weight."""
+    return cache["z", layer][:, :, head] @ _model().blocks[layer].attn.W_O[head]
+
+
+def test_stacked_head_results_of_the_blocks_with_heads_are_z_times_W_O() -> None:
+    model = _model()
+    _, cache = model.run_with_cache(torch.tensor([[1, 5, 2, 7, 3]]))
+    stack = analysis.stacked_head_results(model, cache, layers=model.cfg.attention_layers)
+    assert stack.shape == (2, 3, 1, 5, model.cfg.d_model)
+    for i, layer in enumerate(ATTENTION):
+        for head in range(3):
+            expected = _written_by_loop(cache, layer, head)
+            torch.testing.assert_close(stack[i, head], expected, rtol=0, atol=1e-12)
+
+
+def test_stacking_every_block_of_a_hybrid_is_refused_naming_its_mixers() -> None:
+    model = _model()
+    _, cache = model.run_with_cache(torch.tensor([[1, 5, 2]]))
+    with pytest.raises(ValueError, match=r"blocks \[0, 2\].*layers=model.cfg.attention_layers"):
+        analysis.stacked_head_results(model, cache)
+    with pytest.raises(ValueError, match=r"blocks \[2\] hold \['short_conv'\]"):
+        analysis.stacked_head_results(model, cache, layers=[1, 2])
+
+
+def test_a_sublayer_decomposition_labels_each_mixer_by_its_kind() -> None:
+    model = _model()
+    _, cache = model.run_with_cache(torch.tensor([[1, 5, 2, 7]]))
+    decomposition = analysis.decompose_resid(model, cache, None, check=True)
+    labels = ("embed", "L0_mamba2", "L0_mlp", "L1_attn", "L1_mlp", "L2_short_conv", "L2_mlp")
+    assert decomposition.labels == (*labels, "L3_attn", "L3_mlp")
+    write = decomposition.components[decomposition.labels.index("L2_short_conv")]
+    torch.testing.assert_close(write, cache["blocks.2.hook_attn_out"], rtol=0, atol=0)

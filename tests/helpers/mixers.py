@@ -39,6 +39,19 @@ def hybrid_cfg(
     )  # fmt: skip
 
 
+def beside_attention_cfg(dtype: torch.dtype = torch.float64) -> HookedTransformerConfig:
+    """Falcon-H1's layout: 2 attention blocks, each with a Mamba-2 mixer beside it."""
+    mixers = MixerConfig(layers=("attention",) * 2, beside_attention="mamba2", **SETTINGS)
+    return hybrid_cfg(("attention",) * 2, dtype).replace(mixers=mixers)
+
+
+def one_sublayer_cfg(dtype: torch.dtype = torch.float64) -> HookedTransformerConfig:
+    """Nemotron-H's layout: blocks of one sublayer, Mamba-2, an MLP, attention, an MLP."""
+    kinds = ("mamba2", "none", "attention", "none")
+    mixers = MixerConfig(layers=kinds, mlp_layers=(False, True, False, True), **SETTINGS)
+    return hybrid_cfg(kinds, dtype).replace(mixers=mixers)
+
+
 def unpadded_context(x: torch.Tensor) -> Any:
     """The context of an unpadded batch like `x` (no KV cache, no window)."""
     return attention_context(x.shape[1], x.shape[0], x.shape[1], None, None, None, "cpu")

@@ -2,16 +2,20 @@
 attention's place or beside it, a block of an MLP alone), what each mixer reads and writes,
 the causality of its mixing, and a change to any of these named."""
 
-import dataclasses
 import functools
 
 import pytest
 import torch
 
 from hookedattn import ActivationCache
-from hookedattn.core.mixer_config import MixerConfig
 from hookedattn.testing import assert_residual_identities
-from tests.helpers.mixers import KIND_SETTINGS, SETTINGS, hybrid_cfg, random_hybrid
+from tests.helpers.mixers import (
+    KIND_SETTINGS,
+    beside_attention_cfg,
+    hybrid_cfg,
+    one_sublayer_cfg,
+    random_hybrid,
+)
 
 TOKENS = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(4))
 LAYOUTS = {
@@ -25,13 +29,10 @@ LAYOUTS = {
 
 @functools.cache
 def _model(layout: str, dtype: torch.dtype = torch.float64, **flags):
-    if layout == "beside the attention":  # Falcon-H1's
-        mixers = MixerConfig(layers=("attention",) * 2, beside_attention="mamba2", **SETTINGS)
-        cfg = dataclasses.replace(hybrid_cfg(("attention",) * 2, dtype), mixers=mixers)
-    elif layout == "one sublayer per block":  # Nemotron-H's
-        kinds = ("mamba2", "none", "attention", "none")
-        mixers = MixerConfig(layers=kinds, mlp_layers=(False, True, False, True), **SETTINGS)
-        cfg = dataclasses.replace(hybrid_cfg(kinds, dtype), mixers=mixers)
+    if layout == "beside the attention":
+        cfg = beside_attention_cfg(dtype)
+    elif layout == "one sublayer per block":
+        cfg = one_sublayer_cfg(dtype)
     else:
         kinds, settings = LAYOUTS[layout]
         cfg = hybrid_cfg(kinds, dtype, **settings)
