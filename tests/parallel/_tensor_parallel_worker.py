@@ -24,9 +24,13 @@ torch.set_num_threads(1)
 from analysis import activation_patch  # noqa: E402
 from hookedattn import HookedTransformer  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
+from hookedattn.core.mixer_config import MixerConfig  # noqa: E402
 from hookedattn.sae import SAEConfig, SparseAutoencoder  # noqa: E402
 from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
 
+HYBRID = dict(normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+              act_fn="silu")  # fmt: skip
+MIXER_SIZES = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2)
 CASES = {
     # LayerNorm, learned positions, GELU; a vocabulary of 33 is cut 17 + 16.
     "gpt2_like": dict(d_vocab=33, act_fn="gelu_new", use_attn_result=True),
@@ -48,6 +52,12 @@ CASES = {
     ),
     # TransformerLens's toy models: shortformer positions (every layer's queries and keys).
     "shortformer": dict(positional_embedding_type="shortformer"),
+    # Hybrids: a gated delta net and a Mamba-2 mixer in attention's place (Qwen3.5, Bamba),
+    # and a Mamba-2 mixer beside the attention (Falcon-H1); the mixers run whole on each rank.
+    "hybrid": dict(**HYBRID, n_layers=4, mixers=MixerConfig(
+        layers=("attention", "attention", "gated_delta", "mamba2"), **MIXER_SIZES)),
+    "hybrid_beside": dict(**HYBRID, mixers=MixerConfig(
+        layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES)),
 }  # fmt: skip
 
 
@@ -71,9 +81,11 @@ def check(ref, model) -> dict:
     out["parameter_fraction"] = sum(p.numel() for p in model.parameters()) / sum(
         p.numel() for p in ref.parameters()
     )
-    out["weight_views"] = worst(
-        (getattr(model, w), getattr(ref, w)) for w in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U")
-    )
+    # A hybrid's weights of every layer are refused (its mixers have no heads).
+    views = ("W_E", "W_U") if cfg.mixers else ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U")
+    out["weight_views"] = worst((getattr(model, w), getattr(ref, w)) for w in views)
+    if cfg.mixers:
+        out.update(check_mixers(ref, model, tokens))
     whole = ref.state_dict()
     out["dtensor_state_dict"] = all(
         torch.equal(t.full_tensor(), whole[n])
@@ -152,6 +164,23 @@ def check(ref, model) -> dict:
         k for k in grads if k.endswith("_grad")
     )
     out["gradients"] = worst((grads[k], grads_ref[k]) for k in gradient_names)
+    return out
+
+
+def check_mixers(ref, model, tokens) -> dict:
+    """A hybrid's mixers, whole on every rank: their parameters the reference's, the rest
+    about halved; an edit inside a mixer as in one process."""
+    mixers = {n: p for n, p in model.named_parameters() if ".mixer." in n}
+    whole = dict(ref.named_parameters())
+    same = all(torch.equal(p, whole[n]) for n, p in mixers.items())
+    out = {"mixers_whole": bool(mixers) and same}
+    rest = [(p.numel(), whole[n].numel()) for n, p in model.named_parameters() if n not in mixers]
+    out["parameter_fraction_beside_mixers"] = sum(a for a, _ in rest) / sum(b for _, b in rest)
+    layer = next(i for i in range(ref.cfg.n_layers) if ref.cfg.mixers.layer_mixers(i))
+    hooks = [(f"blocks.{layer}.mixer.hook_out", lambda write, hook: write * 0.5)]
+    edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
+    out["mixer_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)
+    out["mixer_edit_changes_logits"] = relative(edited, ref(tokens)) > 1e-3
     return out
 
 

@@ -1,13 +1,13 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on four models
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on seven models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
-block, and a float32 model with fused kernels and per-head q/k norms) against the
-one-process model each rank splits, and reports per rank; each test below reads one kind
-of check. float64 agrees to 1e-12 and float32 to 1e-5, relative to the reference's scale:
-the ranks sum their heads' (or neurons') partial sums in another order than one process
-does, nothing else differs.
+block, a float32 model with fused kernels and per-head q/k norms, a shortformer, and two
+hybrids whose mixers run whole on each rank) against the one-process model each rank
+splits, and reports per rank; each test below reads one kind of check. float64 agrees to
+1e-12 and float32 to 1e-5, relative to the reference's scale: the ranks sum their heads'
+(or neurons') partial sums in another order than one process does, nothing else differs.
 """
 
 import json
@@ -27,13 +27,14 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64
+FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba")
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
     """One launch for the whole file: the checks on split models, and the loading."""
     out = tmp_path_factory.mktemp("tensor_parallel")
-    hf_dirs = [save_hf(family, out / family) for family in ("llama", "gpt2", "neox", "phi3")]
+    hf_dirs = [save_hf(family, out / family) for family in FAMILIES]
     random_tiny_model(d_vocab=33).save(out / "ours")  # 4 heads: tp_size=4 divides them
     torchrun(WORKER, str(out), *map(str, hf_dirs), str(out / "ours"))
     return out
@@ -52,7 +53,8 @@ def loaded(launched) -> list[dict]:
 def save_hf(family: str, path: Path) -> Path:
     """A tiny HF model directory: Llama with grouped keys and values, GPT-2 (fused
     `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
-    Phi-3 (fused q/k/v of unequal parts, fused gate/up)."""
+    Phi-3 (fused q/k/v of unequal parts, fused gate/up) or Bamba (a Mamba-2 mixer, then
+    attention)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -62,6 +64,11 @@ def save_hf(family: str, path: Path) -> Path:
     elif family == "phi3":
         config = transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0)
         hf = transformers.Phi3ForCausalLM(config)
+    elif family == "bamba":
+        mamba = dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
+                     mamba_d_state=6, mamba_expand=2)  # fmt: skip
+        config = transformers.BambaConfig(**small, num_key_value_heads=2, **mamba)
+        hf = transformers.BambaForCausalLM(config)
     elif family == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
     else:
@@ -134,20 +141,28 @@ def test_local_activations_are_each_ranks_own_heads(ranks):
 
 
 def test_each_rank_holds_about_half_the_weights(ranks):
-    fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction")]
+    fractions = [v for case, _, v, _ in checks(ranks, "parameter_fraction") if "hybrid" not in case]
+    fractions += [value for _, _, value, _ in checks(ranks, "parameter_fraction_beside_mixers")]
     assert fractions and all(0.5 <= f <= 0.6 for f in fractions), fractions
     assert_close(ranks, "weight_views")  # model.W_Q etc. gather the whole weights
     assert_true(ranks, "dtensor_state_dict")  # each slice a Shard of the whole weight
 
 
+def test_a_hybrids_mixers_run_whole_on_every_rank(ranks):
+    assert_true(ranks, "mixers_whole", "mixer_edit_changes_logits")
+    assert_close(ranks, "mixer_edit")
+    hybrids = {case for result in ranks for case in result if "hybrid" in case}
+    assert hybrids == {"hybrid", "hybrid_beside"}
+
+
 def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):
     for result in loaded:
-        families = ("llama", "gpt2", "neox", "phi3")
-        assert set(result) == {*(f"from_hf {family}" for family in families), "load"}
+        assert set(result) == {*(f"from_hf {family}" for family in FAMILIES), "load"}
         for name, values in result.items():
             assert values["slices_exact"] and values["sharded_parameters"] > 10, name
             assert values["logits"] <= 1e-12 and values["cache"] <= 1e-12, (name, values)
-            assert values["parameter_fraction"] <= 0.6, (name, values)
+            # Bamba's Mamba-2 mixer is whole on each rank.
+            assert values["parameter_fraction"] <= (0.8 if "bamba" in name else 0.6), values
 
 
 def test_a_split_model_saves_as_the_whole_model(loaded):

@@ -99,9 +99,6 @@ def _not_split(cfg: HookedTransformerConfig) -> str | None:
             "are subtracted before W_O reads them, and whose pairs of heads are not split "
             f"over ranks yet; {_ELSEWHERE}"
         )
-    if cfg.mixers is not None and cfg.mixers.holds_mixers:
-        kinds = sorted(set(cfg.mixers.layers) | {cfg.mixers.beside_attention} - {None})
-        return f"this hybrid model's mixers ({kinds}) are not split over ranks yet; {_ELSEWHERE}"
     if cfg.is_moe:
         return (
             f"this model is a mixture of experts (num_experts={cfg.num_experts}), whose "

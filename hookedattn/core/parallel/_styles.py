@@ -86,13 +86,23 @@ class VocabParallel(_HookedStyle):
 
 
 def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyle]:
-    """The `parallelize_module` plan of a model of `cfg`: module paths to styles."""
+    """The `parallelize_module` plan of a model of `cfg`: module paths to styles.
+
+    A hybrid model's plan names each block with attention or an MLP; its mixers are in no
+    entry, so each runs whole on every rank, reading the whole stream every rank holds
+    (their weights replicated, not split)."""
     plan: dict[str, ParallelStyle] = {"embed": VocabParallel(cfg)}
-    if cfg.n_layers:
+    if cfg.n_layers and cfg.mixers is None:
         plan["blocks.*"] = HeadParallelInputs(cfg)
         plan["blocks.*.attn"] = HeadParallel(cfg)
         if not cfg.attn_only:
             plan["blocks.*.mlp"] = NeuronParallel(cfg)
+    for layer in cfg.attention_layers if cfg.mixers is not None else ():
+        plan[f"blocks.{layer}"] = HeadParallelInputs(cfg)
+        plan[f"blocks.{layer}.attn"] = HeadParallel(cfg)
+    for layer in range(cfg.n_layers) if cfg.mixers is not None else ():
+        if cfg.layer_has_mlp(layer):
+            plan[f"blocks.{layer}.mlp"] = NeuronParallel(cfg)
     plan["unembed"] = VocabParallel(cfg)
     return plan
 
