@@ -31,21 +31,29 @@ def saved(twin: nn.Module) -> dict[str, torch.Tensor]:
     tensors = getattr(twin, "_hookedattn_saved", None)
     if tensors is None:
         tensors = {}
-        logging = _loading.transformers_module().utils.logging
-        shown = logging.is_progress_bar_enabled()
-        logging.disable_progress_bar()
-        try:
-            with tempfile.TemporaryDirectory(prefix="hookedattn-saved-") as folder:
-                twin.save_pretrained(folder)
-                for path in sorted(Path(folder).glob("*.safetensors")):
-                    with safe_open(path, "pt") as file:
-                        for name in file.keys():  # noqa: SIM118 - not iterable itself
-                            tensors[name] = file.get_tensor(name)
-        finally:
-            if shown:
-                logging.enable_progress_bar()
+        with tempfile.TemporaryDirectory(prefix="hookedattn-saved-") as folder:
+            save_twin(twin, Path(folder))
+            for path in sorted(Path(folder).glob("*.safetensors")):
+                with safe_open(path, "pt") as file:
+                    for name in file.keys():  # noqa: SIM118 - not iterable itself
+                        tensors[name] = file.get_tensor(name)
         twin._hookedattn_saved = tensors
     return tensors
+
+
+def save_twin(twin: nn.Module, folder: Path) -> None:
+    """`twin.save_pretrained(folder)`, without its progress bars, on whichever process calls
+    it: under torchrun `transformers` writes on rank 0 only, and each rank works out its
+    own twin's files (without this, every other rank would find none)."""
+    twin.should_save_on_this_rank = lambda is_main_process: True
+    logging = _loading.transformers_module().utils.logging
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        twin.save_pretrained(folder)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def renames(twin: nn.Module, layers: str) -> tuple[tuple[str, str], ...]:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from hookedattn.core.float64 import float64_throughout
-from hookedattn.core.hf import _loading, _tiny
+from hookedattn.core.hf import _loading, _saved, _tiny
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._table import StateDict
 
@@ -174,11 +174,7 @@ def twin_run(hf_config: Any, architecture: str, source: str = "") -> Iterator[Tw
         try:
             with torch.random.fork_rng(devices=[]):  # HF's initialisation draws from it
                 twin = _tiny.random_hf_model(getattr(transformers, architecture), config)
-            # Under torchrun, transformers writes checkpoints on rank 0 only; each rank
-            # checks its own twin in a folder of its own, so each rank writes.
-            twin.should_save_on_this_rank = lambda is_main_process: True
-            with _quiet():
-                twin.save_pretrained(folder)
+            _saved.save_twin(twin, Path(folder))  # each rank of a torchrun job its own
             generator = torch.Generator().manual_seed(0)
             tokens = torch.randint(0, config.vocab_size, _TOKENS, generator=generator)
             with torch.no_grad(), float64_throughout():
@@ -238,20 +234,6 @@ def measure(family: Family, run: TwinRun, load: Callable[[TwinRun], Any]) -> Agr
             return Agreement(tuple(agreeing), error, worst, miss if miss == miss else 1e30)
         worst, agreeing = max(worst, delta / scale), [*agreeing, name]
     return Agreement(tuple(agreeing), "", worst, 0.0)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """`transformers`' progress bars off (its `save_pretrained` shows one per file)."""
-    logging = _loading.transformers_module().utils.logging
-    shown = logging.is_progress_bar_enabled()
-    if shown:
-        logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            logging.enable_progress_bar()
 
 
 def _points(
