@@ -228,11 +228,17 @@ def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
     assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
-def test_tensor_parallel_refuses_a_hybrid_by_its_mixers() -> None:
-    from hookedattn.core.parallel._shards import check_tp_size
+def test_tensor_parallel_splits_a_hybrids_attention_mlps_and_gated_delta_nets_only() -> None:
+    # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
+    from hookedattn.core.parallel import _styles, check_tp_size
 
-    with pytest.raises(ValueError, match=r"hybrid model's mixers \(\['attention', 'mamba2'"):
-        check_tp_size(hybrid_cfg(("short_conv", "attention", "mamba2")), 3)
+    cfg = hybrid_cfg(("short_conv", "attention", "mamba2", "gated_delta"))
+    assert check_tp_size(cfg, 3) == 3
+    plan = {path: type(style).__name__ for path, style in _styles.tensor_parallel_plan(cfg).items()}
+    mlps = {f"blocks.{layer}.mlp": "NeuronParallel" for layer in range(4)}
+    attention = {"blocks.1": "HeadParallelInputs", "blocks.1.attn": "HeadParallel"}
+    vocabulary = {"embed": "VocabParallel", "unembed": "VocabParallel"}
+    assert plan == mlps | attention | vocabulary | {"blocks.3.mixer": "MixerParallel"}
 
 
 def test_a_hybrid_saves_and_loads(tmp_path) -> None:

@@ -53,11 +53,20 @@ CASES = {
     # TransformerLens's toy models: shortformer positions (every layer's queries and keys).
     "shortformer": dict(positional_embedding_type="shortformer"),
     # Hybrids: a gated delta net and a Mamba-2 mixer in attention's place (Qwen3.5, Bamba),
-    # and a Mamba-2 mixer beside the attention (Falcon-H1); the mixers run whole on each rank.
+    # and a Mamba-2 mixer beside the attention (Falcon-H1); the gated delta net is split by
+    # heads, the Mamba-2 mixers run whole on each rank.
     "hybrid": dict(**HYBRID, n_layers=4, mixers=MixerConfig(
         layers=("attention", "attention", "gated_delta", "mamba2"), **MIXER_SIZES)),
     "hybrid_beside": dict(**HYBRID, mixers=MixerConfig(
         layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES)),
+    # Mixtures of experts, each expert's neurons split: softmax routing; DeepSeek V3's
+    # grouped sigmoid routing with a gated shared expert, in float32 (the experts' grouped
+    # products where nothing is hooked).
+    "moe": dict(**HYBRID, num_experts=6, experts_per_token=2, d_mlp=8),
+    "moe_float32": dict(**HYBRID, num_experts=6, experts_per_token=2, d_mlp=8,
+        d_mlp_shared=10, shared_expert_gate=True, router_scoring="sigmoid", n_expert_groups=2,
+        topk_expert_groups=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        dtype=torch.float32),
 }  # fmt: skip
 
 
@@ -86,6 +95,8 @@ def check(ref, model) -> dict:
     out["weight_views"] = worst((getattr(model, w), getattr(ref, w)) for w in views)
     if cfg.mixers:
         out.update(check_mixers(ref, model, tokens))
+    if cfg.is_moe:
+        out.update(check_experts(ref, model, tokens))
     whole = ref.state_dict()
     out["dtensor_state_dict"] = all(
         torch.equal(t.full_tensor(), whole[n])
@@ -129,7 +140,7 @@ def check(ref, model) -> dict:
         same = torch.equal(model.generate(tokens, **kwargs), ref.generate(tokens, **kwargs))
         out[f"generate_kv_cache_{use_past_kv_cache}"] = same
 
-    if not cfg.attn_only:
+    if not cfg.attn_only and not cfg.is_moe:  # a mixture has no blocks.L.mlp.hook_post
         sae = SparseAutoencoder(
             SAEConfig(d_in=cfg.d_mlp, d_sae=24, hook_name="blocks.1.mlp.hook_post",
                       dtype=str(cfg.dtype).removeprefix("torch."))
@@ -168,19 +179,50 @@ def check(ref, model) -> dict:
 
 
 def check_mixers(ref, model, tokens) -> dict:
-    """A hybrid's mixers, whole on every rank: their parameters the reference's, the rest
-    about halved; an edit inside a mixer as in one process."""
-    mixers = {n: p for n, p in model.named_parameters() if ".mixer." in n}
-    whole = dict(ref.named_parameters())
-    same = all(torch.equal(p, whole[n]) for n, p in mixers.items())
-    out = {"mixers_whole": bool(mixers) and same}
-    rest = [(p.numel(), whole[n].numel()) for n, p in model.named_parameters() if n not in mixers]
+    """A hybrid's mixers: a gated delta net split by heads (each parameter of it this
+    rank's slice: `dtensor_state_dict`), every other mixer whole on every rank, its
+    parameters the reference's; the rest about halved; edits inside the mixers (a gated
+    delta net's steps, every mixer's write) as in one process."""
+    mixers = ref.cfg.mixers
+    kinds = {i: kind for i in range(ref.cfg.n_layers) for kind in mixers.layer_mixers(i)}
+    whole_params = dict(ref.named_parameters())
+    whole = {n: p for n, p in model.named_parameters()
+             if any(n.startswith(f"blocks.{i}.mixer.") for i, k in kinds.items()
+                    if k != "gated_delta")}  # fmt: skip
+    out = {"mixers_whole": bool(whole) and all(torch.equal(p, whole_params[n])
+                                               for n, p in whole.items())}  # fmt: skip
+    slices = parallel.parameter_slices(model)
+    split = [i for i, k in kinds.items() if k == "gated_delta"]
+    out["gated_delta_split"] = all(f"blocks.{i}.mixer.W_out" in slices for i in split)
+    rest = [(p.numel(), whole_params[n].numel())
+            for n, p in model.named_parameters() if n not in whole]  # fmt: skip
     out["parameter_fraction_beside_mixers"] = sum(a for a, _ in rest) / sum(b for _, b in rest)
-    layer = next(i for i in range(ref.cfg.n_layers) if ref.cfg.mixers.layer_mixers(i))
-    hooks = [(f"blocks.{layer}.mixer.hook_out", lambda write, hook: write * 0.5)]
+    hooks = [(f"blocks.{i}.mixer.hook_out", lambda write, hook: write * 0.5) for i in kinds]
+    hooks += [(f"blocks.{i}.mixer.hook_beta", lambda beta, hook: beta * 0.3) for i in split]
     edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
     out["mixer_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)
     out["mixer_edit_changes_logits"] = relative(edited, ref(tokens)) > 1e-3
+    return out
+
+
+def check_experts(ref, model, tokens) -> dict:
+    """A mixture of experts with each expert's neurons split: the routing whole on every
+    rank, an edit of one expert's neurons as in one process."""
+    out = {}
+    for point in ("hook_router_logits", "hook_expert_indices", "hook_expert_weights"):
+        _, cache = model.run_with_cache(tokens, names_filter=f"blocks.1.mlp.{point}")
+        _, ref_cache = ref.run_with_cache(tokens, names_filter=f"blocks.1.mlp.{point}")
+        out[f"routing_{point}"] = relative(
+            *(c[f"blocks.1.mlp.{point}"] for c in (cache, ref_cache))
+        )
+
+    def zero_neuron_5(post, hook):  # neuron 5 of each expert lives on rank 1
+        post[:, 5] = 0.0
+
+    hooks = [(f"blocks.1.mlp.experts.{e}.hook_post", zero_neuron_5) for e in range(3)]
+    edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
+    out["expert_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)
+    out["expert_edit_changes_logits"] = relative(edited, ref(tokens)) > 1e-4
     return out
 
 

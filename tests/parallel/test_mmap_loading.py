@@ -94,7 +94,7 @@ def test_every_ranks_slice_is_that_slice_of_the_whole_tensor(hf_dir):
             assert any(name.endswith("attn.W_Q") for name in plan)
             for name, part in plan.items():
                 rule = rules[name]
-                ranges = {_slices._our_axis(rule, part.axis): (part.start, part.stop)}
+                ranges = _slices._our_range(rule, part.axis, part, sizes)
                 got = _slices.read_rule(
                     rule, source, stored.get(rule.hf), sizes, ranges, cfg.dtype, "cpu"
                 )

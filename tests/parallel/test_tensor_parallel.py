@@ -1,10 +1,11 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on seven models
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on nine models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
-block, a float32 model with fused kernels and per-head q/k norms, a shortformer, and two
-hybrids whose mixers run whole on each rank) against the one-process model each rank
+block, a float32 model with fused kernels and per-head q/k norms, a shortformer, two
+hybrids whose mixers run whole on each rank, and two mixtures of experts whose experts'
+neurons are split) against the one-process model each rank
 splits, and reports per rank; each test below reads one kind of check. float64 agrees to
 1e-12 and float32 to 1e-5, relative to the reference's scale: the ranks sum their heads'
 (or neurons') partial sums in another order than one process does, nothing else differs.
@@ -26,8 +27,8 @@ from hookedattn.testing import random_tiny_model, tiny_model
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
-TOLERANCE = {"float32_fused": 1e-5}  # every other case is float64
-FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba")
+TOLERANCE = {"float32_fused": 1e-5, "moe_float32": 1e-5}  # every other case is float64
+FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,8 @@ def loaded(launched) -> list[dict]:
 def save_hf(family: str, path: Path) -> Path:
     """A tiny HF model directory: Llama with grouped keys and values, GPT-2 (fused
     `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
-    Phi-3 (fused q/k/v of unequal parts, fused gate/up) or Bamba (a Mamba-2 mixer, then
+    Phi-3 (fused q/k/v of unequal parts, fused gate/up), Bamba (a Mamba-2 mixer, then
+    attention), Qwen3-MoE (4 experts, 2 per token) or Qwen3.5 (a gated delta net, then gated
     attention)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -64,6 +66,16 @@ def save_hf(family: str, path: Path) -> Path:
     elif family == "phi3":
         config = transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0)
         hf = transformers.Phi3ForCausalLM(config)
+    elif family == "qwen3_moe":
+        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+        config = transformers.Qwen3MoeConfig(**small, num_key_value_heads=2, **experts)
+        hf = transformers.Qwen3MoeForCausalLM(config)
+    elif family == "qwen3_5":
+        linear = dict(layer_types=["linear_attention", "full_attention"],
+                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                      linear_value_head_dim=8)  # fmt: skip
+        config = transformers.Qwen3_5TextConfig(**small, num_key_value_heads=2, **linear)
+        hf = transformers.Qwen3_5ForCausalLM(config)
     elif family == "bamba":
         mamba = dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
                      mamba_d_state=6, mamba_expand=2)  # fmt: skip
@@ -148,11 +160,20 @@ def test_each_rank_holds_about_half_the_weights(ranks):
     assert_true(ranks, "dtensor_state_dict")  # each slice a Shard of the whole weight
 
 
-def test_a_hybrids_mixers_run_whole_on_every_rank(ranks):
-    assert_true(ranks, "mixers_whole", "mixer_edit_changes_logits")
+def test_a_hybrids_gated_delta_net_splits_its_heads_and_other_mixers_run_whole(ranks):
+    assert_true(ranks, "mixers_whole", "mixer_edit_changes_logits", "gated_delta_split")
     assert_close(ranks, "mixer_edit")
     hybrids = {case for result in ranks for case in result if "hybrid" in case}
     assert hybrids == {"hybrid", "hybrid_beside"}
+
+
+def test_a_mixture_of_experts_routes_alike_on_every_rank_and_splits_each_experts_neurons(ranks):
+    assert_close(ranks, *(f"routing_{point}" for point in ROUTING), "expert_edit")
+    assert_true(ranks, "expert_edit_changes_logits")
+    assert {case for result in ranks for case in result if "moe" in case} == {"moe", "moe_float32"}
+
+
+ROUTING = ("hook_router_logits", "hook_expert_indices", "hook_expert_weights")
 
 
 def test_loading_with_tp_size_reads_exactly_each_ranks_slices_and_runs_as_one_process(loaded):

@@ -176,12 +176,7 @@ def delta_rule(
 ) -> tuple[Float[Tensor, "batch pos ssm_head d_ssm_head"], State]:
     """`delta_chunk` over runs of `chunk` positions, each from the state the one before it
     left: the same reads and state to rounding, in memory linear in the positions."""
-    reads = []
-    for start in range(0, q.shape[1], chunk):
-        run = slice(start, start + chunk)
-        o, state = delta_chunk(q[:, run], k[:, run], v[:, run], beta[:, run], g[:, run], state)
-        reads.append(o)
-    return torch.cat(reads, dim=1), state
+    return kernels.in_runs(delta_chunk, (q, k, v, beta, g), state, chunk)
 
 
 class GatedDeltaNet(nn.Module):
@@ -221,11 +216,11 @@ class GatedDeltaNet(nn.Module):
         self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
     ) -> Resid:
         m = self.settings
-        x = self.hook_in(x)
+        x = self.enter(self.hook_in(x))
         real = real_positions(context, x.shape[1])  # no real token reads padding
         qkv = torch.cat([affine(x, self.W_q, self.b_q), affine(x, self.W_k, self.b_k),
                          affine(x, self.W_v, self.b_v)], dim=-1)  # fmt: skip
-        qkv = silu(causal_conv_continued(qkv * real, self.W_conv, self.b_conv, past))
+        qkv = silu(causal_conv_continued(qkv * real, *self.conv_weights(), past))
         q, k, v = qkv.split([self.d_key, self.d_key, m.d_inner], dim=-1)
         q, k = (rearrange(t, "batch pos (group d_state) -> batch pos group d_state",
                           group=m.n_ssm_groups) for t in (q, k))  # fmt: skip
@@ -248,7 +243,22 @@ class GatedDeltaNet(nn.Module):
         normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * silu(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
-        return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))
+        return self.hook_out(self.write(rearrange(gated, flat)))
+
+    # The steps a split of the heads over processes replaces (`hookedattn.core.parallel`).
+    def enter(self, x: Resid) -> Resid:
+        """The stream the heads read: itself."""
+        return x
+
+    def conv_weights(
+        self,
+    ) -> tuple[Float[Tensor, "channel d_conv"], Float[Tensor, " channel"]]:
+        """The convolution's weight and bias over the channels of `q`, `k` and `v`."""
+        return self.W_conv, self.b_conv
+
+    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
+        """The heads' write: `gated @ W_out + b_out`, a sum over the heads' channels."""
+        return affine(gated, self.W_out, self.b_out)
 
     def _delta_rule(
         self,

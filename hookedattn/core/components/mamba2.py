@@ -39,7 +39,6 @@ computes its own positions' reads, and its convolution reads the inputs the cach
 (`causal_conv_continued`).
 """
 
-import torch
 from einops import einsum, rearrange, repeat
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
@@ -142,12 +141,8 @@ def ssd_rule(
     """`ssd_chunk` over runs of `chunk` positions, each from the state the one before it
     left (the SSD's chunked form): the same reads and state to rounding, in memory linear
     in the positions."""
-    reads = []
-    for start in range(0, xs.shape[1], chunk):
-        run = slice(start, start + chunk)
-        y, state = ssd_chunk(xs[:, run], dt[:, run], A, B[:, run], C[:, run], real[:, run], state)
-        reads.append(y)
-    return torch.cat(reads, dim=1), state
+    step = lambda xs, dt, B, C, real, state: ssd_chunk(xs, dt, A, B, C, real, state)
+    return kernels.in_runs(step, (xs, dt, B, C, real), state, chunk)
 
 
 class Mamba2Mixer(nn.Module):

@@ -258,8 +258,18 @@ class MoE(nn.Module):
         `affine(x, W, b)` picks each row's expert's weights from the stacked `W`, `b` (one
         expert's, or each row's own: `kernels.mix_experts`); `hooks` are the expert's hook
         points (or none)."""
-        post = self.neurons(hooks.hook_in(x), affine, hooks)
-        return hooks.hook_out(affine(post, self.W_out, self.b_out))
+        post = self.neurons(self.enter(hooks.hook_in(x)), affine, hooks)
+        return hooks.hook_out(self.write(post, affine))
+
+    def enter(self, x: Rows) -> Rows:
+        """The rows the experts' neurons read: themselves (the step a split of the neurons
+        over processes replaces, as the dense MLP's: `hookedattn.core.parallel`)."""
+        return x
+
+    def write(self, post: Float[Tensor, "row d_mlp"], affine: Affine) -> Rows:
+        """The experts' write of their neurons `post`: `post @ W_out + b_out`, a sum over
+        neurons (the other step a split replaces)."""
+        return affine(post, self.W_out, self.b_out)
 
     def _gated_neurons(self, x: Rows, affine: Affine, hooks: Any) -> Float[Tensor, "row d_mlp"]:
         """`glu(x @ W_gate + b_gate, x @ W_in + b_in)`."""

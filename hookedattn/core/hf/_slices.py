@@ -222,8 +222,7 @@ def table_reader(table: Table, source: TensorSource, cfg: HookedTransformerConfi
             return _read_experts(rule, source, stored, sizes, local_slice, cfg.dtype, device)
         ranges = {}
         if local_slice is not None:
-            axis = _our_axis(rule, local_slice.axis)
-            ranges[axis] = (local_slice.start, local_slice.stop)
+            ranges = _our_range(rule, local_slice.axis, local_slice, sizes)
         hf = stored.get(rule.hf)
         tensor = read_rule_in_chunks(rule, source, hf, sizes, ranges, cfg.dtype, device)
         return plus_first_row(rule, tensor, source, stored, ranges.get("d_model"))
@@ -248,7 +247,7 @@ def _read_experts(
     if local_slice is not None and local_slice.axis == 0:
         experts = (local_slice.start, local_slice.stop)
     elif local_slice is not None:
-        ranges[_our_axis(one, local_slice.axis - 1)] = (local_slice.start, local_slice.stop)
+        ranges = _our_range(one, local_slice.axis - 1, local_slice, sizes)
     local = {n: ranges[n][1] - ranges[n][0] if n in ranges else s for n, s in sizes.items()}
     out = torch.empty((experts[1] - experts[0], *our_shape(one, local)), dtype=dtype, device=device)
     for e in range(*experts):  # one expert's tensor held at a time
@@ -257,8 +256,17 @@ def _read_experts(
     return out
 
 
-def _our_axis(rule: Rule, dim: int) -> str:
-    """The axis name of our tensor's dimension `dim` in `rule` (after a pick)."""
+def _our_range(rule: Rule, dim: int, part: Any, sizes: Mapping[str, int]) -> dict:
+    """`{axis: (start, stop)}`: the range `part` cuts of our tensor's dimension `dim` in
+    `rule` (after a pick), on that dimension's outermost axis where it is made of several
+    (a rank's heads of `(group d_state)`: whole groups, `start` and `stop` multiples of
+    `d_state`)."""
     ours = _groups(rule.pattern.split("->")[1])[1 if rule.pick is not None else 0 :]
-    (name,) = ours[dim]
-    return name
+    outer, *inner = ours[dim]
+    width = math.prod(sizes[name] for name in inner)
+    if part.start % width or part.stop % width:
+        raise ValueError(
+            f"{rule.ours}: a part {part.start}..{part.stop} of ({' '.join(ours[dim])}) that "
+            f"does not keep each {outer} whole ({width} wide)"
+        )
+    return {outer: (part.start // width, part.stop // width)}

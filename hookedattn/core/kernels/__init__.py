@@ -13,6 +13,7 @@ schedule: one call per sublayer decides how its equation runs in this forward.
     mix_experts(moe, x, indices, w)  a mixture of experts, tokens grouped by expert
     mix(hook, fused, past, ...)      a state-space mixer's reads from its carried state, or
                                      its mixing matrix written out
+    in_runs(step, tensors, state, n) a mixer's step over runs of n positions, state carried
     defer(module, inputs, *points)   a written-out value read later, from its inputs
     kept_view, transposed            a weight's views, kept between calls without grad
 
@@ -43,7 +44,7 @@ from hookedattn.core.kernels._masks import (
     next_token_context,
     rows_context,
 )
-from hookedattn.core.kernels._mixing import mix
+from hookedattn.core.kernels._mixing import in_runs, mix
 from hookedattn.core.kernels._norm import fused_normalize, fuses_norms, normalize
 from hookedattn.core.kernels._qkv import FusedQKV, keeping_fused_weights
 from hookedattn.core.kernels._views import kept_view, transposed
@@ -63,6 +64,7 @@ __all__ = [
     "fuses_attention",
     "fuses_norms",
     "guarded",
+    "in_runs",
     "keeping_fused_weights",
     "kept_view",
     "masked",

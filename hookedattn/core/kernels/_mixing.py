@@ -10,9 +10,10 @@ carries the state on, so that the next forward may take either path; both give t
 equation's numbers to rounding.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from hookedattn.core.hook_points import HookPoint
@@ -38,3 +39,21 @@ def mix(
     if not past.frozen:
         past.carry("state", by_state(state)[1])
     return written_out()
+
+
+def in_runs(
+    step: Callable[..., tuple[Tensor, Tensor]],
+    per_position: Sequence[Tensor],
+    state: Tensor | None,
+    chunk: int,
+) -> tuple[Tensor, Tensor | None]:
+    """`step(*runs, state)` over runs of `chunk` positions of the `per_position` tensors
+    (their axis 1), each run from the state the one before it left: the reads of every run
+    concatenated along the positions, and the state after the last (the chunked form of
+    `ssd_rule` and `delta_rule`, memory linear in the positions)."""
+    reads = []
+    for start in range(0, per_position[0].shape[1], chunk):
+        run = slice(start, start + chunk)
+        read, state = step(*(t[:, run] for t in per_position), state)
+        reads.append(read)
+    return torch.cat(reads, dim=1), state

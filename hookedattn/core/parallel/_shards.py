@@ -99,11 +99,6 @@ def _not_split(cfg: HookedTransformerConfig) -> str | None:
             "are subtracted before W_O reads them, and whose pairs of heads are not split "
             f"over ranks yet; {_ELSEWHERE}"
         )
-    if cfg.is_moe:
-        return (
-            f"this model is a mixture of experts (num_experts={cfg.num_experts}), whose "
-            f"experts are not split over ranks yet; {_ELSEWHERE}"
-        )
     if cfg.has_mlp and cfg.act_fn == "solu_ln":
         return (
             "this model's MLPs are SoLU-LN (act_fn='solu_ln'), whose softmax and LayerNorm "
@@ -124,6 +119,8 @@ def _check_every_rank_holds_some(cfg: HookedTransformerConfig, tp_size: int) -> 
     sizes = [("d_vocab", cfg.d_vocab, "token"), ("d_vocab_out", cfg.d_vocab_out, "token")]
     if not cfg.attn_only:
         sizes.append(("d_mlp", cfg.d_mlp or 0, "neuron"))
+    if cfg.is_moe and cfg.d_mlp_shared is not None:
+        sizes.append(("d_mlp_shared", cfg.d_mlp_shared, "neuron"))
     for field, count, what in sizes:
         lengths = chunk_lengths(count, tp_size)
         if min(lengths) == 0:  # ceil-sized chunks: 5 over 4 ranks is 2, 2, 1, 0

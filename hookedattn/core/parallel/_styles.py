@@ -9,9 +9,11 @@
 Each style cuts its module's parameters to this rank's slice in place (`_sublayers`). The
 weights are not scattered from rank 0 (torch's styles do that by default): every rank
 already holds the same model, built from one seed or read from one checkpoint, and a
-loader reads only its slices. A mixture-of-experts MLP (`[expert ...]` weights) would get
-an `ExpertParallel` style here: whole experts to each rank, the router replicated, and the
-experts' outputs summed over the ranks as the neurons' are.
+loader reads only its slices. A mixture of experts is split by `NeuronParallel` too: each
+rank holds its neurons of every expert (`[expert ...]` weights cut on their neuron axis),
+the router whole, so that every rank routes alike and each expert's hook points gather as
+the dense MLP's do. A hybrid's gated delta nets are split by heads (`MixerParallel`); its
+other mixers are in no entry: they run whole on every rank.
 """
 
 from typing import Any
@@ -23,7 +25,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hookedattn.core.components.embed import Embed, Unembed
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.parallel import _sublayers
+from hookedattn.core.parallel import _mixers, _sublayers
 from hookedattn.core.parallel._group import TensorParallelGroup
 from hookedattn.core.parallel._model import TensorParallelModel
 from hookedattn.core.parallel._shards import check_tp_size
@@ -63,12 +65,24 @@ class HeadParallelInputs(_HookedStyle):
 
 
 class NeuronParallel(_HookedStyle):
-    """MLP: this rank's neurons (`W_in`, `W_gate`, `b_in` columns, `W_out` rows); the
-    output summed over ranks."""
+    """MLP: this rank's neurons (`W_in`, `W_gate`, `b_in` columns, `W_out` rows; of every
+    expert in a mixture of experts, and of its shared expert); the output summed over
+    ranks."""
 
     def shard(self, module: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup):
         """Cut the MLP to this rank's neurons."""
         _sublayers.shard_mlp(module, cfg, tp)
+
+
+class MixerParallel(_HookedStyle):
+    """A hybrid's gated delta net: this rank's key heads and the value heads they serve,
+    their writes summed over ranks (`_mixers`); whole on every rank where its key heads do
+    not divide over the ranks."""
+
+    def shard(self, module: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup):
+        """Cut the mixer to this rank's heads, where it splits."""
+        if _mixers.splits_heads(module, tp.size):
+            _mixers.shard_gated_delta(module, cfg, tp)
 
 
 class VocabParallel(_HookedStyle):
@@ -88,9 +102,10 @@ class VocabParallel(_HookedStyle):
 def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyle]:
     """The `parallelize_module` plan of a model of `cfg`: module paths to styles.
 
-    A hybrid model's plan names each block with attention or an MLP; its mixers are in no
-    entry, so each runs whole on every rank, reading the whole stream every rank holds
-    (their weights replicated, not split)."""
+    A hybrid model's plan names each block with attention, an MLP or a gated delta net
+    (split by its heads where they divide); its other mixers are in no entry, so each runs
+    whole on every rank, reading the whole stream every rank holds (their weights
+    replicated)."""
     plan: dict[str, ParallelStyle] = {"embed": VocabParallel(cfg)}
     if cfg.n_layers and cfg.mixers is None:
         plan["blocks.*"] = HeadParallelInputs(cfg)
@@ -103,6 +118,8 @@ def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyl
     for layer in range(cfg.n_layers) if cfg.mixers is not None else ():
         if cfg.layer_has_mlp(layer):
             plan[f"blocks.{layer}.mlp"] = NeuronParallel(cfg)
+        if cfg.layer_mixer(layer) == "gated_delta":
+            plan[f"blocks.{layer}.mixer"] = MixerParallel(cfg)
     plan["unembed"] = VocabParallel(cfg)
     return plan
 

@@ -8,6 +8,10 @@ and one collective joins the slices where the equation sums or concatenates over
                 then + b_O once                                  (one all-reduce)
     MLP         pre, post of this rank's neurons; out = sum over ranks of post W_out, + b_out
                                                                  (one all-reduce)
+    experts     the router whole on every rank (each token's experts the same on all);
+                each expert's pre, post of this rank's neurons, its out summed over ranks
+                as the MLP's                    (one all-reduce per expert run, or one for
+                                                 all of them where they run grouped)
     embedding   each rank looks up the tokens of its part of the vocabulary, zeros for the
                 others; the sum over ranks is the lookup itself, exactly (one all-reduce)
     unembedding logits of this rank's part of the vocabulary, concatenated (one all-gather)
@@ -24,13 +28,16 @@ ranks' rows summed).
 """
 
 import dataclasses
+from typing import Any
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hookedattn.core import kernels
 from hookedattn.core.components.attn_inputs import AttnInputs
 from hookedattn.core.components.mlp import MLP, GatedMLP
+from hookedattn.core.components.moe import MoE
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCacheEntry
 from hookedattn.core.parallel._collectives import gather, replicated_input, sum_partials
@@ -134,6 +141,24 @@ class NeuronParallelMLP:
         return partial_affine(post, self.W_out, self.b_out, self.tp)
 
 
+class NeuronParallelMoE:
+    """A mixture of experts holding this rank's neurons of every expert (`W_in`, `W_gate`,
+    `b_in`, `b_gate` columns, `W_out` rows of each); the router is whole on every rank, so
+    every rank routes each token to the same experts, and each expert's writes are summed
+    over the ranks as the dense MLP's are."""
+
+    tp: TensorParallelGroup
+
+    def enter(self, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
+        """The rows, entering the split neurons (backwards, the ranks' gradients summed)."""
+        return replicated_input(x, self.tp)
+
+    def write(self, post: Float[Tensor, "row d_mlp"], affine: Any) -> Float[Tensor, "row d_model"]:
+        """`post @ W_out + b_out` over every rank's neurons: the bias added by rank 0 alone."""
+        bias = self.b_out if self.tp.rank == 0 else torch.zeros_like(self.b_out)
+        return sum_partials(affine(post, self.W_out, bias), self.tp)
+
+
 class VocabParallelEmbed:
     """The token embedding's rows of this rank's part of the vocabulary."""
 
@@ -171,11 +196,14 @@ class VocabParallelUnembed:
 # config field of that axis's size). Parameters not listed are replicated (norm gains,
 # `b_O`, `b_out`, `W_pos`). The loaders read the slices this table gives.
 SHARDED: dict[tuple[str, str], tuple[int, str]] = {
-    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O", "sinks")},  # sinks: GPT-OSS
+    # sinks: GPT-OSS's; W_G, b_G: an output gate on each head's z (Qwen3-Next, Qwen3.5)
+    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O", "sinks", "W_G", "b_G")},
     **{("attn", w): (0, "n_kv_heads") for w in ("W_K", "W_V", "b_K", "b_V")},
     **{("attn", w): (0, "n_kv_heads") for w in ("_W_K", "_W_V", "_b_K", "_b_V")},
     **{("mlp", w): (1, "d_mlp") for w in ("W_in", "W_gate")},
     **{("mlp", w): (0, "d_mlp") for w in ("b_in", "b_gate", "W_out")},
+    **{("shared_expert", w): (1, "d_mlp_shared") for w in ("W_in", "W_gate")},
+    **{("shared_expert", w): (0, "d_mlp_shared") for w in ("b_in", "b_gate", "W_out")},
     ("embed", "W_E"): (0, "d_vocab"),
     ("unembed", "W_U"): (1, "d_vocab_out"),
     ("unembed", "b_U"): (0, "d_vocab_out"),
@@ -220,7 +248,14 @@ def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorPar
     attn.fused_qkv = kernels.FusedQKV(local)
     attn._tie_fused_weights()
     q_axis2, kv_axis2 = dataclasses.replace(heads, axis=2), dataclasses.replace(kv, axis=2)
-    for point in ("hook_q", "hook_rot_q", "hook_q_tuned", "hook_z", "hook_result"):
+    for point in (
+        "hook_q",
+        "hook_rot_q",
+        "hook_q_tuned",
+        "hook_attn_gate",
+        "hook_z",
+        "hook_result",
+    ):
         _shard_hook_point(attn, point, q_axis2, tp)
     for point in ("hook_k", "hook_v", "hook_rot_k"):
         _shard_hook_point(attn, point, kv_axis2, tp)
@@ -250,19 +285,43 @@ def shard_attention_inputs(
             _shard_hook_point(block.ln1, point, heads, tp, alternatives=(kv,))
 
 
-def shard_mlp(mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
-    """Make `mlp` (plain or gated) hold this rank's neurons, in place."""
+def shard_mlp(
+    mlp: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup, kind: str = "mlp"
+) -> None:
+    """Make `mlp` (plain or gated, or a mixture of experts) hold this rank's neurons, in
+    place; `kind` "shared_expert" for a mixture's shared expert (`d_mlp_shared` wide)."""
+    if isinstance(mlp, MoE):
+        _shard_experts(mlp, cfg, tp)
+        return
     if type(mlp) not in (MLP, GatedMLP):
         raise ValueError(
-            f"no tensor-parallel rule for {type(mlp).__name__}: neurons split for MLP and "
-            f"GatedMLP (experts would split on their expert axis, not yet written)"
+            f"no tensor-parallel rule for {type(mlp).__name__}: neurons split for MLP, "
+            f"GatedMLP and MoE"
         )
-    rows = tp.slice_of(cfg.d_mlp, 0)
-    _narrow_parameters(mlp, _module_plan(mlp, "mlp", cfg, tp))
+    width = cfg.d_mlp_shared if kind == "shared_expert" else cfg.d_mlp
+    _narrow_parameters(mlp, _module_plan(mlp, kind, cfg, tp))
     _swap_class(mlp, NeuronParallelMLP)
     mlp.tp = tp
     for point in ("hook_pre", "hook_pre_linear", "hook_post"):
-        _shard_hook_point(mlp, point, dataclasses.replace(rows, axis=-1), tp)
+        _shard_hook_point(mlp, point, tp.slice_of(width, -1), tp)
+
+
+def _shard_experts(moe: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
+    """Make a mixture of experts hold this rank's neurons of each expert (and of its shared
+    expert), in place: the router, its biases and `b_out` whole (`NeuronParallelMoE`)."""
+    neurons = tp.slice_of(cfg.d_mlp, 0)
+    axes = {"W_in": 2, "W_gate": 2, "b_in": 1, "b_gate": 1, "W_out": 1}
+    present = _present(moe)
+    plan = {name: dataclasses.replace(neurons, axis=axis) for name, axis in axes.items()
+            if name in present}  # fmt: skip
+    _narrow_parameters(moe, plan)
+    _swap_class(moe, NeuronParallelMoE)
+    moe.tp = tp
+    for expert in moe.experts:
+        for point in ("hook_pre", "hook_pre_linear", "hook_post"):
+            _shard_hook_point(expert, point, dataclasses.replace(neurons, axis=-1), tp)
+    if hasattr(moe, "shared_expert"):
+        shard_mlp(moe.shared_expert, cfg, tp, "shared_expert")
 
 
 def shard_embed(embed: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
