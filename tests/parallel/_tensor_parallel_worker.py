@@ -219,6 +219,10 @@ def check_experts(ref, model, tokens) -> dict:
     def zero_neuron_5(post, hook):  # neuron 5 of each expert lives on rank 1
         post[:, 5] = 0.0
 
+    views = [(model.W_in, ref.W_in), (model.W_out, ref.W_out)]  # [layer expert ...]
+    views += [(model.layer_weight(1, "mlp", w), ref.layer_weight(1, "mlp", w))
+              for w in ("W_gate", "b_in", "W_out", "b_out", "W_router")]  # fmt: skip
+    out["expert_weight_views"] = worst(views)
     hooks = [(f"blocks.1.mlp.experts.{e}.hook_post", zero_neuron_5) for e in range(3)]
     edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
     out["expert_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)

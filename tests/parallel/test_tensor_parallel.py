@@ -169,6 +169,7 @@ def test_a_hybrids_gated_delta_net_splits_its_heads_and_other_mixers_run_whole(r
 
 def test_a_mixture_of_experts_routes_alike_on_every_rank_and_splits_each_experts_neurons(ranks):
     assert_close(ranks, *(f"routing_{point}" for point in ROUTING), "expert_edit")
+    assert_close(ranks, "expert_weight_views")  # model.W_in etc. gather each expert's neurons
     assert_true(ranks, "expert_edit_changes_logits")
     assert {case for result in ranks for case in result if "moe" in case} == {"moe", "moe_float32"}
 

@@ -10,10 +10,11 @@ Tensor parallelism (`tensor_parallel`, built on torch's `DeviceMesh` and
 `parallelize_module` with one `ParallelStyle` per kind of module) splits attention heads
 (query heads with the key/value heads they read), MLP neurons (each expert's, in a mixture
 of experts), a gated delta net's heads and the vocabulary over the ranks; a hybrid's other
-mixers run whole on every rank (`_mixers`). Each rank runs the components' own forwards on its slices; one collective per
-sublayer joins them (`_sublayers`). Every rank's model behaves as the whole model: full
-logits, and hooks and caches that see whole activations, gathered only at hook points
-that something reads (`ShardedHookPoint`); `local_activations` turns the gathering off.
+mixers run whole on every rank (`_mixers`). Each rank runs the components' own forwards on
+its slices; one collective per sublayer joins them (`_sublayers`). Every rank's model
+behaves as the whole model: full logits, and hooks and caches that see whole activations,
+gathered only at hook points that something reads (`ShardedHookPoint`);
+`local_activations` turns the gathering off.
 
 A device map (`place`) puts whole blocks on devices and moves the residual stream at block
 boundaries; nothing is split, so nothing is communicated but the stream.

@@ -32,18 +32,28 @@ class TensorParallelModel:
 
     def _stacked(self, module: str, weight: str) -> Tensor:
         local = super()._stacked(module, weight)
-        if weight not in _STACKED:
+        part = self._cut(0, module, weight)  # every layer alike, or stacking refused
+        if part is None:
             return local  # replicated: every rank holds all of it
-        axis, field = _STACKED[weight]
-        return gather(local, axis + 1, getattr(self.cfg, field), self.tp)  # +1: `layer`
+        return gather(local, part[0] + 1, part[1], self.tp)  # +1: `layer`
 
     def layer_weight(self, layer: int, module: str, weight: str) -> Tensor:
         """Block `layer`'s `module.weight`, gathered from every rank when it is sharded."""
         local = super().layer_weight(layer, module, weight)
+        part = self._cut(layer, module, weight)
+        return local if part is None else gather(local, part[0], part[1], self.tp)
+
+    def _cut(self, layer: int, module: str, weight: str) -> tuple[int, int] | None:
+        """(axis, whole size) of block `layer`'s `module.weight` where it is sharded: as the
+        module recorded its cut (an MLP's, a mixture of experts' on its neuron axis), else
+        as `_STACKED` says (the attention's views of its fused weight); None: whole."""
+        recorded = getattr(getattr(self.blocks[layer], module), "local_slices", {})
+        if weight in recorded:
+            return recorded[weight].axis, recorded[weight].size
         if weight not in _STACKED:
-            return local
+            return None
         axis, field = _STACKED[weight]
-        return gather(local, axis, getattr(self.cfg, field), self.tp)
+        return axis, getattr(self.cfg, field)
 
     def key_value_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Block `layer`'s `W_K, b_K, W_V, b_V` per key/value head, gathered from every rank."""
