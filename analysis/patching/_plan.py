@@ -313,9 +313,11 @@ def _one_block(cfg: HookedTransformerConfig) -> HookedTransformerConfig:
     as `attn_types`, or a hybrid's `mixers.layers`) cut to its first entry."""
     per_layer = _first_entries(cfg, cfg.n_layers)
     if cfg.mixers is not None:
-        per_layer["mixers"] = dataclasses.replace(
-            cfg.mixers, **_first_entries(cfg.mixers, cfg.n_layers)
-        )
+        mixers = dataclasses.replace(cfg.mixers, **_first_entries(cfg.mixers, cfg.n_layers))
+        per_layer["mixers"] = mixers
+        # The input hook point of a mixer in attention's place: only if the first block has one.
+        first_mixes = mixers.layers[0] not in ("attention", "none")
+        per_layer["use_hook_mixer_in"] = cfg.use_hook_mixer_in and first_mixes
     return dataclasses.replace(cfg, n_layers=1, **per_layer)
 
 

@@ -29,6 +29,8 @@ CLEAN, CORRUPTED = (random_tokens(23, BATCH, N_POS, seed) for seed in (1, 2))
 LAYOUTS = {
     "mixers around attention": (("mamba2", "attention", "short_conv"), None),
     "delta rule then attention": (("gated_delta", "attention"), None),
+    # The first block attention: the sweep's cost is measured on a one-block stand-in.
+    "attention then delta rule": (("attention", "gated_delta"), None),
     # Nemotron-H: one sublayer per block, the MLPs in blocks of their own.
     "one sublayer per block": (("mamba2", "none", "attention", "none"), (False, True, False, True)),
 }
