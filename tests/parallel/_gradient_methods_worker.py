@@ -35,6 +35,7 @@ from analysis.attribution_graphs import graph_qk_attribution  # noqa: E402
 from analysis.patching.engine import metric_gradients  # noqa: E402
 from analysis.patching.feature_patching import feature_attribution_patch  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
+from hookedattn.core.mixer_config import MixerConfig  # noqa: E402
 from hookedattn.sae import (  # noqa: E402
     SAEConfig,
     SparseAutoencoder,
@@ -207,6 +208,52 @@ def training(ref, model, out_dir: Path) -> dict:
     return out
 
 
+# Beyond dense models, in float64: a mixture of experts (each expert's neurons split) and a
+# hybrid (a gated delta net split by heads, a Mamba-2 mixer whole on each rank).
+BEYOND_DENSE = {
+    "moe": random_tiny_model(
+        n_key_value_heads=2, normalization_type="RMS", positional_embedding_type="rotary",
+        gated_mlp=True, act_fn="silu", num_experts=6, experts_per_token=2, d_mlp=8,
+    ),
+    "hybrid": random_tiny_model(
+        n_layers=4, normalization_type="RMS", positional_embedding_type="rotary",
+        gated_mlp=True, act_fn="silu", mixers=MixerConfig(
+            layers=("attention", "gated_delta", "attention", "mamba2"), d_conv=3,
+            n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2),
+    ),
+}  # fmt: skip
+
+
+def beyond_dense(ref, model) -> dict:
+    """The gradient methods and exact edge patching on a split mixture of experts or
+    hybrid, against the one-process model; and the residual decomposition by expert or
+    by head."""
+    cfg, out = ref.cfg, {}
+    tokens = random_tokens(cfg.d_vocab, batch=2, pos=7, seed=3)
+    corrupted = tokens.clone()
+    corrupted[:, 2] = (tokens[:, 2] + 5) % cfg.d_vocab
+    metric = lambda logits: logits[:, -1, 1] - logits[:, -1, 0]
+    kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+    names = [p.name for p in parallel.sharded_hook_points(model)]
+    got = metric_gradients(model, names, lambda: metric(model(tokens)))
+    expected = metric_gradients(ref, names, lambda: metric(ref(tokens)))
+    for name, gradient in expected.gradients.items():
+        compare(out, "metric_gradients", got.gradients[name], gradient)
+    got, expected = (attribution_patch(m, None, **kwargs) for m in (model, ref))
+    for kind in expected:
+        compare(out, "attribution_patch", got[kind].per_prompt, expected[kind].per_prompt)
+    for method, run in (("eap", edge_attribution), ("edge_patching", edge_patching)):
+        got, expected = (run(m, **kwargs).per_prompt for m in (model, ref))
+        compare(out, method, got, expected)
+    granularity = "expert" if cfg.is_moe else "head"
+    (_, mine), (_, theirs) = (m.run_with_cache(tokens) for m in (model, ref))
+    got = decompose_resid(model, mine, None, granularity=granularity)
+    expected = decompose_resid(ref, theirs, None, granularity=granularity)
+    compare(out, "decompose_resid", got.components, expected.components)
+    out["labels"] = got.labels == expected.labels and len(names) > 0
+    return out
+
+
 def parameter_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -231,6 +278,9 @@ def main(out_dir: str) -> None:
             case["seconds"] = time.perf_counter() - start
             results[f"{model_name} {dtype_name}"] = case
     (Path(out_dir) / f"rank{group.rank}.json").write_text(json.dumps(results, indent=1))
+    beyond = {name: beyond_dense(ref, parallel.tensor_parallel(copy.deepcopy(ref), group))
+              for name, ref in BEYOND_DENSE.items()}  # fmt: skip
+    (Path(out_dir) / f"beyond{group.rank}.json").write_text(json.dumps(beyond, indent=1))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ kind and of an SAE's features, EAP, EAP-IG, an attribution graph and QK attribut
 the stream's writers and of the graph's nodes); in float64 also what reads a layer's whole
 weights (exact edge patching, DLA, the logit lens, per-head values and writes); in float32
 a store collected by each model and one step of SAE and of transcoder training on each
-store. float64 agrees to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks
-add their partial sums in another order; nothing else differs). Before the fix of the hook
+store. Then, in float64, on a mixture of experts and a hybrid (a gated delta net and a
+Mamba-2 mixer): the metric's gradient at every sharded hook point, attribution patching,
+EAP, exact edge patching and the residual decomposition by expert or head. float64 agrees
+to 1e-10 and float32 to 1e-5, relative to the reference's scale (the ranks add their
+partial sums in another order; nothing else differs). Before the fix of the hook
 points' backward (`parallel._collectives.own_part`), the gradient at a sharded hook point
 held only this rank's heads, and attribution patching of `z` differed by 0.30 on a value of
 1.39.
@@ -37,12 +40,17 @@ CASES = ("gpt2_like float64", "gpt2_like float32", "llama_like float64", "llama_
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
+def launched(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gradient_methods")
     start = time.perf_counter()
     torchrun(WORKER, str(out))
     print(f"torchrun of {WORKER.name}: {time.perf_counter() - start:.1f} s")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(launched) -> list[dict]:
+    return [json.loads((launched / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def cases(ranks: list[dict]):
@@ -63,6 +71,21 @@ def test_the_gradients_cover_every_sharded_hook_point_and_every_kind(ranks):
         assert values["gradient_names"] and values["sharded_points"] >= 16, case
         assert values["attribution_kinds"] and values["graph_nodes"], case
         assert values["feature_attribution_features"] and values["qk_labels"], case
+
+
+@pytest.fixture(scope="module")
+def beyond(launched) -> list[dict]:
+    """The mixture of experts' and the hybrid's results (`beyond_dense` in the worker)."""
+    return [json.loads((launched / f"beyond{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("method", ("metric_gradients", "attribution_patch", "eap",
+                                    "edge_patching", "decompose_resid"))  # fmt: skip
+def test_a_split_mixture_of_experts_and_hybrid_give_the_one_process_answers(beyond, method):
+    for result in beyond:
+        assert sorted(result) == ["hybrid", "moe"]
+        for case, values in result.items():
+            assert values["labels"] and values[method] <= 1e-10, (case, method, values[method])
 
 
 @pytest.mark.parametrize("reader", READERS)
