@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,13 +86,19 @@ def transcoders(cfg, dtype: str) -> list[Transcoder]:
     return out
 
 
-def gradient_methods(ref, model, dtype: str) -> dict:
-    cfg, out = ref.cfg, {}
+def patching_inputs(cfg) -> tuple[torch.Tensor, Any, dict]:
+    """The clean tokens, the metric, and the keywords of a patching call (a corrupted
+    copy of the tokens, one token changed)."""
     tokens = random_tokens(cfg.d_vocab, batch=2, pos=7, seed=3)
     corrupted = tokens.clone()
     corrupted[:, 2] = (tokens[:, 2] + 5) % cfg.d_vocab
     metric = lambda logits: logits[:, -1, 1] - logits[:, -1, 0]
-    kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+    return tokens, metric, dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+
+
+def gradient_methods(ref, model, dtype: str) -> dict:
+    cfg, out = ref.cfg, {}
+    tokens, metric, kwargs = patching_inputs(cfg)
 
     # The metric's gradient at every sharded hook point (heads, neurons) and at the stream.
     names = [p.name for p in parallel.sharded_hook_points(model)]
@@ -229,11 +236,7 @@ def beyond_dense(ref, model) -> dict:
     hybrid, against the one-process model; and the residual decomposition by expert or
     by head."""
     cfg, out = ref.cfg, {}
-    tokens = random_tokens(cfg.d_vocab, batch=2, pos=7, seed=3)
-    corrupted = tokens.clone()
-    corrupted[:, 2] = (tokens[:, 2] + 5) % cfg.d_vocab
-    metric = lambda logits: logits[:, -1, 1] - logits[:, -1, 0]
-    kwargs = dict(clean_tokens=tokens, corrupted_tokens=corrupted, metric=metric)
+    tokens, metric, kwargs = patching_inputs(cfg)
     names = [p.name for p in parallel.sharded_hook_points(model)]
     got = metric_gradients(model, names, lambda: metric(model(tokens)))
     expected = metric_gradients(ref, names, lambda: metric(ref(tokens)))
