@@ -455,7 +455,10 @@ def _run(
         recorded[hook.name] = rearrange(activation, "(v b) ... -> v b ...", v=n_variants)
 
     hooks = [h for e in edits if (h := _edit_hook(e, p, variants)) is not None]
-    hooks += [(name, keep) for name in names]
+    # With `again`, the last block's keys and values of the rows, as its hook points see
+    # them (after any edit; whole under tensor parallelism, where the cache holds a slice).
+    last_kv = _last_kv_names(model) if p.again else ()
+    hooks += [(name, keep) for name in (*names, *last_kv)]
     past = _past(model, base, p, stop_layer)
     resid = _rows_of(base.cache[get_act_name("resid_pre", p.layer)][None], 2, p)
     if entering is not None:
@@ -467,8 +470,16 @@ def _run(
         resid = model(resid, start_at_layer=p.layer, stop_at_layer=stop_layer, past_kv_cache=past)
     if not p.again:
         return resid, recorded, (resid[:0], resid[:0])
-    last = past[model.cfg.n_layers - 1]
-    return resid, recorded, (last.past_keys[:, p.n_past :], last.past_values[:, p.n_past :])
+    keys, values = (
+        rearrange(recorded.pop(name), "v b row h d -> (v b) row h d") for name in last_kv
+    )
+    return resid, recorded, (keys, values)
+
+
+def _last_kv_names(model: HookedTransformer) -> tuple[str, str]:
+    """The hook points whose values the last block's KV cache holds."""
+    last = model.cfg.n_layers - 1
+    return key_name(model, last), value_name(model, last)
 
 
 def _rows_of(x: Tensor, axis: int, p: Pass) -> Tensor:
@@ -510,7 +521,7 @@ def _past(
 ) -> KeyValueCache | None:
     """The unpatched keys and values of positions `..p.n_past-1` in the blocks `p` runs,
     for every sequence of the pass."""
-    if p.n_past == 0 and not p.again:
+    if p.n_past == 0:
         return None
     n_variants, batch = len(p.variants), base.tokens.shape[0]
     entries = {}
@@ -519,9 +530,7 @@ def _past(
             repeat(base.cache[name][:, : p.n_past], "b pos h d -> (v b) pos h d", v=n_variants)
             for name in (key_name(model, layer), value_name(model, layer))
         )
-        # With `again` the last block keeps the keys and values its rows append.
-        last = layer == model.cfg.n_layers - 1
-        entries[layer] = KeyValueCacheEntry(keys, values, frozen=not (p.again and last))
+        entries[layer] = KeyValueCacheEntry(keys, values, frozen=True)
     # Blocks the pass does not run take any entry: they never read it.
     filled = [
         entries[min(max(layer, p.layer), stop_layer - 1)] for layer in range(model.cfg.n_layers)

@@ -133,6 +133,11 @@ def check(ref, model) -> dict:
     declared = activation_patch(ref, "v", metric_positions=-1, by_pos=True, **kwargs).per_prompt
     got = activation_patch(model, "v", metric_positions=-1, by_pos=True, **kwargs).per_prompt
     out["patch_v_by_pos_declared"] = relative(got, declared)
+    # A budget of one byte runs every variant alone: each declared position runs again
+    # through the last block, against keys that mix the cache's and the pass's.
+    one_at_a_time = dict(metric_positions=-1, by_pos=True, memory_budget=1, **kwargs)
+    got = activation_patch(model, "v", **one_at_a_time).per_prompt
+    out["patch_v_by_pos_one_at_a_time"] = relative(got, declared)
 
     # Gradient methods: tests/parallel/test_gradient_methods.py.
     for use_past_kv_cache in (True, False):

@@ -130,6 +130,7 @@ def test_a_hook_edits_the_whole_activation_and_the_edit_acts_on_the_right_rank(r
 def test_activation_patching_equals_one_process(ranks):
     assert_close(ranks, "patch_z", "patch_resid_pre", "patch_v", "patch_pattern")
     assert_close(ranks, "patch_v_by_pos_declared")
+    assert_close(ranks, "patch_v_by_pos_one_at_a_time")
 
 
 def test_greedy_generation_gives_the_one_process_tokens(ranks):
