@@ -50,8 +50,8 @@ from hookedattn.core.parallel._model import (
     full_state_dict,
     refuse_tensor_parallel,
 )
+from hookedattn.core.parallel._sharding import parameter_slices
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
-from hookedattn.core.parallel._sublayers import parameter_slices
 
 # The plan (`_styles`) builds on `torch.distributed.tensor`, whose import brings in torch's
 # compiler (1.5 to 2.5 s on a 2-core machine): its names are imported on first use, so that

@@ -25,8 +25,8 @@ from hookedattn.core.parallel._device_map import (
     resolve_device_map,
 )
 from hookedattn.core.parallel._group import rank_device, tensor_parallel_group
+from hookedattn.core.parallel._sharding import parameter_slices
 from hookedattn.core.parallel._shards import LocalSlice, check_tp_size
-from hookedattn.core.parallel._sublayers import parameter_slices
 
 Read = Callable[[str, LocalSlice | None, str], Tensor]
 

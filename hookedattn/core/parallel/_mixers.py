@@ -20,13 +20,9 @@ from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.parallel._collectives import replicated_input
 from hookedattn.core.parallel._group import TensorParallelGroup
+from hookedattn.core.parallel._sharding import narrow_parameters, shard_hook_point, swap_class
 from hookedattn.core.parallel._shards import LocalSlice
-from hookedattn.core.parallel._sublayers import (
-    _narrow_parameters,
-    _shard_hook_point,
-    _swap_class,
-    partial_affine,
-)
+from hookedattn.core.parallel._sublayers import partial_affine
 from hookedattn.core.shapes import Resid
 
 
@@ -73,11 +69,11 @@ def shard_gated_delta(
             plan[f"W_{name}"] = dataclasses.replace(part, axis=1)
             plan[f"b_{name}"] = part
     plan |= {"dt_bias": heads, "A_log": heads, "W_out": values}
-    _narrow_parameters(mixer, plan)
+    narrow_parameters(mixer, plan)
     d_key = m.n_ssm_groups * m.d_state
     channels = [torch.arange(keys.start, keys.stop) + offset for offset in (0, d_key)]
     channels.append(torch.arange(values.start, values.stop) + 2 * d_key)
-    _swap_class(mixer, HeadParallelGatedDelta)
+    swap_class(mixer, HeadParallelGatedDelta)
     mixer.tp = tp
     # A buffer (not saved), so that it follows the module's moves; built on the CPU when the
     # model is built on the meta device, and moved with the other buffers once it is read.
@@ -90,7 +86,7 @@ def shard_gated_delta(
         ("hook_o", heads, 2), ("hook_beta", heads, 2), ("hook_decay", heads, 2),
         ("hook_mixing", heads, 1),
     ):  # fmt: skip
-        _shard_hook_point(mixer, point, dataclasses.replace(part, axis=axis), tp)
+        shard_hook_point(mixer, point, dataclasses.replace(part, axis=axis), tp)
 
 
 def _widened(part: LocalSlice, width: int) -> LocalSlice:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from hookedattn.core.parallel._collectives import gather
 from hookedattn.core.parallel._group import TensorParallelGroup
-from hookedattn.core.parallel._sublayers import parameter_slices
+from hookedattn.core.parallel._sharding import parameter_slices
 
 # The axis of one layer's stacked weight that is cut, and the config field of its size.
 _STACKED = {

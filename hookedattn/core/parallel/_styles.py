@@ -2,8 +2,8 @@
 `ParallelStyle` per kind of module.
 
     plan = tensor_parallel_plan(model.cfg)
-    # {"embed": VocabParallel, "blocks.*": HeadParallelInputs, "blocks.*.attn": HeadParallel,
-    #  "blocks.*.mlp": NeuronParallel, "unembed": VocabParallel}
+    # {"embed": VocabParallel, "blocks.0": HeadParallelInputs, "blocks.0.attn": HeadParallel,
+    #  ..., "blocks.0.mlp": NeuronParallel, ..., "unembed": VocabParallel}
     parallelize_module(model, mesh, plan)       # what `tensor_parallel(model, group)` runs
 
 Each style cuts its module's parameters to this rank's slice in place (`_sublayers`). The
@@ -100,22 +100,17 @@ class VocabParallel(_HookedStyle):
 
 
 def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyle]:
-    """The `parallelize_module` plan of a model of `cfg`: module paths to styles.
+    """The `parallelize_module` plan of a model of `cfg`: module paths to styles, one
+    entry per split module (`blocks.0.attn`, `blocks.0.mlp`, ...).
 
-    A hybrid model's plan names each block with attention, an MLP or a gated delta net
-    (split by its heads where they divide); its other mixers are in no entry, so each runs
-    whole on every rank, reading the whole stream every rank holds (their weights
-    replicated)."""
+    A hybrid's blocks are named as they hold attention, an MLP or a gated delta net (split
+    by its heads where they divide); its other mixers are in no entry, so each runs whole
+    on every rank, reading the whole stream every rank holds (their weights replicated)."""
     plan: dict[str, ParallelStyle] = {"embed": VocabParallel(cfg)}
-    if cfg.n_layers and cfg.mixers is None:
-        plan["blocks.*"] = HeadParallelInputs(cfg)
-        plan["blocks.*.attn"] = HeadParallel(cfg)
-        if not cfg.attn_only:
-            plan["blocks.*.mlp"] = NeuronParallel(cfg)
-    for layer in cfg.attention_layers if cfg.mixers is not None else ():
+    for layer in cfg.attention_layers:
         plan[f"blocks.{layer}"] = HeadParallelInputs(cfg)
         plan[f"blocks.{layer}.attn"] = HeadParallel(cfg)
-    for layer in range(cfg.n_layers) if cfg.mixers is not None else ():
+    for layer in range(cfg.n_layers):
         if cfg.layer_has_mlp(layer):
             plan[f"blocks.{layer}.mlp"] = NeuronParallel(cfg)
         if cfg.layer_mixer(layer) == "gated_delta":

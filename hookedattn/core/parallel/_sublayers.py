@@ -42,7 +42,12 @@ from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.kv_cache import KeyValueCacheEntry
 from hookedattn.core.parallel._collectives import gather, replicated_input, sum_partials
 from hookedattn.core.parallel._group import TensorParallelGroup
-from hookedattn.core.parallel._hook_points import ShardedHookPoint
+from hookedattn.core.parallel._sharding import (
+    narrow_parameters,
+    present,
+    shard_hook_point,
+    swap_class,
+)
 from hookedattn.core.parallel._shards import LocalSlice, local_slice
 from hookedattn.core.shapes import Resid
 
@@ -228,18 +233,18 @@ def shard_plan(
 def _module_plan(
     module: nn.Module, kind: str, cfg: HookedTransformerConfig, tp: TensorParallelGroup
 ) -> dict[str, LocalSlice]:
-    names = [f"{kind}.{name}" for name in _present(module)]
+    names = [f"{kind}.{name}" for name in present(module)]
     return {n.split(".", 1)[1]: s for n, s in shard_plan(names, cfg, tp.rank, tp.size).items()}
 
 
 def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make `attn` (an `Attention`, grouped or not) hold this rank's heads, in place."""
     heads, kv = tp.slice_of(cfg.n_heads, 0), tp.slice_of(cfg.n_kv_heads, 0)
-    unknown = sorted(_present(attn) - {w for kind, w in SHARDED if kind == "attn"} - {"b_O"})
+    unknown = sorted(present(attn) - {w for kind, w in SHARDED if kind == "attn"} - {"b_O"})
     if unknown:
         raise ValueError(f"no tensor-parallel rule for the attention parameters {unknown}")
-    _narrow_parameters(attn, _module_plan(attn, "attn", cfg, tp))
-    _swap_class(attn, HeadParallelAttention)
+    narrow_parameters(attn, _module_plan(attn, "attn", cfg, tp))
+    swap_class(attn, HeadParallelAttention)
     attn.tp, attn.kv_slice = tp, dataclasses.replace(kv, axis=2)
     local = cfg.replace(
         n_heads=heads.length,
@@ -256,14 +261,14 @@ def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorPar
         "hook_z",
         "hook_result",
     ):
-        _shard_hook_point(attn, point, q_axis2, tp)
+        shard_hook_point(attn, point, q_axis2, tp)
     for point in ("hook_k", "hook_v", "hook_rot_k"):
-        _shard_hook_point(attn, point, kv_axis2, tp)
+        shard_hook_point(attn, point, kv_axis2, tp)
     for point in ("hook_attn_scores", "hook_pattern"):
-        _shard_hook_point(attn, point, dataclasses.replace(heads, axis=1), tp)
+        shard_hook_point(attn, point, dataclasses.replace(heads, axis=1), tp)
     for norm, part in ((attn.q_norm, q_axis2), (attn.k_norm, kv_axis2)):
         for point in ("hook_scale", "hook_normalized", "hook_out"):
-            _shard_hook_point(norm, point, part, tp)
+            shard_hook_point(norm, point, part, tp)
 
 
 def shard_attention_inputs(
@@ -279,10 +284,10 @@ def shard_attention_inputs(
         ("hook_k_input", kv),
         ("hook_v_input", kv),
     ):
-        _shard_hook_point(block, point, part, tp)
+        shard_hook_point(block, point, part, tp)
     if cfg.use_split_qkv_input or cfg.use_attn_in:  # `ln1` normalises the per-head copies
         for point in ("hook_scale", "hook_normalized", "hook_out"):
-            _shard_hook_point(block.ln1, point, heads, tp, alternatives=(kv,))
+            shard_hook_point(block.ln1, point, heads, tp, alternatives=(kv,))
 
 
 def shard_mlp(
@@ -299,11 +304,11 @@ def shard_mlp(
             f"GatedMLP and MoE"
         )
     width = cfg.d_mlp_shared if kind == "shared_expert" else cfg.d_mlp
-    _narrow_parameters(mlp, _module_plan(mlp, kind, cfg, tp))
-    _swap_class(mlp, NeuronParallelMLP)
+    narrow_parameters(mlp, _module_plan(mlp, kind, cfg, tp))
+    swap_class(mlp, NeuronParallelMLP)
     mlp.tp = tp
     for point in ("hook_pre", "hook_pre_linear", "hook_post"):
-        _shard_hook_point(mlp, point, tp.slice_of(width, -1), tp)
+        shard_hook_point(mlp, point, tp.slice_of(width, -1), tp)
 
 
 def _shard_experts(moe: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
@@ -311,15 +316,15 @@ def _shard_experts(moe: nn.Module, cfg: HookedTransformerConfig, tp: TensorParal
     expert), in place: the router, its biases and `b_out` whole (`NeuronParallelMoE`)."""
     neurons = tp.slice_of(cfg.d_mlp, 0)
     axes = {"W_in": 2, "W_gate": 2, "b_in": 1, "b_gate": 1, "W_out": 1}
-    present = _present(moe)
+    held = present(moe)
     plan = {name: dataclasses.replace(neurons, axis=axis) for name, axis in axes.items()
-            if name in present}  # fmt: skip
-    _narrow_parameters(moe, plan)
-    _swap_class(moe, NeuronParallelMoE)
+            if name in held}  # fmt: skip
+    narrow_parameters(moe, plan)
+    swap_class(moe, NeuronParallelMoE)
     moe.tp = tp
     for expert in moe.experts:
         for point in ("hook_pre", "hook_pre_linear", "hook_post"):
-            _shard_hook_point(expert, point, dataclasses.replace(neurons, axis=-1), tp)
+            shard_hook_point(expert, point, dataclasses.replace(neurons, axis=-1), tp)
     if hasattr(moe, "shared_expert"):
         shard_mlp(moe.shared_expert, cfg, tp, "shared_expert")
 
@@ -327,8 +332,8 @@ def _shard_experts(moe: nn.Module, cfg: HookedTransformerConfig, tp: TensorParal
 def shard_embed(embed: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make the token embedding hold this rank's part of the vocabulary, in place."""
     part = tp.slice_of(cfg.d_vocab, 0)
-    _narrow_parameters(embed, _module_plan(embed, "embed", cfg, tp))
-    _swap_class(embed, VocabParallelEmbed)
+    narrow_parameters(embed, _module_plan(embed, "embed", cfg, tp))
+    swap_class(embed, VocabParallelEmbed)
     embed.tp, embed.vocab_slice = tp, part
 
 
@@ -337,69 +342,6 @@ def shard_unembed(
 ) -> None:
     """Make the unembedding hold this rank's part of the output vocabulary, in place."""
     part = tp.slice_of(cfg.d_vocab_out, 0)
-    _narrow_parameters(unembed, _module_plan(unembed, "unembed", cfg, tp))
-    _swap_class(unembed, VocabParallelUnembed)
+    narrow_parameters(unembed, _module_plan(unembed, "unembed", cfg, tp))
+    swap_class(unembed, VocabParallelUnembed)
     unembed.tp, unembed.vocab_slice = tp, dataclasses.replace(part, axis=-1)
-
-
-def _present(module: nn.Module) -> set[str]:
-    """The names of `module`'s own parameters, less those registered as None (an optional
-    parameter the model does not have, such as `sinks` without attention sinks)."""
-    return {name for name, param in module._parameters.items() if param is not None}
-
-
-def _narrow_parameters(module: nn.Module, slices: dict[str, LocalSlice]) -> None:
-    """Replace each named parameter by its slice (a copy of it, so the whole can be
-    freed; on the meta device, a meta tensor of the slice's shape)."""
-    for name, part in slices.items():
-        param = module._parameters[name]
-        piece = param.detach().narrow(part.axis, part.start, part.length)
-        if not piece.is_meta:
-            piece = piece.clone()
-        module._parameters[name] = nn.Parameter(piece, requires_grad=param.requires_grad)
-    module.local_slices = {**getattr(module, "local_slices", {}), **slices}
-
-
-def _shard_hook_point(
-    module: nn.Module,
-    name: str,
-    part: LocalSlice,
-    tp: TensorParallelGroup,
-    alternatives: tuple[LocalSlice, ...] = (),
-) -> None:
-    """Replace the hook point `module.name` (if it has one) by a sharded one, keeping any
-    hooks attached to it."""
-    old = module._modules.get(name)
-    if old is None:
-        return
-    new = ShardedHookPoint(tp, part, alternatives)
-    new.name, new.ctx = old.name, old.ctx
-    for handle in (*old._fwd, *old._bwd):
-        handle.hook_point = new
-    new._fwd, new._bwd = old._fwd, old._bwd
-    new._update_active()
-    setattr(module, name, new)
-
-
-_SHARDED_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def _swap_class(module: nn.Module, mixin: type) -> None:
-    """Give `module` the class `mixin + type(module)` (made once per pair)."""
-    base = type(module)
-    if issubclass(base, mixin):
-        return
-    key = (mixin, base)
-    if key not in _SHARDED_CLASSES:
-        name = f"TensorParallel{base.__name__}"
-        _SHARDED_CLASSES[key] = type(name, (mixin, base), {"__module__": mixin.__module__})
-    module.__class__ = _SHARDED_CLASSES[key]
-
-
-def parameter_slices(model: nn.Module) -> dict[str, LocalSlice]:
-    """Every sharded parameter of `model` by its state-dict name, with this rank's slice."""
-    return {
-        f"{prefix}.{name}" if prefix else name: part
-        for prefix, module in model.named_modules()
-        for name, part in getattr(module, "local_slices", {}).items()
-    }
