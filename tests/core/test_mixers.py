@@ -228,7 +228,7 @@ def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
     assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
-def test_tensor_parallel_splits_a_hybrids_attention_mlps_and_gated_delta_nets_only() -> None:
+def test_tensor_parallel_splits_a_hybrids_attention_mlps_gated_delta_nets_and_mamba2s_only():
     # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
     from hookedattn.core.parallel import _styles, check_tp_size
 
@@ -238,7 +238,22 @@ def test_tensor_parallel_splits_a_hybrids_attention_mlps_and_gated_delta_nets_on
     mlps = {f"blocks.{layer}.mlp": "NeuronParallel" for layer in range(4)}
     attention = {"blocks.1": "HeadParallelInputs", "blocks.1.attn": "HeadParallel"}
     vocabulary = {"embed": "VocabParallel", "unembed": "VocabParallel"}
-    assert plan == mlps | attention | vocabulary | {"blocks.3.mixer": "MixerParallel"}
+    mixers = {"blocks.2.mixer": "MixerParallel", "blocks.3.mixer": "MixerParallel"}
+    assert plan == mlps | attention | vocabulary | mixers
+
+
+@pytest.mark.parametrize(
+    ("heads", "groups", "tp_size", "splits"),
+    [(4, 2, 2, True), (4, 1, 2, True), (4, 1, 4, True), (4, 2, 4, False), (3, 1, 2, False)],
+)
+def test_a_mamba2_mixer_splits_where_its_heads_divide_and_its_groups_divide_or_are_one(
+    heads: int, groups: int, tp_size: int, splits: bool
+) -> None:
+    # Two groups over four ranks would put a group's norm on two of them: run whole.
+    from hookedattn.core.parallel._mixers import splits_heads
+
+    mixer = Mamba2Mixer(hybrid_cfg(("mamba2",), n_ssm_heads=heads, n_ssm_groups=groups))
+    assert splits_heads(mixer, tp_size) is splits
 
 
 def test_a_hybrid_saves_and_loads(tmp_path) -> None:

@@ -216,7 +216,7 @@ def training(ref, model, out_dir: Path) -> dict:
 
 
 # Beyond dense models, in float64: a mixture of experts (each expert's neurons split) and a
-# hybrid (a gated delta net split by heads, a Mamba-2 mixer whole on each rank).
+# hybrid (a gated delta net and a Mamba-2 mixer, each split by heads).
 BEYOND_DENSE = {
     "moe": random_tiny_model(
         n_key_value_heads=2, normalization_type="RMS", positional_embedding_type="rotary",

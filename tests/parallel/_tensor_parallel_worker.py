@@ -52,13 +52,15 @@ CASES = {
     ),
     # TransformerLens's toy models: shortformer positions (every layer's queries and keys).
     "shortformer": dict(positional_embedding_type="shortformer"),
-    # Hybrids: a gated delta net and a Mamba-2 mixer in attention's place (Qwen3.5, Bamba),
-    # and a Mamba-2 mixer beside the attention (Falcon-H1); the gated delta net is split by
-    # heads, the Mamba-2 mixers run whole on each rank.
-    "hybrid": dict(**HYBRID, n_layers=4, mixers=MixerConfig(
-        layers=("attention", "attention", "gated_delta", "mamba2"), **MIXER_SIZES)),
+    # Hybrids: a gated delta net, a Mamba-2 mixer and a short convolution in attention's
+    # place (Qwen3.5, Bamba, LFM2), and a Mamba-2 mixer of one group beside the attention
+    # (Falcon-H1; its gated norm spans the ranks); the gated delta net and the Mamba-2
+    # mixers are split by heads, the short convolution runs whole on each rank.
+    "hybrid": dict(**HYBRID, n_layers=5, mixers=MixerConfig(
+        layers=("attention", "attention", "gated_delta", "mamba2", "short_conv"),
+        **MIXER_SIZES)),
     "hybrid_beside": dict(**HYBRID, mixers=MixerConfig(
-        layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES)),
+        layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES | {"n_ssm_groups": 1})),
     # Mixtures of experts, each expert's neurons split: softmax routing; DeepSeek V3's
     # grouped sigmoid routing with a gated shared expert, in float32 (the experts' grouped
     # products where nothing is hooked).
@@ -184,30 +186,43 @@ def check(ref, model) -> dict:
 
 
 def check_mixers(ref, model, tokens) -> dict:
-    """A hybrid's mixers: a gated delta net split by heads (each parameter of it this
-    rank's slice: `dtensor_state_dict`), every other mixer whole on every rank, its
-    parameters the reference's; the rest about halved; edits inside the mixers (a gated
-    delta net's steps, every mixer's write) as in one process."""
+    """A hybrid's mixers: gated delta nets and Mamba-2 mixers split by heads (each
+    parameter of theirs this rank's slice or whole: `dtensor_state_dict`), every other
+    mixer whole on every rank, its parameters the reference's; the rest about halved; edits
+    inside the mixers (a gated delta net's steps, a Mamba-2 mixer's mixing matrix, every
+    mixer's write) as in one process."""
     mixers = ref.cfg.mixers
     kinds = {i: kind for i in range(ref.cfg.n_layers) for kind in mixers.layer_mixers(i)}
+    split = {i: kind for i, kind in kinds.items() if kind in ("gated_delta", "mamba2")}
     whole_params = dict(ref.named_parameters())
-    whole = {n: p for n, p in model.named_parameters()
-             if any(n.startswith(f"blocks.{i}.mixer.") for i, k in kinds.items()
-                    if k != "gated_delta")}  # fmt: skip
-    out = {"mixers_whole": bool(whole) and all(torch.equal(p, whole_params[n])
-                                               for n, p in whole.items())}  # fmt: skip
+    unsplit = tuple(f"blocks.{i}.mixer." for i in kinds if i not in split)
+    whole = {n: p for n, p in model.named_parameters() if n.startswith(unsplit)}
+    out = {"mixers_whole": all(torch.equal(p, whole_params[n]) for n, p in whole.items())}
+    out["mixers_run_whole"] = sorted({kinds[i] for i in kinds if i not in split})
     slices = parallel.parameter_slices(model)
-    split = [i for i, k in kinds.items() if k == "gated_delta"]
-    out["gated_delta_split"] = all(f"blocks.{i}.mixer.W_out" in slices for i in split)
+    out["mixers_split"] = all(f"blocks.{i}.mixer.W_out" in slices for i in split)
+    out["mixers_split_kinds"] = sorted(set(split.values()))
+    prefixes = tuple(f"blocks.{i}.mixer." for i in split)
+    out["parameter_fraction_split_mixers"] = _fraction(model, whole_params, prefixes)
     rest = [(p.numel(), whole_params[n].numel())
             for n, p in model.named_parameters() if n not in whole]  # fmt: skip
     out["parameter_fraction_beside_mixers"] = sum(a for a, _ in rest) / sum(b for _, b in rest)
     hooks = [(f"blocks.{i}.mixer.hook_out", lambda write, hook: write * 0.5) for i in kinds]
-    hooks += [(f"blocks.{i}.mixer.hook_beta", lambda beta, hook: beta * 0.3) for i in split]
+    hooks += [(f"blocks.{i}.mixer.hook_beta", lambda beta, hook: beta * 0.3)
+              for i, kind in split.items() if kind == "gated_delta"]  # fmt: skip
+    hooks += [(f"blocks.{i}.mixer.hook_mixing", lambda mixing, hook: mixing * 0.7)
+              for i, kind in split.items() if kind == "mamba2"]  # fmt: skip
     edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
     out["mixer_edit"] = relative(model.run_with_hooks(tokens, fwd_hooks=hooks), edited)
     out["mixer_edit_changes_logits"] = relative(edited, ref(tokens)) > 1e-3
     return out
+
+
+def _fraction(model, whole_params: dict, prefixes: tuple[str, ...]) -> float:
+    """The share of the parameters under `prefixes` this rank holds."""
+    held = [(p.numel(), whole_params[n].numel())
+            for n, p in model.named_parameters() if n.startswith(prefixes)]  # fmt: skip
+    return sum(a for a, _ in held) / sum(b for _, b in held)
 
 
 def check_experts(ref, model, tokens) -> dict:

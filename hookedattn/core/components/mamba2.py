@@ -48,7 +48,7 @@ from hookedattn.core import kernels
 from hookedattn.core.components.causal_conv import causal_conv_continued, real_positions
 from hookedattn.core.components.decay import segment_log_decay
 from hookedattn.core.components.embed import _param, affine, affine_params
-from hookedattn.core.components.norm import rms_normalized
+from hookedattn.core.components.norm import mean_square, rms_normalized
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.kernels import AttentionContext
@@ -175,11 +175,11 @@ class Mamba2Mixer(nn.Module):
         self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
     ) -> Resid:
         m = self.settings
-        x = self.hook_in(x)
+        x = self.enter(self.hook_in(x))
         real = real_positions(context, x.shape[1])  # no real token reads padding
         z = affine(x, self.W_z, self.b_z)
-        xBC = affine(x, self.W_xBC, self.b_xBC) * real
-        u = silu(causal_conv_continued(xBC, self.W_conv, self.b_conv, past))
+        xBC = affine(x, *self.xbc_weights()) * real
+        u = silu(causal_conv_continued(xBC, *self.conv_weights(), past))
         widths = [m.d_inner, m.n_ssm_groups * m.d_state, m.n_ssm_groups * m.d_state]
         xs, B, C = u.split(widths, dim=-1)
         xs = rearrange(xs, "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head",
@@ -191,7 +191,30 @@ class Mamba2Mixer(nn.Module):
         y = y + self._mixed(xs, dt, B, C, real, context, past)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
         gated = rearrange(y, flat) * silu(z)
-        return self.hook_out(affine(self.output_norm(gated), self.W_out, self.b_out))
+        return self.hook_out(self.write(self.output_norm(gated)))
+
+    # The steps a split mixer replaces (`parallel._mixers`): where the stream enters the
+    # heads, which channels of the fused `xBC` and its convolution they read, how the heads'
+    # writes add up, over which channels the gated norm takes its mean.
+    def enter(self, x: Resid) -> Resid:
+        """The stream the heads read: itself."""
+        return x
+
+    def xbc_weights(self) -> tuple[Float[Tensor, "d_model channel"], Float[Tensor, " channel"]]:
+        """The weight and bias of `xBC`'s channels: `xs`'s, then `B`'s, then `C`'s."""
+        return self.W_xBC, self.b_xBC
+
+    def conv_weights(self) -> tuple[Float[Tensor, "channel d_conv"], Float[Tensor, " channel"]]:
+        """The convolution's weight and bias over `xBC`'s channels."""
+        return self.W_conv, self.b_conv
+
+    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
+        """The heads' write: `gated @ W_out + b_out`, a sum over the heads' channels."""
+        return affine(gated, self.W_out, self.b_out)
+
+    def group_mean_square(self, x: Float[Tensor, "batch pos group channel"]) -> Tensor:
+        """The gated norm's mean of squares over each group's channels."""
+        return mean_square(x)
 
     def _mixed(
         self,
@@ -237,5 +260,5 @@ class Mamba2Mixer(nn.Module):
         grouped = rearrange(
             g, "batch pos (group channel) -> batch pos group channel", group=m.n_ssm_groups
         )
-        normed = rms_normalized(grouped, m.ssm_norm_eps)
+        normed = rms_normalized(grouped, m.ssm_norm_eps, self.group_mean_square)
         return rearrange(normed, "batch pos group channel -> batch pos (group channel)")

@@ -14,6 +14,8 @@ The "Pre" forms have no weights: they are what remains after the gain and bias h
 folded into the next layer's weights (`hookedattn.fold_layer_norm`).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -23,13 +25,21 @@ from hookedattn.core.hook_points import HookPoint
 from hookedattn.core.shapes import Normed
 
 
-def rms_normalized(x: Tensor, eps: float) -> Tensor:
+def mean_square(x: Tensor) -> Tensor:
+    """`mean(x^2)` over the last axis, kept."""
+    return x.pow(2).mean(-1, keepdim=True)
+
+
+def rms_normalized(
+    x: Tensor, eps: float, mean_of_squares: Callable[[Tensor], Tensor] = mean_square
+) -> Tensor:
     """`x / sqrt(mean(x^2) + eps)` over the last axis, as a hybrid's mixers norm their heads'
     reads before the gate (weightless: the gain is theirs to apply). The mean of squares is
     taken in float32 at least, as `transformers` takes it: in half precision a square of a
-    small read underflows. The result has `x`'s dtype."""
+    small read underflows. The result has `x`'s dtype. `mean_of_squares` takes the mean
+    (a mixer whose channels are split over ranks takes it over every rank's)."""
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (wide * torch.rsqrt(mean_of_squares(wide) + eps)).to(x.dtype)
 
 
 class NoNorm(nn.Module):

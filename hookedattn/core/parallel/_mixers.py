@@ -1,13 +1,20 @@
-"""A hybrid's gated delta net with its heads split over ranks.
+"""A hybrid's gated delta nets and Mamba-2 mixers with their heads split over ranks.
 
-The module's equations run on each rank's own key heads and the value heads they serve
-(`MixerConfig`: each key head serves a run of consecutive value heads), as attention's run
-on its heads: q, k, v, beta, the decays, the state and the gated norm are per head, so a
-rank computes its heads exactly as one process does, and their writes are summed over the
-ranks (`W_out`'s rows of its heads; `b_out` once). The convolution's weight stays whole
-(its channels are q's, then k's, then v's, so a rank's are three runs, which no one slice
-of it describes): each rank reads its channels from it. The other mixers (Mamba-2's, the
-short convolution, ...) have no rule here: they run whole on every rank.
+Each mixer's equations run on each rank's own heads, as attention's run on its heads: a
+gated delta net's key heads and the value heads they serve (`MixerConfig`: each key head
+serves a run of consecutive value heads); a Mamba-2 mixer's heads and the groups whose `B`
+and `C` they read. What is per head (q, k, v, beta, the decays, dt, `A`, `D`, the state, the
+mixing matrix) a rank computes exactly as one process does; the heads' writes are summed
+over the ranks (`W_out`'s rows of its heads; `b_out` once).
+
+The fused convolution's weight stays whole (its channels are q's, then k's, then v's, or
+Mamba-2's `xs`, `B`, `C`, so a rank's are three runs, which no one slice of it describes):
+each rank reads its channels from it, and from Mamba-2's `W_xBC` likewise. A Mamba-2 mixer
+with one group of `B`, `C` (Bamba's, Granite 4's) gives that group to every rank, and its
+gated norm over the group's channels takes its mean of squares over every rank's
+(`sum_partials(replicated_input(...))`: summed forwards, the gradients summed backwards).
+The other mixers (Mamba-1's, the short convolution, ...) have no rule here: they run whole
+on every rank, as do the heads of a mixer that do not divide over the ranks.
 """
 
 import dataclasses
@@ -17,19 +24,28 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.components.gated_delta import GatedDeltaNet
+from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.parallel._collectives import replicated_input
+from hookedattn.core.parallel._collectives import replicated_input, sum_partials
 from hookedattn.core.parallel._group import TensorParallelGroup
-from hookedattn.core.parallel._sharding import narrow_parameters, shard_hook_point, swap_class
+from hookedattn.core.parallel._sharding import (
+    narrow_parameters,
+    present,
+    shard_hook_point,
+    swap_class,
+)
 from hookedattn.core.parallel._shards import LocalSlice
 from hookedattn.core.parallel._sublayers import partial_affine
 from hookedattn.core.shapes import Resid
 
+# The kinds of mixer split by heads (where they divide); the others run whole on every rank.
+SPLIT = {"gated_delta", "mamba2"}
 
-class HeadParallelGatedDelta:
-    """A gated delta net holding this rank's heads: the stream enters them here, the
-    convolution reads this rank's channels of its whole weight, the heads' writes are
-    summed over the ranks."""
+
+class HeadParallelMixer:
+    """A mixer holding this rank's heads (a gated delta net's, or with `HeadParallelMamba2`
+    a Mamba-2 mixer's): the stream enters them here, the convolution reads this rank's
+    channels of its whole weight, the heads' writes are summed over the ranks."""
 
     tp: TensorParallelGroup
     channels: Tensor
@@ -49,10 +65,49 @@ class HeadParallelGatedDelta:
         return partial_affine(gated, self.W_out, self.b_out, self.tp)
 
 
+class HeadParallelMamba2(HeadParallelMixer):
+    """A Mamba-2 mixer holding this rank's heads: the stream enters them here, `xBC` and
+    its convolution read this rank's channels of their whole weights, the gated norm's mean
+    of squares is over every rank's channels where its group spans ranks, the heads' writes
+    are summed over the ranks."""
+
+    norm_width: int | None  # a group's channels over all ranks, where it spans ranks
+
+    def xbc_weights(self) -> tuple[Float[Tensor, "d_model channel"], Float[Tensor, " channel"]]:
+        """This rank's channels of `xBC`'s weight and bias."""
+        return self.W_xBC[:, self.channels], self.b_xBC[self.channels]
+
+    def group_mean_square(self, x: Float[Tensor, "batch pos group channel"]) -> Tensor:
+        """The mean of squares over each group's channels: this rank's, or, where the one
+        group spans the ranks, every rank's."""
+        if self.norm_width is None:
+            return super().group_mean_square(x)
+        summed = x.pow(2).sum(-1, keepdim=True)
+        return sum_partials(replicated_input(summed, self.tp), self.tp) / self.norm_width
+
+
 def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
     """Whether `mixer` is split by its heads over `tp_size` ranks: a gated delta net whose
-    key heads divide evenly (whole on every rank otherwise)."""
-    return isinstance(mixer, GatedDeltaNet) and mixer.settings.n_ssm_groups % tp_size == 0
+    key heads divide evenly, a Mamba-2 mixer whose heads do and whose groups do or are one
+    (whole on every rank otherwise)."""
+    m = getattr(mixer, "settings", None)
+    if isinstance(mixer, GatedDeltaNet):
+        return m.n_ssm_groups % tp_size == 0
+    if isinstance(mixer, Mamba2Mixer):
+        groups_split = m.n_ssm_groups % tp_size == 0 or m.n_ssm_groups == 1
+        return m.n_ssm_heads % tp_size == 0 and groups_split
+    return False
+
+
+def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
+    """Make a gated delta net or Mamba-2 mixer hold this rank's heads, in place, where
+    they split (`splits_heads`)."""
+    if not splits_heads(mixer, tp.size):
+        return
+    if isinstance(mixer, GatedDeltaNet):
+        shard_gated_delta(mixer, cfg, tp)
+    else:
+        shard_mamba2(mixer, cfg, tp)
 
 
 def shard_gated_delta(
@@ -73,12 +128,9 @@ def shard_gated_delta(
     d_key = m.n_ssm_groups * m.d_state
     channels = [torch.arange(keys.start, keys.stop) + offset for offset in (0, d_key)]
     channels.append(torch.arange(values.start, values.stop) + 2 * d_key)
-    swap_class(mixer, HeadParallelGatedDelta)
+    swap_class(mixer, HeadParallelMixer)
     mixer.tp = tp
-    # A buffer (not saved), so that it follows the module's moves; built on the CPU when the
-    # model is built on the meta device, and moved with the other buffers once it is read.
-    device = "cpu" if mixer.W_conv.is_meta else mixer.W_conv.device
-    mixer.register_buffer("channels", torch.cat(channels).to(device), persistent=False)
+    _register_channels(mixer, channels)
     mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
     mixer.d_key = groups.length * m.d_state
     for point, part, axis in (
@@ -87,6 +139,37 @@ def shard_gated_delta(
         ("hook_mixing", heads, 1),
     ):  # fmt: skip
         shard_hook_point(mixer, point, dataclasses.replace(part, axis=axis), tp)
+
+
+def shard_mamba2(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
+    """Make a Mamba-2 mixer hold this rank's heads and the groups they read, in place
+    (module docstring)."""
+    m = mixer.settings
+    heads = tp.slice_of(m.n_ssm_heads, 0)
+    shared = m.n_ssm_groups % tp.size != 0  # one group, read by every rank's heads
+    groups = LocalSlice(0, 0, 1, 1) if shared else tp.slice_of(m.n_ssm_groups, 0)
+    keys, values = _widened(groups, m.d_state), _widened(heads, m.d_ssm_head)
+    plan = {"W_z": dataclasses.replace(values, axis=1), "b_z": values, "w_norm": values,
+            "W_dt": dataclasses.replace(heads, axis=1), "b_dt": heads, "dt_bias": heads,
+            "A_log": heads, "D": heads, "W_out": values}  # fmt: skip
+    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    d_key = m.n_ssm_groups * m.d_state
+    channels = [torch.arange(values.start, values.stop)]
+    channels += [torch.arange(keys.start, keys.stop) + m.d_inner + offset for offset in (0, d_key)]
+    swap_class(mixer, HeadParallelMamba2)
+    mixer.tp = tp
+    _register_channels(mixer, channels)
+    mixer.norm_width = m.d_inner if shared and tp.size > 1 else None
+    mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
+    shard_hook_point(mixer, "hook_mixing", dataclasses.replace(heads, axis=1), tp)
+
+
+def _register_channels(mixer: nn.Module, channels: list[Tensor]) -> None:
+    """This rank's channels of the mixer's fused convolution, as the buffer `channels`: not
+    saved, so that it follows the module's moves; built on the CPU when the model is built
+    on the meta device, and moved with the other buffers once it is read."""
+    device = "cpu" if mixer.W_conv.is_meta else mixer.W_conv.device
+    mixer.register_buffer("channels", torch.cat(channels).to(device), persistent=False)
 
 
 def _widened(part: LocalSlice, width: int) -> LocalSlice:

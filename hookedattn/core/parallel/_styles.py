@@ -12,8 +12,8 @@ already holds the same model, built from one seed or read from one checkpoint, a
 loader reads only its slices. A mixture of experts is split by `NeuronParallel` too: each
 rank holds its neurons of every expert (`[expert ...]` weights cut on their neuron axis),
 the router whole, so that every rank routes alike and each expert's hook points gather as
-the dense MLP's do. A hybrid's gated delta nets are split by heads (`MixerParallel`); its
-other mixers are in no entry: they run whole on every rank.
+the dense MLP's do. A hybrid's gated delta nets and Mamba-2 mixers are split by heads
+(`MixerParallel`); its other mixers are in no entry: they run whole on every rank.
 """
 
 from typing import Any
@@ -75,14 +75,13 @@ class NeuronParallel(_HookedStyle):
 
 
 class MixerParallel(_HookedStyle):
-    """A hybrid's gated delta net: this rank's key heads and the value heads they serve,
-    their writes summed over ranks (`_mixers`); whole on every rank where its key heads do
-    not divide over the ranks."""
+    """A hybrid's gated delta net or Mamba-2 mixer: this rank's heads, their writes summed
+    over ranks (`_mixers`); whole on every rank where its heads do not divide over the
+    ranks."""
 
     def shard(self, module: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup):
         """Cut the mixer to this rank's heads, where it splits."""
-        if _mixers.splits_heads(module, tp.size):
-            _mixers.shard_gated_delta(module, cfg, tp)
+        _mixers.shard_mixer(module, cfg, tp)
 
 
 class VocabParallel(_HookedStyle):
@@ -103,9 +102,10 @@ def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyl
     """The `parallelize_module` plan of a model of `cfg`: module paths to styles, one
     entry per split module (`blocks.0.attn`, `blocks.0.mlp`, ...).
 
-    A hybrid's blocks are named as they hold attention, an MLP or a gated delta net (split
-    by its heads where they divide); its other mixers are in no entry, so each runs whole
-    on every rank, reading the whole stream every rank holds (their weights replicated)."""
+    A hybrid's blocks are named as they hold attention, an MLP, a gated delta net or a
+    Mamba-2 mixer (split by its heads where they divide); its other mixers are in no entry,
+    so each runs whole on every rank, reading the whole stream every rank holds (their
+    weights replicated)."""
     plan: dict[str, ParallelStyle] = {"embed": VocabParallel(cfg)}
     for layer in cfg.attention_layers:
         plan[f"blocks.{layer}"] = HeadParallelInputs(cfg)
@@ -113,7 +113,7 @@ def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyl
     for layer in range(cfg.n_layers):
         if cfg.layer_has_mlp(layer):
             plan[f"blocks.{layer}.mlp"] = NeuronParallel(cfg)
-        if cfg.layer_mixer(layer) == "gated_delta":
+        if cfg.mixers is not None and set(cfg.mixers.layer_mixers(layer)) & _mixers.SPLIT:
             plan[f"blocks.{layer}.mixer"] = MixerParallel(cfg)
     plan["unembed"] = VocabParallel(cfg)
     return plan
