@@ -79,6 +79,7 @@ from hookedattn.core.components.norm import (
     make_ln2_post,
     make_norm,
     make_placed_norm,
+    mean_square,
     rms_normalized,
 )
 from hookedattn.core.components.per_layer_input import PerLayerInput, PerLayerInputs
@@ -176,6 +177,7 @@ __all__ = [
     "make_placed_norm",
     "make_soft_cap",
     "make_unembed_transform",
+    "mean_square",
     "paired_values",
     "real_positions",
     "relu2",
