@@ -20,7 +20,8 @@ TransformerLens's `(model, corrupted_tokens, clean_cache, metric)` order would s
 Beside them, `feature_activation_patch` and `feature_attribution_patch` (SAE features),
 `ablate` and `ablation_hooks` (zero, mean, resample) and the pattern-preserving ablation.
 The modules: `_components`, `_inputs`, `_reference` (the definition: one forward per
-patch), `_sweep` with `_plan` and `_readout` (the engine that batches it), `_gradients`,
+patch), `_sweep` with `_edits`, `_packed`, `_passes`, `_plan` and `_readout` (the engine
+that batches it), `_gradients`,
 one module per method, and `engine`, the door the other analysis packages use. More in
 `docs/guide/patching.md`.
 """

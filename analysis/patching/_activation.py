@@ -13,8 +13,9 @@ from analysis.patching._components import (
     component_grid,
     kind_layers,
 )
+from analysis.patching._edits import Edit, component_edits
 from analysis.patching._inputs import BaseRun, Metric, base_runs, check_direction, paired_tokens
-from analysis.patching._sweep import Edit, component_edits, sweep
+from analysis.patching._sweep import sweep
 from analysis.patching.result import PatchingResult
 from hookedattn import HookedTransformer
 from hookedattn.core.names import get_act_name

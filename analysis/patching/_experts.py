@@ -26,7 +26,7 @@ from torch import Tensor
 
 from analysis._naming import Component
 from analysis.experts import expert_rows
-from analysis.patching._sweep import Edit
+from analysis.patching._edits import Edit
 from hookedattn import ActivationCache, HookedTransformer
 from hookedattn.core.components.norm import NoNorm
 

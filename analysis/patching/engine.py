@@ -19,6 +19,7 @@ docstrings of `_sweep` and `_plan`, and the patching guide (`docs/guide/patching
 """
 
 from analysis.patching._components import check_component, component_masks
+from analysis.patching._edits import Edit
 from analysis.patching._gradients import MetricGradients, metric_gradients
 from analysis.patching._inputs import (
     Metric,
@@ -30,7 +31,7 @@ from analysis.patching._inputs import (
 )
 from analysis.patching._pattern_ablation import frozen_pattern_hooks, norm_sites
 from analysis.patching._plan import default_memory_budget, itemsize, row_floats
-from analysis.patching._sweep import Edit, sweep
+from analysis.patching._sweep import sweep
 
 __all__ = [
     "Edit",

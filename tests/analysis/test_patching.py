@@ -13,9 +13,10 @@ import torch
 
 from analysis.patching import Component, activation_patch, available_kinds
 from analysis.patching._components import component_grid
+from analysis.patching._edits import Edit, extents
 from analysis.patching._inputs import base_run
 from analysis.patching._reference import reference_sweep, region
-from analysis.patching._sweep import Edit, extents, sweep
+from analysis.patching._sweep import sweep
 from hookedattn import HookedTransformer
 from hookedattn.testing import random_tokens, tiny_model
 

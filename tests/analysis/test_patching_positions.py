@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from analysis.patching import Component, _sweep, activation_patch, available_kinds, path_patch
+from analysis.patching import Component, _passes, activation_patch, available_kinds, path_patch
 from hookedattn import HookedTransformer
 from hookedattn.testing import random_tokens, tiny_model
 
@@ -221,17 +221,17 @@ def test_bad_metric_positions_are_errors(metric_positions, error, message):
 def _passes_of(model, **kwargs):
     """The passes a sweep runs (the first may be the cost model's own, on a stand-in)."""
     passes = []
-    original = _sweep._run
+    original = _passes.run
 
     def spy(model, base, edits, p, stop_layer, names, entering=None):
         passes.append(p)
         return original(model, base, edits, p, stop_layer, names, entering)
 
-    _sweep._run = spy
+    _passes.run = spy
     try:
         activation_patch(model, "z", **PROMPTS, by_pos=True, **kwargs)
     finally:
-        _sweep._run = original
+        _passes.run = original
     return [p for p in passes if len(p.variants) > 1]
 
 

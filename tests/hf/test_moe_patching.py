@@ -84,8 +84,9 @@ def test_one_router_logit_is_a_component_too(model):
     # The grid patches whole logit vectors; one logit by one must differ from that.
     whole = expected(model, "router_logits", True)
     assert not torch.allclose(reference, whole[: len(components)])
+    from analysis.patching._edits import component_edits
     from analysis.patching._inputs import base_runs
-    from analysis.patching._sweep import component_edits, sweep
+    from analysis.patching._sweep import sweep
 
     runs = base_runs(model, TOKENS, CORRUPTED, metric, [c.hook_name for c in components], None)
     edits = component_edits(components, runs.clean.cache)
