@@ -232,9 +232,10 @@ BEYOND_DENSE = {
 
 
 def beyond_dense(ref, model) -> dict:
-    """The gradient methods and exact edge patching on a split mixture of experts or
-    hybrid, against the one-process model; and the residual decomposition by expert or
-    by head."""
+    """The gradient methods (EAP and EAP-IG among them), exact edge patching and QK
+    attributions on a split mixture of experts or hybrid, against the one-process model;
+    the residual decomposition by expert or by head; on the mixture, an attribution
+    graph."""
     cfg, out = ref.cfg, {}
     tokens, metric, kwargs = patching_inputs(cfg)
     names = [p.name for p in parallel.sharded_hook_points(model)]
@@ -245,15 +246,40 @@ def beyond_dense(ref, model) -> dict:
     got, expected = (attribution_patch(m, None, **kwargs) for m in (model, ref))
     for kind in expected:
         compare(out, "attribution_patch", got[kind].per_prompt, expected[kind].per_prompt)
-    for method, run in (("eap", edge_attribution), ("edge_patching", edge_patching)):
-        got, expected = (run(m, **kwargs).per_prompt for m in (model, ref))
+    for method in ("eap", "eap-ig"):
+        got, expected = (edge_attribution(m, method=method, **kwargs).per_prompt
+                         for m in (model, ref))  # fmt: skip
         compare(out, method, got, expected)
+    got, expected = (edge_patching(m, **kwargs).per_prompt for m in (model, ref))
+    compare(out, "edge_patching", got, expected)
     granularity = "expert" if cfg.is_moe else "head"
     (_, mine), (_, theirs) = (m.run_with_cache(tokens) for m in (model, ref))
+    # Head 3 (on rank 1) of the last block with attention: its query-key terms.
+    layer = cfg.attention_layers[-1]
+    got = qk_attribution(model, mine, layer, 3, 5, 2)
+    expected = qk_attribution(ref, theirs, layer, 3, 5, 2)
+    out["qk_labels"] = got.query_labels == expected.query_labels
+    compare(out, "qk_attribution", got.terms, expected.terms)
+    if cfg.mixers is None:  # a graph freezes attention head by head: refused for hybrids
+        out |= _graphs(ref, model, tokens)
     got = decompose_resid(model, mine, None, granularity=granularity)
     expected = decompose_resid(ref, theirs, None, granularity=granularity)
     compare(out, "decompose_resid", got.components, expected.components)
     out["labels"] = got.labels == expected.labels and len(names) > 0
+    return out
+
+
+def _graphs(ref, model, tokens) -> dict:
+    """An attribution graph (transcoders in place of the mixtures of experts) and a QK
+    attribution on it, split and in one process."""
+    out, tset = {}, transcoders(ref.cfg, "float64")
+    got, expected = (attribution_graph(m, tset, tokens[0], top_k=3) for m in (model, ref))
+    out["graph_nodes"] = torch.equal(got.features, expected.features)
+    compare(out, "attribution_graph", got.adjacency, expected.adjacency)
+    got, expected = (graph_qk_attribution(m, tset, g, 1, 3, 2)
+                     for m, g in ((model, got), (ref, expected)))  # fmt: skip
+    out["graph_qk_labels"] = got.key_labels == expected.key_labels
+    compare(out, "graph_qk_attribution", got.terms, expected.terms)
     return out
 
 

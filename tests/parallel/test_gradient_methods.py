@@ -79,13 +79,26 @@ def beyond(launched) -> list[dict]:
     return [json.loads((launched / f"beyond{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("method", ("metric_gradients", "attribution_patch", "eap",
-                                    "edge_patching", "decompose_resid"))  # fmt: skip
+BEYOND_DENSE = ("metric_gradients", "attribution_patch", "eap", "eap-ig", "edge_patching",
+                "decompose_resid", "qk_attribution")  # fmt: skip
+
+
+@pytest.mark.parametrize("method", BEYOND_DENSE)
 def test_a_split_mixture_of_experts_and_hybrid_give_the_one_process_answers(beyond, method):
     for result in beyond:
         assert sorted(result) == ["hybrid", "moe"]
         for case, values in result.items():
-            assert values["labels"] and values[method] <= 1e-10, (case, method, values[method])
+            assert values["labels"] and values["qk_labels"], case
+            assert values[method] <= 1e-10, (case, method, values[method])
+
+
+def test_a_split_mixture_of_experts_gives_the_one_process_attribution_graph(beyond):
+    # (A hybrid's graph is refused: it freezes attention head by head.)
+    for result in beyond:
+        values = result["moe"]
+        assert values["graph_nodes"] and values["graph_qk_labels"], values
+        for check in ("attribution_graph", "graph_qk_attribution"):
+            assert values[check] <= 1e-10, (check, values[check])
 
 
 @pytest.mark.parametrize("reader", READERS)
