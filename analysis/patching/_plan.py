@@ -364,13 +364,15 @@ def _best_seconds(stand_in: HookedTransformer, n_seq: int, n_pos: int, n_past: i
     cfg = stand_in.cfg
     like = dict(dtype=cfg.dtype, device=cfg.device)
     resid = torch.randn(n_seq, n_pos, cfg.d_model, **like)
+    # Values as wide as they are: latent attention's (DeepSeek V3's) are narrower than keys.
     keys = torch.randn(1, n_past, cfg.n_kv_heads, cfg.d_head, **like)
+    values = torch.randn(1, n_past, cfg.n_kv_heads, cfg.d_value, **like)
 
     def run() -> None:
         past = None
         if n_past:
             # As a pass builds it: copied per sequence.
-            k, v = (keys.repeat(n_seq, 1, 1, 1) for _ in range(2))
+            k, v = (t.repeat(n_seq, 1, 1, 1) for t in (keys, values))
             entry = KeyValueCacheEntry(k, v, frozen=True)
             mask = torch.ones(n_seq, n_past, dtype=torch.long, device=cfg.device)
             past = KeyValueCache([entry], mask, frozen=True)

@@ -13,6 +13,7 @@ from analysis import activation_patch, attribution_patch, available_kinds
 from analysis.patching._components import component_grid
 from analysis.patching._reference import reference_sweep
 from hookedattn.core.tolerances import tolerance
+from hookedattn.testing import random_tiny_model
 
 TOL = tolerance(torch.float64).as_kwargs()
 CORRUPTED = torch.randint(0, 23, TOKENS.shape, generator=torch.Generator().manual_seed(7))
@@ -107,3 +108,27 @@ def test_attribution_patching_is_the_first_order_change(name):
     change = ((clean[hook] - z.detach()) * z.grad).sum(dim=(1, 3))  # [batch head]
     expected = corrupted_metric.detach()[:, None] + change
     torch.testing.assert_close(results["z"].per_prompt[LAYER], expected.T, **TOL)
+
+
+# DeepSeek V3's latent attention: values (8 wide) narrower than queries and keys (12).
+LATENT = dict(n_heads=4, d_head=12, d_head_v=8, kv_lora_rank=16, q_lora_rank=20, rotary_dim=4,
+              normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
+              act_fn="silu", d_vocab=23)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["z", "v", "k"])
+def test_latent_attention_with_narrower_values_is_patched_as_one_forward_per_patch(kind):
+    # The sweep's cost model builds a KV cache of the model's own widths; one variant a pass
+    # (memory_budget=1) runs each from its own position, after the unpatched keys and values.
+    model = random_tiny_model(dtype=torch.float64, **LATENT)
+    with torch.no_grad():
+        _, clean = model.run_with_cache(TOKENS)
+    for budget in (None, 1):
+        result = activation_patch(
+            model, kind, clean_tokens=TOKENS, corrupted_tokens=CORRUPTED, metric=_metric,
+            by_pos=True, memory_budget=budget,
+        )  # fmt: skip
+        components = component_grid(model, kind, TOKENS.shape[1], True).components
+        expected = reference_sweep(model, CORRUPTED, clean, components, _metric)
+        actual = result.per_prompt.reshape(-1, TOKENS.shape[0])
+        torch.testing.assert_close(actual, expected, **TOL, msg=f"{kind} budget={budget}")

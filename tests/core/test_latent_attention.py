@@ -372,7 +372,13 @@ def test_the_stacked_weights_are_the_latent_reads_and_absent_biases_are_named(mo
         model.b_V
 
 
-def test_tensor_parallelism_refuses_latent_attention(model):
-    with pytest.raises(ValueError, match=r"tp_size=2: this model's attention is latent"):
-        parallel.check_tp_size(model.cfg, 2)
-    assert parallel.check_tp_size(model.cfg, 1) == 1
+def test_tensor_parallelism_splits_latent_attention_by_heads_taking_no_block_inputs(model):
+    # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
+    from hookedattn.core.parallel import _styles
+
+    assert parallel.check_tp_size(model.cfg, 2) == 2
+    plan = _styles.tensor_parallel_plan(model.cfg)
+    assert {path for path in plan if path.startswith("blocks.")} == {
+        *(f"blocks.{layer}.attn" for layer in range(3)),
+        *(f"blocks.{layer}.mlp" for layer in range(3)),
+    }  # the latents enter the heads inside the attention, not at the block's inputs

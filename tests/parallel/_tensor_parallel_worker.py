@@ -31,6 +31,8 @@ from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
 HYBRID = dict(normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
               act_fn="silu")  # fmt: skip
 MIXER_SIZES = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2)
+LATENT = dict(n_heads=4, d_head=12, d_head_v=8, kv_lora_rank=16, q_lora_rank=20, rotary_dim=4,
+              **HYBRID)  # fmt: skip
 CASES = {
     # LayerNorm, learned positions, GELU; a vocabulary of 33 is cut 17 + 16.
     "gpt2_like": dict(d_vocab=33, act_fn="gelu_new", use_attn_result=True),
@@ -61,6 +63,13 @@ CASES = {
         **MIXER_SIZES)),
     "hybrid_beside": dict(**HYBRID, mixers=MixerConfig(
         layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES | {"n_ssm_groups": 1})),
+    # Latent attention (DeepSeek V3's, with a query latent, a dense block, then a mixture
+    # of experts; Bailing Hybrid's output gate on each head), its heads split, its latents
+    # whole on every rank.
+    "latent": LATENT | dict(num_experts=4, experts_per_token=2, d_mlp=8, n_dense_layers=1,
+                            d_mlp_dense=12),
+    "latent_gated": LATENT | dict(q_lora_rank=None, attn_gate="sigmoid",
+                                  attn_gate_per_head=True),
     # Mixtures of experts, each expert's neurons split: softmax routing; DeepSeek V3's
     # grouped sigmoid routing with a gated shared expert, in float32 (the experts' grouped
     # products where nothing is hooked).
@@ -99,6 +108,8 @@ def check(ref, model) -> dict:
         out.update(check_mixers(ref, model, tokens))
     if cfg.is_moe:
         out.update(check_experts(ref, model, tokens))
+    if cfg.is_latent_attention:
+        out.update(check_latents(ref, model))
     whole = ref.state_dict()
     out["dtensor_state_dict"] = all(
         torch.equal(t.full_tensor(), whole[n])
@@ -225,6 +236,20 @@ def _fraction(model, whole_params: dict, prefixes: tuple[str, ...]) -> float:
     return sum(a for a, _ in held) / sum(b for _, b in held)
 
 
+def check_latents(ref, model) -> dict:
+    """Latent attention: the latents' maps whole on every rank, each head's expansion of
+    them and its write this rank's slice."""
+    whole, slices = dict(ref.named_parameters()), parallel.parameter_slices(model)
+    latent = ("W_Q_a", "W_KV_a", "W_K_rope", "q_a_norm.w", "kv_a_norm.w")
+    mine = {n: p for n, p in model.named_parameters() if n.endswith(latent)}
+    split = [
+        f"blocks.{i}.attn.{w}" for i in range(ref.cfg.n_layers) for w in ("W_Q", "W_KV_b", "W_O")
+    ]
+    return {"latents_whole": bool(mine) and all(torch.equal(p, whole[n]) for n, p in mine.items())
+            and not set(mine) & set(slices),
+            "heads_split": all(name in slices for name in split)}  # fmt: skip
+
+
 def check_experts(ref, model, tokens) -> dict:
     """A mixture of experts with each expert's neurons split: the routing whole on every
     rank, an edit of one expert's neurons as in one process."""
@@ -239,7 +264,12 @@ def check_experts(ref, model, tokens) -> dict:
     def zero_neuron_5(post, hook):  # neuron 5 of each expert lives on rank 1
         post[:, 5] = 0.0
 
-    views = [(model.W_in, ref.W_in), (model.W_out, ref.W_out)]  # [layer expert ...]
+    views = []
+    if not ref.cfg.n_dense_layers:  # blocks alike: stacked `[layer expert ...]`
+        views += [(model.W_in, ref.W_in), (model.W_out, ref.W_out)]
+    else:  # a dense first block `d_mlp_dense` wide (DeepSeek's): its own
+        views += [(model.layer_weight(0, "mlp", w), ref.layer_weight(0, "mlp", w))
+                  for w in ("W_in", "W_out")]  # fmt: skip
     views += [(model.layer_weight(1, "mlp", w), ref.layer_weight(1, "mlp", w))
               for w in ("W_gate", "b_in", "W_out", "b_out", "W_router")]  # fmt: skip
     out["expert_weight_views"] = worst(views)

@@ -1,11 +1,12 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on nine models
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on eleven models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
 block, a float32 model with fused kernels and per-head q/k norms, a shortformer, two
-hybrids whose gated delta nets and Mamba-2 mixers are split by heads, and two mixtures of
-experts whose experts' neurons are split) against the one-process model each rank
+hybrids whose gated delta nets and Mamba-2 mixers are split by heads, two latent-attention
+models (one with a dense block then a mixture of experts), and two mixtures of experts whose
+experts' neurons are split) against the one-process model each rank
 splits, and reports per rank; each test below reads one kind of check. float64 agrees to
 1e-12 and float32 to 1e-5, relative to the reference's scale: the ranks sum their heads'
 (or neurons') partial sums in another order than one process does, nothing else differs.
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5, "moe_float32": 1e-5}  # every other case is float64
-FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5")
+FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5", "deepseek_v3")
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,8 @@ def save_hf(family: str, path: Path) -> Path:
     """A tiny HF model directory: Llama with grouped keys and values, GPT-2 (fused
     `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
     Phi-3 (fused q/k/v of unequal parts, fused gate/up), Bamba (a Mamba-2 mixer, then
-    attention), Qwen3-MoE (4 experts, 2 per token) or Qwen3.5 (a gated delta net, then gated
-    attention)."""
+    attention), Qwen3-MoE (4 experts, 2 per token), Qwen3.5 (a gated delta net, then gated
+    attention) or DeepSeek V3 (latent attention, a dense block, then 4 experts)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -81,6 +82,13 @@ def save_hf(family: str, path: Path) -> Path:
                      mamba_d_state=6, mamba_expand=2)  # fmt: skip
         config = transformers.BambaConfig(**small, num_key_value_heads=2, **mamba)
         hf = transformers.BambaForCausalLM(config)
+    elif family == "deepseek_v3":  # latent attention with a query latent, 4 experts
+        latent = dict(q_lora_rank=12, kv_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6,
+                      v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+                      topk_group=1, pad_token_id=0)  # fmt: skip
+        config = transformers.DeepseekV3Config(**small, num_key_value_heads=4, **latent)
+        hf = transformers.DeepseekV3ForCausalLM(config)
     elif family == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
     else:
@@ -175,6 +183,15 @@ def test_a_hybrids_gated_delta_nets_and_mamba2s_split_their_heads_other_mixers_r
     # Their fused xBC (or q/k/v) weight and convolution stay whole on every rank.
     fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction_split_mixers")]
     assert fractions and all(0.5 < f < 0.8 for f in fractions), fractions
+
+
+def test_latent_attention_splits_its_heads_and_keeps_its_latents_whole(ranks):
+    # Also every check above (logits, cache, gradients at every hook point, patching, ...).
+    assert_true(ranks, "latents_whole", "heads_split")
+    assert {case for result in ranks for case in result if "latent" in case} == {
+        "latent",
+        "latent_gated",
+    }
 
 
 def test_a_mixture_of_experts_routes_alike_on_every_rank_and_splits_each_experts_neurons(ranks):

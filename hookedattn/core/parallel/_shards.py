@@ -76,12 +76,6 @@ _ELSEWHERE = "load it in one process, or place its blocks with device_map="
 
 def _not_split(cfg: HookedTransformerConfig) -> str | None:
     """Why this model's layers cannot be split over ranks (yet), or None."""
-    if cfg.is_latent_attention:
-        return (
-            f"this model's attention is latent (kv_lora_rank={cfg.kv_lora_rank}), whose "
-            f"latents and shared rotary key every head reads, and whose heads are not split "
-            f"over ranks yet; {_ELSEWHERE}"
-        )
     if cfg.has_layer_shapes:
         return (
             "this model's blocks differ in their attention's heads or widths (the config's "

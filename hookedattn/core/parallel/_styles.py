@@ -24,8 +24,9 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hookedattn.core.components.embed import Embed, Unembed
+from hookedattn.core.components.latent_attention import LatentAttention
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.parallel import _mixers, _sublayers
+from hookedattn.core.parallel import _latent, _mixers, _sublayers
 from hookedattn.core.parallel._group import TensorParallelGroup
 from hookedattn.core.parallel._model import TensorParallelModel
 from hookedattn.core.parallel._shards import check_tp_size
@@ -51,8 +52,11 @@ class HeadParallel(_HookedStyle):
     `W_V`, their biases and `W_O` cut on the head axis); the output summed over ranks."""
 
     def shard(self, module: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup):
-        """Cut the attention to this rank's heads."""
-        _sublayers.shard_attention(module, cfg, tp)
+        """Cut the attention (or latent attention) to this rank's heads."""
+        if isinstance(module, LatentAttention):
+            _latent.shard_latent_attention(module, cfg, tp)
+        else:
+            _sublayers.shard_attention(module, cfg, tp)
 
 
 class HeadParallelInputs(_HookedStyle):
@@ -108,7 +112,8 @@ def tensor_parallel_plan(cfg: HookedTransformerConfig) -> dict[str, ParallelStyl
     weights replicated)."""
     plan: dict[str, ParallelStyle] = {"embed": VocabParallel(cfg)}
     for layer in cfg.attention_layers:
-        plan[f"blocks.{layer}"] = HeadParallelInputs(cfg)
+        if not cfg.is_latent_attention:  # latent attention's heads take their own inputs
+            plan[f"blocks.{layer}"] = HeadParallelInputs(cfg)
         plan[f"blocks.{layer}.attn"] = HeadParallel(cfg)
     for layer in range(cfg.n_layers):
         if cfg.layer_has_mlp(layer):

@@ -202,7 +202,8 @@ class VocabParallelUnembed:
 # `b_O`, `b_out`, `W_pos`). The loaders read the slices this table gives.
 SHARDED: dict[tuple[str, str], tuple[int, str]] = {
     # sinks: GPT-OSS's; W_G, b_G: an output gate on each head's z (Qwen3-Next, Qwen3.5)
-    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O", "sinks", "W_G", "b_G")},
+    # W_KV_b: latent attention's expansion of its key/value latent into each head
+    **{("attn", w): (0, "n_heads") for w in ("W_Q", "b_Q", "W_O", "sinks", "W_G", "b_G", "W_KV_b")},
     **{("attn", w): (0, "n_kv_heads") for w in ("W_K", "W_V", "b_K", "b_V")},
     **{("attn", w): (0, "n_kv_heads") for w in ("_W_K", "_W_V", "_b_K", "_b_V")},
     **{("mlp", w): (1, "d_mlp") for w in ("W_in", "W_gate")},
@@ -216,25 +217,38 @@ SHARDED: dict[tuple[str, str], tuple[int, str]] = {
 
 
 def shard_plan(
-    names: list[str], cfg: HookedTransformerConfig, rank: int, n_ranks: int
+    names: list[str],
+    cfg: HookedTransformerConfig,
+    rank: int,
+    n_ranks: int,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, LocalSlice]:
     """Rank `rank`'s slice of each parameter among the state-dict `names` that is sharded
-    over `n_ranks` ranks (`SHARDED`); the others are whole on every rank."""
+    over `n_ranks` ranks (`SHARDED`); the others are whole on every rank. An axis's size is
+    the config's field, or `sizes`'s where it names the field (a dense block's `d_mlp`
+    in a mixture-of-experts model is `d_mlp_dense`)."""
+    sizes = sizes or {}
     plan = {}
     for name in names:
         module, _, leaf = name.rpartition(".")
         rule = SHARDED.get((module.rpartition(".")[2], leaf))
         if rule is not None:
             axis, field = rule
-            plan[name] = local_slice(getattr(cfg, field), axis, rank, n_ranks)
+            size = sizes.get(field, getattr(cfg, field))
+            plan[name] = local_slice(size, axis, rank, n_ranks)
     return plan
 
 
 def _module_plan(
-    module: nn.Module, kind: str, cfg: HookedTransformerConfig, tp: TensorParallelGroup
+    module: nn.Module,
+    kind: str,
+    cfg: HookedTransformerConfig,
+    tp: TensorParallelGroup,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, LocalSlice]:
     names = [f"{kind}.{name}" for name in present(module)]
-    return {n.split(".", 1)[1]: s for n, s in shard_plan(names, cfg, tp.rank, tp.size).items()}
+    plan = shard_plan(names, cfg, tp.rank, tp.size, sizes)
+    return {n.split(".", 1)[1]: s for n, s in plan.items()}
 
 
 def shard_attention(attn: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
@@ -303,8 +317,10 @@ def shard_mlp(
             f"no tensor-parallel rule for {type(mlp).__name__}: neurons split for MLP, "
             f"GatedMLP and MoE"
         )
-    width = cfg.d_mlp_shared if kind == "shared_expert" else cfg.d_mlp
-    narrow_parameters(mlp, _module_plan(mlp, kind, cfg, tp))
+    # Its own width: a dense block's in a mixture-of-experts model is `d_mlp_dense`.
+    width = mlp.W_in.shape[-1]
+    field = "d_mlp_shared" if kind == "shared_expert" else "d_mlp"
+    narrow_parameters(mlp, _module_plan(mlp, kind, cfg, tp, {field: width}))
     swap_class(mlp, NeuronParallelMLP)
     mlp.tp = tp
     for point in ("hook_pre", "hook_pre_linear", "hook_post"):
