@@ -6,8 +6,9 @@ Two facts about a causal transformer decide what a variant must recompute:
   unpatched run's `resid_pre`;
 - an edit at position p leaves positions 0..p-1 as they were: a pass runs positions p..
   only, reading the earlier unpatched keys and values from a frozen KV cache. (Not in a
-  hybrid model: what its mixers read of earlier positions is not among the unpatched run's
-  activations, so its passes run from position 0: `runs_from_the_start`.)
+  hybrid model, nor with a lightning indexer (`index_topk`): what its mixers, or the
+  indexer, read of earlier positions is not among the unpatched run's activations, so its
+  passes run from position 0: `runs_from_the_start`.)
 
 (A third, that an edit after its block mixes positions changes that block's output at its
 own positions only, is used before planning: `_sweep` runs such blocks packed, several
@@ -88,9 +89,10 @@ def plan(
 
 
 def runs_from_the_start(model: HookedTransformer) -> bool:
-    """Whether every pass runs from position 0 (a hybrid model, module docstring)."""
+    """Whether every pass runs from position 0 (a hybrid model, or one with a lightning
+    indexer: module docstring)."""
     mixers = model.cfg.mixers
-    return mixers is not None and mixers.holds_mixers
+    return (mixers is not None and mixers.holds_mixers) or model.cfg.index_topk is not None
 
 
 def check_memory_budget(memory_budget: int) -> int:

@@ -116,11 +116,17 @@ LATENT = dict(n_heads=4, d_head=12, d_head_v=8, kv_lora_rank=16, q_lora_rank=20,
               act_fn="silu", d_vocab=23)  # fmt: skip
 
 
+# DeepSeek V3.2's lightning indexer: what it reads of earlier keys is not in a KV cache
+# built from the cached activations, so every pass runs from the first position.
+INDEXER = dict(index_topk=3, index_n_heads=4, index_head_dim=8)
+
+
+@pytest.mark.parametrize("indexer", [{}, INDEXER], ids=["plain", "indexer"])
 @pytest.mark.parametrize("kind", ["z", "v", "k"])
-def test_latent_attention_with_narrower_values_is_patched_as_one_forward_per_patch(kind):
+def test_latent_attention_with_narrower_values_is_patched_as_one_forward_per_patch(kind, indexer):
     # The sweep's cost model builds a KV cache of the model's own widths; one variant a pass
     # (memory_budget=1) runs each from its own position, after the unpatched keys and values.
-    model = random_tiny_model(dtype=torch.float64, **LATENT)
+    model = random_tiny_model(dtype=torch.float64, **LATENT, **indexer)
     with torch.no_grad():
         _, clean = model.run_with_cache(TOKENS)
     for budget in (None, 1):

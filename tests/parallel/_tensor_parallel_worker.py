@@ -68,6 +68,8 @@ CASES = {
     # whole on every rank.
     "latent": LATENT | dict(num_experts=4, experts_per_token=2, d_mlp=8, n_dense_layers=1,
                             d_mlp_dense=12),
+    # DeepSeek V3.2's lightning indexer: each query reads the 3 keys it picks, on every rank.
+    "latent_indexed": LATENT | dict(index_topk=3, index_n_heads=4, index_head_dim=8),
     "latent_gated": LATENT | dict(q_lora_rank=None, attn_gate="sigmoid",
                                   attn_gate_per_head=True),
     # Mixtures of experts, each expert's neurons split: softmax routing; DeepSeek V3's
