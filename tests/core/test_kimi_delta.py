@@ -150,3 +150,15 @@ def test_the_bounded_decay_keeps_at_least_its_bound() -> None:
 def test_a_decay_bound_that_is_not_negative_is_refused() -> None:
     with pytest.raises(ValueError, match="kda_decay_bound must be negative"):
         hybrid_cfg(KINDS, kda_decay_bound=0.5)
+
+
+@pytest.mark.parametrize(
+    ("heads", "tp_size", "splits"), [(4, 2, True), (4, 4, True), (3, 2, False)]
+)
+def test_kimi_delta_splits_over_ranks_where_its_heads_divide(heads: int, tp_size: int, splits):
+    # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
+    from hookedattn.core.parallel._mixers import splits_heads
+
+    settings = dict(n_ssm_heads=heads, n_ssm_groups=1, d_ssm_head=4, dt_rank=3)
+    mixer = _hybrid(settings).blocks[0].mixer
+    assert splits_heads(mixer, tp_size) is splits

@@ -25,12 +25,14 @@ from analysis import activation_patch  # noqa: E402
 from hookedattn import HookedTransformer  # noqa: E402
 from hookedattn.core import parallel  # noqa: E402
 from hookedattn.core.mixer_config import MixerConfig  # noqa: E402
+from hookedattn.core.parallel import _mixers as parallel_mixers  # noqa: E402
 from hookedattn.sae import SAEConfig, SparseAutoencoder  # noqa: E402
 from hookedattn.testing import random_tiny_model, random_tokens  # noqa: E402
 
 HYBRID = dict(normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
               act_fn="silu")  # fmt: skip
 MIXER_SIZES = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6, d_state=5, n_ssm_groups=2)
+KIMI = dict(d_conv=3, n_ssm_heads=4, d_ssm_head=6)
 LATENT = dict(n_heads=4, d_head=12, d_head_v=8, kv_lora_rank=16, q_lora_rank=20, rotary_dim=4,
               **HYBRID)  # fmt: skip
 CASES = {
@@ -72,6 +74,13 @@ CASES = {
     "latent_indexed": LATENT | dict(index_topk=3, index_n_heads=4, index_head_dim=8),
     "latent_gated": LATENT | dict(q_lora_rank=None, attn_gate="sigmoid",
                                   attn_gate_per_head=True),
+    # Kimi Linear: latent attention and Kimi Delta Attention (low-rank gates); and Bailing
+    # Hybrid's full-rank gates and bounded decay, beside a gate on each latent head.
+    "hybrid_kimi": LATENT | dict(n_layers=3, mixers=MixerConfig(
+        layers=("attention", "attention", "kimi_delta"), dt_rank=3, **KIMI)),
+    "hybrid_bailing": LATENT | dict(n_layers=3, attn_gate="sigmoid", attn_gate_per_head=True,
+        mixers=MixerConfig(layers=("attention", "attention", "kimi_delta"),
+                           kda_full_rank_gates=True, kda_decay_bound=-5.0, **KIMI)),
     # Mixtures of experts, each expert's neurons split: softmax routing; DeepSeek V3's
     # grouped sigmoid routing with a gated shared expert, in float32 (the experts' grouped
     # products where nothing is hooked).
@@ -206,7 +215,7 @@ def check_mixers(ref, model, tokens) -> dict:
     mixer's write) as in one process."""
     mixers = ref.cfg.mixers
     kinds = {i: kind for i in range(ref.cfg.n_layers) for kind in mixers.layer_mixers(i)}
-    split = {i: kind for i, kind in kinds.items() if kind in ("gated_delta", "mamba2")}
+    split = {i: kind for i, kind in kinds.items() if kind in parallel_mixers.SPLIT}
     whole_params = dict(ref.named_parameters())
     unsplit = tuple(f"blocks.{i}.mixer." for i in kinds if i not in split)
     whole = {n: p for n, p in model.named_parameters() if n.startswith(unsplit)}
@@ -222,7 +231,7 @@ def check_mixers(ref, model, tokens) -> dict:
     out["parameter_fraction_beside_mixers"] = sum(a for a, _ in rest) / sum(b for _, b in rest)
     hooks = [(f"blocks.{i}.mixer.hook_out", lambda write, hook: write * 0.5) for i in kinds]
     hooks += [(f"blocks.{i}.mixer.hook_beta", lambda beta, hook: beta * 0.3)
-              for i, kind in split.items() if kind == "gated_delta"]  # fmt: skip
+              for i, kind in split.items() if kind in ("gated_delta", "kimi_delta")]  # fmt: skip
     hooks += [(f"blocks.{i}.mixer.hook_mixing", lambda mixing, hook: mixing * 0.7)
               for i, kind in split.items() if kind == "mamba2"]  # fmt: skip
     edited = ref.run_with_hooks(tokens, fwd_hooks=hooks)
@@ -244,9 +253,8 @@ def check_latents(ref, model) -> dict:
     whole, slices = dict(ref.named_parameters()), parallel.parameter_slices(model)
     latent = ("W_Q_a", "W_KV_a", "W_K_rope", "q_a_norm.w", "kv_a_norm.w")
     mine = {n: p for n, p in model.named_parameters() if n.endswith(latent)}
-    split = [
-        f"blocks.{i}.attn.{w}" for i in range(ref.cfg.n_layers) for w in ("W_Q", "W_KV_b", "W_O")
-    ]
+    split = [f"blocks.{i}.attn.{w}" for i in ref.cfg.attention_layers
+             for w in ("W_Q", "W_KV_b", "W_O")]  # fmt: skip
     return {"latents_whole": bool(mine) and all(torch.equal(p, whole[n]) for n, p in mine.items())
             and not set(mine) & set(slices),
             "heads_split": all(name in slices for name in split)}  # fmt: skip

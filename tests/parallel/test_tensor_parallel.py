@@ -1,10 +1,11 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on twelve models
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on fourteen models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
 block, a float32 model with fused kernels and per-head q/k norms, a shortformer, two
-hybrids whose gated delta nets and Mamba-2 mixers are split by heads, three models of
+hybrids whose gated delta nets and Mamba-2 mixers are split by heads, two of Kimi Delta
+Attention beside latent attention (Kimi Linear's, Bailing Hybrid's), three models of
 latent attention (one with a dense block then a mixture of experts, one with a lightning
 indexer), and two mixtures of experts whose experts' neurons are split) against the
 one-process model each rank splits, and reports per rank; each test below reads one kind
@@ -176,7 +177,7 @@ def test_each_rank_holds_about_half_the_weights(ranks):
     assert_true(ranks, "dtensor_state_dict")  # each slice a Shard of the whole weight
 
 
-def test_a_hybrids_gated_delta_nets_and_mamba2s_split_their_heads_other_mixers_run_whole(ranks):
+def test_a_hybrids_delta_nets_and_mamba2s_split_their_heads_other_mixers_run_whole(ranks):
     assert_true(ranks, "mixers_whole", "mixer_edit_changes_logits", "mixers_split")
     assert_close(ranks, "mixer_edit")
     kinds = {(case, name): value for case, name, value, _ in
@@ -186,6 +187,10 @@ def test_a_hybrids_gated_delta_nets_and_mamba2s_split_their_heads_other_mixers_r
         ("hybrid", "mixers_run_whole"): ["short_conv"],
         ("hybrid_beside", "mixers_split_kinds"): ["mamba2"],  # one group: its norm spans ranks
         ("hybrid_beside", "mixers_run_whole"): [],
+        ("hybrid_kimi", "mixers_split_kinds"): ["kimi_delta"],  # beside latent attention
+        ("hybrid_kimi", "mixers_run_whole"): [],
+        ("hybrid_bailing", "mixers_split_kinds"): ["kimi_delta"],
+        ("hybrid_bailing", "mixers_run_whole"): [],
     }
     # Their fused xBC (or q/k/v) weight and convolution stay whole on every rank.
     fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction_split_mixers")]

@@ -116,13 +116,13 @@ class KimiDeltaAttention(nn.Module):
         self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
     ) -> Resid:
         m = self.settings
-        x = self.hook_in(x)
+        x = self.enter(self.hook_in(x))
         real = real_positions(context, x.shape[1])  # no real token reads padding
         heads = "batch pos (ssm_head d_ssm_head) -> batch pos ssm_head d_ssm_head"
         qkv = torch.cat(
             [affine(x, getattr(self, f"W_{n}"), getattr(self, f"b_{n}")) for n in "qkv"], -1
         )
-        qkv = silu(causal_conv_continued(qkv * real, self.W_conv, self.b_conv, past))
+        qkv = silu(causal_conv_continued(qkv * real, *self.conv_weights(), past))
         q, k, v = (rearrange(t, heads, ssm_head=m.n_ssm_heads) for t in qkv.chunk(3, dim=-1))
         u_f, u_g = self.gate_inputs(x)
         g = self.hook_decay(
@@ -138,7 +138,20 @@ class KimiDeltaAttention(nn.Module):
         normed = rms_normalized(o, m.ssm_norm_eps)
         gated = normed * self.w_norm * sigmoid(z)
         flat = "batch pos ssm_head d_ssm_head -> batch pos (ssm_head d_ssm_head)"
-        return self.hook_out(affine(rearrange(gated, flat), self.W_out, self.b_out))
+        return self.hook_out(self.write(rearrange(gated, flat)))
+
+    # The steps a split mixer replaces (`parallel._mixers`), as the gated delta net's.
+    def enter(self, x: Resid) -> Resid:
+        """The stream the heads read: itself."""
+        return x
+
+    def conv_weights(self) -> tuple[Float[Tensor, "channel d_conv"], Float[Tensor, " channel"]]:
+        """The convolution's weight and bias over the channels of `q`, `k` and `v`."""
+        return self.W_conv, self.b_conv
+
+    def write(self, gated: Inner) -> Resid:
+        """The heads' write: `gated @ W_out + b_out`, a sum over the heads' channels."""
+        return affine(gated, self.W_out, self.b_out)
 
     def _low_rank_gates(self, x: Resid) -> tuple[Inner, Inner]:
         """The decay's and the output gate's inputs, each by a low-rank pair of maps."""

@@ -1,11 +1,13 @@
-"""A hybrid's gated delta nets and Mamba-2 mixers with their heads split over ranks.
+"""A hybrid's gated delta nets, Kimi Delta Attention and Mamba-2 mixers with their heads
+split over ranks.
 
 Each mixer's equations run on each rank's own heads, as attention's run on its heads: a
 gated delta net's key heads and the value heads they serve (`MixerConfig`: each key head
 serves a run of consecutive value heads); a Mamba-2 mixer's heads and the groups whose `B`
 and `C` they read. What is per head (q, k, v, beta, the decays, dt, `A`, `D`, the state, the
-mixing matrix) a rank computes exactly as one process does; the heads' writes are summed
-over the ranks (`W_out`'s rows of its heads; `b_out` once).
+mixing matrix; Kimi Delta Attention's per-channel decays likewise) a rank computes exactly
+as one process does; the heads' writes are summed over the ranks (`W_out`'s rows of its
+heads; `b_out` once).
 
 The fused convolution's weight stays whole (its channels are q's, then k's, then v's, or
 Mamba-2's `xs`, `B`, `C`, so a rank's are three runs, which no one slice of it describes):
@@ -24,6 +26,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hookedattn.core.components.gated_delta import GatedDeltaNet
+from hookedattn.core.components.kimi_delta import KimiDeltaAttention
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.parallel._collectives import replicated_input, sum_partials
@@ -39,7 +42,7 @@ from hookedattn.core.parallel._sublayers import partial_affine
 from hookedattn.core.shapes import Resid
 
 # The kinds of mixer split by heads (where they divide); the others run whole on every rank.
-SPLIT = {"gated_delta", "mamba2"}
+SPLIT = {"gated_delta", "mamba2", "kimi_delta"}
 
 
 class HeadParallelMixer:
@@ -93,6 +96,8 @@ def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
     m = getattr(mixer, "settings", None)
     if isinstance(mixer, GatedDeltaNet):
         return m.n_ssm_groups % tp_size == 0
+    if isinstance(mixer, KimiDeltaAttention):
+        return m.n_ssm_heads % tp_size == 0
     if isinstance(mixer, Mamba2Mixer):
         groups_split = m.n_ssm_groups % tp_size == 0 or m.n_ssm_groups == 1
         return m.n_ssm_heads % tp_size == 0 and groups_split
@@ -106,6 +111,8 @@ def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParall
         return
     if isinstance(mixer, GatedDeltaNet):
         shard_gated_delta(mixer, cfg, tp)
+    elif isinstance(mixer, KimiDeltaAttention):
+        shard_kimi_delta(mixer, cfg, tp)
     else:
         shard_mamba2(mixer, cfg, tp)
 
@@ -162,6 +169,31 @@ def shard_mamba2(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParal
     mixer.norm_width = m.d_inner if shared and tp.size > 1 else None
     mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
     shard_hook_point(mixer, "hook_mixing", dataclasses.replace(heads, axis=1), tp)
+
+
+def shard_kimi_delta(
+    mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup
+) -> None:
+    """Make Kimi Delta Attention hold this rank's heads, in place: their channels of `W_q`,
+    `W_k`, `W_v`, of the gates' (second, where low-rank) maps and `dt_bias`, their `W_b`,
+    `A_log` and rows of `W_out`; the gates' low-rank first maps and the norm's gain, which
+    every head reads, whole."""
+    m = mixer.settings
+    heads = tp.slice_of(m.n_ssm_heads, 0)
+    values = _widened(heads, m.d_ssm_head)
+    columns = dataclasses.replace(values, axis=1)
+    plan = {"W_b": dataclasses.replace(heads, axis=1), "b_b": heads, "A_log": heads,
+            "dt_bias": values, "W_out": values, "W_f_up": columns, "W_g_up": columns}  # fmt: skip
+    for name in ("q", "k", "v", "f", "g"):  # `f`, `g`: full-rank gates (Bailing Hybrid's)
+        plan |= {f"W_{name}": columns, f"b_{name}": values}
+    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    channels = [torch.arange(values.start, values.stop) + offset * m.d_inner for offset in range(3)]
+    swap_class(mixer, HeadParallelMixer)
+    mixer.tp = tp
+    _register_channels(mixer, channels)
+    mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length)
+    for point in ("hook_decay", "hook_beta", "hook_o"):
+        shard_hook_point(mixer, point, dataclasses.replace(heads, axis=2), tp)
 
 
 def _register_channels(mixer: nn.Module, channels: list[Tensor]) -> None:
