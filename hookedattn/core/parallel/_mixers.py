@@ -46,9 +46,10 @@ SPLIT = {"gated_delta", "mamba2", "kimi_delta"}
 
 
 class HeadParallelMixer:
-    """A mixer holding this rank's heads (a gated delta net's, or with `HeadParallelMamba2`
-    a Mamba-2 mixer's): the stream enters them here, the convolution reads this rank's
-    channels of its whole weight, the heads' writes are summed over the ranks."""
+    """A mixer holding this rank's heads (a gated delta net's, Kimi Delta Attention's, or
+    with `HeadParallelMamba2` a Mamba-2 mixer's): the stream enters them here, the
+    convolution reads this rank's channels of its whole weight, the heads' writes are
+    summed over the ranks."""
 
     tp: TensorParallelGroup
     channels: Tensor
@@ -91,8 +92,8 @@ class HeadParallelMamba2(HeadParallelMixer):
 
 def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
     """Whether `mixer` is split by its heads over `tp_size` ranks: a gated delta net whose
-    key heads divide evenly, a Mamba-2 mixer whose heads do and whose groups do or are one
-    (whole on every rank otherwise)."""
+    key heads divide evenly, Kimi Delta Attention whose heads do, a Mamba-2 mixer whose
+    heads do and whose groups do or are one (whole on every rank otherwise)."""
     m = getattr(mixer, "settings", None)
     if isinstance(mixer, GatedDeltaNet):
         return m.n_ssm_groups % tp_size == 0
@@ -105,8 +106,8 @@ def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
 
 
 def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
-    """Make a gated delta net or Mamba-2 mixer hold this rank's heads, in place, where
-    they split (`splits_heads`)."""
+    """Make a gated delta net, Kimi Delta Attention or a Mamba-2 mixer hold this rank's
+    heads, in place, where they split (`splits_heads`)."""
     if not splits_heads(mixer, tp.size):
         return
     if isinstance(mixer, GatedDeltaNet):
