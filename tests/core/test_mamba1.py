@@ -176,3 +176,14 @@ def test_a_mamba_anatomy_round_trips_through_the_memo(tmp_path, monkeypatch) -> 
     again = _anatomy.recognise(config)  # read from the memo's JSON
     assert again == first and again.mixers.kind == "mamba" and again.mixers.norm_gains
     assert dict(again.mixers.settings)["n_ssm_heads"] == "mamba_expand*hidden_size"
+
+
+@pytest.mark.parametrize(
+    ("channels", "tp_size", "splits"), [(12, 2, True), (12, 4, True), (5, 2, False)]
+)
+def test_a_mamba_mixer_splits_over_ranks_where_its_channels_divide(channels, tp_size, splits):
+    # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
+    from hookedattn.core.parallel._mixers import splits_heads
+
+    cfg = mamba_cfg(("mamba",), n_ssm_heads=channels)
+    assert splits_heads(MambaMixer(cfg), tp_size) is splits

@@ -74,6 +74,10 @@ CASES = {
     "latent_indexed": LATENT | dict(index_topk=3, index_n_heads=4, index_head_dim=8),
     "latent_gated": LATENT | dict(q_lora_rank=None, attn_gate="sigmoid",
                                   attn_gate_per_head=True),
+    # Jamba's and Falcon Mamba's Mamba-1 mixer (normed B, C and step), split by channels.
+    "hybrid_mamba": dict(**HYBRID, n_layers=3, mixers=MixerConfig(
+        layers=("attention", "attention", "mamba"), d_conv=3, n_ssm_heads=12, d_ssm_head=1,
+        d_state=5, dt_rank=3, bcdt_norm=True)),
     # Kimi Linear: latent attention and Kimi Delta Attention (low-rank gates); and Bailing
     # Hybrid's full-rank gates and bounded decay, beside a gate on each latent head.
     "hybrid_kimi": LATENT | dict(n_layers=3, mixers=MixerConfig(

@@ -1,17 +1,17 @@
 """Tensor parallelism: two ranks under a real `torchrun --nproc_per_node 2` (gloo, CPU) give
 what one process gives, and bad sizes or launches are refused by name.
 
-One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on fourteen models
+One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on fifteen models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
 block, a float32 model with fused kernels and per-head q/k norms, a shortformer, two
-hybrids whose gated delta nets and Mamba-2 mixers are split by heads, two of Kimi Delta
-Attention beside latent attention (Kimi Linear's, Bailing Hybrid's), three models of
-latent attention (one with a dense block then a mixture of experts, one with a lightning
-indexer), and two mixtures of experts whose experts' neurons are split) against the
-one-process model each rank splits, and reports per rank; each test below reads one kind
-of check. float64 agrees to 1e-12 and float32 to 1e-5, relative to the reference's scale:
-the ranks sum their heads' (or neurons') partial sums in another order than one process
-does, nothing else differs.
+hybrids whose gated delta nets and Mamba-2 mixers are split by heads, one whose Mamba-1
+mixer is split by channels, two of Kimi Delta Attention beside latent attention (Kimi
+Linear's, Bailing Hybrid's), three models of latent attention (one with a dense block then
+a mixture of experts, one with a lightning indexer), and two mixtures of experts whose
+experts' neurons are split) against the one-process model each rank splits, and reports
+per rank; each test below reads one kind of check. float64 agrees to 1e-12 and float32 to
+1e-5, relative to the reference's scale: the ranks sum their heads' (or neurons') partial
+sums in another order than one process does, nothing else differs.
 """
 
 import json
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5, "moe_float32": 1e-5}  # every other case is float64
-FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5", "deepseek_v3")
+FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5", "deepseek_v3",
+            "jamba")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,8 @@ def save_hf(family: str, path: Path) -> Path:
     `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
     Phi-3 (fused q/k/v of unequal parts, fused gate/up), Bamba (a Mamba-2 mixer, then
     attention), Qwen3-MoE (4 experts, 2 per token), Qwen3.5 (a gated delta net, then gated
-    attention) or DeepSeek V3 (latent attention, a dense block, then 4 experts)."""
+    attention), DeepSeek V3 (latent attention, a dense block, then 4 experts) or Jamba (a
+    Mamba-1 mixer and an MLP, then attention and 4 experts)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -91,6 +93,13 @@ def save_hf(family: str, path: Path) -> Path:
                       topk_group=1, pad_token_id=0)  # fmt: skip
         config = transformers.DeepseekV3Config(**small, num_key_value_heads=4, **latent)
         hf = transformers.DeepseekV3ForCausalLM(config)
+    elif family == "jamba":  # Mamba-1 mixers and attention, MLPs and 4 experts
+        jamba = dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                     expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                     mamba_d_state=4, mamba_d_conv=3, mamba_expand=2, mamba_dt_rank=4,
+                     pad_token_id=0)  # fmt: skip
+        config = transformers.JambaConfig(**small, num_key_value_heads=2, **jamba)
+        hf = transformers.JambaForCausalLM(config)
     elif family == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
     else:
@@ -191,6 +200,8 @@ def test_a_hybrids_delta_nets_and_mamba2s_split_their_heads_other_mixers_run_who
         ("hybrid_kimi", "mixers_run_whole"): [],
         ("hybrid_bailing", "mixers_split_kinds"): ["kimi_delta"],
         ("hybrid_bailing", "mixers_run_whole"): [],
+        ("hybrid_mamba", "mixers_split_kinds"): ["mamba"],  # Mamba-1: by channels
+        ("hybrid_mamba", "mixers_run_whole"): [],
     }
     # Their fused xBC (or q/k/v) weight and convolution stay whole on every rank.
     fractions = [value for _, _, value, _ in checks(ranks, "parameter_fraction_split_mixers")]

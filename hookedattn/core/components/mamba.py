@@ -98,7 +98,7 @@ class MambaMixer(nn.Module):
 
     def __init__(self, cfg: HookedTransformerConfig) -> None:
         super().__init__()
-        m = cfg.mixers
+        m = self.settings = cfg.mixers
         d_inner, d_state = m.d_inner, m.d_state
         self.hook_in = HookPoint()
         self.W_xs, self.b_xs = affine_params(cfg.d_model, d_inner, cfg)
@@ -117,17 +117,35 @@ class MambaMixer(nn.Module):
     def forward(
         self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
     ) -> Resid:
-        x = self.hook_in(x)
+        x = self.enter(self.hook_in(x))
         real = real_positions(context, x.shape[1])  # no real token reads padding
         z = affine(x, self.W_z, self.b_z)
         xs = affine(x, self.W_xs, self.b_xs) * real
         xs = silu(causal_conv_continued(xs, self.W_conv, self.b_conv, past))
         xs = xs * real  # a padding position adds nothing to the states
-        B, C = self.norm_B(xs @ self.W_B), self.norm_C(xs @ self.W_C)
-        dt = softplus(affine(self.norm_dt(xs @ self.W_dt_down), self.W_dt_up, self.b_dt))
+        B, C, dt_low = self.channel_reads(xs)
+        B, C = self.norm_B(B), self.norm_C(C)
+        dt = softplus(affine(self.norm_dt(dt_low), self.W_dt_up, self.b_dt))
         states = selective_scan(dt, -self.A_log.exp(), B, xs, past.carried("state"))
         past.carry("state", states[:, -1])  # as the scan left it, before any hook's edit
         states = self.hook_state(states)
         y = einsum(states, C, "batch pos d_inner d_state, batch pos d_state -> batch pos d_inner")
         y = y + xs * self.D
-        return self.hook_out(affine(y * silu(z), self.W_out, self.b_out))
+        return self.hook_out(self.write(y * silu(z)))
+
+    # The steps a split mixer replaces (`parallel._mixers`): where the stream enters the
+    # channels, the reads that sum over every channel, how the channels' writes add up.
+    def enter(self, x: Resid) -> Resid:
+        """The stream the channels read: itself."""
+        return x
+
+    def channel_reads(
+        self, xs: Float[Tensor, "batch pos d_inner"]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`xs @ W_B`, `xs @ W_C` and `xs @ W_dt_down`: `B`, `C` and the low-rank step
+        before their norms, each a sum over the channels."""
+        return xs @ self.W_B, xs @ self.W_C, xs @ self.W_dt_down
+
+    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
+        """The channels' write: `gated @ W_out + b_out`, a sum over the channels."""
+        return affine(gated, self.W_out, self.b_out)

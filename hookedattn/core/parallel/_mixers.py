@@ -1,5 +1,5 @@
 """A hybrid's gated delta nets, Kimi Delta Attention and Mamba-2 mixers with their heads
-split over ranks.
+split over ranks, and Mamba-1 mixers with their channels split.
 
 Each mixer's equations run on each rank's own heads, as attention's run on its heads: a
 gated delta net's key heads and the value heads they serve (`MixerConfig`: each key head
@@ -15,8 +15,11 @@ each rank reads its channels from it, and from Mamba-2's `W_xBC` likewise. A Mam
 with one group of `B`, `C` (Bamba's, Granite 4's) gives that group to every rank, and its
 gated norm over the group's channels takes its mean of squares over every rank's
 (`sum_partials(replicated_input(...))`: summed forwards, the gradients summed backwards).
-The other mixers (Mamba-1's, the short convolution, ...) have no rule here: they run whole
-on every rank, as do the heads of a mixer that do not divide over the ranks.
+A Mamba-1 mixer's channels are independent but for `B`, `C` and the low-rank step, sums
+over every channel: the ranks' partial sums are added, and each rank holds them whole
+(`ChannelParallelMamba`). The other mixers (the short convolution, RG-LRU, lightning
+attention) have no rule here: they run whole on every rank, as do the heads of a mixer
+that do not divide over the ranks.
 """
 
 import dataclasses
@@ -27,6 +30,7 @@ from torch import Tensor, nn
 
 from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention
+from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.parallel._collectives import replicated_input, sum_partials
@@ -42,7 +46,7 @@ from hookedattn.core.parallel._sublayers import partial_affine
 from hookedattn.core.shapes import Resid
 
 # The kinds of mixer split by heads (where they divide); the others run whole on every rank.
-SPLIT = {"gated_delta", "mamba2", "kimi_delta"}
+SPLIT = {"gated_delta", "mamba2", "kimi_delta", "mamba"}
 
 
 class HeadParallelMixer:
@@ -90,14 +94,41 @@ class HeadParallelMamba2(HeadParallelMixer):
         return sum_partials(replicated_input(summed, self.tp), self.tp) / self.norm_width
 
 
+class ChannelParallelMamba:
+    """A Mamba-1 mixer holding this rank's channels: the stream enters them here, the
+    reads that sum over every channel (`B`, `C`, the low-rank step) are summed over the
+    ranks, then enter the channels again; the channels' writes are summed over the ranks."""
+
+    tp: TensorParallelGroup
+
+    def enter(self, x: Resid) -> Resid:
+        """The stream, entering the split channels (backwards, the ranks' gradients summed)."""
+        return replicated_input(x, self.tp)
+
+    def channel_reads(
+        self, xs: Float[Tensor, "batch pos d_inner"]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`B`, `C` and the low-rank step, each a sum over every rank's channels (one
+        all-reduce for the three), whole on every rank."""
+        parts = super().channel_reads(xs)
+        widths = [part.shape[-1] for part in parts]
+        summed = sum_partials(torch.cat(parts, dim=-1), self.tp)
+        return replicated_input(summed, self.tp).split(widths, dim=-1)
+
+    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
+        """`gated @ W_out + b_out` over every rank's channels."""
+        return partial_affine(gated, self.W_out, self.b_out, self.tp)
+
+
 def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
     """Whether `mixer` is split by its heads over `tp_size` ranks: a gated delta net whose
     key heads divide evenly, Kimi Delta Attention whose heads do, a Mamba-2 mixer whose
-    heads do and whose groups do or are one (whole on every rank otherwise)."""
+    heads do and whose groups do or are one, a Mamba-1 mixer whose channels do (by them;
+    whole on every rank otherwise)."""
     m = getattr(mixer, "settings", None)
     if isinstance(mixer, GatedDeltaNet):
         return m.n_ssm_groups % tp_size == 0
-    if isinstance(mixer, KimiDeltaAttention):
+    if isinstance(mixer, KimiDeltaAttention | MambaMixer):  # Mamba-1: its channels
         return m.n_ssm_heads % tp_size == 0
     if isinstance(mixer, Mamba2Mixer):
         groups_split = m.n_ssm_groups % tp_size == 0 or m.n_ssm_groups == 1
@@ -107,13 +138,15 @@ def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
 
 def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
     """Make a gated delta net, Kimi Delta Attention or a Mamba-2 mixer hold this rank's
-    heads, in place, where they split (`splits_heads`)."""
+    heads (a Mamba-1 mixer its channels), in place, where they split (`splits_heads`)."""
     if not splits_heads(mixer, tp.size):
         return
     if isinstance(mixer, GatedDeltaNet):
         shard_gated_delta(mixer, cfg, tp)
     elif isinstance(mixer, KimiDeltaAttention):
         shard_kimi_delta(mixer, cfg, tp)
+    elif isinstance(mixer, MambaMixer):
+        shard_mamba(mixer, cfg, tp)
     else:
         shard_mamba2(mixer, cfg, tp)
 
@@ -195,6 +228,23 @@ def shard_kimi_delta(
     mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length)
     for point in ("hook_decay", "hook_beta", "hook_o"):
         shard_hook_point(mixer, point, dataclasses.replace(heads, axis=2), tp)
+
+
+def shard_mamba(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
+    """Make a Mamba-1 mixer hold this rank's channels, in place: their columns of `W_xs`,
+    `W_z` and `W_dt_up`, their rows of the convolution, `W_B`, `W_C`, `W_dt_down`, `A_log`
+    and `W_out`, their `D` (`ChannelParallelMamba`)."""
+    m = mixer.settings
+    rows = tp.slice_of(m.d_inner, 0)
+    columns = dataclasses.replace(rows, axis=1)
+    plan = {name: columns for name in ("W_xs", "W_z", "W_dt_up")}
+    plan |= {name: rows for name in ("b_xs", "b_z", "b_dt", "W_conv", "b_conv", "W_B", "W_C",
+                                     "W_dt_down", "A_log", "D", "W_out")}  # fmt: skip
+    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    swap_class(mixer, ChannelParallelMamba)
+    mixer.tp = tp
+    mixer.settings = dataclasses.replace(m, n_ssm_heads=rows.length)
+    shard_hook_point(mixer, "hook_state", dataclasses.replace(rows, axis=2), tp)
 
 
 def _register_channels(mixer: nn.Module, channels: list[Tensor]) -> None:
