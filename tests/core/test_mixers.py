@@ -228,7 +228,7 @@ def test_padding_reaches_no_real_token_of_a_hybrid(side: str) -> None:
     assert_padding_reaches_no_real_token(_hybrid(), side)
 
 
-def test_tensor_parallel_splits_a_hybrids_attention_mlps_gated_delta_nets_and_mamba2s_only():
+def test_tensor_parallel_splits_a_hybrids_attention_mlps_and_these_mixers():
     # The runs on two ranks: tests/parallel/test_tensor_parallel.py (slow).
     from hookedattn.core.parallel import _styles, check_tp_size
 
@@ -238,7 +238,8 @@ def test_tensor_parallel_splits_a_hybrids_attention_mlps_gated_delta_nets_and_ma
     mlps = {f"blocks.{layer}.mlp": "NeuronParallel" for layer in range(4)}
     attention = {"blocks.1": "HeadParallelInputs", "blocks.1.attn": "HeadParallel"}
     vocabulary = {"embed": "VocabParallel", "unembed": "VocabParallel"}
-    mixers = {"blocks.2.mixer": "MixerParallel", "blocks.3.mixer": "MixerParallel"}
+    # The short convolution by channels, Mamba-2 and the gated delta net by heads.
+    mixers = {f"blocks.{layer}.mixer": "MixerParallel" for layer in (0, 2, 3)}
     assert plan == mlps | attention | vocabulary | mixers
 
 

@@ -56,12 +56,13 @@ CASES = {
     ),
     # TransformerLens's toy models: shortformer positions (every layer's queries and keys).
     "shortformer": dict(positional_embedding_type="shortformer"),
-    # Hybrids: a gated delta net, a Mamba-2 mixer and a short convolution in attention's
-    # place (Qwen3.5, Bamba, LFM2), and a Mamba-2 mixer of one group beside the attention
-    # (Falcon-H1; its gated norm spans the ranks); the gated delta net and the Mamba-2
-    # mixers are split by heads, the short convolution runs whole on each rank.
-    "hybrid": dict(**HYBRID, n_layers=5, mixers=MixerConfig(
-        layers=("attention", "attention", "gated_delta", "mamba2", "short_conv"),
+    # Hybrids: a gated delta net, a Mamba-2 mixer, a short convolution and an RG-LRU in
+    # attention's place (Qwen3.5, Bamba, LFM2, RecurrentGemma), and a Mamba-2 mixer of one
+    # group beside the attention (Falcon-H1; its gated norm spans the ranks); the gated delta
+    # net and the Mamba-2 mixers are split by heads, the short convolution by channels, the
+    # RG-LRU runs whole on each rank.
+    "hybrid": dict(**HYBRID, n_layers=6, mixers=MixerConfig(
+        layers=("attention", "attention", "gated_delta", "mamba2", "short_conv", "rg_lru"),
         **MIXER_SIZES)),
     "hybrid_beside": dict(**HYBRID, mixers=MixerConfig(
         layers=("attention",) * 2, beside_attention="mamba2", **MIXER_SIZES | {"n_ssm_groups": 1})),

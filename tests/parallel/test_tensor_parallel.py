@@ -4,14 +4,15 @@ what one process gives, and bad sizes or launches are refused by name.
 One launch (`tests/parallel/_tensor_parallel_worker.py`) runs every check on fifteen models
 (GPT-2-like, Llama-like with grouped keys and values, per-head input copies in a parallel
 block, a float32 model with fused kernels and per-head q/k norms, a shortformer, two
-hybrids whose gated delta nets and Mamba-2 mixers are split by heads, one whose Mamba-1
-mixer is split by channels, two of Kimi Delta Attention beside latent attention (Kimi
-Linear's, Bailing Hybrid's), three models of latent attention (one with a dense block then
-a mixture of experts, one with a lightning indexer), and two mixtures of experts whose
-experts' neurons are split) against the one-process model each rank splits, and reports
-per rank; each test below reads one kind of check. float64 agrees to 1e-12 and float32 to
-1e-5, relative to the reference's scale: the ranks sum their heads' (or neurons') partial
-sums in another order than one process does, nothing else differs.
+hybrids whose gated delta nets and Mamba-2 mixers are split by heads (a short convolution
+by channels), one whose Mamba-1 mixer is split by channels, two of Kimi Delta Attention
+beside latent attention (Kimi Linear's, Bailing Hybrid's), three models of latent
+attention (one with a dense block then a mixture of experts, one with a lightning indexer),
+and two mixtures of experts whose experts' neurons are split) against the one-process
+model each rank splits, and reports per rank; each test below reads one kind of check.
+float64 agrees to 1e-12 and float32 to 1e-5, relative to the reference's scale: the ranks
+sum their heads' (or neurons') partial sums in another order than one process does,
+nothing else differs.
 """
 
 import json
@@ -192,8 +193,8 @@ def test_a_hybrids_delta_nets_and_mamba2s_split_their_heads_other_mixers_run_who
     kinds = {(case, name): value for case, name, value, _ in
              checks(ranks, "mixers_split_kinds", "mixers_run_whole")}  # fmt: skip
     assert kinds == {
-        ("hybrid", "mixers_split_kinds"): ["gated_delta", "mamba2"],
-        ("hybrid", "mixers_run_whole"): ["short_conv"],
+        ("hybrid", "mixers_split_kinds"): ["gated_delta", "mamba2", "short_conv"],
+        ("hybrid", "mixers_run_whole"): ["rg_lru"],
         ("hybrid_beside", "mixers_split_kinds"): ["mamba2"],  # one group: its norm spans ranks
         ("hybrid_beside", "mixers_run_whole"): [],
         ("hybrid_kimi", "mixers_split_kinds"): ["kimi_delta"],  # beside latent attention

@@ -45,9 +45,18 @@ class ShortConv(nn.Module):
     def forward(
         self, x: Resid, context: AttentionContext, past: MixerCacheEntry = NO_PAST
     ) -> Resid:
-        x = self.hook_in(x)
+        x = self.enter(self.hook_in(x))
         b, c = affine(x, self.W_B, self.b_B), affine(x, self.W_C, self.b_C)
         h = affine(x, self.W_X, self.b_X)
         gated_in = b * h * real_positions(context, x.shape[1])  # no real token reads padding
         conv = self.hook_conv(causal_conv_continued(gated_in, self.W_conv, self.b_conv, past))
-        return self.hook_out(affine(c * conv, self.W_out, self.b_out))
+        return self.hook_out(self.write(c * conv))
+
+    # The steps a split mixer replaces (`parallel._mixers`).
+    def enter(self, x: Resid) -> Resid:
+        """The stream the channels read: itself."""
+        return x
+
+    def write(self, gated: Resid) -> Resid:
+        """The channels' write: `gated @ W_out + b_out`, a sum over the channels."""
+        return affine(gated, self.W_out, self.b_out)

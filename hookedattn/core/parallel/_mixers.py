@@ -1,5 +1,5 @@
 """A hybrid's gated delta nets, Kimi Delta Attention and Mamba-2 mixers with their heads
-split over ranks, and Mamba-1 mixers with their channels split.
+split over ranks, and Mamba-1 mixers and short convolutions with their channels split.
 
 Each mixer's equations run on each rank's own heads, as attention's run on its heads: a
 gated delta net's key heads and the value heads they serve (`MixerConfig`: each key head
@@ -17,9 +17,9 @@ gated norm over the group's channels takes its mean of squares over every rank's
 (`sum_partials(replicated_input(...))`: summed forwards, the gradients summed backwards).
 A Mamba-1 mixer's channels are independent but for `B`, `C` and the low-rank step, sums
 over every channel: the ranks' partial sums are added, and each rank holds them whole
-(`ChannelParallelMamba`). The other mixers (the short convolution, RG-LRU, lightning
-attention) have no rule here: they run whole on every rank, as do the heads of a mixer
-that do not divide over the ranks.
+(`ChannelParallelMamba`). A gated short convolution's (LFM2's) channels are independent
+throughout. The other mixers (RG-LRU, lightning attention) have no rule here: they run
+whole on every rank, as do the heads of a mixer that do not divide over the ranks.
 """
 
 import dataclasses
@@ -32,6 +32,7 @@ from hookedattn.core.components.gated_delta import GatedDeltaNet
 from hookedattn.core.components.kimi_delta import KimiDeltaAttention
 from hookedattn.core.components.mamba import MambaMixer
 from hookedattn.core.components.mamba2 import Mamba2Mixer
+from hookedattn.core.components.short_conv import ShortConv
 from hookedattn.core.config import HookedTransformerConfig
 from hookedattn.core.parallel._collectives import replicated_input, sum_partials
 from hookedattn.core.parallel._group import TensorParallelGroup
@@ -46,31 +47,37 @@ from hookedattn.core.parallel._sublayers import partial_affine
 from hookedattn.core.shapes import Resid
 
 # The kinds of mixer split by heads (where they divide); the others run whole on every rank.
-SPLIT = {"gated_delta", "mamba2", "kimi_delta", "mamba"}
+SPLIT = {"gated_delta", "mamba2", "kimi_delta", "mamba", "short_conv"}
 
 
-class HeadParallelMixer:
-    """A mixer holding this rank's heads (a gated delta net's, Kimi Delta Attention's, or
-    with `HeadParallelMamba2` a Mamba-2 mixer's): the stream enters them here, the
-    convolution reads this rank's channels of its whole weight, the heads' writes are
-    summed over the ranks."""
+class SplitMixer:
+    """A mixer holding this rank's heads or channels: the stream enters them here, their
+    writes are summed over the ranks."""
 
     tp: TensorParallelGroup
-    channels: Tensor
 
     def enter(self, x: Resid) -> Resid:
-        """The stream, entering the split heads (backwards, the ranks' gradients summed)."""
+        """The stream, entering the split heads or channels (backwards, the ranks'
+        gradients summed)."""
         return replicated_input(x, self.tp)
+
+    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
+        """`gated @ W_out + b_out` over every rank's heads or channels."""
+        return partial_affine(gated, self.W_out, self.b_out, self.tp)
+
+
+class HeadParallelMixer(SplitMixer):
+    """A mixer holding this rank's heads (a gated delta net's, Kimi Delta Attention's, or
+    with `HeadParallelMamba2` a Mamba-2 mixer's), whose convolution reads this rank's
+    channels of its whole weight."""
+
+    channels: Tensor
 
     def conv_weights(
         self,
     ) -> tuple[Float[Tensor, "channel d_conv"], Float[Tensor, " channel"]]:
         """This rank's channels of the convolution's weight and bias."""
         return self.W_conv[self.channels], self.b_conv[self.channels]
-
-    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
-        """`gated @ W_out + b_out` over every rank's heads."""
-        return partial_affine(gated, self.W_out, self.b_out, self.tp)
 
 
 class HeadParallelMamba2(HeadParallelMixer):
@@ -94,16 +101,10 @@ class HeadParallelMamba2(HeadParallelMixer):
         return sum_partials(replicated_input(summed, self.tp), self.tp) / self.norm_width
 
 
-class ChannelParallelMamba:
-    """A Mamba-1 mixer holding this rank's channels: the stream enters them here, the
-    reads that sum over every channel (`B`, `C`, the low-rank step) are summed over the
-    ranks, then enter the channels again; the channels' writes are summed over the ranks."""
-
-    tp: TensorParallelGroup
-
-    def enter(self, x: Resid) -> Resid:
-        """The stream, entering the split channels (backwards, the ranks' gradients summed)."""
-        return replicated_input(x, self.tp)
+class ChannelParallelMamba(SplitMixer):
+    """A Mamba-1 mixer holding this rank's channels: the reads that sum over every channel
+    (`B`, `C`, the low-rank step) are summed over the ranks, then enter the channels
+    again."""
 
     def channel_reads(
         self, xs: Float[Tensor, "batch pos d_inner"]
@@ -114,10 +115,6 @@ class ChannelParallelMamba:
         widths = [part.shape[-1] for part in parts]
         summed = sum_partials(torch.cat(parts, dim=-1), self.tp)
         return replicated_input(summed, self.tp).split(widths, dim=-1)
-
-    def write(self, gated: Float[Tensor, "batch pos d_inner"]) -> Resid:
-        """`gated @ W_out + b_out` over every rank's channels."""
-        return partial_affine(gated, self.W_out, self.b_out, self.tp)
 
 
 def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
@@ -130,6 +127,8 @@ def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
         return m.n_ssm_groups % tp_size == 0
     if isinstance(mixer, KimiDeltaAttention | MambaMixer):  # Mamba-1: its channels
         return m.n_ssm_heads % tp_size == 0
+    if isinstance(mixer, ShortConv):  # its channels, one per stream dimension
+        return mixer.W_out.shape[0] % tp_size == 0
     if isinstance(mixer, Mamba2Mixer):
         groups_split = m.n_ssm_groups % tp_size == 0 or m.n_ssm_groups == 1
         return m.n_ssm_heads % tp_size == 0 and groups_split
@@ -147,6 +146,8 @@ def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParall
         shard_kimi_delta(mixer, cfg, tp)
     elif isinstance(mixer, MambaMixer):
         shard_mamba(mixer, cfg, tp)
+    elif isinstance(mixer, ShortConv):
+        shard_short_conv(mixer, cfg, tp)
     else:
         shard_mamba2(mixer, cfg, tp)
 
@@ -245,6 +246,21 @@ def shard_mamba(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParall
     mixer.tp = tp
     mixer.settings = dataclasses.replace(m, n_ssm_heads=rows.length)
     shard_hook_point(mixer, "hook_state", dataclasses.replace(rows, axis=2), tp)
+
+
+def shard_short_conv(
+    mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup
+) -> None:
+    """Make a gated short convolution (LFM2's) hold this rank's channels, in place: their
+    columns of `W_B`, `W_C`, `W_X`, their rows of the convolution and of `W_out`: every
+    step between the maps is per channel (`SplitMixer`)."""
+    rows = tp.slice_of(cfg.d_model, 0)
+    plan = {f"W_{gate}": dataclasses.replace(rows, axis=1) for gate in "BCX"}
+    plan |= {name: rows for name in ("b_B", "b_C", "b_X", "W_conv", "b_conv", "W_out")}
+    narrow_parameters(mixer, plan)
+    swap_class(mixer, SplitMixer)
+    mixer.tp = tp
+    shard_hook_point(mixer, "hook_conv", dataclasses.replace(rows, axis=2), tp)
 
 
 def _register_channels(mixer: nn.Module, channels: list[Tensor]) -> None:
