@@ -187,3 +187,11 @@ def test_a_mamba_mixer_splits_over_ranks_where_its_channels_divide(channels, tp_
 
     cfg = mamba_cfg(("mamba",), n_ssm_heads=channels)
     assert splits_heads(MambaMixer(cfg), tp_size) is splits
+
+
+def test_a_model_of_mamba_mixers_alone_needs_no_heads_to_divide() -> None:
+    # Falcon Mamba: no attention, so tp_size need not divide its (placeholder) heads.
+    from hookedattn.core import parallel
+
+    cfg = mamba_cfg(("mamba", "mamba"), n_ssm_heads=12)
+    assert cfg.attention_layers == [] and parallel.check_tp_size(cfg, 4) == 4

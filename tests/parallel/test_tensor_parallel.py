@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("_tensor_parallel_worker.py")
 TOLERANCE = {"float32_fused": 1e-5, "moe_float32": 1e-5}  # every other case is float64
 FAMILIES = ("llama", "gpt2", "neox", "phi3", "bamba", "qwen3_moe", "qwen3_5", "deepseek_v3",
-            "jamba")  # fmt: skip
+            "jamba", "falcon_mamba")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,9 @@ def save_hf(family: str, path: Path) -> Path:
     `c_attn`, a vocabulary of 65 cut 33 + 32), GPT-NeoX (q/k/v interleaved per head) or
     Phi-3 (fused q/k/v of unequal parts, fused gate/up), Bamba (a Mamba-2 mixer, then
     attention), Qwen3-MoE (4 experts, 2 per token), Qwen3.5 (a gated delta net, then gated
-    attention), DeepSeek V3 (latent attention, a dense block, then 4 experts) or Jamba (a
-    Mamba-1 mixer and an MLP, then attention and 4 experts)."""
+    attention), DeepSeek V3 (latent attention, a dense block, then 4 experts), Jamba (a
+    Mamba-1 mixer and an MLP, then attention and 4 experts) or Falcon Mamba (Mamba-1 mixers
+    alone)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -101,6 +102,11 @@ def save_hf(family: str, path: Path) -> Path:
                      pad_token_id=0)  # fmt: skip
         config = transformers.JambaConfig(**small, num_key_value_heads=2, **jamba)
         hf = transformers.JambaForCausalLM(config)
+    elif family == "falcon_mamba":  # Mamba-1 mixers alone: no attention, no heads
+        config = transformers.FalconMambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                                state_size=4, expand=2, conv_kernel=3,
+                                                time_step_rank=4)  # fmt: skip
+        hf = transformers.FalconMambaForCausalLM(config)
     elif family == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=2))
     else:

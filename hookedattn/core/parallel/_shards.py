@@ -56,7 +56,9 @@ def check_tp_size(cfg: HookedTransformerConfig, tp_size: object) -> int:
         return tp_size
     heads = math.gcd(cfg.n_heads, cfg.n_kv_heads)
     valid = [n for n in range(1, heads + 1) if heads % n == 0]
-    for field, count in (("n_heads", cfg.n_heads), ("n_key_value_heads", cfg.n_kv_heads)):
+    # A model without attention (Falcon Mamba's mixers alone) has no heads to divide.
+    counts = (("n_heads", cfg.n_heads), ("n_key_value_heads", cfg.n_kv_heads))
+    for field, count in counts if cfg.attention_layers else ():
         if count % tp_size:
             raise ValueError(
                 f"tp_size={tp_size} does not divide {field}={count}: each rank takes whole "
