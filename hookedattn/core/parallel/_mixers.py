@@ -23,6 +23,8 @@ whole on every rank, as do the heads of a mixer that do not divide over the rank
 """
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -118,38 +120,35 @@ class ChannelParallelMamba(SplitMixer):
 
 
 def splits_heads(mixer: nn.Module, tp_size: int) -> bool:
-    """Whether `mixer` is split by its heads over `tp_size` ranks: a gated delta net whose
+    """Whether `mixer` is split over `tp_size` ranks (`_SPLITS`): a gated delta net whose
     key heads divide evenly, Kimi Delta Attention whose heads do, a Mamba-2 mixer whose
-    heads do and whose groups do or are one, a Mamba-1 mixer whose channels do (by them;
-    whole on every rank otherwise)."""
-    m = getattr(mixer, "settings", None)
-    if isinstance(mixer, GatedDeltaNet):
-        return m.n_ssm_groups % tp_size == 0
-    if isinstance(mixer, KimiDeltaAttention | MambaMixer):  # Mamba-1: its channels
-        return m.n_ssm_heads % tp_size == 0
-    if isinstance(mixer, ShortConv):  # its channels, one per stream dimension
-        return mixer.W_out.shape[0] % tp_size == 0
-    if isinstance(mixer, Mamba2Mixer):
-        groups_split = m.n_ssm_groups % tp_size == 0 or m.n_ssm_groups == 1
-        return m.n_ssm_heads % tp_size == 0 and groups_split
-    return False
+    heads do and whose groups do or are one, a Mamba-1 mixer or short convolution whose
+    channels do (whole on every rank otherwise)."""
+    rule = _rule(mixer)
+    return rule is not None and rule[0](getattr(mixer, "settings", None), mixer, tp_size)
 
 
 def shard_mixer(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
-    """Make a gated delta net, Kimi Delta Attention or a Mamba-2 mixer hold this rank's
-    heads (a Mamba-1 mixer its channels), in place, where they split (`splits_heads`)."""
-    if not splits_heads(mixer, tp.size):
-        return
-    if isinstance(mixer, GatedDeltaNet):
-        shard_gated_delta(mixer, cfg, tp)
-    elif isinstance(mixer, KimiDeltaAttention):
-        shard_kimi_delta(mixer, cfg, tp)
-    elif isinstance(mixer, MambaMixer):
-        shard_mamba(mixer, cfg, tp)
-    elif isinstance(mixer, ShortConv):
-        shard_short_conv(mixer, cfg, tp)
-    else:
-        shard_mamba2(mixer, cfg, tp)
+    """Make a mixer hold this rank's heads or channels, in place, where it splits
+    (`splits_heads`)."""
+    if splits_heads(mixer, tp.size):
+        _rule(mixer)[1](mixer, cfg, tp)
+
+
+def _split(
+    mixer: nn.Module,
+    tp: TensorParallelGroup,
+    plan: dict[str, LocalSlice],
+    style: type,
+    hook_points: dict[str, LocalSlice],
+) -> None:
+    """The steps every split takes: the parameters of `plan` that the mixer has narrowed,
+    the class given `style`, the hook points sharded."""
+    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    swap_class(mixer, style)
+    mixer.tp = tp
+    for point, part in hook_points.items():
+        shard_hook_point(mixer, point, part, tp)
 
 
 def shard_gated_delta(
@@ -166,21 +165,18 @@ def shard_gated_delta(
             plan[f"W_{name}"] = dataclasses.replace(part, axis=1)
             plan[f"b_{name}"] = part
     plan |= {"dt_bias": heads, "A_log": heads, "W_out": values}
-    narrow_parameters(mixer, plan)
-    d_key = m.n_ssm_groups * m.d_state
-    channels = [torch.arange(keys.start, keys.stop) + offset for offset in (0, d_key)]
-    channels.append(torch.arange(values.start, values.stop) + 2 * d_key)
-    swap_class(mixer, HeadParallelMixer)
-    mixer.tp = tp
-    _register_channels(mixer, channels)
-    mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
-    mixer.d_key = groups.length * m.d_state
-    for point, part, axis in (
+    hook_points = {point: dataclasses.replace(part, axis=axis) for point, part, axis in (
         ("hook_q", groups, 2), ("hook_k", groups, 2), ("hook_v", heads, 2),
         ("hook_o", heads, 2), ("hook_beta", heads, 2), ("hook_decay", heads, 2),
         ("hook_mixing", heads, 1),
-    ):  # fmt: skip
-        shard_hook_point(mixer, point, dataclasses.replace(part, axis=axis), tp)
+    )}  # fmt: skip
+    _split(mixer, tp, plan, HeadParallelMixer, hook_points)
+    d_key = m.n_ssm_groups * m.d_state
+    channels = [torch.arange(keys.start, keys.stop) + offset for offset in (0, d_key)]
+    channels.append(torch.arange(values.start, values.stop) + 2 * d_key)
+    _register_channels(mixer, channels)
+    mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
+    mixer.d_key = groups.length * m.d_state
 
 
 def shard_mamba2(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
@@ -194,16 +190,14 @@ def shard_mamba2(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParal
     plan = {"W_z": dataclasses.replace(values, axis=1), "b_z": values, "w_norm": values,
             "W_dt": dataclasses.replace(heads, axis=1), "b_dt": heads, "dt_bias": heads,
             "A_log": heads, "D": heads, "W_out": values}  # fmt: skip
-    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    hook_points = {"hook_mixing": dataclasses.replace(heads, axis=1)}
+    _split(mixer, tp, plan, HeadParallelMamba2, hook_points)
     d_key = m.n_ssm_groups * m.d_state
     channels = [torch.arange(values.start, values.stop)]
     channels += [torch.arange(keys.start, keys.stop) + m.d_inner + offset for offset in (0, d_key)]
-    swap_class(mixer, HeadParallelMamba2)
-    mixer.tp = tp
     _register_channels(mixer, channels)
     mixer.norm_width = m.d_inner if shared and tp.size > 1 else None
     mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length, n_ssm_groups=groups.length)
-    shard_hook_point(mixer, "hook_mixing", dataclasses.replace(heads, axis=1), tp)
 
 
 def shard_kimi_delta(
@@ -221,14 +215,12 @@ def shard_kimi_delta(
             "dt_bias": values, "W_out": values, "W_f_up": columns, "W_g_up": columns}  # fmt: skip
     for name in ("q", "k", "v", "f", "g"):  # `f`, `g`: full-rank gates (Bailing Hybrid's)
         plan |= {f"W_{name}": columns, f"b_{name}": values}
-    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
+    per_head = dataclasses.replace(heads, axis=2)
+    hook_points = {point: per_head for point in ("hook_decay", "hook_beta", "hook_o")}
+    _split(mixer, tp, plan, HeadParallelMixer, hook_points)
     channels = [torch.arange(values.start, values.stop) + offset * m.d_inner for offset in range(3)]
-    swap_class(mixer, HeadParallelMixer)
-    mixer.tp = tp
     _register_channels(mixer, channels)
     mixer.settings = dataclasses.replace(m, n_ssm_heads=heads.length)
-    for point in ("hook_decay", "hook_beta", "hook_o"):
-        shard_hook_point(mixer, point, dataclasses.replace(heads, axis=2), tp)
 
 
 def shard_mamba(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParallelGroup) -> None:
@@ -237,15 +229,12 @@ def shard_mamba(mixer: nn.Module, cfg: HookedTransformerConfig, tp: TensorParall
     and `W_out`, their `D` (`ChannelParallelMamba`)."""
     m = mixer.settings
     rows = tp.slice_of(m.d_inner, 0)
-    columns = dataclasses.replace(rows, axis=1)
-    plan = {name: columns for name in ("W_xs", "W_z", "W_dt_up")}
+    plan = {name: dataclasses.replace(rows, axis=1) for name in ("W_xs", "W_z", "W_dt_up")}
     plan |= {name: rows for name in ("b_xs", "b_z", "b_dt", "W_conv", "b_conv", "W_B", "W_C",
                                      "W_dt_down", "A_log", "D", "W_out")}  # fmt: skip
-    narrow_parameters(mixer, {name: part for name, part in plan.items() if name in present(mixer)})
-    swap_class(mixer, ChannelParallelMamba)
-    mixer.tp = tp
+    hook_points = {"hook_state": dataclasses.replace(rows, axis=2)}
+    _split(mixer, tp, plan, ChannelParallelMamba, hook_points)
     mixer.settings = dataclasses.replace(m, n_ssm_heads=rows.length)
-    shard_hook_point(mixer, "hook_state", dataclasses.replace(rows, axis=2), tp)
 
 
 def shard_short_conv(
@@ -257,10 +246,24 @@ def shard_short_conv(
     rows = tp.slice_of(cfg.d_model, 0)
     plan = {f"W_{gate}": dataclasses.replace(rows, axis=1) for gate in "BCX"}
     plan |= {name: rows for name in ("b_B", "b_C", "b_X", "W_conv", "b_conv", "W_out")}
-    narrow_parameters(mixer, plan)
-    swap_class(mixer, SplitMixer)
-    mixer.tp = tp
-    shard_hook_point(mixer, "hook_conv", dataclasses.replace(rows, axis=2), tp)
+    _split(mixer, tp, plan, SplitMixer, {"hook_conv": dataclasses.replace(rows, axis=2)})
+
+
+# Each mixer class split over ranks: whether it splits over n ranks (from its settings,
+# the module, n), and how.
+_SPLITS: dict[type, tuple[Callable[[Any, nn.Module, int], bool], Callable]] = {
+    GatedDeltaNet: (lambda m, _, n: m.n_ssm_groups % n == 0, shard_gated_delta),
+    KimiDeltaAttention: (lambda m, _, n: m.n_ssm_heads % n == 0, shard_kimi_delta),
+    MambaMixer: (lambda m, _, n: m.n_ssm_heads % n == 0, shard_mamba),  # its channels
+    ShortConv: (lambda _, mixer, n: mixer.W_out.shape[0] % n == 0, shard_short_conv),
+    Mamba2Mixer: (lambda m, _, n: m.n_ssm_heads % n == 0
+                  and (m.n_ssm_groups % n == 0 or m.n_ssm_groups == 1), shard_mamba2),
+}  # fmt: skip
+
+
+def _rule(mixer: nn.Module) -> tuple[Callable, Callable] | None:
+    """`mixer`'s entry of `_SPLITS` (by its class or a base of it), or None."""
+    return next((rule for kind, rule in _SPLITS.items() if isinstance(mixer, kind)), None)
 
 
 def _register_channels(mixer: nn.Module, channels: list[Tensor]) -> None:
