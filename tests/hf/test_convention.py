@@ -32,6 +32,7 @@ is the HF model itself, in float64.
 
 import pytest
 import torch
+from helpers.twins import streams_worst
 from torch import nn
 
 from hookedattn import HookedTransformer
@@ -101,7 +102,7 @@ def test_the_verification_picks_the_rotation_the_architecture_uses(memo, tmp_pat
 
 
 def test_the_verification_picks_the_fused_query_key_value_layout(memo, tmp_path):
-    # GPT-NeoX (written out as a family too) keeps [q_h; k_h; v_h] head by head in one map:
+    # GPT-NeoX keeps [q_h; k_h; v_h] head by head in one map:
     # by convention the stacked [q; k; v] guess comes first and is refused, the head-by-head
     # one computes what transformers computes.
     reference = twin("gpt_neox")
@@ -202,9 +203,51 @@ def test_a_composite_config_names_its_parts():
         _anatomy.recognise(config)
 
 
-def test_verify_false_takes_the_first_candidate_unverified():
+def test_verify_false_loads_unverified():
     model = HookedTransformer.from_hf(twin("granite"), verify=False)
     assert model.verification is None
+
+
+def test_verify_false_still_lets_the_twin_choose_among_candidates(memo, tmp_path):
+    # GPT-NeoX's fused [q_h; k_h; v_h] is its second candidate: unverified, the first (the
+    # stacked [q; k; v]) would read every head's queries from the wrong rows.
+    reference = twin("gpt_neox", seed=1)
+    reference.save_pretrained(tmp_path / "neox")
+    model = HookedTransformer.from_hf(tmp_path / "neox", verify=False)
+    assert model.verification is None
+    with torch.no_grad():
+        assert torch.allclose(model(TOKENS), reference(TOKENS).logits, atol=1e-5)
+
+
+def test_shared_experts_are_as_wide_as_one_expert_times_their_count():
+    # ERNIE 4.5 MoE's shared experts: one gated MLP `moe_intermediate_size *
+    # moe_num_shared_experts` wide (DeepSeek's reading), which the twin (shrunk to one
+    # shared expert) cannot tell from one expert's width.
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("ernie4_5_moe"))
+    config.moe_num_shared_experts = 2
+    model_class = transformers.Ernie4_5_MoeForCausalLM
+    reference = _tiny.random_hf_model(model_class, config, seed=2).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.d_mlp_shared == 2 * config.moe_intermediate_size
+    assert streams_worst(model, reference, TOKENS) <= 1e-6
+
+
+def test_a_setting_no_twin_runs_with_changed_explains_no_scalar():
+    # A dots.llm1 checkpoint with two shared experts (its twin has one) reads its softmax
+    # scale 1/4 also as `topk_group / heads`; no twin runs with `topk_group` changed (it may
+    # not exceed `n_group`, 1), so that reading is dropped, not the import refused.
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("dots1"))
+    config.n_shared_experts = 2
+    reference = _tiny.random_hf_model(transformers.Dots1ForCausalLM, config, seed=2).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.attn_scale == 4.0
+    assert streams_worst(model, reference, TOKENS) <= 1e-6
+
+
+def test_a_base_model_of_a_convention_architecture_says_what_to_pass():
+    base = transformers.Qwen3Model(twin("qwen3").config)
+    with pytest.raises(ValueError, match="for qwen3, pass the Qwen3ForCausalLM"):
+        HookedTransformer.from_hf(base)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ twin (the checkpoint's config class and structure, few layers, random weights) a
 A broken family is registered through `hookedattn.core.hf.register_family` (the hook a
 family of one's own goes through): its table swaps the MLP's gate and up projections, or
 reads the final norm's gain from the first layer's. The tests count the twins built by
-counting the `LlamaForCausalLM`s constructed. `scripts/coverage.py` is run here too: two
+counting the `DiffLlamaForCausalLM`s constructed. The specimen is DiffLlama (Llama with
+differential attention), a family written out, so that every twin counted is the
+verification's: a family imported by convention builds twins to recognise its anatomy too,
+remembered the same way (tests/hf/test_convention.py). `scripts/coverage.py` is run here too: two
 classes quickly, and every registered class (slow).
 """
 
@@ -31,7 +34,7 @@ LLAMA = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
 )  # fmt: skip
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29]])
-LLAMA_FAMILY = next(f for f in hf.FAMILIES if f.architecture == "LlamaForCausalLM")
+LLAMA_FAMILY = next(f for f in hf.FAMILIES if f.architecture == "DiffLlamaForCausalLM")
 
 
 @pytest.fixture
@@ -44,34 +47,34 @@ def memo(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def llama_folder(tmp_path) -> Path:
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    model = transformers.DiffLlamaForCausalLM(transformers.DiffLlamaConfig(**LLAMA)).eval()
     model.save_pretrained(tmp_path / "llama")
     return tmp_path / "llama"
 
 
 @pytest.fixture
 def twins_built(monkeypatch) -> list[int]:
-    """The layer count of every `LlamaForCausalLM` built from here on (each a twin)."""
-    built, init = [], transformers.LlamaForCausalLM.__init__
+    """The layer count of every `DiffLlamaForCausalLM` built from here on (each a twin)."""
+    built, init = [], transformers.DiffLlamaForCausalLM.__init__
 
     def counting(self, config, *args, **kwargs):
         built.append(config.num_hidden_layers)
         init(self, config, *args, **kwargs)
 
-    monkeypatch.setattr(transformers.LlamaForCausalLM, "__init__", counting)
+    monkeypatch.setattr(transformers.DiffLlamaForCausalLM, "__init__", counting)
     return built
 
 
 def test_a_folder_is_verified_then_loaded(memo, llama_folder, twins_built):
     model = HookedTransformer.from_hf(llama_folder)
     check = model.verification
-    assert (check.architecture, check.remembered) == ("LlamaForCausalLM", False)
+    assert (check.architecture, check.remembered) == ("DiffLlamaForCausalLM", False)
     assert check.worst <= 1e-5
     assert twins_built == [2]  # the twin: 2 layers where the checkpoint has 3
     assert model.cfg.n_layers == 3
     passes = json.loads(memo.read_text())["passes"]
-    assert passes[check.key]["architecture"] == "LlamaForCausalLM"
-    expected = transformers.LlamaForCausalLM.from_pretrained(llama_folder).eval()(TOKENS).logits
+    assert passes[check.key]["architecture"] == "DiffLlamaForCausalLM"
+    expected = transformers.DiffLlamaForCausalLM.from_pretrained(llama_folder).eval()(TOKENS).logits
     torch.testing.assert_close(model(TOKENS), expected, rtol=0, atol=1e-5)
 
 
@@ -88,16 +91,18 @@ def test_the_memo_is_used_the_second_time(memo, llama_folder, twins_built):
 def test_a_checkpoint_of_the_same_structure_reads_the_memo(memo, llama_folder, twins_built,
                                                            tmp_path):  # fmt: skip
     HookedTransformer.from_hf(llama_folder)
-    wider = dict(LLAMA, hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**wider)).save_pretrained(tmp_path / "w")
+    wider = dict(LLAMA, hidden_size=64, num_attention_heads=8, num_key_value_heads=4)
+    transformers.DiffLlamaForCausalLM(transformers.DiffLlamaConfig(**wider)).save_pretrained(
+        tmp_path / "w"
+    )
     assert HookedTransformer.from_hf(tmp_path / "w").verification.remembered
     assert len(twins_built) == 2  # the second: the wider model itself, saved above
 
 
 def test_a_structural_option_is_a_new_kind_of_checkpoint(memo, llama_folder, tmp_path):
     first = HookedTransformer.from_hf(llama_folder).verification
-    biased = transformers.LlamaConfig(**LLAMA, attention_bias=True)
-    transformers.LlamaForCausalLM(biased).save_pretrained(tmp_path / "b")
+    biased = transformers.DiffLlamaConfig(**LLAMA, attention_bias=True)
+    transformers.DiffLlamaForCausalLM(biased).save_pretrained(tmp_path / "b")
     other = HookedTransformer.from_hf(tmp_path / "b").verification
     assert not other.remembered and other.key != first.key
 
@@ -210,7 +215,7 @@ def test_verifying_leaves_torchs_random_numbers_as_an_unverified_load_does(memo,
 
 
 def test_a_live_model_is_not_verified(memo, twins_built):
-    live = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    live = transformers.DiffLlamaForCausalLM(transformers.DiffLlamaConfig(**LLAMA)).eval()
     assert HookedTransformer.from_hf(live).verification is None
     assert twins_built == [3]  # the live model itself
 

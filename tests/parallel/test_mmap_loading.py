@@ -61,7 +61,8 @@ def save_hf(family: str, path: Path, dtype: torch.dtype = torch.float32) -> Path
 def whole_conversion(path: Path) -> dict[str, torch.Tensor]:
     """The importer's earlier path: each HF tensor read whole and converted."""
     hf_config = _loading.read_config(path)
-    family = _importer.families_of_config(hf_config)[0]
+    candidates = _importer.families_of_config(hf_config)  # by convention: the twin chooses
+    family, _ = _importer._verified_of(HookedTransformer, str(path), candidates, hf_config, True)
     source = _loading.SafetensorsFiles(_loading.safetensors_files(path))
     cfg = family.config(hf_config, source.stored_dtype(), "cpu")
     table = family.table(hf_config, cfg, None)

@@ -1,8 +1,9 @@
 """The families a module tree allows: one per combination of the settings its anatomy
 cannot see (which pairs a rotation turns, in which layers, the router's scoring, the gate's
 function, the order of the q/k norms and the rotation, the softmax scale, the layout of a
-fused q/k/v), the likelier first. The verification on the tiny twin (`_search`) keeps the
-first that computes what `transformers` computes.
+fused q/k/v, whether a configured soft cap of the scores is applied), the likelier first.
+The verification on the tiny twin (`_search`) keeps the first that computes what
+`transformers` computes.
 """
 
 import dataclasses
@@ -46,17 +47,18 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     if anatomy.attn_scale == UNKNOWN and not anatomy.latent:  # latent: the config's
         softmax = (Scale("rsqrt", "d_head"), Scale())
     scorings = _scorings(hf_config, experts)
+    capped = (True, False) if getattr(hf_config, "attn_logit_softcapping", None) else (True,)
     families = []
-    for on, layout, norm_topk, scoring, gate, after, scale, qkv in itertools.product(
-        rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts
+    for on, layout, norm_topk, scoring, gate, after, scale, qkv, cap in itertools.product(
+        rotating, layouts, renorm, scorings, gates, orders, softmax, qkv_layouts, capped
     ):
         chosen = dataclasses.replace(
             anatomy, rotary_layout=layout, rotary_on=on, norm_topk=norm_topk,
             router_scoring=scoring, attn_gate=gate, qk_norm_after_rotary=after,
-            attn_scale=scale, qkv_layout=qkv,
+            attn_scale=scale, qkv_layout=qkv, attn_soft_cap=cap,
         )  # fmt: skip
         convention = Convention(chosen)
-        settings = (on, layout, norm_topk, scoring, gate, after, scale, qkv)
+        settings = (on, layout, norm_topk, scoring, gate, after, scale, qkv, cap)
         families.append(
             Family(
                 anatomy.architecture,
@@ -87,4 +89,4 @@ def _scorings(hf_config: Any, experts: Any) -> tuple[str, ...]:
 
 # The names of the settings `candidates` varies, in the order of its product.
 _CHOICES = ("rotary_on", "rotary_layout", "norm_topk", "router_scoring", "attn_gate",
-            "qk_norm_after_rotary", "attn_scale", "qkv_layout")  # fmt: skip
+            "qk_norm_after_rotary", "attn_scale", "qkv_layout", "attn_soft_cap")  # fmt: skip

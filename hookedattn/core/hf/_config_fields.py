@@ -6,6 +6,7 @@ refused by name (soft-capped router logits, clamped queries, keys and values, bl
 different head counts).
 """
 
+import functools
 from typing import Any
 
 from hookedattn.core.hf import _handed_rotary, _translate
@@ -108,7 +109,26 @@ def key_value_heads(c: Any) -> int:
         return c.num_kv_heads
     if getattr(c, "multi_query", False):
         return 1
+    if not declares(c, "num_key_value_heads"):  # passed to a config that never reads it
+        return c.num_attention_heads
     return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+
+def declares(c: Any, field: str) -> bool:
+    """Whether `c`'s config class has `field` of its own (a default instance holds it, or
+    its attribute map names it): `transformers` keeps any other keyword a config is given
+    as an attribute that its model never reads (GPT-J's config given `num_key_value_heads`)."""
+    config = c._config if isinstance(c, Decoder) else c
+    return _declares(type(config), field)
+
+
+@functools.cache
+def _declares(config_class: type, field: str) -> bool:
+    try:
+        default = config_class()
+    except (TypeError, ValueError):  # a class without defaults: take the field as read
+        return True
+    return hasattr(default, field)
 
 
 def refuse_unimported(c: Any, hf_config: Any) -> None:

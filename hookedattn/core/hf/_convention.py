@@ -59,8 +59,7 @@ from hookedattn.core.hf._config_fields import (
     refuse_unimported,
     rotary_fields,
 )
-from hookedattn.core.hf._gemma2 import one_plus
-from hookedattn.core.hf._gptj import neighbours_to_halves
+from hookedattn.core.hf._gemma import one_plus
 from hookedattn.core.hf._probes import Scale
 from hookedattn.core.hf._recognised import Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times, zeros
@@ -122,7 +121,9 @@ class Convention:
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
             "qk_norm_type": NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
-            "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None),
+            "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None)
+            if a.attn_soft_cap
+            else None,
             "output_logits_soft_cap": logit_cap(c) if a.logit_cap else None,
             "use_attn_sinks": a.sinks,
             "attn_gate": a.attn_gate,
@@ -152,7 +153,8 @@ class Convention:
         types = f"{a.token_types}.weight" if a.token_types and a.positions is None else None
         rules = [
             Rule("embed.W_E", f"{a.embed}.weight", "d_vocab d_embed -> d_vocab d_embed",
-                 adjust=times(scale(a.embed_scale)), plus_first_row=types),
+                 adjust=times(_embed_factor(a, scale(a.embed_scale), hf_model)),
+                 plus_first_row=types),
             *self._position_rules(cfg),
             *self._norm_rules(hf_config, cfg),
             *self._sublayer_rules(cfg, scale(a.attn_write), Decoder(hf_config)),
@@ -466,8 +468,21 @@ class Convention:
             return lambda W: W * sign.to(W.device, W.dtype)
         if self.anatomy.rotary_layout != "pairs":
             return None
-        order = neighbours_to_halves(rotated, cfg.d_head)
+        # Pairs (2i, 2i + 1) turned into ours, (i, i + rotated / 2): a query-key product
+        # is unchanged when both take the same order.
+        pairs = torch.arange(rotated)
+        order = torch.cat([pairs[0::2], pairs[1::2], torch.arange(rotated, cfg.d_head)])
         return lambda W: W[..., order.to(W.device)]
+
+
+def _embed_factor(anatomy: Anatomy, from_config: float, hf_model: Any) -> float:
+    """What the embedding multiplies by: the constant a live model's embedding holds where
+    it holds one (Gemma's `embed_scale`, built in float32 and then cast with the model, so
+    a float64 model's is float32's rounding), else the config's value."""
+    if hf_model is None or from_config == 1.0:
+        return from_config
+    held = getattr(hf_model.get_submodule(anatomy.embed), "embed_scale", None)
+    return float(held) if isinstance(held, Tensor) and held.numel() == 1 else from_config
 
 
 def _mixed_layer_types(anatomy: Anatomy) -> frozenset[str]:

@@ -35,7 +35,7 @@ def routing_fields(c: Any, anatomy: Anatomy) -> dict[str, Any]:
         "num_experts": int(getattr(c, e.count_field)),
         "experts_per_token": int(getattr(c, e.top_k_field)),
         "norm_topk_prob": anatomy.norm_topk,
-        "d_mlp_shared": int(getattr(c, e.shared_width_field)) if e.shared else None,
+        "d_mlp_shared": int(_experts.field_value(c, e.shared_width_field)) if e.shared else None,
         "shared_expert_gate": e.shared_gate is not None,
         "routed_scaling_factor": float(
             next((getattr(c, f) for f in _SCALES if getattr(c, f, None) is not None), 1.0)

@@ -37,9 +37,13 @@ _OUT_NORMS = ("post_mlp_layernorm",)
 _COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k_experts", "moe_k")
 _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
+# The shared experts' width: a field, or one expert's width times their count (DeepSeek's
+# `moe_intermediate_size * n_shared_experts`), read before that width alone.
+_SHARED_COUNTS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
-                  "shared_experts_intermediate_size", "moe_intermediate_size",
-                  "intermediate_size")  # fmt: skip
+                  "shared_experts_intermediate_size",
+                  *(f"moe_intermediate_size*{count}" for count in _SHARED_COUNTS),
+                  "moe_intermediate_size", "intermediate_size")  # fmt: skip
 _CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 _DENSE_WIDTHS = ("intermediate_size_mlp", "intermediate_size", "first_dense_intermediate_size",
                  "dense_intermediate_size")  # fmt: skip
@@ -275,11 +279,24 @@ def _width(mlp: nn.Module) -> int:
 
 
 def _field(config: Any, names: tuple[str, ...], value: int | None, what: str) -> str:
-    """The first of `names` the config sets (to `value`, when given)."""
+    """The first of `names` the config sets (to `value`, when given); a name "a*b" is the
+    product of two fields (`field_value`)."""
     for name in names:
-        if getattr(config, name, None) is not None and value in (None, getattr(config, name)):
+        held = field_value(config, name)
+        if held is not None and value in (None, held):
             return name
     raise ValueError(f"no config field gives the {what} ({value}): tried {names}")
+
+
+def field_value(config: Any, name: str) -> Any:
+    """The config's value of field `name`, or of the product "a*b" of two integer fields
+    (None where it sets either to no integer)."""
+    if "*" not in name:
+        return getattr(config, name, None)
+    factors = [getattr(config, part, None) for part in name.split("*")]
+    if not all(isinstance(f, int) and not isinstance(f, bool) for f in factors):
+        return None
+    return factors[0] * factors[1]
 
 
 def _saved_names(

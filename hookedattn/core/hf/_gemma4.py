@@ -45,7 +45,7 @@ causally over text alone), and a `per_layer_config` setting anything but `head_d
 from typing import Any
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _gemma2, _gemma3, _translate
+from hookedattn.core.hf import _gemma, _translate
 from hookedattn.core.hf._family import Family, tied_unembedding
 from hookedattn.core.hf._llama import L
 from hookedattn.core.hf._table import Rule, Table, times, zeros
@@ -95,7 +95,7 @@ def gemma4_fields(hf_config: Any) -> dict[str, Any]:
     fields |= _translate.window(c)
     if "local" in (fields.get("attn_types") or ()):
         narrow = c.per_layer_config["sliding_attention"].head_dim
-        local = _gemma3._local_rotary(c.rope_parameters["sliding_attention"])
+        local = _gemma.local_rotary(c.rope_parameters["sliding_attention"])
         fields |= local | {"rotary_dim_local": narrow - narrow % 2}
     return fields
 
@@ -148,7 +148,7 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     """Gemma 4: each block's attention by its own shape, its norms' gains as they are, the
     value norms without gains, each block's scalar; `W_E` times `sqrt(d_model)`."""
     bias = bool(getattr(hf_config, "attention_bias", False))
-    normaliser = _gemma2.embedding_normaliser(hf_config, cfg.dtype, hf_model)
+    normaliser = _gemma.embedding_normaliser(hf_config, cfg.dtype, hf_model)
     b, gain = "blocks.{layer}", "d_model -> d_model"
     every_block = [
         Rule(f"{b}.ln2.w", f"{L}.pre_feedforward_layernorm.weight", gain),
@@ -157,7 +157,7 @@ def gemma4_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = N
     ]
     rules = [
         Rule("embed.W_E", "model.embed_tokens.weight", "d_vocab d_model -> d_vocab d_model",
-             adjust=_gemma2.scaled(normaliser)),
+             adjust=_gemma.scaled(normaliser)),
         *(r for layer in range(cfg.n_layers) for r in _attention(hf_config, cfg, layer, bias)),
         *(r for layer in range(cfg.n_layers) for r in _feed_forward(cfg, layer)),
         *(r for rule in every_block for r in rule.expand(cfg.n_layers)),
@@ -236,7 +236,7 @@ def _per_layer_input_rules(
     `2 ** -0.5` into `W_E` and the norm's gain, the projection's `d_model ** -0.5` into
     `W_proj`."""
     module = None if hf_model is None else hf_model.model.embed_tokens_per_layer
-    table_scale = _gemma2.embedding_normaliser(
+    table_scale = _gemma.embedding_normaliser(
         hf_config, cfg.dtype, None, width=cfg.d_per_layer_input, module=module
     )
     half = 2.0**-0.5

@@ -7,6 +7,7 @@ if asked), read each tensor in chunks into the tensor the model keeps (`_slices`
 part this rank holds), and assign them as the model's parameters (no second copy).
 """
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -22,20 +23,15 @@ from hookedattn.core.hf import (
     _deepseek,
     _diffllama,
     _falcon_h1,
-    _gemma2,
-    _gemma3,
     _gemma4,
     _gpt2,
     _gpt_oss,
-    _gptj,
     _indexer,
     _jetmoe,
-    _llama,
     _loading,
     _mimo_v2_flash,
     _minimax,
     _nemotron_h,
-    _neox,
     _openai_gpt,
     _opt,
     _search,
@@ -54,14 +50,9 @@ from hookedattn.core.hf._table import (
 
 FAMILIES: tuple[Family, ...] = (
     _gpt2.FAMILY,
-    _neox.FAMILY,
-    _llama.LLAMA,
-    _gemma2.FAMILY,
-    _gemma3.FAMILY,
     _gemma4.FAMILY,
     _gemma4.UNIFIED,
     _gpt_oss.FAMILY,
-    _gptj.FAMILY,
     _opt.FAMILY,
     _openai_gpt.FAMILY,
     _deepseek.DEEPSEEK_V3,
@@ -188,14 +179,28 @@ def _verified_of(
     """The first of `families` whose import verifies, and its verification: a family
     remembered as passed first, else each family against one run of the twin, in the
     candidate search's order (`_search`); when none passes, the first one's error.
-    Unverified (`verify=False`): the first."""
-    if not verify:
-        families[0].config(hf_config)
-        return families[0], None
+    Unverified (`verify=False`): the one remembered, else the first, except that where the
+    convention leaves a choice among several the twin still makes it (the search, which
+    then refuses nothing: when none agrees, the first)."""
     remembered = _verify.first_remembered(families, hf_config)
+    if not verify:
+        if remembered is None and len(families) > 1:
+            with contextlib.suppress(_verify.VerificationError):
+                return _searched(cls, source, families, hf_config)[0], None
+        family = remembered or families[0]
+        family.config(hf_config)
+        return family, None
     if remembered is not None or len(families) == 1:
         family = remembered or families[0]
         return family, _verified(cls, source, family, hf_config)
+    return _searched(cls, source, families, hf_config)
+
+
+def _searched(
+    cls: type, source: str, families: list[Family], hf_config: Any
+) -> tuple[Family, _verify.Verification]:
+    """The first of `families` that the candidate search finds agreeing with one run of
+    the twin, and its verification; a VerificationError (the first one's) where none does."""
     start = time.perf_counter()
     with _verify.twin_run(hf_config, families[0].architecture, source) as run:
 
@@ -326,17 +331,30 @@ def families_of_model(hf_model: Any) -> list[Family]:
         if family.architecture in classes:
             return [family]
     model_type = getattr(hf_model.config, "model_type", None)
+    name = type(hf_model).__name__
+    causal_lm = _causal_lm_class(model_type)
+    if causal_lm is not None and causal_lm not in classes:
+        hint = f" (for {model_type}, pass the {causal_lm}, which has the unembedding)"
+        raise ValueError(_unsupported(name, model_type) + hint)
     if not any(f.model_type == model_type for f in _families()):
-        return _by_convention(hf_model.config, type(hf_model).__name__, type(hf_model).__name__)
-    hint = next(
-        (
-            f" (for {f.model_type}, pass the {f.architecture}, which has the unembedding)"
-            for f in _families()
-            if f.model_type == model_type
-        ),
-        "",
-    )
-    raise ValueError(_unsupported(type(hf_model).__name__, model_type) + hint)
+        return _by_convention(hf_model.config, name, _transformers_class(type(hf_model)))
+    raise ValueError(_unsupported(name, model_type))
+
+
+def _causal_lm_class(model_type: Any) -> str | None:
+    """The causal-LM class `transformers` registers for `model_type`, or one of our
+    families' (None for neither)."""
+    ours = next((f.architecture for f in _families() if f.model_type == model_type), None)
+    names = _loading.transformers_module().models.auto.modeling_auto
+    return ours or names.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
+def _transformers_class(cls: type) -> str:
+    """The name of `cls`, or of its nearest base that `transformers` exports (a subclass of
+    one of its models is built as that model for the convention's twin)."""
+    module = _loading.transformers_module()
+    return next((c.__name__ for c in cls.__mro__ if getattr(module, c.__name__, None) is c),
+                cls.__name__)  # fmt: skip
 
 
 def family_of_folder(path: Path) -> Family:

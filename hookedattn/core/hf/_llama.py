@@ -1,7 +1,7 @@
-"""Llama (`LlamaForCausalLM`), and the table the Llama-like families written out (Gemma 2
-and 3, GPT-OSS) extend. Mistral, Qwen 2 and 3, OLMo 2, Phi-3 and the mixtures Mixtral,
-Qwen-MoE and OLMoE are imported by convention (`_convention`): what they add to Llama
-(windows, biases, q/k norms, post-norms, fused projections, experts) is recognised there.
+"""The Llama-like table the families written out (Gemma 4, GPT-OSS, DiffLlama, MiniMax,
+JetMoE, Falcon-H1, latent attention) extend. Llama itself, Mistral, Qwen, OLMo, Phi-3, Gemma 2
+and 3 and the mixtures are imported by convention (`_convention`): what they add to this
+table (windows, biases, q/k norms, post-norms, fused projections, experts) is recognised there.
 
 Beyond GPT-2: RMSNorm, a gated MLP (`down(act(gate(x)) * up(x))`: our `W_gate`, `W_in`,
 `W_out`), grouped-query attention (`num_key_value_heads` < `num_attention_heads`: keys and
@@ -19,8 +19,7 @@ from typing import Any
 from torch import Tensor
 
 from hookedattn.core.config import HookedTransformerConfig
-from hookedattn.core.hf import _translate
-from hookedattn.core.hf._family import Family, tied_unembedding
+from hookedattn.core.hf._family import tied_unembedding
 from hookedattn.core.hf._table import Rule, Table, zeros
 
 L = "model.layers.{layer}"
@@ -89,22 +88,3 @@ def llama_like_table(
         label=label,
         base_prefix="model.",
     )
-
-
-def llama_fields(hf_config: Any) -> dict[str, Any]:
-    """Our config's fields for a Llama config."""
-    if getattr(hf_config, "mlp_bias", False):
-        raise ValueError(
-            "mlp_bias=True cannot be imported: a gated MLP here has no bias on its gate"
-        )
-    return _translate.llama_like(hf_config)
-
-
-def llama_table(hf_config: Any, cfg: HookedTransformerConfig, hf_model: Any = None) -> Table:
-    """Llama: biases on q, k, v and o together, when `attention_bias`."""
-    bias = bool(getattr(hf_config, "attention_bias", False))
-    rules = llama_like_rules(cfg, qkv_bias=bias, o_bias=bias)
-    return llama_like_table(hf_config, cfg, rules, "Llama")
-
-
-LLAMA = Family("LlamaForCausalLM", "llama", llama_fields, llama_table)

@@ -69,6 +69,9 @@ class Anatomy:
     attn_gate: str | None = None
     attn_gate_per_head: bool | None = None  # None: no gate
     qk_norm_after_rotary: bool = False  # a candidate: HunYuan normalises rotated q, k
+    # The scores soft-capped by the config's `attn_logit_softcapping` (a candidate where it
+    # is set: HF's Gemma 3 keeps the field but never applies it).
+    attn_soft_cap: bool = True
     # The q/k norms hold no gain (Llama 4's: read as ones), and which layers hold them:
     # "all", or "rotating" (Llama 4's, as `no_rope_layers` says): `_qk_layers`.
     qk_norm_bare: bool = False

@@ -13,8 +13,10 @@ So where the readings that fit the twin disagree on the checkpoint, a second twi
 watched: the first with each field the twin kept at the checkpoint's value (a setting,
 not a size) changed (a float by half, an int doubled). A reading by a field that changed
 predicts a changed scalar, one by a size predicts the same; one more twin per such setting
-keeps the readings that predicted each, and the first that remains is taken. A reading no
-twin confirms refuses the import, naming the readings. Readings by sizes alone (the
+keeps the readings that predicted each, and the first that remains is taken. A setting no
+twin runs with changed (a group count of DeepSeek's router, bound by another) confirms none
+of the readings by it: they are dropped. A scalar no remaining reading fits refuses the
+import, naming the readings. Readings by sizes alone (the
 softmax's `1 / sqrt(d_head)` or `1 / heads` on a twin of 4 heads of 16) keep their order:
 the head width first.
 """
@@ -74,15 +76,12 @@ def disambiguated(
         return anatomy  # sizes alone: the readings keep their order
     fitting = dict(ambiguous)
     for name in settings:  # one twin per setting: readings must predict each of them
-        changed = _changed(twin_config, [name])
-        try:
-            second = watch(changed)
-        except Exception as error:
-            raise ValueError(
-                f"the scalars {sorted(ambiguous)} are read by several config fields that "
-                f"differ on this checkpoint, and a twin with {name} changed could not be read "
-                f"({type(error).__name__}: {error})"
-            ) from error
+        watched = _watched_changed(twin_config, name, watch)
+        if watched is None:  # no twin runs with it changed: readings by it are unconfirmed
+            fitting = {slot: [r for r in readings if name not in fields_of(r)]
+                       for slot, readings in fitting.items()}  # fmt: skip
+            continue
+        changed, second = watched
         fitting = {
             slot: [r for r in readings if _predicts(r, changed, second[slot])]
             for slot, readings in fitting.items()
@@ -116,6 +115,24 @@ def undecided(measured: dict[str, float], twin_config: Any, hf_config: Any) -> l
         if len(set(readings)) > 1 and len(on_checkpoint) == 1 and settings:
             slots.append(slot)
     return slots
+
+
+def _watched_changed(
+    config: Any, name: str, watch: Callable[[Any], dict[str, float]]
+) -> tuple[Any, dict[str, float]] | None:
+    """A config like `config` with setting `name` changed, and the scalars of its twin:
+    the setting doubled (or a float by half), else an int one larger (DeepSeek's
+    `topk_group` cannot exceed `n_group`, so neither may run); None where no such twin runs."""
+    value = getattr(config, name)
+    tries = [_changed(config, [name])]
+    if isinstance(value, int):
+        tries.append(type(config).from_dict(config.to_dict() | {name: value + 1}))
+    for changed in tries:
+        try:
+            return changed, watch(changed)
+        except Exception:  # a setting this model cannot take: the next change
+            continue
+    return None
 
 
 def _changed(config: Any, names: list[str]) -> Any:
