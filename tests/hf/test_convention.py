@@ -244,6 +244,25 @@ def test_a_setting_no_twin_runs_with_changed_explains_no_scalar():
     assert streams_worst(model, reference, TOKENS) <= 1e-6
 
 
+def test_opt_with_its_norms_after_the_sublayers_imports_exactly():
+    # OPT's layers norm after each sublayer where `do_layer_norm_before` is False (refused
+    # while OPT was written out); its MLP reads the stream flattened to [batch * pos, d].
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("opt"))
+    config.do_layer_norm_before = False
+    reference = _tiny.random_hf_model(transformers.OPTForCausalLM, config, seed=2).double()
+    model = HookedTransformer.from_hf(reference)
+    assert model.cfg.normalization_placement == "post_residual"  # norms of the stream
+    assert streams_worst(model, reference, TOKENS) <= 1e-6
+
+
+def test_an_embedding_projected_before_the_positions_is_named():
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model("opt"))
+    config.word_embed_proj_dim = config.hidden_size // 2
+    reference = _tiny.random_hf_model(transformers.OPTForCausalLM, config, seed=2)
+    with pytest.raises(ValueError, match="before the positions are added .*project_in"):
+        HookedTransformer.from_hf(reference)
+
+
 def test_a_base_model_of_a_convention_architecture_says_what_to_pass():
     base = transformers.Qwen3Model(twin("qwen3").config)
     with pytest.raises(ValueError, match="for qwen3, pass the Qwen3ForCausalLM"):

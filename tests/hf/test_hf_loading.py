@@ -137,7 +137,7 @@ def test_an_unsupported_family_lists_the_supported_ones():
         HookedTransformer.from_hf(bert)
     assert "cannot import BertModel (model_type='bert')" in str(error.value)
     assert ", ".join(SUPPORTED_ARCHITECTURES) in str(error.value)
-    assert len(SUPPORTED_ARCHITECTURES) == 17
+    assert len(SUPPORTED_ARCHITECTURES) == 16
 
 
 def test_a_rotary_scaling_we_cannot_express_is_named():

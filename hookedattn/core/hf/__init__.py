@@ -4,14 +4,14 @@
     model = HookedTransformer.from_hf("path/to/dir", dtype=torch.bfloat16)   # local files
 
 One small private module per family written out (`_gpt2`, `_openai_gpt`, `_gemma4`,
-`_gpt_oss` sharing `_moe` with `_deepseek` for latent attention, `_opt`, `_diffllama`,
+`_gpt_oss` sharing `_moe` with `_deepseek` for latent attention, `_diffllama`,
 `_mimo_v2_flash`, `_minimax`, `_jetmoe`, `_falcon_h1`, `_nemotron_h`, `_indexer`; the Llama
 table several extend in `_llama`, Gemma's constants in `_gemma`), each a config translation
-and a table of tensor renames and reshapes (`Rule`, `Table`): what the convention cannot see
-(GPT-2's `Conv1D`, GPT-OSS's clamped experts, latent attention, OPT's constants outside its
-config, DiffLlama's differential attention, MiMo-V2-Flash's attention shaped per block,
-Gemma 4's per-block heads, value norms, block scalars and per-layer inputs, DeepSeek V3.2's
-lightning indexer, the hybrids' layouts).
+and a table of tensor renames and reshapes (`Rule`, `Table`): what the convention cannot
+see (GPT-2's `Conv1D`, GPT-OSS's clamped experts, latent attention, DiffLlama's
+differential attention, MiMo-V2-Flash's attention shaped per block, Gemma 4's per-block
+heads, value norms, block scalars and per-layer inputs, DeepSeek V3.2's lightning indexer,
+the hybrids' layouts).
 Every other architecture is imported by convention (`_anatomy` recognises its pieces by
 watching its tiny twin run, `_split_layers` BERT's layout of them, `_probes` what each piece
 computes, `_experts` its mixture of experts, `_saved` the names its files use, `_convention`

@@ -183,6 +183,12 @@ class Watching:
         """What multiplies the embedding's output before the first layer, and the positions
         added to it (None, 0 without); sets the embeddings' norm, if any."""
         entering = seen["first layer"]
+        if entering.shape[-1] != seen["embed"].shape[-1]:
+            raise ValueError(
+                f"the embedding is {seen['embed'].shape[-1]} wide and the stream entering the "
+                f"first layer {entering.shape[-1]}: a map between them before the positions "
+                f"are added (OPT's `project_in`) is not read"
+            )
         # A norm of the embeddings (BART's `layernorm_embedding`): its output enters layer 0.
         # One module may norm the embeddings and, called again, the last stream (nanochat's).
         normed = [n for n, runs in outer.items() if runs[0][1].shape == entering.shape

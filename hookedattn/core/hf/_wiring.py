@@ -20,7 +20,7 @@ def wiring(
 ) -> tuple[list[tuple[str, str]], bool, tuple[float, float]]:
     """Our norm names for the layer's norms, whether the block is parallel, and the scalar
     each sublayer's write is multiplied by, from the tensors the calls passed."""
-    (_, resid, out), *pieces = calls
+    (_, resid, out), *pieces = _as_stream(calls)
     called = {name: (x, y) for name, x, y in pieces}
     if attn not in called or mlp not in called:
         raise ValueError("the twin's first layer did not call both its sublayers")
@@ -73,6 +73,21 @@ def wiring(
     if not torch.allclose(rebuilt.double(), out.double(), rtol=1e-4, atol=1e-6):
         raise ValueError("the layer's output is not its input plus what its sublayers write")
     return norms, parallel, scales
+
+
+def _as_stream(calls: list[tuple[str, Tensor, Tensor]]) -> list[tuple[str, Tensor, Tensor]]:
+    """`calls` with each tensor the stream's size but not its shape (OPT's MLP reads the
+    stream flattened to `[batch * pos, d_model]`) viewed in the stream's shape; one tensor
+    passed twice stays one object, so that who read what is still told by identity."""
+    shape = calls[0][1].shape
+    viewed: dict[int, Tensor] = {}
+
+    def view(t: Tensor) -> Tensor:
+        if t.shape == shape or t.numel() != shape.numel():
+            return t
+        return viewed.setdefault(id(t), t.reshape(shape))
+
+    return [(name, view(x), view(y)) for name, x, y in calls]
 
 
 def _post_residual(
