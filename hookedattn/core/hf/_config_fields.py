@@ -84,6 +84,12 @@ def logit_cap(hf_config: Any) -> float | None:
     return next((float(cap) for cap in caps if cap is not None), None)
 
 
+def scores_cap(c: Any, a: Anatomy) -> float | None:
+    """The soft cap of the attention scores: the config's `attn_logit_softcapping` where
+    the candidate applies it (HF's Gemma 3 keeps the field and never applies it)."""
+    return getattr(c, "attn_logit_softcapping", None) if a.attn_soft_cap else None
+
+
 def attention_free_fields(c: Any, a: Anatomy) -> dict[str, Any]:
     """An attention-free model's fields (every layer `x + mixer(norm(x))`): no MLPs, no
     positions; one nominal head as wide as the stream, never built (no layer attends)."""
@@ -126,7 +132,7 @@ def declares(c: Any, field: str) -> bool:
 def _declares(config_class: type, field: str) -> bool:
     try:
         default = config_class()
-    except (TypeError, ValueError):  # a class without defaults: take the field as read
+    except Exception:  # a class that cannot be built without arguments: the field is read
         return True
     return hasattr(default, field)
 

@@ -58,6 +58,7 @@ from hookedattn.core.hf._config_fields import (
     mlp_width,
     refuse_unimported,
     rotary_fields,
+    scores_cap,
 )
 from hookedattn.core.hf._gemma import one_plus
 from hookedattn.core.hf._probes import Scale
@@ -121,9 +122,7 @@ class Convention:
             "qk_norm_after_rotary": a.qk_norm_after_rotary,
             "qk_norm_type": NORM_TYPES[a.norm_kind],  # every norm is of one kind
             "attn_scale": None if a.latent else 1 / a.attn_scale.of(c, d_head),
-            "attn_scores_soft_cap": getattr(c, "attn_logit_softcapping", None)
-            if a.attn_soft_cap
-            else None,
+            "attn_scores_soft_cap": scores_cap(c, a),
             "output_logits_soft_cap": logit_cap(c) if a.logit_cap else None,
             "use_attn_sinks": a.sinks,
             "attn_gate": a.attn_gate,

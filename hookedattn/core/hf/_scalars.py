@@ -124,13 +124,14 @@ def _watched_changed(
     the setting doubled (or a float by half), else an int one larger (DeepSeek's
     `topk_group` cannot exceed `n_group`, so neither may run); None where no such twin runs."""
     value = getattr(config, name)
-    tries = [_changed(config, [name])]
+    tries = [lambda: _changed(config, [name])]
     if isinstance(value, int):
-        tries.append(type(config).from_dict(config.to_dict() | {name: value + 1}))
-    for changed in tries:
+        tries.append(lambda: type(config).from_dict(config.to_dict() | {name: value + 1}))
+    for change in tries:
         try:
+            changed = change()
             return changed, watch(changed)
-        except Exception:  # a setting this model cannot take: the next change
+        except Exception:  # a setting this model (or its config) cannot take: the next change
             continue
     return None
 
