@@ -30,17 +30,23 @@ gains (NanoChat). The reference
 is the HF model itself, in float64.
 """
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from helpers.twins import streams_worst
 from torch import nn
 
-from hookedattn import HookedTransformer
+from hookedattn import CheckpointError, HookedTransformer
+from hookedattn.testing import float64_throughout
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("hookedattn.core.hf")
 from hookedattn.core.hf import _anatomy, _candidates, _probes, _tiny, _verify  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
 ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", "nemotron",
                  "phi", "glm", "gpt_bigcode", "biogpt", "whisper", "granite_swa", "flex_olmo",
@@ -55,6 +61,14 @@ ARCHITECTURES = ("cohere", "granite", "gemma", "olmo", "starcoder2", "smollm3", 
 def memo(tmp_path, monkeypatch):
     """A memo of the test's own: the test verifies afresh (the others share the session's)."""
     monkeypatch.setenv("HOOKEDATTN_CACHE", str(tmp_path / "cache"))
+
+
+def twin_of(model_type: str, config, seed: int = 2) -> nn.Module:
+    """A random model of `model_type`'s causal-LM class with `config`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_class = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    return _tiny.random_hf_model(model_class, config, seed=seed)
 
 
 def twin(model_type: str, seed: int = 0) -> nn.Module:
@@ -219,17 +233,59 @@ def test_verify_false_still_lets_the_twin_choose_among_candidates(memo, tmp_path
         assert torch.allclose(model(TOKENS), reference(TOKENS).logits, atol=1e-5)
 
 
-def test_shared_experts_are_as_wide_as_one_expert_times_their_count():
-    # ERNIE 4.5 MoE's shared experts: one gated MLP `moe_intermediate_size *
-    # moe_num_shared_experts` wide (DeepSeek's reading), which the twin (shrunk to one
-    # shared expert) cannot tell from one expert's width.
-    config = _tiny.tiny_config(transformers.AutoConfig.for_model("ernie4_5_moe"))
+@pytest.mark.parametrize(
+    ("model_type", "width"),
+    [("ernie4_5_moe", "moe_intermediate_size"), ("aria_text", "intermediate_size")],
+)
+def test_shared_experts_are_as_wide_as_one_expert_times_their_count(model_type, width):
+    # ERNIE 4.5 MoE's shared experts are one gated MLP `moe_intermediate_size *
+    # moe_num_shared_experts` wide (DeepSeek's reading), Aria's `intermediate_size *
+    # moe_num_shared_experts`: the twin (shrunk to one shared expert) cannot tell either
+    # from that width alone.
+    config = _tiny.tiny_config(transformers.AutoConfig.for_model(model_type))
     config.moe_num_shared_experts = 2
-    model_class = transformers.Ernie4_5_MoeForCausalLM
-    reference = _tiny.random_hf_model(model_class, config, seed=2).double()
+    reference = twin_of(model_type, config).double()
     model = HookedTransformer.from_hf(reference)
-    assert model.cfg.d_mlp_shared == 2 * config.moe_intermediate_size
+    assert model.cfg.d_mlp_shared == 2 * getattr(config, width)
     assert streams_worst(model, reference, TOKENS) <= 1e-6
+
+
+COUNTS = re.compile(r"expert|group|topk|top_k|shared|per_tok")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_one_more_of_a_count_its_twin_shrinks_is_never_imported_wrongly():
+    # Every count a twin shrinks (experts, experts per token, shared experts, groups), one
+    # larger on the checkpoint than on its twin, for every architecture that imports
+    # exactly: imported exactly, or refused; never imported with other numbers.
+    records = json.loads((ROOT / "scripts" / "data" / "coverage.json").read_text())
+    model_types = sorted({r["model_type"] for r in records["architectures"]
+                          if r.get("status") == "exact"})  # fmt: skip
+    checked, wrong = 0, []
+    for model_type in model_types:
+        full = transformers.AutoConfig.for_model(model_type)
+        shrunk = _tiny.tiny_config(full)
+        tiny, defaults = shrunk.to_dict(), full.to_dict()
+        for field, value in tiny.items():
+            theirs = defaults.get(field)
+            if not (COUNTS.search(field) and type(value) is int and type(theirs) is int
+                    and 1 <= value != theirs):  # fmt: skip
+                continue
+            try:
+                config = type(shrunk).from_dict(tiny | {field: value + 1})
+                reference = twin_of(model_type, config).double()
+            except Exception:  # a count this architecture cannot take (more groups than chosen)
+                continue
+            try:
+                model = HookedTransformer.from_hf(reference)
+            except (ValueError, CheckpointError):
+                continue
+            checked += 1
+            with torch.no_grad(), float64_throughout():
+                expected = reference(TOKENS).logits
+            if float((model(TOKENS) - expected).abs().max()) > 1e-8 * float(expected.abs().max()):
+                wrong.append(f"{model_type} {field}={value + 1}")
+    assert checked >= 100 and not wrong, wrong
 
 
 def test_a_setting_no_twin_runs_with_changed_explains_no_scalar():

@@ -38,11 +38,13 @@ _COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_expe
 _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k_experts", "moe_k")
 _WIDTHS = ("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
 # The shared experts' width: a field, or one expert's width times their count (DeepSeek's
-# `moe_intermediate_size * n_shared_experts`), read before that width alone.
+# `moe_intermediate_size * n_shared_experts`, Aria's `intermediate_size *
+# moe_num_shared_experts`), read before that width alone.
 _SHARED_COUNTS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 _SHARED_WIDTHS = ("shared_expert_intermediate_size", "shared_intermediate_size",
                   "shared_experts_intermediate_size",
-                  *(f"moe_intermediate_size*{count}" for count in _SHARED_COUNTS),
+                  *(f"{width}*{count}" for width in ("moe_intermediate_size", "intermediate_size")
+                    for count in _SHARED_COUNTS),
                   "moe_intermediate_size", "intermediate_size")  # fmt: skip
 _CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 _DENSE_WIDTHS = ("intermediate_size_mlp", "intermediate_size", "first_dense_intermediate_size",
