@@ -44,7 +44,14 @@ from hookedattn.testing import float64_throughout
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("hookedattn.core.hf")
-from hookedattn.core.hf import _anatomy, _candidates, _probes, _tiny, _verify  # noqa: E402
+from hookedattn.core.hf import (  # noqa: E402
+    _anatomy,
+    _candidates,
+    _convention,
+    _probes,
+    _tiny,
+    _verify,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = torch.tensor([[5, 17, 3, 42, 8, 8, 60, 1, 29, 77, 4, 12]])
@@ -317,6 +324,20 @@ def test_an_embedding_projected_before_the_positions_is_named():
     reference = _tiny.random_hf_model(transformers.OPTForCausalLM, config, seed=2)
     with pytest.raises(ValueError, match="before the positions are added .*project_in"):
         HookedTransformer.from_hf(reference)
+
+
+def test_modules_a_forward_on_tokens_never_calls_are_left_out(caplog):
+    # Phi-4-multimodal's causal LM holds its image and audio encoders inside the embedding
+    # it calls; text never reaches them, so their tensors are left out (and said so).
+    reference = twin("phi4_multimodal", seed=1).double()
+    anatomy = _anatomy.recognise(reference.config, "Phi4MultimodalForCausalLM")
+    encoders = ("model.embed_tokens_extend.image_embed", "model.embed_tokens_extend.audio_embed")
+    assert anatomy.uncalled == encoders
+    _convention._left_out.cache_clear()  # said once per architecture and process
+    model = HookedTransformer.from_hf(reference)
+    assert streams_worst(model, reference, TOKENS) <= 1e-6
+    assert not any("embed_tokens_extend" in name for name in model.state_dict())
+    assert f"{', '.join(encoders)} (for other inputs) left out" in caplog.text
 
 
 def test_a_base_model_of_a_convention_architecture_says_what_to_pass():

@@ -196,6 +196,7 @@ class _Reader(Watching):
         self.embed_norm: str | None = None  # found by `_watch`
         self.embed_norm_is_final = False
         self.positions_fixed: str | None = None  # a sinusoidal table, found by `_positions`
+        self.uncalled: tuple[str, ...] = ()  # modules for other inputs, found by `_watch`
         self.embed_norm_before_positions = False  # found by `_entering`
         self.measured: dict[str, float] = {}  # the scalars `anatomy` measured (`_scalars`)
 
@@ -248,6 +249,7 @@ class _Reader(Watching):
             renames=_saved.renames(self.twin, self.layers_name),
             **self._stream_entry_fields(positions),
             unused=unused,
+            uncalled=self.uncalled,
             act_fn=act_fn,
             **self._scales(embed_ratio, scaling, d_head, writes, logits),
             logit_cap=capped,

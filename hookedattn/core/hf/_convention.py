@@ -28,6 +28,8 @@ maps (the scores are the same, P being orthogonal; the hooked queries and keys h
 """
 
 import dataclasses
+import functools
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +66,8 @@ from hookedattn.core.hf._gemma import one_plus
 from hookedattn.core.hf._probes import Scale
 from hookedattn.core.hf._recognised import Anatomy
 from hookedattn.core.hf._table import MLP_IN, MLP_OUT, Rule, Table, ones, times, zeros
+
+_LOG = logging.getLogger(__name__)
 
 _HEADS_IN = "(head d_head) d_model -> head d_model d_head"
 XIELU_PATTERNS = {"alpha_p": "one -> one", "alpha_n": "one -> one", "beta": "->", "eps": "->"}
@@ -170,6 +174,8 @@ class Convention:
                  adjust=times(scale(a.logit_scale)))
             if a.unembed_bias else zeros("unembed.b_U", "d_vocab_out"),
         ]  # fmt: skip
+        if a.uncalled:
+            _left_out(a.architecture, a.uncalled)
         if hf_model is None and a.renames:  # a folder: the names its files use
             rules = _saved.renamed(rules, _saved.Renames(dict(a.renames), a.layers))
         expanded = [r for rule in rules for r in rule.expand(cfg.n_layers)]
@@ -180,6 +186,7 @@ class Convention:
                 r"\.inv_freq$",
                 r"\.original_inv_freq$",
                 *(rf"\.{n}\." for n in a.unused),
+                *(rf"^{re.escape(n)}\." for n in a.uncalled),  # pieces for other inputs
                 # Sinusoids a checkpoint saves, computed by our rotary (`_handed_rotary`).
                 *((rf"(^|\.){re.escape(a.rotary_table)}\.weight$",) if a.rotary_table else ()),
                 # A live model's second name of a tensor it ties (BERT's decoder bias).
@@ -472,6 +479,12 @@ class Convention:
         pairs = torch.arange(rotated)
         order = torch.cat([pairs[0::2], pairs[1::2], torch.arange(rotated, cfg.d_head)])
         return lambda W: W[..., order.to(W.device)]
+
+
+@functools.cache  # once per architecture and process
+def _left_out(architecture: str, modules: tuple[str, ...]) -> None:
+    _LOG.warning("%s: importing what a forward on tokens computes; %s (for other inputs) "
+                 "left out", architecture, ", ".join(modules))  # fmt: skip
 
 
 def _embed_factor(anatomy: Anatomy, from_config: float, hf_model: Any) -> float:

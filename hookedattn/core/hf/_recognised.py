@@ -103,6 +103,9 @@ class Anatomy:
     last_layer_o_bias: str | None = None
     # The embeddings' norm reads the token embedding alone, the positions added after it.
     embed_norm_before_positions: bool = False
+    # Modules outside the layers that a forward on tokens alone never calls (Phi-4-
+    # multimodal's image and audio encoders): their tensors are left out of the import.
+    uncalled: tuple[str, ...] = ()
     head_dense: str | None = None
     head_dense_bias: bool = True  # ModernBERT-decoder's has none
     head_norm: str | None = None

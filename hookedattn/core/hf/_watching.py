@@ -84,6 +84,9 @@ class Watching:
         base_norms = {n: m for n, m in self.base.named_children() if is_norm(m)}
         base_norms |= _beside_embedding(self.base, self.twin.get_input_embeddings())
         handles = self._hooks(calls, made, seen, tables, base_norms)
+        called: set[int] = set()
+        handles += [m.register_forward_pre_hook(lambda module, args: called.add(id(module)))
+                    for m in self.twin.modules()]  # fmt: skip
         tokens = torch.randint(
             0, self.config.vocab_size, _TOKENS, generator=torch.Generator().manual_seed(1)
         )
@@ -93,6 +96,7 @@ class Watching:
         finally:
             for handle in handles:
                 handle.remove()
+        self.uncalled = _uncalled(self.twin, called, self.layers_name)
         calls = [(n, x, y if y._version == version else values)
                  for (n, x, y), (version, values) in zip(calls, made, strict=True)]  # fmt: skip
         scale = ratio(seen["embed"], embed.weight.detach()[tokens], "the embedding's output")
@@ -251,6 +255,20 @@ class Watching:
             "the stream entering the first layer is not the embedding (plus "
             "learned or sinusoidal positions): an embedding norm or positions we do not read"
         )
+
+
+def _uncalled(twin: nn.Module, called: set[int], layers: str) -> tuple[str, ...]:
+    """The outermost modules outside the layers that hold parameters and that a forward on
+    tokens alone never called, nor any module inside them (Phi-4-multimodal's image and
+    audio encoders, inside the embedding it calls): pieces for other inputs."""
+    found: list[str] = []
+    for name, module in twin.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer in (layers, *found))
+        if (name and not inside and id(module) not in called
+                and not any(id(m) in called for m in module.modules())
+                and any(True for _ in module.parameters())):  # fmt: skip
+            found.append(name)
+    return tuple(found)
 
 
 def _beside_embedding(base: nn.Module, embed: nn.Module) -> dict[str, nn.Module]:
