@@ -152,6 +152,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # its dense MLPs (every layer holds experts by default) every other layer.
     "llama4_text": {"floor_scale": 4, "moe_layers": [1, 3, 5, 7], "intermediate_size_mlp": 96},
     "mamba2": {"num_heads": 4, "head_dim": 32},
+    # Its audio encoder (24 conformer blocks, 1,024 channels: 10.9M parameters on a twin),
+    # which a forward on tokens never calls, in one small block.
+    "phi4_multimodal": {"audio_config": {
+        "hidden_size": WIDTH, "intermediate_size": MLP, "num_attention_heads": HEADS,
+        "num_blocks": 1, "nemo_conv_channels": 32, "ext_pw_out_channel": WIDTH,
+        "depthwise_separable_out_channel": WIDTH,
+    }},
     "recurrent_gemma": {"num_hidden_layers": 3},  # its block types cycle over 3 layers
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
 }  # fmt: skip
