@@ -147,7 +147,9 @@ class ModelIO:
         pass is remembered per kind of checkpoint (`~/.cache/hookedattn/verified.json`, or
         under `$XDG_CACHE_HOME`, or `$HOOKEDATTN_CACHE`), so the check costs about a second
         once and milliseconds after (the guide's "Verified on load"); `model.verification`
-        records it. `verify=False` skips it; a live model is not checked.
+        records it. `verify=False` refuses nothing (where the import by convention leaves a
+        choice, its twin still makes it); a live model of a family written out is not
+        checked, one imported by convention is.
         """
         options = hub.HubOptions(revision, token, cache_dir, local_files_only)
         found = _hf_source(hf_model, options)

@@ -117,12 +117,14 @@ def from_hf(
     or tokenizer config names custom code (`auto_map`) is refused, without a prompt
     (`hookedattn.core.hf._loading`).
 
-    A directory is verified before its weights are read (`verify=False` skips it): the
+    A directory is verified before its weights are read (`verify=False` refuses nothing,
+    though where the convention leaves a choice among candidates the twin still makes it): the
     family's import of a tiny twin of the checkpoint (its config's class and structure,
     few layers, small widths, random weights) must compute what `transformers` computes,
     layer by layer, or a `VerificationError` names the first hook point where they part.
     A pass is remembered per kind of checkpoint (`hookedattn.core.hf._verify`); the
-    model's `verification` says how it went (None for a live model, which is not checked).
+    model's `verification` says how it went (None unverified, and for a live model of a
+    family written out, which is not checked; a live model imported by convention is).
     """
     if device is not None:
         _check_device(str(device), from_file=False, path=Path())
