@@ -524,3 +524,11 @@ def test_falcons_new_decoder_layout_with_grouped_queries_is_refused():
     reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
     with pytest.raises(hf.VerificationError, match="blocks.0.hook_resid_post parts"):
         HookedTransformer.from_hf(reference)
+
+
+def test_verify_false_loads_what_no_candidate_agrees_on_unverified():
+    # The same Falcon, unverified: nothing is refused, the first candidate is taken.
+    config = transformers.FalconConfig(new_decoder_architecture=True, num_kv_heads=2)
+    reference = _tiny.random_hf_model(transformers.FalconForCausalLM, _tiny.tiny_config(config))
+    model = HookedTransformer.from_hf(reference, verify=False)
+    assert model.verification is None and model.cfg.n_key_value_heads == 2
