@@ -44,6 +44,7 @@ from hookedattn.core.hf import (
     _expert_table,
     _first_layer,
     _mixer_norms,
+    _projections,
     _qk_layers,
     _saved,
     _sinusoids,
@@ -134,7 +135,7 @@ class Convention:
             "embed_norm": a.embed_norm is not None,
             "embed_norm_before_positions": a.embed_norm_before_positions,
             "unembed_transform": a.head_act,
-            **_projection_fields(c, a),
+            **_projections.embed_fields(c, a),
             **rotary,
             **_translate.window(c, _mixed_layer_types(a)),
             **({"mixers": a.mixers.config(c)} if a.mixers is not None else {}),
@@ -164,7 +165,7 @@ class Convention:
             *self._mlp_rules(cfg, scale(a.mlp_write), live=hf_model is not None),
             *_sub_norms.rules(a),
             *(_norm(a, "ln_embed", a.embed_norm, 1.0, "d_embed") if a.embed_norm else []),
-            *_projection_rules(a),
+            *_projections.embed_rules(a),
             *(_norm(a, "ln_final", a.final_norm, 1.0) if a.final_norm else []),
             *self._head_rules(),
             Rule("unembed.W_U", f"{a.unembed}.weight",
@@ -540,30 +541,6 @@ def _norm(anatomy: Anatomy, ours: str, hf: str, write: float, width: str = "d_mo
     bias = (Rule(f"{ours}.b", f"{hf}.bias", axes, adjust=times(write))
             if anatomy.norm_bias else zeros(f"{ours}.b", width))  # fmt: skip
     return [gain, bias]
-
-
-def _projection_fields(hf_config: Any, anatomy: Anatomy) -> dict[str, Any]:
-    """`d_embed` and `d_unembed` where the embeddings or the head are not the stream's
-    width (`_projections`), read from the config fields that name them."""
-    a, fields = anatomy, {}
-    if a.embed_proj is not None:
-        fields["d_embed"] = getattr(hf_config, a.embed_width)
-    if a.head_width is not None:
-        fields["d_unembed"] = getattr(hf_config, a.head_width)
-    return fields
-
-
-def _projection_rules(anatomy: Anatomy) -> list[Rule]:
-    """The linear map from the embeddings into the stream (`embed_proj`), if any."""
-    a = anatomy
-    if a.embed_proj is None:
-        return []
-    bias = (Rule("embed_proj.b_proj", f"{a.embed_proj}.bias", "d_model -> d_model")
-            if a.embed_proj_bias else zeros("embed_proj.b_proj", "d_model"))  # fmt: skip
-    return [
-        Rule("embed_proj.W_proj", f"{a.embed_proj}.weight", "d_model d_embed -> d_embed d_model"),
-        bias,
-    ]
 
 
 def _gain(anatomy: Anatomy) -> Callable[[Tensor], Tensor] | None:

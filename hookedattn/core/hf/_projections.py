@@ -10,7 +10,8 @@ reads. Our model holds these as `d_embed` with `embed_proj` and `d_unembed`
 Recognised on the twin's run (`_split_layers`): the projection is the one linear map
 outside the layers whose output is what entered the first layer; the embedding is then
 read from its input as from any other. The widths are read back into the real checkpoint's
-config by the field of the twin's config that holds them (`embed_width`, `head_width`).
+config by the field of the twin's config that holds them (`embed_width`, `head_width`);
+`embed_fields` and `embed_rules` are the convention's config fields and tensor rules for them.
 """
 
 import dataclasses
@@ -18,6 +19,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from hookedattn.core.hf._recognised import Anatomy
+from hookedattn.core.hf._table import Rule, zeros
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,3 +97,27 @@ def _same(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(
         a.double(), b.double(), rtol=1e-5, atol=1e-5 * (float(b.abs().max()) + 1e-12)
     )
+
+
+def embed_fields(hf_config: Any, anatomy: Anatomy) -> dict[str, Any]:
+    """`d_embed` and `d_unembed` where the embeddings or the head are not the stream's
+    width (above), read from the config fields that name them."""
+    a, fields = anatomy, {}
+    if a.embed_proj is not None:
+        fields["d_embed"] = getattr(hf_config, a.embed_width)
+    if a.head_width is not None:
+        fields["d_unembed"] = getattr(hf_config, a.head_width)
+    return fields
+
+
+def embed_rules(anatomy: Anatomy) -> list[Rule]:
+    """The linear map from the embeddings into the stream (`embed_proj`), if any."""
+    a = anatomy
+    if a.embed_proj is None:
+        return []
+    bias = (Rule("embed_proj.b_proj", f"{a.embed_proj}.bias", "d_model -> d_model")
+            if a.embed_proj_bias else zeros("embed_proj.b_proj", "d_model"))  # fmt: skip
+    return [
+        Rule("embed_proj.W_proj", f"{a.embed_proj}.weight", "d_model d_embed -> d_embed d_model"),
+        bias,
+    ]
