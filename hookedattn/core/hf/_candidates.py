@@ -11,7 +11,6 @@ import itertools
 from typing import Any
 
 from hookedattn.core.hf._anatomy import recognise
-from hookedattn.core.hf._config_fields import Decoder, key_value_heads
 from hookedattn.core.hf._convention import Convention
 from hookedattn.core.hf._family import Family
 from hookedattn.core.hf._probes import Scale
@@ -40,7 +39,7 @@ def candidates(hf_config: Any, architecture: str | None = None) -> list[Family]:
     orders = (False, True) if anatomy.qk_norm and anatomy.rotary else (False,)
     fused = anatomy.role(anatomy.attn_maps, "qkv") is not None
     heads = getattr(hf_config, "num_attention_heads", None)
-    kv_heads = key_value_heads(Decoder(hf_config))  # as the config's fields read them
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     qkv_layouts = ("stacked", "per_head") if fused and kv_heads == heads else ("stacked",)
     if fused and kv_heads == heads and heads % 4 == 0:
         qkv_layouts += ("sharded",)
